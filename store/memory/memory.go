@@ -1,0 +1,218 @@
+// Package memory is an in-process idemkey store, for tests and for services
+// that run as a single process and accept that a restart forgets every key.
+//
+// It is safe for concurrent use. Its memory is bounded by retention: every
+// Reserve deletes a few expired records, and Sweep deletes the rest on demand,
+// so no goroutine runs in the background.
+package memory
+
+import (
+	"container/heap"
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// evictPerReserve is how many expired records each Reserve deletes; more than
+// one, so that deletion outpaces insertion and memory stays bounded.
+const evictPerReserve = 2
+
+// Store is an in-memory store.Store.
+type Store struct {
+	now func() time.Time
+
+	mu        sync.Mutex
+	records   map[store.Key]*record
+	byExpiry  expiryHeap // every record, soonest removable first
+	lastToken store.Token
+}
+
+type record struct {
+	key         store.Key
+	fingerprint store.Fingerprint
+	token       store.Token
+	completed   bool
+	outcome     []byte
+	leaseEnd    time.Time
+	expiresAt   time.Time
+	index       int // position in Store.byExpiry
+}
+
+// removableAt is when the record becomes expired: its retention has passed and
+// it holds no live lease.
+func (r *record) removableAt() time.Time {
+	if !r.completed && r.leaseEnd.After(r.expiresAt) {
+		return r.leaseEnd
+	}
+	return r.expiresAt
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// WithClock makes the store read the time from now instead of time.Now, so
+// tests can move time forward without sleeping.
+func WithClock(now func() time.Time) Option {
+	return func(s *Store) { s.now = now }
+}
+
+// New returns an empty store.
+func New(opts ...Option) *Store {
+	s := &Store{now: time.Now, records: make(map[store.Key]*record)}
+	for _, opt := range opts {
+		opt(s)
+	}
+	return s
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Reserve implements store.Store.
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Result{}, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	now := s.now()
+	s.evictLocked(now, evictPerReserve)
+
+	rec, ok := s.records[r.Key]
+	if ok && !now.Before(rec.removableAt()) {
+		s.deleteLocked(rec)
+		ok = false
+	}
+	switch {
+	case !ok:
+		s.lastToken++
+		rec = &record{
+			key:         r.Key,
+			fingerprint: r.Fingerprint,
+			token:       s.lastToken,
+			leaseEnd:    now.Add(r.Lease),
+			expiresAt:   now.Add(r.Retention),
+		}
+		s.records[r.Key] = rec
+		heap.Push(&s.byExpiry, rec)
+	case rec.completed:
+		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
+	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
+		return store.Result{State: store.InProgress, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
+	default:
+		// The lease has ended: its holder is presumed dead.
+		s.lastToken++
+		rec.token = s.lastToken
+		rec.leaseEnd = now.Add(r.Lease)
+		heap.Fix(&s.byExpiry, rec.index)
+	}
+	return store.Result{State: store.Acquired, Token: rec.token}, nil
+}
+
+// Complete implements store.Store.
+func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, err := s.heldLocked(key, token)
+	if err != nil {
+		return err
+	}
+	rec.completed = true
+	rec.outcome = append([]byte{}, outcome...)
+	heap.Fix(&s.byExpiry, rec.index)
+	return nil
+}
+
+// Release implements store.Store.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, err := s.heldLocked(key, token)
+	if err != nil {
+		return err
+	}
+	s.deleteLocked(rec)
+	return nil
+}
+
+// Sweep implements store.Store. It takes the lock once per batch.
+func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
+	if batchSize < 1 {
+		batchSize = store.DefaultSweepBatch
+	}
+	now := s.now()
+	deleted := 0
+	for {
+		if err := ctx.Err(); err != nil {
+			return deleted, err
+		}
+		s.mu.Lock()
+		n := s.evictLocked(now, batchSize)
+		s.mu.Unlock()
+		deleted += n
+		if n < batchSize {
+			return deleted, nil
+		}
+	}
+}
+
+// Len returns the number of records held, expired ones included.
+func (s *Store) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.records)
+}
+
+func (s *Store) heldLocked(key store.Key, token store.Token) (*record, error) {
+	rec, ok := s.records[key]
+	if !ok || rec.token != token || rec.completed {
+		return nil, fmt.Errorf("memory store: token %d: %w", token, store.ErrLeaseLost)
+	}
+	return rec, nil
+}
+
+// evictLocked deletes up to limit records expired at now and returns how many.
+func (s *Store) evictLocked(now time.Time, limit int) int {
+	n := 0
+	for n < limit && len(s.byExpiry) > 0 && !now.Before(s.byExpiry[0].removableAt()) {
+		s.deleteLocked(s.byExpiry[0])
+		n++
+	}
+	return n
+}
+
+func (s *Store) deleteLocked(rec *record) {
+	heap.Remove(&s.byExpiry, rec.index)
+	delete(s.records, rec.key)
+}
+
+// expiryHeap orders records by removableAt; it implements heap.Interface.
+type expiryHeap []*record
+
+func (h expiryHeap) Len() int           { return len(h) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].removableAt().Before(h[j].removableAt()) }
+func (h expiryHeap) Swap(i, j int) {
+	h[i], h[j] = h[j], h[i]
+	h[i].index = i
+	h[j].index = j
+}
+func (h *expiryHeap) Push(x any) {
+	rec := x.(*record)
+	rec.index = len(*h)
+	*h = append(*h, rec)
+}
+func (h *expiryHeap) Pop() any {
+	old := *h
+	rec := old[len(old)-1]
+	old[len(old)-1] = nil
+	*h = old[:len(old)-1]
+	return rec
+}

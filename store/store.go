@@ -1,0 +1,154 @@
+// Package store defines the contract between the idemkey interceptor and the
+// durable record of each idempotency key.
+//
+// A record moves through two states. Reserve inserts it "in progress" under a
+// lease and a fencing token before the handler runs; Complete stores the
+// outcome, or Release deletes the record so that a retry runs the handler
+// again. Both are fenced: they succeed only for the token that holds the
+// record, so a caller whose lease was taken over cannot overwrite the reply of
+// the caller that took it over.
+//
+// Every implementation passes the conformance suite in package storetest.
+package store
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"time"
+)
+
+// Key identifies one record: the SHA-256 of the length-prefixed scope
+// (tenant, method, idempotency key). Stores keep only the hash, so raw keys and
+// tenant ids are never written anywhere.
+type Key [sha256.Size]byte
+
+// NewKey hashes a scope into a Key. Each part is length-prefixed, so no two
+// different scopes share an encoding. method may be empty for a scope that
+// spans methods.
+func NewKey(tenant, method, idempotencyKey string) Key {
+	h := sha256.New()
+	for _, part := range [...]string{tenant, method, idempotencyKey} {
+		var n [8]byte
+		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
+		h.Write(n[:])
+		h.Write([]byte(part))
+	}
+	var k Key
+	h.Sum(k[:0])
+	return k
+}
+
+// String returns a short hex prefix of the hash, enough to correlate log lines.
+func (k Key) String() string { return hex.EncodeToString(k[:6]) }
+
+// Fingerprint is a hash of the request a key was first used with.
+type Fingerprint [sha256.Size]byte
+
+// Token is a fencing token. A store never hands out the same token twice for
+// one key, so a token identifies one holder of one reservation.
+type Token int64
+
+// State is what Reserve found.
+type State int
+
+const (
+	// Acquired: the caller holds the key and must run the handler, then call
+	// Complete or Release with Result.Token.
+	Acquired State = iota + 1
+	// Completed: an outcome is recorded; Result.Outcome holds it.
+	Completed
+	// InProgress: another caller holds a live lease on the key.
+	InProgress
+)
+
+func (s State) String() string {
+	switch s {
+	case Acquired:
+		return "acquired"
+	case Completed:
+		return "completed"
+	case InProgress:
+		return "in progress"
+	}
+	return "unknown"
+}
+
+// Reservation asks for a key.
+type Reservation struct {
+	Key         Key
+	Fingerprint Fingerprint
+	// Lease is how long the caller holds the key before another caller with the
+	// same fingerprint may presume it dead and take the key over.
+	Lease time.Duration
+	// Retention is how long the record lives, counted from its creation.
+	Retention time.Duration
+}
+
+// Result is Reserve's answer.
+type Result struct {
+	State State
+	// Token fences Complete and Release. Set when State is Acquired.
+	Token Token
+	// Fingerprint of the request that created the record. Set when State is
+	// Completed or InProgress, so the caller can refuse a reused key.
+	Fingerprint Fingerprint
+	// Outcome is the recorded outcome when State is Completed. The caller must
+	// not modify it.
+	Outcome []byte
+	// RetryAfter is how long the current lease has left when State is
+	// InProgress.
+	RetryAfter time.Duration
+}
+
+// Errors that callers branch on with errors.Is. Implementations wrap them.
+var (
+	// ErrLeaseLost: Complete or Release was called with a token that no longer
+	// holds the key (the lease was taken over, the record released, expired or
+	// already completed). Nothing was written.
+	ErrLeaseLost = errors.New("idemkey store: lease lost")
+	// ErrUnavailable: the store could not be reached or did not answer in time.
+	// The operation may or may not have taken effect.
+	ErrUnavailable = errors.New("idemkey store: unavailable")
+)
+
+// DefaultSweepBatch is the batch size Sweep uses when given one below 1.
+const DefaultSweepBatch = 1000
+
+// Store records the first outcome of each idempotency key. Implementations are
+// safe for concurrent use, and every decision about time (leases, expiry) uses
+// the store's own clock.
+//
+// A record is expired once its retention has passed and it holds no live
+// lease. An expired record counts as absent everywhere.
+type Store interface {
+	// Reserve decides, in one atomic step, what a call with r.Key does:
+	//   - no record, or an expired one: insert it in progress with a new token
+	//     and the lease r.Lease; Acquired.
+	//   - a completed record: Completed, with its outcome and fingerprint.
+	//   - an in-progress record whose lease has not ended: InProgress, with its
+	//     fingerprint and the lease time left.
+	//   - an in-progress record whose lease has ended: if its fingerprint is
+	//     r.Fingerprint, take it over with a new token and lease (Acquired);
+	//     otherwise InProgress, so the caller refuses the reused key.
+	// A retention that has passed counts as absent even when the record was
+	// created with a different fingerprint.
+	Reserve(ctx context.Context, r Reservation) (Result, error)
+
+	// Complete records outcome for the key held by token, which then replays
+	// until the record expires. It returns ErrLeaseLost if token no longer
+	// holds an in-progress record for key.
+	Complete(ctx context.Context, key Key, token Token, outcome []byte) error
+
+	// Release deletes the in-progress record held by token, so the next call
+	// with the key runs again. It returns ErrLeaseLost if token no longer holds
+	// an in-progress record for key.
+	Release(ctx context.Context, key Key, token Token) error
+
+	// Sweep deletes every record expired at the time of the call, in batches of
+	// at most batchSize (DefaultSweepBatch if batchSize < 1) so that live calls
+	// are never held up for long, and returns how many it deleted.
+	Sweep(ctx context.Context, batchSize int) (deleted int, err error)
+}

@@ -1,0 +1,328 @@
+// Package storetest is the conformance suite for store.Store. Every store runs
+// it from its own tests:
+//
+//	func TestConformance(t *testing.T) {
+//		storetest.Run(t, func(t *testing.T) storetest.Harness { ... })
+//	}
+package storetest
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Harness is one fresh, empty store under test.
+type Harness struct {
+	Store store.Store
+	// Advance moves time forward by d as the store sees it, for leases and
+	// expiry alike, without sleeping.
+	Advance func(t *testing.T, d time.Duration)
+}
+
+const (
+	lease     = 10 * time.Second
+	retention = time.Hour
+)
+
+var (
+	fpA = store.Fingerprint{1}
+	fpB = store.Fingerprint{2}
+)
+
+// Run runs the suite; open is called once per subtest for a fresh store.
+func Run(t *testing.T, open func(t *testing.T) Harness) {
+	t.Helper()
+	for _, tc := range []struct {
+		name string
+		test func(t *testing.T, h Harness)
+	}{
+		{"Acquire", testAcquire},
+		{"Replay", testReplay},
+		{"InProgress", testInProgress},
+		{"LeaseTakeover", testLeaseTakeover},
+		{"NoTakeoverForOtherRequest", testNoTakeoverForOtherRequest},
+		{"StaleToken", testStaleToken},
+		{"Release", testRelease},
+		{"CompleteOnce", testCompleteOnce},
+		{"ExpiredTakeover", testExpiredTakeover},
+		{"Sweep", testSweep},
+		{"SweepBatches", testSweepBatches},
+		{"KeysIndependent", testKeysIndependent},
+		{"ConcurrentReserve", testConcurrentReserve},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			tc.test(t, open(t))
+		})
+	}
+}
+
+func newKey(t *testing.T, name string) store.Key {
+	return store.NewKey("tenant", "/storetest.v1.Service/Method", t.Name()+"/"+name)
+}
+
+func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Result {
+	t.Helper()
+	return reserveFor(t, st, key, fp, lease, retention)
+}
+
+func reserveFor(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint, lease, retention time.Duration) store.Result {
+	t.Helper()
+	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
+	if err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	return res
+}
+
+func mustAcquire(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Token {
+	t.Helper()
+	res := reserve(t, st, key, fp)
+	if res.State != store.Acquired {
+		t.Fatalf("Reserve state = %v, want acquired", res.State)
+	}
+	return res.Token
+}
+
+func complete(t *testing.T, st store.Store, key store.Key, token store.Token, outcome []byte) {
+	t.Helper()
+	if err := st.Complete(context.Background(), key, token, outcome); err != nil {
+		t.Fatalf("Complete: %v", err)
+	}
+}
+
+func wantState(t *testing.T, res store.Result, want store.State) {
+	t.Helper()
+	if res.State != want {
+		t.Fatalf("Reserve state = %v, want %v", res.State, want)
+	}
+}
+
+func wantLeaseLost(t *testing.T, op string, err error) {
+	t.Helper()
+	if !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("%s with a token that does not hold the key: err = %v, want ErrLeaseLost", op, err)
+	}
+}
+
+func testAcquire(t *testing.T, h Harness) {
+	res := reserve(t, h.Store, newKey(t, "k"), fpA)
+	wantState(t, res, store.Acquired)
+	if res.Token == 0 {
+		t.Error("acquired with token 0")
+	}
+}
+
+func testReplay(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	outcome := make([]byte, 64<<10)
+	rand.Read(outcome)
+	complete(t, h.Store, key, mustAcquire(t, h.Store, key, fpA), outcome)
+
+	for _, fp := range []store.Fingerprint{fpA, fpB} {
+		res := reserve(t, h.Store, key, fp)
+		wantState(t, res, store.Completed)
+		if res.Fingerprint != fpA {
+			t.Errorf("replay fingerprint = %x, want the first request's %x", res.Fingerprint[:4], fpA[:4])
+		}
+		if !bytes.Equal(res.Outcome, outcome) {
+			t.Errorf("replayed outcome differs from the recorded one (%d bytes, want %d)", len(res.Outcome), len(outcome))
+		}
+	}
+
+	empty := newKey(t, "empty")
+	complete(t, h.Store, empty, mustAcquire(t, h.Store, empty, fpA), nil)
+	if res := reserve(t, h.Store, empty, fpA); res.State != store.Completed || len(res.Outcome) != 0 {
+		t.Errorf("empty outcome: state %v with %d bytes, want completed with 0", res.State, len(res.Outcome))
+	}
+}
+
+func testInProgress(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	mustAcquire(t, h.Store, key, fpA)
+	for _, fp := range []store.Fingerprint{fpA, fpB} {
+		res := reserve(t, h.Store, key, fp)
+		wantState(t, res, store.InProgress)
+		if res.Fingerprint != fpA {
+			t.Errorf("in-progress fingerprint = %x, want %x", res.Fingerprint[:4], fpA[:4])
+		}
+		if res.RetryAfter <= 0 || res.RetryAfter > lease {
+			t.Errorf("RetryAfter = %v, want in (0, %v]", res.RetryAfter, lease)
+		}
+	}
+}
+
+func testLeaseTakeover(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	first := mustAcquire(t, h.Store, key, fpA)
+	h.Advance(t, lease+time.Second)
+
+	second := mustAcquire(t, h.Store, key, fpA)
+	if second == first {
+		t.Fatalf("takeover kept token %d; want a new one", first)
+	}
+	wantState(t, reserve(t, h.Store, key, fpA), store.InProgress)
+	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), key, first, []byte("stale")))
+	complete(t, h.Store, key, second, []byte("fresh"))
+	if res := reserve(t, h.Store, key, fpA); string(res.Outcome) != "fresh" {
+		t.Errorf("outcome = %q, want the one recorded by the new holder", res.Outcome)
+	}
+}
+
+func testNoTakeoverForOtherRequest(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	mustAcquire(t, h.Store, key, fpA)
+	h.Advance(t, lease+time.Second)
+
+	res := reserve(t, h.Store, key, fpB)
+	wantState(t, res, store.InProgress)
+	if res.Fingerprint != fpA {
+		t.Errorf("fingerprint = %x, want the first request's %x", res.Fingerprint[:4], fpA[:4])
+	}
+	mustAcquire(t, h.Store, key, fpA)
+}
+
+func testStaleToken(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	token := mustAcquire(t, h.Store, key, fpA)
+	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), key, token+1, []byte("x")))
+	wantLeaseLost(t, "Release", h.Store.Release(context.Background(), key, token+1))
+	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), newKey(t, "absent"), token, []byte("x")))
+	wantState(t, reserve(t, h.Store, key, fpA), store.InProgress)
+}
+
+func testRelease(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	first := mustAcquire(t, h.Store, key, fpA)
+	if err := h.Store.Release(context.Background(), key, first); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	wantLeaseLost(t, "Complete after Release", h.Store.Complete(context.Background(), key, first, []byte("x")))
+	wantLeaseLost(t, "Release twice", h.Store.Release(context.Background(), key, first))
+
+	// A released key is free for any request, even a different one.
+	if second := mustAcquire(t, h.Store, key, fpB); second == first {
+		t.Errorf("reacquired with the released token %d; tokens must not repeat", first)
+	}
+}
+
+func testCompleteOnce(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	token := mustAcquire(t, h.Store, key, fpA)
+	complete(t, h.Store, key, token, []byte("first"))
+	wantLeaseLost(t, "Complete twice", h.Store.Complete(context.Background(), key, token, []byte("second")))
+	wantLeaseLost(t, "Release after Complete", h.Store.Release(context.Background(), key, token))
+	if res := reserve(t, h.Store, key, fpA); string(res.Outcome) != "first" {
+		t.Errorf("outcome = %q, want %q", res.Outcome, "first")
+	}
+}
+
+func testExpiredTakeover(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	first := mustAcquire(t, h.Store, key, fpA)
+	complete(t, h.Store, key, first, []byte("old"))
+	h.Advance(t, retention+time.Second)
+
+	// After retention the key is new, whatever request comes with it.
+	second := mustAcquire(t, h.Store, key, fpB)
+	if second == first {
+		t.Errorf("expired takeover kept token %d", first)
+	}
+	wantState(t, reserve(t, h.Store, key, fpB), store.InProgress)
+}
+
+func testSweep(t *testing.T, h Harness) {
+	// Times are seconds from the start; lease is 10s.
+	ctx := context.Background()
+	doneOld, deadOld, liveOld := newKey(t, "done-old"), newKey(t, "dead-old"), newKey(t, "live-old")
+	doneNew, liveNew := newKey(t, "done-new"), newKey(t, "live-new")
+	// At 0: two records expiring at 60, one completed, one whose lease ends at 10.
+	complete(t, h.Store, doneOld, reserveFor(t, h.Store, doneOld, fpA, lease, time.Minute).Token, []byte("x"))
+	reserveFor(t, h.Store, deadOld, fpA, lease, time.Minute)
+	h.Advance(t, 55*time.Second)
+	// At 55: one expiring at 56 whose lease runs to 65, and two that live long.
+	reserveFor(t, h.Store, liveOld, fpA, lease, time.Second)
+	complete(t, h.Store, doneNew, mustAcquire(t, h.Store, doneNew, fpA), []byte("y"))
+	mustAcquire(t, h.Store, liveNew, fpA)
+	h.Advance(t, 7*time.Second)
+
+	// At 62: only done-old and dead-old are expired.
+	deleted, err := h.Store.Sweep(ctx, 100)
+	if err != nil {
+		t.Fatalf("Sweep: %v", err)
+	}
+	if deleted != 2 {
+		t.Errorf("Sweep deleted %d records, want 2 (the expired completed one and the expired one whose lease ended)", deleted)
+	}
+	wantState(t, reserve(t, h.Store, liveOld, fpA), store.InProgress)
+	wantState(t, reserve(t, h.Store, doneNew, fpA), store.Completed)
+	wantState(t, reserve(t, h.Store, liveNew, fpA), store.InProgress)
+	if deleted, err := h.Store.Sweep(ctx, 100); err != nil || deleted != 0 {
+		t.Errorf("second Sweep = %d, %v; want 0, nil", deleted, err)
+	}
+}
+
+func testSweepBatches(t *testing.T, h Harness) {
+	for i := range 7 {
+		key := newKey(t, string(rune('a'+i)))
+		complete(t, h.Store, key, mustAcquire(t, h.Store, key, fpA), nil)
+	}
+	h.Advance(t, retention+time.Second)
+	deleted, err := h.Store.Sweep(context.Background(), 2)
+	if err != nil || deleted != 7 {
+		t.Errorf("Sweep in batches of 2 = %d, %v; want 7, nil", deleted, err)
+	}
+}
+
+func testKeysIndependent(t *testing.T, h Harness) {
+	a, b := newKey(t, "a"), newKey(t, "b")
+	complete(t, h.Store, a, mustAcquire(t, h.Store, a, fpA), []byte("a"))
+	tokenB := mustAcquire(t, h.Store, b, fpA)
+	wantLeaseLost(t, "Complete of another key's token", h.Store.Complete(context.Background(), a, tokenB, []byte("b")))
+	if res := reserve(t, h.Store, a, fpA); string(res.Outcome) != "a" {
+		t.Errorf("outcome of a = %q, want %q", res.Outcome, "a")
+	}
+}
+
+func testConcurrentReserve(t *testing.T, h Harness) {
+	const callers = 50
+	key := newKey(t, "k")
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		states = make(chan store.State, callers)
+		errs   = make(chan error, callers)
+	)
+	for range callers {
+		wg.Go(func() {
+			<-start
+			res, err := h.Store.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+			if err != nil {
+				errs <- err
+				return
+			}
+			states <- res.State
+		})
+	}
+	close(start)
+	wg.Wait()
+	close(states)
+	close(errs)
+	for err := range errs {
+		t.Errorf("Reserve: %v", err)
+	}
+	count := map[store.State]int{}
+	for s := range states {
+		count[s]++
+	}
+	if count[store.Acquired] != 1 || count[store.InProgress] != callers-1 {
+		t.Errorf("%d concurrent reserves gave %v; want exactly one acquired and the rest in progress", callers, count)
+	}
+}
