@@ -1,6 +1,8 @@
 package idemkey
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"strconv"
 	"time"
@@ -175,4 +177,25 @@ func newError(code codes.Code, reason, msg string, extra ...protoadapt.MessageV1
 		return st.Err()
 	}
 	return withDetails.Err()
+}
+
+// NewKey returns a fresh random key: a version 4 UUID from crypto/rand. Keep it
+// with the business operation it names, so that a restarted process retries
+// with the same key.
+func NewKey() string {
+	var u [16]byte
+	rand.Read(u[:])
+	u[6] = u[6]&0x0f | 0x40 // version 4
+	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
 }

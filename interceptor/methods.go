@@ -1,0 +1,75 @@
+package interceptor
+
+import (
+	"strings"
+	"sync"
+
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+)
+
+// method is what the interceptors need to know about one RPC method, looked
+// up once from the protobuf registry.
+type method struct {
+	name    string // "/package.Service/Method"
+	covered bool
+	output  protoreflect.MessageType // nil if the method is not in the registry
+}
+
+// methods caches method lookups. gRPC calls interceptors only for registered
+// methods, so the cache is bounded by the service's own API.
+type methods struct {
+	opts  *options
+	cache sync.Map // full method name -> *method
+}
+
+func (ms *methods) get(fullMethod string) *method {
+	if m, ok := ms.cache.Load(fullMethod); ok {
+		return m.(*method)
+	}
+	m, _ := ms.cache.LoadOrStore(fullMethod, ms.describe(fullMethod))
+	return m.(*method)
+}
+
+// describe decides whether a method is covered: every method not marked
+// NO_SIDE_EFFECTS or IDEMPOTENT in its proto, unless an option says otherwise.
+// A method missing from the protobuf registry is covered only when included
+// by name.
+func (ms *methods) describe(fullMethod string) *method {
+	m := &method{name: fullMethod}
+	desc := lookup(fullMethod)
+	if desc != nil {
+		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
+		switch opts.GetIdempotencyLevel() {
+		case descriptorpb.MethodOptions_NO_SIDE_EFFECTS, descriptorpb.MethodOptions_IDEMPOTENT:
+		default:
+			m.covered = true
+		}
+		m.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
+	}
+	if ms.opts.included[fullMethod] {
+		m.covered = true
+	}
+	if ms.opts.excluded[fullMethod] {
+		m.covered = false
+	}
+	return m
+}
+
+// lookup finds a method descriptor by its gRPC name, "/package.Service/Method".
+func lookup(fullMethod string) protoreflect.MethodDescriptor {
+	service, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	if !ok {
+		return nil
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil
+	}
+	return sd.Methods().ByName(protoreflect.Name(name))
+}

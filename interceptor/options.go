@@ -1,0 +1,214 @@
+package interceptor
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Defaults, each changed by the option that names it.
+const (
+	DefaultLease        = time.Minute      // WithLease, for calls without a deadline
+	DefaultMaxLease     = 10 * time.Minute // WithLease
+	DefaultRetention    = 24 * time.Hour   // WithRetention
+	DefaultRetryAfter   = time.Second      // WithRetryAfter
+	DefaultWriteTimeout = 5 * time.Second  // WithWriteTimeout
+)
+
+// leaseGrace is added to a call's remaining deadline to give its lease: the
+// handler may notice the deadline late, and the record is written after it.
+const leaseGrace = 5 * time.Second
+
+// Option configures the interceptors. The client interceptor reads only
+// WithIncludedMethods and WithExcludedMethods; the server reads all.
+type Option func(*options)
+
+// TenantFunc returns the authenticated tenant of a call, for example from the
+// identity an authentication interceptor put in ctx. An error is returned to
+// the caller unchanged, so it should be a status error such as Unauthenticated.
+type TenantFunc func(ctx context.Context) (string, error)
+
+// FingerprintFunc hashes the parts of a request that make it "the same
+// request". The default is Fingerprint.
+type FingerprintFunc func(fullMethod string, req proto.Message) (store.Fingerprint, error)
+
+// Scope is the set of calls within which one idempotency key names one
+// operation.
+type Scope int
+
+const (
+	// ScopeTenantMethod: a key is scoped to its tenant and method, so the same
+	// key on two methods names two operations. The default.
+	ScopeTenantMethod Scope = iota
+	// ScopeTenant: a key is scoped to its tenant only; using it on a second
+	// method is refused as a reused key. For internal APIs whose clients share
+	// one key across methods.
+	ScopeTenant
+)
+
+// options is shared by every call of one interceptor; it is never modified
+// after construction.
+type options struct {
+	tenant       TenantFunc
+	keyRequired  bool
+	included     map[string]bool
+	excluded     map[string]bool
+	scope        Scope
+	fingerprint  FingerprintFunc
+	recorded     map[codes.Code]bool
+	replayed     map[string]bool // metadata keys replayed from the record
+	lease        time.Duration
+	maxLease     time.Duration
+	retention    time.Duration
+	retryAfter   time.Duration
+	writeTimeout time.Duration
+	failOpen     bool
+	logger       *slog.Logger
+}
+
+// defaultRecorded are the error codes whose outcome is final: a retry would
+// get the same answer, so it gets the recorded one. Every other code releases
+// the key.
+var defaultRecorded = []codes.Code{
+	codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
+	codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss,
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{
+		fingerprint:  Fingerprint,
+		recorded:     codeSet(defaultRecorded),
+		lease:        DefaultLease,
+		maxLease:     DefaultMaxLease,
+		retention:    DefaultRetention,
+		retryAfter:   DefaultRetryAfter,
+		writeTimeout: DefaultWriteTimeout,
+		logger:       slog.Default(),
+	}
+	for _, opt := range opts {
+		opt(o)
+	}
+	return o
+}
+
+// WithTenant scopes keys to the tenant f returns. Without it every caller
+// shares one key space, which is right only for single-tenant services.
+func WithTenant(f TenantFunc) Option {
+	return func(o *options) { o.tenant = f }
+}
+
+// WithKeyRequired refuses calls to covered methods that carry no key, with
+// InvalidArgument and reason IDEMPOTENCY_KEY_MISSING. By default such calls
+// run without protection.
+func WithKeyRequired() Option {
+	return func(o *options) { o.keyRequired = true }
+}
+
+// WithIncludedMethods covers the given methods ("/package.Service/Method")
+// whatever their idempotency_level says.
+func WithIncludedMethods(fullMethods ...string) Option {
+	return func(o *options) { o.included = addAll(o.included, fullMethods...) }
+}
+
+// WithExcludedMethods leaves the given methods uncovered: they pass through
+// untouched. It wins over WithIncludedMethods.
+func WithExcludedMethods(fullMethods ...string) Option {
+	return func(o *options) { o.excluded = addAll(o.excluded, fullMethods...) }
+}
+
+// WithScope sets the scope of a key; the default is ScopeTenantMethod.
+func WithScope(s Scope) Option {
+	return func(o *options) { o.scope = s }
+}
+
+// WithFingerprint replaces Fingerprint, for example to leave out a field the
+// client sets anew on every attempt, such as a timestamp. An error that is a
+// gRPC status goes to the caller as it is; any other becomes Internal.
+func WithFingerprint(f FingerprintFunc) Option {
+	return func(o *options) { o.fingerprint = f }
+}
+
+// WithRecordedCodes sets the error codes whose outcome is recorded and
+// replayed; a handler error with any other code releases the key so that a
+// retry runs the handler again. A success is always recorded. The default is
+// NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
+// Internal, Unknown and DataLoss.
+func WithRecordedCodes(cs ...codes.Code) Option {
+	return func(o *options) { o.recorded = codeSet(cs) }
+}
+
+// WithReplayedMetadata records the header and trailer metadata the handler
+// sets under the given keys, and replays it with the outcome. By default no
+// handler metadata is replayed.
+func WithReplayedMetadata(keys ...string) Option {
+	return func(o *options) {
+		for _, k := range keys {
+			o.replayed = addAll(o.replayed, strings.ToLower(k))
+		}
+	}
+}
+
+// WithLease sets how long a running call holds its key before a retry may
+// presume it dead and run the handler again. A call with a deadline holds it
+// for its remaining time plus a grace period, at most max; a call without one
+// holds it for dflt.
+func WithLease(dflt, max time.Duration) Option {
+	return func(o *options) { o.lease, o.maxLease = dflt, max }
+}
+
+// WithRetention sets how long an outcome is kept and replayed, counted from
+// the first call. After it the key is new again.
+func WithRetention(d time.Duration) Option {
+	return func(o *options) { o.retention = d }
+}
+
+// WithRetryAfter sets the longest wait the server asks of a retry that finds
+// its key in progress (the pushback trailer and RetryInfo). The wait is never
+// longer than the lease has left.
+func WithRetryAfter(d time.Duration) Option {
+	return func(o *options) { o.retryAfter = d }
+}
+
+// WithWriteTimeout bounds the store write after the handler returns. The write
+// runs detached from the caller's cancellation, so a client that hangs up
+// cannot leave its key in progress.
+func WithWriteTimeout(d time.Duration) Option {
+	return func(o *options) { o.writeTimeout = d }
+}
+
+// WithFailOpen runs the handler without protection when the store fails,
+// instead of answering Unavailable. Retries may then run the handler twice.
+func WithFailOpen() Option {
+	return func(o *options) { o.failOpen = true }
+}
+
+// WithLogger sets the logger for store failures and lost leases; the default
+// is slog.Default(). Log records never hold a raw key, tenant or request.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+func codeSet(cs []codes.Code) map[codes.Code]bool {
+	set := make(map[codes.Code]bool, len(cs)+1)
+	for _, c := range cs {
+		set[c] = true
+	}
+	set[codes.OK] = true
+	return set
+}
+
+func addAll(set map[string]bool, items ...string) map[string]bool {
+	if set == nil {
+		set = make(map[string]bool, len(items))
+	}
+	for _, it := range items {
+		set[it] = true
+	}
+	return set
+}

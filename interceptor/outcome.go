@@ -1,0 +1,157 @@
+package interceptor
+
+import (
+	"errors"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+)
+
+// encodeOutcome turns a handler's result into the bytes a store records.
+// record is false when the result must be released instead.
+func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *recorder) (raw []byte, record bool, err error) {
+	var out idemkeyv1.Outcome
+	if herr != nil {
+		st := status.Convert(herr)
+		if !recorded[st.Code()] || st.Code() == codes.OK {
+			return nil, false, nil
+		}
+		p := st.Proto()
+		out.Result = &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: p.Code, Message: p.Message, Details: p.Details}}
+	} else {
+		msg, ok := resp.(proto.Message)
+		if !ok {
+			return nil, false, errors.New("the response is not a protobuf message")
+		}
+		b, err := proto.Marshal(msg)
+		if err != nil {
+			return nil, false, err
+		}
+		out.Result = &idemkeyv1.Outcome_Response{Response: b}
+	}
+	if r != nil {
+		out.Header, out.Trailer = r.entries()
+	}
+	raw, err = proto.Marshal(&out)
+	return raw, err == nil, err
+}
+
+// recorded is an outcome read back from its record.
+type recorded struct {
+	resp            any   // the response, when the handler succeeded
+	err             error // the handler's error, otherwise
+	header, trailer metadata.MD
+}
+
+// decodeOutcome reads a recorded outcome back, its response a message of type
+// output. An error means the record cannot be read; a corrupt record never
+// panics.
+func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error) {
+	var out idemkeyv1.Outcome
+	if err := proto.Unmarshal(raw, &out); err != nil {
+		return recorded{}, err
+	}
+	rec := recorded{header: toMD(out.GetHeader()), trailer: toMD(out.GetTrailer())}
+	switch r := out.GetResult().(type) {
+	case *idemkeyv1.Outcome_Response:
+		msg := output.New().Interface()
+		if err := proto.Unmarshal(r.Response, msg); err != nil {
+			return recorded{}, err
+		}
+		rec.resp = msg
+	case *idemkeyv1.Outcome_Status:
+		if r.Status.GetCode() == int32(codes.OK) {
+			return recorded{}, errors.New("recorded error has code OK")
+		}
+		rec.err = status.ErrorProto(&spb.Status{Code: r.Status.GetCode(), Message: r.Status.GetMessage(), Details: r.Status.GetDetails()})
+	default:
+		return recorded{}, errors.New("recorded outcome holds neither a response nor an error")
+	}
+	return rec, nil
+}
+
+func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {
+	if len(entries) == 0 {
+		return nil
+	}
+	md := make(metadata.MD, len(entries))
+	for _, e := range entries {
+		md[e.GetKey()] = append(md[e.GetKey()], e.GetValues()...)
+	}
+	return md
+}
+
+// recorder wraps a call's transport stream to keep a copy of the allow-listed
+// header and trailer metadata the handler sets, for the record.
+type recorder struct {
+	grpc.ServerTransportStream
+	keep map[string]bool
+
+	mu      sync.Mutex
+	header  metadata.MD
+	trailer metadata.MD
+}
+
+func (r *recorder) SetHeader(md metadata.MD) error {
+	err := r.ServerTransportStream.SetHeader(md)
+	if err == nil {
+		r.keepFrom(&r.header, md)
+	}
+	return err
+}
+
+func (r *recorder) SendHeader(md metadata.MD) error {
+	err := r.ServerTransportStream.SendHeader(md)
+	if err == nil {
+		r.keepFrom(&r.header, md)
+	}
+	return err
+}
+
+func (r *recorder) SetTrailer(md metadata.MD) error {
+	err := r.ServerTransportStream.SetTrailer(md)
+	if err == nil {
+		r.keepFrom(&r.trailer, md)
+	}
+	return err
+}
+
+func (r *recorder) keepFrom(dst *metadata.MD, md metadata.MD) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, vs := range md {
+		k = strings.ToLower(k)
+		if !r.keep[k] {
+			continue
+		}
+		if *dst == nil {
+			*dst = metadata.MD{}
+		}
+		(*dst)[k] = append((*dst)[k], vs...)
+	}
+}
+
+func (r *recorder) entries() (header, trailer []*idemkeyv1.MetadataEntry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return toEntries(r.header), toEntries(r.trailer)
+}
+
+func toEntries(md metadata.MD) []*idemkeyv1.MetadataEntry {
+	entries := make([]*idemkeyv1.MetadataEntry, 0, len(md))
+	for _, k := range slices.Sorted(maps.Keys(md)) {
+		entries = append(entries, &idemkeyv1.MetadataEntry{Key: k, Values: md[k]})
+	}
+	return entries
+}
