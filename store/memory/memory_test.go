@@ -2,7 +2,6 @@ package memory_test
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,36 +10,16 @@ import (
 	"github.com/idemkey/idemkey/store/storetest"
 )
 
-// clock is a manual clock for tests.
-type clock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *clock) Advance(_ *testing.T, d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-func newClock() *clock { return &clock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
-		c := newClock()
+		c := storetest.NewClock()
 		return storetest.Harness{Store: memory.New(memory.WithClock(c.Now)), Advance: c.Advance}
 	})
 }
 
 // Memory stays bounded by retention without anyone calling Sweep.
 func TestReserveEvictsExpired(t *testing.T) {
-	c := newClock()
+	c := storetest.NewClock()
 	st := memory.New(memory.WithClock(c.Now))
 	ctx := context.Background()
 	const perRound = 1000

@@ -1,0 +1,502 @@
+package interceptor_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+)
+
+func TestReplay(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	first, ts, err := d.create(t, "key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if idemkey.Replayed(ts.trailer) {
+		t.Error("the first reply is marked replayed")
+	}
+	second, ts, err := d.create(t, "key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRuns(t, d.svc, 1)
+	if !proto.Equal(first, second) {
+		t.Errorf("replay = %v, want %v", second, first)
+	}
+	if !idemkey.Replayed(ts.trailer) {
+		t.Errorf("replay trailer = %v, want %s: true", ts.trailer, idemkey.ReplayedMetadata)
+	}
+	if len(ts.header) != 0 {
+		t.Errorf("replay set header %v, want none", ts.header)
+	}
+}
+
+func TestReusedKey(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := d.create(t, "key-1", request(999))
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+	wantRuns(t, d.svc, 1)
+}
+
+// A retry while the first call runs gets Aborted with pushback and no header;
+// a different request under the key gets "reused" even then.
+func TestInProgress(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRetryAfter(250*time.Millisecond))
+	started, release := make(chan struct{}), make(chan struct{})
+	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		close(started)
+		<-release
+		return chargeFor(req, 1), nil
+	}
+	done := make(chan error)
+	go func() {
+		_, _, err := d.create(t, "key-1", request(100))
+		done <- err
+	}()
+	<-started
+
+	_, ts, err := d.create(t, "key-1", request(100))
+	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
+	if delay, ok := idemkey.RetryDelay(err); !ok || delay != 250*time.Millisecond {
+		t.Errorf("RetryInfo delay = %v, %v; want 250ms", delay, ok)
+	}
+	if got := ts.trailer.Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != "250" {
+		t.Errorf("pushback trailer = %q, want [250]", got)
+	}
+	if len(ts.header) != 0 {
+		t.Errorf("in-progress reply set header %v; a retry policy would not retry it", ts.header)
+	}
+	_, _, err = d.create(t, "key-1", request(999))
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, ts, err := d.create(t, "key-1", request(100)); err != nil || !idemkey.Replayed(ts.trailer) {
+		t.Errorf("after the first call ended: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
+	}
+	wantRuns(t, d.svc, 1)
+}
+
+// recordedCodes is DESIGN.md's table: these outcomes are final and replayed;
+// every other code releases the key.
+var recordedCodes = map[codes.Code]bool{
+	codes.NotFound: true, codes.AlreadyExists: true, codes.FailedPrecondition: true, codes.OutOfRange: true,
+	codes.Unimplemented: true, codes.Internal: true, codes.Unknown: true, codes.DataLoss: true,
+}
+
+func TestRecordedAndReleasedCodes(t *testing.T) {
+	for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
+		t.Run(code.String(), func(t *testing.T) {
+			d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+			d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+				return nil, statusWithDetails(code)
+			}
+			_, _, first := d.create(t, "key-1", request(100))
+			_, ts, second := d.create(t, "key-1", request(100))
+			if !proto.Equal(status.Convert(first).Proto(), status.Convert(second).Proto()) {
+				t.Fatalf("second call got %v, want the same status as the first, %v", second, first)
+			}
+			if recordedCodes[code] {
+				wantRuns(t, d.svc, 1)
+				if !idemkey.Replayed(ts.trailer) {
+					t.Error("recorded error replayed without the replayed trailer")
+				}
+			} else {
+				wantRuns(t, d.svc, 2)
+			}
+		})
+	}
+}
+
+// statusWithDetails is an error with a message and details, all of which a
+// recorded error must replay whole.
+func statusWithDetails(code codes.Code) error {
+	st, err := status.New(code, "card declined: insufficient funds").WithDetails(
+		&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example", Metadata: map[string]string{"decline_code": "insufficient_funds"}},
+		&errdetails.LocalizedMessage{Locale: "en-US", Message: "Your card was declined."})
+	if err != nil {
+		panic(err)
+	}
+	return st.Err()
+}
+
+func TestRecordedCodesOption(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRecordedCodes(codes.ResourceExhausted))
+	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		if req.GetAmount() > 100 {
+			return nil, status.Error(codes.NotFound, "not found")
+		}
+		return nil, status.Error(codes.ResourceExhausted, "limit")
+	}
+	d.create(t, "a", request(1))
+	d.create(t, "a", request(1))
+	wantRuns(t, d.svc, 1) // ResourceExhausted is now recorded
+	d.create(t, "b", request(500))
+	d.create(t, "b", request(500))
+	wantRuns(t, d.svc, 3) // NotFound no longer is
+}
+
+func TestPanicReleasesKey(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		panic("boom")
+	}
+	func() {
+		defer func() {
+			if p := recover(); p != "boom" {
+				t.Errorf("recovered %v, want the handler's panic to propagate", p)
+			}
+		}()
+		d.create(t, "key-1", request(100))
+	}()
+	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		return chargeFor(req, 1), nil
+	}
+	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
+		t.Fatalf("retry after a panic: %v; want the handler to run again", err)
+	}
+	wantRuns(t, d.svc, 2)
+}
+
+func TestReplayedMetadata(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("X-Charge-Region", "x-trace-id"))
+	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-region", "eu-1", "x-internal", "secret"))
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-trace-id", "t-1", "x-trace-id", "t-2", "x-timing", "3ms"))
+		return chargeFor(req, 1), nil
+	}
+	_, first, err := d.create(t, "key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := first.header.Get("x-internal"); len(got) != 1 {
+		t.Fatalf("the first call's own header was not passed through: %v", first.header)
+	}
+	_, replay, err := d.create(t, "key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
+	wantMD(t, "trailer", replay.trailer, metadata.Pairs("x-trace-id", "t-1", "x-trace-id", "t-2", idemkey.ReplayedMetadata, "true"))
+}
+
+func wantMD(t *testing.T, what string, got, want metadata.MD) {
+	t.Helper()
+	if len(got) != len(want) {
+		t.Errorf("replayed %s = %v, want %v", what, got, want)
+		return
+	}
+	for k, vs := range want {
+		if strings.Join(got[k], ",") != strings.Join(vs, ",") {
+			t.Errorf("replayed %s = %v, want %v", what, got, want)
+		}
+	}
+}
+
+// Every malformed key is refused with InvalidArgument before the store or
+// the handler is touched.
+func TestBadKeys(t *testing.T) {
+	for name, pairs := range map[string][]string{
+		"empty":          {idemkey.KeyMetadata, ""},
+		"256 bytes":      {idemkey.KeyMetadata, strings.Repeat("k", 256)},
+		"64 KiB":         {idemkey.KeyMetadata, strings.Repeat("k", 64<<10)},
+		"space":          {idemkey.KeyMetadata, "sp ace"},
+		"control byte":   {idemkey.KeyMetadata, "a\x01b"},
+		"DEL":            {idemkey.KeyMetadata, "a\x7fb"},
+		"non-ASCII":      {idemkey.KeyMetadata, "clé"},
+		"newline":        {idemkey.KeyMetadata, "a\nb"},
+		"two values":     {idemkey.KeyMetadata, "a", idemkey.KeyMetadata, "b"},
+		"binary":         {idemkey.KeyMetadata + "-bin", "abc"},
+		"binary and key": {idemkey.KeyMetadata, "abc", idemkey.KeyMetadata + "-bin", "abc"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+			_, _, err := d.call(context.Background(), createCharge, request(100), append(pairs, "tenant", "acme")...)
+			wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyInvalid)
+			wantRuns(t, d.svc, 0)
+			if n := d.store.Len(); n != 0 {
+				t.Errorf("the store holds %d records, want 0", n)
+			}
+			if len(pairs[1]) >= 3 && strings.Contains(status.Convert(err).Message(), pairs[1]) {
+				t.Errorf("the error quotes the key: %v", err)
+			}
+		})
+	}
+	// The longest valid key is accepted.
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	if _, _, err := d.create(t, strings.Repeat("~", idemkey.MaxKeyLen), request(1)); err != nil {
+		t.Errorf("a %d-byte key: %v", idemkey.MaxKeyLen, err)
+	}
+}
+
+func TestMissingKey(t *testing.T) {
+	optional := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	if _, _, err := optional.call(context.Background(), createCharge, request(1), "tenant", "acme"); err != nil {
+		t.Fatalf("no key, key optional: %v", err)
+	}
+	wantRuns(t, optional.svc, 1)
+	if n := optional.store.Len(); n != 0 {
+		t.Errorf("a call without a key left %d records", n)
+	}
+
+	required := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyRequired())
+	_, _, err := required.call(context.Background(), createCharge, request(1), "tenant", "acme")
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyMissing)
+	wantRuns(t, required.svc, 0)
+}
+
+func TestMethodCoverage(t *testing.T) {
+	get := &paymentsv1.GetChargeRequest{Id: "ch_1"}
+	// GetCharge is NO_SIDE_EFFECTS: untouched, even with a key.
+	d := newDirect(t, interceptor.WithKeyRequired())
+	for range 2 {
+		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || idemkey.Replayed(ts.trailer) {
+			t.Fatalf("GetCharge: err %v, replayed %v", err, idemkey.Replayed(ts.trailer))
+		}
+	}
+	wantRuns(t, d.svc, 2)
+
+	// Included by name, it is covered.
+	d = newDirect(t, interceptor.WithIncludedMethods(getCharge))
+	d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k")
+	if _, ts, _ := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); !idemkey.Replayed(ts.trailer) {
+		t.Error("an included method was not replayed")
+	}
+	wantRuns(t, d.svc, 1)
+
+	// Excluded, CreateCharge is not, key or no key.
+	d = newDirect(t, interceptor.WithExcludedMethods(createCharge), interceptor.WithKeyRequired())
+	d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
+	d.call(context.Background(), createCharge, request(1))
+	wantRuns(t, d.svc, 2)
+}
+
+func TestTenantsAreIsolated(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	for _, tenant := range []string{"acme", "globex", "acme"} {
+		if _, _, err := d.call(context.Background(), createCharge, request(100), idemkey.KeyMetadata, "shared", "tenant", tenant); err != nil {
+			t.Fatal(err)
+		}
+	}
+	wantRuns(t, d.svc, 2)
+
+	_, _, err := d.call(context.Background(), createCharge, request(100), idemkey.KeyMetadata, "shared")
+	if status.Code(err) != codes.Unauthenticated {
+		t.Errorf("tenant function error: got %v, want it returned unchanged", err)
+	}
+}
+
+func TestScopeTenant(t *testing.T) {
+	d := newDirect(t, interceptor.WithScope(interceptor.ScopeTenant), interceptor.WithIncludedMethods(getCharge))
+	if _, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := d.call(context.Background(), getCharge, &paymentsv1.GetChargeRequest{}, idemkey.KeyMetadata, "k")
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+
+	// The default scope keeps methods apart.
+	d = newDirect(t, interceptor.WithIncludedMethods(getCharge))
+	d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
+	if _, _, err := d.call(context.Background(), getCharge, &paymentsv1.GetChargeRequest{}, idemkey.KeyMetadata, "k"); err != nil {
+		t.Errorf("same key on another method: %v", err)
+	}
+}
+
+// A custom fingerprint can leave out a field that changes on every attempt.
+func TestCustomFingerprint(t *testing.T) {
+	ignoreDescription := func(method string, req proto.Message) (store.Fingerprint, error) {
+		r := proto.Clone(req).(*paymentsv1.CreateChargeRequest)
+		r.Description = ""
+		return interceptor.Fingerprint(method, r)
+	}
+	d := newDirect(t, interceptor.WithFingerprint(ignoreDescription))
+	a, b := request(100), request(100)
+	a.Description, b.Description = "sent at 10:00", "sent at 10:01"
+	d.call(context.Background(), createCharge, a, idemkey.KeyMetadata, "k")
+	if _, ts, err := d.call(context.Background(), createCharge, b, idemkey.KeyMetadata, "k"); err != nil || !idemkey.Replayed(ts.trailer) {
+		t.Errorf("second attempt: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
+	}
+	c := request(200)
+	_, _, err := d.call(context.Background(), createCharge, c, idemkey.KeyMetadata, "k")
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+
+	logger, _ := logBuffer()
+	failing := newDirect(t, interceptor.WithLogger(logger), interceptor.WithFingerprint(func(string, proto.Message) (store.Fingerprint, error) {
+		return store.Fingerprint{}, errors.New("cannot hash")
+	}))
+	_, _, err = failing.call(context.Background(), createCharge, a, idemkey.KeyMetadata, "k")
+	if status.Code(err) != codes.Internal {
+		t.Errorf("fingerprint error: code %v, want Internal", status.Code(err))
+	}
+	wantRuns(t, failing.svc, 0)
+}
+
+func TestStoreUnavailable(t *testing.T) {
+	logger, logs := logBuffer()
+	svc := newService()
+	call := func(opts ...interceptor.Option) error {
+		intercept := interceptor.UnaryServerInterceptor(failingStore{}, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
+		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "secret-key-123", "tenant", "tenant-acme"))
+		_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
+		return err
+	}
+	wantReason(t, call(), codes.Unavailable, idemkey.ReasonStoreUnavailable)
+	wantRuns(t, svc, 0)
+
+	if err := call(interceptor.WithFailOpen()); err != nil {
+		t.Fatalf("fail-open: %v", err)
+	}
+	wantRuns(t, svc, 1)
+
+	out := logs.String()
+	if !strings.Contains(out, "reserve failed") {
+		t.Errorf("store failure not logged: %q", out)
+	}
+	for _, secret := range []string{"secret-key-123", "tenant-acme", "cus_1"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log holds %q: %s", secret, out)
+		}
+	}
+}
+
+// A client that hangs up mid-handler must not leave its key in progress: the
+// record is written with a context detached from the call.
+func TestCanceledCallStillRecords(t *testing.T) {
+	d := newDirect(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		cancel() // the client goes away after the charge is made
+		return chargeFor(req, 1), nil
+	}
+	if _, _, err := d.call(ctx, createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ts, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil || !idemkey.Replayed(ts.trailer) {
+		t.Errorf("retry: err %v, replayed %v; want the recorded reply", err, idemkey.Replayed(ts.trailer))
+	}
+	wantRuns(t, d.svc, 1)
+}
+
+func TestLeaseFollowsDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		timeout  time.Duration // 0: no deadline
+		min, max time.Duration
+	}{
+		{"no deadline", 0, interceptor.DefaultLease - time.Second, interceptor.DefaultLease},
+		{"2s deadline", 2 * time.Second, 6 * time.Second, 7 * time.Second},
+		{"long deadline", time.Hour, interceptor.DefaultMaxLease - time.Second, interceptor.DefaultMaxLease},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDirect(t, interceptor.WithRetryAfter(time.Hour))
+			started, release := make(chan struct{}), make(chan struct{})
+			d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+				close(started)
+				<-release
+				return chargeFor(req, 1), nil
+			}
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if tc.timeout > 0 {
+				ctx, cancel = context.WithTimeout(ctx, tc.timeout)
+			}
+			defer cancel()
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				d.call(ctx, createCharge, request(1), idemkey.KeyMetadata, "k")
+			}()
+			<-started
+			_, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
+			close(release)
+			<-done
+			delay, _ := idemkey.RetryDelay(err)
+			if delay < tc.min || delay > tc.max {
+				t.Errorf("lease left = %v, want in [%v, %v]", delay, tc.min, tc.max)
+			}
+		})
+	}
+}
+
+func TestCorruptRecord(t *testing.T) {
+	logger, logs := logBuffer()
+	d := newDirect(t, interceptor.WithLogger(logger))
+	fp, err := interceptor.Fingerprint(createCharge, request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, raw := range [][]byte{
+		{0xff, 0xff, 0xff},         // not protobuf
+		{0x0a, 0x05, 0x01},         // truncated response field
+		{0x0a, 0x02, 0xff, 0xff},   // a response that is not a Charge
+		{0x12, 0x02, 0x08, 0x00},   // an error with code OK
+		{},                         // neither response nor error
+		[]byte("\x22\x03\x0a\x01"), // truncated header entry
+	} {
+		key := "corrupt-" + string(rune('a'+i))
+		res, err := d.store.Reserve(context.Background(), store.Reservation{
+			Key: store.NewKey("", createCharge, key), Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || res.State != store.Acquired {
+			t.Fatalf("Reserve: %v, %v", res.State, err)
+		}
+		if err := d.store.Complete(context.Background(), store.NewKey("", createCharge, key), res.Token, raw); err != nil {
+			t.Fatal(err)
+		}
+		_, _, err = d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, key)
+		if status.Code(err) != codes.Internal {
+			t.Errorf("record %x: code %v, want Internal", raw, status.Code(err))
+		}
+	}
+	wantRuns(t, d.svc, 0)
+	if !strings.Contains(logs.String(), "corrupt") {
+		t.Errorf("corrupt records not logged: %s", logs)
+	}
+}
+
+// When the lease is taken over mid-handler, the first caller still gets its
+// own result, the record keeps the new holder's, and the loss is logged.
+func TestLeaseLostIsLogged(t *testing.T) {
+	logger, logs := logBuffer()
+	d := newDirect(t, interceptor.WithLogger(logger))
+	nested := false
+	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		if !nested {
+			nested = true
+			d.clock.Advance(t, interceptor.DefaultLease+time.Second) // the lease ends; a retry takes over
+			if _, _, err := d.call(context.Background(), createCharge, req, idemkey.KeyMetadata, "k"); err != nil {
+				return nil, err
+			}
+			return &paymentsv1.Charge{Id: "ch_first"}, nil
+		}
+		return &paymentsv1.Charge{Id: "ch_takeover"}, nil
+	}
+	first, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
+	if err != nil || first.(*paymentsv1.Charge).GetId() != "ch_first" {
+		t.Fatalf("first caller got %v, %v; want its own reply", first, err)
+	}
+	replay, _, _ := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
+	if replay.(*paymentsv1.Charge).GetId() != "ch_takeover" {
+		t.Errorf("replay = %v, want the reply recorded by the holder that took over", replay)
+	}
+	if !strings.Contains(logs.String(), "lease was taken over") {
+		t.Errorf("lost lease not logged: %s", logs)
+	}
+}
