@@ -220,29 +220,21 @@ const retryServiceConfig = `{"methodConfig": [{
 	}
 }]}`
 
-// e2e is a real gRPC server and client over bufconn.
+// e2e is a real gRPC server and two clients over bufconn: client retries
+// through the service config and attaches keys; plain does neither.
 type e2e struct {
 	svc     *service
 	store   *memory.Store
-	conn    *grpc.ClientConn
 	client  paymentsv1.PaymentServiceClient
-	keys    chan string // the key of every attempt that reached the server
-	aborted chan struct{}
+	plain   paymentsv1.PaymentServiceClient
+	keys    chan string   // the key of every attempt that reached the server
+	aborted chan struct{} // a signal for every Aborted answer
 }
 
-type e2eConfig struct {
-	server       []interceptor.Option
-	clientKeys   bool // install the client interceptor
-	noRetry      bool
-	outerServer  []grpc.UnaryServerInterceptor
-	extraDialOpt []grpc.DialOption
-}
-
-func newE2E(t *testing.T, cfg e2eConfig) *e2e {
+func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
 	t.Helper()
 	e := &e2e{svc: newService(), store: memory.New(), keys: make(chan string, 100), aborted: make(chan struct{}, 100)}
-	lis := bufconn.Listen(1 << 20)
-	observe := func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	observe := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		for _, k := range md.Get(idemkey.KeyMetadata) {
 			e.keys <- k
@@ -253,31 +245,28 @@ func newE2E(t *testing.T, cfg e2eConfig) *e2e {
 		}
 		return resp, err
 	}
-	chain := append([]grpc.UnaryServerInterceptor{recoverPanic, observe}, cfg.outerServer...)
-	chain = append(chain, interceptor.UnaryServerInterceptor(e.store, cfg.server...))
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
+	opts = append([]interceptor.Option{interceptor.WithTenant(tenantFromMetadata)}, opts...)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, interceptor.UnaryServerInterceptor(e.store, opts...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, e.svc)
+	lis := bufconn.Listen(1 << 20)
 	go func() { _ = srv.Serve(lis) }()
 
-	dial := []grpc.DialOption{
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	dial := func(extra ...grpc.DialOption) *grpc.ClientConn {
+		conn, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
+			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+			grpc.WithTransportCredentials(insecure.NewCredentials()),
+		}, extra...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return conn
 	}
-	if !cfg.noRetry {
-		dial = append(dial, grpc.WithDefaultServiceConfig(retryServiceConfig))
-	}
-	if cfg.clientKeys {
-		dial = append(dial, grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
-	}
-	conn, err := grpc.NewClient("passthrough:///bufnet", append(dial, cfg.extraDialOpt...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-	})
-	e.conn, e.client = conn, paymentsv1.NewPaymentServiceClient(conn)
+	e.client = paymentsv1.NewPaymentServiceClient(dial(
+		grpc.WithDefaultServiceConfig(retryServiceConfig),
+		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor())))
+	e.plain = paymentsv1.NewPaymentServiceClient(dial(grpc.WithDisableRetry()))
+	t.Cleanup(srv.Stop) // runs before the connections close
 	return e
 }
 

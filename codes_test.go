@@ -1,0 +1,163 @@
+package idemkey_test
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+)
+
+func TestStatuses(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		code   codes.Code
+		reason string
+	}{
+		{idemkey.MissingKeyError(), codes.InvalidArgument, idemkey.ReasonKeyMissing},
+		{idemkey.InvalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
+		{idemkey.ReusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
+		{idemkey.InProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
+		{idemkey.StoreUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
+	} {
+		if got := status.Code(tc.err); got != tc.code {
+			t.Errorf("%v: code %v, want %v", tc.err, got, tc.code)
+		}
+		if got := idemkey.Reason(tc.err); got != tc.reason {
+			t.Errorf("%v: reason %q, want %q", tc.err, got, tc.reason)
+		}
+		// Reason survives wrapping.
+		if got := idemkey.Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
+			t.Errorf("wrapped %v: reason %q, want %q", tc.err, got, tc.reason)
+		}
+	}
+	if d, ok := idemkey.RetryDelay(idemkey.InProgressError(1500 * time.Millisecond)); !ok || d != 1500*time.Millisecond {
+		t.Errorf("RetryDelay = %v, %v; want 1.5s", d, ok)
+	}
+	if _, ok := idemkey.RetryDelay(idemkey.ReusedKeyError()); ok {
+		t.Error("RetryDelay found a delay on a reused-key error")
+	}
+	for _, err := range []error{nil, fmt.Errorf("plain"), status.Error(codes.InvalidArgument, "other")} {
+		if got := idemkey.Reason(err); got != "" {
+			t.Errorf("Reason(%v) = %q, want empty", err, got)
+		}
+	}
+}
+
+func TestPushbackTrailer(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		time.Second:             "1000",
+		1500 * time.Microsecond: "2",
+		time.Nanosecond:         "1",
+		250 * time.Millisecond:  "250",
+	} {
+		if got := idemkey.PushbackTrailer(d).Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != want {
+			t.Errorf("PushbackTrailer(%v) = %q, want [%s]", d, got, want)
+		}
+	}
+}
+
+func TestReplayed(t *testing.T) {
+	if !idemkey.Replayed(metadata.Pairs(idemkey.ReplayedMetadata, "true")) {
+		t.Error("Replayed(true) = false")
+	}
+	for _, md := range []metadata.MD{nil, metadata.Pairs(idemkey.ReplayedMetadata, "false"), metadata.Pairs("other", "true")} {
+		if idemkey.Replayed(md) {
+			t.Errorf("Replayed(%v) = true", md)
+		}
+	}
+}
+
+var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+func TestNewKey(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		k := idemkey.NewKey()
+		if !uuidV4.MatchString(k) {
+			t.Fatalf("NewKey() = %q, not a version 4 UUID", k)
+		}
+		if err := idemkey.ValidateKey(k); err != nil {
+			t.Fatalf("NewKey() = %q is not a valid key: %v", k, err)
+		}
+		if seen[k] {
+			t.Fatalf("NewKey() repeated %q", k)
+		}
+		seen[k] = true
+	}
+}
+
+func TestKeyFromMetadata(t *testing.T) {
+	if key, ok, err := idemkey.KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
+		t.Errorf("one key: %q, %v, %v", key, ok, err)
+	}
+	if key, ok, err := idemkey.KeyFromMetadata(nil); key != "" || ok || err != nil {
+		t.Errorf("no key: %q, %v, %v; want absent without error", key, ok, err)
+	}
+}
+
+// keyErrorMessages are the messages of every kind of bad key, none of which
+// depends on the key.
+var keyErrorMessages = func() map[string]bool {
+	msgs := map[string]bool{}
+	for _, md := range []metadata.MD{
+		{idemkey.KeyMetadata: {""}},
+		{idemkey.KeyMetadata: {strings.Repeat("k", 256)}},
+		{idemkey.KeyMetadata: {"\x00"}},
+		{idemkey.KeyMetadata: {"a", "a"}},
+		{idemkey.KeyMetadata + "-bin": {"a"}},
+	} {
+		_, _, err := idemkey.KeyFromMetadata(md)
+		msgs[status.Convert(err).Message()] = true
+	}
+	return msgs
+}()
+
+// FuzzKeyFromMetadata: whatever arrives in metadata, parsing never panics,
+// accepts only 1..255 bytes of visible ASCII, and never quotes the key.
+func FuzzKeyFromMetadata(f *testing.F) {
+	for _, seed := range []string{"", "k", "550e8400-e29b-41d4-a716-446655440000", "sp ace", "\x00", "\x7f", "é", strings.Repeat("x", 256)} {
+		f.Add(seed, false, false)
+	}
+	f.Add("k", true, false)
+	f.Add("k", false, true)
+	f.Fuzz(func(t *testing.T, key string, twice, binary bool) {
+		md := metadata.MD{idemkey.KeyMetadata: {key}}
+		if twice {
+			md[idemkey.KeyMetadata] = append(md[idemkey.KeyMetadata], key)
+		}
+		if binary {
+			md[idemkey.KeyMetadata+"-bin"] = []string{key}
+		}
+		got, ok, err := idemkey.KeyFromMetadata(md)
+		if err != nil {
+			if ok || got != "" {
+				t.Fatalf("error %v with key %q, ok %v", err, got, ok)
+			}
+			if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid {
+				t.Fatalf("error %v, want InvalidArgument %s", err, idemkey.ReasonKeyInvalid)
+			}
+			if !keyErrorMessages[status.Convert(err).Message()] {
+				t.Fatalf("error message %q is not one of the fixed ones; it must never quote the key", status.Convert(err).Message())
+			}
+			return
+		}
+		if !ok || got != key || twice || binary {
+			t.Fatalf("accepted %q (ok %v) from %q, twice %v, binary %v", got, ok, key, twice, binary)
+		}
+		if len(key) < 1 || len(key) > idemkey.MaxKeyLen {
+			t.Fatalf("accepted a %d-byte key", len(key))
+		}
+		for i := 0; i < len(key); i++ {
+			if key[i] < 0x21 || key[i] > 0x7e {
+				t.Fatalf("accepted byte %#x", key[i])
+			}
+		}
+	})
+}
