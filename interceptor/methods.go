@@ -33,13 +33,14 @@ func (ms *methods) get(fullMethod string) *method {
 }
 
 // describe decides whether a method is covered: every method not marked
-// NO_SIDE_EFFECTS or IDEMPOTENT in its proto, unless an option says otherwise.
-// A method missing from the protobuf registry is covered only when included
-// by name.
+// NO_SIDE_EFFECTS or IDEMPOTENT in its proto, except those of gRPC's own
+// services (package grpc.*: health, reflection and the like), unless an option
+// says otherwise. A method missing from the protobuf registry is covered only
+// when included by name.
 func (ms *methods) describe(fullMethod string) *method {
 	m := &method{name: fullMethod}
 	desc := lookup(fullMethod)
-	if desc != nil {
+	if desc != nil && !strings.HasPrefix(fullMethod, "/grpc.") {
 		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
 		switch opts.GetIdempotencyLevel() {
 		case descriptorpb.MethodOptions_NO_SIDE_EFFECTS, descriptorpb.MethodOptions_IDEMPOTENT:

@@ -10,6 +10,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -282,6 +283,19 @@ func TestMethodCoverage(t *testing.T) {
 		t.Error("an included method was not replayed")
 	}
 	wantRuns(t, d.svc, 1)
+
+	// gRPC's own services, such as health, are never covered by default.
+	health := func(context.Context, any) (any, error) { return &healthpb.HealthCheckResponse{}, nil }
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
+	for range 2 {
+		_, err := d.intercept(ctx, &healthpb.HealthCheckRequest{}, &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}, health)
+		if err != nil {
+			t.Fatalf("health check: %v", err)
+		}
+	}
+	if n := d.store.Len(); n != 1 {
+		t.Errorf("the store holds %d records, want only GetCharge's", n)
+	}
 
 	// Excluded, CreateCharge is not, key or no key.
 	d = newDirect(t, interceptor.WithExcludedMethods(createCharge), interceptor.WithKeyRequired())

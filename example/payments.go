@@ -1,0 +1,219 @@
+// Package example is a payments service protected by idemkey, the server and
+// client commands beside it, and the service config whose retry policy lets a
+// duplicate converge on the first reply.
+//
+// It shows both layers of defence against a double charge: the idempotency
+// key (a retry gets the recorded reply), and a business-level unique
+// merchant_reference per tenant, which still holds after a key has expired.
+package example
+
+import (
+	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/hex"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+)
+
+// ServiceConfig is the client's gRPC service config: CreateCharge is retried
+// on UNAVAILABLE and ABORTED, 5 attempts with exponential backoff. An
+// in-progress duplicate is Aborted with server pushback, so it converges on
+// the first call's reply.
+//
+//go:embed service_config.json
+var ServiceConfig string
+
+// DeclinedCustomer is the customer whose card is always declined.
+const DeclinedCustomer = "cus_declined"
+
+// Config is how NewServer builds the service.
+type Config struct {
+	// HandlerDelay holds CreateCharge after it has written the charge, so a
+	// duplicate can arrive while the first call is in progress.
+	HandlerDelay time.Duration
+	// Options are added to the idemkey interceptor's.
+	Options []interceptor.Option
+}
+
+// NewServer returns a gRPC server with the payment service behind the
+// idemkey interceptor, plus the health and reflection services. Calls to the
+// payment service must authenticate: see Authenticate.
+func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
+	opts := append([]interceptor.Option{
+		interceptor.WithTenant(Tenant),
+		interceptor.WithKeyRequired(),
+	}, cfg.Options...)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+		Authenticate,
+		interceptor.UnaryServerInterceptor(st, opts...),
+	))
+	paymentsv1.RegisterPaymentServiceServer(srv, NewService(cfg.HandlerDelay))
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
+	reflection.Register(srv)
+	return srv, hs
+}
+
+// apiKeys maps bearer tokens to tenants.
+var apiKeys = map[string]string{
+	"sk_test_acme":   "acme",
+	"sk_test_globex": "globex",
+}
+
+type tenantKey struct{}
+
+// Authenticate is a unary server interceptor for the payment service: the
+// metadata "authorization: Bearer <api key>" names the tenant, and any other
+// call gets Unauthenticated before the idempotency interceptor runs. Other
+// services (health) pass through.
+func Authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	if !strings.HasPrefix(info.FullMethod, "/"+paymentsv1.PaymentService_ServiceDesc.ServiceName+"/") {
+		return handler(ctx, req)
+	}
+	md, _ := metadata.FromIncomingContext(ctx)
+	auth := md.Get("authorization")
+	if len(auth) != 1 {
+		return nil, status.Error(codes.Unauthenticated, "authorization: Bearer <api key> required")
+	}
+	token, ok := strings.CutPrefix(auth[0], "Bearer ")
+	tenant, known := apiKeys[token]
+	if !ok || !known {
+		return nil, status.Error(codes.Unauthenticated, "unknown API key")
+	}
+	return handler(context.WithValue(ctx, tenantKey{}, tenant), req)
+}
+
+// Tenant returns the tenant Authenticate found; it is the idemkey
+// interceptor's TenantFunc.
+func Tenant(ctx context.Context) (string, error) {
+	tenant, ok := ctx.Value(tenantKey{}).(string)
+	if !ok {
+		return "", status.Error(codes.Unauthenticated, "not authenticated")
+	}
+	return tenant, nil
+}
+
+// Service implements PaymentService with charges kept in memory.
+type Service struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+	delay time.Duration
+
+	mu      sync.Mutex
+	charges map[string][]*paymentsv1.Charge // by tenant, oldest first
+}
+
+// NewService returns an empty service whose CreateCharge waits delay after
+// writing each charge.
+func NewService(delay time.Duration) *Service {
+	return &Service{delay: delay, charges: make(map[string][]*paymentsv1.Charge)}
+}
+
+var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
+
+// CreateCharge charges a customer. Invalid requests get InvalidArgument (the
+// idemkey interceptor releases the key, so a corrected retry may reuse it);
+// a declined card gets FailedPrecondition and a merchant_reference used
+// before gets AlreadyExists (both recorded and replayed).
+func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	tenant, err := Tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case req.GetCustomerId() == "":
+		return nil, status.Error(codes.InvalidArgument, "customer_id is required")
+	case req.GetAmount() <= 0:
+		return nil, status.Error(codes.InvalidArgument, "amount must be positive")
+	case !currencyCode.MatchString(req.GetCurrency()):
+		return nil, status.Error(codes.InvalidArgument, "currency must be three upper-case letters, such as EUR")
+	case req.GetCustomerId() == DeclinedCustomer:
+		return nil, status.Error(codes.FailedPrecondition, "card declined")
+	}
+	charge, err := s.insert(tenant, req)
+	if err != nil {
+		return nil, err
+	}
+	// Like a slow downstream call that does complete: the charge is made
+	// whether or not the client is still waiting.
+	time.Sleep(s.delay)
+	return charge, nil
+}
+
+func (s *Service) insert(tenant string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ref := req.GetMerchantReference(); ref != "" {
+		for _, c := range s.charges[tenant] {
+			if c.GetMerchantReference() == ref {
+				return nil, status.Error(codes.AlreadyExists, "a charge with this merchant_reference exists")
+			}
+		}
+	}
+	charge := &paymentsv1.Charge{
+		Id:                newChargeID(),
+		CustomerId:        req.GetCustomerId(),
+		Amount:            req.GetAmount(),
+		Currency:          req.GetCurrency(),
+		Description:       req.GetDescription(),
+		MerchantReference: req.GetMerchantReference(),
+		CreateTime:        timestamppb.Now(),
+	}
+	s.charges[tenant] = append(s.charges[tenant], charge)
+	return charge, nil
+}
+
+// GetCharge returns one of the calling tenant's charges.
+func (s *Service) GetCharge(ctx context.Context, req *paymentsv1.GetChargeRequest) (*paymentsv1.Charge, error) {
+	tenant, err := Tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.charges[tenant] {
+		if c.GetId() == req.GetId() {
+			return c, nil
+		}
+	}
+	return nil, status.Error(codes.NotFound, "no such charge")
+}
+
+// ListCharges returns the calling tenant's charges for a customer, oldest
+// first.
+func (s *Service) ListCharges(ctx context.Context, req *paymentsv1.ListChargesRequest) (*paymentsv1.ListChargesResponse, error) {
+	tenant, err := Tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	resp := &paymentsv1.ListChargesResponse{}
+	for _, c := range s.charges[tenant] {
+		if c.GetCustomerId() == req.GetCustomerId() {
+			resp.Charges = append(resp.Charges, c)
+		}
+	}
+	return resp, nil
+}
+
+func newChargeID() string {
+	var b [12]byte
+	rand.Read(b[:])
+	return "ch_" + hex.EncodeToString(b[:])
+}

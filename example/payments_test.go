@@ -1,0 +1,110 @@
+package example_test
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+func newClient(t *testing.T) (paymentsv1.PaymentServiceClient, *grpc.ClientConn) {
+	t.Helper()
+	srv, _ := example.NewServer(memory.New(), example.Config{})
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultServiceConfig(example.ServiceConfig),
+		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+	})
+	return paymentsv1.NewPaymentServiceClient(conn), conn
+}
+
+func as(tenant string) context.Context {
+	return metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_"+tenant)
+}
+
+func TestAuthentication(t *testing.T) {
+	client, conn := newClient(t)
+	for name, ctx := range map[string]context.Context{
+		"none":    context.Background(),
+		"unknown": metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_live_nope"),
+		"scheme":  metadata.AppendToOutgoingContext(context.Background(), "authorization", "Basic sk_test_acme"),
+	} {
+		if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{}); status.Code(err) != codes.Unauthenticated {
+			t.Errorf("%s: %v, want Unauthenticated", name, err)
+		}
+	}
+	// The health service needs no credentials and no key.
+	if _, err := healthpb.NewHealthClient(conn).Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health check: %v", err)
+	}
+}
+
+// An invalid request releases its key, so the corrected request may reuse it.
+func TestInvalidRequestReleasesKey(t *testing.T) {
+	client, _ := newClient(t)
+	ctx := as("acme")
+	key := idemkey.NewKey()
+	for _, bad := range []*paymentsv1.CreateChargeRequest{
+		{Amount: 100, Currency: "EUR"},
+		{CustomerId: "cus_1", Amount: 0, Currency: "EUR"},
+		{CustomerId: "cus_1", Amount: 100, Currency: "eur"},
+	} {
+		if _, err := client.CreateCharge(ctx, bad, interceptor.UseKey(key)); status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != "" {
+			t.Errorf("%v: %v, want the service's InvalidArgument", bad, err)
+		}
+	}
+	if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}, interceptor.UseKey(key)); err != nil {
+		t.Errorf("corrected request with the same key: %v", err)
+	}
+}
+
+func TestTenantsAreSeparate(t *testing.T) {
+	client, _ := newClient(t)
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", MerchantReference: "order-1"}
+	key := idemkey.NewKey()
+	acme, err := client.CreateCharge(as("acme"), req, interceptor.UseKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The same key and merchant reference are another tenant's own.
+	globex, err := client.CreateCharge(as("globex"), req, interceptor.UseKey(key))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if acme.GetId() == globex.GetId() {
+		t.Error("two tenants with one key got the same charge")
+	}
+	if _, err := client.GetCharge(as("globex"), &paymentsv1.GetChargeRequest{Id: acme.GetId()}); status.Code(err) != codes.NotFound {
+		t.Errorf("globex reading acme's charge: %v, want NotFound", err)
+	}
+	list, err := client.ListCharges(as("acme"), &paymentsv1.ListChargesRequest{CustomerId: "cus_1"})
+	if err != nil || len(list.GetCharges()) != 1 || list.GetCharges()[0].GetId() != acme.GetId() {
+		t.Errorf("acme's charges = %v, %v; want only its own", list.GetCharges(), err)
+	}
+	// A new key with a used merchant reference is refused by the business rule.
+	if _, err := client.CreateCharge(as("acme"), req); status.Code(err) != codes.AlreadyExists {
+		t.Errorf("second charge with order-1: %v, want AlreadyExists", err)
+	}
+}
