@@ -1,6 +1,7 @@
 package idemkey
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -45,10 +46,20 @@ const (
 // md carries none. A key that is malformed, sent more than once or sent as
 // binary metadata gives an InvalidKeyError; the error never quotes the key.
 func KeyFromMetadata(md metadata.MD) (key string, ok bool, err error) {
-	if len(md[KeyMetadata+"-bin"]) > 0 {
+	return parseKey(md[KeyMetadata], len(md[KeyMetadata+"-bin"]) > 0)
+}
+
+// KeyFromIncomingContext is KeyFromMetadata for the metadata of the call a
+// server handles, without copying the rest of it.
+func KeyFromIncomingContext(ctx context.Context) (key string, ok bool, err error) {
+	return parseKey(metadata.ValueFromIncomingContext(ctx, KeyMetadata),
+		len(metadata.ValueFromIncomingContext(ctx, KeyMetadata+"-bin")) > 0)
+}
+
+func parseKey(values []string, binary bool) (string, bool, error) {
+	if binary {
 		return "", false, InvalidKeyError("it was sent as binary metadata")
 	}
-	values := md[KeyMetadata]
 	switch len(values) {
 	case 0:
 		return "", false, nil

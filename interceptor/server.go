@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"log/slog"
+	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -38,8 +39,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !m.covered {
 		return handler(ctx, req)
 	}
-	md, _ := metadata.FromIncomingContext(ctx)
-	key, ok, err := idemkey.KeyFromMetadata(md)
+	key, ok, err := idemkey.KeyFromIncomingContext(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -160,7 +160,10 @@ func (s *server) replay(ctx context.Context, c call, raw []byte) (any, error) {
 	if len(rec.header) > 0 {
 		_ = grpc.SetHeader(ctx, rec.header)
 	}
-	_ = grpc.SetTrailer(ctx, metadata.Join(rec.trailer, replayedTrailer))
+	if len(rec.trailer) > 0 {
+		_ = grpc.SetTrailer(ctx, rec.trailer)
+	}
+	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
 	return rec.resp, rec.err
 }
 
@@ -218,17 +221,18 @@ func (s *server) lease(ctx context.Context) time.Duration {
 // is stable for one schema and one protobuf-go version; a retry that crosses a
 // change of either may be refused as a reused key.
 func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
-	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(req)
+	buf := fingerprintBuffers.Get().(*[]byte)
+	defer fingerprintBuffers.Put(buf)
+	b := binary.BigEndian.AppendUint64((*buf)[:0], uint64(len(fullMethod)))
+	b = append(b, fullMethod...)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, req)
 	if err != nil {
 		return store.Fingerprint{}, err
 	}
-	h := sha256.New()
-	var n [8]byte
-	binary.BigEndian.PutUint64(n[:], uint64(len(fullMethod)))
-	h.Write(n[:])
-	h.Write([]byte(fullMethod))
-	h.Write(b)
-	var fp store.Fingerprint
-	h.Sum(fp[:0])
-	return fp, nil
+	if cap(b) <= 64<<10 { // keep small buffers only
+		*buf = b
+	}
+	return sha256.Sum256(b), nil
 }
+
+var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}

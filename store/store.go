@@ -29,16 +29,12 @@ type Key [sha256.Size]byte
 // different scopes share an encoding. method may be empty for a scope that
 // spans methods.
 func NewKey(tenant, method, idempotencyKey string) Key {
-	h := sha256.New()
+	b := make([]byte, 0, 512) // on the stack for all but unusually long scopes
 	for _, part := range [...]string{tenant, method, idempotencyKey} {
-		var n [8]byte
-		binary.BigEndian.PutUint64(n[:], uint64(len(part)))
-		h.Write(n[:])
-		h.Write([]byte(part))
+		b = binary.BigEndian.AppendUint64(b, uint64(len(part)))
+		b = append(b, part...)
 	}
-	var k Key
-	h.Sum(k[:0])
-	return k
+	return sha256.Sum256(b)
 }
 
 // String returns a short hex prefix of the hash, enough to correlate log lines.

@@ -1,0 +1,44 @@
+# Every tool is pinned in tools/go.mod and run with `go tool`, so a fresh
+# machine with Go needs nothing else.
+GO          ?= go
+TOOL        := $(GO) tool -modfile=tools/go.mod
+BENCH_COUNT ?= 10
+DEMO_ADDR   ?= 127.0.0.1:50051
+FUZZ_TIME   ?= 10s
+
+.PHONY: help generate check-generate lint test bench demo
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
+
+generate: ## regenerate the Go code of the protos with buf
+	$(TOOL) buf generate
+
+check-generate: generate ## fail if generated code or a go.mod is out of date
+	$(GO) mod tidy -diff
+	cd tools && $(GO) mod tidy -diff
+	@git diff --exit-code -- proto || (echo "generated code is stale: run make generate and commit" && exit 1)
+	@test -z "$$(git status --porcelain -- proto)" || (git status --porcelain -- proto && echo "make generate made new files: commit them" && exit 1)
+
+lint: ## gofmt, go vet, staticcheck, buf lint and buf format
+	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt would change these files" && exit 1)
+	$(GO) vet ./...
+	$(TOOL) staticcheck ./...
+	$(TOOL) buf lint
+	$(TOOL) buf format -d --exit-code
+
+test: ## run every test with the race detector, then fuzz key parsing briefly
+	$(GO) test -race -count=1 ./...
+	$(GO) test -run='^$$' -fuzz=FuzzKeyFromMetadata -fuzztime=$(FUZZ_TIME) .
+
+bench: ## benchmark the interceptor over bufconn; benchstat compares it to the bare call
+	@mkdir -p bin
+	$(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ | tee bin/bench.txt
+	$(TOOL) benchstat -col /call bin/bench.txt
+
+demo: ## start the example server (memory store, 1.5s handler delay) and run the demo client
+	@mkdir -p bin
+	@$(GO) build -o bin/ ./example/server ./example/client
+	@./bin/server -addr $(DEMO_ADDR) -database-url= -handler-delay 1.5s 2>bin/demo-server.log & \
+	  pid=$$!; trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
+	  ./bin/client -addr $(DEMO_ADDR) || { echo "--- server log:"; cat bin/demo-server.log; exit 1; }
