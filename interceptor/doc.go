@@ -1,0 +1,89 @@
+// Package interceptor is idemkey's gRPC server and client interceptors.
+//
+// The client interceptor attaches one idempotency key to each call; the
+// server interceptor runs a call at most once per key and answers every retry
+// with the first call's recorded reply.
+//
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+//		auth, // puts the caller's identity in the context
+//		interceptor.UnaryServerInterceptor(st,
+//			interceptor.WithTenant(tenantOf),
+//			interceptor.WithKeyRequired()),
+//	))
+//
+//	conn, err := grpc.NewClient(addr,
+//		grpc.WithDefaultServiceConfig(serviceConfig), // retries ABORTED and UNAVAILABLE
+//		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+//
+// # Which calls are covered
+//
+// Every unary method whose proto does not declare idempotency_level
+// NO_SIDE_EFFECTS or IDEMPOTENT, except those of gRPC's own services (package
+// grpc.*, such as health checks). WithIncludedMethods and WithExcludedMethods
+// override that per method. A replay builds its response message from the
+// method's descriptor, so a method missing from the protobuf registry (which
+// generated code fills) is not covered, and if included by name its calls with
+// a key fail with Internal rather than run unprotected. Streaming RPCs are not intercepted:
+// there is no stream interceptor, and they pass through untouched.
+//
+// # The request path
+//
+// For a covered call the server interceptor:
+//  1. reads the key from the idempotency-key metadata: exactly one value of 1
+//     to 255 bytes of visible ASCII, else InvalidArgument. A call without a
+//     key runs unprotected, or is refused if WithKeyRequired;
+//  2. scopes the key to the tenant (WithTenant) and method (WithScope), and
+//     fingerprints the request (Fingerprint, or WithFingerprint);
+//  3. reserves the key in the store before running anything. A recorded key
+//     replays its outcome, with the trailer idempotent-replayed: true; a key in
+//     progress answers Aborted with a RetryInfo and the grpc-retry-pushback-ms
+//     trailer, and no header, so that a gRPC retry policy retries it; a key
+//     first used with a different request answers InvalidArgument;
+//  4. runs the handler, keeping the header and trailer metadata listed by
+//     WithReplayedMetadata;
+//  5. records the outcome, or releases the key so that a retry runs again;
+//  6. returns the handler's own result.
+//
+// # What is recorded
+//
+// A success is recorded whole: the marshalled response and the allow-listed
+// metadata. An error is recorded whole (code, message and details) when its
+// code is final: NotFound, AlreadyExists, FailedPrecondition, OutOfRange,
+// Unimplemented, Internal, Unknown or DataLoss. Any other code releases the
+// key (InvalidArgument, Unauthenticated, PermissionDenied, Canceled,
+// DeadlineExceeded, ResourceExhausted, Aborted, Unavailable): the operation did
+// not happen, or may succeed when retried. WithRecordedCodes changes the set.
+// A handler that panics releases the key, then the panic goes on.
+//
+// # Guarantees
+//
+//   - The handler runs at most once per key while its lease holds. The lease
+//     is the call's remaining deadline plus 5s, at most 10 minutes (WithLease);
+//     a call without a deadline holds it for a minute. A retry after the lease
+//     has ended presumes the first run dead and runs the handler again: the
+//     only window in which a handler runs twice. Completion is fenced, so the
+//     first run cannot then overwrite the reply of the second.
+//   - A replay returns the recorded response message: the same bytes on the
+//     wire for messages without map fields (maps may be re-encoded in another
+//     order, with the same meaning).
+//   - A store that fails makes covered calls fail closed with Unavailable, and
+//     the handler does not run, unless WithFailOpen.
+//   - The store writes after the handler use a context detached from the
+//     caller's cancellation, with its own timeout (WithWriteTimeout), so a
+//     client that hangs up does not leave its key in progress.
+//   - Errors and log records never hold a raw key, tenant or request: stores
+//     keep a SHA-256 of the scope, and logs show a prefix of that hash.
+//
+// # Caveats
+//
+//   - The default fingerprint marshals the request deterministically, which is
+//     stable for one schema and one protobuf-go version: a retry that crosses
+//     an upgrade of either may be refused as a reused key.
+//   - A retry loop of your own must sit outside the client interceptor, or
+//     reuse one key through UseKey or ContextWithKey: a key made per attempt
+//     defeats the scheme. gRPC's service-config retries run below interceptors
+//     and resend the same key.
+//   - After its retention (WithRetention, 24 hours by default) a key is new
+//     again, as in Stripe's API. Keep a business-level unique constraint as the
+//     second line of defence.
+package interceptor
