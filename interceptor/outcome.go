@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -22,6 +23,9 @@ import (
 // record is false when the result must be released instead.
 func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *recorder) (raw []byte, record bool, err error) {
 	var out idemkeyv1.Outcome
+	if r != nil {
+		out.Header, out.Trailer = r.entries()
+	}
 	if herr != nil {
 		st := status.Convert(herr)
 		if !recorded[st.Code()] || st.Code() == codes.OK {
@@ -29,23 +33,28 @@ func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *record
 		}
 		p := st.Proto()
 		out.Result = &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: p.Code, Message: p.Message, Details: p.Details}}
-	} else {
-		msg, ok := resp.(proto.Message)
-		if !ok {
-			return nil, false, errors.New("the response is not a protobuf message")
-		}
-		b, err := proto.Marshal(msg)
-		if err != nil {
-			return nil, false, err
-		}
-		out.Result = &idemkeyv1.Outcome_Response{Response: b}
+		raw, err = proto.Marshal(&out)
+		return raw, err == nil, err
 	}
-	if r != nil {
-		out.Header, out.Trailer = r.entries()
+	msg, ok := resp.(proto.Message)
+	if !ok {
+		return nil, false, errors.New("the response is not a protobuf message")
 	}
-	raw, err = proto.Marshal(&out)
+	// The response is marshalled straight into its field of the Outcome rather
+	// than into a buffer of its own that is then copied: this is the hot path.
+	size := proto.Size(msg)
+	raw = make([]byte, 0, size+protowire.SizeVarint(uint64(size))+1+proto.Size(&out))
+	raw = protowire.AppendTag(raw, outcomeResponse, protowire.BytesType)
+	raw = protowire.AppendVarint(raw, uint64(size))
+	if raw, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(raw, msg); err != nil {
+		return nil, false, err
+	}
+	raw, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, &out)
 	return raw, err == nil, err
 }
+
+// outcomeResponse is the field number of Outcome.response.
+var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()
 
 // recorded is an outcome read back from its record.
 type recorded struct {

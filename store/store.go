@@ -135,7 +135,8 @@ type Store interface {
 
 	// Complete records outcome for the key held by token, which then replays
 	// until the record expires. It returns ErrLeaseLost if token no longer
-	// holds an in-progress record for key.
+	// holds an in-progress record for key. The store may keep outcome, so the
+	// caller must not modify it afterwards.
 	Complete(ctx context.Context, key Key, token Token, outcome []byte) error
 
 	// Release deletes the in-progress record held by token, so the next call

@@ -123,7 +123,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		return err
 	}
 	rec.completed = true
-	rec.outcome = append([]byte{}, outcome...)
+	rec.outcome = outcome
 	heap.Fix(&s.byExpiry, rec.index)
 	return nil
 }
