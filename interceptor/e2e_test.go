@@ -51,12 +51,7 @@ func TestE2EReplayIsByteIdentical(t *testing.T) {
 
 func TestE2EReusedKey(t *testing.T) {
 	e := newE2E(t)
-	started, release := make(chan struct{}), make(chan struct{})
-	e.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		close(started)
-		<-release
-		return chargeFor(req, 1), nil
-	}
+	started, release := e.svc.block()
 	ctx := withKey(context.Background(), "key-1")
 	done := make(chan error)
 	go func() {
@@ -81,12 +76,7 @@ func TestE2EReusedKey(t *testing.T) {
 // first call's reply.
 func TestE2EDuplicateConvergesThroughRetry(t *testing.T) {
 	e := newE2E(t, interceptor.WithRetryAfter(20*time.Millisecond))
-	started, release := make(chan struct{}), make(chan struct{})
-	e.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		close(started)
-		<-release
-		return chargeFor(req, 1), nil
-	}
+	started, release := e.svc.block()
 	ctx := withKey(context.Background(), "key-1")
 	type result struct {
 		charge  *paymentsv1.Charge

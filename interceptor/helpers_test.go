@@ -74,6 +74,17 @@ func (s *service) GetCharge(context.Context, *paymentsv1.GetChargeRequest) (*pay
 	return &paymentsv1.Charge{Id: "ch_get"}, nil
 }
 
+// block makes CreateCharge wait, once started, until release is closed.
+func (s *service) block() (started, release chan struct{}) {
+	started, release = make(chan struct{}), make(chan struct{})
+	s.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		close(started)
+		<-release
+		return chargeFor(req, 1), nil
+	}
+	return started, release
+}
+
 func (s *service) handler() grpc.UnaryHandler {
 	return func(ctx context.Context, req any) (any, error) {
 		return s.CreateCharge(ctx, req.(*paymentsv1.CreateChargeRequest))

@@ -60,12 +60,7 @@ func TestReusedKey(t *testing.T) {
 // a different request under the key gets "reused" even then.
 func TestInProgress(t *testing.T) {
 	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRetryAfter(250*time.Millisecond))
-	started, release := make(chan struct{}), make(chan struct{})
-	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		close(started)
-		<-release
-		return chargeFor(req, 1), nil
-	}
+	started, release := d.svc.block()
 	done := make(chan error)
 	go func() {
 		_, _, err := d.create(t, "key-1", request(100))
@@ -422,12 +417,7 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDirect(t, interceptor.WithRetryAfter(time.Hour))
-			started, release := make(chan struct{}), make(chan struct{})
-			d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-				close(started)
-				<-release
-				return chargeFor(req, 1), nil
-			}
+			started, release := d.svc.block()
 			ctx, cancel := context.Background(), context.CancelFunc(func() {})
 			if tc.timeout > 0 {
 				ctx, cancel = context.WithTimeout(ctx, tc.timeout)
