@@ -21,8 +21,8 @@
 // NO_SIDE_EFFECTS or IDEMPOTENT, except those of gRPC's own services (package
 // grpc.*, such as health checks). WithIncludedMethods and WithExcludedMethods
 // override that per method. A replay builds its response message from the
-// method's descriptor, so a method missing from the protobuf registry (which
-// generated code fills) is not covered, and if included by name its calls with
+// method's descriptor, so a method whose descriptor or response type is missing
+// from the protobuf registry (which generated code fills) is not covered, and if included by name its calls with
 // a key fail with Internal rather than run unprotected. Streaming RPCs are not intercepted:
 // there is no stream interceptor, and they pass through untouched.
 //
@@ -71,8 +71,13 @@
 //   - The store writes after the handler use a context detached from the
 //     caller's cancellation, with its own timeout (WithWriteTimeout), so a
 //     client that hangs up does not leave its key in progress.
-//   - Errors and log records never hold a raw key, tenant or request: stores
-//     keep a SHA-256 of the scope, and logs show a prefix of that hash.
+//   - idemkey's own errors and log records never hold a raw key, tenant or
+//     request: stores keep a SHA-256 of the scope, and logs show a prefix of
+//     that hash. Errors of a TenantFunc or FingerprintFunc are passed on, or
+//     logged, as they are.
+//   - Once the handler has run, its key is never released but for a
+//     released code or a panic: a reply that cannot be recorded (say, a
+//     response gRPC cannot marshal) is recorded as Internal.
 //
 // # Caveats
 //

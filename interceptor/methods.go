@@ -35,8 +35,8 @@ func (ms *methods) get(fullMethod string) *method {
 // describe decides whether a method is covered: every method not marked
 // NO_SIDE_EFFECTS or IDEMPOTENT in its proto, except those of gRPC's own
 // services (package grpc.*: health, reflection and the like), unless an option
-// says otherwise. A method missing from the protobuf registry is covered only
-// when included by name.
+// says otherwise. A method whose descriptor or response type is missing from
+// the protobuf registry is covered only when included by name.
 func (ms *methods) describe(fullMethod string) *method {
 	m := &method{name: fullMethod}
 	desc := lookup(fullMethod)
@@ -48,6 +48,9 @@ func (ms *methods) describe(fullMethod string) *method {
 			m.covered = true
 		}
 		m.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
+	}
+	if m.output == nil { // its replies could not be replayed
+		m.covered = false
 	}
 	if ms.opts.included[fullMethod] {
 		m.covered = true

@@ -144,8 +144,8 @@ func WithRecordedCodes(cs ...codes.Code) Option {
 }
 
 // WithReplayedMetadata records the header and trailer metadata the handler
-// sets under the given keys, and replays it with the outcome. By default no
-// handler metadata is replayed.
+// sets under the given keys, binary ("-bin") keys included, and replays it
+// with the outcome. By default no handler metadata is replayed.
 func WithReplayedMetadata(keys ...string) Option {
 	return func(o *options) {
 		for _, k := range keys {
@@ -156,10 +156,10 @@ func WithReplayedMetadata(keys ...string) Option {
 
 // WithLease sets how long a running call holds its key before a retry may
 // presume it dead and run the handler again. A call with a deadline holds it
-// for its remaining time plus a grace period, at most max; a call without one
-// holds it for dflt.
+// for its remaining time plus a grace period, a call without one for dflt;
+// either way at most max.
 func WithLease(dflt, max time.Duration) Option {
-	return func(o *options) { o.lease, o.maxLease = dflt, max }
+	return func(o *options) { o.lease, o.maxLease = min(dflt, max), max }
 }
 
 // WithRetention sets how long an outcome is kept and replayed, counted from
@@ -189,7 +189,8 @@ func WithFailOpen() Option {
 }
 
 // WithLogger sets the logger for store failures and lost leases; the default
-// is slog.Default(). Log records never hold a raw key, tenant or request.
+// is slog.Default(). idemkey's own log records never hold a raw key, tenant or
+// request; an error from a FingerprintFunc is logged as it is.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }

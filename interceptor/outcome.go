@@ -27,13 +27,11 @@ func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *record
 		out.Header, out.Trailer = r.entries()
 	}
 	if herr != nil {
-		st := status.Convert(herr)
+		st := statusOf(herr)
 		if !recorded[st.Code()] || st.Code() == codes.OK {
 			return nil, false, nil
 		}
-		p := st.Proto()
-		out.Result = &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: p.Code, Message: p.Message, Details: p.Details}}
-		raw, err = proto.Marshal(&out)
+		raw, err = encodeStatus(st, &out)
 		return raw, err == nil, err
 	}
 	msg, ok := resp.(proto.Message)
@@ -52,6 +50,33 @@ func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *record
 	raw, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, &out)
 	return raw, err == nil, err
 }
+
+// statusOf is the status gRPC sends for a handler's error: a context error,
+// even wrapped, is Canceled or DeadlineExceeded rather than Unknown.
+func statusOf(err error) *status.Status {
+	if st, ok := status.FromError(err); ok {
+		return st
+	}
+	return status.FromContextError(err)
+}
+
+// encodeStatus records st, with the metadata already in out.
+func encodeStatus(st *status.Status, out *idemkeyv1.Outcome) ([]byte, error) {
+	p := st.Proto()
+	out.Result = &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: p.Code, Message: []byte(p.Message), Details: p.Details}}
+	return proto.Marshal(out)
+}
+
+// unrecordable is the outcome recorded when the handler's own cannot be: the
+// handler ran, so its key must not be released, and gRPC itself answers
+// Internal for a response it cannot marshal.
+var unrecordable = func() []byte {
+	raw, err := encodeStatus(status.New(codes.Internal, "idemkey: the reply of this call could not be recorded"), &idemkeyv1.Outcome{})
+	if err != nil {
+		panic(err)
+	}
+	return raw
+}()
 
 // outcomeResponse is the field number of Outcome.response.
 var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()
@@ -83,7 +108,7 @@ func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error
 		if r.Status.GetCode() == int32(codes.OK) {
 			return recorded{}, errors.New("recorded error has code OK")
 		}
-		rec.err = status.ErrorProto(&spb.Status{Code: r.Status.GetCode(), Message: r.Status.GetMessage(), Details: r.Status.GetDetails()})
+		rec.err = status.ErrorProto(&spb.Status{Code: r.Status.GetCode(), Message: string(r.Status.GetMessage()), Details: r.Status.GetDetails()})
 	default:
 		return recorded{}, errors.New("recorded outcome holds neither a response nor an error")
 	}
@@ -96,7 +121,9 @@ func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {
 	}
 	md := make(metadata.MD, len(entries))
 	for _, e := range entries {
-		md[e.GetKey()] = append(md[e.GetKey()], e.GetValues()...)
+		for _, v := range e.GetValues() {
+			md[e.GetKey()] = append(md[e.GetKey()], string(v))
+		}
 	}
 	return md
 }
@@ -160,7 +187,11 @@ func (r *recorder) entries() (header, trailer []*idemkeyv1.MetadataEntry) {
 func toEntries(md metadata.MD) []*idemkeyv1.MetadataEntry {
 	entries := make([]*idemkeyv1.MetadataEntry, 0, len(md))
 	for _, k := range slices.Sorted(maps.Keys(md)) {
-		entries = append(entries, &idemkeyv1.MetadataEntry{Key: k, Values: md[k]})
+		values := make([][]byte, len(md[k]))
+		for i, v := range md[k] {
+			values[i] = []byte(v)
+		}
+		entries = append(entries, &idemkeyv1.MetadataEntry{Key: k, Values: values})
 	}
 	return entries
 }

@@ -76,6 +76,11 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		s.log(ctx, slog.LevelError, "fingerprint failed", call, err)
 		return nil, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
 	}
+	if scopeMethod == "" {
+		// A key shared across methods must never replay one method's reply
+		// to another, whatever a custom fingerprint leaves out.
+		fp = bindMethod(m.name, fp)
+	}
 
 	res, err := s.store.Reserve(ctx, store.Reservation{
 		Key:         call.key,
@@ -140,8 +145,8 @@ func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHan
 	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
 	switch {
 	case encodeErr != nil:
-		s.log(ctx, slog.LevelError, "outcome cannot be recorded; key released", c, encodeErr)
-		s.release(ctx, c)
+		s.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", c, encodeErr)
+		s.complete(ctx, c, unrecordable)
 	case record:
 		s.complete(ctx, c, outcome)
 	default:
@@ -236,3 +241,11 @@ func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error
 }
 
 var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// bindMethod hashes a fingerprint together with the method it was made for.
+func bindMethod(fullMethod string, fp store.Fingerprint) store.Fingerprint {
+	b := make([]byte, 0, 256)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(fullMethod)))
+	b = append(append(b, fullMethod...), fp[:]...)
+	return sha256.Sum256(b)
+}

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -120,6 +121,72 @@ func TestRecordedAndReleasedCodes(t *testing.T) {
 				wantRuns(t, d.svc, 2)
 			}
 		})
+	}
+}
+
+// Errors that are not statuses are classified as gRPC sends them: context
+// errors, even wrapped, as Canceled or DeadlineExceeded (released), anything
+// else as Unknown (recorded).
+func TestPlainErrors(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		code codes.Code
+		runs int
+	}{
+		{"context.Canceled", context.Canceled, codes.Canceled, 2},
+		{"wrapped DeadlineExceeded", fmt.Errorf("charge: %w", context.DeadlineExceeded), codes.DeadlineExceeded, 2},
+		{"errors.New", errors.New("disk full"), codes.Unknown, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDirect(t)
+			d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+				return nil, tc.err
+			}
+			d.create(t, "key-1", request(1))
+			_, _, err := d.create(t, "key-1", request(1))
+			wantRuns(t, d.svc, tc.runs)
+			if tc.runs == 1 && status.Code(err) != tc.code {
+				t.Errorf("replayed code %v, want %v", status.Code(err), tc.code)
+			}
+		})
+	}
+}
+
+// A reply that cannot be recorded is recorded as Internal: the handler ran,
+// so its key must not be released.
+func TestUnrecordableReply(t *testing.T) {
+	logger, logs := logBuffer()
+	d := newDirect(t, interceptor.WithLogger(logger))
+	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		return &paymentsv1.Charge{Id: "ch_\xff"}, nil // not UTF-8: gRPC cannot marshal it either
+	}
+	d.create(t, "key-1", request(1))
+	_, _, err := d.create(t, "key-1", request(1))
+	if status.Code(err) != codes.Internal {
+		t.Errorf("retry: %v, want Internal", err)
+	}
+	wantRuns(t, d.svc, 1)
+	if !strings.Contains(logs.String(), "cannot be recorded") {
+		t.Errorf("not logged: %s", logs)
+	}
+}
+
+// Error messages and binary metadata are replayed byte for byte.
+func TestReplayIsExact(t *testing.T) {
+	d := newDirect(t, interceptor.WithReplayedMetadata("x-sig-bin"))
+	d.svc.create = func(ctx context.Context, _ *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-sig-bin", "\x00\xff\x01"))
+		return nil, status.Error(codes.FailedPrecondition, "declined \xff")
+	}
+	_, _, first := d.create(t, "key-1", request(1))
+	_, ts, second := d.create(t, "key-1", request(1))
+	wantRuns(t, d.svc, 1)
+	if status.Convert(second).Message() != status.Convert(first).Message() {
+		t.Errorf("replayed message %q, want %q", status.Convert(second).Message(), status.Convert(first).Message())
+	}
+	if got := ts.trailer.Get("x-sig-bin"); len(got) != 1 || got[0] != "\x00\xff\x01" {
+		t.Errorf("replayed binary trailer %q, want [\\x00\\xff\\x01]", got)
 	}
 }
 
@@ -322,6 +389,14 @@ func TestScopeTenant(t *testing.T) {
 	_, _, err := d.call(context.Background(), getCharge, &paymentsv1.GetChargeRequest{}, idemkey.KeyMetadata, "k")
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
 
+	// Even a fingerprint that leaves the method out cannot replay one
+	// method's reply to another.
+	sameForAll := func(string, proto.Message) (store.Fingerprint, error) { return store.Fingerprint{}, nil }
+	d = newDirect(t, interceptor.WithScope(interceptor.ScopeTenant), interceptor.WithIncludedMethods(getCharge), interceptor.WithFingerprint(sameForAll))
+	d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
+	_, _, err = d.call(context.Background(), getCharge, &paymentsv1.GetChargeRequest{}, idemkey.KeyMetadata, "k")
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+
 	// The default scope keeps methods apart.
 	d = newDirect(t, interceptor.WithIncludedMethods(getCharge))
 	d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
@@ -409,14 +484,20 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		timeout  time.Duration // 0: no deadline
+		lease    interceptor.Option
 		min, max time.Duration
 	}{
-		{"no deadline", 0, interceptor.DefaultLease - time.Second, interceptor.DefaultLease},
-		{"2s deadline", 2 * time.Second, 6 * time.Second, 7 * time.Second},
-		{"long deadline", time.Hour, interceptor.DefaultMaxLease - time.Second, interceptor.DefaultMaxLease},
+		{"no deadline", 0, nil, interceptor.DefaultLease - time.Second, interceptor.DefaultLease},
+		{"2s deadline", 2 * time.Second, nil, 6 * time.Second, 7 * time.Second},
+		{"long deadline", time.Hour, nil, interceptor.DefaultMaxLease - time.Second, interceptor.DefaultMaxLease},
+		{"default above max", 0, interceptor.WithLease(time.Hour, 2*time.Minute), 2*time.Minute - time.Second, 2 * time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDirect(t, interceptor.WithRetryAfter(time.Hour))
+			opts := []interceptor.Option{interceptor.WithRetryAfter(time.Hour)}
+			if tc.lease != nil {
+				opts = append(opts, tc.lease)
+			}
+			d := newDirect(t, opts...)
 			started, release := d.svc.block()
 			ctx, cancel := context.Background(), context.CancelFunc(func() {})
 			if tc.timeout > 0 {
@@ -502,5 +583,66 @@ func TestLeaseLostIsLogged(t *testing.T) {
 	}
 	if !strings.Contains(logs.String(), "lease was taken over") {
 		t.Errorf("lost lease not logged: %s", logs)
+	}
+}
+
+// Every path that logs keeps the key, the tenant and the request out of the
+// log and out of the errors it returns.
+func TestNoSecretsInLogsOrErrors(t *testing.T) {
+	const key, tenant, customer = "SECRET-KEY-7f3a", "SECRET-TENANT-acme", "SECRET-CUSTOMER-42"
+	req := &paymentsv1.CreateChargeRequest{CustomerId: customer, Amount: 1, Currency: "EUR"}
+	logger, logs := logBuffer()
+	d := newDirect(t, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))
+	call := func(k string) error {
+		_, _, err := d.call(context.Background(), createCharge, req, idemkey.KeyMetadata, k, "tenant", tenant)
+		return err
+	}
+	var errs []error
+
+	// A reply that cannot be recorded.
+	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		return &paymentsv1.Charge{Id: "\xff"}, nil
+	}
+	errs = append(errs, call(key+"-1"), call(key+"-1"))
+
+	// A lease lost to a takeover.
+	taken := false
+	d.svc.create = func(_ context.Context, r *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		if !taken {
+			taken = true
+			d.clock.Advance(t, interceptor.DefaultLease+time.Second)
+			errs = append(errs, call(key+"-2"))
+		}
+		return chargeFor(r, 1), nil
+	}
+	errs = append(errs, call(key+"-2"))
+
+	// A corrupt record.
+	fp, _ := interceptor.Fingerprint(createCharge, req)
+	scope := store.NewKey(tenant, createCharge, key+"-3")
+	res, _ := d.store.Reserve(context.Background(), store.Reservation{Key: scope, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+	_ = d.store.Complete(context.Background(), scope, res.Token, []byte{0xff})
+	errs = append(errs, call(key+"-3"))
+
+	// Bad and reused keys.
+	errs = append(errs, call(key+" with a space"), call(""))
+	req.Amount = 2
+	errs = append(errs, call(key+"-1"))
+
+	out := logs.String()
+	for _, want := range []string{"cannot be recorded", "lease was taken over", "corrupt"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("log lacks %q: %s", want, out)
+		}
+	}
+	for _, secret := range []string{"SECRET-KEY", "SECRET-TENANT", "SECRET-CUSTOMER"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log holds %s: %s", secret, out)
+		}
+		for _, err := range errs {
+			if err != nil && strings.Contains(err.Error(), secret) {
+				t.Errorf("error holds %s: %v", secret, err)
+			}
+		}
 	}
 }

@@ -173,7 +173,7 @@ func (s *Store) Len() int {
 
 func (s *Store) heldLocked(key store.Key, token store.Token) (*record, error) {
 	rec, ok := s.records[key]
-	if !ok || rec.token != token || rec.completed {
+	if !ok || rec.token != token || rec.completed || !s.now().Before(rec.removableAt()) {
 		return nil, fmt.Errorf("memory store: token %d: %w", token, store.ErrLeaseLost)
 	}
 	return rec, nil

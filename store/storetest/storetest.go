@@ -52,6 +52,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"Release", testRelease},
 		{"CompleteOnce", testCompleteOnce},
 		{"ExpiredTakeover", testExpiredTakeover},
+		{"ExpiredHolder", testExpiredHolder},
 		{"Sweep", testSweep},
 		{"SweepBatches", testSweepBatches},
 		{"KeysIndependent", testKeysIndependent},
@@ -236,6 +237,18 @@ func testExpiredTakeover(t *testing.T, h Harness) {
 		t.Errorf("expired takeover kept token %d", first)
 	}
 	wantState(t, reserve(t, h.Store, key, fpB), store.InProgress)
+}
+
+// A holder whose lease and retention have both passed holds nothing: the
+// record counts as absent, so its outcome cannot be recorded.
+func testExpiredHolder(t *testing.T, h Harness) {
+	key, other := newKey(t, "k"), newKey(t, "other")
+	token := reserveFor(t, h.Store, key, fpA, lease, lease/2).Token
+	otherToken := reserveFor(t, h.Store, other, fpA, lease, lease/2).Token
+	h.Advance(t, lease+time.Second)
+	wantLeaseLost(t, "Complete after expiry", h.Store.Complete(context.Background(), key, token, []byte("late")))
+	wantLeaseLost(t, "Release after expiry", h.Store.Release(context.Background(), other, otherToken))
+	wantState(t, reserve(t, h.Store, key, fpB), store.Acquired)
 }
 
 func testSweep(t *testing.T, h Harness) {

@@ -138,8 +138,9 @@ type Status struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gRPC status code.
 	Code int32 `protobuf:"varint,1,opt,name=code,proto3" json:"code,omitempty"`
-	// The error message, as the handler wrote it.
-	Message string `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
+	// The error message, byte for byte as the handler wrote it: bytes rather
+	// than string, so a message that is not valid UTF-8 is kept too.
+	Message []byte `protobuf:"bytes,2,opt,name=message,proto3" json:"message,omitempty"`
 	// The error details, such as google.rpc.ErrorInfo.
 	Details       []*anypb.Any `protobuf:"bytes,3,rep,name=details,proto3" json:"details,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -183,11 +184,11 @@ func (x *Status) GetCode() int32 {
 	return 0
 }
 
-func (x *Status) GetMessage() string {
+func (x *Status) GetMessage() []byte {
 	if x != nil {
 		return x.Message
 	}
-	return ""
+	return nil
 }
 
 func (x *Status) GetDetails() []*anypb.Any {
@@ -202,8 +203,9 @@ type MetadataEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lower-case metadata key.
 	Key string `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
-	// The values, in the order the handler set them.
-	Values        []string `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
+	// The values, in the order the handler set them: bytes, because the values
+	// of a key ending in "-bin" are binary.
+	Values        [][]byte `protobuf:"bytes,2,rep,name=values,proto3" json:"values,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -245,7 +247,7 @@ func (x *MetadataEntry) GetKey() string {
 	return ""
 }
 
-func (x *MetadataEntry) GetValues() []string {
+func (x *MetadataEntry) GetValues() [][]byte {
 	if x != nil {
 		return x.Values
 	}
@@ -266,11 +268,11 @@ const file_idemkey_v1_outcome_proto_rawDesc = "" +
 	"\x06result\"f\n" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
-	"\amessage\x18\x02 \x01(\tR\amessage\x12.\n" +
+	"\amessage\x18\x02 \x01(\fR\amessage\x12.\n" +
 	"\adetails\x18\x03 \x03(\v2\x14.google.protobuf.AnyR\adetails\"9\n" +
 	"\rMetadataEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x16\n" +
-	"\x06values\x18\x02 \x03(\tR\x06valuesB\x9e\x01\n" +
+	"\x06values\x18\x02 \x03(\fR\x06valuesB\x9e\x01\n" +
 	"\x0ecom.idemkey.v1B\fOutcomeProtoP\x01Z5github.com/idemkey/idemkey/proto/idemkey/v1;idemkeyv1\xa2\x02\x03IXX\xaa\x02\n" +
 	"Idemkey.V1\xca\x02\n" +
 	"Idemkey\\V1\xe2\x02\x16Idemkey\\V1\\GPBMetadata\xea\x02\vIdemkey::V1b\x06proto3"
