@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -33,6 +34,49 @@ func BenchmarkUnary(b *testing.B) {
 		client := newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New())))
 		benchmarkCalls(b, client, func(int) string { return "replay" })
 	})
+}
+
+// BenchmarkOverhead makes the same three calls interleaved, one of each per
+// iteration in rotating order, so that a noisy machine slows all three alike,
+// and reports each one's time and its ratio to the bare call.
+func BenchmarkOverhead(b *testing.B) {
+	bare := newBenchClient(b)
+	guarded := newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New())))
+	req := request(1999)
+	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")
+	if _, err := guarded.CreateCharge(replay, req); err != nil {
+		b.Fatal(err)
+	}
+	firsts := make([]context.Context, b.N)
+	for i := range firsts {
+		firsts[i] = metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "first-"+strconv.Itoa(i))
+	}
+	bareCtx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "bare")
+	var spent [3]time.Duration // bare, first, replay
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range 3 {
+			path := (i + j) % 3
+			client, ctx := guarded, replay
+			switch path {
+			case 0:
+				client, ctx = bare, bareCtx
+			case 1:
+				ctx = firsts[i]
+			}
+			start := time.Now()
+			if _, err := client.CreateCharge(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+			spent[path] += time.Since(start)
+		}
+	}
+	perCall := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	b.ReportMetric(perCall(spent[0]), "bare-ns/call")
+	b.ReportMetric(perCall(spent[1]), "first-ns/call")
+	b.ReportMetric(perCall(spent[2]), "replay-ns/call")
+	b.ReportMetric(perCall(spent[1])/perCall(spent[0]), "first/bare")
+	b.ReportMetric(perCall(spent[2])/perCall(spent[0]), "replay/bare")
 }
 
 func benchmarkCalls(b *testing.B, client paymentsv1.PaymentServiceClient, key func(i int) string) {

@@ -69,8 +69,8 @@
 //   - A store that fails makes covered calls fail closed with Unavailable, and
 //     the handler does not run, unless WithFailOpen.
 //   - The store writes after the handler use a context detached from the
-//     caller's cancellation, with its own timeout (WithWriteTimeout), so a
-//     client that hangs up does not leave its key in progress.
+//     caller's cancellation, so a client that hangs up does not leave its key
+//     in progress; the store bounds their time.
 //   - idemkey's own errors and log records never hold a raw key, tenant or
 //     request: stores keep a SHA-256 of the scope, and logs show a prefix of
 //     that hash. Errors of a TenantFunc or FingerprintFunc are passed on, or

@@ -14,11 +14,10 @@ import (
 
 // Defaults, each changed by the option that names it.
 const (
-	DefaultLease        = time.Minute      // WithLease, for calls without a deadline
-	DefaultMaxLease     = 10 * time.Minute // WithLease
-	DefaultRetention    = 24 * time.Hour   // WithRetention
-	DefaultRetryAfter   = time.Second      // WithRetryAfter
-	DefaultWriteTimeout = 5 * time.Second  // WithWriteTimeout
+	DefaultLease      = time.Minute      // WithLease, for calls without a deadline
+	DefaultMaxLease   = 10 * time.Minute // WithLease
+	DefaultRetention  = 24 * time.Hour   // WithRetention
+	DefaultRetryAfter = time.Second      // WithRetryAfter
 )
 
 // leaseGrace is added to a call's remaining deadline to give its lease: the
@@ -55,21 +54,20 @@ const (
 // options is shared by every call of one interceptor; it is never modified
 // after construction.
 type options struct {
-	tenant       TenantFunc
-	keyRequired  bool
-	included     map[string]bool
-	excluded     map[string]bool
-	scope        Scope
-	fingerprint  FingerprintFunc
-	recorded     map[codes.Code]bool
-	replayed     map[string]bool // metadata keys replayed from the record
-	lease        time.Duration
-	maxLease     time.Duration
-	retention    time.Duration
-	retryAfter   time.Duration
-	writeTimeout time.Duration
-	failOpen     bool
-	logger       *slog.Logger
+	tenant      TenantFunc
+	keyRequired bool
+	included    map[string]bool
+	excluded    map[string]bool
+	scope       Scope
+	fingerprint FingerprintFunc
+	recorded    map[codes.Code]bool
+	replayed    map[string]bool // metadata keys replayed from the record
+	lease       time.Duration
+	maxLease    time.Duration
+	retention   time.Duration
+	retryAfter  time.Duration
+	failOpen    bool
+	logger      *slog.Logger
 }
 
 // defaultRecorded are the error codes whose outcome is final: a retry would
@@ -82,14 +80,13 @@ var defaultRecorded = []codes.Code{
 
 func newOptions(opts []Option) *options {
 	o := &options{
-		fingerprint:  Fingerprint,
-		recorded:     codeSet(defaultRecorded),
-		lease:        DefaultLease,
-		maxLease:     DefaultMaxLease,
-		retention:    DefaultRetention,
-		retryAfter:   DefaultRetryAfter,
-		writeTimeout: DefaultWriteTimeout,
-		logger:       slog.Default(),
+		fingerprint: Fingerprint,
+		recorded:    codeSet(defaultRecorded),
+		lease:       DefaultLease,
+		maxLease:    DefaultMaxLease,
+		retention:   DefaultRetention,
+		retryAfter:  DefaultRetryAfter,
+		logger:      slog.Default(),
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -173,13 +170,6 @@ func WithRetention(d time.Duration) Option {
 // longer than the lease has left.
 func WithRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.retryAfter = d }
-}
-
-// WithWriteTimeout bounds the store write after the handler returns. The write
-// runs detached from the caller's cancellation, so a client that hangs up
-// cannot leave its key in progress.
-func WithWriteTimeout(d time.Duration) Option {
-	return func(o *options) { o.writeTimeout = d }
 }
 
 // WithFailOpen runs the handler without protection when the store fails,

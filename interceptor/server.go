@@ -174,26 +174,22 @@ func (s *server) replay(ctx context.Context, c call, raw []byte) (any, error) {
 
 var replayedTrailer = metadata.Pairs(idemkey.ReplayedMetadata, "true")
 
+// complete and release detach the store write from the caller's
+// cancellation: a client that hangs up must not leave its key in progress.
+// The store bounds the write's time (see store.Store).
+
 func (s *server) complete(ctx context.Context, c call, outcome []byte) {
-	ctx, cancel := s.writeContext(ctx)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx)
 	if err := s.store.Complete(ctx, c.key, c.token, outcome); err != nil {
 		s.logWriteFailure(ctx, "complete", c, err)
 	}
 }
 
 func (s *server) release(ctx context.Context, c call) {
-	ctx, cancel := s.writeContext(ctx)
-	defer cancel()
+	ctx = context.WithoutCancel(ctx)
 	if err := s.store.Release(ctx, c.key, c.token); err != nil {
 		s.logWriteFailure(ctx, "release", c, err)
 	}
-}
-
-// writeContext detaches a store write from the caller's cancellation: a
-// client that hangs up must not leave its key in progress.
-func (s *server) writeContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(ctx), s.opts.writeTimeout)
 }
 
 func (s *server) logWriteFailure(ctx context.Context, op string, c call, err error) {

@@ -117,6 +117,11 @@ const DefaultSweepBatch = 1000
 // safe for concurrent use, and every decision about time (leases, expiry) uses
 // the store's own clock.
 //
+// The interceptor calls Complete and Release after the handler, with a
+// context detached from the caller's cancellation, so that a client that hangs
+// up cannot leave its key in progress. A store whose writes can block must
+// bound them with a timeout of its own.
+//
 // A record is expired once its retention has passed and it holds no live
 // lease. An expired record counts as absent everywhere.
 type Store interface {
