@@ -174,10 +174,9 @@ func (s *server) replay(ctx context.Context, c call, raw []byte) (any, error) {
 
 var replayedTrailer = metadata.Pairs(idemkey.ReplayedMetadata, "true")
 
-// complete and release detach the store write from the caller's
-// cancellation: a client that hangs up must not leave its key in progress.
-// The store bounds the write's time (see store.Store).
-
+// complete records the outcome. Like release, it detaches the store write
+// from the caller's cancellation: a client that hangs up must not leave its
+// key in progress. The store bounds the write's time (see store.Store).
 func (s *server) complete(ctx context.Context, c call, outcome []byte) {
 	ctx = context.WithoutCancel(ctx)
 	if err := s.store.Complete(ctx, c.key, c.token, outcome); err != nil {
@@ -224,9 +223,7 @@ func (s *server) lease(ctx context.Context) time.Duration {
 func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
 	buf := fingerprintBuffers.Get().(*[]byte)
 	defer fingerprintBuffers.Put(buf)
-	b := binary.BigEndian.AppendUint64((*buf)[:0], uint64(len(fullMethod)))
-	b = append(b, fullMethod...)
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(b, req)
+	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(appendPart((*buf)[:0], fullMethod), req)
 	if err != nil {
 		return store.Fingerprint{}, err
 	}
@@ -240,8 +237,11 @@ var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 // bindMethod hashes a fingerprint together with the method it was made for.
 func bindMethod(fullMethod string, fp store.Fingerprint) store.Fingerprint {
-	b := make([]byte, 0, 256)
-	b = binary.BigEndian.AppendUint64(b, uint64(len(fullMethod)))
-	b = append(append(b, fullMethod...), fp[:]...)
-	return sha256.Sum256(b)
+	return sha256.Sum256(append(appendPart(make([]byte, 0, 256), fullMethod), fp[:]...))
+}
+
+// appendPart appends s with its length in front, so that no two sequences of
+// parts hash alike.
+func appendPart(b []byte, s string) []byte {
+	return append(binary.BigEndian.AppendUint64(b, uint64(len(s))), s...)
 }
