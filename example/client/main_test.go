@@ -8,9 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/goleak"
+
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/store/memory"
 )
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
 
 // The demo runs against the example server over loopback and checks every
 // answer itself; its transcript shows the duplicate converging.
