@@ -25,6 +25,7 @@
 //		// a bug: the key was reused for a different charge
 //	case idemkey.ReasonInProgress:
 //		delay, _ := idemkey.RetryDelay(err) // the server's pushback
+//		time.Sleep(delay) // then retry with the same key
 //	}
 //
 // The in-progress status also carries a google.rpc.RetryInfo and the

@@ -15,8 +15,9 @@ import (
 //
 // gRPC runs the retries of its service-config retry policy below all
 // interceptors, so every attempt of one call carries the same key. A retry
-// loop of your own must run outside this interceptor (or reuse one key
-// through ContextWithKey), or each attempt would get a key of its own.
+// loop of your own must run inside this interceptor (a retry interceptor
+// chained after it), or reuse one key through UseKey or ContextWithKey;
+// otherwise each attempt gets a key of its own.
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	o := newOptions(opts)
 	ms := &methods{opts: o}

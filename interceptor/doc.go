@@ -12,6 +12,7 @@
 //	))
 //
 //	conn, err := grpc.NewClient(addr,
+//		grpc.WithTransportCredentials(creds),
 //		grpc.WithDefaultServiceConfig(serviceConfig), // retries ABORTED and UNAVAILABLE
 //		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
 //
@@ -55,14 +56,21 @@
 // not happen, or may succeed when retried. WithRecordedCodes changes the set.
 // A handler that panics releases the key, then the panic goes on.
 //
+// So a handler must return a released code only when the call had no effect:
+// one that writes and then returns ctx.Err() (Canceled or DeadlineExceeded)
+// runs again on the retry. A recovery interceptor belongs outside idemkey; one
+// inside it turns a panic into a recorded Internal.
+//
 // # Guarantees
 //
 //   - The handler runs at most once per key while its lease holds. The lease
 //     is the call's remaining deadline plus 5s, at most 10 minutes (WithLease);
 //     a call without a deadline holds it for a minute. A retry after the lease
-//     has ended presumes the first run dead and runs the handler again: the
-//     only window in which a handler runs twice. Completion is fenced, so the
-//     first run cannot then overwrite the reply of the second.
+//     has ended presumes the first run dead and runs the handler again. Apart
+//     from released outcomes, a store failure under WithFailOpen and a key past
+//     its retention, that is the only way a handler runs twice for one key.
+//     Completion is fenced, so the first run cannot then overwrite the reply of
+//     the second.
 //   - A replay returns the recorded response message: the same bytes on the
 //     wire for messages without map fields (maps may be re-encoded in another
 //     order, with the same meaning).
@@ -84,10 +92,14 @@
 //   - The default fingerprint marshals the request deterministically, which is
 //     stable for one schema and one protobuf-go version: a retry that crosses
 //     an upgrade of either may be refused as a reused key.
-//   - A retry loop of your own must sit outside the client interceptor, or
-//     reuse one key through UseKey or ContextWithKey: a key made per attempt
-//     defeats the scheme. gRPC's service-config retries run below interceptors
-//     and resend the same key.
+//   - A retry loop of your own must run inside the client interceptor (a
+//     retry interceptor chained after it), or reuse one key through UseKey or
+//     ContextWithKey: a key made per attempt defeats the scheme. gRPC's
+//     service-config retries run below all interceptors and resend the same
+//     key.
+//   - The in-progress answer is trailers-only only if nothing before idemkey
+//     set header metadata: an interceptor outside it that calls grpc.SetHeader
+//     stops gRPC's retry policy from retrying that answer.
 //   - After its retention (WithRetention, 24 hours by default) a key is new
 //     again, as in Stripe's API. Keep a business-level unique constraint as the
 //     second line of defence.

@@ -154,20 +154,33 @@ func WithReplayedMetadata(keys ...string) Option {
 // WithLease sets how long a running call holds its key before a retry may
 // presume it dead and run the handler again. A call with a deadline holds it
 // for its remaining time plus a grace period, a call without one for dflt;
-// either way at most max.
+// either way at most max. A value of zero or less keeps its default.
 func WithLease(dflt, max time.Duration) Option {
-	return func(o *options) { o.lease, o.maxLease = min(dflt, max), max }
+	return func(o *options) {
+		if max > 0 {
+			o.maxLease = max
+		}
+		if dflt > 0 {
+			o.lease = dflt
+		}
+		o.lease = min(o.lease, o.maxLease)
+	}
 }
 
 // WithRetention sets how long an outcome is kept and replayed, counted from
-// the first call. After it the key is new again.
+// the first call. After it the key is new again. A value of zero or less keeps
+// the default.
 func WithRetention(d time.Duration) Option {
-	return func(o *options) { o.retention = d }
+	return func(o *options) {
+		if d > 0 {
+			o.retention = d
+		}
+	}
 }
 
 // WithRetryAfter sets the longest wait the server asks of a retry that finds
 // its key in progress (the pushback trailer and RetryInfo). The wait is never
-// longer than the lease has left.
+// longer than the lease has left, nor shorter than a millisecond.
 func WithRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.retryAfter = d }
 }
@@ -179,10 +192,16 @@ func WithFailOpen() Option {
 }
 
 // WithLogger sets the logger for store failures and lost leases; the default
-// is slog.Default(). idemkey's own log records never hold a raw key, tenant or
-// request; an error from a FingerprintFunc is logged as it is.
+// is slog.Default(), and nil discards the records. idemkey's own log records
+// never hold a raw key, tenant or request; an error from a FingerprintFunc is
+// logged as it is.
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) { o.logger = l }
+	return func(o *options) {
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		o.logger = l
+	}
 }
 
 func codeSet(cs []codes.Code) map[codes.Code]bool {

@@ -646,3 +646,18 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 		}
 	}
 }
+
+// Zero and nil option values keep the defaults rather than break the server.
+func TestOptionZeroValues(t *testing.T) {
+	d := newDirect(t, interceptor.WithLogger(nil), interceptor.WithRetention(0), interceptor.WithLease(0, 0))
+	d.create(t, "key-1", request(1))
+	d.clock.Advance(t, time.Hour) // within the default retention
+	if _, ts, err := d.create(t, "key-1", request(1)); err != nil || !idemkey.Replayed(ts.trailer) {
+		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
+	}
+
+	intercept := interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil))
+	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
+	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
+	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)
+}

@@ -1,6 +1,6 @@
 module github.com/idemkey/idemkey/tools
 
-go 1.26.8
+go 1.26.7
 
 tool (
 	github.com/bufbuild/buf/cmd/buf

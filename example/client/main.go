@@ -2,7 +2,7 @@
 // service, printing each call and its answer. It checks every answer and
 // exits non-zero if one is not what idemkey promises.
 //
-//	go run ./example/client [-addr 127.0.0.1:50051] [-api-key sk_test_acme]
+//	go run ./example/client [-addr 127.0.0.1:50051] [-api-key sk_test_acme] [-wait 10s]
 //
 // Start the server with a handler delay (make demo uses 1.5s) to see a
 // duplicate arrive while the first call is still running.

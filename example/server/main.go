@@ -29,7 +29,7 @@ import (
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on")
-	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency store; empty means in memory")
+	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency store (not available yet: leave it empty for the in-memory store)")
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
 	flag.Parse()

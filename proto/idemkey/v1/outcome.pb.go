@@ -132,8 +132,8 @@ func (*Outcome_Response) isOutcome_Result() {}
 
 func (*Outcome_Status) isOutcome_Result() {}
 
-// Status is wire-compatible with google.rpc.Status: a record can be decoded as
-// either message.
+// Status has the wire format of google.rpc.Status, and decodes as one whenever
+// its message is valid UTF-8.
 type Status struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The gRPC status code.
