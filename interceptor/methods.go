@@ -39,18 +39,14 @@ func (ms *methods) get(fullMethod string) *method {
 // the protobuf registry is covered only when included by name.
 func (ms *methods) describe(fullMethod string) *method {
 	m := &method{name: fullMethod}
-	desc := lookup(fullMethod)
-	if desc != nil && !strings.HasPrefix(fullMethod, "/grpc.") {
-		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
-		switch opts.GetIdempotencyLevel() {
-		case descriptorpb.MethodOptions_NO_SIDE_EFFECTS, descriptorpb.MethodOptions_IDEMPOTENT:
-		default:
-			m.covered = true
-		}
+	if desc := lookup(fullMethod); desc != nil {
 		m.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
-	}
-	if m.output == nil { // its replies could not be replayed
-		m.covered = false
+		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
+		level := opts.GetIdempotencyLevel()
+		m.covered = m.output != nil && // else its replies could not be replayed
+			!strings.HasPrefix(fullMethod, "/grpc.") &&
+			level != descriptorpb.MethodOptions_NO_SIDE_EFFECTS &&
+			level != descriptorpb.MethodOptions_IDEMPOTENT
 	}
 	if ms.opts.included[fullMethod] {
 		m.covered = true

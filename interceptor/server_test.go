@@ -358,6 +358,16 @@ func TestMethodCoverage(t *testing.T) {
 	if n := d.store.Len(); n != 1 {
 		t.Errorf("the store holds %d records, want only GetCharge's", n)
 	}
+	// Included by name, even a gRPC service method is covered.
+	d = newDirect(t, interceptor.WithIncludedMethods("/grpc.health.v1.Health/Check"))
+	for range 2 {
+		if _, err := d.intercept(ctx, &healthpb.HealthCheckRequest{}, &grpc.UnaryServerInfo{FullMethod: "/grpc.health.v1.Health/Check"}, health); err != nil {
+			t.Fatalf("included health check: %v", err)
+		}
+	}
+	if n := d.store.Len(); n != 1 {
+		t.Errorf("included health check left %d records, want 1", n)
+	}
 
 	// Excluded, CreateCharge is not, key or no key.
 	d = newDirect(t, interceptor.WithExcludedMethods(createCharge), interceptor.WithKeyRequired())
