@@ -34,7 +34,7 @@ func TestDemo(t *testing.T) {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
-		"duplicate, attempt 1: Aborted IDEMPOTENCY_KEY_IN_PROGRESS",
+		"Aborted IDEMPOTENCY_KEY_IN_PROGRESS", // whichever of the two calls arrived second
 		"(server pushback 1000ms)",
 		"OK [idempotent-replayed: true]",
 		"InvalidArgument IDEMPOTENCY_KEY_REUSED",

@@ -1,0 +1,31 @@
+package idemkey_test
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/idemkey/idemkey"
+)
+
+// A client tells idemkey's errors apart by their reason.
+func ExampleReason() {
+	for _, err := range []error{
+		idemkey.ReusedKeyError(),
+		idemkey.InProgressError(500 * time.Millisecond),
+		fmt.Errorf("card declined"),
+	} {
+		switch idemkey.Reason(err) {
+		case idemkey.ReasonKeyReused:
+			fmt.Println("bug: one key was used for two different requests")
+		case idemkey.ReasonInProgress:
+			delay, _ := idemkey.RetryDelay(err)
+			fmt.Println("still running; retry with the same key in", delay)
+		default:
+			fmt.Println("not an idemkey error:", err)
+		}
+	}
+	// Output:
+	// bug: one key was used for two different requests
+	// still running; retry with the same key in 500ms
+	// not an idemkey error: card declined
+}
