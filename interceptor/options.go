@@ -205,11 +205,10 @@ func WithLogger(l *slog.Logger) Option {
 }
 
 func codeSet(cs []codes.Code) map[codes.Code]bool {
-	set := make(map[codes.Code]bool, len(cs)+1)
+	set := make(map[codes.Code]bool, len(cs))
 	for _, c := range cs {
 		set[c] = true
 	}
-	set[codes.OK] = true
 	return set
 }
 

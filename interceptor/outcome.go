@@ -28,7 +28,7 @@ func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *record
 	}
 	if herr != nil {
 		st := statusOf(herr)
-		if !recorded[st.Code()] || st.Code() == codes.OK {
+		if st.Code() == codes.OK || !recorded[st.Code()] {
 			return nil, false, nil
 		}
 		raw, err = encodeStatus(st, &out)
@@ -132,7 +132,7 @@ func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {
 // header and trailer metadata the handler sets, for the record.
 type recorder struct {
 	grpc.ServerTransportStream
-	keep map[string]bool
+	allowed map[string]bool
 
 	mu      sync.Mutex
 	header  metadata.MD
@@ -140,35 +140,28 @@ type recorder struct {
 }
 
 func (r *recorder) SetHeader(md metadata.MD) error {
-	err := r.ServerTransportStream.SetHeader(md)
-	if err == nil {
-		r.keepFrom(&r.header, md)
-	}
-	return err
+	return r.keep(&r.header, md, r.ServerTransportStream.SetHeader(md))
 }
 
 func (r *recorder) SendHeader(md metadata.MD) error {
-	err := r.ServerTransportStream.SendHeader(md)
-	if err == nil {
-		r.keepFrom(&r.header, md)
-	}
-	return err
+	return r.keep(&r.header, md, r.ServerTransportStream.SendHeader(md))
 }
 
 func (r *recorder) SetTrailer(md metadata.MD) error {
-	err := r.ServerTransportStream.SetTrailer(md)
-	if err == nil {
-		r.keepFrom(&r.trailer, md)
-	}
-	return err
+	return r.keep(&r.trailer, md, r.ServerTransportStream.SetTrailer(md))
 }
 
-func (r *recorder) keepFrom(dst *metadata.MD, md metadata.MD) {
+// keep copies the allow-listed part of md into dst once gRPC has taken md
+// (err is nil), and returns err.
+func (r *recorder) keep(dst *metadata.MD, md metadata.MD, err error) error {
+	if err != nil {
+		return err
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k, vs := range md {
 		k = strings.ToLower(k)
-		if !r.keep[k] {
+		if !r.allowed[k] {
 			continue
 		}
 		if *dst == nil {
@@ -176,6 +169,7 @@ func (r *recorder) keepFrom(dst *metadata.MD, md metadata.MD) {
 		}
 		(*dst)[k] = append((*dst)[k], vs...)
 	}
+	return nil
 }
 
 func (r *recorder) entries() (header, trailer []*idemkeyv1.MetadataEntry) {

@@ -129,7 +129,7 @@ func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHan
 	hctx, rec := ctx, (*recorder)(nil)
 	if len(s.opts.replayed) > 0 {
 		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
-			rec = &recorder{ServerTransportStream: ts, keep: s.opts.replayed}
+			rec = &recorder{ServerTransportStream: ts, allowed: s.opts.replayed}
 			hctx = grpc.NewContextWithServerTransportStream(ctx, rec)
 		}
 	}
