@@ -1,0 +1,100 @@
+// Package pgtest gives each test its own schema on a real PostgreSQL server,
+// so that tests run in parallel without seeing each other's rows.
+//
+// The server is IDEMKEY_TEST_DATABASE_URL, else DATABASE_URL, else
+// postgres://postgres@127.0.0.1:5432/test. Where none answers, a test skips,
+// except in CI (CI=true), where it fails: CI must never pass by skipping.
+// make test starts a throwaway server when none answers (scripts/with-postgres).
+package pgtest
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"net/url"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// DefaultURL is the server tests use when no variable names one.
+const DefaultURL = "postgres://postgres@127.0.0.1:5432/test?sslmode=disable"
+
+// URL returns the connection string of the test server.
+func URL() string {
+	for _, name := range []string{"IDEMKEY_TEST_DATABASE_URL", "DATABASE_URL"} {
+		if u := os.Getenv(name); u != "" {
+			return u
+		}
+	}
+	return DefaultURL
+}
+
+// Schema creates an empty schema for t, dropped with everything in it when t
+// ends, and returns its name.
+func Schema(t testing.TB) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		unreachable(t, err)
+	}
+	defer conn.Close(ctx)
+	var b [8]byte
+	rand.Read(b[:])
+	schema := "idemkey_test_" + hex.EncodeToString(b[:])
+	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
+		t.Fatalf("create test schema: %v", err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		conn, err := pgx.Connect(ctx, URL())
+		if err != nil {
+			t.Errorf("drop test schema: %v", err)
+			return
+		}
+		defer conn.Close(ctx)
+		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+			t.Errorf("drop test schema: %v", err)
+		}
+	})
+	return schema
+}
+
+// Pool returns a pool on the test server whose sessions work in schema (their
+// search_path), closed when t ends. configure, if given, adjusts the pool's
+// configuration first.
+func Pool(t testing.TB, schema string, configure ...func(*pgxpool.Config)) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(URL())
+	if err != nil {
+		t.Fatalf("test database URL: %v", err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	for _, f := range configure {
+		f(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		unreachable(t, err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+func unreachable(t testing.TB, err error) {
+	t.Helper()
+	where := URL()
+	if u, perr := url.Parse(where); perr == nil {
+		where = u.Redacted()
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("no PostgreSQL server at %s (%v). CI needs one: run the tests with make test, which starts a throwaway server when none answers", where, err)
+	}
+	t.Skipf("no PostgreSQL server at %s (%v); make test starts a throwaway one", where, err)
+}

@@ -1,0 +1,70 @@
+// Package postgres is an idemkey store on a PostgreSQL table, through pgx/v5.
+// Several server processes on one database behave as one service: a duplicate
+// sent to one replica while another runs the first call is told "in
+// progress", and recorded replies survive restarts.
+//
+//	pool, err := pgxpool.New(ctx, databaseURL)
+//	...
+//	if err := postgres.Migrate(ctx, pool); err != nil { ... }
+//	st, err := postgres.New(pool)
+//	...
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+//		interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantOf))))
+//	go (&store.Janitor{Store: st, Interval: time.Minute}).Run(ctx)
+//
+// # Schema
+//
+// One row per key scope, keyed by the 32-byte SHA-256 that the interceptor
+// computes (package store's Key): raw keys and tenant ids never reach the
+// database. A row holds the request's fingerprint, its state (in_progress or
+// completed), the fencing token of its holder, the end of the holder's lease,
+// the encoded outcome, and its creation and expiry times. Tokens come from a
+// sequence, so no token is handed out twice, even to a key deleted and
+// reserved again.
+//
+// Migrations holds the numbered .up.sql and .down.sql files for a migration
+// tool of your own; Migrate applies them for those without one. WithTable puts
+// the table under another name or schema; pass the same option to Migrate and
+// New.
+//
+// # Guarantees
+//
+//   - Reserve is one statement and, in the common cases, one round trip. The
+//     primary key settles races; there is no read-then-write. A replay only
+//     reads: no lock, no write, no WAL flush. When a row changes between the
+//     statement's snapshot and its insert (a concurrent release or sweep),
+//     Reserve runs the statement again, up to 10 times.
+//   - Every decision about time (lease ends, expiry) uses the database's
+//     now(), never the application server's clock, so replicas with skewed
+//     clocks agree.
+//   - Complete and Release succeed only for the token that holds an unexpired
+//     in-progress row; otherwise store.ErrLeaseLost. They run detached from
+//     the caller's cancellation, bounded by WithTimeout (5 s by default), so a
+//     client that hangs up cannot leave its key in progress.
+//   - Sweep deletes expired rows in batches, one short statement each, and
+//     skips rows a reservation has locked: it never waits on live traffic.
+//     Run it periodically with store.Janitor; nothing starts a goroutine on
+//     its own.
+//
+// # Errors
+//
+// Every driver error is translated in one place. A database that cannot be
+// reached, is shutting down or failing over, is overloaded, or does not
+// answer within the timeout gives store.ErrUnavailable, which the interceptor
+// answers with Unavailable without running the handler. When the caller's
+// own context ended, the error also matches its context error. Other server
+// errors (a missing table, a permission) keep their SQLSTATE and message. No
+// pgx error value reaches a caller; WithLogger logs the driver's error at
+// Debug.
+//
+// # Caveats
+//
+//   - pgx closes a connection whose context is cancelled mid-statement, so a
+//     reservation cut short by its caller has an unknown outcome: the key may
+//     stay in progress until its lease ends.
+//   - The table must stay logged and synchronous_commit on: an UNLOGGED table
+//     or synchronous_commit = off loses recorded replies when the database
+//     crashes, and a lost reply means a retry runs the handler again.
+//   - Partition the table, if at all, by hash of the key: a unique key on a
+//     table partitioned by time cannot settle races across partitions.
+package postgres

@@ -1,0 +1,323 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// DefaultTable is the table the migrations create and the store uses unless
+// WithTable names another.
+const DefaultTable = "idempotency_keys"
+
+// DefaultTimeout bounds each store operation unless WithTimeout sets another.
+const DefaultTimeout = 5 * time.Second
+
+// maxReserveAttempts bounds Reserve's retries of "conflict, then the row is
+// gone". Each retry needs a concurrent release or sweep of the same key to
+// fail again, so more than a few in a row means a pathological storm.
+const maxReserveAttempts = 10
+
+// Option configures a Store and Migrate.
+type Option func(*options)
+
+type options struct {
+	schema  string // "" means the first schema on the search_path
+	table   string
+	logger  *slog.Logger
+	timeout time.Duration
+}
+
+// WithTable names the table: "name", or "schema.name" for a schema other than
+// the first on the search_path. Each part is a lower-case SQL identifier
+// (letters, digits, underscores) of at most 48 bytes, so that the names
+// derived from it (the token sequence, the expiry index) fit PostgreSQL's
+// 63-byte limit. Pass the same option to Migrate and New.
+func WithTable(name string) Option {
+	return func(o *options) {
+		o.schema, o.table = "", name
+		if schema, table, ok := strings.Cut(name, "."); ok {
+			o.schema, o.table = schema, table
+		}
+	}
+}
+
+// WithLogger sets where the store logs: migrations at Info, and the driver's
+// own error behind every error it translates, at Debug. Nil, the default,
+// discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// WithTimeout bounds each operation (DefaultTimeout if d <= 0). A caller's
+// earlier deadline still applies to Reserve and Sweep; Complete and Release
+// ignore the caller's cancellation and deadline and use only this bound.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
+}
+
+var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
+
+func newOptions(opts []Option) (options, error) {
+	o := options{table: DefaultTable, timeout: DefaultTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.timeout <= 0 {
+		o.timeout = DefaultTimeout
+	}
+	if !identifier.MatchString(o.table) || (o.schema != "" && !identifier.MatchString(o.schema)) {
+		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.qualified(o.table))
+	}
+	return o, nil
+}
+
+// qualified returns name in the table's schema, ready for SQL text: name is
+// an identifier derived from the table name, checked by newOptions.
+func (o options) qualified(name string) string {
+	if o.schema == "" {
+		return name
+	}
+	return o.schema + "." + name
+}
+
+// Store is a store.Store on a PostgreSQL table. Every decision about time
+// uses the database's clock. It is safe for concurrent use.
+type Store struct {
+	pool *pgxpool.Pool
+	opts options
+
+	reserveSQL, completeSQL, releaseSQL, sweepSQL string
+}
+
+var _ store.Store = (*Store)(nil)
+
+// New returns a store on pool. The table must exist: see Migrate and
+// Migrations. New does not touch the database and starts no goroutine.
+func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	table := o.qualified(o.table)
+	return &Store{
+		pool:        pool,
+		opts:        o,
+		reserveSQL:  reserveSQL(table, o.qualified(o.table+"_token_seq")),
+		completeSQL: fmt.Sprintf(completeSQL, table),
+		releaseSQL:  fmt.Sprintf(releaseSQL, table),
+		sweepSQL:    fmt.Sprintf(sweepSQL, table),
+	}, nil
+}
+
+// takeable is the condition under which a reservation may take over the row
+// named r: it has expired (its retention has passed and it holds no live
+// lease), or its lease has ended while the same request ($2) held it.
+func takeable(r string) string {
+	return fmt.Sprintf(`(%[1]s.state = 'completed' AND %[1]s.expires_at <= now())
+		OR (%[1]s.state = 'in_progress' AND %[1]s.lease_end <= now()
+			AND (%[1]s.fingerprint = $2 OR %[1]s.expires_at <= now()))`, r)
+}
+
+// reserveSQL makes the reservation's decision in one statement. cur reads the
+// row; only when there is none, or it may be taken over, does ins try to
+// write, so a replay is a plain read that takes no lock and writes nothing.
+// The unique key settles races: on a conflict, ins takes the row over only if
+// its newest version is still takeable. When ins wrote nothing although cur
+// allowed it, the row changed after this statement's snapshot, and the
+// statement returns no row: Reserve runs it again with a new snapshot.
+//
+// Parameters: key, fingerprint, lease and retention in microseconds. Result
+// columns: kind (1 acquired, 2 completed, 3 in progress), token, fingerprint,
+// outcome, microseconds left on the lease.
+func reserveSQL(table, sequence string) string {
+	return fmt.Sprintf(`
+WITH cur AS (
+	SELECT c.state, c.fingerprint, c.outcome, c.lease_end, %[3]s AS takeable
+	FROM %[1]s AS c WHERE c.key = $1
+), ins AS (
+	INSERT INTO %[1]s AS r (key, fingerprint, state, token, lease_end, created_at, expires_at)
+	SELECT $1, $2, 'in_progress', nextval('%[2]s'),
+		now() + $3 * interval '1 microsecond', now(), now() + $4 * interval '1 microsecond'
+	WHERE NOT EXISTS (SELECT FROM cur WHERE NOT takeable)
+	ON CONFLICT (key) DO UPDATE SET
+		fingerprint = excluded.fingerprint,
+		state = 'in_progress',
+		token = excluded.token,
+		lease_end = excluded.lease_end,
+		outcome = NULL,
+		created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
+		expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END
+	WHERE %[4]s
+	RETURNING r.token
+)
+SELECT 1, token, NULL::bytea, NULL::bytea, 0::bigint FROM ins
+UNION ALL
+SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome,
+	greatest(extract(epoch FROM lease_end - now()) * 1000000, 0)::bigint
+FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
+}
+
+// held matches the in-progress row held by token $2 that has not expired.
+const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end > now() OR expires_at > now())`
+
+const (
+	completeSQL = `UPDATE %s SET state = 'completed', outcome = $3 WHERE ` + held
+	releaseSQL  = `DELETE FROM %s WHERE ` + held
+	// sweepSQL deletes one batch of expired rows. SKIP LOCKED passes over rows
+	// that a reservation is taking over right now, so sweeping never waits on
+	// live traffic, nor makes it wait longer than one row's delete.
+	sweepSQL = `DELETE FROM %[1]s WHERE key IN (
+	SELECT key FROM %[1]s
+	WHERE expires_at <= now() AND (state = 'completed' OR lease_end <= now())
+	LIMIT $1
+	FOR UPDATE SKIP LOCKED)`
+)
+
+// Reserve implements store.Store in one round trip, unless the row changed
+// under the statement (a concurrent release or sweep); then it runs again.
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.timeout)
+	defer cancel()
+	for range maxReserveAttempts {
+		var (
+			kind        int
+			res         store.Result
+			fingerprint []byte
+			retryAfter  int64
+		)
+		err := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
+			Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &retryAfter)
+		if err == pgx.ErrNoRows {
+			continue
+		}
+		if err != nil {
+			return store.Result{}, s.translate(ctx, "reserve", err)
+		}
+		switch kind {
+		case 1:
+			res.State = store.Acquired
+		case 2:
+			res.State = store.Completed
+		default:
+			res.State = store.InProgress
+			res.RetryAfter = time.Duration(retryAfter) * time.Microsecond
+		}
+		copy(res.Fingerprint[:], fingerprint)
+		return res, nil
+	}
+	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxReserveAttempts)
+}
+
+// Complete implements store.Store. It ignores ctx's cancellation and
+// deadline, bounded by the store's timeout instead: a caller that hangs up
+// must not leave its key in progress.
+func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	if outcome == nil {
+		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
+	}
+	return s.write(ctx, "complete", s.completeSQL, key[:], int64(token), outcome)
+}
+
+// Release implements store.Store, detached from ctx's cancellation like
+// Complete.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	return s.write(ctx, "release", s.releaseSQL, key[:], int64(token))
+}
+
+func (s *Store) write(ctx context.Context, op, sql string, args ...any) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.timeout)
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, sql, args...)
+	if err != nil {
+		return s.translate(ctx, op, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return fmt.Errorf("idemkey postgres: %s: %w", op, store.ErrLeaseLost)
+	}
+	return nil
+}
+
+// Sweep implements store.Store: each batch is one short statement of its own,
+// bounded by the store's timeout.
+func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
+	if batchSize < 1 {
+		batchSize = store.DefaultSweepBatch
+	}
+	deleted := 0
+	for {
+		n, err := s.sweepBatch(ctx, batchSize)
+		deleted += n
+		if err != nil || n < batchSize {
+			return deleted, err
+		}
+	}
+}
+
+func (s *Store) sweepBatch(ctx context.Context, batchSize int) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.timeout)
+	defer cancel()
+	tag, err := s.pool.Exec(ctx, s.sweepSQL, batchSize)
+	if err != nil {
+		return 0, s.translate(ctx, "sweep", err)
+	}
+	return int(tag.RowsAffected()), nil
+}
+
+// translate turns a driver error into the store's own, so that nothing from
+// pgx reaches a caller: an unreachable, failing-over, overloaded or slow
+// database, or a cancelled call, is store.ErrUnavailable (the context's own
+// error is kept for errors.Is); any other server error keeps only its
+// SQLSTATE and message, which cannot hold a raw key or tenant because the
+// store sends only hashes. The driver's full error is logged at Debug.
+func (s *Store) translate(ctx context.Context, op string, err error) error {
+	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey postgres: "+op+" failed", slog.String("error", err.Error()))
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("idemkey postgres: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
+	}
+	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+		if !unavailable(pgErr.Code) {
+			return fmt.Errorf("idemkey postgres: %s: SQLSTATE %s: %s", op, pgErr.Code, pgErr.Message)
+		}
+		return fmt.Errorf("idemkey postgres: %s: %w: SQLSTATE %s: %s", op, store.ErrUnavailable, pgErr.Code, pgErr.Message)
+	}
+	// Not a server's answer: the connection failed, timed out or was closed,
+	// or the pool is shutting down.
+	if pgconn.Timeout(err) {
+		return fmt.Errorf("idemkey postgres: %s: %w: timeout", op, store.ErrUnavailable)
+	}
+	return fmt.Errorf("idemkey postgres: %s: %w: %s", op, store.ErrUnavailable, err)
+}
+
+// unavailable reports whether a server error means the database cannot serve
+// now but may soon: connection exceptions (class 08), insufficient resources
+// (53), operator intervention such as a shutdown or statement_timeout (57),
+// system errors (58), a transaction rolled back by a conflict (40), a lock not
+// granted in time (55P03), and a read-only server after a failover (25006).
+func unavailable(code string) bool {
+	switch code {
+	case "55P03", "25006":
+		return true
+	}
+	if len(code) < 2 {
+		return false
+	}
+	switch code[:2] {
+	case "08", "40", "53", "57", "58":
+		return true
+	}
+	return false
+}

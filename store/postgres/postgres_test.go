@@ -1,0 +1,465 @@
+package postgres_test
+
+import (
+	"context"
+	"errors"
+	"io/fs"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/goleak"
+
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/storetest"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+const (
+	lease     = 10 * time.Second
+	retention = time.Hour
+)
+
+var fpA, fpB = store.Fingerprint{1}, store.Fingerprint{2}
+
+// replica is one server process's view of the test schema: its own pool and
+// store.
+type replica struct {
+	pool  *pgxpool.Pool
+	store *postgres.Store
+}
+
+// newReplicas migrates a fresh schema and returns n replicas on it.
+func newReplicas(t *testing.T, n int, configure ...func(*pgxpool.Config)) []replica {
+	t.Helper()
+	schema := pgtest.Schema(t)
+	rs := make([]replica, n)
+	for i := range rs {
+		pool := pgtest.Pool(t, schema, configure...)
+		if i == 0 {
+			if err := postgres.Migrate(context.Background(), pool); err != nil {
+				t.Fatalf("Migrate: %v", err)
+			}
+		}
+		st, err := postgres.New(pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rs[i] = replica{pool, st}
+	}
+	return rs
+}
+
+func newReplica(t *testing.T, configure ...func(*pgxpool.Config)) replica {
+	return newReplicas(t, 1, configure...)[0]
+}
+
+// advance moves the database's view of time forward by d for the test
+// schema's rows: it shifts their timestamps back, so now() stays the only
+// clock.
+func (r replica) advance(t *testing.T, d time.Duration) {
+	t.Helper()
+	_, err := r.pool.Exec(context.Background(), `UPDATE idempotency_keys SET
+		lease_end = lease_end - $1 * interval '1 microsecond',
+		created_at = created_at - $1 * interval '1 microsecond',
+		expires_at = expires_at - $1 * interval '1 microsecond'`, d.Microseconds())
+	if err != nil {
+		t.Fatalf("advance: %v", err)
+	}
+}
+
+func (r replica) count(t *testing.T, where string) int {
+	t.Helper()
+	var n int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM idempotency_keys WHERE `+where).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func reserve(t *testing.T, st *postgres.Store, key store.Key, fp store.Fingerprint) store.Result {
+	t.Helper()
+	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
+	if err != nil {
+		t.Fatalf("Reserve: %v", err)
+	}
+	return res
+}
+
+func acquire(t *testing.T, st *postgres.Store, key store.Key) store.Token {
+	t.Helper()
+	res := reserve(t, st, key, fpA)
+	if res.State != store.Acquired {
+		t.Fatalf("Reserve = %v, want acquired", res.State)
+	}
+	return res.Token
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		r := newReplica(t)
+		return storetest.Harness{Store: r.store, Advance: r.advance}
+	})
+}
+
+// Four replicas, each with its own pool, race for one key: exactly one runs.
+func TestReplicasRace(t *testing.T) {
+	rs := newReplicas(t, 4)
+	key := store.NewKey("tenant", "/m", "k")
+	const callers = 50
+	var (
+		wg     sync.WaitGroup
+		start  = make(chan struct{})
+		mu     sync.Mutex
+		states = map[store.State]int{}
+	)
+	for i := range callers {
+		wg.Go(func() {
+			<-start
+			res, err := rs[i%len(rs)].store.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+			if err != nil {
+				t.Errorf("Reserve: %v", err)
+				return
+			}
+			mu.Lock()
+			states[res.State]++
+			mu.Unlock()
+		})
+	}
+	close(start)
+	wg.Wait()
+	if states[store.Acquired] != 1 || states[store.InProgress] != callers-1 {
+		t.Errorf("50 reserves of one key over 4 replicas: %v; want 1 acquired, 49 in progress", states)
+	}
+}
+
+// A replica whose lease was taken over by another cannot overwrite the reply
+// of the replica that took it over.
+func TestTakeoverAcrossReplicas(t *testing.T) {
+	rs := newReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	key := store.NewKey("tenant", "/m", "k")
+	stale := acquire(t, a.store, key)
+	a.advance(t, lease+time.Second)
+	fresh := acquire(t, b.store, key)
+	if fresh == stale {
+		t.Fatalf("takeover reused token %d", fresh)
+	}
+	if err := a.store.Complete(context.Background(), key, stale, []byte("a")); !errors.Is(err, store.ErrLeaseLost) {
+		t.Fatalf("Complete with the stale token: %v, want ErrLeaseLost", err)
+	}
+	if err := b.store.Complete(context.Background(), key, fresh, []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	if res := reserve(t, a.store, key, fpA); res.State != store.Completed || string(res.Outcome) != "b" {
+		t.Errorf("replay = %v %q, want completed %q", res.State, res.Outcome, "b")
+	}
+}
+
+// The lease and expiry are computed from one reading of the database's now()
+// in the reserving statement, not from the application's clock.
+func TestDatabaseClock(t *testing.T) {
+	r := newReplica(t)
+	acquire(t, r.store, store.NewKey("tenant", "/m", "k"))
+	var leaseLen, retentionLen, age float64 // seconds
+	err := r.pool.QueryRow(context.Background(), `SELECT
+		extract(epoch FROM lease_end - created_at),
+		extract(epoch FROM expires_at - created_at),
+		extract(epoch FROM clock_timestamp() - created_at)
+		FROM idempotency_keys`).Scan(&leaseLen, &retentionLen, &age)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if leaseLen != lease.Seconds() || retentionLen != retention.Seconds() {
+		t.Errorf("row: lease %vs, retention %vs; want exactly %v and %v", leaseLen, retentionLen, lease, retention)
+	}
+	if age < 0 || age > 60 {
+		t.Errorf("created_at is %vs before the database's clock_timestamp()", age)
+	}
+}
+
+// Sweep deletes only expired rows, and passes over a row that another session
+// has locked instead of waiting for it.
+func TestSweepLeavesLiveRows(t *testing.T) {
+	r := newReplica(t)
+	ctx := context.Background()
+	key := func(name string) store.Key { return store.NewKey("tenant", "/m", name) }
+	running, locked := key("running"), key("locked")
+	for _, name := range []string{"done", "running", "locked"} {
+		tok := acquire(t, r.store, key(name))
+		if name != "running" {
+			if err := r.store.Complete(ctx, key(name), tok, []byte(name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Retention has passed for all three; "running" still holds a live lease.
+	r.advance(t, retention+time.Second)
+	if _, err := r.pool.Exec(ctx, `UPDATE idempotency_keys SET lease_end = now() + interval '1 minute' WHERE key = $1`, running[:]); err != nil {
+		t.Fatal(err)
+	}
+	fresh := acquire(t, r.store, key("fresh"))
+	if err := r.store.Complete(ctx, key("fresh"), fresh, []byte("fresh")); err != nil {
+		t.Fatal(err)
+	}
+
+	tx, err := r.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT FROM idempotency_keys WHERE key = $1 FOR UPDATE`, locked[:]); err != nil {
+		t.Fatal(err)
+	}
+	sweepCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	deleted, err := r.store.Sweep(sweepCtx, 10)
+	if err != nil || deleted != 1 {
+		t.Fatalf("Sweep with one expired row and one locked expired row = %d, %v; want 1, nil", deleted, err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := r.count(t, "true"); n != 3 {
+		t.Errorf("%d rows left, want 3 (running, locked, fresh)", n)
+	}
+	if deleted, err := r.store.Sweep(ctx, 10); err != nil || deleted != 1 {
+		t.Errorf("Sweep once the lock is gone = %d, %v; want 1, nil", deleted, err)
+	}
+}
+
+// waitBlocked returns the pid of the backend of application name app that is
+// waiting on a lock.
+func waitBlocked(t *testing.T, pool *pgxpool.Pool, app string) int32 {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		var pid int32
+		err := pool.QueryRow(context.Background(),
+			`SELECT pid FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, app).Scan(&pid)
+		if err == nil {
+			return pid
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("the store's statement never blocked on the lock")
+	return 0
+}
+
+// Killing the store's backend in the middle of a statement gives
+// ErrUnavailable, never a raw driver error, and the key is not stuck beyond
+// its lease.
+func TestTerminatedBackend(t *testing.T) {
+	for _, during := range []string{"reserve", "complete"} {
+		t.Run(during, func(t *testing.T) {
+			app := "idemkey_test_" + strings.ReplaceAll(t.Name(), "/", "_")
+			victim := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
+			admin := victim // the admin pool is a separate pool on the same schema
+			admin.pool = pgtest.Pool(t, schemaOf(t, victim.pool))
+			ctx := context.Background()
+			key := store.NewKey("tenant", "/m", "k")
+
+			// Another session holds the row (or its insertion) so that the
+			// store's statement waits while we terminate its backend.
+			var token store.Token
+			if during == "complete" {
+				token = acquire(t, victim.store, key)
+			}
+			blocker, err := admin.pool.Begin(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer blocker.Rollback(ctx)
+			if during == "reserve" {
+				_, err = blocker.Exec(ctx, `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
+					VALUES ($1, $2, 'in_progress', 0, now(), now(), now())`, key[:], fpA[:])
+			} else {
+				_, err = blocker.Exec(ctx, `SELECT FROM idempotency_keys WHERE key = $1 FOR UPDATE`, key[:])
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+
+			errc := make(chan error, 1)
+			go func() {
+				if during == "reserve" {
+					_, err := victim.store.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+					errc <- err
+				} else {
+					errc <- victim.store.Complete(ctx, key, token, []byte("ok"))
+				}
+			}()
+			pid := waitBlocked(t, admin.pool, app)
+			var terminated bool
+			if err := admin.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&terminated); err != nil || !terminated {
+				t.Fatalf("pg_terminate_backend = %v, %v", terminated, err)
+			}
+			err = <-errc
+			if !errors.Is(err, store.ErrUnavailable) {
+				t.Fatalf("%s whose backend was terminated: %v, want ErrUnavailable", during, err)
+			}
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) {
+				t.Errorf("a raw pgx error reached the caller: %v", err)
+			}
+			if err := blocker.Rollback(ctx); err != nil {
+				t.Fatal(err)
+			}
+
+			// The store works on, and the key is free once its lease, if
+			// any, has ended.
+			if during == "complete" {
+				if res := reserve(t, victim.store, key, fpA); res.State != store.InProgress {
+					t.Fatalf("retry within the lease = %v, want in progress", res.State)
+				}
+				victim.advance(t, lease+time.Second)
+			}
+			complete := acquire(t, victim.store, key)
+			if err := victim.store.Complete(ctx, key, complete, []byte("ok")); err != nil {
+				t.Fatalf("Complete after the failure: %v", err)
+			}
+		})
+	}
+}
+
+func schemaOf(t *testing.T, pool *pgxpool.Pool) string {
+	return pool.Config().ConnConfig.RuntimeParams["search_path"]
+}
+
+// Errors reach the caller translated: unreachable and timed-out databases are
+// ErrUnavailable, other server errors keep their SQLSTATE, and no pgx error
+// value gets through.
+func TestErrors(t *testing.T) {
+	ctx := context.Background()
+	key := store.NewKey("tenant", "/m", "k")
+	res := store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention}
+
+	t.Run("unreachable", func(t *testing.T) {
+		pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer pool.Close()
+		st, err := postgres.New(pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Reserve(ctx, res)
+		wantTranslated(t, err, true)
+	})
+	t.Run("timeout", func(t *testing.T) {
+		r := newReplica(t)
+		st, err := postgres.New(r.pool, postgres.WithTimeout(100*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		blocker, err := r.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer blocker.Rollback(ctx)
+		if _, err := blocker.Exec(ctx, `LOCK TABLE idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Reserve(ctx, res)
+		wantTranslated(t, err, true)
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("timed-out Reserve: %v, want it to match context.DeadlineExceeded too", err)
+		}
+	})
+	t.Run("missing table", func(t *testing.T) {
+		r := newReplica(t)
+		st, err := postgres.New(r.pool, postgres.WithTable("no_such_table"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = st.Reserve(ctx, res)
+		wantTranslated(t, err, false)
+		if !strings.Contains(err.Error(), "42P01") {
+			t.Errorf("Reserve on a missing table: %v, want SQLSTATE 42P01 in the message", err)
+		}
+	})
+	t.Run("bad table name", func(t *testing.T) {
+		for _, name := range []string{"", "Keys", "a.b.c", "keys; DROP TABLE x", strings.Repeat("k", 49)} {
+			if _, err := postgres.New(nil, postgres.WithTable(name)); err == nil {
+				t.Errorf("New with table %q: no error", name)
+			}
+		}
+	})
+}
+
+func wantTranslated(t *testing.T, err error, unavailable bool) {
+	t.Helper()
+	if err == nil {
+		t.Fatal("no error")
+	}
+	if errors.Is(err, store.ErrUnavailable) != unavailable {
+		t.Errorf("error %q: errors.Is(ErrUnavailable) = %v, want %v", err, !unavailable, unavailable)
+	}
+	var pgErr *pgconn.PgError
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &pgErr) || errors.As(err, &connErr) {
+		t.Errorf("a raw pgx error reached the caller: %v", err)
+	}
+}
+
+// WithTable puts the table, its sequence and its index under another name in
+// another schema, and Migrate is safe to run twice.
+func TestWithTable(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, "public")
+	schema := pgtest.Schema(t)
+	opt := postgres.WithTable(schema + ".idem")
+	for range 2 {
+		if err := postgres.Migrate(ctx, pool, opt); err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+	}
+	st, err := postgres.New(pool, opt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := store.NewKey("tenant", "/m", "k")
+	if err := st.Complete(ctx, key, acquire(t, st, key), []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	rows, _ := pool.Query(ctx, `SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace ORDER BY relname`, schema)
+	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_pkey idem_token_seq"
+	if got := strings.Join(names, " "); got != want {
+		t.Errorf("objects in the schema: %s\nwant %s", got, want)
+	}
+}
+
+// Migrations is what Migrate applies: the down file undoes the up file.
+func TestMigrationsRoundTrip(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	for _, name := range []string{"001_create_idempotency_keys.up.sql", "001_create_idempotency_keys.down.sql"} {
+		sql, err := fs.ReadFile(postgres.Migrations, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, string(sql)); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_class WHERE relnamespace = current_schema()::regnamespace`).Scan(&n); err != nil || n != 0 {
+		t.Errorf("after up and down: %d objects left, %v", n, err)
+	}
+}
