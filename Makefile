@@ -27,8 +27,8 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
 
-test: ## run every test with the race detector, then fuzz key parsing briefly
-	$(GO) test -race -count=1 ./...
+test: ## run every test with the race detector (on PostgreSQL: see scripts/with-postgres), then fuzz key parsing briefly
+	./scripts/with-postgres $(GO) test -race -count=1 ./...
 	$(GO) test -run='^$$' -fuzz=FuzzKeyFromMetadata -fuzztime=$(FUZZ_TIME) .
 
 bench: ## benchmark the interceptor over bufconn against the bare call; benchstat summarises

@@ -1,0 +1,94 @@
+package postgres_test
+
+import (
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+)
+
+// roundTrips counts the statements a pool sends, and the statements it
+// prepares (once per connection and statement).
+type roundTrips struct{ queries, prepares atomic.Int32 }
+
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	c.queries.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
+	c.prepares.Add(1)
+	return ctx
+}
+func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
+
+func (c *roundTrips) reset() (queries, prepares int32) {
+	return c.queries.Swap(0), c.prepares.Swap(0)
+}
+
+type chargeService struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+	runs atomic.Int32
+}
+
+func (s *chargeService) CreateCharge(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	s.runs.Add(1)
+	return &paymentsv1.Charge{Id: "ch_1"}, nil
+}
+
+// A first call costs the database two statements (reserve, complete), a
+// replay one, over a real gRPC server with the interceptor on this store.
+func TestRoundTripsPerCall(t *testing.T) {
+	tracer := &roundTrips{}
+	r := newReplica(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = tracer
+		c.MaxConns = 1 // one connection, so statements are prepared once
+	})
+	svc := &chargeService{}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store)))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = srv.Serve(lis) }()
+	defer srv.Stop()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	client := paymentsv1.NewPaymentServiceClient(conn)
+	call := func(key string) {
+		t.Helper()
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, key)
+		if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	call("warm-up") // connects and prepares both statements
+	call("warm-up")
+	tracer.reset()
+
+	call("k")
+	if q, p := tracer.reset(); q != 2 || p != 0 {
+		t.Errorf("first call: %d statements, %d prepares; want 2 (reserve, complete), 0", q, p)
+	}
+	call("k")
+	if q, p := tracer.reset(); q != 1 || p != 0 {
+		t.Errorf("replay: %d statements, %d prepares; want 1 (reserve), 0", q, p)
+	}
+	if n := svc.runs.Load(); n != 2 {
+		t.Errorf("handler ran %d times for two keys, want 2", n)
+	}
+}
