@@ -14,7 +14,6 @@ import (
 	"encoding/hex"
 	"regexp"
 	"strings"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -49,6 +48,8 @@ type Config struct {
 	HandlerDelay time.Duration
 	// Options are added to the idemkey interceptor's.
 	Options []interceptor.Option
+	// Ledger keeps the charges; nil keeps them in memory.
+	Ledger Ledger
 }
 
 // NewServer returns a gRPC server with the payment service behind the
@@ -63,7 +64,11 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 		Authenticate,
 		interceptor.UnaryServerInterceptor(st, opts...),
 	))
-	paymentsv1.RegisterPaymentServiceServer(srv, NewService(cfg.HandlerDelay))
+	ledger := cfg.Ledger
+	if ledger == nil {
+		ledger = NewMemoryLedger()
+	}
+	paymentsv1.RegisterPaymentServiceServer(srv, NewService(ledger, cfg.HandlerDelay))
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
@@ -109,19 +114,17 @@ func Tenant(ctx context.Context) (string, error) {
 	return tenant, nil
 }
 
-// Service implements PaymentService with charges kept in memory.
+// Service implements PaymentService on a Ledger.
 type Service struct {
 	paymentsv1.UnimplementedPaymentServiceServer
-	delay time.Duration
-
-	mu      sync.Mutex
-	charges map[string][]*paymentsv1.Charge // by tenant, oldest first
+	ledger Ledger
+	delay  time.Duration
 }
 
-// NewService returns an empty service whose CreateCharge waits delay after
+// NewService returns a service on ledger whose CreateCharge waits delay after
 // writing each charge.
-func NewService(delay time.Duration) *Service {
-	return &Service{delay: delay, charges: make(map[string][]*paymentsv1.Charge)}
+func NewService(ledger Ledger, delay time.Duration) *Service {
+	return &Service{ledger: ledger, delay: delay}
 }
 
 var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
@@ -145,26 +148,6 @@ func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 	case req.GetCustomerId() == DeclinedCustomer:
 		return nil, status.Error(codes.FailedPrecondition, "card declined")
 	}
-	charge, err := s.insert(tenant, req)
-	if err != nil {
-		return nil, err
-	}
-	// Like a slow downstream call that does complete: the charge is made
-	// whether or not the client is still waiting.
-	time.Sleep(s.delay)
-	return charge, nil
-}
-
-func (s *Service) insert(tenant string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if ref := req.GetMerchantReference(); ref != "" {
-		for _, c := range s.charges[tenant] {
-			if c.GetMerchantReference() == ref {
-				return nil, status.Error(codes.AlreadyExists, "a charge with this merchant_reference exists")
-			}
-		}
-	}
 	charge := &paymentsv1.Charge{
 		Id:                newChargeID(),
 		CustomerId:        req.GetCustomerId(),
@@ -172,9 +155,14 @@ func (s *Service) insert(tenant string, req *paymentsv1.CreateChargeRequest) (*p
 		Currency:          req.GetCurrency(),
 		Description:       req.GetDescription(),
 		MerchantReference: req.GetMerchantReference(),
-		CreateTime:        timestamppb.Now(),
+		CreateTime:        timestamppb.New(time.Now().Truncate(time.Microsecond)), // as PostgreSQL keeps it
 	}
-	s.charges[tenant] = append(s.charges[tenant], charge)
+	if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
+		return nil, err
+	}
+	// Like a slow downstream call that does complete: the charge is made
+	// whether or not the client is still waiting.
+	time.Sleep(s.delay)
 	return charge, nil
 }
 
@@ -184,14 +172,7 @@ func (s *Service) GetCharge(ctx context.Context, req *paymentsv1.GetChargeReques
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, c := range s.charges[tenant] {
-		if c.GetId() == req.GetId() {
-			return c, nil
-		}
-	}
-	return nil, status.Error(codes.NotFound, "no such charge")
+	return s.ledger.Get(ctx, tenant, req.GetId())
 }
 
 // ListCharges returns the calling tenant's charges for a customer, oldest
@@ -201,15 +182,11 @@ func (s *Service) ListCharges(ctx context.Context, req *paymentsv1.ListChargesRe
 	if err != nil {
 		return nil, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	resp := &paymentsv1.ListChargesResponse{}
-	for _, c := range s.charges[tenant] {
-		if c.GetCustomerId() == req.GetCustomerId() {
-			resp.Charges = append(resp.Charges, c)
-		}
+	charges, err := s.ledger.List(ctx, tenant, req.GetCustomerId())
+	if err != nil {
+		return nil, err
 	}
-	return resp, nil
+	return &paymentsv1.ListChargesResponse{Charges: charges}, nil
 }
 
 func newChargeID() string {

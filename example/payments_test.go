@@ -15,21 +15,54 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-func newClient(t *testing.T) (paymentsv1.PaymentServiceClient, *grpc.ClientConn) {
+// backend is where the example server keeps its keys and charges.
+type backend struct {
+	store  store.Store
+	ledger example.Ledger
+}
+
+// backends are the two ways the example server runs.
+var backends = []struct {
+	name string
+	open func(t *testing.T) backend
+}{
+	{"memory", func(*testing.T) backend { return backend{memory.New(), example.NewMemoryLedger()} }},
+	{"postgres", func(t *testing.T) backend { return postgresBackend(t, migratedPool(t, pgtest.Schema(t))) }},
+}
+
+// forEachBackend runs test as a subtest per backend.
+func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
+	for _, b := range backends {
+		t.Run(b.name, func(t *testing.T) { test(t, b.open(t)) })
+	}
+}
+
+// newClient serves the example on b and returns a client with the idemkey
+// client interceptor and the example's retry policy.
+func newClient(t *testing.T, b backend) (paymentsv1.PaymentServiceClient, *grpc.ClientConn) {
 	t.Helper()
-	srv, _ := example.NewServer(memory.New(), example.Config{})
+	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger})
+	conn := serve(t, srv, grpc.WithDefaultServiceConfig(example.ServiceConfig),
+		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+	return paymentsv1.NewPaymentServiceClient(conn), conn
+}
+
+// serve runs srv over bufconn until the test ends and dials it.
+func serve(t *testing.T, srv *grpc.Server, opts ...grpc.DialOption) *grpc.ClientConn {
+	t.Helper()
 	lis := bufconn.Listen(1 << 20)
 	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
+	conn, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultServiceConfig(example.ServiceConfig),
-		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+	}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -37,7 +70,7 @@ func newClient(t *testing.T) (paymentsv1.PaymentServiceClient, *grpc.ClientConn)
 		conn.Close()
 		srv.Stop()
 	})
-	return paymentsv1.NewPaymentServiceClient(conn), conn
+	return conn
 }
 
 func as(tenant string) context.Context {
@@ -45,7 +78,7 @@ func as(tenant string) context.Context {
 }
 
 func TestAuthentication(t *testing.T) {
-	client, conn := newClient(t)
+	client, conn := newClient(t, backend{memory.New(), example.NewMemoryLedger()})
 	for name, ctx := range map[string]context.Context{
 		"none":    context.Background(),
 		"unknown": metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_live_nope"),
@@ -62,8 +95,10 @@ func TestAuthentication(t *testing.T) {
 }
 
 // An invalid request releases its key, so the corrected request may reuse it.
-func TestInvalidRequestReleasesKey(t *testing.T) {
-	client, _ := newClient(t)
+func TestInvalidRequestReleasesKey(t *testing.T) { forEachBackend(t, testInvalidRequestReleasesKey) }
+
+func testInvalidRequestReleasesKey(t *testing.T, b backend) {
+	client, _ := newClient(t, b)
 	ctx := as("acme")
 	key := idemkey.NewKey()
 	for _, bad := range []*paymentsv1.CreateChargeRequest{
@@ -80,8 +115,10 @@ func TestInvalidRequestReleasesKey(t *testing.T) {
 	}
 }
 
-func TestTenantsAreSeparate(t *testing.T) {
-	client, _ := newClient(t)
+func TestTenantsAreSeparate(t *testing.T) { forEachBackend(t, testTenantsAreSeparate) }
+
+func testTenantsAreSeparate(t *testing.T, b backend) {
+	client, _ := newClient(t, b)
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", MerchantReference: "order-1"}
 	key := idemkey.NewKey()
 	acme, err := client.CreateCharge(as("acme"), req, interceptor.UseKey(key))

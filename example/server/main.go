@@ -3,6 +3,11 @@
 //
 //	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-handler-delay 0s] [-ttl 24h]
 //
+// With a database URL (the flag, else $DATABASE_URL) the idempotency keys and
+// the charges live in PostgreSQL: the server creates its tables, sweeps
+// expired keys every minute, and any number of servers on one database behave
+// as one service. Without one, both live in memory.
+//
 // Callers authenticate with "authorization: Bearer sk_test_acme" (tenant acme)
 // or "Bearer sk_test_globex" (tenant globex). CreateCharge requires an
 // idempotency key. SIGINT or SIGTERM stops the server gracefully.
@@ -10,7 +15,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -20,45 +24,68 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on")
-	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency store (not available yet: leave it empty for the in-memory store)")
+	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency keys and the charges; empty keeps both in memory")
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if err := run(*addr, *databaseURL, *delay, *ttl, logger); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *addr, *databaseURL, *delay, *ttl, logger); err != nil {
 		logger.Error("server stopped", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(addr, databaseURL string, delay, ttl time.Duration, logger *slog.Logger) error {
+func run(ctx context.Context, addr, databaseURL string, delay, ttl time.Duration, logger *slog.Logger) error {
+	var (
+		st     store.Store = memory.New()
+		ledger example.Ledger
+		kind   = "memory"
+	)
 	if databaseURL != "" {
-		return errors.New("-database-url: the PostgreSQL store is not available yet; leave it (and DATABASE_URL) empty for the in-memory store")
+		pool, err := openDatabase(ctx, databaseURL, logger)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		pst, err := postgres.New(pool, postgres.WithLogger(logger))
+		if err != nil {
+			return err
+		}
+		st, ledger, kind = pst, example.NewPostgresLedger(pool), "postgres"
+		janitor := &store.Janitor{Store: pst, Logger: logger}
+		janitorDone := make(chan error, 1)
+		janitorCtx, stopJanitor := context.WithCancel(ctx)
+		go func() { janitorDone <- janitor.Run(janitorCtx) }()
+		defer func() { stopJanitor(); <-janitorDone }()
 	}
-	srv, hs := example.NewServer(memory.New(), example.Config{
+
+	srv, hs := example.NewServer(st, example.Config{
 		HandlerDelay: delay,
+		Ledger:       ledger,
 		Options:      []interceptor.Option{interceptor.WithRetention(ttl), interceptor.WithLogger(logger)},
 	})
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", "memory", "handler_delay", delay)
+	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "handler_delay", delay)
 
 	select {
 	case err := <-served:
@@ -78,4 +105,24 @@ func run(addr, databaseURL string, delay, ttl time.Duration, logger *slog.Logger
 		srv.Stop()
 	}
 	return nil
+}
+
+// openDatabase connects and creates or upgrades the tables of the store and
+// of the ledger.
+func openDatabase(ctx context.Context, url string, logger *slog.Logger) (*pgxpool.Pool, error) {
+	pool, err := pgxpool.New(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if err := postgres.Migrate(ctx, pool, postgres.WithLogger(logger)); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	if err := example.MigrateLedger(ctx, pool); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("database: charges table: %w", err)
+	}
+	return pool, nil
 }

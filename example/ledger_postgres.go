@@ -1,0 +1,108 @@
+package example
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+)
+
+// chargesSchema is the example's own table. The unique constraint on
+// (tenant, merchant_reference) is the second line of defence: it refuses a
+// repeated charge even after its idempotency key has expired. An empty
+// reference is stored as NULL, which the constraint does not compare.
+const chargesSchema = `
+CREATE TABLE IF NOT EXISTS charges (
+	tenant             text        NOT NULL,
+	id                 text        NOT NULL,
+	customer_id        text        NOT NULL,
+	amount             bigint      NOT NULL,
+	currency           text        NOT NULL,
+	description        text        NOT NULL,
+	merchant_reference text,
+	create_time        timestamptz NOT NULL,
+	PRIMARY KEY (tenant, id),
+	CONSTRAINT charges_merchant_reference_key UNIQUE (tenant, merchant_reference)
+);
+CREATE INDEX IF NOT EXISTS charges_customer_idx ON charges (tenant, customer_id, create_time)`
+
+// PostgresLedger is a Ledger on the table charges, in the database that also
+// holds the idempotency keys.
+type PostgresLedger struct {
+	pool *pgxpool.Pool
+}
+
+// NewPostgresLedger returns a ledger on pool; MigrateLedger creates its table.
+func NewPostgresLedger(pool *pgxpool.Pool) *PostgresLedger { return &PostgresLedger{pool: pool} }
+
+// MigrateLedger creates the charges table if it does not exist.
+func MigrateLedger(ctx context.Context, pool *pgxpool.Pool) error {
+	_, err := pool.Exec(ctx, chargesSchema)
+	return err
+}
+
+// Insert implements Ledger.
+func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv1.Charge) error {
+	var ref *string
+	if r := c.GetMerchantReference(); r != "" {
+		ref = &r
+	}
+	// Detached from the caller's cancellation: a charge cut short by a client
+	// hanging up would have an unknown outcome, and the key would be released.
+	_, err := l.pool.Exec(context.WithoutCancel(ctx), `INSERT INTO charges
+		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
+		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime())
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_merchant_reference_key" {
+		return errDuplicateReference
+	}
+	return ledgerError(err)
+}
+
+// Get implements Ledger.
+func (l *PostgresLedger) Get(ctx context.Context, tenant, id string) (*paymentsv1.Charge, error) {
+	rows, _ := l.pool.Query(ctx, selectCharges+` WHERE tenant = $1 AND id = $2`, tenant, id)
+	c, err := pgx.CollectExactlyOneRow(rows, scanCharge)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, errNoSuchCharge
+	}
+	return c, ledgerError(err)
+}
+
+// List implements Ledger.
+func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string) ([]*paymentsv1.Charge, error) {
+	rows, _ := l.pool.Query(ctx, selectCharges+` WHERE tenant = $1 AND customer_id = $2 ORDER BY create_time, id`, tenant, customerID)
+	charges, err := pgx.CollectRows(rows, scanCharge)
+	return charges, ledgerError(err)
+}
+
+const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time FROM charges`
+
+func scanCharge(row pgx.CollectableRow) (*paymentsv1.Charge, error) {
+	var (
+		c       paymentsv1.Charge
+		created time.Time
+	)
+	err := row.Scan(&c.Id, &c.CustomerId, &c.Amount, &c.Currency, &c.Description, &c.MerchantReference, &created)
+	c.CreateTime = timestamppb.New(created)
+	return &c, err
+}
+
+// ledgerError answers a failed database call with Unavailable, which the
+// idemkey interceptor releases, so the client's retry runs the call again.
+// The driver's message stays out of the reply.
+func ledgerError(err error) error {
+	if err == nil {
+		return nil
+	}
+	return status.Error(codes.Unavailable, "the ledger is unavailable")
+}

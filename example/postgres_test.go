@@ -1,0 +1,149 @@
+package example_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// migratedPool returns a pool on schema with the store's and the ledger's
+// tables created, as the example server does at start-up.
+func migratedPool(t *testing.T, schema string) *pgxpool.Pool {
+	t.Helper()
+	pool := pgtest.Pool(t, schema)
+	ctx := context.Background()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if err := example.MigrateLedger(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	return pool
+}
+
+func postgresBackend(t *testing.T, pool *pgxpool.Pool) backend {
+	t.Helper()
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return backend{st, example.NewPostgresLedger(pool)}
+}
+
+// replica starts one example server process's worth of state on schema: its
+// own pool, store and gRPC server. The client it returns does not retry, so
+// that each status is seen as the server sent it.
+func replica(t *testing.T, schema string, delay time.Duration) (paymentsv1.PaymentServiceClient, func()) {
+	t.Helper()
+	b := postgresBackend(t, pgtest.Pool(t, schema))
+	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, HandlerDelay: delay})
+	conn := serve(t, srv)
+	return paymentsv1.NewPaymentServiceClient(conn), func() { conn.Close(); srv.Stop() }
+}
+
+func withKey(tenant, key string) context.Context {
+	return metadata.AppendToOutgoingContext(as(tenant), idemkey.KeyMetadata, key)
+}
+
+// Two servers on one database behave as one service: a duplicate sent to B
+// while A runs the first call gets Aborted, then the replay of A's reply, and
+// the reply survives a restart of both.
+func TestReplicasBehaveAsOne(t *testing.T) {
+	schema := pgtest.Schema(t)
+	pool := migratedPool(t, schema)
+	a, stopA := replica(t, schema, time.Second)
+	b, stopB := replica(t, schema, 0)
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+	key := idemkey.NewKey()
+
+	type reply struct {
+		charge *paymentsv1.Charge
+		err    error
+	}
+	first := make(chan reply, 1)
+	go func() {
+		c, err := a.CreateCharge(withKey("acme", key), req)
+		first <- reply{c, err}
+	}()
+	// A has written the charge and is still in its handler.
+	for deadline := time.Now().Add(10 * time.Second); countCharges(t, pool) == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("replica A never wrote the charge")
+		}
+	}
+	_, err := b.CreateCharge(withKey("acme", key), req)
+	if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
+		t.Fatalf("duplicate on replica B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
+	}
+	r := <-first
+	if r.err != nil {
+		t.Fatalf("first call on replica A: %v", r.err)
+	}
+	wantReplay := func(client paymentsv1.PaymentServiceClient, who string) {
+		t.Helper()
+		var trailer metadata.MD
+		got, err := client.CreateCharge(withKey("acme", key), req, grpc.Trailer(&trailer))
+		if err != nil || !proto.Equal(got, r.charge) || !idemkey.Replayed(trailer) {
+			t.Errorf("retry on %s = %v, %v (replayed %v); want A's charge %v, replayed", who, got, err, idemkey.Replayed(trailer), r.charge)
+		}
+	}
+	wantReplay(b, "replica B")
+
+	stopA()
+	stopB()
+	c, _ := replica(t, schema, 0)
+	wantReplay(c, "a restarted replica")
+	if n := countCharges(t, pool); n != 1 {
+		t.Errorf("%d charges in the database, want 1", n)
+	}
+}
+
+// After a key has expired (or with a new key), the database's unique
+// merchant_reference per tenant still refuses a second charge.
+func TestMerchantReferenceOutlivesKeys(t *testing.T) {
+	schema := pgtest.Schema(t)
+	pool := migratedPool(t, schema)
+	client, _ := replica(t, schema, 0)
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", MerchantReference: "order-1"}
+	key := idemkey.NewKey()
+	if _, err := client.CreateCharge(withKey("acme", key), req); err != nil {
+		t.Fatal(err)
+	}
+	// Expire every key: shift the records' times a day into the past.
+	if _, err := pool.Exec(context.Background(), `UPDATE idempotency_keys SET
+		created_at = created_at - interval '25 hours', expires_at = expires_at - interval '25 hours', lease_end = lease_end - interval '25 hours'`); err != nil {
+		t.Fatal(err)
+	}
+	_, err := client.CreateCharge(withKey("acme", key), req)
+	if status.Code(err) != codes.AlreadyExists {
+		t.Errorf("same key after expiry: %v, want AlreadyExists from the unique merchant_reference", err)
+	}
+	if _, err := client.CreateCharge(withKey("globex", key), req); err != nil {
+		t.Errorf("another tenant's order-1: %v", err)
+	}
+	if n := countCharges(t, pool); n != 2 {
+		t.Errorf("%d charges, want 2 (one per tenant)", n)
+	}
+}
+
+func countCharges(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM charges`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
