@@ -31,13 +31,17 @@ test: ## run every test with the race detector (on PostgreSQL: see scripts/with-
 	./scripts/with-postgres $(GO) test -race -count=1 ./...
 	$(GO) test -run='^$$' -fuzz=FuzzKeyFromMetadata -fuzztime=$(FUZZ_TIME) .
 
-bench: ## benchmark the interceptor over bufconn against the bare call; benchstat summarises
+bench: ## benchmark the interceptor against the bare call and the Postgres store against hand-written SQL; benchstat summarises
 	@mkdir -p bin
-	$(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ > bin/bench.txt
+	./scripts/with-postgres $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ > bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
 	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
 	@$(TOOL) benchstat -filter '.name:Overhead .unit:/^(first|replay)\/bare$$/' bin/bench.txt
+	@echo "== the Postgres store against hand-written pgx doing the same design's minimal SQL, interleaved"
+	@$(TOOL) benchstat -filter '.name:StoreVsBaseline .unit:/(ns\/op|\/baseline)$$/' bin/bench.txt
+	@echo "== Reserve's median latency on tables of 10^4 and 10^6 rows, interleaved"
+	@$(TOOL) benchstat -filter '.name:ReserveScale .unit:/p50/' bin/bench.txt
 
 demo: ## start the example server (memory store, 1.5s handler delay) and run the demo client
 	@mkdir -p bin

@@ -44,13 +44,19 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *addr, *databaseURL, *delay, *ttl, logger); err != nil {
+	lis, err := net.Listen("tcp", *addr)
+	if err == nil {
+		err = run(ctx, lis, *databaseURL, *delay, *ttl, logger)
+	}
+	if err != nil {
 		logger.Error("server stopped", "error", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, addr, databaseURL string, delay, ttl time.Duration, logger *slog.Logger) error {
+// run serves on lis until ctx is done, then stops gracefully.
+func run(ctx context.Context, lis net.Listener, databaseURL string, delay, ttl time.Duration, logger *slog.Logger) error {
+	defer lis.Close()
 	var (
 		st     store.Store = memory.New()
 		ledger example.Ledger
@@ -79,10 +85,6 @@ func run(ctx context.Context, addr, databaseURL string, delay, ttl time.Duration
 		Ledger:       ledger,
 		Options:      []interceptor.Option{interceptor.WithRetention(ttl), interceptor.WithLogger(logger)},
 	})
-	lis, err := net.Listen("tcp", addr)
-	if err != nil {
-		return err
-	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "handler_delay", delay)

@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"net/url"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,33 +38,55 @@ func URL() string {
 // ends, and returns its name.
 func Schema(t testing.TB) string {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, URL())
+	schema, err := CreateSchema()
 	if err != nil {
 		unreachable(t, err)
 	}
-	defer conn.Close(ctx)
-	var b [8]byte
-	rand.Read(b[:])
-	schema := "idemkey_test_" + hex.EncodeToString(b[:])
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+schema); err != nil {
-		t.Fatalf("create test schema: %v", err)
-	}
 	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, URL())
-		if err != nil {
-			t.Errorf("drop test schema: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE"); err != nil {
+		if err := DropSchema(schema); err != nil {
 			t.Errorf("drop test schema: %v", err)
 		}
 	})
 	return schema
+}
+
+// CreateSchema creates an empty schema with a random name, for a caller that
+// outlives one test; DropSchema drops it.
+func CreateSchema() (string, error) {
+	var b [8]byte
+	rand.Read(b[:])
+	schema := "idemkey_test_" + hex.EncodeToString(b[:])
+	return schema, exec("CREATE SCHEMA " + schema)
+}
+
+// DropSchema drops a schema made by CreateSchema and everything in it.
+func DropSchema(schema string) error {
+	return exec("DROP SCHEMA " + schema + " CASCADE")
+}
+
+func exec(sql string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, URL())
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	_, err = conn.Exec(ctx, sql)
+	return err
+}
+
+// SchemaURL returns the test server's connection string with schema as the
+// search_path, for code under test that takes a URL rather than a pool.
+func SchemaURL(schema string) string {
+	u := URL()
+	if !strings.Contains(u, "://") { // keyword=value form
+		return u + " search_path=" + schema
+	}
+	if strings.Contains(u, "?") {
+		return u + "&search_path=" + schema
+	}
+	return u + "?search_path=" + schema
 }
 
 // Pool returns a pool on the test server whose sessions work in schema (their

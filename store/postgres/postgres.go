@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
@@ -142,7 +143,7 @@ func takeable(r string) string {
 //
 // Parameters: key, fingerprint, lease and retention in microseconds. Result
 // columns: kind (1 acquired, 2 completed, 3 in progress), token, fingerprint,
-// outcome, microseconds left on the lease.
+// outcome, time left on the lease.
 func reserveSQL(table, sequence string) string {
 	return fmt.Sprintf(`
 WITH cur AS (
@@ -164,10 +165,9 @@ WITH cur AS (
 	WHERE %[4]s
 	RETURNING r.token
 )
-SELECT 1, token, NULL::bytea, NULL::bytea, 0::bigint FROM ins
+SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval FROM ins
 UNION ALL
-SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome,
-	greatest(extract(epoch FROM lease_end - now()) * 1000000, 0)::bigint
+SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome, lease_end - now()
 FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 }
 
@@ -190,17 +190,17 @@ const (
 // Reserve implements store.Store in one round trip, unless the row changed
 // under the statement (a concurrent release or sweep); then it runs again.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.timeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	for range maxReserveAttempts {
 		var (
 			kind        int
 			res         store.Result
 			fingerprint []byte
-			retryAfter  int64
+			leaseLeft   pgtype.Interval
 		)
 		err := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
-			Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &retryAfter)
+			Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft)
 		if err == pgx.ErrNoRows {
 			continue
 		}
@@ -214,7 +214,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 			res.State = store.Completed
 		default:
 			res.State = store.InProgress
-			res.RetryAfter = time.Duration(retryAfter) * time.Microsecond
+			res.RetryAfter = max(time.Duration(leaseLeft.Microseconds+int64(leaseLeft.Days)*24*3600e6)*time.Microsecond, 0)
 		}
 		copy(res.Fingerprint[:], fingerprint)
 		return res, nil
@@ -239,7 +239,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 }
 
 func (s *Store) write(ctx context.Context, op, sql string, args ...any) error {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opts.timeout)
+	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, sql, args...)
 	if err != nil {
@@ -268,13 +268,22 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 }
 
 func (s *Store) sweepBatch(ctx context.Context, batchSize int) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.opts.timeout)
+	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, s.sweepSQL, batchSize)
 	if err != nil {
 		return 0, s.translate(ctx, "sweep", err)
 	}
 	return int(tag.RowsAffected()), nil
+}
+
+// bound applies the store's timeout to ctx, unless ctx's own deadline comes
+// sooner: then it saves the timer.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= s.opts.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.timeout)
 }
 
 // translate turns a driver error into the store's own, so that nothing from

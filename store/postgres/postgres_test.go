@@ -22,7 +22,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { dropFilled() }))
 }
 
 const (
@@ -30,7 +30,7 @@ const (
 	retention = time.Hour
 )
 
-var fpA, fpB = store.Fingerprint{1}, store.Fingerprint{2}
+var fpA = store.Fingerprint{1}
 
 // replica is one server process's view of the test schema: its own pool and
 // store.

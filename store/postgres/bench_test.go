@@ -1,0 +1,238 @@
+package postgres_test
+
+import (
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// outcome is about the size of a recorded CreateCharge reply.
+var outcome = make([]byte, 120)
+
+// baseline is the minimal SQL of the store's design, written by hand on the
+// same pool and a table of the same schema: a first call inserts or does
+// nothing, then updates by primary key; a replay selects by primary key.
+type baseline struct {
+	pool *pgxpool.Pool
+}
+
+func (bl baseline) first(ctx context.Context, key store.Key, fp store.Fingerprint) error {
+	var token int64
+	err := bl.pool.QueryRow(ctx, `INSERT INTO baseline_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
+		VALUES ($1, $2, 'in_progress', nextval('baseline_keys_token_seq'), now() + interval '1 minute', now(), now() + interval '1 day')
+		ON CONFLICT DO NOTHING RETURNING token`, key[:], fp[:]).Scan(&token)
+	if err != nil {
+		return err
+	}
+	_, err = bl.pool.Exec(ctx, `UPDATE baseline_keys SET state = 'completed', outcome = $3 WHERE key = $1 AND token = $2`, key[:], token, outcome)
+	return err
+}
+
+func (bl baseline) replay(ctx context.Context, key store.Key) error {
+	var (
+		state    string
+		fp, out  []byte
+		leaseEnd time.Time
+	)
+	return bl.pool.QueryRow(ctx, `SELECT state, fingerprint, outcome, lease_end FROM baseline_keys WHERE key = $1`, key[:]).
+		Scan(&state, &fp, &out, &leaseEnd)
+}
+
+func first(ctx context.Context, st *postgres.Store, key store.Key, fp store.Fingerprint) error {
+	res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: 24 * time.Hour})
+	if err != nil {
+		return err
+	}
+	if res.State != store.Acquired {
+		return fmt.Errorf("reserve of a new key: %v", res.State)
+	}
+	return st.Complete(ctx, key, res.Token, outcome)
+}
+
+func replay(ctx context.Context, st *postgres.Store, key store.Key, fp store.Fingerprint) error {
+	res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: 24 * time.Hour})
+	if err == nil && res.State != store.Completed {
+		err = fmt.Errorf("reserve of a recorded key: %v", res.State)
+	}
+	return err
+}
+
+func benchKey(prefix string, i int) store.Key {
+	return store.NewKey("tenant", "/bench.v1.Bench/Call", fmt.Sprintf("%s-%d", prefix, i))
+}
+
+// BenchmarkStoreVsBaseline runs the store and the hand-written baseline
+// interleaved, one of each of the four operations per iteration in rotating
+// order, so that noise (a WAL flush that takes longer) hits both alike. It
+// reports each operation's time and the store's ratio to the baseline.
+func BenchmarkStoreVsBaseline(b *testing.B) {
+	schema := pgtest.Schema(b)
+	pool := pgtest.Pool(b, schema)
+	ctx := context.Background()
+	for _, table := range []string{postgres.DefaultTable, "baseline_keys"} {
+		if err := postgres.Migrate(ctx, pool, postgres.WithTable(table)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	bl := baseline{pool}
+	fp := store.Fingerprint{1}
+	// As in a gRPC handler, whose context can always be cancelled, pgx
+	// watches the context of every statement on both paths.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	replayKey := benchKey("replay", 0)
+	if err := first(ctx, st, replayKey, fp); err != nil {
+		b.Fatal(err)
+	}
+	if err := bl.first(ctx, replayKey, fp); err != nil {
+		b.Fatal(err)
+	}
+	ops := []func(i int) error{
+		func(i int) error { return bl.first(ctx, benchKey("first", i), fp) },
+		func(i int) error { return first(ctx, st, benchKey("first", i), fp) },
+		func(int) error { return bl.replay(ctx, replayKey) },
+		func(int) error { return replay(ctx, st, replayKey, fp) },
+	}
+	var spent [4]time.Duration
+	n := 0
+	for b.Loop() {
+		for j := range ops {
+			op := (n + j) % len(ops)
+			start := time.Now()
+			if err := ops[op](n); err != nil {
+				b.Fatal(err)
+			}
+			spent[op] += time.Since(start)
+		}
+		n++
+	}
+	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
+	b.ReportMetric(perOp(spent[0]), "baseline-first-ns/op")
+	b.ReportMetric(perOp(spent[1]), "store-first-ns/op")
+	b.ReportMetric(perOp(spent[2]), "baseline-replay-ns/op")
+	b.ReportMetric(perOp(spent[3]), "store-replay-ns/op")
+	b.ReportMetric(perOp(spent[1])/perOp(spent[0]), "first/baseline")
+	b.ReportMetric(perOp(spent[3])/perOp(spent[2]), "replay/baseline")
+}
+
+// filled caches, for the life of the test binary, one schema per table size:
+// filling a million rows takes seconds, and -count repeats benchmarks.
+// TestMain drops them.
+var filled = struct {
+	sync.Mutex
+	schemas map[int]string
+}{schemas: map[int]string{}}
+
+func dropFilled() {
+	filled.Lock()
+	defer filled.Unlock()
+	for _, schema := range filled.schemas {
+		_ = pgtest.DropSchema(schema)
+	}
+}
+
+// filledKey is the key of the i-th row of a filled table.
+func filledKey(i int) store.Key { return sha256.Sum256([]byte("filled-" + strconv.Itoa(i))) }
+
+// filledStore returns a store on a table holding rows completed records, the
+// i-th under filledKey(i) with fingerprint {1}.
+func filledStore(b *testing.B, rows int) *postgres.Store {
+	b.Helper()
+	filled.Lock()
+	defer filled.Unlock()
+	schema, ok := filled.schemas[rows]
+	if !ok {
+		var err error
+		if schema, err = pgtest.CreateSchema(); err != nil {
+			b.Fatal(err)
+		}
+		filled.schemas[rows] = schema
+		pool := pgtest.Pool(b, schema)
+		ctx := context.Background()
+		if err := postgres.Migrate(ctx, pool); err != nil {
+			b.Fatal(err)
+		}
+		fp := store.Fingerprint{1}
+		if _, err := pool.Exec(ctx, `INSERT INTO idempotency_keys
+			SELECT sha256(convert_to('filled-' || i, 'UTF8')), $2, 'completed', i, now(), $3, now(), now() + interval '1 day'
+			FROM generate_series(0, $1 - 1) AS i`, rows, fp[:], outcome); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := pool.Exec(ctx, `VACUUM ANALYZE idempotency_keys`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st, err := postgres.New(pgtest.Pool(b, schema))
+	if err != nil {
+		b.Fatal(err)
+	}
+	return st
+}
+
+// BenchmarkReserveScale measures Reserve's latency on tables of 10^4 and 10^6
+// rows, interleaved as above: per iteration, on each table, the reserve of a
+// new key (an insert) and of a recorded key picked at random (a replay). It
+// reports each one's median and the ratio of the medians, 10^6 to 10^4.
+func BenchmarkReserveScale(b *testing.B) {
+	sizes := []int{10_000, 1_000_000}
+	stores := make([]*postgres.Store, len(sizes))
+	for i, rows := range sizes {
+		stores[i] = filledStore(b, rows)
+	}
+	ctx := context.Background()
+	fp := store.Fingerprint{1}
+	reserve := func(st *postgres.Store, key store.Key, want store.State) error {
+		res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: 24 * time.Hour})
+		if err == nil && res.State != want {
+			err = fmt.Errorf("reserve: %v, want %v", res.State, want)
+		}
+		return err
+	}
+	// latencies[size][0] for inserts, [1] for replays.
+	latencies := make([][2][]time.Duration, len(sizes))
+	run := rand.Uint64()
+	n := 0
+	for b.Loop() {
+		for j := range 2 * len(sizes) {
+			op := (n + j) % (2 * len(sizes))
+			size, kind := op/2, op%2
+			st := stores[size]
+			key, want := benchKey(fmt.Sprintf("new-%x", run), n), store.Acquired
+			if kind == 1 {
+				key, want = filledKey(rand.IntN(sizes[size])), store.Completed
+			}
+			start := time.Now()
+			if err := reserve(st, key, want); err != nil {
+				b.Fatal(err)
+			}
+			latencies[size][kind] = append(latencies[size][kind], time.Since(start))
+		}
+		n++
+	}
+	median := func(ds []time.Duration) float64 {
+		slices.Sort(ds)
+		return float64(ds[len(ds)/2].Nanoseconds())
+	}
+	for kind, name := range []string{"insert", "replay"} {
+		small, large := median(latencies[0][kind]), median(latencies[1][kind])
+		b.ReportMetric(small, name+"-p50-ns@1e4")
+		b.ReportMetric(large, name+"-p50-ns@1e6")
+		b.ReportMetric(large/small, name+"-p50-1e6/1e4")
+	}
+}
