@@ -5,6 +5,9 @@
 // It shows both layers of defence against a double charge: the idempotency
 // key (a retry gets the recorded reply), and a business-level unique
 // merchant_reference per tenant, which still holds after a key has expired.
+// The charges live in a Ledger: in memory beside the memory store, or in
+// PostgreSQL beside the Postgres store, where a unique constraint enforces the
+// merchant_reference.
 package example
 
 import (

@@ -8,7 +8,12 @@
 // record, so a caller whose lease was taken over cannot overwrite the reply of
 // the caller that took it over.
 //
-// Every implementation passes the conformance suite in package storetest.
+// A record expires once its retention has passed; Sweep deletes expired
+// records, and a Janitor calls it periodically in a goroutine of yours.
+//
+// Every implementation passes the conformance suite in package storetest:
+// store/memory (one process) and store/postgres (any number of processes on
+// one database).
 package store
 
 import (
