@@ -179,7 +179,8 @@ const (
 	releaseSQL  = `DELETE FROM %s WHERE ` + held
 	// sweepSQL deletes one batch of expired rows. SKIP LOCKED passes over rows
 	// that a reservation is taking over right now, so sweeping never waits on
-	// live traffic, nor makes it wait longer than one row's delete.
+	// live traffic; a reservation of a row being swept waits for at most one
+	// batch's statement.
 	sweepSQL = `DELETE FROM %[1]s WHERE key IN (
 	SELECT key FROM %[1]s
 	WHERE expires_at <= now() AND (state = 'completed' OR lease_end <= now())
@@ -201,7 +202,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		)
 		err := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
 			Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft)
-		if err == pgx.ErrNoRows {
+		if errors.Is(err, pgx.ErrNoRows) {
 			continue
 		}
 		if err != nil {
