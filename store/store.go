@@ -8,8 +8,8 @@
 // record, so a caller whose lease was taken over cannot overwrite the reply of
 // the caller that took it over.
 //
-// A record expires once its retention has passed; Sweep deletes expired
-// records, and a Janitor calls it periodically in a goroutine of yours.
+// A record expires once its retention has passed and it holds no live lease;
+// Sweep deletes expired records, and a Janitor calls it periodically in a goroutine of yours.
 //
 // Every implementation passes the conformance suite in package storetest:
 // store/memory (one process) and store/postgres (any number of processes on

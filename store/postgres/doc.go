@@ -30,10 +30,16 @@
 // # Guarantees
 //
 //   - Reserve is one statement and, in the common cases, one round trip. The
-//     primary key settles races; there is no read-then-write. A replay only
-//     reads: no lock, no write, no WAL flush. When a row changes between the
-//     statement's snapshot and its insert (a concurrent release or sweep),
-//     Reserve runs the statement again, up to 10 times.
+//     primary key settles races; there is no read-then-write. A replay locks
+//     no row and writes nothing, so it costs no WAL flush (as a statement
+//     that may insert, it still takes the table's ROW EXCLUSIVE lock, and
+//     needs a primary, not a read-only standby). When a row changes between
+//     the statement's snapshot and its insert (a concurrent release or
+//     sweep), Reserve runs the statement again, up to 10 times.
+//   - The statements expect READ COMMITTED, PostgreSQL's default isolation.
+//     Under a default of REPEATABLE READ or SERIALIZABLE, a statement that
+//     loses a race fails with a serialization failure; the store runs it
+//     again, up to 10 times.
 //   - Every decision about time (lease ends, expiry) uses the database's
 //     now(), never the application server's clock, so replicas with skewed
 //     clocks agree.
@@ -48,14 +54,16 @@
 //
 // # Errors
 //
-// Every driver error is translated in one place. A database that cannot be
-// reached, is shutting down or failing over, is overloaded, or does not
-// answer within the timeout gives store.ErrUnavailable, which the interceptor
-// answers with Unavailable without running the handler. When the caller's
-// own context ended, the error also matches its context error. Other server
-// errors (a missing table, a permission) keep their SQLSTATE and message. No
-// pgx error value reaches a caller; WithLogger logs the driver's error at
-// Debug.
+// The Store's methods translate every driver error in one place. A database
+// that cannot be reached, is shutting down or failing over, is overloaded,
+// or does not answer within the timeout gives store.ErrUnavailable; when the
+// context ended (the caller's or the store's own timeout), the error also
+// matches context.Canceled or context.DeadlineExceeded. Other server errors
+// (a missing table, a permission, a failed login) keep their SQLSTATE and
+// message. Either way the interceptor fails closed with Unavailable, without
+// running the handler. No pgx error value or connection detail reaches a
+// caller; WithLogger logs the driver's own error at Debug. Migrate, an
+// administrative call, returns the driver's errors wrapped.
 //
 // # Caveats
 //

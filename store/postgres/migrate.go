@@ -76,12 +76,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if err != nil {
 		return fmt.Errorf("idemkey postgres: migrate: %w", err)
 	}
-	// Two replicas creating the version table at once can collide on the
-	// catalog's unique index; the loser's second attempt finds the table.
-	for attempt := 0; ; attempt++ {
+	// Replicas creating the version table at once can collide in the catalog
+	// (a unique violation, or "already exists"); a later attempt finds the
+	// table, and its lock makes the rest wait for each other.
+	for attempt := 1; ; attempt++ {
 		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error { return migrate(ctx, tx, o, ms) })
 		var pgErr *pgconn.PgError
-		if attempt == 0 && errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07") {
+		collided := errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")
+		if collided && attempt < maxAttempts {
 			continue
 		}
 		if err != nil {

@@ -24,10 +24,11 @@ const DefaultTable = "idempotency_keys"
 // DefaultTimeout bounds each store operation unless WithTimeout sets another.
 const DefaultTimeout = 5 * time.Second
 
-// maxReserveAttempts bounds Reserve's retries of "conflict, then the row is
-// gone". Each retry needs a concurrent release or sweep of the same key to
-// fail again, so more than a few in a row means a pathological storm.
-const maxReserveAttempts = 10
+// maxAttempts bounds how often a statement runs again when the row changed
+// under it: "conflict, then the row is gone" in Reserve, or a serialization
+// failure. Each retry needs another concurrent change of the same key to fail
+// again, so more than a few in a row means a pathological storm.
+const maxAttempts = 10
 
 // Option configures a Store and Migrate.
 type Option func(*options)
@@ -135,7 +136,7 @@ func takeable(r string) string {
 
 // reserveSQL makes the reservation's decision in one statement. cur reads the
 // row; only when there is none, or it may be taken over, does ins try to
-// write, so a replay is a plain read that takes no lock and writes nothing.
+// write, so a replay locks no row and writes nothing.
 // The unique key settles races: on a conflict, ins takes the row over only if
 // its newest version is still takeable. When ins wrote nothing although cur
 // allowed it, the row changed after this statement's snapshot, and the
@@ -193,7 +194,7 @@ const (
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	for range maxReserveAttempts {
+	for range maxAttempts {
 		var (
 			kind        int
 			res         store.Result
@@ -202,7 +203,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		)
 		err := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
 			Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft)
-		if errors.Is(err, pgx.ErrNoRows) {
+		if errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) {
 			continue
 		}
 		if err != nil {
@@ -220,7 +221,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		copy(res.Fingerprint[:], fingerprint)
 		return res, nil
 	}
-	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxReserveAttempts)
+	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
 // Complete implements store.Store. It ignores ctx's cancellation and
@@ -243,6 +244,9 @@ func (s *Store) write(ctx context.Context, op, sql string, args ...any) error {
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
 	tag, err := s.pool.Exec(ctx, sql, args...)
+	for attempt := 1; serializationFailure(err) && attempt < maxAttempts; attempt++ {
+		tag, err = s.pool.Exec(ctx, sql, args...)
+	}
 	if err != nil {
 		return s.translate(ctx, op, err)
 	}
@@ -305,11 +309,21 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("idemkey postgres: %s: %w: SQLSTATE %s: %s", op, store.ErrUnavailable, pgErr.Code, pgErr.Message)
 	}
 	// Not a server's answer: the connection failed, timed out or was closed,
-	// or the pool is shutting down.
+	// or the pool is shutting down. The driver's text names hosts and users,
+	// so it stays in the Debug log.
 	if pgconn.Timeout(err) {
 		return fmt.Errorf("idemkey postgres: %s: %w: timeout", op, store.ErrUnavailable)
 	}
-	return fmt.Errorf("idemkey postgres: %s: %w: %s", op, store.ErrUnavailable, err)
+	return fmt.Errorf("idemkey postgres: %s: %w: no connection to the database", op, store.ErrUnavailable)
+}
+
+// serializationFailure reports whether err is SQLSTATE 40001. Under READ
+// COMMITTED, PostgreSQL's default, the store's statements never fail so; under
+// a default of REPEATABLE READ or SERIALIZABLE they do when they race, and
+// each one, being its own transaction, is safe to run again.
+func serializationFailure(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "40001"
 }
 
 // unavailable reports whether a server error means the database cannot serve

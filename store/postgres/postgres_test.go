@@ -143,9 +143,10 @@ func TestReplicasRace(t *testing.T) {
 	}
 }
 
-// Under a storm of reserves and releases of one key from four replicas, with
-// a sweeper running, no reserve fails (a row that is gone between a
-// statement's snapshot and its insert is retried, not reported) and no two
+// Under a storm of reserves of one key from four replicas, whose holders
+// release or complete it with a retention of milliseconds, while a sweeper
+// deletes what expires: no reserve fails (a row that is gone between a
+// statement's snapshot and its insert is retried, not reported), and no two
 // callers ever hold the key at once.
 func TestChurn(t *testing.T) {
 	rs := newReplicas(t, 4)
@@ -153,22 +154,25 @@ func TestChurn(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var (
-		wg                sync.WaitGroup
+		sweeper           sync.WaitGroup
 		holders, acquired atomic.Int32
+		swept             atomic.Int64
 	)
-	wg.Go(func() {
+	sweeper.Go(func() {
 		for ctx.Err() == nil {
-			if _, err := rs[0].store.Sweep(ctx, 10); err != nil && ctx.Err() == nil {
+			n, err := rs[0].store.Sweep(ctx, 10)
+			if err != nil && ctx.Err() == nil {
 				t.Errorf("Sweep: %v", err)
 			}
+			swept.Add(int64(n))
 		}
 	})
 	var callers sync.WaitGroup
 	for i := range 8 {
 		callers.Go(func() {
 			st := rs[i%len(rs)].store
-			for range 100 {
-				res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+			for j := range 100 {
+				res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: 2 * time.Millisecond})
 				if err != nil {
 					t.Errorf("Reserve: %v", err)
 					return
@@ -180,9 +184,15 @@ func TestChurn(t *testing.T) {
 				if n := holders.Add(1); n != 1 {
 					t.Errorf("%d callers hold the key at once", n)
 				}
+				time.Sleep(100 * time.Microsecond)
 				holders.Add(-1)
-				if err := st.Release(ctx, key, res.Token); err != nil {
-					t.Errorf("Release: %v", err)
+				if j%2 == 0 {
+					err = st.Release(ctx, key, res.Token)
+				} else {
+					err = st.Complete(ctx, key, res.Token, []byte("ok"))
+				}
+				if err != nil {
+					t.Errorf("Release or Complete: %v", err)
 					return
 				}
 			}
@@ -190,9 +200,44 @@ func TestChurn(t *testing.T) {
 	}
 	callers.Wait()
 	stop()
-	wg.Wait()
+	sweeper.Wait()
 	if acquired.Load() < 8 {
 		t.Errorf("only %d of 800 reserves acquired the key; the storm did not churn", acquired.Load())
+	}
+	t.Logf("%d acquired, %d swept", acquired.Load(), swept.Load())
+}
+
+// Under a default isolation of SERIALIZABLE, a reserve that loses the race
+// for a takeover still answers "in progress", not an error.
+func TestSerializableDefault(t *testing.T) {
+	rs := newReplicas(t, 4, func(c *pgxpool.Config) {
+		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
+	})
+	key := store.NewKey("tenant", "/m", "k")
+	acquire(t, rs[0].store, key)
+	for round := range 20 {
+		rs[0].advance(t, lease+time.Second)
+		var (
+			wg       sync.WaitGroup
+			start    = make(chan struct{})
+			acquired atomic.Int32
+		)
+		for i := range 8 {
+			wg.Go(func() {
+				<-start
+				res, err := rs[i%len(rs)].store.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+				if err != nil {
+					t.Errorf("round %d: Reserve: %v", round, err)
+				} else if res.State == store.Acquired {
+					acquired.Add(1)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		if n := acquired.Load(); n != 1 {
+			t.Fatalf("round %d: %d of 8 takeovers acquired the key, want 1", round, n)
+		}
 	}
 }
 
@@ -410,6 +455,9 @@ func TestErrors(t *testing.T) {
 		}
 		_, err = st.Reserve(ctx, res)
 		wantTranslated(t, err, true)
+		if msg := err.Error(); strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, "user=") {
+			t.Errorf("error names the connection: %s", msg)
+		}
 	})
 	t.Run("timeout", func(t *testing.T) {
 		r := newReplica(t)
