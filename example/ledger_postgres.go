@@ -43,11 +43,23 @@ type PostgresLedger struct {
 // NewPostgresLedger returns a ledger on pool; MigrateLedger creates its table.
 func NewPostgresLedger(pool *pgxpool.Pool) *PostgresLedger { return &PostgresLedger{pool: pool} }
 
-// MigrateLedger creates the charges table if it does not exist.
+// MigrateLedger creates the charges table if it does not exist. Replicas
+// starting at once can collide in the catalog ("already exists", or a unique
+// violation there); the loser tries again and finds the table.
 func MigrateLedger(ctx context.Context, pool *pgxpool.Pool) error {
-	_, err := pool.Exec(ctx, chargesSchema)
-	return err
+	for attempt := 1; ; attempt++ {
+		_, err := pool.Exec(ctx, chargesSchema)
+		var pgErr *pgconn.PgError
+		collided := errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")
+		if !collided || attempt == 5 {
+			return err
+		}
+	}
 }
+
+// insertTimeout bounds a charge's insert, well inside the idempotency lease:
+// a handler still running when its lease ends may be run again elsewhere.
+const insertTimeout = 5 * time.Second
 
 // Insert implements Ledger.
 func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv1.Charge) error {
@@ -55,17 +67,31 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 	if r := c.GetMerchantReference(); r != "" {
 		ref = &r
 	}
-	// Detached from the caller's cancellation: a charge cut short by a client
-	// hanging up would have an unknown outcome, and the key would be released.
-	_, err := l.pool.Exec(context.WithoutCancel(ctx), `INSERT INTO charges
+	// Detached from the caller's cancellation, so that a client hanging up
+	// cannot cut a charge short and leave its outcome unknown.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), insertTimeout)
+	defer cancel()
+	_, err := l.pool.Exec(ctx, `INSERT INTO charges
 		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
 		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime())
 	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.ConstraintName == "charges_merchant_reference_key" {
+	refused := errors.As(err, &pgErr) // the server answered with an error
+	switch {
+	case err == nil:
+		return nil
+	case refused && pgErr.ConstraintName == "charges_merchant_reference_key":
 		return errDuplicateReference
+	case refused || pgconn.SafeToRetry(err):
+		// The database refused the insert, or it never left this process:
+		// no charge was made, so the key is released for a retry.
+		return ledgerError(err)
+	default:
+		// The connection failed after the insert was sent: the charge may
+		// exist. Unknown is recorded, so a retry cannot charge again; the
+		// caller can look for the charge with ListCharges.
+		return status.Error(codes.Unknown, "the charge's outcome is unknown: look for it with ListCharges before charging again")
 	}
-	return ledgerError(err)
 }
 
 // Get implements Ledger.
@@ -97,9 +123,9 @@ func scanCharge(row pgx.CollectableRow) (*paymentsv1.Charge, error) {
 	return &c, err
 }
 
-// ledgerError answers a failed database call with Unavailable, which the
-// idemkey interceptor releases, so the client's retry runs the call again.
-// The driver's message stays out of the reply.
+// ledgerError answers a database call that had no effect with Unavailable,
+// which the idemkey interceptor releases, so the client's retry runs the call
+// again. The driver's message stays out of the reply.
 func ledgerError(err error) error {
 	if err == nil {
 		return nil

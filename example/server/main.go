@@ -91,6 +91,7 @@ func run(ctx context.Context, lis net.Listener, databaseURL string, delay, ttl t
 
 	select {
 	case err := <-served:
+		srv.Stop()
 		return fmt.Errorf("serve: %w", err)
 	case <-ctx.Done():
 	}

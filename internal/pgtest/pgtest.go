@@ -3,7 +3,8 @@
 //
 // The server is IDEMKEY_TEST_DATABASE_URL, else DATABASE_URL, else
 // postgres://postgres@127.0.0.1:5432/test. Where none answers, a test skips,
-// except in CI (CI=true), where it fails: CI must never pass by skipping.
+// except in CI (CI=true), where it fails: CI must never pass by skipping. A
+// server that answers with an error (no such database, say) fails the test.
 // make test starts a throwaway server when none answers (scripts/with-postgres).
 package pgtest
 
@@ -11,13 +12,16 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -110,14 +114,30 @@ func Pool(t testing.TB, schema string, configure ...func(*pgxpool.Config)) *pgxp
 	return pool
 }
 
+// unreachable skips or fails a test that could not use the server. A server
+// that answers with an error (no such database, a refused login, too many
+// clients) fails the test everywhere: only a server that does not answer at
+// all is a reason to skip, and only outside CI.
 func unreachable(t testing.TB, err error) {
 	t.Helper()
-	where := URL()
-	if u, perr := url.Parse(where); perr == nil {
-		where = u.Redacted()
-	}
-	if os.Getenv("CI") == "true" {
+	where := redacted(URL())
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr):
+		t.Fatalf("PostgreSQL at %s refused the tests: %v", where, err)
+	case os.Getenv("CI") == "true":
 		t.Fatalf("no PostgreSQL server at %s (%v). CI needs one: run the tests with make test, which starts a throwaway server when none answers", where, err)
+	default:
+		t.Skipf("no PostgreSQL server at %s (%v); make test starts a throwaway one", where, err)
 	}
-	t.Skipf("no PostgreSQL server at %s (%v); make test starts a throwaway one", where, err)
+}
+
+var password = regexp.MustCompile(`password=\S*`)
+
+// redacted hides the password of a URL or keyword/value connection string.
+func redacted(conn string) string {
+	if u, err := url.Parse(conn); err == nil && strings.Contains(conn, "://") {
+		return u.Redacted()
+	}
+	return password.ReplaceAllString(conn, "password=xxxxx")
 }
