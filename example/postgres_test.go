@@ -2,6 +2,7 @@ package example_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,6 +137,22 @@ func TestMerchantReferenceOutlivesKeys(t *testing.T) {
 	}
 	if n := countCharges(t, pool); n != 2 {
 		t.Errorf("%d charges, want 2 (one per tenant)", n)
+	}
+}
+
+// Replicas starting together on an empty database all create the ledger.
+func TestMigrateLedgerConcurrently(t *testing.T) {
+	for range 5 {
+		pool := pgtest.Pool(t, pgtest.Schema(t))
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				if err := example.MigrateLedger(context.Background(), pool); err != nil {
+					t.Errorf("concurrent MigrateLedger: %v", err)
+				}
+			})
+		}
+		wg.Wait()
 	}
 }
 

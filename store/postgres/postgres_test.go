@@ -547,6 +547,22 @@ func TestWithTable(t *testing.T) {
 	}
 }
 
+// Replicas starting together on an empty database all migrate without error.
+func TestMigrateConcurrently(t *testing.T) {
+	for range 5 {
+		pool := pgtest.Pool(t, pgtest.Schema(t))
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				if err := postgres.Migrate(context.Background(), pool); err != nil {
+					t.Errorf("concurrent Migrate: %v", err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+}
+
 // Migrations is what Migrate applies: the down file undoes the up file.
 func TestMigrationsRoundTrip(t *testing.T) {
 	ctx := context.Background()
