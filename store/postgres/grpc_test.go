@@ -9,13 +9,17 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // roundTrips counts the statements a pool sends, and the statements it
@@ -47,6 +51,34 @@ func (s *chargeService) CreateCharge(context.Context, *paymentsv1.CreateChargeRe
 	return &paymentsv1.Charge{Id: "ch_1"}, nil
 }
 
+// serveCharges serves chargeService behind the interceptor on st over
+// bufconn until the test ends, and returns a client.
+func serveCharges(t *testing.T, st store.Store) (paymentsv1.PaymentServiceClient, *chargeService) {
+	t.Helper()
+	svc := &chargeService{}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st)))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = srv.Serve(lis) }()
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		conn.Close()
+		srv.Stop()
+	})
+	return paymentsv1.NewPaymentServiceClient(conn), svc
+}
+
+func createCharge(client paymentsv1.PaymentServiceClient, key string) error {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, key)
+	_, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: 1})
+	return err
+}
+
 // A first call costs the database two statements (reserve, complete), a
 // replay one, over a real gRPC server with the interceptor on this store.
 func TestRoundTripsPerCall(t *testing.T) {
@@ -55,24 +87,10 @@ func TestRoundTripsPerCall(t *testing.T) {
 		c.ConnConfig.Tracer = tracer
 		c.MaxConns = 1 // one connection, so statements are prepared once
 	})
-	svc := &chargeService{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store)))
-	paymentsv1.RegisterPaymentServiceServer(srv, svc)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	defer srv.Stop()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	client := paymentsv1.NewPaymentServiceClient(conn)
+	client, svc := serveCharges(t, r.store)
 	call := func(key string) {
 		t.Helper()
-		ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, key)
-		if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: 1}); err != nil {
+		if err := createCharge(client, key); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -90,5 +108,27 @@ func TestRoundTripsPerCall(t *testing.T) {
 	}
 	if n := svc.runs.Load(); n != 2 {
 		t.Errorf("handler ran %d times for two keys, want 2", n)
+	}
+}
+
+// With the database unreachable, a call fails closed: Unavailable, and the
+// handler does not run.
+func TestUnreachableFailsClosed(t *testing.T) {
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, svc := serveCharges(t, st)
+	err = createCharge(client, "k")
+	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
+		t.Errorf("call with the database down: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
+	}
+	if n := svc.runs.Load(); n != 0 {
+		t.Errorf("the handler ran %d times without the store", n)
 	}
 }
