@@ -34,6 +34,7 @@ const maxAttempts = 10
 type Option func(*options)
 
 type options struct {
+	name    string // as WithTable was given it
 	schema  string // "" means the first schema on the search_path
 	table   string
 	logger  *slog.Logger
@@ -46,12 +47,7 @@ type options struct {
 // derived from it (the token sequence, the expiry index) fit PostgreSQL's
 // 63-byte limit. Pass the same option to Migrate and New.
 func WithTable(name string) Option {
-	return func(o *options) {
-		o.schema, o.table = "", name
-		if schema, table, ok := strings.Cut(name, "."); ok {
-			o.schema, o.table = schema, table
-		}
-	}
+	return func(o *options) { o.name = name }
 }
 
 // WithLogger sets where the store logs: migrations at Info, and the driver's
@@ -68,10 +64,10 @@ func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
-var identifier = regexp.MustCompile(`^[a-z_][a-z0-9_]{0,47}$`)
+var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
 
 func newOptions(opts []Option) (options, error) {
-	o := options{table: DefaultTable, timeout: DefaultTimeout}
+	o := options{name: DefaultTable, timeout: DefaultTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -81,8 +77,12 @@ func newOptions(opts []Option) (options, error) {
 	if o.timeout <= 0 {
 		o.timeout = DefaultTimeout
 	}
-	if !identifier.MatchString(o.table) || (o.schema != "" && !identifier.MatchString(o.schema)) {
-		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.qualified(o.table))
+	if !tableName.MatchString(o.name) {
+		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.name)
+	}
+	o.table = o.name
+	if schema, table, ok := strings.Cut(o.name, "."); ok {
+		o.schema, o.table = schema, table
 	}
 	return o, nil
 }

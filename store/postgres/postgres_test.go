@@ -492,7 +492,7 @@ func TestErrors(t *testing.T) {
 		}
 	})
 	t.Run("bad table name", func(t *testing.T) {
-		for _, name := range []string{"", "Keys", "a.b.c", "keys; DROP TABLE x", strings.Repeat("k", 49)} {
+		for _, name := range []string{"", "Keys", "a.b.c", ".keys", "keys.", "keys; DROP TABLE x", strings.Repeat("k", 49)} {
 			if _, err := postgres.New(nil, postgres.WithTable(name)); err == nil {
 				t.Errorf("New with table %q: no error", name)
 			}
