@@ -2,20 +2,18 @@ package example_test
 
 import (
 	"context"
-	"net"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -49,28 +47,9 @@ func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 func newClient(t *testing.T, b backend) (paymentsv1.PaymentServiceClient, *grpc.ClientConn) {
 	t.Helper()
 	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger})
-	conn := serve(t, srv, grpc.WithDefaultServiceConfig(example.ServiceConfig),
+	conn := grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDefaultServiceConfig(example.ServiceConfig),
 		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
 	return paymentsv1.NewPaymentServiceClient(conn), conn
-}
-
-// serve runs srv over bufconn until the test ends and dials it.
-func serve(t *testing.T, srv *grpc.Server, opts ...grpc.DialOption) *grpc.ClientConn {
-	t.Helper()
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-	}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-	})
-	return conn
 }
 
 func as(tenant string) context.Context {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -51,7 +52,7 @@ func replica(t *testing.T, schema string, delay time.Duration) (paymentsv1.Payme
 	t.Helper()
 	b := postgresBackend(t, pgtest.Pool(t, schema))
 	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, HandlerDelay: delay})
-	conn := serve(t, srv)
+	conn := grpctest.Dial(t, grpctest.Serve(t, srv))
 	return paymentsv1.NewPaymentServiceClient(conn), func() { conn.Close(); srv.Stop() }
 }
 

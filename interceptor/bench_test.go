@@ -2,18 +2,16 @@ package interceptor_test
 
 import (
 	"context"
-	"net"
 	"strconv"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -106,17 +104,5 @@ func newBenchClient(b *testing.B, opts ...grpc.ServerOption) paymentsv1.PaymentS
 		return &paymentsv1.Charge{Id: "ch_0123456789abcdef01234567", CustomerId: req.GetCustomerId(), Amount: req.GetAmount(), Currency: req.GetCurrency()}, nil
 	}
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-	})
-	return paymentsv1.NewPaymentServiceClient(conn)
+	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,15 +14,14 @@ import (
 	"go.uber.org/goleak"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/encoding"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -259,25 +257,12 @@ func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
 	opts = append([]interceptor.Option{interceptor.WithTenant(tenantFromMetadata)}, opts...)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, interceptor.UnaryServerInterceptor(e.store, opts...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, e.svc)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-
-	dial := func(extra ...grpc.DialOption) *grpc.ClientConn {
-		conn, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
-			grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-			grpc.WithTransportCredentials(insecure.NewCredentials()),
-		}, extra...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { conn.Close() })
-		return conn
-	}
-	e.client = paymentsv1.NewPaymentServiceClient(dial(
+	lis := grpctest.Serve(t, srv)
+	e.client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,
 		grpc.WithDefaultServiceConfig(retryServiceConfig),
 		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor())))
-	e.plain = paymentsv1.NewPaymentServiceClient(dial(grpc.WithDisableRetry()))
-	t.Cleanup(srv.Stop) // runs before the connections close
+	e.plain = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis, grpc.WithDisableRetry()))
+	t.Cleanup(srv.Stop) // runs before the connections close (Stop is idempotent)
 	return e
 }
 

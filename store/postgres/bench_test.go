@@ -86,10 +86,7 @@ func BenchmarkStoreVsBaseline(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	st, err := postgres.New(pool)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := newStore(b, pool)
 	bl := baseline{pool}
 	fp := store.Fingerprint{1}
 	// As in a gRPC handler, whose context can always be cancelled, pgx
@@ -178,11 +175,7 @@ func filledStore(b *testing.B, rows int) *postgres.Store {
 			b.Fatal(err)
 		}
 	}
-	st, err := postgres.New(pgtest.Pool(b, schema))
-	if err != nil {
-		b.Fatal(err)
-	}
-	return st
+	return newStore(b, pgtest.Pool(b, schema))
 }
 
 // BenchmarkReserveScale measures Reserve's latency on tables of 10^4 and 10^6

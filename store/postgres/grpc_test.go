@@ -2,7 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 
@@ -10,16 +9,14 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // roundTrips counts the statements a pool sends, and the statements it
@@ -58,19 +55,7 @@ func serveCharges(t *testing.T, st store.Store) (paymentsv1.PaymentServiceClient
 	svc := &chargeService{}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st)))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
-	lis := bufconn.Listen(1 << 20)
-	go func() { _ = srv.Serve(lis) }()
-	conn, err := grpc.NewClient("passthrough:///bufnet",
-		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		conn.Close()
-		srv.Stop()
-	})
-	return paymentsv1.NewPaymentServiceClient(conn), svc
+	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv))), svc
 }
 
 func createCharge(client paymentsv1.PaymentServiceClient, key string) error {
@@ -114,17 +99,8 @@ func TestRoundTripsPerCall(t *testing.T) {
 // With the database unreachable, a call fails closed: Unavailable, and the
 // handler does not run.
 func TestUnreachableFailsClosed(t *testing.T) {
-	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	st, err := postgres.New(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	client, svc := serveCharges(t, st)
-	err = createCharge(client, "k")
+	client, svc := serveCharges(t, unreachableStore(t))
+	err := createCharge(client, "k")
 	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("call with the database down: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
 	}

@@ -51,13 +51,31 @@ func newReplicas(t *testing.T, n int, configure ...func(*pgxpool.Config)) []repl
 				t.Fatalf("Migrate: %v", err)
 			}
 		}
-		st, err := postgres.New(pool)
-		if err != nil {
-			t.Fatal(err)
-		}
-		rs[i] = replica{pool, st}
+		rs[i] = replica{pool, newStore(t, pool)}
 	}
 	return rs
+}
+
+// newStore returns a store on pool, failing the test on a bad option.
+func newStore(tb testing.TB, pool *pgxpool.Pool, opts ...postgres.Option) *postgres.Store {
+	tb.Helper()
+	st, err := postgres.New(pool, opts...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return st
+}
+
+// unreachableStore returns a store whose database never answers: nothing
+// listens on its port.
+func unreachableStore(t *testing.T) *postgres.Store {
+	t.Helper()
+	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return newStore(t, pool)
 }
 
 func newReplica(t *testing.T, configure ...func(*pgxpool.Config)) replica {
@@ -444,16 +462,7 @@ func TestErrors(t *testing.T) {
 	res := store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention}
 
 	t.Run("unreachable", func(t *testing.T) {
-		pool, err := pgxpool.New(ctx, "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer pool.Close()
-		st, err := postgres.New(pool)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = st.Reserve(ctx, res)
+		_, err := unreachableStore(t).Reserve(ctx, res)
 		wantTranslated(t, err, true)
 		if msg := err.Error(); strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, "user=") {
 			t.Errorf("error names the connection: %s", msg)
@@ -461,10 +470,7 @@ func TestErrors(t *testing.T) {
 	})
 	t.Run("timeout", func(t *testing.T) {
 		r := newReplica(t)
-		st, err := postgres.New(r.pool, postgres.WithTimeout(100*time.Millisecond))
-		if err != nil {
-			t.Fatal(err)
-		}
+		st := newStore(t, r.pool, postgres.WithTimeout(100*time.Millisecond))
 		blocker, err := r.pool.Begin(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -481,11 +487,7 @@ func TestErrors(t *testing.T) {
 	})
 	t.Run("missing table", func(t *testing.T) {
 		r := newReplica(t)
-		st, err := postgres.New(r.pool, postgres.WithTable("no_such_table"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, err = st.Reserve(ctx, res)
+		_, err := newStore(t, r.pool, postgres.WithTable("no_such_table")).Reserve(ctx, res)
 		wantTranslated(t, err, false)
 		if !strings.Contains(err.Error(), "42P01") {
 			t.Errorf("Reserve on a missing table: %v, want SQLSTATE 42P01 in the message", err)
@@ -527,17 +529,13 @@ func TestWithTable(t *testing.T) {
 			t.Fatalf("Migrate: %v", err)
 		}
 	}
-	st, err := postgres.New(pool, opt)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := newStore(t, pool, opt)
 	key := store.NewKey("tenant", "/m", "k")
 	if err := st.Complete(ctx, key, acquire(t, st, key), []byte("ok")); err != nil {
 		t.Fatal(err)
 	}
-	var names []string
 	rows, _ := pool.Query(ctx, `SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace ORDER BY relname`, schema)
-	names, err = pgx.CollectRows(rows, pgx.RowTo[string])
+	names, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,36 @@
+// Package grpctest runs a real grpc-go server and client over an in-memory
+// connection (bufconn), for tests that need no port.
+package grpctest
+
+import (
+	"context"
+	"net"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/test/bufconn"
+)
+
+// Serve starts srv on an in-memory listener and stops it when tb ends.
+func Serve(tb testing.TB, srv *grpc.Server) *bufconn.Listener {
+	lis := bufconn.Listen(1 << 20)
+	go func() { _ = srv.Serve(lis) }()
+	tb.Cleanup(srv.Stop)
+	return lis
+}
+
+// Dial connects a client to lis with opts added, and closes the connection
+// when tb ends, before the server stops.
+func Dial(tb testing.TB, lis *bufconn.Listener, opts ...grpc.DialOption) *grpc.ClientConn {
+	tb.Helper()
+	conn, err := grpc.NewClient("passthrough:///bufnet", append([]grpc.DialOption{
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+	}, opts...)...)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { conn.Close() })
+	return conn
+}
