@@ -298,7 +298,7 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // SQLSTATE and message, which cannot hold a raw key or tenant because the
 // store sends only hashes. The driver's full error is logged at Debug.
 func (s *Store) translate(ctx context.Context, op string, err error) error {
-	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey postgres: "+op+" failed", slog.String("error", err.Error()))
+	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey postgres: "+op+" failed", slog.Any("error", err))
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("idemkey postgres: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
 	}
