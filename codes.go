@@ -3,6 +3,8 @@ package idemkey
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"strconv"
@@ -196,8 +198,31 @@ func newError(code codes.Code, reason, msg string, extra ...protoadapt.MessageV1
 func NewKey() string {
 	var u [16]byte
 	rand.Read(u[:])
-	u[6] = u[6]&0x0f | 0x40 // version 4
-	u[8] = u[8]&0x3f | 0x80 // RFC 9562 variant
+	return formatUUID(u, 4)
+}
+
+// DeriveKey returns the key for a call that one operation makes to another
+// idempotent API (a payment provider, another gRPC service): a version 8 UUID
+// from the SHA-256 of the operation's tenant, full method and key, and label,
+// which names the downstream call. Every retry of the operation derives the
+// same key, so the downstream API deduplicates too; any other tenant, method,
+// key or label derives another. In a handler, interceptor.DerivedKey fills in
+// the call's own parts.
+func DeriveKey(tenant, fullMethod, key, label string) string {
+	b := make([]byte, 0, 512) // on the stack for all but unusually long parts
+	for _, part := range [...]string{"idemkey derived key v1", tenant, fullMethod, key, label} {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(part)))
+		b = append(b, part...)
+	}
+	sum := sha256.Sum256(b)
+	return formatUUID([16]byte(sum[:16]), 8)
+}
+
+// formatUUID sets the version and the RFC 9562 variant bits of u and formats
+// it in the usual 8-4-4-4-12 hex form.
+func formatUUID(u [16]byte, version byte) string {
+	u[6] = u[6]&0x0f | version<<4
+	u[8] = u[8]&0x3f | 0x80
 	var b [36]byte
 	hex.Encode(b[0:8], u[0:4])
 	b[8] = '-'

@@ -14,6 +14,7 @@ import (
 type method struct {
 	name    string // "/package.Service/Method"
 	covered bool
+	atomic  bool                     // run in one transaction with its record: see WithAtomic
 	output  protoreflect.MessageType // nil if the method is not in the registry
 }
 
@@ -54,6 +55,7 @@ func (ms *methods) describe(fullMethod string) *method {
 	if ms.opts.excluded[fullMethod] {
 		m.covered = false
 	}
+	m.atomic = ms.opts.atomicAll || ms.opts.atomic[fullMethod]
 	return m
 }
 

@@ -67,6 +67,8 @@ type options struct {
 	retention   time.Duration
 	retryAfter  time.Duration
 	failOpen    bool
+	atomicAll   bool
+	atomic      map[string]bool
 	logger      *slog.Logger
 }
 
@@ -189,6 +191,43 @@ func WithRetryAfter(d time.Duration) Option {
 // instead of answering Unavailable. Retries may then run the handler twice.
 func WithFailOpen() Option {
 	return func(o *options) { o.failOpen = true }
+}
+
+// WithAtomic runs every covered method in atomic mode; WithAtomicMethods
+// chooses some. The store must implement store.Atomic (store/postgres does).
+//
+// In atomic mode the reservation, the handler's own writes (through the
+// transaction the store puts in the handler's context: see
+// postgres.TxFromContext) and the recorded outcome commit in one transaction.
+// Use it when all of a handler's effects are writes to the store's database;
+// keep the default two-phase mode when the handler calls other systems. What
+// changes:
+//   - A success commits with its writes. A recorded error undoes the
+//     handler's writes but commits the record. A released error, or a panic,
+//     rolls everything back and leaves the key free.
+//   - A crash, or a connection lost at any point, rolls everything back: the
+//     key is never left in progress, and a retry runs the handler once more.
+//     So the first caller gets the handler's reply only once it has
+//     committed; if the commit fails, it gets Unavailable instead, and its
+//     retry finds the truth (the replay, or a fresh run).
+//   - A duplicate waits for the first call's transaction for at most the
+//     store's lock timeout (postgres.WithLockTimeout), then gets Aborted with
+//     the pushback of WithRetryAfter; if the first call commits within it,
+//     the duplicate gets the replay at once. Until the first call commits, its
+//     fingerprint cannot be read, so a duplicate with a different request also
+//     gets Aborted, and InvalidArgument (reused) only once the first has
+//     committed.
+//   - A store failure always fails closed, even with WithFailOpen: the
+//     handler's writes need the same database.
+//   - Each running call holds one of the store's connections until it ends.
+func WithAtomic() Option {
+	return func(o *options) { o.atomicAll = true }
+}
+
+// WithAtomicMethods runs the given methods ("/package.Service/Method") in
+// atomic mode; see WithAtomic.
+func WithAtomicMethods(fullMethods ...string) Option {
+	return func(o *options) { o.atomic = addAll(o.atomic, fullMethods...) }
 }
 
 // WithLogger sets the logger for store failures and lost leases; the default

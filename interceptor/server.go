@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
@@ -22,14 +23,22 @@ import (
 // UnaryServerInterceptor returns a server interceptor that runs each covered
 // call at most once per idempotency key and replays its recorded outcome to
 // every retry. See the package documentation for the request path.
+//
+// It panics if WithAtomic or WithAtomicMethods is given with a store that
+// does not implement store.Atomic: a mistake to catch at start-up.
 func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInterceptor {
 	o := newOptions(opts)
 	s := &server{store: st, opts: o, methods: &methods{opts: o}}
+	s.atomic, _ = st.(store.Atomic)
+	if s.atomic == nil && (o.atomicAll || len(o.atomic) > 0) {
+		panic(fmt.Sprintf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", st))
+	}
 	return s.intercept
 }
 
 type server struct {
 	store   store.Store
+	atomic  store.Atomic // st, if it implements store.Atomic
 	opts    *options
 	methods *methods
 }
@@ -67,13 +76,13 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if s.opts.scope == ScopeTenant {
 		scopeMethod = ""
 	}
-	call := call{method: m, key: store.NewKey(tenant, scopeMethod, key)}
+	c := call{method: m, key: store.NewKey(tenant, scopeMethod, key), parts: callParts{tenant, m.name, key}}
 	fp, err := s.opts.fingerprint(m.name, msg)
 	if err != nil {
 		if _, isStatus := status.FromError(err); isStatus {
 			return nil, err
 		}
-		s.log(ctx, slog.LevelError, "fingerprint failed", call, err)
+		s.log(ctx, slog.LevelError, "fingerprint failed", c, err)
 		return nil, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
 	}
 	if scopeMethod == "" {
@@ -81,58 +90,93 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		// to another, whatever a custom fingerprint leaves out.
 		fp = bindMethod(m.name, fp)
 	}
+	r := store.Reservation{Key: c.key, Fingerprint: fp, Lease: s.lease(ctx), Retention: s.opts.retention}
+	if m.atomic {
+		return s.runAtomic(ctx, c, r, req, handler)
+	}
 
-	res, err := s.store.Reserve(ctx, store.Reservation{
-		Key:         call.key,
-		Fingerprint: fp,
-		Lease:       s.lease(ctx),
-		Retention:   s.opts.retention,
-	})
+	res, err := s.store.Reserve(ctx, r)
 	if err != nil {
-		if ctx.Err() != nil {
-			return nil, status.FromContextError(ctx.Err()).Err()
+		if s.opts.failOpen && ctx.Err() == nil {
+			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
+			return handler(context.WithValue(ctx, callPartsKey{}, c.parts), req)
 		}
-		s.log(ctx, slog.LevelError, "reserve failed", call, err)
-		if s.opts.failOpen {
-			return handler(ctx, req)
-		}
-		return nil, idemkey.StoreUnavailableError()
+		return nil, s.reserveFailed(ctx, c, err)
 	}
-	switch res.State {
-	case store.Completed:
-		if res.Fingerprint != fp {
-			return nil, idemkey.ReusedKeyError()
-		}
-		return s.replay(ctx, call, res.Outcome)
-	case store.InProgress:
-		if res.Fingerprint != fp {
-			return nil, idemkey.ReusedKeyError()
-		}
-		// Only a trailer: a retry policy does not retry a reply with headers.
-		wait := max(min(res.RetryAfter, s.opts.retryAfter), time.Millisecond)
-		_ = grpc.SetTrailer(ctx, idemkey.PushbackTrailer(wait))
-		return nil, idemkey.InProgressError(wait)
+	if res.State != store.Acquired {
+		return s.answer(ctx, c, fp, res)
 	}
-	call.token = res.Token
-	return s.run(ctx, call, req, handler)
+	c.token = res.Token
+	return s.run(ctx, c, req, handler)
 }
 
 // call is one covered call that found or holds its record.
 type call struct {
 	method *method
 	key    store.Key
+	parts  callParts
 	token  store.Token
+}
+
+// callParts are what a call's key is derived from; the handler's context
+// carries them for DerivedKey.
+type callParts struct{ tenant, method, key string }
+
+type callPartsKey struct{}
+
+// DerivedKey returns the idempotency key for a call that the handler of ctx
+// makes to another idempotent API, labelled by label: idemkey.DeriveKey of the
+// call's tenant, method and key. Every retry of the call gets the same key,
+// so the downstream API deduplicates it too. ok is false if ctx is not the
+// handler context of a covered call with a key.
+func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
+	p, ok := ctx.Value(callPartsKey{}).(callParts)
+	if !ok {
+		return "", false
+	}
+	return idemkey.DeriveKey(p.tenant, p.method, p.key, label), true
+}
+
+// reserveFailed is the caller's answer when the store could not reserve.
+func (s *server) reserveFailed(ctx context.Context, c call, err error) error {
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	s.log(ctx, slog.LevelError, "reserve failed", c, err)
+	return idemkey.StoreUnavailableError()
+}
+
+// answer is the caller's answer when the key was not acquired: the replay of
+// the recorded outcome, or the key is in progress, or reused.
+func (s *server) answer(ctx context.Context, c call, fp store.Fingerprint, res store.Result) (any, error) {
+	if res.Fingerprint != fp { // checked first, in either state
+		return nil, idemkey.ReusedKeyError()
+	}
+	if res.State == store.Completed {
+		return s.replay(ctx, c, res.Outcome)
+	}
+	// Only a trailer: a retry policy does not retry a reply with headers.
+	wait := max(min(res.RetryAfter, s.opts.retryAfter), time.Millisecond)
+	_ = grpc.SetTrailer(ctx, idemkey.PushbackTrailer(wait))
+	return nil, idemkey.InProgressError(wait)
+}
+
+// handlerContext is ctx for the handler of c: it carries c's parts for
+// DerivedKey and, if metadata is replayed, the recorder that keeps it.
+func (s *server) handlerContext(ctx context.Context, c call) (context.Context, *recorder) {
+	hctx, rec := context.WithValue(ctx, callPartsKey{}, c.parts), (*recorder)(nil)
+	if len(s.opts.replayed) > 0 {
+		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
+			rec = &recorder{ServerTransportStream: ts, allowed: s.opts.replayed}
+			hctx = grpc.NewContextWithServerTransportStream(hctx, rec)
+		}
+	}
+	return hctx, rec
 }
 
 // run runs the handler for an acquired key, then records or releases it.
 func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHandler) (resp any, err error) {
-	hctx, rec := ctx, (*recorder)(nil)
-	if len(s.opts.replayed) > 0 {
-		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
-			rec = &recorder{ServerTransportStream: ts, allowed: s.opts.replayed}
-			hctx = grpc.NewContextWithServerTransportStream(ctx, rec)
-		}
-	}
+	hctx, rec := s.handlerContext(ctx, c)
 	returned := false
 	defer func() {
 		if !returned { // the handler panicked; let a retry run again
@@ -151,6 +195,46 @@ func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHan
 		s.complete(ctx, c, outcome)
 	default:
 		s.release(ctx, c)
+	}
+	return resp, err
+}
+
+// runAtomic reserves the key in a transaction, runs the handler in it, and
+// commits the handler's writes with the record, or rolls everything back.
+// The caller gets the handler's result only if it committed.
+func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req any, handler grpc.UnaryHandler) (resp any, err error) {
+	res, tx, err := s.atomic.Begin(ctx, r)
+	if err != nil {
+		return nil, s.reserveFailed(ctx, c, err)
+	}
+	if res.State != store.Acquired {
+		return s.answer(ctx, c, r.Fingerprint, res)
+	}
+	hctx, rec := s.handlerContext(ctx, c)
+	returned := false
+	defer func() {
+		if !returned { // the handler panicked; let a retry run again
+			s.rollback(ctx, c, tx)
+		}
+	}()
+	resp, err = handler(tx.Context(hctx), req)
+	returned = true
+
+	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
+	var commitErr error
+	switch {
+	case encodeErr != nil:
+		s.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", c, encodeErr)
+		commitErr = tx.Commit(ctx, unrecordable, false)
+	case record:
+		commitErr = tx.Commit(ctx, outcome, err == nil)
+	default:
+		s.rollback(ctx, c, tx)
+		return resp, err
+	}
+	if commitErr != nil {
+		s.log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", c, commitErr)
+		return nil, idemkey.StoreUnavailableError()
 	}
 	return resp, err
 }
@@ -188,6 +272,12 @@ func (s *server) release(ctx context.Context, c call) {
 	ctx = context.WithoutCancel(ctx)
 	if err := s.store.Release(ctx, c.key, c.token); err != nil {
 		s.logWriteFailure(ctx, "release", c, err)
+	}
+}
+
+func (s *server) rollback(ctx context.Context, c call, tx store.Tx) {
+	if err := tx.Rollback(ctx); err != nil {
+		s.log(ctx, slog.LevelWarn, "rollback failed; the database rolls back when it closes the connection", c, err)
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
 )
 
 func TestReplay(t *testing.T) {
@@ -670,4 +671,39 @@ func TestOptionZeroValues(t *testing.T) {
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
 	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
 	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)
+}
+
+// Inside the handler, DerivedKey gives the key derived from the call's
+// tenant, method and key: the same on a retry that runs the handler again.
+func TestDerivedKey(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	var derived []string
+	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		k, ok := interceptor.DerivedKey(ctx, "provider")
+		if !ok {
+			t.Error("DerivedKey in the handler: not ok")
+		}
+		derived = append(derived, k)
+		return nil, status.Error(codes.Unavailable, "released, so the retry runs again")
+	}
+	for range 2 {
+		d.create(t, "k-1", request(1))
+	}
+	want := idemkey.DeriveKey("acme", createCharge, "k-1", "provider")
+	if len(derived) != 2 || derived[0] != want || derived[1] != want {
+		t.Errorf("derived keys of a call and its retry: %q, want %q twice", derived, want)
+	}
+	if _, ok := interceptor.DerivedKey(context.Background(), "provider"); ok {
+		t.Error("DerivedKey outside a call: ok")
+	}
+}
+
+// Atomic mode on a store that cannot run it is refused at start-up.
+func TestAtomicNeedsAtomicStore(t *testing.T) {
+	defer func() {
+		if recover() == nil {
+			t.Error("WithAtomic on the memory store: no panic")
+		}
+	}()
+	interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithAtomic())
 }

@@ -159,3 +159,39 @@ type Store interface {
 	// are never held up for long, and returns how many it deleted.
 	Sweep(ctx context.Context, batchSize int) (deleted int, err error)
 }
+
+// Atomic is implemented by stores that can commit a handler's own writes and
+// its recorded outcome in one transaction (store/postgres). The interceptor
+// uses it for methods in atomic mode. How the handler reaches the transaction
+// is the store's own API: Tx.Context puts it in the handler's context.
+type Atomic interface {
+	// Begin starts a transaction and reserves r in it, deciding as Reserve
+	// does. When the result is Acquired, tx holds the open transaction with the
+	// reservation, and the caller must end it with exactly one of Commit or
+	// Rollback. Otherwise tx is nil and no transaction is left open.
+	//
+	// Another caller's reservation of the key may not be committed yet. Begin
+	// then waits for it, at most for a bound of the store's: if it commits,
+	// Begin decides on its record; if it rolls back, Begin acquires; if the
+	// bound passes first, the result is InProgress with r's own Fingerprint,
+	// because an uncommitted record's fingerprint cannot be read, and a
+	// RetryAfter of r.Lease.
+	Begin(ctx context.Context, r Reservation) (res Result, tx Tx, err error)
+}
+
+// Tx is an acquired key of an atomic call: an open transaction that holds the
+// reservation, in which the handler writes.
+type Tx interface {
+	// Context returns ctx carrying the transaction, for the handler.
+	Context(ctx context.Context) context.Context
+	// Commit records outcome and commits the transaction. With keepWrites
+	// false, the handler's writes are undone first and only the record
+	// commits: for a recorded error. Like Complete, it ignores ctx's
+	// cancellation. On any error nothing is committed, or, if the connection
+	// failed during the commit, it is unknown whether everything was; either
+	// way a retry finds the truth.
+	Commit(ctx context.Context, outcome []byte, keepWrites bool) error
+	// Rollback ends the transaction with nothing written, the reservation
+	// included: the key is free again. It ignores ctx's cancellation.
+	Rollback(ctx context.Context) error
+}

@@ -19,23 +19,30 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// roundTrips counts the statements a pool sends, and the statements it
-// prepares (once per connection and statement).
-type roundTrips struct{ queries, prepares atomic.Int32 }
+// roundTrips counts the round trips a pool makes, a statement or a pipelined
+// batch each, and the statements it prepares (once per connection and
+// statement).
+type roundTrips struct{ trips, prepares atomic.Int32 }
 
 func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
-	c.queries.Add(1)
+	c.trips.Add(1)
 	return ctx
 }
 func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	c.trips.Add(1)
+	return ctx
+}
+func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
 	c.prepares.Add(1)
 	return ctx
 }
 func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
-func (c *roundTrips) reset() (queries, prepares int32) {
-	return c.queries.Swap(0), c.prepares.Swap(0)
+func (c *roundTrips) reset() (trips, prepares int32) {
+	return c.trips.Swap(0), c.prepares.Swap(0)
 }
 
 type chargeService struct {

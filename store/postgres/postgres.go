@@ -34,11 +34,12 @@ const maxAttempts = 10
 type Option func(*options)
 
 type options struct {
-	name    string // as WithTable was given it
-	schema  string // "" means the first schema on the search_path
-	table   string
-	logger  *slog.Logger
-	timeout time.Duration
+	name        string // as WithTable was given it
+	schema      string // "" means the first schema on the search_path
+	table       string
+	logger      *slog.Logger
+	timeout     time.Duration
+	lockTimeout time.Duration
 }
 
 // WithTable names the table: "name", or "schema.name" for a schema other than
@@ -64,10 +65,18 @@ func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
+// WithLockTimeout bounds how long Begin, in atomic mode, waits for another
+// transaction that holds the same key to end before it answers "in progress"
+// (DefaultLockTimeout if d < 1ms). It applies to the reservation only, not to
+// the handler's own statements.
+func WithLockTimeout(d time.Duration) Option {
+	return func(o *options) { o.lockTimeout = d }
+}
+
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
 
 func newOptions(opts []Option) (options, error) {
-	o := options{name: DefaultTable, timeout: DefaultTimeout}
+	o := options{name: DefaultTable, timeout: DefaultTimeout, lockTimeout: DefaultLockTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -76,6 +85,9 @@ func newOptions(opts []Option) (options, error) {
 	}
 	if o.timeout <= 0 {
 		o.timeout = DefaultTimeout
+	}
+	if o.lockTimeout < time.Millisecond {
+		o.lockTimeout = DefaultLockTimeout
 	}
 	if !tableName.MatchString(o.name) {
 		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.name)
@@ -103,6 +115,7 @@ type Store struct {
 	opts options
 
 	reserveSQL, completeSQL, releaseSQL, sweepSQL string
+	lockTimeoutSQL                                string
 }
 
 var _ store.Store = (*Store)(nil)
@@ -122,6 +135,8 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		completeSQL: fmt.Sprintf(completeSQL, table),
 		releaseSQL:  fmt.Sprintf(releaseSQL, table),
 		sweepSQL:    fmt.Sprintf(sweepSQL, table),
+		// An integer is milliseconds. SET takes no parameters.
+		lockTimeoutSQL: fmt.Sprintf("SET LOCAL lock_timeout = %d", o.lockTimeout.Milliseconds()),
 	}, nil
 }
 
@@ -172,6 +187,30 @@ SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome, l
 FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 }
 
+// scanReservation reads the row of reserveSQL.
+func scanReservation(row pgx.Row) (store.Result, error) {
+	var (
+		kind        int
+		res         store.Result
+		fingerprint []byte
+		leaseLeft   pgtype.Interval
+	)
+	if err := row.Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft); err != nil {
+		return store.Result{}, err
+	}
+	switch kind {
+	case 1:
+		res.State = store.Acquired
+	case 2:
+		res.State = store.Completed
+	default:
+		res.State = store.InProgress
+		res.RetryAfter = max(time.Duration(leaseLeft.Microseconds+int64(leaseLeft.Days)*24*3600e6)*time.Microsecond, 0)
+	}
+	copy(res.Fingerprint[:], fingerprint)
+	return res, nil
+}
+
 // held matches the in-progress row held by token $2 that has not expired.
 const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end > now() OR expires_at > now())`
 
@@ -195,30 +234,14 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	for range maxAttempts {
-		var (
-			kind        int
-			res         store.Result
-			fingerprint []byte
-			leaseLeft   pgtype.Interval
-		)
-		err := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
-			Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft)
+		row := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds())
+		res, err := scanReservation(row)
 		if errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) {
 			continue
 		}
 		if err != nil {
 			return store.Result{}, s.translate(ctx, "reserve", err)
 		}
-		switch kind {
-		case 1:
-			res.State = store.Acquired
-		case 2:
-			res.State = store.Completed
-		default:
-			res.State = store.InProgress
-			res.RetryAfter = max(time.Duration(leaseLeft.Microseconds+int64(leaseLeft.Days)*24*3600e6)*time.Microsecond, 0)
-		}
-		copy(res.Fingerprint[:], fingerprint)
 		return res, nil
 	}
 	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)

@@ -1,0 +1,193 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// DefaultLockTimeout bounds how long Begin waits for another open transaction
+// that holds the same key, unless WithLockTimeout sets another.
+const DefaultLockTimeout = 100 * time.Millisecond
+
+// Tx is the transaction of an atomic call, for the handler's own reads and
+// writes. Its methods are pgx's, so it fits sqlc's DBTX and most query
+// helpers. It has no Commit or Rollback: the interceptor ends the transaction
+// together with the record. Like a pgx connection, it is for one goroutine at
+// a time, and only until the handler returns.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+	CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error)
+}
+
+type txKey struct{}
+
+// TxFromContext returns the transaction of the atomic call that ctx belongs
+// to; ok is false outside one (a method in two-phase mode, or a call without
+// an idempotency key). A handler that must work both ways falls back to its
+// pool.
+func TxFromContext(ctx context.Context) (tx Tx, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(Tx)
+	return tx, ok
+}
+
+// savepoint separates the reservation from the handler's writes, so that a
+// recorded error can undo the writes and keep the reservation.
+const savepoint = "idemkey_handler"
+
+var _ store.Atomic = (*Store)(nil)
+
+// Begin implements store.Atomic in one round trip: BEGIN, the reservation
+// under lock_timeout, and a savepoint go out as one pipeline. Another
+// transaction that holds the key makes the reservation wait on its row; the
+// wait ends when that transaction does, or with SQLSTATE 55P03 when the lock
+// timeout passes. A replay, or an "in progress", costs a second round trip to
+// end the transaction.
+func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return store.Result{}, nil, s.translate(ctx, "begin", err)
+	}
+	for attempt := range maxAttempts {
+		res, err := s.reserveInTx(ctx, conn.Conn(), r, attempt > 0)
+		var pgErr *pgconn.PgError
+		switch {
+		case err == nil && res.State == store.Acquired:
+			return res, &atomicTx{store: s, conn: conn, key: r.Key, token: res.Token}, nil
+		case err == nil:
+			s.rollback(ctx, conn)
+			return res, nil, nil
+		case errors.As(err, &pgErr) && pgErr.Code == "55P03" && ctx.Err() == nil:
+			// The key's holder has not committed: its fingerprint cannot be
+			// read, and its lease is unknown.
+			s.rollback(ctx, conn)
+			return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil, nil
+		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err):
+			// The row changed under the statement; the next attempt rolls
+			// back and begins again.
+		default:
+			s.rollback(ctx, conn)
+			return store.Result{}, nil, s.translate(ctx, "begin", err)
+		}
+	}
+	s.rollback(ctx, conn)
+	return store.Result{}, nil, fmt.Errorf("idemkey postgres: begin: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
+}
+
+// reserveInTx begins a transaction on conn and reserves r in it. The lock
+// timeout is set only around the reservation, so that the handler's own
+// statements keep the session's. again ends the previous attempt's
+// transaction first.
+func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reservation, again bool) (store.Result, error) {
+	var res store.Result
+	b := &pgx.Batch{}
+	if again {
+		b.Queue("ROLLBACK")
+	}
+	b.Queue("BEGIN")
+	b.Queue(s.lockTimeoutSQL)
+	b.Queue(s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
+		QueryRow(func(row pgx.Row) (err error) { res, err = scanReservation(row); return err })
+	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	b.Queue("SAVEPOINT " + savepoint)
+	return res, conn.SendBatch(ctx, b).Close()
+}
+
+// rollback ends conn's transaction, if any, and returns conn to the pool. A
+// connection that cannot roll back is closed by the pool, which makes the
+// database roll back.
+func (s *Store) rollback(ctx context.Context, conn *pgxpool.Conn) error {
+	defer conn.Release()
+	ctx, cancel := s.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		return s.translate(ctx, "rollback", err)
+	}
+	return nil
+}
+
+// atomicTx is the store.Tx of Begin: the connection in the transaction, and
+// the reservation it holds.
+type atomicTx struct {
+	store *Store
+	conn  *pgxpool.Conn // nil once the transaction has ended
+	key   store.Key
+	token store.Token
+}
+
+var (
+	errTxEnded    = errors.New("idemkey postgres: the transaction has already ended")
+	errRolledBack = errors.New("the transaction had failed, so COMMIT rolled it back")
+)
+
+// Context implements store.Tx: TxFromContext finds the transaction in it.
+func (t *atomicTx) Context(ctx context.Context) context.Context {
+	return context.WithValue(ctx, txKey{}, Tx(t.conn.Conn()))
+}
+
+// Commit implements store.Tx in one round trip: back to the savepoint unless
+// keepWrites, the record, and COMMIT go out as one pipeline.
+func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) error {
+	conn := t.conn
+	if conn == nil {
+		return errTxEnded
+	}
+	t.conn = nil
+	if conn.Conn().PgConn().TxStatus() == 'I' {
+		conn.Release()
+		return errors.New("idemkey postgres: commit: the handler ended the transaction, so its writes were not atomic with the record")
+	}
+	if outcome == nil {
+		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
+	}
+	ctx, cancel := t.store.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	b := &pgx.Batch{}
+	if !keepWrites {
+		b.Queue("ROLLBACK TO SAVEPOINT " + savepoint)
+	}
+	b.Queue(t.store.completeSQL, t.key[:], int64(t.token), outcome).Exec(func(tag pgconn.CommandTag) error {
+		if tag.RowsAffected() != 1 {
+			return store.ErrLeaseLost // unreachable while the transaction holds the row
+		}
+		return nil
+	})
+	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
+		if tag.String() != "COMMIT" {
+			return errRolledBack
+		}
+		return nil
+	})
+	err := conn.SendBatch(ctx, b).Close()
+	if err == nil {
+		conn.Release()
+		return nil
+	}
+	t.store.rollback(ctx, conn)
+	if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, errRolledBack) {
+		return fmt.Errorf("idemkey postgres: commit: %w", err)
+	}
+	return t.store.translate(ctx, "commit", err)
+}
+
+// Rollback implements store.Tx.
+func (t *atomicTx) Rollback(ctx context.Context) error {
+	conn := t.conn
+	if conn == nil {
+		return errTxEnded
+	}
+	t.conn = nil
+	return t.store.rollback(ctx, conn)
+}

@@ -1,0 +1,383 @@
+package postgres_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// writer is a payment service whose CreateCharge writes one row to the table
+// effects in the atomic call's transaction, then ends as its customer_id
+// says: "ok" (the default), "recorded" (a recorded error), "released" (a
+// released error) or "panic".
+type writer struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+	runs    atomic.Int32
+	written chan struct{} // if set, told after the write
+	proceed chan struct{} // if set, waited for after the write
+	delay   time.Duration // then slept
+}
+
+func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	w.runs.Add(1)
+	tx, ok := postgres.TxFromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "no transaction in the context")
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO effects (outcome) VALUES ($1)`, req.GetCustomerId()); err != nil {
+		return nil, status.Error(codes.Unavailable, "write failed")
+	}
+	if w.written != nil {
+		w.written <- struct{}{}
+	}
+	if w.proceed != nil {
+		<-w.proceed
+	}
+	time.Sleep(w.delay)
+	switch req.GetCustomerId() {
+	case "recorded":
+		return nil, status.Error(codes.FailedPrecondition, "declined")
+	case "released":
+		return nil, status.Error(codes.Unavailable, "try again")
+	case "panic":
+		panic("handler panic")
+	}
+	return &paymentsv1.Charge{Id: idemkey.NewKey(), CustomerId: req.GetCustomerId()}, nil
+}
+
+// recoverPanics turns a handler's panic into Internal, outside idemkey, as a
+// recovery interceptor of a real server would.
+func recoverPanics(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			resp, err = nil, status.Error(codes.Internal, "panic")
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// atomicReplica is a replica with the table effects, serving writer in atomic
+// mode over bufconn.
+type atomicReplica struct {
+	replica
+	writer *writer
+	client paymentsv1.PaymentServiceClient
+}
+
+func newAtomicReplicas(t *testing.T, n int, opts ...postgres.Option) []atomicReplica {
+	t.Helper()
+	rs := make([]atomicReplica, n)
+	for i, r := range newReplicas(t, n) {
+		if i == 0 {
+			if _, err := r.pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, outcome text NOT NULL)`); err != nil {
+				t.Fatal(err)
+			}
+		}
+		rs[i] = atomicReplica{replica: r, writer: &writer{}}
+		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics,
+			interceptor.UnaryServerInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), interceptor.WithLogger(nil))))
+		paymentsv1.RegisterPaymentServiceServer(srv, rs[i].writer)
+		rs[i].client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	}
+	return rs
+}
+
+func (r atomicReplica) charge(key, customer string) (*paymentsv1.Charge, error) {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, key)
+	return r.client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: customer, Amount: 1})
+}
+
+func (r atomicReplica) effects(t *testing.T) int {
+	t.Helper()
+	var n int
+	if err := r.pool.QueryRow(context.Background(), `SELECT count(*) FROM effects`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+// Each outcome class leaves in the database exactly what atomic mode
+// promises: a success its write and its record; a recorded error its record
+// only; a released error and a panic nothing at all, so the retry runs again.
+func TestAtomicOutcomes(t *testing.T) {
+	for _, tc := range []struct {
+		customer string
+		code     codes.Code
+		effects  int // rows the call leaves in effects
+		recorded bool
+	}{
+		{"ok", codes.OK, 1, true},
+		{"recorded", codes.FailedPrecondition, 0, true},
+		{"released", codes.Unavailable, 0, false},
+		{"panic", codes.Internal, 0, false},
+	} {
+		t.Run(tc.customer, func(t *testing.T) {
+			r := newAtomicReplicas(t, 1)[0]
+			first, err := r.charge("k", tc.customer)
+			if status.Code(err) != tc.code {
+				t.Fatalf("first call: %v, want %v", err, tc.code)
+			}
+			if n := r.effects(t); n != tc.effects {
+				t.Errorf("effects after the call: %d rows, want %d", n, tc.effects)
+			}
+			wantRecords := 0
+			if tc.recorded {
+				wantRecords = 1
+			}
+			if n := r.count(t, `state = 'completed'`); n != wantRecords {
+				t.Errorf("completed records: %d, want %d", n, wantRecords)
+			}
+			if n := r.count(t, `state = 'in_progress'`); n != 0 {
+				t.Errorf("%d records left in progress", n)
+			}
+
+			again, err := r.charge("k", tc.customer)
+			if status.Code(err) != tc.code {
+				t.Fatalf("retry: %v, want %v", err, tc.code)
+			}
+			wantRuns := int32(1)
+			if !tc.recorded {
+				wantRuns = 2
+			}
+			if n := r.writer.runs.Load(); n != wantRuns {
+				t.Errorf("handler ran %d times for a call and its retry, want %d", n, wantRuns)
+			}
+			if tc.code == codes.OK && !proto.Equal(first, again) {
+				t.Errorf("replay %v differs from the first reply %v", again, first)
+			}
+		})
+	}
+}
+
+// A duplicate that arrives while the first call's transaction is open waits
+// up to the lock timeout, then gets Aborted, whatever its request; once the
+// first has committed, the same request gets the replay and another request
+// is refused as reused.
+func TestAtomicDuplicateWhileOpen(t *testing.T) {
+	rs := newAtomicReplicas(t, 2)
+	a, b := rs[0], rs[1]
+	a.writer.written, a.writer.proceed = make(chan struct{}, 1), make(chan struct{})
+	first := make(chan error, 1)
+	go func() { _, err := a.charge("k", "ok"); first <- err }()
+	<-a.writer.written
+
+	for _, customer := range []string{"ok", "other"} {
+		start := time.Now()
+		_, err := b.charge("k", customer)
+		if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
+			t.Errorf("duplicate (%s) while the first is open: %v, want Aborted %s", customer, err, idemkey.ReasonInProgress)
+		}
+		if waited := time.Since(start); waited < postgres.DefaultLockTimeout {
+			t.Errorf("duplicate answered after %v, before the lock timeout %v", waited, postgres.DefaultLockTimeout)
+		}
+	}
+	close(a.writer.proceed)
+	if err := <-first; err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	if _, err := b.charge("k", "ok"); err != nil {
+		t.Errorf("duplicate after the commit: %v, want the replay", err)
+	}
+	if _, err := b.charge("k", "other"); idemkey.Reason(err) != idemkey.ReasonKeyReused {
+		t.Errorf("other request after the commit: %v, want %s", err, idemkey.ReasonKeyReused)
+	}
+	if n := b.writer.runs.Load(); n != 0 {
+		t.Errorf("the duplicate's handler ran %d times", n)
+	}
+	if n := a.effects(t); n != 1 {
+		t.Errorf("effects: %d rows, want 1", n)
+	}
+}
+
+// A duplicate whose wait outlasts the first call's transaction gets the
+// replay at once, and one whose first call rolls back runs the handler.
+func TestAtomicDuplicateWaits(t *testing.T) {
+	for _, customer := range []string{"ok", "released"} {
+		t.Run(customer, func(t *testing.T) {
+			rs := newAtomicReplicas(t, 2, postgres.WithLockTimeout(time.Minute))
+			a, b := rs[0], rs[1]
+			a.writer.written, a.writer.proceed = make(chan struct{}, 1), make(chan struct{})
+			first := make(chan error, 1)
+			go func() { _, err := a.charge("k", customer); first <- err }()
+			<-a.writer.written
+
+			second := make(chan error, 1)
+			go func() { _, err := b.charge("k", customer); second <- err }()
+			waitUntil(t, "the duplicate waits on the lock", func() bool {
+				return b.replica.countWaiting(t) > 0
+			})
+			close(a.writer.proceed)
+			<-first
+			err := <-second
+			switch customer {
+			case "ok":
+				if err != nil || b.writer.runs.Load() != 0 {
+					t.Errorf("duplicate of a call that committed: %v after %d runs, want the replay", err, b.writer.runs.Load())
+				}
+			case "released":
+				if status.Code(err) != codes.Unavailable || b.writer.runs.Load() != 1 {
+					t.Errorf("duplicate of a call that rolled back: %v after %d runs, want its own run", err, b.writer.runs.Load())
+				}
+			}
+		})
+	}
+}
+
+// countWaiting counts the backends of the test database waiting on a lock.
+func (r replica) countWaiting(t *testing.T) int {
+	t.Helper()
+	var n int
+	err := r.pool.QueryRow(context.Background(),
+		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+func waitUntil(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if cond() {
+			return
+		}
+	}
+	t.Fatalf("timed out waiting until %s", what)
+}
+
+// Killing the backend of an atomic call while its handler is inside the
+// transaction rolls back the write and the reservation: the caller gets
+// Unavailable, no key is left in progress, and the retry runs once.
+func TestAtomicTerminatedBackend(t *testing.T) {
+	r := newAtomicReplicas(t, 1)[0]
+	r.writer.written, r.writer.proceed = make(chan struct{}, 1), make(chan struct{})
+	first := make(chan error, 1)
+	go func() { _, err := r.charge("k", "ok"); first <- err }()
+	<-r.writer.written
+
+	admin := pgtest.Pool(t, schemaOf(t, r.pool))
+	var terminated int
+	err := admin.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle in transaction'`).Scan(&terminated)
+	if err != nil || terminated != 1 {
+		t.Fatalf("terminated %d backends idle in transaction (%v), want the one of the call", terminated, err)
+	}
+	close(r.writer.proceed)
+	if err := <-first; status.Code(err) != codes.Unavailable {
+		t.Fatalf("call whose backend was terminated: %v, want Unavailable", err)
+	}
+	if n, k := r.effects(t), r.count(t, "true"); n != 0 || k != 0 {
+		t.Fatalf("after the kill: %d effects and %d records, want none", n, k)
+	}
+
+	r.writer.written, r.writer.proceed = nil, nil
+	if _, err := r.charge("k", "ok"); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if n, runs := r.effects(t), r.writer.runs.Load(); n != 1 || runs != 2 {
+		t.Errorf("after the retry: %d effects from %d runs, want 1 from 2", n, runs)
+	}
+}
+
+// Fifty calls with one key over four replicas, each with its own pool, while
+// the first holds its transaction longer than the lock timeout: one write,
+// and every successful reply is the same charge; the rest are Aborted.
+func TestAtomicStorm(t *testing.T) {
+	rs := newAtomicReplicas(t, 4)
+	for _, r := range rs {
+		r.writer.delay = 2 * postgres.DefaultLockTimeout
+	}
+	const calls = 50
+	var (
+		wg      sync.WaitGroup
+		start   = make(chan struct{})
+		mu      sync.Mutex
+		replies = map[string]int{}
+		aborted int
+	)
+	for i := range calls {
+		wg.Go(func() {
+			<-start
+			c, err := rs[i%len(rs)].charge("k", "ok")
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case err == nil:
+				replies[c.GetId()]++
+			case status.Code(err) == codes.Aborted:
+				aborted++
+			default:
+				t.Errorf("call %d: %v", i, err)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	var runs int32
+	for _, r := range rs {
+		runs += r.writer.runs.Load()
+	}
+	if n := rs[0].effects(t); n != 1 || runs != 1 {
+		t.Errorf("%d effects from %d runs, want 1 from 1", n, runs)
+	}
+	if len(replies) != 1 {
+		t.Errorf("successful replies name %d different charges (%v), want 1", len(replies), replies)
+	}
+	t.Logf("%d replies, %d aborted", calls-aborted, aborted)
+}
+
+// An atomic call costs two round trips besides the handler's own: the
+// pipeline that begins and reserves, and the one that records and commits. A
+// replay costs two too: the second ends the transaction.
+func TestAtomicRoundTrips(t *testing.T) {
+	tracer := &roundTrips{}
+	r := newReplica(t, func(c *pgxpool.Config) {
+		c.ConnConfig.Tracer = tracer
+		c.MaxConns = 1
+	})
+	if _, err := r.pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, outcome text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic())))
+	paymentsv1.RegisterPaymentServiceServer(srv, w)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	call := func(key string) {
+		t.Helper()
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, key)
+		if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "ok"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 2 {
+		call(fmt.Sprint("warm-up", i))
+	}
+	call("warm-up0")
+	tracer.reset()
+
+	call("k")
+	if rt, p := tracer.reset(); rt != 3 || p != 0 {
+		t.Errorf("first call: %d round trips, %d prepares; want 3 (begin and reserve, the handler's insert, record and commit), 0", rt, p)
+	}
+	call("k")
+	if rt, p := tracer.reset(); rt != 2 || p != 0 {
+		t.Errorf("replay: %d round trips, %d prepares; want 2 (begin and reserve, rollback), 0", rt, p)
+	}
+}
