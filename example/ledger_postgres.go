@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // chargesSchema is the example's own table. The unique constraint on
@@ -67,11 +68,17 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 	if r := c.GetMerchantReference(); r != "" {
 		ref = &r
 	}
+	// In atomic mode the insert joins the call's transaction, which commits
+	// it with the recorded reply; otherwise it commits on its own.
+	var db postgres.Tx = l.pool
+	if tx, ok := postgres.TxFromContext(ctx); ok {
+		db = tx
+	}
 	// Detached from the caller's cancellation, so that a client hanging up
 	// cannot cut a charge short and leave its outcome unknown.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), insertTimeout)
 	defer cancel()
-	_, err := l.pool.Exec(ctx, `INSERT INTO charges
+	_, err := db.Exec(ctx, `INSERT INTO charges
 		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
 		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime())
@@ -89,7 +96,9 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 	default:
 		// The connection failed after the insert was sent: the charge may
 		// exist. Unknown is recorded, so a retry cannot charge again; the
-		// caller can look for the charge with ListCharges.
+		// caller can look for the charge with ListCharges. (In atomic mode
+		// the transaction died with the connection, so the commit fails and
+		// the caller gets Unavailable: the retry runs again.)
 		return status.Error(codes.Unknown, "the charge's outcome is unknown: look for it with ListCharges before charging again")
 	}
 }

@@ -53,6 +53,10 @@ type Config struct {
 	Options []interceptor.Option
 	// Ledger keeps the charges; nil keeps them in memory.
 	Ledger Ledger
+	// Atomic runs CreateCharge in idemkey's atomic mode: the charge and the
+	// recorded reply commit in one transaction. The store must implement
+	// store.Atomic and the ledger must be a PostgresLedger on its database.
+	Atomic bool
 }
 
 // NewServer returns a gRPC server with the payment service behind the
@@ -63,6 +67,9 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 		interceptor.WithTenant(Tenant),
 		interceptor.WithKeyRequired(),
 	}, cfg.Options...)
+	if cfg.Atomic {
+		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		Authenticate,
 		interceptor.UnaryServerInterceptor(st, opts...),
@@ -163,8 +170,18 @@ func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 	if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
 		return nil, err
 	}
-	// Like a slow downstream call that does complete: the charge is made
-	// whether or not the client is still waiting.
+	// A real service would now ask its card processor to capture the money,
+	// sending a key derived from this call's, so that the processor too sees
+	// every retry of this charge as one:
+	//
+	//	processorKey, _ := interceptor.DerivedKey(ctx, "capture")
+	//	err := processor.Capture(ctx, charge, processorKey)
+	//
+	// That call leaves this database, so such a method belongs in two-phase
+	// mode, not atomic mode.
+	//
+	// The delay stands in for that call, one that does complete: the charge
+	// is made whether or not the client is still waiting.
 	time.Sleep(s.delay)
 	return charge, nil
 }

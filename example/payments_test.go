@@ -24,15 +24,17 @@ import (
 type backend struct {
 	store  store.Store
 	ledger example.Ledger
+	atomic bool // CreateCharge in atomic mode
 }
 
-// backends are the two ways the example server runs.
+// backends are the ways the example server runs.
 var backends = []struct {
 	name string
 	open func(t *testing.T) backend
 }{
-	{"memory", func(*testing.T) backend { return backend{memory.New(), example.NewMemoryLedger()} }},
-	{"postgres", func(t *testing.T) backend { return postgresBackend(t, migratedPool(t, pgtest.Schema(t))) }},
+	{"memory", func(*testing.T) backend { return backend{store: memory.New(), ledger: example.NewMemoryLedger()} }},
+	{"postgres", func(t *testing.T) backend { return postgresBackend(t, migratedPool(t, pgtest.Schema(t)), false) }},
+	{"postgres-atomic", func(t *testing.T) backend { return postgresBackend(t, migratedPool(t, pgtest.Schema(t)), true) }},
 }
 
 // forEachBackend runs test as a subtest per backend.
@@ -46,7 +48,7 @@ func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 // client interceptor and the example's retry policy.
 func newClient(t *testing.T, b backend) (paymentsv1.PaymentServiceClient, *grpc.ClientConn) {
 	t.Helper()
-	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger})
+	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, Atomic: b.atomic})
 	conn := grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDefaultServiceConfig(example.ServiceConfig),
 		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
 	return paymentsv1.NewPaymentServiceClient(conn), conn
@@ -57,7 +59,7 @@ func as(tenant string) context.Context {
 }
 
 func TestAuthentication(t *testing.T) {
-	client, conn := newClient(t, backend{memory.New(), example.NewMemoryLedger()})
+	client, conn := newClient(t, backend{store: memory.New(), ledger: example.NewMemoryLedger()})
 	for name, ctx := range map[string]context.Context{
 		"none":    context.Background(),
 		"unknown": metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_live_nope"),

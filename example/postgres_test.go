@@ -2,6 +2,8 @@ package example_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -36,22 +38,23 @@ func migratedPool(t *testing.T, schema string) *pgxpool.Pool {
 	return pool
 }
 
-func postgresBackend(t *testing.T, pool *pgxpool.Pool) backend {
+func postgresBackend(t *testing.T, pool *pgxpool.Pool, atomic bool) backend {
 	t.Helper()
 	st, err := postgres.New(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return backend{st, example.NewPostgresLedger(pool)}
+	return backend{st, example.NewPostgresLedger(pool), atomic}
 }
 
 // replica starts one example server process's worth of state on schema: its
-// own pool, store and gRPC server. The client it returns does not retry, so
-// that each status is seen as the server sent it.
-func replica(t *testing.T, schema string, delay time.Duration) (paymentsv1.PaymentServiceClient, func()) {
+// own pool (whose sessions are named app), store and gRPC server. The client
+// it returns does not retry, so that each status is seen as the server sent
+// it.
+func replica(t *testing.T, schema, app string, atomic bool, delay time.Duration) (paymentsv1.PaymentServiceClient, func()) {
 	t.Helper()
-	b := postgresBackend(t, pgtest.Pool(t, schema))
-	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, HandlerDelay: delay})
+	b := postgresBackend(t, pgtest.Pool(t, schema, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app }), atomic)
+	srv, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, HandlerDelay: delay, Atomic: b.atomic})
 	conn := grpctest.Dial(t, grpctest.Serve(t, srv))
 	return paymentsv1.NewPaymentServiceClient(conn), func() { conn.Close(); srv.Stop() }
 }
@@ -62,12 +65,20 @@ func withKey(tenant, key string) context.Context {
 
 // Two servers on one database behave as one service: a duplicate sent to B
 // while A runs the first call gets Aborted, then the replay of A's reply, and
-// the reply survives a restart of both.
+// the reply survives a restart of both. In atomic mode nobody sees A's charge
+// before A has recorded its reply.
 func TestReplicasBehaveAsOne(t *testing.T) {
+	for _, atomic := range []bool{false, true} {
+		t.Run(fmt.Sprint("atomic=", atomic), func(t *testing.T) { testReplicasBehaveAsOne(t, atomic) })
+	}
+}
+
+func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 	schema := pgtest.Schema(t)
 	pool := migratedPool(t, schema)
-	a, stopA := replica(t, schema, time.Second)
-	b, stopB := replica(t, schema, 0)
+	app := "idemkey_test_" + strings.ReplaceAll(t.Name(), "/", "_")
+	a, stopA := replica(t, schema, app, atomic, time.Second)
+	b, stopB := replica(t, schema, "", atomic, 0)
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
 	key := idemkey.NewKey()
 
@@ -80,8 +91,21 @@ func TestReplicasBehaveAsOne(t *testing.T) {
 		c, err := a.CreateCharge(withKey("acme", key), req)
 		first <- reply{c, err}
 	}()
-	// A has written the charge and is still in its handler.
-	for deadline := time.Now().Add(10 * time.Second); countCharges(t, pool) == 0; time.Sleep(5 * time.Millisecond) {
+	// A has written the charge and is still in its handler: in atomic mode,
+	// its session is idle in the open transaction.
+	inHandler := func() bool { return countCharges(t, pool) == 1 }
+	if atomic {
+		inHandler = func() bool {
+			var n int
+			err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE application_name = $1 AND state = 'idle in transaction'`, app).Scan(&n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n == 1
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); !inHandler(); time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("replica A never wrote the charge")
 		}
@@ -89,6 +113,9 @@ func TestReplicasBehaveAsOne(t *testing.T) {
 	_, err := b.CreateCharge(withKey("acme", key), req)
 	if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate on replica B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
+	}
+	if n := countCharges(t, pool); atomic && n != 0 {
+		t.Errorf("%d charges visible during A's atomic call, want 0 until it commits", n)
 	}
 	r := <-first
 	if r.err != nil {
@@ -106,7 +133,7 @@ func TestReplicasBehaveAsOne(t *testing.T) {
 
 	stopA()
 	stopB()
-	c, _ := replica(t, schema, 0)
+	c, _ := replica(t, schema, "", atomic, 0)
 	wantReplay(c, "a restarted replica")
 	if n := countCharges(t, pool); n != 1 {
 		t.Errorf("%d charges in the database, want 1", n)
@@ -118,7 +145,7 @@ func TestReplicasBehaveAsOne(t *testing.T) {
 func TestMerchantReferenceOutlivesKeys(t *testing.T) {
 	schema := pgtest.Schema(t)
 	pool := migratedPool(t, schema)
-	client, _ := replica(t, schema, 0)
+	client, _ := replica(t, schema, "", true, 0)
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", MerchantReference: "order-1"}
 	key := idemkey.NewKey()
 	if _, err := client.CreateCharge(withKey("acme", key), req); err != nil {

@@ -1,12 +1,15 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-handler-delay 0s] [-ttl 24h]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
 //
 // With a database URL (the flag, else $DATABASE_URL) the idempotency keys and
 // the charges live in PostgreSQL: the server creates its tables, sweeps
 // expired keys every minute, and any number of servers on one database behave
-// as one service. Without one, both live in memory.
+// as one service. CreateCharge then runs in idemkey's atomic mode, the charge
+// and its recorded reply committing in one transaction, unless -atomic=false
+// asks for the two-phase mode, so that both can be tried side by side.
+// Without a database URL, keys and charges live in memory, in two-phase mode.
 //
 // Callers authenticate with "authorization: Bearer sk_test_acme" (tenant acme)
 // or "Bearer sk_test_globex" (tenant globex). CreateCharge requires an
@@ -39,6 +42,7 @@ func main() {
 	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency keys and the charges; empty keeps both in memory")
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
+	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
@@ -46,7 +50,7 @@ func main() {
 	defer stop()
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, *databaseURL, *delay, *ttl, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, delay: *delay, ttl: *ttl, atomic: *atomic}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -54,16 +58,30 @@ func main() {
 	}
 }
 
+// config is what the flags set.
+type config struct {
+	databaseURL string
+	delay, ttl  time.Duration
+	atomic      bool // on PostgreSQL only
+}
+
 // run serves on lis until ctx is done, then stops gracefully.
-func run(ctx context.Context, lis net.Listener, databaseURL string, delay, ttl time.Duration, logger *slog.Logger) error {
+func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger) error {
 	defer lis.Close()
 	var (
 		st     store.Store = memory.New()
 		ledger example.Ledger
 		kind   = "memory"
+		mode   = "two-phase"
 	)
-	if databaseURL != "" {
-		pool, err := openDatabase(ctx, databaseURL, logger)
+	if cfg.databaseURL == "" {
+		cfg.atomic = false
+	}
+	if cfg.atomic {
+		mode = "atomic"
+	}
+	if cfg.databaseURL != "" {
+		pool, err := openDatabase(ctx, cfg.databaseURL, logger)
 		if err != nil {
 			return err
 		}
@@ -81,13 +99,14 @@ func run(ctx context.Context, lis net.Listener, databaseURL string, delay, ttl t
 	}
 
 	srv, hs := example.NewServer(st, example.Config{
-		HandlerDelay: delay,
+		HandlerDelay: cfg.delay,
 		Ledger:       ledger,
-		Options:      []interceptor.Option{interceptor.WithRetention(ttl), interceptor.WithLogger(logger)},
+		Atomic:       cfg.atomic,
+		Options:      []interceptor.Option{interceptor.WithRetention(cfg.ttl), interceptor.WithLogger(logger)},
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "handler_delay", delay)
+	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay)
 
 	select {
 	case err := <-served:

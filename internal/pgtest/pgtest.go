@@ -81,16 +81,21 @@ func exec(sql string) error {
 }
 
 // SchemaURL returns the test server's connection string with schema as the
-// search_path, for code under test that takes a URL rather than a pool.
-func SchemaURL(schema string) string {
+// search_path and the runtime parameters params ("name=value") added, for
+// code under test that takes a URL rather than a pool.
+func SchemaURL(schema string, params ...string) string {
 	u := URL()
-	if !strings.Contains(u, "://") { // keyword=value form
-		return u + " search_path=" + schema
+	for _, p := range append([]string{"search_path=" + schema}, params...) {
+		switch {
+		case !strings.Contains(u, "://"): // keyword=value form
+			u += " " + p
+		case strings.Contains(u, "?"):
+			u += "&" + p
+		default:
+			u += "?" + p
+		}
 	}
-	if strings.Contains(u, "?") {
-		return u + "&search_path=" + schema
-	}
-	return u + "?search_path=" + schema
+	return u
 }
 
 // Pool returns a pool on the test server whose sessions work in schema (their
