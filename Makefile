@@ -31,9 +31,9 @@ test: ## run every test with the race detector (on PostgreSQL: see scripts/with-
 	./scripts/with-postgres $(GO) test -race -count=1 ./...
 	$(GO) test -run='^$$' -fuzz=FuzzKeyFromMetadata -fuzztime=$(FUZZ_TIME) .
 
-bench: ## benchmark the interceptor against the bare call and the Postgres store against hand-written SQL; benchstat summarises
+bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, and CreateCharge in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
-	./scripts/with-postgres $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ > bin/bench.txt
+	./scripts/with-postgres $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ ./example/ > bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
 	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
@@ -42,6 +42,8 @@ bench: ## benchmark the interceptor against the bare call and the Postgres store
 	@$(TOOL) benchstat -filter '.name:StoreVsBaseline .unit:/(ns\/op|\/baseline)$$/' bin/bench.txt
 	@echo "== Reserve's median latency on tables of 10^4 and 10^6 rows, interleaved"
 	@$(TOOL) benchstat -filter '.name:ReserveScale .unit:/p50/' bin/bench.txt
+	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
+	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
 
 demo: ## start the example server (memory store, 1.5s handler delay) and run the demo client
 	@mkdir -p bin

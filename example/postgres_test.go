@@ -25,7 +25,7 @@ import (
 
 // migratedPool returns a pool on schema with the store's and the ledger's
 // tables created, as the example server does at start-up.
-func migratedPool(t *testing.T, schema string) *pgxpool.Pool {
+func migratedPool(t testing.TB, schema string) *pgxpool.Pool {
 	t.Helper()
 	pool := pgtest.Pool(t, schema)
 	ctx := context.Background()
@@ -38,7 +38,7 @@ func migratedPool(t *testing.T, schema string) *pgxpool.Pool {
 	return pool
 }
 
-func postgresBackend(t *testing.T, pool *pgxpool.Pool, atomic bool) backend {
+func postgresBackend(t testing.TB, pool *pgxpool.Pool, atomic bool) backend {
 	t.Helper()
 	st, err := postgres.New(pool)
 	if err != nil {

@@ -41,6 +41,13 @@ func TxFromContext(ctx context.Context) (tx Tx, ok bool) {
 	return tx, ok
 }
 
+// ContextWithTx returns ctx carrying tx, for TxFromContext: the interceptor
+// uses it in atomic mode, and code that calls a handler outside gRPC (a test,
+// a batch job) can use it to run the handler in a transaction of its own.
+func ContextWithTx(ctx context.Context, tx Tx) context.Context {
+	return context.WithValue(ctx, txKey{}, tx)
+}
+
 // savepoint separates the reservation from the handler's writes, so that a
 // recorded error can undo the writes and keep the reservation.
 const savepoint = "idemkey_handler"
@@ -134,7 +141,7 @@ var (
 
 // Context implements store.Tx: TxFromContext finds the transaction in it.
 func (t *atomicTx) Context(ctx context.Context) context.Context {
-	return context.WithValue(ctx, txKey{}, Tx(t.conn.Conn()))
+	return ContextWithTx(ctx, t.conn.Conn())
 }
 
 // Commit implements store.Tx in one round trip: back to the savepoint unless

@@ -1,0 +1,94 @@
+package example_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// BenchmarkCreateCharge measures a first CreateCharge over bufconn on
+// PostgreSQL four ways, interleaved in rotating order so that noise (a slow
+// WAL flush) hits all alike, and reports each one's time and its ratio to
+// bare:
+//   - bare: the service with no idempotency at all; its business transaction
+//     is one INSERT, committed on its own (one round trip, one commit);
+//   - bare-tx: the same INSERT in an explicit transaction, as a business
+//     transaction of more than one statement needs (BEGIN, INSERT, COMMIT:
+//     three round trips, one commit);
+//   - atomic: the reservation, the INSERT and the record commit together
+//     (three round trips, one commit);
+//   - two-phase: reserve, INSERT and record each commit on their own (three
+//     round trips, three commits).
+func BenchmarkCreateCharge(b *testing.B) {
+	schema := pgtest.Schema(b)
+	pool := migratedPool(b, schema)
+	ledger := example.NewPostgresLedger(pool)
+	serve := func(srv *grpc.Server) paymentsv1.PaymentServiceClient {
+		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
+	}
+	bare := func(interceptors ...grpc.UnaryServerInterceptor) paymentsv1.PaymentServiceClient {
+		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(append([]grpc.UnaryServerInterceptor{example.Authenticate}, interceptors...)...))
+		paymentsv1.RegisterPaymentServiceServer(srv, example.NewService(ledger, 0))
+		return serve(srv)
+	}
+	clients := []paymentsv1.PaymentServiceClient{bare(), bare(inTransaction(pool))}
+	for _, atomic := range []bool{true, false} {
+		be := postgresBackend(b, pool, atomic)
+		srv, _ := example.NewServer(be.store, example.Config{Ledger: be.ledger, Atomic: atomic})
+		clients = append(clients, serve(srv))
+	}
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+	call := func(client paymentsv1.PaymentServiceClient) {
+		ctx := metadata.AppendToOutgoingContext(as("acme"), idemkey.KeyMetadata, idemkey.NewKey())
+		if _, err := client.CreateCharge(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range clients { // connect, and prepare the statements
+		call(c)
+	}
+
+	var spent [4]time.Duration
+	n := 0
+	for b.Loop() {
+		for j := range clients {
+			k := (n + j) % len(clients)
+			start := time.Now()
+			call(clients[k])
+			spent[k] += time.Since(start)
+		}
+		n++
+	}
+	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
+	for i, name := range []string{"bare", "bare-tx", "atomic", "two-phase"} {
+		b.ReportMetric(perOp(spent[i]), name+"-ns/op")
+		if i > 0 {
+			b.ReportMetric(perOp(spent[i])/perOp(spent[0]), name+"/bare")
+		}
+	}
+	b.ReportMetric(perOp(spent[2])/perOp(spent[1]), "atomic/bare-tx")
+}
+
+// inTransaction runs each call's handler in a transaction of its own, which
+// the ledger joins, and commits it if the handler succeeds.
+func inTransaction(pool *pgxpool.Pool) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			resp, err = handler(postgres.ContextWithTx(ctx, tx), req)
+			return err
+		})
+		return resp, err
+	}
+}
