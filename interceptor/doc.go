@@ -61,6 +61,39 @@
 // runs again on the retry. A recovery interceptor belongs outside idemkey; one
 // inside it turns a panic into a recorded Internal.
 //
+// # Two modes
+//
+// In the default two-phase mode, the reservation commits before the handler
+// runs, and the record after it: the right mode for a handler that calls other
+// systems, and the only one a store without transactions (store/memory)
+// offers. A crash between the handler's effect and the record leaves the key in
+// progress until its lease ends; then one retry runs the handler again.
+//
+// WithAtomic (or WithAtomicMethods) runs methods in atomic mode, on a store
+// that implements store.Atomic (store/postgres): the reservation, the
+// handler's own writes, through the transaction in its context
+// (postgres.TxFromContext), and the record commit in one transaction. Use it
+// when all of a handler's effects are writes to the store's database. A crash
+// then rolls everything back, so the effects happen exactly once and no key
+// is left in progress. The caller gets the handler's reply only once it has
+// committed; a failed commit answers Unavailable, and the retry finds the
+// truth. A duplicate waits at most the store's lock timeout for the first
+// call's transaction; if that commits in time, the duplicate gets the replay,
+// otherwise Aborted. Until the first call has committed, its fingerprint
+// cannot be read, so a duplicate with a different request also gets Aborted,
+// where two-phase mode answers InvalidArgument (reused) at once. WithAtomic
+// lists the details.
+//
+// Run one method in one mode on every replica: a two-phase reservation of a
+// key that an atomic call holds waits for that call to end.
+//
+// # Calls to other services
+//
+// A handler that calls another idempotent API (a payment provider, another
+// gRPC service) should send it DerivedKey(ctx, label): a key derived from the
+// call's tenant, method and key, the same on every retry, so the downstream
+// call is deduplicated too. label tells apart the handler's downstream calls.
+//
 // # Guarantees
 //
 //   - The handler runs at most once per key while its lease holds. The lease
@@ -70,7 +103,8 @@
 //     from released outcomes, a store failure under WithFailOpen and a key past
 //     its retention, that is the only way a handler runs twice for one key.
 //     Completion is fenced, so the first run cannot then overwrite the reply of
-//     the second.
+//     the second. In atomic mode a run's writes commit only with its record,
+//     so they happen once, whatever crashes.
 //   - A replay returns the recorded response message: the same bytes on the
 //     wire for messages without map fields (maps may be re-encoded in another
 //     order, with the same meaning).

@@ -11,6 +11,9 @@
 // A record expires once its retention has passed and it holds no live lease;
 // Sweep deletes expired records, and a Janitor calls it periodically in a goroutine of yours.
 //
+// A store that implements Atomic as well (store/postgres) can also commit the
+// handler's own writes together with the record, in one transaction.
+//
 // Every implementation passes the conformance suite in package storetest:
 // store/memory (one process) and store/postgres (any number of processes on
 // one database).

@@ -67,8 +67,8 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 	if err != nil {
 		return store.Result{}, nil, s.translate(ctx, "begin", err)
 	}
-	for attempt := range maxAttempts {
-		res, err := s.reserveInTx(ctx, conn.Conn(), r, attempt > 0)
+	for range maxAttempts {
+		res, err := s.reserveInTx(ctx, conn.Conn(), r)
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil && res.State == store.Acquired:
@@ -82,8 +82,14 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 			s.rollback(ctx, conn)
 			return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil, nil
 		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err):
-			// The row changed under the statement; the next attempt rolls
-			// back and begins again.
+			// The row changed under the statement: begin again. The
+			// ROLLBACK goes on its own, because pgx prepares anew the
+			// statements of a batch that failed, which PostgreSQL refuses
+			// inside a failed transaction.
+			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+				conn.Release()
+				return store.Result{}, nil, s.translate(ctx, "begin", err)
+			}
 		default:
 			s.rollback(ctx, conn)
 			return store.Result{}, nil, s.translate(ctx, "begin", err)
@@ -95,14 +101,10 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 
 // reserveInTx begins a transaction on conn and reserves r in it. The lock
 // timeout is set only around the reservation, so that the handler's own
-// statements keep the session's. again ends the previous attempt's
-// transaction first.
-func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reservation, again bool) (store.Result, error) {
+// statements keep the session's.
+func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reservation) (store.Result, error) {
 	var res store.Result
 	b := &pgx.Batch{}
-	if again {
-		b.Queue("ROLLBACK")
-	}
 	b.Queue("BEGIN")
 	b.Queue(s.lockTimeoutSQL)
 	b.Queue(s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
@@ -144,27 +146,40 @@ func (t *atomicTx) Context(ctx context.Context) context.Context {
 	return ContextWithTx(ctx, t.conn.Conn())
 }
 
-// Commit implements store.Tx in one round trip: back to the savepoint unless
-// keepWrites, the record, and COMMIT go out as one pipeline.
+// Commit implements store.Tx in one round trip, the record and COMMIT going
+// out as one pipeline; without keepWrites, the return to the savepoint costs
+// another.
 func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) error {
 	conn := t.conn
 	if conn == nil {
 		return errTxEnded
 	}
 	t.conn = nil
-	if conn.Conn().PgConn().TxStatus() == 'I' {
+	ctx, cancel := t.store.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	switch conn.Conn().PgConn().TxStatus() {
+	case 'I':
 		conn.Release()
 		return errors.New("idemkey postgres: commit: the handler ended the transaction, so its writes were not atomic with the record")
+	case 'E':
+		if keepWrites {
+			t.store.rollback(ctx, conn)
+			return errors.New("idemkey postgres: commit: a statement of the handler failed, so its transaction cannot commit, yet the handler succeeded")
+		}
+	}
+	if !keepWrites {
+		// On its own, not in the batch below: pgx may have to prepare the
+		// batch's statements, which PostgreSQL refuses in a transaction that
+		// a failed statement of the handler left aborted.
+		if _, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
+			t.store.rollback(ctx, conn)
+			return t.store.translate(ctx, "commit", err)
+		}
 	}
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
 	}
-	ctx, cancel := t.store.bound(context.WithoutCancel(ctx))
-	defer cancel()
 	b := &pgx.Batch{}
-	if !keepWrites {
-		b.Queue("ROLLBACK TO SAVEPOINT " + savepoint)
-	}
 	b.Queue(t.store.completeSQL, t.key[:], int64(t.token), outcome).Exec(func(tag pgconn.CommandTag) error {
 		if tag.RowsAffected() != 1 {
 			return store.ErrLeaseLost // unreachable while the transaction holds the row

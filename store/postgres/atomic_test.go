@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -26,7 +27,8 @@ import (
 // writer is a payment service whose CreateCharge writes one row to the table
 // effects in the atomic call's transaction, then ends as its customer_id
 // says: "ok" (the default), "recorded" (a recorded error), "released" (a
-// released error) or "panic".
+// released error) or "panic"; "failed-ok" and "failed-recorded" first run a
+// statement that fails, then answer OK or the recorded error.
 type writer struct {
 	paymentsv1.UnimplementedPaymentServiceServer
 	runs    atomic.Int32
@@ -44,6 +46,11 @@ func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeR
 	if _, err := tx.Exec(ctx, `INSERT INTO effects (outcome) VALUES ($1)`, req.GetCustomerId()); err != nil {
 		return nil, status.Error(codes.Unavailable, "write failed")
 	}
+	if strings.HasPrefix(req.GetCustomerId(), "failed-") {
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (outcome) VALUES (NULL)`); err == nil {
+			return nil, status.Error(codes.Internal, "a NULL outcome was accepted")
+		}
+	}
 	if w.written != nil {
 		w.written <- struct{}{}
 	}
@@ -52,7 +59,7 @@ func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeR
 	}
 	time.Sleep(w.delay)
 	switch req.GetCustomerId() {
-	case "recorded":
+	case "recorded", "failed-recorded":
 		return nil, status.Error(codes.FailedPrecondition, "declined")
 	case "released":
 		return nil, status.Error(codes.Unavailable, "try again")
@@ -81,10 +88,10 @@ type atomicReplica struct {
 	client paymentsv1.PaymentServiceClient
 }
 
-func newAtomicReplicas(t *testing.T, n int, opts ...postgres.Option) []atomicReplica {
+func newAtomicReplicas(t *testing.T, n int, opts []postgres.Option, configure ...func(*pgxpool.Config)) []atomicReplica {
 	t.Helper()
 	rs := make([]atomicReplica, n)
-	for i, r := range newReplicas(t, n) {
+	for i, r := range newReplicas(t, n, configure...) {
 		if i == 0 {
 			if _, err := r.pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, outcome text NOT NULL)`); err != nil {
 				t.Fatal(err)
@@ -127,9 +134,13 @@ func TestAtomicOutcomes(t *testing.T) {
 		{"recorded", codes.FailedPrecondition, 0, true},
 		{"released", codes.Unavailable, 0, false},
 		{"panic", codes.Internal, 0, false},
+		// A failed statement leaves the transaction aborted: the savepoint
+		// still lets the error be recorded, but a success cannot commit.
+		{"failed-recorded", codes.FailedPrecondition, 0, true},
+		{"failed-ok", codes.Unavailable, 0, false},
 	} {
 		t.Run(tc.customer, func(t *testing.T) {
-			r := newAtomicReplicas(t, 1)[0]
+			r := newAtomicReplicas(t, 1, nil)[0]
 			first, err := r.charge("k", tc.customer)
 			if status.Code(err) != tc.code {
 				t.Fatalf("first call: %v, want %v", err, tc.code)
@@ -171,7 +182,7 @@ func TestAtomicOutcomes(t *testing.T) {
 // first has committed, the same request gets the replay and another request
 // is refused as reused.
 func TestAtomicDuplicateWhileOpen(t *testing.T) {
-	rs := newAtomicReplicas(t, 2)
+	rs := newAtomicReplicas(t, 2, nil)
 	a, b := rs[0], rs[1]
 	a.writer.written, a.writer.proceed = make(chan struct{}, 1), make(chan struct{})
 	first := make(chan error, 1)
@@ -211,7 +222,7 @@ func TestAtomicDuplicateWhileOpen(t *testing.T) {
 func TestAtomicDuplicateWaits(t *testing.T) {
 	for _, customer := range []string{"ok", "released"} {
 		t.Run(customer, func(t *testing.T) {
-			rs := newAtomicReplicas(t, 2, postgres.WithLockTimeout(time.Minute))
+			rs := newAtomicReplicas(t, 2, []postgres.Option{postgres.WithLockTimeout(time.Minute)})
 			a, b := rs[0], rs[1]
 			a.writer.written, a.writer.proceed = make(chan struct{}, 1), make(chan struct{})
 			first := make(chan error, 1)
@@ -266,7 +277,7 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // transaction rolls back the write and the reservation: the caller gets
 // Unavailable, no key is left in progress, and the retry runs once.
 func TestAtomicTerminatedBackend(t *testing.T) {
-	r := newAtomicReplicas(t, 1)[0]
+	r := newAtomicReplicas(t, 1, nil)[0]
 	r.writer.written, r.writer.proceed = make(chan struct{}, 1), make(chan struct{})
 	first := make(chan error, 1)
 	go func() { _, err := r.charge("k", "ok"); first <- err }()
@@ -298,9 +309,20 @@ func TestAtomicTerminatedBackend(t *testing.T) {
 
 // Fifty calls with one key over four replicas, each with its own pool, while
 // the first holds its transaction longer than the lock timeout: one write,
-// and every successful reply is the same charge; the rest are Aborted.
+// and every successful reply is the same charge; the rest are Aborted. Under
+// a default isolation of SERIALIZABLE too, where a reservation that waited
+// for the first transaction fails to serialize and begins again.
 func TestAtomicStorm(t *testing.T) {
-	rs := newAtomicReplicas(t, 4)
+	for _, isolation := range []string{"read committed", "serializable"} {
+		t.Run(isolation, func(t *testing.T) {
+			testAtomicStorm(t, newAtomicReplicas(t, 4, nil, func(c *pgxpool.Config) {
+				c.ConnConfig.RuntimeParams["default_transaction_isolation"] = isolation
+			}))
+		})
+	}
+}
+
+func testAtomicStorm(t *testing.T, rs []atomicReplica) {
 	for _, r := range rs {
 		r.writer.delay = 2 * postgres.DefaultLockTimeout
 	}
@@ -356,7 +378,7 @@ func TestAtomicRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &writer{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic())))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic(), interceptor.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, w)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	call := func(key string) {

@@ -52,6 +52,49 @@
 //     Run it periodically with store.Janitor; nothing starts a goroutine on
 //     its own.
 //
+// # Atomic mode
+//
+// The Store implements store.Atomic, so the interceptor can run a method in
+// atomic mode (interceptor.WithAtomic): Begin starts a transaction on a
+// connection of the pool and reserves the key in it, the handler writes in
+// the same transaction, and the record commits with its writes. A handler
+// finds the transaction with TxFromContext; its Tx has pgx's query methods
+// (it fits sqlc's DBTX) and no Commit or Rollback:
+//
+//	func (s *Service) CreateCharge(ctx context.Context, req *pb.CreateChargeRequest) (*pb.Charge, error) {
+//		tx, ok := postgres.TxFromContext(ctx)
+//		if !ok {
+//			return nil, status.Error(codes.Internal, "not in atomic mode")
+//		}
+//		_, err := tx.Exec(ctx, `INSERT INTO charges ...`, ...)
+//		...
+//	}
+//
+// What to know:
+//   - One call costs three round trips besides the handler's own statements
+//     and commits once: BEGIN, the reservation and a savepoint go out as one
+//     pipeline, and the record and COMMIT as another. A replay costs two
+//     round trips, and commits nothing.
+//   - A recorded error rolls back to the savepoint, undoing the handler's
+//     writes, even after a statement of the handler failed, and commits the
+//     record alone.
+//   - A duplicate of a key whose transaction is open waits on its row for at
+//     most the lock timeout (WithLockTimeout, 100 ms by default, set with SET
+//     LOCAL lock_timeout around the reservation only), then is answered "in
+//     progress". If the first transaction ends sooner, the duplicate gets its
+//     replay, or, if it rolled back, runs.
+//   - Each running call holds one connection of the pool until it ends, and so
+//     does each waiting duplicate, for at most the lock timeout. A handler that
+//     also takes another connection from the same pool needs a pool larger than
+//     the number of concurrent calls.
+//   - The transaction has the database's default isolation. Under REPEATABLE
+//     READ or SERIALIZABLE, a reservation that loses a race begins again, up
+//     to 10 times; a commit that fails to serialize rolls back everything, and
+//     the caller gets Unavailable, so its retry runs again.
+//   - ContextWithTx puts a transaction of your own where TxFromContext finds
+//     it, to run a handler outside gRPC (a test, a batch job) in a
+//     transaction.
+//
 // # Errors
 //
 // The Store's methods translate every driver error in one place. A database
