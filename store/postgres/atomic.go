@@ -103,15 +103,23 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 // timeout is set only around the reservation, so that the handler's own
 // statements keep the session's.
 func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reservation) (store.Result, error) {
-	var res store.Result
+	var (
+		res     store.Result
+		scanErr error
+	)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(s.lockTimeoutSQL)
+	// The scan's error is kept apart, because pgx forgets the prepared
+	// statements of a batch that fails, and no row is no failure of theirs.
 	b.Queue(s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
-		QueryRow(func(row pgx.Row) (err error) { res, err = scanReservation(row); return err })
+		QueryRow(func(row pgx.Row) error { res, scanErr = scanReservation(row); return nil })
 	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
 	b.Queue("SAVEPOINT " + savepoint)
-	return res, conn.SendBatch(ctx, b).Close()
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return store.Result{}, err
+	}
+	return res, scanErr
 }
 
 // rollback ends conn's transaction, if any, and returns conn to the pool. A
