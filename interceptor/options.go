@@ -189,6 +189,7 @@ func WithRetryAfter(d time.Duration) Option {
 
 // WithFailOpen runs the handler without protection when the store fails,
 // instead of answering Unavailable. Retries may then run the handler twice.
+// Methods in atomic mode fail closed all the same.
 func WithFailOpen() Option {
 	return func(o *options) { o.failOpen = true }
 }
@@ -219,6 +220,9 @@ func WithFailOpen() Option {
 //     committed.
 //   - A store failure always fails closed, even with WithFailOpen: the
 //     handler's writes need the same database.
+//   - A call without a key (WithKeyRequired not set) runs the handler with no
+//     transaction in its context, as in two-phase mode: a handler that allows
+//     that falls back to its pool when postgres.TxFromContext reports none.
 //   - Each running call holds one of the store's connections until it ends.
 func WithAtomic() Option {
 	return func(o *options) { o.atomicAll = true }
