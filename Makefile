@@ -27,9 +27,11 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
 
-test: ## run every test with the race detector (on PostgreSQL: see scripts/with-postgres), then fuzz key parsing briefly
+test: ## run every test with the race detector (on PostgreSQL: see scripts/with-postgres), then each fuzz target briefly
 	./scripts/with-postgres $(GO) test -race -count=1 ./...
-	$(GO) test -run='^$$' -fuzz=FuzzKeyFromMetadata -fuzztime=$(FUZZ_TIME) .
+	$(GO) test -run='^$$' -fuzz='^FuzzKeyFromMetadata$$' -fuzztime=$(FUZZ_TIME) .
+	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_TIME) ./interceptor/
+	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_TIME) ./interceptor/
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, and CreateCharge in both modes against the bare service; benchstat summarises
 	@mkdir -p bin

@@ -133,7 +133,7 @@ type direct struct {
 	svc       *service
 }
 
-func newDirect(t *testing.T, opts ...interceptor.Option) *direct {
+func newDirect(t testing.TB, opts ...interceptor.Option) *direct {
 	t.Helper()
 	clock := storetest.NewClock()
 	st := memory.New(memory.WithClock(clock.Now))

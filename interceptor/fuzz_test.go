@@ -1,0 +1,111 @@
+package interceptor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/store"
+)
+
+// FuzzStoredOutcome: whatever bytes a store hands back as a recorded outcome
+// (a corrupt or truncated row, a record of another version), the replay never
+// panics and never runs the handler; it answers the recorded reply, or
+// Internal.
+func FuzzStoredOutcome(f *testing.F) {
+	charge, _ := proto.Marshal(&paymentsv1.Charge{Id: "ch_1", Amount: 100, Currency: "EUR"})
+	for _, out := range []*idemkeyv1.Outcome{
+		{Result: &idemkeyv1.Outcome_Response{Response: charge}},
+		{Result: &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: int32(codes.FailedPrecondition), Message: []byte("declined")}}},
+		{Result: &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: int32(codes.OK)}}},
+		{Result: &idemkeyv1.Outcome_Response{Response: charge}, Header: []*idemkeyv1.MetadataEntry{{Key: "x-id", Values: [][]byte{[]byte("1")}}}},
+		{Result: &idemkeyv1.Outcome_Response{Response: charge}, Trailer: []*idemkeyv1.MetadataEntry{{Key: "Bad Key", Values: [][]byte{{0xff}}}}},
+	} {
+		raw, err := proto.Marshal(out)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(raw)
+		f.Add(raw[:len(raw)/2])
+	}
+	f.Add([]byte{})
+	f.Add([]byte{0xff, 0xff, 0xff})
+
+	d := newDirect(f, interceptor.WithLogger(nil))
+	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		panic("the handler ran for a recorded key")
+	}
+	fp, err := interceptor.Fingerprint(createCharge, request(1))
+	if err != nil {
+		f.Fatal(err)
+	}
+	n := 0
+	f.Fuzz(func(t *testing.T, raw []byte) {
+		n++
+		key := idemkey.NewKey()
+		scope := store.NewKey("", createCharge, key)
+		res, err := d.store.Reserve(context.Background(), store.Reservation{Key: scope, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+		if err != nil || res.State != store.Acquired {
+			t.Fatalf("Reserve: %v, %v", res.State, err)
+		}
+		if err := d.store.Complete(context.Background(), scope, res.Token, raw); err != nil {
+			t.Fatal(err)
+		}
+		resp, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, key)
+		switch {
+		case err == nil:
+			if _, ok := resp.(*paymentsv1.Charge); !ok {
+				t.Fatalf("replay answered %T, want a Charge", resp)
+			}
+		case status.Code(err) == codes.OK:
+			t.Fatalf("replay answered an error with code OK: %v", err)
+		}
+		if n%1000 == 0 { // keep the memory store small over a long fuzz run
+			d.clock.Advance(t, 2*time.Hour)
+			_, _ = d.store.Sweep(context.Background(), 0)
+		}
+	})
+}
+
+// FuzzFingerprint: any request fingerprints without a panic, the same on
+// every call and for a copy, and differently for another method.
+func FuzzFingerprint(f *testing.F) {
+	for _, req := range []*paymentsv1.CreateChargeRequest{
+		{},
+		request(1),
+		{CustomerId: "cus_1", Amount: -5, Currency: "EUR", Description: "é\x00", MerchantReference: "order-1"},
+	} {
+		raw, err := proto.Marshal(req)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(createCharge, raw)
+	}
+	f.Add("", []byte{0x08, 0x96, 0x01})           // a field number the request does not have
+	f.Add(createCharge, []byte{0xa0, 0x1f, 0x01}) // an unknown field, kept on unmarshal
+	f.Fuzz(func(t *testing.T, method string, raw []byte) {
+		req := &paymentsv1.CreateChargeRequest{}
+		if proto.Unmarshal(raw, req) != nil {
+			return
+		}
+		fp, err := interceptor.Fingerprint(method, req)
+		if err != nil {
+			t.Fatalf("Fingerprint: %v", err)
+		}
+		again, err := interceptor.Fingerprint(method, proto.Clone(req).(*paymentsv1.CreateChargeRequest))
+		if err != nil || again != fp {
+			t.Fatalf("a copy fingerprints as %x (%v), the original as %x", again, err, fp)
+		}
+		if other, _ := interceptor.Fingerprint(method+"x", req); other == fp {
+			t.Fatalf("methods %q and %q give the same fingerprint", method, method+"x")
+		}
+	})
+}
