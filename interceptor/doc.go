@@ -56,6 +56,11 @@
 // not happen, or may succeed when retried. WithRecordedCodes changes the set.
 // A handler that panics releases the key, then the panic goes on.
 //
+// A reply that cannot be recorded, because gRPC could not marshal it either
+// or because its record would exceed WithMaxRecordSize (4 MiB by default), is
+// answered and recorded as Internal instead, for the first caller and every
+// retry alike.
+//
 // So a handler must return a released code only when the call had no effect:
 // one that writes and then returns ctx.Err() (Canceled or DeadlineExceeded)
 // runs again on the retry. A recovery interceptor belongs outside idemkey; one
@@ -119,7 +124,8 @@
 //     logged, as they are.
 //   - Once the handler has run, its key is never released but for a
 //     released code or a panic: a reply that cannot be recorded (say, a
-//     response gRPC cannot marshal) is recorded as Internal.
+//     response gRPC cannot marshal, or one too large) is recorded as
+//     Internal.
 //
 // # Caveats
 //

@@ -18,6 +18,8 @@ const (
 	DefaultMaxLease   = 10 * time.Minute // WithLease
 	DefaultRetention  = 24 * time.Hour   // WithRetention
 	DefaultRetryAfter = time.Second      // WithRetryAfter
+
+	DefaultMaxRecordSize = 4 << 20 // WithMaxRecordSize, in bytes
 )
 
 // leaseGrace is added to a call's remaining deadline to give its lease: the
@@ -67,6 +69,7 @@ type options struct {
 	retention   time.Duration
 	retryAfter  time.Duration
 	failOpen    bool
+	maxRecord   int
 	atomicAll   bool
 	atomic      map[string]bool
 	logger      *slog.Logger
@@ -88,6 +91,7 @@ func newOptions(opts []Option) *options {
 		maxLease:    DefaultMaxLease,
 		retention:   DefaultRetention,
 		retryAfter:  DefaultRetryAfter,
+		maxRecord:   DefaultMaxRecordSize,
 		logger:      slog.Default(),
 	}
 	for _, opt := range opts {
@@ -185,6 +189,22 @@ func WithRetention(d time.Duration) Option {
 // longer than the lease has left, nor shorter than a millisecond.
 func WithRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.retryAfter = d }
+}
+
+// WithMaxRecordSize bounds the record of one outcome: the encoded response
+// or status with its replayed metadata (DefaultMaxRecordSize, 4 MiB, if n <
+// 1). A reply whose record would be larger is not kept: the key records
+// Internal instead ("too large to record"), and the caller gets that Internal
+// too, as every retry will, so that no two callers see different replies. The
+// handler has run, so its key is not released: in two-phase mode its effects
+// stand; in atomic mode its writes roll back with the recorded error.
+func WithMaxRecordSize(n int) Option {
+	return func(o *options) {
+		if n < 1 {
+			n = DefaultMaxRecordSize
+		}
+		o.maxRecord = n
+	}
 }
 
 // WithFailOpen runs the handler without protection when the store fails,

@@ -67,16 +67,23 @@ func encodeStatus(st *status.Status, out *idemkeyv1.Outcome) ([]byte, error) {
 	return proto.Marshal(out)
 }
 
-// unrecordable is the outcome recorded when the handler's own cannot be: the
-// handler ran, so its key must not be released, and gRPC itself answers
-// Internal for a response it cannot marshal.
-var unrecordable = func() []byte {
-	raw, err := encodeStatus(status.New(codes.Internal, "idemkey: the reply of this call could not be recorded"), &idemkeyv1.Outcome{})
-	if err != nil {
-		panic(err)
+// unrecordable and tooLarge are the outcomes recorded when the handler's own
+// cannot be: the handler ran, so its key must not be released. The caller
+// gets the error too, as every retry does.
+var (
+	unrecordableErr = status.Error(codes.Internal, "idemkey: the reply of this call could not be recorded")
+	unrecordable    = mustEncodeStatus(unrecordableErr)
+	tooLargeErr     = status.Error(codes.Internal, "idemkey: the reply of this call is too large to record")
+	tooLarge        = mustEncodeStatus(tooLargeErr)
+)
+
+func mustEncodeStatus(err error) []byte {
+	raw, encodeErr := encodeStatus(status.Convert(err), &idemkeyv1.Outcome{})
+	if encodeErr != nil {
+		panic(encodeErr) // only a detail that cannot be marshalled fails, and these have none
 	}
 	return raw
-}()
+}
 
 // outcomeResponse is the field number of Outcome.response.
 var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()

@@ -186,17 +186,31 @@ func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHan
 	resp, err = handler(hctx, req)
 	returned = true
 
-	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
-	switch {
-	case encodeErr != nil:
-		s.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", c, encodeErr)
-		s.complete(ctx, c, unrecordable)
-	case record:
+	outcome, record, resp, err := s.settle(ctx, c, resp, err, rec)
+	if record {
 		s.complete(ctx, c, outcome)
-	default:
+	} else {
 		s.release(ctx, c)
 	}
 	return resp, err
+}
+
+// settle decides what the store keeps of the handler's result, and what the
+// caller gets: the handler's own result, unless it cannot be recorded. Then
+// Internal is recorded instead, and the caller gets it too, like every retry.
+// record is false when the key is to be released.
+func (s *server) settle(ctx context.Context, c call, resp any, herr error, rec *recorder) (outcome []byte, record bool, _ any, _ error) {
+	outcome, record, err := encodeOutcome(resp, herr, s.opts.recorded, rec)
+	switch {
+	case err != nil:
+		s.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", c, err)
+		return unrecordable, true, nil, unrecordableErr
+	case record && len(outcome) > s.opts.maxRecord:
+		s.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", c,
+			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), s.opts.maxRecord))
+		return tooLarge, true, nil, tooLargeErr
+	}
+	return outcome, record, resp, herr
 }
 
 // runAtomic reserves the key in a transaction, runs the handler in it, and
@@ -220,19 +234,14 @@ func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req
 	resp, err = handler(tx.Context(hctx), req)
 	returned = true
 
-	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
-	var commitErr error
-	switch {
-	case encodeErr != nil:
-		s.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", c, encodeErr)
-		commitErr = tx.Commit(ctx, unrecordable, false)
-	case record:
-		commitErr = tx.Commit(ctx, outcome, err == nil)
-	default:
+	outcome, record, resp, err := s.settle(ctx, c, resp, err, rec)
+	if !record {
 		s.rollback(ctx, c, tx)
 		return resp, err
 	}
-	if commitErr != nil {
+	// Only a success keeps the handler's writes: a recorded error, or a reply
+	// that could not be recorded, undoes them.
+	if commitErr := tx.Commit(ctx, outcome, err == nil); commitErr != nil {
 		s.log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", c, commitErr)
 		return nil, idemkey.StoreUnavailableError()
 	}

@@ -162,14 +162,47 @@ func TestUnrecordableReply(t *testing.T) {
 	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		return &paymentsv1.Charge{Id: "ch_\xff"}, nil // not UTF-8: gRPC cannot marshal it either
 	}
-	d.create(t, "key-1", request(1))
-	_, _, err := d.create(t, "key-1", request(1))
-	if status.Code(err) != codes.Internal {
-		t.Errorf("retry: %v, want Internal", err)
+	_, _, first := d.create(t, "key-1", request(1))
+	_, _, retry := d.create(t, "key-1", request(1))
+	if status.Code(first) != codes.Internal || status.Convert(first).Message() != status.Convert(retry).Message() {
+		t.Errorf("first call: %v; retry: %v; want the same Internal", first, retry)
 	}
 	wantRuns(t, d.svc, 1)
 	if !strings.Contains(logs.String(), "cannot be recorded") {
 		t.Errorf("not logged: %s", logs)
+	}
+}
+
+// A reply whose record would exceed the cap is answered and recorded as
+// Internal, to the first caller as to every retry, and the handler runs once.
+func TestReplyTooLarge(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []interceptor.Option
+		size int // of the description
+	}{
+		{"default cap", nil, interceptor.DefaultMaxRecordSize},
+		{"WithMaxRecordSize", []interceptor.Option{interceptor.WithMaxRecordSize(1000)}, 1000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d := newDirect(t, append(tc.opts, interceptor.WithLogger(nil))...)
+			d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+				return &paymentsv1.Charge{Id: "ch_1", Description: strings.Repeat("x", int(req.GetAmount()))}, nil
+			}
+			if _, _, err := d.create(t, "small", request(int64(tc.size/2))); err != nil {
+				t.Fatalf("a reply under the cap: %v", err)
+			}
+			for attempt := range 2 {
+				_, ts, err := d.create(t, "large", request(int64(tc.size)))
+				if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "too large") {
+					t.Errorf("attempt %d of a reply over the cap: %v, want Internal, too large to record", attempt, err)
+				}
+				if replayed := idemkey.Replayed(ts.trailer); replayed != (attempt > 0) {
+					t.Errorf("attempt %d: replayed %v", attempt, replayed)
+				}
+			}
+			wantRuns(t, d.svc, 2)
+		})
 	}
 }
 

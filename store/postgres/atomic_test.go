@@ -27,8 +27,9 @@ import (
 // writer is a payment service whose CreateCharge writes one row to the table
 // effects in the atomic call's transaction, then ends as its customer_id
 // says: "ok" (the default), "recorded" (a recorded error), "released" (a
-// released error) or "panic"; "failed-ok" and "failed-recorded" first run a
-// statement that fails, then answer OK or the recorded error.
+// released error), "panic" or "huge" (a reply too large to record);
+// "failed-ok" and "failed-recorded" first run a statement that fails, then
+// answer OK or the recorded error.
 type writer struct {
 	paymentsv1.UnimplementedPaymentServiceServer
 	runs    atomic.Int32
@@ -65,6 +66,8 @@ func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeR
 		return nil, status.Error(codes.Unavailable, "try again")
 	case "panic":
 		panic("handler panic")
+	case "huge":
+		return &paymentsv1.Charge{Id: idemkey.NewKey(), Description: strings.Repeat("x", interceptor.DefaultMaxRecordSize)}, nil
 	}
 	return &paymentsv1.Charge{Id: idemkey.NewKey(), CustomerId: req.GetCustomerId()}, nil
 }
@@ -138,6 +141,8 @@ func TestAtomicOutcomes(t *testing.T) {
 		// still lets the error be recorded, but a success cannot commit.
 		{"failed-recorded", codes.FailedPrecondition, 0, true},
 		{"failed-ok", codes.Unavailable, 0, false},
+		// Internal is recorded instead, so the writes roll back.
+		{"huge", codes.Internal, 0, true},
 	} {
 		t.Run(tc.customer, func(t *testing.T) {
 			r := newAtomicReplicas(t, 1, nil)[0]
