@@ -1,7 +1,7 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h] [-log-level info]
 //
 // With a database URL (the flag, else $DATABASE_URL) the idempotency keys and
 // the charges live in PostgreSQL: the server creates its tables, sweeps
@@ -43,9 +43,11 @@ func main() {
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
+	var level slog.Level
+	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	flag.Parse()
 
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	lis, err := net.Listen("tcp", *addr)

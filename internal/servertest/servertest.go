@@ -1,0 +1,142 @@
+// Package servertest runs the example payment server as a process of its own,
+// for tests that kill and restart servers: the example server's own tests and
+// the reliability harness.
+package servertest
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+var built struct {
+	sync.Once
+	bin string
+	err error
+}
+
+// Build builds the example server once per test binary and returns the
+// binary's path. Call Cleanup from TestMain to delete it.
+func Build(tb testing.TB) string {
+	tb.Helper()
+	built.Do(func() {
+		dir, err := os.MkdirTemp("", "idemkey-server.")
+		if err != nil {
+			built.err = err
+			return
+		}
+		built.bin = filepath.Join(dir, "server")
+		out, err := exec.Command("go", "build", "-o", built.bin, "github.com/idemkey/idemkey/example/server").CombinedOutput()
+		if err != nil {
+			built.err = fmt.Errorf("go build: %v\n%s", err, out)
+		}
+	})
+	if built.err != nil {
+		tb.Fatal(built.err)
+	}
+	return built.bin
+}
+
+// Cleanup deletes the binary Build made, if any.
+func Cleanup() {
+	if built.bin != "" {
+		os.RemoveAll(filepath.Dir(built.bin))
+	}
+}
+
+// Server is one running server process and a client connection to it.
+type Server struct {
+	Addr string
+	Conn *grpc.ClientConn
+
+	cmd  *exec.Cmd
+	done chan struct{} // closed once the process has exited
+	logs lockedBuffer
+}
+
+// Start starts bin on a free loopback port with args added to its flags, and
+// waits until it listens. The process is killed, and the connection closed,
+// when tb ends.
+func Start(tb testing.TB, bin string, args ...string) *Server {
+	tb.Helper()
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	s := &Server{cmd: cmd, done: make(chan struct{})}
+	addrc := make(chan string, 1)
+	go func() {
+		defer close(s.done)
+		lines := bufio.NewScanner(stderr)
+		lines.Buffer(nil, 1<<20)
+		for lines.Scan() {
+			line := lines.Text() // msg="payment service listening" addr=127.0.0.1:port ...
+			s.logs.writeLine(line)
+			if _, rest, ok := strings.Cut(line, " addr="); ok && strings.Contains(line, "payment service listening") {
+				addr, _, _ := strings.Cut(rest, " ")
+				addrc <- addr
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	tb.Cleanup(func() { _ = s.Kill() })
+	select {
+	case s.Addr = <-addrc:
+	case <-s.done:
+		tb.Fatalf("the server exited before it listened:\n%s", s.Logs())
+	case <-time.After(30 * time.Second):
+		tb.Fatalf("the server did not listen within 30s:\n%s", s.Logs())
+	}
+	if s.Conn, err = grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Conn.Close() })
+	return s
+}
+
+// Kill sends SIGKILL and waits for the process to be gone. It reports an
+// error unless SIGKILL is what ended the process.
+func (s *Server) Kill() error {
+	_ = s.cmd.Process.Kill()
+	<-s.done // after cmd.Wait has set ProcessState
+	if ws, ok := s.cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
+		return fmt.Errorf("the server ended with %v, not by SIGKILL", s.cmd.ProcessState)
+	}
+	return nil
+}
+
+// Logs returns what the process has written to its standard error.
+func (s *Server) Logs() string { return s.logs.String() }
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) writeLine(line string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf.WriteString(line)
+	b.buf.WriteByte('\n')
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
