@@ -1,0 +1,135 @@
+package reliability_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// cluster is a PostgreSQL cluster the harness owns, so that it may crash and
+// stop it: made by initdb from the local server binaries in a temporary
+// directory, listening only on a Unix socket there. It never touches a shared
+// server.
+type cluster struct {
+	bin, dir string
+	admin    *pgxpool.Pool // reconnects after restarts
+}
+
+// serverBinaries finds the directory of initdb and pg_ctl: the newest
+// /usr/lib/postgresql/*/bin (Debian), else the PATH.
+func serverBinaries() string {
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) < version(dirs[j]) })
+	if len(dirs) > 0 {
+		return dirs[len(dirs)-1]
+	}
+	if initdb, err := exec.LookPath("initdb"); err == nil {
+		return filepath.Dir(initdb)
+	}
+	return ""
+}
+
+func version(bindir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bindir)))
+	return n
+}
+
+func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	bin := serverBinaries()
+	if bin == "" {
+		msg := "no PostgreSQL server binaries (initdb, pg_ctl) to start a cluster of the harness's own; Debian: apt-get install postgresql"
+		if os.Getenv("CI") == "true" {
+			t.Fatal(msg)
+		}
+		t.Skip(msg)
+	}
+	dir, err := os.MkdirTemp("", "idemkey-faults.")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cluster{bin: bin, dir: dir}
+	t.Cleanup(func() {
+		if c.admin != nil {
+			c.admin.Close()
+		}
+		_ = c.pgctl("stop", "-m", "immediate")
+		os.RemoveAll(dir)
+	})
+	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatal("running as root, and there is no user postgres to run the cluster as")
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		if err := os.Chown(dir, uid, gid); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.run("createdb", "-h", dir, "-U", "postgres", "test"); err != nil {
+		t.Fatal(err)
+	}
+	if c.admin, err = pgxpool.New(context.Background(), c.dsn("application_name=idemkey-harness")); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
+
+// dsn is the connection string of the test database, with params
+// ("name=value") added.
+func (c *cluster) dsn(params ...string) string {
+	return strings.Join(append([]string{"host=" + c.dir, "user=postgres", "dbname=test", "sslmode=disable"}, params...), " ")
+}
+
+// run runs one of the server binaries as the user the cluster belongs to.
+func (c *cluster) run(name string, args ...string) error {
+	path := filepath.Join(c.bin, name)
+	cmd := exec.Command(path, args...)
+	if os.Geteuid() == 0 {
+		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)
+	}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s: %v\n%s", name, err, out)
+	}
+	return nil
+}
+
+func (c *cluster) pgctl(args ...string) error {
+	return c.run("pg_ctl", append([]string{"-D", c.data(), "-w", "-s"}, args...)...)
+}
+
+// start starts the cluster (fsync off: it is deleted afterwards, and a crash
+// of PostgreSQL alone, unlike one of the machine, loses nothing written).
+func (c *cluster) start() error {
+	return c.pgctl("-l", filepath.Join(c.dir, "server.log"),
+		"-o", "-c listen_addresses='' -k "+c.dir+" -c fsync=off -c max_connections=300", "start")
+}
+
+// stop stops the cluster: mode "immediate" is a crash, "fast" a clean stop.
+func (c *cluster) stop(mode string) error { return c.pgctl("-m", mode, "stop") }
+
+// accepting reports whether the cluster accepts connections.
+func (c *cluster) accepting() bool {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	return c.admin.Ping(ctx) == nil
+}

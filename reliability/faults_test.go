@@ -1,0 +1,244 @@
+package reliability_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkey/idemkey"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+)
+
+// fault is one fault the harness injected, and whether it checked that the
+// fault really happened.
+type fault struct {
+	kind     string
+	verified bool
+	detail   string
+	recovery time.Duration // from the fault's end until every server answered OK
+}
+
+// The kinds of fault, each a method of harness.
+const (
+	killServer          = "SIGKILL of a server process, then a restart"
+	terminateInReserve  = "pg_terminate_backend of a server's session during a reservation"
+	terminateInComplete = "pg_terminate_backend of a server's session during a record (two-phase) or mid-handler (atomic)"
+	crashPostgres       = "immediate shutdown of PostgreSQL, then a restart"
+	lockHotRows         = "locks on hot rows and the charges table, held past statement_timeout"
+	storeUnreachable    = "PostgreSQL stopped for 2s (the store unreachable)"
+)
+
+var faultKinds = []string{killServer, terminateInReserve, terminateInComplete, crashPostgres, lockHotRows, storeUnreachable}
+
+func (h *harness) inject(kind string, n int) fault {
+	f := fault{kind: kind}
+	var err error
+	switch kind {
+	case killServer:
+		err = h.killServer(n % servers)
+	case terminateInReserve:
+		f.detail, err = h.terminateInReserve(n % servers)
+	case terminateInComplete:
+		f.detail, err = h.terminateInComplete(n % servers)
+	case crashPostgres:
+		err = h.restartPostgres("immediate", 500*time.Millisecond)
+	case lockHotRows:
+		f.detail, err = h.lockHotRows()
+	case storeUnreachable:
+		f.detail, err = h.storeUnreachable()
+	}
+	f.verified = err == nil
+	if err != nil {
+		f.detail = err.Error()
+	}
+	f.recovery = h.recoveryTime()
+	return f
+}
+
+func (h *harness) killServer(i int) error {
+	s := h.server(i)
+	err := s.Kill()
+	h.keepLogs(s.Logs())
+	time.Sleep(300 * time.Millisecond)
+	h.setServer(i, h.startServer(i))
+	return err
+}
+
+// terminateInReserve makes a reservation wait: an uncommitted row of the
+// harness holds its key. Then it terminates the waiting session.
+func (h *harness) terminateInReserve(i int) (string, error) {
+	ctx := context.Background()
+	o := h.newOp("acme", idemkey.NewKey())
+	scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+	tx, err := h.cluster.admin.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
+		VALUES ($1, $2, 'in_progress', 0, now() + interval '1 minute', now(), now() + interval '1 hour')`, scope[:], make([]byte, 32)); err != nil {
+		return "", err
+	}
+	done := make(chan struct{})
+	go func() { h.call(o, i, callTimeout); close(done) }()
+	defer func() { <-done }()
+	pid, err := h.waitBackend(`wait_event_type = 'Lock' AND query LIKE '%WITH cur AS%'`)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("backend %d", pid), h.terminate(pid)
+}
+
+// terminateInComplete, in two-phase mode, holds the row of a call in progress
+// so that its record waits, and terminates the waiting session; in atomic
+// mode, it terminates the session of a call whose handler is running inside
+// its transaction.
+func (h *harness) terminateInComplete(i int) (string, error) {
+	ctx := context.Background()
+	o := h.newOp("globex", idemkey.NewKey())
+	scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+	done := make(chan struct{})
+	go func() { h.call(o, i, callTimeout); close(done) }()
+	defer func() { <-done }()
+	if h.atomic {
+		pid, err := h.waitBackend(`state = 'idle in transaction'`)
+		if err != nil {
+			return "", err
+		}
+		return fmt.Sprintf("backend %d, mid-handler", pid), h.terminate(pid)
+	}
+	tx, err := h.cluster.admin.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(ctx)
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		tag, err := tx.Exec(ctx, `SELECT FROM idempotency_keys WHERE key = $1 AND state = 'in_progress' FOR UPDATE`, scope[:])
+		if err != nil {
+			return "", err
+		}
+		if tag.RowsAffected() == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			return "", errors.New("the call's reservation never showed in progress")
+		}
+	}
+	pid, err := h.waitBackend(`wait_event_type = 'Lock' AND query LIKE 'UPDATE %completed%'`)
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("backend %d, in the record", pid), h.terminate(pid)
+}
+
+// waitBackend returns the pid of a server session that matches cond.
+func (h *harness) waitBackend(cond string) (int32, error) {
+	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+		var pid int32
+		err := h.cluster.admin.QueryRow(context.Background(), `SELECT pid FROM pg_stat_activity
+			WHERE application_name LIKE 'idemkey-server-%' AND `+cond+` LIMIT 1`).Scan(&pid)
+		if err == nil {
+			return pid, nil
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
+			return 0, err
+		}
+	}
+	return 0, fmt.Errorf("no server session matched %s", cond)
+}
+
+// terminate ends a session and checks that it is gone.
+func (h *harness) terminate(pid int32) error {
+	ctx := context.Background()
+	var ok bool
+	if err := h.cluster.admin.QueryRow(ctx, `SELECT pg_terminate_backend($1, 5000)`, pid).Scan(&ok); err != nil || !ok {
+		return fmt.Errorf("pg_terminate_backend(%d) = %v, %v", pid, ok, err)
+	}
+	var n int
+	if err := h.cluster.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1`, pid).Scan(&n); err != nil || n != 0 {
+		return fmt.Errorf("backend %d still there after pg_terminate_backend (%v)", pid, err)
+	}
+	return nil
+}
+
+// restartPostgres stops the cluster in mode, checks that it is down, waits
+// down, and starts it again.
+func (h *harness) restartPostgres(mode string, down time.Duration) error {
+	if err := h.cluster.stop(mode); err != nil {
+		return err
+	}
+	if h.cluster.accepting() {
+		return errors.New("PostgreSQL still accepts connections after pg_ctl stop")
+	}
+	time.Sleep(down)
+	return h.cluster.start()
+}
+
+// lockHotRows locks the most recent idempotency records and the charges
+// table for longer than the servers' statement_timeout, and checks that a
+// server statement waited on them.
+func (h *harness) lockHotRows() (string, error) {
+	ctx := context.Background()
+	tx, err := h.cluster.admin.Begin(ctx)
+	if err != nil {
+		return "", err
+	}
+	defer tx.Rollback(ctx)
+	tag, err := tx.Exec(ctx, `SELECT FROM idempotency_keys ORDER BY created_at DESC LIMIT 100 FOR UPDATE`)
+	if err != nil {
+		return "", err
+	}
+	if _, err := tx.Exec(ctx, `LOCK TABLE charges IN SHARE MODE`); err != nil {
+		return "", err
+	}
+	waited := 0
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := h.cluster.admin.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name LIKE 'idemkey-server-%' AND wait_event_type = 'Lock'`).Scan(&n); err != nil {
+			return "", err
+		}
+		waited = max(waited, n)
+	}
+	if waited == 0 {
+		return "", errors.New("no server statement waited on the locks")
+	}
+	return fmt.Sprintf("%d rows locked; up to %d server statements waited", tag.RowsAffected(), waited), tx.Rollback(ctx)
+}
+
+// storeUnreachable stops PostgreSQL for 2s. Calls made meanwhile must fail
+// closed: Unavailable from idemkey (IDEMPOTENCY_STORE_UNAVAILABLE), never an
+// answer from the handler.
+func (h *harness) storeUnreachable() (string, error) {
+	if err := h.cluster.stop("fast"); err != nil {
+		return "", err
+	}
+	if h.cluster.accepting() {
+		return "", errors.New("PostgreSQL still accepts connections after pg_ctl stop")
+	}
+	closed, other := 0, 0
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		for i := range servers {
+			r := h.call(h.newOp("acme", idemkey.NewKey()), i, callTimeout)
+			if r.reason == idemkey.ReasonStoreUnavailable {
+				closed++
+			} else {
+				other++
+			}
+		}
+	}
+	h.mu.Lock()
+	h.unguarded += other
+	h.mu.Unlock()
+	if err := h.cluster.start(); err != nil {
+		return "", err
+	}
+	if other > 0 {
+		return "", fmt.Errorf("%d calls during the outage were not refused by idemkey", other)
+	}
+	return fmt.Sprintf("%d calls failed closed", closed), nil
+}
