@@ -5,8 +5,9 @@ TOOL        := $(GO) tool -modfile=tools/go.mod
 BENCH_COUNT ?= 10
 DEMO_ADDR   ?= 127.0.0.1:50051
 FUZZ_TIME   ?= 10s
+SOAK        ?= 10m
 
-.PHONY: help generate check-generate lint test bench demo
+.PHONY: help generate check-generate lint test bench soak demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -46,6 +47,11 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:ReserveScale .unit:/p50/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
+
+soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
+	@mkdir -p bin
+	$(GO) test -count=1 -timeout=0 -run='^TestFaults$$' ./reliability/ -soak=$(SOAK) -report=$(CURDIR)/bin/soak.md
+	@cat bin/soak.md
 
 demo: ## start the example server (memory store, 1.5s handler delay) and run the demo client
 	@mkdir -p bin

@@ -70,7 +70,7 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 	}
 	// In atomic mode the insert joins the call's transaction, which commits
 	// it with the recorded reply; otherwise it commits on its own.
-	var db postgres.Tx = l.pool
+	var db postgres.Querier = l.pool
 	if tx, ok := postgres.TxFromContext(ctx); ok {
 		db = tx
 	}

@@ -141,11 +141,18 @@ func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 }
 
 // After a key has expired (or with a new key), the database's unique
-// merchant_reference per tenant still refuses a second charge.
+// merchant_reference per tenant still refuses a second charge, in either
+// mode.
 func TestMerchantReferenceOutlivesKeys(t *testing.T) {
+	for _, atomic := range []bool{false, true} {
+		t.Run(fmt.Sprint("atomic=", atomic), func(t *testing.T) { testMerchantReferenceOutlivesKeys(t, atomic) })
+	}
+}
+
+func testMerchantReferenceOutlivesKeys(t *testing.T, atomic bool) {
 	schema := pgtest.Schema(t)
 	pool := migratedPool(t, schema)
-	client, _ := replica(t, schema, "", true, 0)
+	client, _ := replica(t, schema, "", atomic, 0)
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", MerchantReference: "order-1"}
 	key := idemkey.NewKey()
 	if _, err := client.CreateCharge(withKey("acme", key), req); err != nil {

@@ -225,7 +225,9 @@ func WithFailOpen() Option {
 // changes:
 //   - A success commits with its writes. A recorded error undoes the
 //     handler's writes but commits the record. A released error, or a panic,
-//     rolls everything back and leaves the key free.
+//     rolls everything back and leaves the key free. The store's
+//     documentation says what else a handler must know (postgres: a
+//     serialization failure is best answered with a released code).
 //   - A crash, or a connection lost at any point, rolls everything back: the
 //     key is never left in progress, and a retry runs the handler once more.
 //     So the first caller gets the handler's reply only once it has

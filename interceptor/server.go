@@ -225,16 +225,15 @@ func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req
 		return s.answer(ctx, c, r.Fingerprint, res)
 	}
 	hctx, rec := s.handlerContext(ctx, c)
-	returned := false
+	ended := false
 	defer func() {
-		if !returned { // the handler panicked; let a retry run again
+		if !ended { // the handler, or settling its result, panicked: roll back, so that a retry runs again
 			s.rollback(ctx, c, tx)
 		}
 	}()
-	resp, err = handler(tx.Context(hctx), req)
-	returned = true
-
+	resp, err = handler(tx.HandlerContext(hctx), req)
 	outcome, record, resp, err := s.settle(ctx, c, resp, err, rec)
+	ended = true
 	if !record {
 		s.rollback(ctx, c, tx)
 		return resp, err

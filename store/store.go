@@ -185,14 +185,15 @@ type Atomic interface {
 // Tx is an acquired key of an atomic call: an open transaction that holds the
 // reservation, in which the handler writes.
 type Tx interface {
-	// Context returns ctx carrying the transaction, for the handler.
-	Context(ctx context.Context) context.Context
+	// HandlerContext returns ctx carrying the transaction, for the handler.
+	HandlerContext(ctx context.Context) context.Context
 	// Commit records outcome and commits the transaction. With keepWrites
 	// false, the handler's writes are undone first and only the record
 	// commits: for a recorded error. Like Complete, it ignores ctx's
-	// cancellation. On any error nothing is committed, or, if the connection
+	// cancellation. On an error, nothing is committed; or, if the connection
 	// failed during the commit, it is unknown whether everything was; either
-	// way a retry finds the truth.
+	// way a retry finds the truth. (A handler that ended the transaction
+	// itself gets an error too, after its writes may have committed.)
 	Commit(ctx context.Context, outcome []byte, keepWrites bool) error
 	// Rollback ends the transaction with nothing written, the reservation
 	// included: the key is free again. It ignores ctx's cancellation.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,12 +18,13 @@ import (
 // that holds the same key, unless WithLockTimeout sets another.
 const DefaultLockTimeout = 100 * time.Millisecond
 
-// Tx is the transaction of an atomic call, for the handler's own reads and
-// writes. Its methods are pgx's, so it fits sqlc's DBTX and most query
-// helpers. It has no Commit or Rollback: the interceptor ends the transaction
-// together with the record. Like a pgx connection, it is for one goroutine at
-// a time, and only until the handler returns.
-type Tx interface {
+// Querier is what a handler in atomic mode reads and writes through: the
+// call's transaction. Its methods are pgx's, so it fits sqlc's DBTX and most
+// query helpers, and a *pgxpool.Pool or pgx.Tx is one too. The transaction
+// itself has no Commit or Rollback: the interceptor ends it together with the
+// record. Like a pgx connection, it is for one goroutine at a time, and it
+// fails once the handler has returned.
+type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
@@ -36,15 +38,15 @@ type txKey struct{}
 // to; ok is false outside one (a method in two-phase mode, or a call without
 // an idempotency key). A handler that must work both ways falls back to its
 // pool.
-func TxFromContext(ctx context.Context) (tx Tx, ok bool) {
-	tx, ok = ctx.Value(txKey{}).(Tx)
+func TxFromContext(ctx context.Context) (tx Querier, ok bool) {
+	tx, ok = ctx.Value(txKey{}).(Querier)
 	return tx, ok
 }
 
 // ContextWithTx returns ctx carrying tx, for TxFromContext: the interceptor
 // uses it in atomic mode, and code that calls a handler outside gRPC (a test,
 // a batch job) can use it to run the handler in a transaction of its own.
-func ContextWithTx(ctx context.Context, tx Tx) context.Context {
+func ContextWithTx(ctx context.Context, tx Querier) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
 
@@ -52,14 +54,28 @@ func ContextWithTx(ctx context.Context, tx Tx) context.Context {
 // recorded error can undo the writes and keep the reservation.
 const savepoint = "idemkey_handler"
 
+// The reservation runs under the store's lock timeout; the handler's
+// statements, under the session's own, which idemkey.lock_timeout keeps
+// meanwhile.
+const (
+	setLockTimeoutSQL     = `SELECT set_config('idemkey.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)`
+	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('idemkey.lock_timeout'), true)`
+)
+
+// completeInTxSQL records the outcome like completeSQL, and fails when it
+// matches no row (dividing by the count of rows updated), so that the COMMIT
+// sent with it rolls back instead of committing the handler's writes without
+// their record. Only a handler that changed the row itself gets there.
+const completeInTxSQL = `WITH completed AS (%s RETURNING 1) SELECT 1 / count(*) FROM completed`
+
 var _ store.Atomic = (*Store)(nil)
 
-// Begin implements store.Atomic in one round trip: BEGIN, the reservation
-// under lock_timeout, and a savepoint go out as one pipeline. Another
-// transaction that holds the key makes the reservation wait on its row; the
-// wait ends when that transaction does, or with SQLSTATE 55P03 when the lock
-// timeout passes. A replay, or an "in progress", costs a second round trip to
-// end the transaction.
+// Begin implements store.Atomic in one round trip once the connection has
+// prepared the statements: BEGIN, the reservation under the lock timeout, and
+// a savepoint go out as one pipeline. Another transaction that holds the key
+// makes the reservation wait on its row; the wait ends when that transaction
+// does, or with SQLSTATE 55P03 when the lock timeout passes. A replay, or an
+// "in progress", costs a second round trip to end the transaction.
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -99,9 +115,7 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 	return store.Result{}, nil, fmt.Errorf("idemkey postgres: begin: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
-// reserveInTx begins a transaction on conn and reserves r in it. The lock
-// timeout is set only around the reservation, so that the handler's own
-// statements keep the session's.
+// reserveInTx begins a transaction on conn and reserves r in it.
 func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reservation) (store.Result, error) {
 	var (
 		res     store.Result
@@ -109,12 +123,12 @@ func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reserva
 	)
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(s.lockTimeoutSQL)
+	b.Queue(setLockTimeoutSQL, s.lockTimeout)
 	// The scan's error is kept apart, because pgx forgets the prepared
 	// statements of a batch that fails, and no row is no failure of theirs.
 	b.Queue(s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
 		QueryRow(func(row pgx.Row) error { res, scanErr = scanReservation(row); return nil })
-	b.Queue("SET LOCAL lock_timeout TO DEFAULT")
+	b.Queue(restoreLockTimeoutSQL)
 	b.Queue("SAVEPOINT " + savepoint)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return store.Result{}, err
@@ -138,10 +152,11 @@ func (s *Store) rollback(ctx context.Context, conn *pgxpool.Conn) error {
 // atomicTx is the store.Tx of Begin: the connection in the transaction, and
 // the reservation it holds.
 type atomicTx struct {
-	store *Store
-	conn  *pgxpool.Conn // nil once the transaction has ended
-	key   store.Key
-	token store.Token
+	store   *Store
+	conn    *pgxpool.Conn // nil once the transaction has ended
+	handler *handlerTx    // the handler's view of it, once it has one
+	key     store.Key
+	token   store.Token
 }
 
 var (
@@ -149,26 +164,42 @@ var (
 	errRolledBack = errors.New("the transaction had failed, so COMMIT rolled it back")
 )
 
-// Context implements store.Tx: TxFromContext finds the transaction in it.
-func (t *atomicTx) Context(ctx context.Context) context.Context {
-	return ContextWithTx(ctx, t.conn.Conn())
+// HandlerContext implements store.Tx: TxFromContext finds the transaction in
+// the context it returns.
+func (t *atomicTx) HandlerContext(ctx context.Context) context.Context {
+	if t.handler == nil {
+		t.handler = &handlerTx{conn: t.conn.Conn()}
+	}
+	return ContextWithTx(ctx, t.handler)
+}
+
+// end takes the connection for ending the transaction, and cuts the
+// handler's view of it off.
+func (t *atomicTx) end() *pgxpool.Conn {
+	conn := t.conn
+	t.conn = nil
+	if t.handler != nil {
+		t.handler.ended.Store(true)
+	}
+	return conn
 }
 
 // Commit implements store.Tx in one round trip, the record and COMMIT going
 // out as one pipeline; without keepWrites, the return to the savepoint costs
 // another.
 func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) error {
-	conn := t.conn
+	conn := t.end()
 	if conn == nil {
 		return errTxEnded
 	}
-	t.conn = nil
+	if outcome == nil {
+		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
+	}
 	ctx, cancel := t.store.bound(context.WithoutCancel(ctx))
 	defer cancel()
 	switch conn.Conn().PgConn().TxStatus() {
 	case 'I':
-		conn.Release()
-		return errors.New("idemkey postgres: commit: the handler ended the transaction, so its writes were not atomic with the record")
+		return t.handlerEnded(ctx, conn, outcome)
 	case 'E':
 		if keepWrites {
 			t.store.rollback(ctx, conn)
@@ -184,16 +215,8 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 			return t.store.translate(ctx, "commit", err)
 		}
 	}
-	if outcome == nil {
-		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
-	}
 	b := &pgx.Batch{}
-	b.Queue(t.store.completeSQL, t.key[:], int64(t.token), outcome).Exec(func(tag pgconn.CommandTag) error {
-		if tag.RowsAffected() != 1 {
-			return store.ErrLeaseLost // unreachable while the transaction holds the row
-		}
-		return nil
-	})
+	b.Queue(t.store.completeInTxSQL, t.key[:], int64(t.token), outcome)
 	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
 		if tag.String() != "COMMIT" {
 			return errRolledBack
@@ -206,18 +229,89 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 		return nil
 	}
 	t.store.rollback(ctx, conn)
-	if errors.Is(err, store.ErrLeaseLost) || errors.Is(err, errRolledBack) {
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "22012": // completeInTxSQL's division by zero
+		return fmt.Errorf("idemkey postgres: commit: %w: the handler changed the record's row, so nothing was committed", store.ErrLeaseLost)
+	case errors.Is(err, errRolledBack):
 		return fmt.Errorf("idemkey postgres: commit: %w", err)
 	}
 	return t.store.translate(ctx, "commit", err)
 }
 
+// handlerEnded records outcome after a handler ended the transaction itself.
+// If it committed, its writes and the reservation are in, and the record
+// completes them, as in two-phase mode; if it rolled back, the reservation
+// is gone, and so is the key's hold. Either way the error reports the bug.
+func (t *atomicTx) handlerEnded(ctx context.Context, conn *pgxpool.Conn, outcome []byte) error {
+	conn.Release()
+	err := t.store.Complete(ctx, t.key, t.token, outcome)
+	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
+		return fmt.Errorf("idemkey postgres: commit: the handler ended the transaction, and recording its outcome failed: %w", err)
+	}
+	return errors.New("idemkey postgres: commit: the handler ended the transaction itself, so its writes were not atomic with the record")
+}
+
 // Rollback implements store.Tx.
 func (t *atomicTx) Rollback(ctx context.Context) error {
-	conn := t.conn
+	conn := t.end()
 	if conn == nil {
 		return errTxEnded
 	}
-	t.conn = nil
 	return t.store.rollback(ctx, conn)
 }
+
+// handlerTx is the handler's Querier: the transaction's connection, cut off
+// once the transaction has ended, so that a goroutine the handler left
+// behind cannot write into the next call that uses the connection.
+type handlerTx struct {
+	conn  *pgx.Conn
+	ended atomic.Bool
+}
+
+func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if h.ended.Load() {
+		return pgconn.CommandTag{}, errTxEnded
+	}
+	return h.conn.Exec(ctx, sql, args...)
+}
+
+func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if h.ended.Load() {
+		return nil, errTxEnded
+	}
+	return h.conn.Query(ctx, sql, args...)
+}
+
+func (h *handlerTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if h.ended.Load() {
+		return endedRow{}
+	}
+	return h.conn.QueryRow(ctx, sql, args...)
+}
+
+func (h *handlerTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if h.ended.Load() {
+		return endedBatch{}
+	}
+	return h.conn.SendBatch(ctx, b)
+}
+
+func (h *handlerTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if h.ended.Load() {
+		return 0, errTxEnded
+	}
+	return h.conn.CopyFrom(ctx, table, columns, src)
+}
+
+type endedRow struct{}
+
+func (endedRow) Scan(...any) error { return errTxEnded }
+
+type endedBatch struct{}
+
+func (endedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, errTxEnded }
+func (endedBatch) Query() (pgx.Rows, error)         { return nil, errTxEnded }
+func (endedBatch) QueryRow() pgx.Row                { return endedRow{} }
+func (endedBatch) Close() error                     { return errTxEnded }
+func (endedBatch) Tx() pgx.Tx                       { return nil }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -29,13 +30,15 @@ import (
 // says: "ok" (the default), "recorded" (a recorded error), "released" (a
 // released error), "panic" or "huge" (a reply too large to record);
 // "failed-ok" and "failed-recorded" first run a statement that fails, then
-// answer OK or the recorded error.
+// answer OK or the recorded error. The rest are in TestAtomicHandlerMisuse and
+// TestAtomicSessionLockTimeout.
 type writer struct {
 	paymentsv1.UnimplementedPaymentServiceServer
 	runs    atomic.Int32
 	written chan struct{} // if set, told after the write
 	proceed chan struct{} // if set, waited for after the write
 	delay   time.Duration // then slept
+	kept    postgres.Querier
 }
 
 func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
@@ -68,8 +71,40 @@ func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeR
 		panic("handler panic")
 	case "huge":
 		return &paymentsv1.Charge{Id: idemkey.NewKey(), Description: strings.Repeat("x", interceptor.DefaultMaxRecordSize)}, nil
+	case "lock_timeout": // the handler's own lock timeout
+		var v string
+		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&v); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+		return &paymentsv1.Charge{Id: idemkey.NewKey(), Description: v}, nil
+	case "COMMIT", "ROLLBACK", "DELETE FROM idempotency_keys": // misuse of the transaction
+		if _, err := tx.Exec(ctx, req.GetCustomerId()); err != nil {
+			return nil, status.Error(codes.Internal, err.Error())
+		}
+	case "keep": // keep the transaction beyond the call
+		w.kept = tx
 	}
 	return &paymentsv1.Charge{Id: idemkey.NewKey(), CustomerId: req.GetCustomerId()}, nil
+}
+
+// hold makes CreateCharge, after its write, tell written and wait until
+// release is called, or the test ends.
+func (w *writer) hold(t *testing.T) (release func()) {
+	w.written, w.proceed = make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	release = func() { once.Do(func() { close(w.proceed) }) }
+	t.Cleanup(release)
+	return release
+}
+
+// waitWritten waits until CreateCharge has written.
+func (w *writer) waitWritten(t *testing.T) {
+	t.Helper()
+	select {
+	case <-w.written:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the handler never wrote")
+	}
 }
 
 // recoverPanics turns a handler's panic into Internal, outside idemkey, as a
@@ -87,6 +122,7 @@ func recoverPanics(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handle
 // mode over bufconn.
 type atomicReplica struct {
 	replica
+	app    string // the application_name of the replica's sessions
 	writer *writer
 	client paymentsv1.PaymentServiceClient
 }
@@ -94,13 +130,15 @@ type atomicReplica struct {
 func newAtomicReplicas(t *testing.T, n int, opts []postgres.Option, configure ...func(*pgxpool.Config)) []atomicReplica {
 	t.Helper()
 	rs := make([]atomicReplica, n)
+	app := "idemkey_test_" + strings.ReplaceAll(t.Name(), "/", "_")
+	configure = append(configure, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
 	for i, r := range newReplicas(t, n, configure...) {
 		if i == 0 {
 			if _, err := r.pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, outcome text NOT NULL)`); err != nil {
 				t.Fatal(err)
 			}
 		}
-		rs[i] = atomicReplica{replica: r, writer: &writer{}}
+		rs[i] = atomicReplica{replica: r, app: app, writer: &writer{}}
 		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics,
 			interceptor.UnaryServerInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), interceptor.WithLogger(nil))))
 		paymentsv1.RegisterPaymentServiceServer(srv, rs[i].writer)
@@ -182,6 +220,71 @@ func TestAtomicOutcomes(t *testing.T) {
 	}
 }
 
+// A handler that ends the transaction itself, or changes the record's row,
+// or keeps the transaction beyond its call, cannot commit writes without a
+// record, nor leave its key in progress.
+func TestAtomicHandlerMisuse(t *testing.T) {
+	for _, tc := range []struct {
+		statement      string
+		effects, kept  int // rows in effects, and completed records, after the call
+		retry          codes.Code
+		runsAfterRetry int32
+	}{
+		// Its writes and the reservation committed: the record completes
+		// them, so the retry replays.
+		{"COMMIT", 1, 1, codes.OK, 1},
+		// Nothing is left: the retry runs again (and rolls back again).
+		{"ROLLBACK", 0, 0, codes.Unavailable, 2},
+		// The record cannot be written, so nothing commits.
+		{"DELETE FROM idempotency_keys", 0, 0, codes.Unavailable, 2},
+	} {
+		t.Run(tc.statement, func(t *testing.T) {
+			r := newAtomicReplicas(t, 1, nil)[0]
+			if _, err := r.charge("k", tc.statement); status.Code(err) != codes.Unavailable {
+				t.Fatalf("first call: %v, want Unavailable", err)
+			}
+			if n, k := r.effects(t), r.count(t, `state = 'completed'`); n != tc.effects || k != tc.kept {
+				t.Errorf("after the call: %d effects and %d completed records, want %d and %d", n, k, tc.effects, tc.kept)
+			}
+			if n := r.count(t, `state = 'in_progress'`); n != 0 {
+				t.Errorf("%d records left in progress", n)
+			}
+			if _, err := r.charge("k", tc.statement); status.Code(err) != tc.retry || r.writer.runs.Load() != tc.runsAfterRetry {
+				t.Errorf("retry: %v after %d runs, want %v after %d", err, r.writer.runs.Load(), tc.retry, tc.runsAfterRetry)
+			}
+		})
+	}
+	t.Run("kept", func(t *testing.T) {
+		r := newAtomicReplicas(t, 1, nil)[0]
+		if _, err := r.charge("k", "keep"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := r.writer.kept.Exec(context.Background(), `INSERT INTO effects (outcome) VALUES ('late')`); err == nil {
+			t.Error("the transaction took a write after its call ended")
+		}
+		if n := r.effects(t); n != 1 {
+			t.Errorf("%d effects, want the call's 1", n)
+		}
+	})
+}
+
+// The reservation's lock timeout does not leak into the handler, which keeps
+// its session's, even one set with SET after connecting.
+func TestAtomicSessionLockTimeout(t *testing.T) {
+	r := newAtomicReplicas(t, 1, nil, func(c *pgxpool.Config) {
+		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, `SET lock_timeout = '1234ms'`)
+			return err
+		}
+	})[0]
+	for range 2 { // on a new connection, then on one that has run a call
+		c, err := r.charge(idemkey.NewKey(), "lock_timeout")
+		if err != nil || c.GetDescription() != "1234ms" {
+			t.Errorf("the handler's lock_timeout: %q, %v; want the session's 1234ms", c.GetDescription(), err)
+		}
+	}
+}
+
 // A duplicate that arrives while the first call's transaction is open waits
 // up to the lock timeout, then gets Aborted, whatever its request; once the
 // first has committed, the same request gets the replay and another request
@@ -189,10 +292,10 @@ func TestAtomicOutcomes(t *testing.T) {
 func TestAtomicDuplicateWhileOpen(t *testing.T) {
 	rs := newAtomicReplicas(t, 2, nil)
 	a, b := rs[0], rs[1]
-	a.writer.written, a.writer.proceed = make(chan struct{}, 1), make(chan struct{})
+	release := a.writer.hold(t)
 	first := make(chan error, 1)
 	go func() { _, err := a.charge("k", "ok"); first <- err }()
-	<-a.writer.written
+	a.writer.waitWritten(t)
 
 	for _, customer := range []string{"ok", "other"} {
 		start := time.Now()
@@ -204,7 +307,7 @@ func TestAtomicDuplicateWhileOpen(t *testing.T) {
 			t.Errorf("duplicate answered after %v, before the lock timeout %v", waited, postgres.DefaultLockTimeout)
 		}
 	}
-	close(a.writer.proceed)
+	release()
 	if err := <-first; err != nil {
 		t.Fatalf("first call: %v", err)
 	}
@@ -229,17 +332,17 @@ func TestAtomicDuplicateWaits(t *testing.T) {
 		t.Run(customer, func(t *testing.T) {
 			rs := newAtomicReplicas(t, 2, []postgres.Option{postgres.WithLockTimeout(time.Minute)})
 			a, b := rs[0], rs[1]
-			a.writer.written, a.writer.proceed = make(chan struct{}, 1), make(chan struct{})
+			release := a.writer.hold(t)
 			first := make(chan error, 1)
 			go func() { _, err := a.charge("k", customer); first <- err }()
-			<-a.writer.written
+			a.writer.waitWritten(t)
 
 			second := make(chan error, 1)
 			go func() { _, err := b.charge("k", customer); second <- err }()
 			waitUntil(t, "the duplicate waits on the lock", func() bool {
-				return b.replica.countWaiting(t) > 0
+				return b.countWaiting(t) > 0
 			})
-			close(a.writer.proceed)
+			release()
 			<-first
 			err := <-second
 			switch customer {
@@ -256,12 +359,12 @@ func TestAtomicDuplicateWaits(t *testing.T) {
 	}
 }
 
-// countWaiting counts the backends of the test database waiting on a lock.
-func (r replica) countWaiting(t *testing.T) int {
+// countWaiting counts the sessions of r's application waiting on a lock.
+func (r atomicReplica) countWaiting(t *testing.T) int {
 	t.Helper()
 	var n int
 	err := r.pool.QueryRow(context.Background(),
-		`SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&n)
+		`SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, r.app).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,19 +386,19 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 // Unavailable, no key is left in progress, and the retry runs once.
 func TestAtomicTerminatedBackend(t *testing.T) {
 	r := newAtomicReplicas(t, 1, nil)[0]
-	r.writer.written, r.writer.proceed = make(chan struct{}, 1), make(chan struct{})
+	release := r.writer.hold(t)
 	first := make(chan error, 1)
 	go func() { _, err := r.charge("k", "ok"); first <- err }()
-	<-r.writer.written
+	r.writer.waitWritten(t)
 
 	admin := pgtest.Pool(t, schemaOf(t, r.pool))
 	var terminated int
 	err := admin.QueryRow(context.Background(), `SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
-		WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'idle in transaction'`).Scan(&terminated)
+		WHERE application_name = $1 AND state = 'idle in transaction'`, r.app).Scan(&terminated)
 	if err != nil || terminated != 1 {
 		t.Fatalf("terminated %d backends idle in transaction (%v), want the one of the call", terminated, err)
 	}
-	close(r.writer.proceed)
+	release()
 	if err := <-first; status.Code(err) != codes.Unavailable {
 		t.Fatalf("call whose backend was terminated: %v, want Unavailable", err)
 	}

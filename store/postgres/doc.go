@@ -58,8 +58,8 @@
 // atomic mode (interceptor.WithAtomic): Begin starts a transaction on a
 // connection of the pool and reserves the key in it, the handler writes in
 // the same transaction, and the record commits with its writes. A handler
-// finds the transaction with TxFromContext; its Tx has pgx's query methods
-// (it fits sqlc's DBTX) and no Commit or Rollback:
+// finds the transaction with TxFromContext, a Querier with pgx's query
+// methods (it fits sqlc's DBTX) and no Commit or Rollback:
 //
 //	func (s *Service) CreateCharge(ctx context.Context, req *pb.CreateChargeRequest) (*pb.Charge, error) {
 //		tx, ok := postgres.TxFromContext(ctx)
@@ -71,18 +71,23 @@
 //	}
 //
 // What to know:
-//   - One call costs three round trips besides the handler's own statements
-//     and commits once: BEGIN, the reservation and a savepoint go out as one
-//     pipeline, and the record and COMMIT as another. A replay costs two
-//     round trips, and commits nothing.
+//   - A call costs two round trips besides the handler's own statements, and
+//     one commit: BEGIN, the reservation and a savepoint go out as one
+//     pipeline, and the record and COMMIT as another. A replay costs two round
+//     trips and commits nothing. On a connection that has not prepared these
+//     statements yet (a new one, or one whose last Begin waited out the lock
+//     timeout, after which pgx prepares its batch anew), preparing them costs
+//     another round trip, and is not bounded by the lock timeout.
 //   - A recorded error rolls back to the savepoint, undoing the handler's
 //     writes, even after a statement of the handler failed, and commits the
-//     record alone.
+//     record alone. A success after a failed statement cannot commit: the
+//     caller gets Unavailable, and the key is free.
 //   - A duplicate of a key whose transaction is open waits on its row for at
-//     most the lock timeout (WithLockTimeout, 100 ms by default, set with SET
-//     LOCAL lock_timeout around the reservation only), then is answered "in
-//     progress". If the first transaction ends sooner, the duplicate gets its
-//     replay, or, if it rolled back, runs.
+//     most the lock timeout (WithLockTimeout, 100 ms by default, set around the
+//     reservation only), then is answered "in progress". If the first
+//     transaction ends sooner, the duplicate gets its replay, or, if it rolled
+//     back, runs. A lock on the whole table (a migration, VACUUM FULL) held
+//     longer than the lock timeout is answered "in progress" too.
 //   - Each running call holds one connection of the pool until it ends, and so
 //     does each waiting duplicate, for at most the lock timeout. A handler that
 //     also takes another connection from the same pool needs a pool larger than
@@ -90,7 +95,17 @@
 //   - The transaction has the database's default isolation. Under REPEATABLE
 //     READ or SERIALIZABLE, a reservation that loses a race begins again, up
 //     to 10 times; a commit that fails to serialize rolls back everything, and
-//     the caller gets Unavailable, so its retry runs again.
+//     the caller gets Unavailable, so its retry runs again. A handler that
+//     sees a serialization failure or a deadlock (SQLSTATE 40001, 40P01)
+//     should answer a released code such as Aborted, not a recorded one.
+//   - Deferred constraints are checked at COMMIT, after the handler has
+//     returned: a violation there rolls everything back and answers
+//     Unavailable, on every retry. Check them in the handler (SET CONSTRAINTS
+//     ALL IMMEDIATE) to answer a recorded error instead.
+//   - The transaction is the handler's until it returns: it must not commit or
+//     roll back itself (if it does, the caller gets Unavailable, and a commit's
+//     writes are recorded after the fact, as in two-phase mode), and the
+//     Querier fails once the call has ended.
 //   - ContextWithTx puts a transaction of your own where TxFromContext finds
 //     it, to run a handler outside gRPC (a test, a batch job) in a
 //     transaction.
@@ -105,7 +120,8 @@
 // (a missing table, a permission, a failed login) keep their SQLSTATE and
 // message. Either way the interceptor fails closed with Unavailable, without
 // running the handler. No pgx error value or connection detail reaches a
-// caller; WithLogger logs the driver's own error at Debug. Migrate, an
+// caller; WithLogger logs the driver's own error at Debug, a server's without
+// its detail, which may quote a row's values. Migrate, an
 // administrative call, returns the driver's errors wrapped.
 //
 // # Caveats

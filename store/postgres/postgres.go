@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -67,8 +69,9 @@ func WithTimeout(d time.Duration) Option {
 
 // WithLockTimeout bounds how long Begin, in atomic mode, waits for another
 // transaction that holds the same key to end before it answers "in progress"
-// (DefaultLockTimeout if d < 1ms). It applies to the reservation only, not to
-// the handler's own statements.
+// (DefaultLockTimeout if d < 1ms), in whole milliseconds. It applies to the
+// reservation only; the handler's own statements keep the session's
+// lock_timeout.
 func WithLockTimeout(d time.Duration) Option {
 	return func(o *options) { o.lockTimeout = d }
 }
@@ -89,6 +92,7 @@ func newOptions(opts []Option) (options, error) {
 	if o.lockTimeout < time.Millisecond {
 		o.lockTimeout = DefaultLockTimeout
 	}
+	o.lockTimeout = min(o.lockTimeout, math.MaxInt32*time.Millisecond) // PostgreSQL's largest
 	if !tableName.MatchString(o.name) {
 		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.name)
 	}
@@ -115,7 +119,8 @@ type Store struct {
 	opts options
 
 	reserveSQL, completeSQL, releaseSQL, sweepSQL string
-	lockTimeoutSQL                                string
+	completeInTxSQL                               string
+	lockTimeout                                   string // lock_timeout's value, in milliseconds
 }
 
 var _ store.Store = (*Store)(nil)
@@ -129,14 +134,14 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	table := o.qualified(o.table)
 	return &Store{
-		pool:        pool,
-		opts:        o,
-		reserveSQL:  reserveSQL(table, o.qualified(o.table+"_token_seq")),
-		completeSQL: fmt.Sprintf(completeSQL, table),
-		releaseSQL:  fmt.Sprintf(releaseSQL, table),
-		sweepSQL:    fmt.Sprintf(sweepSQL, table),
-		// An integer is milliseconds. SET takes no parameters.
-		lockTimeoutSQL: fmt.Sprintf("SET LOCAL lock_timeout = %d", o.lockTimeout.Milliseconds()),
+		pool:            pool,
+		opts:            o,
+		reserveSQL:      reserveSQL(table, o.qualified(o.table+"_token_seq")),
+		completeSQL:     fmt.Sprintf(completeSQL, table),
+		releaseSQL:      fmt.Sprintf(releaseSQL, table),
+		sweepSQL:        fmt.Sprintf(sweepSQL, table),
+		completeInTxSQL: fmt.Sprintf(completeInTxSQL, fmt.Sprintf(completeSQL, table)),
+		lockTimeout:     strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 	}, nil
 }
 
@@ -319,13 +324,23 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // database, or a cancelled call, is store.ErrUnavailable (the context's own
 // error is kept for errors.Is); any other server error keeps only its
 // SQLSTATE and message, which cannot hold a raw key or tenant because the
-// store sends only hashes. The driver's full error is logged at Debug.
+// store sends only hashes. The driver's error is logged at Debug, a server
+// error without its detail.
 func (s *Store) translate(ctx context.Context, op string, err error) error {
-	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey postgres: "+op+" failed", slog.Any("error", err))
+	pgErr := (*pgconn.PgError)(nil)
+	if errors.As(err, &pgErr) {
+		// Not the whole error: its detail may quote the values of a row,
+		// such as those a handler wrote in atomic mode.
+		s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey postgres: "+op+" failed",
+			slog.String("sqlstate", pgErr.Code), slog.String("message", pgErr.Message),
+			slog.String("table", pgErr.TableName), slog.String("constraint", pgErr.ConstraintName))
+	} else {
+		s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey postgres: "+op+" failed", slog.Any("error", err))
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("idemkey postgres: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
 	}
-	if pgErr := (*pgconn.PgError)(nil); errors.As(err, &pgErr) {
+	if pgErr != nil {
 		if !unavailable(pgErr.Code) {
 			return fmt.Errorf("idemkey postgres: %s: SQLSTATE %s: %s", op, pgErr.Code, pgErr.Message)
 		}
