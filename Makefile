@@ -45,8 +45,12 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:StoreVsBaseline .unit:/(ns\/op|\/baseline)$$/' bin/bench.txt
 	@echo "== Reserve's median latency on tables of 10^4 and 10^6 rows, interleaved"
 	@$(TOOL) benchstat -filter '.name:ReserveScale .unit:/p50/' bin/bench.txt
+	@echo "== the interceptor on PostgreSQL over bufconn, with a handler that does nothing, interleaved: each path against the bare call"
+	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
+	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
+	@$(GO) run ./internal/benchtable bin/bench.txt
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin

@@ -12,8 +12,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
 
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -227,5 +232,71 @@ func BenchmarkReserveScale(b *testing.B) {
 		b.ReportMetric(small, name+"-p50-ns@1e4")
 		b.ReportMetric(large, name+"-p50-ns@1e6")
 		b.ReportMetric(large/small, name+"-p50-1e6/1e4")
+	}
+}
+
+// BenchmarkInterceptor measures CreateCharge over bufconn with a handler that
+// does no work of its own, interleaved in rotating order: bare (no
+// interceptor), and behind the interceptor on this store in two-phase and in
+// atomic mode, each as a first call (a new key) and as a replay. It reports
+// each one's time and its ratio to bare: what idemkey adds to a call.
+func BenchmarkInterceptor(b *testing.B) {
+	pool := pgtest.Pool(b, pgtest.Schema(b))
+	if err := postgres.Migrate(context.Background(), pool); err != nil {
+		b.Fatal(err)
+	}
+	st := newStore(b, pool)
+	serve := func(interceptors ...grpc.UnaryServerInterceptor) paymentsv1.PaymentServiceClient {
+		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(interceptors...))
+		paymentsv1.RegisterPaymentServiceServer(srv, &chargeService{})
+		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
+	}
+	bare := serve()
+	twoPhase := serve(interceptor.UnaryServerInterceptor(st))
+	atomic := serve(interceptor.UnaryServerInterceptor(st, interceptor.WithAtomic()))
+	run := idemkey.NewKey()
+	call := func(client paymentsv1.PaymentServiceClient, key string) func(int) error {
+		return func(i int) error {
+			k := key
+			if k == "" {
+				k = fmt.Sprint(run, "-", i)
+			}
+			return createCharge(client, k)
+		}
+	}
+	ops := []struct {
+		name string
+		call func(int) error
+	}{
+		{"bare", call(bare, "bare")},
+		{"two-phase-first", call(twoPhase, "")},
+		{"two-phase-replay", call(twoPhase, "replayed")},
+		{"atomic-first", call(atomic, "")},
+		{"atomic-replay", call(atomic, "replayed")},
+	}
+	for _, op := range ops { // connect, prepare, and record the replayed keys
+		if err := op.call(-1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	spent := make([]time.Duration, len(ops))
+	n := 0
+	for b.Loop() {
+		for j := range ops {
+			k := (n + j) % len(ops)
+			start := time.Now()
+			if err := ops[k].call(n); err != nil {
+				b.Fatal(err)
+			}
+			spent[k] += time.Since(start)
+		}
+		n++
+	}
+	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
+	for i, op := range ops {
+		b.ReportMetric(perOp(spent[i]), op.name+"-ns/op")
+		if i > 0 {
+			b.ReportMetric(perOp(spent[i])/perOp(spent[0]), op.name+"/bare")
+		}
 	}
 }
