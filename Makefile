@@ -6,8 +6,9 @@ BENCH_COUNT ?= 10
 DEMO_ADDR   ?= 127.0.0.1:50051
 FUZZ_TIME   ?= 10s
 SOAK        ?= 10m
+LOAD_TIME   ?= 10s
 
-.PHONY: help generate check-generate lint test bench soak demo
+.PHONY: help generate check-generate lint test bench load soak demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -51,6 +52,9 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./internal/benchtable bin/bench.txt
+
+load: ## drive the example server on PostgreSQL with ghz over loopback, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement)
+	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME)
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin
