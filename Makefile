@@ -19,6 +19,7 @@ generate: ## regenerate the Go code of the protos with buf
 check-generate: generate ## fail if generated code or a go.mod is out of date
 	$(GO) mod tidy -diff
 	cd tools && $(GO) mod tidy -diff
+	cd tools/ghz && $(GO) mod tidy -diff
 	@git diff --exit-code -- proto || (echo "generated code is stale: run make generate and commit" && exit 1)
 	@test -z "$$(git status --porcelain -- proto)" || (git status --porcelain -- proto && echo "make generate made new files: commit them" && exit 1)
 

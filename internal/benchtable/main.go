@@ -46,9 +46,8 @@ type row struct {
 }
 
 // ratios reads benchmark result lines ("BenchmarkName-2 N value unit ...")
-// and collects the values of every unit that is a ratio: one with a "/" that
-// is not a per-operation cost such as ns/op or B/op. Rows keep the order in
-// which they first appear.
+// and collects the values of every unit that is a ratio (see isRatio). Rows
+// keep the order in which they first appear.
 func ratios(r io.Reader) ([]*row, error) {
 	var rows []*row
 	index := map[string]*row{}
@@ -64,7 +63,7 @@ func ratios(r io.Reader) ([]*row, error) {
 		}
 		for i := 2; i+1 < len(fields); i += 2 {
 			unit := fields[i+1]
-			if !strings.Contains(unit, "/") || strings.HasSuffix(unit, "/op") {
+			if !isRatio(unit) {
 				continue
 			}
 			v, err := strconv.ParseFloat(fields[i], 64)
@@ -80,6 +79,13 @@ func ratios(r io.Reader) ([]*row, error) {
 		}
 	}
 	return rows, lines.Err()
+}
+
+// isRatio reports whether unit is a ratio ("first/bare"), rather than a
+// cost per operation ("ns/op", "B/op", "bare-ns/call").
+func isRatio(unit string) bool {
+	left, right, ok := strings.Cut(unit, "/")
+	return ok && right != "op" && right != "call" && !strings.HasSuffix(left, "ns") && !strings.HasSuffix(left, "sec")
 }
 
 func median(vs []float64) float64 {

@@ -1,5 +1,6 @@
 // Command load drives the example payment server on PostgreSQL with ghz, a
-// gRPC load tool, over loopback, and runs pgbench with the minimal SQL of the
+// gRPC load tool (pinned in tools/ghz, a module of its own because it needs an
+// older grpc-go than the other tools), over loopback, and runs pgbench with the minimal SQL of the
 // same work on the same database as the database's own ceiling. make load
 // runs it and prints its table.
 //
@@ -208,7 +209,7 @@ func (r report) codes() string {
 // key, and parses its JSON report.
 func ghz(addr, key string, duration time.Duration, clients int) (report, error) {
 	metadata := fmt.Sprintf(`{"authorization": "Bearer sk_test_acme", "idempotency-key": %q}`, key)
-	cmd := exec.Command("go", "tool", "-modfile=tools/go.mod", "ghz", "--insecure",
+	cmd := exec.Command("go", "tool", "-modfile=tools/ghz/go.mod", "ghz", "--insecure",
 		"--call", "example.payments.v1.PaymentService.CreateCharge",
 		"-d", `{"customer_id": "cus_1", "amount": 100, "currency": "EUR"}`,
 		"-m", metadata,
