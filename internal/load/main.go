@@ -116,6 +116,9 @@ func measureMode(bin string, atomic bool, duration time.Duration, clients int) e
 		}
 		fmt.Printf("| %s | %s | %.0f | %v | %v | %s | %.0f | %s | %s |\n", mode, mix.name, r.RPS,
 			r.percentile(50), r.percentile(99), r.codes(), ceiling, ratio, srv.peakRSS())
+		for msg, n := range r.Errors {
+			fmt.Fprintf(os.Stderr, "%s, %s: %d × %s\n", mode, mix.name, n, msg)
+		}
 	}
 	return nil
 }
@@ -185,6 +188,7 @@ type report struct {
 		Latency    time.Duration `json:"latency"`
 	} `json:"latencyDistribution"`
 	StatusCodes map[string]int `json:"statusCodeDistribution"`
+	Errors      map[string]int `json:"errorDistribution"`
 }
 
 func (r report) percentile(p int) time.Duration {
