@@ -3,7 +3,6 @@ package example_test
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -43,42 +43,30 @@ func BenchmarkCreateCharge(b *testing.B) {
 		paymentsv1.RegisterPaymentServiceServer(srv, example.NewService(ledger, 0))
 		return serve(srv)
 	}
-	clients := []paymentsv1.PaymentServiceClient{bare(), bare(inTransaction(pool))}
+	clients := []paymentsv1.PaymentServiceClient{bare(), bare(inTransaction(pool))} // then atomic, two-phase
 	for _, atomic := range []bool{true, false} {
 		be := postgresBackend(b, pool, atomic)
 		srv, _ := example.NewServer(be.store, example.Config{Ledger: be.ledger, Atomic: atomic})
 		clients = append(clients, serve(srv))
 	}
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
-	call := func(client paymentsv1.PaymentServiceClient) {
-		ctx := metadata.AppendToOutgoingContext(as("acme"), idemkey.KeyMetadata, idemkey.NewKey())
-		if _, err := client.CreateCharge(ctx, req); err != nil {
+	var ops []benchtest.Op
+	for i, name := range []string{"bare", "bare-tx", "atomic", "two-phase"} {
+		call := func(int) error {
+			ctx := metadata.AppendToOutgoingContext(as("acme"), idemkey.KeyMetadata, idemkey.NewKey())
+			_, err := clients[i].CreateCharge(ctx, req)
+			return err
+		}
+		if err := call(0); err != nil { // connect, and prepare the statements
 			b.Fatal(err)
 		}
+		ops = append(ops, benchtest.Op{Name: name, Run: call})
 	}
-	for _, c := range clients { // connect, and prepare the statements
-		call(c)
+	ns := benchtest.Interleave(b, ops...)
+	for i := 1; i < len(ops); i++ {
+		b.ReportMetric(ns[i]/ns[0], ops[i].Name+"/bare")
 	}
-
-	var spent [4]time.Duration
-	n := 0
-	for b.Loop() {
-		for j := range clients {
-			k := (n + j) % len(clients)
-			start := time.Now()
-			call(clients[k])
-			spent[k] += time.Since(start)
-		}
-		n++
-	}
-	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
-	for i, name := range []string{"bare", "bare-tx", "atomic", "two-phase"} {
-		b.ReportMetric(perOp(spent[i]), name+"-ns/op")
-		if i > 0 {
-			b.ReportMetric(perOp(spent[i])/perOp(spent[0]), name+"/bare")
-		}
-	}
-	b.ReportMetric(perOp(spent[2])/perOp(spent[1]), "atomic/bare-tx")
+	b.ReportMetric(ns[2]/ns[1], "atomic/bare-tx")
 }
 
 // inTransaction runs each call's handler in a transaction of its own, which

@@ -1,10 +1,8 @@
 package interceptor_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -192,29 +190,6 @@ func (failingStore) Reserve(context.Context, store.Reservation) (store.Result, e
 func (failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }
 func (failingStore) Release(context.Context, store.Key, store.Token) error          { return errDown }
 func (failingStore) Sweep(context.Context, int) (int, error)                        { return 0, errDown }
-
-// logBuffer collects log output at every level.
-func logBuffer() (*slog.Logger, *syncBuffer) {
-	var buf syncBuffer
-	return slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})), &buf
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // retryServiceConfig retries CreateCharge on UNAVAILABLE and ABORTED, as the
 // example's service config does, with short backoffs for tests.

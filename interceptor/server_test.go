@@ -18,6 +18,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -157,7 +158,7 @@ func TestPlainErrors(t *testing.T) {
 // A reply that cannot be recorded is recorded as Internal: the handler ran,
 // so its key must not be released.
 func TestUnrecordableReply(t *testing.T) {
-	logger, logs := logBuffer()
+	logger, logs := logtest.New()
 	d := newDirect(t, interceptor.WithLogger(logger))
 	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		return &paymentsv1.Charge{Id: "ch_\xff"}, nil // not UTF-8: gRPC cannot marshal it either
@@ -467,7 +468,7 @@ func TestCustomFingerprint(t *testing.T) {
 	_, _, err := d.call(context.Background(), createCharge, c, idemkey.KeyMetadata, "k")
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
 
-	logger, _ := logBuffer()
+	logger, _ := logtest.New()
 	failing := newDirect(t, interceptor.WithLogger(logger), interceptor.WithFingerprint(func(string, proto.Message) (store.Fingerprint, error) {
 		return store.Fingerprint{}, errors.New("cannot hash")
 	}))
@@ -479,7 +480,7 @@ func TestCustomFingerprint(t *testing.T) {
 }
 
 func TestStoreUnavailable(t *testing.T) {
-	logger, logs := logBuffer()
+	logger, logs := logtest.New()
 	svc := newService()
 	call := func(opts ...interceptor.Option) error {
 		intercept := interceptor.UnaryServerInterceptor(failingStore{}, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
@@ -566,7 +567,7 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 }
 
 func TestCorruptRecord(t *testing.T) {
-	logger, logs := logBuffer()
+	logger, logs := logtest.New()
 	d := newDirect(t, interceptor.WithLogger(logger))
 	fp, err := interceptor.Fingerprint(createCharge, request(1))
 	if err != nil {
@@ -603,7 +604,7 @@ func TestCorruptRecord(t *testing.T) {
 // When the lease is taken over mid-handler, the first caller still gets its
 // own result, the record keeps the new holder's, and the loss is logged.
 func TestLeaseLostIsLogged(t *testing.T) {
-	logger, logs := logBuffer()
+	logger, logs := logtest.New()
 	d := newDirect(t, interceptor.WithLogger(logger))
 	nested := false
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
@@ -635,7 +636,7 @@ func TestLeaseLostIsLogged(t *testing.T) {
 func TestNoSecretsInLogsOrErrors(t *testing.T) {
 	const key, tenant, customer = "SECRET-KEY-7f3a", "SECRET-TENANT-acme", "SECRET-CUSTOMER-42"
 	req := &paymentsv1.CreateChargeRequest{CustomerId: customer, Amount: 1, Currency: "EUR"}
-	logger, logs := logBuffer()
+	logger, logs := logtest.New()
 	d := newDirect(t, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))
 	call := func(k string) error {
 		_, _, err := d.call(context.Background(), createCharge, req, idemkey.KeyMetadata, k, "tenant", tenant)

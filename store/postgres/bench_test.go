@@ -16,6 +16,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -105,32 +106,14 @@ func BenchmarkStoreVsBaseline(b *testing.B) {
 	if err := bl.first(ctx, replayKey, fp); err != nil {
 		b.Fatal(err)
 	}
-	ops := []func(i int) error{
-		func(i int) error { return bl.first(ctx, benchKey("first", i), fp) },
-		func(i int) error { return first(ctx, st, benchKey("first", i), fp) },
-		func(int) error { return bl.replay(ctx, replayKey) },
-		func(int) error { return replay(ctx, st, replayKey, fp) },
-	}
-	var spent [4]time.Duration
-	n := 0
-	for b.Loop() {
-		for j := range ops {
-			op := (n + j) % len(ops)
-			start := time.Now()
-			if err := ops[op](n); err != nil {
-				b.Fatal(err)
-			}
-			spent[op] += time.Since(start)
-		}
-		n++
-	}
-	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
-	b.ReportMetric(perOp(spent[0]), "baseline-first-ns/op")
-	b.ReportMetric(perOp(spent[1]), "store-first-ns/op")
-	b.ReportMetric(perOp(spent[2]), "baseline-replay-ns/op")
-	b.ReportMetric(perOp(spent[3]), "store-replay-ns/op")
-	b.ReportMetric(perOp(spent[1])/perOp(spent[0]), "first/baseline")
-	b.ReportMetric(perOp(spent[3])/perOp(spent[2]), "replay/baseline")
+	ns := benchtest.Interleave(b,
+		benchtest.Op{Name: "baseline-first", Run: func(i int) error { return bl.first(ctx, benchKey("first", i), fp) }},
+		benchtest.Op{Name: "store-first", Run: func(i int) error { return first(ctx, st, benchKey("first", i), fp) }},
+		benchtest.Op{Name: "baseline-replay", Run: func(int) error { return bl.replay(ctx, replayKey) }},
+		benchtest.Op{Name: "store-replay", Run: func(int) error { return replay(ctx, st, replayKey, fp) }},
+	)
+	b.ReportMetric(ns[1]/ns[0], "first/baseline")
+	b.ReportMetric(ns[3]/ns[2], "replay/baseline")
 }
 
 // filled caches, for the life of the test binary, one schema per table size:
@@ -264,39 +247,20 @@ func BenchmarkInterceptor(b *testing.B) {
 			return createCharge(client, k)
 		}
 	}
-	ops := []struct {
-		name string
-		call func(int) error
-	}{
-		{"bare", call(bare, "bare")},
-		{"two-phase-first", call(twoPhase, "")},
-		{"two-phase-replay", call(twoPhase, "replayed")},
-		{"atomic-first", call(atomic, "")},
-		{"atomic-replay", call(atomic, "replayed")},
+	ops := []benchtest.Op{
+		{Name: "bare", Run: call(bare, "bare")},
+		{Name: "two-phase-first", Run: call(twoPhase, "")},
+		{Name: "two-phase-replay", Run: call(twoPhase, "replayed")},
+		{Name: "atomic-first", Run: call(atomic, "")},
+		{Name: "atomic-replay", Run: call(atomic, "replayed")},
 	}
 	for _, op := range ops { // connect, prepare, and record the replayed keys
-		if err := op.call(-1); err != nil {
+		if err := op.Run(-1); err != nil {
 			b.Fatal(err)
 		}
 	}
-	spent := make([]time.Duration, len(ops))
-	n := 0
-	for b.Loop() {
-		for j := range ops {
-			k := (n + j) % len(ops)
-			start := time.Now()
-			if err := ops[k].call(n); err != nil {
-				b.Fatal(err)
-			}
-			spent[k] += time.Since(start)
-		}
-		n++
-	}
-	perOp := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(n) }
-	for i, op := range ops {
-		b.ReportMetric(perOp(spent[i]), op.name+"-ns/op")
-		if i > 0 {
-			b.ReportMetric(perOp(spent[i])/perOp(spent[0]), op.name+"/bare")
-		}
+	ns := benchtest.Interleave(b, ops...)
+	for i := 1; i < len(ops); i++ {
+		b.ReportMetric(ns[i]/ns[0], ops[i].Name+"/bare")
 	}
 }

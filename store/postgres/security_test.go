@@ -1,10 +1,8 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"log/slog"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -19,6 +17,7 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -107,8 +106,7 @@ func TestNothingRawLeaks(t *testing.T) {
 		tenant = "tenant-7d41e0"
 		secret = "request-body-b52c77"
 	)
-	logs := &syncWriter{}
-	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	logger, logs := logtest.New()
 	r := newReplica(t)
 	svc := &blocking{started: make(chan struct{}, 1), proceed: make(chan struct{})}
 	serve := func(st *postgres.Store, opts ...interceptor.Option) paymentsv1.PaymentServiceClient {
@@ -196,22 +194,4 @@ func (b *blocking) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeR
 		return nil, status.Error(codes.FailedPrecondition, "declined")
 	}
 	return &paymentsv1.Charge{Id: "ch_1"}, nil
-}
-
-// syncWriter collects the log records of the server's goroutines.
-type syncWriter struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.buf.String()
 }
