@@ -1,5 +1,6 @@
-# Every tool is pinned in tools/go.mod and run with `go tool`, so a fresh
-# machine with Go needs nothing else.
+# Every Go tool is pinned in tools/go.mod (ghz, which needs an older grpc-go,
+# in tools/ghz/go.mod) and run with `go tool`, so a fresh machine with Go needs
+# nothing else; make test and make load also use the local PostgreSQL binaries.
 GO          ?= go
 TOOL        := $(GO) tool -modfile=tools/go.mod
 BENCH_COUNT ?= 10
