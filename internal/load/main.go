@@ -16,7 +16,6 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -29,11 +28,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/internal/pgtest"
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 func main() {
@@ -68,26 +63,13 @@ func run(duration time.Duration, clients int) error {
 }
 
 func measureMode(bin string, atomic bool, duration time.Duration, clients int) error {
-	ctx := context.Background()
 	schema, err := pgtest.CreateSchema()
 	if err != nil {
 		return err
 	}
 	defer pgtest.DropSchema(schema)
-	url := pgtest.SchemaURL(schema, fmt.Sprint("pool_max_conns=", clients+4))
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		return err
-	}
-	if err := example.MigrateLedger(ctx, pool); err != nil {
-		return err
-	}
-
-	srv, err := startServer(bin, url, atomic)
+	// The server creates its tables at start-up, pgbench's too.
+	srv, err := startServer(bin, pgtest.SchemaURL(schema, fmt.Sprint("pool_max_conns=", clients+4)), atomic)
 	if err != nil {
 		return err
 	}
