@@ -49,8 +49,10 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:Overhead .unit:/^(first|replay)\/bare$$/' bin/bench.txt
 	@echo "== the Postgres store against hand-written pgx doing the same design's minimal SQL, interleaved"
 	@$(TOOL) benchstat -filter '.name:StoreVsBaseline .unit:/(ns\/op|\/baseline)$$/' bin/bench.txt
-	@echo "== Reserve's median latency on tables of 10^4 and 10^6 rows, interleaved"
+	@echo "== Reserve's median latency on tables of 10^4, 10^6 and 10^7 rows, interleaved"
 	@$(TOOL) benchstat -filter '.name:ReserveScale .unit:/p50/' bin/bench.txt
+	@echo "== the sweeper while live first calls run: rows deleted per second, and the calls' p99 without and during the sweep"
+	@$(TOOL) benchstat -filter '.name:SweepUnderLoad .unit:/(rows|p99)/' bin/bench.txt
 	@echo "== the interceptor on PostgreSQL over bufconn, with a handler that does nothing, interleaved: each path against the bare call"
 	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"

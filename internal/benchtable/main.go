@@ -82,10 +82,11 @@ func ratios(r io.Reader) ([]*row, error) {
 }
 
 // isRatio reports whether unit is a ratio ("first/bare"), rather than a
-// cost per operation ("ns/op", "B/op", "bare-ns/call").
+// cost per operation ("ns/op", "B/op", "bare-ns/call") or a rate
+// ("swept-rows/s").
 func isRatio(unit string) bool {
 	left, right, ok := strings.Cut(unit, "/")
-	return ok && right != "op" && right != "call" && !strings.HasSuffix(left, "ns") && !strings.HasSuffix(left, "sec")
+	return ok && right != "op" && right != "call" && right != "s" && !strings.HasSuffix(left, "ns") && !strings.HasSuffix(left, "sec")
 }
 
 func median(vs []float64) float64 {

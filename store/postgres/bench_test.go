@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -153,25 +154,39 @@ func filledStore(b *testing.B, rows int) *postgres.Store {
 		if err := postgres.Migrate(ctx, pool); err != nil {
 			b.Fatal(err)
 		}
+		// The indexes are built after the rows are in: maintaining them
+		// row by row, with random keys, would take many times longer.
 		fp := store.Fingerprint{1}
-		if _, err := pool.Exec(ctx, `INSERT INTO idempotency_keys
-			SELECT sha256(convert_to('filled-' || i, 'UTF8')), $2, 'completed', i, now(), $3, now(), now() + interval '1 day'
-			FROM generate_series(0, $1 - 1) AS i`, rows, fp[:], outcome); err != nil {
-			b.Fatal(err)
-		}
-		if _, err := pool.Exec(ctx, `VACUUM ANALYZE idempotency_keys`); err != nil {
-			b.Fatal(err)
+		for _, sql := range []string{
+			`ALTER TABLE idempotency_keys DROP CONSTRAINT idempotency_keys_pkey`,
+			`DROP INDEX idempotency_keys_expires_at_idx`,
+			`INSERT INTO idempotency_keys
+				SELECT sha256(convert_to('filled-' || i, 'UTF8')), $2, 'completed', i, now(), $3, now(), now() + interval '1 day'
+				FROM generate_series(0, $1 - 1) AS i`,
+			`ALTER TABLE idempotency_keys ADD PRIMARY KEY (key)`,
+			`CREATE INDEX idempotency_keys_expires_at_idx ON idempotency_keys (expires_at)`,
+			`VACUUM ANALYZE idempotency_keys`,
+		} {
+			var args []any
+			if strings.HasPrefix(sql, "INSERT") {
+				args = []any{rows, fp[:], outcome}
+			}
+			if _, err := pool.Exec(ctx, sql, args...); err != nil {
+				b.Fatal(err)
+			}
 		}
 	}
 	return newStore(b, pgtest.Pool(b, schema))
 }
 
-// BenchmarkReserveScale measures Reserve's latency on tables of 10^4 and 10^6
-// rows, interleaved as above: per iteration, on each table, the reserve of a
-// new key (an insert) and of a recorded key picked at random (a replay). It
-// reports each one's median and the ratio of the medians, 10^6 to 10^4.
+// BenchmarkReserveScale measures Reserve's latency on tables of 10^4, 10^6
+// and 10^7 rows, interleaved as above: per iteration, on each table, the
+// reserve of a new key (an insert) and of a recorded key picked at random (a
+// replay). It reports each one's median and the ratio of the medians to that
+// of 10^4 rows. Filling 10^7 rows takes minutes and some 5 GB, once per run
+// of the test binary.
 func BenchmarkReserveScale(b *testing.B) {
-	sizes := []int{10_000, 1_000_000}
+	sizes := []int{10_000, 1_000_000, 10_000_000}
 	stores := make([]*postgres.Store, len(sizes))
 	for i, rows := range sizes {
 		stores[i] = filledStore(b, rows)
@@ -211,10 +226,13 @@ func BenchmarkReserveScale(b *testing.B) {
 		return float64(ds[len(ds)/2].Nanoseconds())
 	}
 	for kind, name := range []string{"insert", "replay"} {
-		small, large := median(latencies[0][kind]), median(latencies[1][kind])
+		small := median(latencies[0][kind])
 		b.ReportMetric(small, name+"-p50-ns@1e4")
-		b.ReportMetric(large, name+"-p50-ns@1e6")
-		b.ReportMetric(large/small, name+"-p50-1e6/1e4")
+		for i, size := range []string{"1e6", "1e7"} {
+			large := median(latencies[i+1][kind])
+			b.ReportMetric(large, name+"-p50-ns@"+size)
+			b.ReportMetric(large/small, name+"-p50-"+size+"/1e4")
+		}
 	}
 }
 
@@ -263,4 +281,86 @@ func BenchmarkInterceptor(b *testing.B) {
 	for i := 1; i < len(ops); i++ {
 		b.ReportMetric(ns[i]/ns[0], ops[i].Name+"/bare")
 	}
+}
+
+// BenchmarkSweepUnderLoad measures the sweeper while live traffic runs. Each
+// iteration fills the table with 100,000 expired records, runs first calls
+// (Reserve, then Complete) from four goroutines for a second without a
+// sweep, then again while Sweep deletes the expired records in batches of
+// DefaultSweepBatch. It reports the rows deleted per second and the live
+// calls' p99 latency without and during the sweep, and their ratio.
+func BenchmarkSweepUnderLoad(b *testing.B) {
+	const expired, callers = 100_000, 4
+	pool := pgtest.Pool(b, pgtest.Schema(b))
+	ctx := context.Background()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	st := newStore(b, pool)
+	fp := store.Fingerprint{1}
+	// live runs first calls until stop is closed and returns their latencies.
+	live := func(run int, stop <-chan struct{}) []time.Duration {
+		var (
+			mu  sync.Mutex
+			all []time.Duration
+			wg  sync.WaitGroup
+		)
+		for g := range callers {
+			wg.Go(func() {
+				var mine []time.Duration
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						mu.Lock()
+						all = append(all, mine...)
+						mu.Unlock()
+						return
+					default:
+					}
+					start := time.Now()
+					if err := first(ctx, st, benchKey(fmt.Sprintf("live-%d-%d", run, g), i), fp); err != nil {
+						b.Error(err)
+					}
+					mine = append(mine, time.Since(start))
+				}
+			})
+		}
+		wg.Wait()
+		return all
+	}
+	p99 := func(ds []time.Duration) float64 {
+		slices.Sort(ds)
+		return float64(ds[len(ds)*99/100].Nanoseconds())
+	}
+	var rate, quiet, sweeping float64
+	run := 0
+	for b.Loop() {
+		run++
+		if _, err := pool.Exec(ctx, `INSERT INTO idempotency_keys
+			SELECT sha256(convert_to($1 || i, 'UTF8')), $2, 'completed', i, now() - interval '2 days', $3,
+				now() - interval '2 days', now() - interval '1 day'
+			FROM generate_series(1, $4) AS i`, fmt.Sprint("expired-", run, "-"), fp[:], outcome, expired); err != nil {
+			b.Fatal(err)
+		}
+		stop := make(chan struct{})
+		time.AfterFunc(time.Second, func() { close(stop) })
+		quiet += p99(live(run, stop))
+
+		stop = make(chan struct{})
+		latencies := make(chan []time.Duration)
+		go func() { latencies <- live(run+1_000_000, stop) }()
+		start := time.Now()
+		deleted, err := st.Sweep(ctx, store.DefaultSweepBatch)
+		took := time.Since(start)
+		close(stop)
+		sweeping += p99(<-latencies)
+		if err != nil || deleted < expired {
+			b.Fatalf("Sweep deleted %d of %d expired records: %v", deleted, expired, err)
+		}
+		rate += float64(deleted) / took.Seconds()
+	}
+	b.ReportMetric(rate/float64(run), "swept-rows/s")
+	b.ReportMetric(quiet/float64(run), "p99-ns-quiet")
+	b.ReportMetric(sweeping/float64(run), "p99-ns-sweeping")
+	b.ReportMetric(sweeping/quiet, "p99-sweeping/quiet")
 }
