@@ -166,7 +166,7 @@ type Store interface {
 // Atomic is implemented by stores that can commit a handler's own writes and
 // its recorded outcome in one transaction (store/postgres). The interceptor
 // uses it for methods in atomic mode. How the handler reaches the transaction
-// is the store's own API: Tx.Context puts it in the handler's context.
+// is the store's own API: Tx.HandlerContext puts it in the handler's context.
 type Atomic interface {
 	// Begin starts a transaction and reserves r in it, deciding as Reserve
 	// does. When the result is Acquired, tx holds the open transaction with the
