@@ -41,9 +41,9 @@ func (h *harness) inject(kind string, n int) fault {
 	case killServer:
 		err = h.killServer(n % servers)
 	case terminateInReserve:
-		f.detail, err = h.terminateInReserve(n % servers)
+		f.detail, err = again(func() (string, error) { return h.terminateInReserve(n % servers) })
 	case terminateInComplete:
-		f.detail, err = h.terminateInComplete(n % servers)
+		f.detail, err = again(func() (string, error) { return h.terminateInComplete(n % servers) })
 	case crashPostgres:
 		err = h.restartPostgres("immediate", 500*time.Millisecond)
 	case lockHotRows:
@@ -58,6 +58,24 @@ func (h *harness) inject(kind string, n int) fault {
 	f.recovery = h.recoveryTime()
 	return f
 }
+
+// again runs a fault that must catch a server statement in the act up to
+// three times: on a loaded machine the statement may end before the harness
+// finds it.
+func again(inject func() (string, error)) (string, error) {
+	var (
+		detail string
+		err    error
+	)
+	for range 3 {
+		if detail, err = inject(); !errors.Is(err, errNotCaught) {
+			break
+		}
+	}
+	return detail, err
+}
+
+var errNotCaught = errors.New("no server statement was caught in the act")
 
 func (h *harness) killServer(i int) error {
 	s := h.server(i)
@@ -125,7 +143,7 @@ func (h *harness) terminateInComplete(i int) (string, error) {
 			break
 		}
 		if time.Now().After(deadline) {
-			return "", errors.New("the call's reservation never showed in progress")
+			return "", fmt.Errorf("%w: the call's reservation never showed in progress", errNotCaught)
 		}
 	}
 	pid, err := h.waitBackend(`wait_event_type = 'Lock' AND query LIKE 'UPDATE %completed%'`)
@@ -148,7 +166,7 @@ func (h *harness) waitBackend(cond string) (int32, error) {
 			return 0, err
 		}
 	}
-	return 0, fmt.Errorf("no server session matched %s", cond)
+	return 0, fmt.Errorf("%w: no server session matched %s", errNotCaught, cond)
 }
 
 // terminate ends a session and checks that it is gone.
