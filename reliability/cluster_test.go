@@ -7,13 +7,14 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/pgtest"
 )
 
 // cluster is a PostgreSQL cluster the harness owns, so that it may crash and
@@ -21,33 +22,13 @@ import (
 // directory, listening only on a Unix socket there. It never touches a shared
 // server.
 type cluster struct {
-	bin, dir string
-	admin    *pgxpool.Pool // reconnects after restarts
-}
-
-// serverBinaries finds the directory of initdb and pg_ctl: the newest
-// /usr/lib/postgresql/*/bin (Debian), else the PATH.
-func serverBinaries() string {
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return version(dirs[i]) < version(dirs[j]) })
-	if len(dirs) > 0 {
-		return dirs[len(dirs)-1]
-	}
-	if initdb, err := exec.LookPath("initdb"); err == nil {
-		return filepath.Dir(initdb)
-	}
-	return ""
-}
-
-func version(bindir string) int {
-	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(bindir)))
-	return n
+	dir   string
+	admin *pgxpool.Pool // reconnects after restarts
 }
 
 func startCluster(t *testing.T) *cluster {
 	t.Helper()
-	bin := serverBinaries()
-	if bin == "" {
+	if pgtest.ServerBinary("initdb") == "" {
 		msg := "no PostgreSQL server binaries (initdb, pg_ctl) to start a cluster of the harness's own; Debian: apt-get install postgresql"
 		if os.Getenv("CI") == "true" {
 			t.Fatal(msg)
@@ -58,7 +39,7 @@ func startCluster(t *testing.T) *cluster {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{bin: bin, dir: dir}
+	c := &cluster{dir: dir}
 	t.Cleanup(func() {
 		if c.admin != nil {
 			c.admin.Close()
@@ -102,7 +83,7 @@ func (c *cluster) dsn(params ...string) string {
 
 // run runs one of the server binaries as the user the cluster belongs to.
 func (c *cluster) run(name string, args ...string) error {
-	path := filepath.Join(c.bin, name)
+	path := pgtest.ServerBinary(name)
 	cmd := exec.Command(path, args...)
 	if os.Geteuid() == 0 {
 		cmd = exec.Command("runuser", append([]string{"-u", "postgres", "--", path}, args...)...)

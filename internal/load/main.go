@@ -15,13 +15,11 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -29,6 +27,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/internal/servertest"
 )
 
 func main() {
@@ -47,9 +46,9 @@ func run(duration time.Duration, clients int) error {
 		return err
 	}
 	defer os.RemoveAll(dir)
-	bin := filepath.Join(dir, "server")
-	if out, err := exec.Command("go", "build", "-o", bin, "github.com/idemkey/idemkey/example/server").CombinedOutput(); err != nil {
-		return fmt.Errorf("go build: %v\n%s", err, out)
+	bin, err := servertest.Compile(dir)
+	if err != nil {
+		return err
 	}
 	fmt.Printf("%d clients, %v per measurement; PostgreSQL at the test database URL\n\n", clients, duration)
 	fmt.Println("| mode | mix | calls/s | p50 | p99 | status codes | pgbench ceiling, tx/s | calls/s / ceiling | server peak RSS |")
@@ -69,11 +68,11 @@ func measureMode(bin string, atomic bool, duration time.Duration, clients int) e
 	}
 	defer pgtest.DropSchema(schema)
 	// The server creates its tables at start-up, pgbench's too.
-	srv, err := startServer(bin, pgtest.SchemaURL(schema, fmt.Sprint("pool_max_conns=", clients+4)), atomic)
+	srv, err := servertest.Launch(bin, "-database-url", pgtest.SchemaURL(schema, fmt.Sprint("pool_max_conns=", clients+4)), fmt.Sprint("-atomic=", atomic))
 	if err != nil {
 		return err
 	}
-	defer srv.stop()
+	defer srv.Kill()
 	ceiling, err := pgbench(schema, atomic, duration, clients)
 	if err != nil {
 		return err
@@ -88,7 +87,7 @@ func measureMode(bin string, atomic bool, duration time.Duration, clients int) e
 		{"replay of one key", "replay-" + run},
 		{"storm: 62 keys", "storm-" + run + "-{{randomString 1}}"},
 	} {
-		r, err := ghz(srv.addr, mix.key, duration, clients)
+		r, err := ghz(srv.Addr, mix.key, duration, clients)
 		if err != nil {
 			return err
 		}
@@ -97,7 +96,7 @@ func measureMode(bin string, atomic bool, duration time.Duration, clients int) e
 			ratio = fmt.Sprintf("%.2f", r.RPS/ceiling)
 		}
 		fmt.Printf("| %s | %s | %.0f | %v | %v | %s | %.0f | %s | %s |\n", mode, mix.name, r.RPS,
-			r.percentile(50), r.percentile(99), r.codes(), ceiling, ratio, srv.peakRSS())
+			r.percentile(50), r.percentile(99), r.codes(), ceiling, ratio, peakRSS(srv.Pid()))
 		for msg, n := range r.Errors {
 			fmt.Fprintf(os.Stderr, "%s, %s: %d × %s\n", mode, mix.name, n, msg)
 		}
@@ -105,52 +104,9 @@ func measureMode(bin string, atomic bool, duration time.Duration, clients int) e
 	return nil
 }
 
-// server is a running example server process.
-type server struct {
-	cmd  *exec.Cmd
-	addr string
-}
-
-func startServer(bin, url string, atomic bool) (*server, error) {
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-database-url", url, fmt.Sprint("-atomic=", atomic))
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, err
-	}
-	s := &server{cmd: cmd}
-	addrc := make(chan string, 1)
-	go func() {
-		lines := bufio.NewScanner(stderr)
-		for lines.Scan() {
-			if _, rest, ok := strings.Cut(lines.Text(), " addr="); ok {
-				addr, _, _ := strings.Cut(rest, " ")
-				select {
-				case addrc <- addr:
-				default:
-				}
-			}
-		}
-	}()
-	select {
-	case s.addr = <-addrc:
-		return s, nil
-	case <-time.After(30 * time.Second):
-		s.stop()
-		return nil, fmt.Errorf("the server did not listen within 30s")
-	}
-}
-
-func (s *server) stop() {
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-}
-
-// peakRSS is the process's peak resident memory, from /proc.
-func (s *server) peakRSS() string {
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+// peakRSS is a process's peak resident memory, from /proc.
+func peakRSS(pid int) string {
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
 		return "?"
 	}
@@ -239,7 +195,7 @@ func pgbench(schema string, atomic bool, duration time.Duration, clients int) (f
 		return 0, err
 	}
 	f.Close()
-	cmd := exec.Command(pgbenchPath(), "-n", "-M", "prepared", "-f", f.Name(),
+	cmd := exec.Command(pgtest.ServerBinary("pgbench"), "-n", "-M", "prepared", "-f", f.Name(),
 		"-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(int(duration.Seconds())), pgtest.URL())
 	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
 	out, err := cmd.CombinedOutput()
@@ -251,18 +207,4 @@ func pgbench(schema string, atomic bool, duration time.Duration, clients int) (f
 		return 0, fmt.Errorf("pgbench printed no tps:\n%s", out)
 	}
 	return strconv.ParseFloat(string(m[1]), 64)
-}
-
-// pgbenchPath finds pgbench: on the PATH, else among Debian's server
-// binaries.
-func pgbenchPath() string {
-	if p, err := exec.LookPath("pgbench"); err == nil {
-		return p
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin/pgbench")
-	sort.Strings(dirs)
-	if len(dirs) > 0 {
-		return dirs[len(dirs)-1]
-	}
-	return "pgbench"
 }

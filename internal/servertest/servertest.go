@@ -1,6 +1,6 @@
 // Package servertest runs the example payment server as a process of its own,
-// for tests that kill and restart servers: the example server's own tests and
-// the reliability harness.
+// for tests that kill and restart servers (the example server's own tests and
+// the reliability harness) and for make load.
 package servertest
 
 import (
@@ -36,16 +36,22 @@ func Build(tb testing.TB) string {
 			built.err = err
 			return
 		}
-		built.bin = filepath.Join(dir, "server")
-		out, err := exec.Command("go", "build", "-o", built.bin, "github.com/idemkey/idemkey/example/server").CombinedOutput()
-		if err != nil {
-			built.err = fmt.Errorf("go build: %v\n%s", err, out)
-		}
+		built.bin, built.err = Compile(dir)
 	})
 	if built.err != nil {
 		tb.Fatal(built.err)
 	}
 	return built.bin
+}
+
+// Compile builds the example server into dir and returns the binary's path.
+func Compile(dir string) (string, error) {
+	bin := filepath.Join(dir, "server")
+	out, err := exec.Command("go", "build", "-o", bin, "github.com/idemkey/idemkey/example/server").CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build: %v\n%s", err, out)
+	}
+	return bin, nil
 }
 
 // Cleanup deletes the binary Build made, if any.
@@ -55,7 +61,8 @@ func Cleanup() {
 	}
 }
 
-// Server is one running server process and a client connection to it.
+// Server is one running server process and, from Start, a client connection
+// to it.
 type Server struct {
 	Addr string
 	Conn *grpc.ClientConn
@@ -70,13 +77,28 @@ type Server struct {
 // when tb ends.
 func Start(tb testing.TB, bin string, args ...string) *Server {
 	tb.Helper()
-	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
-	stderr, err := cmd.StderrPipe()
+	s, err := Launch(bin, args...)
 	if err != nil {
 		tb.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
+	tb.Cleanup(func() { _ = s.Kill() })
+	if s.Conn, err = grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
 		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Conn.Close() })
+	return s
+}
+
+// Launch is Start for a command rather than a test: it leaves the process
+// to the caller to Kill, and makes no connection.
+func Launch(bin string, args ...string) (*Server, error) {
+	cmd := exec.Command(bin, append([]string{"-addr", "127.0.0.1:0"}, args...)...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
 	}
 	s := &Server{cmd: cmd, done: make(chan struct{})}
 	addrc := make(chan string, 1)
@@ -94,20 +116,19 @@ func Start(tb testing.TB, bin string, args ...string) *Server {
 		}
 		_ = cmd.Wait()
 	}()
-	tb.Cleanup(func() { _ = s.Kill() })
 	select {
 	case s.Addr = <-addrc:
+		return s, nil
 	case <-s.done:
-		tb.Fatalf("the server exited before it listened:\n%s", s.Logs())
+		return nil, fmt.Errorf("the server exited before it listened:\n%s", s.Logs())
 	case <-time.After(30 * time.Second):
-		tb.Fatalf("the server did not listen within 30s:\n%s", s.Logs())
+		_ = s.Kill()
+		return nil, fmt.Errorf("the server did not listen within 30s:\n%s", s.Logs())
 	}
-	if s.Conn, err = grpc.NewClient(s.Addr, grpc.WithTransportCredentials(insecure.NewCredentials())); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { s.Conn.Close() })
-	return s
 }
+
+// Pid is the process's id.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
 
 // Kill sends SIGKILL and waits for the process to be gone. It reports an
 // error unless SIGKILL is what ended the process.
