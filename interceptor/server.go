@@ -99,7 +99,8 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err != nil {
 		if s.opts.failOpen && ctx.Err() == nil {
 			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
-			return handler(context.WithValue(ctx, callPartsKey{}, c.parts), req)
+			hctx, _ := s.handlerContext(ctx, c)
+			return handler(hctx, req)
 		}
 		return nil, s.reserveFailed(ctx, c, err)
 	}
