@@ -146,9 +146,8 @@ func (h *history) load(ctx context.Context, c *cluster) error {
 // verdict is the checker's count of each kind of anomaly, and what the run
 // injected.
 type verdict struct {
-	atomic     bool
-	leaseFloor time.Duration // the shortest lease a run can hold
-	faults     []fault
+	atomic bool
+	faults []fault
 
 	requests, ops     int
 	duplicates        int // ops charged more than once
@@ -183,7 +182,7 @@ func (h *history) check(v *verdict) {
 			v.duplicates++
 			slices.SortFunc(charges, func(a, b charge) int { return a.created.Compare(b.created) })
 			for i := 1; i < len(charges); i++ {
-				if gap := charges[i].created.Sub(charges[i-1].created); v.atomic || gap < v.leaseFloor {
+				if gap := charges[i].created.Sub(charges[i-1].created); v.atomic || gap < leaseFloor {
 					v.outsideWindow++
 					problem("op %s charged again %v after its first charge (atomic %v)", o.id, gap, v.atomic)
 				}

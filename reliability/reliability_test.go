@@ -38,6 +38,9 @@ const (
 	// 5s, and at least the grace.
 	callTimeout = time.Second
 	leaseGrace  = 5 * time.Second
+	// leaseFloor is the shortest lease a run can hold (its grace, for a call
+	// at its deadline), less some slack for the clocks of two processes.
+	leaseFloor = leaseGrace - 300*time.Millisecond
 )
 
 // harness drives example server processes on a cluster of its own with many
@@ -214,7 +217,7 @@ func runFaults(t *testing.T, atomic bool) *verdict {
 	for i := range servers {
 		h.setServer(i, h.startServer(i))
 	}
-	v := &verdict{atomic: atomic, leaseFloor: leaseGrace - 300*time.Millisecond}
+	v := &verdict{atomic: atomic}
 
 	ctx, stop := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
