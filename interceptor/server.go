@@ -125,13 +125,27 @@ type callParts struct{ tenant, method, key string }
 
 type callPartsKey struct{}
 
+// partsContext is ctx carrying a call's parts: one allocation per call, where
+// context.WithValue would take two (its context, and the parts boxed).
+type partsContext struct {
+	context.Context
+	parts callParts
+}
+
+func (p *partsContext) Value(key any) any {
+	if key == (callPartsKey{}) {
+		return &p.parts
+	}
+	return p.Context.Value(key)
+}
+
 // DerivedKey returns the idempotency key for a call that the handler of ctx
 // makes to another idempotent API, labelled by label: idemkey.DeriveKey of the
 // call's tenant, method and key. Every retry of the call gets the same key,
 // so the downstream API deduplicates it too. ok is false if ctx is not the
 // handler context of a covered call with a key.
 func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
-	p, ok := ctx.Value(callPartsKey{}).(callParts)
+	p, ok := ctx.Value(callPartsKey{}).(*callParts)
 	if !ok {
 		return "", false
 	}
@@ -165,7 +179,7 @@ func (s *server) answer(ctx context.Context, c call, fp store.Fingerprint, res s
 // handlerContext is ctx for the handler of c: it carries c's parts for
 // DerivedKey and, if metadata is replayed, the recorder that keeps it.
 func (s *server) handlerContext(ctx context.Context, c call) (context.Context, *recorder) {
-	hctx, rec := context.WithValue(ctx, callPartsKey{}, c.parts), (*recorder)(nil)
+	hctx, rec := context.Context(&partsContext{ctx, c.parts}), (*recorder)(nil)
 	if len(s.opts.replayed) > 0 {
 		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
 			rec = &recorder{ServerTransportStream: ts, allowed: s.opts.replayed}
