@@ -60,8 +60,9 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./internal/benchtable bin/bench.txt
 
-load: ## drive the example server on PostgreSQL with ghz over loopback, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement)
-	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME)
+load: ## drive the example server on PostgreSQL with ghz over loopback, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles go to bin/
+	@mkdir -p bin
+	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -profile-dir=bin
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin

@@ -1,7 +1,7 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h] [-log-level info]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h] [-log-level info] [-pprof-addr ADDR]
 //
 // With a database URL (the flag, else $DATABASE_URL) the idempotency keys and
 // the charges live in PostgreSQL: the server creates its tables, sweeps
@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
+	_ "net/http/pprof" // for -pprof-addr
 	"os"
 	"os/signal"
 	"syscall"
@@ -45,11 +47,15 @@ func main() {
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
+	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	if *pprofAddr != "" {
+		servePprof(*pprofAddr, logger)
+	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
 		err = run(ctx, lis, config{databaseURL: *databaseURL, delay: *delay, ttl: *ttl, atomic: *atomic}, logger)
@@ -58,6 +64,18 @@ func main() {
 		logger.Error("server stopped", "error", err)
 		os.Exit(1)
 	}
+}
+
+// servePprof serves net/http/pprof's handlers on addr in the background,
+// and logs the address it listens on (addr may have port 0).
+func servePprof(addr string, logger *slog.Logger) {
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		logger.Error("pprof not served", "error", err)
+		return
+	}
+	logger.Info("pprof listening", "addr", lis.Addr().String())
+	go func() { logger.Error("pprof stopped", "error", http.Serve(lis, nil)) }()
 }
 
 // config is what the flags set.
