@@ -39,7 +39,12 @@
 //     replays its outcome, with the trailer idempotent-replayed: true; a key in
 //     progress answers Aborted with a RetryInfo and the grpc-retry-pushback-ms
 //     trailer, and no header, so that a gRPC retry policy retries it; a key
-//     first used with a different request answers InvalidArgument;
+//     first used with a different request answers InvalidArgument. A call
+//     that gRPC marks as a later attempt of a retry or hedging policy
+//     (grpc-previous-rpc-attempts) is most likely a replay, so on a store
+//     that implements store.Finder the interceptor first reads its record,
+//     and reserves only if no completed one is found: on PostgreSQL the
+//     replay then costs a plain SELECT, and no transaction in atomic mode;
 //  4. runs the handler, keeping the header and trailer metadata listed by
 //     WithReplayedMetadata;
 //  5. records the outcome, or releases the key so that a retry runs again;

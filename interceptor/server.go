@@ -30,6 +30,7 @@ func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInte
 	o := newOptions(opts)
 	s := &server{store: st, opts: o, methods: &methods{opts: o}}
 	s.atomic, _ = st.(store.Atomic)
+	s.finder, _ = st.(store.Finder)
 	if s.atomic == nil && (o.atomicAll || len(o.atomic) > 0) {
 		panic(fmt.Sprintf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", st))
 	}
@@ -39,6 +40,7 @@ func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInte
 type server struct {
 	store   store.Store
 	atomic  store.Atomic // st, if it implements store.Atomic
+	finder  store.Finder // st, if it implements store.Finder
 	opts    *options
 	methods *methods
 }
@@ -90,6 +92,12 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		// to another, whatever a custom fingerprint leaves out.
 		fp = bindMethod(m.name, fp)
 	}
+	if s.finder != nil && retried(ctx) {
+		// An error here is the reservation's to report, if it persists.
+		if res, found, err := s.finder.Find(ctx, c.key); err == nil && found {
+			return s.answer(ctx, c, fp, res)
+		}
+	}
 	r := store.Reservation{Key: c.key, Fingerprint: fp, Lease: s.lease(ctx), Retention: s.opts.retention}
 	if m.atomic {
 		return s.runAtomic(ctx, c, r, req, handler)
@@ -109,6 +117,13 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	c.token = res.Token
 	return s.run(ctx, c, req, handler)
+}
+
+// retried reports whether gRPC marks the call as a later attempt of a retry
+// or hedging policy.
+func retried(ctx context.Context) bool {
+	attempts := metadata.ValueFromIncomingContext(ctx, "grpc-previous-rpc-attempts")
+	return len(attempts) > 0 && attempts[0] != "0"
 }
 
 // call is one covered call that found or holds its record.

@@ -95,6 +95,48 @@ func TestInProgress(t *testing.T) {
 	wantRuns(t, d.svc, 1)
 }
 
+// An attempt that gRPC marks as a retry reads the record first (the memory
+// store is a store.Finder) and answers exactly as a first attempt would: a
+// replay, "reused" for another request, "in progress" while the first runs,
+// and a run for a key that never reached the server.
+func TestRetriedAttempt(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	retry := func(key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, *transportStream, error) {
+		resp, ts, err := d.call(context.Background(), createCharge, req,
+			idemkey.KeyMetadata, key, "tenant", "acme", "grpc-previous-rpc-attempts", "1")
+		charge, _ := resp.(*paymentsv1.Charge)
+		return charge, ts, err
+	}
+	first, _, err := d.create(t, "done", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	replay, ts, err := retry("done", request(100))
+	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
+		t.Errorf("retry of a recorded call: %v, %v, replayed %v; want the replay of %v", replay, err, idemkey.Replayed(ts.trailer), first)
+	}
+	_, _, err = retry("done", request(999))
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+	if _, _, err := retry("lost-before-the-server", request(100)); err != nil {
+		t.Fatal(err)
+	}
+
+	started, release := d.svc.block()
+	done := make(chan error)
+	go func() {
+		_, _, err := d.create(t, "running", request(100))
+		done <- err
+	}()
+	<-started
+	_, _, err = retry("running", request(100))
+	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
+	close(release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	wantRuns(t, d.svc, 3)
+}
+
 // recordedCodes is DESIGN.md's table: these outcomes are final and replayed;
 // every other code releases the key.
 var recordedCodes = map[codes.Code]bool{

@@ -12,7 +12,8 @@
 // Sweep deletes expired records, and a Janitor calls it periodically in a goroutine of yours.
 //
 // A store that implements Atomic as well (store/postgres) can also commit the
-// handler's own writes together with the record, in one transaction.
+// handler's own writes together with the record, in one transaction; one that
+// implements Finder can replay a retried call with a read alone.
 //
 // Every implementation passes the conformance suite in package storetest:
 // store/memory (one process) and store/postgres (any number of processes on
@@ -161,6 +162,20 @@ type Store interface {
 	// at most batchSize (DefaultSweepBatch if batchSize < 1) so that live calls
 	// are never held up for long, and returns how many it deleted.
 	Sweep(ctx context.Context, batchSize int) (deleted int, err error)
+}
+
+// Finder is implemented by stores that can read a completed record more
+// cheaply than Reserve decides (store/postgres: a plain SELECT, and in atomic
+// mode no transaction). The interceptor asks it first for a call that gRPC
+// marks as a retry of an earlier attempt, whose record is most likely
+// complete, so that the replay costs a read.
+type Finder interface {
+	// Find returns the record of key if it is completed and not expired:
+	// State Completed, with its fingerprint and outcome. For any other record,
+	// or none, ok is false and the caller reserves as usual. Find never
+	// writes, and decides nothing Reserve would not: a completed record stays
+	// as it is until it expires.
+	Find(ctx context.Context, key Key) (res Result, ok bool, err error)
 }
 
 // Atomic is implemented by stores that can commit a handler's own writes and

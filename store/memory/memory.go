@@ -68,7 +68,10 @@ func New(opts ...Option) *Store {
 	return s
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Finder = (*Store)(nil)
+)
 
 // Reserve implements store.Store.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
@@ -109,6 +112,20 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		heap.Fix(&s.byExpiry, rec.index)
 	}
 	return store.Result{State: store.Acquired, Token: rec.token}, nil
+}
+
+// Find implements store.Finder.
+func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	if err := ctx.Err(); err != nil {
+		return store.Result{}, false, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.records[key]
+	if !ok || !rec.completed || !s.now().Before(rec.removableAt()) {
+		return store.Result{}, false, nil
+	}
+	return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, true, nil
 }
 
 // Complete implements store.Store.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
@@ -257,7 +258,8 @@ func BenchmarkReserveScale(b *testing.B) {
 // BenchmarkInterceptor measures CreateCharge over bufconn with a handler that
 // does no work of its own, interleaved in rotating order: bare (no
 // interceptor), and behind the interceptor on this store in two-phase and in
-// atomic mode, each as a first call (a new key) and as a replay. It reports
+// atomic mode, each as a first call (a new key), as a replay, and as a replay
+// that gRPC marks as a retry (grpc-previous-rpc-attempts). It reports
 // each one's time and its ratio to bare: what idemkey adds to a call.
 func BenchmarkInterceptor(b *testing.B) {
 	pool := pgtest.Pool(b, pgtest.Schema(b))
@@ -283,12 +285,24 @@ func BenchmarkInterceptor(b *testing.B) {
 			return createCharge(client, k)
 		}
 	}
+	// retry replays as a later attempt of gRPC's retry policy, which the
+	// store answers with a read (store.Finder).
+	retry := func(client paymentsv1.PaymentServiceClient) func(int) error {
+		return func(int) error {
+			ctx := metadata.AppendToOutgoingContext(context.Background(),
+				idemkey.KeyMetadata, "replayed", "grpc-previous-rpc-attempts", "1")
+			_, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: 1})
+			return err
+		}
+	}
 	ops := []benchtest.Op{
 		{Name: "bare", Run: call(bare, "bare")},
 		{Name: "two-phase-first", Run: call(twoPhase, "")},
 		{Name: "two-phase-replay", Run: call(twoPhase, "replayed")},
 		{Name: "atomic-first", Run: call(atomic, "")},
 		{Name: "atomic-replay", Run: call(atomic, "replayed")},
+		{Name: "two-phase-retry", Run: retry(twoPhase)},
+		{Name: "atomic-retry", Run: retry(atomic)},
 	}
 	for _, op := range ops { // connect, prepare, and record the replayed keys
 		if err := op.Run(-1); err != nil {

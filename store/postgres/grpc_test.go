@@ -2,6 +2,8 @@ package postgres_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -21,11 +24,15 @@ import (
 
 // roundTrips counts the round trips a pool makes, a statement or a pipelined
 // batch each, and the statements it prepares (once per connection and
-// statement).
-type roundTrips struct{ trips, prepares atomic.Int32 }
+// statement). It keeps the text of the last statement sent on its own.
+type roundTrips struct {
+	trips, prepares atomic.Int32
+	lastSQL         atomic.Value // string
+}
 
-func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (c *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, data pgx.TraceQueryStartData) context.Context {
 	c.trips.Add(1)
+	c.lastSQL.Store(data.SQL)
 	return ctx
 }
 func (c *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
@@ -100,6 +107,62 @@ func TestRoundTripsPerCall(t *testing.T) {
 	}
 	if n := svc.runs.Load(); n != 2 {
 		t.Errorf("handler ran %d times for two keys, want 2", n)
+	}
+}
+
+// A retry that gRPC's retry policy sends after the first attempt's reply was
+// lost replays the recorded reply with one plain SELECT, in either mode: no
+// reservation, and no transaction to open and roll back.
+func TestRetryReplaysWithARead(t *testing.T) {
+	for _, atomicMode := range []bool{false, true} {
+		t.Run(fmt.Sprint("atomic=", atomicMode), func(t *testing.T) {
+			tracer := &roundTrips{}
+			r := newReplica(t, func(c *pgxpool.Config) {
+				c.ConnConfig.Tracer = tracer
+				c.MaxConns = 1 // one connection, so statements are prepared once
+			})
+			var opts []interceptor.Option
+			if atomicMode {
+				opts = append(opts, interceptor.WithAtomic())
+			}
+			svc := &chargeService{}
+			var firstAttemptTrips atomic.Int32
+			// loseFirstReply answers each call's first attempt with
+			// Unavailable after it has run, as if the reply were lost.
+			loseFirstReply := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+				if len(metadata.ValueFromIncomingContext(ctx, "grpc-previous-rpc-attempts")) > 0 {
+					return handler(ctx, req)
+				}
+				tracer.reset()
+				if _, err := handler(ctx, req); err != nil {
+					return nil, err
+				}
+				trips, _ := tracer.reset()
+				firstAttemptTrips.Store(trips)
+				return nil, status.Error(codes.Unavailable, "reply lost")
+			}
+			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply, interceptor.UnaryServerInterceptor(r.store, opts...)))
+			paymentsv1.RegisterPaymentServiceServer(srv, svc)
+			client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
+				grpc.WithDefaultServiceConfig(example.ServiceConfig)))
+
+			for _, key := range []string{"warm-up", "k"} { // the warm-up prepares the statements
+				if err := createCharge(client, key); err != nil {
+					t.Fatalf("call with the first reply lost: %v, want the replay", err)
+				}
+			}
+			retryTrips, prepares := tracer.reset()
+			sql, _ := tracer.lastSQL.Load().(string)
+			if retryTrips != 1 || prepares != 0 || !strings.HasPrefix(sql, "SELECT fingerprint, outcome FROM") {
+				t.Errorf("the retry: %d round trips, %d prepares, the last %.40q; want 1 plain SELECT, 0 prepares", retryTrips, prepares, sql)
+			}
+			if n := firstAttemptTrips.Load(); n != 2 {
+				t.Errorf("the first attempt: %d round trips, want 2 (reserve, record)", n)
+			}
+			if n := svc.runs.Load(); n != 2 {
+				t.Errorf("handler ran %d times for two keys, want 2", n)
+			}
+		})
 	}
 }
 

@@ -118,12 +118,15 @@ type Store struct {
 	pool *pgxpool.Pool
 	opts options
 
-	reserveSQL, completeSQL, releaseSQL, sweepSQL string
-	completeInTxSQL                               string
-	lockTimeout                                   string // lock_timeout's value, in milliseconds
+	reserveSQL, findSQL, completeSQL, releaseSQL, sweepSQL string
+	completeInTxSQL                                        string
+	lockTimeout                                            string // lock_timeout's value, in milliseconds
 }
 
-var _ store.Store = (*Store)(nil)
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Finder = (*Store)(nil)
+)
 
 // New returns a store on pool. The table must exist: see Migrate and
 // Migrations. New does not touch the database and starts no goroutine.
@@ -137,6 +140,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		pool:            pool,
 		opts:            o,
 		reserveSQL:      reserveSQL(table, o.qualified(o.table+"_token_seq")),
+		findSQL:         fmt.Sprintf(findSQL, table),
 		completeSQL:     fmt.Sprintf(completeSQL, table),
 		releaseSQL:      fmt.Sprintf(releaseSQL, table),
 		sweepSQL:        fmt.Sprintf(sweepSQL, table),
@@ -216,6 +220,10 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 	return res, nil
 }
 
+// findSQL reads a completed record that has not expired: the row that
+// reserveSQL would answer with kind 2.
+const findSQL = `SELECT fingerprint, outcome FROM %s WHERE key = $1 AND state = 'completed' AND expires_at > now()`
+
 // held matches the in-progress row held by token $2 that has not expired.
 const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end > now() OR expires_at > now())`
 
@@ -250,6 +258,23 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		return res, nil
 	}
 	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
+}
+
+// Find implements store.Finder with one plain SELECT by key.
+func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	res := store.Result{State: store.Completed}
+	var fingerprint []byte
+	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return store.Result{}, false, nil
+	}
+	if err != nil {
+		return store.Result{}, false, s.translate(ctx, "find", err)
+	}
+	copy(res.Fingerprint[:], fingerprint)
+	return res, true, nil
 }
 
 // Complete implements store.Store. It ignores ctx's cancellation and

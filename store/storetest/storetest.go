@@ -1,5 +1,6 @@
-// Package storetest is the conformance suite for store.Store. Every store runs
-// it from its own tests:
+// Package storetest is the conformance suite for store.Store, and for
+// store.Finder where a store implements it. Every store runs it from its own
+// tests:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Harness { ... })
@@ -57,6 +58,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"SweepBatches", testSweepBatches},
 		{"KeysIndependent", testKeysIndependent},
 		{"ConcurrentReserve", testConcurrentReserve},
+		{"Find", testFind},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -337,5 +339,44 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 	}
 	if count[store.Acquired] != 1 || count[store.InProgress] != callers-1 {
 		t.Errorf("%d concurrent reserves gave %v; want exactly one acquired and the rest in progress", callers, count)
+	}
+}
+
+// testFind checks that Find answers exactly what Reserve would for a
+// completed record, and nothing for any other. A store that does not
+// implement store.Finder has nothing to check.
+func testFind(t *testing.T, h Harness) {
+	finder, ok := h.Store.(store.Finder)
+	if !ok {
+		return
+	}
+	find := func(key store.Key) (store.Result, bool) {
+		t.Helper()
+		res, found, err := finder.Find(context.Background(), key)
+		if err != nil {
+			t.Fatalf("Find: %v", err)
+		}
+		return res, found
+	}
+	done, running, released := newKey(t, "done"), newKey(t, "running"), newKey(t, "released")
+	complete(t, h.Store, done, mustAcquire(t, h.Store, done, fpA), []byte("reply"))
+	mustAcquire(t, h.Store, running, fpA)
+	if err := h.Store.Release(context.Background(), released, mustAcquire(t, h.Store, released, fpA)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+
+	res, found := find(done)
+	if !found || res.State != store.Completed || res.Fingerprint != fpA || string(res.Outcome) != "reply" {
+		t.Errorf("Find of a completed record = %v, %v, %x, %q; want completed, found, %x, %q",
+			res.State, found, res.Fingerprint[:4], res.Outcome, fpA[:4], "reply")
+	}
+	for name, key := range map[string]store.Key{"an unknown key": newKey(t, "unknown"), "a record in progress": running, "a released record": released} {
+		if _, found := find(key); found {
+			t.Errorf("Find of %s found a record", name)
+		}
+	}
+	h.Advance(t, retention+time.Second)
+	if _, found := find(done); found {
+		t.Error("Find of an expired record found it")
 	}
 }
