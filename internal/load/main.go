@@ -7,8 +7,10 @@
 //	go run ./internal/load [-duration 10s] [-clients 16] [-profile-dir DIR]
 //
 // For each mode (atomic, two-phase) it starts one server process on a schema
-// of its own and measures three mixes: every call a new key, every call a
-// replay of one key, and a storm (every call one of 62 keys). ghz gives
+// of its own and measures four mixes: every call a new key, every call a
+// replay of one key, the same marked as a later attempt of gRPC's retry
+// policy (grpc-previous-rpc-attempts), and a storm (every call one of 62
+// keys). ghz gives
 // throughput, p50 and p99, and the status codes; pgbench gives the
 // transactions per second of the SQL a new key costs, without gRPC or Go.
 //
@@ -113,17 +115,21 @@ func measureMode(bin, ghzBin string, atomic bool, duration time.Duration, client
 		perCall(pg.client, pg.n), perCall(pg.rest(), pg.n), pg.idleShare())
 
 	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	for _, mix := range []struct{ name, key string }{
-		{"new key every call", "{{newUUID}}"},
-		{"replay of one key", "replay-" + run},
-		{"storm: 62 keys", "storm-" + run + "-{{randomString 1}}"},
+	for _, mix := range []struct {
+		name, key string
+		retry     bool // sent as a later attempt of gRPC's retry policy
+	}{
+		{"new key every call", "{{newUUID}}", false},
+		{"replay of one key", "replay-" + run, false},
+		{"replay of one key, as a retry", "replay-" + run, true},
+		{"storm: 62 keys", "storm-" + run + "-{{randomString 1}}", false},
 	} {
 		newKeys := strings.HasPrefix(mix.name, "new key")
 		profile := ""
 		if newKeys && profileDir != "" {
 			profile = filepath.Join(profileDir, "load-"+mode+".pprof")
 		}
-		r, u, err := ghz(ghzBin, srv, mix.key, duration, clients, profile)
+		r, u, err := ghz(ghzBin, srv, mix.key, mix.retry, duration, clients, profile)
 		if err != nil {
 			return nil, err
 		}
@@ -284,10 +290,14 @@ func (r report) codes() string {
 }
 
 // ghz runs ghz against srv for duration, every call with the key template
-// key, and parses its JSON report. If profile is set, it also writes the
-// server's CPU profile of the run there.
-func ghz(bin string, srv *servertest.Server, key string, duration time.Duration, clients int, profile string) (report, usage, error) {
+// key, marked as a later attempt of a retry policy if retry is set, and
+// parses its JSON report. If profile is set, it also writes the server's CPU
+// profile of the run there.
+func ghz(bin string, srv *servertest.Server, key string, retry bool, duration time.Duration, clients int, profile string) (report, usage, error) {
 	metadata := fmt.Sprintf(`{"authorization": "Bearer sk_test_acme", "idempotency-key": %q}`, key)
+	if retry {
+		metadata = fmt.Sprintf(`{"authorization": "Bearer sk_test_acme", "idempotency-key": %q, "grpc-previous-rpc-attempts": "1"}`, key)
+	}
 	cmd := exec.Command(bin, "--insecure",
 		"--call", "example.payments.v1.PaymentService.CreateCharge",
 		"-d", `{"customer_id": "cus_1", "amount": 100, "currency": "EUR"}`,
