@@ -57,6 +57,13 @@ func (o *op) record(start time.Time, charge *paymentsv1.Charge, err error) reply
 	return r
 }
 
+// attempts is how many replies o has had.
+func (o *op) attempts() int {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return len(o.replies)
+}
+
 func (o *op) done() bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
