@@ -43,8 +43,9 @@
 //     that gRPC marks as a later attempt of a retry or hedging policy
 //     (grpc-previous-rpc-attempts) is most likely a replay, so on a store
 //     that implements store.Finder the interceptor first reads its record,
-//     and reserves only if no completed one is found: on PostgreSQL the
-//     replay then costs a plain SELECT, and no transaction in atomic mode;
+//     and reserves only if no completed one is found (a failed read is
+//     answered as a failed reservation): on PostgreSQL the replay then costs
+//     a plain SELECT, and no transaction in atomic mode;
 //  4. runs the handler, keeping the header and trailer metadata listed by
 //     WithReplayedMetadata;
 //  5. records the outcome, or releases the key so that a retry runs again;

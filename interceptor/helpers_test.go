@@ -179,17 +179,23 @@ func wantRuns(t *testing.T, svc *service, want int) {
 }
 
 // failingStore is a store whose every call fails, as when its database is
-// unreachable.
-type failingStore struct{}
+// unreachable. It counts the calls that could wait on the database before
+// the handler: Find and Reserve.
+type failingStore struct{ asked atomic.Int32 }
 
 var errDown = fmt.Errorf("connection refused: %w", store.ErrUnavailable)
 
-func (failingStore) Reserve(context.Context, store.Reservation) (store.Result, error) {
+func (s *failingStore) Find(context.Context, store.Key) (store.Result, bool, error) {
+	s.asked.Add(1)
+	return store.Result{}, false, errDown
+}
+func (s *failingStore) Reserve(context.Context, store.Reservation) (store.Result, error) {
+	s.asked.Add(1)
 	return store.Result{}, errDown
 }
-func (failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }
-func (failingStore) Release(context.Context, store.Key, store.Token) error          { return errDown }
-func (failingStore) Sweep(context.Context, int) (int, error)                        { return 0, errDown }
+func (*failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }
+func (*failingStore) Release(context.Context, store.Key, store.Token) error          { return errDown }
+func (*failingStore) Sweep(context.Context, int) (int, error)                        { return 0, errDown }
 
 // retryServiceConfig retries CreateCharge on UNAVAILABLE and ABORTED, as the
 // example's service config does, with short backoffs for tests.

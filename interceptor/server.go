@@ -93,8 +93,11 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		fp = bindMethod(m.name, fp)
 	}
 	if s.finder != nil && retried(ctx) {
-		// An error here is the reservation's to report, if it persists.
-		if res, found, err := s.finder.Find(ctx, c.key); err == nil && found {
+		res, found, err := s.finder.Find(ctx, c.key)
+		if err != nil {
+			return s.storeFailed(ctx, c, req, handler, err)
+		}
+		if found {
 			return s.answer(ctx, c, fp, res)
 		}
 	}
@@ -105,12 +108,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 
 	res, err := s.store.Reserve(ctx, r)
 	if err != nil {
-		if s.opts.failOpen && ctx.Err() == nil {
-			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
-			hctx, _ := s.handlerContext(ctx, c)
-			return handler(hctx, req)
-		}
-		return nil, s.reserveFailed(ctx, c, err)
+		return s.storeFailed(ctx, c, req, handler, err)
 	}
 	if res.State != store.Acquired {
 		return s.answer(ctx, c, fp, res)
@@ -165,6 +163,18 @@ func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
 		return "", false
 	}
 	return idemkey.DeriveKey(p.tenant, p.method, p.key, label), true
+}
+
+// storeFailed answers a call whose record the store could not read or
+// reserve: Unavailable, or with WithFailOpen the handler's own reply, except
+// in atomic mode, which always fails closed.
+func (s *server) storeFailed(ctx context.Context, c call, req any, handler grpc.UnaryHandler, err error) (any, error) {
+	if s.opts.failOpen && !c.method.atomic && ctx.Err() == nil {
+		s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
+		hctx, _ := s.handlerContext(ctx, c)
+		return handler(hctx, req)
+	}
+	return nil, s.reserveFailed(ctx, c, err)
 }
 
 // reserveFailed is the caller's answer when the store could not reserve.

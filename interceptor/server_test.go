@@ -521,22 +521,37 @@ func TestCustomFingerprint(t *testing.T) {
 	wantRuns(t, failing.svc, 0)
 }
 
+// A store that fails answers Unavailable, or with WithFailOpen runs the
+// handler, whether the call is a first attempt (Reserve fails) or a retry
+// (Find fails); either way the store is asked once.
 func TestStoreUnavailable(t *testing.T) {
 	logger, logs := logtest.New()
 	svc := newService()
-	call := func(opts ...interceptor.Option) error {
-		intercept := interceptor.UnaryServerInterceptor(failingStore{}, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
-		ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "secret-key-123", "tenant", "tenant-acme"))
-		_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
-		return err
-	}
-	wantReason(t, call(), codes.Unavailable, idemkey.ReasonStoreUnavailable)
-	wantRuns(t, svc, 0)
+	for _, retry := range []bool{false, true} {
+		pairs := []string{idemkey.KeyMetadata, "secret-key-123", "tenant", "tenant-acme"}
+		if retry {
+			pairs = append(pairs, "grpc-previous-rpc-attempts", "1")
+		}
+		call := func(opts ...interceptor.Option) error {
+			t.Helper()
+			st := &failingStore{}
+			intercept := interceptor.UnaryServerInterceptor(st, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
+			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(pairs...))
+			_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
+			if n := st.asked.Load(); n != 1 {
+				t.Errorf("retry %v: the store was asked %d times before the handler, want 1", retry, n)
+			}
+			return err
+		}
+		runs := int(svc.runs.Load())
+		wantReason(t, call(), codes.Unavailable, idemkey.ReasonStoreUnavailable)
+		wantRuns(t, svc, runs)
 
-	if err := call(interceptor.WithFailOpen()); err != nil {
-		t.Fatalf("fail-open: %v", err)
+		if err := call(interceptor.WithFailOpen()); err != nil {
+			t.Fatalf("retry %v, fail-open: %v", retry, err)
+		}
+		wantRuns(t, svc, runs+1)
 	}
-	wantRuns(t, svc, 1)
 
 	out := logs.String()
 	if !strings.Contains(out, "reserve failed") {
@@ -743,7 +758,7 @@ func TestOptionZeroValues(t *testing.T) {
 		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
 	}
 
-	intercept := interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil))
+	intercept := interceptor.UnaryServerInterceptor(&failingStore{}, interceptor.WithLogger(nil))
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
 	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
 	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)
