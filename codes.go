@@ -27,6 +27,10 @@ const (
 	// PushbackMetadata is the trailer that tells gRPC's retry policy how many
 	// milliseconds to wait before the next attempt.
 	PushbackMetadata = "grpc-retry-pushback-ms"
+	// AttemptsMetadata is the header in which gRPC's retry policy counts the
+	// earlier attempts of a call; the server interceptor reads the record of
+	// a call with a count above 0 before it reserves.
+	AttemptsMetadata = "grpc-previous-rpc-attempts"
 )
 
 // MaxKeyLen is the longest idempotency key accepted, in bytes.

@@ -40,12 +40,13 @@
 //     progress answers Aborted with a RetryInfo and the grpc-retry-pushback-ms
 //     trailer, and no header, so that a gRPC retry policy retries it; a key
 //     first used with a different request answers InvalidArgument. A call
-//     that gRPC marks as a later attempt of a retry or hedging policy
-//     (grpc-previous-rpc-attempts) is most likely a replay, so on a store
-//     that implements store.Finder the interceptor first reads its record,
-//     and reserves only if no completed one is found (a failed read is
-//     answered as a failed reservation): on PostgreSQL the replay then costs
-//     a plain SELECT, and no transaction in atomic mode;
+//     that gRPC's retry policy marks as a later attempt (AttemptsMetadata)
+//     is often a replay, so on a store that implements store.Finder the
+//     interceptor first reads its record, and reserves only if no completed
+//     one is found (a failed read is answered as a failed reservation): on
+//     PostgreSQL the replay then costs a plain SELECT, and no transaction in
+//     atomic mode, while a retry that finds nothing (its first attempt still
+//     running, or lost before the server) pays the read on top;
 //  4. runs the handler, keeping the header and trailer metadata listed by
 //     WithReplayedMetadata;
 //  5. records the outcome, or releases the key so that a retry runs again;

@@ -179,18 +179,17 @@ func wantRuns(t *testing.T, svc *service, want int) {
 }
 
 // failingStore is a store whose every call fails, as when its database is
-// unreachable. It counts the calls that could wait on the database before
-// the handler: Find and Reserve.
-type failingStore struct{ asked atomic.Int32 }
+// unreachable. It counts the calls of Find and of Reserve.
+type failingStore struct{ finds, reserves atomic.Int32 }
 
 var errDown = fmt.Errorf("connection refused: %w", store.ErrUnavailable)
 
 func (s *failingStore) Find(context.Context, store.Key) (store.Result, bool, error) {
-	s.asked.Add(1)
+	s.finds.Add(1)
 	return store.Result{}, false, errDown
 }
 func (s *failingStore) Reserve(context.Context, store.Reservation) (store.Result, error) {
-	s.asked.Add(1)
+	s.reserves.Add(1)
 	return store.Result{}, errDown
 }
 func (*failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }

@@ -94,11 +94,14 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 	if s.finder != nil && retried(ctx) {
 		res, found, err := s.finder.Find(ctx, c.key)
-		if err != nil {
-			return s.storeFailed(ctx, c, req, handler, err)
-		}
-		if found {
+		if err == nil && found {
 			return s.answer(ctx, c, fp, res)
+		}
+		// Failing closed, a store that cannot read cannot reserve either:
+		// answer now rather than wait on it twice. Failing open, the
+		// reservation is tried all the same before the handler runs bare.
+		if err != nil && !s.failsOpen(m) {
+			return nil, s.storeFailed(ctx, c, "find", err)
 		}
 	}
 	r := store.Reservation{Key: c.key, Fingerprint: fp, Lease: s.lease(ctx), Retention: s.opts.retention}
@@ -108,7 +111,12 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 
 	res, err := s.store.Reserve(ctx, r)
 	if err != nil {
-		return s.storeFailed(ctx, c, req, handler, err)
+		if s.failsOpen(m) && ctx.Err() == nil {
+			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
+			hctx, _ := s.handlerContext(ctx, c)
+			return handler(hctx, req)
+		}
+		return nil, s.storeFailed(ctx, c, "reserve", err)
 	}
 	if res.State != store.Acquired {
 		return s.answer(ctx, c, fp, res)
@@ -120,7 +128,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 // retried reports whether gRPC marks the call as a later attempt of a retry
 // or hedging policy.
 func retried(ctx context.Context) bool {
-	attempts := metadata.ValueFromIncomingContext(ctx, "grpc-previous-rpc-attempts")
+	attempts := metadata.ValueFromIncomingContext(ctx, idemkey.AttemptsMetadata)
 	return len(attempts) > 0 && attempts[0] != "0"
 }
 
@@ -165,24 +173,17 @@ func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
 	return idemkey.DeriveKey(p.tenant, p.method, p.key, label), true
 }
 
-// storeFailed answers a call whose record the store could not read or
-// reserve: Unavailable, or with WithFailOpen the handler's own reply, except
-// in atomic mode, which always fails closed.
-func (s *server) storeFailed(ctx context.Context, c call, req any, handler grpc.UnaryHandler, err error) (any, error) {
-	if s.opts.failOpen && !c.method.atomic && ctx.Err() == nil {
-		s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
-		hctx, _ := s.handlerContext(ctx, c)
-		return handler(hctx, req)
-	}
-	return nil, s.reserveFailed(ctx, c, err)
-}
+// failsOpen reports whether a store failure runs m's handler unprotected:
+// with WithFailOpen, except in atomic mode.
+func (s *server) failsOpen(m *method) bool { return s.opts.failOpen && !m.atomic }
 
-// reserveFailed is the caller's answer when the store could not reserve.
-func (s *server) reserveFailed(ctx context.Context, c call, err error) error {
+// storeFailed is the caller's answer when the store could not do op (find,
+// reserve) before the handler.
+func (s *server) storeFailed(ctx context.Context, c call, op string, err error) error {
 	if ctx.Err() != nil {
 		return status.FromContextError(ctx.Err()).Err()
 	}
-	s.log(ctx, slog.LevelError, "reserve failed", c, err)
+	s.log(ctx, slog.LevelError, op+" failed", c, err)
 	return idemkey.StoreUnavailableError()
 }
 
@@ -259,7 +260,7 @@ func (s *server) settle(ctx context.Context, c call, resp any, herr error, rec *
 func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req any, handler grpc.UnaryHandler) (resp any, err error) {
 	res, tx, err := s.atomic.Begin(ctx, r)
 	if err != nil {
-		return nil, s.reserveFailed(ctx, c, err)
+		return nil, s.storeFailed(ctx, c, "reserve", err)
 	}
 	if res.State != store.Acquired {
 		return s.answer(ctx, c, r.Fingerprint, res)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -95,29 +96,35 @@ func TestInProgress(t *testing.T) {
 	wantRuns(t, d.svc, 1)
 }
 
-// An attempt that gRPC marks as a retry reads the record first (the memory
-// store is a store.Finder) and answers exactly as a first attempt would: a
-// replay, "reused" for another request, "in progress" while the first runs,
-// and a run for a key that never reached the server.
+// An attempt that gRPC marks as a retry reads the record first (Find) and
+// answers exactly as a first attempt would: a replay, "reused" for another
+// request, "in progress" while the first runs, and a run for a key that never
+// reached the server. Only a recorded key spares the reservation.
 func TestRetriedAttempt(t *testing.T) {
 	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
-	retry := func(key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, *transportStream, error) {
+	st := &countingStore{Store: d.store}
+	d.intercept = interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata))
+	attempt := func(n, key string, req *paymentsv1.CreateChargeRequest, wantFinds, wantReserves int32) (*paymentsv1.Charge, *transportStream, error) {
+		t.Helper()
 		resp, ts, err := d.call(context.Background(), createCharge, req,
-			idemkey.KeyMetadata, key, "tenant", "acme", "grpc-previous-rpc-attempts", "1")
+			idemkey.KeyMetadata, key, "tenant", "acme", idemkey.AttemptsMetadata, n)
+		if f, r := st.finds.Swap(0), st.reserves.Swap(0); f != wantFinds || r != wantReserves {
+			t.Errorf("attempt %s of %s: %d finds and %d reserves, want %d and %d", n, key, f, r, wantFinds, wantReserves)
+		}
 		charge, _ := resp.(*paymentsv1.Charge)
 		return charge, ts, err
 	}
-	first, _, err := d.create(t, "done", request(100))
+	first, _, err := attempt("0", "done", request(100), 0, 1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	replay, ts, err := retry("done", request(100))
+	replay, ts, err := attempt("1", "done", request(100), 1, 0)
 	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
 		t.Errorf("retry of a recorded call: %v, %v, replayed %v; want the replay of %v", replay, err, idemkey.Replayed(ts.trailer), first)
 	}
-	_, _, err = retry("done", request(999))
+	_, _, err = attempt("2", "done", request(999), 1, 0)
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
-	if _, _, err := retry("lost-before-the-server", request(100)); err != nil {
+	if _, _, err := attempt("1", "lost-before-the-server", request(100), 1, 1); err != nil {
 		t.Fatal(err)
 	}
 
@@ -128,13 +135,32 @@ func TestRetriedAttempt(t *testing.T) {
 		done <- err
 	}()
 	<-started
-	_, _, err = retry("running", request(100))
+	st.finds.Store(0)
+	st.reserves.Store(0)
+	_, _, err = attempt("1", "running", request(100), 1, 1)
 	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
 	close(release)
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
 	wantRuns(t, d.svc, 3)
+}
+
+// countingStore is a memory store that counts the calls of Find and of
+// Reserve.
+type countingStore struct {
+	*memory.Store
+	finds, reserves atomic.Int32
+}
+
+func (s *countingStore) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	s.finds.Add(1)
+	return s.Store.Find(ctx, key)
+}
+
+func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	s.reserves.Add(1)
+	return s.Store.Reserve(ctx, r)
 }
 
 // recordedCodes is DESIGN.md's table: these outcomes are final and replayed;
@@ -522,39 +548,44 @@ func TestCustomFingerprint(t *testing.T) {
 }
 
 // A store that fails answers Unavailable, or with WithFailOpen runs the
-// handler, whether the call is a first attempt (Reserve fails) or a retry
-// (Find fails); either way the store is asked once.
+// handler. A first attempt asks Reserve. A retry asks Find, and failing
+// closed answers at once rather than wait on the store twice; failing open,
+// it tries Reserve before it runs the handler unprotected.
 func TestStoreUnavailable(t *testing.T) {
 	logger, logs := logtest.New()
 	svc := newService()
 	for _, retry := range []bool{false, true} {
 		pairs := []string{idemkey.KeyMetadata, "secret-key-123", "tenant", "tenant-acme"}
 		if retry {
-			pairs = append(pairs, "grpc-previous-rpc-attempts", "1")
+			pairs = append(pairs, idemkey.AttemptsMetadata, "1")
 		}
-		call := func(opts ...interceptor.Option) error {
+		call := func(wantFinds, wantReserves int32, opts ...interceptor.Option) error {
 			t.Helper()
 			st := &failingStore{}
 			intercept := interceptor.UnaryServerInterceptor(st, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(pairs...))
 			_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
-			if n := st.asked.Load(); n != 1 {
-				t.Errorf("retry %v: the store was asked %d times before the handler, want 1", retry, n)
+			if f, r := st.finds.Load(), st.reserves.Load(); f != wantFinds || r != wantReserves {
+				t.Errorf("retry %v, %d options: %d finds and %d reserves, want %d and %d", retry, len(opts), f, r, wantFinds, wantReserves)
 			}
 			return err
 		}
+		finds, reserves := int32(0), int32(1)
+		if retry {
+			finds, reserves = 1, 0
+		}
 		runs := int(svc.runs.Load())
-		wantReason(t, call(), codes.Unavailable, idemkey.ReasonStoreUnavailable)
+		wantReason(t, call(finds, reserves), codes.Unavailable, idemkey.ReasonStoreUnavailable)
 		wantRuns(t, svc, runs)
 
-		if err := call(interceptor.WithFailOpen()); err != nil {
+		if err := call(finds, 1, interceptor.WithFailOpen()); err != nil {
 			t.Fatalf("retry %v, fail-open: %v", retry, err)
 		}
 		wantRuns(t, svc, runs+1)
 	}
 
 	out := logs.String()
-	if !strings.Contains(out, "reserve failed") {
+	if !strings.Contains(out, "reserve failed") || !strings.Contains(out, "find failed") {
 		t.Errorf("store failure not logged: %q", out)
 	}
 	for _, secret := range []string{"secret-key-123", "tenant-acme", "cus_1"} {

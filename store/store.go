@@ -167,8 +167,10 @@ type Store interface {
 // Finder is implemented by stores that can read a completed record more
 // cheaply than Reserve decides (store/postgres: a plain SELECT, and in atomic
 // mode no transaction). The interceptor asks it first for a call that gRPC
-// marks as a retry of an earlier attempt, whose record is most likely
-// complete, so that the replay costs a read.
+// marks as a later attempt, whose first attempt has often completed, so that
+// the replay costs a read. When it has not (the retry of an "in progress", or
+// of an attempt that never reached the server), the read is spent in vain
+// before the reservation.
 type Finder interface {
 	// Find returns the record of key if it is completed and not expired:
 	// State Completed, with its fingerprint and outcome. For any other record,

@@ -23,7 +23,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	_ "net/http/pprof" // for -pprof-addr
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"syscall"
@@ -66,16 +66,23 @@ func main() {
 	}
 }
 
-// servePprof serves net/http/pprof's handlers on addr in the background,
-// and logs the address it listens on (addr may have port 0).
+// servePprof serves net/http/pprof's handlers on addr in the background, on
+// a mux of their own rather than http.DefaultServeMux, and logs the address
+// it listens on (addr may have port 0).
 func servePprof(addr string, logger *slog.Logger) {
 	lis, err := net.Listen("tcp", addr)
 	if err != nil {
 		logger.Error("pprof not served", "error", err)
 		return
 	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	logger.Info("pprof listening", "addr", lis.Addr().String())
-	go func() { logger.Error("pprof stopped", "error", http.Serve(lis, nil)) }()
+	go func() { logger.Error("pprof stopped", "error", http.Serve(lis, mux)) }()
 }
 
 // config is what the flags set.

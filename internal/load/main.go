@@ -20,7 +20,8 @@
 // nothing else runs. From these it states how many new keys per second the
 // CPUs would allow if PostgreSQL spent no more per call than under pgbench.
 // It also reports the server process's peak resident memory, and with
-// -profile-dir writes the server's CPU profile of each new-key run.
+// -profile-dir writes the server's CPU profile of each new-key run; the
+// profiler, sampling 100 times a second, is part of what that run measures.
 package main
 
 import (
@@ -41,6 +42,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 )
@@ -152,14 +154,14 @@ func measureMode(bin, ghzBin string, atomic bool, duration time.Duration, client
 // second of new keys if PostgreSQL spent no more per call than under
 // pgbench, with the server's and ghz's CPU per call as measured.
 func capacity(mode string, calls, pg usage, ceiling float64) string {
-	perCall := func(d time.Duration, n int64) float64 { return float64(d) / float64(n) }
-	cpu := perCall(pg.rest(), pg.n) + perCall(calls.server+calls.client, calls.n)
+	each := func(d time.Duration, n int64) float64 { return float64(d) / float64(n) }
+	cpu := each(pg.rest(), pg.n) + each(calls.server+calls.client, calls.n)
 	most := float64(runtime.NumCPU()) * float64(time.Second) / cpu
 	return fmt.Sprintf("%s, new keys: PostgreSQL and the rest spent %.0f µs of CPU per call, against %.0f µs per pgbench transaction. "+
 		"Had they spent only pgbench's, a call would still cost %.0f µs of CPU with the server's and ghz's %.0f µs, "+
 		"which caps %d CPUs at %.0f calls/s: %.2f × the ceiling.",
-		mode, perCall(calls.rest(), calls.n)/1e3, perCall(pg.rest(), pg.n)/1e3, cpu/1e3,
-		perCall(calls.server+calls.client, calls.n)/1e3, runtime.NumCPU(), most, most/ceiling)
+		mode, each(calls.rest(), calls.n)/1e3, each(pg.rest(), pg.n)/1e3, cpu/1e3,
+		each(calls.server+calls.client, calls.n)/1e3, runtime.NumCPU(), most, most/ceiling)
 }
 
 // buildGhz builds ghz, pinned in tools/ghz, into dir, so that it runs
@@ -294,14 +296,18 @@ func (r report) codes() string {
 // parses its JSON report. If profile is set, it also writes the server's CPU
 // profile of the run there.
 func ghz(bin string, srv *servertest.Server, key string, retry bool, duration time.Duration, clients int, profile string) (report, usage, error) {
-	metadata := fmt.Sprintf(`{"authorization": "Bearer sk_test_acme", "idempotency-key": %q}`, key)
+	md := map[string]string{"authorization": "Bearer sk_test_acme", idemkey.KeyMetadata: key}
 	if retry {
-		metadata = fmt.Sprintf(`{"authorization": "Bearer sk_test_acme", "idempotency-key": %q, "grpc-previous-rpc-attempts": "1"}`, key)
+		md[idemkey.AttemptsMetadata] = "1"
+	}
+	metadata, err := json.Marshal(md)
+	if err != nil {
+		return report{}, usage{}, err
 	}
 	cmd := exec.Command(bin, "--insecure",
 		"--call", "example.payments.v1.PaymentService.CreateCharge",
 		"-d", `{"customer_id": "cus_1", "amount": 100, "currency": "EUR"}`,
-		"-m", metadata,
+		"-m", string(metadata),
 		"-c", strconv.Itoa(clients), "-z", duration.String(),
 		"--count-errors", "-O", "json", srv.Addr)
 	profiled := make(chan error, 1)
@@ -325,8 +331,8 @@ func ghz(bin string, srv *servertest.Server, key string, retry bool, duration ti
 		}
 		return r.Count, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 	})
-	if err := <-profiled; err != nil {
-		return r, u, err
+	if perr := <-profiled; err == nil {
+		err = perr
 	}
 	return r, u, err
 }
@@ -342,7 +348,7 @@ func saveProfile(srv *servertest.Server, path string, d time.Duration) error {
 	if addr == "" {
 		return errors.New("the server logged no pprof address")
 	}
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, int(d.Seconds())))
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, max(1, int(d.Seconds()))))
 	if err != nil {
 		return err
 	}

@@ -24,7 +24,8 @@ import (
 
 // roundTrips counts the round trips a pool makes, a statement or a pipelined
 // batch each, and the statements it prepares (once per connection and
-// statement). It keeps the text of the last statement sent on its own.
+// statement). It keeps the text of the last statement sent, on its own or in
+// a batch.
 type roundTrips struct {
 	trips, prepares atomic.Int32
 	lastSQL         atomic.Value // string
@@ -40,8 +41,10 @@ func (c *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.Tra
 	c.trips.Add(1)
 	return ctx
 }
-func (c *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+func (c *roundTrips) TraceBatchQuery(_ context.Context, _ *pgx.Conn, data pgx.TraceBatchQueryData) {
+	c.lastSQL.Store(data.SQL)
+}
+func (c *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData) {}
 func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.TracePrepareStartData) context.Context {
 	c.prepares.Add(1)
 	return ctx
@@ -49,6 +52,7 @@ func (c *roundTrips) TracePrepareStart(ctx context.Context, _ *pgx.Conn, _ pgx.T
 func (c *roundTrips) TracePrepareEnd(context.Context, *pgx.Conn, pgx.TracePrepareEndData) {}
 
 func (c *roundTrips) reset() (trips, prepares int32) {
+	c.lastSQL.Store("")
 	return c.trips.Swap(0), c.prepares.Swap(0)
 }
 
@@ -130,7 +134,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 			// loseFirstReply answers each call's first attempt with
 			// Unavailable after it has run, as if the reply were lost.
 			loseFirstReply := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-				if len(metadata.ValueFromIncomingContext(ctx, "grpc-previous-rpc-attempts")) > 0 {
+				if len(metadata.ValueFromIncomingContext(ctx, idemkey.AttemptsMetadata)) > 0 {
 					return handler(ctx, req)
 				}
 				tracer.reset()
@@ -151,8 +155,8 @@ func TestRetryReplaysWithARead(t *testing.T) {
 					t.Fatalf("call with the first reply lost: %v, want the replay", err)
 				}
 			}
-			retryTrips, prepares := tracer.reset()
 			sql, _ := tracer.lastSQL.Load().(string)
+			retryTrips, prepares := tracer.reset()
 			if retryTrips != 1 || prepares != 0 || !strings.HasPrefix(sql, "SELECT fingerprint, outcome FROM") {
 				t.Errorf("the retry: %d round trips, %d prepares, the last %.40q; want 1 plain SELECT, 0 prepares", retryTrips, prepares, sql)
 			}

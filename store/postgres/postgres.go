@@ -267,6 +267,9 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, er
 	res := store.Result{State: store.Completed}
 	var fingerprint []byte
 	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
+	for attempt := 1; serializationFailure(err) && attempt < maxAttempts; attempt++ {
+		err = s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
+	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Result{}, false, nil
 	}
