@@ -125,8 +125,8 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	return s.run(ctx, c, req, handler)
 }
 
-// retried reports whether gRPC marks the call as a later attempt of a retry
-// or hedging policy.
+// retried reports whether gRPC's retry policy marks the call as a later
+// attempt (AttemptsMetadata above 0).
 func retried(ctx context.Context) bool {
 	attempts := metadata.ValueFromIncomingContext(ctx, idemkey.AttemptsMetadata)
 	return len(attempts) > 0 && attempts[0] != "0"

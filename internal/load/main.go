@@ -10,9 +10,9 @@
 // of its own and measures four mixes: every call a new key, every call a
 // replay of one key, the same marked as a later attempt of gRPC's retry
 // policy (grpc-previous-rpc-attempts), and a storm (every call one of 62
-// keys). ghz gives
-// throughput, p50 and p99, and the status codes; pgbench gives the
-// transactions per second of the SQL a new key costs, without gRPC or Go.
+// keys). ghz gives throughput, p50 and p99, and the status codes; pgbench
+// gives the transactions per second of the SQL a new key costs, without gRPC
+// or Go.
 //
 // Load tool, server and PostgreSQL share the machine's CPUs, so each run also
 // reports the CPU time spent per call, read from /proc: the server's, the
