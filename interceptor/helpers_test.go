@@ -179,22 +179,37 @@ func wantRuns(t *testing.T, svc *service, want int) {
 }
 
 // failingStore is a store whose every call fails, as when its database is
-// unreachable. It counts the calls of Find and of Reserve.
-type failingStore struct{ finds, reserves atomic.Int32 }
+// unreachable.
+type failingStore struct{}
 
 var errDown = fmt.Errorf("connection refused: %w", store.ErrUnavailable)
 
-func (s *failingStore) Find(context.Context, store.Key) (store.Result, bool, error) {
-	s.finds.Add(1)
+func (failingStore) Find(context.Context, store.Key) (store.Result, bool, error) {
 	return store.Result{}, false, errDown
 }
-func (s *failingStore) Reserve(context.Context, store.Reservation) (store.Result, error) {
-	s.reserves.Add(1)
+func (failingStore) Reserve(context.Context, store.Reservation) (store.Result, error) {
 	return store.Result{}, errDown
 }
-func (*failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }
-func (*failingStore) Release(context.Context, store.Key, store.Token) error          { return errDown }
-func (*failingStore) Sweep(context.Context, int) (int, error)                        { return 0, errDown }
+func (failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }
+func (failingStore) Release(context.Context, store.Key, store.Token) error          { return errDown }
+func (failingStore) Sweep(context.Context, int) (int, error)                        { return 0, errDown }
+
+// countingStore is a store, one that implements store.Finder, that counts
+// the calls of Find and of Reserve.
+type countingStore struct {
+	store.Store
+	finds, reserves atomic.Int32
+}
+
+func (s *countingStore) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	s.finds.Add(1)
+	return s.Store.(store.Finder).Find(ctx, key)
+}
+
+func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	s.reserves.Add(1)
+	return s.Store.Reserve(ctx, r)
+}
 
 // retryServiceConfig retries CreateCharge on UNAVAILABLE and ABORTED, as the
 // example's service config does, with short backoffs for tests.

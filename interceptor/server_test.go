@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,23 +143,6 @@ func TestRetriedAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	wantRuns(t, d.svc, 3)
-}
-
-// countingStore is a memory store that counts the calls of Find and of
-// Reserve.
-type countingStore struct {
-	*memory.Store
-	finds, reserves atomic.Int32
-}
-
-func (s *countingStore) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
-	s.finds.Add(1)
-	return s.Store.Find(ctx, key)
-}
-
-func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
-	s.reserves.Add(1)
-	return s.Store.Reserve(ctx, r)
 }
 
 // recordedCodes is DESIGN.md's table: these outcomes are final and replayed;
@@ -561,7 +543,7 @@ func TestStoreUnavailable(t *testing.T) {
 		}
 		call := func(wantFinds, wantReserves int32, opts ...interceptor.Option) error {
 			t.Helper()
-			st := &failingStore{}
+			st := &countingStore{Store: failingStore{}}
 			intercept := interceptor.UnaryServerInterceptor(st, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(pairs...))
 			_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
@@ -789,7 +771,7 @@ func TestOptionZeroValues(t *testing.T) {
 		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
 	}
 
-	intercept := interceptor.UnaryServerInterceptor(&failingStore{}, interceptor.WithLogger(nil))
+	intercept := interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil))
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
 	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
 	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)
