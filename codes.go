@@ -46,6 +46,7 @@ const (
 	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"        // InvalidArgument (HTTP 422)
 	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"   // Aborted (HTTP 409)
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // Unavailable (HTTP 503)
+	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"        // ResourceExhausted (HTTP 503)
 )
 
 // KeyFromMetadata returns the idempotency key carried by md. ok is false when
@@ -132,10 +133,23 @@ func StoreUnavailableError() error {
 		"idempotency store unavailable; the call was not run")
 }
 
+// StoreFullError is the ResourceExhausted status for a new key that the store
+// has no room to reserve (store.ErrFull); the handler did not run, and
+// replays of recorded keys still work. It carries a google.rpc.RetryInfo with
+// retryAfter, the time until the store expects room.
+func StoreFullError(retryAfter time.Duration) error {
+	return newError(codes.ResourceExhausted, ReasonStoreFull,
+		"idempotency store full; the call was not run; retry after "+retryAfter.String(),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+}
+
 // PushbackTrailer is the trailer that carries retryAfter to gRPC's retry
 // policy, rounded up to whole milliseconds.
 func PushbackTrailer(retryAfter time.Duration) metadata.MD {
-	ms := (retryAfter + time.Millisecond - 1) / time.Millisecond
+	ms := retryAfter / time.Millisecond
+	if retryAfter%time.Millisecond > 0 { // rounded up without overflow
+		ms++
+	}
 	return metadata.Pairs(PushbackMetadata, strconv.FormatInt(int64(ms), 10))
 }
 

@@ -2,6 +2,7 @@ package idemkey_test
 
 import (
 	"fmt"
+	"math"
 	"regexp"
 	"strings"
 	"testing"
@@ -25,6 +26,7 @@ func TestStatuses(t *testing.T) {
 		{idemkey.ReusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
 		{idemkey.InProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
 		{idemkey.StoreUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
+		{idemkey.StoreFullError(time.Second), codes.ResourceExhausted, idemkey.ReasonStoreFull},
 	} {
 		if got := status.Code(tc.err); got != tc.code {
 			t.Errorf("%v: code %v, want %v", tc.err, got, tc.code)
@@ -56,6 +58,9 @@ func TestPushbackTrailer(t *testing.T) {
 		1500 * time.Microsecond: "2",
 		time.Nanosecond:         "1",
 		250 * time.Millisecond:  "250",
+		// The longest durations round up without wrapping to a negative count.
+		math.MaxInt64:                      "9223372036855",
+		math.MaxInt64 - time.Millisecond/2: "9223372036855",
 	} {
 		if got := idemkey.PushbackTrailer(d).Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != want {
 			t.Errorf("PushbackTrailer(%v) = %q, want [%s]", d, got, want)

@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
@@ -231,6 +232,7 @@ type e2e struct {
 	store   *memory.Store
 	client  paymentsv1.PaymentServiceClient
 	plain   paymentsv1.PaymentServiceClient
+	lis     *bufconn.Listener
 	keys    chan string   // the key of every attempt that reached the server
 	aborted chan struct{} // a signal for every Aborted answer
 }
@@ -252,7 +254,8 @@ func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
 	opts = append([]interceptor.Option{interceptor.WithTenant(tenantFromMetadata)}, opts...)
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, interceptor.UnaryServerInterceptor(e.store, opts...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, e.svc)
-	lis := grpctest.Serve(t, srv)
+	e.lis = grpctest.Serve(t, srv)
+	lis := e.lis
 	e.client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,
 		grpc.WithDefaultServiceConfig(retryServiceConfig),
 		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor())))

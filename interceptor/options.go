@@ -19,6 +19,8 @@ const (
 	DefaultRetention  = 24 * time.Hour   // WithRetention
 	DefaultRetryAfter = time.Second      // WithRetryAfter
 
+	DefaultInProgressWait = 2 * time.Second // WithInProgressWait
+
 	DefaultMaxRecordSize = 4 << 20 // WithMaxRecordSize, in bytes
 )
 
@@ -68,6 +70,7 @@ type options struct {
 	maxLease    time.Duration
 	retention   time.Duration
 	retryAfter  time.Duration
+	inProgress  time.Duration // WithInProgressWait
 	failOpen    bool
 	maxRecord   int
 	atomicAll   bool
@@ -91,6 +94,7 @@ func newOptions(opts []Option) *options {
 		maxLease:    DefaultMaxLease,
 		retention:   DefaultRetention,
 		retryAfter:  DefaultRetryAfter,
+		inProgress:  DefaultInProgressWait,
 		maxRecord:   DefaultMaxRecordSize,
 		logger:      slog.Default(),
 	}
@@ -148,7 +152,13 @@ func WithRecordedCodes(cs ...codes.Code) Option {
 
 // WithReplayedMetadata records the header and trailer metadata the handler
 // sets under the given keys, binary ("-bin") keys included, and replays it
-// with the outcome. By default no handler metadata is replayed.
+// with the outcome. By default no handler metadata is replayed. A replay sends
+// only the keys listed now: a key taken off the list stops being replayed from
+// records made while it was on it.
+//
+// A replay goes to every caller of the tenant who resends the key, so never
+// list a header that belongs to one caller, such as a cookie or anything
+// derived from the caller's credentials.
 func WithReplayedMetadata(keys ...string) Option {
 	return func(o *options) {
 		for _, k := range keys {
@@ -189,6 +199,20 @@ func WithRetention(d time.Duration) Option {
 // longer than the lease has left, nor shorter than a millisecond.
 func WithRetryAfter(d time.Duration) Option {
 	return func(o *options) { o.retryAfter = d }
+}
+
+// WithInProgressWait sets how long a duplicate that finds its key in progress
+// waits at the server for the first call to end, before it is answered
+// Aborted with a pushback (DefaultInProgressWait, 2s; 0 answers at once). The
+// wait ends early with the first call's recorded reply, or, if the first call
+// released its key, with a run of the handler; it never outlasts the
+// duplicate's own deadline. Meanwhile the store is polled with a growing
+// interval (25ms, doubling to 500ms): for the default, at most 9 reads. With
+// the shipped service config's 5 attempts and 1s pushbacks, a duplicate thus
+// covers about 14s, enough for a first call that runs 10s. In atomic mode the
+// polls are reads (store.Finder), so a waiting duplicate holds no connection.
+func WithInProgressWait(d time.Duration) Option {
+	return func(o *options) { o.inProgress = max(d, 0) }
 }
 
 // WithMaxRecordSize bounds the record of one outcome: the encoded response

@@ -110,6 +110,9 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	}
 
 	res, err := s.store.Reserve(ctx, r)
+	if err == nil && res.State == store.InProgress && res.Fingerprint == fp {
+		res, err = s.await(ctx, res, func(ctx context.Context) (store.Result, error) { return s.store.Reserve(ctx, r) })
+	}
 	if err != nil {
 		if s.failsOpen(m) && ctx.Err() == nil {
 			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
@@ -202,6 +205,50 @@ func (s *server) answer(ctx context.Context, c call, fp store.Fingerprint, res s
 	return nil, idemkey.InProgressError(wait)
 }
 
+// Polls of a key in progress: the first after awaitFirstPoll, each next one
+// twice as late, at most awaitMaxPoll apart. A duplicate leaves awaitMargin of
+// its deadline for its answer to reach the client.
+const (
+	awaitFirstPoll = 25 * time.Millisecond
+	awaitMaxPoll   = 500 * time.Millisecond
+	awaitMargin    = 50 * time.Millisecond
+)
+
+// await waits for a key that res found in progress to be recorded (or
+// released), polling the store with poll, for at most WithInProgressWait and
+// the call's deadline. It returns the first result that is not InProgress, or
+// the last one when the wait runs out. A wait of w costs at most
+// 5 + w/awaitMaxPoll polls.
+func (s *server) await(ctx context.Context, res store.Result, poll func(context.Context) (store.Result, error)) (store.Result, error) {
+	wait := s.opts.inProgress
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, time.Until(deadline)-awaitMargin)
+	}
+	if wait < awaitFirstPoll {
+		return res, nil
+	}
+	end := time.Now().Add(wait)
+	timer := time.NewTimer(awaitFirstPoll)
+	defer timer.Stop()
+	for interval := awaitFirstPoll; ; interval = min(2*interval, awaitMaxPoll) {
+		select {
+		case <-ctx.Done():
+			return res, nil
+		case <-timer.C:
+		}
+		next, err := poll(ctx)
+		if err != nil || next.State != store.InProgress {
+			return next, err
+		}
+		res = next
+		left := time.Until(end)
+		if left <= 0 {
+			return res, nil
+		}
+		timer.Reset(min(2*interval, awaitMaxPoll, left))
+	}
+}
+
 // handlerContext is ctx for the handler of c: it carries c's parts for
 // DerivedKey and, if metadata is replayed, the recorder that keeps it.
 func (s *server) handlerContext(ctx context.Context, c call) (context.Context, *recorder) {
@@ -259,6 +306,18 @@ func (s *server) settle(ctx context.Context, c call, resp any, herr error, rec *
 // The caller gets the handler's result only if it committed.
 func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req any, handler grpc.UnaryHandler) (resp any, err error) {
 	res, tx, err := s.atomic.Begin(ctx, r)
+	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint && s.finder != nil {
+		// Polled with reads: a transaction per poll would hold a connection
+		// for each waiting duplicate. A first call that rolls back is not
+		// seen; the duplicate's retry acquires the key.
+		res, err = s.await(ctx, res, func(ctx context.Context) (store.Result, error) {
+			found, ok, err := s.finder.Find(ctx, c.key)
+			if !ok {
+				return res, err
+			}
+			return found, nil
+		})
+	}
 	if err != nil {
 		return nil, s.storeFailed(ctx, c, "reserve", err)
 	}
@@ -295,17 +354,34 @@ func (s *server) replay(ctx context.Context, c call, raw []byte) (any, error) {
 		s.log(ctx, slog.LevelError, "recorded outcome is corrupt", c, err)
 		return nil, status.Error(codes.Internal, "idemkey: the recorded outcome of this call cannot be read")
 	}
-	if len(rec.header) > 0 {
-		_ = grpc.SetHeader(ctx, rec.header)
+	// The allow-list of today applies, not the one the record was made under.
+	if md := allowed(rec.header, s.opts.replayed); len(md) > 0 {
+		_ = grpc.SetHeader(ctx, md)
 	}
-	if len(rec.trailer) > 0 {
-		_ = grpc.SetTrailer(ctx, rec.trailer)
+	if md := allowed(rec.trailer, s.opts.replayed); len(md) > 0 {
+		_ = grpc.SetTrailer(ctx, md)
 	}
 	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
 	return rec.resp, rec.err
 }
 
 var replayedTrailer = metadata.Pairs(idemkey.ReplayedMetadata, "true")
+
+// allowed is the part of md whose keys are in keys; md itself if all are.
+func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
+	for k := range md {
+		if !keys[k] {
+			out := make(metadata.MD, len(md))
+			for k, vs := range md {
+				if keys[k] {
+					out[k] = vs
+				}
+			}
+			return out
+		}
+	}
+	return md
+}
 
 // complete records the outcome. Like release, it detaches the store write
 // from the caller's cancellation: a client that hangs up must not leave its
@@ -346,13 +422,19 @@ func (s *server) log(ctx context.Context, level slog.Level, msg string, c call, 
 }
 
 // lease is the call's remaining deadline plus a grace period, at most the
-// maximum lease; a call without a deadline gets the default lease.
+// maximum lease; a call without a deadline gets the default lease. It
+// saturates: gRPC turns a grpc-timeout above about 2562047H into a deadline
+// math.MaxInt64 nanoseconds away, to which the grace cannot be added.
 func (s *server) lease(ctx context.Context) time.Duration {
 	deadline, ok := ctx.Deadline()
 	if !ok {
 		return s.opts.lease
 	}
-	return min(max(time.Until(deadline), 0)+leaseGrace, s.opts.maxLease)
+	left := max(time.Until(deadline), 0)
+	if left > s.opts.maxLease-leaseGrace {
+		return s.opts.maxLease
+	}
+	return left + leaseGrace
 }
 
 // Fingerprint is the default FingerprintFunc: the SHA-256 of the full method

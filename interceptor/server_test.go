@@ -347,6 +347,32 @@ func TestReplayedMetadata(t *testing.T) {
 	wantMD(t, "trailer", replay.trailer, metadata.Pairs("x-trace-id", "t-1", "x-trace-id", "t-2", idemkey.ReplayedMetadata, "true"))
 }
 
+// A record made while a header was allow-listed replays only what today's
+// allow-list names: removing a key from WithReplayedMetadata stops its replay.
+func TestReplayedMetadataFollowsTodaysAllowList(t *testing.T) {
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region", "set-cookie"))
+	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-region", "eu-1", "set-cookie", "session=caller-1"))
+		return chargeFor(req, 1), nil
+	}
+	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
+		t.Fatal(err)
+	}
+	d.intercept = interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region"))
+	_, replay, err := d.create(t, "key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
+	d.intercept = interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata))
+	_, replay, err = d.create(t, "key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantMD(t, "header", replay.header, nil)
+	wantRuns(t, d.svc, 1)
+}
+
 func wantMD(t *testing.T, what string, got, want metadata.MD) {
 	t.Helper()
 	if len(got) != len(want) {

@@ -1,0 +1,180 @@
+package interceptor_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// leaseStore is a store that keeps the lease of every reservation it is
+// asked for.
+type leaseStore struct {
+	store.Store
+	mu     sync.Mutex
+	leases []time.Duration
+}
+
+func (s *leaseStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	s.mu.Lock()
+	s.leases = append(s.leases, r.Lease)
+	s.mu.Unlock()
+	return s.Store.Reserve(ctx, r)
+}
+
+// count is how many reservations the store was asked for, and the lease of
+// the last one.
+func (s *leaseStore) count() (int, time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.leases) == 0 {
+		return 0, 0
+	}
+	return len(s.leases), s.leases[len(s.leases)-1]
+}
+
+// rawCall sends one CreateCharge over HTTP/2 with the given headers, as a
+// gRPC client would, and returns the grpc-status the server answered, or
+// DeadlineExceeded if the server reset the stream (as grpc-go does once the
+// deadline has passed). grpc-go's own client cannot send an arbitrary
+// grpc-timeout, such as 99999999H.
+func rawCall(t *testing.T, lis *bufconn.Listener, headers map[string]string, req proto.Message) codes.Code {
+	t.Helper()
+	msg, err := proto.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := binary.BigEndian.AppendUint32([]byte{0}, uint32(len(msg)))
+	body = append(body, msg...)
+	tr := &http.Transport{Protocols: new(http.Protocols), DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return lis.DialContext(ctx)
+	}}
+	tr.Protocols.SetUnencryptedHTTP2(true)
+	defer tr.CloseIdleConnections()
+	hreq, err := http.NewRequest(http.MethodPost, "http://bufnet"+createCharge, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hreq.Header.Set("content-type", "application/grpc")
+	hreq.Header.Set("te", "trailers")
+	for k, v := range headers {
+		hreq.Header.Set(k, v)
+	}
+	resp, err := (&http.Client{Transport: tr, Timeout: 30 * time.Second}).Do(hreq)
+	if err != nil {
+		if strings.Contains(err.Error(), "CANCEL") {
+			return codes.DeadlineExceeded
+		}
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if _, err := io.Copy(io.Discard, resp.Body); err != nil {
+		if strings.Contains(err.Error(), "CANCEL") {
+			return codes.DeadlineExceeded
+		}
+		t.Fatal(err)
+	}
+	grpcStatus := resp.Trailer.Get("grpc-status")
+	if grpcStatus == "" { // a trailers-only answer
+		grpcStatus = resp.Header.Get("grpc-status")
+	}
+	code, err := strconv.Atoi(grpcStatus)
+	if err != nil {
+		t.Fatalf("no grpc-status in the answer (HTTP %d): %q", resp.StatusCode, grpcStatus)
+	}
+	return codes.Code(code)
+}
+
+// TestLeaseOfEveryGRPCTimeout sends grpc-timeout values across the whole range
+// the protocol allows (1n to 99999999H) and checks the lease the store is
+// given: never negative or wrapped, never above the maximum, and the maximum
+// for every timeout beyond it.
+func TestLeaseOfEveryGRPCTimeout(t *testing.T) {
+	st := &leaseStore{Store: memory.New()}
+	svc := newService()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata))))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	lis := grpctest.Serve(t, srv)
+
+	units := map[byte]time.Duration{'n': time.Nanosecond, 'u': time.Microsecond, 'm': time.Millisecond, 'S': time.Second, 'M': time.Minute, 'H': time.Hour}
+	for _, value := range []int64{1, 999, 300000, 2562047, 2562048, 99999999} {
+		for unit, size := range units {
+			timeout := strconv.FormatInt(value, 10) + string(unit)
+			before, _ := st.count()
+			rawCall(t, lis, map[string]string{"grpc-timeout": timeout, idemkey.KeyMetadata: idemkey.NewKey(), "tenant": "acme"}, request(1))
+			after, lease := st.count()
+			if after == before {
+				if float64(value)*float64(size) >= float64(time.Second) {
+					t.Fatalf("grpc-timeout %s: the store was asked for no reservation", timeout)
+				}
+				continue // the deadline passed before the interceptor ran
+			}
+			if lease <= 0 || lease > interceptor.DefaultMaxLease {
+				t.Fatalf("grpc-timeout %s: the store got a lease of %v, want one in (0, %v]", timeout, lease, interceptor.DefaultMaxLease)
+			}
+			if d := float64(value) * float64(size); d >= float64(interceptor.DefaultMaxLease) && lease != interceptor.DefaultMaxLease {
+				t.Errorf("grpc-timeout %s: lease %v, want the maximum %v", timeout, lease, interceptor.DefaultMaxLease)
+			}
+		}
+	}
+}
+
+// TestLongestDeadlineHoldsTheKey is the attack that found the wrapped lease: a
+// first call with the longest deadline a client can set, and a duplicate
+// while it runs, on a raw grpc-timeout and on grpc-go's own client. The
+// duplicate must not run the handler.
+func TestLongestDeadlineHoldsTheKey(t *testing.T) {
+	for _, via := range []string{"grpc-go", "raw 99999999H"} {
+		t.Run(via, func(t *testing.T) {
+			e := newE2E(t, interceptor.WithInProgressWait(0))
+			started, release := e.svc.block()
+			key := idemkey.NewKey()
+			first := make(chan error, 1)
+			go func() {
+				ctx, cancel := context.WithTimeout(withKey(context.Background(), key), math.MaxInt64)
+				defer cancel()
+				_, err := e.plain.CreateCharge(ctx, request(1))
+				first <- err
+			}()
+			waitFor(t, started, "the first call")
+			ctx, cancel := context.WithTimeout(withKey(context.Background(), key), math.MaxInt64)
+			defer cancel()
+			var code codes.Code
+			if via == "grpc-go" {
+				_, err := e.plain.CreateCharge(ctx, request(1))
+				code = status.Code(err)
+			} else {
+				code = rawCall(t, e.lis, map[string]string{"grpc-timeout": "99999999H", idemkey.KeyMetadata: key, "tenant": "acme"}, request(1))
+			}
+			close(release)
+			if err := <-first; err != nil {
+				t.Fatalf("first call: %v", err)
+			}
+			if code != codes.Aborted {
+				t.Errorf("duplicate: %v, want Aborted (in progress)", code)
+			}
+			wantRuns(t, e.svc, 1)
+		})
+	}
+}
