@@ -178,3 +178,37 @@ func TestLongestDeadlineHoldsTheKey(t *testing.T) {
 		})
 	}
 }
+
+// A full store refuses new keys with ResourceExhausted, reason
+// IDEMPOTENCY_STORE_FULL and a RetryInfo, without running the handler, while
+// recorded keys keep replaying; a reply that finds no room is recorded as a
+// short Internal, for the caller and every retry.
+func TestStoreFull(t *testing.T) {
+	st := memory.New(memory.WithMaxRecords(2), memory.WithMaxBytes(2<<10))
+	d := &direct{intercept: interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata)), store: st, svc: newService()}
+	first, _, err := d.create(t, "key-1", request(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		return &paymentsv1.Charge{Id: "ch_big", Description: strings.Repeat("x", 4<<10)}, nil
+	}
+	_, _, err = d.create(t, "key-2", request(2))
+	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "store is full") {
+		t.Fatalf("a reply with no room: %v, want Internal (store is full)", err)
+	}
+	_, ts, err := d.create(t, "key-2", request(2))
+	if status.Code(err) != codes.Internal || !idemkey.Replayed(ts.trailer) {
+		t.Fatalf("retry of the reply with no room: %v (replayed %v), want the recorded Internal", err, idemkey.Replayed(ts.trailer))
+	}
+	_, _, err = d.create(t, "key-3", request(3))
+	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
+	if delay, ok := idemkey.RetryDelay(err); !ok || delay != interceptor.DefaultRetryAfter {
+		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, interceptor.DefaultRetryAfter)
+	}
+	replay, ts, err := d.create(t, "key-1", request(1))
+	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
+		t.Errorf("replay in a full store: %v, %v; want %v, replayed", replay, err, first)
+	}
+	wantRuns(t, d.svc, 2)
+}

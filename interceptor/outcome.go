@@ -75,6 +75,8 @@ var (
 	unrecordable    = mustEncodeStatus(unrecordableErr)
 	tooLargeErr     = status.Error(codes.Internal, "idemkey: the reply of this call is too large to record")
 	tooLarge        = mustEncodeStatus(tooLargeErr)
+	noRoomErr       = status.Error(codes.Internal, "idemkey: the reply of this call could not be recorded: the idempotency store is full")
+	noRoom          = mustEncodeStatus(noRoomErr) // within store.SmallOutcome
 )
 
 func mustEncodeStatus(err error) []byte {

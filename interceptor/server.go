@@ -113,6 +113,10 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if err == nil && res.State == store.InProgress && res.Fingerprint == fp {
 		res, err = s.await(ctx, res, func(ctx context.Context) (store.Result, error) { return s.store.Reserve(ctx, r) })
 	}
+	if errors.Is(err, store.ErrFull) {
+		s.log(ctx, slog.LevelWarn, "reserve refused: the store is full", c, err)
+		return nil, idemkey.StoreFullError(s.opts.retryAfter)
+	}
 	if err != nil {
 		if s.failsOpen(m) && ctx.Err() == nil {
 			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
@@ -275,10 +279,15 @@ func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHan
 	returned = true
 
 	outcome, record, resp, err := s.settle(ctx, c, resp, err, rec)
-	if record {
-		s.complete(ctx, c, outcome)
-	} else {
+	if !record {
 		s.release(ctx, c)
+		return resp, err
+	}
+	if errors.Is(s.complete(ctx, c, outcome), store.ErrFull) {
+		// The handler has run, so its key must not be released: a short
+		// error takes the reply's place, for the caller and every retry.
+		s.complete(ctx, c, noRoom)
+		return nil, noRoomErr
 	}
 	return resp, err
 }
@@ -386,11 +395,13 @@ func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
 // complete records the outcome. Like release, it detaches the store write
 // from the caller's cancellation: a client that hangs up must not leave its
 // key in progress. The store bounds the write's time (see store.Store).
-func (s *server) complete(ctx context.Context, c call, outcome []byte) {
+func (s *server) complete(ctx context.Context, c call, outcome []byte) error {
 	ctx = context.WithoutCancel(ctx)
-	if err := s.store.Complete(ctx, c.key, c.token, outcome); err != nil {
+	err := s.store.Complete(ctx, c.key, c.token, outcome)
+	if err != nil {
 		s.logWriteFailure(ctx, "complete", c, err)
 	}
+	return err
 }
 
 func (s *server) release(ctx context.Context, c call) {
@@ -407,8 +418,12 @@ func (s *server) rollback(ctx context.Context, c call, tx store.Tx) {
 }
 
 func (s *server) logWriteFailure(ctx context.Context, op string, c call, err error) {
-	if errors.Is(err, store.ErrLeaseLost) {
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
 		s.log(ctx, slog.LevelWarn, op+" refused: the lease was taken over, so another run of the handler may have happened", c, err)
+		return
+	case errors.Is(err, store.ErrFull):
+		s.log(ctx, slog.LevelError, op+" refused: the store is full; Internal is recorded instead of the reply", c, err)
 		return
 	}
 	s.log(ctx, slog.LevelError, op+" failed; the key stays in progress until its lease ends", c, err)

@@ -102,7 +102,7 @@ func TestInProgress(t *testing.T) {
 func TestRetriedAttempt(t *testing.T) {
 	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
 	st := &countingStore{Store: d.store}
-	d.intercept = interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata))
+	d.intercept = interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithInProgressWait(0))
 	attempt := func(n, key string, req *paymentsv1.CreateChargeRequest, wantFinds, wantReserves int32) (*paymentsv1.Charge, *transportStream, error) {
 		t.Helper()
 		resp, ts, err := d.call(context.Background(), createCharge, req,

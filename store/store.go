@@ -117,7 +117,16 @@ var (
 	// ErrUnavailable: the store could not be reached or did not answer in time.
 	// The operation may or may not have taken effect.
 	ErrUnavailable = errors.New("idemkey store: unavailable")
+	// ErrFull: Reserve or Complete would pass a bound the store was given
+	// (store/memory: records or bytes). Nothing was written; records already
+	// completed still replay.
+	ErrFull = errors.New("idemkey store: full")
 )
+
+// SmallOutcome is the size of outcome that a store with bounds always
+// accepts in Complete, so that a call whose reply found no room can still
+// record a short error in its place.
+const SmallOutcome = 256
 
 // DefaultSweepBatch is the batch size Sweep uses when given one below 1.
 const DefaultSweepBatch = 1000
@@ -144,13 +153,16 @@ type Store interface {
 	//     r.Fingerprint, take it over with a new token and lease (Acquired);
 	//     otherwise InProgress, so the caller refuses the reused key.
 	// A retention that has passed counts as absent even when the record was
-	// created with a different fingerprint.
+	// created with a different fingerprint. A store with bounds returns
+	// ErrFull rather than insert a record past them.
 	Reserve(ctx context.Context, r Reservation) (Result, error)
 
 	// Complete records outcome for the key held by token, which then replays
 	// until the record expires. It returns ErrLeaseLost if token no longer
 	// holds an in-progress record for key. The store may keep outcome, so the
-	// caller must not modify it afterwards.
+	// caller must not modify it afterwards. A store with bounds may return
+	// ErrFull for an outcome that would pass them, and then accepts, for the
+	// same token, an outcome of at most SmallOutcome bytes.
 	Complete(ctx context.Context, key Key, token Token, outcome []byte) error
 
 	// Release deletes the in-progress record held by token, so the next call

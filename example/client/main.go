@@ -187,7 +187,15 @@ func (d *demo) duplicate() error {
 	for i, line := range dupTrace.lines() {
 		d.say("   duplicate, attempt %d: %s", i+1, line)
 	}
-	d.say("   -> both calls got charge %s; gRPC's retry policy resent the same key until the first call finished", b.charge.GetId())
+	// The narration follows what the traces show.
+	switch id := b.charge.GetId(); {
+	case len(dupTrace.lines()) == 1 && idemkey.Replayed(b.trailer):
+		d.say("   -> the server held the duplicate until the first call finished, then replayed its charge %s", id)
+	case len(dupTrace.lines()) > 1:
+		d.say("   -> both calls got charge %s: the server answered the duplicate Aborted while the first call ran, and gRPC's retry policy resent the same key until it finished", id)
+	default:
+		d.say("   -> both calls got charge %s", id)
+	}
 	return expect(a.charge.GetId() == b.charge.GetId(), "the duplicate got a different charge")
 }
 

@@ -1,7 +1,8 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h] [-log-level info] [-pprof-addr ADDR]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
+//	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //
 // With a database URL (the flag, else $DATABASE_URL) the idempotency keys and
 // the charges live in PostgreSQL: the server creates its tables, sweeps
@@ -9,7 +10,9 @@
 // as one service. CreateCharge then runs in idemkey's atomic mode, the charge
 // and its recorded reply committing in one transaction, unless -atomic=false
 // asks for the two-phase mode, so that both can be tried side by side.
-// Without a database URL, keys and charges live in memory, in two-phase mode.
+// Without a database URL, keys and charges live in memory, in two-phase mode;
+// the keys' store is bounded by -memory-max-records and -memory-max-bytes, and
+// a new key past them is refused with ResourceExhausted.
 //
 // Callers authenticate with "authorization: Bearer sk_test_acme" (tenant acme)
 // or "Bearer sk_test_globex" (tenant globex). CreateCharge requires an
@@ -45,6 +48,8 @@ func main() {
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
+	maxRecords := flag.Int("memory-max-records", memory.DefaultMaxRecords, "without a database, the most idempotency records kept in memory")
+	maxBytes := flag.Int64("memory-max-bytes", memory.DefaultMaxBytes, "without a database, the most bytes of idempotency records kept in memory")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
@@ -58,7 +63,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, delay: *delay, ttl: *ttl, atomic: *atomic}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -89,14 +94,16 @@ func servePprof(addr string, logger *slog.Logger) {
 type config struct {
 	databaseURL string
 	delay, ttl  time.Duration
-	atomic      bool // on PostgreSQL only
+	atomic      bool  // on PostgreSQL only
+	maxRecords  int   // in memory only
+	maxBytes    int64 // in memory only
 }
 
 // run serves on lis until ctx is done, then stops gracefully.
 func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger) error {
 	defer lis.Close()
 	var (
-		st     store.Store = memory.New()
+		st     store.Store = memory.New(memory.WithMaxRecords(cfg.maxRecords), memory.WithMaxBytes(cfg.maxBytes))
 		ledger example.Ledger
 		kind   = "memory"
 		mode   = "two-phase"

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,7 +113,11 @@ func TestProcessesOnOneDatabase(t *testing.T) {
 			t.Fatal("process A never wrote the charge")
 		}
 	}
-	if _, _, err := create(b, key, req); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
+	// B holds the duplicate for A's outcome until shortly before the
+	// duplicate's deadline, which comes before A's reply.
+	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key), 500*time.Millisecond)
+	defer cancel()
+	if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate on B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	want := <-first
@@ -211,4 +218,64 @@ func create(s *servertest.Server, key string, req *paymentsv1.CreateChargeReques
 	var trailer metadata.MD
 	charge, err := paymentsv1.NewPaymentServiceClient(s.Conn).CreateCharge(ctx, req, grpc.Trailer(&trailer))
 	return charge, trailer, err
+}
+
+// A flood of new keys with large replies, at the memory store's bounds: new
+// keys are refused with ResourceExhausted (IDEMPOTENCY_STORE_FULL), recorded
+// keys still replay, and the server's resident memory stays within a few
+// times the byte bound.
+func TestMemoryStoreBounds(t *testing.T) {
+	const maxBytes = 8 << 20
+	s := servertest.Start(t, servertest.Build(t), "-database-url=", "-memory-max-records=100000", fmt.Sprint("-memory-max-bytes=", maxBytes))
+	before := residentBytes(t, s.Pid())
+	first := idemkey.NewKey()
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 1, Currency: "EUR"}
+	if _, _, err := create(s, first, req); err != nil {
+		t.Fatal(err)
+	}
+	full := 0
+	big := strings.Repeat("x", 100<<10)
+	for i := range 300 {
+		_, _, err := create(s, idemkey.NewKey(), &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: int64(i + 2), Currency: "EUR", Description: big})
+		switch {
+		case idemkey.Reason(err) == idemkey.ReasonStoreFull:
+			full++
+		case err != nil && status.Code(err) != codes.Internal: // Internal: a reply that found no room
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	if full == 0 {
+		t.Error("no new key was refused at the bound")
+	}
+	if _, trailer, err := create(s, first, req); err != nil || !idemkey.Replayed(trailer) {
+		t.Errorf("replay in a full store: %v (replayed %v)", err, idemkey.Replayed(trailer))
+	}
+	grown := residentBytes(t, s.Pid()) - before
+	t.Logf("resident memory grew %d MiB for a bound of %d MiB; %d of 300 new keys refused", grown>>20, maxBytes>>20, full)
+	// The example's own ledger keeps every charge in memory too, 30 MiB of
+	// descriptions at most; the bound leaves twice that for it and the
+	// garbage collector's headroom.
+	if limit := int64(2*30<<20 + 4*maxBytes); grown > limit {
+		t.Errorf("resident memory grew %d MiB, more than %d MiB", grown>>20, limit>>20)
+	}
+}
+
+// residentBytes reads a process's resident set size from /proc.
+func residentBytes(t *testing.T, pid int) int64 {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS in /proc status")
+	return 0
 }

@@ -1,9 +1,20 @@
 // Package memory is an in-process idemkey store, for tests and for services
 // that run as a single process and accept that a restart forgets every key.
 //
-// It is safe for concurrent use. Its memory is bounded by retention: every
-// Reserve deletes a few expired records, and Sweep deletes the rest on demand,
-// so no goroutine runs in the background.
+// It is safe for concurrent use, and bounded: at most WithMaxRecords records
+// (DefaultMaxRecords) and WithMaxBytes bytes (DefaultMaxBytes), counting each
+// record as recordCost bytes plus what its outcome holds beyond
+// store.SmallOutcome. Every Reserve deletes a few expired records, and Sweep
+// deletes the rest on demand, so no goroutine runs in the background.
+//
+// At a bound, expired records go first; if the store is still full, Reserve
+// of a new key returns store.ErrFull (the interceptor answers
+// ResourceExhausted, reason IDEMPOTENCY_STORE_FULL, and the handler does not
+// run), and so does Complete of an outcome with no room left (the interceptor
+// then records a short Internal instead). Replays of recorded keys go on
+// working. Measured on a flood of unique keys and of large replies, the heap
+// of a process stays within about three times WithMaxBytes above its size
+// before (see TestFloodStaysBounded).
 package memory
 
 import (
@@ -16,6 +27,18 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
+// Defaults for the store's bounds, each changed by the option that names it.
+// Together they keep a store on a laptop under about 100 MB of heap.
+const (
+	DefaultMaxRecords = 100_000  // WithMaxRecords
+	DefaultMaxBytes   = 64 << 20 // WithMaxBytes
+)
+
+// recordCost is what one record counts against WithMaxBytes before its
+// outcome: its map entry, its struct and its place in the heap (about 300
+// bytes measured), with room for an outcome of store.SmallOutcome bytes.
+const recordCost = 512
+
 // evictPerReserve is how many expired records each Reserve deletes; more than
 // one, so that deletion outpaces insertion and memory stays bounded.
 const evictPerReserve = 2
@@ -24,9 +47,13 @@ const evictPerReserve = 2
 type Store struct {
 	now func() time.Time
 
+	maxRecords int
+	maxBytes   int64
+
 	mu        sync.Mutex
 	records   map[store.Key]*record
 	byExpiry  expiryHeap // every record, soonest removable first
+	bytes     int64      // the cost of every record, as cost counts it
 	lastToken store.Token
 }
 
@@ -59,13 +86,49 @@ func WithClock(now func() time.Time) Option {
 	return func(s *Store) { s.now = now }
 }
 
+// WithMaxRecords bounds the number of records, expired ones included until
+// they are deleted (DefaultMaxRecords if n < 1).
+func WithMaxRecords(n int) Option {
+	return func(s *Store) { s.maxRecords = n }
+}
+
+// WithMaxBytes bounds the bytes the records count (DefaultMaxBytes if n < 1):
+// recordCost each, plus what each outcome holds beyond store.SmallOutcome. A
+// bound below what one record needs is raised to that.
+func WithMaxBytes(n int64) Option {
+	return func(s *Store) { s.maxBytes = n }
+}
+
 // New returns an empty store.
 func New(opts ...Option) *Store {
 	s := &Store{now: time.Now, records: make(map[store.Key]*record)}
 	for _, opt := range opts {
 		opt(s)
 	}
+	if s.maxRecords < 1 {
+		s.maxRecords = DefaultMaxRecords
+	}
+	if s.maxBytes < 1 {
+		s.maxBytes = DefaultMaxBytes
+	}
+	s.maxBytes = max(s.maxBytes, recordCost)
 	return s
+}
+
+// cost is what a record with outcome counts against the byte bound.
+func cost(outcome []byte) int64 {
+	return recordCost + int64(max(len(outcome)-store.SmallOutcome, 0))
+}
+
+// roomLocked reports whether records of extra more bytes fit, after deleting
+// every expired record if they would not.
+func (s *Store) roomLocked(now time.Time, newRecords int, extra int64) bool {
+	fits := func() bool { return len(s.records)+newRecords <= s.maxRecords && s.bytes+extra <= s.maxBytes }
+	if fits() {
+		return true
+	}
+	s.evictLocked(now, len(s.byExpiry))
+	return fits()
 }
 
 var (
@@ -90,6 +153,9 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	}
 	switch {
 	case !ok:
+		if !s.roomLocked(now, 1, recordCost) {
+			return store.Result{}, fmt.Errorf("memory store: reserve: %w: %d records, %d of %d bytes", store.ErrFull, len(s.records), s.bytes, s.maxBytes)
+		}
 		s.lastToken++
 		rec = &record{
 			key:         r.Key,
@@ -99,6 +165,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 			expiresAt:   now.Add(r.Retention),
 		}
 		s.records[r.Key] = rec
+		s.bytes += recordCost
 		heap.Push(&s.byExpiry, rec)
 	case rec.completed:
 		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
@@ -135,10 +202,15 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, err := s.heldLocked(key, token)
+	now := s.now()
+	rec, err := s.heldLocked(key, token, now)
 	if err != nil {
 		return err
 	}
+	if extra := cost(outcome) - recordCost; extra > 0 && !s.roomLocked(now, 0, extra) {
+		return fmt.Errorf("memory store: complete: %w: an outcome of %d bytes, with %d of %d bytes counted", store.ErrFull, len(outcome), s.bytes, s.maxBytes)
+	}
+	s.bytes += cost(outcome) - recordCost
 	rec.completed = true
 	rec.outcome = outcome
 	heap.Fix(&s.byExpiry, rec.index)
@@ -152,7 +224,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	rec, err := s.heldLocked(key, token)
+	rec, err := s.heldLocked(key, token, s.now())
 	if err != nil {
 		return err
 	}
@@ -188,9 +260,9 @@ func (s *Store) Len() int {
 	return len(s.records)
 }
 
-func (s *Store) heldLocked(key store.Key, token store.Token) (*record, error) {
+func (s *Store) heldLocked(key store.Key, token store.Token, now time.Time) (*record, error) {
 	rec, ok := s.records[key]
-	if !ok || rec.token != token || rec.completed || !s.now().Before(rec.removableAt()) {
+	if !ok || rec.token != token || rec.completed || !now.Before(rec.removableAt()) {
 		return nil, fmt.Errorf("memory store: token %d: %w", token, store.ErrLeaseLost)
 	}
 	return rec, nil
@@ -209,6 +281,7 @@ func (s *Store) evictLocked(now time.Time, limit int) int {
 func (s *Store) deleteLocked(rec *record) {
 	heap.Remove(&s.byExpiry, rec.index)
 	delete(s.records, rec.key)
+	s.bytes -= cost(rec.outcome)
 }
 
 // expiryHeap orders records by removableAt; it implements heap.Interface.
