@@ -76,14 +76,56 @@ var _ store.Atomic = (*Store)(nil)
 // makes the reservation wait on its row; the wait ends when that transaction
 // does, or with SQLSTATE 55P03 when the lock timeout passes. A replay, or an
 // "in progress", costs a second round trip to end the transaction.
+//
+// At most WithAtomicConns transactions are open at once. When all are taken
+// by running handlers, Begin first reads the key (Find): a replay answers from
+// that read, on a connection the transactions leave free, and only a new key
+// waits for a transaction to end.
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return store.Result{}, nil, s.translate(ctx, "begin", err)
+	if !s.takeSlot() {
+		if res, found, err := s.Find(ctx, r.Key); err != nil || found {
+			return res, nil, err
+		}
+		select {
+		case s.slots <- struct{}{}:
+		case <-ctx.Done():
+			return store.Result{}, nil, s.translate(ctx, "begin", ctx.Err())
+		}
 	}
-	for range maxAttempts {
+	res, tx, err := s.begin(ctx, r)
+	if tx == nil {
+		s.freeSlot()
+	}
+	return res, tx, err
+}
+
+// takeSlot takes one of the transactions' slots if one is free; freeSlot
+// gives it back once the transaction's connection is back in the pool.
+func (s *Store) takeSlot() bool {
+	select {
+	case s.slots <- struct{}{}:
+		return true
+	default:
+		return false
+	}
+}
+
+func (s *Store) freeSlot() { <-s.slots }
+
+// begin is Begin once it holds a slot. A connection that is lost takes the
+// transaction with it, so Begin starts again on another.
+func (s *Store) begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+	for attempt, pause := 0, retryPause; attempt < maxAttempts; {
+		conn, err := s.pool.Acquire(ctx)
+		if err != nil {
+			if connectionLost(err) && s.pause(ctx, pause) {
+				pause = min(2*pause, maxRetryPause)
+				continue
+			}
+			return store.Result{}, nil, s.translate(ctx, "begin", err)
+		}
 		res, err := s.reserveInTx(ctx, conn.Conn(), r)
 		var pgErr *pgconn.PgError
 		switch {
@@ -102,16 +144,18 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 			// ROLLBACK goes on its own, because pgx prepares anew the
 			// statements of a batch that failed, which PostgreSQL refuses
 			// inside a failed transaction.
-			if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
-				conn.Release()
-				return store.Result{}, nil, s.translate(ctx, "begin", err)
+			attempt++
+			if err := s.rollback(ctx, conn); err != nil {
+				return store.Result{}, nil, err
 			}
+		case connectionLost(err) && s.pause(ctx, pause):
+			conn.Release() // the pool closes it; the transaction died with it
+			pause = min(2*pause, maxRetryPause)
 		default:
 			s.rollback(ctx, conn)
 			return store.Result{}, nil, s.translate(ctx, "begin", err)
 		}
 	}
-	s.rollback(ctx, conn)
 	return store.Result{}, nil, fmt.Errorf("idemkey postgres: begin: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
@@ -192,6 +236,7 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 	if conn == nil {
 		return errTxEnded
 	}
+	defer t.store.freeSlot()
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
 	}
@@ -258,6 +303,7 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 	if conn == nil {
 		return errTxEnded
 	}
+	defer t.store.freeSlot()
 	return t.store.rollback(ctx, conn)
 }
 

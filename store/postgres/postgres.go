@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
+	"net"
 	"regexp"
 	"strconv"
 	"strings"
@@ -42,6 +44,7 @@ type options struct {
 	logger      *slog.Logger
 	timeout     time.Duration
 	lockTimeout time.Duration
+	atomicConns int32 // 0: the default share of the pool
 }
 
 // WithTable names the table: "name", or "schema.name" for a schema other than
@@ -74,6 +77,17 @@ func WithTimeout(d time.Duration) Option {
 // lock_timeout.
 func WithLockTimeout(d time.Duration) Option {
 	return func(o *options) { o.lockTimeout = d }
+}
+
+// WithAtomicConns bounds how many of the pool's connections atomic calls
+// hold at once, each for its handler's whole run (see Begin). The rest stay
+// free for reservations, replays and records, so that these never queue
+// behind running handlers. The default is three quarters of the pool's
+// MaxConns, keeping at least one free; n is kept below MaxConns. Size the
+// pool for the atomic calls to run at once plus a quarter: pgxpool's
+// default of max(4, cores) allows three.
+func WithAtomicConns(n int) Option {
+	return func(o *options) { o.atomicConns = int32(min(max(n, 0), math.MaxInt32)) }
 }
 
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
@@ -119,8 +133,10 @@ type Store struct {
 	opts options
 
 	reserveSQL, findSQL, completeSQL, releaseSQL, sweepSQL string
+	confirmSQL                                             string
 	completeInTxSQL                                        string
-	lockTimeout                                            string // lock_timeout's value, in milliseconds
+	lockTimeout                                            string        // lock_timeout's value, in milliseconds
+	slots                                                  chan struct{} // one per open atomic transaction
 }
 
 var (
@@ -135,6 +151,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
+	if pool == nil {
+		return nil, errors.New("idemkey postgres: New needs a pool, not nil")
+	}
 	table := o.qualified(o.table)
 	return &Store{
 		pool:            pool,
@@ -142,11 +161,23 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		reserveSQL:      reserveSQL(table, o.qualified(o.table+"_token_seq")),
 		findSQL:         fmt.Sprintf(findSQL, table),
 		completeSQL:     fmt.Sprintf(completeSQL, table),
+		confirmSQL:      fmt.Sprintf(confirmSQL, table),
 		releaseSQL:      fmt.Sprintf(releaseSQL, table),
 		sweepSQL:        fmt.Sprintf(sweepSQL, table),
 		completeInTxSQL: fmt.Sprintf(completeInTxSQL, fmt.Sprintf(completeSQL, table)),
 		lockTimeout:     strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
+		slots:           make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 	}, nil
+}
+
+// atomicConns is how many of a pool of size connections atomic transactions
+// may hold: n if set, else three quarters; always at least one, and at least
+// one fewer than size where size allows.
+func atomicConns(size, n int32) int {
+	if n == 0 {
+		n = size - size/4
+	}
+	return int(max(min(n, size-1), 1))
 }
 
 // takeable is the condition under which a reservation may take over the row
@@ -227,6 +258,9 @@ const findSQL = `SELECT fingerprint, outcome FROM %s WHERE key = $1 AND state = 
 // held matches the in-progress row held by token $2 that has not expired.
 const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end > now() OR expires_at > now())`
 
+// confirmSQL reads whether the row of key held by token $2 is completed.
+const confirmSQL = `SELECT state = 'completed' FROM %s WHERE key = $1 AND token = $2`
+
 const (
 	completeSQL = `UPDATE %s SET state = 'completed', outcome = $3 WHERE ` + held
 	releaseSQL  = `DELETE FROM %s WHERE ` + held
@@ -243,31 +277,46 @@ const (
 
 // Reserve implements store.Store in one round trip, unless the row changed
 // under the statement (a concurrent release or sweep); then it runs again.
+// So it does when its connection was lost: a reservation that took effect
+// unseen makes the retry find the key in progress, as a client's own retry
+// would, which delays the call but never runs it twice.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	for range maxAttempts {
-		row := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds())
+	lease, retention := max(r.Lease, 0).Microseconds(), max(r.Retention, 0).Microseconds()
+	for attempt, pause := 0, retryPause; attempt < maxAttempts; {
+		row := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], lease, retention)
 		res, err := scanReservation(row)
-		if errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) {
-			continue
-		}
-		if err != nil {
+		switch {
+		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err):
+			attempt++
+		case connectionLost(err) && s.pause(ctx, pause):
+			pause = min(2*pause, maxRetryPause)
+		case err != nil:
 			return store.Result{}, s.translate(ctx, "reserve", err)
+		default:
+			return res, nil
 		}
-		return res, nil
 	}
 	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
-// Find implements store.Finder with one plain SELECT by key.
+// Find implements store.Finder with one plain SELECT by key, run again after
+// a serialization failure or a lost connection.
 func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	res := store.Result{State: store.Completed}
 	var fingerprint []byte
 	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
-	for attempt := 1; serializationFailure(err) && attempt < maxAttempts; attempt++ {
+	for attempt, pause := 1, retryPause; ; {
+		if serializationFailure(err) && attempt < maxAttempts {
+			attempt++
+		} else if !connectionLost(err) || !s.pause(ctx, pause) {
+			break
+		} else {
+			pause = min(2*pause, maxRetryPause)
+		}
 		err = s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -287,29 +336,112 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
 	}
-	return s.write(ctx, "complete", s.completeSQL, key[:], int64(token), outcome)
+	return s.write(ctx, "complete", s.completeSQL, key, token, outcome)
 }
 
 // Release implements store.Store, detached from ctx's cancellation like
 // Complete.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
-	return s.write(ctx, "release", s.releaseSQL, key[:], int64(token))
+	return s.write(ctx, "release", s.releaseSQL, key, token)
 }
 
-func (s *Store) write(ctx context.Context, op, sql string, args ...any) error {
+// write runs Complete's or Release's statement on the row of key held by
+// token. Both are fenced by the token, so a write whose connection died (a
+// terminated backend, a restart, a failover) runs again on a fresh
+// connection until the store's timeout. If the dead connection may have
+// carried it out already, a retry that matches no row asks whether it did:
+// the row completed under token, or gone from token.
+func (s *Store) write(ctx context.Context, op, sql string, key store.Key, token store.Token, args ...any) error {
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, sql, args...)
-	for attempt := 1; serializationFailure(err) && attempt < maxAttempts; attempt++ {
-		tag, err = s.pool.Exec(ctx, sql, args...)
-	}
-	if err != nil {
+	args = append([]any{key[:], int64(token)}, args...)
+	unsure := false // an earlier attempt may have taken effect
+	for attempt, pause := 1, retryPause; ; attempt++ {
+		tag, err := s.pool.Exec(ctx, sql, args...)
+		switch {
+		case err == nil && tag.RowsAffected() == 0 && unsure:
+			return s.confirm(ctx, op, key, token)
+		case err == nil && tag.RowsAffected() == 0:
+			return fmt.Errorf("idemkey postgres: %s: %w", op, store.ErrLeaseLost)
+		case err == nil:
+			return nil
+		case serializationFailure(err) && attempt < maxAttempts:
+			continue
+		case connectionLost(err) && s.pause(ctx, pause):
+			unsure = unsure || !pgconn.SafeToRetry(err)
+			pause = min(2*pause, maxRetryPause)
+			continue
+		}
 		return s.translate(ctx, op, err)
 	}
-	if tag.RowsAffected() == 0 {
+}
+
+// confirm decides a write retried after its first attempt's fate was lost
+// with its connection: done if the row of key is completed under token (for
+// Complete) or no longer held by token (for Release), else ErrLeaseLost.
+func (s *Store) confirm(ctx context.Context, op string, key store.Key, token store.Token) error {
+	var completed bool
+	err := s.pool.QueryRow(ctx, s.confirmSQL, key[:], int64(token)).Scan(&completed)
+	switch {
+	case op == "release" && errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err == nil && op == "complete" && completed:
+		return nil
+	case err == nil || errors.Is(err, pgx.ErrNoRows):
 		return fmt.Errorf("idemkey postgres: %s: %w", op, store.ErrLeaseLost)
 	}
-	return nil
+	return s.translate(ctx, op, err)
+}
+
+// Pauses between the attempts of a statement whose connection was lost: the
+// pool's other idle connections may have died with it, and a restarting
+// server takes a moment.
+const (
+	retryPause    = 10 * time.Millisecond
+	maxRetryPause = 250 * time.Millisecond
+)
+
+// pause waits d, and reports false if ctx ends first (or would, within d).
+func (s *Store) pause(ctx context.Context, d time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// connectionLost reports whether err means the statement's connection is
+// gone or unusable while the database may still serve on another: no server
+// answer at all (a closed or reset socket, a dial that failed), or one that
+// ends the session (class 08, and 57P01 to 57P03: terminated by an
+// administrator, a crash, or a server starting up). A context's end is not.
+func connectionLost(err error) bool {
+	if err == nil || pgconn.Timeout(err) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var (
+		pgErr      *pgconn.PgError
+		connectErr *pgconn.ConnectError
+		netErr     net.Error
+	)
+	switch {
+	case errors.As(err, &pgErr):
+		switch pgErr.Code {
+		case "57P01", "57P02", "57P03":
+			return true
+		}
+		return strings.HasPrefix(pgErr.Code, "08")
+	case errors.As(err, &connectErr), errors.As(err, &netErr):
+		return true
+	}
+	return pgconn.SafeToRetry(err) || errors.Is(err, pgconn.ErrConnClosed) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // Sweep implements store.Store: each batch is one short statement of its own,

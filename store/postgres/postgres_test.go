@@ -3,7 +3,9 @@ package postgres_test
 import (
 	"context"
 	"errors"
+	"io"
 	"io/fs"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -373,11 +375,13 @@ func waitBlocked(t *testing.T, pool *pgxpool.Pool, app string) int32 {
 	return 0
 }
 
-// Killing the store's backend in the middle of a statement gives
-// ErrUnavailable, never a raw driver error, and the key is not stuck beyond
-// its lease.
+// Killing the store's backend in the middle of a statement (an
+// administrator, a restart, a failover) loses only that connection: the
+// store runs the statement again on a fresh one, and the call succeeds once
+// the database lets it. For Complete that is what keeps a handler's reply
+// from being lost, and its key from running again after the lease.
 func TestTerminatedBackend(t *testing.T) {
-	for _, during := range []string{"reserve", "complete"} {
+	for _, during := range []string{"reserve", "complete", "release"} {
 		t.Run(during, func(t *testing.T) {
 			app := "idemkey_test_" + strings.ReplaceAll(t.Name(), "/", "_")
 			victim := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
@@ -389,7 +393,7 @@ func TestTerminatedBackend(t *testing.T) {
 			// Another session holds the row (or its insertion) so that the
 			// store's statement waits while we terminate its backend.
 			var token store.Token
-			if during == "complete" {
+			if during != "reserve" {
 				token = acquire(t, victim.store, key)
 			}
 			blocker, err := admin.pool.Begin(ctx)
@@ -407,46 +411,138 @@ func TestTerminatedBackend(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			errc := make(chan error, 1)
+			type result struct {
+				res store.Result
+				err error
+			}
+			done := make(chan result, 1)
 			go func() {
-				if during == "reserve" {
-					_, err := victim.store.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
-					errc <- err
-				} else {
-					errc <- victim.store.Complete(ctx, key, token, []byte("ok"))
+				var r result
+				switch during {
+				case "reserve":
+					r.res, r.err = victim.store.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+				case "complete":
+					r.err = victim.store.Complete(ctx, key, token, []byte("ok"))
+				default:
+					r.err = victim.store.Release(ctx, key, token)
 				}
+				done <- r
 			}()
 			pid := waitBlocked(t, admin.pool, app)
 			var terminated bool
 			if err := admin.pool.QueryRow(ctx, `SELECT pg_terminate_backend($1)`, pid).Scan(&terminated); err != nil || !terminated {
 				t.Fatalf("pg_terminate_backend = %v, %v", terminated, err)
 			}
-			err = <-errc
-			if !errors.Is(err, store.ErrUnavailable) {
-				t.Fatalf("%s whose backend was terminated: %v, want ErrUnavailable", during, err)
-			}
-			var pgErr *pgconn.PgError
-			if errors.As(err, &pgErr) {
-				t.Errorf("a raw pgx error reached the caller: %v", err)
+			// The statement runs again on another connection, and waits for
+			// the blocker like the first did.
+			for waitBlocked(t, admin.pool, app) == pid {
+				time.Sleep(5 * time.Millisecond)
 			}
 			if err := blocker.Rollback(ctx); err != nil {
 				t.Fatal(err)
 			}
-
-			// The store works on, and the key is free once its lease, if
-			// any, has ended.
-			if during == "complete" {
-				if res := reserve(t, victim.store, key, fpA); res.State != store.InProgress {
-					t.Fatalf("retry within the lease = %v, want in progress", res.State)
-				}
-				victim.advance(t, lease+time.Second)
+			r := <-done
+			if r.err != nil {
+				t.Fatalf("%s whose backend was terminated: %v, want it done on another connection", during, r.err)
 			}
-			complete := acquire(t, victim.store, key)
-			if err := victim.store.Complete(ctx, key, complete, []byte("ok")); err != nil {
-				t.Fatalf("Complete after the failure: %v", err)
+			res := reserve(t, victim.store, key, fpA)
+			switch during {
+			case "reserve":
+				if r.res.State != store.Acquired {
+					t.Errorf("Reserve = %v, want acquired", r.res.State)
+				}
+			case "complete":
+				if res.State != store.Completed || string(res.Outcome) != "ok" {
+					t.Errorf("after Complete: %v %q, want the recorded outcome", res.State, res.Outcome)
+				}
+			default:
+				if res.State != store.Acquired {
+					t.Errorf("after Release: %v, want the key free", res.State)
+				}
 			}
 		})
 	}
+}
+
+// A write whose answer is lost with its connection, after the database
+// carried it out, runs again on a fresh connection and finds its own effect:
+// success, not ErrLeaseLost, and nothing written twice.
+func TestWriteRetryFindsItsOwnEffect(t *testing.T) {
+	for _, op := range []string{"complete", "release"} {
+		t.Run(op, func(t *testing.T) {
+			var cut atomic.Bool
+			r := newReplica(t, func(c *pgxpool.Config) {
+				c.MaxConns = 1 // one connection, whose statements pgx has prepared
+				dial := c.ConnConfig.DialFunc
+				c.ConnConfig.DialFunc = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					conn, err := dial(ctx, network, addr)
+					return &cuttableConn{Conn: conn, cut: &cut}, err
+				}
+			})
+			ctx := context.Background()
+			// Complete and Release once each, so that the connection has
+			// prepared their statements: the next write is the execution.
+			for _, k := range []string{"warm-1", "warm-2"} {
+				key := store.NewKey("tenant", "/m", k)
+				token := acquire(t, r.store, key)
+				if err := r.store.Complete(ctx, key, token, []byte("ok")); err != nil {
+					t.Fatal(err)
+				}
+				if err := r.store.Release(ctx, key, token); !errors.Is(err, store.ErrLeaseLost) {
+					t.Fatal(err)
+				}
+			}
+			key := store.NewKey("tenant", "/m", "done-unseen")
+			token := acquire(t, r.store, key)
+			cut.Store(true)
+			var err error
+			if op == "complete" {
+				err = r.store.Complete(ctx, key, token, []byte("ok"))
+			} else {
+				err = r.store.Release(ctx, key, token)
+			}
+			if cut.Load() {
+				t.Fatal("the connection was never cut")
+			}
+			if err != nil {
+				t.Fatalf("%s whose answer was lost: %v, want success", op, err)
+			}
+			res := reserve(t, r.store, key, fpA)
+			if op == "complete" && (res.State != store.Completed || string(res.Outcome) != "ok") {
+				t.Errorf("after Complete: %v %q, want the recorded outcome", res.State, res.Outcome)
+			}
+			if op == "release" && res.State != store.Acquired {
+				t.Errorf("after Release: %v, want the key free", res.State)
+			}
+		})
+	}
+}
+
+// cuttableConn is a connection to PostgreSQL that, once cut is set, lets the
+// next statement through and then drops the server's answer to it and closes,
+// as a network that fails at the worst moment does.
+type cuttableConn struct {
+	net.Conn
+	cut     *atomic.Bool
+	pending bool
+}
+
+func (c *cuttableConn) Write(b []byte) (int, error) {
+	if c.cut.Load() {
+		c.pending = true
+	}
+	return c.Conn.Write(b)
+}
+
+func (c *cuttableConn) Read(b []byte) (int, error) {
+	if !c.pending {
+		return c.Conn.Read(b)
+	}
+	_, _ = c.Conn.Read(b) // the answer: the statement has run and committed
+	c.pending = false
+	c.cut.Store(false)
+	c.Conn.Close()
+	return 0, io.ErrUnexpectedEOF
 }
 
 func schemaOf(t *testing.T, pool *pgxpool.Pool) string {
