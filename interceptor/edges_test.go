@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,9 +24,11 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/storetest"
 )
 
 // leaseStore is a store that keeps the lease of every reservation it is
@@ -211,4 +214,49 @@ func TestStoreFull(t *testing.T) {
 		t.Errorf("replay in a full store: %v, %v; want %v, replayed", replay, err, first)
 	}
 	wantRuns(t, d.svc, 2)
+}
+
+// flakyStore fails the first few Completes, as a store whose connection
+// died does.
+type flakyStore struct {
+	store.Store
+	failures atomic.Int32 // how many Completes are still to fail
+}
+
+func (s *flakyStore) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	if s.failures.Add(-1) >= 0 {
+		return errDown
+	}
+	return s.Store.Complete(ctx, key, token, outcome)
+}
+
+// A record that cannot be written at once is written in the background
+// before the lease ends, so a retry after the lease replays the reply instead
+// of running the handler again.
+func TestCompleteRetriedInTheBackground(t *testing.T) {
+	clock := storetest.NewClock()
+	st := &flakyStore{Store: memory.New(memory.WithClock(clock.Now))}
+	st.failures.Store(3)
+	svc := newService()
+	logger, logs := logtest.New()
+	intercept := interceptor.UnaryServerInterceptor(st, interceptor.WithLease(2*time.Second, 2*time.Second), interceptor.WithLogger(logger))
+	d := &direct{intercept: intercept, svc: svc}
+	first, _, err := d.create(t, "key-1", request(1))
+	if err != nil {
+		t.Fatalf("first call: %v", err)
+	}
+	for deadline := time.Now().Add(2 * time.Second); st.failures.Load() >= 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the record was not retried")
+		}
+	}
+	clock.Advance(t, 3*time.Second) // the lease has ended
+	replay, ts, err := d.create(t, "key-1", request(1))
+	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
+		t.Fatalf("retry after the lease: %v, %v (replayed %v); want the first reply, replayed", replay, err, idemkey.Replayed(ts.trailer))
+	}
+	wantRuns(t, svc, 1)
+	if !strings.Contains(logs.String(), "complete succeeded in the background") {
+		t.Errorf("the background record was not logged:\n%s", logs.String())
+	}
 }

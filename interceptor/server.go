@@ -105,6 +105,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		}
 	}
 	r := store.Reservation{Key: c.key, Fingerprint: fp, Lease: s.lease(ctx), Retention: s.opts.retention}
+	c.leaseEnd = time.Now().Add(r.Lease) // the store's clock starts it later, never earlier
 	if m.atomic {
 		return s.runAtomic(ctx, c, r, req, handler)
 	}
@@ -145,6 +146,9 @@ type call struct {
 	key    store.Key
 	parts  callParts
 	token  store.Token
+	// leaseEnd is when, at the earliest, the store ends the lease of the
+	// reservation.
+	leaseEnd time.Time
 }
 
 // callParts are what a call's key is derived from; the handler's context
@@ -395,13 +399,54 @@ func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
 // complete records the outcome. Like release, it detaches the store write
 // from the caller's cancellation: a client that hangs up must not leave its
 // key in progress. The store bounds the write's time (see store.Store).
+//
+// A record that fails for a reason other than a lost lease or a full store
+// is tried again in the background (completeLater): were it lost, a retry
+// after the lease would run the handler a second time.
 func (s *server) complete(ctx context.Context, c call, outcome []byte) error {
 	ctx = context.WithoutCancel(ctx)
 	err := s.store.Complete(ctx, c.key, c.token, outcome)
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrFull):
 		s.logWriteFailure(ctx, "complete", c, err)
+	default:
+		s.log(ctx, slog.LevelError, "complete failed; it is tried again in the background until shortly before the lease ends", c, err)
+		go s.completeLater(ctx, c, outcome)
 	}
 	return err
+}
+
+// Pauses between the background attempts of completeLater.
+const (
+	laterFirstPause = 100 * time.Millisecond
+	laterMaxPause   = 5 * time.Second
+)
+
+// completeLater tries to record outcome until shortly before the lease of c
+// ends (a quarter of it before, at most a second), and logs how that ended.
+// Past that point a retry may take the key over, and the record would be
+// refused anyway.
+func (s *server) completeLater(ctx context.Context, c call, outcome []byte) {
+	lease := time.Until(c.leaseEnd)
+	until := c.leaseEnd.Add(-min(lease/4, time.Second))
+	err := errors.New("no time was left before the lease ends")
+	for attempt, pause := 2, laterFirstPause; time.Until(until) > pause; attempt, pause = attempt+1, min(2*pause, laterMaxPause) {
+		time.Sleep(pause)
+		wctx, cancel := context.WithDeadline(ctx, until)
+		err = s.store.Complete(wctx, c.key, c.token, outcome)
+		cancel()
+		switch {
+		case err == nil:
+			s.opts.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey: complete succeeded in the background",
+				slog.String("method", c.method.name), slog.String("scope", c.key.String()), slog.Int("attempt", attempt))
+			return
+		case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrFull):
+			s.logWriteFailure(ctx, "complete", c, err)
+			return
+		}
+	}
+	s.log(ctx, slog.LevelError, "complete failed until shortly before the lease ends; a retry after it runs the handler again", c, err)
 }
 
 func (s *server) release(ctx context.Context, c call) {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -20,6 +22,7 @@ import (
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // roundTrips counts the round trips a pool makes, a statement or a pipelined
@@ -180,5 +183,69 @@ func TestUnreachableFailsClosed(t *testing.T) {
 	}
 	if n := svc.runs.Load(); n != 0 {
 		t.Errorf("the handler ran %d times without the store", n)
+	}
+}
+
+// slowAtomicService holds its call's transaction for half a second, as a
+// handler that writes and then calls something slow does.
+type slowAtomicService struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+}
+
+func (slowAtomicService) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	tx, ok := postgres.TxFromContext(ctx)
+	if !ok {
+		return nil, status.Error(codes.Internal, "no transaction")
+	}
+	if _, err := tx.Exec(ctx, "SELECT 1"); err != nil {
+		return nil, status.Error(codes.Unavailable, "the transaction failed")
+	}
+	if req.GetAmount() > 1 { // the recorded key's call returns at once
+		time.Sleep(500 * time.Millisecond)
+	}
+	return &paymentsv1.Charge{Id: fmt.Sprint("ch_", req.GetAmount())}, nil
+}
+
+// Atomic handlers that hold every transaction they may do not starve replays
+// of connections: with 80 calls of 500 ms running on pgxpool's default pool
+// size for two cores (4), the replay of a recorded key answers at once, as a
+// first attempt and as a retry.
+func TestReplayWhileAtomicHandlersHoldThePool(t *testing.T) {
+	r := newReplica(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic())))
+	paymentsv1.RegisterPaymentServiceServer(srv, slowAtomicService{})
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	create := func(ctx context.Context, key string, amount int64, pairs ...string) (*paymentsv1.Charge, metadata.MD, error) {
+		ctx = metadata.AppendToOutgoingContext(ctx, append([]string{idemkey.KeyMetadata, key}, pairs...)...)
+		var trailer metadata.MD
+		c, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: amount}, grpc.Trailer(&trailer))
+		return c, trailer, err
+	}
+	if _, _, err := create(context.Background(), "recorded", 1); err != nil {
+		t.Fatal(err)
+	}
+
+	load, stop := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for i := range 80 {
+		wg.Go(func() { _, _, _ = create(load, fmt.Sprint("new-", i), int64(i+2)) })
+	}
+	defer func() { stop(); wg.Wait() }()
+	for deadline := time.Now().Add(10 * time.Second); r.pool.Stat().AcquiredConns() < 3; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the handlers never held the transactions")
+		}
+	}
+	for _, pairs := range [][]string{nil, {idemkey.AttemptsMetadata, "1"}} {
+		// A second is far beyond a replay's own cost, and far below the
+		// seconds the 80 calls keep the transactions busy.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		start := time.Now()
+		c, trailer, err := create(ctx, "recorded", 1, pairs...)
+		cancel()
+		if err != nil || c.GetId() != "ch_1" || !idemkey.Replayed(trailer) {
+			t.Fatalf("replay %v during the load: %v, %v (replayed %v); want ch_1, replayed", pairs, c, err, idemkey.Replayed(trailer))
+		}
+		t.Logf("replay %v answered in %v with %d of 4 connections held", pairs, time.Since(start), r.pool.Stat().AcquiredConns())
 	}
 }
