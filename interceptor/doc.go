@@ -52,6 +52,30 @@
 //  5. records the outcome, or releases the key so that a retry runs again;
 //  6. returns the handler's own result.
 //
+// # Fingerprint
+//
+// A key first used for one request and then for another is refused
+// (InvalidArgument, IDEMPOTENCY_KEY_REUSED); WithFingerprint chooses what
+// makes two requests the same. The default, Fingerprint, is a SHA-256 of the
+// full method and the request's canonical encoding: its wire encoding with
+// every field, known or unknown, in ascending order of number; known fields as
+// protobuf-go's deterministic marshalling writes them (proto3 defaults left
+// out, varints minimal, repeated scalars packed as the descriptor says, map
+// entries by key, sub-messages canonical); unknown fields with minimal tags,
+// varints and lengths, their values otherwise as they came. So:
+//   - two encodings of one request fingerprint the same, whatever their field
+//     order, packing, varint padding or map order;
+//   - a server that reads a newer field as unknown fingerprints a request as
+//     a server that knows it if the client wrote the field canonically, as
+//     protobuf's encoders write scalars, strings, packed lists and most
+//     messages (see Fingerprint), so a retry may cross a rolling deploy that
+//     adds a field;
+//   - a change in any field the server reads, or in an unknown field's value,
+//     changes the fingerprint;
+//   - a request without unknown fields, extensions, or a oneof field set
+//     numbered below another field set, fingerprints as in releases that
+//     hashed its deterministic marshalling, whose records it still matches.
+//
 // # What is recorded
 //
 // A success is recorded whole: the marshalled response and the allow-listed
@@ -136,9 +160,14 @@
 //
 // # Caveats
 //
-//   - The default fingerprint marshals the request deterministically, which is
-//     stable for one schema and one protobuf-go version: a retry that crosses
-//     an upgrade of either may be refused as a reused key.
+//   - The default fingerprint hashes an unknown field's string, bytes or
+//     message as it came: a retry that crosses a deploy adding a field may be
+//     refused as a reused key if the client wrote that field in another way
+//     than protobuf's encoders (a map's entries, which they write in any
+//     order, a message with fields out of order). And a retry after the
+//     upgrade from a release that hashed deterministic marshalling, of a
+//     request that has unknown fields, extensions or a oneof field set below
+//     another field, is refused as reused.
 //   - A retry loop of your own must run inside the client interceptor (a
 //     retry interceptor chained after it), or reuse one key through UseKey or
 //     ContextWithKey: a key made per attempt defeats the scheme. gRPC's

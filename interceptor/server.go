@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"google.golang.org/grpc"
@@ -496,25 +495,6 @@ func (s *server) lease(ctx context.Context) time.Duration {
 	}
 	return left + leaseGrace
 }
-
-// Fingerprint is the default FingerprintFunc: the SHA-256 of the full method
-// name and the request marshalled deterministically. Deterministic marshalling
-// is stable for one schema and one protobuf-go version; a retry that crosses a
-// change of either may be refused as a reused key.
-func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
-	buf := fingerprintBuffers.Get().(*[]byte)
-	defer fingerprintBuffers.Put(buf)
-	b, err := proto.MarshalOptions{Deterministic: true}.MarshalAppend(appendPart((*buf)[:0], fullMethod), req)
-	if err != nil {
-		return store.Fingerprint{}, err
-	}
-	if cap(b) <= 64<<10 { // keep small buffers only
-		*buf = b
-	}
-	return sha256.Sum256(b), nil
-}
-
-var fingerprintBuffers = sync.Pool{New: func() any { return new([]byte) }}
 
 // bindMethod hashes a fingerprint together with the method it was made for.
 func bindMethod(fullMethod string, fp store.Fingerprint) store.Fingerprint {
