@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS charges (
 	PRIMARY KEY (tenant, id),
 	CONSTRAINT charges_merchant_reference_key UNIQUE (tenant, merchant_reference)
 );
-CREATE INDEX IF NOT EXISTS charges_customer_idx ON charges (tenant, customer_id, create_time)`
+CREATE INDEX IF NOT EXISTS charges_customer_page_idx ON charges (tenant, customer_id, create_time, id)`
 
 // PostgresLedger is a Ledger on the table charges, in the database that also
 // holds the idempotency keys.
@@ -113,11 +113,17 @@ func (l *PostgresLedger) Get(ctx context.Context, tenant, id string) (*paymentsv
 	return c, ledgerError(err)
 }
 
-// List implements Ledger.
-func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string) ([]*paymentsv1.Charge, error) {
-	rows, _ := l.pool.Query(ctx, selectCharges+` WHERE tenant = $1 AND customer_id = $2 ORDER BY create_time, id`, tenant, customerID)
+// List implements Ledger. It reads one row past the page, to learn whether
+// another page follows.
+func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string, after Position, limit int) ([]*paymentsv1.Charge, Position, error) {
+	rows, _ := l.pool.Query(ctx, selectCharges+` WHERE tenant = $1 AND customer_id = $2 AND (create_time, id) > ($3, $4)
+		ORDER BY create_time, id LIMIT $5`, tenant, customerID, after.CreateTime, after.ID, limit+1)
 	charges, err := pgx.CollectRows(rows, scanCharge)
-	return charges, ledgerError(err)
+	if err != nil || len(charges) <= limit {
+		return charges, Position{}, ledgerError(err)
+	}
+	charges = charges[:limit]
+	return charges, positionOf(charges[limit-1]), nil
 }
 
 const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time FROM charges`
