@@ -33,7 +33,7 @@ CREATE TABLE IF NOT EXISTS charges (
 	PRIMARY KEY (tenant, id),
 	CONSTRAINT charges_merchant_reference_key UNIQUE (tenant, merchant_reference)
 );
-CREATE INDEX IF NOT EXISTS charges_customer_idx ON charges (tenant, customer_id, create_time)`
+CREATE INDEX IF NOT EXISTS charges_customer_page_idx ON charges (tenant, customer_id, create_time, id)`
 
 // PostgresLedger is a Ledger on the table charges, in the database that also
 // holds the idempotency keys.
@@ -58,9 +58,32 @@ func MigrateLedger(ctx context.Context, pool *pgxpool.Pool) error {
 	}
 }
 
-// insertTimeout bounds a charge's insert, well inside the idempotency lease:
-// a handler still running when its lease ends may be run again elsewhere.
+// insertTimeout bounds a charge's insert when the call's deadline does not
+// end it sooner; see insertContext.
 const insertTimeout = 5 * time.Second
+
+// insertContext returns the context of a charge's insert. It is detached from
+// the caller's cancellation, so that a client hanging up cannot cut a charge
+// short and leave its outcome unknown; but it ends by the call's deadline, and
+// by insertTimeout at the latest, so that the insert ends inside the call's
+// idempotency lease: a handler still running when its lease ends may be run
+// again elsewhere, and charge twice.
+//
+// With the interceptor's defaults this holds. A call with a deadline holds
+// its lease until that deadline plus 5 s of grace, but for 10 minutes at most;
+// a call without one holds it for a minute. The insert ends by the earlier of
+// the call's deadline and insertTimeout after it starts, so it ends at least
+// 5 s before the lease does if it starts within 50 s of the call (this
+// handler starts it at once). A server that shortens the lease with
+// interceptor.WithLease must keep both of its values well above
+// insertTimeout.
+func insertContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	deadline, ok := ctx.Deadline()
+	if limit := time.Now().Add(insertTimeout); !ok || limit.Before(deadline) {
+		deadline = limit
+	}
+	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
+}
 
 // Insert implements Ledger.
 func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv1.Charge) error {
@@ -68,16 +91,22 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 	if r := c.GetMerchantReference(); r != "" {
 		ref = &r
 	}
-	// In atomic mode the insert joins the call's transaction, which commits
-	// it with the recorded reply; otherwise it commits on its own.
-	var db postgres.Querier = l.pool
-	if tx, ok := postgres.TxFromContext(ctx); ok {
-		db = tx
-	}
-	// Detached from the caller's cancellation, so that a client hanging up
-	// cannot cut a charge short and leave its outcome unknown.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), insertTimeout)
+	tx, atomic := postgres.TxFromContext(ctx)
+	ctx, cancel := insertContext(ctx)
 	defer cancel()
+	// In atomic mode the insert joins the call's transaction, which commits
+	// it with the recorded reply; otherwise it commits on its own, on a
+	// connection taken first, so that failing to get one (the deadline
+	// passing while the pool is busy) is known to have made no charge.
+	var db postgres.Querier = tx
+	if !atomic {
+		conn, err := l.pool.Acquire(ctx)
+		if err != nil {
+			return ledgerError(err)
+		}
+		defer conn.Release()
+		db = conn
+	}
 	_, err := db.Exec(ctx, `INSERT INTO charges
 		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
@@ -94,11 +123,13 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 		// no charge was made, so the key is released for a retry.
 		return ledgerError(err)
 	default:
-		// The connection failed after the insert was sent: the charge may
-		// exist. Unknown is recorded, so a retry cannot charge again; the
-		// caller can look for the charge with ListCharges. (In atomic mode
-		// the transaction died with the connection, so the commit fails and
-		// the caller gets Unavailable: the retry runs again.)
+		// The connection failed after the insert was sent, or the call's
+		// deadline cut the insert short (pgx then closes the connection
+		// rather than wait for the server): the charge may exist. Unknown
+		// is recorded, so a retry cannot charge again; the caller can look
+		// for the charge with ListCharges. (In atomic mode the transaction
+		// died with the connection, so the commit fails and the caller gets
+		// Unavailable: the retry runs again.)
 		return status.Error(codes.Unknown, "the charge's outcome is unknown: look for it with ListCharges before charging again")
 	}
 }
@@ -113,11 +144,17 @@ func (l *PostgresLedger) Get(ctx context.Context, tenant, id string) (*paymentsv
 	return c, ledgerError(err)
 }
 
-// List implements Ledger.
-func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string) ([]*paymentsv1.Charge, error) {
-	rows, _ := l.pool.Query(ctx, selectCharges+` WHERE tenant = $1 AND customer_id = $2 ORDER BY create_time, id`, tenant, customerID)
+// List implements Ledger. It reads one row past the page, to learn whether
+// another page follows.
+func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string, after Position, limit int) ([]*paymentsv1.Charge, Position, error) {
+	rows, _ := l.pool.Query(ctx, selectCharges+` WHERE tenant = $1 AND customer_id = $2 AND (create_time, id) > ($3, $4)
+		ORDER BY create_time, id LIMIT $5`, tenant, customerID, after.CreateTime, after.ID, limit+1)
 	charges, err := pgx.CollectRows(rows, scanCharge)
-	return charges, ledgerError(err)
+	if err != nil || len(charges) <= limit {
+		return charges, Position{}, ledgerError(err)
+	}
+	charges = charges[:limit]
+	return charges, positionOf(charges[limit-1]), nil
 }
 
 const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time FROM charges`

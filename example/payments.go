@@ -11,6 +11,7 @@
 package example
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	_ "embed"
@@ -195,18 +196,37 @@ func (s *Service) GetCharge(ctx context.Context, req *paymentsv1.GetChargeReques
 	return s.ledger.Get(ctx, tenant, req.GetId())
 }
 
-// ListCharges returns the calling tenant's charges for a customer, oldest
-// first.
+// Page sizes of ListCharges (AIP-158): a page_size of 0 asks for
+// defaultPageSize, and one above maxPageSize gets maxPageSize.
+const (
+	defaultPageSize = 50
+	maxPageSize     = 1000
+)
+
+// ListCharges returns a page of the calling tenant's charges for a customer,
+// oldest first, and the token of the next page if there is one.
 func (s *Service) ListCharges(ctx context.Context, req *paymentsv1.ListChargesRequest) (*paymentsv1.ListChargesResponse, error) {
 	tenant, err := Tenant(ctx)
 	if err != nil {
 		return nil, err
 	}
-	charges, err := s.ledger.List(ctx, tenant, req.GetCustomerId())
+	if req.GetPageSize() < 0 {
+		return nil, status.Error(codes.InvalidArgument, "page_size must not be negative")
+	}
+	after, err := decodePageToken(req.GetPageToken(), req.GetCustomerId())
 	if err != nil {
 		return nil, err
 	}
-	return &paymentsv1.ListChargesResponse{Charges: charges}, nil
+	size := min(cmp.Or(int(req.GetPageSize()), defaultPageSize), maxPageSize)
+	charges, next, err := s.ledger.List(ctx, tenant, req.GetCustomerId(), after, size)
+	if err != nil {
+		return nil, err
+	}
+	resp := &paymentsv1.ListChargesResponse{Charges: charges}
+	if !next.IsZero() {
+		resp.NextPageToken = encodePageToken(next, req.GetCustomerId())
+	}
+	return resp, nil
 }
 
 func newChargeID() string {

@@ -203,3 +203,20 @@ func countCharges(t *testing.T, pool *pgxpool.Pool) int {
 	}
 	return n
 }
+
+// A charge's insert ends by the call's deadline, which its idempotency lease
+// outlasts: a call whose deadline has passed makes no charge, even though
+// the insert ignores the caller's cancellation.
+func TestInsertEndsByTheCallsDeadline(t *testing.T) {
+	pool := migratedPool(t, pgtest.Schema(t))
+	ledger := example.NewPostgresLedger(pool)
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Millisecond))
+	defer cancel()
+	err := ledger.Insert(ctx, "acme", testCharge("ch_late", "cus_1", t0))
+	if status.Code(err) != codes.Unavailable {
+		t.Errorf("insert after the call's deadline: %v, want Unavailable (no charge made, the key released)", err)
+	}
+	if n := countCharges(t, pool); n != 0 {
+		t.Errorf("%d charges after the call's deadline, want 0", n)
+	}
+}

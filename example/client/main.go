@@ -223,17 +223,33 @@ func (d *demo) sameReference() error {
 func (d *demo) count() error {
 	d.say("")
 	for _, customer := range []string{"cus_alice", "cus_bob"} {
-		resp, err := d.client.ListCharges(d.ctx, &paymentsv1.ListChargesRequest{CustomerId: customer})
+		n, err := d.countCharges(customer)
 		if err != nil {
 			return err
 		}
-		d.say("%s has %d charge(s)", customer, len(resp.GetCharges()))
-		if err := expect(len(resp.GetCharges()) == 1, "a retry or duplicate charged twice"); err != nil {
+		d.say("%s has %d charge(s)", customer, n)
+		if err := expect(n == 1, "a retry or duplicate charged twice"); err != nil {
 			return err
 		}
 	}
 	d.say("Every retry and duplicate was answered without charging twice.")
 	return nil
+}
+
+// countCharges counts a customer's charges, page by page.
+func (d *demo) countCharges(customer string) (int, error) {
+	req := &paymentsv1.ListChargesRequest{CustomerId: customer}
+	for n := 0; ; {
+		resp, err := d.client.ListCharges(d.ctx, req)
+		if err != nil {
+			return 0, err
+		}
+		n += len(resp.GetCharges())
+		if resp.GetNextPageToken() == "" {
+			return n, nil
+		}
+		req.PageToken = resp.GetNextPageToken()
+	}
 }
 
 func clone(req *paymentsv1.CreateChargeRequest) *paymentsv1.CreateChargeRequest {

@@ -234,9 +234,17 @@ func (x *GetChargeRequest) GetId() string {
 	return ""
 }
 
+// ListChargesRequest asks for one page of a customer's charges, oldest first
+// (AIP-158).
 type ListChargesRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	CustomerId    string                 `protobuf:"bytes,1,opt,name=customer_id,json=customerId,proto3" json:"customer_id,omitempty"`
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	CustomerId string                 `protobuf:"bytes,1,opt,name=customer_id,json=customerId,proto3" json:"customer_id,omitempty"`
+	// The most charges to return: 0 means 50, and more than 1000 means 1000.
+	// A negative value is refused with INVALID_ARGUMENT.
+	PageSize int32 `protobuf:"varint,2,opt,name=page_size,json=pageSize,proto3" json:"page_size,omitempty"`
+	// The next_page_token of the previous page, or empty for the first page.
+	// It is opaque, and valid only with the same customer_id.
+	PageToken     string `protobuf:"bytes,3,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -278,9 +286,26 @@ func (x *ListChargesRequest) GetCustomerId() string {
 	return ""
 }
 
+func (x *ListChargesRequest) GetPageSize() int32 {
+	if x != nil {
+		return x.PageSize
+	}
+	return 0
+}
+
+func (x *ListChargesRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
+// ListChargesResponse is one page of charges.
 type ListChargesResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Charges       []*Charge              `protobuf:"bytes,1,rep,name=charges,proto3" json:"charges,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Charges []*Charge              `protobuf:"bytes,1,rep,name=charges,proto3" json:"charges,omitempty"`
+	// Pass as page_token to get the next page; empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -322,6 +347,13 @@ func (x *ListChargesResponse) GetCharges() []*Charge {
 	return nil
 }
 
+func (x *ListChargesResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
+}
+
 var File_example_payments_v1_payments_proto protoreflect.FileDescriptor
 
 const file_example_payments_v1_payments_proto_rawDesc = "" +
@@ -345,12 +377,16 @@ const file_example_payments_v1_payments_proto_rawDesc = "" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"createTime\"\"\n" +
 	"\x10GetChargeRequest\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id\"5\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"q\n" +
 	"\x12ListChargesRequest\x12\x1f\n" +
 	"\vcustomer_id\x18\x01 \x01(\tR\n" +
-	"customerId\"L\n" +
+	"customerId\x12\x1b\n" +
+	"\tpage_size\x18\x02 \x01(\x05R\bpageSize\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x03 \x01(\tR\tpageToken\"t\n" +
 	"\x13ListChargesResponse\x125\n" +
-	"\acharges\x18\x01 \x03(\v2\x1b.example.payments.v1.ChargeR\acharges2\xa4\x02\n" +
+	"\acharges\x18\x01 \x03(\v2\x1b.example.payments.v1.ChargeR\acharges\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken2\xa4\x02\n" +
 	"\x0ePaymentService\x12U\n" +
 	"\fCreateCharge\x12(.example.payments.v1.CreateChargeRequest\x1a\x1b.example.payments.v1.Charge\x12T\n" +
 	"\tGetCharge\x12%.example.payments.v1.GetChargeRequest\x1a\x1b.example.payments.v1.Charge\"\x03\x90\x02\x01\x12e\n" +
