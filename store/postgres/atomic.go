@@ -117,13 +117,9 @@ func (s *Store) freeSlot() { <-s.slots }
 // begin is Begin once it holds a slot. A connection that is lost takes the
 // transaction with it, so Begin starts again on another.
 func (s *Store) begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
-	for attempt, pause := 0, retryPause; attempt < maxAttempts; {
+	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
-			if connectionLost(err) && s.pause(ctx, pause) {
-				pause = min(2*pause, maxRetryPause)
-				continue
-			}
 			return store.Result{}, nil, s.translate(ctx, "begin", err)
 		}
 		res, err := s.reserveInTx(ctx, conn.Conn(), r)
@@ -144,19 +140,17 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (store.Result, s
 			// ROLLBACK goes on its own, because pgx prepares anew the
 			// statements of a batch that failed, which PostgreSQL refuses
 			// inside a failed transaction.
-			attempt++
 			if err := s.rollback(ctx, conn); err != nil {
 				return store.Result{}, nil, err
 			}
-		case connectionLost(err) && s.pause(ctx, pause):
+		case reconnect(err):
 			conn.Release() // the pool closes it; the transaction died with it
-			pause = min(2*pause, maxRetryPause)
 		default:
 			s.rollback(ctx, conn)
 			return store.Result{}, nil, s.translate(ctx, "begin", err)
 		}
 	}
-	return store.Result{}, nil, fmt.Errorf("idemkey postgres: begin: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
+	return store.Result{}, nil, fmt.Errorf("idemkey postgres: begin: %w: the row changed, or the connection died, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
 // reserveInTx begins a transaction on conn and reserves r in it.

@@ -277,46 +277,40 @@ const (
 
 // Reserve implements store.Store in one round trip, unless the row changed
 // under the statement (a concurrent release or sweep); then it runs again.
-// So it does when its connection was lost: a reservation that took effect
-// unseen makes the retry find the key in progress, as a client's own retry
-// would, which delays the call but never runs it twice.
+// So it does when its connection died (reconnect): a reservation that took
+// effect unseen makes the retry find the key in progress, as a client's own
+// retry would, which delays the call but never runs it twice.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	lease, retention := max(r.Lease, 0).Microseconds(), max(r.Retention, 0).Microseconds()
-	for attempt, pause := 0, retryPause; attempt < maxAttempts; {
-		row := s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], lease, retention)
-		res, err := scanReservation(row)
+	var err error
+	for range maxAttempts {
+		var res store.Result
+		res, err = scanReservation(s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], lease, retention))
 		switch {
-		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err):
-			attempt++
-		case connectionLost(err) && s.pause(ctx, pause):
-			pause = min(2*pause, maxRetryPause)
-		case err != nil:
-			return store.Result{}, s.translate(ctx, "reserve", err)
-		default:
+		case err == nil:
 			return res, nil
+		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) || reconnect(err):
+			continue
 		}
+		break
 	}
-	return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
+	if errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) {
+		return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
+	}
+	return store.Result{}, s.translate(ctx, "reserve", err)
 }
 
 // Find implements store.Finder with one plain SELECT by key, run again after
-// a serialization failure or a lost connection.
+// a serialization failure or on a fresh connection (reconnect).
 func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	res := store.Result{State: store.Completed}
 	var fingerprint []byte
 	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
-	for attempt, pause := 1, retryPause; ; {
-		if serializationFailure(err) && attempt < maxAttempts {
-			attempt++
-		} else if !connectionLost(err) || !s.pause(ctx, pause) {
-			break
-		} else {
-			pause = min(2*pause, maxRetryPause)
-		}
+	for attempt := 1; attempt < maxAttempts && (serializationFailure(err) || reconnect(err)); attempt++ {
 		err = s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -414,6 +408,16 @@ func (s *Store) pause(ctx context.Context, d time.Duration) bool {
 	case <-t.C:
 		return true
 	}
+}
+
+// reconnect reports whether a read or a reservation that failed with err
+// should run again on a fresh connection: its own connection died
+// (connectionLost), but the database was reachable when it was made. When no
+// new connection can be made, the caller hears so at once, so that the client
+// retries with its own backoff rather than wait out its deadline here.
+func reconnect(err error) bool {
+	var connectErr *pgconn.ConnectError
+	return connectionLost(err) && !errors.As(err, &connectErr)
 }
 
 // connectionLost reports whether err means the statement's connection is
