@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 )
@@ -20,6 +23,7 @@ type fault struct {
 	verified bool
 	detail   string
 	recovery time.Duration // from the fault's end until every server answered OK
+	at       time.Time     // when the fault began
 }
 
 // The kinds of fault, each a method of harness.
@@ -30,12 +34,14 @@ const (
 	crashPostgres       = "immediate shutdown of PostgreSQL, then a restart"
 	lockHotRows         = "locks on hot rows and the charges table, held past statement_timeout"
 	storeUnreachable    = "PostgreSQL stopped for 2s (the store unreachable)"
+	terminateIdle       = "pg_terminate_backend of every idle pooled session of the servers"
+	longestDeadline     = "calls with the longest deadline a client can send, and their duplicates"
 )
 
-var faultKinds = []string{killServer, terminateInReserve, terminateInComplete, crashPostgres, lockHotRows, storeUnreachable}
+var faultKinds = []string{killServer, terminateInReserve, terminateInComplete, crashPostgres, lockHotRows, storeUnreachable, terminateIdle, longestDeadline}
 
 func (h *harness) inject(kind string, n int) fault {
-	f := fault{kind: kind}
+	f := fault{kind: kind, at: time.Now()}
 	var err error
 	switch kind {
 	case killServer:
@@ -50,6 +56,10 @@ func (h *harness) inject(kind string, n int) fault {
 		f.detail, err = h.lockHotRows()
 	case storeUnreachable:
 		f.detail, err = h.storeUnreachable()
+	case terminateIdle:
+		f.detail, err = again(h.terminateIdle)
+	case longestDeadline:
+		f.detail, err = again(func() (string, error) { return h.longestDeadline(n % servers) })
 	}
 	f.verified = err == nil
 	if err != nil {
@@ -259,4 +269,56 @@ func (h *harness) storeUnreachable() (string, error) {
 		return "", fmt.Errorf("%d calls during the outage were not refused by idemkey", other)
 	}
 	return fmt.Sprintf("%d calls failed closed", closed), nil
+}
+
+// terminateIdle terminates every server session idle in its pool, as a
+// database restart, a failover or a pooler restart does to connections the
+// pool still holds: the servers' next statements on them fail.
+func (h *harness) terminateIdle() (string, error) {
+	var n int
+	err := h.cluster.admin.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+		FROM pg_stat_activity WHERE application_name LIKE 'idemkey-server-%' AND state = 'idle'`).Scan(&n)
+	if err == nil && n == 0 {
+		err = fmt.Errorf("%w: no idle server session", errNotCaught)
+	}
+	return fmt.Sprintf("%d idle sessions terminated", n), err
+}
+
+// longestDeadline sends a few new operations with the longest deadline a
+// client can set (grpc-go sends it as grpc-timeout 2562047H), each with a
+// duplicate on the other server while it runs, and checks that the lease
+// each record got lies within idemkey's bounds: a wrapped lease once let the
+// duplicate run the handler again.
+func (h *harness) longestDeadline(i int) (string, error) {
+	const n = 5
+	var wg sync.WaitGroup
+	ops := make([]*op, n)
+	for j := range ops {
+		ops[j] = h.newOp("acme", idemkey.NewKey())
+		wg.Go(func() { h.call(ops[j], i, math.MaxInt64) })
+		wg.Go(func() { time.Sleep(10 * time.Millisecond); h.call(ops[j], (i+1)%servers, math.MaxInt64) })
+	}
+	wg.Wait()
+	longest := time.Duration(0)
+	for _, o := range ops {
+		scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+		var micros int64
+		err := h.cluster.admin.QueryRow(context.Background(),
+			`SELECT (extract(epoch FROM lease_end - created_at) * 1e6)::bigint FROM idempotency_keys WHERE key = $1`, scope[:]).Scan(&micros)
+		lease := time.Duration(micros) * time.Microsecond
+		if errors.Is(err, pgx.ErrNoRows) {
+			continue // released: the call failed (say, a server being restarted)
+		}
+		if err != nil {
+			return "", err
+		}
+		if lease <= 0 || lease > interceptor.DefaultMaxLease {
+			return "", fmt.Errorf("a call with the longest deadline got a lease of %v", lease)
+		}
+		longest = max(longest, lease)
+	}
+	if longest == 0 {
+		return "", fmt.Errorf("%w: none of %d calls with the longest deadline left a record", errNotCaught, n)
+	}
+	return fmt.Sprintf("leases up to %v", longest.Round(time.Second)), nil
 }

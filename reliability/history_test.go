@@ -160,6 +160,7 @@ type verdict struct {
 	duplicates        int // ops charged more than once
 	outsideWindow     int // second charges sooner than a lease could end
 	divergent         int // ops whose OK replies name different charges
+	divergentLost     int // of those, ops whose first run's record was lost with no server killed
 	crossTenant       int // replies that are not the caller's own
 	unfinished        int // ops with no final reply
 	stuck             int // idempotency records in progress under a live lease once all have ended
@@ -222,6 +223,12 @@ func (h *history) check(v *verdict) {
 			v.divergent++
 			if len(charges) < 2 {
 				problem("op %s got %d different charges but was charged %d times", o.id, len(okCharges), len(charges))
+			} else if !v.killedWithin(charges[0].created, callTimeout+leaseGrace) {
+				// Nothing but a dead process may lose a record whose
+				// caller got its reply: a failed write is retried until
+				// shortly before the lease ends.
+				v.divergentLost++
+				problem("op %s got divergent replies, and no server was killed within a lease of its first charge", o.id)
 			}
 		}
 		if !final {
@@ -239,6 +246,16 @@ func (h *history) check(v *verdict) {
 	if v.atomic && v.abandoned > 0 {
 		problem("%d idempotency records left in progress in atomic mode", v.abandoned)
 	}
+}
+
+// killedWithin reports whether a server process was killed within d after t.
+func (v *verdict) killedWithin(t time.Time, d time.Duration) bool {
+	for _, f := range v.faults {
+		if f.kind == killServer && !f.at.Before(t) && f.at.Sub(t) <= d {
+			return true
+		}
+	}
+	return false
 }
 
 func (o *op) codes() string {

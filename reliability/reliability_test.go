@@ -310,7 +310,7 @@ func (h *harness) checkNothingRaw(t *testing.T) {
 // table renders verdicts as the Markdown table of RELIABILITY.md.
 func table(vs []*verdict) string {
 	var b strings.Builder
-	b.WriteString("| mode | requests | ops | faults injected (verified) | duplicate executions (outside the lease window) | divergent replies | cross-tenant replies | unfinished ops | records stuck in progress (abandoned, lease ended) | calls failed closed | calls cut short by the client | slowest recovery |\n")
+	b.WriteString("| mode | requests | ops | faults injected (verified) | duplicate executions (outside the lease window) | divergent replies (with no server killed) | cross-tenant replies | unfinished ops | records stuck in progress (abandoned, lease ended) | calls failed closed | calls cut short by the client | slowest recovery |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, v := range vs {
 		mode := "two-phase"
@@ -324,8 +324,8 @@ func table(vs []*verdict) string {
 			}
 			slowest = max(slowest, f.recovery)
 		}
-		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d (%d) | %d | %d | %d | %d (%d) | %d | %d | %v |\n",
-			mode, v.requests, v.ops, len(v.faults), verified, v.duplicates, v.outsideWindow, v.divergent, v.crossTenant,
+		fmt.Fprintf(&b, "| %s | %d | %d | %d (%d) | %d (%d) | %d (%d) | %d | %d | %d (%d) | %d | %d | %v |\n",
+			mode, v.requests, v.ops, len(v.faults), verified, v.duplicates, v.outsideWindow, v.divergent, v.divergentLost, v.crossTenant,
 			v.unfinished, v.stuck, v.abandoned, v.failedClosed, v.deadlinesExceeded, slowest.Round(time.Millisecond))
 	}
 	return b.String()
