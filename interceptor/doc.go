@@ -37,9 +37,14 @@
 //     fingerprints the request (Fingerprint, or WithFingerprint);
 //  3. reserves the key in the store before running anything. A recorded key
 //     replays its outcome, with the trailer idempotent-replayed: true; a key in
-//     progress answers Aborted with a RetryInfo and the grpc-retry-pushback-ms
-//     trailer, and no header, so that a gRPC retry policy retries it; a key
-//     first used with a different request answers InvalidArgument. A call
+//     progress is waited for at the server, for at most WithInProgressWait
+//     (2s) and the call's deadline, and answered with the first call's reply
+//     as soon as it is recorded; past the wait it answers Aborted with a
+//     RetryInfo and the grpc-retry-pushback-ms trailer, and no header, so that
+//     a gRPC retry policy retries it; a key first used with a different
+//     request answers InvalidArgument at once. A store with bounds that has
+//     no room for a new key answers ResourceExhausted (reason
+//     IDEMPOTENCY_STORE_FULL), and the handler does not run. A call
 //     that gRPC's retry policy marks as a later attempt (AttemptsMetadata)
 //     is often a replay, so on a store that implements store.Finder the
 //     interceptor first reads its record, and reserves only if no completed
@@ -114,8 +119,9 @@
 // is left in progress. The caller gets the handler's reply only once it has
 // committed; a failed commit answers Unavailable, and the retry finds the
 // truth. A duplicate waits at most the store's lock timeout for the first
-// call's transaction; if that commits in time, the duplicate gets the replay,
-// otherwise Aborted. Until the first call has committed, its fingerprint
+// call's transaction, then goes on waiting by reading the record, as in
+// two-phase mode; if the first commits in time, the duplicate gets the
+// replay, otherwise Aborted. Until the first call has committed, its fingerprint
 // cannot be read, so a duplicate with a different request also gets Aborted,
 // where two-phase mode answers InvalidArgument (reused) at once. WithAtomic
 // lists the details.
@@ -134,7 +140,9 @@
 //
 //   - The handler runs at most once per key while its lease holds. The lease
 //     is the call's remaining deadline plus 5s, at most 10 minutes (WithLease);
-//     a call without a deadline holds it for a minute. A retry after the lease
+//     a call without a deadline holds it for a minute. Every duration idemkey
+//     derives saturates: a deadline of any size, even the largest grpc-timeout
+//     (99999999H), gives a lease within these bounds. A retry after the lease
 //     has ended presumes the first run dead and runs the handler again. Apart
 //     from released outcomes, a store failure under WithFailOpen and a key past
 //     its retention, that is the only way a handler runs twice for one key.
@@ -148,7 +156,10 @@
 //     the handler does not run, unless WithFailOpen.
 //   - The store writes after the handler use a context detached from the
 //     caller's cancellation, so a client that hangs up does not leave its key
-//     in progress; the store bounds their time.
+//     in progress; the store bounds their time. A record that still fails
+//     (say, the database restarts) is tried again in the background until
+//     shortly before the lease ends, and each outcome is logged: only a
+//     process that dies meanwhile loses a record whose reply was given.
 //   - idemkey's own errors and log records never hold a raw key, tenant or
 //     request: stores keep a SHA-256 of the scope, and logs show a prefix of
 //     that hash. Errors of a TenantFunc or FingerprintFunc are passed on, or

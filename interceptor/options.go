@@ -258,9 +258,10 @@ func WithFailOpen() Option {
 //     committed; if the commit fails, it gets Unavailable instead, and its
 //     retry finds the truth (the replay, or a fresh run).
 //   - A duplicate waits for the first call's transaction for at most the
-//     store's lock timeout (postgres.WithLockTimeout), then gets Aborted with
-//     the pushback of WithRetryAfter; if the first call commits within it,
-//     the duplicate gets the replay at once. Until the first call commits, its
+//     store's lock timeout (postgres.WithLockTimeout), then reads the record
+//     while WithInProgressWait lasts, and then gets Aborted with the pushback
+//     of WithRetryAfter; if the first call commits meanwhile, the duplicate
+//     gets the replay. Until the first call commits, its
 //     fingerprint cannot be read, so a duplicate with a different request also
 //     gets Aborted, and InvalidArgument (reused) only once the first has
 //     committed.
@@ -269,7 +270,9 @@ func WithFailOpen() Option {
 //   - A call without a key (WithKeyRequired not set) runs the handler with no
 //     transaction in its context, as in two-phase mode: a handler that allows
 //     that falls back to its pool when postgres.TxFromContext reports none.
-//   - Each running call holds one of the store's connections until it ends.
+//   - Each running call holds one of the store's connections until it ends;
+//     the store bounds how many (postgres.WithAtomicConns), so that
+//     replays and reservations still find one.
 func WithAtomic() Option {
 	return func(o *options) { o.atomicAll = true }
 }

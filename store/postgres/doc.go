@@ -89,9 +89,15 @@
 //     back, runs. A lock on the whole table (a migration, VACUUM FULL) held
 //     longer than the lock timeout is answered "in progress" too.
 //   - Each running call holds one connection of the pool until it ends, and so
-//     does each waiting duplicate, for at most the lock timeout. A handler that
-//     also takes another connection from the same pool needs a pool larger than
-//     the number of concurrent calls.
+//     does each waiting duplicate, for at most the lock timeout. At most
+//     WithAtomicConns calls hold one at once (three quarters of the pool's
+//     MaxConns by default); a new key beyond them waits for one to end,
+//     within the store's timeout, and a replay beyond them is answered from a
+//     read on the connections left free, so replays, reads and records never
+//     queue behind running handlers. Size the pool for the atomic calls to run
+//     at once plus a quarter (pgxpool's default, max(4, cores), runs three). A
+//     handler that also takes another connection from the same pool needs a
+//     pool larger than that.
 //   - The transaction has the database's default isolation. Under REPEATABLE
 //     READ or SERIALIZABLE, a reservation that loses a race begins again, up
 //     to 10 times; a commit that fails to serialize rolls back everything, and
@@ -109,6 +115,17 @@
 //   - ContextWithTx puts a transaction of your own where TxFromContext finds
 //     it, to run a handler outside gRPC (a test, a batch job) in a
 //     transaction.
+//
+// # Lost connections
+//
+// A pooled connection can die under a statement: a terminated session, a
+// database restart, a failover, a pooler restart. Complete and Release are
+// fenced by the token, so they run again on a fresh connection, with short
+// pauses, until the store's timeout; a retry whose first attempt may have
+// taken effect unseen checks for its own effect rather than report a lost
+// lease. Reserve, Find and Begin run again at once on another connection, a
+// few times, while the database can be reached; when no new connection can
+// be made they fail at once, and the client's retry policy waits instead.
 //
 // # Errors
 //
