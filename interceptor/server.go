@@ -229,7 +229,7 @@ const (
 func (s *server) await(ctx context.Context, res store.Result, poll func(context.Context) (store.Result, error)) (store.Result, error) {
 	wait := s.opts.inProgress
 	if deadline, ok := ctx.Deadline(); ok {
-		wait = min(wait, time.Until(deadline)-awaitMargin)
+		wait = min(wait, max(time.Until(deadline), 0)-awaitMargin)
 	}
 	if wait < awaitFirstPoll {
 		return res, nil
@@ -427,8 +427,7 @@ const (
 // Past that point a retry may take the key over, and the record would be
 // refused anyway.
 func (s *server) completeLater(ctx context.Context, c call, outcome []byte) {
-	lease := time.Until(c.leaseEnd)
-	until := c.leaseEnd.Add(-min(lease/4, time.Second))
+	until := c.leaseEnd.Add(-min(max(time.Until(c.leaseEnd), 0)/4, time.Second))
 	err := errors.New("no time was left before the lease ends")
 	for attempt, pause := 2, laterFirstPause; time.Until(until) > pause; attempt, pause = attempt+1, min(2*pause, laterMaxPause) {
 		time.Sleep(pause)

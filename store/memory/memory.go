@@ -161,8 +161,8 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 			key:         r.Key,
 			fingerprint: r.Fingerprint,
 			token:       s.lastToken,
-			leaseEnd:    now.Add(r.Lease),
-			expiresAt:   now.Add(r.Retention),
+			leaseEnd:    now.Add(max(r.Lease, 0)),
+			expiresAt:   now.Add(max(r.Retention, 0)),
 		}
 		s.records[r.Key] = rec
 		s.bytes += recordCost
@@ -175,7 +175,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		// The lease has ended: its holder is presumed dead.
 		s.lastToken++
 		rec.token = s.lastToken
-		rec.leaseEnd = now.Add(r.Lease)
+		rec.leaseEnd = now.Add(max(r.Lease, 0))
 		heap.Fix(&s.byExpiry, rec.index)
 	}
 	return store.Result{State: store.Acquired, Token: rec.token}, nil

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -248,4 +249,59 @@ func TestReplayWhileAtomicHandlersHoldThePool(t *testing.T) {
 		}
 		t.Logf("replay %v answered in %v with %d of 4 connections held", pairs, time.Since(start), r.pool.Stat().AcquiredConns())
 	}
+}
+
+// slowService answers CreateCharge after half a second, outside any
+// transaction: a two-phase handler that calls something slow.
+type slowService struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+}
+
+func (slowService) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	time.Sleep(500 * time.Millisecond)
+	return &paymentsv1.Charge{Id: fmt.Sprint("ch_", req.GetAmount())}, nil
+}
+
+// The attack that lost records: while 20 two-phase calls run their
+// handlers, every connection idle in the server's pool is terminated (as a
+// restart, a failover or a pooler restart does). Every call still records
+// its reply, so no retry after the lease runs the handler again.
+func TestIdleConnectionsTerminatedMidCalls(t *testing.T) {
+	app := "idemkey_test_idle_terminated"
+	r := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
+	admin := pgtest.Pool(t, schemaOf(t, r.pool))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store)))
+	paymentsv1.RegisterPaymentServiceServer(srv, slowService{})
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+
+	const calls = 20
+	errs := make(chan error, calls)
+	for i := range calls {
+		go func() {
+			ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, fmt.Sprint("key-", i))
+			_, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: int64(i)})
+			errs <- err
+		}()
+	}
+	time.Sleep(250 * time.Millisecond) // every call is in its handler
+	var terminated int
+	if err := admin.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
+		FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle'`, app).Scan(&terminated); err != nil {
+		t.Fatal(err)
+	}
+	if terminated == 0 {
+		t.Fatal("no idle pooled connection to terminate")
+	}
+	for range calls {
+		if err := <-errs; err != nil {
+			t.Errorf("call: %v", err)
+		}
+	}
+	for i := range calls {
+		key := store.NewKey("", paymentsv1.PaymentService_CreateCharge_FullMethodName, fmt.Sprint("key-", i))
+		if _, found, err := r.store.Find(context.Background(), key); err != nil || !found {
+			t.Errorf("call %d: its reply was not recorded (found %v, %v), so a retry after its lease runs it again", i, found, err)
+		}
+	}
+	t.Logf("%d idle connections terminated during the calls", terminated)
 }

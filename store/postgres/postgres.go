@@ -245,7 +245,8 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 		res.State = store.Completed
 	default:
 		res.State = store.InProgress
-		res.RetryAfter = max(time.Duration(leaseLeft.Microseconds+int64(leaseLeft.Days)*24*3600e6)*time.Microsecond, 0)
+		micros := min(float64(leaseLeft.Microseconds)+float64(leaseLeft.Days)*24*3600e6, math.MaxInt64/1e3) // saturated
+		res.RetryAfter = max(time.Duration(micros)*time.Microsecond, 0)
 	}
 	copy(res.Fingerprint[:], fingerprint)
 	return res, nil
