@@ -11,62 +11,107 @@ import (
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
 // idempotency key to every call of a covered method that carries none: the
-// caller's own (UseKey, ContextWithKey) or else a fresh idemkey.NewKey.
+// caller's own (UseKey, ContextWithKey, or the metadata itself) or else a
+// fresh idemkey.NewKey. A caller's key that is malformed fails the call with
+// InvalidArgument before it is sent. UseKey wins over a key in the context.
 //
 // gRPC runs the retries of its service-config retry policy below all
 // interceptors, so every attempt of one call carries the same key. A retry
 // loop of your own must run inside this interceptor (a retry interceptor
 // chained after it), or reuse one key through UseKey or ContextWithKey;
 // otherwise each attempt gets a key of its own.
+//
+// Like UnaryServerInterceptor, it panics if WithIncludedMethods or
+// WithExcludedMethods names a method the protobuf registry does not know.
 func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	o := newOptions(opts)
+	if err := checkMethods(o); err != nil {
+		panic(err.Error())
+	}
 	ms := &methods{opts: o}
 	return func(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		if !ms.get(fullMethod).covered {
+			if ctx.Value(contextKeyMarker{}) != nil { // ContextWithKey's key is for covered methods
+				ctx = withoutKey(ctx)
+			}
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
-		if md, _ := metadata.FromOutgoingContext(ctx); len(md[idemkey.KeyMetadata]) > 0 {
+		if key, rest, ok := useKey(callOpts); ok {
+			if err := idemkey.ValidateKey(key); err != nil {
+				return err
+			}
+			// The key goes in the metadata, in place of any other there, and
+			// UseKey's credentials go, so that per-call credentials of the
+			// caller's own are not displaced by them.
+			ctx = metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, key)
+			return invoker(ctx, fullMethod, req, reply, cc, rest...)
+		}
+		md, _ := metadata.FromOutgoingContext(ctx)
+		if keys := md[idemkey.KeyMetadata]; len(keys) > 0 {
+			if _, _, err := idemkey.KeyFromMetadata(md); err != nil {
+				return err
+			}
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
-		key, ok := keyFrom(ctx, callOpts)
-		if !ok {
-			key = idemkey.NewKey()
-		} else if err := idemkey.ValidateKey(key); err != nil {
-			return err
-		}
-		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
 		return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 	}
 }
 
 // UseKey is a call option that sends key as the call's idempotency key, for
 // example one saved with the business record so that a restarted process
-// retries the same operation.
+// retries the same operation. It is sent on every attempt of the call, with
+// or without UnaryClientInterceptor: it is made of gRPC per-call credentials,
+// which gRPC sends over any connection. The interceptor checks the key before
+// the call goes out and sends it as metadata instead. Without the
+// interceptor, a call that also has per-call credentials of its own
+// (grpc.PerRPCCredentials as a call option) sends only the last of the two
+// given: use ContextWithKey there.
 func UseKey(key string) grpc.CallOption {
-	return keyCallOption{key: key}
+	return grpc.PerRPCCredentials(keyCredentials{key: key})
 }
 
-type keyCallOption struct {
-	grpc.EmptyCallOption
-	key string
+// keyCredentials are the per-call credentials of UseKey: the key metadata.
+type keyCredentials struct{ key string }
+
+func (c keyCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{idemkey.KeyMetadata: c.key}, nil
 }
 
-type keyContextKey struct{}
+func (keyCredentials) RequireTransportSecurity() bool { return false }
 
-// ContextWithKey returns a context whose calls to covered methods carry key as
-// their idempotency key. Every such call made with the context carries it, so
-// use one context per operation.
-func ContextWithKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, keyContextKey{}, key)
-}
-
-// keyFrom returns the caller's key: a UseKey call option wins over the context.
-func keyFrom(ctx context.Context, callOpts []grpc.CallOption) (string, bool) {
-	for i := len(callOpts) - 1; i >= 0; i-- {
-		if o, ok := callOpts[i].(keyCallOption); ok {
-			return o.key, true
+// useKey returns the key of the last UseKey among callOpts, and callOpts
+// without the UseKey options.
+func useKey(callOpts []grpc.CallOption) (key string, rest []grpc.CallOption, ok bool) {
+	for _, o := range callOpts {
+		if creds, isCreds := o.(grpc.PerRPCCredsCallOption); isCreds {
+			if c, isKey := creds.Creds.(keyCredentials); isKey {
+				key, ok = c.key, true
+				continue
+			}
 		}
+		rest = append(rest, o)
 	}
-	key, ok := ctx.Value(keyContextKey{}).(string)
-	return key, ok
+	return key, rest, ok
+}
+
+type contextKeyMarker struct{}
+
+// ContextWithKey returns a context whose calls carry key as their
+// idempotency key. It puts the key in the outgoing metadata, so that it
+// reaches the server with or without UnaryClientInterceptor; the interceptor
+// sends it only to covered methods. Every call made with the context carries
+// it, so use one context per operation.
+func ContextWithKey(ctx context.Context, key string) context.Context {
+	return metadata.AppendToOutgoingContext(context.WithValue(ctx, contextKeyMarker{}, true), idemkey.KeyMetadata, key)
+}
+
+// withoutKey is ctx with no idempotency key in its outgoing metadata.
+func withoutKey(ctx context.Context) context.Context {
+	md, ok := metadata.FromOutgoingContext(ctx)
+	if !ok || len(md[idemkey.KeyMetadata]) == 0 {
+		return ctx
+	}
+	delete(md, idemkey.KeyMetadata) // md is a copy
+	return metadata.NewOutgoingContext(ctx, md)
 }

@@ -21,10 +21,13 @@
 // Every unary method whose proto does not declare idempotency_level
 // NO_SIDE_EFFECTS or IDEMPOTENT, except those of gRPC's own services (package
 // grpc.*, such as health checks). WithIncludedMethods and WithExcludedMethods
-// override that per method. A replay builds its response message from the
-// method's descriptor, so a method whose descriptor or response type is missing
-// from the protobuf registry (which generated code fills) is not covered, and if included by name its calls with
-// a key fail with Internal rather than run unprotected. Streaming RPCs are not intercepted:
+// override that per method; a name they give that the protobuf registry
+// (which generated code fills) does not know makes the interceptor panic when
+// it is built, as does a WithAtomicMethods name that is not covered. A
+// replay builds its response message from the method's descriptor, so a
+// method whose response type is missing from the registry is not covered,
+// and if included by name its calls with a key fail with Internal rather than
+// run unprotected. Streaming RPCs are not intercepted:
 // there is no stream interceptor, and they pass through untouched.
 //
 // # The request path

@@ -1,6 +1,9 @@
 package interceptor
 
 import (
+	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 
@@ -74,4 +77,33 @@ func lookup(fullMethod string) protoreflect.MethodDescriptor {
 		return nil
 	}
 	return sd.Methods().ByName(protoreflect.Name(name))
+}
+
+// checkMethods returns an error naming each method that o lists by name
+// (WithIncludedMethods, WithExcludedMethods, WithAtomicMethods) and that
+// the protobuf registry does not know, or that WithAtomicMethods names but
+// the options leave uncovered: a typo, or a bare "CreateCharge", would
+// otherwise be ignored without a word.
+func checkMethods(o *options) error {
+	var problems []string
+	for _, set := range []struct {
+		option string
+		names  map[string]bool
+	}{{"WithIncludedMethods", o.included}, {"WithExcludedMethods", o.excluded}, {"WithAtomicMethods", o.atomic}} {
+		for _, name := range slices.Sorted(maps.Keys(set.names)) {
+			if lookup(name) == nil {
+				problems = append(problems, fmt.Sprintf("%s(%q): no such method in the protobuf registry; want \"/package.Service/Method\" of a generated service", set.option, name))
+			}
+		}
+	}
+	ms := &methods{opts: o}
+	for _, name := range slices.Sorted(maps.Keys(o.atomic)) {
+		if lookup(name) != nil && !ms.describe(name).covered {
+			problems = append(problems, fmt.Sprintf("WithAtomicMethods(%q): the method is not covered (its idempotency_level, or WithExcludedMethods), so it would never run in atomic mode", name))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("idemkey: %s", strings.Join(problems, "; "))
+	}
+	return nil
 }

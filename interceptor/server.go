@@ -23,10 +23,16 @@ import (
 // call at most once per idempotency key and replays its recorded outcome to
 // every retry. See the package documentation for the request path.
 //
-// It panics if WithAtomic or WithAtomicMethods is given with a store that
-// does not implement store.Atomic: a mistake to catch at start-up.
+// It panics on mistakes to catch at start-up: WithAtomic or WithAtomicMethods
+// with a store that does not implement store.Atomic, or a method named in
+// WithIncludedMethods, WithExcludedMethods or WithAtomicMethods that the
+// protobuf registry does not know (or, for WithAtomicMethods, that is not
+// covered).
 func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInterceptor {
 	o := newOptions(opts)
+	if err := checkMethods(o); err != nil {
+		panic(err.Error())
+	}
 	s := &server{store: st, opts: o, methods: &methods{opts: o}}
 	s.atomic, _ = st.(store.Atomic)
 	s.finder, _ = st.(store.Finder)

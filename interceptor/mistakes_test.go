@@ -1,0 +1,115 @@
+package interceptor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// A method named in an option that matches no method (a typo, a bare name,
+// an uncovered method in atomic mode) fails when the interceptor is built,
+// naming the option, rather than leave the option without effect.
+func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
+	for name, tc := range map[string]struct {
+		opts   []interceptor.Option
+		client bool // the client interceptor reads these options too
+		want   string
+	}{
+		"bare atomic name":         {[]interceptor.Option{interceptor.WithAtomicMethods("CreateCharge")}, false, `WithAtomicMethods("CreateCharge")`},
+		"atomic typo":              {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge + "s")}, false, "WithAtomicMethods"},
+		"atomic, not covered":      {[]interceptor.Option{interceptor.WithAtomicMethods(getCharge)}, false, "not covered"},
+		"atomic, but excluded":     {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge), interceptor.WithExcludedMethods(createCharge)}, false, "not covered"},
+		"included typo":            {[]interceptor.Option{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")}, true, "WithIncludedMethods"},
+		"excluded, no such method": {[]interceptor.Option{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")}, true, "WithExcludedMethods"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if msg := panicOf(func() { interceptor.UnaryServerInterceptor(memory.New(), tc.opts...) }); !strings.Contains(msg, tc.want) {
+				t.Errorf("server interceptor: panic %q, want one naming %q", msg, tc.want)
+			}
+			if !tc.client {
+				return
+			}
+			if msg := panicOf(func() { interceptor.UnaryClientInterceptor(tc.opts...) }); !strings.Contains(msg, tc.want) {
+				t.Errorf("client interceptor: panic %q, want one naming %q", msg, tc.want)
+			}
+		})
+	}
+}
+
+// panicOf runs f and returns what it panicked with, as text, or "".
+func panicOf(f func()) (msg string) {
+	defer func() {
+		if p := recover(); p != nil {
+			msg = p.(string)
+		}
+	}()
+	f()
+	return ""
+}
+
+// A key given by the caller reaches the server even on a connection without
+// the client interceptor: two calls with one key run the handler once.
+func TestCallerKeyWithoutClientInterceptor(t *testing.T) {
+	e := newE2E(t)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	for name, call := range map[string]func(key string) (*paymentsv1.Charge, error){
+		"UseKey": func(key string) (*paymentsv1.Charge, error) {
+			return e.plain.CreateCharge(ctx, request(1), interceptor.UseKey(key))
+		},
+		"ContextWithKey": func(key string) (*paymentsv1.Charge, error) {
+			return e.plain.CreateCharge(interceptor.ContextWithKey(ctx, key), request(1))
+		},
+	} {
+		key := idemkey.NewKey()
+		before := e.svc.runs.Load()
+		first, err := call(key)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		again, err := call(key)
+		if err != nil || again.GetId() != first.GetId() {
+			t.Errorf("%s, again: %v, %v; want the first reply %v", name, again, err, first)
+		}
+		if runs := e.svc.runs.Load() - before; runs != 1 {
+			t.Errorf("%s: two calls with one key ran the handler %d times, want 1", name, runs)
+		}
+		if got := drain(e.keys); len(got) != 2 || got[0] != key || got[1] != key {
+			t.Errorf("%s: the server saw keys %q, want the caller's twice", name, got)
+		}
+	}
+}
+
+// authCredentials are per-call credentials of the caller's own.
+type authCredentials struct{}
+
+func (authCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	return map[string]string{"tenant": "acme"}, nil
+}
+func (authCredentials) RequireTransportSecurity() bool { return false }
+
+// With the client interceptor, UseKey does not displace per-call
+// credentials of the caller's own, whichever comes first.
+func TestUseKeyKeepsCallerCredentials(t *testing.T) {
+	e := newE2E(t)
+	for _, opts := range [][]grpc.CallOption{
+		{grpc.PerRPCCredentials(authCredentials{}), interceptor.UseKey("order-1")},
+		{interceptor.UseKey("order-2"), grpc.PerRPCCredentials(authCredentials{})},
+	} {
+		// The tenant comes only from the credentials: without them the
+		// server answers Unauthenticated.
+		if _, err := e.client.CreateCharge(context.Background(), request(1), opts...); err != nil {
+			t.Fatalf("call with UseKey and credentials of its own: %v", err)
+		}
+	}
+	if got := drain(e.keys); len(got) != 2 || got[0] != "order-1" || got[1] != "order-2" {
+		t.Errorf("the server saw keys %q, want [order-1 order-2]", got)
+	}
+}
