@@ -233,7 +233,9 @@ func WithMaxRecordSize(n int) Option {
 
 // WithFailOpen runs the handler without protection when the store fails,
 // instead of answering Unavailable. Retries may then run the handler twice.
-// Methods in atomic mode fail closed all the same.
+// Methods in atomic mode fail closed all the same, and a full store
+// (store.ErrFull) refuses new keys with ResourceExhausted: a bound is not a
+// failure.
 func WithFailOpen() Option {
 	return func(o *options) { o.failOpen = true }
 }
