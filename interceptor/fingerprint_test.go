@@ -409,7 +409,10 @@ func TestFingerprintAcrossSchemaVersions(t *testing.T) {
 				default:
 					t.Fatalf("no value for a field of kind %s", kind)
 				}
-				raw, err := proto.Marshal(m)
+				// Deterministic, so that fields go in number order, as
+				// generated code writes them: dynamicpb's plain Marshal
+				// writes them in any order, which varies from build to build.
+				raw, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 				if err != nil {
 					t.Fatal(err)
 				}
