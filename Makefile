@@ -4,7 +4,6 @@
 GO          ?= go
 TOOL        := $(GO) tool -modfile=tools/go.mod
 BENCH_COUNT ?= 10
-DEMO_ADDR   ?= 127.0.0.1:50051
 # A count, not a duration: with a duration, go1.26's fuzz coordinator can fail
 # a clean run with "context deadline exceeded" as time runs out
 # (go.dev/issue/75804).
@@ -69,9 +68,9 @@ soak: ## inject random faults into example server processes for SOAK (default 10
 	$(GO) test -count=1 -timeout=0 -run='^TestFaults$$' ./reliability/ -soak=$(SOAK) -report=$(CURDIR)/bin/soak.md
 	@cat bin/soak.md
 
-demo: ## start the example server (memory store, 1.5s handler delay) and run the demo client
+# DEMO_ADDR, if set, is the address the demo server must listen on; by
+# default it takes a free port.
+demo: ## start the example server (PostgreSQL if DATABASE_URL is set, else memory; 1.5s handler delay) on a free port and run the demo client against it
 	@mkdir -p bin
 	@$(GO) build -o bin/ ./example/server ./example/client
-	@./bin/server -addr $(DEMO_ADDR) -database-url= -handler-delay 1.5s 2>bin/demo-server.log & \
-	  pid=$$!; trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
-	  ./bin/client -addr $(DEMO_ADDR) || { echo "--- server log:"; cat bin/demo-server.log; exit 1; }
+	@./scripts/demo -handler-delay 1.5s
