@@ -4,7 +4,6 @@
 GO          ?= go
 TOOL        := $(GO) tool -modfile=tools/go.mod
 BENCH_COUNT ?= 10
-DEMO_ADDR   ?= 127.0.0.1:50051
 # A count, not a duration: with a duration, go1.26's fuzz coordinator can fail
 # a clean run with "context deadline exceeded" as time runs out
 # (go.dev/issue/75804).
@@ -18,6 +17,7 @@ help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
 
 generate: ## regenerate the Go code of the protos with buf
+	@echo "generate: buf and the protoc plugins run with go tool; the first run downloads and builds them (tools/go.mod), a few minutes"
 	$(TOOL) buf generate
 
 check-generate: generate ## fail if generated code or a go.mod is out of date
@@ -30,15 +30,21 @@ check-generate: generate ## fail if generated code or a go.mod is out of date
 lint: ## gofmt, go vet, staticcheck, buf lint and buf format
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt would change these files" && exit 1)
 	$(GO) vet ./...
+	@echo "lint: staticcheck and buf run with go tool; the first run downloads and builds them (tools/go.mod), a few minutes"
 	$(TOOL) staticcheck ./...
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
 
-test: ## run every test with the race detector (on PostgreSQL: see scripts/with-postgres), then each fuzz target briefly
-	./scripts/with-postgres $(GO) test -race -count=1 ./...
+# The fuzz targets run first, so that the last line is gotestsum's closing
+# "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
+# line per package as it finishes, then the failures' output.
+test: ## run each fuzz target briefly, then every test with the race detector (on PostgreSQL: see scripts/with-postgres)
+	@echo "test: each fuzz target, $(FUZZ_EXECS) inputs"
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyFromMetadata$$' -fuzztime=$(FUZZ_EXECS)x .
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
+	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
+	./scripts/with-postgres $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, and CreateCharge in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
@@ -69,9 +75,9 @@ soak: ## inject random faults into example server processes for SOAK (default 10
 	$(GO) test -count=1 -timeout=0 -run='^TestFaults$$' ./reliability/ -soak=$(SOAK) -report=$(CURDIR)/bin/soak.md
 	@cat bin/soak.md
 
-demo: ## start the example server (memory store, 1.5s handler delay) and run the demo client
+# DEMO_ADDR, if set, is the address the demo server must listen on; by
+# default it takes a free port.
+demo: ## start the example server (PostgreSQL if DATABASE_URL is set, else memory; 1.5s handler delay) on a free port and run the demo client against it
 	@mkdir -p bin
 	@$(GO) build -o bin/ ./example/server ./example/client
-	@./bin/server -addr $(DEMO_ADDR) -database-url= -handler-delay 1.5s 2>bin/demo-server.log & \
-	  pid=$$!; trap 'kill $$pid 2>/dev/null; wait $$pid 2>/dev/null' EXIT; \
-	  ./bin/client -addr $(DEMO_ADDR) || { echo "--- server log:"; cat bin/demo-server.log; exit 1; }
+	@./scripts/demo -handler-delay 1.5s

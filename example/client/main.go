@@ -5,11 +5,14 @@
 //	go run ./example/client [-addr 127.0.0.1:50051] [-api-key sk_test_acme] [-wait 10s]
 //
 // Start the server with a handler delay (make demo uses 1.5s) to see a
-// duplicate arrive while the first call is still running.
+// duplicate arrive while the first call is still running. Each run uses
+// customers and a merchant_reference of its own, so the demo passes any
+// number of times against a server on PostgreSQL, whose charges outlive it.
 package main
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
@@ -71,11 +74,20 @@ func run(ctx context.Context, addr, apiKey string, wait time.Duration, out io.Wr
 	}
 	fmt.Fprintf(out, "idemkey demo against the payment service at %s\n", addr)
 
+	run := strings.ToLower(rand.Text()[:6])
 	d := &demo{
 		out:    out,
 		client: paymentsv1.NewPaymentServiceClient(conn),
 		bare:   paymentsv1.NewPaymentServiceClient(bare),
 		ctx:    metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer "+apiKey),
+		alice: &paymentsv1.CreateChargeRequest{
+			CustomerId:        "cus_alice_" + run,
+			Amount:            1999,
+			Currency:          "EUR",
+			Description:       "Annual plan",
+			MerchantReference: "order-" + run,
+		},
+		bob: "cus_bob_" + run,
 	}
 	for _, scene := range []func() error{d.create, d.retry, d.reuse, d.noKey, d.duplicate, d.declined, d.sameReference, d.count} {
 		if err := scene(); err != nil {
@@ -90,17 +102,14 @@ type demo struct {
 	client, bare paymentsv1.PaymentServiceClient
 	ctx          context.Context
 
+	// This run's first charge, and the customer of its duplicate: their
+	// names end in a random run id.
+	alice *paymentsv1.CreateChargeRequest
+	bob   string
+
 	key    string // of the first charge
 	charge *paymentsv1.Charge
 	scene  int
-}
-
-var alice = &paymentsv1.CreateChargeRequest{
-	CustomerId:        "cus_alice",
-	Amount:            1999,
-	Currency:          "EUR",
-	Description:       "Annual plan",
-	MerchantReference: "order-1001",
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -121,8 +130,9 @@ func (d *demo) call(ctx context.Context, client paymentsv1.PaymentServiceClient,
 
 func (d *demo) create() error {
 	d.key = idemkey.NewKey()
-	d.title("Create a charge of 19.99 EUR for cus_alice, idempotency key " + d.key)
-	charge, trailer, err := d.call(d.ctx, d.client, alice, interceptor.UseKey(d.key))
+	d.title(fmt.Sprintf("Create a charge of 19.99 EUR for %s, merchant_reference %s, idempotency key %s",
+		d.alice.GetCustomerId(), d.alice.GetMerchantReference(), d.key))
+	charge, trailer, err := d.call(d.ctx, d.client, d.alice, interceptor.UseKey(d.key))
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
@@ -133,7 +143,7 @@ func (d *demo) create() error {
 
 func (d *demo) retry() error {
 	d.title("The reply was lost on the way; the client retries with the same key")
-	charge, trailer, err := d.call(d.ctx, d.client, alice, interceptor.UseKey(d.key))
+	charge, trailer, err := d.call(d.ctx, d.client, d.alice, interceptor.UseKey(d.key))
 	if err != nil {
 		return fmt.Errorf("retry: %w", err)
 	}
@@ -143,7 +153,7 @@ func (d *demo) retry() error {
 
 func (d *demo) reuse() error {
 	d.title("The same key with a different amount (25.00 instead of 19.99)")
-	changed := clone(alice)
+	changed := clone(d.alice)
 	changed.Amount = 2500
 	_, _, err := d.call(d.ctx, d.client, changed, interceptor.UseKey(d.key))
 	d.say("   -> %s", describe(err))
@@ -152,14 +162,14 @@ func (d *demo) reuse() error {
 
 func (d *demo) noKey() error {
 	d.title("A client without the idemkey interceptor sends no key")
-	_, _, err := d.call(d.ctx, d.bare, clone(alice))
+	_, _, err := d.call(d.ctx, d.bare, clone(d.alice))
 	d.say("   -> %s", describe(err))
 	return expectReason(err, codes.InvalidArgument, idemkey.ReasonKeyMissing)
 }
 
 func (d *demo) duplicate() error {
 	d.title("A duplicate is sent while the first call is still running")
-	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_bob", Amount: 500, Currency: "USD", Description: "Coffee beans"}
+	req := &paymentsv1.CreateChargeRequest{CustomerId: d.bob, Amount: 500, Currency: "USD", Description: "Coffee beans"}
 	key := idemkey.NewKey()
 	type result struct {
 		charge  *paymentsv1.Charge
@@ -215,14 +225,14 @@ func (d *demo) declined() error {
 
 func (d *demo) sameReference() error {
 	d.title("A new key, but the merchant_reference of the first charge (the business-level second line of defence)")
-	_, _, err := d.call(d.ctx, d.client, clone(alice))
+	_, _, err := d.call(d.ctx, d.client, clone(d.alice))
 	d.say("   -> %s", describe(err))
 	return expectReason(err, codes.AlreadyExists, "")
 }
 
 func (d *demo) count() error {
 	d.say("")
-	for _, customer := range []string{"cus_alice", "cus_bob"} {
+	for _, customer := range []string{d.alice.GetCustomerId(), d.bob} {
 		n, err := d.countCharges(customer)
 		if err != nil {
 			return err

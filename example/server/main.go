@@ -1,8 +1,12 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
+//
+// With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
+// a file where it writes the address it listens on once it serves, which is
+// how make demo finds its own server and never another that holds a port.
 //
 // With a database URL (the flag, else $DATABASE_URL) the idempotency keys and
 // the charges live in PostgreSQL: the server creates its tables, sweeps
@@ -43,7 +47,8 @@ import (
 )
 
 func main() {
-	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on")
+	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on; port 0 picks a free port")
+	addrFile := flag.String("addr-file", "", "if set, write the address listened on to this file once serving, and remove it on exit")
 	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency keys and the charges; empty keeps both in memory")
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
@@ -63,7 +68,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -93,6 +98,7 @@ func servePprof(addr string, logger *slog.Logger) {
 // config is what the flags set.
 type config struct {
 	databaseURL string
+	addrFile    string // written once serving, removed on return
 	delay, ttl  time.Duration
 	atomic      bool  // on PostgreSQL only
 	maxRecords  int   // in memory only
@@ -141,6 +147,13 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay)
+	if cfg.addrFile != "" {
+		defer os.Remove(cfg.addrFile)
+		if err := writeFileAtomic(cfg.addrFile, lis.Addr().String()+"\n"); err != nil {
+			srv.Stop()
+			return fmt.Errorf("addr-file: %w", err)
+		}
+	}
 
 	select {
 	case err := <-served:
@@ -161,6 +174,16 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		srv.Stop()
 	}
 	return nil
+}
+
+// writeFileAtomic writes data to path through a rename, so that a reader
+// sees either no file or all of it.
+func writeFileAtomic(path, data string) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(data), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
 }
 
 // openDatabase connects and creates or upgrades the tables of the store and

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
@@ -36,6 +38,44 @@ func TestMain(m *testing.M) {
 func TestRunOnPostgres(t *testing.T) {
 	for _, atomic := range []bool{false, true} {
 		t.Run(fmt.Sprint("atomic=", atomic), func(t *testing.T) { testRunOnPostgres(t, atomic) })
+	}
+}
+
+// With -addr-file, the server writes the address it took (port 0: a free
+// one) once it serves, and removes the file when it stops.
+func TestAddrFile(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "addr")
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, lis, config{addrFile: path, ttl: time.Hour}, slog.New(slog.DiscardHandler))
+	}()
+	var addr []byte
+	waitUntil(t, "the address file is written", func() bool {
+		addr, _ = os.ReadFile(path)
+		return len(addr) > 0
+	})
+	if got := strings.TrimSpace(string(addr)); got != lis.Addr().String() {
+		t.Errorf("address file holds %q, want %q", got, lis.Addr())
+	}
+	conn, err := grpc.NewClient(strings.TrimSpace(string(addr)), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{}); err != nil {
+		t.Errorf("health check at the file's address: %v", err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if _, err := os.Stat(path); !os.IsNotExist(err) {
+		t.Errorf("the address file outlived the server: %v", err)
 	}
 }
 

@@ -309,7 +309,11 @@ func ghz(bin string, srv *servertest.Server, key string, retry bool, duration ti
 		"-d", `{"customer_id": "cus_1", "amount": 100, "currency": "EUR"}`,
 		"-m", string(metadata),
 		"-c", strconv.Itoa(clients), "-z", duration.String(),
-		"--count-errors", "-O", "json", srv.Addr)
+		"--count-errors", "-O", "json", srv.Addr,
+		// At the end of the duration, let the calls in flight finish rather
+		// than close the connection under them (ghz's default, "close",
+		// fails each with Unavailable "transport is closing").
+		"--duration-stop", "wait")
 	profiled := make(chan error, 1)
 	if profile != "" {
 		go func() { profiled <- saveProfile(srv, profile, duration-time.Second) }()
