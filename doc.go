@@ -10,12 +10,13 @@
 //
 // # Statuses
 //
-//	situation                             code             reason (HTTP in the IETF draft)
-//	key required but missing              InvalidArgument  IDEMPOTENCY_KEY_MISSING (400)
-//	key malformed, or sent twice          InvalidArgument  IDEMPOTENCY_KEY_INVALID (400)
-//	same key, different request           InvalidArgument  IDEMPOTENCY_KEY_REUSED (422)
-//	same key, first call still running    Aborted          IDEMPOTENCY_KEY_IN_PROGRESS (409)
-//	store unreachable or failing          Unavailable      IDEMPOTENCY_STORE_UNAVAILABLE (503)
+//	situation                             code               reason (HTTP in the IETF draft)
+//	key required but missing              InvalidArgument    IDEMPOTENCY_KEY_MISSING (400)
+//	key malformed, or sent twice          InvalidArgument    IDEMPOTENCY_KEY_INVALID (400)
+//	same key, different request           InvalidArgument    IDEMPOTENCY_KEY_REUSED (422)
+//	same key, first call still running    Aborted            IDEMPOTENCY_KEY_IN_PROGRESS (409)
+//	store unreachable or failing          Unavailable        IDEMPOTENCY_STORE_UNAVAILABLE (503)
+//	store full (memory store's bounds)    ResourceExhausted  IDEMPOTENCY_STORE_FULL (503)
 //
 // Reason tells them apart on the client:
 //

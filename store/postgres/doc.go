@@ -63,7 +63,7 @@
 //
 //	func (s *Service) CreateCharge(ctx context.Context, req *pb.CreateChargeRequest) (*pb.Charge, error) {
 //		tx, ok := postgres.TxFromContext(ctx)
-//		if !ok {
+//		if !ok { // with WithKeyRequired, only a server bug gets here
 //			return nil, status.Error(codes.Internal, "not in atomic mode")
 //		}
 //		_, err := tx.Exec(ctx, `INSERT INTO charges ...`, ...)
