@@ -106,3 +106,41 @@ func newBenchClient(b *testing.B, opts ...grpc.ServerOption) paymentsv1.PaymentS
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 }
+
+// BenchmarkTelemetry makes first calls through two interceptors interleaved:
+// one with the default, global meter provider (a no-op until an SDK is
+// installed), and one with OpenTelemetry's metrics SDK attached, and reports
+// the ratio of their times.
+func BenchmarkTelemetry(b *testing.B) {
+	tm := newTelemetry()
+	clients := [2]paymentsv1.PaymentServiceClient{
+		newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New()))),
+		newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New(), tm.options()...))),
+	}
+	req := request(1999)
+	ctxs := make([]context.Context, b.N)
+	for i := range ctxs {
+		ctxs[i] = metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "first-"+strconv.Itoa(i))
+	}
+	for _, c := range clients { // warm up the connections
+		if _, err := c.CreateCharge(metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "warm-up"), req); err != nil {
+			b.Fatal(err)
+		}
+	}
+	var spent [2]time.Duration // no-op, SDK
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		for j := range 2 {
+			path := (i + j) % 2
+			start := time.Now()
+			if _, err := clients[path].CreateCharge(ctxs[i], req); err != nil {
+				b.Fatal(err)
+			}
+			spent[path] += time.Since(start)
+		}
+	}
+	perCall := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
+	b.ReportMetric(perCall(spent[0]), "noop-ns/call")
+	b.ReportMetric(perCall(spent[1]), "sdk-ns/call")
+	b.ReportMetric(perCall(spent[1])/perCall(spent[0]), "sdk/noop")
+}

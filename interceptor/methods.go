@@ -19,6 +19,7 @@ type method struct {
 	covered bool
 	atomic  bool                     // run in one transaction with its record: see WithAtomic
 	output  protoreflect.MessageType // nil if the method is not in the registry
+	metrics *methodMetrics           // the attributes of its measurements; nil if not covered
 }
 
 // methods caches method lookups. gRPC calls interceptors only for registered
@@ -59,6 +60,9 @@ func (ms *methods) describe(fullMethod string) *method {
 		m.covered = false
 	}
 	m.atomic = ms.opts.atomicAll || ms.opts.atomic[fullMethod]
+	if m.covered {
+		m.metrics = newMethodMetrics(fullMethod)
+	}
 	return m
 }
 

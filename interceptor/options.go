@@ -6,6 +6,9 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -76,6 +79,9 @@ type options struct {
 	atomicAll   bool
 	atomic      map[string]bool
 	logger      *slog.Logger
+
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
 }
 
 // defaultRecorded are the error codes whose outcome is final: a retry would
@@ -97,6 +103,9 @@ func newOptions(opts []Option) *options {
 		inProgress:  DefaultInProgressWait,
 		maxRecord:   DefaultMaxRecordSize,
 		logger:      slog.Default(),
+
+		meterProvider:  otel.GetMeterProvider(),
+		tracerProvider: otel.GetTracerProvider(),
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -295,6 +304,30 @@ func WithLogger(l *slog.Logger) Option {
 			l = slog.New(slog.DiscardHandler)
 		}
 		o.logger = l
+	}
+}
+
+// WithMeterProvider sets where the server interceptor's metrics go; the
+// default is otel.GetMeterProvider(), which does nothing until an SDK is
+// installed. See the package documentation for the metrics.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) {
+		if mp != nil {
+			o.meterProvider = mp
+		}
+	}
+}
+
+// WithTracerProvider sets the tracer of the spans the server interceptor
+// opens for its store operations, as children of the call's span and only
+// when that one is recording; the default is otel.GetTracerProvider().
+// idemkey opens no span for the call itself: it adds its outcome to the
+// call's span (otelgrpc's, for instance).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) {
+		if tp != nil {
+			o.tracerProvider = tp
+		}
 	}
 }
 

@@ -33,7 +33,7 @@ func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInte
 	if err := checkMethods(o); err != nil {
 		panic(err.Error())
 	}
-	s := &server{store: st, opts: o, methods: &methods{opts: o}}
+	s := &server{store: st, opts: o, methods: &methods{opts: o}, obs: newObserver(o)}
 	s.atomic, _ = st.(store.Atomic)
 	s.finder, _ = st.(store.Finder)
 	if s.atomic == nil && (o.atomicAll || len(o.atomic) > 0) {
@@ -48,6 +48,7 @@ type server struct {
 	finder  store.Finder // st, if it implements store.Finder
 	opts    *options
 	methods *methods
+	obs     *observer
 }
 
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -55,16 +56,31 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !m.covered {
 		return handler(ctx, req)
 	}
+	start := time.Now()
+	var c call
+	o := verdictExecuted
+	resp, err := s.serve(ctx, req, m, handler, &c, &o)
+	s.obs.callEnded(ctx, m, &c, o, err, start)
+	return resp, err
+}
+
+// serve is intercept for a covered method. It fills in c once the call's key
+// is known, and o with what became of the call.
+func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, cp *call, o *verdict) (any, error) {
 	key, ok, err := idemkey.KeyFromIncomingContext(ctx)
 	if err != nil {
+		*o = verdictKeyInvalid
 		return nil, err
 	}
 	if !ok {
 		if s.opts.keyRequired {
+			*o = verdictKeyMissing
 			return nil, idemkey.MissingKeyError()
 		}
+		*o = verdictNoKey
 		return handler(ctx, req)
 	}
+	*o = verdictRefused
 	if m.output == nil {
 		return nil, status.Error(codes.Internal, "idemkey: the method is not in the protobuf registry, so its replies cannot be replayed")
 	}
@@ -83,13 +99,14 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if s.opts.scope == ScopeTenant {
 		scopeMethod = ""
 	}
-	c := call{method: m, key: store.NewKey(tenant, scopeMethod, key), parts: callParts{tenant, m.name, key}}
+	*cp = call{method: m, key: store.NewKey(tenant, scopeMethod, key), parts: callParts{tenant, m.name, key}}
+	c := cp
 	fp, err := s.opts.fingerprint(m.name, msg)
 	if err != nil {
 		if _, isStatus := status.FromError(err); isStatus {
 			return nil, err
 		}
-		s.log(ctx, slog.LevelError, "fingerprint failed", c, err)
+		s.log(ctx, slog.LevelError, "fingerprint failed", *c, err)
 		return nil, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
 	}
 	if scopeMethod == "" {
@@ -98,44 +115,49 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 		fp = bindMethod(m.name, fp)
 	}
 	if s.finder != nil && retried(ctx) {
-		res, found, err := s.finder.Find(ctx, c.key)
+		res, found, err := s.find(ctx, c.key)
 		if err == nil && found {
-			return s.answer(ctx, c, fp, res)
+			return s.answer(ctx, *c, fp, res, o)
 		}
 		// Failing closed, a store that cannot read cannot reserve either:
 		// answer now rather than wait on it twice. Failing open, the
 		// reservation is tried all the same before the handler runs bare.
 		if err != nil && !s.failsOpen(m) {
-			return nil, s.storeFailed(ctx, c, "find", err)
+			*o = verdictStoreUnavailable
+			return nil, s.storeFailed(ctx, *c, "find", err)
 		}
 	}
 	r := store.Reservation{Key: c.key, Fingerprint: fp, Lease: s.lease(ctx), Retention: s.opts.retention}
 	c.leaseEnd = time.Now().Add(r.Lease) // the store's clock starts it later, never earlier
 	if m.atomic {
-		return s.runAtomic(ctx, c, r, req, handler)
+		return s.runAtomic(ctx, *c, r, req, handler, o)
 	}
 
-	res, err := s.store.Reserve(ctx, r)
+	res, err := s.reserve(ctx, r)
 	if err == nil && res.State == store.InProgress && res.Fingerprint == fp {
-		res, err = s.await(ctx, res, func(ctx context.Context) (store.Result, error) { return s.store.Reserve(ctx, r) })
+		res, err = s.await(ctx, res, func(ctx context.Context) (store.Result, error) { return s.reserve(ctx, r) })
 	}
 	if errors.Is(err, store.ErrFull) {
-		s.log(ctx, slog.LevelWarn, "reserve refused: the store is full", c, err)
+		*o = verdictStoreFull
+		s.log(ctx, slog.LevelWarn, "reserve refused: the store is full", *c, err)
 		return nil, idemkey.StoreFullError(s.opts.retryAfter)
 	}
 	if err != nil {
 		if s.failsOpen(m) && ctx.Err() == nil {
-			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", c, err)
-			hctx, _ := s.handlerContext(ctx, c)
+			*o = verdictFailedOpen
+			s.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", *c, err)
+			hctx, _ := s.handlerContext(ctx, *c)
 			return handler(hctx, req)
 		}
-		return nil, s.storeFailed(ctx, c, "reserve", err)
+		*o = verdictStoreUnavailable
+		return nil, s.storeFailed(ctx, *c, "reserve", err)
 	}
 	if res.State != store.Acquired {
-		return s.answer(ctx, c, fp, res)
+		return s.answer(ctx, *c, fp, res, o)
 	}
 	c.token = res.Token
-	return s.run(ctx, c, req, handler)
+	*o = verdictExecuted
+	return s.run(ctx, *c, req, handler)
 }
 
 // retried reports whether gRPC's retry policy marks the call as a later
@@ -205,13 +227,16 @@ func (s *server) storeFailed(ctx context.Context, c call, op string, err error) 
 
 // answer is the caller's answer when the key was not acquired: the replay of
 // the recorded outcome, or the key is in progress, or reused.
-func (s *server) answer(ctx context.Context, c call, fp store.Fingerprint, res store.Result) (any, error) {
+func (s *server) answer(ctx context.Context, c call, fp store.Fingerprint, res store.Result, o *verdict) (any, error) {
 	if res.Fingerprint != fp { // checked first, in either state
+		*o = verdictReused
 		return nil, idemkey.ReusedKeyError()
 	}
 	if res.State == store.Completed {
+		*o = verdictReplayed
 		return s.replay(ctx, c, res.Outcome)
 	}
+	*o = verdictInProgress
 	// Only a trailer: a retry policy does not retry a reply with headers.
 	wait := max(min(res.RetryAfter, s.opts.retryAfter), time.Millisecond)
 	_ = grpc.SetTrailer(ctx, idemkey.PushbackTrailer(wait))
@@ -292,6 +317,7 @@ func (s *server) run(ctx context.Context, c call, req any, handler grpc.UnaryHan
 		s.release(ctx, c)
 		return resp, err
 	}
+	s.obs.recorded(ctx, c.method, len(outcome))
 	if errors.Is(s.complete(ctx, c, outcome), store.ErrFull) {
 		// The handler has run, so its key must not be released: a short
 		// error takes the reply's place, for the caller and every retry.
@@ -322,14 +348,14 @@ func (s *server) settle(ctx context.Context, c call, resp any, herr error, rec *
 // runAtomic reserves the key in a transaction, runs the handler in it, and
 // commits the handler's writes with the record, or rolls everything back.
 // The caller gets the handler's result only if it committed.
-func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req any, handler grpc.UnaryHandler) (resp any, err error) {
-	res, tx, err := s.atomic.Begin(ctx, r)
+func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req any, handler grpc.UnaryHandler, o *verdict) (resp any, err error) {
+	res, tx, err := s.begin(ctx, r)
 	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint && s.finder != nil {
 		// Polled with reads: a transaction per poll would hold a connection
 		// for each waiting duplicate. A first call that rolls back is not
 		// seen; the duplicate's retry acquires the key.
 		res, err = s.await(ctx, res, func(ctx context.Context) (store.Result, error) {
-			found, ok, err := s.finder.Find(ctx, c.key)
+			found, ok, err := s.find(ctx, c.key)
 			if !ok {
 				return res, err
 			}
@@ -337,11 +363,13 @@ func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req
 		})
 	}
 	if err != nil {
+		*o = verdictStoreUnavailable
 		return nil, s.storeFailed(ctx, c, "reserve", err)
 	}
 	if res.State != store.Acquired {
-		return s.answer(ctx, c, r.Fingerprint, res)
+		return s.answer(ctx, c, r.Fingerprint, res, o)
 	}
+	*o = verdictExecuted
 	hctx, rec := s.handlerContext(ctx, c)
 	ended := false
 	defer func() {
@@ -358,7 +386,8 @@ func (s *server) runAtomic(ctx context.Context, c call, r store.Reservation, req
 	}
 	// Only a success keeps the handler's writes: a recorded error, or a reply
 	// that could not be recorded, undoes them.
-	if commitErr := tx.Commit(ctx, outcome, err == nil); commitErr != nil {
+	s.obs.recorded(ctx, c.method, len(outcome))
+	if commitErr := s.commit(ctx, tx, outcome, err == nil); commitErr != nil {
 		s.log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", c, commitErr)
 		return nil, idemkey.StoreUnavailableError()
 	}
@@ -409,10 +438,12 @@ func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
 // is tried again in the background (completeLater): were it lost, a retry
 // after the lease would run the handler a second time.
 func (s *server) complete(ctx context.Context, c call, outcome []byte) error {
-	ctx = context.WithoutCancel(ctx)
-	err := s.store.Complete(ctx, c.key, c.token, outcome)
+	err := s.storeComplete(ctx, c, outcome)
+	if err == nil {
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx) // for the log, and the goroutine
 	switch {
-	case err == nil:
 	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrFull):
 		s.logWriteFailure(ctx, "complete", c, err)
 	default:
@@ -438,7 +469,7 @@ func (s *server) completeLater(ctx context.Context, c call, outcome []byte) {
 	for attempt, pause := 2, laterFirstPause; time.Until(until) > pause; attempt, pause = attempt+1, min(2*pause, laterMaxPause) {
 		time.Sleep(pause)
 		wctx, cancel := context.WithDeadline(ctx, until)
-		err = s.store.Complete(wctx, c.key, c.token, outcome)
+		err = s.storeComplete(wctx, c, outcome)
 		cancel()
 		switch {
 		case err == nil:
@@ -454,9 +485,8 @@ func (s *server) completeLater(ctx context.Context, c call, outcome []byte) {
 }
 
 func (s *server) release(ctx context.Context, c call) {
-	ctx = context.WithoutCancel(ctx)
-	if err := s.store.Release(ctx, c.key, c.token); err != nil {
-		s.logWriteFailure(ctx, "release", c, err)
+	if err := s.storeRelease(ctx, c); err != nil {
+		s.logWriteFailure(context.WithoutCancel(ctx), "release", c, err)
 	}
 }
 

@@ -4,6 +4,10 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // DefaultSweepInterval is how often a Janitor sweeps unless told otherwise.
@@ -24,6 +28,10 @@ type Janitor struct {
 	// Logger receives a line per sweep that deleted records (Debug) or failed
 	// (Warn); nil discards.
 	Logger *slog.Logger
+	// MeterProvider receives the sweeps' metrics: idemkey.store.duration with
+	// idemkey.store.operation "sweep", and idemkey.sweep.deleted, the records
+	// deleted. Nil means otel.GetMeterProvider().
+	MeterProvider metric.MeterProvider
 }
 
 // Run sweeps at once and then every Interval until ctx is done, and then
@@ -38,11 +46,30 @@ func (j *Janitor) Run(ctx context.Context) error {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	meters := j.MeterProvider
+	if meters == nil {
+		meters = otel.GetMeterProvider()
+	}
+	meter := meters.Meter("github.com/idemkey/idemkey/store")
+	// The API's instruments work even when their creation reports an error.
+	took, _ := meter.Float64Histogram("idemkey.store.duration", metric.WithUnit("s"),
+		metric.WithDescription("Duration of the idempotency store's operations."))
+	swept, _ := meter.Int64Counter("idemkey.sweep.deleted", metric.WithUnit("{record}"),
+		metric.WithDescription("Expired idempotency records the janitor deleted."))
+	sweepOK := metric.WithAttributes(attribute.String("idemkey.store.operation", "sweep"))
+	sweepFailed := metric.WithAttributes(attribute.String("idemkey.store.operation", "sweep"), attribute.String("error.type", "store_failed"))
+
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
 		start := time.Now()
 		deleted, err := j.Store.Sweep(ctx, j.BatchSize)
+		swept.Add(ctx, int64(deleted))
+		if err != nil {
+			took.Record(ctx, time.Since(start).Seconds(), sweepFailed)
+		} else {
+			took.Record(ctx, time.Since(start).Seconds(), sweepOK)
+		}
 		switch {
 		case ctx.Err() != nil:
 			return ctx.Err()

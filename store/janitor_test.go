@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
 	"github.com/idemkey/idemkey/store"
@@ -45,13 +47,32 @@ func TestJanitor(t *testing.T) {
 	}
 
 	expire("a", "b", "c")
+	reader := sdkmetric.NewManualReader()
 	done := make(chan error, 1)
-	go func() { done <- (&store.Janitor{Store: st, Interval: 5 * time.Millisecond, BatchSize: 1}).Run(ctx) }()
+	go func() {
+		j := &store.Janitor{Store: st, Interval: 5 * time.Millisecond, BatchSize: 1, MeterProvider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))}
+		done <- j.Run(ctx)
+	}()
 	waitEmpty()
 	expire("d") // swept on a later tick
 	waitEmpty()
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("Run = %v, want context.Canceled", err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	deleted := int64(-1)
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == "idemkey.sweep.deleted" {
+				deleted = m.Data.(metricdata.Sum[int64]).DataPoints[0].Value
+			}
+		}
+	}
+	if deleted != 4 {
+		t.Errorf("idemkey.sweep.deleted = %d, want the 4 records swept", deleted)
 	}
 }

@@ -1,0 +1,247 @@
+package interceptor_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// telemetry is an OpenTelemetry SDK that keeps what it is given, for tests.
+type telemetry struct {
+	reader *sdkmetric.ManualReader
+	spans  *tracetest.SpanRecorder
+	meters *sdkmetric.MeterProvider
+	traces *sdktrace.TracerProvider
+}
+
+func newTelemetry() *telemetry {
+	t := &telemetry{reader: sdkmetric.NewManualReader(), spans: tracetest.NewSpanRecorder()}
+	t.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(t.reader))
+	t.traces = sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(t.spans))
+	return t
+}
+
+func (tm *telemetry) options() []interceptor.Option {
+	return []interceptor.Option{interceptor.WithMeterProvider(tm.meters), interceptor.WithTracerProvider(tm.traces)}
+}
+
+func (tm *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := tm.reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	return rm
+}
+
+// calls sums idemkey.calls by outcome and final status code.
+func calls(rm metricdata.ResourceMetrics) map[string]int64 {
+	out := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "idemkey.calls" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				outcome, _ := dp.Attributes.Value("idemkey.outcome")
+				code, _ := dp.Attributes.Value("rpc.grpc.status_code")
+				method, _ := dp.Attributes.Value("rpc.method")
+				out[fmt.Sprintf("%s %s %v", method.AsString(), outcome.AsString(), codes.Code(code.AsInt64()))] += dp.Value
+			}
+		}
+	}
+	return out
+}
+
+// storeOps counts the store operations idemkey.store.duration measured, by
+// operation.
+func storeOps(rm metricdata.ResourceMetrics) map[string]uint64 {
+	out := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "idemkey.store.duration" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				op, _ := dp.Attributes.Value("idemkey.store.operation")
+				out[op.AsString()] += dp.Count
+			}
+		}
+	}
+	return out
+}
+
+// Each way a covered call can end moves its own counter, labelled with the
+// method and the final status code; the store's operations are timed and the
+// recorded outcomes measured; the call's span (otelgrpc's) gets the outcome.
+func TestMetricsCountOutcomes(t *testing.T) {
+	tm := newTelemetry()
+	svc := newService()
+	st := memory.New(memory.WithMaxRecords(3))
+	srv := grpc.NewServer(
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tm.traces), otelgrpc.WithMeterProvider(tm.meters))),
+		grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st, append(tm.options(),
+			interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyRequired(), interceptor.WithInProgressWait(0))...)))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	acme := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	call := func(ctx context.Context, key string, amount int64) error {
+		if key != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
+		}
+		_, err := client.CreateCharge(ctx, request(amount))
+		return err
+	}
+
+	_ = call(acme, "k1", 1)                 // executed
+	_ = call(acme, "k1", 1)                 // replayed
+	_ = call(acme, "k1", 2)                 // reused
+	_ = call(acme, "", 1)                   // key missing
+	_ = call(acme, "sp ace", 1)             // key invalid
+	_ = call(context.Background(), "k2", 1) // refused: no tenant
+	started, release := svc.block()
+	done := make(chan error)
+	go func() { done <- call(acme, "k3", 1) }()
+	<-started
+	_ = call(acme, "k3", 1) // in progress
+	close(release)
+	<-done
+	svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		return chargeFor(req, 1), nil
+	}
+	_ = call(acme, "k4", 1) // executed: the third and last record
+	_ = call(acme, "k5", 1) // store full
+
+	got := calls(tm.collect(t))
+	for _, want := range []string{
+		"CreateCharge executed OK", "CreateCharge replayed OK", "CreateCharge reused InvalidArgument",
+		"CreateCharge key_missing InvalidArgument", "CreateCharge key_invalid InvalidArgument",
+		"CreateCharge refused Unauthenticated", "CreateCharge in_progress Aborted",
+		"CreateCharge store_full ResourceExhausted",
+	} {
+		if got[want] < 1 {
+			t.Errorf("no call counted as %q; counted: %v", want, got)
+		}
+	}
+	if got["CreateCharge executed OK"] != 3 || got["CreateCharge replayed OK"] != 1 {
+		t.Errorf("executed %d and replayed %d, want 3 and 1: %v", got["CreateCharge executed OK"], got["CreateCharge replayed OK"], got)
+	}
+	ops := storeOps(tm.collect(t))
+	if ops["reserve"] < 5 || ops["complete"] != 3 {
+		t.Errorf("store operations timed: %v; want reserve for every keyed call, complete for each of the 3 runs", ops)
+	}
+
+	var outcomes []string
+	for _, span := range tm.spans.Ended() {
+		for _, kv := range span.Attributes() {
+			if kv.Key == "idemkey.outcome" {
+				outcomes = append(outcomes, span.Name()+" "+kv.Value.AsString())
+			}
+		}
+	}
+	if !strings.Contains(strings.Join(outcomes, ","), "example.payments.v1.PaymentService/CreateCharge replayed") {
+		t.Errorf("otelgrpc's spans carry the outcomes %q, want a replayed one among them", outcomes)
+	}
+}
+
+// A store that fails is counted as such, and so is failing open.
+func TestMetricsCountStoreFailures(t *testing.T) {
+	for name, tc := range map[string]struct {
+		opts []interceptor.Option
+		want string
+	}{
+		"closed": {nil, "CreateCharge store_unavailable Unavailable"},
+		"open":   {[]interceptor.Option{interceptor.WithFailOpen()}, "CreateCharge failed_open OK"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			tm := newTelemetry()
+			intercept := interceptor.UnaryServerInterceptor(failingStore{}, append(tm.options(), tc.opts...)...)
+			d := &direct{intercept: intercept, svc: newService()}
+			_, _, _ = d.create(t, "k1", request(1))
+			if got := calls(tm.collect(t)); got[tc.want] != 1 {
+				t.Errorf("counted %v, want one %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// No metric or span attribute holds a raw key, tenant, request field or the
+// key's hash: they would leak, and make a series per call.
+func TestNothingRawInTelemetry(t *testing.T) {
+	tm := newTelemetry()
+	svc := newService()
+	srv := grpc.NewServer(
+		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tm.traces), otelgrpc.WithMeterProvider(tm.meters))),
+		grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New(), append(tm.options(), interceptor.WithTenant(tenantFromMetadata))...)))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	const key, tenant, customer = "secret-key-4242", "tenant-xyzzy", "cus_plugh"
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", tenant, idemkey.KeyMetadata, key)
+	req := &paymentsv1.CreateChargeRequest{CustomerId: customer, Amount: 1, Currency: "EUR"}
+	for range 2 {
+		if _, err := client.CreateCharge(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	secrets := []string{key, tenant, customer, store.NewKey(tenant, createCharge, key).String()}
+	var values []string
+	collectSet := func(set attribute.Set) {
+		for _, kv := range set.ToSlice() {
+			values = append(values, kv.Value.Emit())
+		}
+	}
+	for _, sm := range tm.collect(t).ScopeMetrics {
+		for _, m := range sm.Metrics {
+			switch data := m.Data.(type) {
+			case metricdata.Sum[int64]:
+				for _, dp := range data.DataPoints {
+					collectSet(dp.Attributes)
+				}
+			case metricdata.Histogram[float64]:
+				for _, dp := range data.DataPoints {
+					collectSet(dp.Attributes)
+				}
+			case metricdata.Histogram[int64]:
+				for _, dp := range data.DataPoints {
+					collectSet(dp.Attributes)
+				}
+			}
+		}
+	}
+	for _, span := range tm.spans.Ended() {
+		values = append(values, span.Name(), span.Status().Description)
+		collectSet(attribute.NewSet(span.Attributes()...))
+		for _, e := range span.Events() {
+			values = append(values, e.Name)
+			collectSet(attribute.NewSet(e.Attributes...))
+		}
+	}
+	if len(values) == 0 {
+		t.Fatal("no telemetry was recorded")
+	}
+	for _, v := range values {
+		for _, secret := range secrets {
+			if strings.Contains(v, secret) {
+				t.Errorf("telemetry holds %q: %q", secret, v)
+			}
+		}
+	}
+}
