@@ -297,11 +297,14 @@ func printView(w io.Writer, v *view) {
 	fmt.Fprintf(tw, "state\t%s\n", state)
 	fmt.Fprintf(tw, "token\t%d\n", v.Token)
 	fmt.Fprintf(tw, "created\t%s\n", when(v.Created, v.Now))
-	live := "ended"
-	if v.LeaseLive {
-		live = "live"
+	lease := "ended"
+	switch {
+	case v.State == "completed":
+		lease = "not held: the record is completed"
+	case v.LeaseLive:
+		lease = "live"
 	}
-	fmt.Fprintf(tw, "lease end\t%s, %s\n", when(v.LeaseEnd, v.Now), live)
+	fmt.Fprintf(tw, "lease end\t%s, %s\n", when(v.LeaseEnd, v.Now), lease)
 	fmt.Fprintf(tw, "expires\t%s\n", when(v.Expires, v.Now))
 	fmt.Fprintf(tw, "fingerprint\t%s…\n", v.Fingerprint)
 	o := v.Outcome
