@@ -1,0 +1,290 @@
+// Command idemkey inspects and maintains an idemkey store on PostgreSQL.
+//
+//	idemkey inspect -tenant T -method M -key K   show one record
+//	idemkey inspect -hash HEX                    the same, by hash or its logged prefix
+//	idemkey forget  (same selectors) [-force]    delete one record: the next call runs again
+//	idemkey stats                                rows by state, expired rows, sizes
+//	idemkey sweep [-batch N]                     delete the expired records now
+//	idemkey migrate up|down|status [-to N] [-force]
+//
+// Every command takes -database-url (default $DATABASE_URL), -table (default
+// idempotency_keys; "schema.name" for another schema), -timeout (default 30s)
+// and -json, which prints one JSON object on stdout instead of text, errors
+// included ({"error": kind, "message": ...}), except a command line that
+// does not parse, which the flag package reports on stderr.
+//
+// # Selecting a record
+//
+// The store keeps no raw key or tenant, only a SHA-256 of the scope: -tenant,
+// -method and -key hash it exactly as the interceptor does. -method is the
+// full method name, such as /example.payments.v1.PaymentService/CreateCharge;
+// a server configured with interceptor.WithScope(interceptor.ScopeTenant)
+// leaves the method out of the scope, and -method "" does the same. All three
+// flags must be given, even when empty, so that a forgotten one is not read
+// as an empty one.
+//
+// -hash selects by the hash instead: all 64 hex digits, or a prefix, such as
+// the 12 digits that the interceptor's and the store's log lines show as
+// scope=. A prefix that matches several records lists them and selects none.
+//
+// The raw tenant and key are used only to compute the hash: they are never
+// printed or logged.
+//
+// # Forgetting
+//
+// forget deletes one record, so that the next call with the key runs the
+// handler again, as if it were new. A record in progress under a live lease
+// belongs to a call that may still be running: forget refuses it unless
+// -force, and then that call can no longer record its outcome (its lease is
+// lost) and its duplicates run again too.
+//
+// # Migrations
+//
+// migrate up applies the store's migrations (postgres.Migrate); status lists
+// them with the time each was applied, from the table <table>_migrations that
+// Migrate keeps; down runs the .down.sql files, newest first, in one
+// transaction, down to version -to (default: one step). Dropping the table
+// drops every recorded reply, so down refuses a table that holds records
+// unless -force.
+//
+// # Exit codes
+//
+//	0  done
+//	1  no such record (inspect, forget)
+//	2  usage: a bad flag, or a hash prefix that matches several records
+//	3  refused: forget of a live record, or migrate down of records, without -force
+//	4  database: unreachable, a missing table, or an error it answered
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// Exit codes.
+const (
+	exitOK       = 0
+	exitNotFound = 1
+	exitUsage    = 2
+	exitRefused  = 3
+	exitDatabase = 4
+)
+
+const usage = `usage:
+  idemkey inspect -tenant T -method M -key K | -hash HEX
+  idemkey forget  -tenant T -method M -key K | -hash HEX  [-force]
+  idemkey stats
+  idemkey sweep   [-batch N]
+  idemkey migrate up|down|status  [-to N] [-force]
+common flags: -database-url URL (default $DATABASE_URL), -table NAME, -timeout 30s, -json
+run "idemkey COMMAND -h" for a command's flags
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// command is one subcommand: flags registers its own flags, exec runs it
+// once the database is open.
+type command struct {
+	flags func(fs *flag.FlagSet)
+	exec  func(ctx context.Context, e *env) (any, error)
+	// human prints exec's result as text.
+	human func(w io.Writer, result any)
+}
+
+// run runs the command line args (without the program name) and returns the
+// exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
+	}
+	name, args := args[0], args[1:]
+	var (
+		cmd    command
+		action string // migrate's
+	)
+	switch name {
+	case "inspect":
+		cmd = inspectCommand()
+	case "forget":
+		cmd = forgetCommand()
+	case "stats":
+		cmd = statsCommand()
+	case "sweep":
+		cmd = sweepCommand()
+	case "migrate":
+		cmd = migrateCommand(&action)
+	case "help", "-h", "-help", "--help":
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	default:
+		fmt.Fprintf(stderr, "idemkey: unknown command %q\n%s", name, usage)
+		return exitUsage
+	}
+
+	fs := flag.NewFlagSet("idemkey "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var c common
+	c.register(fs)
+	if cmd.flags != nil {
+		cmd.flags(fs)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return exitOK
+		}
+		return exitUsage
+	}
+	rest := fs.Args()
+	if name == "migrate" {
+		// The action comes first or after the flags; flags may follow it.
+		if len(rest) == 0 {
+			fmt.Fprintln(stderr, "idemkey migrate: want an action: up, down or status")
+			return exitUsage
+		}
+		action = rest[0]
+		if !slices.Contains([]string{"up", "down", "status"}, action) {
+			fmt.Fprintf(stderr, "idemkey migrate: unknown action %q: want up, down or status\n", action)
+			return exitUsage
+		}
+		if err := fs.Parse(rest[1:]); err != nil {
+			return exitUsage
+		}
+		rest = fs.Args()
+	}
+	if len(rest) > 0 {
+		fmt.Fprintf(stderr, "idemkey %s: unexpected argument %q\n", name, rest[0])
+		return exitUsage
+	}
+	visited := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { visited[f.Name] = true })
+
+	e, err := c.open(ctx)
+	if err == nil {
+		defer e.pool.Close()
+		ctx, cancel := context.WithTimeout(ctx, c.timeout)
+		defer cancel()
+		e.visited = visited
+		var result any
+		result, err = cmd.exec(ctx, e)
+		if err == nil {
+			if c.json {
+				writeJSON(stdout, result)
+			} else {
+				cmd.human(stdout, result)
+			}
+			return exitOK
+		}
+	}
+	return fail(err, &c, e, stdout, stderr)
+}
+
+// common holds the flags every command takes.
+type common struct {
+	databaseURL string
+	table       string
+	timeout     time.Duration
+	json        bool
+}
+
+func (c *common) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL of the store (default $DATABASE_URL)")
+	fs.StringVar(&c.table, "table", postgres.DefaultTable, `the store's table: name, or schema.name`)
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long the command may take")
+	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of text")
+}
+
+// env is what a command works with.
+type env struct {
+	pool     *pgxpool.Pool
+	table    table
+	password string          // of the URL, never printed
+	visited  map[string]bool // the flags given on the command line
+}
+
+// table is the store's table, checked as postgres.WithTable checks it.
+type table struct {
+	given  string // as -table named it
+	schema string // "" for the first schema on the search_path
+	name   string
+}
+
+// sql returns the name of the table, or of an object named after it with
+// suffix, ready for SQL text (the name is checked: lower-case identifiers).
+func (t table) sql(suffix string) string {
+	if t.schema == "" {
+		return t.name + suffix
+	}
+	return t.schema + "." + t.name + suffix
+}
+
+// open connects to the database; it touches nothing yet.
+func (c *common) open(ctx context.Context) (*env, error) {
+	if c.databaseURL == "" {
+		return nil, usageError("no database: give -database-url or set DATABASE_URL")
+	}
+	cfg, err := pgxpool.ParseConfig(c.databaseURL)
+	if err != nil {
+		// pgx's message does not repeat the URL, but scrub it anyway.
+		return nil, usageError("-database-url: %s", scrubbed(err.Error(), ""))
+	}
+	cfg.MaxConns = 2
+	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
+		cfg.ConnConfig.RuntimeParams["application_name"] = "idemkey"
+	}
+	e := &env{password: cfg.ConnConfig.Password}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg) // connects lazily
+	if err != nil {
+		return e, err
+	}
+	e.pool = pool
+	// postgres.New checks the table name exactly as the store will, and
+	// touches nothing.
+	if _, err := postgres.New(pool, postgres.WithTable(c.table)); err != nil {
+		pool.Close()
+		return e, usageError("-table: %s", strings.TrimPrefix(err.Error(), "idemkey postgres: "))
+	}
+	e.table = table{given: c.table, name: c.table}
+	if schema, name, ok := strings.Cut(c.table, "."); ok {
+		e.table.schema, e.table.name = schema, name
+	}
+	return e, nil
+}
+
+func writeJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// checkTable fails with a clear message when the store's table is missing.
+// It is also the first round trip, so it finds an unreachable database.
+func (e *env) checkTable(ctx context.Context) error {
+	var exists bool
+	if err := e.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, e.table.sql("")).Scan(&exists); err != nil {
+		return err
+	}
+	if !exists {
+		return &cmdError{code: exitDatabase, kind: "database", message: missingTable(e.table.given)}
+	}
+	return nil
+}

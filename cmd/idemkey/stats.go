@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// stats is the stats command's result.
+type stats struct {
+	Table          string `json:"table"`
+	Completed      int64  `json:"completed"`
+	InProgress     int64  `json:"in_progress"`
+	InProgressLive int64  `json:"in_progress_live"` // of InProgress, under a lease that has not ended
+	Expired        int64  `json:"expired_unswept"`  // counted as absent, waiting for a sweep
+	// OldestLiveInProgress is the age of the oldest record in progress under
+	// a live lease, in seconds: a call that has run this long. Nil if none.
+	OldestLiveInProgress *float64 `json:"oldest_live_in_progress_seconds"`
+	TotalBytes           int64    `json:"total_bytes"` // table, indexes and TOAST
+	TableBytes           int64    `json:"table_bytes"`
+	Indexes              []index  `json:"indexes"`
+}
+
+type index struct {
+	Name  string `json:"name"`
+	Bytes int64  `json:"bytes"`
+}
+
+func statsCommand() command {
+	return command{
+		exec: func(ctx context.Context, e *env) (any, error) {
+			if err := e.checkTable(ctx); err != nil {
+				return nil, err
+			}
+			t := e.table.sql("")
+			s := &stats{Table: e.table.given, Indexes: []index{}}
+			var (
+				oldest *time.Time
+				now    time.Time
+			)
+			// One scan of the table; "expired" is the store's Sweep condition.
+			err := e.pool.QueryRow(ctx, `SELECT
+				count(*) FILTER (WHERE state = 'completed'),
+				count(*) FILTER (WHERE state = 'in_progress'),
+				count(*) FILTER (WHERE state = 'in_progress' AND lease_end > now()),
+				count(*) FILTER (WHERE expires_at <= now() AND (state = 'completed' OR lease_end <= now())),
+				min(created_at) FILTER (WHERE state = 'in_progress' AND lease_end > now()),
+				now(),
+				pg_total_relation_size($1::regclass),
+				pg_relation_size($1::regclass)
+				FROM `+t, t).Scan(&s.Completed, &s.InProgress, &s.InProgressLive, &s.Expired, &oldest, &now, &s.TotalBytes, &s.TableBytes)
+			if err != nil {
+				return nil, err
+			}
+			if oldest != nil {
+				age := now.Sub(*oldest).Seconds()
+				s.OldestLiveInProgress = &age
+			}
+			rows, _ := e.pool.Query(ctx, `SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
+				FROM pg_index i WHERE i.indrelid = $1::regclass ORDER BY 1`, t)
+			s.Indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[index])
+			return s, err
+		},
+		human: func(w io.Writer, result any) {
+			s := result.(*stats)
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			defer tw.Flush()
+			fmt.Fprintf(tw, "table\t%s\n", s.Table)
+			fmt.Fprintf(tw, "completed\t%d\n", s.Completed)
+			fmt.Fprintf(tw, "in progress\t%d (%d under a live lease)\n", s.InProgress, s.InProgressLive)
+			fmt.Fprintf(tw, "expired, not swept\t%d\n", s.Expired)
+			if s.OldestLiveInProgress != nil {
+				fmt.Fprintf(tw, "oldest live in progress\t%s old\n", (time.Duration(*s.OldestLiveInProgress * float64(time.Second))).Round(time.Second))
+			} else {
+				fmt.Fprintf(tw, "oldest live in progress\tnone\n")
+			}
+			fmt.Fprintf(tw, "size\t%s in all, %s of rows\n", size(s.TotalBytes), size(s.TableBytes))
+			for _, i := range s.Indexes {
+				fmt.Fprintf(tw, "index %s\t%s\n", i.Name, size(i.Bytes))
+			}
+		},
+	}
+}
+
+func size(n int64) string {
+	const unit = 1024
+	if n < unit {
+		return fmt.Sprintf("%d B", n)
+	}
+	div, exp := int64(unit), 0
+	for m := n / unit; m >= unit; m /= unit {
+		div *= unit
+		exp++
+	}
+	return fmt.Sprintf("%.1f %ciB", float64(n)/float64(div), "KMGTPE"[exp])
+}
+
+// swept is the sweep command's result.
+type swept struct {
+	Deleted int `json:"deleted"`
+}
+
+func sweepCommand() command {
+	var batch int
+	return command{
+		flags: func(fs *flag.FlagSet) {
+			fs.IntVar(&batch, "batch", store.DefaultSweepBatch, "rows deleted per statement")
+		},
+		exec: func(ctx context.Context, e *env) (any, error) {
+			if err := e.checkTable(ctx); err != nil {
+				return nil, err
+			}
+			st, err := postgres.New(e.pool, postgres.WithTable(e.table.given))
+			if err != nil {
+				return nil, err
+			}
+			n, err := st.Sweep(ctx, batch)
+			if err != nil {
+				return nil, &cmdError{code: exitDatabase, kind: "database", message: fmt.Sprintf("sweep failed after deleting %d records: %v", n, err)}
+			}
+			return &swept{Deleted: n}, nil
+		},
+		human: func(w io.Writer, result any) {
+			fmt.Fprintf(w, "swept %d expired records\n", result.(*swept).Deleted)
+		},
+	}
+}
