@@ -57,6 +57,13 @@ func fail(err error, c *common, e *env, stdout, stderr io.Writer) int {
 	return ce.code
 }
 
+// missingRelation reports whether err is PostgreSQL's "relation does not
+// exist" (SQLSTATE 42P01).
+func missingRelation(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "42P01"
+}
+
 // describe says what went wrong with the database, without the driver's
 // connection details.
 func describe(err error, c *common) string {
@@ -65,7 +72,7 @@ func describe(err error, c *common) string {
 		connectErr *pgconn.ConnectError
 	)
 	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "42P01":
+	case missingRelation(err):
 		return missingTable(c.table)
 	case errors.As(err, &pgErr):
 		return fmt.Sprintf("the database answered: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)

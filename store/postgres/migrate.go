@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -34,13 +35,14 @@ func init() {
 }
 
 type migration struct {
-	version int
-	name    string
-	sql     string
+	version  int
+	name     string
+	up, down string // the SQL of each direction
 }
 
-// upMigrations reads the up migrations in version order.
-func upMigrations() ([]migration, error) {
+// readMigrations reads the migrations in version order: NNN_name.up.sql, each
+// with its NNN_name.down.sql.
+func readMigrations() ([]migration, error) {
 	names, err := fs.Glob(Migrations, "*.up.sql")
 	if err != nil {
 		return nil, err
@@ -52,11 +54,16 @@ func upMigrations() ([]migration, error) {
 		if err != nil {
 			return nil, fmt.Errorf("migration %s: name must start with its number", name)
 		}
-		sql, err := fs.ReadFile(Migrations, name)
+		base := strings.TrimSuffix(path.Base(name), ".up.sql")
+		up, err := fs.ReadFile(Migrations, name)
 		if err != nil {
 			return nil, err
 		}
-		ms = append(ms, migration{version, strings.TrimSuffix(path.Base(name), ".up.sql"), string(sql)})
+		down, err := fs.ReadFile(Migrations, base+".down.sql")
+		if err != nil {
+			return nil, fmt.Errorf("migration %s: no down migration: %w", base, err)
+		}
+		ms = append(ms, migration{version, base, string(up), string(down)})
 	}
 	slices.SortFunc(ms, func(a, b migration) int { return a.version - b.version })
 	return ms, nil
@@ -72,7 +79,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if err != nil {
 		return err
 	}
-	ms, err := upMigrations()
+	ms, err := readMigrations()
 	if err != nil {
 		return fmt.Errorf("idemkey postgres: migrate: %w", err)
 	}
@@ -120,7 +127,7 @@ func migrate(ctx context.Context, tx pgx.Tx, o options, ms []migration) error {
 		if slices.Contains(applied, m.version) {
 			continue
 		}
-		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.sql, DefaultTable, o.table)); err != nil {
+		if _, err := tx.Exec(ctx, strings.ReplaceAll(m.up, DefaultTable, o.table)); err != nil {
 			return fmt.Errorf("%s: %w", m.name, err)
 		}
 		if _, err := tx.Exec(ctx, `INSERT INTO `+versions+` (version, name) VALUES ($1, $2)`, m.version, m.name); err != nil {
@@ -130,4 +137,110 @@ func migrate(ctx context.Context, tx pgx.Tx, o options, ms []migration) error {
 			slog.String("table", o.qualified(o.table)), slog.String("migration", m.name))
 	}
 	return nil
+}
+
+// MigrationState is one migration and whether the table has it.
+type MigrationState struct {
+	Version int
+	Name    string
+	Applied time.Time // zero if the migration is pending
+	// Known is false for a migration the table lists that this package does
+	// not have: a newer idemkey applied it.
+	Known bool
+}
+
+// MigrationStatus lists this package's migrations and any others that the
+// table "<table>_migrations" lists, in version order, with when each was
+// applied. A table never migrated has every migration pending.
+func MigrationStatus(ctx context.Context, pool *pgxpool.Pool, opts ...Option) ([]MigrationState, error) {
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	return migrationStatus(ctx, pool, o)
+}
+
+func migrationStatus(ctx context.Context, q Querier, o options) ([]MigrationState, error) {
+	ms, err := readMigrations()
+	if err != nil {
+		return nil, fmt.Errorf("idemkey postgres: migrations: %w", err)
+	}
+	states := make([]MigrationState, len(ms))
+	for i, m := range ms {
+		states[i] = MigrationState{Version: m.version, Name: m.name, Known: true}
+	}
+	versions := o.qualified(o.table + "_migrations")
+	var exists bool
+	if err := q.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, versions).Scan(&exists); err != nil || !exists {
+		return states, err
+	}
+	rows, _ := q.Query(ctx, `SELECT version, name, applied_at FROM `+versions)
+	var a MigrationState // Known stays false
+	_, err = pgx.ForEachRow(rows, []any{&a.Version, &a.Name, &a.Applied}, func() error {
+		if i := slices.IndexFunc(states, func(s MigrationState) bool { return s.Version == a.Version }); i >= 0 {
+			states[i].Applied = a.Applied
+		} else {
+			states = append(states, a)
+		}
+		return nil
+	})
+	slices.SortFunc(states, func(a, b MigrationState) int { return a.Version - b.Version })
+	return states, err
+}
+
+// MigrateDown reverts the applied migrations above version to (0 reverts
+// them all, dropping the table and every record in it), newest first, in one
+// transaction under the lock that Migrate takes, and returns their names. It
+// refuses to revert a migration this package does not know.
+func MigrateDown(ctx context.Context, pool *pgxpool.Pool, to int, opts ...Option) (reverted []string, err error) {
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
+	ms, err := readMigrations()
+	if err != nil {
+		return nil, fmt.Errorf("idemkey postgres: migrate down: %w", err)
+	}
+	versions := o.qualified(o.table + "_migrations")
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, versions).Scan(&exists); err != nil || !exists {
+			return err // nothing was ever applied
+		}
+		if _, err := tx.Exec(ctx, `LOCK TABLE `+versions+` IN EXCLUSIVE MODE`); err != nil {
+			return err
+		}
+		states, err := migrationStatus(ctx, tx, o) // the lock makes this read final
+		if err != nil {
+			return err
+		}
+		if o.schema != "" {
+			if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+o.schema); err != nil {
+				return err
+			}
+		}
+		for _, st := range slices.Backward(states) {
+			if st.Applied.IsZero() || st.Version <= to {
+				continue
+			}
+			i := slices.IndexFunc(ms, func(m migration) bool { return m.version == st.Version })
+			if i < 0 {
+				return fmt.Errorf("migration %s is unknown to this idemkey: revert it with the idemkey that applied it", st.Name)
+			}
+			if _, err := tx.Exec(ctx, strings.ReplaceAll(ms[i].down, DefaultTable, o.table)); err != nil {
+				return fmt.Errorf("%s: %w", st.Name, err)
+			}
+			if _, err := tx.Exec(ctx, `DELETE FROM `+versions+` WHERE version = $1`, st.Version); err != nil {
+				return err
+			}
+			reverted = append(reverted, st.Name)
+			o.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey postgres: migration reverted",
+				slog.String("table", o.qualified(o.table)), slog.String("migration", st.Name))
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("idemkey postgres: migrate down: %w", err)
+	}
+	return reverted, nil
 }

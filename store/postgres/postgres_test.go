@@ -675,3 +675,48 @@ func TestMigrationsRoundTrip(t *testing.T) {
 		t.Errorf("after up and down: %d objects left, %v", n, err)
 	}
 }
+
+// MigrationStatus follows Migrate and MigrateDown, which undoes it, for a
+// table in a schema of its own as for the default.
+func TestMigrateDown(t *testing.T) {
+	ctx := context.Background()
+	schema := pgtest.Schema(t)
+	pool := pgtest.Pool(t, schema)
+	for _, table := range []string{postgres.DefaultTable, schema + ".other_keys"} {
+		opt := postgres.WithTable(table)
+		applied := func() int {
+			t.Helper()
+			states, err := postgres.MigrationStatus(ctx, pool, opt)
+			if err != nil || len(states) == 0 {
+				t.Fatalf("MigrationStatus = %v, %v", states, err)
+			}
+			n := 0
+			for _, st := range states {
+				if !st.Known {
+					t.Errorf("migration %s unknown", st.Name)
+				}
+				if !st.Applied.IsZero() {
+					n++
+				}
+			}
+			return n
+		}
+		if n := applied(); n != 0 {
+			t.Fatalf("%s: %d migrations applied before Migrate", table, n)
+		}
+		if err := postgres.Migrate(ctx, pool, opt); err != nil {
+			t.Fatal(err)
+		}
+		all := applied()
+		reverted, err := postgres.MigrateDown(ctx, pool, 0, opt)
+		if err != nil || len(reverted) != all {
+			t.Fatalf("%s: MigrateDown = %v, %v; want all %d reverted", table, reverted, err, all)
+		}
+		if n := applied(); n != 0 {
+			t.Errorf("%s: %d migrations applied after MigrateDown to 0", table, n)
+		}
+		if _, err := newStore(t, pool, opt).Reserve(ctx, store.Reservation{Key: store.NewKey("t", "/m", "k"), Lease: time.Second, Retention: time.Minute}); err == nil {
+			t.Errorf("%s: Reserve after MigrateDown to 0 found a table", table)
+		}
+	}
+}
