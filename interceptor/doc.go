@@ -172,6 +172,33 @@
 //     response gRPC cannot marshal, or one too large) is recorded as
 //     Internal.
 //
+// # Metrics, traces and logs
+//
+// The server interceptor measures what it does through the OpenTelemetry API,
+// with the global providers unless WithMeterProvider and WithTracerProvider
+// give others; without an SDK installed nothing is recorded, and nothing is
+// built for it. Call duration is left to otelgrpc's stats handler.
+//
+//   - idemkey.calls (counter, {call}): covered calls by idemkey.outcome
+//     (executed, replayed, in_progress, reused, key_missing, key_invalid,
+//     no_key, store_unavailable, store_full, failed_open, refused), with
+//     rpc.system, rpc.service, rpc.method and rpc.grpc.status_code, the
+//     final status code.
+//   - idemkey.store.duration (histogram, s): each store operation, by
+//     idemkey.store.operation (reserve, find, complete, release, begin,
+//     commit; store.Janitor adds sweep), with error.type when it failed (a
+//     lost lease or a full store is an answer, not a failure).
+//   - idemkey.record.size (histogram, By): the size of each recorded outcome.
+//   - idemkey.sweep.deleted (counter, {record}): from store.Janitor.
+//
+// No attribute value holds a key, a tenant, a request field or a key's hash:
+// they would leak, and make a series per call. The call's span, otelgrpc's
+// if any, gets the attribute idemkey.outcome and an event of the same name
+// (idemkey.replayed, ...); idemkey opens no span for the call, and opens one
+// per store operation only under a span that is recording. At Debug level
+// the logger gets one line per covered call: outcome, method, code, time
+// taken and the scope's hash prefix.
+//
 // # Caveats
 //
 //   - The default fingerprint hashes an unknown field's string, bytes or

@@ -127,6 +127,12 @@
 // few times, while the database can be reached; when no new connection can
 // be made they fail at once, and the client's retry policy waits instead.
 //
+// # Tracing its statements
+//
+// The store runs its statements on the pool it is given, so a pgx tracer set
+// on the pool's configuration (ConnConfig.Tracer, for instance otelpgx's)
+// sees them, each in the span of the call that made it.
+//
 // # Errors
 //
 // The Store's methods translate every driver error in one place. A database
