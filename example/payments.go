@@ -52,6 +52,9 @@ type Config struct {
 	HandlerDelay time.Duration
 	// Options are added to the idemkey interceptor's.
 	Options []interceptor.Option
+	// ServerOptions are added to the gRPC server's, after its interceptors:
+	// a stats handler, for instance.
+	ServerOptions []grpc.ServerOption
 	// Ledger keeps the charges; nil keeps them in memory.
 	Ledger Ledger
 	// Atomic runs CreateCharge in idemkey's atomic mode: the charge and the
@@ -71,10 +74,10 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(
 		Authenticate,
 		interceptor.UnaryServerInterceptor(st, opts...),
-	))
+	)}, cfg.ServerOptions...)...)
 	ledger := cfg.Ledger
 	if ledger == nil {
 		ledger = NewMemoryLedger()

@@ -2,26 +2,38 @@
 // service, printing each call and its answer. It checks every answer and
 // exits non-zero if one is not what idemkey promises.
 //
-//	go run ./example/client [-addr 127.0.0.1:50051] [-api-key sk_test_acme] [-wait 10s]
+//	go run ./example/client [-addr 127.0.0.1:50051] [-api-key sk_test_acme] [-wait 10s] [-metrics-url URL]
 //
 // Start the server with a handler delay (make demo uses 1.5s) to see a
 // duplicate arrive while the first call is still running. Each run uses
 // customers and a merchant_reference of its own, so the demo passes any
 // number of times against a server on PostgreSQL, whose charges outlive it.
+//
+// With -metrics-url (the server's -metrics-addr, as http://ADDR/metrics), it
+// ends by printing the server's idemkey_calls_total counters: how many calls
+// the server counted for each idemkey outcome and status code.
 package main
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"os"
+	"slices"
+	"strconv"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -41,14 +53,15 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "address of the example server")
 	apiKey := flag.String("api-key", "sk_test_acme", "API key that names the tenant")
 	wait := flag.Duration("wait", 10*time.Second, "how long to wait for the server to be ready")
+	metricsURL := flag.String("metrics-url", "", "if set, the server's Prometheus metrics (http://ADDR/metrics): print idemkey's call counters at the end")
 	flag.Parse()
-	if err := run(context.Background(), *addr, *apiKey, *wait, os.Stdout); err != nil {
+	if err := run(context.Background(), *addr, *apiKey, *wait, *metricsURL, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "demo failed:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, addr, apiKey string, wait time.Duration, out io.Writer) error {
+func run(ctx context.Context, addr, apiKey string, wait time.Duration, metricsURL string, out io.Writer) error {
 	// The client every service should use: keys attached once per call, and
 	// the retry policy of the example's service config below them.
 	conn, err := grpc.NewClient(addr,
@@ -94,7 +107,73 @@ func run(ctx context.Context, addr, apiKey string, wait time.Duration, out io.Wr
 			return err
 		}
 	}
-	return nil
+	if metricsURL == "" {
+		return nil
+	}
+	return printCalls(ctx, metricsURL, out)
+}
+
+// callsMetric is the Prometheus name of idemkey's idemkey.calls counter.
+const callsMetric = "idemkey_calls_total"
+
+// printCalls fetches the server's metrics from url and prints its
+// idemkey_calls_total counters as a table, a row per outcome and status code
+// (summed over methods), ordered by outcome and code.
+func printCalls(ctx context.Context, url string, out io.Writer) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	req.Close = true // one request: keep no idle connection behind
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("metrics: GET %s: %s", url, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return fmt.Errorf("metrics: %s: %w", url, err)
+	}
+	type row struct {
+		outcome string
+		code    codes.Code
+	}
+	counts := map[row]float64{}
+	for _, m := range families[callsMetric].GetMetric() {
+		var r row
+		for _, l := range m.GetLabel() {
+			switch l.GetName() {
+			case "idemkey_outcome":
+				r.outcome = l.GetValue()
+			case "rpc_grpc_status_code":
+				n, err := strconv.ParseUint(l.GetValue(), 10, 32)
+				if err != nil {
+					return fmt.Errorf("metrics: %s: status code %q", callsMetric, l.GetValue())
+				}
+				r.code = codes.Code(n)
+			}
+		}
+		counts[r] += m.GetCounter().GetValue()
+	}
+	if len(counts) == 0 {
+		return fmt.Errorf("metrics: no %s at %s", callsMetric, url)
+	}
+	rows := slices.SortedFunc(maps.Keys(counts), func(a, b row) int {
+		return cmp.Or(strings.Compare(a.outcome, b.outcome), cmp.Compare(a.code, b.code))
+	})
+	fmt.Fprintf(out, "\nThe server counted these calls (%s at %s):\n", callsMetric, url)
+	w := tabwriter.NewWriter(out, 0, 0, 3, ' ', 0)
+	fmt.Fprintln(w, "   outcome\tcode\tcalls")
+	for _, r := range rows {
+		fmt.Fprintf(w, "   %s\t%v\t%g\n", r.outcome, r.code, counts[r])
+	}
+	return w.Flush()
 }
 
 type demo struct {

@@ -3,18 +3,31 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
+	"google.golang.org/grpc"
 
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -24,9 +37,15 @@ func TestMain(m *testing.M) {
 }
 
 // The demo runs against the example server over loopback and checks every
-// answer itself; its transcript shows the duplicate converging.
+// answer itself; its transcript shows the duplicate converging, and ends
+// with the server's idemkey_calls_total counters, a row per outcome and code.
 func TestDemo(t *testing.T) {
-	srv, _ := example.NewServer(memory.New(), example.Config{HandlerDelay: time.Second})
+	meters, metricsURL := serveMetrics(t)
+	srv, _ := example.NewServer(memory.New(), example.Config{
+		HandlerDelay:  time.Second,
+		Options:       []interceptor.Option{interceptor.WithMeterProvider(meters)},
+		ServerOptions: []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters)))},
+	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -35,7 +54,7 @@ func TestDemo(t *testing.T) {
 	defer srv.Stop()
 
 	var out bytes.Buffer
-	if err := run(context.Background(), lis.Addr().String(), "sk_test_acme", 5*time.Second, &out); err != nil {
+	if err := run(context.Background(), lis.Addr().String(), "sk_test_acme", 5*time.Second, metricsURL, &out); err != nil {
 		t.Fatalf("demo: %v\n%s", err, out.String())
 	}
 	for _, want := range []string{
@@ -52,6 +71,87 @@ func TestDemo(t *testing.T) {
 			t.Errorf("transcript lacks %q:\n%s", want, out.String())
 		}
 	}
+	// Each scene's calls, counted: the duplicate is held until the first
+	// call ends and replayed (checked above), the decline is recorded.
+	_, table, _ := strings.Cut(out.String(), "The server counted these calls (idemkey_calls_total at "+metricsURL+"):\n")
+	if got, want := rows(table), []string{
+		"outcome code calls",
+		"executed OK 2",
+		"executed AlreadyExists 1",
+		"executed FailedPrecondition 1",
+		"key_missing InvalidArgument 1",
+		"replayed OK 2",
+		"replayed FailedPrecondition 1",
+		"reused InvalidArgument 1",
+	}; !slices.Equal(got, want) {
+		t.Errorf("the counters' table is\n%s\nwant\n%s\ntranscript:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"), out.String())
+	}
+}
+
+// With -metrics-url, the counters are summed over methods, and a URL with no
+// idemkey_calls_total fails the demo.
+func TestPrintCalls(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		fmt.Fprint(w, `# TYPE idemkey_calls_total counter
+idemkey_calls_total{idemkey_outcome="replayed",rpc_grpc_status_code="0",rpc_method="B"} 1
+idemkey_calls_total{idemkey_outcome="in_progress",rpc_grpc_status_code="10",rpc_method="A"} 4
+idemkey_calls_total{idemkey_outcome="replayed",rpc_grpc_status_code="0",rpc_method="A"} 2
+# TYPE other_total counter
+other_total 7
+`)
+	})
+	mux.HandleFunc("/empty", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "other_total 7") })
+	hs := httptest.NewServer(mux)
+	defer hs.Close()
+
+	var out bytes.Buffer
+	if err := printCalls(context.Background(), hs.URL+"/metrics", &out); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := rows(out.String()), []string{
+		"The server counted these calls (idemkey_calls_total at " + hs.URL + "/metrics):",
+		"outcome code calls",
+		"in_progress Aborted 4",
+		"replayed OK 3",
+	}; !slices.Equal(got, want) {
+		t.Errorf("printed\n%s\nwant\n%s", out.String(), strings.Join(want, "\n"))
+	}
+	for _, path := range []string{"/empty", "/missing"} {
+		if err := printCalls(context.Background(), hs.URL+path, io.Discard); err == nil {
+			t.Errorf("%s: no error", path)
+		}
+	}
+}
+
+// rows returns the non-empty lines of text with their fields separated by
+// one space.
+func rows(text string) []string {
+	var rows []string
+	for line := range strings.SplitSeq(text, "\n") {
+		if fields := strings.Fields(line); len(fields) > 0 {
+			rows = append(rows, strings.Join(fields, " "))
+		}
+	}
+	return rows
+}
+
+// serveMetrics serves a MeterProvider's metrics in the Prometheus text
+// format, as the example server's -metrics-addr does, until t ends.
+func serveMetrics(t *testing.T) (metric.MeterProvider, string) {
+	t.Helper()
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprometheus.New(otelprometheus.WithRegisterer(registry))
+	if err != nil {
+		t.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	hs := httptest.NewServer(promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	t.Cleanup(func() {
+		hs.Close()
+		_ = mp.Shutdown(context.Background())
+	})
+	return mp, hs.URL + "/metrics"
 }
 
 // make demo's script (scripts/demo) on PostgreSQL passes run after run on
@@ -64,9 +164,15 @@ func TestDemoScriptTwiceOnPostgres(t *testing.T) {
 		if err != nil {
 			t.Fatalf("run %d: %v\n%s", run+1, err, out)
 		}
-		for _, want := range []string{"keeps keys and charges in PostgreSQL", "-> AlreadyExists", "Every retry and duplicate was answered"} {
+		for _, want := range []string{"keeps keys and charges in PostgreSQL", "-> AlreadyExists", "Every retry and duplicate was answered", "The server counted these calls (idemkey_calls_total at http://127.0.0.1:"} {
 			if !strings.Contains(out, want) {
 				t.Errorf("run %d lacks %q:\n%s", run+1, want, out)
+			}
+		}
+		// A server of its own per run: its counters start at zero.
+		for _, want := range []string{"outcome code calls", "executed OK 2", "replayed OK 2", "reused InvalidArgument 1", "key_missing InvalidArgument 1"} {
+			if !slices.Contains(rows(out), want) {
+				t.Errorf("run %d: the counters lack the row %q:\n%s", run+1, want, out)
 			}
 		}
 	}

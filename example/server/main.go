@@ -3,6 +3,7 @@
 //
 //	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
+//	    [-metrics-addr ADDR] [-metrics-addr-file PATH]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -17,6 +18,12 @@
 // Without a database URL, keys and charges live in memory, in two-phase mode;
 // the keys' store is bounded by -memory-max-records and -memory-max-bytes, and
 // a new key past them is refused with ResourceExhausted.
+//
+// With -metrics-addr the server serves its metrics in the Prometheus text
+// format on http://ADDR/metrics, through OpenTelemetry's Prometheus exporter:
+// gRPC's own (otelgrpc) and idemkey's, idemkey_calls_total by outcome among
+// them. -metrics-addr-file is -addr-file's counterpart for that address; it
+// is written before the -addr-file.
 //
 // Callers authenticate with "authorization: Bearer sk_test_acme" (tenant acme)
 // or "Bearer sk_test_globex" (tenant globex). CreateCharge requires an
@@ -37,6 +44,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/metric"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"google.golang.org/grpc"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/idemkey/idemkey/example"
@@ -58,6 +72,8 @@ func main() {
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
+	metricsAddr := flag.String("metrics-addr", "", "if set, serve the metrics in the Prometheus text format on http://ADDR/metrics; port 0 picks a free port")
+	metricsAddrFile := flag.String("metrics-addr-file", "", "with -metrics-addr, write the metrics address listened on to this file once serving, and remove it on exit")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -68,7 +84,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -95,19 +111,87 @@ func servePprof(addr string, logger *slog.Logger) {
 	go func() { logger.Error("pprof stopped", "error", http.Serve(lis, mux)) }()
 }
 
+// metrics is the MeterProvider of -metrics-addr and the HTTP server that
+// exports it.
+type metrics struct {
+	provider *sdkmetric.MeterProvider
+	addr     string // listened on
+	server   *http.Server
+	served   chan struct{} // closed once server.Serve has returned
+}
+
+// serveMetrics serves an OpenTelemetry MeterProvider's metrics in the
+// Prometheus text format on http://addr/metrics, in the background, and logs
+// the address it listens on (addr may have port 0). The exporter registers
+// with a registry of its own, so that nothing else registered with the
+// global one (Go runtime collectors, a library's metrics) is exported.
+func serveMetrics(addr string, logger *slog.Logger) (*metrics, error) {
+	registry := prometheus.NewRegistry()
+	exporter, err := otelprometheus.New(otelprometheus.WithRegisterer(registry))
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	m := &metrics{
+		provider: sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter)),
+		addr:     lis.Addr().String(),
+		server:   &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second},
+		served:   make(chan struct{}),
+	}
+	go func() {
+		defer close(m.served)
+		if err := m.server.Serve(lis); err != http.ErrServerClosed {
+			logger.Error("metrics stopped", "error", err)
+		}
+	}()
+	logger.Info("metrics listening", "addr", m.addr, "url", "http://"+m.addr+"/metrics")
+	return m, nil
+}
+
+// stop closes the HTTP server and shuts the MeterProvider down.
+func (m *metrics) stop() {
+	m.server.Close()
+	<-m.served
+	_ = m.provider.Shutdown(context.Background())
+}
+
 // config is what the flags set.
 type config struct {
 	databaseURL string
 	addrFile    string // written once serving, removed on return
-	delay, ttl  time.Duration
-	atomic      bool  // on PostgreSQL only
-	maxRecords  int   // in memory only
-	maxBytes    int64 // in memory only
+	// metricsAddr, if set, is where /metrics is served; metricsAddrFile, if
+	// set, gets the address taken, before addrFile.
+	metricsAddr, metricsAddrFile string
+	delay, ttl                   time.Duration
+	atomic                       bool  // on PostgreSQL only
+	maxRecords                   int   // in memory only
+	maxBytes                     int64 // in memory only
 }
 
 // run serves on lis until ctx is done, then stops gracefully.
 func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger) error {
 	defer lis.Close()
+	var (
+		m        *metrics // nil without -metrics-addr
+		meters   metric.MeterProvider
+		idemOpts = []interceptor.Option{interceptor.WithRetention(cfg.ttl), interceptor.WithLogger(logger)}
+		srvOpts  []grpc.ServerOption
+	)
+	if cfg.metricsAddr != "" {
+		var err error
+		if m, err = serveMetrics(cfg.metricsAddr, logger); err != nil {
+			return err
+		}
+		defer m.stop()
+		meters = m.provider
+		idemOpts = append(idemOpts, interceptor.WithMeterProvider(meters))
+		srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters))))
+	}
 	var (
 		st     store.Store = memory.New(memory.WithMaxRecords(cfg.maxRecords), memory.WithMaxBytes(cfg.maxBytes))
 		ledger example.Ledger
@@ -131,7 +215,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			return err
 		}
 		st, ledger, kind = pst, example.NewPostgresLedger(pool), "postgres"
-		janitor := &store.Janitor{Store: pst, Logger: logger}
+		janitor := &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters}
 		janitorDone := make(chan error, 1)
 		janitorCtx, stopJanitor := context.WithCancel(ctx)
 		go func() { janitorDone <- janitor.Run(janitorCtx) }()
@@ -139,14 +223,23 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	}
 
 	srv, hs := example.NewServer(st, example.Config{
-		HandlerDelay: cfg.delay,
-		Ledger:       ledger,
-		Atomic:       cfg.atomic,
-		Options:      []interceptor.Option{interceptor.WithRetention(cfg.ttl), interceptor.WithLogger(logger)},
+		HandlerDelay:  cfg.delay,
+		Ledger:        ledger,
+		Atomic:        cfg.atomic,
+		Options:       idemOpts,
+		ServerOptions: srvOpts,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay)
+	// The metrics address first: whoever waits for the addr-file finds both.
+	if m != nil && cfg.metricsAddrFile != "" {
+		defer os.Remove(cfg.metricsAddrFile)
+		if err := writeFileAtomic(cfg.metricsAddrFile, m.addr+"\n"); err != nil {
+			srv.Stop()
+			return fmt.Errorf("metrics-addr-file: %w", err)
+		}
+	}
 	if cfg.addrFile != "" {
 		defer os.Remove(cfg.addrFile)
 		if err := writeFileAtomic(cfg.addrFile, lis.Addr().String()+"\n"); err != nil {
