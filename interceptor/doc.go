@@ -182,8 +182,9 @@
 //   - idemkey.calls (counter, {call}): covered calls by idemkey.outcome
 //     (executed, replayed, in_progress, reused, key_missing, key_invalid,
 //     no_key, store_unavailable, store_full, failed_open, refused), with
-//     rpc.system, rpc.service, rpc.method and rpc.grpc.status_code, the
-//     final status code.
+//     rpc.system.name, rpc.service, rpc.method ("package.Service/Method")
+//     and rpc.response.status_code (the final code's canonical name, such
+//     as INVALID_ARGUMENT), labelled as otelgrpc labels its own.
 //   - idemkey.store.duration (histogram, s): each store operation, by
 //     idemkey.store.operation (reserve, find, complete, release, begin,
 //     commit; store.Janitor adds sweep), with error.type when it failed (a

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	grpccodes "google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -88,7 +89,7 @@ func newObserver(o *options) *observer {
 		metric.WithDescription("Covered calls with an idempotency key or one required, by outcome, method and final status code."))
 	obs.storeTime, _ = meter.Float64Histogram("idemkey.store.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of the idempotency store's operations."),
-		metric.WithExplicitBucketBoundaries(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5))
+		metric.WithExplicitBucketBoundaries(store.DurationBuckets...))
 	obs.recordSize, _ = meter.Int64Histogram("idemkey.record.size", metric.WithUnit("By"),
 		metric.WithDescription("Size of the recorded outcomes."),
 		metric.WithExplicitBucketBoundaries(64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304))
@@ -107,17 +108,20 @@ func newObserver(o *options) *observer {
 // methodMetrics are the attribute sets of one method's measurements, made on
 // first use and kept: the methods of a gRPC server are few.
 type methodMetrics struct {
-	attrs []attribute.KeyValue // rpc.system, rpc.service, rpc.method
+	attrs []attribute.KeyValue // rpc.system.name, rpc.service, rpc.method
 	calls [numVerdicts][numCodes]atomic.Pointer[metric.AddOption]
 	size  atomic.Pointer[metric.RecordOption]
 }
 
 func newMethodMetrics(fullMethod string) *methodMetrics {
-	service, name, _ := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
+	// As otelgrpc labels its own metrics, so that the two can be joined:
+	// rpc.method is "package.Service/Method".
+	method := strings.TrimPrefix(fullMethod, "/")
+	service, _, _ := strings.Cut(method, "/")
 	return &methodMetrics{attrs: []attribute.KeyValue{
-		attribute.String("rpc.system", "grpc"),
+		attribute.String("rpc.system.name", "grpc"),
 		attribute.String("rpc.service", service),
-		attribute.String("rpc.method", name),
+		attribute.String("rpc.method", method),
 	}}
 }
 
@@ -131,7 +135,7 @@ func (mm *methodMetrics) callOption(o verdict, code grpccodes.Code) metric.AddOp
 	}
 	attrs := append(append([]attribute.KeyValue(nil), mm.attrs...),
 		attribute.String("idemkey.outcome", o.String()),
-		attribute.Int("rpc.grpc.status_code", int(code)))
+		attribute.String("rpc.response.status_code", rpccode.Code(code).String())) // "OK", "INVALID_ARGUMENT", as otelgrpc
 	opt := metric.AddOption(metric.WithAttributeSet(attribute.NewSet(attrs...)))
 	slot.Store(&opt)
 	return opt

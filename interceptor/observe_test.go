@@ -13,7 +13,6 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkey/idemkey"
@@ -62,9 +61,9 @@ func calls(rm metricdata.ResourceMetrics) map[string]int64 {
 			}
 			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 				outcome, _ := dp.Attributes.Value("idemkey.outcome")
-				code, _ := dp.Attributes.Value("rpc.grpc.status_code")
+				code, _ := dp.Attributes.Value("rpc.response.status_code")
 				method, _ := dp.Attributes.Value("rpc.method")
-				out[fmt.Sprintf("%s %s %v", method.AsString(), outcome.AsString(), codes.Code(code.AsInt64()))] += dp.Value
+				out[fmt.Sprintf("%s %s %s", method.AsString(), outcome.AsString(), code.AsString())] += dp.Value
 			}
 		}
 	}
@@ -132,17 +131,17 @@ func TestMetricsCountOutcomes(t *testing.T) {
 
 	got := calls(tm.collect(t))
 	for _, want := range []string{
-		"CreateCharge executed OK", "CreateCharge replayed OK", "CreateCharge reused InvalidArgument",
-		"CreateCharge key_missing InvalidArgument", "CreateCharge key_invalid InvalidArgument",
-		"CreateCharge refused Unauthenticated", "CreateCharge in_progress Aborted",
-		"CreateCharge store_full ResourceExhausted",
+		"example.payments.v1.PaymentService/CreateCharge executed OK", "example.payments.v1.PaymentService/CreateCharge replayed OK", "example.payments.v1.PaymentService/CreateCharge reused INVALID_ARGUMENT",
+		"example.payments.v1.PaymentService/CreateCharge key_missing INVALID_ARGUMENT", "example.payments.v1.PaymentService/CreateCharge key_invalid INVALID_ARGUMENT",
+		"example.payments.v1.PaymentService/CreateCharge refused UNAUTHENTICATED", "example.payments.v1.PaymentService/CreateCharge in_progress ABORTED",
+		"example.payments.v1.PaymentService/CreateCharge store_full RESOURCE_EXHAUSTED",
 	} {
 		if got[want] < 1 {
 			t.Errorf("no call counted as %q; counted: %v", want, got)
 		}
 	}
-	if got["CreateCharge executed OK"] != 3 || got["CreateCharge replayed OK"] != 1 {
-		t.Errorf("executed %d and replayed %d, want 3 and 1: %v", got["CreateCharge executed OK"], got["CreateCharge replayed OK"], got)
+	if got["example.payments.v1.PaymentService/CreateCharge executed OK"] != 3 || got["example.payments.v1.PaymentService/CreateCharge replayed OK"] != 1 {
+		t.Errorf("executed %d and replayed %d, want 3 and 1: %v", got["example.payments.v1.PaymentService/CreateCharge executed OK"], got["example.payments.v1.PaymentService/CreateCharge replayed OK"], got)
 	}
 	ops := storeOps(tm.collect(t))
 	if ops["reserve"] < 5 || ops["complete"] != 3 {
@@ -168,8 +167,8 @@ func TestMetricsCountStoreFailures(t *testing.T) {
 		opts []interceptor.Option
 		want string
 	}{
-		"closed": {nil, "CreateCharge store_unavailable Unavailable"},
-		"open":   {[]interceptor.Option{interceptor.WithFailOpen()}, "CreateCharge failed_open OK"},
+		"closed": {nil, "example.payments.v1.PaymentService/CreateCharge store_unavailable UNAVAILABLE"},
+		"open":   {[]interceptor.Option{interceptor.WithFailOpen()}, "example.payments.v1.PaymentService/CreateCharge failed_open OK"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tm := newTelemetry()

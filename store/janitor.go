@@ -10,6 +10,12 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
+// DurationBuckets are the bucket boundaries, in seconds, of the
+// idemkey.store.duration histogram, which the interceptor and Janitor both
+// record: from half a millisecond, a fast store's statement, to 5s, the
+// postgres store's default timeout.
+var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
+
 // DefaultSweepInterval is how often a Janitor sweeps unless told otherwise.
 const DefaultSweepInterval = time.Minute
 
@@ -53,7 +59,8 @@ func (j *Janitor) Run(ctx context.Context) error {
 	meter := meters.Meter("github.com/idemkey/idemkey/store")
 	// The API's instruments work even when their creation reports an error.
 	took, _ := meter.Float64Histogram("idemkey.store.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of the idempotency store's operations."))
+		metric.WithDescription("Duration of the idempotency store's operations."),
+		metric.WithExplicitBucketBoundaries(DurationBuckets...))
 	swept, _ := meter.Int64Counter("idemkey.sweep.deleted", metric.WithUnit("{record}"),
 		metric.WithDescription("Expired idempotency records the janitor deleted."))
 	sweepOK := metric.WithAttributes(attribute.String("idemkey.store.operation", "sweep"))

@@ -26,7 +26,6 @@ import (
 	"net/http"
 	"os"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"text/tabwriter"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -151,9 +151,9 @@ func printCalls(ctx context.Context, url string, out io.Writer) error {
 			switch l.GetName() {
 			case "idemkey_outcome":
 				r.outcome = l.GetValue()
-			case "rpc_grpc_status_code":
-				n, err := strconv.ParseUint(l.GetValue(), 10, 32)
-				if err != nil {
+			case "rpc_response_status_code": // the canonical name, such as INVALID_ARGUMENT
+				n, ok := rpccode.Code_value[l.GetValue()]
+				if !ok {
 					return fmt.Errorf("metrics: %s: status code %q", callsMetric, l.GetValue())
 				}
 				r.code = codes.Code(n)

@@ -94,9 +94,9 @@ func TestPrintCalls(t *testing.T) {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
 		fmt.Fprint(w, `# TYPE idemkey_calls_total counter
-idemkey_calls_total{idemkey_outcome="replayed",rpc_grpc_status_code="0",rpc_method="B"} 1
-idemkey_calls_total{idemkey_outcome="in_progress",rpc_grpc_status_code="10",rpc_method="A"} 4
-idemkey_calls_total{idemkey_outcome="replayed",rpc_grpc_status_code="0",rpc_method="A"} 2
+idemkey_calls_total{idemkey_outcome="replayed",rpc_response_status_code="OK",rpc_method="B"} 1
+idemkey_calls_total{idemkey_outcome="in_progress",rpc_response_status_code="ABORTED",rpc_method="A"} 4
+idemkey_calls_total{idemkey_outcome="replayed",rpc_response_status_code="OK",rpc_method="A"} 2
 # TYPE other_total counter
 other_total 7
 `)

@@ -103,16 +103,16 @@ func TestMetrics(t *testing.T) {
 	if err := call(ctx, key, req); err != nil {
 		t.Fatalf("first call: %v", err)
 	}
-	moved("a first call", map[string]float64{"executed/0": 1})
+	moved("a first call", map[string]float64{"executed/OK": 1})
 	if err := call(ctx, key, req); err != nil {
 		t.Fatalf("replay: %v", err)
 	}
-	moved("a replay", map[string]float64{"replayed/0": 1})
+	moved("a replay", map[string]float64{"replayed/OK": 1})
 	changed := &paymentsv1.CreateChargeRequest{CustomerId: "cus_metrics_alice", Amount: 2500, Currency: "EUR", Description: "Metrics test plan"}
 	if err := call(ctx, key, changed); idemkey.Reason(err) != idemkey.ReasonKeyReused {
 		t.Fatalf("reused key: %v, want %s", err, idemkey.ReasonKeyReused)
 	}
-	moved("a reused key", map[string]float64{"reused/3": 1})
+	moved("a reused key", map[string]float64{"reused/INVALID_ARGUMENT": 1})
 
 	// A duplicate whose deadline (200ms) comes before the first call's
 	// reply (1s): the server answers it Aborted before the deadline.
@@ -129,11 +129,11 @@ func TestMetrics(t *testing.T) {
 	if err := call(dupCtx, dupKey, dupReq); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate during the first call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
-	moved("a duplicate in progress", map[string]float64{"in_progress/10": 1})
+	moved("a duplicate in progress", map[string]float64{"in_progress/ABORTED": 1})
 	if err := <-first; err != nil {
 		t.Fatalf("first call of the duplicate: %v", err)
 	}
-	moved("the duplicate's first call", map[string]float64{"executed/0": 1})
+	moved("the duplicate's first call", map[string]float64{"executed/OK": 1})
 
 	// The other instruments: otelgrpc's, the interceptor's store and record
 	// sizes, and the janitor's (which sweeps once at start).
@@ -148,7 +148,7 @@ func TestMetrics(t *testing.T) {
 		`idemkey_store_duration_seconds_bucket{idemkey_store_operation="commit"`,
 		`idemkey_store_duration_seconds_bucket{idemkey_store_operation="sweep"`,
 		`idemkey_record_size_bytes_count{`,
-		`idemkey_calls_total{idemkey_outcome="executed",otel_scope_name="github.com/idemkey/idemkey/interceptor",otel_scope_schema_url="",otel_scope_version="",rpc_grpc_status_code="0",rpc_method="CreateCharge",rpc_service="example.payments.v1.PaymentService",rpc_system="grpc"} 2`,
+		`idemkey_calls_total{idemkey_outcome="executed",otel_scope_name="github.com/idemkey/idemkey/interceptor",otel_scope_schema_url="",otel_scope_version="",rpc_method="example.payments.v1.PaymentService/CreateCharge",rpc_response_status_code="OK",rpc_service="example.payments.v1.PaymentService",rpc_system_name="grpc"} 2`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the scrape lacks %s", want)
@@ -192,7 +192,7 @@ func scrape(t *testing.T, url string) string {
 
 var (
 	outcomeLabel = regexp.MustCompile(`[{,]idemkey_outcome="([a-z_]+)"`)
-	codeLabel    = regexp.MustCompile(`[{,]rpc_grpc_status_code="([0-9]+)"`)
+	codeLabel    = regexp.MustCompile(`[{,]rpc_response_status_code="([A-Z_]+)"`)
 	opLabel      = regexp.MustCompile(`[{,]idemkey_store_operation="([a-z]+)"`)
 )
 
@@ -215,7 +215,7 @@ func callCounts(t *testing.T, text string) map[string]float64 {
 	for _, line := range callLines(text) {
 		outcome, code := outcomeLabel.FindStringSubmatch(line), codeLabel.FindStringSubmatch(line)
 		if outcome == nil || code == nil {
-			t.Fatalf("idemkey_calls_total without idemkey_outcome or rpc_grpc_status_code: %s", line)
+			t.Fatalf("idemkey_calls_total without idemkey_outcome or rpc_response_status_code: %s", line)
 		}
 		counts[outcome[1]+"/"+code[1]] += sampleValue(t, line)
 	}
