@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -241,6 +243,34 @@ func TestNothingRawInTelemetry(t *testing.T) {
 			if strings.Contains(v, secret) {
 				t.Errorf("telemetry holds %q: %q", secret, v)
 			}
+		}
+	}
+}
+
+// At Debug level each covered call logs one line with its outcome, method,
+// code and scope prefix; at Info, none.
+func TestDebugLinePerCall(t *testing.T) {
+	for _, debug := range []bool{true, false} {
+		buf := &logtest.Buffer{}
+		level := slog.LevelInfo
+		if debug {
+			level = slog.LevelDebug
+		}
+		logger := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))
+		st := memory.New()
+		d := &direct{intercept: interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithLogger(logger)), store: st, svc: newService()}
+		for range 2 {
+			if _, _, err := d.create(t, "key-1", request(1)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		lines := strings.Count(buf.String(), "idemkey: call")
+		switch {
+		case debug && (lines != 2 || !strings.Contains(buf.String(), "outcome=executed") || !strings.Contains(buf.String(), "outcome=replayed") ||
+			!strings.Contains(buf.String(), "scope="+store.NewKey("acme", createCharge, "key-1").String())):
+			t.Errorf("at Debug, the log is\n%s\nwant a line per call with its outcome and scope", buf.String())
+		case !debug && lines != 0:
+			t.Errorf("at Info, %d call lines were logged", lines)
 		}
 	}
 }
