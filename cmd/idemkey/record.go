@@ -15,7 +15,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
@@ -57,7 +56,7 @@ func (s *selector) resolve(visited map[string]bool) (keyRange, error) {
 	if s.method != "" && !strings.HasPrefix(s.method, "/") {
 		return keyRange{}, usageError(`-method must be a full method name such as /example.payments.v1.PaymentService/CreateCharge, or "" for a key scoped to its tenant only`)
 	}
-	if _, _, err := idemkey.KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, s.key)); err != nil {
+	if err := idemkey.ValidateKey(s.key); err != nil {
 		return keyRange{}, usageError("-key is not a valid idempotency key (1 to %d bytes of visible ASCII), so no record can have it", idemkey.MaxKeyLen)
 	}
 	k := store.NewKey(s.tenant, s.method, s.key)
