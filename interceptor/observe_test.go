@@ -53,21 +53,27 @@ func (tm *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
 	return rm
 }
 
-// calls sums idemkey.calls by outcome and final status code.
-func calls(rm metricdata.ResourceMetrics) map[string]int64 {
-	out := map[string]int64{}
+// metric returns the data of the metric named name, or nil.
+func metric(rm metricdata.ResourceMetrics, name string) metricdata.Aggregation {
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != "idemkey.calls" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				outcome, _ := dp.Attributes.Value("idemkey.outcome")
-				code, _ := dp.Attributes.Value("rpc.response.status_code")
-				method, _ := dp.Attributes.Value("rpc.method")
-				out[fmt.Sprintf("%s %s %s", method.AsString(), outcome.AsString(), code.AsString())] += dp.Value
+			if m.Name == name {
+				return m.Data
 			}
 		}
+	}
+	return nil
+}
+
+// calls sums idemkey.calls by method, outcome and final status code.
+func calls(rm metricdata.ResourceMetrics) map[string]int64 {
+	out := map[string]int64{}
+	sum, _ := metric(rm, "idemkey.calls").(metricdata.Sum[int64])
+	for _, dp := range sum.DataPoints {
+		outcome, _ := dp.Attributes.Value("idemkey.outcome")
+		code, _ := dp.Attributes.Value("rpc.response.status_code")
+		method, _ := dp.Attributes.Value("rpc.method")
+		out[fmt.Sprintf("%s %s %s", method.AsString(), outcome.AsString(), code.AsString())] += dp.Value
 	}
 	return out
 }
@@ -76,16 +82,10 @@ func calls(rm metricdata.ResourceMetrics) map[string]int64 {
 // operation.
 func storeOps(rm metricdata.ResourceMetrics) map[string]uint64 {
 	out := map[string]uint64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "idemkey.store.duration" {
-				continue
-			}
-			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
-				op, _ := dp.Attributes.Value("idemkey.store.operation")
-				out[op.AsString()] += dp.Count
-			}
-		}
+	histogram, _ := metric(rm, "idemkey.store.duration").(metricdata.Histogram[float64])
+	for _, dp := range histogram.DataPoints {
+		op, _ := dp.Attributes.Value("idemkey.store.operation")
+		out[op.AsString()] += dp.Count
 	}
 	return out
 }
