@@ -84,10 +84,11 @@
 //     caller gets Unavailable, and the key is free.
 //   - A duplicate of a key whose transaction is open waits on its row for at
 //     most the lock timeout (WithLockTimeout, 100 ms by default, set around the
-//     reservation only), then is answered "in progress". If the first
-//     transaction ends sooner, the duplicate gets its replay, or, if it rolled
-//     back, runs. A lock on the whole table (a migration, VACUUM FULL) held
-//     longer than the lock timeout is answered "in progress" too.
+//     reservation only), then Begin answers "in progress" (the interceptor
+//     then goes on waiting with reads: interceptor.WithInProgressWait). If
+//     the first transaction ends sooner, the duplicate gets its replay, or, if
+//     it rolled back, runs. A lock on the whole table (a migration, VACUUM
+//     FULL) held longer than the lock timeout is answered "in progress" too.
 //   - Each running call holds one connection of the pool until it ends, and so
 //     does each waiting duplicate, for at most the lock timeout. At most
 //     WithAtomicConns calls hold one at once (three quarters of the pool's
