@@ -2,10 +2,6 @@ package idemkey
 
 import (
 	"context"
-	"crypto/rand"
-	"crypto/sha256"
-	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"strconv"
 	"time"
@@ -16,6 +12,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/protoadapt"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemkey/idemkey/engine"
 )
 
 // Metadata names. gRPC metadata keys are lower case.
@@ -34,19 +32,19 @@ const (
 )
 
 // MaxKeyLen is the longest idempotency key accepted, in bytes.
-const MaxKeyLen = 255
+const MaxKeyLen = engine.MaxKeyLen
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo on every idemkey error.
 const ErrorDomain = "idemkey.dev"
 
 // Reasons in the google.rpc.ErrorInfo of idemkey errors; Reason reads them back.
 const (
-	ReasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"       // InvalidArgument (HTTP 400)
-	ReasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"       // InvalidArgument (HTTP 400)
-	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"        // InvalidArgument (HTTP 422)
-	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"   // Aborted (HTTP 409)
-	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // Unavailable (HTTP 503)
-	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"        // ResourceExhausted (HTTP 503)
+	ReasonKeyMissing       = engine.ReasonKeyMissing       // InvalidArgument (HTTP 400)
+	ReasonKeyInvalid       = engine.ReasonKeyInvalid       // InvalidArgument (HTTP 400)
+	ReasonKeyReused        = engine.ReasonKeyReused        // InvalidArgument (HTTP 422)
+	ReasonInProgress       = engine.ReasonInProgress       // Aborted (HTTP 409)
+	ReasonStoreUnavailable = engine.ReasonStoreUnavailable // Unavailable (HTTP 503)
+	ReasonStoreFull        = engine.ReasonStoreFull        // ResourceExhausted (HTTP 503)
 )
 
 // KeyFromMetadata returns the idempotency key carried by md. ok is false when
@@ -83,16 +81,9 @@ func parseKey(values []string, binary bool) (string, bool, error) {
 // ValidateKey returns an InvalidKeyError unless key is 1 to MaxKeyLen bytes of
 // visible ASCII (0x21 to 0x7E). A UUID, a ULID or base64url text all qualify.
 func ValidateKey(key string) error {
-	if key == "" {
-		return InvalidKeyError("it is empty")
-	}
-	if len(key) > MaxKeyLen {
-		return InvalidKeyError("it is longer than 255 bytes")
-	}
-	for i := 0; i < len(key); i++ {
-		if key[i] < 0x21 || key[i] > 0x7e {
-			return InvalidKeyError("it holds a byte outside visible ASCII (0x21 to 0x7E)")
-		}
+	var ke *engine.KeyError
+	if errors.As(engine.CheckKey(key), &ke) {
+		return InvalidKeyError(ke.Problem)
 	}
 	return nil
 }
@@ -213,11 +204,7 @@ func newError(code codes.Code, reason, msg string, extra ...protoadapt.MessageV1
 // NewKey returns a fresh random key: a version 4 UUID from crypto/rand. Keep it
 // with the business operation it names, so that a restarted process retries
 // with the same key.
-func NewKey() string {
-	var u [16]byte
-	rand.Read(u[:])
-	return formatUUID(u, 4)
-}
+func NewKey() string { return engine.NewKey() }
 
 // DeriveKey returns the key for a call that one operation makes to another
 // idempotent API (a payment provider, another gRPC service): a version 8 UUID
@@ -227,29 +214,5 @@ func NewKey() string {
 // key or label derives another. In a handler, interceptor.DerivedKey fills in
 // the call's own parts.
 func DeriveKey(tenant, fullMethod, key, label string) string {
-	b := make([]byte, 0, 512) // on the stack for all but unusually long parts
-	for _, part := range [...]string{"idemkey derived key v1", tenant, fullMethod, key, label} {
-		b = binary.BigEndian.AppendUint64(b, uint64(len(part)))
-		b = append(b, part...)
-	}
-	sum := sha256.Sum256(b)
-	return formatUUID([16]byte(sum[:16]), 8)
-}
-
-// formatUUID sets the version and the RFC 9562 variant bits of u and formats
-// it in the usual 8-4-4-4-12 hex form.
-func formatUUID(u [16]byte, version byte) string {
-	u[6] = u[6]&0x0f | version<<4
-	u[8] = u[8]&0x3f | 0x80
-	var b [36]byte
-	hex.Encode(b[0:8], u[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], u[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], u[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], u[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], u[10:])
-	return string(b[:])
+	return engine.DeriveKey(tenant, fullMethod, key, label)
 }

@@ -57,7 +57,7 @@ import (
 func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
 	e := encoders.Get().(*encoder)
 	defer e.release()
-	e.buf = appendPart(e.buf[:0], fullMethod)
+	e.buf = store.AppendParts(e.buf[:0], fullMethod)
 	if req != nil {
 		e.buf = e.appendMessage(e.buf, req.ProtoReflect())
 	}

@@ -10,6 +10,8 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
+
+	"github.com/idemkey/idemkey/engine"
 )
 
 // method is what the interceptors need to know about one RPC method, looked
@@ -19,14 +21,15 @@ type method struct {
 	covered bool
 	atomic  bool                     // run in one transaction with its record: see WithAtomic
 	output  protoreflect.MessageType // nil if the method is not in the registry
-	metrics *methodMetrics           // the attributes of its measurements; nil if not covered
+	op      *engine.Operation        // the server's operation; nil if not covered, or on the client
 }
 
 // methods caches method lookups. gRPC calls interceptors only for registered
 // methods, so the cache is bounded by the service's own API.
 type methods struct {
 	opts  *options
-	cache sync.Map // full method name -> *method
+	eng   *engine.Engine // the server's; nil on the client
+	cache sync.Map       // full method name -> *method
 }
 
 func (ms *methods) get(fullMethod string) *method {
@@ -60,8 +63,10 @@ func (ms *methods) describe(fullMethod string) *method {
 		m.covered = false
 	}
 	m.atomic = ms.opts.atomicAll || ms.opts.atomic[fullMethod]
-	if m.covered {
-		m.metrics = newMethodMetrics(fullMethod)
+	if m.covered && ms.eng != nil {
+		// The server checked at construction that a method in atomic mode
+		// has a store for it, the one way this fails.
+		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic, Metrics: grpcMetrics(fullMethod)})
 	}
 	return m
 }

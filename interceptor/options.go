@@ -1,35 +1,30 @@
 package interceptor
 
 import (
-	"context"
 	"log/slog"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
 // Defaults, each changed by the option that names it.
 const (
-	DefaultLease      = time.Minute      // WithLease, for calls without a deadline
-	DefaultMaxLease   = 10 * time.Minute // WithLease
-	DefaultRetention  = 24 * time.Hour   // WithRetention
-	DefaultRetryAfter = time.Second      // WithRetryAfter
+	DefaultLease      = engine.DefaultLease         // WithLease, for calls without a deadline
+	DefaultMaxLease   = engine.DefaultMaxLease      // WithLease
+	DefaultRetention  = engine.DefaultRetention     // WithRetention
+	DefaultRetryAfter = engine.DefaultMaxRetryAfter // WithRetryAfter
 
-	DefaultInProgressWait = 2 * time.Second // WithInProgressWait
+	DefaultInProgressWait = engine.DefaultInProgressWait // WithInProgressWait
 
-	DefaultMaxRecordSize = 4 << 20 // WithMaxRecordSize, in bytes
+	DefaultMaxRecordSize = engine.DefaultMaxRecordSize // WithMaxRecordSize, in bytes
 )
-
-// leaseGrace is added to a call's remaining deadline to give its lease: the
-// handler may notice the deadline late, and the record is written after it.
-const leaseGrace = 5 * time.Second
 
 // Option configures the interceptors. The client interceptor reads only
 // WithIncludedMethods and WithExcludedMethods; the server reads all.
@@ -38,7 +33,7 @@ type Option func(*options)
 // TenantFunc returns the authenticated tenant of a call, for example from the
 // identity an authentication interceptor put in ctx. An error is returned to
 // the caller unchanged, so it should be a status error such as Unauthenticated.
-type TenantFunc func(ctx context.Context) (string, error)
+type TenantFunc = engine.TenantFunc
 
 // FingerprintFunc hashes the parts of a request that make it "the same
 // request". The default is Fingerprint.
@@ -46,42 +41,29 @@ type FingerprintFunc func(fullMethod string, req proto.Message) (store.Fingerpri
 
 // Scope is the set of calls within which one idempotency key names one
 // operation.
-type Scope int
+type Scope = engine.Scope
 
 const (
 	// ScopeTenantMethod: a key is scoped to its tenant and method, so the same
 	// key on two methods names two operations. The default.
-	ScopeTenantMethod Scope = iota
+	ScopeTenantMethod = engine.ScopeTenantOperation
 	// ScopeTenant: a key is scoped to its tenant only; using it on a second
 	// method is refused as a reused key. For internal APIs whose clients share
 	// one key across methods.
-	ScopeTenant
+	ScopeTenant = engine.ScopeTenant
 )
 
 // options is shared by every call of one interceptor; it is never modified
 // after construction.
 type options struct {
-	tenant      TenantFunc
-	keyRequired bool
+	engine      []engine.Option // the settings the engine reads
 	included    map[string]bool
 	excluded    map[string]bool
-	scope       Scope
 	fingerprint FingerprintFunc
 	recorded    map[codes.Code]bool
 	replayed    map[string]bool // metadata keys replayed from the record
-	lease       time.Duration
-	maxLease    time.Duration
-	retention   time.Duration
-	retryAfter  time.Duration
-	inProgress  time.Duration // WithInProgressWait
-	failOpen    bool
-	maxRecord   int
 	atomicAll   bool
 	atomic      map[string]bool
-	logger      *slog.Logger
-
-	meterProvider  metric.MeterProvider
-	tracerProvider trace.TracerProvider
 }
 
 // defaultRecorded are the error codes whose outcome is final: a retry would
@@ -93,37 +75,29 @@ var defaultRecorded = []codes.Code{
 }
 
 func newOptions(opts []Option) *options {
-	o := &options{
-		fingerprint: Fingerprint,
-		recorded:    codeSet(defaultRecorded),
-		lease:       DefaultLease,
-		maxLease:    DefaultMaxLease,
-		retention:   DefaultRetention,
-		retryAfter:  DefaultRetryAfter,
-		inProgress:  DefaultInProgressWait,
-		maxRecord:   DefaultMaxRecordSize,
-		logger:      slog.Default(),
-
-		meterProvider:  otel.GetMeterProvider(),
-		tracerProvider: otel.GetTracerProvider(),
-	}
+	o := &options{fingerprint: Fingerprint, recorded: codeSet(defaultRecorded)}
 	for _, opt := range opts {
 		opt(o)
 	}
 	return o
 }
 
+// set is an Option that sets an engine option.
+func set(opt engine.Option) Option {
+	return func(o *options) { o.engine = append(o.engine, opt) }
+}
+
 // WithTenant scopes keys to the tenant f returns. Without it every caller
 // shares one key space, which is right only for single-tenant services.
 func WithTenant(f TenantFunc) Option {
-	return func(o *options) { o.tenant = f }
+	return set(engine.WithTenant(f))
 }
 
 // WithKeyRequired refuses calls to covered methods that carry no key, with
 // InvalidArgument and reason IDEMPOTENCY_KEY_MISSING. By default such calls
 // run without protection.
 func WithKeyRequired() Option {
-	return func(o *options) { o.keyRequired = true }
+	return set(engine.WithKeyRequired())
 }
 
 // WithIncludedMethods covers the given methods ("/package.Service/Method")
@@ -140,7 +114,7 @@ func WithExcludedMethods(fullMethods ...string) Option {
 
 // WithScope sets the scope of a key; the default is ScopeTenantMethod.
 func WithScope(s Scope) Option {
-	return func(o *options) { o.scope = s }
+	return set(engine.WithScope(s))
 }
 
 // WithFingerprint replaces Fingerprint, for example to leave out a field the
@@ -181,33 +155,21 @@ func WithReplayedMetadata(keys ...string) Option {
 // for its remaining time plus a grace period, a call without one for dflt;
 // either way at most max. A value of zero or less keeps its default.
 func WithLease(dflt, max time.Duration) Option {
-	return func(o *options) {
-		if max > 0 {
-			o.maxLease = max
-		}
-		if dflt > 0 {
-			o.lease = dflt
-		}
-		o.lease = min(o.lease, o.maxLease)
-	}
+	return func(o *options) { o.engine = append(o.engine, engine.WithMaxLease(max), engine.WithLease(dflt)) }
 }
 
 // WithRetention sets how long an outcome is kept and replayed, counted from
 // the first call. After it the key is new again. A value of zero or less keeps
 // the default.
 func WithRetention(d time.Duration) Option {
-	return func(o *options) {
-		if d > 0 {
-			o.retention = d
-		}
-	}
+	return set(engine.WithRetention(d))
 }
 
 // WithRetryAfter sets the longest wait the server asks of a retry that finds
 // its key in progress (the pushback trailer and RetryInfo). The wait is never
 // longer than the lease has left, nor shorter than a millisecond.
 func WithRetryAfter(d time.Duration) Option {
-	return func(o *options) { o.retryAfter = d }
+	return set(engine.WithMaxRetryAfter(d))
 }
 
 // WithInProgressWait sets how long a duplicate that finds its key in progress
@@ -221,7 +183,7 @@ func WithRetryAfter(d time.Duration) Option {
 // covers about 14s, enough for a first call that runs 10s. In atomic mode the
 // polls are reads (store.Finder), so a waiting duplicate holds no connection.
 func WithInProgressWait(d time.Duration) Option {
-	return func(o *options) { o.inProgress = max(d, 0) }
+	return set(engine.WithInProgressWait(d))
 }
 
 // WithMaxRecordSize bounds the record of one outcome: the encoded response
@@ -232,12 +194,7 @@ func WithInProgressWait(d time.Duration) Option {
 // handler has run, so its key is not released: in two-phase mode its effects
 // stand; in atomic mode its writes roll back with the recorded error.
 func WithMaxRecordSize(n int) Option {
-	return func(o *options) {
-		if n < 1 {
-			n = DefaultMaxRecordSize
-		}
-		o.maxRecord = n
-	}
+	return set(engine.WithMaxRecordSize(n))
 }
 
 // WithFailOpen runs the handler without protection when the store fails,
@@ -246,7 +203,7 @@ func WithMaxRecordSize(n int) Option {
 // (store.ErrFull) refuses new keys with ResourceExhausted: a bound is not a
 // failure.
 func WithFailOpen() Option {
-	return func(o *options) { o.failOpen = true }
+	return set(engine.WithFailOpen())
 }
 
 // WithAtomic runs every covered method in atomic mode; WithAtomicMethods
@@ -299,23 +256,14 @@ func WithAtomicMethods(fullMethods ...string) Option {
 // never hold a raw key, tenant or request; an error from a FingerprintFunc is
 // logged as it is.
 func WithLogger(l *slog.Logger) Option {
-	return func(o *options) {
-		if l == nil {
-			l = slog.New(slog.DiscardHandler)
-		}
-		o.logger = l
-	}
+	return set(engine.WithLogger(l))
 }
 
 // WithMeterProvider sets where the server interceptor's metrics go; the
 // default is otel.GetMeterProvider(), which does nothing until an SDK is
 // installed. See the package documentation for the metrics.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return func(o *options) {
-		if mp != nil {
-			o.meterProvider = mp
-		}
-	}
+	return set(engine.WithMeterProvider(mp))
 }
 
 // WithTracerProvider sets the tracer of the spans the server interceptor
@@ -324,11 +272,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // idemkey opens no span for the call itself: it adds its outcome to the
 // call's span (otelgrpc's, for instance).
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return func(o *options) {
-		if tp != nil {
-			o.tracerProvider = tp
-		}
-	}
+	return set(engine.WithTracerProvider(tp))
 }
 
 func codeSet(cs []codes.Code) map[codes.Code]bool {

@@ -23,7 +23,6 @@ package store
 import (
 	"context"
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"time"
@@ -38,12 +37,7 @@ type Key [sha256.Size]byte
 // different scopes share an encoding. method may be empty for a scope that
 // spans methods.
 func NewKey(tenant, method, idempotencyKey string) Key {
-	b := make([]byte, 0, 512) // on the stack for all but unusually long scopes
-	for _, part := range [...]string{tenant, method, idempotencyKey} {
-		b = binary.BigEndian.AppendUint64(b, uint64(len(part)))
-		b = append(b, part...)
-	}
-	return sha256.Sum256(b)
+	return sha256.Sum256(AppendParts(make([]byte, 0, 512), tenant, method, idempotencyKey))
 }
 
 // String returns a short hex prefix of the hash, enough to correlate log lines.

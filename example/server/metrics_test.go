@@ -148,7 +148,7 @@ func TestMetrics(t *testing.T) {
 		`idemkey_store_duration_seconds_bucket{idemkey_store_operation="commit"`,
 		`idemkey_store_duration_seconds_bucket{idemkey_store_operation="sweep"`,
 		`idemkey_record_size_bytes_count{`,
-		`idemkey_calls_total{idemkey_outcome="executed",otel_scope_name="github.com/idemkey/idemkey/interceptor",otel_scope_schema_url="",otel_scope_version="",rpc_method="example.payments.v1.PaymentService/CreateCharge",rpc_response_status_code="OK",rpc_service="example.payments.v1.PaymentService",rpc_system_name="grpc"} 2`,
+		`idemkey_calls_total{idemkey_outcome="executed",otel_scope_name="github.com/idemkey/idemkey/engine",otel_scope_schema_url="",otel_scope_version="",rpc_method="example.payments.v1.PaymentService/CreateCharge",rpc_response_status_code="OK",rpc_service="example.payments.v1.PaymentService",rpc_system_name="grpc"} 2`,
 	} {
 		if !strings.Contains(text, want) {
 			t.Errorf("the scrape lacks %s", want)

@@ -1,0 +1,41 @@
+// Package engine is idemkey's request path, written once for every entry
+// point: the gRPC interceptor, the Connect interceptor (idemconnect), the
+// net/http middleware (idemhttp) and message consumers are adapters that
+// translate into it and out of it. An adapter decides where the key comes
+// from, how the request is fingerprinted, how an outcome is encoded for the
+// store, and how each verdict is written back; the engine decides everything
+// else: the scope of a key, the reservation, waiting for a duplicate, the
+// lease, fail-open, atomic mode, recording and releasing, and the metrics.
+//
+// # One call
+//
+//	c := eng.Call(op) // op: eng.Operation, once per method or route
+//	defer c.End(ctx, code) // the final status code, for idemkey.calls
+//	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp})
+//	switch c.Verdict {
+//	case engine.Executed:
+//		defer c.Abandon(ctx) // a panic lets a retry run again
+//		result := handler(c.Context(ctx))
+//		c.Record(ctx, encode(result), ok) // or c.Release(ctx)
+//	case engine.Replayed:
+//		write(decode(c.Outcome))
+//	case engine.InProgress: // and Reused, StoreFull, StoreUnavailable, FailedOpen
+//	}
+//
+// # Sharing keys between entry points
+//
+// A key's record is found by its tenant, the operation's name and the key:
+// entry points that give one operation the same name and fingerprint a
+// request the same way share its keys, on one store. So a key first used
+// over gRPC replays over Connect, whose procedures have the same names, and
+// over an HTTP route bound to the method.
+//
+// # Metrics
+//
+// idemkey.calls counts calls by idemkey.outcome (the Verdict), with the
+// operation's attributes and its final status code (MetricsSpec);
+// idemkey.store.duration times the store's operations by
+// idemkey.store.operation; idemkey.record.size measures recorded outcomes.
+// Each call also adds idemkey.outcome and an event to the span in its
+// context, and logs a Debug line.
+package engine

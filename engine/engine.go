@@ -1,0 +1,467 @@
+package engine
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Engine runs calls at most once per idempotency key on one store. It is safe
+// for concurrent use; adapters build one and share it among their calls.
+type Engine struct {
+	store  store.Store
+	atomic store.Atomic // store, if it implements store.Atomic
+	finder store.Finder // store, if it implements store.Finder
+	opts   *options
+	obs    *observer
+}
+
+// New returns an Engine on st. Optional store features (store.Atomic,
+// store.Finder) are detected here, once.
+func New(st store.Store, opts ...Option) *Engine {
+	o := newOptions(opts)
+	e := &Engine{store: st, opts: o, obs: newObserver(o)}
+	e.atomic, _ = st.(store.Atomic)
+	e.finder, _ = st.(store.Finder)
+	return e
+}
+
+// KeyRequired reports whether calls without a key are refused
+// (WithKeyRequired).
+func (e *Engine) KeyRequired() bool { return e.opts.keyRequired }
+
+// Tenant returns the tenant of the call of ctx (WithTenant), or "" without a
+// TenantFunc. The adapter answers an error as the caller's own.
+func (e *Engine) Tenant(ctx context.Context) (string, error) {
+	if e.opts.tenant == nil {
+		return "", nil
+	}
+	return e.opts.tenant(ctx)
+}
+
+// Operation is one kind of call an adapter serves: a gRPC method, a Connect
+// procedure, an HTTP route. Build it once per kind and reuse it.
+type Operation struct {
+	name    string
+	atomic  bool
+	metrics *opMetrics
+}
+
+// OperationSpec describes an Operation.
+type OperationSpec struct {
+	// Name names the operation in keys' scope, metrics and logs. Entry
+	// points that serve one operation give it one name, so that a key first
+	// used over one replays over another: "/package.Service/Method" for a
+	// protobuf RPC, whatever its transport.
+	Name string
+	// Atomic runs the operation's calls in one transaction with their record
+	// (see store.Atomic); the store must implement store.Atomic.
+	Atomic bool
+	// Metrics is the operation's metrics (see the package documentation).
+	Metrics MetricsSpec
+}
+
+// Operation returns the operation spec describes; an error if it cannot be
+// served on this engine's store.
+func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
+	if spec.Atomic && e.atomic == nil {
+		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", e.store)
+	}
+	return &Operation{name: spec.Name, atomic: spec.Atomic, metrics: newOpMetrics(spec.Metrics)}, nil
+}
+
+// Name is the operation's name.
+func (op *Operation) Name() string { return op.name }
+
+// Atomic reports whether the operation runs in atomic mode.
+func (op *Operation) Atomic() bool { return op.atomic }
+
+// Request is what an adapter read from one call with a key.
+type Request struct {
+	Tenant      string
+	Key         string // checked with CheckKey
+	Fingerprint store.Fingerprint
+	// Retried is true when the transport marks the call as a later attempt
+	// (gRPC's grpc-previous-rpc-attempts, a broker's redelivery): its record
+	// is read first, on a store that implements store.Finder.
+	Retried bool
+}
+
+// Call is one call of an operation, from its start to its answer. Its zero
+// value is not usable: get one from Engine.Call, and end it with End.
+type Call struct {
+	e     *Engine
+	op    *Operation
+	start time.Time
+
+	// Verdict is what became of the call. Start sets it; an adapter that
+	// answers before Start (no key, a malformed one, a refused request) sets
+	// it itself.
+	Verdict Verdict
+	// Outcome is the record to replay when Verdict is Replayed. It must not be
+	// modified.
+	Outcome []byte
+	// RetryAfter is how long the caller should wait before retrying when
+	// Verdict is InProgress or StoreFull.
+	RetryAfter time.Duration
+
+	key      store.Key
+	parts    parts
+	started  bool
+	token    store.Token
+	tx       store.Tx
+	leaseEnd time.Time // when, at the earliest, the store ends the lease
+	ended    bool      // recorded or released
+}
+
+// Call starts timing a call of op.
+func (e *Engine) Call(op *Operation) Call {
+	return Call{e: e, op: op, start: time.Now(), Verdict: Refused}
+}
+
+// Start decides what the call does, and sets Verdict:
+//   - Executed: the call holds the key. Run the handler with Context, then
+//     Record its outcome or Release the key; defer Abandon for panics.
+//   - FailedOpen: the store failed and WithFailOpen holds: run the handler
+//     with Context, and neither record nor release.
+//   - Replayed: answer with Outcome, without running the handler.
+//   - InProgress: answer "in progress", retry after RetryAfter.
+//   - Reused: answer "reused".
+//   - StoreUnavailable: answer "store unavailable", or, if ctx is done, its
+//     error.
+//   - StoreFull: answer "store full", retry after RetryAfter.
+func (c *Call) Start(ctx context.Context, r Request) {
+	e, op := c.e, c.op
+	scopeOp := op.name
+	if e.opts.scope == ScopeTenant {
+		scopeOp = ""
+	}
+	c.key = store.NewKey(r.Tenant, scopeOp, r.Key)
+	c.parts = parts{r.Tenant, op.name, r.Key}
+	c.started = true
+	fp := r.Fingerprint
+	if scopeOp == "" {
+		// A key shared across operations must never replay one operation's
+		// reply to another, whatever a custom fingerprint leaves out.
+		fp = bindOperation(op.name, fp)
+	}
+	if e.finder != nil && r.Retried {
+		res, found, err := e.find(ctx, c.key)
+		if err == nil && found {
+			c.answer(fp, res)
+			return
+		}
+		// Failing closed, a store that cannot read cannot reserve either:
+		// answer now rather than wait on it twice. Failing open, the
+		// reservation is tried all the same before the handler runs bare.
+		if err != nil && !e.failsOpen(op) {
+			c.storeFailed(ctx, "find", err)
+			return
+		}
+	}
+	res := store.Reservation{Key: c.key, Fingerprint: fp, Lease: e.lease(ctx), Retention: e.opts.retention}
+	c.leaseEnd = time.Now().Add(res.Lease) // the store's clock starts it later, never earlier
+	if op.atomic {
+		c.begin(ctx, res)
+		return
+	}
+
+	got, err := e.reserve(ctx, res)
+	if err == nil && got.State == store.InProgress && got.Fingerprint == fp {
+		got, err = e.await(ctx, got, func(ctx context.Context) (store.Result, error) { return e.reserve(ctx, res) })
+	}
+	switch {
+	case errors.Is(err, store.ErrFull):
+		c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
+		c.Log(ctx, slog.LevelWarn, "reserve refused: the store is full", err)
+	case err != nil && e.failsOpen(op) && ctx.Err() == nil:
+		c.Verdict = FailedOpen
+		c.Log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", err)
+	case err != nil:
+		c.storeFailed(ctx, "reserve", err)
+	case got.State != store.Acquired:
+		c.answer(fp, got)
+	default:
+		c.Verdict, c.token = Executed, got.Token
+	}
+}
+
+// begin is Start in atomic mode: it reserves the key in a transaction, which
+// the handler then writes in.
+func (c *Call) begin(ctx context.Context, r store.Reservation) {
+	e := c.e
+	res, tx, err := e.begin(ctx, r)
+	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint && e.finder != nil {
+		// Polled with reads: a transaction per poll would hold a connection
+		// for each waiting duplicate. A first call that rolls back is not
+		// seen; the duplicate's retry acquires the key.
+		res, err = e.await(ctx, res, func(ctx context.Context) (store.Result, error) {
+			found, ok, err := e.find(ctx, c.key)
+			if !ok {
+				return res, err
+			}
+			return found, nil
+		})
+	}
+	switch {
+	case err != nil:
+		c.storeFailed(ctx, "reserve", err)
+	case res.State != store.Acquired:
+		c.answer(r.Fingerprint, res)
+	default:
+		c.Verdict, c.tx = Executed, tx
+	}
+}
+
+// answer sets the verdict of a key that was not acquired: a replay of the
+// recorded outcome, or the key is in progress, or reused.
+func (c *Call) answer(fp store.Fingerprint, res store.Result) {
+	switch {
+	case res.Fingerprint != fp: // checked first, in either state
+		c.Verdict = Reused
+	case res.State == store.Completed:
+		c.Verdict, c.Outcome = Replayed, res.Outcome
+	default:
+		c.Verdict = InProgress
+		c.RetryAfter = max(min(res.RetryAfter, c.e.opts.retryAfter), time.Millisecond)
+	}
+}
+
+func (c *Call) storeFailed(ctx context.Context, op string, err error) {
+	c.Verdict = StoreUnavailable
+	if ctx.Err() == nil {
+		c.Log(ctx, slog.LevelError, op+" failed", err)
+	}
+}
+
+// Context is ctx for the handler: it carries the call's parts for DerivedKey
+// and, in atomic mode, the transaction.
+func (c *Call) Context(ctx context.Context) context.Context {
+	ctx = &partsContext{ctx, c.parts}
+	if c.tx != nil {
+		ctx = c.tx.HandlerContext(ctx)
+	}
+	return ctx
+}
+
+// ErrTooLarge is Record's answer to an outcome larger than WithMaxRecordSize.
+// Nothing was written: record a short error in its place.
+var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
+
+// Record records outcome for an Executed call, the adapter's encoding of the
+// handler's result, which replays from then on. keepWrites is false for a
+// recorded error: in atomic mode the handler's writes are then undone, and
+// only the record commits.
+//
+// It detaches the store write from ctx's cancellation: a caller that hangs up
+// must not leave its key in progress. Its error tells the adapter to change
+// its answer:
+//   - ErrTooLarge, or store.ErrFull (no room in a store with bounds):
+//     nothing was written; Record a short error (at most store.SmallOutcome
+//     bytes) in its place, and answer it.
+//   - any other error (atomic mode): nothing, or perhaps everything,
+//     committed; answer "store unavailable", and a retry finds out.
+//
+// In two-phase mode a write that fails for another reason is retried in the
+// background until shortly before the lease ends, and Record returns nil:
+// the handler has run, so the caller gets its result.
+func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) error {
+	e := c.e
+	if len(outcome) > e.opts.maxRecord {
+		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
+			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), e.opts.maxRecord))
+		return ErrTooLarge
+	}
+	if c.tx != nil {
+		c.ended = true
+		if err := e.commit(ctx, c.tx, outcome, keepWrites); err != nil {
+			c.Log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
+			return err
+		}
+		e.obs.recorded(ctx, c.op, len(outcome))
+		return nil
+	}
+	err := e.complete(ctx, c, outcome)
+	if !errors.Is(err, store.ErrFull) {
+		e.obs.recorded(ctx, c.op, len(outcome))
+	}
+	if err == nil {
+		c.ended = true
+		return nil
+	}
+	ctx = context.WithoutCancel(ctx) // for the log, and the goroutine
+	switch {
+	case errors.Is(err, store.ErrFull):
+		c.logWriteFailure(ctx, "complete", err)
+		return err
+	case errors.Is(err, store.ErrLeaseLost):
+		c.logWriteFailure(ctx, "complete", err)
+	default:
+		c.Log(ctx, slog.LevelError, "complete failed; it is tried again in the background until shortly before the lease ends", err)
+		go c.completeLater(ctx, outcome)
+	}
+	c.ended = true
+	return nil
+}
+
+// Release gives up the key of an Executed call, so that a retry runs the
+// handler again: the record is deleted, or in atomic mode the transaction
+// with the handler's writes rolls back.
+func (c *Call) Release(ctx context.Context) {
+	if c.ended {
+		return
+	}
+	c.ended = true
+	if c.tx != nil {
+		if err := c.tx.Rollback(ctx); err != nil {
+			c.Log(ctx, slog.LevelWarn, "rollback failed; the database rolls back when it closes the connection", err)
+		}
+		return
+	}
+	if err := c.e.storeRelease(ctx, c); err != nil {
+		c.logWriteFailure(context.WithoutCancel(ctx), "release", err)
+	}
+}
+
+// Abandon releases the key of an Executed call that was neither recorded nor
+// released: deferred, it covers a handler that panics.
+func (c *Call) Abandon(ctx context.Context) {
+	if c.Verdict == Executed && !c.ended {
+		c.Release(ctx)
+	}
+}
+
+// End measures the call: the idemkey.calls counter with its verdict and
+// code (the transport's status, which the operation's MetricsSpec names),
+// an event on the call's span, and a Debug log line.
+func (c *Call) End(ctx context.Context, code int) {
+	c.e.obs.callEnded(ctx, c, code)
+}
+
+// Pauses between the background attempts of completeLater.
+const (
+	laterFirstPause = 100 * time.Millisecond
+	laterMaxPause   = 5 * time.Second
+)
+
+// completeLater tries to record outcome until shortly before the lease ends
+// (a quarter of it before, at most a second), and logs how that ended. Past
+// that point a retry may take the key over, and the record would be refused
+// anyway.
+func (c *Call) completeLater(ctx context.Context, outcome []byte) {
+	e := c.e
+	until := c.leaseEnd.Add(-min(max(time.Until(c.leaseEnd), 0)/4, time.Second))
+	err := errors.New("no time was left before the lease ends")
+	for attempt, pause := 2, laterFirstPause; time.Until(until) > pause; attempt, pause = attempt+1, min(2*pause, laterMaxPause) {
+		time.Sleep(pause)
+		wctx, cancel := context.WithDeadline(ctx, until)
+		err = e.complete(wctx, c, outcome)
+		cancel()
+		switch {
+		case err == nil:
+			e.opts.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey: complete succeeded in the background",
+				slog.String("operation", c.op.name), slog.String("scope", c.key.String()), slog.Int("attempt", attempt))
+			return
+		case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrFull):
+			c.logWriteFailure(ctx, "complete", err)
+			return
+		}
+	}
+	c.Log(ctx, slog.LevelError, "complete failed until shortly before the lease ends; a retry after it runs the handler again", err)
+}
+
+func (c *Call) logWriteFailure(ctx context.Context, op string, err error) {
+	switch {
+	case errors.Is(err, store.ErrLeaseLost):
+		c.Log(ctx, slog.LevelWarn, op+" refused: the lease was taken over, so another run of the handler may have happened", err)
+	case errors.Is(err, store.ErrFull):
+		c.Log(ctx, slog.LevelError, op+" refused: the store is full; Internal is recorded instead of the reply", err)
+	default:
+		c.Log(ctx, slog.LevelError, op+" failed; the key stays in progress until its lease ends", err)
+	}
+}
+
+// Log logs msg about the call at level, with its operation, its scope (a
+// prefix of the key's hash, never the key) and err.
+func (c *Call) Log(ctx context.Context, level slog.Level, msg string, err error) {
+	attrs := []slog.Attr{slog.String("operation", c.op.name)}
+	if c.started {
+		attrs = append(attrs, slog.String("scope", c.key.String()))
+	}
+	c.e.opts.logger.LogAttrs(ctx, level, "idemkey: "+msg, append(attrs, slog.Any("error", err))...)
+}
+
+// failsOpen reports whether a store failure runs op's handler unprotected:
+// with WithFailOpen, except in atomic mode.
+func (e *Engine) failsOpen(op *Operation) bool { return e.opts.failOpen && !op.atomic }
+
+// Polls of a key in progress: the first after awaitFirstPoll, each next one
+// twice as late, at most awaitMaxPoll apart. A duplicate leaves awaitMargin of
+// its deadline for its answer to reach the client.
+const (
+	awaitFirstPoll = 25 * time.Millisecond
+	awaitMaxPoll   = 500 * time.Millisecond
+	awaitMargin    = 50 * time.Millisecond
+)
+
+// await waits for a key that res found in progress to be recorded (or
+// released), polling the store with poll, for at most WithInProgressWait and
+// the call's deadline. It returns the first result that is not InProgress, or
+// the last one when the wait runs out. A wait of w costs at most
+// 5 + w/awaitMaxPoll polls.
+func (e *Engine) await(ctx context.Context, res store.Result, poll func(context.Context) (store.Result, error)) (store.Result, error) {
+	wait := e.opts.inProgress
+	if deadline, ok := ctx.Deadline(); ok {
+		wait = min(wait, max(time.Until(deadline), 0)-awaitMargin)
+	}
+	if wait < awaitFirstPoll {
+		return res, nil
+	}
+	end := time.Now().Add(wait)
+	timer := time.NewTimer(awaitFirstPoll)
+	defer timer.Stop()
+	for interval := awaitFirstPoll; ; interval = min(2*interval, awaitMaxPoll) {
+		select {
+		case <-ctx.Done():
+			return res, nil
+		case <-timer.C:
+		}
+		next, err := poll(ctx)
+		if err != nil || next.State != store.InProgress {
+			return next, err
+		}
+		res = next
+		left := time.Until(end)
+		if left <= 0 {
+			return res, nil
+		}
+		timer.Reset(min(2*interval, awaitMaxPoll, left))
+	}
+}
+
+// lease is the call's remaining deadline plus a grace period, at most the
+// maximum lease; a call without a deadline gets the default lease. It
+// saturates: gRPC turns a grpc-timeout above about 2562047H into a deadline
+// math.MaxInt64 nanoseconds away, to which the grace cannot be added.
+func (e *Engine) lease(ctx context.Context) time.Duration {
+	deadline, ok := ctx.Deadline()
+	if !ok {
+		return e.opts.lease
+	}
+	left := max(time.Until(deadline), 0)
+	if left > e.opts.maxLease-leaseGrace {
+		return e.opts.maxLease
+	}
+	return left + leaseGrace
+}
+
+// bindOperation hashes a fingerprint together with the operation it was made
+// for.
+func bindOperation(operation string, fp store.Fingerprint) store.Fingerprint {
+	return sha256.Sum256(append(store.AppendParts(make([]byte, 0, 256), operation), fp[:]...))
+}

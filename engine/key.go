@@ -1,0 +1,115 @@
+package engine
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// MaxKeyLen is the longest idempotency key accepted, in bytes.
+const MaxKeyLen = 255
+
+// Reasons name why a call was answered by idemkey rather than its handler:
+// the google.rpc.ErrorInfo reason of a gRPC or Connect error, the end of an
+// HTTP problem's type. The root package idemkey repeats them.
+const (
+	ReasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"       // InvalidArgument (HTTP 400)
+	ReasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"       // InvalidArgument (HTTP 400)
+	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"        // InvalidArgument (HTTP 422)
+	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"   // Aborted (HTTP 409)
+	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // Unavailable (HTTP 503)
+	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"        // ResourceExhausted (HTTP 503)
+)
+
+// KeyError is a malformed idempotency key. Problem says what is wrong with
+// it and never quotes the key.
+type KeyError struct{ Problem string }
+
+func (e *KeyError) Error() string { return "idempotency key malformed: " + e.Problem }
+
+// CheckKey returns a *KeyError unless key is 1 to MaxKeyLen bytes of visible
+// ASCII (0x21 to 0x7E). A UUID, a ULID or base64url text all qualify.
+func CheckKey(key string) error {
+	if key == "" {
+		return &KeyError{"it is empty"}
+	}
+	if len(key) > MaxKeyLen {
+		return &KeyError{"it is longer than 255 bytes"}
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return &KeyError{"it holds a byte outside visible ASCII (0x21 to 0x7E)"}
+		}
+	}
+	return nil
+}
+
+// NewKey returns a fresh random key: a version 4 UUID from crypto/rand.
+func NewKey() string {
+	var u [16]byte
+	rand.Read(u[:])
+	return formatUUID(u, 4)
+}
+
+// DeriveKey returns the key for a call that one operation makes to another
+// idempotent API: a version 8 UUID from the SHA-256 of the operation's
+// tenant, name and key, and label, which names the downstream call. Every
+// retry of the operation derives the same key; any other tenant, operation,
+// key or label derives another.
+func DeriveKey(tenant, operation, key, label string) string {
+	sum := sha256.Sum256(store.AppendParts(make([]byte, 0, 512), "idemkey derived key v1", tenant, operation, key, label))
+	return formatUUID([16]byte(sum[:16]), 8)
+}
+
+// formatUUID sets the version and the RFC 9562 variant bits of u and formats
+// it in the usual 8-4-4-4-12 hex form.
+func formatUUID(u [16]byte, version byte) string {
+	u[6] = u[6]&0x0f | version<<4
+	u[8] = u[8]&0x3f | 0x80
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
+}
+
+// parts are what a call's key is derived from; the handler's context carries
+// them for DerivedKey.
+type parts struct{ tenant, operation, key string }
+
+type partsKey struct{}
+
+// partsContext is ctx carrying a call's parts: one allocation per call, where
+// context.WithValue would take two (its context, and the parts boxed).
+type partsContext struct {
+	context.Context
+	parts parts
+}
+
+func (p *partsContext) Value(key any) any {
+	if key == (partsKey{}) {
+		return &p.parts
+	}
+	return p.Context.Value(key)
+}
+
+// DerivedKey returns the idempotency key for a call that the handler of ctx
+// makes to another idempotent API, labelled by label: DeriveKey of the call's
+// tenant, operation and key. ok is false if ctx is not the handler context
+// of a call with a key.
+func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
+	p, ok := ctx.Value(partsKey{}).(*parts)
+	if !ok {
+		return "", false
+	}
+	return DeriveKey(p.tenant, p.operation, p.key, label), true
+}

@@ -1,0 +1,198 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Defaults, each changed by the option that names it.
+const (
+	DefaultLease          = time.Minute      // WithLease, for calls without a deadline
+	DefaultMaxLease       = 10 * time.Minute // WithMaxLease
+	DefaultRetention      = 24 * time.Hour   // WithRetention
+	DefaultMaxRetryAfter  = time.Second      // WithMaxRetryAfter
+	DefaultInProgressWait = 2 * time.Second  // WithInProgressWait
+	DefaultMaxRecordSize  = 4 << 20          // WithMaxRecordSize, in bytes
+)
+
+// leaseGrace is added to a call's remaining deadline to give its lease: the
+// handler may notice the deadline late, and the record is written after it.
+const leaseGrace = 5 * time.Second
+
+// Option configures an Engine.
+type Option func(*options)
+
+// TenantFunc returns the authenticated tenant of a call, for example from the
+// identity an authentication layer put in ctx. The adapter returns its error
+// to the caller unchanged (gRPC, Connect) or as 401 (HTTP).
+type TenantFunc func(ctx context.Context) (string, error)
+
+// Scope is the set of calls within which one idempotency key names one
+// operation.
+type Scope int
+
+const (
+	// ScopeTenantOperation: a key is scoped to its tenant and operation, so
+	// the same key on two operations names two. The default.
+	ScopeTenantOperation Scope = iota
+	// ScopeTenant: a key is scoped to its tenant only; using it on a second
+	// operation is refused as a reused key.
+	ScopeTenant
+)
+
+// options is shared by every call of one Engine; it is never modified after
+// New.
+type options struct {
+	tenant      TenantFunc
+	keyRequired bool
+	scope       Scope
+	lease       time.Duration
+	maxLease    time.Duration
+	retention   time.Duration
+	retryAfter  time.Duration
+	inProgress  time.Duration
+	failOpen    bool
+	maxRecord   int
+	logger      *slog.Logger
+
+	meterProvider  metric.MeterProvider
+	tracerProvider trace.TracerProvider
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{
+		lease:      DefaultLease,
+		maxLease:   DefaultMaxLease,
+		retention:  DefaultRetention,
+		retryAfter: DefaultMaxRetryAfter,
+		inProgress: DefaultInProgressWait,
+		maxRecord:  DefaultMaxRecordSize,
+		logger:     slog.Default(),
+
+		meterProvider:  otel.GetMeterProvider(),
+		tracerProvider: otel.GetTracerProvider(),
+	}
+	for _, opt := range opts {
+		opt(o)
+	}
+	o.lease = min(o.lease, o.maxLease)
+	return o
+}
+
+// WithTenant scopes keys to the tenant f returns. Without it every caller
+// shares one key space, which is right only for single-tenant services.
+func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+
+// WithKeyRequired refuses calls that carry no key (reason
+// IDEMPOTENCY_KEY_MISSING). By default such calls run without protection.
+func WithKeyRequired() Option { return func(o *options) { o.keyRequired = true } }
+
+// WithScope sets the scope of a key; the default is ScopeTenantOperation.
+func WithScope(s Scope) Option { return func(o *options) { o.scope = s } }
+
+// WithLease sets how long a call without a deadline holds its key before a
+// retry may presume it dead and run again (DefaultLease). A call with a
+// deadline holds it for its remaining time plus a grace period. Either way
+// the lease is at most WithMaxLease. A value of zero or less keeps the
+// default.
+func WithLease(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.lease = d
+		}
+	}
+}
+
+// WithMaxLease bounds every lease (DefaultMaxLease). A value of zero or less
+// keeps the default.
+func WithMaxLease(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.maxLease = d
+		}
+	}
+}
+
+// WithRetention sets how long an outcome is kept and replayed, counted from
+// the first call (DefaultRetention). After it the key is new again. A value
+// of zero or less keeps the default.
+func WithRetention(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.retention = d
+		}
+	}
+}
+
+// WithMaxRetryAfter sets the longest wait asked of a retry that finds its key
+// in progress (DefaultMaxRetryAfter). The wait is never longer than the lease
+// has left, nor shorter than a millisecond.
+func WithMaxRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
+
+// WithInProgressWait sets how long a duplicate that finds its key in progress
+// waits for the first call to end before it is answered "in progress"
+// (DefaultInProgressWait; 0 answers at once). The wait ends early with the
+// first call's recorded reply, or, if the first call released its key, with a
+// run of the handler; it never outlasts the duplicate's own deadline.
+// Meanwhile the store is polled with a growing interval (25ms, doubling to
+// 500ms): for the default, at most 9 reads. In atomic mode the polls are
+// reads (store.Finder), so a waiting duplicate holds no connection.
+func WithInProgressWait(d time.Duration) Option {
+	return func(o *options) { o.inProgress = max(d, 0) }
+}
+
+// WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize
+// if n < 1). The adapter records a short error in place of a larger one,
+// which the caller gets too, as every retry will.
+func WithMaxRecordSize(n int) Option {
+	return func(o *options) {
+		if n < 1 {
+			n = DefaultMaxRecordSize
+		}
+		o.maxRecord = n
+	}
+}
+
+// WithFailOpen runs the handler without protection when the store fails,
+// instead of answering "store unavailable". Retries may then run the handler
+// twice. Operations in atomic mode fail closed all the same, and a full store
+// (store.ErrFull) refuses new keys: a bound is not a failure.
+func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
+
+// WithLogger sets the logger for store failures and lost leases; the default
+// is slog.Default(), and nil discards the records. The engine's own log
+// records never hold a raw key, tenant or request.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) {
+		if l == nil {
+			l = slog.New(slog.DiscardHandler)
+		}
+		o.logger = l
+	}
+}
+
+// WithMeterProvider sets where the metrics go; the default is
+// otel.GetMeterProvider(), which does nothing until an SDK is installed.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) {
+		if mp != nil {
+			o.meterProvider = mp
+		}
+	}
+}
+
+// WithTracerProvider sets the tracer of the spans of store operations, opened
+// as children of the call's span and only when that one is recording; the
+// default is otel.GetTracerProvider().
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) {
+		if tp != nil {
+			o.tracerProvider = tp
+		}
+	}
+}
