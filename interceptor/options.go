@@ -11,6 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -291,4 +292,18 @@ func addAll(set map[string]bool, items ...string) map[string]bool {
 		set[it] = true
 	}
 	return set
+}
+
+// Fingerprint is the default FingerprintFunc: protokey.Fingerprint, the
+// SHA-256 of the method and the canonical encoding of the request, which the
+// Connect adapter computes alike.
+func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
+	return protokey.Fingerprint(fullMethod, req)
+}
+
+// WithEngineOptions passes options to the engine under the interceptor, for
+// settings that have no interceptor option of their own. They apply after
+// the interceptor's, in order.
+func WithEngineOptions(opts ...engine.Option) Option {
+	return func(o *options) { o.engine = append(o.engine, opts...) }
 }

@@ -1,4 +1,4 @@
-package interceptor
+package protokey
 
 import (
 	"cmp"
@@ -15,9 +15,10 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Fingerprint is the default FingerprintFunc: the SHA-256 of the full method
-// name, with its length in front, followed by the canonical encoding of req.
-// Every request has one, so the error is always nil.
+// Fingerprint is the SHA-256 of the full method name, with its length in
+// front, followed by the canonical encoding of req: the default fingerprint
+// of the gRPC and Connect adapters, so that one request fingerprints the same
+// over either. Every request has one, so the error is always nil.
 //
 // The canonical encoding of a message is its wire encoding with:
 //   - every field, known or unknown (GetUnknown), in ascending order of field
@@ -55,8 +56,16 @@ import (
 //     fingerprints as in releases that hashed that marshalling, so their
 //     records still match it.
 func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
+	return FingerprintWithout(fullMethod, req, nil)
+}
+
+// FingerprintWithout is Fingerprint with the field skip of req's own message
+// left out (nil leaves out nothing): a request's AIP-155 request_id, which
+// carries the key rather than the request.
+func FingerprintWithout(fullMethod string, req proto.Message, skip protoreflect.FieldDescriptor) (store.Fingerprint, error) {
 	e := encoders.Get().(*encoder)
 	defer e.release()
+	e.skip = skip
 	e.buf = store.AppendParts(e.buf[:0], fullMethod)
 	if req != nil {
 		e.buf = e.appendMessage(e.buf, req.ProtoReflect())
@@ -75,6 +84,7 @@ type encoder struct {
 	fields  []protoreflect.FieldDescriptor // the set fields of each message, by number
 	unknown []unknownField                 // the unknown fields of each message, by number
 	entries []mapEntry                     // the entries of each map, by key
+	skip    protoreflect.FieldDescriptor   // a field of the top message to leave out
 }
 
 // unknownField is one field of a message's unknown bytes, raw[start:end].
@@ -96,6 +106,7 @@ func (e *encoder) release() {
 	}
 	clear(e.fields[:cap(e.fields)])
 	clear(e.entries[:cap(e.entries)])
+	e.skip = nil
 	if cap(e.fields) > 1024 || cap(e.unknown) > 1024 || cap(e.entries) > 1024 {
 		*e = encoder{buf: e.buf}
 	}
@@ -109,8 +120,10 @@ func (e *encoder) appendMessage(b []byte, m protoreflect.Message) []byte {
 	md := m.Descriptor()
 	firstField := len(e.fields)
 	fields := md.Fields()
+	skip := e.skip
+	e.skip = nil // only the top message's own field
 	for i := range fields.Len() {
-		if fd := fields.Get(i); m.Has(fd) {
+		if fd := fields.Get(i); m.Has(fd) && fd != skip {
 			e.fields = append(e.fields, fd)
 		}
 	}

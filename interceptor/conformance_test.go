@@ -1,0 +1,99 @@
+package interceptor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/internal/conformance"
+	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+)
+
+// TestConformance runs the behaviour cases every entry point passes over a
+// real grpc-go client and server.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Adapter{
+		Name:  "grpc",
+		Serve: serveConformance,
+		Status: map[string]int{
+			idemkey.ReasonKeyMissing:       int(codes.InvalidArgument),
+			idemkey.ReasonKeyInvalid:       int(codes.InvalidArgument),
+			idemkey.ReasonKeyReused:        int(codes.InvalidArgument),
+			idemkey.ReasonInProgress:       int(codes.Aborted),
+			idemkey.ReasonStoreUnavailable: int(codes.Unavailable),
+			idemkey.ReasonStoreFull:        int(codes.ResourceExhausted),
+			"internal":                     int(codes.Internal),
+		},
+	}, conformance.Stores()...)
+}
+
+// conformanceService is the suite's Service behind the PaymentService's
+// CreateCharge: the description names the behaviour.
+type conformanceService struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+	svc *conformance.Service
+}
+
+func (s conformanceService) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	tenant, _ := bearerTenant(ctx)
+	id, res := s.svc.Handle(ctx, tenant, req.GetAmount(), req.GetDescription())
+	switch res {
+	case conformance.Recorded:
+		return nil, status.Error(codes.FailedPrecondition, "declined "+id)
+	case conformance.Released:
+		return nil, status.Error(codes.Unavailable, "try later "+id)
+	}
+	return &paymentsv1.Charge{Id: id, Amount: req.GetAmount()}, nil
+}
+
+// bearerTenant is the tenant of "authorization: Bearer TENANT".
+func bearerTenant(ctx context.Context) (string, error) {
+	v := metadata.ValueFromIncomingContext(ctx, "authorization")
+	if len(v) != 1 || !strings.HasPrefix(v[0], "Bearer ") {
+		return "", status.Error(codes.Unauthenticated, "no tenant")
+	}
+	return strings.TrimPrefix(v[0], "Bearer "), nil
+}
+
+func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+	opts := []interceptor.Option{interceptor.WithTenant(bearerTenant), interceptor.WithMaxRecordSize(cfg.MaxRecordSize),
+		interceptor.WithEngineOptions(cfg.Engine...)}
+	if cfg.KeyRequired {
+		opts = append(opts, interceptor.WithKeyRequired())
+	}
+	if cfg.Atomic {
+		opts = append(opts, interceptor.WithAtomic())
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(cfg.Store, opts...)))
+	paymentsv1.RegisterPaymentServiceServer(srv, conformanceService{svc: cfg.Service})
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	return func(ctx context.Context, r conformance.Request) conformance.Reply {
+		md := metadata.Pairs("authorization", "Bearer "+r.Tenant)
+		if r.Key != "" {
+			md.Append(idemkey.KeyMetadata, r.Key)
+			if r.KeyTwice {
+				md.Append(idemkey.KeyMetadata, r.Key)
+			}
+		}
+		var trailer metadata.MD
+		charge, err := client.CreateCharge(metadata.NewOutgoingContext(ctx, md),
+			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Trailer(&trailer))
+		reply := conformance.Reply{OK: err == nil, Replayed: idemkey.Replayed(trailer), Reason: idemkey.Reason(err)}
+		if err != nil {
+			st := status.Convert(err)
+			reply.Status, reply.Body = int(st.Code()), st.Message()
+			reply.RetryAfter, _ = idemkey.RetryDelay(err)
+			return reply
+		}
+		reply.Body = charge.GetId()
+		return reply
+	}
+}

@@ -1,0 +1,60 @@
+package conformance
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// Stores are the stores every adapter runs the cases on: memory, and
+// PostgreSQL in both modes, each case in a schema of its own (internal/pgtest).
+func Stores() []Store {
+	return []Store{
+		{Name: "memory", New: func(*testing.T) store.Store { return memory.New() }, Down: func(*testing.T) store.Store { return down{} }},
+		{Name: "postgres", New: newPostgres, Down: downPostgres, Atomic: true},
+	}
+}
+
+func newPostgres(t *testing.T) store.Store {
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// downPostgres is a PostgreSQL store whose server does not answer: nothing
+// listens on port 1.
+func downPostgres(t *testing.T) store.Store {
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// down is a store whose every operation fails, for the memory store, which
+// has no server to lose.
+type down struct{}
+
+func (down) Reserve(context.Context, store.Reservation) (store.Result, error) {
+	return store.Result{}, ErrDown
+}
+func (down) Complete(context.Context, store.Key, store.Token, []byte) error { return ErrDown }
+func (down) Release(context.Context, store.Key, store.Token) error          { return ErrDown }
+func (down) Sweep(context.Context, int) (int, error)                        { return 0, ErrDown }
