@@ -29,8 +29,13 @@ type CreateChargeRequest struct {
 	Currency          string                 `protobuf:"bytes,3,opt,name=currency,proto3" json:"currency,omitempty"`
 	Description       string                 `protobuf:"bytes,4,opt,name=description,proto3" json:"description,omitempty"`
 	MerchantReference string                 `protobuf:"bytes,5,opt,name=merchant_reference,json=merchantReference,proto3" json:"merchant_reference,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The idempotency key in the request itself (AIP-155): a UUID, the same on
+	// every retry of one charge. Either it or the idempotency-key metadata
+	// (the Idempotency-Key header over HTTP) is accepted; both, if they
+	// differ, are refused.
+	RequestId     string `protobuf:"bytes,6,opt,name=request_id,json=requestId,proto3" json:"request_id,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CreateChargeRequest) Reset() {
@@ -94,6 +99,13 @@ func (x *CreateChargeRequest) GetDescription() string {
 func (x *CreateChargeRequest) GetMerchantReference() string {
 	if x != nil {
 		return x.MerchantReference
+	}
+	return ""
+}
+
+func (x *CreateChargeRequest) GetRequestId() string {
+	if x != nil {
+		return x.RequestId
 	}
 	return ""
 }
@@ -358,14 +370,16 @@ var File_example_payments_v1_payments_proto protoreflect.FileDescriptor
 
 const file_example_payments_v1_payments_proto_rawDesc = "" +
 	"\n" +
-	"\"example/payments/v1/payments.proto\x12\x13example.payments.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xbb\x01\n" +
+	"\"example/payments/v1/payments.proto\x12\x13example.payments.v1\x1a\x1fgoogle/protobuf/timestamp.proto\"\xda\x01\n" +
 	"\x13CreateChargeRequest\x12\x1f\n" +
 	"\vcustomer_id\x18\x01 \x01(\tR\n" +
 	"customerId\x12\x16\n" +
 	"\x06amount\x18\x02 \x01(\x03R\x06amount\x12\x1a\n" +
 	"\bcurrency\x18\x03 \x01(\tR\bcurrency\x12 \n" +
 	"\vdescription\x18\x04 \x01(\tR\vdescription\x12-\n" +
-	"\x12merchant_reference\x18\x05 \x01(\tR\x11merchantReference\"\xfb\x01\n" +
+	"\x12merchant_reference\x18\x05 \x01(\tR\x11merchantReference\x12\x1d\n" +
+	"\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\xfb\x01\n" +
 	"\x06Charge\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +
