@@ -5,8 +5,10 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/protokey"
 )
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
@@ -30,7 +32,8 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 	}
 	ms := &methods{opts: o}
 	return func(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
-		if !ms.get(fullMethod).covered {
+		m := ms.get(fullMethod)
+		if !m.covered {
 			if ctx.Value(contextKeyMarker{}) != nil { // ContextWithKey's key is for covered methods
 				ctx = withoutKey(ctx)
 			}
@@ -47,7 +50,7 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 			return invoker(ctx, fullMethod, req, reply, cc, rest...)
 		}
 		md, _ := metadata.FromOutgoingContext(ctx)
-		if keys := md[idemkey.KeyMetadata]; len(keys) > 0 {
+		if keys := md[idemkey.KeyMetadata]; len(keys) > 0 || carriesKey(m, req) {
 			if _, _, err := idemkey.KeyFromMetadata(md); err != nil {
 				return err
 			}
@@ -56,6 +59,13 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
 		return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 	}
+}
+
+// carriesKey reports whether req carries its own key in m's key field
+// (WithKeyField).
+func carriesKey(m *method, req any) bool {
+	msg, ok := req.(proto.Message)
+	return ok && m.keyField != nil && protokey.KeyFromField(msg, m.keyField) != ""
 }
 
 // UseKey is a call option that sends key as the call's idempotency key, for

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey"
 )
 
 // method is what the interceptors need to know about one RPC method, looked
@@ -21,6 +22,8 @@ type method struct {
 	covered bool
 	atomic  bool                     // run in one transaction with its record: see WithAtomic
 	output  protoreflect.MessageType // nil if the method is not in the registry
+	// keyField is the request field that carries the key (AIP-155), if any.
+	keyField protoreflect.FieldDescriptor
 	op      *engine.Operation        // the server's operation; nil if not covered, or on the client
 }
 
@@ -49,6 +52,7 @@ func (ms *methods) describe(fullMethod string) *method {
 	m := &method{name: fullMethod}
 	if desc := lookup(fullMethod); desc != nil {
 		m.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
+		m.keyField = protokey.KeyField(desc.Input(), ms.opts.keyField)
 		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
 		level := opts.GetIdempotencyLevel()
 		m.covered = m.output != nil && // else its replies could not be replayed

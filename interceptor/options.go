@@ -60,7 +60,8 @@ type options struct {
 	engine      []engine.Option // the settings the engine reads
 	included    map[string]bool
 	excluded    map[string]bool
-	fingerprint FingerprintFunc
+	fingerprint FingerprintFunc // nil: protokey's, without the key field
+	keyField    string          // WithKeyField
 	recorded    map[codes.Code]bool
 	replayed    map[string]bool // metadata keys replayed from the record
 	atomicAll   bool
@@ -76,7 +77,7 @@ var defaultRecorded = []codes.Code{
 }
 
 func newOptions(opts []Option) *options {
-	o := &options{fingerprint: Fingerprint, recorded: codeSet(defaultRecorded)}
+	o := &options{recorded: codeSet(defaultRecorded)}
 	for _, opt := range opts {
 		opt(o)
 	}
@@ -123,6 +124,22 @@ func WithScope(s Scope) Option {
 // gRPC status goes to the caller as it is; any other becomes Internal.
 func WithFingerprint(f FingerprintFunc) Option {
 	return func(o *options) { o.fingerprint = f }
+}
+
+// WithKeyField takes the idempotency key from the request field name, as
+// AIP-155 does with request_id, in every covered method whose request has a
+// singular string field of that name. Without it, a field request_id
+// annotated (google.api.field_info).format = UUID4 is taken. A request that
+// sets the field and also carries the idempotency-key metadata with another
+// key is refused with InvalidArgument (IDEMPOTENCY_KEY_INVALID); one that
+// sets neither has no key. The default fingerprint leaves the field out, so
+// that a request fingerprints alike whichever way its key came; a
+// FingerprintFunc of your own should leave it out too.
+//
+// The client interceptor sends no key of its own with a request that sets
+// the field.
+func WithKeyField(name string) Option {
+	return func(o *options) { o.keyField = name }
 }
 
 // WithRecordedCodes sets the error codes whose outcome is recorded and

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -66,7 +67,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 // serve is intercept for a covered method; it sets c.Verdict to what became
 // of the call.
 func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, c *engine.Call) (any, error) {
-	key, ok, err := idemkey.KeyFromIncomingContext(ctx)
+	key, ok, err := s.key(ctx, req, m)
 	if err != nil {
 		c.Verdict = engine.KeyInvalid
 		return nil, err
@@ -90,7 +91,12 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 	if err != nil {
 		return nil, err
 	}
-	fp, err := s.opts.fingerprint(m.name, msg)
+	var fp store.Fingerprint
+	if s.opts.fingerprint == nil {
+		fp, err = protokey.FingerprintWithout(m.name, msg, m.keyField)
+	} else {
+		fp, err = s.opts.fingerprint(m.name, msg)
+	}
 	if err != nil {
 		if _, isStatus := status.FromError(err); isStatus {
 			return nil, err
@@ -121,6 +127,31 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	return nil, idemkey.StoreUnavailableError()
+}
+
+// key returns the call's idempotency key: from the metadata, or from the
+// request's key field (WithKeyField), which must then agree with the
+// metadata if that carries one too.
+func (s *server) key(ctx context.Context, req any, m *method) (key string, ok bool, err error) {
+	key, ok, err = idemkey.KeyFromIncomingContext(ctx)
+	if err != nil || m.keyField == nil {
+		return key, ok, err
+	}
+	msg, isMsg := req.(proto.Message)
+	if !isMsg {
+		return key, ok, nil
+	}
+	fieldKey := protokey.KeyFromField(msg, m.keyField)
+	switch {
+	case fieldKey == "":
+		return key, ok, nil
+	case ok && fieldKey != key:
+		return "", false, idemkey.InvalidKeyError("the request's " + string(m.keyField.Name()) + " and the " + idemkey.KeyMetadata + " metadata differ")
+	}
+	if err := idemkey.ValidateKey(fieldKey); err != nil {
+		return "", false, err
+	}
+	return fieldKey, true, nil
 }
 
 // retried reports whether gRPC's retry policy marks the call as a later
