@@ -11,8 +11,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
 )

@@ -24,7 +24,7 @@ type method struct {
 	output  protoreflect.MessageType // nil if the method is not in the registry
 	// keyField is the request field that carries the key (AIP-155), if any.
 	keyField protoreflect.FieldDescriptor
-	op      *engine.Operation        // the server's operation; nil if not covered, or on the client
+	op       *engine.Operation // the server's operation; nil if not covered, or on the client
 }
 
 // methods caches method lookups. gRPC calls interceptors only for registered
