@@ -70,6 +70,7 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 	opts := append([]interceptor.Option{
 		interceptor.WithTenant(Tenant),
 		interceptor.WithKeyRequired(),
+		interceptor.WithKeyField("request_id"), // AIP-155
 	}, cfg.Options...)
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))

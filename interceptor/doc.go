@@ -60,6 +60,16 @@
 //  5. records the outcome, or releases the key so that a retry runs again;
 //  6. returns the handler's own result.
 //
+// # The key in the request (AIP-155)
+//
+// Google's APIs carry the key in the request as request_id (AIP-155).
+// WithKeyField("request_id") takes it from there, as does a request_id
+// field annotated (google.api.field_info).format = UUID4 without the option.
+// Either the field or the metadata may carry the key; a call with both
+// must carry the same key in each, or it is refused (InvalidArgument,
+// IDEMPOTENCY_KEY_INVALID). The field is left out of the fingerprint, so a
+// request fingerprints alike whichever way its key came.
+//
 // # Fingerprint
 //
 // A key first used for one request and then for another is refused
@@ -131,6 +141,16 @@
 //
 // Run one method in one mode on every replica: a two-phase reservation of a
 // key that an atomic call holds waits for that call to end.
+//
+// # One request path for every entry point
+//
+// The interceptor translates gRPC into the request path of package engine
+// and back: the key from the metadata, the fingerprint of the protobuf
+// request, the outcome as a protobuf record. The Connect interceptor
+// (idemconnect) and the net/http middleware (idemhttp) are the engine's
+// other adapters. A Connect procedure has its gRPC method's name and
+// fingerprint, and both write one record format, so a key first used over
+// one replays over the other on the same store.
 //
 // # Calls to other services
 //
