@@ -81,9 +81,8 @@ func parseKey(values []string, binary bool) (string, bool, error) {
 // ValidateKey returns an InvalidKeyError unless key is 1 to MaxKeyLen bytes of
 // visible ASCII (0x21 to 0x7E). A UUID, a ULID or base64url text all qualify.
 func ValidateKey(key string) error {
-	var ke *engine.KeyError
-	if errors.As(engine.CheckKey(key), &ke) {
-		return InvalidKeyError(ke.Problem)
+	if err := engine.CheckKey(key); err != nil {
+		return InvalidKeyError(err.(*engine.KeyError).Problem)
 	}
 	return nil
 }

@@ -303,7 +303,8 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 		c.logWriteFailure(ctx, "complete", err)
 	default:
 		c.Log(ctx, slog.LevelError, "complete failed; it is tried again in the background until shortly before the lease ends", err)
-		go c.completeLater(ctx, outcome)
+		later := *c // a copy, so that c itself stays on its caller's stack
+		go later.completeLater(ctx, outcome)
 	}
 	c.ended = true
 	return nil
