@@ -3,6 +3,7 @@ module github.com/idemkey/idemkey
 go 1.26.0
 
 require (
+	connectrpc.com/connect v1.21.1
 	github.com/jackc/pgx/v5 v5.12.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/common v0.72.0
