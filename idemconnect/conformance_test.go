@@ -20,7 +20,7 @@ var conformanceStatus = map[string]int{
 	engine.ReasonInProgress:       int(connect.CodeAborted),
 	engine.ReasonStoreUnavailable: int(connect.CodeUnavailable),
 	engine.ReasonStoreFull:        int(connect.CodeResourceExhausted),
-	"internal":                     int(connect.CodeInternal),
+	"internal":                    int(connect.CodeInternal),
 }
 
 // TestConformance runs the behaviour cases every entry point passes over a
@@ -40,8 +40,10 @@ func TestConformance(t *testing.T) {
 	} {
 		t.Run(p.name, func(t *testing.T) {
 			conformance.Run(t, conformance.Adapter{
-				Name:   p.name,
-				Serve:  func(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply { return serveConformance(t, cfg, p.opts...) },
+				Name: p.name,
+				Serve: func(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+					return serveConformance(t, cfg, p.opts...)
+				},
 				Status: conformanceStatus,
 			}, p.stores...)
 		})

@@ -108,7 +108,9 @@ func mustEncodeStatus(msg string) []byte {
 	return raw
 }
 
-func internalError(msg string) *connect.Error { return connect.NewError(connect.CodeInternal, errors.New(msg)) }
+func internalError(msg string) *connect.Error {
+	return connect.NewError(connect.CodeInternal, errors.New(msg))
+}
 
 // recorded is an outcome read back from its record.
 type recorded struct {
