@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkey/idemkey/engine"
@@ -94,7 +95,10 @@ type counter struct{ runs atomic.Int64 }
 func (c *counter) handle(_ context.Context, req *chargeRequest) (*chargeResponse, error) {
 	n := c.runs.Add(1)
 	if req.Msg.GetDescription() == "decline" {
-		return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("card declined"))
+		err := connect.NewError(connect.CodeFailedPrecondition, errors.New("card declined"))
+		d, _ := connect.NewErrorDetail(declined)
+		err.AddDetail(d)
+		return nil, err
 	}
 	return connect.NewResponse(&paymentsv1.Charge{
 		Id: "ch_" + string(rune('0'+n)), Amount: req.Msg.GetAmount(), Currency: req.Msg.GetCurrency(),
@@ -108,6 +112,9 @@ func (c *counter) wantRuns(t *testing.T, want int64) {
 		t.Fatalf("the handler ran %d times, want %d", got, want)
 	}
 }
+
+// declined is the detail of a declined charge's error.
+var declined = &errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "payments.example"}
 
 // call makes one CreateCharge call with key (none if "") and tenant acme.
 func call(ctx context.Context, client *connect.Client[paymentsv1.CreateChargeRequest, paymentsv1.Charge], key string, msg *paymentsv1.CreateChargeRequest) (*chargeResponse, error) {
