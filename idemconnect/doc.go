@@ -85,6 +85,11 @@
 //     change the request: the fingerprint is of the request it sees. A
 //     TenantFunc reads the request's headers with
 //     connect.CallInfoForHandlerContext.
+//   - A handler that panics releases its key, and the panic goes on, as
+//     with the gRPC interceptor. connect.WithRecover is an interceptor too:
+//     give it before this one (outside it), or a panic reaches this
+//     interceptor as the Internal error WithRecover makes of it, which is
+//     recorded and replayed.
 //   - connect-go's gRPC protocol never sends a trailers-only response over
 //     HTTP/2, and grpc-go's retry policy retries only those: a grpc-go client
 //     calling a Connect server does not retry Aborted (in progress) by

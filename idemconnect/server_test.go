@@ -3,8 +3,10 @@ package idemconnect_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -181,4 +183,36 @@ func TestOptionErrors(t *testing.T) {
 	if _, err := idemconnect.NewServerInterceptor(eng, idemconnect.WithIncludedProcedures(getCharge)); err != nil {
 		t.Errorf("a known procedure: %v", err)
 	}
+}
+
+// A handler that panics leaves its key free: a retry runs it again.
+func TestPanicReleasesKey(t *testing.T) {
+	runs := &counter{}
+	handle := func(ctx context.Context, req *chargeRequest) (*chargeResponse, error) {
+		if runs.runs.Load() == 0 {
+			runs.runs.Add(1)
+			panic("boom")
+		}
+		return runs.handle(ctx, req)
+	}
+	mux := http.NewServeMux()
+	// WithRecover is an interceptor: given first, it is outside idemkey's,
+	// which sees the panic.
+	mux.Handle(createCharge, connect.NewUnaryHandler(createCharge, handle,
+		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
+			return connect.NewError(connect.CodeInternal, errors.New("panicked"))
+		}),
+		connect.WithInterceptors(newInterceptor(t, engine.New(memory.New())))))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	client := connect.NewClient[paymentsv1.CreateChargeRequest, paymentsv1.Charge](srv.Client(), srv.URL+createCharge)
+	req := &paymentsv1.CreateChargeRequest{Amount: 100}
+	if _, err := call(t.Context(), client, "k1", req); connect.CodeOf(err) != connect.CodeInternal {
+		t.Fatalf("first call: %v; want the recovered panic", err)
+	}
+	resp, err := call(t.Context(), client, "k1", req)
+	if err != nil || idemconnect.Replayed(resp.Header()) {
+		t.Fatalf("retry: %v, %v; want a fresh run", resp, err)
+	}
+	runs.wantRuns(t, 2)
 }
