@@ -1,0 +1,102 @@
+package idemconnect_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"connectrpc.com/connect"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemconnect"
+	"github.com/idemkey/idemkey/internal/conformance"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+)
+
+var conformanceStatus = map[string]int{
+	engine.ReasonKeyMissing:       int(connect.CodeInvalidArgument),
+	engine.ReasonKeyInvalid:       int(connect.CodeInvalidArgument),
+	engine.ReasonKeyReused:        int(connect.CodeInvalidArgument),
+	engine.ReasonInProgress:       int(connect.CodeAborted),
+	engine.ReasonStoreUnavailable: int(connect.CodeUnavailable),
+	engine.ReasonStoreFull:        int(connect.CodeResourceExhausted),
+	"internal":                    int(connect.CodeInternal),
+}
+
+// TestConformance runs the behaviour cases every entry point passes over a
+// real connect-go client and server: with the Connect protocol on every
+// store, and with the gRPC and gRPC-Web protocols, whose answers travel
+// differently (trailers), on the memory store.
+func TestConformance(t *testing.T) {
+	stores := conformance.Stores()
+	for _, p := range []struct {
+		name   string
+		stores []conformance.Store
+		opts   []connect.ClientOption
+	}{
+		{"connect", stores, nil},
+		{"connect-grpc", stores[:1], []connect.ClientOption{connect.WithGRPC()}},
+		{"connect-grpcweb", stores[:1], []connect.ClientOption{connect.WithGRPCWeb()}},
+	} {
+		t.Run(p.name, func(t *testing.T) {
+			conformance.Run(t, conformance.Adapter{
+				Name: p.name,
+				Serve: func(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+					return serveConformance(t, cfg, p.opts...)
+				},
+				Status: conformanceStatus,
+			}, p.stores...)
+		})
+	}
+}
+
+// conformanceHandler is the suite's Service behind CreateCharge: the
+// description names the behaviour.
+func conformanceHandler(svc *conformance.Service) chargeHandler {
+	return func(ctx context.Context, req *chargeRequest) (*chargeResponse, error) {
+		tenant, _ := bearerTenant(ctx)
+		id, res := svc.Handle(ctx, tenant, req.Msg.GetAmount(), req.Msg.GetDescription())
+		switch res {
+		case conformance.Recorded:
+			return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("declined "+id))
+		case conformance.Released:
+			return nil, connect.NewError(connect.CodeUnavailable, errors.New("try later "+id))
+		}
+		return connect.NewResponse(&paymentsv1.Charge{Id: id, Amount: req.Msg.GetAmount()}), nil
+	}
+}
+
+func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connect.ClientOption) func(context.Context, conformance.Request) conformance.Reply {
+	engOpts := []engine.Option{engine.WithTenant(bearerTenant), engine.WithMaxRecordSize(cfg.MaxRecordSize)}
+	if cfg.KeyRequired {
+		engOpts = append(engOpts, engine.WithKeyRequired())
+	}
+	var opts []idemconnect.Option
+	if cfg.Atomic {
+		opts = append(opts, idemconnect.WithAtomic())
+	}
+	eng := engine.New(cfg.Store, append(engOpts, cfg.Engine...)...)
+	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, eng, opts...))
+	client := newChargeClient(t, url, clientOpts...)
+	return func(ctx context.Context, r conformance.Request) conformance.Reply {
+		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour})
+		req.Header().Set("Authorization", "Bearer "+r.Tenant)
+		if r.Key != "" {
+			req.Header().Add(idemconnect.KeyHeader, r.Key)
+			if r.KeyTwice {
+				req.Header().Add(idemconnect.KeyHeader, r.Key)
+			}
+		}
+		resp, err := client.CallUnary(ctx, req)
+		if err != nil {
+			reply := conformance.Reply{Status: int(connect.CodeOf(err)), Reason: idemconnect.Reason(err)}
+			var ce *connect.Error
+			if errors.As(err, &ce) {
+				reply.Body, reply.Replayed = ce.Message(), idemconnect.Replayed(ce.Meta())
+			}
+			reply.RetryAfter, _ = idemconnect.RetryDelay(err)
+			return reply
+		}
+		return conformance.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemconnect.Replayed(resp.Header())}
+	}
+}

@@ -1,0 +1,152 @@
+package idemconnect
+
+import (
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemkey/idemkey/engine"
+)
+
+// Header names. http.Header canonicalizes them; gRPC clients see them in
+// lower case.
+const (
+	// KeyHeader carries the idempotency key from client to server: the
+	// metadata idempotency-key of the gRPC interceptor.
+	KeyHeader = "Idempotency-Key"
+	// ReplayedHeader is set to "true" on a replayed reply.
+	ReplayedHeader = "Idempotent-Replayed"
+	// RetryAfterHeader tells a client that finds its key in progress how
+	// many seconds to wait.
+	RetryAfterHeader = "Retry-After"
+	// PushbackHeader tells gRPC's retry policy how many milliseconds to wait
+	// (grpc-retry-pushback-ms).
+	PushbackHeader = "Grpc-Retry-Pushback-Ms"
+	// attemptsHeader counts the earlier attempts of a call that gRPC's retry
+	// policy sends again (grpc-previous-rpc-attempts).
+	attemptsHeader = "Grpc-Previous-Rpc-Attempts"
+)
+
+// ErrorDomain is the domain of the google.rpc.ErrorInfo on every idemkey
+// error, as in the gRPC interceptor.
+const ErrorDomain = "idemkey.dev"
+
+// Errors that answer for the handler. Their messages match the gRPC
+// interceptor's, and never quote the key, the tenant or the request.
+
+func missingKeyError() *connect.Error {
+	return newError(connect.CodeInvalidArgument, engine.ReasonKeyMissing,
+		"idempotency key required: set the "+KeyHeader+" header to one random key per operation")
+}
+
+func invalidKeyError(problem string) *connect.Error {
+	return newError(connect.CodeInvalidArgument, engine.ReasonKeyInvalid, "idempotency key malformed: "+problem)
+}
+
+// checkKey is engine.CheckKey as a Connect error.
+func checkKey(key string) *connect.Error {
+	var ke *engine.KeyError
+	if errors.As(engine.CheckKey(key), &ke) {
+		return invalidKeyError(ke.Problem)
+	}
+	return nil
+}
+
+func reusedKeyError() *connect.Error {
+	return newError(connect.CodeInvalidArgument, engine.ReasonKeyReused,
+		"idempotency key already used with a different request")
+}
+
+// inProgressError carries retryAfter three ways: a RetryInfo, Retry-After in
+// whole seconds (at least one) for HTTP clients, and the pushback in
+// milliseconds for gRPC's retry policy. Connect sends the error's metadata as
+// headers with its own protocol, and as trailers with gRPC and gRPC-Web.
+func inProgressError(retryAfter time.Duration) *connect.Error {
+	err := newError(connect.CodeAborted, engine.ReasonInProgress,
+		"a call with this idempotency key is in progress; retry after "+retryAfter.String(),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+	err.Meta()[RetryAfterHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Second, 1), 10)}
+	err.Meta()[PushbackHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Millisecond, 0), 10)}
+	return err
+}
+
+// ceilDiv is d/unit rounded up, at least least, without overflow.
+func ceilDiv(d, unit time.Duration, least int64) int64 {
+	n := int64(d / unit)
+	if d%unit > 0 {
+		n++
+	}
+	return max(n, least)
+}
+
+func storeUnavailableError() *connect.Error {
+	return newError(connect.CodeUnavailable, engine.ReasonStoreUnavailable,
+		"idempotency store unavailable; the call was not run")
+}
+
+func storeFullError(retryAfter time.Duration) *connect.Error {
+	return newError(connect.CodeResourceExhausted, engine.ReasonStoreFull,
+		"idempotency store full; the call was not run; retry after "+retryAfter.String(),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+}
+
+func newError(code connect.Code, reason, msg string, extra ...proto.Message) *connect.Error {
+	err := connect.NewError(code, errors.New(msg))
+	for _, m := range append([]proto.Message{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}}, extra...) {
+		// Only a message that cannot be marshalled fails, and these can.
+		if d, derr := connect.NewErrorDetail(m); derr == nil {
+			err.AddDetail(d)
+		}
+	}
+	return err
+}
+
+// Reason returns the idemkey reason (engine.ReasonKeyMissing and the others)
+// carried by err, a Connect error, or "" when err is not an idemkey error.
+func Reason(err error) string {
+	if info, ok := detail[*errdetails.ErrorInfo](err); ok && info.GetDomain() == ErrorDomain {
+		return info.GetReason()
+	}
+	return ""
+}
+
+// RetryDelay returns the wait an in-progress or store-full error asks of the
+// client, from its google.rpc.RetryInfo.
+func RetryDelay(err error) (time.Duration, bool) {
+	if ri, ok := detail[*errdetails.RetryInfo](err); ok && ri.GetRetryDelay() != nil {
+		return ri.GetRetryDelay().AsDuration(), true
+	}
+	return 0, false
+}
+
+// Replayed reports whether h marks a reply replayed from the record of an
+// earlier call rather than produced by running the handler. Look in the
+// response's Header() for a reply, or in the error's Meta() for an error
+// (see the package documentation).
+func Replayed(h http.Header) bool {
+	v := h.Values(ReplayedHeader)
+	return len(v) == 1 && v[0] == "true"
+}
+
+// detail returns the first detail of err of type T.
+func detail[T proto.Message](err error) (T, bool) {
+	var zero T
+	var ce *connect.Error
+	if !errors.As(err, &ce) {
+		return zero, false
+	}
+	for _, d := range ce.Details() {
+		if v, verr := d.Value(); verr == nil {
+			if t, ok := v.(T); ok {
+				return t, true
+			}
+		}
+	}
+	return zero, false
+}

@@ -1,0 +1,165 @@
+package idemconnect
+
+import (
+	"net/http"
+	"strings"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey/protokey"
+	"github.com/idemkey/idemkey/store"
+)
+
+// Option configures the server interceptor. The engine carries the settings
+// every adapter shares (tenant, key required, lease, retention, fail-open,
+// record size, logger, metrics); these are the Connect adapter's own.
+type Option interface{ applyServer(*options) }
+
+// ClientOption configures the client interceptor.
+type ClientOption interface{ applyClient(*clientOptions) }
+
+// ProcedureOption configures both interceptors: which procedures are covered.
+type ProcedureOption interface {
+	Option
+	ClientOption
+}
+
+// FingerprintFunc hashes the parts of a request that make it "the same
+// request". The default is protokey.Fingerprint, which the gRPC interceptor
+// uses too, so that a request fingerprints the same over either.
+type FingerprintFunc func(procedure string, req proto.Message) (store.Fingerprint, error)
+
+// coverage is what both interceptors read: the procedures forced in or out.
+type coverage struct {
+	included map[string]bool
+	excluded map[string]bool
+}
+
+// options is shared by every call of one server interceptor; it is never
+// modified after construction.
+type options struct {
+	coverage
+	fingerprint FingerprintFunc
+	recorded    map[connect.Code]bool
+	replayed    map[string]bool // lower-case header names replayed from the record
+	atomicAll   bool
+	atomic      map[string]bool
+}
+
+type clientOptions struct {
+	coverage
+}
+
+// defaultRecorded are the error codes whose outcome is final, as in the gRPC
+// interceptor: a retry would get the same answer, so it gets the recorded
+// one. Every other code releases the key.
+var defaultRecorded = []connect.Code{
+	connect.CodeNotFound, connect.CodeAlreadyExists, connect.CodeFailedPrecondition, connect.CodeOutOfRange,
+	connect.CodeUnimplemented, connect.CodeInternal, connect.CodeUnknown, connect.CodeDataLoss,
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{fingerprint: protokey.Fingerprint, recorded: codeSet(defaultRecorded)}
+	for _, opt := range opts {
+		opt.applyServer(o)
+	}
+	return o
+}
+
+func newClientOptions(opts []ClientOption) *clientOptions {
+	o := &clientOptions{}
+	for _, opt := range opts {
+		opt.applyClient(o)
+	}
+	return o
+}
+
+type serverOption func(*options)
+
+func (f serverOption) applyServer(o *options) { f(o) }
+
+type procedureOption func(*coverage)
+
+func (f procedureOption) applyServer(o *options)       { f(&o.coverage) }
+func (f procedureOption) applyClient(o *clientOptions) { f(&o.coverage) }
+
+// WithIncludedProcedures covers the given procedures ("/package.Service/Method")
+// whatever their idempotency level says.
+func WithIncludedProcedures(procedures ...string) ProcedureOption {
+	return procedureOption(func(c *coverage) { c.included = addAll(c.included, procedures...) })
+}
+
+// WithExcludedProcedures leaves the given procedures uncovered: they pass
+// through untouched. It wins over WithIncludedProcedures.
+func WithExcludedProcedures(procedures ...string) ProcedureOption {
+	return procedureOption(func(c *coverage) { c.excluded = addAll(c.excluded, procedures...) })
+}
+
+// WithFingerprint replaces protokey.Fingerprint, for example to leave out a
+// field the client sets anew on every attempt. An error that is a
+// *connect.Error goes to the caller as it is; any other becomes Internal.
+// Keys are shared with the gRPC interceptor only if both fingerprint alike.
+func WithFingerprint(f FingerprintFunc) Option {
+	return serverOption(func(o *options) { o.fingerprint = f })
+}
+
+// WithRecordedCodes sets the error codes whose outcome is recorded and
+// replayed; a handler error with any other code releases the key so that a
+// retry runs the handler again. A success is always recorded. The default,
+// as in the gRPC interceptor, is NotFound, AlreadyExists,
+// FailedPrecondition, OutOfRange, Unimplemented, Internal, Unknown and
+// DataLoss.
+func WithRecordedCodes(codes ...connect.Code) Option {
+	return serverOption(func(o *options) { o.recorded = codeSet(codes) })
+}
+
+// WithReplayedHeaders records the response headers and trailers the handler
+// sets under the given names (any case; "-bin" names are decoded, as gRPC
+// metadata is binary there) and replays them with the outcome. By default
+// none is replayed. A replay sends only the names listed now.
+//
+// A replay goes to every caller of the tenant who resends the key, so never
+// list a header that belongs to one caller, such as a cookie.
+func WithReplayedHeaders(names ...string) Option {
+	return serverOption(func(o *options) {
+		for _, n := range names {
+			o.replayed = addAll(o.replayed, strings.ToLower(n))
+		}
+	})
+}
+
+// WithAtomic runs every covered procedure in atomic mode, as the gRPC
+// interceptor's WithAtomic does; WithAtomicProcedures chooses some. The
+// engine's store must implement store.Atomic (store/postgres does), else
+// NewServerInterceptor returns an error.
+func WithAtomic() Option {
+	return serverOption(func(o *options) { o.atomicAll = true })
+}
+
+// WithAtomicProcedures runs the given procedures in atomic mode; see
+// WithAtomic.
+func WithAtomicProcedures(procedures ...string) Option {
+	return serverOption(func(o *options) { o.atomic = addAll(o.atomic, procedures...) })
+}
+
+func codeSet(cs []connect.Code) map[connect.Code]bool {
+	set := make(map[connect.Code]bool, len(cs))
+	for _, c := range cs {
+		set[c] = true
+	}
+	return set
+}
+
+func addAll(set map[string]bool, items ...string) map[string]bool {
+	if set == nil {
+		set = make(map[string]bool, len(items))
+	}
+	for _, it := range items {
+		set[it] = true
+	}
+	return set
+}
+
+// canonical is the http.Header form of a lower-case name.
+func canonical(name string) string { return http.CanonicalHeaderKey(name) }

@@ -1,0 +1,241 @@
+package idemconnect
+
+import (
+	"context"
+	"errors"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+)
+
+// The record is the gRPC interceptor's, byte for byte in meaning: an
+// idemkeyv1.Outcome with the response message's protobuf bytes, or the
+// error's code, message and details (google.protobuf.Any), and the replayed
+// header and trailer entries under lower-case names. So a record made over
+// one transport replays over the other.
+
+// encodeOutcome turns a handler's result into the bytes a store records.
+// record is false when the result must be released instead.
+func encodeOutcome(resp connect.AnyResponse, herr error, recorded map[connect.Code]bool, kept *kept) (raw []byte, record bool, err error) {
+	var out idemkeyv1.Outcome
+	if kept != nil {
+		out.Header, out.Trailer = toEntries(kept.header), toEntries(kept.trailer)
+	}
+	if herr != nil {
+		st := statusOf(herr)
+		if st.Code == 0 || !recorded[connect.Code(st.Code)] {
+			return nil, false, nil
+		}
+		out.Result = &idemkeyv1.Outcome_Status{Status: st}
+		raw, err = proto.Marshal(&out)
+		return raw, err == nil, err
+	}
+	msg, ok := resp.Any().(proto.Message)
+	if !ok {
+		return nil, false, errors.New("the response is not a protobuf message")
+	}
+	// As in the gRPC interceptor, the response is marshalled straight into its
+	// field of the Outcome.
+	size := proto.Size(msg)
+	raw = make([]byte, 0, size+protowire.SizeVarint(uint64(size))+1+proto.Size(&out))
+	raw = protowire.AppendTag(raw, outcomeResponse, protowire.BytesType)
+	raw = protowire.AppendVarint(raw, uint64(size))
+	if raw, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(raw, msg); err != nil {
+		return nil, false, err
+	}
+	raw, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, &out)
+	return raw, err == nil, err
+}
+
+// outcomeResponse is the field number of Outcome.response.
+var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()
+
+// statusOf is the status Connect sends for a handler's error: a
+// *connect.Error's own; a context error, even wrapped, is Canceled or
+// DeadlineExceeded; any other error is Unknown with its text.
+func statusOf(err error) *idemkeyv1.Status {
+	var ce *connect.Error
+	if errors.As(err, &ce) && ce != nil {
+		st := &idemkeyv1.Status{Code: int32(ce.Code()), Message: []byte(ce.Message())}
+		for _, d := range ce.Details() {
+			st.Details = append(st.Details, &anypb.Any{TypeUrl: typeURLPrefix + d.Type(), Value: d.Bytes()})
+		}
+		return st
+	}
+	code := connect.CodeUnknown
+	switch {
+	case errors.Is(err, context.Canceled):
+		code = connect.CodeCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		code = connect.CodeDeadlineExceeded
+	}
+	return &idemkeyv1.Status{Code: int32(code), Message: []byte(err.Error())}
+}
+
+// typeURLPrefix is the prefix of the type URL of a detail: Connect names a
+// detail by its message's full name alone, gRPC by this URL.
+const typeURLPrefix = "type.googleapis.com/"
+
+// unrecordable, tooLarge and noRoom are the outcomes recorded when the
+// handler's own cannot be, with the gRPC interceptor's messages: the handler
+// ran, so its key must not be released. The caller gets the error too, as
+// every retry does.
+var (
+	unrecordableMsg = "idemkey: the reply of this call could not be recorded"
+	unrecordable    = mustEncodeStatus(unrecordableMsg)
+	tooLargeMsg     = "idemkey: the reply of this call is too large to record"
+	tooLarge        = mustEncodeStatus(tooLargeMsg)
+	noRoomMsg       = "idemkey: the reply of this call could not be recorded: the idempotency store is full"
+	noRoom          = mustEncodeStatus(noRoomMsg) // within store.SmallOutcome
+)
+
+func mustEncodeStatus(msg string) []byte {
+	raw, err := proto.Marshal(&idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Status{
+		Status: &idemkeyv1.Status{Code: int32(connect.CodeInternal), Message: []byte(msg)},
+	}})
+	if err != nil {
+		panic(err) // a status without details always marshals
+	}
+	return raw
+}
+
+func internalError(msg string) *connect.Error {
+	return connect.NewError(connect.CodeInternal, errors.New(msg))
+}
+
+// recorded is an outcome read back from its record.
+type recorded struct {
+	resp            proto.Message  // the response, when the handler succeeded
+	err             *connect.Error // the handler's error, otherwise
+	header, trailer []*idemkeyv1.MetadataEntry
+}
+
+// decodeOutcome reads a recorded outcome back, its response a message of type
+// output. An error means the record cannot be read; a corrupt record never
+// panics.
+func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error) {
+	var out idemkeyv1.Outcome
+	if err := proto.Unmarshal(raw, &out); err != nil {
+		return recorded{}, err
+	}
+	rec := recorded{header: out.GetHeader(), trailer: out.GetTrailer()}
+	switch r := out.GetResult().(type) {
+	case *idemkeyv1.Outcome_Response:
+		msg := output.New().Interface()
+		if err := proto.Unmarshal(r.Response, msg); err != nil {
+			return recorded{}, err
+		}
+		rec.resp = msg
+	case *idemkeyv1.Outcome_Status:
+		st := r.Status
+		if st.GetCode() == 0 {
+			return recorded{}, errors.New("recorded error has code OK")
+		}
+		rec.err = connect.NewError(connect.Code(st.GetCode()), errors.New(string(st.GetMessage())))
+		for _, a := range st.GetDetails() {
+			d, err := connect.NewErrorDetail(a) // an Any is kept as it is
+			if err != nil {
+				return recorded{}, err
+			}
+			rec.err.AddDetail(d)
+		}
+	default:
+		return recorded{}, errors.New("recorded outcome holds neither a response nor an error")
+	}
+	return rec, nil
+}
+
+// replayedMessage is the response of a replay. A *connect.Response must be
+// built for the handler's own response type, which an interceptor cannot
+// name, so the replayed message rides in this wrapper: a proto.Message whose
+// reflection is the message's own, which Connect's codecs marshal as the
+// message itself.
+type replayedMessage struct{ proto.Message }
+
+// kept is the allow-listed header and trailer metadata of one call, under
+// lower-case names, binary values decoded.
+type kept struct {
+	allowed         map[string]bool
+	header, trailer map[string][][]byte
+	before          map[string]int // values already in the CallInfo's header ("h:"+name) or trailer ("t:"+name) before the handler
+}
+
+// newKept starts keeping what the handler of a call sets, apart from what
+// outer interceptors set in its CallInfo before.
+func newKept(allowed map[string]bool, info connect.CallInfo) *kept {
+	k := &kept{allowed: allowed}
+	if info != nil {
+		k.before = map[string]int{}
+		for name, vs := range info.ResponseHeader() {
+			k.before["h:"+strings.ToLower(name)] += len(vs)
+		}
+		for name, vs := range info.ResponseTrailer() {
+			k.before["t:"+strings.ToLower(name)] += len(vs)
+		}
+	}
+	return k
+}
+
+// add keeps the allow-listed part of h, skipping for each name the first
+// skip[prefix+name] values.
+func (k *kept) add(dst *map[string][][]byte, h http.Header, prefix string) {
+	for name, vs := range h {
+		lower := strings.ToLower(name)
+		if !k.allowed[lower] {
+			continue
+		}
+		if prefix != "" {
+			vs = vs[min(k.before[prefix+lower], len(vs)):]
+		}
+		for _, v := range vs {
+			if *dst == nil {
+				*dst = map[string][][]byte{}
+			}
+			(*dst)[lower] = append((*dst)[lower], decodeValue(lower, v))
+		}
+	}
+}
+
+func decodeValue(name, v string) []byte {
+	if strings.HasSuffix(name, "-bin") {
+		if b, err := connect.DecodeBinaryHeader(v); err == nil {
+			return b
+		}
+	}
+	return []byte(v)
+}
+
+func toEntries(m map[string][][]byte) []*idemkeyv1.MetadataEntry {
+	entries := make([]*idemkeyv1.MetadataEntry, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		entries = append(entries, &idemkeyv1.MetadataEntry{Key: k, Values: m[k]})
+	}
+	return entries
+}
+
+// addEntries adds the entries whose names are allowed to h.
+func addEntries(h http.Header, entries []*idemkeyv1.MetadataEntry, allowed map[string]bool) {
+	for _, e := range entries {
+		name := e.GetKey()
+		if !allowed[name] {
+			continue
+		}
+		key := canonical(name)
+		for _, v := range e.GetValues() {
+			if strings.HasSuffix(name, "-bin") {
+				h[key] = append(h[key], connect.EncodeBinaryHeader(v))
+			} else {
+				h[key] = append(h[key], string(v))
+			}
+		}
+	}
+}

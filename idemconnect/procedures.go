@@ -1,0 +1,163 @@
+package idemconnect
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+
+	"connectrpc.com/connect"
+	"go.opentelemetry.io/otel/attribute"
+	rpccode "google.golang.org/genproto/googleapis/rpc/code"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/reflect/protoregistry"
+	"google.golang.org/protobuf/types/descriptorpb"
+
+	"github.com/idemkey/idemkey/engine"
+)
+
+// procedure is what the interceptors need to know about one procedure,
+// decided on its first call.
+type procedure struct {
+	name    string // "/package.Service/Method"
+	covered bool
+	output  protoreflect.MessageType // nil if the procedure is not in the registry
+	op      *engine.Operation        // the server's; nil if not covered, or on the client
+}
+
+// procedures caches procedure lookups. Connect calls interceptors only for
+// the procedures its handlers serve, and names them by the handler's
+// procedure rather than the request's path, so the cache is bounded by the
+// service's own API.
+type procedures struct {
+	cov       coverage
+	atomicAll bool
+	atomic    map[string]bool
+	eng       *engine.Engine // the server's; nil on the client
+	cache     sync.Map       // procedure -> *procedure
+}
+
+func (ps *procedures) get(spec connect.Spec) *procedure {
+	if p, ok := ps.cache.Load(spec.Procedure); ok {
+		return p.(*procedure)
+	}
+	p, _ := ps.cache.LoadOrStore(spec.Procedure, ps.describe(spec))
+	return p.(*procedure)
+}
+
+// describe decides whether a procedure is covered, as the gRPC interceptor
+// decides for a method: every procedure not marked NO_SIDE_EFFECTS or
+// IDEMPOTENT (in its proto, or by connect.WithIdempotency), except those of
+// gRPC's own services (package grpc.*), unless an option says otherwise. A
+// procedure whose response type is missing from the protobuf registry is
+// covered only when included by name.
+func (ps *procedures) describe(spec connect.Spec) *procedure {
+	p := &procedure{name: spec.Procedure}
+	desc, _ := spec.Schema.(protoreflect.MethodDescriptor)
+	if desc == nil {
+		desc = lookup(spec.Procedure)
+	}
+	if desc != nil {
+		p.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
+		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
+		level := opts.GetIdempotencyLevel()
+		p.covered = p.output != nil && // else its replies could not be replayed
+			!strings.HasPrefix(spec.Procedure, "/grpc.") &&
+			level != descriptorpb.MethodOptions_NO_SIDE_EFFECTS &&
+			level != descriptorpb.MethodOptions_IDEMPOTENT
+	}
+	if spec.IdempotencyLevel == connect.IdempotencyNoSideEffects || spec.IdempotencyLevel == connect.IdempotencyIdempotent {
+		p.covered = false
+	}
+	if ps.cov.included[spec.Procedure] {
+		p.covered = true
+	}
+	if ps.cov.excluded[spec.Procedure] {
+		p.covered = false
+	}
+	if p.covered && ps.eng != nil {
+		// NewServerInterceptor checked that atomic mode has a store for it,
+		// the one way this fails.
+		p.op, _ = ps.eng.Operation(engine.OperationSpec{
+			Name:    spec.Procedure,
+			Atomic:  ps.atomicAll || ps.atomic[spec.Procedure],
+			Metrics: connectMetrics(spec.Procedure),
+		})
+	}
+	return p
+}
+
+// lookup finds a method descriptor by its procedure, "/package.Service/Method".
+func lookup(procedure string) protoreflect.MethodDescriptor {
+	service, name, ok := strings.Cut(strings.TrimPrefix(procedure, "/"), "/")
+	if !ok {
+		return nil
+	}
+	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
+	if err != nil {
+		return nil
+	}
+	sd, ok := d.(protoreflect.ServiceDescriptor)
+	if !ok {
+		return nil
+	}
+	return sd.Methods().ByName(protoreflect.Name(name))
+}
+
+// checkProcedures returns an error naming each procedure that an option
+// names and the protobuf registry does not know, or that WithAtomicProcedures
+// names but the options leave uncovered: a typo, or a bare "CreateCharge",
+// would otherwise be ignored without a word.
+func checkProcedures(cov coverage, atomic map[string]bool) error {
+	var problems []string
+	for _, set := range []struct {
+		option string
+		names  map[string]bool
+	}{{"WithIncludedProcedures", cov.included}, {"WithExcludedProcedures", cov.excluded}, {"WithAtomicProcedures", atomic}} {
+		for _, name := range slices.Sorted(maps.Keys(set.names)) {
+			if lookup(name) == nil {
+				problems = append(problems, fmt.Sprintf("%s(%q): no such procedure in the protobuf registry; want \"/package.Service/Method\" of a generated service", set.option, name))
+			}
+		}
+	}
+	ps := &procedures{cov: cov}
+	for _, name := range slices.Sorted(maps.Keys(atomic)) {
+		if lookup(name) != nil && !ps.describe(connect.Spec{Procedure: name}).covered {
+			problems = append(problems, fmt.Sprintf("WithAtomicProcedures(%q): the procedure is not covered (its idempotency_level, or WithExcludedProcedures), so it would never run in atomic mode", name))
+		}
+	}
+	if len(problems) > 0 {
+		return fmt.Errorf("idemkey: %s", strings.Join(problems, "; "))
+	}
+	return nil
+}
+
+// connectMetrics labels a procedure's measurements with the stable OpenTelemetry
+// RPC conventions, as the gRPC interceptor labels a method's, so that one
+// query covers both: rpc.system.name "connectrpc" (the conventions' value
+// for Connect, whichever of its protocols carried the call), rpc.service,
+// rpc.method "package.Service/Method", and rpc.response.status_code the
+// code's canonical name ("OK", "INVALID_ARGUMENT"). otelconnect still emits
+// the older conventions (rpc.system "connect_rpc", "grpc" or "grpc_web" by
+// protocol; rpc.grpc.status_code or rpc.connect_rpc.error_code): join with
+// it on rpc.service (its rpc.method is the bare method name).
+func connectMetrics(procedure string) engine.MetricsSpec {
+	method := strings.TrimPrefix(procedure, "/")
+	service, _, _ := strings.Cut(method, "/")
+	return engine.MetricsSpec{
+		Attributes: []attribute.KeyValue{
+			attribute.String("rpc.system.name", "connectrpc"),
+			attribute.String("rpc.service", service),
+			attribute.String("rpc.method", method),
+		},
+		Status: statusCodeAttr,
+	}
+}
+
+func statusCodeAttr(code int) attribute.KeyValue {
+	if code < 0 || code > int(connect.CodeUnauthenticated) {
+		code = int(connect.CodeUnknown)
+	}
+	return attribute.String("rpc.response.status_code", rpccode.Code(code).String())
+}

@@ -1,0 +1,265 @@
+package idemconnect
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+
+	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
+)
+
+// NewServerInterceptor returns an interceptor for Connect handlers that runs
+// each covered unary call at most once per idempotency key on eng, and
+// replays its recorded outcome to every retry. Streaming calls, and calls of
+// clients, pass through untouched.
+//
+// It returns an error for mistakes to catch at start-up: WithAtomic or
+// WithAtomicProcedures on an engine whose store does not implement
+// store.Atomic, or a procedure named in WithIncludedProcedures,
+// WithExcludedProcedures or WithAtomicProcedures that the protobuf registry
+// does not know (or, for WithAtomicProcedures, that is not covered).
+func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Interceptor, error) {
+	if eng == nil {
+		return nil, errors.New("idemkey: NewServerInterceptor needs an engine")
+	}
+	o := newOptions(opts)
+	if err := checkProcedures(o.coverage, o.atomic); err != nil {
+		return nil, err
+	}
+	if o.atomicAll || len(o.atomic) > 0 {
+		if _, err := eng.Operation(engine.OperationSpec{Atomic: true}); err != nil {
+			return nil, err
+		}
+	}
+	return &server{eng: eng, opts: o, procs: &procedures{cov: o.coverage, atomicAll: o.atomicAll, atomic: o.atomic, eng: eng}}, nil
+}
+
+// server translates Connect calls into the engine's request path and back:
+// where the key comes from (the Idempotency-Key header), how the request is
+// fingerprinted, and how an outcome is recorded (outcome.go) and replayed.
+type server struct {
+	eng   *engine.Engine
+	opts  *options
+	procs *procedures
+}
+
+func (s *server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
+	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
+		if req.Spec().IsClient {
+			return next(ctx, req)
+		}
+		p := s.procs.get(req.Spec())
+		if !p.covered {
+			return next(ctx, req)
+		}
+		c := s.eng.Call(p.op)
+		resp, err := s.serve(ctx, req, p, next, &c)
+		c.End(ctx, int(codeOf(err)))
+		return resp, err
+	}
+}
+
+func (s *server) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
+	return next
+}
+
+func (s *server) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
+	return next
+}
+
+// codeOf is the code Connect sends for err.
+func codeOf(err error) connect.Code {
+	if err == nil {
+		return 0
+	}
+	return connect.Code(statusOf(err).Code)
+}
+
+// serve is the interceptor for a covered procedure; it sets c.Verdict to what
+// became of the call.
+func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure, next connect.UnaryFunc, c *engine.Call) (connect.AnyResponse, error) {
+	key, ok, kerr := keyFromHeader(req.Header())
+	if kerr != nil {
+		c.Verdict = engine.KeyInvalid
+		return nil, kerr
+	}
+	if !ok {
+		if s.eng.KeyRequired() {
+			c.Verdict = engine.KeyMissing
+			return nil, missingKeyError()
+		}
+		c.Verdict = engine.NoKey
+		return next(ctx, req)
+	}
+	if p.output == nil {
+		return nil, internalError("idemkey: the procedure is not in the protobuf registry, so its replies cannot be replayed")
+	}
+	msg, ok := req.Any().(proto.Message)
+	if !ok {
+		return nil, internalError("idemkey: the request is not a protobuf message")
+	}
+	tenant, err := s.eng.Tenant(ctx)
+	if err != nil {
+		return nil, err
+	}
+	fp, err := s.opts.fingerprint(p.name, msg)
+	if err != nil {
+		if ce := (*connect.Error)(nil); errors.As(err, &ce) {
+			return nil, err
+		}
+		c.Log(ctx, slog.LevelError, "fingerprint failed", err)
+		return nil, internalError("idemkey: the request could not be fingerprinted")
+	}
+
+	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(req.Header())})
+	switch c.Verdict {
+	case engine.Executed:
+		return s.run(ctx, c, req, next)
+	case engine.FailedOpen:
+		return next(c.Context(ctx), req)
+	case engine.Replayed:
+		return s.replay(ctx, c, p, req)
+	case engine.InProgress:
+		return nil, inProgressError(c.RetryAfter)
+	case engine.Reused:
+		return nil, reusedKeyError()
+	case engine.StoreFull:
+		return nil, storeFullError(c.RetryAfter)
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, connect.NewError(connect.Code(statusOf(err).Code), err)
+	}
+	return nil, storeUnavailableError()
+}
+
+// keyFromHeader returns the idempotency key of h. ok is false when h carries
+// none. A key that is malformed, sent more than once (two header lines, or
+// two gRPC metadata values) or sent as binary metadata is an error that
+// never quotes the key.
+func keyFromHeader(h http.Header) (key string, ok bool, err *connect.Error) {
+	if len(h[KeyHeader+"-Bin"]) > 0 {
+		return "", false, invalidKeyError("it was sent as binary metadata")
+	}
+	switch vs := h[KeyHeader]; len(vs) {
+	case 0:
+		return "", false, nil
+	case 1:
+		if err := checkKey(vs[0]); err != nil {
+			return "", false, err
+		}
+		return vs[0], true, nil
+	default:
+		return "", false, invalidKeyError("it was sent more than once")
+	}
+}
+
+// retried reports whether gRPC's retry policy marks the call as a later
+// attempt, as it does over Connect's gRPC protocol too.
+func retried(h http.Header) bool {
+	v := h[attemptsHeader]
+	return len(v) > 0 && v[0] != "0"
+}
+
+// DerivedKey returns the idempotency key for a call that the handler of ctx
+// makes to another idempotent API, labelled by label (engine.DerivedKey). It
+// is the key the gRPC interceptor derives for the same call. ok is false if
+// ctx is not the handler context of a covered call with a key.
+func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
+	return engine.DerivedKey(ctx, label)
+}
+
+// run runs the handler for an acquired key, then records its outcome or
+// releases the key. In atomic mode only a success keeps the handler's
+// writes: a recorded error, or a reply that could not be recorded, undoes
+// them.
+func (s *server) run(ctx context.Context, c *engine.Call, req connect.AnyRequest, next connect.UnaryFunc) (connect.AnyResponse, error) {
+	var k *kept
+	info, _ := connect.CallInfoForHandlerContext(ctx)
+	if len(s.opts.replayed) > 0 {
+		k = newKept(s.opts.replayed, info)
+	}
+	defer c.Abandon(ctx) // the handler panicked: let a retry run again
+	resp, err := next(c.Context(ctx), req)
+	if k != nil {
+		if info != nil {
+			k.add(&k.header, info.ResponseHeader(), "h:")
+			k.add(&k.trailer, info.ResponseTrailer(), "t:")
+		}
+		if err == nil && resp != nil {
+			k.add(&k.header, resp.Header(), "")
+			k.add(&k.trailer, resp.Trailer(), "")
+		} else if ce := (*connect.Error)(nil); errors.As(err, &ce) && !connect.IsWireError(err) {
+			// gRPC sends an error's metadata as trailers; so does the record.
+			// Connect drops it from a wire error, and so does the record.
+			k.add(&k.trailer, ce.Meta(), "")
+		}
+	}
+	if err == nil && resp == nil {
+		err = internalError("idemkey: the handler returned no response and no error")
+	}
+
+	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, k)
+	if encodeErr != nil {
+		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
+		return s.recordInstead(ctx, c, unrecordable, unrecordableMsg)
+	}
+	if !record {
+		c.Release(ctx)
+		return resp, err
+	}
+	switch recErr := c.Record(ctx, outcome, err == nil); {
+	case errors.Is(recErr, engine.ErrTooLarge):
+		return s.recordInstead(ctx, c, tooLarge, tooLargeMsg)
+	case errors.Is(recErr, store.ErrFull):
+		return s.recordInstead(ctx, c, noRoom, noRoomMsg)
+	case recErr != nil:
+		return nil, storeUnavailableError()
+	}
+	return resp, err
+}
+
+// recordInstead records a short Internal in place of a reply that cannot be
+// recorded: the handler has run, so its key must not be released. The caller
+// gets it too, as every retry will.
+func (s *server) recordInstead(ctx context.Context, c *engine.Call, outcome []byte, msg string) (connect.AnyResponse, error) {
+	if recErr := c.Record(ctx, outcome, false); recErr != nil {
+		return nil, storeUnavailableError()
+	}
+	return nil, internalError(msg)
+}
+
+// replay answers a retry with the recorded outcome, marked replayed: a reply
+// by the header Idempotent-Replayed and, over gRPC and gRPC-Web, the trailer
+// too, where grpc-go clients look for it; an error by its metadata, which
+// Connect sends as headers with its own protocol and as trailers with gRPC's.
+func (s *server) replay(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest) (connect.AnyResponse, error) {
+	rec, err := decodeOutcome(c.Outcome, p.output)
+	if err != nil {
+		c.Log(ctx, slog.LevelError, "recorded outcome is corrupt", err)
+		return nil, internalError("idemkey: the recorded outcome of this call cannot be read")
+	}
+	// The allow-list of today applies, not the one the record was made under.
+	if rec.err != nil {
+		if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
+			addEntries(info.ResponseHeader(), rec.header, s.opts.replayed)
+		} else {
+			addEntries(rec.err.Meta(), rec.header, s.opts.replayed)
+		}
+		addEntries(rec.err.Meta(), rec.trailer, s.opts.replayed)
+		rec.err.Meta()[ReplayedHeader] = []string{"true"}
+		return nil, rec.err
+	}
+	resp := connect.NewResponse(&replayedMessage{rec.resp})
+	addEntries(resp.Header(), rec.header, s.opts.replayed)
+	addEntries(resp.Trailer(), rec.trailer, s.opts.replayed)
+	resp.Header()[ReplayedHeader] = []string{"true"}
+	if protocol := req.Peer().Protocol; protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb {
+		resp.Trailer()[ReplayedHeader] = []string{"true"}
+	}
+	return resp, nil
+}
