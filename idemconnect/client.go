@@ -4,8 +4,10 @@ import (
 	"context"
 
 	"connectrpc.com/connect"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey"
 )
 
 // NewClientInterceptor returns an interceptor for Connect clients that
@@ -39,12 +41,16 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if cl.err != nil {
 			return nil, connect.NewError(connect.CodeInternal, cl.err)
 		}
-		if !cl.procs.get(req.Spec()).covered {
+		p := cl.procs.get(req.Spec())
+		if !p.covered {
 			return next(ctx, req)
 		}
 		h := req.Header()
 		switch vs := h[KeyHeader]; len(vs) {
 		case 0:
+			if msg, ok := req.Any().(proto.Message); ok && p.keyField != nil && protokey.KeyFromField(msg, p.keyField) != "" {
+				break // the request carries its own key
+			}
 			key, ok := ctx.Value(contextKey{}).(string)
 			if !ok {
 				key = engine.NewKey()

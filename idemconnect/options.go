@@ -7,7 +7,6 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -34,13 +33,14 @@ type FingerprintFunc func(procedure string, req proto.Message) (store.Fingerprin
 type coverage struct {
 	included map[string]bool
 	excluded map[string]bool
+	keyField string // WithKeyField
 }
 
 // options is shared by every call of one server interceptor; it is never
 // modified after construction.
 type options struct {
 	coverage
-	fingerprint FingerprintFunc
+	fingerprint FingerprintFunc // nil: protokey's, without the key field
 	recorded    map[connect.Code]bool
 	replayed    map[string]bool // lower-case header names replayed from the record
 	atomicAll   bool
@@ -60,7 +60,7 @@ var defaultRecorded = []connect.Code{
 }
 
 func newOptions(opts []Option) *options {
-	o := &options{fingerprint: protokey.Fingerprint, recorded: codeSet(defaultRecorded)}
+	o := &options{recorded: codeSet(defaultRecorded)}
 	for _, opt := range opts {
 		opt.applyServer(o)
 	}
@@ -94,6 +94,18 @@ func WithIncludedProcedures(procedures ...string) ProcedureOption {
 // through untouched. It wins over WithIncludedProcedures.
 func WithExcludedProcedures(procedures ...string) ProcedureOption {
 	return procedureOption(func(c *coverage) { c.excluded = addAll(c.excluded, procedures...) })
+}
+
+// WithKeyField takes the idempotency key from the request field name too, as
+// AIP-155 does with request_id, in every covered procedure whose request has
+// a singular string field of that name; without it, a field request_id
+// annotated (google.api.field_info).format = UUID4 is taken. It works as the
+// gRPC interceptor's WithKeyField: a request whose field and Idempotency-Key
+// header carry different keys is refused (IDEMPOTENCY_KEY_INVALID), and the
+// default fingerprint leaves the field out. The client interceptor adds no
+// key to a request that sets the field.
+func WithKeyField(name string) ProcedureOption {
+	return procedureOption(func(c *coverage) { c.keyField = name })
 }
 
 // WithFingerprint replaces protokey.Fingerprint, for example to leave out a

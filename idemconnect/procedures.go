@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey"
 )
 
 // procedure is what the interceptors need to know about one procedure,
@@ -23,7 +24,9 @@ type procedure struct {
 	name    string // "/package.Service/Method"
 	covered bool
 	output  protoreflect.MessageType // nil if the procedure is not in the registry
-	op      *engine.Operation        // the server's; nil if not covered, or on the client
+	// keyField is the request field that carries the key (AIP-155), if any.
+	keyField protoreflect.FieldDescriptor
+	op       *engine.Operation // the server's; nil if not covered, or on the client
 }
 
 // procedures caches procedure lookups. Connect calls interceptors only for
@@ -60,6 +63,7 @@ func (ps *procedures) describe(spec connect.Spec) *procedure {
 	}
 	if desc != nil {
 		p.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
+		p.keyField = protokey.KeyField(desc.Input(), ps.cov.keyField)
 		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
 		level := opts.GetIdempotencyLevel()
 		p.covered = p.output != nil && // else its replies could not be replayed

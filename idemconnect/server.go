@@ -10,6 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -83,7 +84,7 @@ func codeOf(err error) connect.Code {
 // serve is the interceptor for a covered procedure; it sets c.Verdict to what
 // became of the call.
 func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure, next connect.UnaryFunc, c *engine.Call) (connect.AnyResponse, error) {
-	key, ok, kerr := keyFromHeader(req.Header())
+	key, ok, kerr := requestKey(req, p)
 	if kerr != nil {
 		c.Verdict = engine.KeyInvalid
 		return nil, kerr
@@ -107,7 +108,12 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 	if err != nil {
 		return nil, err
 	}
-	fp, err := s.opts.fingerprint(p.name, msg)
+	var fp store.Fingerprint
+	if s.opts.fingerprint == nil {
+		fp, err = protokey.FingerprintWithout(p.name, msg, p.keyField)
+	} else {
+		fp, err = s.opts.fingerprint(p.name, msg)
+	}
 	if err != nil {
 		if ce := (*connect.Error)(nil); errors.As(err, &ce) {
 			return nil, err
@@ -135,6 +141,22 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 		return nil, connect.NewError(connect.Code(statusOf(err).Code), err)
 	}
 	return nil, storeUnavailableError()
+}
+
+// requestKey returns the call's idempotency key: from the header, or from
+// the request's key field (WithKeyField), which must then agree with the
+// header if that carries one too.
+func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Error) {
+	key, ok, err := keyFromHeader(req.Header())
+	if err != nil || p.keyField == nil {
+		return key, ok, err
+	}
+	msg, _ := req.Any().(proto.Message)
+	key, ok, ferr := protokey.RequestKey(key, ok, msg, p.keyField)
+	if ferr != nil {
+		return "", false, invalidKeyError(ferr.(*engine.KeyError).Problem)
+	}
+	return key, ok, nil
 }
 
 // keyFromHeader returns the idempotency key of h. ok is false when h carries

@@ -68,7 +68,7 @@ func TestKeyField(t *testing.T) {
 	// the field, never a key.
 	_, _, err = create(plain, metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "other-key"), withID(300, "8c0a4f9e-3b0e-4a8c-9a51-1f0c2b7d6e11"))
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyInvalid)
-	if msg := err.Error(); !strings.Contains(msg, "request_id and the idempotency-key metadata differ") || strings.Contains(msg, "other-key") {
+	if msg := err.Error(); !strings.Contains(msg, "request_id and the idempotency key sent beside it differ") || strings.Contains(msg, "other-key") {
 		t.Fatalf("message %q: want it to name request_id, never the key", msg)
 	}
 	_, _, err = create(plain, ctx, withID(300, "has a space"))

@@ -132,26 +132,17 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 // key returns the call's idempotency key: from the metadata, or from the
 // request's key field (WithKeyField), which must then agree with the
 // metadata if that carries one too.
-func (s *server) key(ctx context.Context, req any, m *method) (key string, ok bool, err error) {
-	key, ok, err = idemkey.KeyFromIncomingContext(ctx)
+func (s *server) key(ctx context.Context, req any, m *method) (string, bool, error) {
+	key, ok, err := idemkey.KeyFromIncomingContext(ctx)
 	if err != nil || m.keyField == nil {
 		return key, ok, err
 	}
-	msg, isMsg := req.(proto.Message)
-	if !isMsg {
-		return key, ok, nil
+	msg, _ := req.(proto.Message)
+	key, ok, err = protokey.RequestKey(key, ok, msg, m.keyField)
+	if err != nil {
+		return "", false, idemkey.InvalidKeyError(err.(*engine.KeyError).Problem)
 	}
-	fieldKey := protokey.KeyFromField(msg, m.keyField)
-	switch {
-	case fieldKey == "":
-		return key, ok, nil
-	case ok && fieldKey != key:
-		return "", false, idemkey.InvalidKeyError("the request's " + string(m.keyField.Name()) + " and the " + idemkey.KeyMetadata + " metadata differ")
-	}
-	if err := idemkey.ValidateKey(fieldKey); err != nil {
-		return "", false, err
-	}
-	return fieldKey, true, nil
+	return key, ok, nil
 }
 
 // retried reports whether gRPC's retry policy marks the call as a later
