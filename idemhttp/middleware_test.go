@@ -12,8 +12,12 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -447,4 +451,57 @@ func TestWriteProblem(t *testing.T) {
 	if got := idemhttp.ProblemReason("https://example.com/problems/x"); got != "" {
 		t.Errorf("a foreign type reads as reason %q", got)
 	}
+}
+
+// TestForeignRecordIsRefused checks that a record the middleware cannot
+// replay (another transport's, or a corrupt one) answers a clean 500.
+func TestForeignRecordIsRefused(t *testing.T) {
+	const operation = "/payments.v1.PaymentService/CreateCharge"
+	fp := store.Fingerprint{1}
+	st := memory.New()
+	eng := engine.New(st, engine.WithLogger(nil))
+	for key, outcome := range map[string][]byte{
+		"grpc":    mustMarshal(t, &idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Response{Response: []byte{}}}),
+		"corrupt": {0xff, 0xff, 0xff},
+		"status":  mustMarshal(t, &idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Http{Http: &idemkeyv1.HTTPResponse{Status: 42}}}),
+	} {
+		op, err := eng.Operation(engine.OperationSpec{Name: operation})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := eng.Call(op)
+		c.Start(t.Context(), engine.Request{Key: key, Fingerprint: fp})
+		if c.Verdict != engine.Executed {
+			t.Fatalf("verdict %v", c.Verdict)
+		}
+		if err := c.Record(t.Context(), outcome, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mw, err := idemhttp.Middleware(eng,
+		idemhttp.WithOperation(func(*http.Request) string { return operation }),
+		idemhttp.WithFingerprint(func(*http.Request, []byte) (store.Fingerprint, error) { return fp, nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs++ })))
+	t.Cleanup(srv.Close)
+	s := &server{t: t, url: srv.URL}
+	for _, key := range []string{"grpc", "corrupt", "status"} {
+		resp, raw := s.call("POST", "/v1/charges", key, "{}")
+		wantProblem(t, resp, raw, http.StatusInternalServerError, "")
+	}
+	if runs != 0 {
+		t.Fatalf("the handler ran %d times", runs)
+	}
+}
+
+func mustMarshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	raw, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }
