@@ -30,12 +30,13 @@ const (
 // Outcome is what the first run of a call produced, as replayed to retries.
 type Outcome struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Exactly one of response and status is set.
+	// Exactly one of response, status and http is set.
 	//
 	// Types that are valid to be assigned to Result:
 	//
 	//	*Outcome_Response
 	//	*Outcome_Status
+	//	*Outcome_Http
 	Result isOutcome_Result `protobuf_oneof:"result"`
 	// Header metadata the handler set whose keys were on the replay allow-list.
 	Header []*MetadataEntry `protobuf:"bytes,3,rep,name=header,proto3" json:"header,omitempty"`
@@ -100,6 +101,15 @@ func (x *Outcome) GetStatus() *Status {
 	return nil
 }
 
+func (x *Outcome) GetHttp() *HTTPResponse {
+	if x != nil {
+		if x, ok := x.Result.(*Outcome_Http); ok {
+			return x.Http
+		}
+	}
+	return nil
+}
+
 func (x *Outcome) GetHeader() []*MetadataEntry {
 	if x != nil {
 		return x.Header
@@ -128,9 +138,83 @@ type Outcome_Status struct {
 	Status *Status `protobuf:"bytes,2,opt,name=status,proto3,oneof"`
 }
 
+type Outcome_Http struct {
+	// The HTTP response a handler behind the net/http middleware (idemhttp)
+	// wrote, whole. Header and trailer below stay empty: its headers are in
+	// it. An adapter of another transport does not replay it.
+	Http *HTTPResponse `protobuf:"bytes,5,opt,name=http,proto3,oneof"`
+}
+
 func (*Outcome_Response) isOutcome_Result() {}
 
 func (*Outcome_Status) isOutcome_Result() {}
+
+func (*Outcome_Http) isOutcome_Result() {}
+
+// HTTPResponse is an HTTP response as the handler wrote it.
+type HTTPResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The status code, such as 201.
+	Status int32 `protobuf:"varint,1,opt,name=status,proto3" json:"status,omitempty"`
+	// The header fields the handler set whose names were on the replay
+	// allow-list; each key is the field name in lower case.
+	Header []*MetadataEntry `protobuf:"bytes,2,rep,name=header,proto3" json:"header,omitempty"`
+	// The body, byte for byte.
+	Body          []byte `protobuf:"bytes,3,opt,name=body,proto3" json:"body,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *HTTPResponse) Reset() {
+	*x = HTTPResponse{}
+	mi := &file_idemkey_v1_outcome_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *HTTPResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*HTTPResponse) ProtoMessage() {}
+
+func (x *HTTPResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_idemkey_v1_outcome_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use HTTPResponse.ProtoReflect.Descriptor instead.
+func (*HTTPResponse) Descriptor() ([]byte, []int) {
+	return file_idemkey_v1_outcome_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *HTTPResponse) GetStatus() int32 {
+	if x != nil {
+		return x.Status
+	}
+	return 0
+}
+
+func (x *HTTPResponse) GetHeader() []*MetadataEntry {
+	if x != nil {
+		return x.Header
+	}
+	return nil
+}
+
+func (x *HTTPResponse) GetBody() []byte {
+	if x != nil {
+		return x.Body
+	}
+	return nil
+}
 
 // Status has the wire format of google.rpc.Status, and decodes as one whenever
 // its message is valid UTF-8.
@@ -149,7 +233,7 @@ type Status struct {
 
 func (x *Status) Reset() {
 	*x = Status{}
-	mi := &file_idemkey_v1_outcome_proto_msgTypes[1]
+	mi := &file_idemkey_v1_outcome_proto_msgTypes[2]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -161,7 +245,7 @@ func (x *Status) String() string {
 func (*Status) ProtoMessage() {}
 
 func (x *Status) ProtoReflect() protoreflect.Message {
-	mi := &file_idemkey_v1_outcome_proto_msgTypes[1]
+	mi := &file_idemkey_v1_outcome_proto_msgTypes[2]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -174,7 +258,7 @@ func (x *Status) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Status.ProtoReflect.Descriptor instead.
 func (*Status) Descriptor() ([]byte, []int) {
-	return file_idemkey_v1_outcome_proto_rawDescGZIP(), []int{1}
+	return file_idemkey_v1_outcome_proto_rawDescGZIP(), []int{2}
 }
 
 func (x *Status) GetCode() int32 {
@@ -198,7 +282,8 @@ func (x *Status) GetDetails() []*anypb.Any {
 	return nil
 }
 
-// MetadataEntry is one gRPC metadata key with its values, in order.
+// MetadataEntry is one gRPC metadata key, or one HTTP header field name, with
+// its values, in order.
 type MetadataEntry struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The lower-case metadata key.
@@ -212,7 +297,7 @@ type MetadataEntry struct {
 
 func (x *MetadataEntry) Reset() {
 	*x = MetadataEntry{}
-	mi := &file_idemkey_v1_outcome_proto_msgTypes[2]
+	mi := &file_idemkey_v1_outcome_proto_msgTypes[3]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -224,7 +309,7 @@ func (x *MetadataEntry) String() string {
 func (*MetadataEntry) ProtoMessage() {}
 
 func (x *MetadataEntry) ProtoReflect() protoreflect.Message {
-	mi := &file_idemkey_v1_outcome_proto_msgTypes[2]
+	mi := &file_idemkey_v1_outcome_proto_msgTypes[3]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -237,7 +322,7 @@ func (x *MetadataEntry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use MetadataEntry.ProtoReflect.Descriptor instead.
 func (*MetadataEntry) Descriptor() ([]byte, []int) {
-	return file_idemkey_v1_outcome_proto_rawDescGZIP(), []int{2}
+	return file_idemkey_v1_outcome_proto_rawDescGZIP(), []int{3}
 }
 
 func (x *MetadataEntry) GetKey() string {
@@ -259,13 +344,18 @@ var File_idemkey_v1_outcome_proto protoreflect.FileDescriptor
 const file_idemkey_v1_outcome_proto_rawDesc = "" +
 	"\n" +
 	"\x18idemkey/v1/outcome.proto\x12\n" +
-	"idemkey.v1\x1a\x19google/protobuf/any.proto\"\xc7\x01\n" +
+	"idemkey.v1\x1a\x19google/protobuf/any.proto\"\xf7\x01\n" +
 	"\aOutcome\x12\x1c\n" +
 	"\bresponse\x18\x01 \x01(\fH\x00R\bresponse\x12,\n" +
-	"\x06status\x18\x02 \x01(\v2\x12.idemkey.v1.StatusH\x00R\x06status\x121\n" +
+	"\x06status\x18\x02 \x01(\v2\x12.idemkey.v1.StatusH\x00R\x06status\x12.\n" +
+	"\x04http\x18\x05 \x01(\v2\x18.idemkey.v1.HTTPResponseH\x00R\x04http\x121\n" +
 	"\x06header\x18\x03 \x03(\v2\x19.idemkey.v1.MetadataEntryR\x06header\x123\n" +
 	"\atrailer\x18\x04 \x03(\v2\x19.idemkey.v1.MetadataEntryR\atrailerB\b\n" +
-	"\x06result\"f\n" +
+	"\x06result\"m\n" +
+	"\fHTTPResponse\x12\x16\n" +
+	"\x06status\x18\x01 \x01(\x05R\x06status\x121\n" +
+	"\x06header\x18\x02 \x03(\v2\x19.idemkey.v1.MetadataEntryR\x06header\x12\x12\n" +
+	"\x04body\x18\x03 \x01(\fR\x04body\"f\n" +
 	"\x06Status\x12\x12\n" +
 	"\x04code\x18\x01 \x01(\x05R\x04code\x12\x18\n" +
 	"\amessage\x18\x02 \x01(\fR\amessage\x12.\n" +
@@ -289,23 +379,26 @@ func file_idemkey_v1_outcome_proto_rawDescGZIP() []byte {
 	return file_idemkey_v1_outcome_proto_rawDescData
 }
 
-var file_idemkey_v1_outcome_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
+var file_idemkey_v1_outcome_proto_msgTypes = make([]protoimpl.MessageInfo, 4)
 var file_idemkey_v1_outcome_proto_goTypes = []any{
 	(*Outcome)(nil),       // 0: idemkey.v1.Outcome
-	(*Status)(nil),        // 1: idemkey.v1.Status
-	(*MetadataEntry)(nil), // 2: idemkey.v1.MetadataEntry
-	(*anypb.Any)(nil),     // 3: google.protobuf.Any
+	(*HTTPResponse)(nil),  // 1: idemkey.v1.HTTPResponse
+	(*Status)(nil),        // 2: idemkey.v1.Status
+	(*MetadataEntry)(nil), // 3: idemkey.v1.MetadataEntry
+	(*anypb.Any)(nil),     // 4: google.protobuf.Any
 }
 var file_idemkey_v1_outcome_proto_depIdxs = []int32{
-	1, // 0: idemkey.v1.Outcome.status:type_name -> idemkey.v1.Status
-	2, // 1: idemkey.v1.Outcome.header:type_name -> idemkey.v1.MetadataEntry
-	2, // 2: idemkey.v1.Outcome.trailer:type_name -> idemkey.v1.MetadataEntry
-	3, // 3: idemkey.v1.Status.details:type_name -> google.protobuf.Any
-	4, // [4:4] is the sub-list for method output_type
-	4, // [4:4] is the sub-list for method input_type
-	4, // [4:4] is the sub-list for extension type_name
-	4, // [4:4] is the sub-list for extension extendee
-	0, // [0:4] is the sub-list for field type_name
+	2, // 0: idemkey.v1.Outcome.status:type_name -> idemkey.v1.Status
+	1, // 1: idemkey.v1.Outcome.http:type_name -> idemkey.v1.HTTPResponse
+	3, // 2: idemkey.v1.Outcome.header:type_name -> idemkey.v1.MetadataEntry
+	3, // 3: idemkey.v1.Outcome.trailer:type_name -> idemkey.v1.MetadataEntry
+	3, // 4: idemkey.v1.HTTPResponse.header:type_name -> idemkey.v1.MetadataEntry
+	4, // 5: idemkey.v1.Status.details:type_name -> google.protobuf.Any
+	6, // [6:6] is the sub-list for method output_type
+	6, // [6:6] is the sub-list for method input_type
+	6, // [6:6] is the sub-list for extension type_name
+	6, // [6:6] is the sub-list for extension extendee
+	0, // [0:6] is the sub-list for field type_name
 }
 
 func init() { file_idemkey_v1_outcome_proto_init() }
@@ -316,6 +409,7 @@ func file_idemkey_v1_outcome_proto_init() {
 	file_idemkey_v1_outcome_proto_msgTypes[0].OneofWrappers = []any{
 		(*Outcome_Response)(nil),
 		(*Outcome_Status)(nil),
+		(*Outcome_Http)(nil),
 	}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
@@ -323,7 +417,7 @@ func file_idemkey_v1_outcome_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_idemkey_v1_outcome_proto_rawDesc), len(file_idemkey_v1_outcome_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   3,
+			NumMessages:   4,
 			NumExtensions: 0,
 			NumServices:   0,
 		},

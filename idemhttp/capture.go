@@ -1,0 +1,171 @@
+package idemhttp
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+)
+
+// errResponseTooLarge is what Write returns past WithMaxResponseSize.
+var errResponseTooLarge = errors.New("idemhttp: the response is too large to record; it will be replaced by a 500")
+
+// capture is the ResponseWriter the handler of an acquired key writes to: it
+// buffers the whole response, so that the first caller gets exactly what is
+// recorded and replayed to retries. It is not an http.Hijacker, and Flush
+// does nothing: see the package documentation.
+//
+// It has no Unwrap method on purpose: http.ResponseController would reach
+// the connection through it, and write around the record.
+type capture struct {
+	w      http.ResponseWriter // for the deadlines only
+	header http.Header
+	status int // 0 until WriteHeader or Write
+	body   bytes.Buffer
+	limit  int
+	tooBig bool
+}
+
+func newCapture(w http.ResponseWriter, limit int) *capture {
+	h := w.Header().Clone()
+	if h == nil {
+		h = http.Header{}
+	}
+	return &capture{w: w, header: h, limit: limit}
+}
+
+func (c *capture) Header() http.Header { return c.header }
+
+// WriteHeader keeps the first final status, as net/http does; informational
+// ones (1xx) are dropped, since a replay could not repeat them.
+func (c *capture) WriteHeader(status int) {
+	if status < 100 || status > 999 {
+		panic(fmt.Sprintf("invalid WriteHeader code %v", status)) // as net/http does
+	}
+	if c.status != 0 || status < 200 {
+		return
+	}
+	c.status = status
+}
+
+func (c *capture) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.WriteHeader(http.StatusOK)
+	}
+	if !bodyAllowed(c.status) {
+		return 0, http.ErrBodyNotAllowed
+	}
+	if c.tooBig || c.body.Len()+len(p) > c.limit {
+		c.tooBig = true
+		return 0, errResponseTooLarge
+	}
+	return c.body.Write(p)
+}
+
+// Flush does nothing: the response is sent whole once recorded.
+func (c *capture) Flush() {}
+
+// SetReadDeadline and SetWriteDeadline serve http.ResponseController.
+func (c *capture) SetReadDeadline(t time.Time) error {
+	return http.NewResponseController(c.w).SetReadDeadline(t)
+}
+
+func (c *capture) SetWriteDeadline(t time.Time) error {
+	return http.NewResponseController(c.w).SetWriteDeadline(t)
+}
+
+// finish completes the captured response as net/http would have sent it: a
+// status of 200 if none was written, and a Content-Type sniffed from the
+// body if the handler set none.
+func (c *capture) finish() {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	if _, ok := c.header["Content-Type"]; !ok && c.body.Len() > 0 && bodyAllowed(c.status) && c.header.Get("Transfer-Encoding") == "" {
+		c.header.Set("Content-Type", http.DetectContentType(c.body.Bytes()))
+	}
+}
+
+// send writes the captured response to w, in place of whatever header w has.
+func (c *capture) send(w http.ResponseWriter) {
+	h := w.Header()
+	for k := range h {
+		if _, ok := c.header[k]; !ok {
+			delete(h, k)
+		}
+	}
+	maps.Copy(h, c.header)
+	w.WriteHeader(c.status)
+	if c.body.Len() > 0 {
+		_, _ = w.Write(c.body.Bytes())
+	}
+}
+
+// bodyAllowed reports whether a response with status may have a body.
+func bodyAllowed(status int) bool {
+	return (status < 100 || status > 199) && status != http.StatusNoContent && status != http.StatusNotModified
+}
+
+// encodeResponse is the record of a captured response: its status, the
+// header fields on the replay list and its body.
+func encodeResponse(c *capture, replayed map[string]bool) ([]byte, error) {
+	resp := &idemkeyv1.HTTPResponse{Status: int32(c.status), Body: c.body.Bytes()}
+	for _, k := range slices.Sorted(maps.Keys(c.header)) {
+		if !replayed[k] || len(c.header[k]) == 0 {
+			continue
+		}
+		values := make([][]byte, len(c.header[k]))
+		for i, v := range c.header[k] {
+			values[i] = []byte(v)
+		}
+		resp.Header = append(resp.Header, &idemkeyv1.MetadataEntry{Key: strings.ToLower(k), Values: values})
+	}
+	return proto.Marshal(&idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Http{Http: resp}})
+}
+
+// decodeResponse reads a record back; an error if it is not an HTTP
+// response's (a gRPC call's, say) or is corrupt. It never panics.
+func decodeResponse(raw []byte) (*idemkeyv1.HTTPResponse, error) {
+	var out idemkeyv1.Outcome
+	if err := proto.Unmarshal(raw, &out); err != nil {
+		return nil, err
+	}
+	resp := out.GetHttp()
+	if resp == nil {
+		return nil, errors.New("the record holds no HTTP response: another transport recorded it")
+	}
+	if resp.GetStatus() < 200 || resp.GetStatus() > 999 {
+		return nil, fmt.Errorf("the recorded status %d is not a final status", resp.GetStatus())
+	}
+	return resp, nil
+}
+
+// replayResponse writes a recorded response to w, with the header fields on
+// today's replay list, marked replayed.
+func replayResponse(w http.ResponseWriter, resp *idemkeyv1.HTTPResponse, replayed map[string]bool) {
+	h := w.Header()
+	for _, e := range resp.GetHeader() {
+		k := http.CanonicalHeaderKey(e.GetKey())
+		if !replayed[k] {
+			continue
+		}
+		values := make([]string, len(e.GetValues()))
+		for i, v := range e.GetValues() {
+			values[i] = string(v)
+		}
+		h[k] = values
+	}
+	h.Set(ReplayedHeader, "true")
+	w.WriteHeader(int(resp.GetStatus()))
+	if len(resp.GetBody()) > 0 && bodyAllowed(int(resp.GetStatus())) {
+		_, _ = w.Write(resp.GetBody())
+	}
+}

@@ -1,0 +1,178 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/internal/conformance"
+)
+
+// TestConformance runs the behaviour cases every entry point passes over a
+// real net/http client and server.
+func TestConformance(t *testing.T) {
+	conformance.Run(t, conformance.Adapter{
+		Name:  "http",
+		Serve: serveConformance,
+		Status: map[string]int{
+			engine.ReasonKeyMissing:       http.StatusBadRequest,
+			engine.ReasonKeyInvalid:       http.StatusBadRequest,
+			engine.ReasonKeyReused:        http.StatusUnprocessableEntity,
+			engine.ReasonInProgress:       http.StatusConflict,
+			engine.ReasonStoreUnavailable: http.StatusServiceUnavailable,
+			engine.ReasonStoreFull:        http.StatusServiceUnavailable,
+			"internal":                    http.StatusInternalServerError,
+		},
+	}, conformance.Stores()...)
+}
+
+type tenantKey struct{}
+
+// authenticate puts the tenant of "Authorization: Bearer TENANT" in the
+// request's context, as an application's authentication middleware does.
+func authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if tenant, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer "); ok {
+			r = r.WithContext(context.WithValue(r.Context(), tenantKey{}, tenant))
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func tenantFromContext(ctx context.Context) (string, error) {
+	tenant, ok := ctx.Value(tenantKey{}).(string)
+	if !ok {
+		return "", fmt.Errorf("no tenant")
+	}
+	return tenant, nil
+}
+
+type chargeRequest struct {
+	Amount      int64  `json:"amount"`
+	Description string `json:"description"`
+}
+
+type charge struct {
+	ID     string `json:"id"`
+	Amount int64  `json:"amount"`
+}
+
+// chargeHandler is the suite's Service behind POST /v1/charges: the
+// description names the behaviour.
+func chargeHandler(svc *conformance.Service) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req chargeRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, "bad json", http.StatusBadRequest)
+			return
+		}
+		tenant, _ := tenantFromContext(r.Context())
+		id, res := svc.Handle(r.Context(), tenant, req.Amount, req.Description)
+		switch res {
+		case conformance.Recorded:
+			http.Error(w, "declined "+id, http.StatusNotFound)
+			return
+		case conformance.Released:
+			http.Error(w, "try later "+id, http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/charges/"+id)
+		w.WriteHeader(http.StatusCreated)
+		_ = json.NewEncoder(w).Encode(charge{ID: id, Amount: req.Amount})
+	})
+}
+
+func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+	engOpts := []engine.Option{engine.WithTenant(tenantFromContext), engine.WithMaxRecordSize(cfg.MaxRecordSize)}
+	if cfg.KeyRequired {
+		engOpts = append(engOpts, engine.WithKeyRequired())
+	}
+	var opts []idemhttp.Option
+	if cfg.Atomic {
+		opts = append(opts, idemhttp.WithAtomic())
+	}
+	mw, err := idemhttp.Middleware(engine.New(cfg.Store, append(engOpts, cfg.Engine...)...), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", mw(chargeHandler(cfg.Service)))
+	srv := httptest.NewServer(authenticate(mux))
+	t.Cleanup(srv.Close)
+	client := srv.Client()
+
+	return func(ctx context.Context, r conformance.Request) conformance.Reply {
+		body, _ := json.Marshal(chargeRequest{Amount: r.Amount, Description: r.Behaviour})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer "+r.Tenant)
+		if r.Key != "" {
+			req.Header.Add(idemhttp.KeyHeader, idemhttp.FormatKey(r.Key))
+			if r.KeyTwice {
+				req.Header.Add(idemhttp.KeyHeader, idemhttp.FormatKey(r.Key))
+			}
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Errorf("POST /v1/charges: %v", err)
+			return conformance.Reply{}
+		}
+		defer resp.Body.Close()
+		return readReply(t, resp)
+	}
+}
+
+// readReply translates an HTTP response into the suite's terms.
+func readReply(t *testing.T, resp *http.Response) conformance.Reply {
+	t.Helper()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Errorf("read the body: %v", err)
+	}
+	reply := conformance.Reply{
+		OK:       resp.StatusCode < 300,
+		Status:   resp.StatusCode,
+		Replayed: resp.Header.Get(idemhttp.ReplayedHeader) == "true",
+	}
+	if s := resp.Header.Get("Retry-After"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil {
+			t.Errorf("Retry-After %q: %v", s, err)
+		}
+		reply.RetryAfter = time.Duration(n) * time.Second
+	}
+	switch {
+	case reply.OK:
+		var c charge
+		if err := json.Unmarshal(raw, &c); err != nil {
+			t.Errorf("decode the charge %q: %v", raw, err)
+		}
+		reply.Body = c.ID
+	case resp.Header.Get("Content-Type") == idemhttp.ProblemContentType:
+		var p idemhttp.Problem
+		if err := json.Unmarshal(raw, &p); err != nil {
+			t.Errorf("decode the problem %q: %v", raw, err)
+		}
+		if p.Status != resp.StatusCode {
+			t.Errorf("problem status %d in a response of status %d", p.Status, resp.StatusCode)
+		}
+		reply.Reason, reply.Body = idemhttp.ProblemReason(p.Type), p.Detail
+	default:
+		reply.Body = strings.TrimSpace(string(raw))
+	}
+	return reply
+}

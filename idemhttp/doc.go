@@ -1,0 +1,98 @@
+// Package idemhttp is idemkey's net/http middleware: it runs each covered
+// request at most once per idempotency key and answers every retry with the
+// recorded response, following draft-ietf-httpapi-idempotency-key-header-07.
+// It is an adapter over the engine (package engine), which decides the
+// rest: scope, reservation, leases, waiting for a duplicate, atomic mode,
+// metrics. It builds neither gRPC nor Connect.
+//
+// # Example
+//
+//	eng := engine.New(st, engine.WithTenant(tenantFromContext), engine.WithKeyRequired())
+//	idem, err := idemhttp.Middleware(eng)
+//	if err != nil {
+//		return err
+//	}
+//	mux := http.NewServeMux()
+//	mux.Handle("POST /v1/charges", idem(createCharge)) // r.Pattern names the operation
+//	http.ListenAndServe(addr, authenticate(mux))       // authenticate puts the caller in r.Context()
+//
+// A client sends the key as an RFC 8941 string, or bare:
+//
+//	Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"
+//
+// # What is covered
+//
+// POST and PATCH requests (WithMethods); other methods pass through
+// untouched, as do covered requests without a key unless the engine requires
+// one (engine.WithKeyRequired). A key is scoped by the tenant (the engine's
+// TenantFunc, which reads r.Context()) and the operation: by default the
+// ServeMux pattern that routed the request, so wrap each handler as you
+// register it (see Operation; WithOperation names operations otherwise). The
+// request's fingerprint covers its method, operation, path, query, media
+// type and body (Fingerprint; WithFingerprint).
+//
+// # Answers
+//
+// The middleware's own answers are RFC 9457 application/problem+json bodies
+// {type, title, status, detail}, whose type names the reason (ProblemType:
+// https://idemkey.dev/problems/idempotency-key-reused for
+// IDEMPOTENCY_KEY_REUSED; ProblemReason reads it back):
+//
+//	400 IDEMPOTENCY_KEY_MISSING        no key, and one is required
+//	400 IDEMPOTENCY_KEY_INVALID        a malformed key, or the field sent twice or as a list
+//	401 (about:blank)                  the TenantFunc failed
+//	409 IDEMPOTENCY_KEY_IN_PROGRESS    the first request still runs; Retry-After says when to retry
+//	413 REQUEST_TOO_LARGE              the body is larger than WithMaxBodySize
+//	400 REQUEST_UNREADABLE             the body could not be read, or the fingerprint refused it
+//	422 IDEMPOTENCY_KEY_REUSED         the key was first used with another request
+//	503 IDEMPOTENCY_STORE_UNAVAILABLE  the store failed; the handler did not run
+//	503 IDEMPOTENCY_STORE_FULL         no room for a new key; with Retry-After
+//	500 RESPONSE_NOT_RECORDED          the handler ran, but its response could not be recorded
+//
+// Nothing is reserved before the key, the tenant and the body have been
+// read. No answer holds the key, the tenant or request data. WriteProblem
+// writes such a body for an application's own errors.
+//
+// # Guarantees
+//
+// A response is recorded with its status, its body and the header fields on
+// the replay list (Content-Type, Content-Encoding, Content-Language,
+// Location, and those of WithReplayedHeaders; never Set-Cookie), and a retry gets it back byte for
+// byte, marked with Idempotent-Replayed: true. The first caller gets
+// exactly what is recorded: the handler writes to a buffer, sent once the
+// response is recorded, with net/http's defaults applied first (status 200,
+// a sniffed Content-Type).
+//
+// Recorded (DefaultRecorded; WithRecordedStatuses): every status below 400,
+// and 404, 410, 412, 500 and 501, the final answers. Released, so that a
+// retry runs the handler again: every other status, such as 400, 401, 403,
+// 408, 409, 422, 425, 429, 502, 503 and 504. A handler that panics releases
+// the key; the panic goes on to net/http.
+//
+// In atomic mode (WithAtomic; a store that implements store.Atomic, such as
+// store/postgres) the handler writes through the transaction in its
+// r.Context() (postgres.TxFromContext): its writes commit with the record,
+// or not at all. A recorded status of 400 or more (a 404) commits the record
+// but undoes the writes.
+//
+// # Caveats
+//
+//   - The request body is read whole, up to WithMaxBodySize (1 MiB), before
+//     anything is reserved; the handler reads the same bytes again.
+//   - The response is buffered whole, up to WithMaxResponseSize (4 MiB) and
+//     the engine's record bound. A larger one is replaced, for the first
+//     caller and every retry, by a recorded 500 (RESPONSE_NOT_RECORDED), as
+//     the gRPC adapter records Internal. Keep large and streamed responses
+//     off covered routes.
+//   - Flush does nothing on a covered request: nothing is sent before the
+//     handler returns. Hijacking is not supported there: the ResponseWriter
+//     is no http.Hijacker, and http.ResponseController.Hijack fails. 1xx
+//     responses (103 Early Hints) are dropped.
+//   - Header fields off the replay list reach the first caller only.
+//   - A record made by another transport (a gRPC call given the same
+//     operation name and fingerprint) is not replayed over HTTP: such a
+//     retry gets a 500. The default fingerprint never matches another
+//     transport's.
+//   - Names from WithOperation must come from a fixed set (patterns, method
+//     names), never raw paths.
+package idemhttp

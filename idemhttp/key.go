@@ -1,0 +1,99 @@
+package idemhttp
+
+import (
+	"net/http"
+	"strings"
+
+	"github.com/idemkey/idemkey/engine"
+)
+
+// KeyHeader is the request header field that carries the idempotency key.
+const KeyHeader = "Idempotency-Key"
+
+// ReplayedHeader marks a response as a replay of a recorded one, with the
+// value "true".
+const ReplayedHeader = "Idempotent-Replayed"
+
+// KeyFromHeader returns the idempotency key of h. ok is false if h has no
+// Idempotency-Key field. err, an *engine.KeyError that never quotes the key,
+// is set if the field is malformed or sent more than once.
+//
+// The draft defines the field as an RFC 8941 sf-string, such as
+// "8e03978e-40d5-43e8-bc93-6894a57f9324" with its double quotes, in which \"
+// and \\ stand for " and \. Since many clients (Stripe's among them) send the
+// key bare, a value that does not start with a double quote is taken as the
+// key itself, as long as it holds no double quote, comma or semicolon, which
+// would make it a malformed string, a list or a parameter. Both forms of one
+// key are one key. Parameters after a string (;a=1) are refused: the draft
+// defines none. Either way, the key must then pass engine.CheckKey: 1 to 255
+// bytes of visible ASCII.
+func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
+	values := h.Values(KeyHeader)
+	switch len(values) {
+	case 0:
+		return "", false, nil
+	case 1:
+	default:
+		return "", true, &engine.KeyError{Problem: "the Idempotency-Key field is sent more than once"}
+	}
+	key, err = parseKey(values[0])
+	if err != nil {
+		return "", true, err
+	}
+	return key, true, nil
+}
+
+// parseKey parses one Idempotency-Key field value.
+func parseKey(v string) (string, error) {
+	v = strings.Trim(v, " \t")
+	if v == "" || v[0] != '"' {
+		if strings.ContainsAny(v, "\",;") {
+			return "", &engine.KeyError{Problem: "it is neither a structured-field string nor a bare key"}
+		}
+		return v, engine.CheckKey(v)
+	}
+	// An sf-string (RFC 8941, section 4.2.5): DQUOTE *chr DQUOTE, where chr
+	// is a printable ASCII character other than " and \, or \" or \\.
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", &engine.KeyError{Problem: "its string holds a backslash that escapes neither \" nor \\"}
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			if i != len(v)-1 {
+				return "", &engine.KeyError{Problem: "something follows its string: a list or parameters"}
+			}
+			key := b.String()
+			return key, engine.CheckKey(key)
+		case c < 0x20 || c > 0x7e:
+			return "", &engine.KeyError{Problem: "its string holds a byte outside printable ASCII"}
+		default:
+			if b.Len() > engine.MaxKeyLen {
+				return "", &engine.KeyError{Problem: "it is longer than 255 bytes"}
+			}
+			b.WriteByte(c)
+		}
+	}
+	return "", &engine.KeyError{Problem: "its string has no closing double quote"}
+}
+
+// FormatKey returns key as an sf-string field value, for a client's
+// Idempotency-Key header: in double quotes, with " and \ escaped. key should
+// pass engine.CheckKey.
+func FormatKey(key string) string {
+	var b strings.Builder
+	b.Grow(len(key) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(key); i++ {
+		if key[i] == '"' || key[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(key[i])
+	}
+	b.WriteByte('"')
+	return b.String()
+}

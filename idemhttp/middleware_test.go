@@ -1,0 +1,507 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemhttp"
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// server is a real net/http server with the middleware, for one test.
+type server struct {
+	t    *testing.T
+	url  string
+	runs atomic.Int64
+}
+
+// newServer serves mux, built by routes with the middleware mw, behind the
+// authentication middleware.
+func newServer(t *testing.T, engOpts []engine.Option, opts []idemhttp.Option, routes func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux)) *server {
+	t.Helper()
+	engOpts = append([]engine.Option{engine.WithTenant(tenantFromContext), engine.WithLogger(nil), engine.WithInProgressWait(0)}, engOpts...)
+	mw, err := idemhttp.Middleware(engine.New(memory.New(), engOpts...), opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{t: t}
+	mux := http.NewServeMux()
+	routes(s, mw, mux)
+	srv := httptest.NewServer(authenticate(mux))
+	t.Cleanup(srv.Close)
+	s.url = srv.URL
+	return s
+}
+
+// handler counts its runs, then runs f.
+func (s *server) handler(f http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.runs.Add(1)
+		f(w, r)
+	})
+}
+
+// call is one request: method, path, key (the header's raw value; "" for
+// none) and body.
+func (s *server) call(method, path, key, body string) (*http.Response, []byte) {
+	s.t.Helper()
+	req, err := http.NewRequest(method, s.url+path, strings.NewReader(body))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set("Content-Type", "application/json")
+	if key != "" {
+		req.Header.Set(idemhttp.KeyHeader, key)
+	}
+	return s.do(req)
+}
+
+func (s *server) do(req *http.Request) (*http.Response, []byte) {
+	s.t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		s.t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(resp.Body)
+	if err != nil {
+		s.t.Fatalf("read the body: %v", err)
+	}
+	return resp, raw
+}
+
+func (s *server) wantRuns(want int64) {
+	s.t.Helper()
+	if got := s.runs.Load(); got != want {
+		s.t.Fatalf("the handler ran %d times, want %d", got, want)
+	}
+}
+
+// wantProblem checks that resp is the middleware's problem for reason.
+func wantProblem(t *testing.T, resp *http.Response, raw []byte, status int, reason string) idemhttp.Problem {
+	t.Helper()
+	var p idemhttp.Problem
+	if ct := resp.Header.Get("Content-Type"); ct != idemhttp.ProblemContentType {
+		t.Fatalf("status %d, Content-Type %q, body %q; want a problem", resp.StatusCode, ct, raw)
+	}
+	if err := json.Unmarshal(raw, &p); err != nil {
+		t.Fatalf("decode the problem %q: %v", raw, err)
+	}
+	if resp.StatusCode != status || p.Status != status || idemhttp.ProblemReason(p.Type) != reason || p.Title == "" {
+		t.Fatalf("got %d %+v, want status %d with reason %q", resp.StatusCode, p, status, reason)
+	}
+	return p
+}
+
+func TestReplayIsByteIdentical(t *testing.T) {
+	body := []byte("{\"id\": \"ch_1\",\n \"note\": \"\u00e9\"}\x00\xff")
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			h := w.Header()
+			h.Set("Content-Type", "application/json; charset=utf-8")
+			h.Set("Location", "/v1/charges/ch_1")
+			h.Add("Content-Language", "en")
+			h.Add("Content-Language", "fr")
+			h.Set("Set-Cookie", "session=secret")
+			h.Set("X-Request-Run", "first")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(body[:5])
+			_, _ = w.Write(body[5:])
+		})))
+		mux.Handle("POST /v1/sniffed", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = w.Write([]byte("<html><body>hi</body></html>"))
+		})))
+	})
+
+	first, firstBody := s.call("POST", "/v1/charges", `"k1"`, `{"amount":1}`)
+	if first.StatusCode != http.StatusCreated || !bytes.Equal(firstBody, body) || first.Header.Get(idemhttp.ReplayedHeader) != "" {
+		t.Fatalf("first: %d %q %v", first.StatusCode, firstBody, first.Header)
+	}
+	if first.Header.Get("Set-Cookie") == "" || first.Header.Get("X-Request-Run") == "" {
+		t.Fatalf("the first caller lost the handler's other fields: %v", first.Header)
+	}
+	for _, key := range []string{`"k1"`, `k1`} { // the sf-string and the bare key are one key
+		replay, replayBody := s.call("POST", "/v1/charges", key, `{"amount":1}`)
+		if replay.StatusCode != first.StatusCode || !bytes.Equal(replayBody, firstBody) {
+			t.Fatalf("replay: %d %q, want %d %q", replay.StatusCode, replayBody, first.StatusCode, firstBody)
+		}
+		if replay.Header.Get(idemhttp.ReplayedHeader) != "true" {
+			t.Fatalf("replay not marked: %v", replay.Header)
+		}
+		for _, k := range []string{"Content-Type", "Location", "Content-Language", "Content-Length"} {
+			if got, want := replay.Header.Values(k), first.Header.Values(k); strings.Join(got, "|") != strings.Join(want, "|") {
+				t.Errorf("replay %s = %q, want %q", k, got, want)
+			}
+		}
+		for _, k := range []string{"Set-Cookie", "X-Request-Run"} {
+			if v := replay.Header.Get(k); v != "" {
+				t.Errorf("replay has %s: %q; only the replay list is replayed", k, v)
+			}
+		}
+	}
+	s.wantRuns(1)
+
+	// A Content-Type that net/http would sniff is sniffed before the record.
+	first, firstBody = s.call("POST", "/v1/sniffed", `"k1"`, `{}`)
+	replay, replayBody := s.call("POST", "/v1/sniffed", `"k1"`, `{}`)
+	if ct := first.Header.Get("Content-Type"); ct != "text/html; charset=utf-8" || replay.Header.Get("Content-Type") != ct || !bytes.Equal(firstBody, replayBody) {
+		t.Fatalf("sniffed: first %q %q, replay %q %q", ct, firstBody, replay.Header.Get("Content-Type"), replayBody)
+	}
+}
+
+func TestUncoveredMethodsPassThrough(t *testing.T) {
+	s := newServer(t, []engine.Option{engine.WithKeyRequired()}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("/v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.WriteString(w, r.Method)
+		})))
+	})
+	for _, method := range []string{"GET", "PUT", "DELETE"} {
+		for range 2 {
+			resp, body := s.call(method, "/v1/charges", `"k1"`, "")
+			if resp.StatusCode != http.StatusOK || string(body) != method || resp.Header.Get(idemhttp.ReplayedHeader) != "" {
+				t.Fatalf("%s: %d %q %v", method, resp.StatusCode, body, resp.Header)
+			}
+		}
+	}
+	s.wantRuns(6)
+	// A key is required of the covered methods only.
+	resp, body := s.call("POST", "/v1/charges", "", "{}")
+	wantProblem(t, resp, body, http.StatusBadRequest, engine.ReasonKeyMissing)
+	resp, body = s.call("PATCH", "/v1/charges", "", "{}")
+	wantProblem(t, resp, body, http.StatusBadRequest, engine.ReasonKeyMissing)
+	s.wantRuns(6)
+}
+
+func TestOperationIsTheRoutePattern(t *testing.T) {
+	var names []string
+	handler := func(s *server) http.Handler {
+		return s.handler(func(w http.ResponseWriter, r *http.Request) {
+			names = append(names, idemhttp.OperationName(r.Context()))
+			w.WriteHeader(http.StatusCreated)
+		})
+	}
+	t.Run("per route", func(t *testing.T) {
+		names = nil
+		s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+			mux.Handle("POST /v1/charges/{id}/capture", mw(handler(s)))
+			mux.Handle("POST /v1/refunds", mw(handler(s)))
+		})
+		// One key on two routes is two keys; on two paths of one route, it is
+		// reused with another request.
+		for _, path := range []string{"/v1/charges/ch_1/capture", "/v1/refunds"} {
+			if resp, body := s.call("POST", path, `"k1"`, "{}"); resp.StatusCode != http.StatusCreated {
+				t.Fatalf("%s: %d %q", path, resp.StatusCode, body)
+			}
+		}
+		resp, body := s.call("POST", "/v1/charges/ch_2/capture", `"k1"`, "{}")
+		wantProblem(t, resp, body, http.StatusUnprocessableEntity, engine.ReasonKeyReused)
+		s.wantRuns(2)
+		if strings.Join(names, ",") != "POST /v1/charges/{id}/capture,POST /v1/refunds" {
+			t.Fatalf("operations %q", names)
+		}
+	})
+	t.Run("around the mux", func(t *testing.T) {
+		names = nil
+		s := &server{t: t}
+		mw, err := idemhttp.Middleware(engine.New(memory.New(), engine.WithTenant(tenantFromContext)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("POST /v1/charges", handler(s))
+		mux.Handle("POST /v1/refunds", handler(s))
+		srv := httptest.NewServer(authenticate(mw(mux)))
+		t.Cleanup(srv.Close)
+		s.url = srv.URL
+		// No pattern reaches the middleware: the method is the operation, so
+		// one key names one request across paths.
+		if resp, body := s.call("POST", "/v1/charges", `"k1"`, "{}"); resp.StatusCode != http.StatusCreated {
+			t.Fatalf("%d %q", resp.StatusCode, body)
+		}
+		resp, body := s.call("POST", "/v1/refunds", `"k1"`, "{}")
+		wantProblem(t, resp, body, http.StatusUnprocessableEntity, engine.ReasonKeyReused)
+		s.wantRuns(1)
+		if strings.Join(names, ",") != "POST" {
+			t.Fatalf("operations %q", names)
+		}
+	})
+}
+
+func TestBodyTooLarge(t *testing.T) {
+	var got []byte
+	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithMaxBodySize(16)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			got, _ = io.ReadAll(r.Body)
+			w.WriteHeader(http.StatusCreated)
+		})))
+	})
+	big := strings.Repeat("x", 17)
+	resp, raw := s.call("POST", "/v1/charges", `"k1"`, big) // with a Content-Length
+	wantProblem(t, resp, raw, http.StatusRequestEntityTooLarge, idemhttp.ReasonRequestTooLarge)
+
+	req, _ := http.NewRequest("POST", s.url+"/v1/charges", io.MultiReader(strings.NewReader(big))) // chunked: no length
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set(idemhttp.KeyHeader, `"k1"`)
+	if req.ContentLength != 0 {
+		t.Fatalf("the request has a Content-Length of %d", req.ContentLength)
+	}
+	resp, raw = s.do(req)
+	wantProblem(t, resp, raw, http.StatusRequestEntityTooLarge, idemhttp.ReasonRequestTooLarge)
+	s.wantRuns(0)
+
+	// Nothing was reserved: the key still runs a request that fits, and the
+	// handler reads the body whole.
+	small := `{"amount":16}` + "\x00\xff"
+	if resp, raw = s.call("POST", "/v1/charges", `"k1"`, small); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("%d %q", resp.StatusCode, raw)
+	}
+	if string(got) != small {
+		t.Fatalf("the handler read %q, want %q", got, small)
+	}
+	s.wantRuns(1)
+	// Without a key the body is the handler's, whole.
+	if resp, raw = s.call("POST", "/v1/charges", "", big); resp.StatusCode != http.StatusCreated || string(got) != big {
+		t.Fatalf("%d %q; the handler read %q", resp.StatusCode, raw, got)
+	}
+}
+
+func TestPanicReleasesTheKey(t *testing.T) {
+	var calls atomic.Int64
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			if calls.Add(1) == 1 {
+				_, _ = io.WriteString(w, "half a reply")
+				panic(http.ErrAbortHandler) // net/http aborts the response, quietly
+			}
+			w.WriteHeader(http.StatusCreated)
+		})))
+	})
+	req, _ := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader("{}"))
+	req.Header.Set("Authorization", "Bearer acme")
+	req.Header.Set(idemhttp.KeyHeader, `"k1"`)
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the panicking request got a response: %d", resp.StatusCode)
+	}
+	if resp, raw := s.call("POST", "/v1/charges", `"k1"`, "{}"); resp.StatusCode != http.StatusCreated || resp.Header.Get(idemhttp.ReplayedHeader) != "" {
+		t.Fatalf("retry: %d %q %v", resp.StatusCode, raw, resp.Header)
+	}
+	s.wantRuns(2)
+}
+
+func TestRecordedAndReleasedStatuses(t *testing.T) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/status/{code}", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			code, _ := strconv.Atoi(r.PathValue("code"))
+			http.Error(w, "status", code)
+		})))
+	})
+	for code, recorded := range map[int]bool{200: true, 302: true, 404: true, 410: true, 412: true, 500: true, 501: true,
+		400: false, 401: false, 409: false, 422: false, 429: false, 502: false, 503: false, 504: false} {
+		path := "/v1/status/" + strconv.Itoa(code)
+		before := s.runs.Load()
+		key := idemhttp.FormatKey(path)
+		s.call("POST", path, key, "{}")
+		resp, _ := s.call("POST", path, key, "{}")
+		replayed := resp.Header.Get(idemhttp.ReplayedHeader) == "true"
+		if resp.StatusCode != code || replayed != recorded || s.runs.Load()-before != map[bool]int64{true: 1, false: 2}[recorded] {
+			t.Errorf("status %d: the retry got %d, replayed %v, after %d runs; want recorded %v",
+				code, resp.StatusCode, replayed, s.runs.Load()-before, recorded)
+		}
+	}
+}
+
+func TestResponseTooLargeRecordsAProblem(t *testing.T) {
+	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithMaxResponseSize(8)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", "/v1/charges/ch_1")
+			w.WriteHeader(http.StatusCreated)
+			if _, err := io.WriteString(w, "123456789"); err == nil {
+				t.Error("Write past the bound did not fail")
+			}
+		})))
+	})
+	first, firstBody := s.call("POST", "/v1/charges", `"k1"`, "{}")
+	wantProblem(t, first, firstBody, http.StatusInternalServerError, idemhttp.ReasonResponseNotRecorded)
+	if first.Header.Get("Location") != "" {
+		t.Fatalf("the replaced response kept the handler's Location")
+	}
+	replay, replayBody := s.call("POST", "/v1/charges", `"k1"`, "{}")
+	wantProblem(t, replay, replayBody, http.StatusInternalServerError, idemhttp.ReasonResponseNotRecorded)
+	if !bytes.Equal(firstBody, replayBody) || replay.Header.Get(idemhttp.ReplayedHeader) != "true" {
+		t.Fatalf("replay %q, want %q marked replayed", replayBody, firstBody)
+	}
+	s.wantRuns(1)
+}
+
+func TestAnswers(t *testing.T) {
+	block, started := make(chan struct{}), make(chan struct{}, 1)
+	s := newServer(t, []engine.Option{engine.WithMaxRetryAfter(1500 * time.Millisecond)}, nil,
+		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+			mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+				if r.URL.Query().Get("block") != "" {
+					started <- struct{}{}
+					<-block
+				}
+				w.WriteHeader(http.StatusCreated)
+			})))
+		})
+
+	t.Run("malformed key", func(t *testing.T) {
+		resp, raw := s.call("POST", "/v1/charges", `"a secret key`, "{}")
+		p := wantProblem(t, resp, raw, http.StatusBadRequest, engine.ReasonKeyInvalid)
+		if strings.Contains(string(raw), "secret") || p.Detail == "" {
+			t.Fatalf("problem %q", raw)
+		}
+	})
+	t.Run("no tenant", func(t *testing.T) {
+		req, _ := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader("{}"))
+		req.Header.Set(idemhttp.KeyHeader, `"k1"`)
+		resp, raw := s.do(req)
+		p := wantProblem(t, resp, raw, http.StatusUnauthorized, "")
+		if p.Type != "about:blank" {
+			t.Fatalf("type %q", p.Type)
+		}
+	})
+	t.Run("in progress", func(t *testing.T) {
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			s.call("POST", "/v1/charges?block=1", `"k2"`, "{}")
+		}()
+		<-started
+		resp, raw := s.call("POST", "/v1/charges?block=1", `"k2"`, "{}")
+		wantProblem(t, resp, raw, http.StatusConflict, engine.ReasonInProgress)
+		if ra := resp.Header.Get("Retry-After"); ra != "2" { // 1.5s, rounded up
+			t.Fatalf("Retry-After %q, want 2", ra)
+		}
+		close(block)
+		<-done
+		if resp, _ := s.call("POST", "/v1/charges?block=1", `"k2"`, "{}"); resp.StatusCode != http.StatusCreated || resp.Header.Get(idemhttp.ReplayedHeader) != "true" {
+			t.Fatalf("after the first: %d %v", resp.StatusCode, resp.Header)
+		}
+	})
+	t.Run("query is part of the request", func(t *testing.T) {
+		s.call("POST", "/v1/charges?a=1", `"k3"`, "{}")
+		resp, raw := s.call("POST", "/v1/charges?a=2", `"k3"`, "{}")
+		wantProblem(t, resp, raw, http.StatusUnprocessableEntity, engine.ReasonKeyReused)
+	})
+}
+
+func TestMiddlewareRefusesMistakes(t *testing.T) {
+	eng := engine.New(memory.New())
+	if _, err := idemhttp.Middleware(eng, idemhttp.WithAtomic()); err == nil {
+		t.Error("WithAtomic on the memory store: no error")
+	}
+	for _, name := range []string{"Set-Cookie", "set-cookie", "Content-Length", "Idempotent-Replayed", "bad name"} {
+		if _, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders(name)); err == nil {
+			t.Errorf("WithReplayedHeaders(%q): no error", name)
+		}
+	}
+	if _, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders("ETag")); err != nil {
+		t.Errorf("WithReplayedHeaders(ETag): %v", err)
+	}
+	if _, err := idemhttp.Middleware(nil); err == nil {
+		t.Error("no engine: no error")
+	}
+}
+
+func TestWriteProblem(t *testing.T) {
+	for _, tc := range []struct {
+		retryAfter time.Duration
+		want       string
+	}{{0, ""}, {time.Nanosecond, "1"}, {time.Second, "1"}, {1001 * time.Millisecond, "2"}, {1<<63 - 1, "9223372037"}} {
+		w := httptest.NewRecorder()
+		idemhttp.WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreFull, "try later", tc.retryAfter)
+		if got := w.Header().Get("Retry-After"); got != tc.want {
+			t.Errorf("retryAfter %v: Retry-After %q, want %q", tc.retryAfter, got, tc.want)
+		}
+	}
+	w := httptest.NewRecorder()
+	idemhttp.WriteProblem(w, http.StatusUnprocessableEntity, engine.ReasonKeyReused, "no", 0)
+	want := `{"type":"https://idemkey.dev/problems/idempotency-key-reused","title":"Idempotency-Key is already used with another request","status":422,"detail":"no"}`
+	if w.Code != 422 || w.Body.String() != want || w.Header().Get("Content-Type") != "application/problem+json" {
+		t.Fatalf("got %d %s %v", w.Code, w.Body, w.Header())
+	}
+	for reason, typ := range map[string]string{
+		engine.ReasonKeyMissing: "https://idemkey.dev/problems/idempotency-key-missing",
+		"":                      "about:blank",
+	} {
+		if got := idemhttp.ProblemType(reason); got != typ {
+			t.Errorf("ProblemType(%q) = %q, want %q", reason, got, typ)
+		}
+		if got := idemhttp.ProblemReason(typ); got != reason {
+			t.Errorf("ProblemReason(%q) = %q, want %q", typ, got, reason)
+		}
+	}
+	if got := idemhttp.ProblemReason("https://example.com/problems/x"); got != "" {
+		t.Errorf("a foreign type reads as reason %q", got)
+	}
+}
+
+// TestForeignRecordIsRefused checks that a record the middleware cannot
+// replay (another transport's, or a corrupt one) answers a clean 500.
+func TestForeignRecordIsRefused(t *testing.T) {
+	const operation = "/payments.v1.PaymentService/CreateCharge"
+	fp := store.Fingerprint{1}
+	st := memory.New()
+	eng := engine.New(st, engine.WithLogger(nil))
+	for key, outcome := range map[string][]byte{
+		"grpc":    mustMarshal(t, &idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Response{Response: []byte{}}}),
+		"corrupt": {0xff, 0xff, 0xff},
+		"status":  mustMarshal(t, &idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Http{Http: &idemkeyv1.HTTPResponse{Status: 42}}}),
+	} {
+		op, err := eng.Operation(engine.OperationSpec{Name: operation})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := eng.Call(op)
+		c.Start(t.Context(), engine.Request{Key: key, Fingerprint: fp})
+		if c.Verdict != engine.Executed {
+			t.Fatalf("verdict %v", c.Verdict)
+		}
+		if err := c.Record(t.Context(), outcome, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mw, err := idemhttp.Middleware(eng,
+		idemhttp.WithOperation(func(*http.Request) string { return operation }),
+		idemhttp.WithFingerprint(func(*http.Request, []byte) (store.Fingerprint, error) { return fp, nil }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := 0
+	srv := httptest.NewServer(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { runs++ })))
+	t.Cleanup(srv.Close)
+	s := &server{t: t, url: srv.URL}
+	for _, key := range []string{"grpc", "corrupt", "status"} {
+		resp, raw := s.call("POST", "/v1/charges", key, "{}")
+		wantProblem(t, resp, raw, http.StatusInternalServerError, "")
+	}
+	if runs != 0 {
+		t.Fatalf("the handler ran %d times", runs)
+	}
+}
+
+func mustMarshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	raw, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}

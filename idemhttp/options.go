@@ -1,0 +1,203 @@
+package idemhttp
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// DefaultMaxBodySize bounds the request body read for the fingerprint
+// (WithMaxBodySize), in bytes.
+const DefaultMaxBodySize = 1 << 20
+
+// DefaultMaxResponseSize bounds the response buffered for the record
+// (WithMaxResponseSize), in bytes: the engine's default bound on a record.
+const DefaultMaxResponseSize = 4 << 20
+
+// Option configures the middleware. Settings shared with the other adapters
+// (the tenant, whether a key is required, leases, retention, the store's
+// bounds, metrics) are the engine's: see engine.New.
+type Option func(*options)
+
+// FingerprintFunc returns the fingerprint of a request whose body is body (the
+// whole of it, which the handler gets too). A retry must fingerprint the
+// same; any other request with the same key, differently. An error answers
+// 400 (ReasonRequestUnreadable): the request cannot be read as its operation
+// expects. The error's text is logged, never sent.
+type FingerprintFunc func(r *http.Request, body []byte) (store.Fingerprint, error)
+
+type options struct {
+	methods     map[string]bool
+	operation   func(r *http.Request) string
+	maxBody     int64
+	maxResponse int
+	recorded    func(status int) bool
+	replayed    map[string]bool // canonical header names
+	fingerprint FingerprintFunc
+	atomic      bool
+	err         error // the first option refused
+}
+
+func newOptions(opts []Option) *options {
+	o := &options{
+		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		operation:   Operation,
+		maxBody:     DefaultMaxBodySize,
+		maxResponse: DefaultMaxResponseSize,
+		recorded:    DefaultRecorded,
+		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
+		fingerprint: Fingerprint,
+	}
+	for _, opt := range opts {
+		opt(o)
+	}
+	return o
+}
+
+func (o *options) refuse(err error) {
+	if o.err == nil {
+		o.err = err
+	}
+}
+
+// WithMethods sets the methods covered; requests with other methods pass
+// through untouched. The default is POST and PATCH, the methods HTTP does not
+// define as idempotent.
+func WithMethods(methods ...string) Option {
+	return func(o *options) {
+		o.methods = make(map[string]bool, len(methods))
+		for _, m := range methods {
+			o.methods[m] = true
+		}
+	}
+}
+
+// WithOperation sets how a request's operation is named: the name scopes its
+// keys (with the tenant), labels its metrics and enters its fingerprint. An
+// empty name lets the request pass through untouched. The default is
+// Operation.
+//
+// Names must come from a small, fixed set, such as route patterns or gRPC
+// method names, never from the raw path: each name is kept, and a caller
+// could mint names without end (past 1024 names, operations are no longer
+// kept but built for each request).
+//
+// To share keys with another entry point, name the route as that entry point
+// names the operation ("/payments.v1.PaymentService/CreateCharge") and
+// fingerprint its requests alike (WithFingerprint).
+func WithOperation(f func(r *http.Request) string) Option {
+	return func(o *options) {
+		if f != nil {
+			o.operation = f
+		}
+	}
+}
+
+// WithMaxBodySize bounds the request body read (DefaultMaxBodySize, 1 MiB,
+// if n < 1): the body is read whole before the key is reserved, for the
+// fingerprint. A larger body, or a Content-Length that announces one, is
+// answered 413 (ReasonRequestTooLarge) and nothing is reserved.
+func WithMaxBodySize(n int64) Option {
+	return func(o *options) {
+		if n < 1 {
+			n = DefaultMaxBodySize
+		}
+		o.maxBody = n
+	}
+}
+
+// WithMaxResponseSize bounds the response body buffered to be recorded
+// (DefaultMaxResponseSize, 4 MiB, if n < 1). A handler that writes more gets
+// an error from Write; its response is replaced, for the caller and every
+// retry, by a recorded 500 (ReasonResponseNotRecorded). The engine's bound
+// (engine.WithMaxRecordSize) applies too, to the whole record: set both.
+func WithMaxResponseSize(n int) Option {
+	return func(o *options) {
+		if n < 1 {
+			n = DefaultMaxResponseSize
+		}
+		o.maxResponse = n
+	}
+}
+
+// WithRecordedStatuses sets the status codes whose responses are recorded and
+// replayed to retries; a response with any other status releases the key, so
+// that a retry runs the handler again. The default is DefaultRecorded.
+func WithRecordedStatuses(statuses ...int) Option {
+	set := make(map[int]bool, len(statuses))
+	for _, s := range statuses {
+		set[s] = true
+	}
+	return func(o *options) { o.recorded = func(status int) bool { return set[status] } }
+}
+
+// DefaultRecorded reports whether a response with status is recorded by
+// default: every status below 400, and the final answers 404 Not Found, 410
+// Gone, 412 Precondition Failed, 500 Internal Server Error and 501 Not
+// Implemented, as the gRPC adapter records NotFound, FailedPrecondition,
+// Internal and Unimplemented. Every other status releases the key: one that
+// the caller corrects and retries (400, 401, 403, 409, 413, 415, 422), and
+// one that says "not now" (408, 425, 429, 502, 503, 504).
+func DefaultRecorded(status int) bool {
+	switch {
+	case status < 400:
+		return true
+	case status == http.StatusNotFound, status == http.StatusGone, status == http.StatusPreconditionFailed,
+		status == http.StatusInternalServerError, status == http.StatusNotImplemented:
+		return true
+	}
+	return false
+}
+
+// neverReplayed are header fields that a replay never repeats: a session
+// cookie, the replay marker, and the fields that frame a message.
+var neverReplayed = map[string]bool{
+	"Set-Cookie": true, "Idempotent-Replayed": true, "Content-Length": true, "Transfer-Encoding": true,
+	"Connection": true, "Keep-Alive": true, "Trailer": true, "Te": true, "Upgrade": true,
+	"Proxy-Connection": true, "Proxy-Authenticate": true,
+}
+
+// WithReplayedHeaders adds header fields to those recorded with a response
+// and replayed: by default Content-Type, Content-Encoding, Content-Language
+// and Location, which describe the body or point to what was made. Other
+// fields the handler sets reach the first caller only. Set-Cookie and the
+// fields that frame a message (Content-Length, Transfer-Encoding, Connection,
+// Trailer...) are never replayed: Middleware refuses them.
+//
+// A replay sends the fields on today's list: a field taken off the list stops
+// being replayed from records made before.
+func WithReplayedHeaders(names ...string) Option {
+	return func(o *options) {
+		for _, n := range names {
+			c := http.CanonicalHeaderKey(strings.TrimSpace(n))
+			switch {
+			case c == "" || strings.ContainsAny(c, " \t:\r\n"):
+				o.refuse(fmt.Errorf("idemhttp: WithReplayedHeaders: %q is not a header field name", n))
+			case neverReplayed[c]:
+				o.refuse(fmt.Errorf("idemhttp: WithReplayedHeaders: %s is never replayed", c))
+			default:
+				o.replayed[c] = true
+			}
+		}
+	}
+}
+
+// WithFingerprint sets how a request is fingerprinted; the default is
+// Fingerprint. A function that hashes less (leaving out a client timestamp,
+// say) lets requests that differ there share a key.
+func WithFingerprint(f FingerprintFunc) Option {
+	return func(o *options) {
+		if f != nil {
+			o.fingerprint = f
+		}
+	}
+}
+
+// WithAtomic runs covered requests in atomic mode: the handler's writes, made
+// through the transaction its r.Context() carries (postgres.TxFromContext),
+// commit in one transaction with the key's reservation and record. A
+// recorded status of 400 or more (a 404, say) commits the record but undoes
+// the writes. The engine's store must implement store.Atomic.
+func WithAtomic() Option { return func(o *options) { o.atomic = true } }
