@@ -43,6 +43,7 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyFromMetadata$$' -fuzztime=$(FUZZ_EXECS)x .
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
+	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
 	./scripts/with-postgres $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
