@@ -29,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -52,6 +53,9 @@ type Config struct {
 	HandlerDelay time.Duration
 	// Options are added to the idemkey interceptor's.
 	Options []interceptor.Option
+	// Engine are the engine options of every entry point: the gRPC
+	// interceptor's (after Options) and NewHTTPHandler's.
+	Engine []engine.Option
 	// ServerOptions are added to the gRPC server's, after its interceptors:
 	// a stats handler, for instance.
 	ServerOptions []grpc.ServerOption
@@ -71,7 +75,7 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 		interceptor.WithTenant(Tenant),
 		interceptor.WithKeyRequired(),
 		interceptor.WithKeyField("request_id"), // AIP-155
-	}, cfg.Options...)
+	}, append(cfg.Options, interceptor.WithEngineOptions(cfg.Engine...))...)
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}
@@ -107,14 +111,9 @@ func Authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, hand
 		return handler(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)
-	auth := md.Get("authorization")
-	if len(auth) != 1 {
-		return nil, status.Error(codes.Unauthenticated, "authorization: Bearer <api key> required")
-	}
-	token, ok := strings.CutPrefix(auth[0], "Bearer ")
-	tenant, known := apiKeys[token]
-	if !ok || !known {
-		return nil, status.Error(codes.Unauthenticated, "unknown API key")
+	tenant, err := tenantOfBearer(md.Get("authorization"))
+	if err != nil {
+		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
 	return handler(context.WithValue(ctx, tenantKey{}, tenant), req)
 }

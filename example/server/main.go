@@ -3,7 +3,7 @@
 //
 //	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
-//	    [-metrics-addr ADDR] [-metrics-addr-file PATH]
+//	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -25,6 +25,19 @@
 // them. -metrics-addr-file is -addr-file's counterpart for that address; it
 // is written before the -addr-file.
 //
+// With -http-addr the server also serves HTTP/1.1 and h2c on that address:
+// the PaymentService through connect-go (the Connect, gRPC and gRPC-Web
+// protocols) and the plain route POST /v1/charges, which takes a JSON body
+// of CreateChargeRequest's fields and answers 201 with the charge, or an
+// RFC 9457 problem (see example.NewHTTPHandler). All three entry points share
+// one store and one scope: a key first used over any of them replays the
+// same charge over the others. -http-addr-file is -addr-file's counterpart,
+// written before it.
+//
+// CreateCharge takes its key from the idempotency-key metadata (the
+// Idempotency-Key header over HTTP) or from the request's request_id
+// (AIP-155).
+//
 // Callers authenticate with "authorization: Bearer sk_test_acme" (tenant acme)
 // or "Bearer sk_test_globex" (tenant globex). CreateCharge requires an
 // idempotency key. SIGINT or SIGTERM stops the server gracefully.
@@ -40,6 +53,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"sync"
 	"syscall"
 	"time"
 
@@ -51,8 +65,10 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/store"
@@ -74,6 +90,8 @@ func main() {
 	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
 	metricsAddr := flag.String("metrics-addr", "", "if set, serve the metrics in the Prometheus text format on http://ADDR/metrics; port 0 picks a free port")
 	metricsAddrFile := flag.String("metrics-addr-file", "", "with -metrics-addr, write the metrics address listened on to this file once serving, and remove it on exit")
+	httpAddr := flag.String("http-addr", "", "if set, also serve the service over HTTP on this address: Connect, gRPC-Web and POST /v1/charges; port 0 picks a free port")
+	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -84,7 +102,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -160,6 +178,63 @@ func (m *metrics) stop() {
 	_ = m.provider.Shutdown(context.Background())
 }
 
+// httpServer serves the HTTP entry points of -http-addr.
+type httpServer struct {
+	addr   string // listened on
+	server *http.Server
+	conn   *grpc.ClientConn // the plain route's, to the gRPC service
+	served chan struct{}    // closed once server.Serve has returned
+	once   sync.Once
+}
+
+// serveHTTP serves example.NewHTTPHandler on addr, over HTTP/1.1 and h2c, in
+// the background; its plain route calls the gRPC service at grpcAddr.
+func serveHTTP(addr string, st store.Store, cfg example.Config, grpcAddr string, logger *slog.Logger) (*httpServer, error) {
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, fmt.Errorf("http: %w", err)
+	}
+	handler, err := example.NewHTTPHandler(st, cfg, conn)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("http: %w", err)
+	}
+	lis, err := net.Listen("tcp", addr)
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("http: %w", err)
+	}
+	h := &httpServer{
+		addr:   lis.Addr().String(),
+		server: &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)},
+		conn:   conn,
+		served: make(chan struct{}),
+	}
+	h.server.Protocols.SetHTTP1(true)
+	h.server.Protocols.SetUnencryptedHTTP2(true)
+	go func() {
+		defer close(h.served)
+		if err := h.server.Serve(lis); err != http.ErrServerClosed {
+			logger.Error("http stopped", "error", err)
+		}
+	}()
+	logger.Info("http listening", "addr", h.addr, "connect", "http://"+h.addr+"/example.payments.v1.PaymentService/", "charges", "POST http://"+h.addr+"/v1/charges")
+	return h, nil
+}
+
+// stop lets the calls in flight end, for at most 10s, then closes.
+func (h *httpServer) stop() {
+	h.once.Do(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if h.server.Shutdown(ctx) != nil {
+			h.server.Close()
+		}
+		<-h.served
+		h.conn.Close()
+	})
+}
+
 // config is what the flags set.
 type config struct {
 	databaseURL string
@@ -167,6 +242,9 @@ type config struct {
 	// metricsAddr, if set, is where /metrics is served; metricsAddrFile, if
 	// set, gets the address taken, before addrFile.
 	metricsAddr, metricsAddrFile string
+	// httpAddr, if set, is where the HTTP entry points are served;
+	// httpAddrFile, if set, gets the address taken, before addrFile.
+	httpAddr, httpAddrFile string
 	delay, ttl                   time.Duration
 	atomic                       bool  // on PostgreSQL only
 	maxRecords                   int   // in memory only
@@ -179,7 +257,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	var (
 		m        *metrics // nil without -metrics-addr
 		meters   metric.MeterProvider
-		idemOpts = []interceptor.Option{interceptor.WithRetention(cfg.ttl), interceptor.WithLogger(logger)}
+		engOpts  = []engine.Option{engine.WithRetention(cfg.ttl), engine.WithLogger(logger)}
 		srvOpts  []grpc.ServerOption
 	)
 	if cfg.metricsAddr != "" {
@@ -189,12 +267,12 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		}
 		defer m.stop()
 		meters = m.provider
-		idemOpts = append(idemOpts, interceptor.WithMeterProvider(meters))
+		engOpts = append(engOpts, engine.WithMeterProvider(meters))
 		srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters))))
 	}
 	var (
 		st     store.Store = memory.New(memory.WithMaxRecords(cfg.maxRecords), memory.WithMaxBytes(cfg.maxBytes))
-		ledger example.Ledger
+		ledger example.Ledger = example.NewMemoryLedger()
 		kind   = "memory"
 		mode   = "two-phase"
 	)
@@ -226,12 +304,29 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		HandlerDelay:  cfg.delay,
 		Ledger:        ledger,
 		Atomic:        cfg.atomic,
-		Options:       idemOpts,
+		Engine:        engOpts,
 		ServerOptions: srvOpts,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay)
+	var h *httpServer // nil without -http-addr
+	if cfg.httpAddr != "" {
+		var err error
+		h, err = serveHTTP(cfg.httpAddr, st, example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic, Engine: engOpts}, lis.Addr().String(), logger)
+		if err != nil {
+			srv.Stop()
+			return err
+		}
+		defer h.stop()
+		if cfg.httpAddrFile != "" {
+			defer os.Remove(cfg.httpAddrFile)
+			if err := writeFileAtomic(cfg.httpAddrFile, h.addr+"\n"); err != nil {
+				srv.Stop()
+				return fmt.Errorf("http-addr-file: %w", err)
+			}
+		}
+	}
 	// The metrics address first: whoever waits for the addr-file finds both.
 	if m != nil && cfg.metricsAddrFile != "" {
 		defer os.Remove(cfg.metricsAddrFile)
@@ -255,6 +350,9 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	case <-ctx.Done():
 	}
 	logger.Info("shutting down")
+	if h != nil {
+		h.stop() // first: its plain route calls the gRPC service
+	}
 	hs.SetServingStatus("", healthpb.HealthCheckResponse_NOT_SERVING)
 	stopped := make(chan struct{})
 	go func() {
