@@ -258,3 +258,13 @@ func waitFor(t testing.TB, d time.Duration, what string, ok func() bool) {
 		}
 	}
 }
+
+// Signal sends sig to the server's process, such as SIGSTOP and SIGCONT to
+// hold it still for a while.
+func (s *Server) Signal(sig os.Signal) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd != nil {
+		s.cmd.Process.Signal(sig)
+	}
+}

@@ -18,7 +18,14 @@ import (
 	"github.com/idemkey/idemkey/store/storetest"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	goredis.SetLogger(quiet{}) // go-redis logs every failed dial of the failover test
+	redistest.Main(m)
+}
+
+type quiet struct{}
+
+func (quiet) Printf(context.Context, string, ...any) {}
 
 // offsetClock is a Harness.Advance for WithClockOffset.
 type offsetClock struct {
@@ -163,7 +170,10 @@ func TestUnavailable(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	for name, err := range map[string]error{
-		"Reserve":  func() error { _, err := st.Reserve(context.Background(), store.Reservation{Key: store.NewKey("t", "/m", "k")}); return err }(),
+		"Reserve": func() error {
+			_, err := st.Reserve(context.Background(), store.Reservation{Key: store.NewKey("t", "/m", "k")})
+			return err
+		}(),
 		"Complete": st.Complete(ctx, store.NewKey("t", "/m", "k"), 1, nil),
 	} {
 		if !errors.Is(err, store.ErrUnavailable) {
