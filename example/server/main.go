@@ -3,7 +3,7 @@
 //
 //	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
-//	    [-metrics-addr ADDR] [-metrics-addr-file PATH]
+//	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -18,6 +18,12 @@
 // Without a database URL, keys and charges live in memory, in two-phase mode;
 // the keys' store is bounded by -memory-max-records and -memory-max-bytes, and
 // a new key past them is refused with ResourceExhausted.
+//
+// With -redis-url (one Redis server) or -redis-cluster (seed addresses of a
+// Redis Cluster) the idempotency keys live in Redis (store/redis), which
+// expires them itself; the charges stay in memory, or in PostgreSQL with a
+// database URL. Redis cannot commit a charge with its reply, so CreateCharge
+// runs two-phase.
 //
 // With -metrics-addr the server serves its metrics in the Prometheus text
 // format on http://ADDR/metrics, through OpenTelemetry's Prometheus exporter:
@@ -40,12 +46,14 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	goredis "github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -58,6 +66,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	redisstore "github.com/idemkey/idemkey/store/redis"
 )
 
 func main() {
@@ -74,6 +83,8 @@ func main() {
 	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
 	metricsAddr := flag.String("metrics-addr", "", "if set, serve the metrics in the Prometheus text format on http://ADDR/metrics; port 0 picks a free port")
 	metricsAddrFile := flag.String("metrics-addr-file", "", "with -metrics-addr, write the metrics address listened on to this file once serving, and remove it on exit")
+	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
+	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -84,7 +95,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -171,6 +182,7 @@ type config struct {
 	atomic                       bool  // on PostgreSQL only
 	maxRecords                   int   // in memory only
 	maxBytes                     int64 // in memory only
+	redisURL, redisCluster       string
 }
 
 // run serves on lis until ctx is done, then stops gracefully.
@@ -198,23 +210,35 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		kind   = "memory"
 		mode   = "two-phase"
 	)
-	if cfg.databaseURL == "" {
+	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" {
 		cfg.atomic = false
 	}
 	if cfg.atomic {
 		mode = "atomic"
 	}
+	var pool *pgxpool.Pool
 	if cfg.databaseURL != "" {
-		pool, err := openDatabase(ctx, cfg.databaseURL, logger)
+		var err error
+		pool, err = openDatabase(ctx, cfg.databaseURL, logger)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
+		ledger, kind = example.NewPostgresLedger(pool), "postgres"
+	}
+	if cfg.redisURL != "" || cfg.redisCluster != "" {
+		rst, closeRedis, err := openRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		st, kind = rst, "redis"
+	} else if cfg.databaseURL != "" {
 		pst, err := postgres.New(pool, postgres.WithLogger(logger))
 		if err != nil {
 			return err
 		}
-		st, ledger, kind = pst, example.NewPostgresLedger(pool), "postgres"
+		st = pst
 		janitor := &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters}
 		janitorDone := make(chan error, 1)
 		janitorCtx, stopJanitor := context.WithCancel(ctx)
@@ -297,4 +321,27 @@ func openDatabase(ctx context.Context, url string, logger *slog.Logger) (*pgxpoo
 		return nil, fmt.Errorf("database: charges table: %w", err)
 	}
 	return pool, nil
+}
+
+// openRedis connects to one Redis server (url) or a Redis Cluster (cluster:
+// comma-separated seed addresses) and returns the store on it.
+func openRedis(ctx context.Context, url, cluster string, logger *slog.Logger) (store.Store, func(), error) {
+	var client goredis.UniversalClient
+	if cluster != "" {
+		client = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(cluster, ",")})
+	} else {
+		opts, err := goredis.ParseURL(url)
+		if err != nil {
+			return nil, nil, fmt.Errorf("redis-url: %w", err)
+		}
+		client = goredis.NewClient(opts)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := redisstore.New(ctx, client, redisstore.WithLogger(logger))
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return st, func() { client.Close() }, nil
 }
