@@ -1,6 +1,7 @@
 # Every Go tool is pinned in tools/go.mod (ghz, which needs an older grpc-go,
 # in tools/ghz/go.mod) and run with `go tool`, so a fresh machine with Go needs
-# nothing else; make test and make load also use the local PostgreSQL binaries.
+# nothing else; make test and make load also use the local PostgreSQL binaries,
+# and make test the local redis-server and redis-cli.
 GO          ?= go
 TOOL        := $(GO) tool -modfile=tools/go.mod
 BENCH_COUNT ?= 10
@@ -49,7 +50,7 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, and CreateCharge in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
-	./scripts/with-postgres $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ ./example/ > bin/bench.txt
+	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ ./store/redis/ ./example/ > bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
 	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
@@ -64,6 +65,8 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
+	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"
+	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./internal/benchtable bin/bench.txt
 

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -19,9 +20,9 @@ var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
 // DefaultSweepInterval is how often a Janitor sweeps unless told otherwise.
 const DefaultSweepInterval = time.Minute
 
-// Janitor deletes expired records by calling Store.Sweep periodically. It
-// starts nothing on its own: run it in a goroutine you own and stop it by
-// cancelling the context.
+// Janitor deletes expired records by calling the store's Sweep periodically,
+// for a store that implements Sweeper. It starts nothing on its own: run it in
+// a goroutine you own and stop it by cancelling the context.
 //
 //	j := &store.Janitor{Store: st, Logger: logger}
 //	go j.Run(ctx)
@@ -43,6 +44,9 @@ type Janitor struct {
 // Run sweeps at once and then every Interval until ctx is done, and then
 // returns ctx's error. A failed sweep is logged and tried again at the next
 // tick: a store that is down for a while must not stop the janitor.
+//
+// A store that does not implement Sweeper expires its records by itself: Run
+// logs so at Info and returns nil at once, having nothing to do.
 func (j *Janitor) Run(ctx context.Context) error {
 	interval := j.Interval
 	if interval <= 0 {
@@ -51,6 +55,12 @@ func (j *Janitor) Run(ctx context.Context) error {
 	logger := j.Logger
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
+	}
+	sweeper, ok := j.Store.(Sweeper)
+	if !ok {
+		logger.LogAttrs(ctx, slog.LevelInfo, "idemkey: the store expires records by itself; the janitor has nothing to sweep and stops",
+			slog.String("store", fmt.Sprintf("%T", j.Store)))
+		return nil
 	}
 	meters := j.MeterProvider
 	if meters == nil {
@@ -70,7 +80,7 @@ func (j *Janitor) Run(ctx context.Context) error {
 	defer ticker.Stop()
 	for {
 		start := time.Now()
-		deleted, err := j.Store.Sweep(ctx, j.BatchSize)
+		deleted, err := sweeper.Sweep(ctx, j.BatchSize)
 		swept.Add(ctx, int64(deleted))
 		if err != nil {
 			took.Record(ctx, time.Since(start).Seconds(), sweepFailed)

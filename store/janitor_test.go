@@ -3,6 +3,7 @@ package store_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.uber.org/goleak"
 
+	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/storetest"
@@ -74,5 +76,26 @@ func TestJanitor(t *testing.T) {
 	}
 	if deleted != 4 {
 		t.Errorf("idemkey.sweep.deleted = %d, want the 4 records swept", deleted)
+	}
+}
+
+// A store that expires records by itself gives the janitor nothing to do: it
+// says so and returns at once rather than tick for nothing.
+func TestJanitorWithoutSweeper(t *testing.T) {
+	logger, logs := logtest.New()
+	var st struct{ store.Store } // hides memory's Sweep
+	st.Store = memory.New()
+	done := make(chan error, 1)
+	go func() { done <- (&store.Janitor{Store: st, Logger: logger}).Run(context.Background()) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Run of a store without Sweep did not return")
+	}
+	if !strings.Contains(logs.String(), "nothing to sweep") {
+		t.Errorf("the janitor did not log that it has nothing to sweep; logged:\n%s", logs)
 	}
 }

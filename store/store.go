@@ -8,16 +8,19 @@
 // record, so a caller whose lease was taken over cannot overwrite the reply of
 // the caller that took it over.
 //
-// A record expires once its retention has passed and it holds no live lease;
-// Sweep deletes expired records, and a Janitor calls it periodically in a goroutine of yours.
+// A record expires once its retention has passed and it holds no live lease,
+// and from then on counts as absent. A store whose engine expires records
+// natively (store/redis) deletes them itself; one that implements Sweeper
+// (store/memory, store/postgres) deletes them when Sweep is called, which a
+// Janitor does periodically in a goroutine of yours.
 //
 // A store that implements Atomic as well (store/postgres) can also commit the
 // handler's own writes together with the record, in one transaction; one that
 // implements Finder can replay a retried call with a read alone.
 //
 // Every implementation passes the conformance suite in package storetest:
-// store/memory (one process) and store/postgres (any number of processes on
-// one database).
+// store/memory (one process), store/postgres (any number of processes on
+// one database) and store/redis (one Redis node or a Redis Cluster).
 package store
 
 import (
@@ -163,7 +166,14 @@ type Store interface {
 	// with the key runs again. It returns ErrLeaseLost if token no longer holds
 	// an in-progress record for key.
 	Release(ctx context.Context, key Key, token Token) error
+}
 
+// Sweeper is implemented by stores that keep expired records until told to
+// delete them (store/memory, store/postgres). A store without it expires
+// records by itself (store/redis: the server's native expiry), and nothing
+// needs to sweep it. Expired records count as absent either way: sweeping
+// frees space, it decides nothing.
+type Sweeper interface {
 	// Sweep deletes every record expired at the time of the call, in batches of
 	// at most batchSize (DefaultSweepBatch if batchSize < 1) so that live calls
 	// are never held up for long, and returns how many it deleted.

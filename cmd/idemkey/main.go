@@ -38,6 +38,13 @@
 // -force, and then that call can no longer record its outcome (its lease is
 // lost) and its duplicates run again too.
 //
+// # Sweeping
+//
+// sweep deletes the expired rows of the PostgreSQL table now, as a
+// store.Janitor does every minute. Expired rows already count as absent, so
+// sweeping only frees space. A Redis store (store/redis) needs no sweeping:
+// the server deletes each record itself when it expires.
+//
 // # Migrations
 //
 // migrate up applies the store's migrations (postgres.Migrate); status lists

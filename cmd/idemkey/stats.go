@@ -118,10 +118,11 @@ func sweepCommand() command {
 			if err := e.checkTable(ctx); err != nil {
 				return nil, err
 			}
-			st, err := postgres.New(e.pool, postgres.WithTable(e.table.given))
+			pst, err := postgres.New(e.pool, postgres.WithTable(e.table.given))
 			if err != nil {
 				return nil, err
 			}
+			var st store.Sweeper = pst // a store with native expiry (store/redis) has nothing to sweep
 			n, err := st.Sweep(ctx, batch)
 			if err != nil {
 				return nil, &cmdError{code: exitDatabase, kind: "database", message: fmt.Sprintf("sweep failed after deleting %d records: %v", n, err)}

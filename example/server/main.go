@@ -4,6 +4,7 @@
 //	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
+//	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -18,6 +19,12 @@
 // Without a database URL, keys and charges live in memory, in two-phase mode;
 // the keys' store is bounded by -memory-max-records and -memory-max-bytes, and
 // a new key past them is refused with ResourceExhausted.
+//
+// With -redis-url (one Redis server) or -redis-cluster (seed addresses of a
+// Redis Cluster) the idempotency keys live in Redis (store/redis), which
+// expires them itself; the charges stay in memory, or in PostgreSQL with a
+// database URL. Redis cannot commit a charge with its reply, so CreateCharge
+// runs two-phase.
 //
 // With -metrics-addr the server serves its metrics in the Prometheus text
 // format on http://ADDR/metrics, through OpenTelemetry's Prometheus exporter:
@@ -53,6 +60,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -60,6 +68,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	goredis "github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -74,6 +83,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	redisstore "github.com/idemkey/idemkey/store/redis"
 )
 
 func main() {
@@ -92,6 +102,8 @@ func main() {
 	metricsAddrFile := flag.String("metrics-addr-file", "", "with -metrics-addr, write the metrics address listened on to this file once serving, and remove it on exit")
 	httpAddr := flag.String("http-addr", "", "if set, also serve the service over HTTP on this address: Connect, gRPC-Web and POST /v1/charges; port 0 picks a free port")
 	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
+	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
+	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -102,7 +114,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -249,6 +261,7 @@ type config struct {
 	atomic                       bool  // on PostgreSQL only
 	maxRecords                   int   // in memory only
 	maxBytes                     int64 // in memory only
+	redisURL, redisCluster       string
 }
 
 // run serves on lis until ctx is done, then stops gracefully.
@@ -276,23 +289,35 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		kind   = "memory"
 		mode   = "two-phase"
 	)
-	if cfg.databaseURL == "" {
+	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" {
 		cfg.atomic = false
 	}
 	if cfg.atomic {
 		mode = "atomic"
 	}
+	var pool *pgxpool.Pool
 	if cfg.databaseURL != "" {
-		pool, err := openDatabase(ctx, cfg.databaseURL, logger)
+		var err error
+		pool, err = openDatabase(ctx, cfg.databaseURL, logger)
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
+		ledger, kind = example.NewPostgresLedger(pool), "postgres"
+	}
+	if cfg.redisURL != "" || cfg.redisCluster != "" {
+		rst, closeRedis, err := openRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		st, kind = rst, "redis"
+	} else if cfg.databaseURL != "" {
 		pst, err := postgres.New(pool, postgres.WithLogger(logger))
 		if err != nil {
 			return err
 		}
-		st, ledger, kind = pst, example.NewPostgresLedger(pool), "postgres"
+		st = pst
 		janitor := &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters}
 		janitorDone := make(chan error, 1)
 		janitorCtx, stopJanitor := context.WithCancel(ctx)
@@ -395,4 +420,27 @@ func openDatabase(ctx context.Context, url string, logger *slog.Logger) (*pgxpoo
 		return nil, fmt.Errorf("database: charges table: %w", err)
 	}
 	return pool, nil
+}
+
+// openRedis connects to one Redis server (url) or a Redis Cluster (cluster:
+// comma-separated seed addresses) and returns the store on it.
+func openRedis(ctx context.Context, url, cluster string, logger *slog.Logger) (store.Store, func(), error) {
+	var client goredis.UniversalClient
+	if cluster != "" {
+		client = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(cluster, ",")})
+	} else {
+		opts, err := goredis.ParseURL(url)
+		if err != nil {
+			return nil, nil, fmt.Errorf("redis-url: %w", err)
+		}
+		client = goredis.NewClient(opts)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	st, err := redisstore.New(ctx, client, redisstore.WithLogger(logger))
+	if err != nil {
+		client.Close()
+		return nil, nil, err
+	}
+	return st, func() { client.Close() }, nil
 }

@@ -132,8 +132,9 @@ func (s *Store) roomLocked(now time.Time, newRecords int, extra int64) bool {
 }
 
 var (
-	_ store.Store  = (*Store)(nil)
-	_ store.Finder = (*Store)(nil)
+	_ store.Store   = (*Store)(nil)
+	_ store.Finder  = (*Store)(nil)
+	_ store.Sweeper = (*Store)(nil)
 )
 
 // Reserve implements store.Store.
@@ -232,7 +233,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	return nil
 }
 
-// Sweep implements store.Store. It takes the lock once per batch.
+// Sweep implements store.Sweeper. It takes the lock once per batch.
 func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	if batchSize < 1 {
 		batchSize = store.DefaultSweepBatch

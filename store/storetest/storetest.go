@@ -1,5 +1,7 @@
 // Package storetest is the conformance suite for store.Store, and for
-// store.Finder where a store implements it. Every store runs it from its own
+// store.Finder and store.Sweeper where a store implements them. Expiry is
+// checked through Reserve and Find for every store; sweeping only for a
+// Sweeper. Every store runs it from its own
 // tests:
 //
 //	func TestConformance(t *testing.T) {
@@ -23,7 +25,8 @@ import (
 type Harness struct {
 	Store store.Store
 	// Advance moves time forward by d as the store sees it, for leases and
-	// expiry alike, without sleeping.
+	// expiry alike, without sleeping. A store on a server's clock takes a
+	// test-only offset to it (store/redis).
 	Advance func(t *testing.T, d time.Duration)
 }
 
@@ -54,6 +57,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"CompleteOnce", testCompleteOnce},
 		{"ExpiredTakeover", testExpiredTakeover},
 		{"ExpiredHolder", testExpiredHolder},
+		{"Expiry", testExpiry},
 		{"Sweep", testSweep},
 		{"SweepBatches", testSweepBatches},
 		{"KeysIndependent", testKeysIndependent},
@@ -253,7 +257,33 @@ func testExpiredHolder(t *testing.T, h Harness) {
 	wantState(t, reserve(t, h.Store, key, fpB), store.Acquired)
 }
 
+// testExpiry checks, through Reserve, which records count as absent once time
+// has passed: those whose retention has passed and whose lease has ended,
+// completed or not, and no others.
+func testExpiry(t *testing.T, h Harness) {
+	// Times are seconds from the start; lease is 10s.
+	doneOld, deadOld, liveOld := newKey(t, "done-old"), newKey(t, "dead-old"), newKey(t, "live-old")
+	doneNew, liveNew := newKey(t, "done-new"), newKey(t, "live-new")
+	// At 0: two records expiring at 60, one completed, one whose lease ends at 10.
+	complete(t, h.Store, doneOld, reserveFor(t, h.Store, doneOld, fpA, lease, time.Minute).Token, []byte("x"))
+	reserveFor(t, h.Store, deadOld, fpA, lease, time.Minute)
+	h.Advance(t, 55*time.Second)
+	// At 55: one expiring at 56 whose lease runs to 65, and two that live long.
+	reserveFor(t, h.Store, liveOld, fpA, lease, time.Second)
+	complete(t, h.Store, doneNew, mustAcquire(t, h.Store, doneNew, fpA), []byte("y"))
+	mustAcquire(t, h.Store, liveNew, fpA)
+	h.Advance(t, 7*time.Second)
+
+	// At 62: done-old and dead-old are gone, so another request acquires them.
+	wantState(t, reserve(t, h.Store, doneOld, fpB), store.Acquired)
+	wantState(t, reserve(t, h.Store, deadOld, fpB), store.Acquired)
+	wantState(t, reserve(t, h.Store, liveOld, fpB), store.InProgress)
+	wantState(t, reserve(t, h.Store, doneNew, fpB), store.Completed)
+	wantState(t, reserve(t, h.Store, liveNew, fpB), store.InProgress)
+}
+
 func testSweep(t *testing.T, h Harness) {
+	sweeper := needSweeper(t, h)
 	// Times are seconds from the start; lease is 10s.
 	ctx := context.Background()
 	doneOld, deadOld, liveOld := newKey(t, "done-old"), newKey(t, "dead-old"), newKey(t, "live-old")
@@ -269,7 +299,7 @@ func testSweep(t *testing.T, h Harness) {
 	h.Advance(t, 7*time.Second)
 
 	// At 62: only done-old and dead-old are expired.
-	deleted, err := h.Store.Sweep(ctx, 100)
+	deleted, err := sweeper.Sweep(ctx, 100)
 	if err != nil {
 		t.Fatalf("Sweep: %v", err)
 	}
@@ -279,21 +309,33 @@ func testSweep(t *testing.T, h Harness) {
 	wantState(t, reserve(t, h.Store, liveOld, fpA), store.InProgress)
 	wantState(t, reserve(t, h.Store, doneNew, fpA), store.Completed)
 	wantState(t, reserve(t, h.Store, liveNew, fpA), store.InProgress)
-	if deleted, err := h.Store.Sweep(ctx, 100); err != nil || deleted != 0 {
+	if deleted, err := sweeper.Sweep(ctx, 100); err != nil || deleted != 0 {
 		t.Errorf("second Sweep = %d, %v; want 0, nil", deleted, err)
 	}
 }
 
 func testSweepBatches(t *testing.T, h Harness) {
+	sweeper := needSweeper(t, h)
 	for i := range 7 {
 		key := newKey(t, string(rune('a'+i)))
 		complete(t, h.Store, key, mustAcquire(t, h.Store, key, fpA), nil)
 	}
 	h.Advance(t, retention+time.Second)
-	deleted, err := h.Store.Sweep(context.Background(), 2)
+	deleted, err := sweeper.Sweep(context.Background(), 2)
 	if err != nil || deleted != 7 {
 		t.Errorf("Sweep in batches of 2 = %d, %v; want 7, nil", deleted, err)
 	}
+}
+
+// needSweeper skips a test of sweeping for a store that expires records by
+// itself.
+func needSweeper(t *testing.T, h Harness) store.Sweeper {
+	t.Helper()
+	sweeper, ok := h.Store.(store.Sweeper)
+	if !ok {
+		t.Skipf("%T expires records by itself: it does not implement store.Sweeper", h.Store)
+	}
+	return sweeper
 }
 
 func testKeysIndependent(t *testing.T, h Harness) {

@@ -1,0 +1,122 @@
+package redis_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/internal/benchtest"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/internal/redistest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/store/redis"
+)
+
+// outcome is about the size of a recorded CreateCharge reply.
+var outcome = make([]byte, 120)
+
+func first(ctx context.Context, st store.Store, key store.Key) error {
+	res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: 24 * time.Hour})
+	if err != nil {
+		return err
+	}
+	if res.State != store.Acquired {
+		return fmt.Errorf("reserve of a new key: %v", res.State)
+	}
+	return st.Complete(ctx, key, res.Token, outcome)
+}
+
+func replay(ctx context.Context, st store.Store, key store.Key) error {
+	res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: 24 * time.Hour})
+	if err == nil && res.State != store.Completed {
+		err = fmt.Errorf("reserve of a recorded key: %v", res.State)
+	}
+	return err
+}
+
+// BenchmarkWait measures what WithReplicas(1) costs a first call (Reserve
+// and Complete) and a replay, on a primary with one replica started by the
+// benchmark on this machine, interleaved with the same calls that do not
+// wait. It reports the waiting call's time as a ratio to the other's.
+func BenchmarkWait(b *testing.B) {
+	primary, _ := redistest.Replicated(b)
+	client := primary.Client(b)
+	ctx := context.Background()
+	p := prefix()
+	plain, err := redis.New(ctx, client, redis.WithPrefix(p))
+	if err != nil {
+		b.Fatal(err)
+	}
+	waiting, err := redis.New(ctx, client, redis.WithPrefix(p), redis.WithReplicas(1))
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := func(kind string, i int) store.Key { return store.NewKey("bench", kind, strconv.Itoa(i)) }
+	for i := range 1000 { // for the replays
+		if err := first(ctx, plain, key("r", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("first", func(b *testing.B) {
+		run := prefix() // new keys on every run of the benchmark
+		means := benchtest.Interleave(b,
+			benchtest.Op{Name: "nowait", Run: func(i int) error { return first(ctx, plain, key("fn"+run, i)) }},
+			benchtest.Op{Name: "wait1", Run: func(i int) error { return first(ctx, waiting, key("fw"+run, i)) }},
+		)
+		b.ReportMetric(means[1]/means[0], "wait1/nowait")
+	})
+	b.Run("replay", func(b *testing.B) {
+		means := benchtest.Interleave(b,
+			benchtest.Op{Name: "nowait", Run: func(i int) error { return replay(ctx, plain, key("r", i%1000)) }},
+			benchtest.Op{Name: "wait1", Run: func(i int) error { return replay(ctx, waiting, key("r", i%1000)) }},
+		)
+		b.ReportMetric(means[1]/means[0], "wait1/nowait")
+	})
+}
+
+// BenchmarkVsPostgres runs a first call and a replay on the Redis store (one
+// server, no replica) and on the PostgreSQL store, interleaved, and reports
+// Redis's time as a ratio to PostgreSQL's.
+func BenchmarkVsPostgres(b *testing.B) {
+	ctx := context.Background()
+	rst, err := redis.New(ctx, redistest.Client(b), redis.WithPrefix(prefix()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	schema := pgtest.Schema(b)
+	pool := pgtest.Pool(b, schema)
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	pst, err := postgres.New(pool)
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := func(kind string, i int) store.Key { return store.NewKey("bench", kind, strconv.Itoa(i)) }
+	for i := range 1000 {
+		if err := first(ctx, rst, key("r", i)); err != nil {
+			b.Fatal(err)
+		}
+		if err := first(ctx, pst, key("r", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("first", func(b *testing.B) {
+		run := prefix() // new keys on every run of the benchmark
+		means := benchtest.Interleave(b,
+			benchtest.Op{Name: "postgres", Run: func(i int) error { return first(ctx, pst, key("f"+run, i)) }},
+			benchtest.Op{Name: "redis", Run: func(i int) error { return first(ctx, rst, key("f"+run, i)) }},
+		)
+		b.ReportMetric(means[1]/means[0], "redis/postgres")
+	})
+	b.Run("replay", func(b *testing.B) {
+		means := benchtest.Interleave(b,
+			benchtest.Op{Name: "postgres", Run: func(i int) error { return replay(ctx, pst, key("r", i%1000)) }},
+			benchtest.Op{Name: "redis", Run: func(i int) error { return replay(ctx, rst, key("r", i%1000)) }},
+		)
+		b.ReportMetric(means[1]/means[0], "redis/postgres")
+	})
+}

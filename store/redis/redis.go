@@ -1,0 +1,420 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// DefaultPrefix starts the name of every key the store writes, unless
+// WithPrefix sets another.
+const DefaultPrefix = "idemkey"
+
+// DefaultTimeout bounds each store operation unless WithTimeout sets another.
+const DefaultTimeout = 5 * time.Second
+
+// maxDuration bounds leases and retentions, so that the scripts' sums of
+// microseconds stay exact in Lua's doubles (see scripts.go): 100 years.
+const maxDuration = 100 * 365 * 24 * time.Hour
+
+// Option configures a Store.
+type Option func(*options)
+
+type options struct {
+	prefix   string
+	timeout  time.Duration
+	replicas int
+	logger   *slog.Logger
+	// offset is added to the server's clock, for this package's tests only
+	// (export_test.go); nil is none.
+	offset func() time.Duration
+}
+
+// WithPrefix sets the start of every key's name (DefaultPrefix if empty): 1
+// to 64 visible ASCII characters without braces, which would change the
+// key's hash slot. Stores with different prefixes share a server without
+// seeing each other's records.
+func WithPrefix(p string) Option {
+	return func(o *options) { o.prefix = p }
+}
+
+// WithTimeout bounds each operation, the wait for replicas included
+// (DefaultTimeout if d <= 0). A caller's earlier deadline still applies to
+// Reserve and Find; Complete and Release ignore the caller's cancellation
+// and deadline and use only this bound. go-redis applies a context's
+// deadline to its socket reads only with ContextTimeoutEnabled; otherwise its
+// ReadTimeout (3s by default) bounds each read.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
+}
+
+// WithReplicas makes Reserve (when it acquires) and Complete wait, with
+// Redis's WAIT, until n replicas of the key's primary confirm the write,
+// before they report success: a failover to one of them then cannot lose a
+// reservation or a recorded reply that was acknowledged. A write that fewer
+// replicas confirm within the store's timeout fails with
+// store.ErrUnavailable (see the package doc). 0, the default, waits for none.
+func WithReplicas(n int) Option {
+	return func(o *options) { o.replicas = max(n, 0) }
+}
+
+// WithLogger sets where the store logs the driver's error behind every error
+// it translates, at Debug. Nil, the default, discards.
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) { o.logger = l }
+}
+
+// Store is a store.Store and store.Finder on Redis (one node, a primary with
+// replicas, or a Redis Cluster). Every decision about time uses the server's
+// clock. It is safe for concurrent use.
+type Store struct {
+	client  goredis.UniversalClient
+	cluster *goredis.ClusterClient // set for a cluster: WAIT goes to the key's primary
+	opts    options
+}
+
+var (
+	_ store.Store  = (*Store)(nil)
+	_ store.Finder = (*Store)(nil)
+)
+
+// New returns a store on client: a *goredis.Client (one server, or a
+// Sentinel-managed primary from goredis.NewFailoverClient) or a
+// *goredis.ClusterClient. It checks, within ctx, that every server that can
+// hold its keys is configured with maxmemory-policy noeviction, and refuses
+// any other policy: an evicted record would run a call a second time. It
+// starts no goroutine.
+func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
+	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.logger == nil {
+		o.logger = slog.New(slog.DiscardHandler)
+	}
+	if o.timeout <= 0 {
+		o.timeout = DefaultTimeout
+	}
+	if o.prefix == "" {
+		o.prefix = DefaultPrefix
+	}
+	if len(o.prefix) > 64 || strings.ContainsAny(o.prefix, "{}") || strings.IndexFunc(o.prefix, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+		return nil, fmt.Errorf("idemkey redis: prefix %q: want 1 to 64 visible ASCII characters without braces", o.prefix)
+	}
+	s := &Store{client: client, opts: o}
+	switch c := client.(type) {
+	case nil:
+		return nil, errors.New("idemkey redis: New needs a client, not nil")
+	case *goredis.ClusterClient:
+		s.cluster = c
+	case *goredis.Client:
+	default:
+		// A Ring moves a shard's keys to the others while it is down, and
+		// they would find none of its records there.
+		return nil, fmt.Errorf("idemkey redis: %T is not supported: use a *redis.Client or a *redis.ClusterClient", client)
+	}
+	if err := s.checkPolicy(ctx); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// checkPolicy reads maxmemory_policy from INFO memory, which managed services
+// that disable CONFIG still answer, on every node of a cluster (a replica
+// becomes a primary in a failover) or on the one server.
+func (s *Store) checkPolicy(ctx context.Context) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	check := func(ctx context.Context, c *goredis.Client) error {
+		info, err := c.Info(ctx, "memory").Result()
+		if err != nil {
+			return s.translate(ctx, "check maxmemory-policy", err)
+		}
+		policy := infoField(info, "maxmemory_policy")
+		switch policy {
+		case "noeviction":
+			return nil
+		case "":
+			return errors.New("idemkey redis: the server's INFO memory has no maxmemory_policy, so the store cannot check that Redis never evicts its records")
+		}
+		return fmt.Errorf("idemkey redis: the server's maxmemory-policy is %s, which may evict idempotency records and run a call twice: set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, or in redis.conf)", policy)
+	}
+	if s.cluster != nil {
+		return s.cluster.ForEachShard(ctx, check)
+	}
+	return check(ctx, s.client.(*goredis.Client))
+}
+
+// infoField returns the value of name in an INFO reply.
+func infoField(info, name string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// name is the Redis key of a record: the hash in a hash tag, so that a
+// cluster keeps each record in the slot the hash decides.
+func (s *Store) name(key store.Key) string {
+	return fmt.Sprintf("%s:{%x}", s.opts.prefix, key[:])
+}
+
+// offset is the test clock's offset in microseconds, as a script's ARGV[1].
+func (s *Store) offset() string {
+	if s.opts.offset == nil {
+		return "0"
+	}
+	return strconv.FormatInt(s.opts.offset().Microseconds(), 10)
+}
+
+func micros(d time.Duration) int64 { return min(max(d, 0), maxDuration).Microseconds() }
+
+// Reserve implements store.Store with one script; with WithReplicas, an
+// acquired reservation then waits for the replicas (see WithReplicas).
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	args := []any{s.offset(), r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
+	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
+	v, err := s.run(ctx, "reserve", reserveScript, r.Key, acquired, args...)
+	if err != nil {
+		if errors.Is(err, errNotReplicated) && acquired(v) {
+			// Free the key rather than leave it in progress for a lease.
+			a := v.([]any)
+			_ = s.Release(ctx, r.Key, store.Token(a[1].(int64)))
+		}
+		return store.Result{}, err
+	}
+	return parseReservation(v)
+}
+
+// parseReservation reads reserveScript's reply.
+func parseReservation(v any) (store.Result, error) {
+	a, ok := v.([]any)
+	bad := errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
+	if !ok || len(a) < 2 {
+		return store.Result{}, bad
+	}
+	kind, _ := a[0].(int64)
+	token, _ := a[1].(int64)
+	var res store.Result
+	switch {
+	case kind == 1:
+		return store.Result{State: store.Acquired, Token: store.Token(token)}, nil
+	case kind == 2 && len(a) >= 4:
+		res.State = store.Completed
+		outcome, _ := a[3].(string)
+		res.Outcome = []byte(outcome)
+	case kind == 3 && len(a) >= 5:
+		res.State = store.InProgress
+		left, _ := a[4].(int64)
+		res.RetryAfter = time.Duration(left) * time.Microsecond // below maxDuration
+	default:
+		return store.Result{}, bad
+	}
+	fp, _ := a[2].(string)
+	copy(res.Fingerprint[:], fp)
+	return res, nil
+}
+
+// Find implements store.Finder with one read-only script.
+func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	v, err := findScript.Run(ctx, s.client, []string{s.name(key)}, s.offset()).Result()
+	if errors.Is(err, goredis.Nil) {
+		return store.Result{}, false, nil
+	}
+	if err != nil {
+		return store.Result{}, false, s.translate(ctx, "find", err)
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) != 2 {
+		return store.Result{}, false, errors.New("idemkey redis: find: the script's reply has an unexpected shape")
+	}
+	fp, _ := a[0].(string)
+	outcome, _ := a[1].(string)
+	res := store.Result{State: store.Completed, Outcome: []byte(outcome)}
+	copy(res.Fingerprint[:], fp)
+	return res, true, nil
+}
+
+// Complete implements store.Store. It ignores ctx's cancellation and
+// deadline, bounded by the store's timeout instead: a caller that hangs up
+// must not leave its key in progress. A Complete repeated with the same
+// token and outcome after one that took effect returns nil again (and, with
+// WithReplicas, waits for the replicas again).
+func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	ctx, cancel := s.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	return s.write(ctx, "complete", completeScript, key, strconv.FormatInt(int64(token), 10), outcome)
+}
+
+// Release implements store.Store, detached from ctx's cancellation like
+// Complete. It does not wait for replicas: a release lost in a failover
+// leaves the key in progress until its lease ends, which delays a retry but
+// never runs the handler twice.
+func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	ctx, cancel := s.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	return s.write(ctx, "release", releaseScript, key, strconv.FormatInt(int64(token), 10))
+}
+
+// write runs Complete's or Release's script, whose reply is 1 or 0.
+func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key store.Key, args ...any) error {
+	wait := func(any) bool { return op == "complete" }
+	v, err := s.run(ctx, op, sc, key, wait, append([]any{s.offset()}, args...)...)
+	if err != nil {
+		return err
+	}
+	if v != int64(1) {
+		return fmt.Errorf("idemkey redis: %s: %w", op, store.ErrLeaseLost)
+	}
+	return nil
+}
+
+// errNotReplicated marks a write that fewer replicas than WithReplicas asked
+// for confirmed in time.
+var errNotReplicated = errors.New("not confirmed by the replicas in time")
+
+// run runs sc on key. With WithReplicas, when wrote says the reply means a
+// write, it then sends WAIT on the same connection to the key's primary,
+// which WAIT requires; the reply is returned with errNotReplicated (wrapped
+// in store.ErrUnavailable) if too few replicas confirmed it.
+func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key store.Key, wrote func(any) bool, args ...any) (any, error) {
+	keys := []string{s.name(key)}
+	if s.opts.replicas == 0 {
+		v, err := sc.Run(ctx, s.client, keys, args...).Result()
+		if err != nil {
+			return nil, s.translate(ctx, op, err)
+		}
+		return v, nil
+	}
+	for attempt, pause := 1, 20*time.Millisecond; ; attempt, pause = attempt+1, min(2*pause, 250*time.Millisecond) {
+		v, err := s.runWaiting(ctx, sc, keys, wrote, args)
+		if err == nil || errors.Is(err, errNotReplicated) {
+			if err != nil {
+				err = fmt.Errorf("idemkey redis: %s: %w: %w", op, store.ErrUnavailable, err)
+			}
+			return v, err
+		}
+		// The primary moved (a failover, a resharding) or did not answer:
+		// the script ran nowhere, or took effect unseen, which a retry finds
+		// as a reservation in progress or an identical record.
+		if s.cluster == nil || !redirected(err) || !sleep(ctx, pause) || attempt == 10 {
+			return nil, s.translate(ctx, op, err)
+		}
+		s.cluster.ReloadState(ctx)
+	}
+}
+
+func (s *Store) runWaiting(ctx context.Context, sc *goredis.Script, keys []string, wrote func(any) bool, args []any) (any, error) {
+	var node *goredis.Client
+	if s.cluster != nil {
+		var err error
+		if node, err = s.cluster.MasterForKey(ctx, keys[0]); err != nil {
+			return nil, err
+		}
+	} else {
+		node = s.client.(*goredis.Client)
+	}
+	conn := node.Conn()
+	defer conn.Close()
+	v, err := sc.Run(ctx, conn, keys, args...).Result()
+	if err != nil || !wrote(v) {
+		return v, err
+	}
+	timeout := 100 * time.Millisecond
+	if deadline, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(deadline)*3/4, time.Millisecond) // WAIT 0 would wait forever
+	}
+	n, err := conn.Wait(ctx, s.opts.replicas, timeout).Result()
+	switch {
+	case err != nil:
+		return v, err
+	case n < int64(s.opts.replicas):
+		return v, fmt.Errorf("%w: %d of %d replicas within %v", errNotReplicated, n, s.opts.replicas, timeout.Round(time.Millisecond))
+	}
+	return v, nil
+}
+
+// redirected reports whether err means the key's primary is elsewhere or
+// not serving: worth asking the cluster again.
+func redirected(err error) bool {
+	if _, ok := goredis.IsMovedError(err); ok {
+		return true
+	}
+	if _, ok := goredis.IsAskError(err); ok {
+		return true
+	}
+	var netErr net.Error
+	return goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) || goredis.IsReadOnlyError(err) ||
+		goredis.IsLoadingError(err) || errors.As(err, &netErr) || errors.Is(err, goredis.ErrClosed) ||
+		strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "EOF")
+}
+
+// sleep waits d, and reports false if ctx ends first (or would, within d).
+func sleep(ctx context.Context, d time.Duration) bool {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// bound applies the store's timeout to ctx, unless ctx's own deadline comes
+// sooner.
+func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= s.opts.timeout {
+		return ctx, func() {}
+	}
+	return context.WithTimeout(ctx, s.opts.timeout)
+}
+
+// translate turns a driver error into the store's own, so that nothing from
+// go-redis reaches a caller. A server out of memory (with noeviction, it
+// refuses writes) is store.ErrFull; an unreachable, failing-over, loading or
+// slow server, or a cancelled call, is store.ErrUnavailable (the context's
+// own error kept for errors.Is); any other server error keeps only its first
+// word, such as WRONGTYPE. The error itself, which may name hosts, is logged
+// at Debug. None can hold a raw key or tenant: the store sends only hashes.
+func (s *Store) translate(ctx context.Context, op string, err error) error {
+	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey redis: "+op+" failed", slog.Any("error", err))
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("idemkey redis: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
+	}
+	var redisErr goredis.Error
+	if errors.As(err, &redisErr) && !errors.Is(err, goredis.ErrClosed) {
+		msg := redisErr.Error()
+		if strings.Contains(msg, "OOM ") {
+			return fmt.Errorf("idemkey redis: %s: %w: the server is out of memory (maxmemory) and refuses writes", op, store.ErrFull)
+		}
+		word, _, _ := strings.Cut(strings.TrimPrefix(msg, "ERR "), " ")
+		if redirected(err) || goredis.IsMasterDownError(err) || strings.HasPrefix(msg, "BUSY") || strings.HasPrefix(msg, "NOREPLICAS") {
+			return fmt.Errorf("idemkey redis: %s: %w: server answered %s", op, store.ErrUnavailable, word)
+		}
+		return fmt.Errorf("idemkey redis: %s: server error %s", op, word)
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) && netErr.Timeout() {
+		return fmt.Errorf("idemkey redis: %s: %w: timeout", op, store.ErrUnavailable)
+	}
+	return fmt.Errorf("idemkey redis: %s: %w: no connection to the server", op, store.ErrUnavailable)
+}
