@@ -1,0 +1,254 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/idemconnect"
+	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/proto/example/payments/v1/paymentsv1connect"
+)
+
+// entryPoints is one server with -http-addr, and a client of each of its
+// three entry points for CreateCharge.
+type entryPoints struct {
+	grpc    paymentsv1.PaymentServiceClient
+	connect paymentsv1connect.PaymentServiceClient
+	http    string // base URL of the HTTP address
+}
+
+func startEntryPoints(t *testing.T, cfg config) *entryPoints {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.httpAddr, cfg.httpAddrFile, cfg.ttl = "127.0.0.1:0", filepath.Join(t.TempDir(), "http-addr"), time.Hour
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, lis, cfg, slog.New(slog.DiscardHandler)) }()
+	t.Cleanup(func() {
+		stop()
+		if err := <-done; err != nil {
+			t.Errorf("run: %v", err)
+		}
+	})
+	var addr []byte
+	waitUntil(t, "the HTTP address file is written", func() bool {
+		addr, _ = os.ReadFile(cfg.httpAddrFile)
+		return len(addr) > 0
+	})
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	base := "http://" + strings.TrimSpace(string(addr))
+	return &entryPoints{
+		grpc:    paymentsv1.NewPaymentServiceClient(conn),
+		connect: paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, base, connect.WithProtoJSON()),
+		http:    base,
+	}
+}
+
+// viaGRPC sends CreateCharge as grpcurl would, with the key in the metadata
+// (none if "").
+func (e *entryPoints) viaGRPC(t *testing.T, key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+	t.Helper()
+	ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer sk_test_acme")
+	if key != "" {
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
+	}
+	var trailer metadata.MD
+	charge, err := e.grpc.CreateCharge(ctx, req, grpc.Trailer(&trailer))
+	return charge, idemkey.Replayed(trailer), err
+}
+
+// viaConnect sends CreateCharge over the Connect protocol, in JSON.
+func (e *entryPoints) viaConnect(t *testing.T, key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+	t.Helper()
+	r := connect.NewRequest(req)
+	r.Header().Set("Authorization", "Bearer sk_test_acme")
+	if key != "" {
+		r.Header().Set(idemconnect.KeyHeader, key)
+	}
+	resp, err := e.connect.CreateCharge(t.Context(), r)
+	if err != nil {
+		return nil, false, err
+	}
+	return resp.Msg, idemconnect.Replayed(resp.Header()), nil
+}
+
+// viaHTTP sends POST /v1/charges as curl would; it returns the status, the
+// charge of a 201, the problem of any other, and whether it was replayed.
+func (e *entryPoints) viaHTTP(t *testing.T, key string, body string) (int, *paymentsv1.Charge, idemhttp.Problem, http.Header) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.http+"/v1/charges", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer sk_test_acme")
+	if key != "" {
+		req.Header.Set(idemhttp.KeyHeader, key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	var problem idemhttp.Problem
+	if resp.StatusCode != http.StatusCreated {
+		if ct := resp.Header.Get("Content-Type"); ct != idemhttp.ProblemContentType {
+			t.Fatalf("status %d with Content-Type %q, want a problem: %s", resp.StatusCode, ct, raw)
+		}
+		if err := json.Unmarshal(raw, &problem); err != nil {
+			t.Fatalf("problem %s: %v", raw, err)
+		}
+		return resp.StatusCode, nil, problem, resp.Header
+	}
+	charge := &paymentsv1.Charge{}
+	if err := protojson.Unmarshal(raw, charge); err != nil {
+		t.Fatalf("charge %s: %v", raw, err)
+	}
+	return resp.StatusCode, charge, problem, resp.Header
+}
+
+func jsonOf(t *testing.T, req *paymentsv1.CreateChargeRequest) string {
+	b, err := protojson.Marshal(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// The three entry points share one scope: a key first used over any of them
+// replays the same charge over the others for the same request, and is
+// refused as reused for another; on memory, and on PostgreSQL in both modes.
+func TestEntryPointsShareKeys(t *testing.T) {
+	for name, cfg := range map[string]func(t *testing.T) config{
+		"memory":           func(*testing.T) config { return config{} },
+		"postgres/atomic":  func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true} },
+		"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := startEntryPoints(t, cfg(t))
+			req := func(amount int64) *paymentsv1.CreateChargeRequest {
+				return &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: amount, Currency: "EUR"}
+			}
+
+			// First over gRPC (grpcurl), then curl and Connect.
+			key := idemkey.NewKey()
+			first, _, err := e.viaGRPC(t, key, req(100))
+			if err != nil {
+				t.Fatal(err)
+			}
+			code, charge, _, h := e.viaHTTP(t, key, jsonOf(t, req(100)))
+			if code != http.StatusCreated || !proto.Equal(charge, first) || h.Get(idemhttp.ReplayedHeader) != "true" {
+				t.Fatalf("curl after grpcurl: %d %v (replayed %q), want 201 with %v replayed", code, charge, h.Get(idemhttp.ReplayedHeader), first)
+			}
+			viaConnect, replayed, err := e.viaConnect(t, key, req(100))
+			if err != nil || !replayed || !proto.Equal(viaConnect, first) {
+				t.Fatalf("Connect after grpcurl: %v %v (replayed %v), want %v", err, viaConnect, replayed, first)
+			}
+			// Another request with the key: refused over each.
+			code, _, problem, _ := e.viaHTTP(t, key, jsonOf(t, req(200)))
+			if code != http.StatusUnprocessableEntity || idemhttp.ProblemReason(problem.Type) != idemkey.ReasonKeyReused {
+				t.Fatalf("curl, another request: %d %+v, want 422 %s", code, problem, idemkey.ReasonKeyReused)
+			}
+			if _, _, err := e.viaConnect(t, key, req(200)); connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyReused {
+				t.Fatalf("Connect, another request: %v, want %s", err, idemkey.ReasonKeyReused)
+			}
+
+			// First over curl, then grpcurl; the JSON body may name its
+			// fields either way, and carry the key as request_id.
+			key = idemkey.NewKey()
+			code, first, _, _ = e.viaHTTP(t, "", `{"customer_id":"cus_1","amount":"300","currency":"EUR","request_id":"`+key+`"}`)
+			if code != http.StatusCreated {
+				t.Fatalf("curl with request_id: %d", code)
+			}
+			again, replayed, err := e.viaGRPC(t, key, req(300))
+			if err != nil || !replayed || !proto.Equal(again, first) {
+				t.Fatalf("grpcurl after curl: %v %v (replayed %v), want %v", err, again, replayed, first)
+			}
+			// A key in the header and another in request_id: refused.
+			code, _, problem, _ = e.viaHTTP(t, idemkey.NewKey(), `{"customerId":"cus_1","amount":"300","currency":"EUR","requestId":"`+key+`"}`)
+			if code != http.StatusBadRequest || idemhttp.ProblemReason(problem.Type) != idemkey.ReasonKeyInvalid {
+				t.Fatalf("two keys: %d %+v, want 400 %s", code, problem, idemkey.ReasonKeyInvalid)
+			}
+
+			// First over Connect, then gRPC.
+			key = idemkey.NewKey()
+			first, _, err = e.viaConnect(t, key, req(400))
+			if err != nil {
+				t.Fatal(err)
+			}
+			again, replayed, err = e.viaGRPC(t, key, req(400))
+			if err != nil || !replayed || !proto.Equal(again, first) {
+				t.Fatalf("grpcurl after Connect: %v %v (replayed %v), want %v", err, again, replayed, first)
+			}
+		})
+	}
+}
+
+// POST /v1/charges answers as draft-ietf-httpapi-idempotency-key-header-07
+// says: 400 for a missing or malformed key, 409 with Retry-After while the
+// first request runs; the charge's own errors are problems too.
+func TestChargesRouteProblems(t *testing.T) {
+	e := startEntryPoints(t, config{delay: 3 * time.Second})
+	body := `{"customer_id":"cus_1","amount":"100","currency":"EUR"}`
+	for _, tc := range []struct {
+		name, key, body string
+		status          int
+		reason          string
+	}{
+		{"no key", "", body, http.StatusBadRequest, idemkey.ReasonKeyMissing},
+		{"malformed key", `"a key"`, body, http.StatusBadRequest, idemkey.ReasonKeyInvalid},
+		{"not JSON", idemkey.NewKey(), `{"amount":`, http.StatusBadRequest, ""},
+		{"invalid request", idemkey.NewKey(), `{"customer_id":"cus_1","amount":"-1","currency":"EUR"}`, http.StatusBadRequest, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, problem, _ := e.viaHTTP(t, tc.key, tc.body)
+			if code != tc.status || idemhttp.ProblemReason(problem.Type) != tc.reason || problem.Status != tc.status {
+				t.Fatalf("got %d %+v, want %d with reason %q", code, problem, tc.status, tc.reason)
+			}
+		})
+	}
+	t.Run("in progress", func(t *testing.T) {
+		key := idemkey.NewKey()
+		first := make(chan int, 1)
+		go func() {
+			code, _, _, _ := e.viaHTTP(t, key, body)
+			first <- code
+		}()
+		time.Sleep(200 * time.Millisecond) // the first reaches the handler, which holds it 3s
+		code, _, problem, h := e.viaHTTP(t, key, body)
+		if code != http.StatusConflict || idemhttp.ProblemReason(problem.Type) != idemkey.ReasonInProgress || h.Get("Retry-After") == "" {
+			t.Fatalf("duplicate: %d %+v Retry-After %q, want 409 %s with Retry-After", code, problem, h.Get("Retry-After"), idemkey.ReasonInProgress)
+		}
+		if code := <-first; code != http.StatusCreated {
+			t.Fatalf("first: %d", code)
+		}
+	})
+}
+
