@@ -116,7 +116,9 @@ func (connectAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) conne
 const maxChargeBody = 64 << 10
 
 // chargesRoute is POST /v1/charges, a gateway to the gRPC CreateCharge.
-type chargesRoute struct{ client paymentsv1.PaymentServiceClient }
+type chargesRoute struct {
+	client paymentsv1.PaymentServiceClient
+}
 
 func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxChargeBody))

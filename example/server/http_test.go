@@ -146,8 +146,10 @@ func jsonOf(t *testing.T, req *paymentsv1.CreateChargeRequest) string {
 // refused as reused for another; on memory, and on PostgreSQL in both modes.
 func TestEntryPointsShareKeys(t *testing.T) {
 	for name, cfg := range map[string]func(t *testing.T) config{
-		"memory":           func(*testing.T) config { return config{} },
-		"postgres/atomic":  func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true} },
+		"memory": func(*testing.T) config { return config{} },
+		"postgres/atomic": func(t *testing.T) config {
+			return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true}
+		},
 		"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -251,4 +253,3 @@ func TestChargesRouteProblems(t *testing.T) {
 		}
 	})
 }
-

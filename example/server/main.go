@@ -257,21 +257,21 @@ type config struct {
 	// httpAddr, if set, is where the HTTP entry points are served;
 	// httpAddrFile, if set, gets the address taken, before addrFile.
 	httpAddr, httpAddrFile string
-	delay, ttl                   time.Duration
-	atomic                       bool  // on PostgreSQL only
-	maxRecords                   int   // in memory only
-	maxBytes                     int64 // in memory only
-	redisURL, redisCluster       string
+	delay, ttl             time.Duration
+	atomic                 bool  // on PostgreSQL only
+	maxRecords             int   // in memory only
+	maxBytes               int64 // in memory only
+	redisURL, redisCluster string
 }
 
 // run serves on lis until ctx is done, then stops gracefully.
 func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger) error {
 	defer lis.Close()
 	var (
-		m        *metrics // nil without -metrics-addr
-		meters   metric.MeterProvider
-		engOpts  = []engine.Option{engine.WithRetention(cfg.ttl), engine.WithLogger(logger)}
-		srvOpts  []grpc.ServerOption
+		m       *metrics // nil without -metrics-addr
+		meters  metric.MeterProvider
+		engOpts = []engine.Option{engine.WithRetention(cfg.ttl), engine.WithLogger(logger)}
+		srvOpts []grpc.ServerOption
 	)
 	if cfg.metricsAddr != "" {
 		var err error
@@ -284,10 +284,10 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters))))
 	}
 	var (
-		st     store.Store = memory.New(memory.WithMaxRecords(cfg.maxRecords), memory.WithMaxBytes(cfg.maxBytes))
+		st     store.Store    = memory.New(memory.WithMaxRecords(cfg.maxRecords), memory.WithMaxBytes(cfg.maxBytes))
 		ledger example.Ledger = example.NewMemoryLedger()
-		kind   = "memory"
-		mode   = "two-phase"
+		kind                  = "memory"
+		mode                  = "two-phase"
 	)
 	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" {
 		cfg.atomic = false
