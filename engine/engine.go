@@ -35,6 +35,10 @@ func New(st store.Store, opts ...Option) *Engine {
 // (WithKeyRequired).
 func (e *Engine) KeyRequired() bool { return e.opts.keyRequired }
 
+// MaxRecordSize is the bound on one record (WithMaxRecordSize), in bytes: an
+// adapter that buffers a response to record it need buffer no more.
+func (e *Engine) MaxRecordSize() int { return e.opts.maxRecord }
+
 // Tenant returns the tenant of the call of ctx (WithTenant), or "" without a
 // TenantFunc. The adapter answers an error as the caller's own.
 func (e *Engine) Tenant(ctx context.Context) (string, error) {

@@ -147,16 +147,21 @@ func WithInProgressWait(d time.Duration) Option {
 }
 
 // WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize
-// if n < 1). The adapter records a short error in place of a larger one,
-// which the caller gets too, as every retry will.
+// if n < 1, and never below MinRecordSize). The adapter records a short
+// error in place of a larger one, which the caller gets too, as every retry
+// will.
 func WithMaxRecordSize(n int) Option {
 	return func(o *options) {
 		if n < 1 {
 			n = DefaultMaxRecordSize
 		}
-		o.maxRecord = n
+		o.maxRecord = max(n, MinRecordSize)
 	}
 }
+
+// MinRecordSize is the least bound on a record: room for the short error an
+// adapter records in place of an outcome too large to record.
+const MinRecordSize = 1024
 
 // WithFailOpen runs the handler without protection when the store fails,
 // instead of answering "store unavailable". Retries may then run the handler

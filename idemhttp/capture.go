@@ -15,7 +15,7 @@ import (
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 )
 
-// errResponseTooLarge is what Write returns past WithMaxResponseSize.
+// errResponseTooLarge is what Write returns past the engine's bound on a record.
 var errResponseTooLarge = errors.New("idemhttp: the response is too large to record; it will be replaced by a 500")
 
 // capture is the ResponseWriter the handler of an acquired key writes to: it

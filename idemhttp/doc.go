@@ -79,8 +79,8 @@
 //
 //   - The request body is read whole, up to WithMaxBodySize (1 MiB), before
 //     anything is reserved; the handler reads the same bytes again.
-//   - The response is buffered whole, up to WithMaxResponseSize (4 MiB) and
-//     the engine's record bound. A larger one is replaced, for the first
+//   - The response is buffered whole, up to the engine's bound on a record
+//     (engine.WithMaxRecordSize, 4 MiB). A larger one is replaced, for the first
 //     caller and every retry, by a recorded 500 (RESPONSE_NOT_RECORDED), as
 //     the gRPC adapter records Internal. Keep large and streamed responses
 //     off covered routes.

@@ -274,7 +274,7 @@ func withBody(r *http.Request, body []byte) *http.Request {
 // writes.
 func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, c *engine.Call) {
 	ctx := r.Context()
-	cw := newCapture(w, m.opts.maxResponse)
+	cw := newCapture(w, m.eng.MaxRecordSize())
 	defer c.Abandon(ctx) // the handler panicked: let a retry run again
 	next.ServeHTTP(cw, withBody(r.WithContext(c.Context(ctx)), body))
 	cw.finish()

@@ -326,11 +326,11 @@ func TestRecordedAndReleasedStatuses(t *testing.T) {
 }
 
 func TestResponseTooLargeRecordsAProblem(t *testing.T) {
-	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithMaxResponseSize(8)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, []engine.Option{engine.WithMaxRecordSize(engine.MinRecordSize)}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Location", "/v1/charges/ch_1")
 			w.WriteHeader(http.StatusCreated)
-			if _, err := io.WriteString(w, "123456789"); err == nil {
+			if _, err := io.WriteString(w, strings.Repeat("x", engine.MinRecordSize+1)); err == nil {
 				t.Error("Write past the bound did not fail")
 			}
 		})))

@@ -12,9 +12,6 @@ import (
 // (WithMaxBodySize), in bytes.
 const DefaultMaxBodySize = 1 << 20
 
-// DefaultMaxResponseSize bounds the response buffered for the record
-// (WithMaxResponseSize), in bytes: the engine's default bound on a record.
-const DefaultMaxResponseSize = 4 << 20
 
 // Option configures the middleware. Settings shared with the other adapters
 // (the tenant, whether a key is required, leases, retention, the store's
@@ -32,7 +29,6 @@ type options struct {
 	methods     map[string]bool
 	operation   func(r *http.Request) string
 	maxBody     int64
-	maxResponse int
 	recorded    func(status int) bool
 	replayed    map[string]bool // canonical header names
 	fingerprint FingerprintFunc
@@ -45,7 +41,6 @@ func newOptions(opts []Option) *options {
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
 		operation:   Operation,
 		maxBody:     DefaultMaxBodySize,
-		maxResponse: DefaultMaxResponseSize,
 		recorded:    DefaultRecorded,
 		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
 		fingerprint: Fingerprint,
@@ -105,20 +100,6 @@ func WithMaxBodySize(n int64) Option {
 			n = DefaultMaxBodySize
 		}
 		o.maxBody = n
-	}
-}
-
-// WithMaxResponseSize bounds the response body buffered to be recorded
-// (DefaultMaxResponseSize, 4 MiB, if n < 1). A handler that writes more gets
-// an error from Write; its response is replaced, for the caller and every
-// retry, by a recorded 500 (ReasonResponseNotRecorded). The engine's bound
-// (engine.WithMaxRecordSize) applies too, to the whole record: set both.
-func WithMaxResponseSize(n int) Option {
-	return func(o *options) {
-		if n < 1 {
-			n = DefaultMaxResponseSize
-		}
-		o.maxResponse = n
 	}
 }
 
