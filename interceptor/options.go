@@ -205,9 +205,10 @@ func WithInProgressWait(d time.Duration) Option {
 }
 
 // WithMaxRecordSize bounds the record of one outcome: the encoded response
-// or status with its replayed metadata (DefaultMaxRecordSize, 4 MiB, if n <
-// 1; never below engine.MinRecordSize, 1 KiB). A reply whose record would be larger is not kept: the key records
-// Internal instead ("too large to record"), and the caller gets that Internal
+// or status with its replayed metadata (DefaultMaxRecordSize, 4 MiB, if
+// n < 1; never below engine.MinRecordSize, 1 KiB). A reply whose record
+// would be larger is not kept: the key records Internal instead ("too large
+// to record"), and the caller gets that Internal
 // too, as every retry will, so that no two callers see different replies. The
 // handler has run, so its key is not released: in two-phase mode its effects
 // stand; in atomic mode its writes roll back with the recorded error.

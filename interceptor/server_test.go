@@ -233,7 +233,7 @@ func TestReplyTooLarge(t *testing.T) {
 		size int // of the description
 	}{
 		{"default cap", nil, interceptor.DefaultMaxRecordSize},
-		{"WithMaxRecordSize", []interceptor.Option{interceptor.WithMaxRecordSize(1000)}, 1000},
+		{"WithMaxRecordSize", []interceptor.Option{interceptor.WithMaxRecordSize(2000)}, 2000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			d := newDirect(t, append(tc.opts, interceptor.WithLogger(nil))...)
