@@ -170,8 +170,12 @@ func writeStatus(w http.ResponseWriter, err error) {
 	if !ok {
 		reason, code = "", codeStatus(st.Code())
 	}
+	detail := st.Message()
+	if reason == idemkey.ReasonKeyMissing {
+		detail = "idempotency key required: set the Idempotency-Key header, or request_id, to one random key per operation"
+	}
 	retryAfter, _ := idemkey.RetryDelay(err)
-	idemhttp.WriteProblem(w, code, reason, st.Message(), retryAfter)
+	idemhttp.WriteProblem(w, code, reason, detail, retryAfter)
 }
 
 var reasonStatus = map[string]int{
