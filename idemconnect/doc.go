@@ -71,7 +71,9 @@
 //     rpc.system.name "connectrpc", rpc.service, rpc.method
 //     ("package.Service/Method") and rpc.response.status_code (the code's
 //     canonical name, "INVALID_ARGUMENT"), as the gRPC interceptor does with
-//     "grpc".
+//     "grpc": one query covers both. otelconnect still emits older
+//     conventions (rpc.system by protocol, the bare method as rpc.method):
+//     join with it on rpc.service.
 //
 // # Caveats
 //

@@ -9,12 +9,12 @@ import (
 	"strings"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/protokey"
 )
 
 // The record is the gRPC interceptor's, byte for byte in meaning: an
@@ -43,21 +43,9 @@ func encodeOutcome(resp connect.AnyResponse, herr error, recorded map[connect.Co
 	if !ok {
 		return nil, false, errors.New("the response is not a protobuf message")
 	}
-	// As in the gRPC interceptor, the response is marshalled straight into its
-	// field of the Outcome.
-	size := proto.Size(msg)
-	raw = make([]byte, 0, size+protowire.SizeVarint(uint64(size))+1+proto.Size(&out))
-	raw = protowire.AppendTag(raw, outcomeResponse, protowire.BytesType)
-	raw = protowire.AppendVarint(raw, uint64(size))
-	if raw, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(raw, msg); err != nil {
-		return nil, false, err
-	}
-	raw, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, &out)
+	raw, err = protokey.EncodeResponse(msg, &out)
 	return raw, err == nil, err
 }
-
-// outcomeResponse is the field number of Outcome.response.
-var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()
 
 // statusOf is the status Connect sends for a handler's error: a
 // *connect.Error's own; a context error, even wrapped, is Canceled or

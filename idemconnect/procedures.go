@@ -8,11 +8,7 @@ import (
 	"sync"
 
 	"connectrpc.com/connect"
-	"go.opentelemetry.io/otel/attribute"
-	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/protokey"
@@ -56,21 +52,9 @@ func (ps *procedures) get(spec connect.Spec) *procedure {
 // procedure whose response type is missing from the protobuf registry is
 // covered only when included by name.
 func (ps *procedures) describe(spec connect.Spec) *procedure {
-	p := &procedure{name: spec.Procedure}
 	desc, _ := spec.Schema.(protoreflect.MethodDescriptor)
-	if desc == nil {
-		desc = lookup(spec.Procedure)
-	}
-	if desc != nil {
-		p.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
-		p.keyField = protokey.KeyField(desc.Input(), ps.cov.keyField)
-		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
-		level := opts.GetIdempotencyLevel()
-		p.covered = p.output != nil && // else its replies could not be replayed
-			!strings.HasPrefix(spec.Procedure, "/grpc.") &&
-			level != descriptorpb.MethodOptions_NO_SIDE_EFFECTS &&
-			level != descriptorpb.MethodOptions_IDEMPOTENT
-	}
+	pm := protokey.DescribeMethod(spec.Procedure, desc, ps.cov.keyField)
+	p := &procedure{name: spec.Procedure, covered: pm.Covered, output: pm.Output, keyField: pm.KeyField}
 	if spec.IdempotencyLevel == connect.IdempotencyNoSideEffects || spec.IdempotencyLevel == connect.IdempotencyIdempotent {
 		p.covered = false
 	}
@@ -86,27 +70,10 @@ func (ps *procedures) describe(spec connect.Spec) *procedure {
 		p.op, _ = ps.eng.Operation(engine.OperationSpec{
 			Name:    spec.Procedure,
 			Atomic:  ps.atomicAll || ps.atomic[spec.Procedure],
-			Metrics: connectMetrics(spec.Procedure),
+			Metrics: protokey.MetricsSpec("connectrpc", spec.Procedure),
 		})
 	}
 	return p
-}
-
-// lookup finds a method descriptor by its procedure, "/package.Service/Method".
-func lookup(procedure string) protoreflect.MethodDescriptor {
-	service, name, ok := strings.Cut(strings.TrimPrefix(procedure, "/"), "/")
-	if !ok {
-		return nil
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
-	if err != nil {
-		return nil
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	return sd.Methods().ByName(protoreflect.Name(name))
 }
 
 // checkProcedures returns an error naming each procedure that an option
@@ -120,14 +87,14 @@ func checkProcedures(cov coverage, atomic map[string]bool) error {
 		names  map[string]bool
 	}{{"WithIncludedProcedures", cov.included}, {"WithExcludedProcedures", cov.excluded}, {"WithAtomicProcedures", atomic}} {
 		for _, name := range slices.Sorted(maps.Keys(set.names)) {
-			if lookup(name) == nil {
+			if protokey.Lookup(name) == nil {
 				problems = append(problems, fmt.Sprintf("%s(%q): no such procedure in the protobuf registry; want \"/package.Service/Method\" of a generated service", set.option, name))
 			}
 		}
 	}
 	ps := &procedures{cov: cov}
 	for _, name := range slices.Sorted(maps.Keys(atomic)) {
-		if lookup(name) != nil && !ps.describe(connect.Spec{Procedure: name}).covered {
+		if protokey.Lookup(name) != nil && !ps.describe(connect.Spec{Procedure: name}).covered {
 			problems = append(problems, fmt.Sprintf("WithAtomicProcedures(%q): the procedure is not covered (its idempotency_level, or WithExcludedProcedures), so it would never run in atomic mode", name))
 		}
 	}
@@ -135,33 +102,4 @@ func checkProcedures(cov coverage, atomic map[string]bool) error {
 		return fmt.Errorf("idemkey: %s", strings.Join(problems, "; "))
 	}
 	return nil
-}
-
-// connectMetrics labels a procedure's measurements with the stable OpenTelemetry
-// RPC conventions, as the gRPC interceptor labels a method's, so that one
-// query covers both: rpc.system.name "connectrpc" (the conventions' value
-// for Connect, whichever of its protocols carried the call), rpc.service,
-// rpc.method "package.Service/Method", and rpc.response.status_code the
-// code's canonical name ("OK", "INVALID_ARGUMENT"). otelconnect still emits
-// the older conventions (rpc.system "connect_rpc", "grpc" or "grpc_web" by
-// protocol; rpc.grpc.status_code or rpc.connect_rpc.error_code): join with
-// it on rpc.service (its rpc.method is the bare method name).
-func connectMetrics(procedure string) engine.MetricsSpec {
-	method := strings.TrimPrefix(procedure, "/")
-	service, _, _ := strings.Cut(method, "/")
-	return engine.MetricsSpec{
-		Attributes: []attribute.KeyValue{
-			attribute.String("rpc.system.name", "connectrpc"),
-			attribute.String("rpc.service", service),
-			attribute.String("rpc.method", method),
-		},
-		Status: statusCodeAttr,
-	}
-}
-
-func statusCodeAttr(code int) attribute.KeyValue {
-	if code < 0 || code > int(connect.CodeUnauthenticated) {
-		code = int(connect.CodeUnknown)
-	}
-	return attribute.String("rpc.response.status_code", rpccode.Code(code).String())
 }

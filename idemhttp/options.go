@@ -12,7 +12,6 @@ import (
 // (WithMaxBodySize), in bytes.
 const DefaultMaxBodySize = 1 << 20
 
-
 // Option configures the middleware. Settings shared with the other adapters
 // (the tenant, whether a key is required, leases, retention, the store's
 // bounds, metrics) are the engine's: see engine.New.

@@ -8,8 +8,6 @@ import (
 	"sync"
 
 	"google.golang.org/protobuf/reflect/protoreflect"
-	"google.golang.org/protobuf/reflect/protoregistry"
-	"google.golang.org/protobuf/types/descriptorpb"
 
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/protokey"
@@ -49,17 +47,8 @@ func (ms *methods) get(fullMethod string) *method {
 // says otherwise. A method whose descriptor or response type is missing from
 // the protobuf registry is covered only when included by name.
 func (ms *methods) describe(fullMethod string) *method {
-	m := &method{name: fullMethod}
-	if desc := lookup(fullMethod); desc != nil {
-		m.output, _ = protoregistry.GlobalTypes.FindMessageByName(desc.Output().FullName())
-		m.keyField = protokey.KeyField(desc.Input(), ms.opts.keyField)
-		opts, _ := desc.Options().(*descriptorpb.MethodOptions)
-		level := opts.GetIdempotencyLevel()
-		m.covered = m.output != nil && // else its replies could not be replayed
-			!strings.HasPrefix(fullMethod, "/grpc.") &&
-			level != descriptorpb.MethodOptions_NO_SIDE_EFFECTS &&
-			level != descriptorpb.MethodOptions_IDEMPOTENT
-	}
+	pm := protokey.DescribeMethod(fullMethod, nil, ms.opts.keyField)
+	m := &method{name: fullMethod, covered: pm.Covered, output: pm.Output, keyField: pm.KeyField}
 	if ms.opts.included[fullMethod] {
 		m.covered = true
 	}
@@ -70,26 +59,9 @@ func (ms *methods) describe(fullMethod string) *method {
 	if m.covered && ms.eng != nil {
 		// The server checked at construction that a method in atomic mode
 		// has a store for it, the one way this fails.
-		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic, Metrics: grpcMetrics(fullMethod)})
+		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic, Metrics: protokey.MetricsSpec("grpc", fullMethod)})
 	}
 	return m
-}
-
-// lookup finds a method descriptor by its gRPC name, "/package.Service/Method".
-func lookup(fullMethod string) protoreflect.MethodDescriptor {
-	service, name, ok := strings.Cut(strings.TrimPrefix(fullMethod, "/"), "/")
-	if !ok {
-		return nil
-	}
-	d, err := protoregistry.GlobalFiles.FindDescriptorByName(protoreflect.FullName(service))
-	if err != nil {
-		return nil
-	}
-	sd, ok := d.(protoreflect.ServiceDescriptor)
-	if !ok {
-		return nil
-	}
-	return sd.Methods().ByName(protoreflect.Name(name))
 }
 
 // checkMethods returns an error naming each method that o lists by name
@@ -104,14 +76,14 @@ func checkMethods(o *options) error {
 		names  map[string]bool
 	}{{"WithIncludedMethods", o.included}, {"WithExcludedMethods", o.excluded}, {"WithAtomicMethods", o.atomic}} {
 		for _, name := range slices.Sorted(maps.Keys(set.names)) {
-			if lookup(name) == nil {
+			if protokey.Lookup(name) == nil {
 				problems = append(problems, fmt.Sprintf("%s(%q): no such method in the protobuf registry; want \"/package.Service/Method\" of a generated service", set.option, name))
 			}
 		}
 	}
 	ms := &methods{opts: o}
 	for _, name := range slices.Sorted(maps.Keys(o.atomic)) {
-		if lookup(name) != nil && !ms.describe(name).covered {
+		if protokey.Lookup(name) != nil && !ms.describe(name).covered {
 			problems = append(problems, fmt.Sprintf("WithAtomicMethods(%q): the method is not covered (its idempotency_level, or WithExcludedMethods), so it would never run in atomic mode", name))
 		}
 	}

@@ -12,11 +12,11 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/protokey"
 )
 
 // encodeOutcome turns a handler's result into the bytes a store records.
@@ -38,16 +38,7 @@ func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *record
 	if !ok {
 		return nil, false, errors.New("the response is not a protobuf message")
 	}
-	// The response is marshalled straight into its field of the Outcome rather
-	// than into a buffer of its own that is then copied: this is the hot path.
-	size := proto.Size(msg)
-	raw = make([]byte, 0, size+protowire.SizeVarint(uint64(size))+1+proto.Size(&out))
-	raw = protowire.AppendTag(raw, outcomeResponse, protowire.BytesType)
-	raw = protowire.AppendVarint(raw, uint64(size))
-	if raw, err = (proto.MarshalOptions{UseCachedSize: true}).MarshalAppend(raw, msg); err != nil {
-		return nil, false, err
-	}
-	raw, err = proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, &out)
+	raw, err = protokey.EncodeResponse(msg, &out)
 	return raw, err == nil, err
 }
 
@@ -86,9 +77,6 @@ func mustEncodeStatus(err error) []byte {
 	}
 	return raw
 }
-
-// outcomeResponse is the field number of Outcome.response.
-var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()
 
 // recorded is an outcome read back from its record.
 type recorded struct {
