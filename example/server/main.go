@@ -69,6 +69,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -427,12 +428,13 @@ func openDatabase(ctx context.Context, url string, logger *slog.Logger) (*pgxpoo
 func openRedis(ctx context.Context, url, cluster string, logger *slog.Logger) (store.Store, func(), error) {
 	var client goredis.UniversalClient
 	if cluster != "" {
-		client = goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: strings.Split(cluster, ",")})
+		client = goredis.NewClusterClient(&goredis.ClusterOptions{MaintNotificationsConfig: noMaintNotifications(), Addrs: strings.Split(cluster, ",")})
 	} else {
 		opts, err := goredis.ParseURL(url)
 		if err != nil {
 			return nil, nil, fmt.Errorf("redis-url: %w", err)
 		}
+		opts.MaintNotificationsConfig = noMaintNotifications()
 		client = goredis.NewClient(opts)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
@@ -443,4 +445,11 @@ func openRedis(ctx context.Context, url, cluster string, logger *slog.Logger) (s
 		return nil, nil, err
 	}
 	return st, func() { client.Close() }, nil
+}
+
+// noMaintNotifications turns off go-redis's maintenance notifications, which
+// Redis 7 lacks: in their default "auto" mode, go-redis v9.23 races on the
+// connections the store's replica wait takes while it falls back.
+func noMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }

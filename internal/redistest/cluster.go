@@ -27,7 +27,7 @@ func (c *Cluster) Addrs() []string {
 
 // Client returns a cluster client, closed when t ends.
 func (c *Cluster) Client(t testing.TB) *goredis.ClusterClient {
-	cc := goredis.NewClusterClient(&goredis.ClusterOptions{Addrs: c.Addrs()})
+	cc := goredis.NewClusterClient(&goredis.ClusterOptions{MaintNotificationsConfig: NoMaintNotifications(), Addrs: c.Addrs()})
 	t.Cleanup(func() { cc.Close() })
 	return cc
 }
@@ -86,7 +86,7 @@ func (c *Cluster) WaitHealthy(t testing.TB) {
 			if !running {
 				continue
 			}
-			cl := goredis.NewClient(&goredis.Options{Addr: n.Addr, MaxRetries: -1})
+			cl := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: NoMaintNotifications(), Addr: n.Addr, MaxRetries: -1})
 			info, err := cl.ClusterInfo(ctx).Result()
 			repl, err2 := cl.Info(ctx, "replication").Result()
 			cl.Close()

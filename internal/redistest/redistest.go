@@ -29,6 +29,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 )
 
 // Server is one redis-server process.
@@ -145,7 +146,7 @@ func (s *Server) launch(bin string) error {
 	}
 	exited := make(chan struct{})
 	go func() { cmd.Wait(); close(exited) }()
-	c := goredis.NewClient(&goredis.Options{Addr: s.Addr, MaxRetries: -1})
+	c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: NoMaintNotifications(), Addr: s.Addr, MaxRetries: -1})
 	defer c.Close()
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		select {
@@ -200,7 +201,7 @@ func (s *Server) Stop() {
 
 // Client returns a client of the server, closed when t ends.
 func (s *Server) Client(t testing.TB) *goredis.Client {
-	c := goredis.NewClient(&goredis.Options{Addr: s.Addr})
+	c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: NoMaintNotifications(), Addr: s.Addr})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -228,6 +229,7 @@ func Client(t testing.TB) *goredis.Client {
 	if err != nil {
 		t.Fatalf("IDEMKEY_TEST_REDIS_URL: %v", err)
 	}
+	opts.MaintNotificationsConfig = NoMaintNotifications()
 	c := goredis.NewClient(opts)
 	t.Cleanup(func() { c.Close() })
 	if err := c.Ping(context.Background()).Err(); err != nil {
@@ -267,4 +269,12 @@ func (s *Server) Signal(sig os.Signal) {
 	if s.cmd != nil {
 		s.cmd.Process.Signal(sig)
 	}
+}
+
+// NoMaintNotifications turns off go-redis's maintenance notifications,
+// which Redis 7 lacks: in their default "auto" mode, go-redis v9.23 races on
+// the connections the store's replica wait takes while it falls back
+// (redis.WithReplicas).
+func NoMaintNotifications() *maintnotifications.Config {
+	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 }

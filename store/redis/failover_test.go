@@ -126,7 +126,7 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 	// acknowledging writes for half a second that never reach the replica,
 	// and dies. Then the replica, resumed, takes over.
 	replica.Signal(syscall.SIGSTOP)
-	pc := goredis.NewClient(&goredis.Options{Addr: primary.Addr})
+	pc := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: primary.Addr})
 	if err := pc.Do(ctx, "CLIENT", "KILL", "TYPE", "replica").Err(); err != nil {
 		t.Fatalf("CLIENT KILL TYPE replica: %v", err)
 	}
@@ -190,7 +190,7 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 // waitReplica waits until the primary s has a replica in sync.
 func waitReplica(t *testing.T, s *redistest.Server) {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: s.Addr})
+	c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: s.Addr})
 	defer c.Close()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		if info, err := c.Info(context.Background(), "replication").Result(); err == nil && strings.Contains(info, "state=online") {
@@ -206,7 +206,7 @@ func waitReplica(t *testing.T, s *redistest.Server) {
 func primaryWithReplica(t *testing.T, cluster *redistest.Cluster) (primary, replica *redistest.Server) {
 	t.Helper()
 	for _, n := range cluster.Nodes {
-		c := goredis.NewClient(&goredis.Options{Addr: n.Addr})
+		c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: n.Addr})
 		info, err := c.Info(context.Background(), "replication").Result()
 		c.Close()
 		if err != nil || !strings.Contains(info, "role:master") || !strings.Contains(info, "state=online") {
@@ -225,7 +225,7 @@ func primaryWithReplica(t *testing.T, cluster *redistest.Cluster) (primary, repl
 // waitPrimary waits until s has taken over as a primary.
 func waitPrimary(t *testing.T, s *redistest.Server) {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: s.Addr})
+	c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: s.Addr})
 	defer c.Close()
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		if info, err := c.Info(context.Background(), "replication").Result(); err == nil && strings.Contains(info, "role:master") {
@@ -239,7 +239,7 @@ func waitPrimary(t *testing.T, s *redistest.Server) {
 
 func dbsize(t *testing.T, s *redistest.Server) int {
 	t.Helper()
-	c := goredis.NewClient(&goredis.Options{Addr: s.Addr})
+	c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: s.Addr})
 	defer c.Close()
 	n, err := c.DBSize(context.Background()).Result()
 	if err != nil {

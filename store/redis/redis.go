@@ -63,6 +63,13 @@ func WithTimeout(d time.Duration) Option {
 // reservation or a recorded reply that was acknowledged. A write that fewer
 // replicas confirm within the store's timeout fails with
 // store.ErrUnavailable (see the package doc). 0, the default, waits for none.
+//
+// The wait runs on a connection of its own (goredis.Client.Conn). On a
+// server without maintenance notifications (Redis before 8), go-redis
+// v9.23's default "auto" mode races on such connections while it falls back
+// (the race detector reports it); set the client's MaintNotificationsConfig
+// to &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}, as
+// the example server and the tests do.
 func WithReplicas(n int) Option {
 	return func(o *options) { o.replicas = max(n, 0) }
 }

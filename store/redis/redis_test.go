@@ -160,7 +160,7 @@ func TestTokensNeverRepeat(t *testing.T) {
 // message; Complete keeps its own bound after the caller has gone.
 func TestUnavailable(t *testing.T) {
 	srv := redistest.Start(t)
-	client := goredis.NewClient(&goredis.Options{Addr: srv.Addr, MaxRetries: -1})
+	client := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: srv.Addr, MaxRetries: -1})
 	defer client.Close()
 	st, err := redis.New(context.Background(), client, redis.WithTimeout(time.Second))
 	if err != nil {
