@@ -506,6 +506,9 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("idemkey postgres: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
 	}
 	if pgErr != nil {
+		if statementCacheLost(pgErr.Code) {
+			return fmt.Errorf("idemkey postgres: %s: %s", op, poolerHint)
+		}
 		if !unavailable(pgErr.Code) {
 			return fmt.Errorf("idemkey postgres: %s: SQLSTATE %s: %s", op, pgErr.Code, pgErr.Message)
 		}
@@ -519,6 +522,18 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 	}
 	return fmt.Errorf("idemkey postgres: %s: %w: no connection to the database", op, store.ErrUnavailable)
 }
+
+// poolerHint is the error of a statement that failed as statements cached by
+// pgx fail behind a pooler in transaction mode.
+const poolerHint = "the database does not keep the driver's prepared statements, as a pooler in transaction mode (pgbouncer) does not: add default_query_exec_mode=exec (or simple_protocol) to the database URL"
+
+// statementCacheLost reports whether a server error comes from pgx's
+// prepared statements on a connection through a pooler that gives each
+// transaction any server connection (pgbouncer in transaction mode): a
+// statement prepared on one server connection and run on another (26000), or
+// prepared again on one that has it (42P05). The store prepares nothing of
+// its own, and needs no session state.
+func statementCacheLost(code string) bool { return code == "26000" || code == "42P05" }
 
 // serializationFailure reports whether err is SQLSTATE 40001. Under READ
 // COMMITTED, PostgreSQL's default, the store's statements never fail so; under
