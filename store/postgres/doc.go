@@ -128,6 +128,27 @@
 // few times, while the database can be reached; when no new connection can
 // be made they fail at once, and the client's retry policy waits instead.
 //
+// # Behind a connection pooler
+//
+// pgbouncer in transaction pooling mode gives each transaction whichever
+// server connection is free and, before version 1.21, keeps no prepared
+// statements. Behind it, set pgx's mode for such poolers in the URL:
+// default_query_exec_mode=exec (or simple_protocol). The store, Migrate and
+// atomic mode then work as they do directly, because the store keeps no
+// session state: its lock timeout is set for the transaction only, and it
+// takes no advisory lock and prepares, creates or listens to nothing that
+// outlives a transaction. An atomic call's transaction stays on one pgx
+// connection, so on one server connection, until it ends. In exec mode the
+// server parses and plans every statement: a first call costs about a third
+// more, a replay about twice as much (BENCHMARKS.md).
+//
+// With pgx's default statement cache, statements fail as soon as pgbouncer
+// runs one connection's prepared statement on another server connection; the
+// store's and Migrate's errors then name the setting. A session setting made
+// with SET after connecting does not reach later transactions, and pgbouncer
+// refuses most settings in the URL: set them on the database or role (ALTER
+// ROLE ... SET) instead. Tested with pgbouncer 1.18 (TestPgbouncer).
+//
 // # Tracing its statements
 //
 // The store runs its statements on the pool it is given, so a pgx tracer set
