@@ -154,6 +154,10 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("idemkey postgres: New needs a pool, not nil")
 	}
+	if hosts, primaryOnly := failoverHosts(pool.Config().ConnConfig); hosts > 1 && !primaryOnly {
+		o.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemkey postgres: the database URL names "+strconv.Itoa(hosts)+
+			" hosts without target_session_attrs=read-write (or primary): connections may go to a standby, where every reservation and record fails until it is promoted")
+	}
 	table := o.qualified(o.table)
 	return &Store{
 		pool:            pool,
@@ -275,6 +279,18 @@ const (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED)`
 )
+
+// failoverHosts counts the distinct servers a connection may go to (a
+// multi-host URL, for a primary and its standbys), and reports whether a
+// connection is checked to be writable (target_session_attrs=read-write or
+// primary) or checked at all by a ValidateConnect of the user's own.
+func failoverHosts(cfg *pgx.ConnConfig) (hosts int, primaryOnly bool) {
+	seen := map[string]bool{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))): true}
+	for _, fb := range cfg.Fallbacks {
+		seen[net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port)))] = true
+	}
+	return len(seen), cfg.ValidateConnect != nil
+}
 
 // Reserve implements store.Store in one round trip, unless the row changed
 // under the statement (a concurrent release or sweep); then it runs again.
