@@ -69,6 +69,13 @@ func startTopology(t *testing.T, template string, synchronous bool) *topology {
 	a, b := top.nodes[0], top.nodes[1]
 	top.conn = fmt.Sprintf("host=127.0.0.1,127.0.0.1 port=%d,%d user=postgres dbname=test sslmode=disable target_session_attrs=read-write connect_timeout=2", a.port, b.port)
 	t.Cleanup(func() {
+		if t.Failed() { // what PostgreSQL said, before the directory goes
+			for _, n := range top.nodes {
+				out, _ := os.ReadFile(top.data(n) + ".log")
+				lines := strings.Split(string(out), "\n")
+				t.Logf("the last lines of %s's log:\n%s", n.name, strings.Join(lines[max(0, len(lines)-40):], "\n"))
+			}
+		}
 		if top.admin != nil {
 			top.admin.Close()
 		}
@@ -105,9 +112,25 @@ func (top *topology) startNode(n node) {
 	}
 }
 
+// setting returns the value of a setting on node n.
+func (top *topology) setting(n node, name string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=test sslmode=disable", n.port))
+	if err != nil {
+		top.t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	var v string
+	if err := conn.QueryRow(ctx, `SELECT current_setting($1)`, name).Scan(&v); err != nil {
+		top.t.Fatal(err)
+	}
+	return v
+}
+
 // exec runs sql on node n alone.
 func (top *topology) exec(n node, sql string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second) // a loaded machine is slow
 	defer cancel()
 	conn, err := pgx.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=test sslmode=disable", n.port))
 	if err != nil {
@@ -152,8 +175,8 @@ func (top *topology) attachStandby(n node) {
 		}
 	}
 	want := map[bool]string{true: "sync", false: "async"}[top.sync]
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	for deadline := time.Now().Add(time.Minute); ; time.Sleep(50 * time.Millisecond) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		conn, err := pgx.Connect(ctx, fmt.Sprintf("host=127.0.0.1 port=%d user=postgres dbname=test sslmode=disable", primary.port))
 		var state string
 		if err == nil {
@@ -165,7 +188,7 @@ func (top *topology) attachStandby(n node) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("the standby is not streaming %s after 30s (%q, %v)", want, state, err)
+			t.Fatalf("the standby is not streaming %s after a minute (%q, %v)", want, state, err)
 		}
 	}
 }
@@ -186,6 +209,9 @@ func (top *topology) failover() (killed time.Time, promoted time.Duration) {
 	}
 	promoted = time.Since(killed)
 	top.primary = 1 - top.primary
+	if names := top.setting(next, "synchronous_standby_names"); names != "" {
+		t.Errorf("the promoted standby waits for a standby of its own: synchronous_standby_names = %q", names)
+	}
 	top.admin.Reset() // its connections died with the old primary
 	return killed, promoted
 }

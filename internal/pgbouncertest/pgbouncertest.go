@@ -174,7 +174,6 @@ ignore_startup_parameters = search_path, extra_float_digits
 
 	b.cmd = exec.Command(bin, filepath.Join(b.dir, "pgbouncer.ini"))
 	b.cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	b.cmd.Stdout, b.cmd.Stderr = nil, nil
 	if err := b.cmd.Start(); err != nil {
 		return err
 	}
