@@ -2,10 +2,10 @@
 // mode in front of the test database of internal/pgtest, for tests of idemkey
 // behind a pooler that keeps no session state and no prepared statements.
 //
-// pgbouncer comes from the PATH (Debian: apt-get install pgbouncer). Where it
-// is missing a test skips, except in CI (CI=true), where it fails. pgbouncer
-// refuses to run as root; as root, it runs as the user postgres, as the test
-// database of scripts/with-postgres does.
+// pgbouncer comes from the PATH or /usr/sbin (Debian: apt-get install
+// pgbouncer). Where it is missing a test skips, except in CI (CI=true), where
+// it fails. pgbouncer refuses to run as root; as root, it runs as the user
+// postgres, as the test database of scripts/with-postgres does.
 package pgbouncertest
 
 import (
@@ -56,9 +56,9 @@ type Bouncer struct {
 // it when tb ends.
 func Start(tb testing.TB, cfg Config) *Bouncer {
 	tb.Helper()
-	bin, err := exec.LookPath("pgbouncer")
-	if err != nil {
-		msg := "no pgbouncer on the PATH (Debian: apt-get install pgbouncer)"
+	bin := binary()
+	if bin == "" {
+		msg := "no pgbouncer on the PATH or in /usr/sbin (Debian: apt-get install pgbouncer)"
 		if os.Getenv("CI") == "true" {
 			tb.Fatal(msg + "; CI needs it")
 		}
@@ -91,6 +91,20 @@ func Start(tb testing.TB, cfg Config) *Bouncer {
 	}
 	tb.Cleanup(b.stop)
 	return b
+}
+
+// binary finds pgbouncer on the PATH, else where Debian puts it (/usr/sbin,
+// which a user's PATH may lack).
+func binary() string {
+	if p, err := exec.LookPath("pgbouncer"); err == nil {
+		return p
+	}
+	for _, p := range []string{"/usr/sbin/pgbouncer", "/usr/local/sbin/pgbouncer"} {
+		if _, err := os.Stat(p); err == nil {
+			return p
+		}
+	}
+	return ""
 }
 
 // serverUser makes dir the user postgres's and returns that user's
