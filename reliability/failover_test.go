@@ -364,6 +364,7 @@ func runFailover(t *testing.T, template string, synchronous bool) []failoverResu
 				t.Errorf("%s: %d cross-tenant replies, %d unfinished ops, %d records stuck", mode, v.crossTenant, v.unfinished, v.stuck)
 			}
 		}
+		h.checkNothingRaw(t)
 		if results[j].recovered > 30*time.Second {
 			t.Errorf("%s: the servers took %v to answer OK after the failover", mode, results[j].recovered)
 		}
@@ -376,7 +377,7 @@ func runFailover(t *testing.T, template string, synchronous bool) []failoverResu
 func (h *harness) replayAll() {
 	var todo []*op
 	for _, o := range h.history.all() {
-		if slicesContainsOK(o) {
+		if gotOK(o) {
 			todo = append(todo, o)
 		}
 	}
@@ -408,7 +409,7 @@ func b2i(b bool) int {
 	return 0
 }
 
-func slicesContainsOK(o *op) bool {
+func gotOK(o *op) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for _, r := range o.replies {
@@ -446,7 +447,7 @@ func (h *history) lost() int {
 // failoverTable renders results as the Markdown table of RELIABILITY.md.
 func failoverTable(rs []failoverResult) string {
 	var b strings.Builder
-	b.WriteString("| standby | mode | failovers | requests | ops | double executions (outside the lease window) | recorded replies lost | unfinished ops | calls failed closed | standby took writes after | every server OK after |\n")
+	b.WriteString("| standby | mode | failovers | requests | ops | double executions (outside the lease window) | recorded replies lost | unfinished ops | calls failed closed | standby promoted after | every server OK after |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, r := range rs {
 		if r.v == nil {
