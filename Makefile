@@ -10,9 +10,10 @@ BENCH_COUNT ?= 10
 # (go.dev/issue/75804).
 FUZZ_EXECS  ?= 30000
 SOAK        ?= 10m
+FAILOVERS   ?= 10
 LOAD_TIME   ?= 10s
 
-.PHONY: help generate check-generate lint test bench load soak demo
+.PHONY: help generate check-generate lint test bench load soak failover-soak demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -78,6 +79,11 @@ soak: ## inject random faults into example server processes for SOAK (default 10
 	@mkdir -p bin
 	$(GO) test -count=1 -timeout=0 -run='^TestFaults$$' ./reliability/ -soak=$(SOAK) -report=$(CURDIR)/bin/soak.md
 	@cat bin/soak.md
+
+failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times (default 10), synchronous and asynchronous, under load; the table goes to bin/failover.md
+	@mkdir -p bin
+	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
+	@cat bin/failover.md
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.

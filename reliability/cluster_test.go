@@ -23,10 +23,41 @@ import (
 // server.
 type cluster struct {
 	dir   string
+	conn  string        // the test database's connection string, without parameters
 	admin *pgxpool.Pool // reconnects after restarts
 }
 
 func startCluster(t *testing.T) *cluster {
+	t.Helper()
+	dir := serverDir(t, "idemkey-faults.")
+	c := &cluster{dir: dir, conn: "host=" + dir + " user=postgres dbname=test sslmode=disable"}
+	t.Cleanup(func() {
+		if c.admin != nil {
+			c.admin.Close()
+		}
+		_ = c.pgctl("stop", "-m", "immediate")
+	})
+	if err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.start(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.run("createdb", "-h", dir, "-U", "postgres", "test"); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	if c.admin, err = pgxpool.New(context.Background(), c.dsn("application_name=idemkey-harness")); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// serverDir makes a temporary directory that the PostgreSQL server binaries
+// may write to (as root, they run as the user postgres, since PostgreSQL
+// refuses root), removed when t ends. Without the binaries it skips t, or
+// fails it in CI.
+func serverDir(t *testing.T, pattern string) string {
 	t.Helper()
 	if pgtest.ServerBinary("initdb") == "" {
 		msg := "no PostgreSQL server binaries (initdb, pg_ctl) to start a cluster of the harness's own; Debian: apt-get install postgresql"
@@ -35,19 +66,12 @@ func startCluster(t *testing.T) *cluster {
 		}
 		t.Skip(msg)
 	}
-	dir, err := os.MkdirTemp("", "idemkey-faults.")
+	dir, err := os.MkdirTemp("", pattern)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &cluster{dir: dir}
-	t.Cleanup(func() {
-		if c.admin != nil {
-			c.admin.Close()
-		}
-		_ = c.pgctl("stop", "-m", "immediate")
-		os.RemoveAll(dir)
-	})
-	if os.Geteuid() == 0 { // PostgreSQL refuses to run as root
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if os.Geteuid() == 0 {
 		u, err := user.Lookup("postgres")
 		if err != nil {
 			t.Fatal("running as root, and there is no user postgres to run the cluster as")
@@ -58,19 +82,7 @@ func startCluster(t *testing.T) *cluster {
 			t.Fatal(err)
 		}
 	}
-	if err := c.run("initdb", "-D", c.data(), "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-sync"); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.start(); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.run("createdb", "-h", dir, "-U", "postgres", "test"); err != nil {
-		t.Fatal(err)
-	}
-	if c.admin, err = pgxpool.New(context.Background(), c.dsn("application_name=idemkey-harness")); err != nil {
-		t.Fatal(err)
-	}
-	return c
+	return dir
 }
 
 func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
@@ -78,7 +90,7 @@ func (c *cluster) data() string { return filepath.Join(c.dir, "data") }
 // dsn is the connection string of the test database, with params
 // ("name=value") added.
 func (c *cluster) dsn(params ...string) string {
-	return strings.Join(append([]string{"host=" + c.dir, "user=postgres", "dbname=test", "sslmode=disable"}, params...), " ")
+	return strings.Join(append([]string{c.conn}, params...), " ")
 }
 
 // run runs one of the server binaries as the user the cluster belongs to.

@@ -5,8 +5,12 @@
 // injects faults: a server killed with SIGKILL, server sessions terminated in
 // a reservation and in a record, PostgreSQL crashed and stopped, rows locked
 // past statement_timeout. Then it checks what the clients received against
-// what the database holds. RELIABILITY.md describes each fault and the checks.
+// what the database holds. TestFailover runs both modes on a primary and a
+// standby, synchronous and then asynchronous, kills the primary under load
+// and promotes the standby, and counts the recorded replies lost.
+// RELIABILITY.md describes each fault and the checks.
 //
-//	go test ./reliability                          # each fault once (make test)
+//	go test ./reliability                          # each fault once, one failover per topology (make test)
 //	go test ./reliability -soak=10m -timeout=0     # random faults for 10 minutes per mode (make soak)
+//	go test ./reliability -run '^TestFailover$' -failovers=10 -timeout=0 # (make failover-soak)
 package reliability

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 )
 
 // op is one business operation: one tenant's charge under one key, sent as
@@ -146,8 +147,15 @@ func (h *history) load(ctx context.Context, c *cluster) error {
 	if err := rows.Err(); err != nil {
 		return err
 	}
+	// Only the records of this history's ops: another harness may share the
+	// database (TestFailover runs both modes on one).
+	var keys [][]byte
+	for _, o := range h.all() {
+		scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+		keys = append(keys, scope[:])
+	}
 	return c.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE lease_end > now()), count(*) FILTER (WHERE lease_end <= now())
-		FROM idempotency_keys WHERE state = 'in_progress'`).Scan(&h.stuck, &h.abandoned)
+		FROM idempotency_keys WHERE state = 'in_progress' AND key = ANY($1)`, keys).Scan(&h.stuck, &h.abandoned)
 }
 
 // verdict is the checker's count of each kind of anomaly, and what the run
@@ -161,6 +169,7 @@ type verdict struct {
 	outsideWindow     int // second charges sooner than a lease could end
 	divergent         int // ops whose OK replies name different charges
 	divergentLost     int // of those, ops whose first run's record was lost with no server killed
+	unheld            int // ops with an OK reply naming a charge the database does not hold
 	crossTenant       int // replies that are not the caller's own
 	unfinished        int // ops with no final reply
 	stuck             int // idempotency records in progress under a live lease once all have ended
@@ -197,7 +206,7 @@ func (h *history) check(v *verdict) {
 			}
 		}
 		okCharges := map[string]bool{}
-		final := false
+		final, unheld := false, false
 		for _, r := range o.replies {
 			final = final || r.final()
 			if r.code == codes.DeadlineExceeded {
@@ -215,9 +224,13 @@ func (h *history) check(v *verdict) {
 				v.crossTenant++
 				problem("op %s of %s got charge %s of %s for %s", o.id, o.tenant, r.charge.GetId(), row.tenant, r.charge.GetDescription())
 			}
+			unheld = unheld || !known
 			if !known && v.atomic {
 				problem("op %s got OK with charge %s, which the database does not hold", o.id, r.charge.GetId())
 			}
+		}
+		if unheld {
+			v.unheld++
 		}
 		if len(okCharges) > 1 {
 			v.divergent++

@@ -37,7 +37,9 @@ func TestMain(m *testing.M) {
 // first run's reply, in either mode.
 func TestRunOnPostgres(t *testing.T) {
 	for _, atomic := range []bool{false, true} {
-		t.Run(fmt.Sprint("atomic=", atomic), func(t *testing.T) { testRunOnPostgres(t, atomic) })
+		t.Run(fmt.Sprint("atomic=", atomic), func(t *testing.T) {
+			testRunOnPostgres(t, pgtest.SchemaURL(pgtest.Schema(t)), atomic)
+		})
 	}
 }
 
@@ -79,8 +81,7 @@ func TestAddrFile(t *testing.T) {
 	}
 }
 
-func testRunOnPostgres(t *testing.T, atomic bool) {
-	url := pgtest.SchemaURL(pgtest.Schema(t))
+func testRunOnPostgres(t *testing.T, url string, atomic bool) {
 	key := idemkey.NewKey()
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
 	call := func() (*paymentsv1.Charge, metadata.MD) {

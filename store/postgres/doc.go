@@ -128,6 +128,60 @@
 // few times, while the database can be reached; when no new connection can
 // be made they fail at once, and the client's retry policy waits instead.
 //
+// # Failover to a standby
+//
+// With a primary and a standby that takes over, give the pool both, and let
+// only the writable one serve: a multi-host URL with
+// target_session_attrs=read-write (New warns without it, since a connection
+// to a standby fails every write), and connect_timeout, so that a primary
+// that no longer answers costs each new connection that long, not the
+// call's whole deadline:
+//
+//	postgres://app@pg-a:5432,pg-b:5432/payments?target_session_attrs=read-write&connect_timeout=2
+//
+// When the primary dies, the pool's connections to it fail. While no server
+// takes writes, reservations and reads answer Unavailable at once, and
+// records and releases are retried on fresh connections (by the store within
+// its timeout, then by the interceptor until shortly before the lease ends),
+// so a record is not lost to a failover that completes sooner. The servers
+// recover without a restart once the standby is promoted.
+//
+// What an acknowledged commit survives is the standby's to decide. With a
+// synchronous standby (synchronous_standby_names naming it, and
+// synchronous_commit on or remote_apply), every commit the primary
+// acknowledged is on the standby: TestFailover (package reliability) kills
+// the primary under load and promotes the standby, and finds no recorded reply
+// lost and no call run twice in atomic mode. With an asynchronous standby,
+// commits the standby had not received when the primary died are gone: in
+// atomic mode the record and the handler's writes go together, so a retry
+// runs the handler once more, on a database that no longer holds the first
+// run's writes, and answers differently from the first reply; in two-phase
+// mode a lost record makes a retry run the handler again, beside the first
+// run's effects elsewhere. A lost reservation can also lose the token
+// sequence's latest values, so the new primary may hand out a fencing token
+// again. RELIABILITY.md has the counts.
+//
+// # Behind a connection pooler
+//
+// pgbouncer in transaction pooling mode gives each transaction whichever
+// server connection is free and, before version 1.21, keeps no prepared
+// statements. Behind it, set pgx's mode for such poolers in the URL:
+// default_query_exec_mode=exec (or simple_protocol). The store, Migrate and
+// atomic mode then work as they do directly, because the store keeps no
+// session state: its lock timeout is set for the transaction only, and it
+// takes no advisory lock and prepares, creates or listens to nothing that
+// outlives a transaction. An atomic call's transaction stays on one pgx
+// connection, so on one server connection, until it ends. In exec mode the
+// server parses and plans every statement: a first call costs about a third
+// more, a replay about twice as much (BENCHMARKS.md).
+//
+// With pgx's default statement cache, statements fail as soon as pgbouncer
+// runs one connection's prepared statement on another server connection; the
+// store's and Migrate's errors then name the setting. A session setting made
+// with SET after connecting does not reach later transactions, and pgbouncer
+// refuses most settings in the URL: set them on the database or role (ALTER
+// ROLE ... SET) instead. Tested with pgbouncer 1.18 (TestPgbouncer).
+//
 // # Tracing its statements
 //
 // The store runs its statements on the pool it is given, so a pgx tracer set

@@ -93,6 +93,9 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 		if collided && attempt < maxAttempts {
 			continue
 		}
+		if errors.As(err, &pgErr) && statementCacheLost(pgErr.Code) {
+			return fmt.Errorf("idemkey postgres: migrate: %s: %w", poolerHint, err)
+		}
 		if err != nil {
 			return fmt.Errorf("idemkey postgres: migrate: %w", err)
 		}

@@ -154,6 +154,10 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("idemkey postgres: New needs a pool, not nil")
 	}
+	if hosts, primaryOnly := failoverHosts(pool.Config().ConnConfig); hosts > 1 && !primaryOnly {
+		o.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemkey postgres: the database URL names "+strconv.Itoa(hosts)+
+			" hosts without target_session_attrs=read-write (or primary): connections may go to a standby, where every reservation and record fails until it is promoted")
+	}
 	table := o.qualified(o.table)
 	return &Store{
 		pool:            pool,
@@ -275,6 +279,18 @@ const (
 	LIMIT $1
 	FOR UPDATE SKIP LOCKED)`
 )
+
+// failoverHosts counts the distinct servers a connection may go to (a
+// multi-host URL, for a primary and its standbys), and reports whether a
+// connection is checked to be writable (target_session_attrs=read-write or
+// primary) or checked at all by a ValidateConnect of the user's own.
+func failoverHosts(cfg *pgx.ConnConfig) (hosts int, primaryOnly bool) {
+	seen := map[string]bool{net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))): true}
+	for _, fb := range cfg.Fallbacks {
+		seen[net.JoinHostPort(fb.Host, strconv.Itoa(int(fb.Port)))] = true
+	}
+	return len(seen), cfg.ValidateConnect != nil
+}
 
 // Reserve implements store.Store in one round trip, unless the row changed
 // under the statement (a concurrent release or sweep); then it runs again.
@@ -506,6 +522,9 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("idemkey postgres: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
 	}
 	if pgErr != nil {
+		if statementCacheLost(pgErr.Code) {
+			return fmt.Errorf("idemkey postgres: %s: %s", op, poolerHint)
+		}
 		if !unavailable(pgErr.Code) {
 			return fmt.Errorf("idemkey postgres: %s: SQLSTATE %s: %s", op, pgErr.Code, pgErr.Message)
 		}
@@ -519,6 +538,18 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 	}
 	return fmt.Errorf("idemkey postgres: %s: %w: no connection to the database", op, store.ErrUnavailable)
 }
+
+// poolerHint is the error of a statement that failed as statements cached by
+// pgx fail behind a pooler in transaction mode.
+const poolerHint = "the database does not keep the driver's prepared statements, as a pooler in transaction mode (pgbouncer) does not: add default_query_exec_mode=exec (or simple_protocol) to the database URL"
+
+// statementCacheLost reports whether a server error comes from pgx's
+// prepared statements on a connection through a pooler that gives each
+// transaction any server connection (pgbouncer in transaction mode): a
+// statement prepared on one server connection and run on another (26000), or
+// prepared again on one that has it (42P05). The store prepares nothing of
+// its own, and needs no session state.
+func statementCacheLost(code string) bool { return code == "26000" || code == "42P05" }
 
 // serializationFailure reports whether err is SQLSTATE 40001. Under READ
 // COMMITTED, PostgreSQL's default, the store's statements never fail so; under

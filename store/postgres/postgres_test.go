@@ -41,13 +41,17 @@ type replica struct {
 	store *postgres.Store
 }
 
+// openPool opens the pools of newReplicas: on the test database, or, in
+// TestPgbouncer, through pgbouncer.
+var openPool = pgtest.Pool
+
 // newReplicas migrates a fresh schema and returns n replicas on it.
 func newReplicas(t *testing.T, n int, configure ...func(*pgxpool.Config)) []replica {
 	t.Helper()
 	schema := pgtest.Schema(t)
 	rs := make([]replica, n)
 	for i := range rs {
-		pool := pgtest.Pool(t, schema, configure...)
+		pool := openPool(t, schema, configure...)
 		if i == 0 {
 			if err := postgres.Migrate(context.Background(), pool); err != nil {
 				t.Fatalf("Migrate: %v", err)
