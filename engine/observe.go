@@ -169,7 +169,7 @@ func (obs *observer) callEnded(ctx context.Context, c *Call, code int) {
 	if obs.logger.Enabled(ctx, slog.LevelDebug) {
 		attrs := []slog.Attr{slog.String("outcome", c.Verdict.String()), slog.String("operation", c.op.name)}
 		if c.op.metrics.spec.Status != nil {
-			attrs = append(attrs, slog.String("code", c.op.metrics.spec.Status(code).Value.Emit()))
+			attrs = append(attrs, slog.String("code", c.op.metrics.spec.Status(code).Value.String()))
 		}
 		attrs = append(attrs, slog.Duration("took", time.Since(c.start)))
 		if c.started {
