@@ -243,6 +243,10 @@ func (c *Call) storeFailed(ctx context.Context, op string, err error) {
 	}
 }
 
+// Atomic reports whether the call runs in a transaction of the store's
+// (atomic mode), whose failed commit undoes the handler's writes.
+func (c *Call) Atomic() bool { return c.tx != nil }
+
 // Context is ctx for the handler: it carries the call's parts for DerivedKey
 // and, in atomic mode, the transaction.
 func (c *Call) Context(ctx context.Context) context.Context {
@@ -273,9 +277,18 @@ var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 //
 // In two-phase mode a write that fails for another reason is retried in the
 // background until shortly before the lease ends, and Record returns nil:
-// the handler has run, so the caller gets its result.
+// the handler has run, so the caller gets its result. Once Record is
+// called in two-phase mode, the key is never released: if even the short
+// error cannot be recorded, the key stays in progress until its lease ends,
+// and the adapter still answers that error.
 func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) error {
 	e := c.e
+	if c.tx == nil {
+		// The handler has run: from here on the key is never released, even
+		// if no record can be written; it stays in progress until its lease
+		// ends. (In atomic mode, Release rolls the handler's writes back too.)
+		c.ended = true
+	}
 	if len(outcome) > e.opts.maxRecord {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
 			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), e.opts.maxRecord))
@@ -295,7 +308,6 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 		e.obs.recorded(ctx, c.op, len(outcome))
 	}
 	if err == nil {
-		c.ended = true
 		return nil
 	}
 	ctx = context.WithoutCancel(ctx) // for the log, and the goroutine
@@ -310,7 +322,6 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 		later := *c // a copy, so that c itself stays on its caller's stack
 		go later.completeLater(ctx, outcome)
 	}
-	c.ended = true
 	return nil
 }
 

@@ -247,9 +247,11 @@ func (s *server) run(ctx context.Context, c *engine.Call, req connect.AnyRequest
 
 // recordInstead records a short Internal in place of a reply that cannot be
 // recorded: the handler has run, so its key must not be released. The caller
-// gets it too, as every retry will.
+// gets it too, as every retry will; if even it cannot be recorded, the key
+// stays in progress until its lease ends. Only in atomic mode, where a
+// failed commit undoes the handler's writes, is the answer Unavailable.
 func (s *server) recordInstead(ctx context.Context, c *engine.Call, outcome []byte, msg string) (connect.AnyResponse, error) {
-	if recErr := c.Record(ctx, outcome, false); recErr != nil {
+	if recErr := c.Record(ctx, outcome, false); recErr != nil && c.Atomic() {
 		return nil, storeUnavailableError()
 	}
 	return nil, internalError(msg)

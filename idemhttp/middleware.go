@@ -297,9 +297,9 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, ne
 	}
 	switch err := c.Record(ctx, outcome, cw.status < 400); {
 	case errors.Is(err, engine.ErrTooLarge):
-		m.recordInstead(w, r, c, "the response of this request is too large to record")
+		m.recordInstead(w, r, c, detailTooLarge)
 	case errors.Is(err, store.ErrFull):
-		m.recordInstead(w, r, c, "the response of this request could not be recorded: the idempotency store is full")
+		m.recordInstead(w, r, c, detailStoreFull)
 	case err != nil:
 		WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreUnavailable,
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
@@ -308,22 +308,39 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, ne
 	}
 }
 
+// Details of the 500 that takes the place of a response that cannot be
+// recorded: short, so that the stand-in's record fits in store.SmallOutcome.
+const (
+	detailTooLarge  = "too large to record"
+	detailStoreFull = "the store is full"
+)
+
 // recordInstead records a short 500 in place of a response that cannot be
 // recorded: the handler has run, so its key must not be released. The caller
-// gets it too, as every retry will.
+// gets it too, as every retry will; if even it cannot be recorded, the key
+// stays in progress until its lease ends. Only in atomic mode, where a
+// failed commit undoes the handler's writes, is the answer a 503.
 func (m *middleware) recordInstead(w http.ResponseWriter, r *http.Request, c *engine.Call, detail string) {
-	pw := newCapture(w, store.SmallOutcome) // the header of the middleware before, without the handler's
-	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
-	outcome, err := encodeResponse(pw, m.opts.replayed)
+	pw, outcome, err := m.standIn(w, detail)
 	if err == nil {
 		err = c.Record(r.Context(), outcome, false)
 	}
-	if err != nil {
+	if err != nil && c.Atomic() {
 		WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreUnavailable,
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
 		return
 	}
 	pw.send(w)
+}
+
+// standIn is the 500 that takes the place of a response that cannot be
+// recorded, and its record: with the header of the middleware before, not
+// the handler's.
+func (m *middleware) standIn(w http.ResponseWriter, detail string) (*capture, []byte, error) {
+	pw := newCapture(w, store.SmallOutcome)
+	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
+	outcome, err := encodeResponse(pw, m.opts.replayed)
+	return pw, outcome, err
 }
 
 // replay answers a retry with the recorded response.

@@ -206,9 +206,11 @@ func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.
 
 // recordInstead records a short Internal in place of a reply that cannot be
 // recorded: the handler has run, so its key must not be released. The caller
-// gets it too, as every retry will.
+// gets it too, as every retry will; if even it cannot be recorded, the key
+// stays in progress until its lease ends. Only in atomic mode, where a
+// failed commit undoes the handler's writes, is the answer Unavailable.
 func (s *server) recordInstead(ctx context.Context, c *engine.Call, outcome []byte, err error) (any, error) {
-	if recErr := c.Record(ctx, outcome, false); recErr != nil {
+	if recErr := c.Record(ctx, outcome, false); recErr != nil && c.Atomic() {
 		return nil, idemkey.StoreUnavailableError()
 	}
 	return nil, err

@@ -169,6 +169,12 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 						if tc.down {
 							cfg.Store = st.Down(t)
 						}
+						if tc.refuses {
+							if atomicMode {
+								t.Skip("in atomic mode the record commits with the transaction, not through Complete")
+							}
+							cfg.Store = refusing{cfg.Store}
+						}
 						call := a.Serve(t, cfg)
 						ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 						defer cancel()
@@ -228,7 +234,10 @@ type testCase struct {
 	name        string
 	keyRequired bool
 	down        bool // the store is down
-	run         func(t *testing.T, s *suite)
+	// refuses: the store refuses every record (Complete answers
+	// store.ErrFull), as a full Redis does; two-phase only.
+	refuses bool
+	run             func(t *testing.T, s *suite)
 }
 
 var cases = []testCase{
@@ -317,6 +326,16 @@ var cases = []testCase{
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), engine.ReasonStoreUnavailable)
 		s.wantRuns(0)
 	}},
+	{name: "no room for the record never runs twice", refuses: true, run: func(t *testing.T, s *suite) {
+		first := s.do(Request{Key: "k1", Amount: 100})
+		if first.OK || first.Status != s.a.Status["internal"] {
+			t.Fatalf("got %+v, want the internal error that takes the reply's place", first)
+		}
+		// Nothing could be recorded, so the key stays in progress until its
+		// lease ends: never released, since the handler has run.
+		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), engine.ReasonInProgress)
+		s.wantRuns(1)
+	}},
 	{name: "reply too large records an error", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100, Behaviour: Huge})
 		if first.OK || first.Status != s.a.Status["internal"] {
@@ -325,6 +344,14 @@ var cases = []testCase{
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, Behaviour: Huge}))
 		s.wantRuns(1)
 	}},
+}
+
+// refusing is a store with no room for any record: its Complete answers
+// store.ErrFull, even for an outcome of store.SmallOutcome bytes.
+type refusing struct{ store.Store }
+
+func (refusing) Complete(context.Context, store.Key, store.Token, []byte) error {
+	return store.ErrFull
 }
 
 // ErrDown is the error of a store that is down.
