@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"strings"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -45,6 +46,52 @@ func CheckKey(key string) error {
 		}
 	}
 	return nil
+}
+
+// ParseKeyField parses one value of the HTTP Idempotency-Key field, as
+// draft-ietf-httpapi-idempotency-key-header-07 defines it: an RFC 8941
+// sf-string, such as "8e03978e-40d5-43e8-bc93-6894a57f9324" with its double
+// quotes, in which \" and \\ stand for " and \. Since many clients
+// (Stripe's among them) send the key bare, a value that does not start with
+// a double quote is taken as the key itself, as long as it holds no double
+// quote, comma or semicolon, which would make it a malformed string, a list
+// or a parameter. Both forms of one key are one key. Either way the key must
+// then pass CheckKey. An error is a *KeyError, which never quotes the key.
+func ParseKeyField(v string) (string, error) {
+	v = strings.Trim(v, " \t")
+	if v == "" || v[0] != '"' {
+		if strings.ContainsAny(v, "\",;") {
+			return "", &KeyError{Problem: "it is neither a structured-field string nor a bare key"}
+		}
+		return v, CheckKey(v)
+	}
+	// An sf-string (RFC 8941, section 4.2.5): DQUOTE *chr DQUOTE, where chr
+	// is a printable ASCII character other than " and \, or \" or \\.
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		switch c := v[i]; {
+		case c == '\\':
+			i++
+			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
+				return "", &KeyError{Problem: "its string holds a backslash that escapes neither \" nor \\"}
+			}
+			b.WriteByte(v[i])
+		case c == '"':
+			if i != len(v)-1 {
+				return "", &KeyError{Problem: "something follows its string: a list or parameters"}
+			}
+			key := b.String()
+			return key, CheckKey(key)
+		case c < 0x20 || c > 0x7e:
+			return "", &KeyError{Problem: "its string holds a byte outside printable ASCII"}
+		default:
+			if b.Len() > MaxKeyLen {
+				return "", &KeyError{Problem: "it is longer than 255 bytes"}
+			}
+			b.WriteByte(c)
+		}
+	}
+	return "", &KeyError{Problem: "its string has no closing double quote"}
 }
 
 // NewKey returns a fresh random key: a version 4 UUID from crypto/rand.

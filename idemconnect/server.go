@@ -147,7 +147,7 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 // the request's key field (WithKeyField), which must then agree with the
 // header if that carries one too.
 func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Error) {
-	key, ok, err := keyFromHeader(req.Header())
+	key, ok, err := keyFromHeader(req.Header(), req.Peer().Protocol == connect.ProtocolConnect)
 	if err != nil || p.keyField == nil {
 		return key, ok, err
 	}
@@ -162,8 +162,12 @@ func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Er
 // keyFromHeader returns the idempotency key of h. ok is false when h carries
 // none. A key that is malformed, sent more than once (two header lines, or
 // two gRPC metadata values) or sent as binary metadata is an error that
-// never quotes the key.
-func keyFromHeader(h http.Header) (key string, ok bool, err *connect.Error) {
+// never quotes the key. Over the Connect protocol, whose clients are HTTP
+// clients, the value is read as the HTTP draft defines it
+// (engine.ParseKeyField: an sf-string, or a bare key), as idemhttp reads it;
+// over gRPC and gRPC-Web it is taken as it is, as the gRPC interceptor takes
+// its metadata.
+func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *connect.Error) {
 	if len(h[KeyHeader+"-Bin"]) > 0 {
 		return "", false, invalidKeyError("it was sent as binary metadata")
 	}
@@ -171,10 +175,17 @@ func keyFromHeader(h http.Header) (key string, ok bool, err *connect.Error) {
 	case 0:
 		return "", false, nil
 	case 1:
-		if err := checkKey(vs[0]); err != nil {
-			return "", false, err
+		if !httpField {
+			if err := checkKey(vs[0]); err != nil {
+				return "", false, err
+			}
+			return vs[0], true, nil
 		}
-		return vs[0], true, nil
+		key, err := engine.ParseKeyField(vs[0])
+		if err != nil {
+			return "", false, invalidKeyError(err.(*engine.KeyError).Problem)
+		}
+		return key, true, nil
 	default:
 		return "", false, invalidKeyError("it was sent more than once")
 	}

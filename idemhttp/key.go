@@ -36,49 +36,11 @@ func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
 	default:
 		return "", true, &engine.KeyError{Problem: "the Idempotency-Key field is sent more than once"}
 	}
-	key, err = parseKey(values[0])
+	key, err = engine.ParseKeyField(values[0])
 	if err != nil {
 		return "", true, err
 	}
 	return key, true, nil
-}
-
-// parseKey parses one Idempotency-Key field value.
-func parseKey(v string) (string, error) {
-	v = strings.Trim(v, " \t")
-	if v == "" || v[0] != '"' {
-		if strings.ContainsAny(v, "\",;") {
-			return "", &engine.KeyError{Problem: "it is neither a structured-field string nor a bare key"}
-		}
-		return v, engine.CheckKey(v)
-	}
-	// An sf-string (RFC 8941, section 4.2.5): DQUOTE *chr DQUOTE, where chr
-	// is a printable ASCII character other than " and \, or \" or \\.
-	var b strings.Builder
-	for i := 1; i < len(v); i++ {
-		switch c := v[i]; {
-		case c == '\\':
-			i++
-			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
-				return "", &engine.KeyError{Problem: "its string holds a backslash that escapes neither \" nor \\"}
-			}
-			b.WriteByte(v[i])
-		case c == '"':
-			if i != len(v)-1 {
-				return "", &engine.KeyError{Problem: "something follows its string: a list or parameters"}
-			}
-			key := b.String()
-			return key, engine.CheckKey(key)
-		case c < 0x20 || c > 0x7e:
-			return "", &engine.KeyError{Problem: "its string holds a byte outside printable ASCII"}
-		default:
-			if b.Len() > engine.MaxKeyLen {
-				return "", &engine.KeyError{Problem: "it is longer than 255 bytes"}
-			}
-			b.WriteByte(c)
-		}
-	}
-	return "", &engine.KeyError{Problem: "its string has no closing double quote"}
 }
 
 // FormatKey returns key as an sf-string field value, for a client's

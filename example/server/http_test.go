@@ -199,6 +199,22 @@ func TestEntryPointsShareKeys(t *testing.T) {
 				t.Fatalf("two keys: %d %+v, want 400 %s", code, problem, idemkey.ReasonKeyInvalid)
 			}
 
+			// A key sent as the draft's sf-string, quoted, is the same key
+			// over curl and Connect as the bare one over gRPC.
+			key = idemkey.NewKey()
+			code, first, _, _ = e.viaHTTP(t, `"`+key+`"`, jsonOf(t, req(500)))
+			if code != http.StatusCreated {
+				t.Fatalf("curl with a quoted key: %d", code)
+			}
+			viaConnect, replayed, err = e.viaConnect(t, `"`+key+`"`, req(500))
+			if err != nil || !replayed || !proto.Equal(viaConnect, first) {
+				t.Fatalf("Connect with the quoted key: %v %v (replayed %v), want %v", err, viaConnect, replayed, first)
+			}
+			again, replayed, err = e.viaGRPC(t, key, req(500))
+			if err != nil || !replayed || !proto.Equal(again, first) {
+				t.Fatalf("grpcurl with the bare key: %v %v (replayed %v), want %v", err, again, replayed, first)
+			}
+
 			// First over Connect, then gRPC.
 			key = idemkey.NewKey()
 			first, _, err = e.viaConnect(t, key, req(400))
