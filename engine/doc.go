@@ -10,25 +10,29 @@
 // # One call
 //
 //	c := eng.Call(op) // op: eng.Operation, once per method or route
-//	defer c.End(ctx, code) // the final status code, for idemkey.calls
 //	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp})
 //	switch c.Verdict {
 //	case engine.Executed:
 //		defer c.Abandon(ctx) // a panic lets a retry run again
 //		result := handler(c.Context(ctx))
-//		c.Record(ctx, encode(result), ok) // or c.Release(ctx)
+//		if err := c.Record(ctx, encode(result), ok); err != nil { // or c.Release(ctx)
+//			// ErrTooLarge, store.ErrFull: record a short error instead
+//		}
 //	case engine.Replayed:
 //		write(decode(c.Outcome))
 //	case engine.InProgress: // and Reused, StoreFull, StoreUnavailable, FailedOpen
 //	}
+//	c.End(ctx, code) // the final status code, for idemkey.calls
 //
 // # Sharing keys between entry points
 //
 // A key's record is found by its tenant, the operation's name and the key:
 // entry points that give one operation the same name and fingerprint a
-// request the same way share its keys, on one store. So a key first used
-// over gRPC replays over Connect, whose procedures have the same names, and
-// over an HTTP route bound to the method.
+// request the same way, and encode outcomes in one format, share its keys,
+// on one store. So a key first used over gRPC replays over Connect, whose
+// procedures have the same names and whose records are gRPC's. The HTTP
+// middleware records HTTP responses: an HTTP route shares a gRPC method's
+// keys only as a gateway to it.
 //
 // # Metrics
 //

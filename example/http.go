@@ -122,8 +122,12 @@ type chargesRoute struct {
 
 func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxChargeBody))
-	if err != nil {
+	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
 		idemhttp.WriteProblem(w, http.StatusRequestEntityTooLarge, "", "the body is larger than 64 KiB", 0)
+		return
+	}
+	if err != nil {
+		idemhttp.WriteProblem(w, http.StatusBadRequest, "", "the body could not be read", 0)
 		return
 	}
 	req := &paymentsv1.CreateChargeRequest{}

@@ -43,7 +43,11 @@
 //     protokey.Fingerprint of the request message, whichever codec carried it
 //     (binary or JSON); and the record is the gRPC interceptor's
 //     (idemkey.v1.Outcome). On one store with one tenant, a key first used
-//     over gRPC replays over Connect, and the reverse.
+//     over gRPC replays over Connect, and the reverse, as long as both
+//     interceptors are given the same WithKeyField (which the fingerprint
+//     leaves out). connect-go's JSON codec drops unknown fields that the
+//     binary codec keeps, so a request with fields the server does not know
+//     fingerprints otherwise over JSON.
 //   - A replay is the first reply: the same message, whichever codec the
 //     retry asks for, or the same error (code, message and details), with the
 //     headers of WithReplayedHeaders. A replayed reply carries the header

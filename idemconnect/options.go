@@ -33,7 +33,7 @@ type FingerprintFunc func(procedure string, req proto.Message) (store.Fingerprin
 type coverage struct {
 	included map[string]bool
 	excluded map[string]bool
-	keyField string // WithKeyField
+	keyField *string // WithKeyField, WithAnnotatedKeyField; nil: none
 }
 
 // options is shared by every call of one server interceptor; it is never
@@ -98,14 +98,20 @@ func WithExcludedProcedures(procedures ...string) ProcedureOption {
 
 // WithKeyField takes the idempotency key from the request field name too, as
 // AIP-155 does with request_id, in every covered procedure whose request has
-// a singular string field of that name; without it, a field request_id
-// annotated (google.api.field_info).format = UUID4 is taken. It works as the
-// gRPC interceptor's WithKeyField: a request whose field and Idempotency-Key
-// header carry different keys is refused (IDEMPOTENCY_KEY_INVALID), and the
-// default fingerprint leaves the field out. The client interceptor adds no
-// key to a request that sets the field.
+// a singular string field of that name. It works as the gRPC interceptor's
+// WithKeyField: a request whose field and Idempotency-Key header carry
+// different keys is refused (IDEMPOTENCY_KEY_INVALID), and the default
+// fingerprint leaves the field out, so keys are shared with the gRPC
+// interceptor only if both are given the same field. The client interceptor
+// adds no key to a request that sets the field.
 func WithKeyField(name string) ProcedureOption {
-	return procedureOption(func(c *coverage) { c.keyField = name })
+	return procedureOption(func(c *coverage) { c.keyField = &name })
+}
+
+// WithAnnotatedKeyField is WithKeyField for the field AIP-155 describes: a
+// request_id annotated (google.api.field_info).format = UUID4 (AIP-202).
+func WithAnnotatedKeyField() ProcedureOption {
+	return procedureOption(func(c *coverage) { c.keyField = new(string) })
 }
 
 // WithFingerprint replaces protokey.Fingerprint, for example to leave out a

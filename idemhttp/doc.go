@@ -45,7 +45,7 @@
 //	413 REQUEST_TOO_LARGE              the body is larger than WithMaxBodySize
 //	400 REQUEST_UNREADABLE             the body could not be read, or the fingerprint refused it
 //	422 IDEMPOTENCY_KEY_REUSED         the key was first used with another request
-//	503 IDEMPOTENCY_STORE_UNAVAILABLE  the store failed; the handler did not run
+//	503 IDEMPOTENCY_STORE_UNAVAILABLE  the store failed before the handler ran, or, in atomic mode, its commit failed
 //	503 IDEMPOTENCY_STORE_FULL         no room for a new key; with Retry-After
 //	500 RESPONSE_NOT_RECORDED          the handler ran, but its response could not be recorded
 //

@@ -78,9 +78,10 @@ func WithMethods(methods ...string) Option {
 // could mint names without end (past 1024 names, operations are no longer
 // kept but built for each request).
 //
-// To share keys with another entry point, name the route as that entry point
-// names the operation ("/payments.v1.PaymentService/CreateCharge") and
-// fingerprint its requests alike (WithFingerprint).
+// The middleware records HTTP responses, which a gRPC or Connect replay
+// cannot rebuild, nor it theirs: to share keys with a gRPC method, serve the
+// route as a gateway to the gRPC service, as the example server's
+// POST /v1/charges does, rather than through this middleware.
 func WithOperation(f func(r *http.Request) string) Option {
 	return func(o *options) {
 		if f != nil {

@@ -63,8 +63,9 @@
 // # The key in the request (AIP-155)
 //
 // Google's APIs carry the key in the request as request_id (AIP-155).
-// WithKeyField("request_id") takes it from there, as does a request_id
-// field annotated (google.api.field_info).format = UUID4 without the option.
+// WithKeyField("request_id") takes it from there; WithAnnotatedKeyField
+// takes it from a request_id annotated (google.api.field_info).format =
+// UUID4. Without either, the request is not read for a key.
 // Either the field or the metadata may carry the key; a call with both
 // must carry the same key in each, or it is refused (InvalidArgument,
 // IDEMPOTENCY_KEY_INVALID). The field is left out of the fingerprint, so a

@@ -61,7 +61,7 @@ type options struct {
 	included    map[string]bool
 	excluded    map[string]bool
 	fingerprint FingerprintFunc // nil: protokey's, without the key field
-	keyField    string          // WithKeyField
+	keyField    *string         // WithKeyField, WithAnnotatedKeyField; nil: none
 	recorded    map[codes.Code]bool
 	replayed    map[string]bool // metadata keys replayed from the record
 	atomicAll   bool
@@ -126,20 +126,28 @@ func WithFingerprint(f FingerprintFunc) Option {
 	return func(o *options) { o.fingerprint = f }
 }
 
-// WithKeyField takes the idempotency key from the request field name, as
-// AIP-155 does with request_id, in every covered method whose request has a
-// singular string field of that name. Without it, a field request_id
-// annotated (google.api.field_info).format = UUID4 is taken. A request that
-// sets the field and also carries the idempotency-key metadata with another
-// key is refused with InvalidArgument (IDEMPOTENCY_KEY_INVALID); one that
-// sets neither has no key. The default fingerprint leaves the field out, so
-// that a request fingerprints alike whichever way its key came; a
-// FingerprintFunc of your own should leave it out too.
+// WithKeyField takes the idempotency key from the request field name too,
+// as AIP-155 does with request_id, in every covered method whose request has
+// a singular string field of that name. A request that sets the field and
+// also carries the idempotency-key metadata with another key is refused
+// with InvalidArgument (IDEMPOTENCY_KEY_INVALID); one that sets neither has
+// no key. The default fingerprint leaves the field out, so that a request
+// fingerprints alike whichever way its key came; a FingerprintFunc of your
+// own should leave it out too. The client interceptor sends no key of its
+// own with a request that sets the field.
 //
-// The client interceptor sends no key of its own with a request that sets
-// the field.
+// Turning it on changes the fingerprint of requests that set the field, so
+// records made before no longer match them: a retry that spans the change
+// is refused as reused. Give it to servers and clients alike.
 func WithKeyField(name string) Option {
-	return func(o *options) { o.keyField = name }
+	return func(o *options) { o.keyField = &name }
+}
+
+// WithAnnotatedKeyField is WithKeyField for the field AIP-155 describes: a
+// request_id annotated (google.api.field_info).format = UUID4 (AIP-202), in
+// every covered method whose request has one.
+func WithAnnotatedKeyField() Option {
+	return func(o *options) { o.keyField = new(string) }
 }
 
 // WithRecordedCodes sets the error codes whose outcome is recorded and

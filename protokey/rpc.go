@@ -32,8 +32,9 @@ type Method struct {
 }
 
 // DescribeMethod describes the method fullMethod, whose descriptor is desc
-// (nil: looked up in the registry); keyField is as KeyField's name.
-func DescribeMethod(fullMethod string, desc protoreflect.MethodDescriptor, keyField string) Method {
+// (nil: looked up in the registry). keyField is KeyField's name, or nil
+// for a method whose requests carry no key of their own.
+func DescribeMethod(fullMethod string, desc protoreflect.MethodDescriptor, keyField *string) Method {
 	m := Method{Name: fullMethod}
 	if desc == nil {
 		desc = Lookup(fullMethod)
@@ -48,7 +49,9 @@ func DescribeMethod(fullMethod string, desc protoreflect.MethodDescriptor, keyFi
 		!strings.HasPrefix(fullMethod, "/grpc.") &&
 		level != descriptorpb.MethodOptions_NO_SIDE_EFFECTS &&
 		level != descriptorpb.MethodOptions_IDEMPOTENT
-	m.KeyField = KeyField(desc.Input(), keyField)
+	if keyField != nil {
+		m.KeyField = KeyField(desc.Input(), *keyField)
+	}
 	return m
 }
 

@@ -219,7 +219,7 @@ func serveHTTP(addr string, st store.Store, cfg example.Config, grpcAddr string,
 	}
 	h := &httpServer{
 		addr:   lis.Addr().String(),
-		server: &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, Protocols: new(http.Protocols)},
+		server: &http.Server{Handler: handler, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: time.Minute, IdleTimeout: 2 * time.Minute, Protocols: new(http.Protocols)},
 		conn:   conn,
 		served: make(chan struct{}),
 	}
