@@ -237,7 +237,7 @@ type testCase struct {
 	// refuses: the store refuses every record (Complete answers
 	// store.ErrFull), as a full Redis does; two-phase only.
 	refuses bool
-	run             func(t *testing.T, s *suite)
+	run     func(t *testing.T, s *suite)
 }
 
 var cases = []testCase{
