@@ -111,23 +111,12 @@ type recorded struct {
 // output. An error means the record cannot be read; a corrupt record never
 // panics.
 func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error) {
-	var out idemkeyv1.Outcome
-	if err := proto.Unmarshal(raw, &out); err != nil {
+	out, resp, err := protokey.DecodeOutcome(raw, output)
+	if err != nil {
 		return recorded{}, err
 	}
-	rec := recorded{header: out.GetHeader(), trailer: out.GetTrailer()}
-	switch r := out.GetResult().(type) {
-	case *idemkeyv1.Outcome_Response:
-		msg := output.New().Interface()
-		if err := proto.Unmarshal(r.Response, msg); err != nil {
-			return recorded{}, err
-		}
-		rec.resp = msg
-	case *idemkeyv1.Outcome_Status:
-		st := r.Status
-		if st.GetCode() == 0 {
-			return recorded{}, errors.New("recorded error has code OK")
-		}
+	rec := recorded{resp: resp, header: out.GetHeader(), trailer: out.GetTrailer()}
+	if st := out.GetStatus(); resp == nil {
 		rec.err = connect.NewError(connect.Code(st.GetCode()), errors.New(string(st.GetMessage())))
 		for _, a := range st.GetDetails() {
 			d, err := connect.NewErrorDetail(a) // an Any is kept as it is
@@ -136,8 +125,6 @@ func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error
 			}
 			rec.err.AddDetail(d)
 		}
-	default:
-		return recorded{}, errors.New("recorded outcome holds neither a response nor an error")
 	}
 	return rec, nil
 }

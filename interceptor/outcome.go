@@ -89,25 +89,13 @@ type recorded struct {
 // output. An error means the record cannot be read; a corrupt record never
 // panics.
 func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error) {
-	var out idemkeyv1.Outcome
-	if err := proto.Unmarshal(raw, &out); err != nil {
+	out, resp, err := protokey.DecodeOutcome(raw, output)
+	if err != nil {
 		return recorded{}, err
 	}
-	rec := recorded{header: toMD(out.GetHeader()), trailer: toMD(out.GetTrailer())}
-	switch r := out.GetResult().(type) {
-	case *idemkeyv1.Outcome_Response:
-		msg := output.New().Interface()
-		if err := proto.Unmarshal(r.Response, msg); err != nil {
-			return recorded{}, err
-		}
-		rec.resp = msg
-	case *idemkeyv1.Outcome_Status:
-		if r.Status.GetCode() == int32(codes.OK) {
-			return recorded{}, errors.New("recorded error has code OK")
-		}
-		rec.err = status.ErrorProto(&spb.Status{Code: r.Status.GetCode(), Message: string(r.Status.GetMessage()), Details: r.Status.GetDetails()})
-	default:
-		return recorded{}, errors.New("recorded outcome holds neither a response nor an error")
+	rec := recorded{resp: resp, header: toMD(out.GetHeader()), trailer: toMD(out.GetTrailer())}
+	if st := out.GetStatus(); resp == nil {
+		rec.err = status.ErrorProto(&spb.Status{Code: st.GetCode(), Message: string(st.GetMessage()), Details: st.GetDetails()})
 	}
 	return rec, nil
 }

@@ -1,6 +1,7 @@
 package protokey
 
 import (
+	"errors"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -116,3 +117,29 @@ func EncodeResponse(msg proto.Message, out *idemkeyv1.Outcome) ([]byte, error) {
 
 // outcomeResponse is the field number of Outcome.response.
 var outcomeResponse = (&idemkeyv1.Outcome{}).ProtoReflect().Descriptor().Fields().ByName("response").Number()
+
+// DecodeOutcome reads a record that EncodeResponse, or an adapter's error
+// encoding, wrote: resp is the response, a message of type output, when the
+// call succeeded; otherwise out.GetStatus() is its error, whose code is not
+// OK. An error means the record cannot be read; a corrupt record never
+// panics.
+func DecodeOutcome(raw []byte, output protoreflect.MessageType) (out *idemkeyv1.Outcome, resp proto.Message, err error) {
+	out = &idemkeyv1.Outcome{}
+	if err := proto.Unmarshal(raw, out); err != nil {
+		return nil, nil, err
+	}
+	switch r := out.GetResult().(type) {
+	case *idemkeyv1.Outcome_Response:
+		resp = output.New().Interface()
+		if err := proto.Unmarshal(r.Response, resp); err != nil {
+			return nil, nil, err
+		}
+		return out, resp, nil
+	case *idemkeyv1.Outcome_Status:
+		if r.Status.GetCode() == 0 {
+			return nil, nil, errors.New("recorded error has code OK")
+		}
+		return out, nil, nil
+	}
+	return nil, nil, errors.New("recorded outcome holds neither a response nor an error")
+}

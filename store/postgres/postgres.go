@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -367,7 +368,7 @@ func (s *Store) write(ctx context.Context, op, sql string, key store.Key, token 
 	defer cancel()
 	args = append([]any{key[:], int64(token)}, args...)
 	unsure := false // an earlier attempt may have taken effect
-	for attempt, pause := 1, retryPause; ; attempt++ {
+	for attempt, wait := 1, retryPause; ; attempt++ {
 		tag, err := s.pool.Exec(ctx, sql, args...)
 		switch {
 		case err == nil && tag.RowsAffected() == 0 && unsure:
@@ -378,9 +379,9 @@ func (s *Store) write(ctx context.Context, op, sql string, key store.Key, token 
 			return nil
 		case serializationFailure(err) && attempt < maxAttempts:
 			continue
-		case connectionLost(err) && s.pause(ctx, pause):
+		case connectionLost(err) && pause.For(ctx, wait):
 			unsure = unsure || !pgconn.SafeToRetry(err)
-			pause = min(2*pause, maxRetryPause)
+			wait = min(2*wait, maxRetryPause)
 			continue
 		}
 		return s.translate(ctx, op, err)
@@ -411,21 +412,6 @@ const (
 	retryPause    = 10 * time.Millisecond
 	maxRetryPause = 250 * time.Millisecond
 )
-
-// pause waits d, and reports false if ctx ends first (or would, within d).
-func (s *Store) pause(ctx context.Context, d time.Duration) bool {
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d {
-		return false
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
-}
 
 // reconnect reports whether a read or a reservation that failed with err
 // should run again on a fresh connection: its own connection died

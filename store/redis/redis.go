@@ -12,6 +12,7 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
+	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -308,7 +309,7 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stor
 		}
 		return v, nil
 	}
-	for attempt, pause := 1, 20*time.Millisecond; ; attempt, pause = attempt+1, min(2*pause, 250*time.Millisecond) {
+	for attempt, wait := 1, 20*time.Millisecond; ; attempt, wait = attempt+1, min(2*wait, 250*time.Millisecond) {
 		v, err := s.runWaiting(ctx, sc, keys, wrote, args)
 		if err == nil || errors.Is(err, errNotReplicated) {
 			if err != nil {
@@ -319,7 +320,7 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stor
 		// The primary moved (a failover, a resharding) or did not answer:
 		// the script ran nowhere, or took effect unseen, which a retry finds
 		// as a reservation in progress or an identical record.
-		if s.cluster == nil || !redirected(err) || !sleep(ctx, pause) || attempt == 10 {
+		if s.cluster == nil || !redirected(err) || !pause.For(ctx, wait) || attempt == 10 {
 			return nil, s.translate(ctx, op, err)
 		}
 		s.cluster.ReloadState(ctx)
@@ -369,21 +370,6 @@ func redirected(err error) bool {
 	return goredis.IsClusterDownError(err) || goredis.IsTryAgainError(err) || goredis.IsReadOnlyError(err) ||
 		goredis.IsLoadingError(err) || errors.As(err, &netErr) || errors.Is(err, goredis.ErrClosed) ||
 		strings.Contains(err.Error(), "connection refused") || strings.Contains(err.Error(), "EOF")
-}
-
-// sleep waits d, and reports false if ctx ends first (or would, within d).
-func sleep(ctx context.Context, d time.Duration) bool {
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d {
-		return false
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }
 
 // bound applies the store's timeout to ctx, unless ctx's own deadline comes
