@@ -205,8 +205,7 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 		WriteProblem(w, status, reason, err.Error(), 0)
 		return
 	}
-	r = r.WithContext(&nameContext{ctx, name})
-	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	r = withBody(r.WithContext(&nameContext{ctx, name}), body) // for a fingerprint that reads it
 	fp, err := m.opts.fingerprint(r, body)
 	if err != nil {
 		c.Log(ctx, slog.LevelWarn, "fingerprint refused the request", err)
@@ -263,7 +262,7 @@ func errTooLarge(limit int64) error {
 
 // withBody is r with body to read again.
 func withBody(r *http.Request, body []byte) *http.Request {
-	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
 	return r
 }
 
