@@ -39,6 +39,13 @@ func (e *Engine) KeyRequired() bool { return e.opts.keyRequired }
 // adapter that buffers a response to record it need buffer no more.
 func (e *Engine) MaxRecordSize() int { return e.opts.maxRecord }
 
+// Logger is the logger of WithLogger, for an adapter's own log records.
+func (e *Engine) Logger() *slog.Logger { return e.opts.logger }
+
+// Retention is how long a record is kept and replayed (WithRetention): a
+// message consumer checks it against the broker's redelivery horizon.
+func (e *Engine) Retention() time.Duration { return e.opts.retention }
+
 // Tenant returns the tenant of the call of ctx (WithTenant), or "" without a
 // TenantFunc. The adapter answers an error as the caller's own.
 func (e *Engine) Tenant(ctx context.Context) (string, error) {

@@ -1,0 +1,327 @@
+package consumer
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
+)
+
+// Consumer processes the messages of one consumer at most once per message
+// id. It is safe for concurrent use: share one among a consumer's workers.
+type Consumer struct {
+	eng  *engine.Engine
+	op   *engine.Operation
+	opts *options
+}
+
+// New returns a Consumer named name on st. The name scopes the message ids,
+// so two consumers of one stream each process every message once; it names
+// the consumer in metrics and logs too.
+func New(st store.Store, name string, opts ...Option) (*Consumer, error) {
+	if name == "" {
+		return nil, errors.New("idemkey/consumer: the consumer needs a name, which scopes its message ids")
+	}
+	o := newOptions(opts)
+	eng := engine.New(st, o.engine...)
+	op, err := eng.Operation(engine.OperationSpec{
+		Name:   name,
+		Atomic: o.atomic,
+		Metrics: engine.MetricsSpec{Attributes: []attribute.KeyValue{
+			attribute.String("messaging.system", o.system),
+			attribute.String("messaging.consumer.group.name", name),
+		}, Status: actionAttribute},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{eng: eng, op: op, opts: o}, nil
+}
+
+// Name is the consumer's name.
+func (c *Consumer) Name() string { return c.op.Name() }
+
+// Retention is how long a processed message's record is kept: a redelivery
+// after it runs the handler again.
+func (c *Consumer) Retention() time.Duration { return c.eng.Retention() }
+
+// Delivery is what an adapter read from one delivery of a message.
+type Delivery struct {
+	// ID is the producer-assigned message id: the key. Empty when the
+	// message has none, which is refused.
+	ID string
+	// Tenant scopes the id, if the consumer serves several tenants.
+	Tenant string
+	// Body is fingerprinted: an id first seen with another body is refused
+	// as reused.
+	Body []byte
+	// Attempt counts this message's deliveries, from 1, where the broker
+	// tells it; 0 when it does not. It sets the backoff.
+	Attempt int
+	// Redelivered is true when the broker marks the delivery as a later one:
+	// its record is read before anything is reserved.
+	Redelivered bool
+}
+
+// Handler processes one message. In atomic mode ctx carries the store's
+// transaction: its writes commit with the message's record.
+//
+// Its error decides what becomes of the message (see WithClassifier): by
+// default a gRPC status with a code the gRPC interceptor records, or an
+// error wrapped with Final, is a final failure (recorded, acknowledged, dead
+// letter); any other error is transient (the key is released and the message
+// redelivered after a backoff).
+type Handler func(ctx context.Context) error
+
+// Outcome is what became of one delivery.
+type Outcome uint8
+
+const (
+	Processed        Outcome = iota // the handler ran and succeeded; recorded
+	Failed                          // the handler failed for good; recorded
+	Retry                           // the handler failed for now; released
+	Duplicate                       // processed before: dropped without running
+	Busy                            // in progress elsewhere: redelivered later
+	Refused                         // no id, a malformed or reused one, or a refused tenant: never runs
+	StoreUnavailable                // the store failed: redelivered later
+	StoreFull                       // no room for a new record: redelivered later
+)
+
+var outcomeNames = [...]string{"processed", "failed", "retry", "duplicate", "busy", "refused", "store_unavailable", "store_full"}
+
+func (o Outcome) String() string {
+	if int(o) >= len(outcomeNames) {
+		return "unknown"
+	}
+	return outcomeNames[o]
+}
+
+// Action is what the adapter tells the broker.
+type Action uint8
+
+const (
+	Ack    Action = iota // acknowledge: the message is done with
+	Nak                  // negative-acknowledge: redeliver after Result.Delay
+	Reject               // terminate: never redeliver (JetStream Term, AMQP reject without requeue)
+)
+
+var actionNames = [...]string{"ack", "nak", "reject"}
+
+func (a Action) String() string {
+	if int(a) >= len(actionNames) {
+		return "unknown"
+	}
+	return actionNames[a]
+}
+
+// actionAttribute labels a message's idemkey.calls measurement with the
+// Action it ended with.
+func actionAttribute(action int) attribute.KeyValue {
+	return attribute.String("idemkey.message.action", Action(action).String())
+}
+
+// Result is what Process decided for one delivery.
+type Result struct {
+	Outcome Outcome
+	Action  Action
+	// Delay is how long to wait before the message is redelivered, when
+	// Action is Nak.
+	Delay time.Duration
+	// DeadLetter is true when the message ended in a final failure (Failed,
+	// or a Duplicate of a message that failed) or was Refused: the adapter
+	// hands it to its dead-letter hook before it acts, and on the hook's
+	// error negative-acknowledges it instead, with Delay. So a dead letter
+	// is sent at least once, even by a redelivery of a message whose failure
+	// was recorded.
+	DeadLetter bool
+	// Err says why, for Failed, Retry, Refused and the store's outcomes:
+	// the handler's error, or one of this package's. It is never logged by
+	// this package: it may hold what the message held.
+	Err error
+}
+
+// Errors in a Result of a refused message, checked with errors.Is.
+var (
+	ErrNoID         = errors.New("idemkey/consumer: the message has no id")
+	ErrInvalidID    = errors.New("idemkey/consumer: the message id is longer than 255 bytes")
+	ErrReusedID     = errors.New("idemkey/consumer: the message id was first used with another body")
+	ErrFailedBefore = errors.New("idemkey/consumer: the message failed when first processed")
+)
+
+// Records of a processed message: what a redelivery finds.
+var (
+	recordProcessed = []byte("processed")
+	recordFailed    = []byte("failed")
+)
+
+// Process decides what to do with one delivery, running h at most once per
+// message id, and returns what the adapter tells the broker. ctx bounds the
+// store's operations and h; WithHandlerTimeout bounds h further and sets the
+// lease.
+func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
+	if c.opts.handlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
+		defer cancel()
+	}
+	call := c.eng.Call(c.op)
+	res := c.process(ctx, &call, d, h)
+	call.End(ctx, int(res.Action))
+	return res
+}
+
+func (c *Consumer) process(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
+	switch {
+	case d.ID == "":
+		call.Verdict = engine.KeyMissing
+		return c.refuse(ctx, call, ErrNoID)
+	case len(d.ID) > engine.MaxKeyLen:
+		call.Verdict = engine.KeyInvalid
+		return c.refuse(ctx, call, ErrInvalidID)
+	}
+	call.Start(ctx, engine.Request{
+		Tenant:      d.Tenant,
+		Key:         d.ID,
+		Fingerprint: sha256.Sum256(d.Body),
+		Retried:     d.Redelivered,
+	})
+	switch call.Verdict {
+	case engine.Executed:
+		return c.run(ctx, call, d, h)
+	case engine.Replayed:
+		if string(call.Outcome) == string(recordFailed) {
+			return Result{Outcome: Duplicate, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: ErrFailedBefore}
+		}
+		return Result{Outcome: Duplicate, Action: Ack}
+	case engine.InProgress:
+		return Result{Outcome: Busy, Action: Nak, Delay: call.RetryAfter}
+	case engine.Reused:
+		return c.refuse(ctx, call, ErrReusedID)
+	case engine.StoreFull:
+		return Result{Outcome: StoreFull, Action: Nak, Delay: call.RetryAfter, Err: store.ErrFull}
+	default: // StoreUnavailable; a consumer never fails open
+		err := ctx.Err()
+		if err == nil {
+			err = errors.New("idemkey/consumer: the store is unavailable")
+		}
+		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+	}
+}
+
+// run runs h for a message whose id the call holds, and records or releases
+// it by h's error.
+func (c *Consumer) run(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
+	defer call.Abandon(ctx) // a panic releases the id, then propagates
+	err := h(call.Context(ctx))
+	if err != nil && !c.opts.final(err) {
+		call.Release(ctx)
+		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+	}
+	outcome, res := recordProcessed, Result{Outcome: Processed, Action: Ack}
+	if err != nil {
+		outcome = recordFailed
+		res = Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}
+	}
+	switch rerr := call.Record(ctx, outcome, err == nil); {
+	case rerr == nil:
+	case errors.Is(rerr, store.ErrFull) && !call.Atomic():
+		// The handler's effects happened and no record could be written:
+		// acknowledging keeps them to one, and the key stays in progress
+		// until its lease ends, so a duplicate meanwhile is delayed.
+		call.Log(ctx, slog.LevelWarn, "no room to record a processed message; it is acknowledged all the same", rerr)
+	default:
+		// Atomic mode: the commit failed, or its fate is unknown. The
+		// redelivery finds out: a committed record drops it.
+		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: rerr}
+	}
+	return res
+}
+
+// Refuse is the Result of a message the adapter refuses before Process: its
+// id or tenant could not be read (err says why). It is counted and logged
+// like the refusals of Process.
+func (c *Consumer) Refuse(ctx context.Context, err error) Result {
+	call := c.eng.Call(c.op)
+	res := c.refuse(ctx, &call, err)
+	call.End(ctx, int(res.Action))
+	return res
+}
+
+func (c *Consumer) refuse(ctx context.Context, call *engine.Call, err error) Result {
+	call.Log(ctx, slog.LevelError, "message refused; it is terminated, or dead-lettered, without running", err)
+	return Result{Outcome: Refused, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
+}
+
+// backoff is the delay before the attempt-th delivery's next one: the first
+// backoff, doubling with each attempt up to the maximum, less a random part
+// of up to a quarter, so that messages that failed together spread out.
+func (c *Consumer) backoff(attempt int) time.Duration {
+	d := c.opts.firstBackoff
+	for i := 1; i < attempt && d < c.opts.maxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, c.opts.maxBackoff)
+	return d - rand.N(d/4+1)
+}
+
+// Final marks err as a final failure: the message is recorded as failed,
+// acknowledged and dead-lettered, and never runs again.
+func Final(err error) error {
+	if err == nil {
+		return nil
+	}
+	return finalError{err}
+}
+
+type finalError struct{ error }
+
+func (e finalError) Unwrap() error { return e.error }
+
+// IsFinal is the default classification of a handler's error: final when it
+// is marked with Final, or is a gRPC status whose code the gRPC interceptor
+// records (NotFound, AlreadyExists, FailedPrecondition, OutOfRange,
+// Unimplemented, Internal, DataLoss, and InvalidArgument, which a
+// redelivery of the same message can only repeat); transient otherwise,
+// including a plain error, which is what a failing dependency returns.
+func IsFinal(err error) bool {
+	if errors.As(err, new(finalError)) {
+		return true
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch s.Code() {
+	case codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
+		codes.Unimplemented, codes.Internal, codes.DataLoss, codes.InvalidArgument:
+		return true
+	}
+	return false
+}
+
+// String describes r for a log line: never the message's id or body.
+func (r Result) String() string {
+	if r.Action == Nak {
+		return fmt.Sprintf("%s (%s after %s)", r.Outcome, r.Action, r.Delay.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s (%s)", r.Outcome, r.Action)
+}
+
+// Logger is the engine's logger (engine.WithLogger), for the adapters' own
+// records: they never hold a message's id, tenant or body.
+func (c *Consumer) Logger() *slog.Logger { return c.eng.Logger() }
+
+// MaxBackoff is the longest delay a negative acknowledgement asks for
+// (WithBackoff): with it, an adapter bounds how long a broker that counts
+// deliveries may keep redelivering.
+func (c *Consumer) MaxBackoff() time.Duration { return c.opts.maxBackoff }

@@ -1,0 +1,161 @@
+package idemnats
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/idemkey/idemkey/consumer"
+)
+
+// Handler processes one message. In atomic mode ctx carries the store's
+// transaction (see consumer.WithAtomic); its error decides what becomes of
+// the message (consumer.Handler).
+type Handler func(ctx context.Context, msg jetstream.Msg) error
+
+// Consumer processes the messages of one JetStream consumer with a Handler,
+// at most once per message id, and acknowledges each as its outcome says.
+type Consumer struct {
+	core *consumer.Consumer
+	h    Handler
+	opts *options
+}
+
+// New returns a Consumer that runs h for the messages of cons, a consumer of
+// stream, with the idempotency of core. It reads both configurations and
+// refuses (a *consumer.HorizonError) when core's records would expire while
+// JetStream may still redeliver a message (see Horizon), unless core was
+// built with consumer.WithHorizonWarning.
+//
+// It starts nothing: pass Handle to cons.Consume, or call it for each message
+// that cons.Fetch or cons.Messages returns.
+func New(ctx context.Context, core *consumer.Consumer, stream jetstream.Stream, cons jetstream.Consumer, h Handler, opts ...Option) (*Consumer, error) {
+	si, err := stream.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemnats: reading the stream's configuration: %w", err)
+	}
+	ci, err := cons.Info(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("idemnats: reading the consumer's configuration: %w", err)
+	}
+	if ci.Config.AckPolicy != jetstream.AckExplicitPolicy {
+		return nil, fmt.Errorf("idemnats: consumer %q must acknowledge explicitly (AckExplicitPolicy), to be redelivered what it did not finish", ci.Name)
+	}
+	if err := core.CheckHorizon(ctx, Horizon(si.Config, ci.Config, core.MaxBackoff())); err != nil {
+		return nil, err
+	}
+	return &Consumer{core: core, h: h, opts: newOptions(opts)}, nil
+}
+
+// Horizon is how long JetStream may redeliver a message of stream to cons:
+// at most the stream's max age, after which the message is gone, and, while
+// consumers run, at most max deliver times the longest wait between two
+// deliveries (the ack wait or its back-off, or a negative acknowledgement's
+// delay of up to maxBackoff). Unbounded when neither is set: a stream
+// without a max age and a consumer with an unlimited max deliver.
+func Horizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBackoff time.Duration) consumer.Horizon {
+	h := consumer.Horizon{Unbounded: true}
+	if stream.MaxAge > 0 {
+		h = consumer.Horizon{Bound: stream.MaxAge, Source: fmt.Sprintf("stream %s: max age", stream.Name)}
+	}
+	if cons.MaxDeliver > 0 {
+		wait := max(cons.AckWait, maxBackoff)
+		for _, b := range cons.BackOff {
+			wait = max(wait, b)
+		}
+		if d := time.Duration(cons.MaxDeliver) * wait; h.Unbounded || d < h.Bound {
+			h = consumer.Horizon{Bound: d, Source: fmt.Sprintf("consumer %s: max deliver %d × %s between deliveries", cons.Durable, cons.MaxDeliver, wait)}
+		}
+	}
+	if h.Unbounded {
+		h.Source = fmt.Sprintf("stream %s has no max age, and consumer %s no max deliver", stream.Name, cons.Durable)
+	}
+	return h
+}
+
+// Handle processes msg and acknowledges it as its outcome says: Ack,
+// NakWithDelay, or Term. A message that ended in a final failure or was
+// refused goes to the dead-letter hook first (WithDeadLetter). It returns
+// the outcome, for a log line or a count; a failed acknowledgement is logged
+// and left to JetStream's redelivery.
+func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Result {
+	res := c.process(ctx, msg)
+	if res.DeadLetter && c.opts.deadLetter != nil {
+		if err := c.opts.deadLetter(ctx, msg, res.Err); err != nil {
+			c.log(ctx, "the dead-letter hook failed; the message is redelivered", err)
+			res.Action = consumer.Nak
+		}
+	}
+	var err error
+	switch res.Action {
+	case consumer.Ack:
+		err = msg.Ack()
+	case consumer.Nak:
+		err = msg.NakWithDelay(res.Delay)
+	default:
+		err = msg.TermWithReason("idemkey: " + res.Outcome.String())
+	}
+	if err != nil {
+		c.log(ctx, "acknowledging a message failed; JetStream redelivers it after its ack wait", err)
+	}
+	return res
+}
+
+func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) consumer.Result {
+	meta, err := msg.Metadata()
+	if err != nil {
+		return c.core.Refuse(ctx, fmt.Errorf("idemnats: not a JetStream message: %w", err))
+	}
+	id, err := c.opts.id(msg)
+	if err != nil {
+		return c.core.Refuse(ctx, err)
+	}
+	var tenant string
+	if c.opts.tenant != nil {
+		if tenant, err = c.opts.tenant(msg); err != nil {
+			return c.core.Refuse(ctx, err)
+		}
+	}
+	d := consumer.Delivery{
+		ID:          id,
+		Tenant:      tenant,
+		Body:        msg.Data(),
+		Attempt:     int(min(meta.NumDelivered, 1<<20)),
+		Redelivered: meta.NumDelivered > 1,
+	}
+	return c.core.Process(ctx, d, func(ctx context.Context) error { return c.h(ctx, msg) })
+}
+
+func (c *Consumer) log(ctx context.Context, msg string, err error) {
+	c.core.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
+		slog.String("operation", c.core.Name()), slog.Any("error", err))
+}
+
+// MessageID is the default id of a message: its Nats-Msg-Id header, which
+// JetStream also deduplicates within the stream's duplicate window.
+func MessageID(msg jetstream.Msg) (string, error) {
+	return header(msg, jetstream.MsgIDHeader)
+}
+
+// CloudEventsID is the id of a CloudEvent in NATS's binary content mode: its
+// ce-id header (WithID(CloudEventsID)).
+func CloudEventsID(msg jetstream.Msg) (string, error) {
+	return header(msg, "ce-id")
+}
+
+// header returns the one value of header name, or an error that names the
+// header, never its value.
+func header(msg jetstream.Msg, name string) (string, error) {
+	switch v := msg.Headers().Values(name); len(v) {
+	case 0:
+		return "", fmt.Errorf("%w: no %s header", consumer.ErrNoID, name)
+	case 1:
+		return v[0], nil
+	default:
+		return "", errors.New("idemnats: the message has " + name + " more than once")
+	}
+}
