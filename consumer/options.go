@@ -64,8 +64,8 @@ func WithRetention(d time.Duration) Option {
 	return WithEngineOptions(engine.WithRetention(d))
 }
 
-// WithSystem names the broker in the metrics' messaging.system attribute;
-// the adapters set it.
+// WithSystem names the broker in the metrics' messaging.system attribute:
+// "nats", "rabbitmq" (OpenTelemetry's names). Without it, "unknown".
 func WithSystem(name string) Option { return func(o *options) { o.system = name } }
 
 // WithAtomic runs each handler in a transaction of the store's that commits

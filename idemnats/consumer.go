@@ -97,7 +97,7 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Resul
 	case consumer.Nak:
 		err = msg.NakWithDelay(res.Delay)
 	default:
-		err = msg.TermWithReason("idemkey: " + res.Outcome.String())
+		err = msg.Term()
 	}
 	if err != nil {
 		c.log(ctx, "acknowledging a message failed; JetStream redelivers it after its ack wait", err)

@@ -1,0 +1,471 @@
+package idemnats_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemnats"
+	"github.com/idemkey/idemkey/internal/natstest"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// fast keeps redeliveries quick in tests.
+var fast = consumer.WithBackoff(20*time.Millisecond, 100*time.Millisecond)
+
+// bounded is a consumer whose redelivery horizon (3 deliveries) is far
+// shorter than any retention.
+func bounded(name string) jetstream.ConsumerConfig {
+	return jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 20}
+}
+
+// rig is one stream with one durable consumer, processed by an
+// idemnats.Consumer whose handler counts its runs by message id.
+type rig struct {
+	t      *testing.T
+	js     jetstream.JetStream
+	stream jetstream.Stream
+	cons   jetstream.Consumer
+	c      *idemnats.Consumer
+
+	mu      sync.Mutex
+	runs    map[string]int
+	results map[consumer.Outcome]int
+	dead    []error
+}
+
+func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Handler, coreOpts []consumer.Option, opts ...idemnats.Option) *rig {
+	t.Helper()
+	stream := natstest.Stream(t, js, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
+	name := natstest.Name("c")
+	cons, err := stream.CreateConsumer(t.Context(), bounded(name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, err := consumer.New(st, name, append([]consumer.Option{fast, consumer.WithSystem("nats")}, coreOpts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &rig{t: t, js: js, stream: stream, cons: cons, runs: map[string]int{}, results: map[consumer.Outcome]int{}}
+	counted := func(ctx context.Context, msg jetstream.Msg) error {
+		r.mu.Lock()
+		r.runs[msg.Headers().Get(jetstream.MsgIDHeader)]++
+		r.mu.Unlock()
+		if h == nil {
+			return nil
+		}
+		return h(ctx, msg)
+	}
+	opts = append([]idemnats.Option{idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.dead = append(r.dead, err)
+		return nil
+	})}, opts...)
+	r.c, err = idemnats.New(t.Context(), core, stream, cons, counted, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *rig) subject() string { return r.stream.CachedInfo().Config.Name + ".charges" }
+
+// publish publishes body with id (none if empty) and extra headers.
+func (r *rig) publish(id, body string, headers ...string) {
+	r.t.Helper()
+	msg := nats.NewMsg(r.subject())
+	msg.Data = []byte(body)
+	if id != "" {
+		msg.Header.Set(jetstream.MsgIDHeader, id)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		msg.Header.Add(headers[i], headers[i+1])
+	}
+	if _, err := r.js.PublishMsg(r.t.Context(), msg); err != nil {
+		r.t.Fatal(err)
+	}
+}
+
+// consume runs the consumer until want messages were handled with an
+// outcome that ends them (acknowledged or terminated), or fails.
+func (r *rig) consume(want int) {
+	r.t.Helper()
+	done := make(chan struct{})
+	var once sync.Once
+	ended := 0
+	cc, err := r.cons.Consume(func(msg jetstream.Msg) {
+		res := r.c.Handle(context.Background(), msg)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.results[res.Outcome]++
+		if res.Action != consumer.Nak {
+			if ended++; ended == want {
+				once.Do(func() { close(done) })
+			}
+		}
+	})
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer cc.Stop()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		r.t.Fatalf("only %d of %d messages ended: outcomes %v", ended, want, r.results)
+	}
+	cc.Stop()
+	<-cc.Closed()
+}
+
+// settled fails unless the consumer has nothing pending or unacknowledged.
+func (r *rig) settled() {
+	r.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		info, err := r.cons.Info(r.t.Context())
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if info.NumPending == 0 && info.NumAckPending == 0 && info.NumRedelivered == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatalf("consumer not settled: %d pending, %d unacknowledged, %d redelivered", info.NumPending, info.NumAckPending, info.NumRedelivered)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (r *rig) runsOf(id string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.runs[id]
+}
+
+func (r *rig) outcomes() map[consumer.Outcome]int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.results
+}
+
+func TestDuplicateAfterWindowDropped(t *testing.T) {
+	_, js := natstest.Connect(t)
+	r := newRig(t, js, memory.New(), nil, nil)
+	r.publish("a", "charge 1")
+	r.publish("b", "charge 2")
+	r.consume(2)
+	time.Sleep(150 * time.Millisecond) // past the stream's duplicate window
+	r.publish("a", "charge 1")          // the publisher resends
+	r.consume(1)
+	if r.runsOf("a") != 1 || r.runsOf("b") != 1 {
+		t.Fatalf("runs: %v, want each id once", r.runs)
+	}
+	if got := r.outcomes(); got[consumer.Processed] != 2 || got[consumer.Duplicate] != 1 {
+		t.Fatalf("outcomes %v, want 2 processed and 1 duplicate", got)
+	}
+	r.settled()
+}
+
+func TestFinalFailureRecordedAndDeadLettered(t *testing.T) {
+	_, js := natstest.Connect(t)
+	declined := status.Error(codes.FailedPrecondition, "card declined")
+	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error { return declined }, nil)
+	r.publish("a", "charge")
+	r.consume(1)
+	time.Sleep(150 * time.Millisecond)
+	r.publish("a", "charge")
+	r.consume(1)
+	if n := r.runsOf("a"); n != 1 {
+		t.Fatalf("handler ran %d times, want 1", n)
+	}
+	if got := r.outcomes(); got[consumer.Failed] != 1 || got[consumer.Duplicate] != 1 {
+		t.Fatalf("outcomes %v, want 1 failed and 1 duplicate", got)
+	}
+	if len(r.dead) != 2 || !errors.Is(r.dead[0], declined) || !errors.Is(r.dead[1], consumer.ErrFailedBefore) {
+		t.Fatalf("dead letters %v, want the failure, then its redelivery", r.dead)
+	}
+	r.settled()
+}
+
+func TestTransientFailureRedelivered(t *testing.T) {
+	_, js := natstest.Connect(t)
+	var calls int
+	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
+		if calls++; calls < 3 {
+			return errors.New("ledger unreachable")
+		}
+		return nil
+	}, nil)
+	r.publish("a", "charge")
+	r.consume(1)
+	if n := r.runsOf("a"); n != 3 {
+		t.Fatalf("handler ran %d times, want 3 (two transient failures, then success)", n)
+	}
+	if got := r.outcomes(); got[consumer.Retry] != 2 || got[consumer.Processed] != 1 {
+		t.Fatalf("outcomes %v", got)
+	}
+	if len(r.dead) != 0 {
+		t.Fatalf("dead letters %v, want none", r.dead)
+	}
+	r.settled()
+}
+
+func TestRefusedMessagesTerminated(t *testing.T) {
+	_, js := natstest.Connect(t)
+	tenants := idemnats.WithTenant(func(msg jetstream.Msg) (string, error) {
+		if tn := msg.Headers().Get("tenant"); tn == "acme" || tn == "globex" {
+			return tn, nil
+		}
+		return "", errors.New("unknown tenant")
+	})
+	r := newRig(t, js, memory.New(), nil, nil, tenants)
+	r.publish("", "no id", "tenant", "acme")
+	r.publish("x", "no tenant")
+	r.publish("a", "first body", "tenant", "acme")
+	time.Sleep(150 * time.Millisecond) // past the stream's duplicate window
+	r.publish("a", "same id, other tenant", "tenant", "globex")
+	r.consume(4)
+	time.Sleep(150 * time.Millisecond)
+	r.publish("a", "same id, other body", "tenant", "acme")
+	r.consume(1)
+	if got := r.outcomes(); got[consumer.Refused] != 3 || got[consumer.Processed] != 2 {
+		t.Fatalf("outcomes %v, want 3 refused (no id, no tenant, reused id) and 2 processed", got)
+	}
+	if len(r.dead) != 3 || !errors.Is(r.dead[0], consumer.ErrNoID) || !errors.Is(r.dead[2], consumer.ErrReusedID) {
+		t.Fatalf("dead letters %v", r.dead)
+	}
+	r.settled()
+}
+
+// TestRedeliveryWhileRunning: a handler outlasts the ack wait, so JetStream
+// redelivers its message to another worker; that one finds it in progress
+// and delays it, then drops it once the first run is recorded.
+func TestRedeliveryWhileRunning(t *testing.T) {
+	_, js := natstest.Connect(t)
+	var once sync.Once
+	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
+		once.Do(func() { time.Sleep(2500 * time.Millisecond) }) // more than twice the ack wait
+		return nil
+	}, nil)
+	r.publish("a", "charge")
+	var wg sync.WaitGroup
+	results := make(chan consumer.Result, 100)
+	ctx, cancel := context.WithTimeout(t.Context(), 15*time.Second)
+	defer cancel()
+	for range 2 { // two workers on one durable consumer
+		wg.Go(func() {
+			for ctx.Err() == nil {
+				batch, err := r.cons.Fetch(1, jetstream.FetchMaxWait(200*time.Millisecond))
+				if err != nil {
+					continue
+				}
+				for msg := range batch.Messages() {
+					results <- r.c.Handle(ctx, msg)
+				}
+			}
+		})
+	}
+	// Stop once the first run ended and JetStream holds nothing more.
+	for ctx.Err() == nil {
+		time.Sleep(100 * time.Millisecond)
+		info, err := r.cons.Info(ctx)
+		if err == nil && r.runsOf("a") == 1 && len(results) > 0 && info.NumAckPending == 0 && info.NumPending == 0 {
+			cancel()
+		}
+	}
+	wg.Wait()
+	close(results)
+	got := map[consumer.Outcome]int{}
+	for res := range results {
+		got[res.Outcome]++
+	}
+	if r.runsOf("a") != 1 {
+		t.Fatalf("handler ran %d times, want 1", r.runsOf("a"))
+	}
+	// The first run's acknowledgement may settle the message before a
+	// delayed redelivery comes back as a duplicate.
+	if got[consumer.Processed] != 1 || got[consumer.Busy] == 0 {
+		t.Fatalf("outcomes %v, want one processed, and redeliveries delayed as busy", got)
+	}
+	r.settled()
+}
+
+// TestAtomicWritesCommitWithRecord: on PostgreSQL in atomic mode, the
+// handler's write and the message's record commit together; a final failure
+// undoes the write and still records the failure.
+func TestAtomicWritesCommitWithRecord(t *testing.T) {
+	_, js := natstest.Connect(t)
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE charges (id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, js, st, func(ctx context.Context, msg jetstream.Msg) error {
+		tx, ok := postgres.TxFromContext(ctx)
+		if !ok {
+			return consumer.Final(errors.New("no transaction in the handler's context"))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO charges VALUES ($1)`, string(msg.Data())); err != nil {
+			return err
+		}
+		if string(msg.Data()) == "declined" {
+			return status.Error(codes.FailedPrecondition, "declined")
+		}
+		return nil
+	}, []consumer.Option{consumer.WithAtomic()})
+	r.publish("a", "ok")
+	r.publish("b", "declined")
+	r.consume(2)
+	time.Sleep(150 * time.Millisecond)
+	r.publish("a", "ok")
+	r.publish("b", "declined")
+	r.consume(2)
+	var ids []string
+	rows, _ := pool.Query(t.Context(), `SELECT id FROM charges ORDER BY id`)
+	for rows.Next() {
+		var id string
+		rows.Scan(&id)
+		ids = append(ids, id)
+	}
+	if rows.Err() != nil || fmt.Sprint(ids) != "[ok]" {
+		t.Fatalf("charges %v (%v), want only [ok]", ids, rows.Err())
+	}
+	if got := r.outcomes(); got[consumer.Processed] != 1 || got[consumer.Failed] != 1 || got[consumer.Duplicate] != 2 {
+		t.Fatalf("outcomes %v", got)
+	}
+	r.settled()
+}
+
+// TestBrokerRestartMidStream: the broker is killed and restarted while
+// messages are processed; every message is processed exactly once.
+func TestBrokerRestartMidStream(t *testing.T) {
+	srv := natstest.Start(t)
+	nc, js := srv.Connect(t)
+	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
+		time.Sleep(2 * time.Millisecond)
+		return nil
+	}, nil)
+	const n = 300
+	for i := range n {
+		r.publish(fmt.Sprint(i), fmt.Sprint("charge ", i))
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	seen := make(chan struct{}, 10*n)
+	cc, err := r.cons.Consume(func(msg jetstream.Msg) {
+		if res := r.c.Handle(ctx, msg); res.Action == consumer.Ack {
+			seen <- struct{}{}
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Stop()
+	for range n / 3 {
+		<-seen
+	}
+	srv.Kill()
+	time.Sleep(300 * time.Millisecond)
+	srv.Restart(t)
+	deadline := time.After(60 * time.Second)
+	for {
+		info, err := r.cons.Info(ctx)
+		if err == nil && info.NumPending == 0 && info.NumAckPending == 0 {
+			break
+		}
+		select {
+		case <-deadline:
+			t.Fatalf("not settled after the restart: %+v (%v), connected %v", info, err, nc.IsConnected())
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	cc.Stop()
+	<-cc.Closed()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for i := range n {
+		if got := r.runs[fmt.Sprint(i)]; got != 1 {
+			t.Fatalf("message %d ran %d times, want 1", i, got)
+		}
+	}
+}
+
+func TestHorizon(t *testing.T) {
+	day := 24 * time.Hour
+	for _, tc := range []struct {
+		name      string
+		stream    jetstream.StreamConfig
+		cons      jetstream.ConsumerConfig
+		unbounded bool
+		bound     time.Duration
+	}{
+		{"defaults", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: -1, AckWait: 30 * time.Second}, true, 0},
+		{"max age", jetstream.StreamConfig{MaxAge: 3 * day}, jetstream.ConsumerConfig{MaxDeliver: -1}, false, 3 * day},
+		{"max deliver", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: 10, AckWait: 2 * time.Minute}, false, 20 * time.Minute},
+		{"backoff", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: 3, AckWait: time.Second, BackOff: []time.Duration{time.Second, time.Hour}}, false, 3 * time.Hour},
+		{"nak delay", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: time.Second}, false, 5 * time.Minute},
+		{"the shorter", jetstream.StreamConfig{MaxAge: time.Hour}, jetstream.ConsumerConfig{MaxDeliver: 1000, AckWait: time.Minute}, false, time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := idemnats.Horizon(tc.stream, tc.cons, consumer.DefaultMaxBackoff)
+			if h.Unbounded != tc.unbounded || h.Bound != tc.bound {
+				t.Fatalf("horizon %+v, want unbounded %v, bound %s", h, tc.unbounded, tc.bound)
+			}
+		})
+	}
+}
+
+// TestNewChecksHorizon: a consumer JetStream may redeliver from forever is
+// refused unless the operator accepts it; one within the retention is not.
+func TestNewChecksHorizon(t *testing.T) {
+	_, js := natstest.Connect(t)
+	stream := natstest.Stream(t, js, jetstream.StreamConfig{})
+	cons, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "d", AckPolicy: jetstream.AckExplicitPolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := func(context.Context, jetstream.Msg) error { return nil }
+	core, _ := consumer.New(memory.New(), "d")
+	_, err = idemnats.New(t.Context(), core, stream, cons, h)
+	var herr *consumer.HorizonError
+	if !errors.As(err, &herr) || !herr.Horizon.Unbounded {
+		t.Fatalf("New on an unbounded consumer: %v, want a HorizonError", err)
+	}
+	core, _ = consumer.New(memory.New(), "d", consumer.WithHorizonWarning(), consumer.WithEngineOptions(engine.WithLogger(nil)))
+	if _, err := idemnats.New(t.Context(), core, stream, cons, h); err != nil {
+		t.Fatalf("New with WithHorizonWarning: %v", err)
+	}
+	core, _ = consumer.New(memory.New(), "d", consumer.WithRetention(time.Hour))
+	short, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "e", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 100, AckWait: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idemnats.New(t.Context(), core, stream, short, h); !errors.As(err, &herr) || herr.Horizon.Bound != 100*time.Minute {
+		t.Fatalf("New with 1h retention on a 100-minute horizon: %v, want a HorizonError", err)
+	}
+}
