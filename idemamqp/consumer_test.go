@@ -396,3 +396,34 @@ func TestCloudEventsTenant(t *testing.T) {
 		t.Errorf("the handler ran %d times; want twice, once for each tenant", n)
 	}
 }
+
+// A worker that waits out a backoff before it requeues a message stops
+// waiting when its context is done, and requeues the message at once: a
+// shutdown is not held up by the backoffs in progress.
+func TestNakCancelled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, nil)
+	var runs atomic.Int32
+	c, err := idemamqp.New(f.core(memory.New(), consumer.WithBackoff(time.Minute, time.Minute)), f.queue, f.args, func(ctx context.Context, d amqp.Delivery) error {
+		if runs.Add(1) == 1 {
+			return errors.New("the ledger is down")
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))})
+	_, ds := f.consume("", 1)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	if res := c.Handle(ctx, next(t, ds)); res.Outcome != consumer.Retry || res.Delay < 30*time.Second {
+		t.Fatalf("Handle = %v; want a retry after about a minute", res)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("Handle took %v after its context was done", took)
+	}
+	handle(t, c, next(t, ds), consumer.Processed, consumer.Ack)
+}
