@@ -59,6 +59,10 @@
 //
 // # Caveats
 //
+//   - Without consumer.WithAtomic, a worker that dies after the handler's
+//     effects and before the record leaves the id in progress until its
+//     lease ends (engine.WithLease, consumer.WithHandlerTimeout); the
+//     redelivery then runs the handler again.
 //   - Consume with autoAck false. A delivery of an autoAck consumer was
 //     acknowledged before Handle saw it, so that a failure loses it, and
 //     Handle's acknowledgement closes the channel with an error.
