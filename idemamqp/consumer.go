@@ -1,0 +1,240 @@
+package idemamqp
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkey/idemkey/consumer"
+)
+
+// Handler processes one message. In atomic mode ctx carries the store's
+// transaction (see consumer.WithAtomic); its error decides what becomes of
+// the message (consumer.Handler).
+type Handler func(ctx context.Context, d amqp.Delivery) error
+
+// Consumer processes the messages of one RabbitMQ queue with a Handler, at
+// most once per message id, and acknowledges each as its outcome says.
+type Consumer struct {
+	core *consumer.Consumer
+	h    Handler
+	opts *options
+}
+
+// New returns a Consumer that runs h for the messages of queue, with the
+// idempotency of core. args are the arguments the queue was declared with,
+// which AMQP cannot read back: New refuses (a *consumer.HorizonError) when
+// core's records would expire while RabbitMQ may still redeliver a message
+// (see Horizon), unless core was built with consumer.WithHorizonWarning, and
+// refuses an x-message-ttl that is not a non-negative integer.
+//
+// It starts nothing: call Handle for each delivery of a Consume with
+// autoAck false.
+func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts ...Option) (*Consumer, error) {
+	if _, _, err := messageTTL(args); err != nil {
+		return nil, fmt.Errorf("idemamqp: queue %q: %w", queue, err)
+	}
+	if err := core.CheckHorizon(context.Background(), Horizon(queue, args)); err != nil {
+		return nil, err
+	}
+	return &Consumer{core: core, h: h, opts: newOptions(opts)}, nil
+}
+
+// Horizon is how long RabbitMQ may redeliver a message of queue, declared
+// with args: at most its x-message-ttl, after which the message is gone,
+// however often it was requeued (a requeued message keeps its expiry).
+// Unbounded without one: RabbitMQ keeps an unacknowledged message, and
+// redelivers it, for as long as it takes; a quorum queue's x-delivery-limit
+// does not bound it either, since a requeued message waits for a consumer
+// for as long as none takes it. A malformed x-message-ttl counts as none
+// (New refuses it).
+//
+// A TTL set by a policy, rather than by the queue's arguments, is not
+// visible over AMQP: with such a policy, pass its TTL in args as
+// x-message-ttl, or build core with consumer.WithHorizonWarning.
+func Horizon(queue string, args amqp.Table) consumer.Horizon {
+	ttl, ok, err := messageTTL(args)
+	switch {
+	case err != nil:
+		return consumer.Horizon{Unbounded: true, Source: fmt.Sprintf("queue %s: %v", queue, err)}
+	case !ok:
+		return consumer.Horizon{Unbounded: true, Source: fmt.Sprintf("queue %s has no x-message-ttl", queue)}
+	}
+	return consumer.Horizon{Bound: ttl, Source: fmt.Sprintf("queue %s: x-message-ttl", queue)}
+}
+
+// messageTTL reads args' x-message-ttl: ok is false when there is none.
+// RabbitMQ takes any AMQP integer of milliseconds that is not negative, and
+// refuses a queue with another (a float, a string).
+func messageTTL(args amqp.Table) (ttl time.Duration, ok bool, err error) {
+	v, ok := args["x-message-ttl"]
+	if !ok {
+		return 0, false, nil
+	}
+	ms, ok := integer(v)
+	switch {
+	case !ok:
+		return 0, false, fmt.Errorf("x-message-ttl is a %T, not an integer of milliseconds", v)
+	case ms < 0:
+		return 0, false, errors.New("x-message-ttl is negative")
+	case ms > math.MaxInt64/int64(time.Millisecond):
+		return math.MaxInt64, true, nil
+	}
+	return time.Duration(ms) * time.Millisecond, true, nil
+}
+
+// integer returns v as an int64, if it holds an integer: a table field of
+// amqp091's decoding, or of any Go integer type a caller declared it with.
+func integer(v any) (int64, bool) {
+	switch n := v.(type) {
+	case int:
+		return int64(n), true
+	case int8:
+		return int64(n), true
+	case int16:
+		return int64(n), true
+	case int32:
+		return int64(n), true
+	case int64:
+		return n, true
+	case uint8:
+		return int64(n), true
+	case uint16:
+		return int64(n), true
+	case uint32:
+		return int64(n), true
+	case uint:
+		return int64(min(uint64(n), math.MaxInt64)), true
+	case uint64:
+		return int64(min(n, math.MaxInt64)), true
+	}
+	return 0, false
+}
+
+// Handle processes d and acknowledges it as its outcome says: Ack, Nack with
+// requeue, or Reject without requeue (which dead-letters it, if the queue
+// has a dead-letter exchange). A message that ended in a final failure or
+// was refused goes to the dead-letter hook first (WithDeadLetter). It
+// returns the outcome, for a log line or a count; a failed acknowledgement
+// is logged and left to RabbitMQ's redelivery.
+//
+// RabbitMQ has no delayed negative acknowledgement: to redeliver a message
+// after Result.Delay, Handle waits for the delay (or until ctx is done) and
+// then negative-acknowledges it. The wait holds the worker, and the message
+// holds one of the channel's prefetch slots meanwhile, which is what spaces
+// out the redeliveries of a failing message: run several workers, on a
+// prefetch of at least as many, so that the others go on.
+func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result {
+	res := c.process(ctx, d)
+	if res.DeadLetter && c.opts.deadLetter != nil {
+		if err := c.opts.deadLetter(ctx, d, res.Err); err != nil {
+			c.log(ctx, "the dead-letter hook failed; the message is redelivered", err)
+			res.Action = consumer.Nak
+		}
+	}
+	var err error
+	switch res.Action {
+	case consumer.Ack:
+		err = d.Ack(false)
+	case consumer.Nak:
+		wait(ctx, res.Delay)
+		err = d.Nack(false, true)
+	default:
+		err = d.Reject(false)
+	}
+	if err != nil {
+		c.log(ctx, "acknowledging a message failed; RabbitMQ redelivers it once its channel is closed", err)
+	}
+	return res
+}
+
+// wait returns after d, or when ctx is done.
+func wait(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+func (c *Consumer) process(ctx context.Context, d amqp.Delivery) consumer.Result {
+	id, err := c.opts.id(d)
+	if err != nil {
+		return c.core.Refuse(ctx, err)
+	}
+	var tenant string
+	if c.opts.tenant != nil {
+		if tenant, err = c.opts.tenant(d); err != nil {
+			return c.core.Refuse(ctx, err)
+		}
+	}
+	cd := consumer.Delivery{
+		ID:          id,
+		Tenant:      tenant,
+		Body:        d.Body,
+		Attempt:     attempt(d.Headers),
+		Redelivered: d.Redelivered,
+	}
+	return c.core.Process(ctx, cd, func(ctx context.Context) error { return c.h(ctx, d) })
+}
+
+// attempt counts a delivery from its x-delivery-count header, which a
+// quorum queue sets on a redelivery to the number of earlier deliveries: 0,
+// unknown, without it (on a first delivery, and always from a classic
+// queue).
+func attempt(h amqp.Table) int {
+	n, ok := integer(h["x-delivery-count"])
+	if !ok || n < 0 {
+		return 0
+	}
+	return int(min(n, 1<<20)) + 1
+}
+
+func (c *Consumer) log(ctx context.Context, msg string, err error) {
+	c.core.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
+		slog.String("operation", c.core.Name()), slog.Any("error", err))
+}
+
+// MessageID is the default id of a message: its AMQP message-id property.
+func MessageID(d amqp.Delivery) (string, error) {
+	if d.MessageId == "" {
+		return "", fmt.Errorf("%w: no message-id property", consumer.ErrNoID)
+	}
+	return d.MessageId, nil
+}
+
+// CloudEventsID is the id of a CloudEvent in the AMQP binding's binary
+// content mode: its cloudEvents:id application property, a header in AMQP
+// 0-9-1, or cloudEvents_id, the binding's name for it where a colon is not
+// allowed (WithID(CloudEventsID)).
+func CloudEventsID(d amqp.Delivery) (string, error) {
+	var id string
+	var found bool
+	for _, name := range []string{"cloudEvents:id", "cloudEvents_id"} {
+		v, ok := d.Headers[name]
+		if !ok {
+			continue
+		}
+		s, ok := v.(string)
+		if !ok {
+			return "", fmt.Errorf("idemamqp: the message's %s header is a %T, not a string", name, v)
+		}
+		if found && s != id {
+			return "", errors.New("idemamqp: the message's cloudEvents:id and cloudEvents_id headers differ")
+		}
+		id, found = s, true
+	}
+	if !found {
+		return "", fmt.Errorf("%w: no cloudEvents:id header", consumer.ErrNoID)
+	}
+	return id, nil
+}

@@ -1,0 +1,85 @@
+// Package idemamqp processes the messages of a RabbitMQ queue at most once
+// per message id, over AMQP 0-9-1 with github.com/rabbitmq/amqp091-go: a
+// thin adapter of the broker-neutral consumer package, which decides, and of
+// the idemkey store under it, which remembers.
+//
+// The key is the message's AMQP message-id property, which its producer sets
+// once and keeps across its own retries (MessageID; CloudEventsID for a
+// CloudEvent; WithID for another), scoped by the consumer's name. A message
+// already processed is acknowledged without running the handler; one in
+// progress on another worker is requeued after a delay; a handler's
+// transient error releases the id and requeues the message after a backoff;
+// its final error is recorded, acknowledged and handed to the dead-letter
+// hook.
+//
+// # Example
+//
+//	core, err := consumer.New(st, "billing", consumer.WithSystem("rabbitmq"))
+//	if err != nil { ... }
+//	// Keep ids longer than the queue keeps its messages.
+//	args := amqp.Table{"x-message-ttl": int64((24 * time.Hour).Milliseconds())}
+//	if _, err := ch.QueueDeclare("invoices", true, false, false, false, args); err != nil { ... }
+//	c, err := idemamqp.New(core, "invoices", args, func(ctx context.Context, d amqp.Delivery) error {
+//		return bill(ctx, d.Body)
+//	})
+//	if err != nil { ... }
+//	const workers = 8
+//	if err := ch.Qos(workers, 0, false); err != nil { ... }
+//	deliveries, err := ch.Consume("invoices", "", false, false, false, false, nil)
+//	if err != nil { ... }
+//	var wg sync.WaitGroup
+//	for range workers {
+//		wg.Go(func() {
+//			for d := range deliveries {
+//				c.Handle(ctx, d)
+//			}
+//		})
+//	}
+//	wg.Wait() // until the channel closes
+//
+// # Guarantees
+//
+//   - A message id's handler runs to success or final failure at most once
+//     while its record is kept (consumer.WithRetention): a redelivery, or
+//     the same message published again, is acknowledged without running it,
+//     even on another worker, channel or process that shares the store.
+//   - With consumer.WithAtomic on a store that supports it (store/postgres),
+//     the handler's writes through postgres.TxFromContext commit with the
+//     message's record, or not at all: each message has exactly one effect,
+//     whatever dies when.
+//   - A message without an id, or whose id was first used with another body,
+//     never runs: it is rejected without requeueing, so that a queue with an
+//     x-dead-letter-exchange dead-letters it.
+//   - A message that failed for good is recorded and acknowledged; every
+//     delivery of it goes to the WithDeadLetter hook, a redelivery too, so
+//     that the dead letter is sent at least once.
+//   - New refuses a queue whose messages may be redelivered after their
+//     record expires (Horizon): one without an x-message-ttl, or with one
+//     longer than the retention, unless core has consumer.WithHorizonWarning.
+//
+// # Caveats
+//
+//   - Without consumer.WithAtomic, a worker that dies after the handler's
+//     effects and before the record leaves the id in progress until its
+//     lease ends (engine.WithLease, consumer.WithHandlerTimeout); the
+//     redelivery then runs the handler again.
+//   - Consume with autoAck false. A delivery of an autoAck consumer was
+//     acknowledged before Handle saw it, so that a failure loses it, and
+//     Handle's acknowledgement closes the channel with an error.
+//   - RabbitMQ cannot delay a negative acknowledgement: Handle waits the
+//     delay out itself, holding the worker and a prefetch slot, before it
+//     requeues the message. Run several workers with a prefetch of at least
+//     as many; with one worker and a prefetch of one, a message in progress
+//     elsewhere holds up the queue for the delay.
+//   - A requeued message goes back into the queue; a classic queue marks its
+//     redelivery but does not count it, so that its backoff does not grow. A
+//     quorum queue counts deliveries (x-delivery-count), and its
+//     x-delivery-limit, if set, dead-letters or drops a message that keeps
+//     failing.
+//   - AMQP shows neither a queue's arguments nor its policies: New trusts
+//     the args it is given. A TTL that a policy sets is not seen; pass it in
+//     args, or use consumer.WithHorizonWarning.
+//   - The TTL bounds how long a message stays in the queue, not how long a
+//     producer may publish the same id again: that must stay within the
+//     retention too.
+package idemamqp
