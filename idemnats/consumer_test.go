@@ -174,7 +174,7 @@ func TestDuplicateAfterWindowDropped(t *testing.T) {
 	r.publish("b", "charge 2")
 	r.consume(2)
 	time.Sleep(150 * time.Millisecond) // past the stream's duplicate window
-	r.publish("a", "charge 1")          // the publisher resends
+	r.publish("a", "charge 1")         // the publisher resends
 	r.consume(1)
 	if r.runsOf("a") != 1 || r.runsOf("b") != 1 {
 		t.Fatalf("runs: %v, want each id once", r.runs)
