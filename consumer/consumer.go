@@ -290,9 +290,12 @@ func (e finalError) Unwrap() error { return e.error }
 // IsFinal is the default classification of a handler's error: final when it
 // is marked with Final, or is a gRPC status whose code the gRPC interceptor
 // records (NotFound, AlreadyExists, FailedPrecondition, OutOfRange,
-// Unimplemented, Internal, DataLoss, and InvalidArgument, which a
-// redelivery of the same message can only repeat); transient otherwise,
+// Unimplemented, Internal, Unknown, DataLoss), or InvalidArgument, which a
+// redelivery of the same message can only repeat; transient otherwise,
 // including a plain error, which is what a failing dependency returns.
+// Unknown counts only as an explicit status, for an effect whose outcome is
+// unknown (a connection lost after a write was sent): running it again could
+// repeat the effect.
 func IsFinal(err error) bool {
 	if errors.As(err, new(finalError)) {
 		return true
@@ -303,7 +306,7 @@ func IsFinal(err error) bool {
 	}
 	switch s.Code() {
 	case codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
-		codes.Unimplemented, codes.Internal, codes.DataLoss, codes.InvalidArgument:
+		codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss, codes.InvalidArgument:
 		return true
 	}
 	return false

@@ -115,7 +115,14 @@ func Authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, hand
 	if err != nil {
 		return nil, status.Error(codes.Unauthenticated, err.Error())
 	}
-	return handler(context.WithValue(ctx, tenantKey{}, tenant), req)
+	return handler(ContextWithTenant(ctx, tenant), req)
+}
+
+// ContextWithTenant returns ctx for a call of tenant's, as Authenticate
+// makes it: for callers that authenticate otherwise, such as the consumer
+// of charge requests.
+func ContextWithTenant(ctx context.Context, tenant string) context.Context {
+	return context.WithValue(ctx, tenantKey{}, tenant)
 }
 
 // Tenant returns the tenant Authenticate found; it is the idemkey

@@ -116,20 +116,19 @@ func integer(v any) (int64, bool) {
 	return 0, false
 }
 
-// Handle processes d and acknowledges it as its outcome says: Ack, Nack with
-// requeue, or Reject without requeue (which dead-letters it, if the queue
-// has a dead-letter exchange). A message that ended in a final failure or
-// was refused goes to the dead-letter hook first (WithDeadLetter). It
-// returns the outcome, for a log line or a count; a failed acknowledgement
-// is logged and left to RabbitMQ's redelivery.
-//
-// RabbitMQ has no delayed negative acknowledgement: to redeliver a message
-// after Result.Delay, Handle waits for the delay (or until ctx is done) and
-// then negative-acknowledges it. The wait holds the worker, and the message
-// holds one of the channel's prefetch slots meanwhile, which is what spaces
-// out the redeliveries of a failing message: run several workers, on a
-// prefetch of at least as many, so that the others go on.
+// Handle processes d and acknowledges it as its outcome says: Process,
+// then Settle. It returns the outcome, for a log line or a count.
 func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result {
+	res := c.Process(ctx, d)
+	c.Settle(ctx, d, res)
+	return res
+}
+
+// Process decides what becomes of d, running the handler at most once per
+// message id, without acknowledging it: Settle does. A message that ended
+// in a final failure or was refused goes to the dead-letter hook
+// (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
+func (c *Consumer) Process(ctx context.Context, d amqp.Delivery) consumer.Result {
 	res := c.process(ctx, d)
 	if res.DeadLetter && c.opts.deadLetter != nil {
 		if err := c.opts.deadLetter(ctx, d, res.Err); err != nil {
@@ -137,6 +136,22 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result 
 			res.Action = consumer.Nak
 		}
 	}
+	return res
+}
+
+// Settle tells RabbitMQ what Process decided for d: Ack, Nack with requeue,
+// or Reject without requeue (which dead-letters it, if the queue has a
+// dead-letter exchange). A failed acknowledgement is logged and left to
+// RabbitMQ, which redelivers the message once its channel is closed; its
+// redelivery is dropped as a duplicate.
+//
+// RabbitMQ has no delayed negative acknowledgement: to redeliver a message
+// after Result.Delay, Settle waits for the delay (or until ctx is done) and
+// then negative-acknowledges it. The wait holds the worker, and the message
+// holds one of the channel's prefetch slots meanwhile, which is what spaces
+// out the redeliveries of a failing message: run several workers, on a
+// prefetch of at least as many, so that the others go on.
+func (c *Consumer) Settle(ctx context.Context, d amqp.Delivery, res consumer.Result) {
 	var err error
 	switch res.Action {
 	case consumer.Ack:
@@ -150,7 +165,6 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result 
 	if err != nil {
 		c.log(ctx, "acknowledging a message failed; RabbitMQ redelivers it once its channel is closed", err)
 	}
-	return res
 }
 
 // wait returns after d, or when ctx is done.

@@ -77,12 +77,19 @@ func Horizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBa
 	return h
 }
 
-// Handle processes msg and acknowledges it as its outcome says: Ack,
-// NakWithDelay, or Term. A message that ended in a final failure or was
-// refused goes to the dead-letter hook first (WithDeadLetter). It returns
-// the outcome, for a log line or a count; a failed acknowledgement is logged
-// and left to JetStream's redelivery.
+// Handle processes msg and acknowledges it as its outcome says: Process,
+// then Settle. It returns the outcome, for a log line or a count.
 func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Result {
+	res := c.Process(ctx, msg)
+	c.Settle(ctx, msg, res)
+	return res
+}
+
+// Process decides what becomes of msg, running the handler at most once
+// per message id, without acknowledging it: Settle does. A message that
+// ended in a final failure or was refused goes to the dead-letter hook
+// (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
+func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) consumer.Result {
 	res := c.process(ctx, msg)
 	if res.DeadLetter && c.opts.deadLetter != nil {
 		if err := c.opts.deadLetter(ctx, msg, res.Err); err != nil {
@@ -90,6 +97,14 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Resul
 			res.Action = consumer.Nak
 		}
 	}
+	return res
+}
+
+// Settle tells JetStream what Process decided for msg: Ack, NakWithDelay or
+// Term. A failed acknowledgement is logged and left to JetStream, which
+// redelivers the message after its ack wait; its redelivery is dropped as a
+// duplicate.
+func (c *Consumer) Settle(ctx context.Context, msg jetstream.Msg, res consumer.Result) {
 	var err error
 	switch res.Action {
 	case consumer.Ack:
@@ -102,7 +117,6 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Resul
 	if err != nil {
 		c.log(ctx, "acknowledging a message failed; JetStream redelivers it after its ack wait", err)
 	}
-	return res
 }
 
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) consumer.Result {

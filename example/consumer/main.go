@@ -1,0 +1,359 @@
+// Command consumer makes charges from charge requests that arrive as
+// messages, with the payment service's own code and ledger, each at most once
+// per message id: from NATS JetStream with -nats-url, or from RabbitMQ with
+// -amqp-url.
+//
+//	go run ./example/consumer -nats-url nats://127.0.0.1:4222 -database-url postgres://postgres@127.0.0.1:5432/test
+//	go run ./example/consumer -amqp-url amqp://guest:guest@127.0.0.1:5672/ -database-url postgres://postgres@127.0.0.1:5432/test
+//
+// A message's body is a CreateChargeRequest in protobuf JSON; its header
+// "tenant" names the tenant (acme or globex); its id is the message's own:
+// JetStream's Nats-Msg-Id header, or AMQP's message-id property. It consumes
+// from the stream PAYMENTS (subject payments.charges.requested) through the
+// durable consumer "charges", or from the quorum queue
+// payments.charges.requested, and creates them when missing, with messages
+// kept at most three days (MaxStreamAge), well within the seven days that
+// processed ids are kept.
+//
+// On PostgreSQL (-database-url) each charge commits with the message's
+// record (-atomic, the default): every message takes effect exactly once,
+// however the consumer dies. Without a database, both live in memory, for
+// trying it out. It logs one line per message with its outcome, never its
+// id, tenant or body.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/idemamqp"
+	"github.com/idemkey/idemkey/idemnats"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// MaxStreamAge is how long the stream or queue this command creates keeps a
+// message: JetStream's max age, RabbitMQ's x-message-ttl. It bounds how late
+// a message may be redelivered, which must be sooner than its record expires
+// (consumer.DefaultRetention).
+const MaxStreamAge = 72 * time.Hour
+
+// config is what the flags set.
+type config struct {
+	natsURL, amqpURL, databaseURL string
+	atomic                        bool
+	handlerDelay, ackDelay        time.Duration
+	ackWait                       time.Duration // JetStream's, for a consumer this command creates
+	name                          string        // the consumer's, which scopes message ids
+	stream, subject, queue        string
+	workers                       int
+}
+
+func main() {
+	var cfg config
+	flag.StringVar(&cfg.natsURL, "nats-url", "", "consume from NATS JetStream at this URL")
+	flag.StringVar(&cfg.amqpURL, "amqp-url", "", "consume from RabbitMQ at this URL")
+	flag.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the processed ids and the charges; empty keeps both in memory")
+	flag.BoolVar(&cfg.atomic, "atomic", true, "on PostgreSQL, commit each charge with its message's record in one transaction; false runs two-phase")
+	flag.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "how long a charge waits after it is written, before it commits (atomic) and its message is acknowledged")
+	flag.DurationVar(&cfg.ackDelay, "ack-delay", 0, "how long a processed message waits after its record committed, before it is acknowledged")
+	flag.DurationVar(&cfg.ackWait, "ack-wait", 30*time.Second, "JetStream: the ack wait of the durable consumer, if this command creates it")
+	flag.StringVar(&cfg.name, "name", "charges", "the consumer's name, which scopes message ids; JetStream's durable consumer")
+	flag.StringVar(&cfg.stream, "stream", "PAYMENTS", "JetStream: the stream")
+	flag.StringVar(&cfg.subject, "subject", "payments.charges.requested", "JetStream: the subject")
+	flag.StringVar(&cfg.queue, "queue", "payments.charges.requested", "RabbitMQ: the queue")
+	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch)")
+	var level slog.Level
+	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
+	flag.Parse()
+
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, logger); err != nil {
+		logger.Error("consumer stopped", "error", err)
+		os.Exit(1)
+	}
+}
+
+// run consumes until ctx is done, then lets the messages in hand finish.
+func run(ctx context.Context, cfg config, logger *slog.Logger) error {
+	if (cfg.natsURL == "") == (cfg.amqpURL == "") {
+		return errors.New("give one of -nats-url and -amqp-url")
+	}
+	var (
+		st     store.Store    = memory.New()
+		ledger example.Ledger = example.NewMemoryLedger()
+	)
+	if cfg.databaseURL == "" {
+		cfg.atomic = false
+	} else {
+		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, logger)
+		if err != nil {
+			return err
+		}
+		defer pool.Close()
+		pst, err := postgres.New(pool, postgres.WithLogger(logger))
+		if err != nil {
+			return err
+		}
+		st, ledger = pst, example.NewPostgresLedger(pool)
+	}
+	system := "nats"
+	if cfg.amqpURL != "" {
+		system = "rabbitmq"
+	}
+	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithEngineOptions(engine.WithLogger(logger))}
+	if cfg.atomic {
+		opts = append(opts, consumer.WithAtomic())
+	}
+	core, err := consumer.New(st, cfg.name, opts...)
+	if err != nil {
+		return err
+	}
+	w := &worker{svc: example.NewService(ledger, cfg.handlerDelay), ackDelay: cfg.ackDelay, logger: logger}
+	mode := "two-phase"
+	if cfg.atomic {
+		mode = "atomic"
+	}
+	logger.Info("consumer starting", "broker", system, "store", storeKind(cfg), "mode", mode, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)
+	if cfg.natsURL != "" {
+		return consumeNATS(ctx, cfg, core, w)
+	}
+	return consumeAMQP(ctx, cfg, core, w)
+}
+
+func storeKind(cfg config) string {
+	if cfg.databaseURL == "" {
+		return "memory"
+	}
+	return "postgres"
+}
+
+// worker is what both brokers' consumers share: the charge a message asks
+// for, and what is done with its outcome.
+type worker struct {
+	svc      *example.Service
+	ackDelay time.Duration
+	logger   *slog.Logger
+}
+
+// charge makes the charge body asks for, for tenant.
+func (w *worker) charge(ctx context.Context, tenant string, body []byte) error {
+	req := new(paymentsv1.CreateChargeRequest)
+	if err := protojson.Unmarshal(body, req); err != nil {
+		return status.Error(codes.InvalidArgument, "the body is not a CreateChargeRequest in protobuf JSON")
+	}
+	_, err := w.svc.CreateCharge(example.ContextWithTenant(ctx, tenant), req)
+	return err
+}
+
+// tenant reads the tenant header's one value: acme or globex.
+func tenant(values []string) (string, error) {
+	if len(values) == 1 && (values[0] == "acme" || values[0] == "globex") {
+		return values[0], nil
+	}
+	return "", errors.New("the tenant header is missing, repeated, or names no tenant")
+}
+
+// beforeAck waits -ack-delay before a processed message is acknowledged.
+func (w *worker) beforeAck(res consumer.Result) {
+	if res.Outcome == consumer.Processed && res.Action == consumer.Ack {
+		time.Sleep(w.ackDelay)
+	}
+}
+
+// log logs one line of a message's outcome: where it was in the stream or
+// queue, and why it failed or was refused, but never its id, tenant or body.
+func (w *worker) log(res consumer.Result, where ...any) {
+	attrs := append([]any{"outcome", res.Outcome.String(), "action", res.Action.String()}, where...)
+	if res.Action == consumer.Nak {
+		attrs = append(attrs, "delay", res.Delay.Round(time.Millisecond))
+	}
+	switch {
+	case res.Outcome == consumer.Refused:
+		attrs = append(attrs, "reason", res.Err.Error()) // this command's and idemkey's own words
+	case res.Err != nil:
+		attrs = append(attrs, "code", status.Code(res.Err).String())
+	}
+	w.logger.Info("message", attrs...)
+}
+
+// deadLetter stands in for a dead-letter destination: it logs why.
+func (w *worker) deadLetter(err error) error {
+	w.logger.Warn("dead letter: the message failed for good or was refused", "code", status.Code(err).String())
+	return nil
+}
+
+// consumeNATS consumes the JetStream stream until ctx is done.
+func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *worker) error {
+	nc, err := nats.Connect(cfg.natsURL, nats.Name("idemkey example consumer"), nats.MaxReconnects(-1))
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("nats: %w", err)
+	}
+	stream, err := js.Stream(ctx, cfg.stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.stream, Subjects: []string{cfg.subject}, MaxAge: MaxStreamAge})
+	}
+	if err != nil {
+		return fmt.Errorf("nats: stream %s: %w", cfg.stream, err)
+	}
+	cons, err := stream.Consumer(ctx, cfg.name)
+	if errors.Is(err, jetstream.ErrConsumerNotFound) {
+		cons, err = stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
+			Durable: cfg.name, FilterSubject: cfg.subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.ackWait,
+		})
+	}
+	if err != nil {
+		return fmt.Errorf("nats: consumer %s: %w", cfg.name, err)
+	}
+	c, err := idemnats.New(ctx, core, stream, cons,
+		func(ctx context.Context, msg jetstream.Msg) error {
+			t, _ := tenant(msg.Headers().Values("tenant")) // checked by WithTenant
+			return w.charge(ctx, t, msg.Data())
+		},
+		idemnats.WithTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
+		idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error { return w.deadLetter(err) }),
+	)
+	if err != nil {
+		return err
+	}
+	// Messages are processed on a context of their own: a stop lets the one
+	// in hand finish rather than cut its store calls short.
+	work := context.WithoutCancel(ctx)
+	cc, err := cons.Consume(func(msg jetstream.Msg) {
+		res := c.Process(work, msg)
+		w.beforeAck(res)
+		c.Settle(work, msg, res)
+		var seq uint64
+		if meta, err := msg.Metadata(); err == nil {
+			seq = meta.Sequence.Stream
+		}
+		w.log(res, "stream_seq", seq)
+	})
+	if err != nil {
+		return fmt.Errorf("nats: consume: %w", err)
+	}
+	w.logger.Info("consuming", "stream", cfg.stream, "consumer", cfg.name)
+	<-ctx.Done()
+	w.logger.Info("shutting down")
+	cc.Stop()
+	<-cc.Closed()
+	return nil
+}
+
+// consumeAMQP consumes the RabbitMQ queue until ctx is done, connecting
+// again, a second later, whenever the connection is lost.
+func consumeAMQP(ctx context.Context, cfg config, core *consumer.Consumer, w *worker) error {
+	args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": MaxStreamAge.Milliseconds()}
+	c, err := idemamqp.New(core, cfg.queue, args,
+		func(ctx context.Context, d amqp.Delivery) error {
+			t, _ := tenant(headerValues(d.Headers, "tenant")) // checked by WithTenant
+			return w.charge(ctx, t, d.Body)
+		},
+		idemamqp.WithTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
+		idemamqp.WithDeadLetter(func(_ context.Context, _ amqp.Delivery, err error) error { return w.deadLetter(err) }),
+	)
+	if err != nil {
+		return err
+	}
+	for {
+		err := consumeAMQPOnce(ctx, cfg, args, c, w)
+		if ctx.Err() != nil {
+			return nil
+		}
+		w.logger.Warn("rabbitmq connection lost; connecting again", "error", err)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(time.Second):
+		}
+	}
+}
+
+// consumeAMQPOnce consumes over one connection, until ctx is done or the
+// connection is lost.
+func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemamqp.Consumer, w *worker) error {
+	conn, err := amqp.Dial(cfg.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if _, err := ch.QueueDeclare(cfg.queue, true, false, false, false, args); err != nil {
+		return fmt.Errorf("queue %s: %w", cfg.queue, err)
+	}
+	if err := ch.Qos(cfg.workers, 0, false); err != nil {
+		return err
+	}
+	tag := fmt.Sprintf("idemkey-example-consumer-%d", os.Getpid())
+	deliveries, err := ch.Consume(cfg.queue, tag, false, false, false, false, nil)
+	if err != nil {
+		return err
+	}
+	w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers)
+	// Messages are processed on a context of their own: a stop lets the ones
+	// in hand finish rather than cut their store calls short.
+	work := context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for range max(cfg.workers, 1) {
+		wg.Go(func() {
+			for d := range deliveries {
+				res := c.Process(work, d)
+				w.beforeAck(res)
+				c.Settle(ctx, d, res) // a stop requeues a message at once rather than wait its delay
+				w.log(res, "delivery_tag", d.DeliveryTag)
+			}
+		})
+	}
+	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	select {
+	case <-ctx.Done():
+		w.logger.Info("shutting down")
+		ch.Cancel(tag, false)
+		wg.Wait()
+		return nil
+	case err := <-closed:
+		wg.Wait()
+		if err == nil {
+			return errors.New("the connection was closed")
+		}
+		return err
+	}
+}
+
+// headerValues returns the values of an AMQP header that holds a string.
+func headerValues(h amqp.Table, name string) []string {
+	if v, ok := h[name].(string); ok {
+		return []string{v}
+	}
+	return nil
+}
