@@ -40,14 +40,14 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
 # line per package as it finishes, then the failures' output.
-test: ## run each fuzz target briefly, then every test with the race detector (on PostgreSQL: see scripts/with-postgres)
+test: ## run each fuzz target briefly, then every test with the race detector (on PostgreSQL, NATS and RabbitMQ: see scripts/with-postgres, scripts/with-brokers)
 	@echo "test: each fuzz target, $(FUZZ_EXECS) inputs"
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyFromMetadata$$' -fuzztime=$(FUZZ_EXECS)x .
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
-	./scripts/with-postgres $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
+	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, and CreateCharge in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
