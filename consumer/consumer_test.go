@@ -1,0 +1,384 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/internal/logtest"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// stores are the stores every case runs on, with the consumer options of
+// their mode.
+func stores(t *testing.T) map[string]func(t *testing.T) (store.Store, []consumer.Option) {
+	return map[string]func(t *testing.T) (store.Store, []consumer.Option){
+		"memory": func(t *testing.T) (store.Store, []consumer.Option) { return memory.New(), nil },
+		"postgres": func(t *testing.T) (store.Store, []consumer.Option) {
+			return pgStore(t), nil
+		},
+		"postgres-atomic": func(t *testing.T) (store.Store, []consumer.Option) {
+			return pgStore(t), []consumer.Option{consumer.WithAtomic()}
+		},
+	}
+}
+
+func pgStore(t *testing.T) *postgres.Store {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// each runs f on every store, with a consumer built with opts and a logger
+// whose records f may check.
+func each(t *testing.T, f func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer), opts ...consumer.Option) {
+	for name, open := range stores(t) {
+		t.Run(name, func(t *testing.T) {
+			st, modeOpts := open(t)
+			logger, logs := logtest.New()
+			all := append([]consumer.Option{consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond),
+				consumer.WithEngineOptions(engine.WithLogger(logger))}, modeOpts...)
+			c, err := consumer.New(st, "charges", append(all, opts...)...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f(t, c, logs)
+			for _, raw := range []string{"msg-secret-id", "tenant-secret", "body-secret"} {
+				if strings.Contains(logs.String(), raw) {
+					t.Errorf("the logs hold %q:\n%s", raw, logs)
+				}
+			}
+		})
+	}
+}
+
+func delivery(id string, attempt int) consumer.Delivery {
+	return consumer.Delivery{ID: id, Tenant: "tenant-secret", Body: []byte("body-secret " + id), Attempt: attempt, Redelivered: attempt > 1}
+}
+
+// counter is a handler that counts its runs and returns err.
+type counter struct {
+	mu   sync.Mutex
+	runs int
+	err  error
+}
+
+func (h *counter) handle(context.Context) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.runs++
+	return h.err
+}
+
+func TestProcessedOnce(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		h := &counter{}
+		for i, want := range []consumer.Outcome{consumer.Processed, consumer.Duplicate, consumer.Duplicate} {
+			res := c.Process(t.Context(), delivery("msg-secret-id", i+1), h.handle)
+			if res.Outcome != want || res.Action != consumer.Ack || res.DeadLetter || res.Err != nil {
+				t.Fatalf("delivery %d: %+v, want %s and ack", i+1, res, want)
+			}
+		}
+		if h.runs != 1 {
+			t.Fatalf("handler ran %d times, want 1", h.runs)
+		}
+		other := delivery("msg-secret-id", 1)
+		other.Tenant = "another tenant"
+		if res := c.Process(t.Context(), other, h.handle); res.Outcome != consumer.Processed {
+			t.Fatalf("same id of another tenant: %v, want processed", res)
+		}
+	})
+}
+
+func TestFinalFailures(t *testing.T) {
+	for _, err := range []error{
+		consumer.Final(errors.New("poison")),
+		status.Error(codes.FailedPrecondition, "card declined"),
+		status.Error(codes.InvalidArgument, "amount must be positive"),
+		status.Error(codes.Unknown, "the charge's outcome is unknown"),
+		fmt.Errorf("wrapped: %w", status.Error(codes.AlreadyExists, "duplicate reference")),
+	} {
+		t.Run(err.Error(), func(t *testing.T) {
+			each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+				h := &counter{err: err}
+				res := c.Process(t.Context(), delivery("msg-secret-id", 1), h.handle)
+				if res.Outcome != consumer.Failed || res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, err) {
+					t.Fatalf("first: %+v, want failed, ack, dead letter", res)
+				}
+				res = c.Process(t.Context(), delivery("msg-secret-id", 2), h.handle)
+				if res.Outcome != consumer.Duplicate || res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrFailedBefore) {
+					t.Fatalf("redelivery: %+v, want a duplicate, dead-lettered again", res)
+				}
+				if h.runs != 1 {
+					t.Fatalf("handler ran %d times, want 1", h.runs)
+				}
+			})
+		})
+	}
+}
+
+func TestTransientFailures(t *testing.T) {
+	for _, err := range []error{
+		errors.New("connection refused"),
+		status.Error(codes.Unavailable, "the ledger is unavailable"),
+		context.DeadlineExceeded,
+	} {
+		t.Run(err.Error(), func(t *testing.T) {
+			each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+				h := &counter{err: err}
+				for attempt := 1; attempt <= 3; attempt++ {
+					res := c.Process(t.Context(), delivery("msg-secret-id", attempt), h.handle)
+					if res.Outcome != consumer.Retry || res.Action != consumer.Nak || res.DeadLetter || !errors.Is(res.Err, err) {
+						t.Fatalf("attempt %d: %+v, want retry with a nak", attempt, res)
+					}
+					if first := 10 * time.Millisecond << (attempt - 1); res.Delay > first || res.Delay < first*3/4 {
+						t.Fatalf("attempt %d: delay %s, want %s less at most a quarter", attempt, res.Delay, first)
+					}
+				}
+				h.err = nil
+				if res := c.Process(t.Context(), delivery("msg-secret-id", 4), h.handle); res.Outcome != consumer.Processed {
+					t.Fatalf("after the failures: %v, want processed", res)
+				}
+				if h.runs != 4 {
+					t.Fatalf("handler ran %d times, want 4", h.runs)
+				}
+				if res := c.Process(t.Context(), delivery("msg-secret-id", 99), h.handle); res.Outcome != consumer.Duplicate {
+					t.Fatalf("redelivery: %v, want duplicate", res)
+				}
+			})
+		})
+	}
+}
+
+func TestBackoffBounded(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		res := c.Process(t.Context(), delivery("msg-secret-id", 1<<20), func(context.Context) error { return errors.New("down") })
+		if res.Delay > 80*time.Millisecond || res.Delay < 60*time.Millisecond {
+			t.Fatalf("delay %s on a late attempt, want at most the maximum, 80ms, less a quarter", res.Delay)
+		}
+	})
+}
+
+func TestRefused(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+		h := &counter{}
+		for _, tc := range []struct {
+			d    consumer.Delivery
+			want error
+		}{
+			{delivery("", 1), consumer.ErrNoID},
+			{delivery(strings.Repeat("x", 256), 1), consumer.ErrInvalidID},
+		} {
+			res := c.Process(t.Context(), tc.d, h.handle)
+			if res.Outcome != consumer.Refused || res.Action != consumer.Reject || !res.DeadLetter || !errors.Is(res.Err, tc.want) {
+				t.Fatalf("%+v, want refused with %v", res, tc.want)
+			}
+		}
+		c.Process(t.Context(), delivery("msg-secret-id", 1), h.handle)
+		reused := delivery("msg-secret-id", 1)
+		reused.Body = []byte("another body")
+		if res := c.Process(t.Context(), reused, h.handle); res.Outcome != consumer.Refused || !errors.Is(res.Err, consumer.ErrReusedID) {
+			t.Fatalf("reused id: %+v, want refused", res)
+		}
+		if res := c.Refuse(t.Context(), errors.New("no tenant header")); res.Outcome != consumer.Refused || res.Action != consumer.Reject {
+			t.Fatalf("Refuse: %+v", res)
+		}
+		if h.runs != 1 {
+			t.Fatalf("handler ran %d times, want 1", h.runs)
+		}
+		if n := strings.Count(logs.String(), "message refused"); n != 4 {
+			t.Fatalf("%d refusals logged, want 4:\n%s", n, logs)
+		}
+	})
+}
+
+// TestBusy: a redelivery while the first run is in its handler is delayed,
+// and dropped once that run is recorded.
+func TestBusy(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		started, release := make(chan struct{}), make(chan struct{})
+		first := make(chan consumer.Result, 1)
+		go func() {
+			first <- c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error {
+				close(started)
+				<-release
+				return nil
+			})
+		}()
+		<-started
+		h := &counter{}
+		res := c.Process(t.Context(), delivery("msg-secret-id", 2), h.handle)
+		if res.Outcome != consumer.Busy || res.Action != consumer.Nak || res.Delay <= 0 || res.Delay > engine.DefaultMaxRetryAfter {
+			t.Fatalf("while in progress: %+v, want busy with a nak of at most %s", res, engine.DefaultMaxRetryAfter)
+		}
+		close(release)
+		if res := <-first; res.Outcome != consumer.Processed {
+			t.Fatalf("first: %v", res)
+		}
+		if res := c.Process(t.Context(), delivery("msg-secret-id", 3), h.handle); res.Outcome != consumer.Duplicate {
+			t.Fatalf("after: %v, want duplicate", res)
+		}
+		if h.runs != 0 {
+			t.Fatalf("the redeliveries ran the handler %d times", h.runs)
+		}
+	})
+}
+
+// TestPanicReleases: a handler that panics leaves its id free for the
+// redelivery.
+func TestPanicReleases(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the panic did not propagate")
+				}
+			}()
+			c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error { panic("boom") })
+		}()
+		h := &counter{}
+		if res := c.Process(t.Context(), delivery("msg-secret-id", 2), h.handle); res.Outcome != consumer.Processed || h.runs != 1 {
+			t.Fatalf("after a panic: %v, %d runs; want processed once", res, h.runs)
+		}
+	})
+}
+
+func TestStoreFull(t *testing.T) {
+	c, err := consumer.New(memory.New(memory.WithMaxRecords(1)), "charges", consumer.WithEngineOptions(engine.WithLogger(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &counter{}
+	c.Process(t.Context(), delivery("one", 1), h.handle)
+	res := c.Process(t.Context(), delivery("two", 1), h.handle)
+	if res.Outcome != consumer.StoreFull || res.Action != consumer.Nak || res.Delay <= 0 || h.runs != 1 {
+		t.Fatalf("%+v after %d runs, want store full, nak with a delay, the handler not run", res, h.runs)
+	}
+}
+
+// TestStoreUnavailable: with its database gone, a message is redelivered
+// later, never processed unprotected.
+func TestStoreUnavailable(t *testing.T) {
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, atomic := range []bool{false, true} {
+		opts := []consumer.Option{consumer.WithEngineOptions(engine.WithLogger(nil), engine.WithFailOpen())}
+		if atomic {
+			opts = append(opts, consumer.WithAtomic())
+		}
+		c, err := consumer.New(st, "charges", opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool.Close()
+		h := &counter{}
+		res := c.Process(t.Context(), delivery("one", 1), h.handle)
+		if res.Outcome != consumer.StoreUnavailable || res.Action != consumer.Nak || h.runs != 0 {
+			t.Fatalf("atomic %v: %+v after %d runs, want store unavailable, a nak, the handler not run", atomic, res, h.runs)
+		}
+	}
+}
+
+// TestAtomicWrites: the handler's writes commit with a processed record, and
+// are undone for a recorded failure.
+func TestAtomicWrites(t *testing.T) {
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (id text PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithEngineOptions(engine.WithLogger(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	write := func(id string, fail error) consumer.Handler {
+		return func(ctx context.Context) error {
+			tx, _ := postgres.TxFromContext(ctx)
+			if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, id); err != nil {
+				return err
+			}
+			return fail
+		}
+	}
+	c.Process(t.Context(), delivery("ok", 1), write("ok", nil))
+	c.Process(t.Context(), delivery("declined", 1), write("declined", status.Error(codes.FailedPrecondition, "declined")))
+	c.Process(t.Context(), delivery("down", 1), write("down", errors.New("down")))
+	var got []string
+	rows, _ := pool.Query(t.Context(), `SELECT id FROM effects`)
+	for rows.Next() {
+		var id string
+		rows.Scan(&id)
+		got = append(got, id)
+	}
+	if fmt.Sprint(got) != "[ok]" {
+		t.Fatalf("effects %v, want only the processed message's", got)
+	}
+	if res := c.Process(t.Context(), delivery("declined", 2), write("declined", nil)); res.Outcome != consumer.Duplicate || !res.DeadLetter {
+		t.Fatalf("redelivered failure: %+v", res)
+	}
+	if res := c.Process(t.Context(), delivery("down", 2), write("down", nil)); res.Outcome != consumer.Processed {
+		t.Fatalf("redelivered transient failure: %+v", res)
+	}
+}
+
+func TestCheckHorizon(t *testing.T) {
+	logger, logs := logtest.New()
+	c, _ := consumer.New(memory.New(), "charges", consumer.WithRetention(48*time.Hour))
+	if c.Retention() != 48*time.Hour {
+		t.Fatalf("retention %s", c.Retention())
+	}
+	if err := c.CheckHorizon(t.Context(), consumer.Horizon{Bound: 48 * time.Hour}); err != nil {
+		t.Fatalf("a horizon equal to the retention: %v", err)
+	}
+	var herr *consumer.HorizonError
+	for _, h := range []consumer.Horizon{{Bound: 49 * time.Hour, Source: "stream S: max age"}, {Unbounded: true, Source: "queue q has no x-message-ttl"}} {
+		err := c.CheckHorizon(t.Context(), h)
+		if !errors.As(err, &herr) || !strings.Contains(err.Error(), h.Source) || !strings.Contains(err.Error(), "48h") {
+			t.Fatalf("%+v: %v, want a HorizonError naming the retention and %q", h, err, h.Source)
+		}
+	}
+	c, _ = consumer.New(memory.New(), "charges", consumer.WithHorizonWarning(), consumer.WithEngineOptions(engine.WithLogger(logger)))
+	if err := c.CheckHorizon(t.Context(), consumer.Horizon{Unbounded: true, Source: "queue q has no x-message-ttl"}); err != nil {
+		t.Fatalf("with WithHorizonWarning: %v", err)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "x-message-ttl") {
+		t.Fatalf("the warning was not logged at Error level:\n%s", logs)
+	}
+	if c.Retention() != consumer.DefaultRetention {
+		t.Fatalf("default retention %s, want %s", c.Retention(), consumer.DefaultRetention)
+	}
+}

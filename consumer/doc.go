@@ -1,0 +1,59 @@
+// Package consumer drops the duplicates of at-least-once delivery: it runs a
+// message consumer's handler at most once per message id, on idemkey's
+// engine and stores, and tells the broker adapter what to do with each
+// delivery. It knows no broker: idemnats (NATS JetStream) and idemamqp
+// (RabbitMQ) read a message's id, tenant and delivery count into a Delivery,
+// call Process, and act on its Result.
+//
+// Every broker redelivers: after a consumer crashed before its
+// acknowledgement, after an ack timeout, after a broker restart, when a
+// producer publishes again. The key is the producer-assigned message id,
+// scoped by the consumer's name (two consumers of one stream each process
+// every message once) and by the tenant, if the adapter reads one.
+//
+// # What becomes of a delivery
+//
+//	outcome            broker action                  when
+//	Processed          ack                            the handler succeeded; recorded
+//	Duplicate          ack, without running           recorded before (counted: idemkey.calls, outcome "replayed")
+//	Busy               nak, after the engine's retry-after
+//	                                                  in progress on another worker
+//	Retry              nak, after a backoff           a transient error: the id is released
+//	Failed             ack, and the dead-letter hook  a final error: recorded, undoing atomic writes
+//	Refused            reject (terminate), and the hook
+//	                                                  no id, a reused id, a refused tenant
+//	StoreUnavailable   nak, after a backoff           the store failed; a consumer never runs unprotected
+//	StoreFull          nak, after the retry-after     no room for a new record
+//
+// A handler's error is final if it is marked with Final or is a gRPC status
+// that the gRPC interceptor records (and InvalidArgument, which the same
+// message can only repeat); any other error, a plain one included, is
+// transient (IsFinal; WithClassifier changes it). The backoff doubles with
+// each delivery the broker counts, from one second to a minute, less a random
+// part of up to a quarter (WithBackoff).
+//
+// # Retention and the redelivery horizon
+//
+// A record must outlive every redelivery of its message: a redelivery after
+// the record expired runs again. So records are kept for days
+// (DefaultRetention, seven), not the hours of an API's key, and the
+// adapters read the broker's own bounds into a Horizon (JetStream: the
+// stream's max age, the consumer's ack wait times max deliver; RabbitMQ: the
+// queue's x-message-ttl) and refuse to start when records would expire first,
+// or, with WithHorizonWarning, log it at Error level.
+//
+// # Modes
+//
+// Two-phase (the default, any handler, any store): the id is reserved, the
+// handler runs, its outcome is recorded, then the message is acknowledged. A
+// consumer that dies after the handler's effects and before the record
+// leaves the id in progress until its lease ends (engine.WithLease, or
+// WithHandlerTimeout plus a few seconds); the redelivery after that runs the
+// handler again. One that dies after the record is dropped as a duplicate.
+//
+// Atomic (WithAtomic, on store/postgres): the handler writes through the
+// transaction in its context (postgres.TxFromContext), which commits with
+// the message's record. Each message takes effect exactly once, whatever
+// dies when: before the commit everything rolls back and the redelivery
+// runs again; after it, the redelivery is a duplicate.
+package consumer

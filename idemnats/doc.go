@@ -1,0 +1,67 @@
+// Package idemnats processes the messages of a NATS JetStream consumer at
+// most once per message id, with github.com/nats-io/nats.go's jetstream
+// package: a thin adapter of the broker-neutral consumer package, which
+// decides, and of the idemkey store under it, which remembers.
+//
+// The key is the message's Nats-Msg-Id header, which JetStream itself uses
+// to drop a producer's resends within the stream's duplicate window
+// (MessageID; CloudEventsID for a CloudEvent; WithID for another), scoped by
+// the consumer's name. idemkey covers what that window does not: a resend
+// after it, and every redelivery to the consumer. A message already
+// processed is acknowledged without running the handler; one in progress on
+// another worker is redelivered after a delay (NakWithDelay); a handler's
+// transient error releases the id and redelivers the message after a
+// backoff; its final error is recorded, acknowledged and handed to the
+// dead-letter hook.
+//
+// # Example
+//
+//	core, err := consumer.New(st, "billing", consumer.WithSystem("nats"), consumer.WithAtomic())
+//	if err != nil { ... }
+//	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+//		Name: "ORDERS", Subjects: []string{"orders.>"},
+//		MaxAge: 72 * time.Hour, // within the seven days that ids are kept
+//	})
+//	if err != nil { ... }
+//	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{
+//		Durable: "billing", AckPolicy: jetstream.AckExplicitPolicy,
+//	})
+//	if err != nil { ... }
+//	c, err := idemnats.New(ctx, core, stream, cons, func(ctx context.Context, msg jetstream.Msg) error {
+//		return bill(ctx, msg.Data()) // writes through postgres.TxFromContext(ctx)
+//	})
+//	if err != nil { ... } // a *consumer.HorizonError, say
+//	cc, err := cons.Consume(func(msg jetstream.Msg) { c.Handle(ctx, msg) })
+//
+// # Guarantees
+//
+//   - A message id's handler runs to success or final failure at most once
+//     while its record is kept (consumer.WithRetention): a redelivery, or a
+//     resend after JetStream's duplicate window, is acknowledged without
+//     running it, even on another worker or process that shares the store.
+//   - With consumer.WithAtomic on store/postgres, the handler's writes
+//     commit with the message's record, or not at all: each message has
+//     exactly one effect, whatever dies when.
+//   - A message without an id, or whose id was first used with another body,
+//     never runs: it is terminated (Term), after the dead-letter hook.
+//   - A message that failed for good is recorded and acknowledged; every
+//     delivery of it goes to the WithDeadLetter hook, so that the dead letter
+//     is sent at least once.
+//   - New refuses a consumer that does not acknowledge explicitly, and one
+//     whose messages may be redelivered after their record expires (Horizon),
+//     unless core has consumer.WithHorizonWarning.
+//
+// # Caveats
+//
+//   - Without consumer.WithAtomic, a consumer that dies after the handler's
+//     effects and before the record leaves the id in progress until its
+//     lease ends; the redelivery then runs the handler again.
+//   - Every negative acknowledgement counts as a delivery: a consumer with a
+//     max deliver stops redelivering a message that stays in progress
+//     elsewhere, or keeps failing, after that many. A handler that runs
+//     longer than the ack wait should call msg.InProgress, or the message is
+//     redelivered meanwhile (and delayed, as Busy, until it is recorded).
+//   - Handle acknowledges with Ack, which JetStream does not confirm: a lost
+//     acknowledgement means a redelivery after the ack wait, dropped as a
+//     duplicate.
+package idemnats
