@@ -190,18 +190,25 @@ func (w *worker) log(res consumer.Result, where ...any) {
 	if res.Action == consumer.Nak {
 		attrs = append(attrs, "delay", res.Delay.Round(time.Millisecond))
 	}
-	switch {
-	case res.Outcome == consumer.Refused:
-		attrs = append(attrs, "reason", res.Err.Error()) // this command's and idemkey's own words
-	case res.Err != nil:
-		attrs = append(attrs, "code", status.Code(res.Err).String())
+	if res.Err != nil {
+		attrs = append(attrs, why(res.Err))
 	}
 	w.logger.Info("message", attrs...)
 }
 
+// why is a log attribute that says why a message failed or was refused: the
+// code of the service's gRPC status (whose messages hold no request data), or
+// else the words of idemkey's or this command's refusal.
+func why(err error) slog.Attr {
+	if s, ok := status.FromError(err); ok {
+		return slog.String("code", s.Code().String())
+	}
+	return slog.String("reason", err.Error())
+}
+
 // deadLetter stands in for a dead-letter destination: it logs why.
 func (w *worker) deadLetter(err error) error {
-	w.logger.Warn("dead letter: the message failed for good or was refused", "code", status.Code(err).String())
+	w.logger.Warn("dead letter: the message failed for good or was refused", why(err))
 	return nil
 }
 

@@ -1,0 +1,115 @@
+// Command publish publishes charge requests for the example consumer: a
+// CreateChargeRequest in protobuf JSON, with a message id and the header
+// "tenant", to NATS JetStream (-nats-url) or RabbitMQ (-amqp-url).
+//
+//	go run ./example/publish -nats-url nats://127.0.0.1:4222 -id order-1001 -customer cus_ada -amount 2500
+//
+// Publishing the same -id again is what a producer that retries does: the
+// consumer charges once. With -count N it publishes N requests, with ids
+// ID-1 to ID-N.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	amqp "github.com/rabbitmq/amqp091-go"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+)
+
+func main() {
+	natsURL := flag.String("nats-url", "", "publish to NATS JetStream at this URL")
+	amqpURL := flag.String("amqp-url", "", "publish to RabbitMQ at this URL")
+	subject := flag.String("subject", "payments.charges.requested", "JetStream: the subject")
+	queue := flag.String("queue", "payments.charges.requested", "RabbitMQ: the queue (published through the default exchange)")
+	id := flag.String("id", "", "the message id: the same id is charged once")
+	tenant := flag.String("tenant", "acme", "the tenant header: acme or globex")
+	count := flag.Int("count", 1, "how many requests to publish, with ids ID-1 to ID-N when above 1")
+	req := &paymentsv1.CreateChargeRequest{Currency: "EUR"}
+	flag.StringVar(&req.CustomerId, "customer", "cus_ada", "the customer to charge")
+	flag.Int64Var(&req.Amount, "amount", 2500, "the amount, in cents")
+	flag.StringVar(&req.Description, "description", "", "the charge's description")
+	flag.Parse()
+
+	body, err := protojson.Marshal(req)
+	if err == nil {
+		err = publish(*natsURL, *amqpURL, *subject, *queue, *id, *tenant, *count, body)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "publish:", err)
+		os.Exit(1)
+	}
+}
+
+// publish publishes count messages with body, each confirmed by the broker.
+func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, body []byte) error {
+	if (natsURL == "") == (amqpURL == "") {
+		return fmt.Errorf("give one of -nats-url and -amqp-url")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	idOf := func(n int) string {
+		if count == 1 {
+			return id
+		}
+		return fmt.Sprintf("%s-%d", id, n)
+	}
+	if natsURL != "" {
+		nc, err := nats.Connect(natsURL)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		js, err := jetstream.New(nc)
+		if err != nil {
+			return err
+		}
+		for n := 1; n <= count; n++ {
+			msg := nats.NewMsg(subject)
+			msg.Data = body
+			msg.Header.Set("tenant", tenant)
+			if id != "" {
+				msg.Header.Set(jetstream.MsgIDHeader, idOf(n))
+			}
+			ack, err := js.PublishMsg(ctx, msg)
+			if err != nil {
+				return err
+			}
+			fmt.Printf("published to stream %s, sequence %d, duplicate %v\n", ack.Stream, ack.Sequence, ack.Duplicate)
+		}
+		return nil
+	}
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	for n := 1; n <= count; n++ {
+		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent,
+			MessageId: idOf(n), Headers: amqp.Table{"tenant": tenant}, Body: body,
+		})
+		if err != nil {
+			return err
+		}
+		if ok, err := conf.WaitContext(ctx); err != nil || !ok {
+			return fmt.Errorf("the broker did not confirm message %d (%v)", n, err)
+		}
+		fmt.Printf("published to queue %s\n", queue)
+	}
+	return nil
+}
