@@ -320,9 +320,30 @@ func (r Result) String() string {
 	return fmt.Sprintf("%s (%s)", r.Outcome, r.Action)
 }
 
-// Logger is the engine's logger (engine.WithLogger), for the adapters' own
-// records: they never hold a message's id, tenant or body.
+// Logger is the engine's logger (engine.WithLogger).
 func (c *Consumer) Logger() *slog.Logger { return c.eng.Logger() }
+
+// DeadLetter hands a Result that asks for it (Result.DeadLetter) to the
+// adapter's dead-letter hook, if there is one, with the reason: a hook that
+// fails turns the action into Nak, so that the redelivery tries it again.
+func (c *Consumer) DeadLetter(ctx context.Context, res Result, hook func(ctx context.Context, err error) error) Result {
+	if !res.DeadLetter || hook == nil {
+		return res
+	}
+	if err := hook(ctx, res.Err); err != nil {
+		c.Warn(ctx, "the dead-letter hook failed; the message is redelivered", err)
+		res.Action = Nak
+	}
+	return res
+}
+
+// Warn logs a failure of the adapter's, such as an acknowledgement that did
+// not reach the broker, at Warn level with the consumer's name. err must not
+// hold a message's id, tenant or body.
+func (c *Consumer) Warn(ctx context.Context, msg string, err error) {
+	c.eng.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
+		slog.String("operation", c.Name()), slog.Any("error", err))
+}
 
 // MaxBackoff is the longest delay a negative acknowledgement asks for
 // (WithBackoff): with it, an adapter bounds how long a broker that counts

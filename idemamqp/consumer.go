@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"time"
 
@@ -130,13 +129,10 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result 
 // (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
 func (c *Consumer) Process(ctx context.Context, d amqp.Delivery) consumer.Result {
 	res := c.process(ctx, d)
-	if res.DeadLetter && c.opts.deadLetter != nil {
-		if err := c.opts.deadLetter(ctx, d, res.Err); err != nil {
-			c.log(ctx, "the dead-letter hook failed; the message is redelivered", err)
-			res.Action = consumer.Nak
-		}
+	if c.opts.deadLetter == nil {
+		return res
 	}
-	return res
+	return c.core.DeadLetter(ctx, res, func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, d, err) })
 }
 
 // Settle tells RabbitMQ what Process decided for d: Ack, Nack with requeue,
@@ -163,7 +159,7 @@ func (c *Consumer) Settle(ctx context.Context, d amqp.Delivery, res consumer.Res
 		err = d.Reject(false)
 	}
 	if err != nil {
-		c.log(ctx, "acknowledging a message failed; RabbitMQ redelivers it once its channel is closed", err)
+		c.core.Warn(ctx, "acknowledging a message failed; RabbitMQ redelivers it once its channel is closed", err)
 	}
 }
 
@@ -211,11 +207,6 @@ func attempt(h amqp.Table) int {
 		return 0
 	}
 	return int(min(n, 1<<20)) + 1
-}
-
-func (c *Consumer) log(ctx context.Context, msg string, err error) {
-	c.core.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
-		slog.String("operation", c.core.Name()), slog.Any("error", err))
 }
 
 // MessageID is the default id of a message: its AMQP message-id property.

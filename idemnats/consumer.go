@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -91,13 +90,10 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Resul
 // (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
 func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) consumer.Result {
 	res := c.process(ctx, msg)
-	if res.DeadLetter && c.opts.deadLetter != nil {
-		if err := c.opts.deadLetter(ctx, msg, res.Err); err != nil {
-			c.log(ctx, "the dead-letter hook failed; the message is redelivered", err)
-			res.Action = consumer.Nak
-		}
+	if c.opts.deadLetter == nil {
+		return res
 	}
-	return res
+	return c.core.DeadLetter(ctx, res, func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, msg, err) })
 }
 
 // Settle tells JetStream what Process decided for msg: Ack, NakWithDelay or
@@ -115,7 +111,7 @@ func (c *Consumer) Settle(ctx context.Context, msg jetstream.Msg, res consumer.R
 		err = msg.Term()
 	}
 	if err != nil {
-		c.log(ctx, "acknowledging a message failed; JetStream redelivers it after its ack wait", err)
+		c.core.Warn(ctx, "acknowledging a message failed; JetStream redelivers it after its ack wait", err)
 	}
 }
 
@@ -142,11 +138,6 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) consumer.Resu
 		Redelivered: meta.NumDelivered > 1,
 	}
 	return c.core.Process(ctx, d, func(ctx context.Context) error { return c.h(ctx, msg) })
-}
-
-func (c *Consumer) log(ctx context.Context, msg string, err error) {
-	c.core.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
-		slog.String("operation", c.core.Name()), slog.Any("error", err))
 }
 
 // MessageID is the default id of a message: its Nats-Msg-Id header, which
