@@ -46,7 +46,7 @@ func TestMetrics(t *testing.T) {
 			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
 				var parts []string
 				for _, kv := range dp.Attributes.ToSlice() {
-					parts = append(parts, string(kv.Key)+"="+kv.Value.Emit())
+					parts = append(parts, string(kv.Key)+"="+kv.Value.String())
 				}
 				got = append(got, fmt.Sprintf("%s: %d", strings.Join(parts, " "), dp.Value))
 			}
