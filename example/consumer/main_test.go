@@ -41,8 +41,7 @@ func TestKilledBeforeAck(t *testing.T) {
 
 		first := start(t, "first run", append(args, "-ack-delay", "3s")...)
 		id := "id-" + schema
-		b.publish(t, id, "acme", body(t, 1))
-		b.flush(t)
+		send(t, b, id, "acme", body(1))
 		waitFor(t, 20*time.Second, "the charge is made", func() bool { return charges(t, db) == 1 })
 		first.kill()
 		if n := first.count("msg=message"); n != 0 {
@@ -77,14 +76,12 @@ func TestDuplicateMeetsRunInProgress(t *testing.T) {
 		procs := []*proc{start(t, "consumer A", args...), start(t, "consumer B", args...)}
 
 		id := "id-" + schema
-		b.publish(t, id, "acme", body(t, 1))
-		b.flush(t)
+		send(t, b, id, "acme", body(1))
 		if _, ok := b.(*rabbitBroker); ok {
 			// RabbitMQ redelivers only what a consumer gave up: publish the
 			// duplicate once the first is taken, and in its handler delay.
 			waitFor(t, 10*time.Second, "the message is taken", func() bool { return b.ready(t) == 0 })
-			b.publish(t, id, "acme", body(t, 1))
-			b.flush(t)
+			send(t, b, id, "acme", body(1))
 		}
 		waitFor(t, 20*time.Second, "a duplicate finds the message in progress", func() bool {
 			return countAll(procs, "msg=message", "outcome=busy", "action=nak") > 0
@@ -114,9 +111,8 @@ func TestRefused(t *testing.T) {
 		p := start(t, "consumer", append(b.args(""), "-database-url", pgtest.SchemaURL(schema))...)
 
 		id, tenant := "id-"+schema, "initech-"+schema
-		b.publish(t, "", "acme", body(t, 1))
-		b.publish(t, id, tenant, body(t, 2))
-		b.flush(t)
+		send(t, b, "", "acme", body(1))
+		send(t, b, id, tenant, body(2))
 		waitFor(t, 20*time.Second, "both messages are refused", func() bool {
 			return p.count("msg=message", "outcome=refused", "action=reject") == 2
 		})
@@ -170,34 +166,65 @@ func testKilledMidStream(t *testing.T, b broker, atomic bool) {
 	args := append(b.args("5s"), "-database-url", pgtest.SchemaURL(schema), fmt.Sprint("-atomic=", atomic))
 	procs := []*proc{start(t, "run 1", args...)}
 
+	// The messages are published while the consumer runs, and is killed:
+	// every one once, then every tenth again, once JetStream's duplicate
+	// window (100ms on this stream) has passed for it, which the consumer
+	// must drop.
 	prefix := "id-" + schema + "-"
-	for i := range n {
-		b.publish(t, prefix+fmt.Sprint(i), "acme", body(t, i))
+	dups := (n + 9) / 10
+	published := make(chan error, 1)
+	go func() {
+		published <- func() error {
+			for i := range n + dups {
+				m := i
+				if i >= n {
+					m = (i - n) * 10
+				}
+				if err := b.publish(t.Context(), prefix+fmt.Sprint(m), "acme", body(m)); err != nil {
+					return err
+				}
+			}
+			return b.flush(t.Context())
+		}()
+	}()
+	var publishedIn time.Duration
+	checkPublished := func() bool {
+		if publishedIn > 0 {
+			return true
+		}
+		select {
+		case err := <-published:
+			if err != nil {
+				t.Fatal(err)
+			}
+			publishedIn = time.Since(began)
+			return true
+		default:
+			return false
+		}
 	}
-	// Every tenth message again, once JetStream's duplicate window (100ms
-	// on this stream) has passed for it: the consumer must drop it.
-	dups := 0
-	for i := 0; i < n; i += 10 {
-		b.publish(t, prefix+fmt.Sprint(i), "acme", body(t, i))
-		dups++
-	}
-	b.flush(t)
-	published := time.Since(began)
 
+	var killedAt []int
 	for k := 1; k <= 3; k++ {
 		want := k * n / 4
-		waitFor(t, 2*time.Minute, fmt.Sprintf("%d charges exist", want), func() bool { return distinctCharges(t, db) >= want })
+		waitFor(t, 2*time.Minute, fmt.Sprintf("%d messages are charged", want), func() bool {
+			checkPublished()
+			return distinctCharges(t, db) >= want
+		})
 		procs[len(procs)-1].kill()
+		killedAt = append(killedAt, distinctCharges(t, db))
 		procs = append(procs, start(t, fmt.Sprintf("run %d", k+1), args...))
 	}
-	waitFor(t, 3*time.Minute, fmt.Sprintf("%d messages are charged", n), func() bool { return distinctCharges(t, db) == n })
+	waitFor(t, 3*time.Minute, "every message is published and charged", func() bool {
+		return checkPublished() && distinctCharges(t, db) == n
+	})
 	b.settled(t, procs[len(procs)-1])
 
 	total := charges(t, db)
 	twice := doubleCharges(t, db)
 	duplicates := countAll(procs, "msg=message", "outcome=duplicate", "action=ack")
-	t.Logf("%d messages (%d published again), 3 kills, %d charges, %d messages charged more than once, %d duplicates dropped; published in %s, all in %s",
-		n, dups, total, len(twice), duplicates, published.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	t.Logf("%d messages (%d published again), 3 kills (at %v messages charged), %d charges, %d messages charged more than once, %d duplicates dropped; published in %s, all settled in %s",
+		n, dups, killedAt, total, len(twice), duplicates, publishedIn.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 	if len(twice) > 0 {
 		t.Logf("messages charged more than once: %s", strings.Join(twice, ", "))
 	}

@@ -184,6 +184,17 @@ func neverLogged(t *testing.T, procs []*proc, secrets ...string) {
 	}
 }
 
+// send publishes one message and waits until the broker has it.
+func send(t *testing.T, b broker, id, tenant string, body []byte) {
+	t.Helper()
+	if err := b.publish(t.Context(), id, tenant, body); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.flush(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // waitFor polls cond until it holds, failing t after timeout.
 func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -196,8 +207,7 @@ func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool)
 
 // body is a charge request in protobuf JSON whose description names the
 // message's number n: charges are counted per message by it.
-func body(t testing.TB, n int) []byte {
-	t.Helper()
+func body(n int) []byte {
 	b, err := protojson.Marshal(&paymentsv1.CreateChargeRequest{
 		CustomerId:  "cus_consumer_test",
 		Amount:      int64(100 + n),
@@ -205,7 +215,7 @@ func body(t testing.TB, n int) []byte {
 		Description: description(n),
 	})
 	if err != nil {
-		t.Fatal(err)
+		panic(err) // a message of this package's own
 	}
 	return b
 }
@@ -234,9 +244,9 @@ type broker interface {
 	args(ackWait string) []string
 	// publish publishes a message with id (none if empty) and a tenant
 	// header (none if empty). flush waits until the broker has every message
-	// published so far.
-	publish(t *testing.T, id, tenant string, body []byte)
-	flush(t *testing.T)
+	// published so far. Both may run outside the test's goroutine.
+	publish(ctx context.Context, id, tenant string, body []byte) error
+	flush(ctx context.Context) error
 	// settled fails t unless every message published is settled: JetStream
 	// has none pending or unacknowledged (it waits while procs run), the
 	// queue holds none once procs are stopped (it stops them).
@@ -261,7 +271,6 @@ func forEachBroker(t *testing.T, test func(t *testing.T, b func(*testing.T) brok
 type natsBroker struct {
 	js                     jetstream.JetStream
 	stream, subject, durab string
-	dupSeen                int
 }
 
 // newNATS names a stream, subject and durable consumer of the test's own.
@@ -297,8 +306,7 @@ func (b *natsBroker) args(ackWait string) []string {
 	return args
 }
 
-func (b *natsBroker) publish(t *testing.T, id, tenant string, body []byte) {
-	t.Helper()
+func (b *natsBroker) publish(ctx context.Context, id, tenant string, body []byte) error {
 	msg := nats.NewMsg(b.subject)
 	msg.Data = body
 	if id != "" {
@@ -310,21 +318,20 @@ func (b *natsBroker) publish(t *testing.T, id, tenant string, body []byte) {
 	// A message published again within the stream's duplicate window is
 	// dropped by JetStream itself: publish it again once the window passed.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		ack, err := b.js.PublishMsg(t.Context(), msg)
+		ack, err := b.js.PublishMsg(ctx, msg)
 		if err != nil {
-			t.Fatalf("publish: %v", err)
+			return fmt.Errorf("publish: %w", err)
 		}
 		if !ack.Duplicate {
-			return
+			return nil
 		}
-		b.dupSeen++
 		if time.Now().After(deadline) {
-			t.Fatal("JetStream kept dropping a message published again as a duplicate")
+			return errors.New("JetStream kept dropping a message published again as a duplicate")
 		}
 	}
 }
 
-func (b *natsBroker) flush(*testing.T) {} // PublishMsg waits for JetStream's ack
+func (b *natsBroker) flush(context.Context) error { return nil } // PublishMsg waits for JetStream's ack
 
 func (b *natsBroker) info(t *testing.T) *jetstream.ConsumerInfo {
 	t.Helper()
@@ -397,39 +404,39 @@ func (b *rabbitBroker) args(string) []string {
 	return []string{"-amqp-url", amqptest.URL(), "-queue", b.queue}
 }
 
-func (b *rabbitBroker) publish(t *testing.T, id, tenant string, body []byte) {
-	t.Helper()
+func (b *rabbitBroker) publish(ctx context.Context, id, tenant string, body []byte) error {
 	p := amqp.Publishing{MessageId: id, Body: body, DeliveryMode: amqp.Persistent, ContentType: "application/json"}
 	if tenant != "" {
 		p.Headers = amqp.Table{"tenant": tenant}
 	}
 	// mandatory: a message no queue takes comes back rather than vanish (the
 	// consumer declares the queue before it logs that it consumes).
-	c, err := b.ch.PublishWithDeferredConfirmWithContext(t.Context(), "", b.queue, true, false, p)
+	c, err := b.ch.PublishWithDeferredConfirmWithContext(ctx, "", b.queue, true, false, p)
 	if err != nil {
-		t.Fatalf("publish: %v", err)
+		return fmt.Errorf("publish: %w", err)
 	}
 	b.mu.Lock()
 	b.confirms = append(b.confirms, c)
 	b.mu.Unlock()
+	return nil
 }
 
-func (b *rabbitBroker) flush(t *testing.T) {
-	t.Helper()
+func (b *rabbitBroker) flush(ctx context.Context) error {
 	b.mu.Lock()
 	confirms := b.confirms
 	b.confirms = nil
 	b.mu.Unlock()
 	for _, c := range confirms {
-		ok, err := c.WaitContext(t.Context())
+		ok, err := c.WaitContext(ctx)
 		if err != nil || !ok {
-			t.Fatalf("RabbitMQ did not confirm a message: %v", err)
+			return fmt.Errorf("RabbitMQ did not confirm a message: %v", err)
 		}
 	}
 	select {
 	case <-b.returns: // it came before its confirmation
-		t.Fatal("RabbitMQ returned a message: no queue took it")
+		return errors.New("RabbitMQ returned a message: no queue took it")
 	default:
+		return nil
 	}
 }
 
