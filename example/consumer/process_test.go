@@ -41,7 +41,11 @@ func consumerBinary(t testing.TB) string {
 			return
 		}
 		built.bin = filepath.Join(built.dir, "consumer")
-		out, err := exec.Command("go", "build", "-o", built.bin, "github.com/idemkey/idemkey/example/consumer").CombinedOutput()
+		args := []string{"build", "-o", built.bin}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "github.com/idemkey/idemkey/example/consumer")...).CombinedOutput()
 		if err != nil {
 			built.err = fmt.Errorf("go build: %v\n%s", err, out)
 		}
@@ -97,6 +101,9 @@ func start(t *testing.T, name string, args ...string) *proc {
 	}()
 	t.Cleanup(func() {
 		p.kill()
+		if p.count("DATA RACE") > 0 {
+			t.Errorf("%s: the race detector found a data race", p.name)
+		}
 		if t.Failed() {
 			t.Logf("log of %s:\n%s", p.name, p.log())
 		}
