@@ -360,12 +360,14 @@ func (b *natsBroker) ready(t *testing.T) int {
 func (b *natsBroker) settled(t *testing.T, procs ...*proc) {
 	t.Helper()
 	var info *jetstream.ConsumerInfo
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	// Two minutes: a message whose run was killed, in two-phase mode, waits
+	// for its lease (a minute) to end.
+	for deadline := time.Now().Add(2 * time.Minute); ; time.Sleep(20 * time.Millisecond) {
 		if info = b.info(t); info.NumPending == 0 && info.NumAckPending == 0 {
 			break
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("after 30s, JetStream still has %d messages pending and %d unacknowledged", info.NumPending, info.NumAckPending)
+			t.Fatalf("after 2m, JetStream still has %d messages pending and %d unacknowledged", info.NumPending, info.NumAckPending)
 		}
 	}
 	for _, p := range procs {
@@ -458,6 +460,25 @@ func (b *rabbitBroker) ready(t *testing.T) int {
 	if err != nil {
 		t.Fatalf("inspect queue: %v", err)
 	}
+	return q.Messages
+}
+
+// left waits until the queue has no consumer, which is when RabbitMQ has put
+// back what they had in hand, and counts its messages.
+func (b *rabbitBroker) left(t *testing.T) int {
+	t.Helper()
+	var q amqp.Queue
+	waitFor(t, 10*time.Second, "the queue has no consumer", func() bool {
+		ch, err := b.conn.Channel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ch.Close()
+		if q, err = ch.QueueDeclarePassive(b.queue, true, false, false, false, nil); err != nil {
+			t.Fatalf("inspect queue: %v", err)
+		}
+		return q.Consumers == 0
+	})
 	return q.Messages
 }
 
