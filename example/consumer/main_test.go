@@ -245,10 +245,10 @@ func testKilledMidStream(t *testing.T, b broker, atomic bool) {
 	total := charges(t, db)
 	twice := doubleCharges(t, db)
 	duplicates := countAll(procs, "msg=message", "outcome=duplicate", "action=ack")
-	t.Logf("%d messages (%d published again), 3 kills (at %v messages charged), %d charges, %d messages charged more than once, %d duplicates dropped; published in %s, all settled in %s",
-		n, dups, killedAt, total, len(twice), duplicates, publishedIn.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
+	t.Logf("%s: %d messages (%d published again), 3 kills (at %v messages charged), %d charges, %d messages charged more than once, %d duplicates dropped; published in %s, all settled in %s",
+		t.Name(), n, dups, killedAt, total, len(twice), duplicates, publishedIn.Round(time.Millisecond), time.Since(began).Round(time.Millisecond))
 	if len(twice) > 0 {
-		t.Logf("messages charged more than once: %s", strings.Join(twice, ", "))
+		t.Logf("%s: messages charged more than once: %s", t.Name(), strings.Join(twice, ", "))
 	}
 	switch {
 	case atomic && (total != n || len(twice) != 0):
