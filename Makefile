@@ -12,8 +12,9 @@ FUZZ_EXECS  ?= 30000
 SOAK        ?= 10m
 FAILOVERS   ?= 10
 LOAD_TIME   ?= 10s
+CONSUMER_MESSAGES ?= 10000
 
-.PHONY: help generate check-generate lint test bench load soak failover-soak demo
+.PHONY: help generate check-generate lint test bench load soak failover-soak consumer-soak demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -84,6 +85,9 @@ failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times 
 	@mkdir -p bin
 	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
 	@cat bin/failover.md
+
+consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic and two-phase; prints the charges, and the double charges of two-phase
+	./scripts/with-postgres $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,two-phase
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.
