@@ -63,6 +63,7 @@ type config struct {
 	natsURL, amqpURL, databaseURL string
 	atomic                        bool
 	handlerDelay, ackDelay        time.Duration
+	handlerTimeout                time.Duration // and so the lease: how soon a killed run's message runs again
 	ackWait                       time.Duration // JetStream's, for a consumer this command creates
 	name                          string        // the consumer's, which scopes message ids
 	stream, subject, queue        string
@@ -77,6 +78,7 @@ func main() {
 	flag.BoolVar(&cfg.atomic, "atomic", true, "on PostgreSQL, commit each charge with its message's record in one transaction; false runs two-phase")
 	flag.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "how long a charge waits after it is written, before it commits (atomic) and its message is acknowledged")
 	flag.DurationVar(&cfg.ackDelay, "ack-delay", 0, "how long a processed message waits after its record committed, before it is acknowledged")
+	flag.DurationVar(&cfg.handlerTimeout, "handler-timeout", 0, "bounds each charge; a message whose consumer died runs again this long (plus 5s) after it started, in two-phase mode; 0: no bound, and a minute")
 	flag.DurationVar(&cfg.ackWait, "ack-wait", 30*time.Second, "JetStream: the ack wait of the durable consumer, if this command creates it")
 	flag.StringVar(&cfg.name, "name", "charges", "the consumer's name, which scopes message ids; JetStream's durable consumer")
 	flag.StringVar(&cfg.stream, "stream", "PAYMENTS", "JetStream: the stream")
@@ -123,7 +125,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.amqpURL != "" {
 		system = "rabbitmq"
 	}
-	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithEngineOptions(engine.WithLogger(logger))}
+	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithEngineOptions(engine.WithLogger(logger)), consumer.WithHandlerTimeout(cfg.handlerTimeout)}
 	if cfg.atomic {
 		opts = append(opts, consumer.WithAtomic())
 	}
@@ -306,7 +308,10 @@ func consumeAMQP(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 // consumeAMQPOnce consumes over one connection, until ctx is done or the
 // connection is lost.
 func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemamqp.Consumer, w *worker) error {
-	conn, err := amqp.Dial(cfg.amqpURL)
+	conn, err := amqp.DialConfig(cfg.amqpURL, amqp.Config{
+		Heartbeat: 10 * time.Second, Locale: "en_US", // amqp.Dial's
+		Properties: amqp.Table{"connection_name": "idemkey example consumer of " + cfg.queue},
+	})
 	if err != nil {
 		return err
 	}

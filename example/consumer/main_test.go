@@ -9,6 +9,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -296,4 +297,49 @@ func doubleCharges(t *testing.T, db *pgxpool.Pool) []string {
 		t.Fatalf("count charges per message: %v", err)
 	}
 	return twice
+}
+
+// TestConnectionLost: RabbitMQ closes the consumer's connection while it
+// charges (as a broker restart or a network partition would); the consumer
+// connects again and every message is charged once.
+func TestConnectionLost(t *testing.T) {
+	rabbitmqctl, err := exec.LookPath("rabbitmqctl")
+	if err != nil {
+		rabbitmqctl = "/usr/sbin/rabbitmqctl"
+	}
+	b := newRabbitMQ(t)
+	schema := pgtest.Schema(t)
+	db := pgtest.Pool(t, schema)
+	p := start(t, "consumer", append(b.args(""), "-database-url", pgtest.SchemaURL(schema), "-handler-delay", "15ms", "-workers", "1")...)
+	const n = 400
+	for i := range n {
+		send(t, b, fmt.Sprintf("id-%d-%s", i, schema), "acme", body(i))
+	}
+	waitFor(t, 20*time.Second, "a tenth of the charges", func() bool { return charges(t, db) >= n/10 })
+	// Close the consumer's connection from the broker's side.
+	out, err := exec.Command(rabbitmqctl, "list_connections", "-q", "--no-table-headers", "pid", "client_properties").Output()
+	if err != nil {
+		t.Fatalf("rabbitmqctl list_connections: %v", err)
+	}
+	closed := 0
+	for line := range strings.Lines(string(out)) {
+		pid, props, ok := strings.Cut(strings.TrimSpace(line), "\t")
+		if ok && strings.Contains(props, "of "+b.queue+`"`) { // the consumer's connection_name
+			if out, err := exec.Command(rabbitmqctl, "close_connection", pid, "closed by a test").CombinedOutput(); err != nil {
+				t.Fatalf("rabbitmqctl close_connection: %v: %s", err, out)
+			}
+			closed++
+		}
+	}
+	if closed != 1 || charges(t, db) == n {
+		t.Fatalf("closed %d connections of the consumer (%d charges made), want 1 while it charges:\n%s", closed, charges(t, db), out)
+	}
+	waitFor(t, 30*time.Second, "every charge", func() bool { return charges(t, db) >= n })
+	b.settled(t, p)
+	if got := charges(t, db); got != n {
+		t.Fatalf("%d charges, want %d", got, n)
+	}
+	if p.count("connection lost; connecting again") != 1 || p.count("msg=consuming") != 2 {
+		t.Fatalf("the consumer did not connect again:\n%s", p.log())
+	}
 }
