@@ -50,9 +50,10 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
 	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
-bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, and CreateCharge in both modes against the bare service; benchstat summarises
+bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
 	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ ./store/redis/ ./example/ > bin/bench.txt
+	./scripts/with-postgres $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
 	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
@@ -67,6 +68,8 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
+	@echo "== the example consumer on NATS JetStream and RabbitMQ, interleaved: messages per second, atomic and two-phase against the consumer without idemkey"
+	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare)$$/' bin/bench.txt
 	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"
 	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
