@@ -12,6 +12,7 @@ FUZZ_EXECS  ?= 30000
 SOAK        ?= 10m
 FAILOVERS   ?= 10
 LOAD_TIME   ?= 10s
+LOAD_ROUNDS ?= 5
 
 .PHONY: help generate check-generate lint test bench load soak failover-soak demo
 
@@ -71,9 +72,9 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./internal/benchtable bin/bench.txt
 
-load: ## drive the example server on PostgreSQL with ghz over loopback, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles go to bin/
+load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles and load.json go to bin/
 	@mkdir -p bin
-	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -profile-dir=bin
+	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin
