@@ -71,10 +71,14 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./internal/benchtable bin/bench.txt
+	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"
+	@$(GO) run ./internal/chart -bench bin/bench.txt -out docs/bench
 
 load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles and load.json go to bin/
 	@mkdir -p bin
 	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
+	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/load-throughput.svg, docs/bench/load-cpu.svg"
+	@$(GO) run ./internal/chart -load bin/load.json -out docs/bench
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin
