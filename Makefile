@@ -67,6 +67,8 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
+	@echo "== PostgreSQL's own CPU per new key (its backend's, from /proc), interleaved: the store against the design's minimal SQL and the bare INSERT, and each statement's share"
+	@$(TOOL) benchstat -filter '.name:/^(BackendCPU|Statements)$$/' bin/bench.txt
 	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"
 	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"

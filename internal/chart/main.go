@@ -223,6 +223,7 @@ func reserveScale(metrics []*metric, dir, name string) error {
 	}
 	p.NominalX(names...)
 	p.Legend.Top = true
+	p.Y.Max *= 1.15 // room for the legend
 	p.Add(plotter.NewGrid())
 	return save(p, 16*vg.Centimeter, 10*vg.Centimeter, dir, name)
 }
@@ -236,7 +237,7 @@ func benchRatios(metrics []*metric, dir, name string) error {
 		extremes plotter.XErrors
 		points   plotter.XYs
 	)
-	for _, m := range metrics {
+	for _, m := range slices.Backward(metrics) { // NominalY counts from the bottom
 		if !isRatio(m.unit) {
 			continue
 		}
