@@ -300,7 +300,7 @@ type loadResults struct {
 }
 
 var mixLabels = map[string]string{
-	"new": "new keys", "pgbench": "pgbench, the SQL of a new key", "replay": "replay",
+	"new": "new keys", "pgbench": "pgbench, minimal SQL", "replay": "replay",
 	"retry": "replay as a retry", "storm": "storm, 62 keys",
 }
 
