@@ -156,6 +156,23 @@ func TestWithoutIdempotency(t *testing.T) {
 	}
 }
 
+// -idempotency=false serves gRPC only: with an HTTP address or a Redis store,
+// which would need the store it leaves out, the server refuses to start.
+func TestWithoutIdempotencyRefusesStores(t *testing.T) {
+	for name, cfg := range map[string]config{
+		"http":  {bare: true, httpAddr: "127.0.0.1:0", ttl: time.Hour},
+		"redis": {bare: true, redisURL: "redis://127.0.0.1:1/0", ttl: time.Hour},
+	} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run(context.Background(), lis, cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-idempotency=false") {
+			t.Errorf("%s: run: %v, want the refusal of -idempotency=false", name, err)
+		}
+	}
+}
+
 // Server processes on one database behave as one service: a duplicate sent to
 // process B while process A runs the first call is Aborted, the retry on B
 // gets A's reply, and the reply survives both processes being killed. They run
