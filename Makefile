@@ -76,7 +76,7 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"
 	@$(GO) run ./internal/chart -bench bin/bench.txt -out docs/bench
 
-load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles and load.json go to bin/
+load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles (one per mode and round) and load.json go to bin/
 	@mkdir -p bin
 	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/load-throughput.svg, docs/bench/load-cpu.svg"

@@ -22,8 +22,9 @@
 // backends that exited included), and the rest of the machine's. The ratios
 // that the targets of BENCHMARKS.md name close the output; -json writes all
 // of it for internal/chart. With -profile-dir it writes each server's CPU
-// profile of its new-key run in the last round; the profiler, sampling 100
-// times a second, is part of what that run measures.
+// profile of its new-key run in every round, load-MODE-ROUND.pprof, which
+// go tool pprof merges when given them all; the profiler, sampling 100 times
+// a second, is part of what those runs measure.
 package main
 
 import (
@@ -57,7 +58,7 @@ func main() {
 	duration := flag.Duration("duration", 10*time.Second, "how long each measurement runs in all, over the rounds")
 	rounds := flag.Int("rounds", 5, "how many rounds the measurements are interleaved in")
 	clients := flag.Int("clients", 16, "concurrent clients of ghz and of pgbench")
-	profileDir := flag.String("profile-dir", "", "if set, write each server's CPU profile of its new-key run in the last round here")
+	profileDir := flag.String("profile-dir", "", "if set, write each server's CPU profile of its new-key run in every round here")
 	jsonPath := flag.String("json", "", "if set, write the results as JSON here, for internal/chart")
 	flag.Parse()
 	res, err := run(*duration, *rounds, *clients, *profileDir)
@@ -197,8 +198,8 @@ func run(duration time.Duration, rounds, clients int, profileDir string) (*Resul
 		for j := range ms {
 			m := ms[(j+round)%len(ms)]
 			profile := ""
-			if profileDir != "" && round == rounds-1 && m.row.Mix == "new" {
-				profile = filepath.Join(profileDir, "load-"+m.row.Mode+".pprof")
+			if profileDir != "" && m.row.Mix == "new" {
+				profile = filepath.Join(profileDir, fmt.Sprintf("load-%s-%d.pprof", m.row.Mode, round+1))
 			}
 			if err := m.runRound(each, profile); err != nil {
 				return nil, fmt.Errorf("%s %s: %w", m.row.Mode, m.row.Mix, err)
