@@ -13,6 +13,7 @@ SOAK        ?= 10m
 FAILOVERS   ?= 10
 LOAD_TIME   ?= 10s
 CONSUMER_MESSAGES ?= 10000
+LOAD_ROUNDS ?= 5
 
 .PHONY: help generate check-generate lint test bench load soak failover-soak consumer-soak demo
 
@@ -70,14 +71,20 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
 	@echo "== the example consumer on NATS JetStream and RabbitMQ, interleaved: messages per second, atomic and two-phase against the consumer without idemkey"
 	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare)$$/' bin/bench.txt
+	@echo "== PostgreSQL's own CPU per new key (its backend's, from /proc), interleaved: the store against the design's minimal SQL and the bare INSERT, and each statement's share"
+	@$(TOOL) benchstat -filter '.name:/^(BackendCPU|Statements)$$/' bin/bench.txt
 	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"
 	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./internal/benchtable bin/bench.txt
+	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"
+	@$(GO) run ./internal/chart -bench bin/bench.txt -out docs/bench
 
-load: ## drive the example server on PostgreSQL with ghz over loopback, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles go to bin/
+load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles (one per mode and round) and load.json go to bin/
 	@mkdir -p bin
-	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -profile-dir=bin
+	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
+	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/load-throughput.svg, docs/bench/load-cpu.svg"
+	@$(GO) run ./internal/chart -load bin/load.json -out docs/bench
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin

@@ -65,6 +65,10 @@ type Config struct {
 	// recorded reply commit in one transaction. The store must implement
 	// store.Atomic and the ledger must be a PostgresLedger on its database.
 	Atomic bool
+	// WithoutIdempotency leaves the idemkey interceptor out: the same
+	// service with no idempotency at all, the baseline that make load
+	// measures idemkey against. The store is then unused and may be nil.
+	WithoutIdempotency bool
 }
 
 // NewServer returns a gRPC server with the payment service behind the
@@ -79,10 +83,11 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}
-	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(
-		Authenticate,
-		interceptor.UnaryServerInterceptor(st, opts...),
-	)}, cfg.ServerOptions...)...)
+	chain := []grpc.UnaryServerInterceptor{Authenticate}
+	if !cfg.WithoutIdempotency {
+		chain = append(chain, interceptor.UnaryServerInterceptor(st, opts...))
+	}
+	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...)}, cfg.ServerOptions...)...)
 	ledger := cfg.Ledger
 	if ledger == nil {
 		ledger = NewMemoryLedger()

@@ -1,7 +1,7 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-handler-delay 0s] [-ttl 24h]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-idempotency=true] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
@@ -19,6 +19,11 @@
 // Without a database URL, keys and charges live in memory, in two-phase mode;
 // the keys' store is bounded by -memory-max-records and -memory-max-bytes, and
 // a new key past them is refused with ResourceExhausted.
+//
+// With -idempotency=false the server runs the same service, handler and
+// ledger with no idempotency at all: no interceptor, no store, no tables but
+// the charges'. It is the baseline make load measures idemkey against; it
+// serves gRPC only, so it takes neither -http-addr nor a Redis flag.
 //
 // With -redis-url (one Redis server) or -redis-cluster (seed addresses of a
 // Redis Cluster) the idempotency keys live in Redis (store/redis), which
@@ -52,6 +57,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -94,6 +100,7 @@ func main() {
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
 	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
+	idempotency := flag.Bool("idempotency", true, "false serves the same service with no idempotency interceptor or store, as a baseline")
 	maxRecords := flag.Int("memory-max-records", memory.DefaultMaxRecords, "without a database, the most idempotency records kept in memory")
 	maxBytes := flag.Int64("memory-max-bytes", memory.DefaultMaxBytes, "without a database, the most bytes of idempotency records kept in memory")
 	var level slog.Level
@@ -115,7 +122,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -260,6 +267,7 @@ type config struct {
 	httpAddr, httpAddrFile string
 	delay, ttl             time.Duration
 	atomic                 bool  // on PostgreSQL only
+	bare                   bool  // no idempotency: no interceptor, no store
 	maxRecords             int   // in memory only
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
@@ -290,16 +298,22 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		kind                  = "memory"
 		mode                  = "two-phase"
 	)
-	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" {
+	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "") {
+		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis flag")
+	}
+	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
 		cfg.atomic = false
 	}
 	if cfg.atomic {
 		mode = "atomic"
 	}
+	if cfg.bare {
+		st, mode = nil, "none"
+	}
 	var pool *pgxpool.Pool
 	if cfg.databaseURL != "" {
 		var err error
-		pool, err = openDatabase(ctx, cfg.databaseURL, logger)
+		pool, err = openDatabase(ctx, cfg.databaseURL, !cfg.bare, logger)
 		if err != nil {
 			return err
 		}
@@ -313,7 +327,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		}
 		defer closeRedis()
 		st, kind = rst, "redis"
-	} else if cfg.databaseURL != "" {
+	} else if cfg.databaseURL != "" && !cfg.bare {
 		pst, err := postgres.New(pool, postgres.WithLogger(logger))
 		if err != nil {
 			return err
@@ -327,11 +341,12 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	}
 
 	srv, hs := example.NewServer(st, example.Config{
-		HandlerDelay:  cfg.delay,
-		Ledger:        ledger,
-		Atomic:        cfg.atomic,
-		Engine:        engOpts,
-		ServerOptions: srvOpts,
+		HandlerDelay:       cfg.delay,
+		Ledger:             ledger,
+		Atomic:             cfg.atomic,
+		Engine:             engOpts,
+		ServerOptions:      srvOpts,
+		WithoutIdempotency: cfg.bare,
 	})
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
@@ -403,18 +418,20 @@ func writeFileAtomic(path, data string) error {
 	return os.Rename(tmp, path)
 }
 
-// openDatabase connects and creates or upgrades the tables of the store and
-// of the ledger.
-func openDatabase(ctx context.Context, url string, logger *slog.Logger) (*pgxpool.Pool, error) {
+// openDatabase connects and creates or upgrades the tables of the ledger and,
+// with idempotency, of the store.
+func openDatabase(ctx context.Context, url string, idempotency bool, logger *slog.Logger) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := postgres.Migrate(ctx, pool, postgres.WithLogger(logger)); err != nil {
-		pool.Close()
-		return nil, err
+	if idempotency {
+		if err := postgres.Migrate(ctx, pool, postgres.WithLogger(logger)); err != nil {
+			pool.Close()
+			return nil, err
+		}
 	}
 	if err := example.MigrateLedger(ctx, pool); err != nil {
 		pool.Close()

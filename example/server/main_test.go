@@ -124,6 +124,55 @@ func testRunOnPostgres(t *testing.T, url string, atomic bool) {
 	}
 }
 
+// With -idempotency=false the same service runs with no interceptor: a
+// repeated key charges twice, no reply is marked replayed, and no
+// idempotency table is created.
+func TestWithoutIdempotency(t *testing.T) {
+	schema := pgtest.Schema(t)
+	s := servertest.Start(t, servertest.Build(t), "-database-url", pgtest.SchemaURL(schema), "-idempotency=false")
+	key := idemkey.NewKey()
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+	var ids []string
+	for range 2 {
+		charge, trailer, err := create(s, key, req)
+		if err != nil {
+			t.Fatalf("CreateCharge: %v", err)
+		}
+		if idemkey.Replayed(trailer) {
+			t.Error("a reply of the bare server is marked replayed")
+		}
+		ids = append(ids, charge.GetId())
+	}
+	pool := pgtest.Pool(t, schema)
+	if n := count(t, pool, "charges"); n != 2 || ids[0] == ids[1] {
+		t.Errorf("%d charges in the database, ids %q; want 2 distinct, one per call", n, ids)
+	}
+	var tables []string
+	if err := pool.QueryRow(context.Background(), `SELECT array_agg(tablename::text ORDER BY tablename) FROM pg_tables WHERE schemaname = $1`, schema).Scan(&tables); err != nil {
+		t.Fatal(err)
+	}
+	if len(tables) != 1 || tables[0] != "charges" {
+		t.Errorf("tables in the schema: %q, want only charges: the bare server needs no idempotency table", tables)
+	}
+}
+
+// -idempotency=false serves gRPC only: with an HTTP address or a Redis store,
+// which would need the store it leaves out, the server refuses to start.
+func TestWithoutIdempotencyRefusesStores(t *testing.T) {
+	for name, cfg := range map[string]config{
+		"http":  {bare: true, httpAddr: "127.0.0.1:0", ttl: time.Hour},
+		"redis": {bare: true, redisURL: "redis://127.0.0.1:1/0", ttl: time.Hour},
+	} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run(context.Background(), lis, cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-idempotency=false") {
+			t.Errorf("%s: run: %v, want the refusal of -idempotency=false", name, err)
+		}
+	}
+}
+
 // Server processes on one database behave as one service: a duplicate sent to
 // process B while process A runs the first call is Aborted, the retry on B
 // gets A's reply, and the reply survives both processes being killed. They run

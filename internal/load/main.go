@@ -1,31 +1,35 @@
-// Command load drives the example payment server on PostgreSQL with ghz, a
-// gRPC load tool (pinned in tools/ghz, a module of its own because it needs
-// an older grpc-go than the other tools), over loopback, and runs pgbench
-// with the minimal SQL of the same work on the same database as the
-// database's own ceiling. make load runs it and prints its table.
+// Command load measures what idemkey adds to a service under load: it drives
+// the example payment server on PostgreSQL with ghz, a gRPC load tool
+// (pinned in tools/ghz, a module of its own because it needs an older
+// grpc-go than the other tools), over loopback, in three processes side by
+// side: the bare service (-idempotency=false: the same service, handler and
+// database, no interceptor), atomic mode and two-phase mode. pgbench runs
+// the minimal SQL of a new key in each mode on the same database, the
+// database's own ceiling. make load runs it and prints its tables.
 //
-//	go run ./internal/load [-duration 10s] [-clients 16] [-profile-dir DIR]
+//	go run ./internal/load [-duration 10s] [-rounds 5] [-clients 16] [-profile-dir DIR] [-json FILE]
 //
-// For each mode (atomic, two-phase) it starts one server process on a schema
-// of its own and measures four mixes: every call a new key, every call a
-// replay of one key, the same marked as a later attempt of gRPC's retry
-// policy (grpc-previous-rpc-attempts), and a storm (every call one of 62
-// keys). ghz gives throughput, p50 and p99, and the status codes; pgbench
-// gives the transactions per second of the SQL a new key costs, without gRPC
-// or Go.
+// The measurements are interleaved: each round runs every measurement for
+// duration/rounds, in an order that rotates from round to round, so that
+// noise on a shared machine hits all alike. The mixes: every call a new key
+// (bare, atomic, two-phase), and in each idemkey mode every call a replay of
+// one key, the same marked as a later attempt of gRPC's retry policy
+// (grpc-previous-rpc-attempts), and a storm (every call one of 62 keys).
 //
-// Load tool, server and PostgreSQL share the machine's CPUs, so each run also
-// reports the CPU time spent per call, read from /proc: the server's, the
-// load tool's, and the rest of the machine's, which is PostgreSQL's as
-// nothing else runs. From these it states how many new keys per second the
-// CPUs would allow if PostgreSQL spent no more per call than under pgbench.
-// It also reports the server process's peak resident memory, and with
-// -profile-dir writes the server's CPU profile of each new-key run; the
-// profiler, sampling 100 times a second, is part of what that run measures.
+// Load tool, servers and PostgreSQL share the machine's CPUs, so each
+// measurement also reports the CPU time spent per call, from /proc: the
+// server's, the load tool's, PostgreSQL's (every process of the cluster,
+// backends that exited included), and the rest of the machine's. The ratios
+// that the targets of BENCHMARKS.md name close the output; -json writes all
+// of it for internal/chart. With -profile-dir it writes each server's CPU
+// profile of its new-key run in every round, load-MODE-ROUND.pprof, which
+// go tool pprof merges when given them all; the profiler, sampling 100 times
+// a second, is part of what those runs measure.
 package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -37,10 +41,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -48,120 +55,326 @@ import (
 )
 
 func main() {
-	duration := flag.Duration("duration", 10*time.Second, "how long each measurement runs")
+	duration := flag.Duration("duration", 10*time.Second, "how long each measurement runs in all, over the rounds")
+	rounds := flag.Int("rounds", 5, "how many rounds the measurements are interleaved in")
 	clients := flag.Int("clients", 16, "concurrent clients of ghz and of pgbench")
-	profileDir := flag.String("profile-dir", "", "if set, write the server's CPU profile of each mode's new-key run here")
+	profileDir := flag.String("profile-dir", "", "if set, write each server's CPU profile of its new-key run in every round here")
+	jsonPath := flag.String("json", "", "if set, write the results as JSON here, for internal/chart")
 	flag.Parse()
-	if err := run(*duration, *clients, *profileDir); err != nil {
+	res, err := run(*duration, *rounds, *clients, *profileDir)
+	if err == nil && *jsonPath != "" {
+		err = writeJSON(*jsonPath, res)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "load:", err)
 		os.Exit(1)
 	}
 }
 
-func run(duration time.Duration, clients int, profileDir string) error {
+// Results is what -json writes.
+type Results struct {
+	Date        time.Time `json:"date"`
+	CPUs        int       `json:"cpus"`
+	Clients     int       `json:"clients"`
+	Rounds      int       `json:"rounds"`
+	RunDuration string    `json:"run_duration"` // of each measurement in each round
+	Rows        []Row     `json:"rows"`
+	Ratios      []Ratio   `json:"ratios"`
+}
+
+// Row is one measurement, summed over its rounds.
+type Row struct {
+	Mode       string         `json:"mode"` // bare, atomic, two-phase
+	Mix        string         `json:"mix"`  // new, replay, retry, storm, pgbench
+	Calls      int64          `json:"calls"`
+	PerSecond  float64        `json:"per_second"`
+	RoundRates []float64      `json:"round_rates"`
+	P50        float64        `json:"p50_us,omitempty"`
+	P99        float64        `json:"p99_us,omitempty"`
+	Codes      map[string]int `json:"codes,omitempty"`
+	Errors     map[string]int `json:"errors,omitempty"`
+	// CPU per call, in µs: the server's, the load tool's, PostgreSQL's, and
+	// the rest of the machine's (the kernel's loopback work, other jobs).
+	Server   float64 `json:"cpu_server_us"`
+	Load     float64 `json:"cpu_load_us"`
+	Postgres float64 `json:"cpu_postgres_us"`
+	Rest     float64 `json:"cpu_rest_us"`
+	Idle     float64 `json:"idle_share"`
+	PeakRSS  string  `json:"server_peak_rss,omitempty"`
+
+	u     usage
+	wall  time.Duration
+	lats  []time.Duration
+	codes map[string]int
+}
+
+// Ratio is one of the ratios the targets name, over the whole run and the
+// range of its values round by round.
+type Ratio struct {
+	Name   string  `json:"name"`
+	Value  float64 `json:"value"`
+	Min    float64 `json:"round_min"`
+	Max    float64 `json:"round_max"`
+	Target string  `json:"target"` // "<= 1.10", ">= 0.8", or "" for none
+	Met    *bool   `json:"met,omitempty"`
+}
+
+// measurement is one row's load: it runs for d and adds to its row.
+type measurement struct {
+	row *Row
+	run func(d time.Duration, profile string) error
+	srv *servertest.Server // nil for pgbench
+}
+
+func run(duration time.Duration, rounds, clients int, profileDir string) (*Results, error) {
+	rounds = max(rounds, 1)
+	each := (duration / time.Duration(rounds)).Round(time.Second)
+	if each < time.Second {
+		each = time.Second // pgbench counts in whole seconds
+	}
 	dir, err := os.MkdirTemp("", "idemkey-load.")
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer os.RemoveAll(dir)
 	bin, err := servertest.Compile(dir)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	ghzBin, err := buildGhz(dir)
 	if err != nil {
-		return err
-	}
-	fmt.Printf("%d clients, %v per measurement, %d CPUs; PostgreSQL at the test database URL\n\n", clients, duration, runtime.NumCPU())
-	fmt.Println("| mode | run | calls/s | p50 | p99 | status codes | / ceiling | CPU per call: server | load tool | PostgreSQL and the rest | idle | server peak RSS |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
-	var notes []string
-	for _, atomic := range []bool{true, false} {
-		more, err := measureMode(bin, ghzBin, atomic, duration, clients, profileDir)
-		if err != nil {
-			return err
-		}
-		notes = append(notes, more...)
-	}
-	fmt.Println()
-	for _, note := range notes {
-		fmt.Println("-", note)
-	}
-	return nil
-}
-
-// measureMode prints the table's rows of one mode, and returns the notes to
-// print under it: the capacity the CPU allows, and each error ghz counted.
-func measureMode(bin, ghzBin string, atomic bool, duration time.Duration, clients int, profileDir string) (notes []string, err error) {
-	schema, err := pgtest.CreateSchema()
-	if err != nil {
 		return nil, err
 	}
-	defer pgtest.DropSchema(schema)
-	// The server creates its tables at start-up, pgbench's too.
-	srv, err := servertest.Launch(bin, "-database-url", pgtest.SchemaURL(schema, fmt.Sprint("pool_max_conns=", clients+4)),
-		fmt.Sprint("-atomic=", atomic), "-pprof-addr", "127.0.0.1:0")
+	cluster, err := findPostmaster()
 	if err != nil {
-		return nil, err
+		fmt.Fprintln(os.Stderr, "load: PostgreSQL's CPU is not measured:", err)
 	}
-	defer srv.Kill()
-	mode := "two-phase"
-	if atomic {
-		mode = "atomic"
+	res := &Results{Date: time.Now().UTC(), CPUs: runtime.NumCPU(), Clients: clients, Rounds: rounds, RunDuration: each.String()}
+	var ms []measurement
+	add := func(mode, mix string, srv *servertest.Server, run func(d time.Duration, profile string, r *Row) error) {
+		row := &Row{Mode: mode, Mix: mix, codes: map[string]int{}}
+		ms = append(ms, measurement{row: row, srv: srv, run: func(d time.Duration, profile string) error {
+			return run(d, profile, row)
+		}})
 	}
-	ceiling, pg, err := pgbench(schema, srv.Pid(), atomic, duration, clients)
-	if err != nil {
-		return nil, err
-	}
-	fmt.Printf("| %s | pgbench: the SQL of a new key | %.0f | | | | 1 | | %s | %s | %s | |\n", mode, ceiling,
-		perCall(pg.client, pg.n), perCall(pg.rest(), pg.n), pg.idleShare())
-
-	run := strconv.FormatInt(time.Now().UnixNano(), 36)
-	for _, mix := range []struct {
-		name, key string
-		retry     bool // sent as a later attempt of gRPC's retry policy
-	}{
-		{"new key every call", "{{newUUID}}", false},
-		{"replay of one key", "replay-" + run, false},
-		{"replay of one key, as a retry", "replay-" + run, true},
-		{"storm: 62 keys", "storm-" + run + "-{{randomString 1}}", false},
-	} {
-		newKeys := strings.HasPrefix(mix.name, "new key")
-		profile := ""
-		if newKeys && profileDir != "" {
-			profile = filepath.Join(profileDir, "load-"+mode+".pprof")
-		}
-		r, u, err := ghz(ghzBin, srv, mix.key, mix.retry, duration, clients, profile)
+	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
+	for _, mode := range []string{"bare", "atomic", "two-phase"} {
+		schema, err := pgtest.CreateSchema()
 		if err != nil {
 			return nil, err
 		}
-		ratio := ""
-		if newKeys {
-			ratio = fmt.Sprintf("%.2f", r.RPS/ceiling)
-			notes = append(notes, capacity(mode, u, pg, ceiling))
+		defer pgtest.DropSchema(schema)
+		args := []string{"-database-url", pgtest.SchemaURL(schema, fmt.Sprint("pool_max_conns=", clients+4)), "-pprof-addr", "127.0.0.1:0"}
+		switch mode {
+		case "bare":
+			args = append(args, "-idempotency=false")
+		case "two-phase":
+			args = append(args, "-atomic=false")
 		}
-		fmt.Printf("| %s | %s | %.0f | %v | %v | %s | %s | %s | %s | %s | %s | %s |\n", mode, mix.name, r.RPS,
-			r.percentile(50), r.percentile(99), r.codes(), ratio,
-			perCall(u.server, u.n), perCall(u.client, u.n), perCall(u.rest(), u.n), u.idleShare(), peakRSS(srv.Pid()))
-		for msg, n := range r.Errors {
-			notes = append(notes, fmt.Sprintf("%s, %s: %d × %s", mode, mix.name, n, msg))
+		// The server creates its tables at start-up, pgbench's too.
+		srv, err := servertest.Launch(bin, args...)
+		if err != nil {
+			return nil, err
 		}
+		defer srv.Kill()
+		callMix := func(key string, retry bool) func(time.Duration, string, *Row) error {
+			return func(d time.Duration, profile string, r *Row) error {
+				return ghz(ghzBin, srv, cluster, key, retry, d, clients, profile, r)
+			}
+		}
+		add(mode, "new", srv, callMix("{{newUUID}}", false))
+		if mode == "bare" {
+			continue
+		}
+		add(mode, "pgbench", nil, func(d time.Duration, _ string, r *Row) error {
+			return pgbench(schema, cluster, mode == "atomic", d, clients, r)
+		})
+		add(mode, "replay", srv, callMix("replay-"+tag, false))
+		add(mode, "retry", srv, callMix("replay-"+tag, true))
+		add(mode, "storm", srv, callMix("storm-"+tag+"-{{randomString 1}}", false))
 	}
-	return notes, nil
+	fmt.Printf("%d clients, %d rounds of %v per measurement, %d CPUs; PostgreSQL at the test database URL\n", clients, rounds, each, runtime.NumCPU())
+	for round := range rounds {
+		for j := range ms {
+			m := ms[(j+round)%len(ms)]
+			profile := ""
+			if profileDir != "" && m.row.Mix == "new" {
+				profile = filepath.Join(profileDir, fmt.Sprintf("load-%s-%d.pprof", m.row.Mode, round+1))
+			}
+			if err := m.runRound(each, profile); err != nil {
+				return nil, fmt.Errorf("%s %s: %w", m.row.Mode, m.row.Mix, err)
+			}
+		}
+		fmt.Printf("round %d of %d done\n", round+1, rounds)
+	}
+	for _, m := range ms {
+		m.row.finish()
+		if m.srv != nil {
+			m.row.PeakRSS = peakRSS(m.srv.Pid())
+		}
+		res.Rows = append(res.Rows, *m.row)
+	}
+	res.Ratios = ratios(res.Rows)
+	printResults(res)
+	return res, nil
 }
 
-// capacity says what the CPU alone allows on this machine: the calls per
-// second of new keys if PostgreSQL spent no more per call than under
-// pgbench, with the server's and ghz's CPU per call as measured.
-func capacity(mode string, calls, pg usage, ceiling float64) string {
-	each := func(d time.Duration, n int64) float64 { return float64(d) / float64(n) }
-	cpu := each(pg.rest(), pg.n) + each(calls.server+calls.client, calls.n)
-	most := float64(runtime.NumCPU()) * float64(time.Second) / cpu
-	return fmt.Sprintf("%s, new keys: PostgreSQL and the rest spent %.0f µs of CPU per call, against %.0f µs per pgbench transaction. "+
-		"Had they spent only pgbench's, a call would still cost %.0f µs of CPU with the server's and ghz's %.0f µs, "+
-		"which caps %d CPUs at %.0f calls/s: %.2f × the ceiling.",
-		mode, each(calls.rest(), calls.n)/1e3, each(pg.rest(), pg.n)/1e3, cpu/1e3,
-		each(calls.server+calls.client, calls.n)/1e3, runtime.NumCPU(), most, most/ceiling)
+// runRound runs m once for d and adds the round's rate to its row.
+func (m measurement) runRound(d time.Duration, profile string) error {
+	n0, wall0 := m.row.u.n, m.row.wall
+	if err := m.run(d, profile); err != nil {
+		return err
+	}
+	m.row.RoundRates = append(m.row.RoundRates, float64(m.row.u.n-n0)/(m.row.wall-wall0).Seconds())
+	return nil
+}
+
+// finish computes the row's exported figures from what its rounds added.
+func (r *Row) finish() {
+	r.Calls = r.u.n
+	if r.wall > 0 {
+		r.PerSecond = float64(r.u.n) / r.wall.Seconds()
+	}
+	slices.Sort(r.lats)
+	if len(r.lats) > 0 {
+		r.P50 = micros(r.lats[len(r.lats)/2])
+		r.P99 = micros(r.lats[min(len(r.lats)-1, len(r.lats)*99/100)])
+	}
+	if len(r.codes) > 0 {
+		r.Codes = r.codes
+	}
+	per := func(d time.Duration) float64 {
+		if r.u.n == 0 {
+			return 0
+		}
+		return micros(d) / float64(r.u.n)
+	}
+	r.Server, r.Load, r.Postgres, r.Rest = per(r.u.server), per(r.u.client), per(r.u.postgres), per(r.u.rest())
+	if total := r.u.idle + r.u.busy; total > 0 {
+		r.Idle = float64(r.u.idle) / float64(total)
+	}
+}
+
+func micros(d time.Duration) float64 { return float64(d) / float64(time.Microsecond) }
+
+// ratios are the figures the targets of BENCHMARKS.md name, each over the
+// whole run and round by round.
+func ratios(rows []Row) []Ratio {
+	find := func(mode, mix string) *Row {
+		for i := range rows {
+			if rows[i].Mode == mode && rows[i].Mix == mix {
+				return &rows[i]
+			}
+		}
+		return nil
+	}
+	bare := find("bare", "new")
+	var out []Ratio
+	ratio := func(name, target string, numer, denom *Row, value func(*Row) float64) {
+		r := Ratio{Name: name, Target: target}
+		if numer == nil || denom == nil || value(denom) == 0 {
+			return
+		}
+		r.Value = value(numer) / value(denom)
+		// Round by round only for calls/s, which each round measures
+		// apart; the CPU figures are sums over the run.
+		r.Min, r.Max = r.Value, r.Value
+		if strings.HasSuffix(name, "calls/s") {
+			for i := range min(len(numer.RoundRates), len(denom.RoundRates)) {
+				v := numer.RoundRates[i] / denom.RoundRates[i]
+				if i == 0 {
+					r.Min, r.Max = v, v
+				}
+				r.Min, r.Max = min(r.Min, v), max(r.Max, v)
+			}
+		}
+		if target != "" {
+			limit, _ := strconv.ParseFloat(strings.TrimSpace(target[2:]), 64)
+			met := r.Value <= limit
+			if strings.HasPrefix(target, ">=") {
+				met = r.Value >= limit
+			}
+			r.Met = &met
+		}
+		out = append(out, r)
+	}
+	rate := func(r *Row) float64 { return r.PerSecond }
+	server := func(r *Row) float64 { return r.Server }
+	postgres := func(r *Row) float64 { return r.Postgres }
+	for _, mode := range []string{"atomic", "two-phase"} {
+		target := func(t string) string {
+			if mode == "atomic" {
+				return t
+			}
+			return ""
+		}
+		ratio(mode+" new keys / bare: calls/s", target(">= 0.8"), find(mode, "new"), bare, rate)
+		ratio(mode+" new keys / bare: server CPU per call", "<= 1.25", find(mode, "new"), bare, server)
+		ratio(mode+" new keys / pgbench: PostgreSQL CPU per call", "<= 1.10", find(mode, "new"), find(mode, "pgbench"), postgres)
+		ratio(mode+" new keys / bare: PostgreSQL CPU per call", "", find(mode, "new"), bare, postgres)
+		ratio(mode+" pgbench / bare: calls/s", "", find(mode, "pgbench"), bare, rate)
+	}
+	return out
+}
+
+func printResults(res *Results) {
+	fmt.Println()
+	fmt.Println("| mode | run | calls/s | vs bare | p50 | p99 | status codes | CPU per call: server | load tool | PostgreSQL | rest | idle | server peak RSS |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+	bare := res.Rows[0].PerSecond
+	names := map[string]string{
+		"new": "new key every call", "pgbench": "pgbench: the SQL of a new key", "replay": "replay of one key",
+		"retry": "replay of one key, as a retry", "storm": "storm: 62 keys",
+	}
+	var notes []string
+	for _, r := range res.Rows {
+		lat := func(us float64) string {
+			if us == 0 {
+				return ""
+			}
+			return (time.Duration(us) * time.Microsecond).Round(10 * time.Microsecond).String()
+		}
+		var codes []string
+		for code, n := range r.Codes {
+			codes = append(codes, fmt.Sprintf("%s %d", code, n))
+		}
+		sort.Strings(codes)
+		server := fmt.Sprintf("%.0f µs", r.Server)
+		if r.Mix == "pgbench" {
+			server = ""
+		}
+		fmt.Printf("| %s | %s | %.0f | %.2f | %s | %s | %s | %s | %.0f µs | %.0f µs | %.0f µs | %.0f%% | %s |\n",
+			r.Mode, names[r.Mix], r.PerSecond, r.PerSecond/bare, lat(r.P50), lat(r.P99), strings.Join(codes, ", "),
+			server, r.Load, r.Postgres, r.Rest, 100*r.Idle, r.PeakRSS)
+		for msg, n := range r.Errors {
+			notes = append(notes, fmt.Sprintf("%s, %s: %d × %s", r.Mode, names[r.Mix], n, msg))
+		}
+	}
+	fmt.Println()
+	fmt.Println("| ratio | this run | rounds | target | |")
+	fmt.Println("|---|---|---|---|---|")
+	for _, r := range res.Ratios {
+		verdict := ""
+		if r.Met != nil {
+			verdict = map[bool]string{true: "met", false: "missed"}[*r.Met]
+		}
+		rounds := ""
+		if r.Min != r.Max {
+			rounds = fmt.Sprintf("%.2f–%.2f", r.Min, r.Max)
+		}
+		fmt.Printf("| %s | %.2f | %s | %s | %s |\n", r.Name, r.Value, rounds, r.Target, verdict)
+	}
+	for _, note := range notes {
+		fmt.Println("-", note)
+	}
+}
+
+func writeJSON(path string, res *Results) error {
+	out, err := json.MarshalIndent(res, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(out, '\n'), 0o644)
 }
 
 // buildGhz builds ghz, pinned in tools/ghz, into dir, so that it runs
@@ -176,48 +389,126 @@ func buildGhz(dir string) (string, error) {
 }
 
 // usage is the CPU time spent while a load ran, over all CPUs: by the
-// server, by the load tool (ghz or pgbench), and by the machine in all, the
-// remainder of which is PostgreSQL's, as nothing else runs.
+// server, by the load tool (ghz or pgbench), by PostgreSQL, and by the
+// machine in all.
 type usage struct {
-	n              int64 // calls or transactions
-	server, client time.Duration
-	busy, idle     time.Duration
+	n                        int64 // calls or transactions
+	server, client, postgres time.Duration
+	busy, idle               time.Duration
 }
 
-func (u usage) rest() time.Duration { return u.busy - u.server - u.client }
+func (u usage) rest() time.Duration { return u.busy - u.server - u.client - u.postgres }
 
-func (u usage) idleShare() string {
-	return fmt.Sprintf("%.0f%%", 100*float64(u.idle)/float64(u.idle+u.busy))
+func (u *usage) add(v usage) {
+	u.n += v.n
+	u.server += v.server
+	u.client += v.client
+	u.postgres += v.postgres
+	u.busy += v.busy
+	u.idle += v.idle
 }
 
 // measure runs load, which returns its count of calls and its own CPU
-// time, and returns what it used.
-func measure(serverPid int, load func() (n int64, client time.Duration, err error)) (usage, error) {
+// time, and returns what it used. serverPid is 0 for pgbench.
+func measure(serverPid, postmaster int, load func() (n int64, client time.Duration, err error)) (usage, error) {
 	busy0, idle0 := machineCPU()
-	server0 := processCPU(serverPid)
+	server0, pg0 := processCPU(serverPid), clusterCPU(postmaster)
 	n, client, err := load()
 	busy1, idle1 := machineCPU()
-	return usage{n: n, client: client, server: processCPU(serverPid) - server0, busy: busy1 - busy0, idle: idle1 - idle0}, err
+	return usage{
+		n: n, client: client,
+		server:   processCPU(serverPid) - server0,
+		postgres: clusterCPU(postmaster) - pg0,
+		busy:     busy1 - busy0, idle: idle1 - idle0,
+	}, err
 }
 
 // clockTick is the unit of /proc's CPU times: USER_HZ, 100 on Linux.
 const clockTick = 10 * time.Millisecond
 
-// processCPU is the user and system time a process has spent, from /proc.
-func processCPU(pid int) time.Duration {
+// statFields are the fields of /proc/PID/stat after the command's closing
+// parenthesis: the state is [0], the parent's pid [1], utime [11], stime
+// [12], and the reaped children's cutime [13] and cstime [14].
+func statFields(pid int) []string {
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
-		return 0
+		return nil
 	}
-	// Fields after the command's closing parenthesis; utime and stime are
-	// the 14th and 15th of the whole line.
 	f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	if len(f) < 13 {
+	if len(f) < 15 {
+		return nil
+	}
+	return f
+}
+
+func ticks(fields ...string) time.Duration {
+	var sum int64
+	for _, f := range fields {
+		n, _ := strconv.ParseInt(f, 10, 64)
+		sum += n
+	}
+	return time.Duration(sum) * clockTick
+}
+
+// processCPU is the user and system time a process has spent, from /proc.
+func processCPU(pid int) time.Duration {
+	if pid == 0 {
 		return 0
 	}
-	utime, _ := strconv.ParseInt(f[11], 10, 64)
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * clockTick
+	f := statFields(pid)
+	if f == nil {
+		return 0
+	}
+	return ticks(f[11], f[12])
+}
+
+// clusterCPU is the CPU time a PostgreSQL cluster has spent: its
+// postmaster's, its children's (backends, the WAL writer, the checkpointer,
+// autovacuum), and that of the children that have exited, which the
+// postmaster has reaped. A backend that was alive before a measurement and
+// exits during it counts whole; such backends are the short ones of tests.
+func clusterCPU(postmaster int) time.Duration {
+	if postmaster == 0 {
+		return 0
+	}
+	f := statFields(postmaster)
+	if f == nil {
+		return 0
+	}
+	total := ticks(f[11], f[12], f[13], f[14])
+	entries, _ := os.ReadDir("/proc")
+	parent := strconv.Itoa(postmaster)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if f := statFields(pid); f != nil && f[1] == parent {
+			total += ticks(f[11], f[12])
+		}
+	}
+	return total
+}
+
+// findPostmaster returns the pid of the test database's postmaster: the
+// parent of a backend, if the backend runs on this machine.
+func findPostmaster() (int, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, pgtest.URL())
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close(ctx)
+	var backend int
+	if err := conn.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&backend); err != nil {
+		return 0, err
+	}
+	f := statFields(backend)
+	if f == nil {
+		return 0, errors.New("its backend is not a process of this machine")
+	}
+	return strconv.Atoi(f[1])
 }
 
 // machineCPU is the time all CPUs have spent busy and idle (iowait counted
@@ -240,13 +531,6 @@ func machineCPU() (busy, idle time.Duration) {
 	return busy, idle
 }
 
-func perCall(d time.Duration, n int64) string {
-	if n == 0 {
-		return "?"
-	}
-	return fmt.Sprintf("%.0f µs", float64(d)/float64(n)/float64(time.Microsecond))
-}
-
 // peakRSS is a process's peak resident memory, from /proc.
 func peakRSS(pid int) string {
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
@@ -261,48 +545,29 @@ func peakRSS(pid int) string {
 	return "?"
 }
 
-// report is the part of ghz's JSON output that the table shows.
+// report is the part of ghz's JSON output that the tables use.
 type report struct {
-	Count        int64   `json:"count"`
-	RPS          float64 `json:"rps"`
-	Distribution []struct {
-		Percentage int           `json:"percentage"`
-		Latency    time.Duration `json:"latency"`
-	} `json:"latencyDistribution"`
+	Count       int64          `json:"count"`
+	Total       time.Duration  `json:"total"`
 	StatusCodes map[string]int `json:"statusCodeDistribution"`
 	Errors      map[string]int `json:"errorDistribution"`
-}
-
-func (r report) percentile(p int) time.Duration {
-	for _, d := range r.Distribution {
-		if d.Percentage == p {
-			return d.Latency.Round(10 * time.Microsecond)
-		}
-	}
-	return 0
-}
-
-func (r report) codes() string {
-	var parts []string
-	for code, n := range r.StatusCodes {
-		parts = append(parts, fmt.Sprintf("%s %d", code, n))
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ", ")
+	Details     []struct {
+		Latency time.Duration `json:"latency"`
+	} `json:"details"`
 }
 
 // ghz runs ghz against srv for duration, every call with the key template
-// key, marked as a later attempt of a retry policy if retry is set, and
-// parses its JSON report. If profile is set, it also writes the server's CPU
-// profile of the run there.
-func ghz(bin string, srv *servertest.Server, key string, retry bool, duration time.Duration, clients int, profile string) (report, usage, error) {
+// key, marked as a later attempt of a retry policy if retry is set, and adds
+// its calls, latencies, codes and CPU to row. If profile is set, it also
+// writes the server's CPU profile of the run there.
+func ghz(bin string, srv *servertest.Server, postmaster int, key string, retry bool, duration time.Duration, clients int, profile string, row *Row) error {
 	md := map[string]string{"authorization": "Bearer sk_test_acme", idemkey.KeyMetadata: key}
 	if retry {
 		md[idemkey.AttemptsMetadata] = "1"
 	}
 	metadata, err := json.Marshal(md)
 	if err != nil {
-		return report{}, usage{}, err
+		return err
 	}
 	cmd := exec.Command(bin, "--insecure",
 		"--call", "example.payments.v1.PaymentService.CreateCharge",
@@ -316,17 +581,13 @@ func ghz(bin string, srv *servertest.Server, key string, retry bool, duration ti
 		"--duration-stop", "wait")
 	profiled := make(chan error, 1)
 	if profile != "" {
-		go func() { profiled <- saveProfile(srv, profile, duration-time.Second) }()
+		go func() { profiled <- saveProfile(srv, profile, duration) }()
 	} else {
 		profiled <- nil
 	}
-	var (
-		r   report
-		out []byte
-	)
-	u, err := measure(srv.Pid(), func() (int64, time.Duration, error) {
-		var err error
-		out, err = cmd.Output()
+	var r report
+	u, err := measure(srv.Pid(), postmaster, func() (int64, time.Duration, error) {
+		out, err := cmd.Output()
 		if err != nil {
 			return 0, 0, fmt.Errorf("ghz: %v\n%s", err, out)
 		}
@@ -338,7 +599,24 @@ func ghz(bin string, srv *servertest.Server, key string, retry bool, duration ti
 	if perr := <-profiled; err == nil {
 		err = perr
 	}
-	return r, u, err
+	if err != nil {
+		return err
+	}
+	row.u.add(u)
+	row.wall += r.Total
+	for _, d := range r.Details {
+		row.lats = append(row.lats, d.Latency)
+	}
+	for code, n := range r.StatusCodes {
+		row.codes[code] += n
+	}
+	for msg, n := range r.Errors {
+		if row.Errors == nil {
+			row.Errors = map[string]int{}
+		}
+		row.Errors[msg] += n
+	}
+	return nil
 }
 
 // saveProfile writes the server's CPU profile over the next d to path.
@@ -372,10 +650,10 @@ func saveProfile(srv *servertest.Server, path string, d time.Duration) error {
 }
 
 // pgbench runs, with the same number of clients, the minimal SQL a new key
-// costs in the mode, and returns its transactions per second and what it
-// used. Two-phase: the reservation and the record, each a transaction,
-// around the charge's insert. Atomic: all three in one transaction.
-func pgbench(schema string, serverPid int, atomic bool, duration time.Duration, clients int) (float64, usage, error) {
+// costs in the mode, and adds its transactions and CPU to row. Two-phase:
+// the reservation and the record, each a transaction, around the charge's
+// insert. Atomic: all three in one transaction.
+func pgbench(schema string, postmaster int, atomic bool, duration time.Duration, clients int, row *Row) error {
 	const (
 		reserve = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
   VALUES (sha256(uuid_send(gen_random_uuid())), '\x0000000000000000000000000000000000000000000000000000000000000000', 'in_progress',
@@ -391,18 +669,18 @@ func pgbench(schema string, serverPid int, atomic bool, duration time.Duration, 
 	}
 	f, err := os.CreateTemp("", "idemkey-load-*.sql")
 	if err != nil {
-		return 0, usage{}, err
+		return err
 	}
 	defer os.Remove(f.Name())
 	if _, err := f.WriteString(script); err != nil {
-		return 0, usage{}, err
+		return err
 	}
 	f.Close()
 	cmd := exec.Command(pgtest.ServerBinary("pgbench"), "-n", "-M", "prepared", "-f", f.Name(),
-		"-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(int(duration.Seconds())), pgtest.URL())
+		"-c", strconv.Itoa(clients), "-j", "2", "-T", strconv.Itoa(max(1, int(duration.Seconds()))), pgtest.URL())
 	cmd.Env = append(os.Environ(), "PGOPTIONS=-c search_path="+schema)
-	var tps float64
-	u, err := measure(serverPid, func() (int64, time.Duration, error) {
+	var wall time.Duration
+	u, err := measure(0, postmaster, func() (int64, time.Duration, error) {
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			return 0, 0, fmt.Errorf("pgbench: %v\n%s", err, out)
@@ -412,9 +690,17 @@ func pgbench(schema string, serverPid int, atomic bool, duration time.Duration, 
 		if tpsMatch == nil || nMatch == nil {
 			return 0, 0, fmt.Errorf("pgbench printed no tps:\n%s", out)
 		}
-		tps, _ = strconv.ParseFloat(string(tpsMatch[1]), 64)
+		tps, _ := strconv.ParseFloat(string(tpsMatch[1]), 64)
 		n, _ := strconv.ParseInt(string(nMatch[1]), 10, 64)
+		if tps > 0 {
+			wall = time.Duration(float64(n) / tps * float64(time.Second))
+		}
 		return n, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime(), nil
 	})
-	return tps, u, err
+	if err != nil {
+		return err
+	}
+	row.u.add(u)
+	row.wall += wall
+	return nil
 }

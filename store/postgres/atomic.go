@@ -75,7 +75,9 @@ var _ store.Atomic = (*Store)(nil)
 // a savepoint go out as one pipeline. Another transaction that holds the key
 // makes the reservation wait on its row; the wait ends when that transaction
 // does, or with SQLSTATE 55P03 when the lock timeout passes. A replay, or an
-// "in progress", costs a second round trip to end the transaction.
+// "in progress", is answered at once: its transaction wrote and locked
+// nothing, so its ROLLBACK goes out in a goroutine that the caller does not
+// wait for (it frees the connection, and the transaction's slot, when done).
 //
 // At most WithAtomicConns transactions are open at once. When all are taken
 // by running handlers, Begin first reads the key (Find): a replay answers from
@@ -94,8 +96,8 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 			return store.Result{}, nil, s.translate(ctx, "begin", ctx.Err())
 		}
 	}
-	res, tx, err := s.begin(ctx, r)
-	if tx == nil {
+	res, tx, ending, err := s.begin(ctx, r)
+	if tx == nil && !ending {
 		s.freeSlot()
 	}
 	return res, tx, err
@@ -115,42 +117,48 @@ func (s *Store) takeSlot() bool {
 func (s *Store) freeSlot() { <-s.slots }
 
 // begin is Begin once it holds a slot. A connection that is lost takes the
-// transaction with it, so Begin starts again on another.
-func (s *Store) begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+// transaction with it, so Begin starts again on another. ending reports that
+// a goroutine is ending the transaction and frees the slot itself.
+func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Result, tx store.Tx, ending bool, err error) {
 	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
-			return store.Result{}, nil, s.translate(ctx, "begin", err)
+			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
 		}
 		res, err := s.reserveInTx(ctx, conn.Conn(), r)
 		var pgErr *pgconn.PgError
 		switch {
 		case err == nil && res.State == store.Acquired:
-			return res, &atomicTx{store: s, conn: conn, key: r.Key, token: res.Token}, nil
+			return res, &atomicTx{store: s, conn: conn, key: r.Key, token: res.Token}, false, nil
 		case err == nil:
-			s.rollback(ctx, conn)
-			return res, nil, nil
+			// The reservation read the row and wrote nothing: the answer
+			// need not wait for the ROLLBACK's round trip.
+			go func() {
+				s.rollback(ctx, conn)
+				s.freeSlot()
+			}()
+			return res, nil, true, nil
 		case errors.As(err, &pgErr) && pgErr.Code == "55P03" && ctx.Err() == nil:
 			// The key's holder has not committed: its fingerprint cannot be
 			// read, and its lease is unknown.
 			s.rollback(ctx, conn)
-			return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil, nil
+			return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil, false, nil
 		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err):
 			// The row changed under the statement: begin again. The
 			// ROLLBACK goes on its own, because pgx prepares anew the
 			// statements of a batch that failed, which PostgreSQL refuses
 			// inside a failed transaction.
 			if err := s.rollback(ctx, conn); err != nil {
-				return store.Result{}, nil, err
+				return store.Result{}, nil, false, err
 			}
 		case reconnect(err):
 			conn.Release() // the pool closes it; the transaction died with it
 		default:
 			s.rollback(ctx, conn)
-			return store.Result{}, nil, s.translate(ctx, "begin", err)
+			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
 		}
 	}
-	return store.Result{}, nil, fmt.Errorf("idemkey postgres: begin: %w: the row changed, or the connection died, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
+	return store.Result{}, nil, false, fmt.Errorf("idemkey postgres: begin: %w: the row changed, or the connection died, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
 // reserveInTx begins a transaction on conn and reserves r in it.

@@ -474,7 +474,8 @@ func testAtomicStorm(t *testing.T, rs []atomicReplica) {
 
 // An atomic call costs two round trips besides the handler's own: the
 // pipeline that begins and reserves, and the one that records and commits. A
-// replay costs two too: the second ends the transaction.
+// replay costs two too: the second ends the transaction, in a goroutine of
+// the store's, after the reply; the test waits for the connection's return.
 func TestAtomicRoundTrips(t *testing.T) {
 	tracer := &roundTrips{}
 	r := newReplica(t, func(c *pgxpool.Config) {
@@ -495,18 +496,29 @@ func TestAtomicRoundTrips(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	idle := func() {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); r.pool.Stat().AcquiredConns() > 0; time.Sleep(time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatal("the connection was never returned to the pool")
+			}
+		}
+	}
 	// Two first calls and a replay, so that the connection has prepared the
 	// statements of both paths.
 	call("warm-up-0")
 	call("warm-up-1")
 	call("warm-up-0")
+	idle()
 	tracer.reset()
 
 	call("k")
+	idle()
 	if rt, p := tracer.reset(); rt != 3 || p != 0 {
 		t.Errorf("first call: %d round trips, %d prepares; want 3 (begin and reserve, the handler's insert, record and commit), 0", rt, p)
 	}
 	call("k")
+	idle()
 	if rt, p := tracer.reset(); rt != 2 || p != 0 {
 		t.Errorf("replay: %d round trips, %d prepares; want 2 (begin and reserve, rollback), 0", rt, p)
 	}

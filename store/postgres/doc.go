@@ -74,7 +74,9 @@
 //   - A call costs two round trips besides the handler's own statements, and
 //     one commit: BEGIN, the reservation and a savepoint go out as one
 //     pipeline, and the record and COMMIT as another. A replay costs two round
-//     trips and commits nothing. On a connection that has not prepared these
+//     trips and commits nothing, but is answered after the first: its
+//     transaction wrote and locked nothing, so a goroutine of the store rolls
+//     it back and returns the connection after the reply. On a connection that has not prepared these
 //     statements yet (a new one, or one whose last Begin waited out the lock
 //     timeout, after which pgx prepares its batch anew), preparing them costs
 //     another round trip, and is not bounded by the lock timeout.

@@ -1,0 +1,149 @@
+package postgres
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/pgtest"
+)
+
+// BenchmarkStatements breaks the backend CPU of an atomic new key down by the
+// store's statements: each variant is the design's minimal SQL in one
+// transaction (BEGIN and an insert-or-nothing, a business INSERT, a plain
+// update by key and COMMIT, in the store's round trips) with one of the
+// store's statements in place or added, and "store" has them all. Each runs
+// on a backend of its own, interleaved, and reports the backend CPU it spends
+// beyond the minimal SQL, read from /proc/PID/schedstat (so the database
+// must run on this machine).
+func BenchmarkStatements(b *testing.B) {
+	schema := pgtest.Schema(b)
+	ctx := context.Background()
+	if err := Migrate(ctx, pgtest.Pool(b, schema)); err != nil {
+		b.Fatal(err)
+	}
+	setup := pgtest.Pool(b, schema)
+	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
+		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
+		b.Fatal(err)
+	}
+	st, err := New(setup)
+	if err != nil {
+		b.Fatal(err)
+	}
+	const (
+		plainInsert = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
+		VALUES ($1, $2, 'in_progress', nextval('idempotency_keys_token_seq'), now() + $3 * interval '1 microsecond', now(), now() + $4 * interval '1 microsecond')
+		ON CONFLICT DO NOTHING RETURNING 1, token, NULL::bytea, NULL::bytea, NULL::interval`
+		plainUpdate = `UPDATE idempotency_keys SET state = 'completed', outcome = $3 WHERE key = $1 AND token = $2`
+	)
+	variants := []struct {
+		name                    string
+		lockTimeout, savepoint  bool
+		reserveSQL, completeSQL string
+	}{
+		{"minimal", false, false, plainInsert, plainUpdate},
+		{"lock-timeout", true, false, plainInsert, plainUpdate},  // save, set and restore lock_timeout
+		{"savepoint", false, true, plainInsert, plainUpdate},     // the savepoint before the handler
+		{"reserve", false, false, st.reserveSQL, plainUpdate},    // the reservation's statement
+		{"guard", false, false, plainInsert, st.completeInTxSQL}, // the record's count guard
+		{"store", true, true, st.reserveSQL, st.completeInTxSQL},
+	}
+	pools := make([]*pgxpool.Pool, len(variants))
+	pids := make([]int, len(variants))
+	for k := range variants {
+		pools[k] = pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 1, 1 })
+		if err := pools[k].QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pids[k]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := schedCPU(pids[k]); err != nil {
+			b.Skipf("the backend's CPU cannot be read here (is PostgreSQL on another machine?): %v", err)
+		}
+	}
+	fp := make([]byte, 32)
+	outcome := make([]byte, 120)
+	run := func(k, i int) error {
+		v := variants[k]
+		conn, err := pools[k].Acquire(ctx)
+		if err != nil {
+			return err
+		}
+		defer conn.Release()
+		id := v.name + "-" + strconv.Itoa(i)
+		key := sha256.Sum256([]byte(id))
+		var (
+			kind, token int64
+			f, o        []byte
+			left        any
+		)
+		begin := &pgx.Batch{}
+		begin.Queue("BEGIN")
+		if v.lockTimeout {
+			begin.Queue(setLockTimeoutSQL, "100")
+		}
+		begin.Queue(v.reserveSQL, key[:], fp, int64(60e6), int64(86400e6)).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&kind, &token, &f, &o, &left) })
+		if v.lockTimeout {
+			begin.Queue(restoreLockTimeoutSQL)
+		}
+		if v.savepoint {
+			begin.Queue("SAVEPOINT " + savepoint)
+		}
+		if err := conn.SendBatch(ctx, begin).Close(); err != nil {
+			return err
+		}
+		if _, err := conn.Exec(ctx, `INSERT INTO charges (tenant, id, amount, create_time) VALUES ($1, $2, $3, $4)`,
+			"acme", id, int64(100), time.Now()); err != nil {
+			return err
+		}
+		commit := &pgx.Batch{}
+		commit.Queue(v.completeSQL, key[:], token, outcome)
+		commit.Queue("COMMIT")
+		return conn.SendBatch(ctx, commit).Close()
+	}
+	for k := range variants { // prepare the statements
+		if err := run(k, -1); err != nil {
+			b.Fatalf("%s: %v", variants[k].name, err)
+		}
+	}
+	spent := make([]time.Duration, len(variants))
+	n := 0
+	for b.Loop() {
+		for j := range variants {
+			k := (n + j) % len(variants)
+			before, _ := schedCPU(pids[k])
+			if err := run(k, n); err != nil {
+				b.Fatalf("%s: %v", variants[k].name, err)
+			}
+			after, _ := schedCPU(pids[k])
+			spent[k] += after - before
+		}
+		n++
+	}
+	minimal := float64(spent[0].Nanoseconds()) / float64(n)
+	b.ReportMetric(minimal, "minimal-cpu-ns/op")
+	for k, v := range variants[1:] {
+		b.ReportMetric(float64(spent[k+1].Nanoseconds())/float64(n)-minimal, v.name+"-extra-cpu-ns/op")
+	}
+	b.ReportMetric(float64(spent[len(spent)-1].Nanoseconds())/float64(n)/minimal, "store/minimal")
+}
+
+// schedCPU is the CPU time a process has run, from /proc/PID/schedstat.
+func schedCPU(pid int) (time.Duration, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
+	if err != nil {
+		return 0, err
+	}
+	field, _, _ := strings.Cut(string(bytes.TrimSpace(stat)), " ")
+	ns, err := strconv.ParseInt(field, 10, 64)
+	return time.Duration(ns), err
+}
