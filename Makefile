@@ -54,7 +54,7 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
 	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ ./store/redis/ ./example/ > bin/bench.txt
-	./scripts/with-postgres $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
 	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
@@ -97,7 +97,7 @@ failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times 
 	@cat bin/failover.md
 
 consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic and two-phase; prints the charges, and the double charges of two-phase
-	./scripts/with-postgres $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,two-phase
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,two-phase
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.

@@ -17,8 +17,10 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Consumer processes the messages of one consumer at most once per message
-// id. It is safe for concurrent use: share one among a consumer's workers.
+// Consumer processes the messages of one consumer once per message id:
+// exactly once in atomic mode, and in two-phase mode again only after a run
+// that died or outlasted its lease (see the package documentation). It is
+// safe for concurrent use: share one among a consumer's workers.
 type Consumer struct {
 	eng  *engine.Engine
 	op   *engine.Operation
@@ -71,6 +73,10 @@ type Delivery struct {
 	// Redelivered is true when the broker marks the delivery as a later one:
 	// its record is read before anything is reserved.
 	Redelivered bool
+	// Last is true when the broker will not deliver the message again
+	// (JetStream's max deliver, a quorum queue's delivery limit): a message
+	// that would be redelivered is dead-lettered instead, and acknowledged.
+	Last bool
 }
 
 // Handler processes one message. In atomic mode ctx carries the store's
@@ -87,7 +93,8 @@ type Handler func(ctx context.Context) error
 type Outcome uint8
 
 const (
-	Processed        Outcome = iota // the handler ran and succeeded; recorded
+	_                Outcome = iota // the zero Outcome is none of these
+	Processed                       // the handler ran and succeeded; recorded
 	Failed                          // the handler failed for good; recorded
 	Retry                           // the handler failed for now; released
 	Duplicate                       // processed before: dropped without running
@@ -97,7 +104,7 @@ const (
 	StoreFull                       // no room for a new record: redelivered later
 )
 
-var outcomeNames = [...]string{"processed", "failed", "retry", "duplicate", "busy", "refused", "store_unavailable", "store_full"}
+var outcomeNames = [...]string{"unknown", "processed", "failed", "retry", "duplicate", "busy", "refused", "store_unavailable", "store_full"}
 
 func (o Outcome) String() string {
 	if int(o) >= len(outcomeNames) {
@@ -110,12 +117,13 @@ func (o Outcome) String() string {
 type Action uint8
 
 const (
-	Ack    Action = iota // acknowledge: the message is done with
+	_      Action = iota // the zero Action is none of these: an adapter redelivers
+	Ack                  // acknowledge: the message is done with
 	Nak                  // negative-acknowledge: redeliver after Result.Delay
 	Reject               // terminate: never redeliver (JetStream Term, AMQP reject without requeue)
 )
 
-var actionNames = [...]string{"ack", "nak", "reject"}
+var actionNames = [...]string{"unknown", "ack", "nak", "reject"}
 
 func (a Action) String() string {
 	if int(a) >= len(actionNames) {
@@ -145,8 +153,9 @@ type Result struct {
 	// was recorded.
 	DeadLetter bool
 	// Err says why, for Failed, Retry, Refused and the store's outcomes:
-	// the handler's error, or one of this package's. It is never logged by
-	// this package: it may hold what the message held.
+	// the handler's error, or one of this package's. This package logs only
+	// its own errors, never the handler's or an adapter function's, which
+	// may hold what the message held.
 	Err error
 }
 
@@ -156,6 +165,9 @@ var (
 	ErrInvalidID    = errors.New("idemkey/consumer: the message id is longer than 255 bytes")
 	ErrReusedID     = errors.New("idemkey/consumer: the message id was first used with another body")
 	ErrFailedBefore = errors.New("idemkey/consumer: the message failed when first processed")
+	// ErrLastDelivery wraps the reason a message would have been redelivered
+	// on its last delivery (Delivery.Last): it is dead-lettered instead.
+	ErrLastDelivery = errors.New("idemkey/consumer: the broker will not deliver the message again")
 )
 
 // Records of a processed message: what a redelivery finds.
@@ -164,8 +176,9 @@ var (
 	recordFailed    = []byte("failed")
 )
 
-// Process decides what to do with one delivery, running h at most once per
-// message id, and returns what the adapter tells the broker. ctx bounds the
+// Process decides what to do with one delivery, running h unless its id was
+// processed before or is in progress, and returns what the adapter tells the
+// broker. ctx bounds the
 // store's operations and h; WithHandlerTimeout bounds h further and sets the
 // lease.
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
@@ -176,7 +189,26 @@ func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 	}
 	call := c.eng.Call(c.op)
 	res := c.process(ctx, &call, d, h)
+	if d.Last && res.Action == Nak {
+		res = c.lastDelivery(ctx, &call, res)
+	}
 	call.End(ctx, int(res.Action))
+	return res
+}
+
+// lastDelivery is the Result of a message that would be redelivered, on its
+// last delivery. One that failed for now, or met a failing store, is
+// dead-lettered and acknowledged: the broker would drop it. One in progress
+// elsewhere is left to that run, which acknowledges it; if that run died, the
+// message is lost, and this says so.
+func (c *Consumer) lastDelivery(ctx context.Context, call *engine.Call, res Result) Result {
+	if res.Outcome == Busy {
+		call.Log(ctx, slog.LevelError, "the last delivery of a message found it in progress elsewhere: if that run died, the broker will not deliver it again", ErrLastDelivery)
+		return res
+	}
+	call.Log(ctx, slog.LevelError, "the last delivery of a message failed for now; it is dead-lettered and acknowledged", ErrLastDelivery)
+	res.Action, res.DeadLetter = Ack, true
+	res.Err = fmt.Errorf("%w: %w", ErrLastDelivery, res.Err)
 	return res
 }
 
@@ -208,7 +240,7 @@ func (c *Consumer) process(ctx context.Context, call *engine.Call, d Delivery, h
 	case engine.Reused:
 		return c.refuse(ctx, call, ErrReusedID)
 	case engine.StoreFull:
-		return Result{Outcome: StoreFull, Action: Nak, Delay: call.RetryAfter, Err: store.ErrFull}
+		return Result{Outcome: StoreFull, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
 	default: // StoreUnavailable; a consumer never fails open
 		err := ctx.Err()
 		if err == nil {
@@ -258,7 +290,7 @@ func (c *Consumer) Refuse(ctx context.Context, err error) Result {
 }
 
 func (c *Consumer) refuse(ctx context.Context, call *engine.Call, err error) Result {
-	call.Log(ctx, slog.LevelError, "message refused; it is terminated, or dead-lettered, without running", err)
+	call.Log(ctx, slog.LevelError, "message refused; it is terminated, or dead-lettered, without running", ownError(err))
 	return Result{Outcome: Refused, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
 }
 
@@ -268,6 +300,10 @@ func (c *Consumer) refuse(ctx context.Context, call *engine.Call, err error) Res
 func (c *Consumer) backoff(attempt int) time.Duration {
 	d := c.opts.firstBackoff
 	for i := 1; i < attempt && d < c.opts.maxBackoff; i++ {
+		if d > c.opts.maxBackoff/2 { // doubling would pass the maximum, or overflow
+			d = c.opts.maxBackoff
+			break
+		}
 		d *= 2
 	}
 	d = min(d, c.opts.maxBackoff)
@@ -331,10 +367,23 @@ func (c *Consumer) DeadLetter(ctx context.Context, res Result, hook func(ctx con
 		return res
 	}
 	if err := hook(ctx, res.Err); err != nil {
-		c.Warn(ctx, "the dead-letter hook failed; the message is redelivered", err)
+		c.Warn(ctx, "the dead-letter hook failed; the message is redelivered", ownError(err))
 		res.Action = Nak
 	}
 	return res
+}
+
+// ownError is err, if it is this package's own, whose words hold nothing of
+// a message's; or else a stand-in that names only its type, since a
+// handler's, a hook's or an adapter function's error may quote the
+// message's id, tenant or body.
+func ownError(err error) error {
+	for _, own := range []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrLastDelivery, store.ErrFull} {
+		if errors.Is(err, own) {
+			return own
+		}
+	}
+	return fmt.Errorf("an error of type %T (its words are not logged: they may quote the message)", err)
 }
 
 // Warn logs a failure of the adapter's, such as an acknowledgement that did

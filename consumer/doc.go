@@ -1,5 +1,5 @@
 // Package consumer drops the duplicates of at-least-once delivery: it runs a
-// message consumer's handler at most once per message id, on idemkey's
+// message consumer's handler once per message id, on idemkey's
 // engine and stores, and tells the broker adapter what to do with each
 // delivery. It knows no broker: idemnats (NATS JetStream) and idemamqp
 // (RabbitMQ) read a message's id, tenant and delivery count into a Delivery,
@@ -16,15 +16,20 @@
 //	outcome            broker action                  when
 //	Processed          ack                            the handler succeeded; recorded
 //	Duplicate          ack, without running           recorded before (counted: idemkey.calls, outcome "replayed")
-//	Busy               nak, after the engine's retry-after
+//	Busy               nak, until the other run's lease ends
 //	                                                  in progress on another worker
 //	Retry              nak, after a backoff           a transient error: the id is released
 //	Failed             ack, and the dead-letter hook  a final error: recorded, undoing atomic writes
 //	Refused            reject (terminate), and the hook
 //	                                                  no id, a reused id, a refused tenant
 //	StoreUnavailable   nak, after a backoff           the store failed; a consumer never runs unprotected
-//	StoreFull          nak, after the retry-after     no room for a new record
+//	StoreFull          nak, after a backoff           no room for a new record
 //
+// On a message's last delivery (JetStream's max deliver, a quorum queue's
+// delivery limit), a message that would be redelivered after a failure is
+// dead-lettered and acknowledged instead, and logged at Error level: the
+// broker would give it up in silence. One in progress elsewhere is left to
+// that run.
 // A handler's error is final if it is marked with Final or is a gRPC status
 // that the gRPC interceptor records (and InvalidArgument, which the same
 // message can only repeat); any other error, a plain one included, is
@@ -50,6 +55,9 @@
 // leaves the id in progress until its lease ends (engine.WithLease, or
 // WithHandlerTimeout plus a few seconds); the redelivery after that runs the
 // handler again. One that dies after the record is dropped as a duplicate.
+// The lease is also how long a handler may run before a redelivery presumes
+// it dead: without WithHandlerTimeout, a handler that outlasts its lease
+// (a minute by default) may run a second time while the first still runs.
 //
 // Atomic (WithAtomic, on store/postgres): the handler writes through the
 // transaction in its context (postgres.TxFromContext), which commits with

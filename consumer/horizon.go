@@ -19,6 +19,8 @@ type Horizon struct {
 	// Source names the settings it comes from, for the error: "stream
 	// PAYMENTS: max age", "queue q: x-message-ttl".
 	Source string
+	// Fix says which of the broker's settings bounds it, for the error.
+	Fix string
 }
 
 // HorizonError is CheckHorizon's answer when records would expire while the
@@ -31,14 +33,18 @@ type HorizonError struct {
 }
 
 func (e *HorizonError) Error() string {
+	fix := e.Horizon.Fix
+	if fix == "" {
+		fix = "bound the broker's redelivery to at most the retention"
+	}
 	if e.Horizon.Unbounded {
 		return fmt.Sprintf("idemkey/consumer: consumer %q keeps processed message ids for %s, but the broker may redeliver a message at any time (%s): "+
-			"bound the broker's redelivery (a max age, a message TTL, a max deliver count), or keep ids longer (WithRetention), or accept it (WithHorizonWarning)",
-			e.Consumer, e.Retention, e.Horizon.Source)
+			"%s; or accept that a message redelivered later runs again (WithHorizonWarning)",
+			e.Consumer, e.Retention, e.Horizon.Source, fix)
 	}
 	return fmt.Sprintf("idemkey/consumer: consumer %q keeps processed message ids for %s, but the broker may redeliver a message for %s (%s): "+
-		"keep ids at least that long (WithRetention), or shorten the broker's, or accept it (WithHorizonWarning)",
-		e.Consumer, e.Retention, e.Horizon.Bound, e.Horizon.Source)
+		"keep ids at least that long (WithRetention), or %s; or accept that a message redelivered later runs again (WithHorizonWarning)",
+		e.Consumer, e.Retention, e.Horizon.Bound, e.Horizon.Source, fix)
 }
 
 // CheckHorizon compares the consumer's retention with the broker's

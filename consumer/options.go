@@ -33,9 +33,13 @@ type options struct {
 func newOptions(opts []Option) *options {
 	o := &options{
 		// A redelivery that finds its message in progress elsewhere is
-		// negative-acknowledged at once rather than held: the worker moves
-		// on to the next message.
-		engine:       []engine.Option{engine.WithRetention(DefaultRetention), engine.WithInProgressWait(0)},
+		// negative-acknowledged at once rather than held, so that the worker
+		// moves on, and delayed until the other run's lease ends: that run
+		// acknowledges the message, or, if it died, the redelivery then
+		// takes over. Every delivery counts against a broker's limit, so
+		// none is spent sooner.
+		engine: []engine.Option{engine.WithRetention(DefaultRetention), engine.WithInProgressWait(0),
+			engine.WithMaxRetryAfter(engine.DefaultMaxLease)},
 		system:       "unknown",
 		final:        IsFinal,
 		firstBackoff: DefaultFirstBackoff,
@@ -52,7 +56,9 @@ func newOptions(opts []Option) *options {
 // a message is held before a redelivery presumes its first run dead).
 // engine.WithTenant, WithKeyRequired and WithFailOpen have no effect here:
 // the adapter reads the tenant from the message, an id is always required,
-// and a consumer never runs a handler unprotected.
+// and a consumer never runs a handler unprotected. engine.WithScope's
+// ScopeTenant drops the consumer's name from the scope: two consumers on one
+// store would then drop each other's messages as duplicates.
 func WithEngineOptions(opts ...engine.Option) Option {
 	return func(o *options) { o.engine = append(o.engine, opts...) }
 }
@@ -78,7 +84,8 @@ func WithAtomic() Option { return func(o *options) { o.atomic = true } }
 // WithHandlerTimeout bounds each handler's run; its lease, the time before a
 // redelivery may presume it dead, is then the timeout plus a few seconds.
 // Without it a handler runs unbounded under engine.DefaultLease
-// (engine.WithLease changes it).
+// (engine.WithLease changes it), and one that outlasts its lease may run
+// again beside itself in two-phase mode.
 func WithHandlerTimeout(d time.Duration) Option {
 	return func(o *options) { o.handlerTimeout = max(d, 0) }
 }

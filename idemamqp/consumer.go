@@ -20,9 +20,10 @@ type Handler func(ctx context.Context, d amqp.Delivery) error
 // Consumer processes the messages of one RabbitMQ queue with a Handler, at
 // most once per message id, and acknowledges each as its outcome says.
 type Consumer struct {
-	core *consumer.Consumer
-	h    Handler
-	opts *options
+	core          *consumer.Consumer
+	h             Handler
+	opts          *options
+	deliveryLimit int64 // a quorum queue's x-delivery-limit; -1: none
 }
 
 // New returns a Consumer that runs h for the messages of queue, with the
@@ -41,7 +42,11 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 	if err := core.CheckHorizon(context.Background(), Horizon(queue, args)); err != nil {
 		return nil, err
 	}
-	return &Consumer{core: core, h: h, opts: newOptions(opts)}, nil
+	limit, ok := integer(args["x-delivery-limit"])
+	if !ok || limit < 0 {
+		limit = -1
+	}
+	return &Consumer{core: core, h: h, opts: newOptions(opts), deliveryLimit: limit}, nil
 }
 
 // Horizon is how long RabbitMQ may redeliver a message of queue, declared
@@ -60,11 +65,16 @@ func Horizon(queue string, args amqp.Table) consumer.Horizon {
 	ttl, ok, err := messageTTL(args)
 	switch {
 	case err != nil:
-		return consumer.Horizon{Unbounded: true, Source: fmt.Sprintf("queue %s: %v", queue, err)}
+		return consumer.Horizon{Unbounded: true, Source: fmt.Sprintf("queue %s: %v", queue, err), Fix: fix(queue)}
 	case !ok:
-		return consumer.Horizon{Unbounded: true, Source: fmt.Sprintf("queue %s has no x-message-ttl", queue)}
+		return consumer.Horizon{Unbounded: true, Source: fmt.Sprintf("queue %s has no x-message-ttl", queue), Fix: fix(queue)}
 	}
-	return consumer.Horizon{Bound: ttl, Source: fmt.Sprintf("queue %s: x-message-ttl", queue)}
+	return consumer.Horizon{Bound: ttl, Source: fmt.Sprintf("queue %s: x-message-ttl", queue), Fix: fix(queue)}
+}
+
+// fix says how to bound queue's horizon, for a HorizonError.
+func fix(queue string) string {
+	return fmt.Sprintf("declare queue %s with an x-message-ttl of at most the retention, in milliseconds, and pass it to New in args", queue)
 }
 
 // messageTTL reads args' x-message-ttl: ok is false when there is none.
@@ -123,8 +133,8 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result 
 	return res
 }
 
-// Process decides what becomes of d, running the handler at most once per
-// message id, without acknowledging it: Settle does. A message that ended
+// Process decides what becomes of d, running the handler unless its id was
+// processed before or is in progress, without acknowledging it: Settle does. A message that ended
 // in a final failure or was refused goes to the dead-letter hook
 // (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
 func (c *Consumer) Process(ctx context.Context, d amqp.Delivery) consumer.Result {
@@ -152,11 +162,11 @@ func (c *Consumer) Settle(ctx context.Context, d amqp.Delivery, res consumer.Res
 	switch res.Action {
 	case consumer.Ack:
 		err = d.Ack(false)
-	case consumer.Nak:
+	case consumer.Reject:
+		err = d.Reject(false)
+	default:
 		wait(ctx, res.Delay)
 		err = d.Nack(false, true)
-	default:
-		err = d.Reject(false)
 	}
 	if err != nil {
 		c.core.Warn(ctx, "acknowledging a message failed; RabbitMQ redelivers it once its channel is closed", err)
@@ -193,9 +203,21 @@ func (c *Consumer) process(ctx context.Context, d amqp.Delivery) consumer.Result
 		Body:        d.Body,
 		Attempt:     attempt(d.Headers),
 		Redelivered: d.Redelivered,
+		Last:        c.deliveryLimit >= 0 && attempt(d.Headers)-1 >= int(c.deliveryLimit),
 	}
-	return c.core.Process(ctx, cd, func(ctx context.Context) error { return c.h(ctx, d) })
+	res := c.core.Process(ctx, cd, func(ctx context.Context) error { return c.h(ctx, d) })
+	if res.Outcome == consumer.Busy && c.deliveryLimit < 0 {
+		// Settle holds a worker for the delay. With no delivery limit to
+		// spend, a message in progress elsewhere is requeued sooner than
+		// the end of that run's lease.
+		res.Delay = min(res.Delay, busyDelay)
+	}
+	return res
 }
+
+// busyDelay is the most a worker waits before it requeues a message in
+// progress elsewhere, on a queue without a delivery limit.
+const busyDelay = time.Second
 
 // attempt counts a delivery from its x-delivery-count header, which a
 // quorum queue sets on a redelivery to the number of earlier deliveries: 0,

@@ -427,3 +427,27 @@ func TestNakCancelled(t *testing.T) {
 	}
 	handle(t, c, next(t, ds), consumer.Processed, consumer.Ack)
 }
+
+// TestDeliveryLimit: on a quorum queue with an x-delivery-limit, the last
+// delivery of a message that keeps failing goes to the dead-letter hook and
+// is acknowledged, rather than dropped by RabbitMQ in silence.
+func TestDeliveryLimit(t *testing.T) {
+	f := newFixture(t, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(2)})
+	h := &hook{}
+	var runs atomic.Int32
+	c := f.consumer(memory.New(), nil, func(context.Context, amqp.Delivery) error {
+		runs.Add(1)
+		return errors.New("the ledger is down")
+	}, idemamqp.WithDeadLetter(h.deadLetter))
+	f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))})
+	_, ds := f.consume("", 1)
+	handle(t, c, next(t, ds), consumer.Retry, consumer.Nak)
+	handle(t, c, next(t, ds), consumer.Retry, consumer.Nak)
+	res := handle(t, c, next(t, ds), consumer.Retry, consumer.Ack)
+	if !res.DeadLetter || !errors.Is(res.Err, consumer.ErrLastDelivery) || len(h.errs) != 1 {
+		t.Fatalf("last delivery: %+v, %d dead letters; want it dead-lettered once", res, len(h.errs))
+	}
+	if n := runs.Load(); n != 3 {
+		t.Fatalf("the handler ran %d times; want 3", n)
+	}
+}

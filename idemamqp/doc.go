@@ -1,5 +1,5 @@
-// Package idemamqp processes the messages of a RabbitMQ queue at most once
-// per message id, over AMQP 0-9-1 with github.com/rabbitmq/amqp091-go: a
+// Package idemamqp processes the messages of a RabbitMQ queue once per
+// message id (see package consumer for the two-phase exceptions), over AMQP 0-9-1 with github.com/rabbitmq/amqp091-go: a
 // thin adapter of the broker-neutral consumer package, which decides, and of
 // the idemkey store under it, which remembers.
 //
@@ -39,7 +39,7 @@
 //
 // # Guarantees
 //
-//   - A message id's handler runs to success or final failure at most once
+//   - A message id's handler runs to success or final failure once
 //     while its record is kept (consumer.WithRetention): a redelivery, or
 //     the same message published again, is acknowledged without running it,
 //     even on another worker, channel or process that shares the store.
@@ -70,12 +70,16 @@
 //     delay out itself, holding the worker and a prefetch slot, before it
 //     requeues the message. Run several workers with a prefetch of at least
 //     as many; with one worker and a prefetch of one, a message in progress
-//     elsewhere holds up the queue for the delay.
+//     elsewhere holds up the queue for the delay. That delay is a second on
+//     a queue without a delivery limit, and on a quorum queue with an
+//     x-delivery-limit the rest of the other run's lease, so as to spend
+//     few deliveries.
 //   - A requeued message goes back into the queue; a classic queue marks its
 //     redelivery but does not count it, so that its backoff does not grow. A
-//     quorum queue counts deliveries (x-delivery-count), and its
-//     x-delivery-limit, if set, dead-letters or drops a message that keeps
-//     failing.
+//     quorum queue counts deliveries (x-delivery-count), and on the last
+//     delivery its x-delivery-limit allows, passed to New in args, a
+//     message that keeps failing goes to the dead-letter hook and is
+//     acknowledged, rather than dropped by RabbitMQ.
 //   - AMQP shows neither a queue's arguments nor its policies: New trusts
 //     the args it is given. A TTL that a policy sets is not seen; pass it in
 //     args, or use consumer.WithHorizonWarning.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -17,11 +18,13 @@ import (
 type Handler func(ctx context.Context, msg jetstream.Msg) error
 
 // Consumer processes the messages of one JetStream consumer with a Handler,
-// at most once per message id, and acknowledges each as its outcome says.
+// once per message id (see consumer.Consumer), and acknowledges each as its
+// outcome says.
 type Consumer struct {
-	core *consumer.Consumer
-	h    Handler
-	opts *options
+	core       *consumer.Consumer
+	h          Handler
+	opts       *options
+	maxDeliver int // the consumer's max deliver; 0 or less: no limit
 }
 
 // New returns a Consumer that runs h for the messages of cons, a consumer of
@@ -44,10 +47,12 @@ func New(ctx context.Context, core *consumer.Consumer, stream jetstream.Stream, 
 	if ci.Config.AckPolicy != jetstream.AckExplicitPolicy {
 		return nil, fmt.Errorf("idemnats: consumer %q must acknowledge explicitly (AckExplicitPolicy), to be redelivered what it did not finish", ci.Name)
 	}
-	if err := core.CheckHorizon(ctx, Horizon(si.Config, ci.Config, core.MaxBackoff())); err != nil {
+	cfg := ci.Config
+	cfg.Durable = ci.Name // named in the horizon, ephemeral ones too
+	if err := core.CheckHorizon(ctx, Horizon(si.Config, cfg, core.MaxBackoff())); err != nil {
 		return nil, err
 	}
-	return &Consumer{core: core, h: h, opts: newOptions(opts)}, nil
+	return &Consumer{core: core, h: h, opts: newOptions(opts), maxDeliver: cfg.MaxDeliver}, nil
 }
 
 // Horizon is how long JetStream may redeliver a message of stream to cons:
@@ -66,13 +71,18 @@ func Horizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBa
 		for _, b := range cons.BackOff {
 			wait = max(wait, b)
 		}
-		if d := time.Duration(cons.MaxDeliver) * wait; h.Unbounded || d < h.Bound {
+		d := time.Duration(math.MaxInt64) // where the product would overflow
+		if wait <= 0 || int64(cons.MaxDeliver) <= math.MaxInt64/int64(wait) {
+			d = time.Duration(cons.MaxDeliver) * wait
+		}
+		if h.Unbounded || d < h.Bound {
 			h = consumer.Horizon{Bound: d, Source: fmt.Sprintf("consumer %s: max deliver %d × %s between deliveries", cons.Durable, cons.MaxDeliver, wait)}
 		}
 	}
 	if h.Unbounded {
 		h.Source = fmt.Sprintf("stream %s has no max age, and consumer %s no max deliver", stream.Name, cons.Durable)
 	}
+	h.Fix = fmt.Sprintf("set stream %s's MaxAge to at most the retention (a max deliver bounds it too, but gives up on a message that keeps failing, into the dead-letter hook)", stream.Name)
 	return h
 }
 
@@ -84,8 +94,8 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Resul
 	return res
 }
 
-// Process decides what becomes of msg, running the handler at most once
-// per message id, without acknowledging it: Settle does. A message that
+// Process decides what becomes of msg, running the handler unless its id
+// was processed before or is in progress, without acknowledging it: Settle does. A message that
 // ended in a final failure or was refused goes to the dead-letter hook
 // (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
 func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) consumer.Result {
@@ -105,10 +115,10 @@ func (c *Consumer) Settle(ctx context.Context, msg jetstream.Msg, res consumer.R
 	switch res.Action {
 	case consumer.Ack:
 		err = msg.Ack()
-	case consumer.Nak:
-		err = msg.NakWithDelay(res.Delay)
+	case consumer.Reject:
+		err = msg.Term() // TermWithReason needs nats-server 2.10.4
 	default:
-		err = msg.Term()
+		err = msg.NakWithDelay(res.Delay)
 	}
 	if err != nil {
 		c.core.Warn(ctx, "acknowledging a message failed; JetStream redelivers it after its ack wait", err)
@@ -136,6 +146,7 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) consumer.Resu
 		Body:        msg.Data(),
 		Attempt:     int(min(meta.NumDelivered, 1<<20)),
 		Redelivered: meta.NumDelivered > 1,
+		Last:        c.maxDeliver > 0 && meta.NumDelivered >= uint64(c.maxDeliver),
 	}
 	return c.core.Process(ctx, d, func(ctx context.Context) error { return c.h(ctx, msg) })
 }

@@ -98,8 +98,20 @@ func (r *rig) publish(id, body string, headers ...string) {
 	for i := 0; i+1 < len(headers); i += 2 {
 		msg.Header.Add(headers[i], headers[i+1])
 	}
-	if _, err := r.js.PublishMsg(r.t.Context(), msg); err != nil {
-		r.t.Fatal(err)
+	// A resend that JetStream still finds within its duplicate window (the
+	// tests sleep past it, but a loaded machine may purge late) is sent
+	// again, so that the consumer gets it.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		ack, err := r.js.PublishMsg(r.t.Context(), msg)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		if !ack.Duplicate {
+			return
+		}
+		if time.Now().After(deadline) {
+			r.t.Fatal("JetStream kept the message for a duplicate past its window")
+		}
 	}
 }
 
@@ -467,5 +479,71 @@ func TestNewChecksHorizon(t *testing.T) {
 	}
 	if _, err := idemnats.New(t.Context(), core, stream, short, h); !errors.As(err, &herr) || herr.Horizon.Bound != 100*time.Minute {
 		t.Fatalf("New with 1h retention on a 100-minute horizon: %v, want a HorizonError", err)
+	}
+}
+
+// TestMaxDeliverExhausted: a message that keeps failing for now is handed to
+// the dead-letter hook on its last delivery, and acknowledged, rather than
+// given up by JetStream in silence.
+func TestMaxDeliverExhausted(t *testing.T) {
+	_, js := natstest.Connect(t)
+	stream := natstest.Stream(t, js, jetstream.StreamConfig{})
+	name := natstest.Name("c")
+	cons, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, err := consumer.New(memory.New(), name, fast, consumer.WithEngineOptions(engine.WithLogger(nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var runs int
+	var dead []error
+	c, err := idemnats.New(t.Context(), core, stream, cons,
+		func(context.Context, jetstream.Msg) error {
+			mu.Lock()
+			defer mu.Unlock()
+			runs++
+			return errors.New("ledger unreachable")
+		},
+		idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
+			mu.Lock()
+			defer mu.Unlock()
+			dead = append(dead, err)
+			return nil
+		}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := nats.NewMsg(stream.CachedInfo().Config.Name + ".charges")
+	msg.Header.Set(jetstream.MsgIDHeader, "a")
+	if _, err := js.PublishMsg(t.Context(), msg); err != nil {
+		t.Fatal(err)
+	}
+	results := make(chan consumer.Result, 10)
+	cc, err := cons.Consume(func(msg jetstream.Msg) { results <- c.Handle(context.Background(), msg) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cc.Stop(); <-cc.Closed() }()
+	for i := 1; i <= 3; i++ {
+		select {
+		case res := <-results:
+			if want := consumer.Nak; i == 3 {
+				if res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrLastDelivery) {
+					t.Fatalf("last delivery: %+v, want it dead-lettered and acknowledged", res)
+				}
+			} else if res.Action != want {
+				t.Fatalf("delivery %d: %+v, want a nak", i, res)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("delivery %d did not come", i)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if runs != 3 || len(dead) != 1 {
+		t.Fatalf("%d runs and %d dead letters, want 3 and 1", runs, len(dead))
 	}
 }

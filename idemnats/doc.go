@@ -35,10 +35,12 @@
 //
 // # Guarantees
 //
-//   - A message id's handler runs to success or final failure at most once
-//     while its record is kept (consumer.WithRetention): a redelivery, or a
-//     resend after JetStream's duplicate window, is acknowledged without
-//     running it, even on another worker or process that shares the store.
+//   - A message id's handler runs to success or final failure once while
+//     its record is kept (consumer.WithRetention): a redelivery, or a resend
+//     after JetStream's duplicate window, is acknowledged without running
+//     it, even on another worker or process that shares the store. (In
+//     two-phase mode, a run that died or outlasted its lease runs again:
+//     see package consumer.)
 //   - With consumer.WithAtomic on store/postgres, the handler's writes
 //     commit with the message's record, or not at all: each message has
 //     exactly one effect, whatever dies when.
@@ -56,11 +58,13 @@
 //   - Without consumer.WithAtomic, a consumer that dies after the handler's
 //     effects and before the record leaves the id in progress until its
 //     lease ends; the redelivery then runs the handler again.
-//   - Every negative acknowledgement counts as a delivery: a consumer with a
-//     max deliver stops redelivering a message that stays in progress
-//     elsewhere, or keeps failing, after that many. A handler that runs
-//     longer than the ack wait should call msg.InProgress, or the message is
-//     redelivered meanwhile (and delayed, as Busy, until it is recorded).
+//   - Every negative acknowledgement counts as a delivery. With a max
+//     deliver, the last delivery of a message that keeps failing goes to the
+//     dead-letter hook and is acknowledged (JetStream would drop it); a
+//     redelivery that finds its message in progress elsewhere is delayed
+//     until that run's lease ends, so as to spend few deliveries. A handler
+//     that runs longer than the ack wait should call msg.InProgress, or the
+//     message is redelivered meanwhile.
 //   - Handle acknowledges with Ack, which JetStream does not confirm: a lost
 //     acknowledgement means a redelivery after the ack wait, dropped as a
 //     duplicate.

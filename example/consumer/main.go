@@ -326,6 +326,12 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	if err := ch.Qos(cfg.workers, 0, false); err != nil {
 		return err
 	}
+	// What ends this connection's consumption: the connection or the
+	// channel closing, or the broker cancelling the consumer (its queue was
+	// deleted, say). Registered before anything can end it.
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
 	tag := fmt.Sprintf("idemkey-example-consumer-%d", os.Getpid())
 	deliveries, err := ch.Consume(cfg.queue, tag, false, false, false, false, nil)
 	if err != nil {
@@ -333,33 +339,48 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	}
 	w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers)
 	// Messages are processed on a context of their own: a stop lets the ones
-	// in hand finish rather than cut their store calls short.
+	// in hand finish rather than cut their store calls short. Their
+	// acknowledgements end with this connection: a message waiting out its
+	// delay is then requeued at once (by the broker, if the channel is gone).
 	work := context.WithoutCancel(ctx)
+	settleCtx, endSettles := context.WithCancel(ctx)
+	defer endSettles()
 	var wg sync.WaitGroup
 	for range max(cfg.workers, 1) {
 		wg.Go(func() {
 			for d := range deliveries {
 				res := c.Process(work, d)
 				w.beforeAck(res)
-				c.Settle(ctx, d, res) // a stop requeues a message at once rather than wait its delay
+				c.Settle(settleCtx, d, res)
 				w.log(res, "delivery_tag", d.DeliveryTag)
 			}
 		})
 	}
-	closed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	var ended error
 	select {
 	case <-ctx.Done():
 		w.logger.Info("shutting down")
 		ch.Cancel(tag, false)
 		wg.Wait()
 		return nil
-	case err := <-closed:
-		wg.Wait()
-		if err == nil {
-			return errors.New("the connection was closed")
-		}
-		return err
+	case err := <-connClosed:
+		ended = closeError(err, "the connection was closed")
+	case err := <-chClosed:
+		ended = closeError(err, "the channel was closed")
+	case <-cancelled:
+		ended = errors.New("the broker cancelled the consumer: was its queue deleted?")
 	}
+	endSettles()
+	wg.Wait()
+	return ended
+}
+
+// closeError is err, or a plain error with msg when the close was clean.
+func closeError(err *amqp.Error, msg string) error {
+	if err == nil {
+		return errors.New(msg)
+	}
+	return err
 }
 
 // headerValues returns the values of an AMQP header that holds a string.

@@ -98,6 +98,8 @@ func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, bod
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
+	// A message no queue takes comes back (mandatory) before its confirm.
+	returned := ch.NotifyReturn(make(chan amqp.Return, 1))
 	for n := 1; n <= count; n++ {
 		conf, err := ch.PublishWithDeferredConfirmWithContext(ctx, "", queue, true, false, amqp.Publishing{
 			ContentType: "application/json", DeliveryMode: amqp.Persistent,
@@ -108,6 +110,11 @@ func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, bod
 		}
 		if ok, err := conf.WaitContext(ctx); err != nil || !ok {
 			return fmt.Errorf("the broker did not confirm message %d (%v)", n, err)
+		}
+		select {
+		case r := <-returned:
+			return fmt.Errorf("queue %s does not exist, so the broker dropped message %d (%s): start the consumer first, which declares it", queue, n, r.ReplyText)
+		default:
 		}
 		fmt.Printf("published to queue %s\n", queue)
 	}
