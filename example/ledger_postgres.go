@@ -181,18 +181,21 @@ func ledgerError(err error) error {
 	return status.Error(codes.Unavailable, "the ledger is unavailable")
 }
 
-// OpenDatabase connects to url and creates or upgrades the tables of the
-// idemkey store and of the ledger: what the example's commands do at start.
-func OpenDatabase(ctx context.Context, url string, logger *slog.Logger) (*pgxpool.Pool, error) {
+// OpenDatabase connects to url and creates or upgrades the ledger's table
+// and, with idempotency, the idemkey store's: what the example's commands do
+// at start.
+func OpenDatabase(ctx context.Context, url string, idempotency bool, logger *slog.Logger) (*pgxpool.Pool, error) {
 	pool, err := pgxpool.New(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if err := postgres.Migrate(ctx, pool, postgres.WithLogger(logger)); err != nil {
-		pool.Close()
-		return nil, err
+	if idempotency {
+		if err := postgres.Migrate(ctx, pool, postgres.WithLogger(logger)); err != nil {
+			pool.Close()
+			return nil, err
+		}
 	}
 	if err := MigrateLedger(ctx, pool); err != nil {
 		pool.Close()

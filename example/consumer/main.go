@@ -110,7 +110,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.databaseURL == "" {
 		cfg.atomic = false
 	} else {
-		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, logger)
+		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, true, logger)
 		if err != nil {
 			return err
 		}

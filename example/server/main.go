@@ -313,7 +313,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	var pool *pgxpool.Pool
 	if cfg.databaseURL != "" {
 		var err error
-		pool, err = openDatabase(ctx, cfg.databaseURL, !cfg.bare, logger)
+		pool, err = example.OpenDatabase(ctx, cfg.databaseURL, !cfg.bare, logger)
 		if err != nil {
 			return err
 		}
@@ -416,28 +416,6 @@ func writeFileAtomic(path, data string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
-}
-
-// openDatabase connects and creates or upgrades the tables of the ledger and,
-// with idempotency, of the store.
-func openDatabase(ctx context.Context, url string, idempotency bool, logger *slog.Logger) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, fmt.Errorf("database: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	if idempotency {
-		if err := postgres.Migrate(ctx, pool, postgres.WithLogger(logger)); err != nil {
-			pool.Close()
-			return nil, err
-		}
-	}
-	if err := example.MigrateLedger(ctx, pool); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("database: charges table: %w", err)
-	}
-	return pool, nil
 }
 
 // openRedis connects to one Redis server (url) or a Redis Cluster (cluster:
