@@ -14,22 +14,20 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"image/color"
-	"io"
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
+
+	"github.com/idemkey/idemkey/internal/benchfile"
 )
 
 func main() {
@@ -74,7 +72,7 @@ func run(benchPath, loadPath, out string) error {
 		if err != nil {
 			return err
 		}
-		metrics, err := parseBench(f)
+		metrics, err := benchfile.Parse(f)
 		f.Close()
 		if err != nil {
 			return err
@@ -105,69 +103,6 @@ func run(benchPath, loadPath, out string) error {
 	return nil
 }
 
-// metric is one benchmark's values of one unit, a value per run, in the
-// order of the benchmarks' output.
-type metric struct {
-	bench, unit string
-	values      []float64
-}
-
-// parseBench reads go test -bench output: each result line is a name, an
-// iteration count, then value and unit pairs.
-func parseBench(r io.Reader) ([]*metric, error) {
-	var metrics []*metric
-	index := map[string]*metric{}
-	lines := bufio.NewScanner(r)
-	lines.Buffer(nil, 1<<20)
-	for lines.Scan() {
-		fields := strings.Fields(lines.Text())
-		if len(fields) < 4 || !strings.HasPrefix(fields[0], "Benchmark") {
-			continue
-		}
-		bench := strings.TrimPrefix(fields[0], "Benchmark")
-		if i := strings.LastIndexByte(bench, '-'); i > 0 {
-			bench = bench[:i] // the GOMAXPROCS suffix
-		}
-		for i := 2; i+1 < len(fields); i += 2 {
-			v, err := strconv.ParseFloat(fields[i], 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %s is not a number", bench, fields[i])
-			}
-			key := bench + " " + fields[i+1]
-			if index[key] == nil {
-				index[key] = &metric{bench: bench, unit: fields[i+1]}
-				metrics = append(metrics, index[key])
-			}
-			index[key].values = append(index[key].values, v)
-		}
-	}
-	return metrics, lines.Err()
-}
-
-func find(metrics []*metric, bench, unit string) *metric {
-	for _, m := range metrics {
-		if m.bench == bench && m.unit == unit {
-			return m
-		}
-	}
-	return nil
-}
-
-// isRatio tells the interleaved ratios from times, rates and sizes, as
-// internal/benchtable does.
-func isRatio(unit string) bool {
-	left, right, ok := strings.Cut(unit, "/")
-	return ok && right != "op" && right != "call" && right != "s" && !strings.HasSuffix(left, "ns") && !strings.HasSuffix(left, "sec")
-}
-
-func median(vs []float64) float64 {
-	s := slices.Sorted(slices.Values(vs))
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
-
 // palette is a few colours that stay apart in print and for most colour
 // blindness (Okabe and Ito's).
 var palette = []color.Color{
@@ -181,7 +116,7 @@ var palette = []color.Color{
 
 // reserveScale draws Reserve's median latency by table size, one group of
 // bars per kind of call; each bar is the median of the runs' medians.
-func reserveScale(metrics []*metric, dir, name string) error {
+func reserveScale(metrics []*benchfile.Metric, dir, name string) error {
 	kinds := []struct{ unit, label string }{
 		{"insert", "insert (new key)"},
 		{"replay", "replay, random key"},
@@ -197,13 +132,13 @@ func reserveScale(metrics []*metric, dir, name string) error {
 	for i, size := range sizes {
 		var vals plotter.Values
 		for _, kind := range kinds {
-			m := find(metrics, "ReserveScale", kind.unit+"-p50-ns@"+size.unit)
+			m := benchfile.Find(metrics, "ReserveScale", kind.unit+"-p50-ns@"+size.unit)
 			if m == nil {
 				vals = append(vals, 0)
 				continue
 			}
 			found = true
-			vals = append(vals, median(m.values)/1e3)
+			vals = append(vals, benchfile.Median(m.Values)/1e3)
 		}
 		bars, err := plotter.NewBarChart(vals, w)
 		if err != nil {
@@ -230,7 +165,7 @@ func reserveScale(metrics []*metric, dir, name string) error {
 
 // benchRatios draws every interleaved ratio of the run: a bar at its median
 // and a line over its range.
-func benchRatios(metrics []*metric, dir, name string) error {
+func benchRatios(metrics []*benchfile.Metric, dir, name string) error {
 	var (
 		names    []string
 		medians  plotter.Values
@@ -238,13 +173,13 @@ func benchRatios(metrics []*metric, dir, name string) error {
 		points   plotter.XYs
 	)
 	for _, m := range slices.Backward(metrics) { // NominalY counts from the bottom
-		if !isRatio(m.unit) {
+		if !benchfile.IsRatio(m.Unit) {
 			continue
 		}
-		med := median(m.values)
-		names = append(names, m.bench+": "+m.unit)
+		med := benchfile.Median(m.Values)
+		names = append(names, m.Bench+": "+m.Unit)
 		medians = append(medians, med)
-		extremes = append(extremes, struct{ Low, High float64 }{med - slices.Min(m.values), slices.Max(m.values) - med})
+		extremes = append(extremes, struct{ Low, High float64 }{med - slices.Min(m.Values), slices.Max(m.Values) - med})
 		points = append(points, plotter.XY{X: med, Y: float64(len(points))})
 	}
 	if len(names) == 0 {

@@ -16,27 +16,6 @@ BenchmarkReserveScale-2	   10	  1 ns/op	 100000 replay-p50-ns@1e4	 200000 replay
 PASS
 `
 
-// The benchmarks' values are parsed per unit and run, and the ratios are
-// told from times.
-func TestParseBench(t *testing.T) {
-	metrics, err := parseBench(strings.NewReader(benchOutput))
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := find(metrics, "Overhead", "first/bare")
-	if first == nil || len(first.values) != 2 || median(first.values) != 1.15 {
-		t.Fatalf("Overhead first/bare: %+v, want two runs, median 1.15", first)
-	}
-	if m := find(metrics, "ReserveScale", "replay-p50-ns@1e7"); m == nil || m.values[0] != 400000 {
-		t.Errorf("ReserveScale replay-p50-ns@1e7: %+v, want 400000", m)
-	}
-	for unit, want := range map[string]bool{"first/bare": true, "insert-p50-1e6/1e4": true, "ns/op": false, "B/op": false, "insert-p50-ns@1e4": false} {
-		if isRatio(unit) != want {
-			t.Errorf("isRatio(%q) = %v, want %v", unit, !want, want)
-		}
-	}
-}
-
 // Each chart is written from the inputs, as SVG.
 func TestCharts(t *testing.T) {
 	dir := t.TempDir()
