@@ -1,12 +1,9 @@
 package postgres_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -56,7 +53,7 @@ func BenchmarkBackendCPU(b *testing.B) {
 		if err := pool.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := backendCPU(pid); err != nil {
+		if _, err := pgtest.BackendCPU(pid); err != nil {
 			b.Skipf("the backend's CPU cannot be read here (is PostgreSQL on another machine?): %v", err)
 		}
 		return pool, pid
@@ -155,11 +152,11 @@ func BenchmarkBackendCPU(b *testing.B) {
 	for b.Loop() {
 		for j := range variants {
 			k := (n + j) % len(variants)
-			before, _ := backendCPU(pids[k])
+			before, _ := pgtest.BackendCPU(pids[k])
 			if err := variants[k].run(pools[k], n); err != nil {
 				b.Fatalf("%s: %v", variants[k].name, err)
 			}
-			after, _ := backendCPU(pids[k])
+			after, _ := pgtest.BackendCPU(pids[k])
 			spent[k] += after - before
 		}
 		n++
@@ -181,15 +178,3 @@ const (
 		ON CONFLICT DO NOTHING RETURNING token`
 	minimalComplete = `UPDATE baseline_keys SET state = 'completed', outcome = $3 WHERE key = $1 AND token = $2`
 )
-
-// backendCPU is the CPU time a process has run, in nanoseconds, from
-// /proc/PID/schedstat.
-func backendCPU(pid int) (time.Duration, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if err != nil {
-		return 0, err
-	}
-	field, _, _ := strings.Cut(string(bytes.TrimSpace(stat)), " ")
-	ns, err := strconv.ParseInt(field, 10, 64)
-	return time.Duration(ns), err
-}

@@ -1,13 +1,9 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
 	"crypto/sha256"
-	"fmt"
-	"os"
 	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -65,7 +61,7 @@ func BenchmarkStatements(b *testing.B) {
 		if err := pools[k].QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pids[k]); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := schedCPU(pids[k]); err != nil {
+		if _, err := pgtest.BackendCPU(pids[k]); err != nil {
 			b.Skipf("the backend's CPU cannot be read here (is PostgreSQL on another machine?): %v", err)
 		}
 	}
@@ -120,11 +116,11 @@ func BenchmarkStatements(b *testing.B) {
 	for b.Loop() {
 		for j := range variants {
 			k := (n + j) % len(variants)
-			before, _ := schedCPU(pids[k])
+			before, _ := pgtest.BackendCPU(pids[k])
 			if err := run(k, n); err != nil {
 				b.Fatalf("%s: %v", variants[k].name, err)
 			}
-			after, _ := schedCPU(pids[k])
+			after, _ := pgtest.BackendCPU(pids[k])
 			spent[k] += after - before
 		}
 		n++
@@ -135,15 +131,4 @@ func BenchmarkStatements(b *testing.B) {
 		b.ReportMetric(float64(spent[k+1].Nanoseconds())/float64(n)-minimal, v.name+"-extra-cpu-ns/op")
 	}
 	b.ReportMetric(float64(spent[len(spent)-1].Nanoseconds())/float64(n)/minimal, "store/minimal")
-}
-
-// schedCPU is the CPU time a process has run, from /proc/PID/schedstat.
-func schedCPU(pid int) (time.Duration, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/schedstat", pid))
-	if err != nil {
-		return 0, err
-	}
-	field, _, _ := strings.Cut(string(bytes.TrimSpace(stat)), " ")
-	ns, err := strconv.ParseInt(field, 10, 64)
-	return time.Duration(ns), err
 }
