@@ -395,17 +395,7 @@ func newRabbitMQ(t *testing.T) *rabbitBroker {
 		t.Fatal(err)
 	}
 	b.returns = b.ch.NotifyReturn(make(chan amqp.Return, 1))
-	t.Cleanup(func() {
-		ch, err := conn.Channel()
-		if err != nil {
-			t.Errorf("delete test queue: %v", err)
-			return
-		}
-		defer ch.Close()
-		if _, err := ch.QueueDelete(b.queue, false, false, false); err != nil {
-			t.Errorf("delete test queue: %v", err)
-		}
-	})
+	amqptest.DeleteQueueAtEnd(t, conn, b.queue) // the consumer declares it
 	return b
 }
 

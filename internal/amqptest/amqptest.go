@@ -72,6 +72,13 @@ func Queue(t testing.TB, conn *amqp.Connection, args amqp.Table) string {
 	if _, err := ch.QueueDeclare(name, true, false, false, false, args); err != nil {
 		t.Fatalf("declare queue: %v", err)
 	}
+	DeleteQueueAtEnd(t, conn, name)
+	return name
+}
+
+// DeleteQueueAtEnd deletes queue when t ends, on a channel of its own: for a
+// queue that Queue declared, or that the code under test did.
+func DeleteQueueAtEnd(t testing.TB, conn *amqp.Connection, queue string) {
 	t.Cleanup(func() {
 		ch, err := conn.Channel()
 		if err != nil {
@@ -79,11 +86,10 @@ func Queue(t testing.TB, conn *amqp.Connection, args amqp.Table) string {
 			return
 		}
 		defer ch.Close()
-		if _, err := ch.QueueDelete(name, false, false, false); err != nil {
+		if _, err := ch.QueueDelete(queue, false, false, false); err != nil {
 			t.Errorf("delete test queue: %v", err)
 		}
 	})
-	return name
 }
 
 // Exchange declares a fanout exchange with a unique name, deleted when t
