@@ -159,7 +159,7 @@ type Result struct {
 	Err error
 }
 
-// Errors in a Result of a refused message, checked with errors.Is.
+// This package's errors in a Result, checked with errors.Is.
 var (
 	ErrNoID         = errors.New("idemkey/consumer: the message has no id")
 	ErrInvalidID    = errors.New("idemkey/consumer: the message id is longer than 255 bytes")
@@ -178,9 +178,8 @@ var (
 
 // Process decides what to do with one delivery, running h unless its id was
 // processed before or is in progress, and returns what the adapter tells the
-// broker. ctx bounds the
-// store's operations and h; WithHandlerTimeout bounds h further and sets the
-// lease.
+// broker. ctx bounds the store's operations and h; WithHandlerTimeout bounds
+// h further and sets the lease.
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 	if c.opts.handlerTimeout > 0 {
 		var cancel context.CancelFunc
