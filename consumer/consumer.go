@@ -146,11 +146,12 @@ type Result struct {
 	// Action is Nak.
 	Delay time.Duration
 	// DeadLetter is true when the message ended in a final failure (Failed,
-	// or a Duplicate of a message that failed) or was Refused: the adapter
-	// hands it to its dead-letter hook before it acts, and on the hook's
-	// error negative-acknowledges it instead, with Delay. So a dead letter
-	// is sent at least once, even by a redelivery of a message whose failure
-	// was recorded.
+	// or a Duplicate of a message that failed), was Refused, or failed for
+	// now on its last delivery: the adapter hands it to its dead-letter hook
+	// before it acts, and on the hook's error negative-acknowledges it
+	// instead, with Delay. So a dead letter is sent at least once, even by a
+	// redelivery of a message whose failure was recorded, as long as the
+	// broker redelivers: a hook that fails on the last delivery loses it.
 	DeadLetter bool
 	// Err says why, for Failed, Retry, Refused and the store's outcomes:
 	// the handler's error, or one of this package's. This package logs only
