@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
@@ -202,4 +203,17 @@ func OpenDatabase(ctx context.Context, url string, idempotency bool, logger *slo
 		return nil, fmt.Errorf("database: charges table: %w", err)
 	}
 	return pool, nil
+}
+
+// StartJanitor runs j in the background until the returned stop is called,
+// which waits for it to end: the example's commands delete expired records
+// this way, so that the table holds only the records still kept.
+func StartJanitor(ctx context.Context, j *store.Janitor) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		j.Run(ctx)
+	}()
+	return func() { cancel(); <-done }
 }

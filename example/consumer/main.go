@@ -120,6 +120,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			return err
 		}
 		st, ledger = pst, example.NewPostgresLedger(pool)
+		// Expired records are deleted, as the server deletes them: without
+		// it, every message id ever processed would stay in the table.
+		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger})()
 	}
 	system := "nats"
 	if cfg.amqpURL != "" {

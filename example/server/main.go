@@ -333,11 +333,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			return err
 		}
 		st = pst
-		janitor := &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters}
-		janitorDone := make(chan error, 1)
-		janitorCtx, stopJanitor := context.WithCancel(ctx)
-		go func() { janitorDone <- janitor.Run(janitorCtx) }()
-		defer func() { stopJanitor(); <-janitorDone }()
+		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters})()
 	}
 
 	srv, hs := example.NewServer(st, example.Config{
