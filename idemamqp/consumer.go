@@ -197,13 +197,14 @@ func (c *Consumer) process(ctx context.Context, d amqp.Delivery) consumer.Result
 			return c.core.Refuse(ctx, err)
 		}
 	}
+	n := attempt(d.Headers)
 	cd := consumer.Delivery{
 		ID:          id,
 		Tenant:      tenant,
 		Body:        d.Body,
-		Attempt:     attempt(d.Headers),
+		Attempt:     n,
 		Redelivered: d.Redelivered,
-		Last:        c.deliveryLimit >= 0 && attempt(d.Headers)-1 >= int(c.deliveryLimit),
+		Last:        c.deliveryLimit >= 0 && n-1 >= int(c.deliveryLimit),
 	}
 	res := c.core.Process(ctx, cd, func(ctx context.Context) error { return c.h(ctx, d) })
 	if res.Outcome == consumer.Busy && c.deliveryLimit < 0 {

@@ -104,16 +104,7 @@ type Server struct {
 // and its directory deleted when t ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		bin = "/usr/sbin/nats-server"
-		if _, serr := os.Stat(bin); serr != nil {
-			if os.Getenv("CI") == "true" {
-				t.Fatal("nats-server is not installed; CI needs it (Debian: apt-get install nats-server)")
-			}
-			t.Skip("nats-server is not installed (Debian: apt-get install nats-server)")
-		}
-	}
+	bin := binary(t)
 	dir := t.TempDir()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -127,6 +118,24 @@ func Start(t testing.TB) *Server {
 	}
 	t.Cleanup(s.Kill)
 	return s
+}
+
+// binary returns the path of nats-server (on the PATH, else Debian's
+// /usr/sbin), or fails or skips t where it is not installed.
+func binary(t testing.TB) string {
+	t.Helper()
+	if bin, err := exec.LookPath("nats-server"); err == nil {
+		return bin
+	}
+	const debian = "/usr/sbin/nats-server"
+	if _, err := os.Stat(debian); err == nil {
+		return debian
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatal("nats-server is not installed; CI needs it (Debian: apt-get install nats-server)")
+	}
+	t.Skip("nats-server is not installed (Debian: apt-get install nats-server)")
+	return ""
 }
 
 func (s *Server) launch(bin string) error {
@@ -177,11 +186,7 @@ func (s *Server) Kill() {
 // Restart starts a killed server again on the same port and data.
 func (s *Server) Restart(t testing.TB) {
 	t.Helper()
-	bin, err := exec.LookPath("nats-server")
-	if err != nil {
-		bin = "/usr/sbin/nats-server"
-	}
-	if err := s.launch(bin); err != nil {
+	if err := s.launch(binary(t)); err != nil {
 		t.Fatalf("restart nats-server: %v", err)
 	}
 }
