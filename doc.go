@@ -21,11 +21,11 @@
 // Reason tells them apart on the client:
 //
 //	_, err := client.CreateCharge(ctx, req)
-//	switch idemkey.Reason(err) {
+//	switch interceptor.Reason(err) {
 //	case idemkey.ReasonKeyReused:
 //		// a bug: the key was reused for a different charge
 //	case idemkey.ReasonInProgress:
-//		delay, _ := idemkey.RetryDelay(err) // the server's pushback
+//		delay, _ := interceptor.RetryDelay(err) // the server's pushback
 //		time.Sleep(delay) // then retry with the same key
 //	}
 //

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
@@ -217,7 +218,7 @@ func (c *Consumer) process(ctx context.Context, call *engine.Call, d Delivery, h
 	case d.ID == "":
 		call.Verdict = engine.KeyMissing
 		return c.refuse(ctx, call, ErrNoID)
-	case len(d.ID) > engine.MaxKeyLen:
+	case len(d.ID) > idemkey.MaxKeyLen:
 		call.Verdict = engine.KeyInvalid
 		return c.refuse(ctx, call, ErrInvalidID)
 	}

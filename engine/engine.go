@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -95,7 +96,7 @@ func (op *Operation) Atomic() bool { return op.atomic }
 // Request is what an adapter read from one call with a key.
 type Request struct {
 	Tenant      string
-	Key         string // checked with CheckKey
+	Key         string // checked with idemkey.ValidateKey
 	Fingerprint store.Fingerprint
 	// Retried is true when the transport marks the call as a later attempt
 	// (gRPC's grpc-previous-rpc-attempts, a broker's redelivery): its record
@@ -122,7 +123,8 @@ type Call struct {
 	RetryAfter time.Duration
 
 	key      store.Key
-	parts    parts
+	tenant   string
+	userKey  string // the caller's key, for idemkey.DerivedKey
 	started  bool
 	token    store.Token
 	tx       store.Tx
@@ -152,8 +154,8 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	if e.opts.scope == ScopeTenant {
 		scopeOp = ""
 	}
-	c.key = store.NewKey(r.Tenant, scopeOp, r.Key)
-	c.parts = parts{r.Tenant, op.name, r.Key}
+	c.key = store.ScopeKey(r.Tenant, scopeOp, r.Key)
+	c.tenant, c.userKey = r.Tenant, r.Key
 	c.started = true
 	fp := r.Fingerprint
 	if scopeOp == "" {
@@ -254,10 +256,10 @@ func (c *Call) storeFailed(ctx context.Context, op string, err error) {
 // (atomic mode), whose failed commit undoes the handler's writes.
 func (c *Call) Atomic() bool { return c.tx != nil }
 
-// Context is ctx for the handler: it carries the call's parts for DerivedKey
-// and, in atomic mode, the transaction.
+// Context is ctx for the handler: it carries the call's parts for
+// idemkey.DerivedKey and, in atomic mode, the transaction.
 func (c *Call) Context(ctx context.Context) context.Context {
-	ctx = &partsContext{ctx, c.parts}
+	ctx = idemkey.HandlerContext(ctx, c.tenant, c.op.name, c.userKey)
 	if c.tx != nil {
 		ctx = c.tx.HandlerContext(ctx)
 	}

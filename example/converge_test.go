@@ -77,8 +77,8 @@ func TestDuplicateOfALongCallConverges(t *testing.T) {
 			if err != nil {
 				t.Fatalf("duplicate: %v, want the first call's reply", err)
 			}
-			if want := <-first; !proto.Equal(dup, want) || !idemkey.Replayed(trailer) {
-				t.Errorf("duplicate: %v (replayed %v), want the first call's %v, replayed", dup, idemkey.Replayed(trailer), want)
+			if want := <-first; !proto.Equal(dup, want) || !interceptor.Replayed(trailer) {
+				t.Errorf("duplicate: %v (replayed %v), want the first call's %v, replayed", dup, interceptor.Replayed(trailer), want)
 			}
 			// Per attempt: a read before reserving, the reservation, and at
 			// most 5 + 2s/500ms polls while the server holds the duplicate.

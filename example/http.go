@@ -18,6 +18,7 @@ import (
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/proto/example/payments/v1/paymentsv1connect"
 	"github.com/idemkey/idemkey/store"
@@ -146,7 +147,7 @@ func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var trailer metadata.MD
 	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Trailer(&trailer))
-	if idemkey.Replayed(trailer) {
+	if interceptor.Replayed(trailer) {
 		w.Header().Set(idemhttp.ReplayedHeader, "true")
 	}
 	if err != nil {
@@ -169,7 +170,7 @@ func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // that corresponds to its code.
 func writeStatus(w http.ResponseWriter, err error) {
 	st := status.Convert(err)
-	reason := idemkey.Reason(err)
+	reason := interceptor.Reason(err)
 	code, ok := reasonStatus[reason]
 	if !ok {
 		reason, code = "", codeStatus(st.Code())
@@ -178,7 +179,7 @@ func writeStatus(w http.ResponseWriter, err error) {
 	if reason == idemkey.ReasonKeyMissing {
 		detail = "idempotency key required: set the Idempotency-Key header, or request_id, to one random key per operation"
 	}
-	retryAfter, _ := idemkey.RetryDelay(err)
+	retryAfter, _ := interceptor.RetryDelay(err)
 	idemhttp.WriteProblem(w, code, reason, detail, retryAfter)
 }
 

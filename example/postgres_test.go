@@ -17,6 +17,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -115,7 +116,7 @@ func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 	ctx, cancel := context.WithTimeout(withKey("acme", key), 300*time.Millisecond)
 	defer cancel()
 	_, err := b.CreateCharge(ctx, req)
-	if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
+	if status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate on replica B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	if n := countCharges(t, pool); atomic && n != 0 {
@@ -129,8 +130,8 @@ func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 		t.Helper()
 		var trailer metadata.MD
 		got, err := client.CreateCharge(withKey("acme", key), req, grpc.Trailer(&trailer))
-		if err != nil || !proto.Equal(got, r.charge) || !idemkey.Replayed(trailer) {
-			t.Errorf("retry on %s = %v, %v (replayed %v); want A's charge %v, replayed", who, got, err, idemkey.Replayed(trailer), r.charge)
+		if err != nil || !proto.Equal(got, r.charge) || !interceptor.Replayed(trailer) {
+			t.Errorf("retry on %s = %v, %v (replayed %v); want A's charge %v, replayed", who, got, err, interceptor.Replayed(trailer), r.charge)
 		}
 	}
 	wantReplay(b, "replica B")

@@ -6,14 +6,14 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/protokey"
 )
 
 // NewClientInterceptor returns an interceptor for Connect clients that
 // attaches an idempotency key to every call of a covered procedure: the one
 // already in the request's Idempotency-Key header, else the one of
-// ContextWithKey, else a fresh engine.NewKey. The key goes in the request's
+// ContextWithKey, else a fresh idemkey.NewKey. The key goes in the request's
 // header, so a retry that sends the same *connect.Request again carries the
 // same key: use one Request per operation. A caller's key that is malformed
 // fails the call with InvalidArgument (reason IDEMPOTENCY_KEY_INVALID)
@@ -53,7 +53,7 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			}
 			key, ok := ctx.Value(contextKey{}).(string)
 			if !ok {
-				key = engine.NewKey()
+				key = idemkey.NewKey()
 			} else if err := checkKey(key); err != nil {
 				return nil, err
 			}

@@ -9,6 +9,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -64,7 +65,7 @@ func TestClientInterceptor(t *testing.T) {
 			strings.Join(keys[0], ",") != strings.Join(keys[1], ",") || keys[0][0] == keys[2][0] {
 			t.Fatalf("keys sent: %q; want one key for a and its retry, another for b", keys)
 		}
-		if err := engine.CheckKey(keys[0][0]); err != nil {
+		if err := idemkey.ValidateKey(keys[0][0]); err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -91,12 +92,12 @@ func TestClientInterceptor(t *testing.T) {
 			ctx context.Context
 			req *chargeRequest
 		}{
-			{idemconnect.ContextWithKey(ctx, strings.Repeat("k", engine.MaxKeyLen+1)), connect.NewRequest(&paymentsv1.CreateChargeRequest{})},
+			{idemconnect.ContextWithKey(ctx, strings.Repeat("k", idemkey.MaxKeyLen+1)), connect.NewRequest(&paymentsv1.CreateChargeRequest{})},
 			{ctx, twice},
 			{ctx, spaced},
 		} {
 			err := send(tc.ctx, tc.req)
-			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != engine.ReasonKeyInvalid ||
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyInvalid ||
 				strings.Contains(err.Error(), "kkkk") || strings.Contains(err.Error(), "has space") {
 				t.Errorf("got %v; want InvalidArgument, IDEMPOTENCY_KEY_INVALID, not quoting the key", err)
 			}

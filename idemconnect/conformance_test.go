@@ -7,6 +7,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/internal/conformance"
@@ -14,13 +15,13 @@ import (
 )
 
 var conformanceStatus = map[string]int{
-	engine.ReasonKeyMissing:       int(connect.CodeInvalidArgument),
-	engine.ReasonKeyInvalid:       int(connect.CodeInvalidArgument),
-	engine.ReasonKeyReused:        int(connect.CodeInvalidArgument),
-	engine.ReasonInProgress:       int(connect.CodeAborted),
-	engine.ReasonStoreUnavailable: int(connect.CodeUnavailable),
-	engine.ReasonStoreFull:        int(connect.CodeResourceExhausted),
-	"internal":                    int(connect.CodeInternal),
+	idemkey.ReasonKeyMissing:       int(connect.CodeInvalidArgument),
+	idemkey.ReasonKeyInvalid:       int(connect.CodeInvalidArgument),
+	idemkey.ReasonKeyReused:        int(connect.CodeInvalidArgument),
+	idemkey.ReasonInProgress:       int(connect.CodeAborted),
+	idemkey.ReasonStoreUnavailable: int(connect.CodeUnavailable),
+	idemkey.ReasonStoreFull:        int(connect.CodeResourceExhausted),
+	"internal":                     int(connect.CodeInternal),
 }
 
 // TestConformance runs the behaviour cases every entry point passes over a

@@ -83,7 +83,7 @@ func TestCrossTransport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !proto.Equal(first.Msg, replay) || !idemkey.Replayed(trailer) {
+		if !proto.Equal(first.Msg, replay) || !interceptor.Replayed(trailer) {
 			t.Fatalf("gRPC got %v (trailer %v), want the Connect reply %v marked replayed", replay, trailer, first.Msg)
 		}
 		runs.wantRuns(t, 2)
@@ -103,7 +103,7 @@ func TestCrossTransport(t *testing.T) {
 		var trailer metadata.MD
 		_, replay := grpcClient.CreateCharge(withKey("k4"), decline, grpc.Trailer(&trailer))
 		wantSameError(t, status.Convert(replay), first)
-		if !idemkey.Replayed(trailer) {
+		if !interceptor.Replayed(trailer) {
 			t.Errorf("gRPC replay's trailer %v is not marked replayed", trailer)
 		}
 		runs.wantRuns(t, 4)
@@ -111,11 +111,11 @@ func TestCrossTransport(t *testing.T) {
 	t.Run("reused across transports", func(t *testing.T) {
 		other := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 200, Currency: "EUR"}
 		_, err := call(ctx, connectClient, "k1", other)
-		if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != engine.ReasonKeyReused {
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyReused {
 			t.Errorf("Connect, key of a gRPC call, another request: %v, want reused", err)
 		}
 		_, err = grpcClient.CreateCharge(withKey("k2"), other)
-		if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != engine.ReasonKeyReused {
+		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyReused {
 			t.Errorf("gRPC, key of a Connect call, another request: %v, want reused", err)
 		}
 		runs.wantRuns(t, 4)

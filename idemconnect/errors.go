@@ -11,7 +11,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey"
 )
 
 // Header names. http.Header canonicalizes them; gRPC clients see them in
@@ -41,25 +41,25 @@ const ErrorDomain = "idemkey.dev"
 // interceptor's, and never quote the key, the tenant or the request.
 
 func missingKeyError() *connect.Error {
-	return newError(connect.CodeInvalidArgument, engine.ReasonKeyMissing,
+	return newError(connect.CodeInvalidArgument, idemkey.ReasonKeyMissing,
 		"idempotency key required: set the "+KeyHeader+" header to one random key per operation")
 }
 
 func invalidKeyError(problem string) *connect.Error {
-	return newError(connect.CodeInvalidArgument, engine.ReasonKeyInvalid, "idempotency key malformed: "+problem)
+	return newError(connect.CodeInvalidArgument, idemkey.ReasonKeyInvalid, "idempotency key malformed: "+problem)
 }
 
 // checkKey is engine.CheckKey as a Connect error.
 func checkKey(key string) *connect.Error {
-	var ke *engine.KeyError
-	if errors.As(engine.CheckKey(key), &ke) {
+	var ke *idemkey.KeyError
+	if errors.As(idemkey.ValidateKey(key), &ke) {
 		return invalidKeyError(ke.Problem)
 	}
 	return nil
 }
 
 func reusedKeyError() *connect.Error {
-	return newError(connect.CodeInvalidArgument, engine.ReasonKeyReused,
+	return newError(connect.CodeInvalidArgument, idemkey.ReasonKeyReused,
 		"idempotency key already used with a different request")
 }
 
@@ -68,7 +68,7 @@ func reusedKeyError() *connect.Error {
 // milliseconds for gRPC's retry policy. Connect sends the error's metadata as
 // headers with its own protocol, and as trailers with gRPC and gRPC-Web.
 func inProgressError(retryAfter time.Duration) *connect.Error {
-	err := newError(connect.CodeAborted, engine.ReasonInProgress,
+	err := newError(connect.CodeAborted, idemkey.ReasonInProgress,
 		"a call with this idempotency key is in progress; retry after "+retryAfter.String(),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 	err.Meta()[RetryAfterHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Second, 1), 10)}
@@ -86,12 +86,12 @@ func ceilDiv(d, unit time.Duration, least int64) int64 {
 }
 
 func storeUnavailableError() *connect.Error {
-	return newError(connect.CodeUnavailable, engine.ReasonStoreUnavailable,
+	return newError(connect.CodeUnavailable, idemkey.ReasonStoreUnavailable,
 		"idempotency store unavailable; the call was not run")
 }
 
 func storeFullError(retryAfter time.Duration) *connect.Error {
-	return newError(connect.CodeResourceExhausted, engine.ReasonStoreFull,
+	return newError(connect.CodeResourceExhausted, idemkey.ReasonStoreFull,
 		"idempotency store full; the call was not run; retry after "+retryAfter.String(),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 }
@@ -107,7 +107,7 @@ func newError(code connect.Code, reason, msg string, extra ...proto.Message) *co
 	return err
 }
 
-// Reason returns the idemkey reason (engine.ReasonKeyMissing and the others)
+// Reason returns the idemkey reason (idemkey.ReasonKeyMissing and the others)
 // carried by err, a Connect error, or "" when err is not an idemkey error.
 func Reason(err error) string {
 	if info, ok := detail[*errdetails.ErrorInfo](err); ok && info.GetDomain() == ErrorDomain {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -63,13 +64,13 @@ func TestGRPCClientOfConnectServer(t *testing.T) {
 
 	var trailer metadata.MD
 	_, err := plain.CreateCharge(ctx, req, grpc.Trailer(&trailer))
-	if status.Code(err) != codes.Aborted || idemkey.Reason(err) != engine.ReasonInProgress {
+	if status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate: %v; want Aborted, in progress", err)
 	}
-	if got := trailer.Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != "20" {
+	if got := trailer.Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != "20" {
 		t.Errorf("pushback trailer %q, want [20]", got)
 	}
-	if d, ok := idemkey.RetryDelay(err); !ok || d != 20*time.Millisecond {
+	if d, ok := interceptor.RetryDelay(err); !ok || d != 20*time.Millisecond {
 		t.Errorf("RetryDelay %v, %v; want 20ms", d, ok)
 	}
 
@@ -83,12 +84,12 @@ func TestGRPCClientOfConnectServer(t *testing.T) {
 
 	close(b.release)
 	r := <-first
-	if r.err != nil || idemkey.Replayed(r.trailer) {
+	if r.err != nil || interceptor.Replayed(r.trailer) {
 		t.Fatalf("first call: %v, trailer %v", r.err, r.trailer)
 	}
 	var replayTrailer metadata.MD
 	replay, err := plain.CreateCharge(ctx, req, grpc.Trailer(&replayTrailer))
-	if err != nil || !proto.Equal(replay, r.charge) || !idemkey.Replayed(replayTrailer) {
+	if err != nil || !proto.Equal(replay, r.charge) || !interceptor.Replayed(replayTrailer) {
 		t.Fatalf("replay %v, %v, trailer %v; want %v marked replayed", replay, err, replayTrailer, r.charge)
 	}
 }

@@ -52,12 +52,12 @@ func TestKeyField(t *testing.T) {
 		}
 	}
 	_, err = call(t.Context(), client, "another-key", req(100, id))
-	if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != engine.ReasonKeyInvalid {
-		t.Fatalf("header and request_id differing: %v, want %s", err, engine.ReasonKeyInvalid)
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyInvalid {
+		t.Fatalf("header and request_id differing: %v, want %s", err, idemkey.ReasonKeyInvalid)
 	}
 	_, err = call(t.Context(), client, "", req(200, id))
-	if idemconnect.Reason(err) != engine.ReasonKeyReused {
-		t.Fatalf("request_id reused: %v, want %s", err, engine.ReasonKeyReused)
+	if idemconnect.Reason(err) != idemkey.ReasonKeyReused {
+		t.Fatalf("request_id reused: %v, want %s", err, idemkey.ReasonKeyReused)
 	}
 	runs.wantRuns(t, 1)
 
@@ -70,7 +70,7 @@ func TestKeyField(t *testing.T) {
 	}
 	var trailer metadata.MD
 	again, err := grpcClient.CreateCharge(metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, id2), req(300, ""), grpc.Trailer(&trailer))
-	if err != nil || !idemkey.Replayed(trailer) || !proto.Equal(again, resp.Msg) {
+	if err != nil || !interceptor.Replayed(trailer) || !proto.Equal(again, resp.Msg) {
 		t.Fatalf("gRPC after Connect: %v, want the replay", err)
 	}
 	runs.wantRuns(t, 2)

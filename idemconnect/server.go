@@ -9,6 +9,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
@@ -154,7 +155,7 @@ func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Er
 	msg, _ := req.Any().(proto.Message)
 	key, ok, ferr := protokey.RequestKey(key, ok, msg, p.keyField)
 	if ferr != nil {
-		return "", false, invalidKeyError(ferr.(*engine.KeyError).Problem)
+		return "", false, invalidKeyError(ferr.(*idemkey.KeyError).Problem)
 	}
 	return key, ok, nil
 }
@@ -164,7 +165,7 @@ func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Er
 // two gRPC metadata values) or sent as binary metadata is an error that
 // never quotes the key. Over the Connect protocol, whose clients are HTTP
 // clients, the value is read as the HTTP draft defines it
-// (engine.ParseKeyField: an sf-string, or a bare key), as idemhttp reads it;
+// (idemkey.ParseKeyField: an sf-string, or a bare key), as idemhttp reads it;
 // over gRPC and gRPC-Web it is taken as it is, as the gRPC interceptor takes
 // its metadata.
 func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *connect.Error) {
@@ -181,9 +182,9 @@ func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *con
 			}
 			return vs[0], true, nil
 		}
-		key, err := engine.ParseKeyField(vs[0])
+		key, err := idemkey.ParseKeyField(vs[0])
 		if err != nil {
-			return "", false, invalidKeyError(err.(*engine.KeyError).Problem)
+			return "", false, invalidKeyError(err.(*idemkey.KeyError).Problem)
 		}
 		return key, true, nil
 	default:
@@ -199,11 +200,11 @@ func retried(h http.Header) bool {
 }
 
 // DerivedKey returns the idempotency key for a call that the handler of ctx
-// makes to another idempotent API, labelled by label (engine.DerivedKey). It
+// makes to another idempotent API, labelled by label (idemkey.DerivedKey). It
 // is the key the gRPC interceptor derives for the same call. ok is false if
 // ctx is not the handler context of a covered call with a key.
 func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
-	return engine.DerivedKey(ctx, label)
+	return idemkey.DerivedKey(ctx, label)
 }
 
 // run runs the handler for an acquired key, then records its outcome or

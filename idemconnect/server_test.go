@@ -14,6 +14,7 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -76,7 +77,7 @@ func TestInProgressRetryAfter(t *testing.T) {
 
 	_, err := call(t.Context(), client, "k1", req)
 	ce := new(connect.Error)
-	if !asConnectError(err, &ce) || ce.Code() != connect.CodeAborted || idemconnect.Reason(err) != engine.ReasonInProgress {
+	if !asConnectError(err, &ce) || ce.Code() != connect.CodeAborted || idemconnect.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate: %v, want Aborted in progress", err)
 	}
 	// The lease of a call without a deadline is a minute, so the wait is the
@@ -102,7 +103,7 @@ func TestInProgressRetryAfter(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusConflict || resp.Header.Get("Retry-After") != "2" ||
-		!bytes.Contains(body, []byte(`"code":"aborted"`)) || !bytes.Contains(body, []byte(engine.ReasonInProgress)) {
+		!bytes.Contains(body, []byte(`"code":"aborted"`)) || !bytes.Contains(body, []byte(idemkey.ReasonInProgress)) {
 		t.Errorf("plain HTTP duplicate: %d, Retry-After %q, body %s; want 409, 2, aborted in progress",
 			resp.StatusCode, resp.Header.Get("Retry-After"), body)
 	}
@@ -143,7 +144,7 @@ func TestReplayedHeaders(t *testing.T) {
 	url := serve(t, handle, newInterceptor(t, eng, idemconnect.WithReplayedHeaders("x-charge-version", "X-Via-Context", "x-sig-bin", "x-ledger")))
 	for _, opts := range [][]connect.ClientOption{nil, {connect.WithGRPC()}} {
 		client := newChargeClient(t, url, opts...)
-		key := engine.NewKey()
+		key := idemkey.NewKey()
 		if _, err := call(t.Context(), client, key, &paymentsv1.CreateChargeRequest{}); err != nil {
 			t.Fatal(err)
 		}

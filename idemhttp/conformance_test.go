@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/internal/conformance"
@@ -25,13 +26,13 @@ func TestConformance(t *testing.T) {
 		Name:  "http",
 		Serve: serveConformance,
 		Status: map[string]int{
-			engine.ReasonKeyMissing:       http.StatusBadRequest,
-			engine.ReasonKeyInvalid:       http.StatusBadRequest,
-			engine.ReasonKeyReused:        http.StatusUnprocessableEntity,
-			engine.ReasonInProgress:       http.StatusConflict,
-			engine.ReasonStoreUnavailable: http.StatusServiceUnavailable,
-			engine.ReasonStoreFull:        http.StatusServiceUnavailable,
-			"internal":                    http.StatusInternalServerError,
+			idemkey.ReasonKeyMissing:       http.StatusBadRequest,
+			idemkey.ReasonKeyInvalid:       http.StatusBadRequest,
+			idemkey.ReasonKeyReused:        http.StatusUnprocessableEntity,
+			idemkey.ReasonInProgress:       http.StatusConflict,
+			idemkey.ReasonStoreUnavailable: http.StatusServiceUnavailable,
+			idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
+			"internal":                     http.StatusInternalServerError,
 		},
 	}, conformance.Stores()...)
 }

@@ -4,7 +4,7 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey"
 )
 
 // KeyHeader is the request header field that carries the idempotency key.
@@ -15,7 +15,7 @@ const KeyHeader = "Idempotency-Key"
 const ReplayedHeader = "Idempotent-Replayed"
 
 // KeyFromHeader returns the idempotency key of h. ok is false if h has no
-// Idempotency-Key field. err, an *engine.KeyError that never quotes the key,
+// Idempotency-Key field. err, an *idemkey.KeyError that never quotes the key,
 // is set if the field is malformed or sent more than once.
 //
 // The draft defines the field as an RFC 8941 sf-string, such as
@@ -34,9 +34,9 @@ func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
 		return "", false, nil
 	case 1:
 	default:
-		return "", true, &engine.KeyError{Problem: "the Idempotency-Key field is sent more than once"}
+		return "", true, &idemkey.KeyError{Problem: "the Idempotency-Key field is sent more than once"}
 	}
-	key, err = engine.ParseKeyField(values[0])
+	key, err = idemkey.ParseKeyField(values[0])
 	if err != nil {
 		return "", true, err
 	}

@@ -6,12 +6,12 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/idemhttp"
 )
 
 func TestKeyFromHeader(t *testing.T) {
-	long := strings.Repeat("k", engine.MaxKeyLen)
+	long := strings.Repeat("k", idemkey.MaxKeyLen)
 	for _, tc := range []struct {
 		name    string
 		values  []string // nil: no field
@@ -52,7 +52,7 @@ func TestKeyFromHeader(t *testing.T) {
 				h.Add(idemhttp.KeyHeader, v)
 			}
 			key, ok, err := idemhttp.KeyFromHeader(h)
-			var keyErr *engine.KeyError
+			var keyErr *idemkey.KeyError
 			switch {
 			case tc.values == nil:
 				if ok || err != nil {
@@ -60,7 +60,7 @@ func TestKeyFromHeader(t *testing.T) {
 				}
 			case tc.invalid:
 				if !ok || !errors.As(err, &keyErr) || key != "" {
-					t.Fatalf("got %q, %v, %v; want a *engine.KeyError", key, ok, err)
+					t.Fatalf("got %q, %v, %v; want a *idemkey.KeyError", key, ok, err)
 				}
 				if strings.Contains(err.Error(), "k1") || strings.Contains(err.Error(), "kkkk") {
 					t.Fatalf("the error %q quotes the key", err)
@@ -99,13 +99,13 @@ func FuzzKeyHeader(f *testing.F) {
 			t.Fatalf("KeyFromHeader(%q): a field, yet no key", v)
 		}
 		if err != nil {
-			var keyErr *engine.KeyError
+			var keyErr *idemkey.KeyError
 			if !errors.As(err, &keyErr) || key != "" {
-				t.Fatalf("KeyFromHeader(%q) = %q, %v: want a *engine.KeyError and no key", v, key, err)
+				t.Fatalf("KeyFromHeader(%q) = %q, %v: want a *idemkey.KeyError and no key", v, key, err)
 			}
 			return
 		}
-		if err := engine.CheckKey(key); err != nil {
+		if err := idemkey.ValidateKey(key); err != nil {
 			t.Fatalf("KeyFromHeader(%q) = %q, which fails CheckKey: %v", v, key, err)
 		}
 		back, _, err := idemhttp.KeyFromHeader(http.Header{idemhttp.KeyHeader: {idemhttp.FormatKey(key)}})

@@ -19,6 +19,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
@@ -178,13 +179,13 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 	key, ok, err := KeyFromHeader(r.Header)
 	if err != nil {
 		c.Verdict = engine.KeyInvalid
-		WriteProblem(w, http.StatusBadRequest, engine.ReasonKeyInvalid, err.Error(), 0)
+		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonKeyInvalid, err.Error(), 0)
 		return
 	}
 	if !ok {
 		if m.eng.KeyRequired() {
 			c.Verdict = engine.KeyMissing
-			WriteProblem(w, http.StatusBadRequest, engine.ReasonKeyMissing, "this operation requires an Idempotency-Key header", 0)
+			WriteProblem(w, http.StatusBadRequest, idemkey.ReasonKeyMissing, "this operation requires an Idempotency-Key header", 0)
 			return
 		}
 		c.Verdict = engine.NoKey
@@ -222,16 +223,16 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 	case engine.Replayed:
 		m.replay(w, r, c)
 	case engine.InProgress:
-		WriteProblem(w, http.StatusConflict, engine.ReasonInProgress,
+		WriteProblem(w, http.StatusConflict, idemkey.ReasonInProgress,
 			"a request with this Idempotency-Key is being processed; retry after the time given", c.RetryAfter)
 	case engine.Reused:
-		WriteProblem(w, http.StatusUnprocessableEntity, engine.ReasonKeyReused,
+		WriteProblem(w, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused,
 			"this Idempotency-Key was first used with another request", 0)
 	case engine.StoreFull:
-		WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreFull,
+		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreFull,
 			"the idempotency store has no room for a new key; retry later", c.RetryAfter)
 	default:
-		WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreUnavailable,
+		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
 			"the idempotency store is unavailable; the request was not processed", 0)
 	}
 }
@@ -300,7 +301,7 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, ne
 	case errors.Is(err, store.ErrFull):
 		m.recordInstead(w, r, c, detailStoreFull)
 	case err != nil:
-		WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreUnavailable,
+		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
 	default:
 		cw.send(w)
@@ -325,7 +326,7 @@ func (m *middleware) recordInstead(w http.ResponseWriter, r *http.Request, c *en
 		err = c.Record(r.Context(), outcome, false)
 	}
 	if err != nil && c.Atomic() {
-		WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreUnavailable,
+		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
 		return
 	}

@@ -14,6 +14,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
@@ -180,9 +181,9 @@ func TestUncoveredMethodsPassThrough(t *testing.T) {
 	s.wantRuns(6)
 	// A key is required of the covered methods only.
 	resp, body := s.call("POST", "/v1/charges", "", "{}")
-	wantProblem(t, resp, body, http.StatusBadRequest, engine.ReasonKeyMissing)
+	wantProblem(t, resp, body, http.StatusBadRequest, idemkey.ReasonKeyMissing)
 	resp, body = s.call("PATCH", "/v1/charges", "", "{}")
-	wantProblem(t, resp, body, http.StatusBadRequest, engine.ReasonKeyMissing)
+	wantProblem(t, resp, body, http.StatusBadRequest, idemkey.ReasonKeyMissing)
 	s.wantRuns(6)
 }
 
@@ -208,7 +209,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 			}
 		}
 		resp, body := s.call("POST", "/v1/charges/ch_2/capture", `"k1"`, "{}")
-		wantProblem(t, resp, body, http.StatusUnprocessableEntity, engine.ReasonKeyReused)
+		wantProblem(t, resp, body, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused)
 		s.wantRuns(2)
 		if strings.Join(names, ",") != "POST /v1/charges/{id}/capture,POST /v1/refunds" {
 			t.Fatalf("operations %q", names)
@@ -233,7 +234,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 			t.Fatalf("%d %q", resp.StatusCode, body)
 		}
 		resp, body := s.call("POST", "/v1/refunds", `"k1"`, "{}")
-		wantProblem(t, resp, body, http.StatusUnprocessableEntity, engine.ReasonKeyReused)
+		wantProblem(t, resp, body, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused)
 		s.wantRuns(1)
 		if strings.Join(names, ",") != "POST" {
 			t.Fatalf("operations %q", names)
@@ -363,7 +364,7 @@ func TestAnswers(t *testing.T) {
 
 	t.Run("malformed key", func(t *testing.T) {
 		resp, raw := s.call("POST", "/v1/charges", `"a secret key`, "{}")
-		p := wantProblem(t, resp, raw, http.StatusBadRequest, engine.ReasonKeyInvalid)
+		p := wantProblem(t, resp, raw, http.StatusBadRequest, idemkey.ReasonKeyInvalid)
 		if strings.Contains(string(raw), "secret") || p.Detail == "" {
 			t.Fatalf("problem %q", raw)
 		}
@@ -385,7 +386,7 @@ func TestAnswers(t *testing.T) {
 		}()
 		<-started
 		resp, raw := s.call("POST", "/v1/charges?block=1", `"k2"`, "{}")
-		wantProblem(t, resp, raw, http.StatusConflict, engine.ReasonInProgress)
+		wantProblem(t, resp, raw, http.StatusConflict, idemkey.ReasonInProgress)
 		if ra := resp.Header.Get("Retry-After"); ra != "2" { // 1.5s, rounded up
 			t.Fatalf("Retry-After %q, want 2", ra)
 		}
@@ -398,7 +399,7 @@ func TestAnswers(t *testing.T) {
 	t.Run("query is part of the request", func(t *testing.T) {
 		s.call("POST", "/v1/charges?a=1", `"k3"`, "{}")
 		resp, raw := s.call("POST", "/v1/charges?a=2", `"k3"`, "{}")
-		wantProblem(t, resp, raw, http.StatusUnprocessableEntity, engine.ReasonKeyReused)
+		wantProblem(t, resp, raw, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused)
 	})
 }
 
@@ -426,20 +427,20 @@ func TestWriteProblem(t *testing.T) {
 		want       string
 	}{{0, ""}, {time.Nanosecond, "1"}, {time.Second, "1"}, {1001 * time.Millisecond, "2"}, {1<<63 - 1, "9223372037"}} {
 		w := httptest.NewRecorder()
-		idemhttp.WriteProblem(w, http.StatusServiceUnavailable, engine.ReasonStoreFull, "try later", tc.retryAfter)
+		idemhttp.WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreFull, "try later", tc.retryAfter)
 		if got := w.Header().Get("Retry-After"); got != tc.want {
 			t.Errorf("retryAfter %v: Retry-After %q, want %q", tc.retryAfter, got, tc.want)
 		}
 	}
 	w := httptest.NewRecorder()
-	idemhttp.WriteProblem(w, http.StatusUnprocessableEntity, engine.ReasonKeyReused, "no", 0)
+	idemhttp.WriteProblem(w, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused, "no", 0)
 	want := `{"type":"https://idemkey.dev/problems/idempotency-key-reused","title":"Idempotency-Key is already used with another request","status":422,"detail":"no"}`
 	if w.Code != 422 || w.Body.String() != want || w.Header().Get("Content-Type") != "application/problem+json" {
 		t.Fatalf("got %d %s %v", w.Code, w.Body, w.Header())
 	}
 	for reason, typ := range map[string]string{
-		engine.ReasonKeyMissing: "https://idemkey.dev/problems/idempotency-key-missing",
-		"":                      "about:blank",
+		idemkey.ReasonKeyMissing: "https://idemkey.dev/problems/idempotency-key-missing",
+		"":                       "about:blank",
 	} {
 		if got := idemhttp.ProblemType(reason); got != typ {
 			t.Errorf("ProblemType(%q) = %q, want %q", reason, got, typ)

@@ -7,10 +7,10 @@ import (
 	"strings"
 	"time"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey"
 )
 
-// Reasons of the middleware's own answers, beside the engine's (engine.ReasonKeyMissing
+// Reasons of the middleware's own answers, beside the engine's (idemkey.ReasonKeyMissing
 // and the others), each the end of a problem type (ProblemType).
 const (
 	// ReasonRequestTooLarge: the request body is larger than WithMaxBodySize
@@ -70,15 +70,15 @@ type Problem struct {
 
 // titles are the titles of the reasons' problems.
 var titles = map[string]string{
-	engine.ReasonKeyMissing:       "Idempotency-Key is missing",
-	engine.ReasonKeyInvalid:       "Idempotency-Key is malformed",
-	engine.ReasonKeyReused:        "Idempotency-Key is already used with another request",
-	engine.ReasonInProgress:       "A request is outstanding for this Idempotency-Key",
-	engine.ReasonStoreUnavailable: "The idempotency store is unavailable",
-	engine.ReasonStoreFull:        "The idempotency store is full",
-	ReasonRequestTooLarge:         "The request body is too large",
-	ReasonRequestUnreadable:       "The request body cannot be read",
-	ReasonResponseNotRecorded:     "The response could not be recorded",
+	idemkey.ReasonKeyMissing:       "Idempotency-Key is missing",
+	idemkey.ReasonKeyInvalid:       "Idempotency-Key is malformed",
+	idemkey.ReasonKeyReused:        "Idempotency-Key is already used with another request",
+	idemkey.ReasonInProgress:       "A request is outstanding for this Idempotency-Key",
+	idemkey.ReasonStoreUnavailable: "The idempotency store is unavailable",
+	idemkey.ReasonStoreFull:        "The idempotency store is full",
+	ReasonRequestTooLarge:          "The request body is too large",
+	ReasonRequestUnreadable:        "The request body cannot be read",
+	ReasonResponseNotRecorded:      "The response could not be recorded",
 }
 
 // WriteProblem answers with an RFC 9457 application/problem+json body:

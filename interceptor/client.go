@@ -40,7 +40,7 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
 		if key, rest, ok := useKey(callOpts); ok {
-			if err := idemkey.ValidateKey(key); err != nil {
+			if err := validateKey(key); err != nil {
 				return err
 			}
 			// The key goes in the metadata, in place of any other there, and
@@ -51,7 +51,7 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		}
 		md, _ := metadata.FromOutgoingContext(ctx)
 		if keys := md[idemkey.KeyMetadata]; len(keys) > 0 || carriesKey(m, req) {
-			if _, _, err := idemkey.KeyFromMetadata(md); err != nil {
+			if _, _, err := KeyFromMetadata(md); err != nil {
 				return err
 			}
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)

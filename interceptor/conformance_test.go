@@ -86,11 +86,11 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 		var trailer metadata.MD
 		charge, err := client.CreateCharge(metadata.NewOutgoingContext(ctx, md),
 			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Trailer(&trailer))
-		reply := conformance.Reply{OK: err == nil, Replayed: idemkey.Replayed(trailer), Reason: idemkey.Reason(err)}
+		reply := conformance.Reply{OK: err == nil, Replayed: interceptor.Replayed(trailer), Reason: interceptor.Reason(err)}
 		if err != nil {
 			st := status.Convert(err)
 			reply.Status, reply.Body = int(st.Code()), st.Message()
-			reply.RetryAfter, _ = idemkey.RetryDelay(err)
+			reply.RetryAfter, _ = interceptor.RetryDelay(err)
 			return reply
 		}
 		reply.Body = charge.GetId()

@@ -30,7 +30,7 @@ func TestE2EReplayIsByteIdentical(t *testing.T) {
 		t.Fatal(err)
 	}
 	firstBytes := codec.lastBytes()
-	if idemkey.Replayed(trailer) {
+	if interceptor.Replayed(trailer) {
 		t.Error("the first reply is marked replayed")
 	}
 	second, err := e.plain.CreateCharge(ctx, request(100), grpc.ForceCodecV2(codec), grpc.Trailer(&trailer))
@@ -43,7 +43,7 @@ func TestE2EReplayIsByteIdentical(t *testing.T) {
 	if !proto.Equal(first, second) {
 		t.Errorf("replay = %v, want %v", second, first)
 	}
-	if !idemkey.Replayed(trailer) {
+	if !interceptor.Replayed(trailer) {
 		t.Errorf("replay trailer = %v, want %s: true", trailer, idemkey.ReplayedMetadata)
 	}
 	wantRuns(t, e.svc, 1)
@@ -99,10 +99,10 @@ func TestE2EDuplicateConvergesThroughRetry(t *testing.T) {
 	var header, trailer metadata.MD
 	_, err := e.plain.CreateCharge(ctx, request(100), grpc.Header(&header), grpc.Trailer(&trailer))
 	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
-	if got := trailer.Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != "20" {
+	if got := trailer.Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != "20" {
 		t.Errorf("pushback trailer = %q, want [20]", got)
 	}
-	if delay, ok := idemkey.RetryDelay(err); !ok || delay != 20*time.Millisecond {
+	if delay, ok := interceptor.RetryDelay(err); !ok || delay != 20*time.Millisecond {
 		t.Errorf("RetryInfo = %v, %v; want 20ms", delay, ok)
 	}
 	if len(header) != 0 {
@@ -121,7 +121,7 @@ func TestE2EDuplicateConvergesThroughRetry(t *testing.T) {
 	if !proto.Equal(a.charge, b.charge) {
 		t.Errorf("duplicate got %v, want the first reply %v", b.charge, a.charge)
 	}
-	if !idemkey.Replayed(b.trailer) {
+	if !interceptor.Replayed(b.trailer) {
 		t.Error("the duplicate's reply is not marked replayed")
 	}
 	wantRuns(t, e.svc, 1)
@@ -145,8 +145,8 @@ func TestE2ECodes(t *testing.T) {
 		if recordedCodes[code] {
 			wantRuns = 1
 		}
-		if got := int(e.svc.runs.Load()); got != wantRuns || idemkey.Replayed(trailer) != (wantRuns == 1) {
-			t.Errorf("%v: the handler ran %d times (replayed %v), want %d", code, got, idemkey.Replayed(trailer), wantRuns)
+		if got := int(e.svc.runs.Load()); got != wantRuns || interceptor.Replayed(trailer) != (wantRuns == 1) {
+			t.Errorf("%v: the handler ran %d times (replayed %v), want %d", code, got, interceptor.Replayed(trailer), wantRuns)
 		}
 	}
 }
@@ -256,7 +256,7 @@ func TestE2EBadKeys(t *testing.T) {
 	} {
 		ctx := metadata.AppendToOutgoingContext(context.Background(), append(pairs, "tenant", "acme")...)
 		_, err := e.plain.CreateCharge(ctx, request(100))
-		if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid {
+		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyInvalid {
 			t.Errorf("%s: got %v, want InvalidArgument %s", name, err, idemkey.ReasonKeyInvalid)
 		}
 	}

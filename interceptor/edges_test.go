@@ -201,16 +201,16 @@ func TestStoreFull(t *testing.T) {
 		t.Fatalf("a reply with no room: %v, want Internal (store is full)", err)
 	}
 	_, ts, err := d.create(t, "key-2", request(2))
-	if status.Code(err) != codes.Internal || !idemkey.Replayed(ts.trailer) {
-		t.Fatalf("retry of the reply with no room: %v (replayed %v), want the recorded Internal", err, idemkey.Replayed(ts.trailer))
+	if status.Code(err) != codes.Internal || !interceptor.Replayed(ts.trailer) {
+		t.Fatalf("retry of the reply with no room: %v (replayed %v), want the recorded Internal", err, interceptor.Replayed(ts.trailer))
 	}
 	_, _, err = d.create(t, "key-3", request(3))
 	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
-	if delay, ok := idemkey.RetryDelay(err); !ok || delay != interceptor.DefaultRetryAfter {
+	if delay, ok := interceptor.RetryDelay(err); !ok || delay != interceptor.DefaultRetryAfter {
 		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, interceptor.DefaultRetryAfter)
 	}
 	replay, ts, err := d.create(t, "key-1", request(1))
-	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
+	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
 		t.Errorf("replay in a full store: %v, %v; want %v, replayed", replay, err, first)
 	}
 	wantRuns(t, d.svc, 2)
@@ -252,8 +252,8 @@ func TestCompleteRetriedInTheBackground(t *testing.T) {
 	}
 	clock.Advance(t, 3*time.Second) // the lease has ended
 	replay, ts, err := d.create(t, "key-1", request(1))
-	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
-		t.Fatalf("retry after the lease: %v, %v (replayed %v); want the first reply, replayed", replay, err, idemkey.Replayed(ts.trailer))
+	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
+		t.Fatalf("retry after the lease: %v, %v (replayed %v); want the first reply, replayed", replay, err, interceptor.Replayed(ts.trailer))
 	}
 	wantRuns(t, svc, 1)
 	if !strings.Contains(logs.String(), "complete succeeded in the background") {

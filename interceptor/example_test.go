@@ -51,7 +51,7 @@ func Example() {
 	for range 2 {
 		var trailer metadata.MD
 		charge, err := client.CreateCharge(context.Background(), req, interceptor.UseKey(key), grpc.Trailer(&trailer))
-		fmt.Println(charge.GetAmount(), err, "replayed:", idemkey.Replayed(trailer))
+		fmt.Println(charge.GetAmount(), err, "replayed:", interceptor.Replayed(trailer))
 	}
 	fmt.Println("handler runs:", svc.runs.Load())
 	// Output:

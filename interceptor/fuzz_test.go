@@ -56,7 +56,7 @@ func FuzzStoredOutcome(f *testing.F) {
 	f.Fuzz(func(t *testing.T, raw []byte) {
 		n++
 		key := idemkey.NewKey()
-		scope := store.NewKey("", createCharge, key)
+		scope := store.ScopeKey("", createCharge, key)
 		res, err := d.store.Reserve(context.Background(), store.Reservation{Key: scope, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
 		if err != nil || res.State != store.Acquired {
 			t.Fatalf("Reserve: %v, %v", res.State, err)

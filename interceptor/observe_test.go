@@ -202,7 +202,7 @@ func TestNothingRawInTelemetry(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	secrets := []string{key, tenant, customer, store.NewKey(tenant, createCharge, key).String()}
+	secrets := []string{key, tenant, customer, store.ScopeKey(tenant, createCharge, key).String()}
 	var values []string
 	collectSet := func(set attribute.Set) {
 		for _, kv := range set.ToSlice() {
@@ -267,7 +267,7 @@ func TestDebugLinePerCall(t *testing.T) {
 		lines := strings.Count(buf.String(), "idemkey: call")
 		switch {
 		case debug && (lines != 2 || !strings.Contains(buf.String(), "outcome=executed") || !strings.Contains(buf.String(), "outcome=replayed") ||
-			!strings.Contains(buf.String(), "scope="+store.NewKey("acme", createCharge, "key-1").String())):
+			!strings.Contains(buf.String(), "scope="+store.ScopeKey("acme", createCharge, "key-1").String())):
 			t.Errorf("at Debug, the log is\n%s\nwant a line per call with its outcome and scope", buf.String())
 		case !debug && lines != 0:
 			t.Errorf("at Info, %d call lines were logged", lines)

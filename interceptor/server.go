@@ -75,7 +75,7 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 	if !ok {
 		if s.eng.KeyRequired() {
 			c.Verdict = engine.KeyMissing
-			return nil, idemkey.MissingKeyError()
+			return nil, MissingKeyError()
 		}
 		c.Verdict = engine.NoKey
 		return handler(ctx, req)
@@ -116,31 +116,31 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 		return s.replay(ctx, c, m)
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
-		_ = grpc.SetTrailer(ctx, idemkey.PushbackTrailer(c.RetryAfter))
-		return nil, idemkey.InProgressError(c.RetryAfter)
+		_ = grpc.SetTrailer(ctx, PushbackTrailer(c.RetryAfter))
+		return nil, InProgressError(c.RetryAfter)
 	case engine.Reused:
-		return nil, idemkey.ReusedKeyError()
+		return nil, ReusedKeyError()
 	case engine.StoreFull:
-		return nil, idemkey.StoreFullError(c.RetryAfter)
+		return nil, StoreFullError(c.RetryAfter)
 	}
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	return nil, idemkey.StoreUnavailableError()
+	return nil, StoreUnavailableError()
 }
 
 // key returns the call's idempotency key: from the metadata, or from the
 // request's key field (WithKeyField), which must then agree with the
 // metadata if that carries one too.
 func (s *server) key(ctx context.Context, req any, m *method) (string, bool, error) {
-	key, ok, err := idemkey.KeyFromIncomingContext(ctx)
+	key, ok, err := KeyFromIncomingContext(ctx)
 	if err != nil || m.keyField == nil {
 		return key, ok, err
 	}
 	msg, _ := req.(proto.Message)
 	key, ok, err = protokey.RequestKey(key, ok, msg, m.keyField)
 	if err != nil {
-		return "", false, idemkey.InvalidKeyError(err.(*engine.KeyError).Problem)
+		return "", false, InvalidKeyError(err.(*idemkey.KeyError).Problem)
 	}
 	return key, ok, nil
 }
@@ -148,7 +148,7 @@ func (s *server) key(ctx context.Context, req any, m *method) (string, bool, err
 // retried reports whether gRPC's retry policy marks the call as a later
 // attempt (AttemptsMetadata above 0).
 func retried(ctx context.Context) bool {
-	attempts := metadata.ValueFromIncomingContext(ctx, idemkey.AttemptsMetadata)
+	attempts := metadata.ValueFromIncomingContext(ctx, AttemptsMetadata)
 	return len(attempts) > 0 && attempts[0] != "0"
 }
 
@@ -158,7 +158,7 @@ func retried(ctx context.Context) bool {
 // so the downstream API deduplicates it too. ok is false if ctx is not the
 // handler context of a covered call with a key.
 func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
-	return engine.DerivedKey(ctx, label)
+	return idemkey.DerivedKey(ctx, label)
 }
 
 // handlerContext is ctx for the handler of c: the engine's (DerivedKey, the
@@ -199,7 +199,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.
 	case errors.Is(recErr, store.ErrFull):
 		return s.recordInstead(ctx, c, noRoom, noRoomErr)
 	case recErr != nil:
-		return nil, idemkey.StoreUnavailableError()
+		return nil, StoreUnavailableError()
 	}
 	return resp, err
 }
@@ -211,7 +211,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.
 // failed commit undoes the handler's writes, is the answer Unavailable.
 func (s *server) recordInstead(ctx context.Context, c *engine.Call, outcome []byte, err error) (any, error) {
 	if recErr := c.Record(ctx, outcome, false); recErr != nil && c.Atomic() {
-		return nil, idemkey.StoreUnavailableError()
+		return nil, StoreUnavailableError()
 	}
 	return nil, err
 }

@@ -30,7 +30,7 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idemkey.Replayed(ts.trailer) {
+	if interceptor.Replayed(ts.trailer) {
 		t.Error("the first reply is marked replayed")
 	}
 	second, ts, err := d.create(t, "key-1", request(100))
@@ -41,7 +41,7 @@ func TestReplay(t *testing.T) {
 	if !proto.Equal(first, second) {
 		t.Errorf("replay = %v, want %v", second, first)
 	}
-	if !idemkey.Replayed(ts.trailer) {
+	if !interceptor.Replayed(ts.trailer) {
 		t.Errorf("replay trailer = %v, want %s: true", ts.trailer, idemkey.ReplayedMetadata)
 	}
 	if len(ts.header) != 0 {
@@ -73,10 +73,10 @@ func TestInProgress(t *testing.T) {
 
 	_, ts, err := d.create(t, "key-1", request(100))
 	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
-	if delay, ok := idemkey.RetryDelay(err); !ok || delay != 250*time.Millisecond {
+	if delay, ok := interceptor.RetryDelay(err); !ok || delay != 250*time.Millisecond {
 		t.Errorf("RetryInfo delay = %v, %v; want 250ms", delay, ok)
 	}
-	if got := ts.trailer.Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != "250" {
+	if got := ts.trailer.Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != "250" {
 		t.Errorf("pushback trailer = %q, want [250]", got)
 	}
 	if len(ts.header) != 0 {
@@ -89,8 +89,8 @@ func TestInProgress(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if _, ts, err := d.create(t, "key-1", request(100)); err != nil || !idemkey.Replayed(ts.trailer) {
-		t.Errorf("after the first call ended: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
+	if _, ts, err := d.create(t, "key-1", request(100)); err != nil || !interceptor.Replayed(ts.trailer) {
+		t.Errorf("after the first call ended: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
 	}
 	wantRuns(t, d.svc, 1)
 }
@@ -106,7 +106,7 @@ func TestRetriedAttempt(t *testing.T) {
 	attempt := func(n, key string, req *paymentsv1.CreateChargeRequest, wantFinds, wantReserves int32) (*paymentsv1.Charge, *transportStream, error) {
 		t.Helper()
 		resp, ts, err := d.call(context.Background(), createCharge, req,
-			idemkey.KeyMetadata, key, "tenant", "acme", idemkey.AttemptsMetadata, n)
+			idemkey.KeyMetadata, key, "tenant", "acme", interceptor.AttemptsMetadata, n)
 		if f, r := st.finds.Swap(0), st.reserves.Swap(0); f != wantFinds || r != wantReserves {
 			t.Errorf("attempt %s of %s: %d finds and %d reserves, want %d and %d", n, key, f, r, wantFinds, wantReserves)
 		}
@@ -118,8 +118,8 @@ func TestRetriedAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	replay, ts, err := attempt("1", "done", request(100), 1, 0)
-	if err != nil || !proto.Equal(replay, first) || !idemkey.Replayed(ts.trailer) {
-		t.Errorf("retry of a recorded call: %v, %v, replayed %v; want the replay of %v", replay, err, idemkey.Replayed(ts.trailer), first)
+	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
+		t.Errorf("retry of a recorded call: %v, %v, replayed %v; want the replay of %v", replay, err, interceptor.Replayed(ts.trailer), first)
 	}
 	_, _, err = attempt("2", "done", request(999), 1, 0)
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
@@ -166,7 +166,7 @@ func TestRecordedAndReleasedCodes(t *testing.T) {
 			}
 			if recordedCodes[code] {
 				wantRuns(t, d.svc, 1)
-				if !idemkey.Replayed(ts.trailer) {
+				if !interceptor.Replayed(ts.trailer) {
 					t.Error("recorded error replayed without the replayed trailer")
 				}
 			} else {
@@ -248,7 +248,7 @@ func TestReplyTooLarge(t *testing.T) {
 				if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "too large") {
 					t.Errorf("attempt %d of a reply over the cap: %v, want Internal, too large to record", attempt, err)
 				}
-				if replayed := idemkey.Replayed(ts.trailer); replayed != (attempt > 0) {
+				if replayed := interceptor.Replayed(ts.trailer); replayed != (attempt > 0) {
 					t.Errorf("attempt %d: replayed %v", attempt, replayed)
 				}
 			}
@@ -443,8 +443,8 @@ func TestMethodCoverage(t *testing.T) {
 	// GetCharge is NO_SIDE_EFFECTS: untouched, even with a key.
 	d := newDirect(t, interceptor.WithKeyRequired())
 	for range 2 {
-		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || idemkey.Replayed(ts.trailer) {
-			t.Fatalf("GetCharge: err %v, replayed %v", err, idemkey.Replayed(ts.trailer))
+		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || interceptor.Replayed(ts.trailer) {
+			t.Fatalf("GetCharge: err %v, replayed %v", err, interceptor.Replayed(ts.trailer))
 		}
 	}
 	wantRuns(t, d.svc, 2)
@@ -452,7 +452,7 @@ func TestMethodCoverage(t *testing.T) {
 	// Included by name, it is covered.
 	d = newDirect(t, interceptor.WithIncludedMethods(getCharge))
 	d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k")
-	if _, ts, _ := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); !idemkey.Replayed(ts.trailer) {
+	if _, ts, _ := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); !interceptor.Replayed(ts.trailer) {
 		t.Error("an included method was not replayed")
 	}
 	wantRuns(t, d.svc, 1)
@@ -537,8 +537,8 @@ func TestCustomFingerprint(t *testing.T) {
 	a, b := request(100), request(100)
 	a.Description, b.Description = "sent at 10:00", "sent at 10:01"
 	d.call(context.Background(), createCharge, a, idemkey.KeyMetadata, "k")
-	if _, ts, err := d.call(context.Background(), createCharge, b, idemkey.KeyMetadata, "k"); err != nil || !idemkey.Replayed(ts.trailer) {
-		t.Errorf("second attempt: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
+	if _, ts, err := d.call(context.Background(), createCharge, b, idemkey.KeyMetadata, "k"); err != nil || !interceptor.Replayed(ts.trailer) {
+		t.Errorf("second attempt: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
 	}
 	c := request(200)
 	_, _, err := d.call(context.Background(), createCharge, c, idemkey.KeyMetadata, "k")
@@ -565,7 +565,7 @@ func TestStoreUnavailable(t *testing.T) {
 	for _, retry := range []bool{false, true} {
 		pairs := []string{idemkey.KeyMetadata, "secret-key-123", "tenant", "tenant-acme"}
 		if retry {
-			pairs = append(pairs, idemkey.AttemptsMetadata, "1")
+			pairs = append(pairs, interceptor.AttemptsMetadata, "1")
 		}
 		call := func(wantFinds, wantReserves int32, opts ...interceptor.Option) error {
 			t.Helper()
@@ -615,8 +615,8 @@ func TestCanceledCallStillRecords(t *testing.T) {
 	if _, _, err := d.call(ctx, createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ts, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil || !idemkey.Replayed(ts.trailer) {
-		t.Errorf("retry: err %v, replayed %v; want the recorded reply", err, idemkey.Replayed(ts.trailer))
+	if _, ts, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil || !interceptor.Replayed(ts.trailer) {
+		t.Errorf("retry: err %v, replayed %v; want the recorded reply", err, interceptor.Replayed(ts.trailer))
 	}
 	wantRuns(t, d.svc, 1)
 }
@@ -654,7 +654,7 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 			_, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
 			close(release)
 			<-done
-			delay, _ := idemkey.RetryDelay(err)
+			delay, _ := interceptor.RetryDelay(err)
 			if delay < tc.min || delay > tc.max {
 				t.Errorf("lease left = %v, want in [%v, %v]", delay, tc.min, tc.max)
 			}
@@ -679,11 +679,11 @@ func TestCorruptRecord(t *testing.T) {
 	} {
 		key := "corrupt-" + string(rune('a'+i))
 		res, err := d.store.Reserve(context.Background(), store.Reservation{
-			Key: store.NewKey("", createCharge, key), Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
+			Key: store.ScopeKey("", createCharge, key), Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
 		if err != nil || res.State != store.Acquired {
 			t.Fatalf("Reserve: %v, %v", res.State, err)
 		}
-		if err := d.store.Complete(context.Background(), store.NewKey("", createCharge, key), res.Token, raw); err != nil {
+		if err := d.store.Complete(context.Background(), store.ScopeKey("", createCharge, key), res.Token, raw); err != nil {
 			t.Fatal(err)
 		}
 		_, _, err = d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, key)
@@ -760,7 +760,7 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 
 	// A corrupt record.
 	fp, _ := interceptor.Fingerprint(createCharge, req)
-	scope := store.NewKey(tenant, createCharge, key+"-3")
+	scope := store.ScopeKey(tenant, createCharge, key+"-3")
 	res, _ := d.store.Reserve(context.Background(), store.Reservation{Key: scope, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
 	_ = d.store.Complete(context.Background(), scope, res.Token, []byte{0xff})
 	errs = append(errs, call(key+"-3"))
@@ -793,8 +793,8 @@ func TestOptionZeroValues(t *testing.T) {
 	d := newDirect(t, interceptor.WithLogger(nil), interceptor.WithRetention(0), interceptor.WithLease(0, 0))
 	d.create(t, "key-1", request(1))
 	d.clock.Advance(t, time.Hour) // within the default retention
-	if _, ts, err := d.create(t, "key-1", request(1)); err != nil || !idemkey.Replayed(ts.trailer) {
-		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, idemkey.Replayed(ts.trailer))
+	if _, ts, err := d.create(t, "key-1", request(1)); err != nil || !interceptor.Replayed(ts.trailer) {
+		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
 	}
 
 	intercept := interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil))

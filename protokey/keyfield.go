@@ -5,7 +5,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey"
 )
 
 // RequestIDField is the name AIP-155 gives the field that carries a
@@ -49,7 +49,7 @@ func KeyFromField(req proto.Message, fd protoreflect.FieldDescriptor) string {
 // if it carried none) and whose request req may carry one in its field fd
 // (nil if it has none): the transport's, else the field's. A field key that
 // is malformed, or that differs from the transport's, is an
-// *engine.KeyError, which never quotes either key.
+// *idemkey.KeyError, which never quotes either key.
 func RequestKey(key string, ok bool, req proto.Message, fd protoreflect.FieldDescriptor) (string, bool, error) {
 	if fd == nil || req == nil {
 		return key, ok, nil
@@ -59,9 +59,9 @@ func RequestKey(key string, ok bool, req proto.Message, fd protoreflect.FieldDes
 	case fieldKey == "":
 		return key, ok, nil
 	case ok && fieldKey != key:
-		return "", false, &engine.KeyError{Problem: "the request's " + string(fd.Name()) + " and the idempotency key sent beside it differ"}
+		return "", false, &idemkey.KeyError{Problem: "the request's " + string(fd.Name()) + " and the idempotency key sent beside it differ"}
 	}
-	if err := engine.CheckKey(fieldKey); err != nil {
+	if err := idemkey.ValidateKey(fieldKey); err != nil {
 		return "", false, err
 	}
 	return fieldKey, true, nil

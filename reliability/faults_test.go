@@ -101,7 +101,7 @@ func (h *harness) killServer(i int) error {
 func (h *harness) terminateInReserve(i int) (string, error) {
 	ctx := context.Background()
 	o := h.newOp("acme", idemkey.NewKey())
-	scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+	scope := store.ScopeKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
 	tx, err := h.cluster.admin.Begin(ctx)
 	if err != nil {
 		return "", err
@@ -128,7 +128,7 @@ func (h *harness) terminateInReserve(i int) (string, error) {
 func (h *harness) terminateInComplete(i int) (string, error) {
 	ctx := context.Background()
 	o := h.newOp("globex", idemkey.NewKey())
-	scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+	scope := store.ScopeKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
 	done := make(chan struct{})
 	go func() { h.call(o, i, callTimeout); close(done) }()
 	defer func() { <-done }()
@@ -301,7 +301,7 @@ func (h *harness) longestDeadline(i int) (string, error) {
 	wg.Wait()
 	longest := time.Duration(0)
 	for _, o := range ops {
-		scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+		scope := store.ScopeKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
 		var micros int64
 		err := h.cluster.admin.QueryRow(context.Background(),
 			`SELECT (extract(epoch FROM lease_end - created_at) * 1e6)::bigint FROM idempotency_keys WHERE key = $1`, scope[:]).Scan(&micros)

@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 )
@@ -51,7 +52,7 @@ func (o *op) request() *paymentsv1.CreateChargeRequest {
 
 func (o *op) record(start time.Time, charge *paymentsv1.Charge, err error) reply {
 	st := status.Convert(err)
-	r := reply{start: start, end: time.Now(), code: st.Code(), reason: idemkey.Reason(err), message: st.Message(), charge: charge}
+	r := reply{start: start, end: time.Now(), code: st.Code(), reason: interceptor.Reason(err), message: st.Message(), charge: charge}
 	o.mu.Lock()
 	o.replies = append(o.replies, r)
 	o.mu.Unlock()
@@ -151,7 +152,7 @@ func (h *history) load(ctx context.Context, c *cluster) error {
 	// database (TestFailover runs both modes on one).
 	var keys [][]byte
 	for _, o := range h.all() {
-		scope := store.NewKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+		scope := store.ScopeKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
 		keys = append(keys, scope[:])
 	}
 	return c.admin.QueryRow(ctx, `SELECT count(*) FILTER (WHERE lease_end > now()), count(*) FILTER (WHERE lease_end <= now())

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
@@ -105,7 +106,7 @@ func (h *harness) call(o *op, i int, timeout time.Duration) reply {
 	if n := o.attempts(); n%2 == 1 {
 		// Every other later attempt is marked as gRPC's retry policy marks
 		// its own, so that the servers read the record first (store.Finder).
-		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.AttemptsMetadata, strconv.Itoa(n))
+		ctx = metadata.AppendToOutgoingContext(ctx, interceptor.AttemptsMetadata, strconv.Itoa(n))
 	}
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()

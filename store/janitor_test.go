@@ -29,7 +29,7 @@ func TestJanitor(t *testing.T) {
 	defer cancel()
 	expire := func(keys ...string) {
 		for _, k := range keys {
-			key := store.NewKey("t", "/m", k)
+			key := store.ScopeKey("t", "/m", k)
 			res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: time.Second, Retention: time.Minute})
 			if err != nil {
 				t.Fatal(err)

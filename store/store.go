@@ -36,10 +36,10 @@ import (
 // tenant ids are never written anywhere.
 type Key [sha256.Size]byte
 
-// NewKey hashes a scope into a Key. Each part is length-prefixed, so no two
+// ScopeKey hashes a scope into a Key. Each part is length-prefixed, so no two
 // different scopes share an encoding. method may be empty for a scope that
 // spans methods.
-func NewKey(tenant, method, idempotencyKey string) Key {
+func ScopeKey(tenant, method, idempotencyKey string) Key {
 	return sha256.Sum256(AppendParts(make([]byte, 0, 512), tenant, method, idempotencyKey))
 }
 

@@ -21,6 +21,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -158,7 +159,7 @@ func TestRecordOfExampleServer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateCharge: %v", err)
 		}
-		return charge, idemkey.Replayed(trailer)
+		return charge, interceptor.Replayed(trailer)
 	}
 	first, _ := call()
 	if again, replayed := call(); !replayed || again.GetId() != first.GetId() {
@@ -178,7 +179,7 @@ func TestRecordOfExampleServer(t *testing.T) {
 	}
 	var rec inspected
 	jsonOf(t, exitOK, url, &rec, append([]string{"inspect"}, scope...)...)
-	k := store.NewKey("acme", createCharge, key)
+	k := store.ScopeKey("acme", createCharge, key)
 	if rec.Hash != hex.EncodeToString(k[:]) || rec.Scope != k.String() || rec.State != "completed" || rec.Expired || len(rec.Fingerprint) != 16 ||
 		rec.Outcome == nil || rec.Outcome.Kind != "response" || rec.Outcome.Bytes != proto.Size(first) {
 		t.Errorf("inspect -json: %+v, want the completed record %s with a response of %d bytes", rec, k.String(), proto.Size(first))
@@ -211,7 +212,7 @@ func TestRecordOfExampleServer(t *testing.T) {
 // then the call that held it can no longer record its outcome.
 func TestForgetLiveInProgress(t *testing.T) {
 	url, _, st := newStore(t)
-	k := store.NewKey("acme", createCharge, "running")
+	k := store.ScopeKey("acme", createCharge, "running")
 	token := reserve(t, st, k, time.Minute)
 	scope := []string{"-tenant", "acme", "-method", createCharge, "-key", "running"}
 
@@ -239,7 +240,7 @@ func TestForgetLiveInProgress(t *testing.T) {
 	}
 
 	// A lease that has ended needs no -force.
-	reserve(t, st, store.NewKey("acme", createCharge, "dead"), time.Microsecond)
+	reserve(t, st, store.ScopeKey("acme", createCharge, "dead"), time.Microsecond)
 	time.Sleep(time.Millisecond)
 	mustRun(t, exitOK, url, "forget", "-tenant", "acme", "-method", createCharge, "-key", "dead")
 }
@@ -248,7 +249,7 @@ func TestForgetLiveInProgress(t *testing.T) {
 // replayed metadata by name only. -method "" is the tenant-wide scope.
 func TestInspectRecordedStatus(t *testing.T) {
 	url, _, st := newStore(t)
-	k := store.NewKey("acme", "", "tenant-wide")
+	k := store.ScopeKey("acme", "", "tenant-wide")
 	token := reserve(t, st, k, time.Minute)
 	info, err := anypb.New(&errdetails.ErrorInfo{Reason: "CARD_DECLINED", Domain: "example.com"})
 	if err != nil {
@@ -292,7 +293,7 @@ func TestAmbiguousHashPrefix(t *testing.T) {
 	byDigit := map[byte][]store.Key{}
 	var shared []store.Key
 	for i := 0; shared == nil; i++ {
-		k := store.NewKey("acme", createCharge, fmt.Sprint("key-", i))
+		k := store.ScopeKey("acme", createCharge, fmt.Sprint("key-", i))
 		d := k.String()[0]
 		byDigit[d] = append(byDigit[d], k)
 		if len(byDigit[d]) == 2 {
@@ -328,14 +329,14 @@ func TestAmbiguousHashPrefix(t *testing.T) {
 func TestStatsAndSweep(t *testing.T) {
 	url, schema, st := newStore(t)
 	ctx := context.Background()
-	reserve(t, st, store.NewKey("acme", createCharge, "running"), time.Minute)
+	reserve(t, st, store.ScopeKey("acme", createCharge, "running"), time.Minute)
 	for _, key := range []string{"done", "old"} {
-		k := store.NewKey("acme", createCharge, key)
+		k := store.ScopeKey("acme", createCharge, key)
 		if err := st.Complete(ctx, k, reserve(t, st, k, time.Minute), []byte{}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	old := store.NewKey("acme", createCharge, "old")
+	old := store.ScopeKey("acme", createCharge, "old")
 	pool := pgtest.Pool(t, schema)
 	if _, err := pool.Exec(ctx, `UPDATE idempotency_keys SET expires_at = now() - interval '1 hour', created_at = now() - interval '25 hours' WHERE key = $1`, old[:]); err != nil {
 		t.Fatal(err)
@@ -424,7 +425,7 @@ func TestMigrateRoundTrip(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			reserve(t, st, store.NewKey("acme", createCharge, "k"), time.Minute)
+			reserve(t, st, store.ScopeKey("acme", createCharge, "k"), time.Minute)
 			_, stderr := mustRun(t, exitRefused, url, "migrate", "down", "-table", table)
 			if !strings.Contains(stderr, "holds 1 records") {
 				t.Errorf("down of a table with records says %q", stderr)

@@ -59,7 +59,7 @@ func (s *selector) resolve(visited map[string]bool) (keyRange, error) {
 	if err := idemkey.ValidateKey(s.key); err != nil {
 		return keyRange{}, usageError("-key is not a valid idempotency key (1 to %d bytes of visible ASCII), so no record can have it", idemkey.MaxKeyLen)
 	}
-	k := store.NewKey(s.tenant, s.method, s.key)
+	k := store.ScopeKey(s.tenant, s.method, s.key)
 	return keyRange{lo: k[:], exact: true}, nil
 }
 

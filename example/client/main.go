@@ -217,7 +217,7 @@ func (d *demo) create() error {
 	}
 	d.charge = charge
 	d.say("   -> OK: charge %s created%s", charge.GetId(), replayedNote(trailer))
-	return expect(!idemkey.Replayed(trailer), "the first reply is marked replayed")
+	return expect(!interceptor.Replayed(trailer), "the first reply is marked replayed")
 }
 
 func (d *demo) retry() error {
@@ -227,7 +227,7 @@ func (d *demo) retry() error {
 		return fmt.Errorf("retry: %w", err)
 	}
 	d.say("   -> OK: charge %s, the same charge%s; no second charge was made", charge.GetId(), replayedNote(trailer))
-	return expect(charge.GetId() == d.charge.GetId() && idemkey.Replayed(trailer), "the retry was not a replay of the first charge")
+	return expect(charge.GetId() == d.charge.GetId() && interceptor.Replayed(trailer), "the retry was not a replay of the first charge")
 }
 
 func (d *demo) reuse() error {
@@ -278,7 +278,7 @@ func (d *demo) duplicate() error {
 	}
 	// The narration follows what the traces show.
 	switch id := b.charge.GetId(); {
-	case len(dupTrace.lines()) == 1 && idemkey.Replayed(b.trailer):
+	case len(dupTrace.lines()) == 1 && interceptor.Replayed(b.trailer):
 		d.say("   -> the server held the duplicate until the first call finished, then replayed its charge %s", id)
 	case len(dupTrace.lines()) > 1:
 		d.say("   -> both calls got charge %s: the server answered the duplicate Aborted while the first call ran, and gRPC's retry policy resent the same key until it finished", id)
@@ -299,7 +299,7 @@ func (d *demo) declined() error {
 	if err := expectReason(first, codes.FailedPrecondition, ""); err != nil {
 		return err
 	}
-	return expect(status.Code(retry) == codes.FailedPrecondition && idemkey.Replayed(trailer), "the decline was not replayed")
+	return expect(status.Code(retry) == codes.FailedPrecondition && interceptor.Replayed(trailer), "the decline was not replayed")
 }
 
 func (d *demo) sameReference() error {
@@ -346,7 +346,7 @@ func clone(req *paymentsv1.CreateChargeRequest) *paymentsv1.CreateChargeRequest 
 }
 
 func replayedNote(trailer metadata.MD) string {
-	if idemkey.Replayed(trailer) {
+	if interceptor.Replayed(trailer) {
 		return " [" + idemkey.ReplayedMetadata + ": true]"
 	}
 	return ""
@@ -356,7 +356,7 @@ func replayedNote(trailer metadata.MD) string {
 // and message.
 func describe(err error) string {
 	st := status.Convert(err)
-	if reason := idemkey.Reason(err); reason != "" {
+	if reason := interceptor.Reason(err); reason != "" {
 		return fmt.Sprintf("%v %s: %s", st.Code(), reason, st.Message())
 	}
 	return fmt.Sprintf("%v: %s", st.Code(), st.Message())
@@ -370,7 +370,7 @@ func expect(ok bool, problem string) error {
 }
 
 func expectReason(err error, code codes.Code, reason string) error {
-	if status.Code(err) != code || idemkey.Reason(err) != reason {
+	if status.Code(err) != code || interceptor.Reason(err) != reason {
 		return fmt.Errorf("got %v, want %v %s", err, code, reason)
 	}
 	return nil
@@ -413,7 +413,7 @@ func (attempts) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	line := "OK" + replayedNote(end.Trailer)
 	if end.Error != nil {
 		line = describe(end.Error)
-		if p := end.Trailer.Get(idemkey.PushbackMetadata); len(p) == 1 {
+		if p := end.Trailer.Get(interceptor.PushbackMetadata); len(p) == 1 {
 			line += " (server pushback " + p[0] + "ms)"
 		}
 	}

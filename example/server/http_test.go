@@ -23,6 +23,7 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/proto/example/payments/v1/paymentsv1connect"
@@ -80,7 +81,7 @@ func (e *entryPoints) viaGRPC(t *testing.T, key string, req *paymentsv1.CreateCh
 	}
 	var trailer metadata.MD
 	charge, err := e.grpc.CreateCharge(ctx, req, grpc.Trailer(&trailer))
-	return charge, idemkey.Replayed(trailer), err
+	return charge, interceptor.Replayed(trailer), err
 }
 
 // viaConnect sends CreateCharge over the Connect protocol, in JSON.

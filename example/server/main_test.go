@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -115,12 +116,12 @@ func testRunOnPostgres(t *testing.T, url string, atomic bool) {
 		return charge, trailer
 	}
 	first, trailer := call()
-	if idemkey.Replayed(trailer) {
+	if interceptor.Replayed(trailer) {
 		t.Fatal("the first call was replayed")
 	}
 	again, trailer := call()
-	if !proto.Equal(first, again) || !idemkey.Replayed(trailer) {
-		t.Errorf("after a restart: %v (replayed %v), want the first run's %v, replayed", again, idemkey.Replayed(trailer), first)
+	if !proto.Equal(first, again) || !interceptor.Replayed(trailer) {
+		t.Errorf("after a restart: %v (replayed %v), want the first run's %v, replayed", again, interceptor.Replayed(trailer), first)
 	}
 }
 
@@ -138,7 +139,7 @@ func TestWithoutIdempotency(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateCharge: %v", err)
 		}
-		if idemkey.Replayed(trailer) {
+		if interceptor.Replayed(trailer) {
 			t.Error("a reply of the bare server is marked replayed")
 		}
 		ids = append(ids, charge.GetId())
@@ -207,15 +208,15 @@ func TestProcessesOnOneDatabase(t *testing.T) {
 	// duplicate's deadline, which comes before A's reply.
 	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key), 500*time.Millisecond)
 	defer cancel()
-	if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
+	if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate on B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	want := <-first
 	wantReplay := func(s *servertest.Server, who string) {
 		t.Helper()
 		got, trailer, err := create(s, key, req)
-		if err != nil || !proto.Equal(got, want) || !idemkey.Replayed(trailer) {
-			t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, idemkey.Replayed(trailer))
+		if err != nil || !proto.Equal(got, want) || !interceptor.Replayed(trailer) {
+			t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, interceptor.Replayed(trailer))
 		}
 	}
 	wantReplay(b, "B")
@@ -272,12 +273,12 @@ func TestAtomicProcessKilled(t *testing.T) {
 
 	b := servertest.Start(t, bin, "-database-url", pgtest.SchemaURL(schema))
 	charge, trailer, err := create(b, key, req)
-	if err != nil || idemkey.Replayed(trailer) {
-		t.Fatalf("retry on a restarted process: %v (replayed %v), want a fresh run", err, idemkey.Replayed(trailer))
+	if err != nil || interceptor.Replayed(trailer) {
+		t.Fatalf("retry on a restarted process: %v (replayed %v), want a fresh run", err, interceptor.Replayed(trailer))
 	}
 	again, trailer, err := create(b, key, req)
-	if err != nil || !proto.Equal(again, charge) || !idemkey.Replayed(trailer) {
-		t.Errorf("second retry: %v, %v (replayed %v); want the replay", again, err, idemkey.Replayed(trailer))
+	if err != nil || !proto.Equal(again, charge) || !interceptor.Replayed(trailer) {
+		t.Errorf("second retry: %v, %v (replayed %v); want the replay", again, err, interceptor.Replayed(trailer))
 	}
 	if n := count(t, pool, "charges"); n != 1 {
 		t.Errorf("%d charges, want 1", n)
@@ -328,7 +329,7 @@ func TestMemoryStoreBounds(t *testing.T) {
 	for i := range 300 {
 		_, _, err := create(s, idemkey.NewKey(), &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: int64(i + 2), Currency: "EUR", Description: big})
 		switch {
-		case idemkey.Reason(err) == idemkey.ReasonStoreFull:
+		case interceptor.Reason(err) == idemkey.ReasonStoreFull:
 			full++
 		case err != nil && status.Code(err) != codes.Internal: // Internal: a reply that found no room
 			t.Fatalf("call %d: %v", i, err)
@@ -337,8 +338,8 @@ func TestMemoryStoreBounds(t *testing.T) {
 	if full == 0 {
 		t.Error("no new key was refused at the bound")
 	}
-	if _, trailer, err := create(s, first, req); err != nil || !idemkey.Replayed(trailer) {
-		t.Errorf("replay in a full store: %v (replayed %v)", err, idemkey.Replayed(trailer))
+	if _, trailer, err := create(s, first, req); err != nil || !interceptor.Replayed(trailer) {
+		t.Errorf("replay in a full store: %v (replayed %v)", err, interceptor.Replayed(trailer))
 	}
 	grown := residentBytes(t, s.Pid()) - before
 	t.Logf("resident memory grew %d MiB for a bound of %d MiB; %d of 300 new keys refused", grown>>20, maxBytes>>20, full)

@@ -22,6 +22,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -109,7 +110,7 @@ func TestMetrics(t *testing.T) {
 	}
 	moved("a replay", map[string]float64{"replayed/OK": 1})
 	changed := &paymentsv1.CreateChargeRequest{CustomerId: "cus_metrics_alice", Amount: 2500, Currency: "EUR", Description: "Metrics test plan"}
-	if err := call(ctx, key, changed); idemkey.Reason(err) != idemkey.ReasonKeyReused {
+	if err := call(ctx, key, changed); interceptor.Reason(err) != idemkey.ReasonKeyReused {
 		t.Fatalf("reused key: %v, want %s", err, idemkey.ReasonKeyReused)
 	}
 	moved("a reused key", map[string]float64{"reused/INVALID_ARGUMENT": 1})
@@ -126,7 +127,7 @@ func TestMetrics(t *testing.T) {
 	})
 	dupCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	if err := call(dupCtx, dupKey, dupReq); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
+	if err := call(dupCtx, dupKey, dupReq); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate during the first call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	moved("a duplicate in progress", map[string]float64{"in_progress/ABORTED": 1})
@@ -158,7 +159,7 @@ func TestMetrics(t *testing.T) {
 	secrets := []string{"acme", "sk_test", key, dupKey, "cus_metrics", "Metrics test"}
 	for _, k := range []string{key, dupKey} {
 		for _, method := range []string{paymentsv1.PaymentService_CreateCharge_FullMethodName, ""} {
-			secrets = append(secrets, store.NewKey("acme", method, k).String())
+			secrets = append(secrets, store.ScopeKey("acme", method, k).String())
 		}
 	}
 	for _, text := range texts {

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
@@ -257,8 +258,8 @@ var cases = []testCase{
 	}},
 	{name: "key reused with another request", run: func(t *testing.T, s *suite) {
 		s.do(Request{Key: "k1", Amount: 100})
-		s.wantReason(s.do(Request{Key: "k1", Amount: 200}), engine.ReasonKeyReused)
-		s.wantReason(s.do(Request{Key: "k1", Amount: 100, Behaviour: FailRecorded}), engine.ReasonKeyReused)
+		s.wantReason(s.do(Request{Key: "k1", Amount: 200}), idemkey.ReasonKeyReused)
+		s.wantReason(s.do(Request{Key: "k1", Amount: 100, Behaviour: FailRecorded}), idemkey.ReasonKeyReused)
 		s.wantRuns(1)
 	}},
 	{name: "no key runs unprotected", run: func(t *testing.T, s *suite) {
@@ -269,12 +270,12 @@ var cases = []testCase{
 		s.wantRuns(2)
 	}},
 	{name: "no key refused when required", keyRequired: true, run: func(t *testing.T, s *suite) {
-		s.wantReason(s.do(Request{Amount: 100}), engine.ReasonKeyMissing)
+		s.wantReason(s.do(Request{Amount: 100}), idemkey.ReasonKeyMissing)
 		s.wantRuns(0)
 	}},
 	{name: "malformed key refused", run: func(t *testing.T, s *suite) {
-		s.wantReason(s.do(Request{Key: strings.Repeat("k", engine.MaxKeyLen+1), Amount: 100}), engine.ReasonKeyInvalid)
-		s.wantReason(s.do(Request{Key: "k1", KeyTwice: true, Amount: 100}), engine.ReasonKeyInvalid)
+		s.wantReason(s.do(Request{Key: strings.Repeat("k", idemkey.MaxKeyLen+1), Amount: 100}), idemkey.ReasonKeyInvalid)
+		s.wantReason(s.do(Request{Key: "k1", KeyTwice: true, Amount: 100}), idemkey.ReasonKeyInvalid)
 		s.wantRuns(0)
 	}},
 	{name: "duplicate while the first runs", run: func(t *testing.T, s *suite) {
@@ -286,7 +287,7 @@ var cases = []testCase{
 			t.Fatal("the first call never reached the handler")
 		}
 		dup := s.do(Request{Key: "k1", Amount: 100, Behaviour: Block})
-		s.wantReason(dup, engine.ReasonInProgress)
+		s.wantReason(dup, idemkey.ReasonInProgress)
 		if dup.RetryAfter <= 0 {
 			t.Fatalf("in progress without a wait to retry after: %+v", dup)
 		}
@@ -323,7 +324,7 @@ var cases = []testCase{
 		s.wantRuns(2)
 	}},
 	{name: "store down fails closed", down: true, run: func(t *testing.T, s *suite) {
-		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), engine.ReasonStoreUnavailable)
+		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), idemkey.ReasonStoreUnavailable)
 		s.wantRuns(0)
 	}},
 	{name: "no room for the record never runs twice", refuses: true, run: func(t *testing.T, s *suite) {
@@ -333,7 +334,7 @@ var cases = []testCase{
 		}
 		// Nothing could be recorded, so the key stays in progress until its
 		// lease ends: never released, since the handler has run.
-		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), engine.ReasonInProgress)
+		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), idemkey.ReasonInProgress)
 		s.wantRuns(1)
 	}},
 	{name: "reply too large records an error", run: func(t *testing.T, s *suite) {

@@ -50,6 +50,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 )
@@ -563,7 +564,7 @@ type report struct {
 func ghz(bin string, srv *servertest.Server, postmaster int, key string, retry bool, duration time.Duration, clients int, profile string, row *Row) error {
 	md := map[string]string{"authorization": "Bearer sk_test_acme", idemkey.KeyMetadata: key}
 	if retry {
-		md[idemkey.AttemptsMetadata] = "1"
+		md[interceptor.AttemptsMetadata] = "1"
 	}
 	metadata, err := json.Marshal(md)
 	if err != nil {

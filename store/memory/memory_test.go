@@ -28,7 +28,7 @@ func TestReserveEvictsExpired(t *testing.T) {
 	const perRound = 1000
 	for round := range 5 {
 		for i := range perRound {
-			key := store.NewKey("t", "/m", string(rune(round*perRound+i)))
+			key := store.ScopeKey("t", "/m", string(rune(round*perRound+i)))
 			res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: time.Second, Retention: time.Minute})
 			if err != nil || res.State != store.Acquired {
 				t.Fatalf("Reserve = %v, %v", res.State, err)
@@ -49,7 +49,7 @@ func TestCanceledContext(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	st := memory.New()
-	if _, err := st.Reserve(ctx, store.Reservation{Key: store.NewKey("t", "/m", "k")}); err != context.Canceled {
+	if _, err := st.Reserve(ctx, store.Reservation{Key: store.ScopeKey("t", "/m", "k")}); err != context.Canceled {
 		t.Errorf("Reserve on a canceled context: err = %v, want context.Canceled", err)
 	}
 }
@@ -61,14 +61,14 @@ func TestMaxRecords(t *testing.T) {
 	st := memory.New(memory.WithClock(c.Now), memory.WithMaxRecords(3))
 	ctx := context.Background()
 	reserve := func(k string) (store.Result, error) {
-		return st.Reserve(ctx, store.Reservation{Key: store.NewKey("t", "/m", k), Lease: time.Second, Retention: time.Minute})
+		return st.Reserve(ctx, store.Reservation{Key: store.ScopeKey("t", "/m", k), Lease: time.Second, Retention: time.Minute})
 	}
 	for _, k := range []string{"a", "b", "c"} {
 		res, err := reserve(k)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := st.Complete(ctx, store.NewKey("t", "/m", k), res.Token, []byte(k)); err != nil {
+		if err := st.Complete(ctx, store.ScopeKey("t", "/m", k), res.Token, []byte(k)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -92,7 +92,7 @@ func TestMaxRecords(t *testing.T) {
 func TestMaxBytes(t *testing.T) {
 	st := memory.New(memory.WithMaxBytes(4 << 10))
 	ctx := context.Background()
-	key := store.NewKey("t", "/m", "k")
+	key := store.ScopeKey("t", "/m", "k")
 	res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: time.Second, Retention: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +104,7 @@ func TestMaxBytes(t *testing.T) {
 		t.Fatalf("a short outcome after ErrFull: %v", err)
 	}
 	for i := 0; ; i++ {
-		k := store.NewKey("t", "/m", string(rune(i)))
+		k := store.ScopeKey("t", "/m", string(rune(i)))
 		res, err := st.Reserve(ctx, store.Reservation{Key: k, Lease: time.Second, Retention: time.Minute})
 		if errors.Is(err, store.ErrFull) {
 			if i < 4 { // 4 KiB holds 8 records of 512 bytes, and one is taken
@@ -136,7 +136,7 @@ func TestFloodStaysBounded(t *testing.T) {
 	ctx := context.Background()
 	full := 0
 	for i := range 200_000 {
-		key := store.NewKey("t", "/m", strconv.Itoa(i))
+		key := store.ScopeKey("t", "/m", strconv.Itoa(i))
 		res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: time.Minute, Retention: time.Hour})
 		if errors.Is(err, store.ErrFull) {
 			full++

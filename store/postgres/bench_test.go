@@ -78,7 +78,7 @@ func replay(ctx context.Context, st *postgres.Store, key store.Key, fp store.Fin
 }
 
 func benchKey(prefix string, i int) store.Key {
-	return store.NewKey("tenant", "/bench.v1.Bench/Call", fmt.Sprintf("%s-%d", prefix, i))
+	return store.ScopeKey("tenant", "/bench.v1.Bench/Call", fmt.Sprintf("%s-%d", prefix, i))
 }
 
 // BenchmarkStoreVsBaseline runs the store and the hand-written baseline
@@ -304,15 +304,15 @@ func BenchmarkInterceptor(b *testing.B) {
 			}
 			pairs := []string{idemkey.KeyMetadata, key}
 			if retry {
-				pairs = append(pairs, idemkey.AttemptsMetadata, "1")
+				pairs = append(pairs, interceptor.AttemptsMetadata, "1")
 			}
 			var trailer metadata.MD
 			ctx := metadata.AppendToOutgoingContext(context.Background(), pairs...)
 			if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: 1}, grpc.Trailer(&trailer)); err != nil {
 				return err
 			}
-			if client != bare && idemkey.Replayed(trailer) != (op == "") {
-				return fmt.Errorf("key %q: replayed %v", key, idemkey.Replayed(trailer))
+			if client != bare && interceptor.Replayed(trailer) != (op == "") {
+				return fmt.Errorf("key %q: replayed %v", key, interceptor.Replayed(trailer))
 			}
 			return nil
 		}

@@ -138,7 +138,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 			// loseFirstReply answers each call's first attempt with
 			// Unavailable after it has run, as if the reply were lost.
 			loseFirstReply := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-				if len(metadata.ValueFromIncomingContext(ctx, idemkey.AttemptsMetadata)) > 0 {
+				if len(metadata.ValueFromIncomingContext(ctx, interceptor.AttemptsMetadata)) > 0 {
 					return handler(ctx, req)
 				}
 				tracer.reset()
@@ -179,7 +179,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 func TestUnreachableFailsClosed(t *testing.T) {
 	client, svc := serveCharges(t, unreachableStore(t))
 	err := createCharge(client, "k")
-	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
+	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("call with the database down: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
 	}
 	if n := svc.runs.Load(); n != 0 {
@@ -237,15 +237,15 @@ func TestReplayWhileAtomicHandlersHoldThePool(t *testing.T) {
 			t.Fatal("the handlers never held the transactions")
 		}
 	}
-	for _, pairs := range [][]string{nil, {idemkey.AttemptsMetadata, "1"}} {
+	for _, pairs := range [][]string{nil, {interceptor.AttemptsMetadata, "1"}} {
 		// A second is far beyond a replay's own cost, and far below the
 		// seconds the 80 calls keep the transactions busy.
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		start := time.Now()
 		c, trailer, err := create(ctx, "recorded", 1, pairs...)
 		cancel()
-		if err != nil || c.GetId() != "ch_1" || !idemkey.Replayed(trailer) {
-			t.Fatalf("replay %v during the load: %v, %v (replayed %v); want ch_1, replayed", pairs, c, err, idemkey.Replayed(trailer))
+		if err != nil || c.GetId() != "ch_1" || !interceptor.Replayed(trailer) {
+			t.Fatalf("replay %v during the load: %v, %v (replayed %v); want ch_1, replayed", pairs, c, err, interceptor.Replayed(trailer))
 		}
 		t.Logf("replay %v answered in %v with %d of 4 connections held", pairs, time.Since(start), r.pool.Stat().AcquiredConns())
 	}
@@ -298,7 +298,7 @@ func TestIdleConnectionsTerminatedMidCalls(t *testing.T) {
 		}
 	}
 	for i := range calls {
-		key := store.NewKey("", paymentsv1.PaymentService_CreateCharge_FullMethodName, fmt.Sprint("key-", i))
+		key := store.ScopeKey("", paymentsv1.PaymentService_CreateCharge_FullMethodName, fmt.Sprint("key-", i))
 		if _, found, err := r.store.Find(context.Background(), key); err != nil || !found {
 			t.Errorf("call %d: its reply was not recorded (found %v, %v), so a retry after its lease runs it again", i, found, err)
 		}

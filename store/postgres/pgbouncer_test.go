@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/pgbouncertest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -154,12 +155,12 @@ func TestPgbouncerWithoutExecMode(t *testing.T) {
 		wantHint("Migrate", err)
 	}
 
-	r := store.Reservation{Key: store.NewKey("t", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
+	r := store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
 	if _, err := newStore(t, first).Reserve(ctx, r); err != nil {
 		t.Fatalf("the first store's Reserve: %v", err)
 	}
 	st := newStore(t, second)
-	r.Key = store.NewKey("t", "/m", "other")
+	r.Key = store.ScopeKey("t", "/m", "other")
 	if _, err := st.Reserve(ctx, r); err == nil {
 		t.Error("the second store's Reserve succeeded; the test did not provoke the failure")
 	} else {
@@ -168,7 +169,7 @@ func TestPgbouncerWithoutExecMode(t *testing.T) {
 
 	client, svc := serveCharges(t, st)
 	err := createCharge(client, "k")
-	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
+	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("call: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
 	}
 	if n := svc.runs.Load(); n != 0 {

@@ -139,7 +139,7 @@ func TestConformance(t *testing.T) {
 // Four replicas, each with its own pool, race for one key: exactly one runs.
 func TestReplicasRace(t *testing.T) {
 	rs := newReplicas(t, 4)
-	key := store.NewKey("tenant", "/m", "k")
+	key := store.ScopeKey("tenant", "/m", "k")
 	const callers = 50
 	var (
 		wg     sync.WaitGroup
@@ -174,7 +174,7 @@ func TestReplicasRace(t *testing.T) {
 // callers ever hold the key at once.
 func TestChurn(t *testing.T) {
 	rs := newReplicas(t, 4)
-	key := store.NewKey("tenant", "/m", "k")
+	key := store.ScopeKey("tenant", "/m", "k")
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	var (
@@ -237,7 +237,7 @@ func TestSerializableDefault(t *testing.T) {
 	rs := newReplicas(t, 4, func(c *pgxpool.Config) {
 		c.ConnConfig.RuntimeParams["default_transaction_isolation"] = "serializable"
 	})
-	key := store.NewKey("tenant", "/m", "k")
+	key := store.ScopeKey("tenant", "/m", "k")
 	acquire(t, rs[0].store, key)
 	for round := range 20 {
 		rs[0].advance(t, lease+time.Second)
@@ -270,7 +270,7 @@ func TestSerializableDefault(t *testing.T) {
 func TestTakeoverAcrossReplicas(t *testing.T) {
 	rs := newReplicas(t, 2)
 	a, b := rs[0], rs[1]
-	key := store.NewKey("tenant", "/m", "k")
+	key := store.ScopeKey("tenant", "/m", "k")
 	stale := acquire(t, a.store, key)
 	a.advance(t, lease+time.Second)
 	fresh := acquire(t, b.store, key)
@@ -292,7 +292,7 @@ func TestTakeoverAcrossReplicas(t *testing.T) {
 // in the reserving statement, not from the application's clock.
 func TestDatabaseClock(t *testing.T) {
 	r := newReplica(t)
-	acquire(t, r.store, store.NewKey("tenant", "/m", "k"))
+	acquire(t, r.store, store.ScopeKey("tenant", "/m", "k"))
 	var leaseLen, retentionLen, age float64 // seconds
 	err := r.pool.QueryRow(context.Background(), `SELECT
 		extract(epoch FROM lease_end - created_at),
@@ -315,7 +315,7 @@ func TestDatabaseClock(t *testing.T) {
 func TestSweepLeavesLiveRows(t *testing.T) {
 	r := newReplica(t)
 	ctx := context.Background()
-	key := func(name string) store.Key { return store.NewKey("tenant", "/m", name) }
+	key := func(name string) store.Key { return store.ScopeKey("tenant", "/m", name) }
 	running, locked := key("running"), key("locked")
 	for _, name := range []string{"done", "running", "locked"} {
 		tok := acquire(t, r.store, key(name))
@@ -392,7 +392,7 @@ func TestTerminatedBackend(t *testing.T) {
 			admin := victim // the admin pool is a separate pool on the same schema
 			admin.pool = pgtest.Pool(t, schemaOf(t, victim.pool))
 			ctx := context.Background()
-			key := store.NewKey("tenant", "/m", "k")
+			key := store.ScopeKey("tenant", "/m", "k")
 
 			// Another session holds the row (or its insertion) so that the
 			// store's statement waits while we terminate its backend.
@@ -487,7 +487,7 @@ func TestWriteRetryFindsItsOwnEffect(t *testing.T) {
 			// Complete and Release once each, so that the connection has
 			// prepared their statements: the next write is the execution.
 			for _, k := range []string{"warm-1", "warm-2"} {
-				key := store.NewKey("tenant", "/m", k)
+				key := store.ScopeKey("tenant", "/m", k)
 				token := acquire(t, r.store, key)
 				if err := r.store.Complete(ctx, key, token, []byte("ok")); err != nil {
 					t.Fatal(err)
@@ -496,7 +496,7 @@ func TestWriteRetryFindsItsOwnEffect(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			key := store.NewKey("tenant", "/m", "done-unseen")
+			key := store.ScopeKey("tenant", "/m", "done-unseen")
 			token := acquire(t, r.store, key)
 			cut.Store(true)
 			var err error
@@ -558,7 +558,7 @@ func schemaOf(t *testing.T, pool *pgxpool.Pool) string {
 // value gets through.
 func TestErrors(t *testing.T) {
 	ctx := context.Background()
-	key := store.NewKey("tenant", "/m", "k")
+	key := store.ScopeKey("tenant", "/m", "k")
 	res := store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention}
 
 	t.Run("unreachable", func(t *testing.T) {
@@ -630,7 +630,7 @@ func TestWithTable(t *testing.T) {
 		}
 	}
 	st := newStore(t, pool, opt)
-	key := store.NewKey("tenant", "/m", "k")
+	key := store.ScopeKey("tenant", "/m", "k")
 	if err := st.Complete(ctx, key, acquire(t, st, key), []byte("ok")); err != nil {
 		t.Fatal(err)
 	}
@@ -719,7 +719,7 @@ func TestMigrateDown(t *testing.T) {
 		if n := applied(); n != 0 {
 			t.Errorf("%s: %d migrations applied after MigrateDown to 0", table, n)
 		}
-		if _, err := newStore(t, pool, opt).Reserve(ctx, store.Reservation{Key: store.NewKey("t", "/m", "k"), Lease: time.Second, Retention: time.Minute}); err == nil {
+		if _, err := newStore(t, pool, opt).Reserve(ctx, store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Lease: time.Second, Retention: time.Minute}); err == nil {
 			t.Errorf("%s: Reserve after MigrateDown to 0 found a table", table)
 		}
 	}

@@ -54,7 +54,7 @@ func BenchmarkWait(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	key := func(kind string, i int) store.Key { return store.NewKey("bench", kind, strconv.Itoa(i)) }
+	key := func(kind string, i int) store.Key { return store.ScopeKey("bench", kind, strconv.Itoa(i)) }
 	for i := range 1000 { // for the replays
 		if err := first(ctx, plain, key("r", i)); err != nil {
 			b.Fatal(err)
@@ -95,7 +95,7 @@ func BenchmarkVsPostgres(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	key := func(kind string, i int) store.Key { return store.NewKey("bench", kind, strconv.Itoa(i)) }
+	key := func(kind string, i int) store.Key { return store.ScopeKey("bench", kind, strconv.Itoa(i)) }
 	for i := range 1000 {
 		if err := first(ctx, rst, key("r", i)); err != nil {
 			b.Fatal(err)

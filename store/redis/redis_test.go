@@ -99,7 +99,7 @@ func TestRecordsExpireNatively(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	key := store.NewKey("tenant-secret", "/m", "key-secret")
+	key := store.ScopeKey("tenant-secret", "/m", "key-secret")
 	res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: 50 * time.Millisecond, Retention: 200 * time.Millisecond})
 	if err != nil || res.State != store.Acquired {
 		t.Fatalf("Reserve = %v, %v", res.State, err)
@@ -135,7 +135,7 @@ func TestTokensNeverRepeat(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	key := store.NewKey("t", "/m", "k")
+	key := store.ScopeKey("t", "/m", "k")
 	seen := map[store.Token]bool{}
 	for i := range 20 {
 		res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: time.Millisecond, Retention: time.Millisecond})
@@ -171,10 +171,10 @@ func TestUnavailable(t *testing.T) {
 	cancel()
 	for name, err := range map[string]error{
 		"Reserve": func() error {
-			_, err := st.Reserve(context.Background(), store.Reservation{Key: store.NewKey("t", "/m", "k")})
+			_, err := st.Reserve(context.Background(), store.Reservation{Key: store.ScopeKey("t", "/m", "k")})
 			return err
 		}(),
-		"Complete": st.Complete(ctx, store.NewKey("t", "/m", "k"), 1, nil),
+		"Complete": st.Complete(ctx, store.ScopeKey("t", "/m", "k"), 1, nil),
 	} {
 		if !errors.Is(err, store.ErrUnavailable) {
 			t.Errorf("%s on a dead server = %v, want ErrUnavailable", name, err)
@@ -203,7 +203,7 @@ func TestReplicaWaitWithoutReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	r := store.Reservation{Key: store.NewKey("t", "/m", "k"), Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour}
+	r := store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour}
 	start := time.Now()
 	if _, err := waiting.Reserve(ctx, r); !errors.Is(err, store.ErrUnavailable) || !strings.Contains(err.Error(), "0 of 1 replicas") {
 		t.Fatalf("Reserve waiting for a missing replica = %v; want ErrUnavailable saying 0 of 1 replicas confirmed", err)

@@ -72,7 +72,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 }
 
 func newKey(t *testing.T, name string) store.Key {
-	return store.NewKey("tenant", "/storetest.v1.Service/Method", t.Name()+"/"+name)
+	return store.ScopeKey("tenant", "/storetest.v1.Service/Method", t.Name()+"/"+name)
 }
 
 func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Result {

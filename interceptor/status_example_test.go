@@ -1,24 +1,25 @@
-package idemkey_test
+package interceptor_test
 
 import (
 	"fmt"
 	"time"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 )
 
 // A client tells idemkey's errors apart by their reason.
 func ExampleReason() {
 	for _, err := range []error{
-		idemkey.ReusedKeyError(),
-		idemkey.InProgressError(500 * time.Millisecond),
+		interceptor.ReusedKeyError(),
+		interceptor.InProgressError(500 * time.Millisecond),
 		fmt.Errorf("card declined"),
 	} {
-		switch idemkey.Reason(err) {
+		switch interceptor.Reason(err) {
 		case idemkey.ReasonKeyReused:
 			fmt.Println("bug: one key was used for two different requests")
 		case idemkey.ReasonInProgress:
-			delay, _ := idemkey.RetryDelay(err)
+			delay, _ := interceptor.RetryDelay(err)
 			fmt.Println("still running; retry with the same key in", delay)
 		default:
 			fmt.Println("not an idemkey error:", err)

@@ -1,9 +1,8 @@
-package idemkey_test
+package interceptor_test
 
 import (
 	"fmt"
 	"math"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
 )
 
 func TestStatuses(t *testing.T) {
@@ -21,33 +21,33 @@ func TestStatuses(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{idemkey.MissingKeyError(), codes.InvalidArgument, idemkey.ReasonKeyMissing},
-		{idemkey.InvalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
-		{idemkey.ReusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
-		{idemkey.InProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
-		{idemkey.StoreUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
-		{idemkey.StoreFullError(time.Second), codes.ResourceExhausted, idemkey.ReasonStoreFull},
+		{interceptor.MissingKeyError(), codes.InvalidArgument, idemkey.ReasonKeyMissing},
+		{interceptor.InvalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
+		{interceptor.ReusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
+		{interceptor.InProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
+		{interceptor.StoreUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
+		{interceptor.StoreFullError(time.Second), codes.ResourceExhausted, idemkey.ReasonStoreFull},
 	} {
 		if got := status.Code(tc.err); got != tc.code {
 			t.Errorf("%v: code %v, want %v", tc.err, got, tc.code)
 		}
-		if got := idemkey.Reason(tc.err); got != tc.reason {
+		if got := interceptor.Reason(tc.err); got != tc.reason {
 			t.Errorf("%v: reason %q, want %q", tc.err, got, tc.reason)
 		}
 		// Reason survives wrapping.
-		if got := idemkey.Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
+		if got := interceptor.Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
 			t.Errorf("wrapped %v: reason %q, want %q", tc.err, got, tc.reason)
 		}
 	}
-	if d, ok := idemkey.RetryDelay(idemkey.InProgressError(1500 * time.Millisecond)); !ok || d != 1500*time.Millisecond {
-		t.Errorf("RetryDelay = %v, %v; want 1.5s", d, ok)
+	if d, ok := interceptor.RetryDelay(interceptor.InProgressError(1500 * time.Millisecond)); !ok || d != 1500*time.Millisecond {
+		t.Errorf("interceptor.RetryDelay = %v, %v; want 1.5s", d, ok)
 	}
-	if _, ok := idemkey.RetryDelay(idemkey.ReusedKeyError()); ok {
-		t.Error("RetryDelay found a delay on a reused-key error")
+	if _, ok := interceptor.RetryDelay(interceptor.ReusedKeyError()); ok {
+		t.Error("interceptor.RetryDelay found a delay on a reused-key error")
 	}
 	for _, err := range []error{nil, fmt.Errorf("plain"), status.Error(codes.InvalidArgument, "other")} {
-		if got := idemkey.Reason(err); got != "" {
-			t.Errorf("Reason(%v) = %q, want empty", err, got)
+		if got := interceptor.Reason(err); got != "" {
+			t.Errorf("interceptor.Reason(%v) = %q, want empty", err, got)
 		}
 	}
 }
@@ -62,47 +62,28 @@ func TestPushbackTrailer(t *testing.T) {
 		math.MaxInt64:                      "9223372036855",
 		math.MaxInt64 - time.Millisecond/2: "9223372036855",
 	} {
-		if got := idemkey.PushbackTrailer(d).Get(idemkey.PushbackMetadata); len(got) != 1 || got[0] != want {
-			t.Errorf("PushbackTrailer(%v) = %q, want [%s]", d, got, want)
+		if got := interceptor.PushbackTrailer(d).Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != want {
+			t.Errorf("interceptor.PushbackTrailer(%v) = %q, want [%s]", d, got, want)
 		}
 	}
 }
 
 func TestReplayed(t *testing.T) {
-	if !idemkey.Replayed(metadata.Pairs(idemkey.ReplayedMetadata, "true")) {
-		t.Error("Replayed(true) = false")
+	if !interceptor.Replayed(metadata.Pairs(idemkey.ReplayedMetadata, "true")) {
+		t.Error("interceptor.Replayed(true) = false")
 	}
 	for _, md := range []metadata.MD{nil, metadata.Pairs(idemkey.ReplayedMetadata, "false"), metadata.Pairs("other", "true")} {
-		if idemkey.Replayed(md) {
-			t.Errorf("Replayed(%v) = true", md)
+		if interceptor.Replayed(md) {
+			t.Errorf("interceptor.Replayed(%v) = true", md)
 		}
-	}
-}
-
-var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
-
-func TestNewKey(t *testing.T) {
-	seen := map[string]bool{}
-	for range 1000 {
-		k := idemkey.NewKey()
-		if !uuidV4.MatchString(k) {
-			t.Fatalf("NewKey() = %q, not a version 4 UUID", k)
-		}
-		if err := idemkey.ValidateKey(k); err != nil {
-			t.Fatalf("NewKey() = %q is not a valid key: %v", k, err)
-		}
-		if seen[k] {
-			t.Fatalf("NewKey() repeated %q", k)
-		}
-		seen[k] = true
 	}
 }
 
 func TestKeyFromMetadata(t *testing.T) {
-	if key, ok, err := idemkey.KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
+	if key, ok, err := interceptor.KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
 		t.Errorf("one key: %q, %v, %v", key, ok, err)
 	}
-	if key, ok, err := idemkey.KeyFromMetadata(nil); key != "" || ok || err != nil {
+	if key, ok, err := interceptor.KeyFromMetadata(nil); key != "" || ok || err != nil {
 		t.Errorf("no key: %q, %v, %v; want absent without error", key, ok, err)
 	}
 }
@@ -118,7 +99,7 @@ var keyErrorMessages = func() map[string]bool {
 		{idemkey.KeyMetadata: {"a", "a"}},
 		{idemkey.KeyMetadata + "-bin": {"a"}},
 	} {
-		_, _, err := idemkey.KeyFromMetadata(md)
+		_, _, err := interceptor.KeyFromMetadata(md)
 		msgs[status.Convert(err).Message()] = true
 	}
 	return msgs
@@ -140,12 +121,12 @@ func FuzzKeyFromMetadata(f *testing.F) {
 		if binary {
 			md[idemkey.KeyMetadata+"-bin"] = []string{key}
 		}
-		got, ok, err := idemkey.KeyFromMetadata(md)
+		got, ok, err := interceptor.KeyFromMetadata(md)
 		if err != nil {
 			if ok || got != "" {
 				t.Fatalf("error %v with key %q, ok %v", err, got, ok)
 			}
-			if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid {
+			if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyInvalid {
 				t.Fatalf("error %v, want InvalidArgument %s", err, idemkey.ReasonKeyInvalid)
 			}
 			if !keyErrorMessages[status.Convert(err).Message()] {
@@ -165,32 +146,4 @@ func FuzzKeyFromMetadata(f *testing.F) {
 			}
 		}
 	})
-}
-
-var uuidV8 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
-
-// A derived key is a valid key, the same for the same parts, and different
-// when any one part differs, including where parts could run together.
-func TestDeriveKey(t *testing.T) {
-	base := [4]string{"acme", "/pay.v1.Payments/Charge", "k-1", "provider"}
-	derive := func(p [4]string) string { return idemkey.DeriveKey(p[0], p[1], p[2], p[3]) }
-	k := derive(base)
-	if !uuidV8.MatchString(k) || idemkey.ValidateKey(k) != nil {
-		t.Fatalf("DeriveKey = %q, want a version 8 UUID", k)
-	}
-	if again := derive(base); again != k {
-		t.Errorf("DeriveKey is not stable: %q, then %q", k, again)
-	}
-	seen := map[string]int{k: -1}
-	for i := range base {
-		p := base
-		p[i] += "x"
-		if prev, dup := seen[derive(p)]; dup {
-			t.Errorf("changing part %d derives the key of %d", i, prev)
-		}
-		seen[derive(p)] = i
-	}
-	if derive([4]string{"ab", "c", "k", "l"}) == derive([4]string{"a", "bc", "k", "l"}) {
-		t.Error("parts that run together derive one key")
-	}
 }

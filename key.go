@@ -1,4 +1,4 @@
-package engine
+package idemkey
 
 import (
 	"context"
@@ -10,30 +10,16 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// MaxKeyLen is the longest idempotency key accepted, in bytes.
-const MaxKeyLen = 255
-
-// Reasons name why a call was answered by idemkey rather than its handler:
-// the google.rpc.ErrorInfo reason of a gRPC or Connect error, the end of an
-// HTTP problem's type. The root package idemkey repeats them.
-const (
-	ReasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"       // InvalidArgument (HTTP 400)
-	ReasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"       // InvalidArgument (HTTP 400)
-	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"        // InvalidArgument (HTTP 422)
-	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"   // Aborted (HTTP 409)
-	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // Unavailable (HTTP 503)
-	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"        // ResourceExhausted (HTTP 503)
-)
-
 // KeyError is a malformed idempotency key. Problem says what is wrong with
 // it and never quotes the key.
 type KeyError struct{ Problem string }
 
 func (e *KeyError) Error() string { return "idempotency key malformed: " + e.Problem }
 
-// CheckKey returns a *KeyError unless key is 1 to MaxKeyLen bytes of visible
-// ASCII (0x21 to 0x7E). A UUID, a ULID or base64url text all qualify.
-func CheckKey(key string) error {
+// ValidateKey returns a *KeyError unless key is 1 to MaxKeyLen bytes of
+// visible ASCII (0x21 to 0x7E). A UUID, a ULID or base64url text all
+// qualify. Every entry point checks keys with it.
+func ValidateKey(key string) error {
 	if key == "" {
 		return &KeyError{"it is empty"}
 	}
@@ -56,14 +42,14 @@ func CheckKey(key string) error {
 // a double quote is taken as the key itself, as long as it holds no double
 // quote, comma or semicolon, which would make it a malformed string, a list
 // or a parameter. Both forms of one key are one key. Either way the key must
-// then pass CheckKey. An error is a *KeyError, which never quotes the key.
+// then pass ValidateKey. An error is a *KeyError, which never quotes the key.
 func ParseKeyField(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" || v[0] != '"' {
 		if strings.ContainsAny(v, "\",;") {
 			return "", &KeyError{Problem: "it is neither a structured-field string nor a bare key"}
 		}
-		return v, CheckKey(v)
+		return v, ValidateKey(v)
 	}
 	// An sf-string (RFC 8941, section 4.2.5): DQUOTE *chr DQUOTE, where chr
 	// is a printable ASCII character other than " and \, or \" or \\.
@@ -81,7 +67,7 @@ func ParseKeyField(v string) (string, error) {
 				return "", &KeyError{Problem: "something follows its string: a list or parameters"}
 			}
 			key := b.String()
-			return key, CheckKey(key)
+			return key, ValidateKey(key)
 		case c < 0x20 || c > 0x7e:
 			return "", &KeyError{Problem: "its string holds a byte outside printable ASCII"}
 		default:
@@ -94,7 +80,9 @@ func ParseKeyField(v string) (string, error) {
 	return "", &KeyError{Problem: "its string has no closing double quote"}
 }
 
-// NewKey returns a fresh random key: a version 4 UUID from crypto/rand.
+// NewKey returns a fresh random key: a version 4 UUID from crypto/rand. Keep
+// it with the business operation it names, so that a restarted process
+// retries with the same key.
 func NewKey() string {
 	var u [16]byte
 	rand.Read(u[:])
@@ -102,10 +90,12 @@ func NewKey() string {
 }
 
 // DeriveKey returns the key for a call that one operation makes to another
-// idempotent API: a version 8 UUID from the SHA-256 of the operation's
-// tenant, name and key, and label, which names the downstream call. Every
-// retry of the operation derives the same key; any other tenant, operation,
-// key or label derives another.
+// idempotent API (a payment provider, another service): a version 8 UUID
+// from the SHA-256 of the operation's tenant, name and key, and label, which
+// names the downstream call. Every retry of the operation derives the same
+// key, so the downstream API deduplicates too; any other tenant, operation,
+// key or label derives another. In a handler, DerivedKey fills in the call's
+// own parts.
 func DeriveKey(tenant, operation, key, label string) string {
 	sum := sha256.Sum256(store.AppendParts(make([]byte, 0, 512), "idemkey derived key v1", tenant, operation, key, label))
 	return formatUUID([16]byte(sum[:16]), 8)
@@ -133,6 +123,13 @@ func formatUUID(u [16]byte, version byte) string {
 // them for DerivedKey.
 type parts struct{ tenant, operation, key string }
 
+// HandlerContext returns ctx carrying the tenant, operation and key of the
+// call a handler runs for, which DerivedKey reads. The engine calls it for
+// every entry point; an adapter author has no need to.
+func HandlerContext(ctx context.Context, tenant, operation, key string) context.Context {
+	return &partsContext{ctx, parts{tenant, operation, key}}
+}
+
 type partsKey struct{}
 
 // partsContext is ctx carrying a call's parts: one allocation per call, where
@@ -151,8 +148,9 @@ func (p *partsContext) Value(key any) any {
 
 // DerivedKey returns the idempotency key for a call that the handler of ctx
 // makes to another idempotent API, labelled by label: DeriveKey of the call's
-// tenant, operation and key. ok is false if ctx is not the handler context
-// of a call with a key.
+// tenant, operation and key, on every entry point (gRPC, Connect, HTTP, a
+// message consumer). ok is false if ctx is not the handler context of a call
+// with a key.
 func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
 	p, ok := ctx.Value(partsKey{}).(*parts)
 	if !ok {

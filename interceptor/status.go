@@ -1,0 +1,180 @@
+package interceptor
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/protoadapt"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/idemkey/idemkey"
+)
+
+// gRPC's own metadata names that the interceptors use.
+const (
+	// PushbackMetadata is the trailer that tells gRPC's retry policy how many
+	// milliseconds to wait before the next attempt.
+	PushbackMetadata = "grpc-retry-pushback-ms"
+	// AttemptsMetadata is the header in which gRPC's retry policy counts the
+	// earlier attempts of a call; the server interceptor reads the record of
+	// a call with a count above 0 before it reserves.
+	AttemptsMetadata = "grpc-previous-rpc-attempts"
+)
+
+// KeyFromMetadata returns the idempotency key carried by md. ok is false when
+// md carries none. A key that is malformed, sent more than once or sent as
+// binary metadata gives an InvalidKeyError; the error never quotes the key.
+func KeyFromMetadata(md metadata.MD) (key string, ok bool, err error) {
+	return parseKey(md[idemkey.KeyMetadata], len(md[idemkey.KeyMetadata+"-bin"]) > 0)
+}
+
+// KeyFromIncomingContext is KeyFromMetadata for the metadata of the call a
+// server handles, without copying the rest of it.
+func KeyFromIncomingContext(ctx context.Context) (key string, ok bool, err error) {
+	return parseKey(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata),
+		len(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata+"-bin")) > 0)
+}
+
+func parseKey(values []string, binary bool) (string, bool, error) {
+	if binary {
+		return "", false, InvalidKeyError("it was sent as binary metadata")
+	}
+	switch len(values) {
+	case 0:
+		return "", false, nil
+	case 1:
+		if err := validateKey(values[0]); err != nil {
+			return "", false, err
+		}
+		return values[0], true, nil
+	default:
+		return "", false, InvalidKeyError("it was sent more than once")
+	}
+}
+
+// validateKey is idemkey.ValidateKey with its error as an InvalidKeyError.
+func validateKey(key string) error {
+	if err := idemkey.ValidateKey(key); err != nil {
+		return InvalidKeyError(err.(*idemkey.KeyError).Problem)
+	}
+	return nil
+}
+
+// MissingKeyError is the InvalidArgument status for a call that must carry an
+// idempotency key and does not.
+func MissingKeyError() error {
+	return newError(codes.InvalidArgument, idemkey.ReasonKeyMissing,
+		"idempotency key required: set the "+idemkey.KeyMetadata+" metadata to one random key per operation")
+}
+
+// InvalidKeyError is the InvalidArgument status for a malformed key; problem
+// says what is wrong with it and must not quote the key.
+func InvalidKeyError(problem string) error {
+	return newError(codes.InvalidArgument, idemkey.ReasonKeyInvalid, "idempotency key malformed: "+problem)
+}
+
+// ReusedKeyError is the InvalidArgument status for a key that was first used
+// with a different request.
+func ReusedKeyError() error {
+	return newError(codes.InvalidArgument, idemkey.ReasonKeyReused,
+		"idempotency key already used with a different request")
+}
+
+// InProgressError is the Aborted status for a retry that arrives while the
+// first call with its key is still running. It carries a google.rpc.RetryInfo
+// with retryAfter; the server also sends it as the PushbackMetadata trailer.
+func InProgressError(retryAfter time.Duration) error {
+	return newError(codes.Aborted, idemkey.ReasonInProgress,
+		"a call with this idempotency key is in progress; retry after "+retryAfter.String(),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+}
+
+// StoreUnavailableError is the Unavailable status for a call whose key could
+// not be checked because the store failed; the handler did not run.
+func StoreUnavailableError() error {
+	return newError(codes.Unavailable, idemkey.ReasonStoreUnavailable,
+		"idempotency store unavailable; the call was not run")
+}
+
+// StoreFullError is the ResourceExhausted status for a new key that the store
+// has no room to reserve (store.ErrFull); the handler did not run, and
+// replays of recorded keys still work. It carries a google.rpc.RetryInfo with
+// retryAfter, the time until the store expects room.
+func StoreFullError(retryAfter time.Duration) error {
+	return newError(codes.ResourceExhausted, idemkey.ReasonStoreFull,
+		"idempotency store full; the call was not run; retry after "+retryAfter.String(),
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+}
+
+// PushbackTrailer is the trailer that carries retryAfter to gRPC's retry
+// policy, rounded up to whole milliseconds.
+func PushbackTrailer(retryAfter time.Duration) metadata.MD {
+	ms := retryAfter / time.Millisecond
+	if retryAfter%time.Millisecond > 0 { // rounded up without overflow
+		ms++
+	}
+	return metadata.Pairs(PushbackMetadata, strconv.FormatInt(int64(ms), 10))
+}
+
+// Reason returns the idemkey reason (one of idemkey's Reason constants)
+// carried by the gRPC error err, or "" when err is not an idemkey error.
+func Reason(err error) string {
+	if info := errorInfo(err); info != nil {
+		return info.GetReason()
+	}
+	return ""
+}
+
+// RetryDelay returns the delay an in-progress error asks the client to wait.
+func RetryDelay(err error) (time.Duration, bool) {
+	st, ok := status.FromError(err)
+	if !ok {
+		return 0, false
+	}
+	for _, d := range st.Details() {
+		if ri, ok := d.(*errdetails.RetryInfo); ok && ri.GetRetryDelay() != nil {
+			return ri.GetRetryDelay().AsDuration(), true
+		}
+	}
+	return 0, false
+}
+
+// Replayed reports whether trailer marks a reply replayed from the record of
+// an earlier call rather than produced by running the handler.
+func Replayed(trailer metadata.MD) bool {
+	v := trailer.Get(idemkey.ReplayedMetadata)
+	return len(v) == 1 && v[0] == "true"
+}
+
+func errorInfo(err error) *errdetails.ErrorInfo {
+	if err == nil {
+		return nil
+	}
+	var se interface{ GRPCStatus() *status.Status }
+	if !errors.As(err, &se) {
+		return nil
+	}
+	for _, d := range se.GRPCStatus().Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == idemkey.ErrorDomain {
+			return info
+		}
+	}
+	return nil
+}
+
+func newError(code codes.Code, reason, msg string, extra ...protoadapt.MessageV1) error {
+	st := status.New(code, msg)
+	details := append([]protoadapt.MessageV1{&errdetails.ErrorInfo{Reason: reason, Domain: idemkey.ErrorDomain}}, extra...)
+	withDetails, err := st.WithDetails(details...)
+	if err != nil {
+		// Only a detail that cannot be marshalled fails here, and ours can.
+		return st.Err()
+	}
+	return withDetails.Err()
+}

@@ -1,0 +1,55 @@
+package idemkey_test
+
+import (
+	"regexp"
+	"testing"
+
+	"github.com/idemkey/idemkey"
+)
+
+var uuidV4 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+func TestNewKey(t *testing.T) {
+	seen := map[string]bool{}
+	for range 1000 {
+		k := idemkey.NewKey()
+		if !uuidV4.MatchString(k) {
+			t.Fatalf("NewKey() = %q, not a version 4 UUID", k)
+		}
+		if err := idemkey.ValidateKey(k); err != nil {
+			t.Fatalf("NewKey() = %q is not a valid key: %v", k, err)
+		}
+		if seen[k] {
+			t.Fatalf("NewKey() repeated %q", k)
+		}
+		seen[k] = true
+	}
+}
+
+var uuidV8 = regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+
+// A derived key is a valid key, the same for the same parts, and different
+// when any one part differs, including where parts could run together.
+func TestDeriveKey(t *testing.T) {
+	base := [4]string{"acme", "/pay.v1.Payments/Charge", "k-1", "provider"}
+	derive := func(p [4]string) string { return idemkey.DeriveKey(p[0], p[1], p[2], p[3]) }
+	k := derive(base)
+	if !uuidV8.MatchString(k) || idemkey.ValidateKey(k) != nil {
+		t.Fatalf("DeriveKey = %q, want a version 8 UUID", k)
+	}
+	if again := derive(base); again != k {
+		t.Errorf("DeriveKey is not stable: %q, then %q", k, again)
+	}
+	seen := map[string]int{k: -1}
+	for i := range base {
+		p := base
+		p[i] += "x"
+		if prev, dup := seen[derive(p)]; dup {
+			t.Errorf("changing part %d derives the key of %d", i, prev)
+		}
+		seen[derive(p)] = i
+	}
+	if derive([4]string{"ab", "c", "k", "l"}) == derive([4]string{"a", "bc", "k", "l"}) {
+		t.Error("parts that run together derive one key")
+	}
+}
