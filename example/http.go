@@ -148,7 +148,7 @@ func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	var trailer metadata.MD
 	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Trailer(&trailer))
 	if interceptor.Replayed(trailer) {
-		w.Header().Set(idemhttp.ReplayedHeader, "true")
+		w.Header().Set(idemkey.ReplayedHeader, "true")
 	}
 	if err != nil {
 		writeStatus(w, err)

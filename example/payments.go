@@ -190,7 +190,7 @@ func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 	// sending a key derived from this call's, so that the processor too sees
 	// every retry of this charge as one:
 	//
-	//	processorKey, _ := interceptor.DerivedKey(ctx, "capture")
+	//	processorKey, _ := idemkey.DerivedKey(ctx, "capture")
 	//	err := processor.Capture(ctx, charge, processorKey)
 	//
 	// That call leaves this database, so such a method belongs in two-phase

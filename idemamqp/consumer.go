@@ -30,7 +30,7 @@ type Consumer struct {
 // idempotency of core. args are the arguments the queue was declared with,
 // which AMQP cannot read back: New refuses (a *consumer.HorizonError) when
 // core's records would expire while RabbitMQ may still redeliver a message
-// (see Horizon), unless core was built with consumer.WithHorizonWarning, and
+// (see RedeliveryHorizon), unless core was built with consumer.WithHorizonWarning, and
 // refuses an x-message-ttl that is not a non-negative integer.
 //
 // It starts nothing: call Handle for each delivery of a Consume with
@@ -39,7 +39,7 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 	if _, _, err := messageTTL(args); err != nil {
 		return nil, fmt.Errorf("idemamqp: queue %q: %w", queue, err)
 	}
-	if err := core.CheckHorizon(context.Background(), Horizon(queue, args)); err != nil {
+	if err := core.CheckHorizon(context.Background(), RedeliveryHorizon(queue, args)); err != nil {
 		return nil, err
 	}
 	limit, ok := integer(args["x-delivery-limit"])
@@ -49,7 +49,7 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 	return &Consumer{core: core, h: h, opts: newOptions(opts), deliveryLimit: limit}, nil
 }
 
-// Horizon is how long RabbitMQ may redeliver a message of queue, declared
+// RedeliveryHorizon is how long RabbitMQ may redeliver a message of queue, declared
 // with args: at most its x-message-ttl, after which the message is gone,
 // however often it was requeued (a requeued message keeps its expiry).
 // Unbounded without one: RabbitMQ keeps an unacknowledged message, and
@@ -61,7 +61,7 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 // A TTL set by a policy, rather than by the queue's arguments, is not
 // visible over AMQP: with such a policy, pass its TTL in args as
 // x-message-ttl, or build core with consumer.WithHorizonWarning.
-func Horizon(queue string, args amqp.Table) consumer.Horizon {
+func RedeliveryHorizon(queue string, args amqp.Table) consumer.Horizon {
 	ttl, ok, err := messageTTL(args)
 	switch {
 	case err != nil:
@@ -243,7 +243,7 @@ func MessageID(d amqp.Delivery) (string, error) {
 // CloudEventsID is the id of a CloudEvent in the AMQP binding's binary
 // content mode: its cloudEvents:id application property, a header in AMQP
 // 0-9-1, or cloudEvents_id, the binding's name for it where a colon is not
-// allowed (WithID(CloudEventsID)).
+// allowed (WithMessageID(CloudEventsID)).
 func CloudEventsID(d amqp.Delivery) (string, error) {
 	var id string
 	var found bool

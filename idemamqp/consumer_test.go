@@ -374,7 +374,7 @@ func TestCloudEventsTenant(t *testing.T) {
 	c := f.consumer(memory.New(), nil, func(ctx context.Context, d amqp.Delivery) error {
 		runs.Add(1)
 		return nil
-	}, idemamqp.WithID(idemamqp.CloudEventsID), idemamqp.WithTenant(func(d amqp.Delivery) (string, error) {
+	}, idemamqp.WithMessageID(idemamqp.CloudEventsID), idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) {
 		s, _ := d.Headers["tenant"].(string)
 		return s, nil
 	}))

@@ -5,7 +5,7 @@
 //
 // The key is the message's AMQP message-id property, which its producer sets
 // once and keeps across its own retries (MessageID; CloudEventsID for a
-// CloudEvent; WithID for another), scoped by the consumer's name. A message
+// CloudEvent; WithMessageID for another), scoped by the consumer's name. A message
 // already processed is acknowledged without running the handler; one in
 // progress on another worker is requeued after a delay; a handler's
 // transient error releases the id and requeues the message after a backoff;
@@ -54,7 +54,7 @@
 //     delivery of it goes to the WithDeadLetter hook, a redelivery too, so
 //     that the dead letter is sent at least once.
 //   - New refuses a queue whose messages may be redelivered after their
-//     record expires (Horizon): one without an x-message-ttl, or with one
+//     record expires (RedeliveryHorizon): one without an x-message-ttl, or with one
 //     longer than the retention, unless core has consumer.WithHorizonWarning.
 //
 // # Caveats

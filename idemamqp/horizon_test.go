@@ -44,7 +44,7 @@ func TestHorizon(t *testing.T) {
 		{"negative", amqp.Table{"x-message-ttl": -1}, consumer.Horizon{Unbounded: true, Source: "queue q: x-message-ttl is negative"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := idemamqp.Horizon("q", tc.args)
+			got := idemamqp.RedeliveryHorizon("q", tc.args)
 			if !strings.Contains(got.Fix, "x-message-ttl") {
 				t.Errorf("Horizon's Fix %q does not say what bounds it", got.Fix)
 			}

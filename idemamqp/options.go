@@ -23,9 +23,9 @@ func newOptions(opts []Option) *options {
 	return o
 }
 
-// WithID sets how a message's id is read (MessageID by default); an error
+// WithMessageID sets how a message's id is read (MessageID by default); an error
 // refuses the message. CloudEventsID reads a CloudEvent's.
-func WithID(f func(amqp.Delivery) (string, error)) Option {
+func WithMessageID(f func(amqp.Delivery) (string, error)) Option {
 	return func(o *options) {
 		if f != nil {
 			o.id = f
@@ -33,9 +33,9 @@ func WithID(f func(amqp.Delivery) (string, error)) Option {
 	}
 }
 
-// WithTenant scopes message ids to the tenant f reads from a message, for
+// WithMessageTenant scopes message ids to the tenant f reads from a message, for
 // example from a header its producer sets. An error refuses the message.
-func WithTenant(f func(amqp.Delivery) (string, error)) Option {
+func WithMessageTenant(f func(amqp.Delivery) (string, error)) Option {
 	return func(o *options) { o.tenant = f }
 }
 

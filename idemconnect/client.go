@@ -46,7 +46,7 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return next(ctx, req)
 		}
 		h := req.Header()
-		switch vs := h[KeyHeader]; len(vs) {
+		switch vs := h[idemkey.KeyHeader]; len(vs) {
 		case 0:
 			if msg, ok := req.Any().(proto.Message); ok && p.keyField != nil && protokey.KeyFromField(msg, p.keyField) != "" {
 				break // the request carries its own key
@@ -57,7 +57,7 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			} else if err := checkKey(key); err != nil {
 				return nil, err
 			}
-			h[KeyHeader] = []string{key}
+			h[idemkey.KeyHeader] = []string{key}
 		case 1:
 			if err := checkKey(vs[0]); err != nil {
 				return nil, err

@@ -26,7 +26,7 @@ type keyRecorder struct {
 func (k *keyRecorder) intercept(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		k.mu.Lock()
-		k.keys = append(k.keys, req.Header().Values(idemconnect.KeyHeader))
+		k.keys = append(k.keys, req.Header().Values(idemkey.KeyHeader))
 		k.mu.Unlock()
 		return next(ctx, req)
 	}
@@ -71,7 +71,7 @@ func TestClientInterceptor(t *testing.T) {
 	})
 	t.Run("the caller's key", func(t *testing.T) {
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100})
-		req.Header().Set(idemconnect.KeyHeader, "from-header")
+		req.Header().Set(idemkey.KeyHeader, "from-header")
 		if err := send(idemconnect.ContextWithKey(ctx, "from-context"), req); err != nil {
 			t.Fatal(err)
 		}
@@ -84,10 +84,10 @@ func TestClientInterceptor(t *testing.T) {
 	})
 	t.Run("a malformed key fails before it is sent", func(t *testing.T) {
 		twice := connect.NewRequest(&paymentsv1.CreateChargeRequest{})
-		twice.Header().Add(idemconnect.KeyHeader, "a")
-		twice.Header().Add(idemconnect.KeyHeader, "b")
+		twice.Header().Add(idemkey.KeyHeader, "a")
+		twice.Header().Add(idemkey.KeyHeader, "b")
 		spaced := connect.NewRequest(&paymentsv1.CreateChargeRequest{})
-		spaced.Header().Set(idemconnect.KeyHeader, "has space")
+		spaced.Header().Set(idemkey.KeyHeader, "has space")
 		for _, tc := range []struct {
 			ctx context.Context
 			req *chargeRequest

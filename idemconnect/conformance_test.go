@@ -83,9 +83,9 @@ func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connec
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour})
 		req.Header().Set("Authorization", "Bearer "+r.Tenant)
 		if r.Key != "" {
-			req.Header().Add(idemconnect.KeyHeader, r.Key)
+			req.Header().Add(idemkey.KeyHeader, r.Key)
 			if r.KeyTwice {
-				req.Header().Add(idemconnect.KeyHeader, r.Key)
+				req.Header().Add(idemkey.KeyHeader, r.Key)
 			}
 		}
 		resp, err := client.CallUnary(ctx, req)

@@ -40,7 +40,7 @@
 //     if the engine requires keys.
 //   - Keys are shared with the gRPC interceptor: the operation is the
 //     procedure, which is gRPC's full method name; the fingerprint is
-//     protokey.Fingerprint of the request message, whichever codec carried it
+//     protokey.HashRequest of the request message, whichever codec carried it
 //     (binary or JSON); and the record is the gRPC interceptor's
 //     (idemkey.v1.Outcome). On one store with one tenant, a key first used
 //     over gRPC replays over Connect, and the reverse, as long as both

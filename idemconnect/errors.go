@@ -14,14 +14,9 @@ import (
 	"github.com/idemkey/idemkey"
 )
 
-// Header names. http.Header canonicalizes them; gRPC clients see them in
-// lower case.
+// Header names beside idemkey.KeyHeader and idemkey.ReplayedHeader.
+// http.Header canonicalizes them; gRPC clients see them in lower case.
 const (
-	// KeyHeader carries the idempotency key from client to server: the
-	// metadata idempotency-key of the gRPC interceptor.
-	KeyHeader = "Idempotency-Key"
-	// ReplayedHeader is set to "true" on a replayed reply.
-	ReplayedHeader = "Idempotent-Replayed"
 	// RetryAfterHeader tells a client that finds its key in progress how
 	// many seconds to wait.
 	RetryAfterHeader = "Retry-After"
@@ -33,16 +28,12 @@ const (
 	attemptsHeader = "Grpc-Previous-Rpc-Attempts"
 )
 
-// ErrorDomain is the domain of the google.rpc.ErrorInfo on every idemkey
-// error, as in the gRPC interceptor.
-const ErrorDomain = "idemkey.dev"
-
 // Errors that answer for the handler. Their messages match the gRPC
 // interceptor's, and never quote the key, the tenant or the request.
 
 func missingKeyError() *connect.Error {
 	return newError(connect.CodeInvalidArgument, idemkey.ReasonKeyMissing,
-		"idempotency key required: set the "+KeyHeader+" header to one random key per operation")
+		"idempotency key required: set the "+idemkey.KeyHeader+" header to one random key per operation")
 }
 
 func invalidKeyError(problem string) *connect.Error {
@@ -98,7 +89,7 @@ func storeFullError(retryAfter time.Duration) *connect.Error {
 
 func newError(code connect.Code, reason, msg string, extra ...proto.Message) *connect.Error {
 	err := connect.NewError(code, errors.New(msg))
-	for _, m := range append([]proto.Message{&errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}}, extra...) {
+	for _, m := range append([]proto.Message{&errdetails.ErrorInfo{Reason: reason, Domain: idemkey.ErrorDomain}}, extra...) {
 		// Only a message that cannot be marshalled fails, and these can.
 		if d, derr := connect.NewErrorDetail(m); derr == nil {
 			err.AddDetail(d)
@@ -110,7 +101,7 @@ func newError(code connect.Code, reason, msg string, extra ...proto.Message) *co
 // Reason returns the idemkey reason (idemkey.ReasonKeyMissing and the others)
 // carried by err, a Connect error, or "" when err is not an idemkey error.
 func Reason(err error) string {
-	if info, ok := detail[*errdetails.ErrorInfo](err); ok && info.GetDomain() == ErrorDomain {
+	if info, ok := detail[*errdetails.ErrorInfo](err); ok && info.GetDomain() == idemkey.ErrorDomain {
 		return info.GetReason()
 	}
 	return ""
@@ -130,7 +121,7 @@ func RetryDelay(err error) (time.Duration, bool) {
 // response's Header() for a reply, or in the error's Meta() for an error
 // (see the package documentation).
 func Replayed(h http.Header) bool {
-	v := h.Values(ReplayedHeader)
+	v := h.Values(idemkey.ReplayedHeader)
 	return len(v) == 1 && v[0] == "true"
 }
 

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -121,7 +122,7 @@ func call(ctx context.Context, client *connect.Client[paymentsv1.CreateChargeReq
 	req := connect.NewRequest(msg)
 	req.Header().Set("Authorization", "Bearer acme")
 	if key != "" {
-		req.Header().Set(idemconnect.KeyHeader, key)
+		req.Header().Set(idemkey.KeyHeader, key)
 	}
 	return client.CallUnary(ctx, req)
 }

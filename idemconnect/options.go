@@ -25,7 +25,7 @@ type ProcedureOption interface {
 }
 
 // FingerprintFunc hashes the parts of a request that make it "the same
-// request". The default is protokey.Fingerprint, which the gRPC interceptor
+// request". The default is protokey.HashRequest, which the gRPC interceptor
 // uses too, so that a request fingerprints the same over either.
 type FingerprintFunc func(procedure string, req proto.Message) (store.Fingerprint, error)
 
@@ -114,7 +114,7 @@ func WithAnnotatedKeyField() ProcedureOption {
 	return procedureOption(func(c *coverage) { c.keyField = new(string) })
 }
 
-// WithFingerprint replaces protokey.Fingerprint, for example to leave out a
+// WithFingerprint replaces protokey.HashRequest, for example to leave out a
 // field the client sets anew on every attempt. An error that is a
 // *connect.Error goes to the caller as it is; any other becomes Internal.
 // Keys are shared with the gRPC interceptor only if both fingerprint alike.

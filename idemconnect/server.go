@@ -111,7 +111,7 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 	}
 	var fp store.Fingerprint
 	if s.opts.fingerprint == nil {
-		fp, err = protokey.FingerprintWithout(p.name, msg, p.keyField)
+		fp, err = protokey.HashRequestWithout(p.name, msg, p.keyField)
 	} else {
 		fp, err = s.opts.fingerprint(p.name, msg)
 	}
@@ -169,10 +169,10 @@ func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Er
 // over gRPC and gRPC-Web it is taken as it is, as the gRPC interceptor takes
 // its metadata.
 func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *connect.Error) {
-	if len(h[KeyHeader+"-Bin"]) > 0 {
+	if len(h[idemkey.KeyHeader+"-Bin"]) > 0 {
 		return "", false, invalidKeyError("it was sent as binary metadata")
 	}
-	switch vs := h[KeyHeader]; len(vs) {
+	switch vs := h[idemkey.KeyHeader]; len(vs) {
 	case 0:
 		return "", false, nil
 	case 1:
@@ -197,14 +197,6 @@ func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *con
 func retried(h http.Header) bool {
 	v := h[attemptsHeader]
 	return len(v) > 0 && v[0] != "0"
-}
-
-// DerivedKey returns the idempotency key for a call that the handler of ctx
-// makes to another idempotent API, labelled by label (idemkey.DerivedKey). It
-// is the key the gRPC interceptor derives for the same call. ok is false if
-// ctx is not the handler context of a covered call with a key.
-func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
-	return idemkey.DerivedKey(ctx, label)
 }
 
 // run runs the handler for an acquired key, then records its outcome or
@@ -287,15 +279,15 @@ func (s *server) replay(ctx context.Context, c *engine.Call, p *procedure, req c
 			addEntries(rec.err.Meta(), rec.header, s.opts.replayed)
 		}
 		addEntries(rec.err.Meta(), rec.trailer, s.opts.replayed)
-		rec.err.Meta()[ReplayedHeader] = []string{"true"}
+		rec.err.Meta()[idemkey.ReplayedHeader] = []string{"true"}
 		return nil, rec.err
 	}
 	resp := connect.NewResponse(&replayedMessage{rec.resp})
 	addEntries(resp.Header(), rec.header, s.opts.replayed)
 	addEntries(resp.Trailer(), rec.trailer, s.opts.replayed)
-	resp.Header()[ReplayedHeader] = []string{"true"}
+	resp.Header()[idemkey.ReplayedHeader] = []string{"true"}
 	if protocol := req.Peer().Protocol; protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb {
-		resp.Trailer()[ReplayedHeader] = []string{"true"}
+		resp.Trailer()[idemkey.ReplayedHeader] = []string{"true"}
 	}
 	return resp, nil
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -74,7 +75,7 @@ func TestAtomicMode(t *testing.T) {
 		first, firstBody := s.call("POST", "/v1/charges/"+tc.id, `"k-`+tc.id+`"`, "{}")
 		replay, replayBody := s.call("POST", "/v1/charges/"+tc.id, `"k-`+tc.id+`"`, "{}")
 		if first.StatusCode != tc.status || replay.StatusCode != tc.status || string(firstBody) != string(replayBody) ||
-			replay.Header.Get(idemhttp.ReplayedHeader) != "true" || runs-before != 1 {
+			replay.Header.Get(idemkey.ReplayedHeader) != "true" || runs-before != 1 {
 			t.Fatalf("%s: first %d %q, replay %d %q %v after %d runs", tc.id, first.StatusCode, firstBody,
 				replay.StatusCode, replayBody, replay.Header, runs-before)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 )
 
@@ -163,7 +164,7 @@ func replayResponse(w http.ResponseWriter, resp *idemkeyv1.HTTPResponse, replaye
 		}
 		h[k] = values
 	}
-	h.Set(ReplayedHeader, "true")
+	h.Set(idemkey.ReplayedHeader, "true")
 	w.WriteHeader(int(resp.GetStatus()))
 	if len(resp.GetBody()) > 0 && bodyAllowed(int(resp.GetStatus())) {
 		_, _ = w.Write(resp.GetBody())

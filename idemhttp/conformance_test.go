@@ -122,9 +122,9 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+r.Tenant)
 		if r.Key != "" {
-			req.Header.Add(idemhttp.KeyHeader, idemhttp.FormatKey(r.Key))
+			req.Header.Add(idemkey.KeyHeader, idemhttp.FormatKey(r.Key))
 			if r.KeyTwice {
-				req.Header.Add(idemhttp.KeyHeader, idemhttp.FormatKey(r.Key))
+				req.Header.Add(idemkey.KeyHeader, idemhttp.FormatKey(r.Key))
 			}
 		}
 		resp, err := client.Do(req)
@@ -147,7 +147,7 @@ func readReply(t *testing.T, resp *http.Response) conformance.Reply {
 	reply := conformance.Reply{
 		OK:       resp.StatusCode < 300,
 		Status:   resp.StatusCode,
-		Replayed: resp.Header.Get(idemhttp.ReplayedHeader) == "true",
+		Replayed: resp.Header.Get(idemkey.ReplayedHeader) == "true",
 	}
 	if s := resp.Header.Get("Retry-After"); s != "" {
 		n, err := strconv.Atoi(s)

@@ -7,13 +7,6 @@ import (
 	"github.com/idemkey/idemkey"
 )
 
-// KeyHeader is the request header field that carries the idempotency key.
-const KeyHeader = "Idempotency-Key"
-
-// ReplayedHeader marks a response as a replay of a recorded one, with the
-// value "true".
-const ReplayedHeader = "Idempotent-Replayed"
-
 // KeyFromHeader returns the idempotency key of h. ok is false if h has no
 // Idempotency-Key field. err, an *idemkey.KeyError that never quotes the key,
 // is set if the field is malformed or sent more than once.
@@ -28,7 +21,7 @@ const ReplayedHeader = "Idempotent-Replayed"
 // defines none. Either way, the key must then pass engine.CheckKey: 1 to 255
 // bytes of visible ASCII.
 func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
-	values := h.Values(KeyHeader)
+	values := h.Values(idemkey.KeyHeader)
 	switch len(values) {
 	case 0:
 		return "", false, nil

@@ -49,7 +49,7 @@ func TestKeyFromHeader(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			h := http.Header{}
 			for _, v := range tc.values {
-				h.Add(idemhttp.KeyHeader, v)
+				h.Add(idemkey.KeyHeader, v)
 			}
 			key, ok, err := idemhttp.KeyFromHeader(h)
 			var keyErr *idemkey.KeyError
@@ -76,7 +76,7 @@ func TestKeyFromHeader(t *testing.T) {
 
 func TestFormatKey(t *testing.T) {
 	for _, key := range []string{"k1", `a"b\c`, "8e03978e-40d5-43e8-bc93-6894a57f9324"} {
-		h := http.Header{idemhttp.KeyHeader: {idemhttp.FormatKey(key)}}
+		h := http.Header{idemkey.KeyHeader: {idemhttp.FormatKey(key)}}
 		got, ok, err := idemhttp.KeyFromHeader(h)
 		if !ok || err != nil || got != key {
 			t.Errorf("FormatKey(%q) = %s reads back as %q, %v, %v", key, idemhttp.FormatKey(key), got, ok, err)
@@ -94,7 +94,7 @@ func FuzzKeyHeader(f *testing.F) {
 		f.Add(v)
 	}
 	f.Fuzz(func(t *testing.T, v string) {
-		key, ok, err := idemhttp.KeyFromHeader(http.Header{idemhttp.KeyHeader: {v}})
+		key, ok, err := idemhttp.KeyFromHeader(http.Header{idemkey.KeyHeader: {v}})
 		if !ok {
 			t.Fatalf("KeyFromHeader(%q): a field, yet no key", v)
 		}
@@ -108,7 +108,7 @@ func FuzzKeyHeader(f *testing.F) {
 		if err := idemkey.ValidateKey(key); err != nil {
 			t.Fatalf("KeyFromHeader(%q) = %q, which fails CheckKey: %v", v, key, err)
 		}
-		back, _, err := idemhttp.KeyFromHeader(http.Header{idemhttp.KeyHeader: {idemhttp.FormatKey(key)}})
+		back, _, err := idemhttp.KeyFromHeader(http.Header{idemkey.KeyHeader: {idemhttp.FormatKey(key)}})
 		if err != nil || back != key {
 			t.Fatalf("FormatKey(%q) reads back as %q, %v", key, back, err)
 		}

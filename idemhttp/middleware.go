@@ -110,7 +110,7 @@ func route(pattern string) string {
 	return ""
 }
 
-// Operation is the default operation name of a request (WithOperation): the
+// DefaultOperation is the default operation name of a request (WithOperation): the
 // pattern of the http.ServeMux route that matched it, such as
 // "POST /v1/charges", else its method alone.
 //
@@ -121,20 +121,20 @@ func route(pattern string) string {
 // across every path (the fingerprint covers the path, so a key sent again
 // to another path is refused as reused), as Stripe's keys do. Naming an
 // operation after the raw path instead would let callers mint operations.
-func Operation(r *http.Request) string {
+func DefaultOperation(r *http.Request) string {
 	if r.Pattern != "" {
 		return r.Pattern
 	}
 	return r.Method
 }
 
-// Fingerprint is the default fingerprint (WithFingerprint): the SHA-256 of
+// HashRequest is the default fingerprint (WithFingerprint): the SHA-256 of
 // "idemhttp v1", the method, the operation name, the escaped path, the raw
 // query, the media type of the Content-Type in lower case (without its
 // parameters) and the body, each with its length in front
 // (store.AppendParts). Two requests that differ in any of them differ; so do
 // one sent to an HTTP route and one to a gRPC method, whatever their names.
-func Fingerprint(r *http.Request, body []byte) (store.Fingerprint, error) {
+func HashRequest(r *http.Request, body []byte) (store.Fingerprint, error) {
 	mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil {
 		mediaType = strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))

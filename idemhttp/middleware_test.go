@@ -66,7 +66,7 @@ func (s *server) call(method, path, key, body string) (*http.Response, []byte) {
 	req.Header.Set("Authorization", "Bearer acme")
 	req.Header.Set("Content-Type", "application/json")
 	if key != "" {
-		req.Header.Set(idemhttp.KeyHeader, key)
+		req.Header.Set(idemkey.KeyHeader, key)
 	}
 	return s.do(req)
 }
@@ -129,7 +129,7 @@ func TestReplayIsByteIdentical(t *testing.T) {
 	})
 
 	first, firstBody := s.call("POST", "/v1/charges", `"k1"`, `{"amount":1}`)
-	if first.StatusCode != http.StatusCreated || !bytes.Equal(firstBody, body) || first.Header.Get(idemhttp.ReplayedHeader) != "" {
+	if first.StatusCode != http.StatusCreated || !bytes.Equal(firstBody, body) || first.Header.Get(idemkey.ReplayedHeader) != "" {
 		t.Fatalf("first: %d %q %v", first.StatusCode, firstBody, first.Header)
 	}
 	if first.Header.Get("Set-Cookie") == "" || first.Header.Get("X-Request-Run") == "" {
@@ -140,7 +140,7 @@ func TestReplayIsByteIdentical(t *testing.T) {
 		if replay.StatusCode != first.StatusCode || !bytes.Equal(replayBody, firstBody) {
 			t.Fatalf("replay: %d %q, want %d %q", replay.StatusCode, replayBody, first.StatusCode, firstBody)
 		}
-		if replay.Header.Get(idemhttp.ReplayedHeader) != "true" {
+		if replay.Header.Get(idemkey.ReplayedHeader) != "true" {
 			t.Fatalf("replay not marked: %v", replay.Header)
 		}
 		for _, k := range []string{"Content-Type", "Location", "Content-Language", "Content-Length"} {
@@ -173,7 +173,7 @@ func TestUncoveredMethodsPassThrough(t *testing.T) {
 	for _, method := range []string{"GET", "PUT", "DELETE"} {
 		for range 2 {
 			resp, body := s.call(method, "/v1/charges", `"k1"`, "")
-			if resp.StatusCode != http.StatusOK || string(body) != method || resp.Header.Get(idemhttp.ReplayedHeader) != "" {
+			if resp.StatusCode != http.StatusOK || string(body) != method || resp.Header.Get(idemkey.ReplayedHeader) != "" {
 				t.Fatalf("%s: %d %q %v", method, resp.StatusCode, body, resp.Header)
 			}
 		}
@@ -256,7 +256,7 @@ func TestBodyTooLarge(t *testing.T) {
 
 	req, _ := http.NewRequest("POST", s.url+"/v1/charges", io.MultiReader(strings.NewReader(big))) // chunked: no length
 	req.Header.Set("Authorization", "Bearer acme")
-	req.Header.Set(idemhttp.KeyHeader, `"k1"`)
+	req.Header.Set(idemkey.KeyHeader, `"k1"`)
 	if req.ContentLength != 0 {
 		t.Fatalf("the request has a Content-Length of %d", req.ContentLength)
 	}
@@ -293,12 +293,12 @@ func TestPanicReleasesTheKey(t *testing.T) {
 	})
 	req, _ := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader("{}"))
 	req.Header.Set("Authorization", "Bearer acme")
-	req.Header.Set(idemhttp.KeyHeader, `"k1"`)
+	req.Header.Set(idemkey.KeyHeader, `"k1"`)
 	if resp, err := http.DefaultClient.Do(req); err == nil {
 		resp.Body.Close()
 		t.Fatalf("the panicking request got a response: %d", resp.StatusCode)
 	}
-	if resp, raw := s.call("POST", "/v1/charges", `"k1"`, "{}"); resp.StatusCode != http.StatusCreated || resp.Header.Get(idemhttp.ReplayedHeader) != "" {
+	if resp, raw := s.call("POST", "/v1/charges", `"k1"`, "{}"); resp.StatusCode != http.StatusCreated || resp.Header.Get(idemkey.ReplayedHeader) != "" {
 		t.Fatalf("retry: %d %q %v", resp.StatusCode, raw, resp.Header)
 	}
 	s.wantRuns(2)
@@ -318,7 +318,7 @@ func TestRecordedAndReleasedStatuses(t *testing.T) {
 		key := idemhttp.FormatKey(path)
 		s.call("POST", path, key, "{}")
 		resp, _ := s.call("POST", path, key, "{}")
-		replayed := resp.Header.Get(idemhttp.ReplayedHeader) == "true"
+		replayed := resp.Header.Get(idemkey.ReplayedHeader) == "true"
 		if resp.StatusCode != code || replayed != recorded || s.runs.Load()-before != map[bool]int64{true: 1, false: 2}[recorded] {
 			t.Errorf("status %d: the retry got %d, replayed %v, after %d runs; want recorded %v",
 				code, resp.StatusCode, replayed, s.runs.Load()-before, recorded)
@@ -343,7 +343,7 @@ func TestResponseTooLargeRecordsAProblem(t *testing.T) {
 	}
 	replay, replayBody := s.call("POST", "/v1/charges", `"k1"`, "{}")
 	wantProblem(t, replay, replayBody, http.StatusInternalServerError, idemhttp.ReasonResponseNotRecorded)
-	if !bytes.Equal(firstBody, replayBody) || replay.Header.Get(idemhttp.ReplayedHeader) != "true" {
+	if !bytes.Equal(firstBody, replayBody) || replay.Header.Get(idemkey.ReplayedHeader) != "true" {
 		t.Fatalf("replay %q, want %q marked replayed", replayBody, firstBody)
 	}
 	s.wantRuns(1)
@@ -371,7 +371,7 @@ func TestAnswers(t *testing.T) {
 	})
 	t.Run("no tenant", func(t *testing.T) {
 		req, _ := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader("{}"))
-		req.Header.Set(idemhttp.KeyHeader, `"k1"`)
+		req.Header.Set(idemkey.KeyHeader, `"k1"`)
 		resp, raw := s.do(req)
 		p := wantProblem(t, resp, raw, http.StatusUnauthorized, "")
 		if p.Type != "about:blank" {
@@ -392,7 +392,7 @@ func TestAnswers(t *testing.T) {
 		}
 		close(block)
 		<-done
-		if resp, _ := s.call("POST", "/v1/charges?block=1", `"k2"`, "{}"); resp.StatusCode != http.StatusCreated || resp.Header.Get(idemhttp.ReplayedHeader) != "true" {
+		if resp, _ := s.call("POST", "/v1/charges?block=1", `"k2"`, "{}"); resp.StatusCode != http.StatusCreated || resp.Header.Get(idemkey.ReplayedHeader) != "true" {
 			t.Fatalf("after the first: %d %v", resp.StatusCode, resp.Header)
 		}
 	})

@@ -13,6 +13,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store"
@@ -70,7 +71,7 @@ func TestMetrics(t *testing.T) {
 func TestFingerprintIsPinned(t *testing.T) {
 	var got store.Fingerprint
 	mw, err := idemhttp.Middleware(engine.New(memory.New(), engine.WithLogger(nil)), idemhttp.WithFingerprint(func(r *http.Request, body []byte) (store.Fingerprint, error) {
-		got, _ = idemhttp.Fingerprint(r, body)
+		got, _ = idemhttp.HashRequest(r, body)
 		return got, errors.New("taken") // answers 400 before the store
 	}))
 	if err != nil {
@@ -81,7 +82,7 @@ func TestFingerprintIsPinned(t *testing.T) {
 	body := `{"amount":1}`
 	r := httptest.NewRequest("POST", "/v1/charges/a%2Fb?x=1", strings.NewReader(body))
 	r.Header.Set("Content-Type", "Application/JSON; charset=utf-8")
-	r.Header.Set(idemhttp.KeyHeader, `"k1"`)
+	r.Header.Set(idemkey.KeyHeader, `"k1"`)
 	w := httptest.NewRecorder()
 	mux.ServeHTTP(w, r)
 	if w.Code != http.StatusBadRequest {

@@ -38,11 +38,11 @@ type options struct {
 func newOptions(opts []Option) *options {
 	o := &options{
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		operation:   Operation,
+		operation:   DefaultOperation,
 		maxBody:     DefaultMaxBodySize,
 		recorded:    DefaultRecorded,
 		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
-		fingerprint: Fingerprint,
+		fingerprint: HashRequest,
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -166,7 +166,7 @@ func WithReplayedHeaders(names ...string) Option {
 }
 
 // WithFingerprint sets how a request is fingerprinted; the default is
-// Fingerprint. A function that hashes less (leaving out a client timestamp,
+// HashRequest. A function that hashes less (leaving out a client timestamp,
 // say) lets requests that differ there share a key.
 func WithFingerprint(f FingerprintFunc) Option {
 	return func(o *options) {

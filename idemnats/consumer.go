@@ -30,7 +30,7 @@ type Consumer struct {
 // New returns a Consumer that runs h for the messages of cons, a consumer of
 // stream, with the idempotency of core. It reads both configurations and
 // refuses (a *consumer.HorizonError) when core's records would expire while
-// JetStream may still redeliver a message (see Horizon), unless core was
+// JetStream may still redeliver a message (see RedeliveryHorizon), unless core was
 // built with consumer.WithHorizonWarning.
 //
 // It starts nothing: pass Handle to cons.Consume, or call it for each message
@@ -49,19 +49,19 @@ func New(ctx context.Context, core *consumer.Consumer, stream jetstream.Stream, 
 	}
 	cfg := ci.Config
 	cfg.Durable = ci.Name // named in the horizon, ephemeral ones too
-	if err := core.CheckHorizon(ctx, Horizon(si.Config, cfg, core.MaxBackoff())); err != nil {
+	if err := core.CheckHorizon(ctx, RedeliveryHorizon(si.Config, cfg, core.MaxBackoff())); err != nil {
 		return nil, err
 	}
 	return &Consumer{core: core, h: h, opts: newOptions(opts), maxDeliver: cfg.MaxDeliver}, nil
 }
 
-// Horizon is how long JetStream may redeliver a message of stream to cons:
+// RedeliveryHorizon is how long JetStream may redeliver a message of stream to cons:
 // at most the stream's max age, after which the message is gone, and, while
 // consumers run, at most max deliver times the longest wait between two
 // deliveries (the ack wait or its back-off, or a negative acknowledgement's
 // delay of up to maxBackoff). Unbounded when neither is set: a stream
 // without a max age and a consumer with an unlimited max deliver.
-func Horizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBackoff time.Duration) consumer.Horizon {
+func RedeliveryHorizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBackoff time.Duration) consumer.Horizon {
 	h := consumer.Horizon{Unbounded: true}
 	if stream.MaxAge > 0 {
 		h = consumer.Horizon{Bound: stream.MaxAge, Source: fmt.Sprintf("stream %s: max age", stream.Name)}
@@ -158,7 +158,7 @@ func MessageID(msg jetstream.Msg) (string, error) {
 }
 
 // CloudEventsID is the id of a CloudEvent in NATS's binary content mode: its
-// ce-id header (WithID(CloudEventsID)).
+// ce-id header (WithMessageID(CloudEventsID)).
 func CloudEventsID(msg jetstream.Msg) (string, error) {
 	return header(msg, "ce-id")
 }

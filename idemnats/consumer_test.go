@@ -243,7 +243,7 @@ func TestTransientFailureRedelivered(t *testing.T) {
 
 func TestRefusedMessagesTerminated(t *testing.T) {
 	_, js := natstest.Connect(t)
-	tenants := idemnats.WithTenant(func(msg jetstream.Msg) (string, error) {
+	tenants := idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) {
 		if tn := msg.Headers().Get("tenant"); tn == "acme" || tn == "globex" {
 			return tn, nil
 		}
@@ -444,7 +444,7 @@ func TestHorizon(t *testing.T) {
 		{"the shorter", jetstream.StreamConfig{MaxAge: time.Hour}, jetstream.ConsumerConfig{MaxDeliver: 1000, AckWait: time.Minute}, false, time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := idemnats.Horizon(tc.stream, tc.cons, consumer.DefaultMaxBackoff)
+			h := idemnats.RedeliveryHorizon(tc.stream, tc.cons, consumer.DefaultMaxBackoff)
 			if h.Unbounded != tc.unbounded || h.Bound != tc.bound {
 				t.Fatalf("horizon %+v, want unbounded %v, bound %s", h, tc.unbounded, tc.bound)
 			}

@@ -5,7 +5,7 @@
 //
 // The key is the message's Nats-Msg-Id header, which JetStream itself uses
 // to drop a producer's resends within the stream's duplicate window
-// (MessageID; CloudEventsID for a CloudEvent; WithID for another), scoped by
+// (MessageID; CloudEventsID for a CloudEvent; WithMessageID for another), scoped by
 // the consumer's name. idemkey covers what that window does not: a resend
 // after it, and every redelivery to the consumer. A message already
 // processed is acknowledged without running the handler; one in progress on
@@ -50,7 +50,7 @@
 //     delivery of it goes to the WithDeadLetter hook, so that the dead letter
 //     is sent at least once.
 //   - New refuses a consumer that does not acknowledge explicitly, and one
-//     whose messages may be redelivered after their record expires (Horizon),
+//     whose messages may be redelivered after their record expires (RedeliveryHorizon),
 //     unless core has consumer.WithHorizonWarning.
 //
 // # Caveats

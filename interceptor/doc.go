@@ -75,7 +75,7 @@
 //
 // A key first used for one request and then for another is refused
 // (InvalidArgument, IDEMPOTENCY_KEY_REUSED); WithFingerprint chooses what
-// makes two requests the same. The default, Fingerprint, is a SHA-256 of the
+// makes two requests the same. The default, protokey.HashRequest, is a SHA-256 of the
 // full method and the request's canonical encoding: its wire encoding with
 // every field, known or unknown, in ascending order of number; known fields as
 // protobuf-go's deterministic marshalling writes them (proto3 defaults left
@@ -87,7 +87,7 @@
 //   - a server that reads a newer field as unknown fingerprints a request as
 //     a server that knows it if the client wrote the field canonically, as
 //     protobuf's encoders write scalars, strings, packed lists and most
-//     messages (see Fingerprint), so a retry may cross a rolling deploy that
+//     messages (see protokey.HashRequest), so a retry may cross a rolling deploy that
 //     adds a field;
 //   - a change in any field the server reads, or in an unknown field's value,
 //     changes the fingerprint;

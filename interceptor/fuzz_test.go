@@ -18,6 +18,7 @@ import (
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -48,7 +49,7 @@ func FuzzStoredOutcome(f *testing.F) {
 	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		panic("the handler ran for a recorded key")
 	}
-	fp, err := interceptor.Fingerprint(createCharge, request(1))
+	fp, err := protokey.HashRequest(createCharge, request(1))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -110,15 +111,15 @@ func FuzzFingerprint(f *testing.F) {
 		if proto.Unmarshal(raw, req) != nil {
 			return
 		}
-		fp, err := interceptor.Fingerprint(method, req)
+		fp, err := protokey.HashRequest(method, req)
 		if err != nil {
 			t.Fatalf("Fingerprint: %v", err)
 		}
-		again, err := interceptor.Fingerprint(method, proto.Clone(req).(*paymentsv1.CreateChargeRequest))
+		again, err := protokey.HashRequest(method, proto.Clone(req).(*paymentsv1.CreateChargeRequest))
 		if err != nil || again != fp {
 			t.Fatalf("a copy fingerprints as %x (%v), the original as %x", again, err, fp)
 		}
-		if other, _ := interceptor.Fingerprint(method+"x", req); other == fp {
+		if other, _ := protokey.HashRequest(method+"x", req); other == fp {
 			t.Fatalf("methods %q and %q give the same fingerprint", method, method+"x")
 		}
 		alt := reencode(t, raw)
@@ -126,7 +127,7 @@ func FuzzFingerprint(f *testing.F) {
 		if err := proto.Unmarshal(alt, altReq); err != nil {
 			t.Fatalf("%x, another encoding of %x, does not unmarshal: %v", alt, raw, err)
 		}
-		if altFP, _ := interceptor.Fingerprint(method, altReq); altFP != fp {
+		if altFP, _ := protokey.HashRequest(method, altReq); altFP != fp {
 			t.Fatalf("%x fingerprints as %x, %x, another encoding of it, as %x", raw, fp, alt, altFP)
 		}
 		if len(req.ProtoReflect().GetUnknown()) == 0 {

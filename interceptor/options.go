@@ -11,7 +11,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -37,7 +36,7 @@ type Option func(*options)
 type TenantFunc = engine.TenantFunc
 
 // FingerprintFunc hashes the parts of a request that make it "the same
-// request". The default is Fingerprint.
+// request". The default is protokey.HashRequest.
 type FingerprintFunc func(fullMethod string, req proto.Message) (store.Fingerprint, error)
 
 // Scope is the set of calls within which one idempotency key names one
@@ -318,13 +317,6 @@ func addAll(set map[string]bool, items ...string) map[string]bool {
 		set[it] = true
 	}
 	return set
-}
-
-// Fingerprint is the default FingerprintFunc: protokey.Fingerprint, the
-// SHA-256 of the method and the canonical encoding of the request, which the
-// Connect adapter computes alike.
-func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
-	return protokey.Fingerprint(fullMethod, req)
 }
 
 // WithEngineOptions passes options to the engine under the interceptor, for

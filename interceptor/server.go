@@ -42,7 +42,7 @@ func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInte
 
 // server translates gRPC calls into the engine's request path and back:
 // where the key comes from (metadata), how the request is fingerprinted
-// (Fingerprint), and how an outcome is recorded (outcome.go) and replayed.
+// (protokey.HashRequest), and how an outcome is recorded (outcome.go) and replayed.
 type server struct {
 	eng     *engine.Engine
 	opts    *options
@@ -93,7 +93,7 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 	}
 	var fp store.Fingerprint
 	if s.opts.fingerprint == nil {
-		fp, err = protokey.FingerprintWithout(m.name, msg, m.keyField)
+		fp, err = protokey.HashRequestWithout(m.name, msg, m.keyField)
 	} else {
 		fp, err = s.opts.fingerprint(m.name, msg)
 	}
@@ -150,15 +150,6 @@ func (s *server) key(ctx context.Context, req any, m *method) (string, bool, err
 func retried(ctx context.Context) bool {
 	attempts := metadata.ValueFromIncomingContext(ctx, AttemptsMetadata)
 	return len(attempts) > 0 && attempts[0] != "0"
-}
-
-// DerivedKey returns the idempotency key for a call that the handler of ctx
-// makes to another idempotent API, labelled by label: idemkey.DeriveKey of the
-// call's tenant, method and key. Every retry of the call gets the same key,
-// so the downstream API deduplicates it too. ok is false if ctx is not the
-// handler context of a covered call with a key.
-func DerivedKey(ctx context.Context, label string) (key string, ok bool) {
-	return idemkey.DerivedKey(ctx, label)
 }
 
 // handlerContext is ctx for the handler of c: the engine's (DerivedKey, the

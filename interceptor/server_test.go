@@ -20,6 +20,7 @@ import (
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -531,7 +532,7 @@ func TestCustomFingerprint(t *testing.T) {
 	ignoreDescription := func(method string, req proto.Message) (store.Fingerprint, error) {
 		r := proto.Clone(req).(*paymentsv1.CreateChargeRequest)
 		r.Description = ""
-		return interceptor.Fingerprint(method, r)
+		return protokey.HashRequest(method, r)
 	}
 	d := newDirect(t, interceptor.WithFingerprint(ignoreDescription))
 	a, b := request(100), request(100)
@@ -665,7 +666,7 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 func TestCorruptRecord(t *testing.T) {
 	logger, logs := logtest.New()
 	d := newDirect(t, interceptor.WithLogger(logger))
-	fp, err := interceptor.Fingerprint(createCharge, request(1))
+	fp, err := protokey.HashRequest(createCharge, request(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -759,7 +760,7 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 	errs = append(errs, call(key+"-2"))
 
 	// A corrupt record.
-	fp, _ := interceptor.Fingerprint(createCharge, req)
+	fp, _ := protokey.HashRequest(createCharge, req)
 	scope := store.ScopeKey(tenant, createCharge, key+"-3")
 	res, _ := d.store.Reserve(context.Background(), store.Reservation{Key: scope, Fingerprint: fp, Lease: time.Minute, Retention: time.Hour})
 	_ = d.store.Complete(context.Background(), scope, res.Token, []byte{0xff})
@@ -809,7 +810,7 @@ func TestDerivedKey(t *testing.T) {
 	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
 	var derived []string
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		k, ok := interceptor.DerivedKey(ctx, "provider")
+		k, ok := idemkey.DerivedKey(ctx, "provider")
 		if !ok {
 			t.Error("DerivedKey in the handler: not ok")
 		}
@@ -823,7 +824,7 @@ func TestDerivedKey(t *testing.T) {
 	if len(derived) != 2 || derived[0] != want || derived[1] != want {
 		t.Errorf("derived keys of a call and its retry: %q, want %q twice", derived, want)
 	}
-	if _, ok := interceptor.DerivedKey(context.Background(), "provider"); ok {
+	if _, ok := idemkey.DerivedKey(context.Background(), "provider"); ok {
 		t.Error("DerivedKey outside a call: ok")
 	}
 }

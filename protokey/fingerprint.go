@@ -15,7 +15,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Fingerprint is the SHA-256 of the full method name, with its length in
+// HashRequest is the SHA-256 of the full method name, with its length in
 // front, followed by the canonical encoding of req: the default fingerprint
 // of the gRPC and Connect adapters, so that one request fingerprints the same
 // over either. Every request has one, so the error is always nil.
@@ -55,14 +55,14 @@ import (
 //     is proto.MarshalOptions{Deterministic: true}.Marshal: such a request
 //     fingerprints as in releases that hashed that marshalling, so their
 //     records still match it.
-func Fingerprint(fullMethod string, req proto.Message) (store.Fingerprint, error) {
-	return FingerprintWithout(fullMethod, req, nil)
+func HashRequest(fullMethod string, req proto.Message) (store.Fingerprint, error) {
+	return HashRequestWithout(fullMethod, req, nil)
 }
 
-// FingerprintWithout is Fingerprint with the field skip of req's own message
+// HashRequestWithout is HashRequest with the field skip of req's own message
 // left out (nil leaves out nothing): a request's AIP-155 request_id, which
 // carries the key rather than the request.
-func FingerprintWithout(fullMethod string, req proto.Message, skip protoreflect.FieldDescriptor) (store.Fingerprint, error) {
+func HashRequestWithout(fullMethod string, req proto.Message, skip protoreflect.FieldDescriptor) (store.Fingerprint, error) {
 	e := encoders.Get().(*encoder)
 	defer e.release()
 	e.skip = skip

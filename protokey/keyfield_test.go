@@ -86,7 +86,7 @@ func TestFingerprintWithout(t *testing.T) {
 		return m
 	}
 	fp := func(m proto.Message) [32]byte {
-		got, err := protokey.FingerprintWithout("/test.S/M", m, fd)
+		got, err := protokey.HashRequestWithout("/test.S/M", m, fd)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -98,7 +98,7 @@ func TestFingerprintWithout(t *testing.T) {
 	if fp(msg(1, "a", "x")) == fp(msg(1, "a", "y")) || fp(msg(1, "a", "x")) == fp(msg(2, "a", "x")) {
 		t.Fatal("a field the server reads did not change the fingerprint")
 	}
-	plain, _ := protokey.Fingerprint("/test.S/M", msg(1, "", "x"))
+	plain, _ := protokey.HashRequest("/test.S/M", msg(1, "", "x"))
 	if fp(msg(1, "a", "x")) != plain {
 		t.Fatal("a request without its key field fingerprints otherwise than Fingerprint's")
 	}

@@ -254,7 +254,7 @@ func newNATSBench(b *testing.B) benchBroker {
 				t, _ := tenant(msg.Headers().Values("tenant")) // checked by WithTenant
 				return w.charge(ctx, t, msg.Data())
 			},
-			idemnats.WithTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
+			idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
 		)
 		if err != nil {
 			b.Fatal(err)
@@ -349,7 +349,7 @@ func newAMQPBench(b *testing.B) benchBroker {
 				t, _ := tenant(headerValues(d.Headers, "tenant")) // checked by WithTenant
 				return w.charge(ctx, t, d.Body)
 			},
-			idemamqp.WithTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
+			idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
 		)
 		if err != nil {
 			b.Fatal(err)

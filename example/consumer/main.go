@@ -249,7 +249,7 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 			t, _ := tenant(msg.Headers().Values("tenant")) // checked by WithTenant
 			return w.charge(ctx, t, msg.Data())
 		},
-		idemnats.WithTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
+		idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
 		idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error { return w.deadLetter(err) }),
 	)
 	if err != nil {
@@ -288,7 +288,7 @@ func consumeAMQP(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 			t, _ := tenant(headerValues(d.Headers, "tenant")) // checked by WithTenant
 			return w.charge(ctx, t, d.Body)
 		},
-		idemamqp.WithTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
+		idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
 		idemamqp.WithDeadLetter(func(_ context.Context, _ amqp.Delivery, err error) error { return w.deadLetter(err) }),
 	)
 	if err != nil {

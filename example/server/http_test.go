@@ -90,7 +90,7 @@ func (e *entryPoints) viaConnect(t *testing.T, key string, req *paymentsv1.Creat
 	r := connect.NewRequest(req)
 	r.Header().Set("Authorization", "Bearer sk_test_acme")
 	if key != "" {
-		r.Header().Set(idemconnect.KeyHeader, key)
+		r.Header().Set(idemkey.KeyHeader, key)
 	}
 	resp, err := e.connect.CreateCharge(t.Context(), r)
 	if err != nil {
@@ -109,7 +109,7 @@ func (e *entryPoints) viaHTTP(t *testing.T, key string, body string) (int, *paym
 	}
 	req.Header.Set("Authorization", "Bearer sk_test_acme")
 	if key != "" {
-		req.Header.Set(idemhttp.KeyHeader, key)
+		req.Header.Set(idemkey.KeyHeader, key)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -167,8 +167,8 @@ func TestEntryPointsShareKeys(t *testing.T) {
 				t.Fatal(err)
 			}
 			code, charge, _, h := e.viaHTTP(t, key, jsonOf(t, req(100)))
-			if code != http.StatusCreated || !proto.Equal(charge, first) || h.Get(idemhttp.ReplayedHeader) != "true" {
-				t.Fatalf("curl after grpcurl: %d %v (replayed %q), want 201 with %v replayed", code, charge, h.Get(idemhttp.ReplayedHeader), first)
+			if code != http.StatusCreated || !proto.Equal(charge, first) || h.Get(idemkey.ReplayedHeader) != "true" {
+				t.Fatalf("curl after grpcurl: %d %v (replayed %q), want 201 with %v replayed", code, charge, h.Get(idemkey.ReplayedHeader), first)
 			}
 			viaConnect, replayed, err := e.viaConnect(t, key, req(100))
 			if err != nil || !replayed || !proto.Equal(viaConnect, first) {
