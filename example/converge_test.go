@@ -53,11 +53,11 @@ func TestDuplicateOfALongCallConverges(t *testing.T) {
 			t.Parallel()
 			be := b.open(t)
 			st := &readCounter{Store: be.store}
-			srv, _ := example.NewServer(st, example.Config{Ledger: be.ledger, Atomic: be.atomic, HandlerDelay: 10 * time.Second})
+			srv, _, _ := example.NewServer(st, example.Config{Ledger: be.ledger, Atomic: be.atomic, HandlerDelay: 10 * time.Second})
 			lis := grpctest.Serve(t, srv)
 			plain := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis, grpc.WithDisableRetry()))
 			shipped := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,
-				grpc.WithDefaultServiceConfig(example.ServiceConfig), grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor())))
+				grpc.WithDefaultServiceConfig(example.ServiceConfig), grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))
 			key := idemkey.NewKey()
 			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
 

@@ -37,12 +37,12 @@ import (
 //     shares its record with the other two entry points.
 //
 // cfg.Ledger must be the ledger of the gRPC service, which it shares, and
-// cfg.Engine its engine options.
+// cfg's shared settings its own.
 func NewHTTPHandler(st store.Store, cfg Config, conn grpc.ClientConnInterface) (http.Handler, error) {
 	if cfg.Ledger == nil {
 		return nil, errors.New("example: NewHTTPHandler needs the gRPC service's ledger")
 	}
-	eng := engine.New(st, append([]engine.Option{engine.WithTenant(Tenant), engine.WithKeyRequired()}, cfg.Engine...)...)
+	eng := engine.New(st, append([]engine.Option{engine.WithTenant(Tenant), engine.WithKeyRequired()}, cfg.engineOptions()...)...)
 	opts := []idemconnect.Option{idemconnect.WithKeyField("request_id")}
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomicProcedures(paymentsv1connect.PaymentServiceCreateChargeProcedure))

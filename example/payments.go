@@ -16,10 +16,12 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"log/slog"
 	"regexp"
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -53,9 +55,12 @@ type Config struct {
 	HandlerDelay time.Duration
 	// Options are added to the idemkey interceptor's.
 	Options []interceptor.Option
-	// Engine are the engine options of every entry point: the gRPC
-	// interceptor's (after Options) and NewHTTPHandler's.
-	Engine []engine.Option
+	// Retention, Logger and MeterProvider are the settings every entry point
+	// shares (the gRPC interceptor's and NewHTTPHandler's); zero values keep
+	// idemkey's defaults.
+	Retention     time.Duration
+	Logger        *slog.Logger
+	MeterProvider metric.MeterProvider
 	// ServerOptions are added to the gRPC server's, after its interceptors:
 	// a stats handler, for instance.
 	ServerOptions []grpc.ServerOption
@@ -71,21 +76,41 @@ type Config struct {
 	WithoutIdempotency bool
 }
 
+// engineOptions are cfg's shared settings, for an engine.
+func (cfg Config) engineOptions() []engine.Option {
+	opts := []engine.Option{engine.WithRetention(cfg.Retention), engine.WithMeterProvider(cfg.MeterProvider)}
+	if cfg.Logger != nil {
+		opts = append(opts, engine.WithLogger(cfg.Logger))
+	}
+	return opts
+}
+
 // NewServer returns a gRPC server with the payment service behind the
 // idemkey interceptor, plus the health and reflection services. Calls to the
-// payment service must authenticate: see Authenticate.
-func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
-	opts := append([]interceptor.Option{
+// payment service must authenticate: see Authenticate. Its error is a
+// mistake in cfg.Options.
+func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server, error) {
+	opts := []interceptor.Option{
 		interceptor.WithTenant(Tenant),
 		interceptor.WithKeyRequired(),
 		interceptor.WithKeyField("request_id"), // AIP-155
-	}, append(cfg.Options, interceptor.WithEngineOptions(cfg.Engine...))...)
+		interceptor.WithRetention(cfg.Retention),
+		interceptor.WithMeterProvider(cfg.MeterProvider),
+	}
+	if cfg.Logger != nil {
+		opts = append(opts, interceptor.WithLogger(cfg.Logger))
+	}
+	opts = append(opts, cfg.Options...)
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}
 	chain := []grpc.UnaryServerInterceptor{Authenticate}
 	if !cfg.WithoutIdempotency {
-		chain = append(chain, interceptor.UnaryServerInterceptor(st, opts...))
+		idem, err := interceptor.UnaryServerInterceptor(st, opts...)
+		if err != nil {
+			return nil, nil, err
+		}
+		chain = append(chain, idem)
 	}
 	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...)}, cfg.ServerOptions...)...)
 	ledger := cfg.Ledger
@@ -96,7 +121,7 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server) {
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
-	return srv, hs
+	return srv, hs, nil
 }
 
 // apiKeys maps bearer tokens to tenants.

@@ -19,16 +19,17 @@ import (
 )
 
 // newAtomicServer runs CreateCharge in atomic mode on st, a PostgreSQL store.
-func newAtomicServer(st *postgres.Store) *grpc.Server {
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		example.Authenticate,
-		interceptor.UnaryServerInterceptor(st,
-			interceptor.WithTenant(example.Tenant),
-			interceptor.WithKeyRequired(), // a call without a key never reaches the handler
-			interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName)),
-	))
+func newAtomicServer(st *postgres.Store) (*grpc.Server, error) {
+	idem, err := interceptor.UnaryServerInterceptor(st,
+		interceptor.WithTenant(example.Tenant),
+		interceptor.WithKeyRequired(), // a call without a key never reaches the handler
+		interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(example.Authenticate, idem))
 	paymentsv1.RegisterPaymentServiceServer(srv, &ledger{})
-	return srv
+	return srv, nil
 }
 
 type ledger struct {

@@ -35,12 +35,13 @@ func servePostgres(ctx context.Context, lis net.Listener, databaseURL string) er
 	}
 	go (&store.Janitor{Store: st}).Run(ctx) // deletes expired keys every minute
 
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-		example.Authenticate,
-		interceptor.UnaryServerInterceptor(st,
-			interceptor.WithTenant(example.Tenant),
-			interceptor.WithKeyRequired()),
-	))
+	idem, err := interceptor.UnaryServerInterceptor(st,
+		interceptor.WithTenant(example.Tenant),
+		interceptor.WithKeyRequired())
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(example.Authenticate, idem))
 	paymentsv1.RegisterPaymentServiceServer(srv, example.NewService(example.NewMemoryLedger(), 0))
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
 	return srv.Serve(lis)

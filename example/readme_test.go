@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -216,7 +217,7 @@ func listen(t *testing.T) net.Listener {
 // The README's server and client charge once.
 func TestREADMEUse(t *testing.T) {
 	lis := listen(t)
-	srv := newServer()
+	srv := grpctest.Must(newServer())
 	go srv.Serve(lis)
 	defer srv.Stop()
 
@@ -272,7 +273,7 @@ func TestREADMEAtomic(t *testing.T) {
 		t.Fatal(err)
 	}
 	lis := listen(t)
-	srv := newAtomicServer(st)
+	srv := grpctest.Must(newAtomicServer(st))
 	go srv.Serve(lis)
 	defer srv.Stop()
 

@@ -20,24 +20,32 @@ import (
 
 // Server: record the first reply of each key, replay it to every retry.
 // Serve it with srv.Serve(lis).
-func newServer() *grpc.Server {
+func newServer() (*grpc.Server, error) {
+	idem, err := interceptor.UnaryServerInterceptor(memory.New(),
+		interceptor.WithTenant(example.Tenant), // reads the tenant back
+		interceptor.WithKeyRequired())
+	if err != nil {
+		return nil, err // a mistake in the options
+	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 		example.Authenticate, // your authentication: puts the caller's tenant in the context
-		interceptor.UnaryServerInterceptor(memory.New(),
-			interceptor.WithTenant(example.Tenant), // reads the tenant back
-			interceptor.WithKeyRequired()),
+		idem,
 	))
 	payments := example.NewService(example.NewMemoryLedger(), 0) // your service
 	paymentsv1.RegisterPaymentServiceServer(srv, payments)
-	return srv
+	return srv, nil
 }
 
 // Client: one key per operation; gRPC's own retries resend it.
 func charge(ctx context.Context, addr string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	keys, err := interceptor.UnaryClientInterceptor()
+	if err != nil {
+		return nil, err
+	}
 	conn, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()), // TLS in production
 		grpc.WithDefaultServiceConfig(example.ServiceConfig),     // retries ABORTED and UNAVAILABLE
-		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+		grpc.WithUnaryInterceptor(keys))
 	if err != nil {
 		return nil, err
 	}

@@ -68,7 +68,8 @@ func conformanceHandler(svc *conformance.Service) chargeHandler {
 }
 
 func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connect.ClientOption) func(context.Context, conformance.Request) conformance.Reply {
-	engOpts := []engine.Option{engine.WithTenant(bearerTenant), engine.WithMaxRecordSize(cfg.MaxRecordSize)}
+	engOpts := []engine.Option{engine.WithTenant(bearerTenant), engine.WithMaxRecordSize(cfg.MaxRecordSize),
+		engine.WithInProgressWait(0), engine.WithLogger(nil)}
 	if cfg.KeyRequired {
 		engOpts = append(engOpts, engine.WithKeyRequired())
 	}
@@ -76,7 +77,7 @@ func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connec
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomic())
 	}
-	eng := engine.New(cfg.Store, append(engOpts, cfg.Engine...)...)
+	eng := engine.New(cfg.Store, engOpts...)
 	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, eng, opts...))
 	client := newChargeClient(t, url, clientOpts...)
 	return func(ctx context.Context, r conformance.Request) conformance.Reply {

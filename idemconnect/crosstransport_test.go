@@ -45,7 +45,7 @@ func acme(context.Context) (string, error) { return "acme", nil }
 func TestCrossTransport(t *testing.T) {
 	st := memory.New()
 	runs := &counter{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(acme))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(acme)))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	url := serve(t, runs.handle, newInterceptor(t, engine.New(st, engine.WithTenant(acme))))

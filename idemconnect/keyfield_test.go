@@ -22,8 +22,8 @@ import (
 func TestKeyField(t *testing.T) {
 	st := memory.New()
 	runs := &counter{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(acme), interceptor.WithKeyField("request_id"))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
+		interceptor.WithTenant(acme), interceptor.WithKeyField("request_id")))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	url := serve(t, runs.handle, newInterceptor(t, engine.New(st, engine.WithTenant(acme), engine.WithKeyRequired()),

@@ -95,7 +95,8 @@ func chargeHandler(svc *conformance.Service) http.Handler {
 }
 
 func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
-	engOpts := []engine.Option{engine.WithTenant(tenantFromContext), engine.WithMaxRecordSize(cfg.MaxRecordSize)}
+	engOpts := []engine.Option{engine.WithTenant(tenantFromContext), engine.WithMaxRecordSize(cfg.MaxRecordSize),
+		engine.WithInProgressWait(0), engine.WithLogger(nil)}
 	if cfg.KeyRequired {
 		engOpts = append(engOpts, engine.WithKeyRequired())
 	}
@@ -103,7 +104,7 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 	if cfg.Atomic {
 		opts = append(opts, idemhttp.WithAtomic())
 	}
-	mw, err := idemhttp.Middleware(engine.New(cfg.Store, append(engOpts, cfg.Engine...)...), opts...)
+	mw, err := idemhttp.Middleware(engine.New(cfg.Store, engOpts...), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -25,11 +25,11 @@ func BenchmarkUnary(b *testing.B) {
 		benchmarkCalls(b, newBenchClient(b), func(i int) string { return "bare-" + strconv.Itoa(i) })
 	})
 	b.Run("call=first", func(b *testing.B) {
-		client := newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New())))
+		client := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New()))))
 		benchmarkCalls(b, client, func(i int) string { return "first-" + strconv.Itoa(i) })
 	})
 	b.Run("call=replay", func(b *testing.B) {
-		client := newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New())))
+		client := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New()))))
 		benchmarkCalls(b, client, func(int) string { return "replay" })
 	})
 }
@@ -39,7 +39,7 @@ func BenchmarkUnary(b *testing.B) {
 // and reports each one's time and its ratio to the bare call.
 func BenchmarkOverhead(b *testing.B) {
 	bare := newBenchClient(b)
-	guarded := newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New())))
+	guarded := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New()))))
 	req := request(1999)
 	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")
 	if _, err := guarded.CreateCharge(replay, req); err != nil {
@@ -114,8 +114,8 @@ func newBenchClient(b *testing.B, opts ...grpc.ServerOption) paymentsv1.PaymentS
 func BenchmarkTelemetry(b *testing.B) {
 	tm := newTelemetry()
 	clients := [2]paymentsv1.PaymentServiceClient{
-		newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New()))),
-		newBenchClient(b, grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New(), tm.options()...))),
+		newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New())))),
+		newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), tm.options()...)))),
 	}
 	req := request(1999)
 	ctxs := make([]context.Context, b.N)

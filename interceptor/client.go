@@ -23,12 +23,12 @@ import (
 // chained after it), or reuse one key through UseKey or ContextWithKey;
 // otherwise each attempt gets a key of its own.
 //
-// Like UnaryServerInterceptor, it panics if WithIncludedMethods or
+// Like UnaryServerInterceptor, it returns an error if WithIncludedMethods or
 // WithExcludedMethods names a method the protobuf registry does not know.
-func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
-	o := newOptions(opts)
+func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, error) {
+	o := newClientOptions(opts)
 	if err := checkMethods(o); err != nil {
-		panic(err.Error())
+		return nil, err
 	}
 	ms := &methods{opts: o}
 	return func(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
@@ -58,7 +58,7 @@ func UnaryClientInterceptor(opts ...Option) grpc.UnaryClientInterceptor {
 		}
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
 		return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
-	}
+	}, nil
 }
 
 // carriesKey reports whether req carries its own key in m's key field

@@ -65,14 +65,14 @@ func bearerTenant(ctx context.Context) (string, error) {
 
 func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
 	opts := []interceptor.Option{interceptor.WithTenant(bearerTenant), interceptor.WithMaxRecordSize(cfg.MaxRecordSize),
-		interceptor.WithEngineOptions(cfg.Engine...)}
+		interceptor.WithInProgressWait(0), interceptor.WithLogger(nil)}
 	if cfg.KeyRequired {
 		opts = append(opts, interceptor.WithKeyRequired())
 	}
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomic())
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(cfg.Store, opts...)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(cfg.Store, opts...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, conformanceService{svc: cfg.Service})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	return func(ctx context.Context, r conformance.Request) conformance.Reply {

@@ -116,7 +116,7 @@ func rawCall(t *testing.T, lis *bufconn.Listener, headers map[string]string, req
 func TestLeaseOfEveryGRPCTimeout(t *testing.T) {
 	st := &leaseStore{Store: memory.New()}
 	svc := newService()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata)))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 
@@ -188,7 +188,7 @@ func TestLongestDeadlineHoldsTheKey(t *testing.T) {
 // short Internal, for the caller and every retry.
 func TestStoreFull(t *testing.T) {
 	st := memory.New(memory.WithMaxRecords(2), memory.WithMaxBytes(2<<10))
-	d := &direct{intercept: interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata)), store: st, svc: newService()}
+	d := &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata))), store: st, svc: newService()}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {
 		t.Fatal(err)
@@ -206,8 +206,8 @@ func TestStoreFull(t *testing.T) {
 	}
 	_, _, err = d.create(t, "key-3", request(3))
 	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
-	if delay, ok := interceptor.RetryDelay(err); !ok || delay != interceptor.DefaultRetryAfter {
-		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, interceptor.DefaultRetryAfter)
+	if delay, ok := interceptor.RetryDelay(err); !ok || delay != interceptor.DefaultMaxRetryAfter {
+		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, interceptor.DefaultMaxRetryAfter)
 	}
 	replay, ts, err := d.create(t, "key-1", request(1))
 	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
@@ -239,7 +239,7 @@ func TestCompleteRetriedInTheBackground(t *testing.T) {
 	st.failures.Store(3)
 	svc := newService()
 	logger, logs := logtest.New()
-	intercept := interceptor.UnaryServerInterceptor(st, interceptor.WithLease(2*time.Second, 2*time.Second), interceptor.WithLogger(logger))
+	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithLease(2*time.Second), interceptor.WithMaxLease(2*time.Second), interceptor.WithLogger(logger)))
 	d := &direct{intercept: intercept, svc: svc}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {

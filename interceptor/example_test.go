@@ -32,17 +32,24 @@ func (c *charges) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeRe
 // retry with the same key gets that reply back without the handler running.
 func Example() {
 	svc := &charges{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(
-		interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithKeyRequired())))
+	idem, err := interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithKeyRequired())
+	if err != nil {
+		panic(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(idem))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := bufconn.Listen(1 << 20)
 	go srv.Serve(lis)
 	defer srv.Stop()
 
+	keys, err := interceptor.UnaryClientInterceptor()
+	if err != nil {
+		panic(err)
+	}
 	conn, _ := grpc.NewClient("passthrough:///bufnet",
 		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+		grpc.WithUnaryInterceptor(keys))
 	defer conn.Close()
 	client := paymentsv1.NewPaymentServiceClient(conn)
 

@@ -136,7 +136,7 @@ func newDirect(t testing.TB, opts ...interceptor.Option) *direct {
 	t.Helper()
 	clock := storetest.NewClock()
 	st := memory.New(memory.WithClock(clock.Now))
-	return &direct{intercept: interceptor.UnaryServerInterceptor(st, opts...), store: st, clock: clock, svc: newService()}
+	return &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, opts...)), store: st, clock: clock, svc: newService()}
 }
 
 // call runs one call of method with the given metadata pairs and returns what
@@ -252,13 +252,13 @@ func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
 		return resp, err
 	}
 	opts = append([]interceptor.Option{interceptor.WithTenant(tenantFromMetadata)}, opts...)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, interceptor.UnaryServerInterceptor(e.store, opts...)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, grpctest.Must(interceptor.UnaryServerInterceptor(e.store, opts...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, e.svc)
 	e.lis = grpctest.Serve(t, srv)
 	lis := e.lis
 	e.client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,
 		grpc.WithDefaultServiceConfig(retryServiceConfig),
-		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor())))
+		grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))
 	e.plain = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis, grpc.WithDisableRetry()))
 	t.Cleanup(srv.Stop) // runs before the connections close (Stop is idempotent)
 	return e

@@ -21,14 +21,14 @@ import (
 // the metadata, names one operation either way.
 func TestKeyField(t *testing.T) {
 	svc := newService()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New(),
-		interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyField("request_id"), interceptor.WithKeyRequired())))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(),
+		interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyField("request_id"), interceptor.WithKeyRequired()))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 	// The client interceptor, told of the field too, sends no key of its
 	// own with a request that carries one.
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,
-		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor(interceptor.WithKeyField("request_id")))))
+		grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor(interceptor.WithKeyField("request_id"))))))
 	plain := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), "tenant", "acme")
 	withID := func(amount int64, id string) *paymentsv1.CreateChargeRequest {

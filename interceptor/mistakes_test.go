@@ -20,39 +20,33 @@ import (
 func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
 	for name, tc := range map[string]struct {
 		opts   []interceptor.Option
-		client bool // the client interceptor reads these options too
+		client []interceptor.ClientOption // the same mistake made on the client, if it can be
 		want   string
 	}{
-		"bare atomic name":         {[]interceptor.Option{interceptor.WithAtomicMethods("CreateCharge")}, false, `WithAtomicMethods("CreateCharge")`},
-		"atomic typo":              {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge + "s")}, false, "WithAtomicMethods"},
-		"atomic, not covered":      {[]interceptor.Option{interceptor.WithAtomicMethods(getCharge)}, false, "not covered"},
-		"atomic, but excluded":     {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge), interceptor.WithExcludedMethods(createCharge)}, false, "not covered"},
-		"included typo":            {[]interceptor.Option{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")}, true, "WithIncludedMethods"},
-		"excluded, no such method": {[]interceptor.Option{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")}, true, "WithExcludedMethods"},
+		"bare atomic name":     {[]interceptor.Option{interceptor.WithAtomicMethods("CreateCharge")}, nil, `WithAtomicMethods("CreateCharge")`},
+		"atomic typo":          {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge + "s")}, nil, "WithAtomicMethods"},
+		"atomic, not covered":  {[]interceptor.Option{interceptor.WithAtomicMethods(getCharge)}, nil, "not covered"},
+		"atomic, but excluded": {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge), interceptor.WithExcludedMethods(createCharge)}, nil, "not covered"},
+		"included typo": {
+			[]interceptor.Option{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")},
+			[]interceptor.ClientOption{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")}, "WithIncludedMethods"},
+		"excluded, no such method": {
+			[]interceptor.Option{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")},
+			[]interceptor.ClientOption{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")}, "WithExcludedMethods"},
+		"atomic on a store without transactions": {[]interceptor.Option{interceptor.WithAtomic()}, nil, "store.Atomic"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if msg := panicOf(func() { interceptor.UnaryServerInterceptor(memory.New(), tc.opts...) }); !strings.Contains(msg, tc.want) {
-				t.Errorf("server interceptor: panic %q, want one naming %q", msg, tc.want)
+			if ic, err := interceptor.UnaryServerInterceptor(memory.New(), tc.opts...); ic != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("server interceptor: error %v, want one naming %q", err, tc.want)
 			}
-			if !tc.client {
+			if tc.client == nil {
 				return
 			}
-			if msg := panicOf(func() { interceptor.UnaryClientInterceptor(tc.opts...) }); !strings.Contains(msg, tc.want) {
-				t.Errorf("client interceptor: panic %q, want one naming %q", msg, tc.want)
+			if ic, err := interceptor.UnaryClientInterceptor(tc.client...); ic != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("client interceptor: error %v, want one naming %q", err, tc.want)
 			}
 		})
 	}
-}
-
-// panicOf runs f and returns what it panicked with, as text, or "".
-func panicOf(f func()) (msg string) {
-	defer func() {
-		if p := recover(); p != nil {
-			msg = p.(string)
-		}
-	}()
-	f()
-	return ""
 }
 
 // A key given by the caller reaches the server even on a connection without

@@ -99,8 +99,8 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	st := memory.New(memory.WithMaxRecords(3))
 	srv := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tm.traces), otelgrpc.WithMeterProvider(tm.meters))),
-		grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st, append(tm.options(),
-			interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyRequired(), interceptor.WithInProgressWait(0))...)))
+		grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st, append(tm.options(),
+			interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyRequired(), interceptor.WithInProgressWait(0))...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	acme := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
@@ -174,7 +174,7 @@ func TestMetricsCountStoreFailures(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			tm := newTelemetry()
-			intercept := interceptor.UnaryServerInterceptor(failingStore{}, append(tm.options(), tc.opts...)...)
+			intercept := grpctest.Must(interceptor.UnaryServerInterceptor(failingStore{}, append(tm.options(), tc.opts...)...))
 			d := &direct{intercept: intercept, svc: newService()}
 			_, _, _ = d.create(t, "k1", request(1))
 			if got := calls(tm.collect(t)); got[tc.want] != 1 {
@@ -191,7 +191,7 @@ func TestNothingRawInTelemetry(t *testing.T) {
 	svc := newService()
 	srv := grpc.NewServer(
 		grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(tm.traces), otelgrpc.WithMeterProvider(tm.meters))),
-		grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(memory.New(), append(tm.options(), interceptor.WithTenant(tenantFromMetadata))...)))
+		grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), append(tm.options(), interceptor.WithTenant(tenantFromMetadata))...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	const key, tenant, customer = "secret-key-4242", "tenant-xyzzy", "cus_plugh"
@@ -258,7 +258,7 @@ func TestDebugLinePerCall(t *testing.T) {
 		}
 		logger := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))
 		st := memory.New()
-		d := &direct{intercept: interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithLogger(logger)), store: st, svc: newService()}
+		d := &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithLogger(logger))), store: st, svc: newService()}
 		for range 2 {
 			if _, _, err := d.create(t, "key-1", request(1)); err != nil {
 				t.Fatal(err)

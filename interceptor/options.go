@@ -16,19 +16,40 @@ import (
 
 // Defaults, each changed by the option that names it.
 const (
-	DefaultLease      = engine.DefaultLease         // WithLease, for calls without a deadline
-	DefaultMaxLease   = engine.DefaultMaxLease      // WithLease
-	DefaultRetention  = engine.DefaultRetention     // WithRetention
-	DefaultRetryAfter = engine.DefaultMaxRetryAfter // WithRetryAfter
+	DefaultLease         = engine.DefaultLease         // WithLease, for calls without a deadline
+	DefaultMaxLease      = engine.DefaultMaxLease      // WithMaxLease
+	DefaultRetention     = engine.DefaultRetention     // WithRetention
+	DefaultMaxRetryAfter = engine.DefaultMaxRetryAfter // WithMaxRetryAfter
 
 	DefaultInProgressWait = engine.DefaultInProgressWait // WithInProgressWait
 
 	DefaultMaxRecordSize = engine.DefaultMaxRecordSize // WithMaxRecordSize, in bytes
 )
 
-// Option configures the interceptors. The client interceptor reads only
-// WithIncludedMethods and WithExcludedMethods; the server reads all.
-type Option func(*options)
+// Option configures the server interceptor. Every Option is the server's
+// own, or one of the settings every entry point shares (tenant, key
+// required, lease, retention, fail-open, record size, logger, metrics), under
+// the name it has in every entry point's package.
+type Option interface{ applyServer(*options) }
+
+// ClientOption configures the client interceptor.
+type ClientOption interface{ applyClient(*coverage) }
+
+// MethodOption configures both interceptors: which methods are covered, and
+// where a request carries its key.
+type MethodOption interface {
+	Option
+	ClientOption
+}
+
+type serverOption func(*options)
+
+func (f serverOption) applyServer(o *options) { f(o) }
+
+type methodOption func(*coverage)
+
+func (f methodOption) applyServer(o *options)   { f(&o.coverage) }
+func (f methodOption) applyClient(c *coverage) { f(c) }
 
 // TenantFunc returns the authenticated tenant of a call, for example from the
 // identity an authentication interceptor put in ctx. An error is returned to
@@ -44,23 +65,29 @@ type FingerprintFunc func(fullMethod string, req proto.Message) (store.Fingerpri
 type Scope = engine.Scope
 
 const (
-	// ScopeTenantMethod: a key is scoped to its tenant and method, so the same
-	// key on two methods names two operations. The default.
-	ScopeTenantMethod = engine.ScopeTenantOperation
+	// ScopeTenantOperation: a key is scoped to its tenant and method, so the
+	// same key on two methods names two operations. The default.
+	ScopeTenantOperation = engine.ScopeTenantOperation
 	// ScopeTenant: a key is scoped to its tenant only; using it on a second
 	// method is refused as a reused key. For internal APIs whose clients share
 	// one key across methods.
 	ScopeTenant = engine.ScopeTenant
 )
 
-// options is shared by every call of one interceptor; it is never modified
-// after construction.
+// coverage is what both interceptors read: the methods forced in or out,
+// and the request field that carries the key.
+type coverage struct {
+	included map[string]bool
+	excluded map[string]bool
+	keyField *string // WithKeyField, WithAnnotatedKeyField; nil: none
+}
+
+// options is shared by every call of one server interceptor; it is never
+// modified after construction.
 type options struct {
+	coverage
 	engine      []engine.Option // the settings the engine reads
-	included    map[string]bool
-	excluded    map[string]bool
 	fingerprint FingerprintFunc // nil: protokey's, without the key field
-	keyField    *string         // WithKeyField, WithAnnotatedKeyField; nil: none
 	recorded    map[codes.Code]bool
 	replayed    map[string]bool // metadata keys replayed from the record
 	atomicAll   bool
@@ -78,14 +105,22 @@ var defaultRecorded = []codes.Code{
 func newOptions(opts []Option) *options {
 	o := &options{recorded: codeSet(defaultRecorded)}
 	for _, opt := range opts {
-		opt(o)
+		opt.applyServer(o)
+	}
+	return o
+}
+
+func newClientOptions(opts []ClientOption) *options {
+	o := &options{}
+	for _, opt := range opts {
+		opt.applyClient(&o.coverage)
 	}
 	return o
 }
 
 // set is an Option that sets an engine option.
-func set(opt engine.Option) Option {
-	return func(o *options) { o.engine = append(o.engine, opt) }
+func set(opts ...engine.Option) Option {
+	return serverOption(func(o *options) { o.engine = append(o.engine, opts...) })
 }
 
 // WithTenant scopes keys to the tenant f returns. Without it every caller
@@ -103,17 +138,17 @@ func WithKeyRequired() Option {
 
 // WithIncludedMethods covers the given methods ("/package.Service/Method")
 // whatever their idempotency_level says.
-func WithIncludedMethods(fullMethods ...string) Option {
-	return func(o *options) { o.included = addAll(o.included, fullMethods...) }
+func WithIncludedMethods(fullMethods ...string) MethodOption {
+	return methodOption(func(c *coverage) { c.included = addAll(c.included, fullMethods...) })
 }
 
 // WithExcludedMethods leaves the given methods uncovered: they pass through
 // untouched. It wins over WithIncludedMethods.
-func WithExcludedMethods(fullMethods ...string) Option {
-	return func(o *options) { o.excluded = addAll(o.excluded, fullMethods...) }
+func WithExcludedMethods(fullMethods ...string) MethodOption {
+	return methodOption(func(c *coverage) { c.excluded = addAll(c.excluded, fullMethods...) })
 }
 
-// WithScope sets the scope of a key; the default is ScopeTenantMethod.
+// WithScope sets the scope of a key; the default is ScopeTenantOperation.
 func WithScope(s Scope) Option {
 	return set(engine.WithScope(s))
 }
@@ -122,7 +157,7 @@ func WithScope(s Scope) Option {
 // client sets anew on every attempt, such as a timestamp. An error that is a
 // gRPC status goes to the caller as it is; any other becomes Internal.
 func WithFingerprint(f FingerprintFunc) Option {
-	return func(o *options) { o.fingerprint = f }
+	return serverOption(func(o *options) { o.fingerprint = f })
 }
 
 // WithKeyField takes the idempotency key from the request field name too,
@@ -138,15 +173,15 @@ func WithFingerprint(f FingerprintFunc) Option {
 // Turning it on changes the fingerprint of requests that set the field, so
 // records made before no longer match them: a retry that spans the change
 // is refused as reused. Give it to servers and clients alike.
-func WithKeyField(name string) Option {
-	return func(o *options) { o.keyField = &name }
+func WithKeyField(name string) MethodOption {
+	return methodOption(func(c *coverage) { c.keyField = &name })
 }
 
 // WithAnnotatedKeyField is WithKeyField for the field AIP-155 describes: a
 // request_id annotated (google.api.field_info).format = UUID4 (AIP-202), in
 // every covered method whose request has one.
-func WithAnnotatedKeyField() Option {
-	return func(o *options) { o.keyField = new(string) }
+func WithAnnotatedKeyField() MethodOption {
+	return methodOption(func(c *coverage) { c.keyField = new(string) })
 }
 
 // WithRecordedCodes sets the error codes whose outcome is recorded and
@@ -155,7 +190,7 @@ func WithAnnotatedKeyField() Option {
 // NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
 // Internal, Unknown and DataLoss.
 func WithRecordedCodes(cs ...codes.Code) Option {
-	return func(o *options) { o.recorded = codeSet(cs) }
+	return serverOption(func(o *options) { o.recorded = codeSet(cs) })
 }
 
 // WithReplayedMetadata records the header and trailer metadata the handler
@@ -168,19 +203,26 @@ func WithRecordedCodes(cs ...codes.Code) Option {
 // list a header that belongs to one caller, such as a cookie or anything
 // derived from the caller's credentials.
 func WithReplayedMetadata(keys ...string) Option {
-	return func(o *options) {
+	return serverOption(func(o *options) {
 		for _, k := range keys {
 			o.replayed = addAll(o.replayed, strings.ToLower(k))
 		}
-	}
+	})
 }
 
-// WithLease sets how long a running call holds its key before a retry may
-// presume it dead and run the handler again. A call with a deadline holds it
-// for its remaining time plus a grace period, a call without one for dflt;
-// either way at most max. A value of zero or less keeps its default.
-func WithLease(dflt, max time.Duration) Option {
-	return func(o *options) { o.engine = append(o.engine, engine.WithMaxLease(max), engine.WithLease(dflt)) }
+// WithLease sets how long a running call without a deadline holds its key
+// before a retry may presume it dead and run the handler again
+// (DefaultLease). A call with a deadline holds it for its remaining time plus
+// a grace period. Either way the lease is at most WithMaxLease. A value of
+// zero or less keeps the default.
+func WithLease(d time.Duration) Option {
+	return set(engine.WithLease(d))
+}
+
+// WithMaxLease bounds every lease (DefaultMaxLease). A value of zero or less
+// keeps the default.
+func WithMaxLease(d time.Duration) Option {
+	return set(engine.WithMaxLease(d))
 }
 
 // WithRetention sets how long an outcome is kept and replayed, counted from
@@ -190,10 +232,10 @@ func WithRetention(d time.Duration) Option {
 	return set(engine.WithRetention(d))
 }
 
-// WithRetryAfter sets the longest wait the server asks of a retry that finds
-// its key in progress (the pushback trailer and RetryInfo). The wait is never
-// longer than the lease has left, nor shorter than a millisecond.
-func WithRetryAfter(d time.Duration) Option {
+// WithMaxRetryAfter sets the longest wait the server asks of a retry that
+// finds its key in progress (the pushback trailer and RetryInfo). The wait is
+// never longer than the lease has left, nor shorter than a millisecond.
+func WithMaxRetryAfter(d time.Duration) Option {
 	return set(engine.WithMaxRetryAfter(d))
 }
 
@@ -254,7 +296,7 @@ func WithFailOpen() Option {
 //   - A duplicate waits for the first call's transaction for at most the
 //     store's lock timeout (postgres.WithLockTimeout), then reads the record
 //     while WithInProgressWait lasts, and then gets Aborted with the pushback
-//     of WithRetryAfter; if the first call commits meanwhile, the duplicate
+//     of WithMaxRetryAfter; if the first call commits meanwhile, the duplicate
 //     gets the replay. Until the first call commits, its
 //     fingerprint cannot be read, so a duplicate with a different request also
 //     gets Aborted, and InvalidArgument (reused) only once the first has
@@ -268,13 +310,13 @@ func WithFailOpen() Option {
 //     the store bounds how many (postgres.WithAtomicConns), so that
 //     replays and reservations still find one.
 func WithAtomic() Option {
-	return func(o *options) { o.atomicAll = true }
+	return serverOption(func(o *options) { o.atomicAll = true })
 }
 
 // WithAtomicMethods runs the given methods ("/package.Service/Method") in
 // atomic mode; see WithAtomic.
 func WithAtomicMethods(fullMethods ...string) Option {
-	return func(o *options) { o.atomic = addAll(o.atomic, fullMethods...) }
+	return serverOption(func(o *options) { o.atomic = addAll(o.atomic, fullMethods...) })
 }
 
 // WithLogger sets the logger for store failures and lost leases; the default
@@ -317,11 +359,4 @@ func addAll(set map[string]bool, items ...string) map[string]bool {
 		set[it] = true
 	}
 	return set
-}
-
-// WithEngineOptions passes options to the engine under the interceptor, for
-// settings that have no interceptor option of their own. They apply after
-// the interceptor's, in order.
-func WithEngineOptions(opts ...engine.Option) Option {
-	return func(o *options) { o.engine = append(o.engine, opts...) }
 }

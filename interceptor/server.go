@@ -22,22 +22,22 @@ import (
 // call at most once per idempotency key and replays its recorded outcome to
 // every retry. See the package documentation for the request path.
 //
-// It panics on mistakes to catch at start-up: WithAtomic or WithAtomicMethods
-// with a store that does not implement store.Atomic, or a method named in
-// WithIncludedMethods, WithExcludedMethods or WithAtomicMethods that the
-// protobuf registry does not know (or, for WithAtomicMethods, that is not
-// covered).
-func UnaryServerInterceptor(st store.Store, opts ...Option) grpc.UnaryServerInterceptor {
+// It returns an error for a mistake to catch at start-up: WithAtomic or
+// WithAtomicMethods with a store that does not implement store.Atomic, or a
+// method named in WithIncludedMethods, WithExcludedMethods or
+// WithAtomicMethods that the protobuf registry does not know (or, for
+// WithAtomicMethods, that is not covered).
+func UnaryServerInterceptor(st store.Store, opts ...Option) (grpc.UnaryServerInterceptor, error) {
 	o := newOptions(opts)
 	if err := checkMethods(o); err != nil {
-		panic(err.Error())
+		return nil, err
 	}
 	if _, ok := st.(store.Atomic); !ok && (o.atomicAll || len(o.atomic) > 0) {
-		panic(fmt.Sprintf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", st))
+		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", st)
 	}
 	eng := engine.New(st, o.engine...)
 	s := &server{eng: eng, opts: o, methods: &methods{opts: o, eng: eng}}
-	return s.intercept
+	return s.intercept, nil
 }
 
 // server translates gRPC calls into the engine's request path and back:

@@ -18,11 +18,11 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/memory"
 )
 
 func TestReplay(t *testing.T) {
@@ -63,7 +63,7 @@ func TestReusedKey(t *testing.T) {
 // A retry while the first call runs gets Aborted with pushback and no header;
 // a different request under the key gets "reused" even then.
 func TestInProgress(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRetryAfter(250*time.Millisecond))
+	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithMaxRetryAfter(250*time.Millisecond))
 	started, release := d.svc.block()
 	done := make(chan error)
 	go func() {
@@ -103,7 +103,7 @@ func TestInProgress(t *testing.T) {
 func TestRetriedAttempt(t *testing.T) {
 	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
 	st := &countingStore{Store: d.store}
-	d.intercept = interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithInProgressWait(0))
+	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithInProgressWait(0)))
 	attempt := func(n, key string, req *paymentsv1.CreateChargeRequest, wantFinds, wantReserves int32) (*paymentsv1.Charge, *transportStream, error) {
 		t.Helper()
 		resp, ts, err := d.call(context.Background(), createCharge, req,
@@ -359,13 +359,13 @@ func TestReplayedMetadataFollowsTodaysAllowList(t *testing.T) {
 	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
 		t.Fatal(err)
 	}
-	d.intercept = interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region"))
+	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region")))
 	_, replay, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
-	d.intercept = interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata))
+	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata)))
 	_, replay, err = d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
@@ -571,7 +571,7 @@ func TestStoreUnavailable(t *testing.T) {
 		call := func(wantFinds, wantReserves int32, opts ...interceptor.Option) error {
 			t.Helper()
 			st := &countingStore{Store: failingStore{}}
-			intercept := interceptor.UnaryServerInterceptor(st, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...)
+			intercept := grpctest.Must(interceptor.UnaryServerInterceptor(st, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...))
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(pairs...))
 			_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
 			if f, r := st.finds.Load(), st.reserves.Load(); f != wantFinds || r != wantReserves {
@@ -626,19 +626,17 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		timeout  time.Duration // 0: no deadline
-		lease    interceptor.Option
+		lease    []interceptor.Option
 		min, max time.Duration
 	}{
 		{"no deadline", 0, nil, interceptor.DefaultLease - time.Second, interceptor.DefaultLease},
 		{"2s deadline", 2 * time.Second, nil, 6 * time.Second, 7 * time.Second},
 		{"long deadline", time.Hour, nil, interceptor.DefaultMaxLease - time.Second, interceptor.DefaultMaxLease},
-		{"default above max", 0, interceptor.WithLease(time.Hour, 2*time.Minute), 2*time.Minute - time.Second, 2 * time.Minute},
+		{"default above max", 0, []interceptor.Option{interceptor.WithLease(time.Hour), interceptor.WithMaxLease(2 * time.Minute)}, 2*time.Minute - time.Second, 2 * time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := []interceptor.Option{interceptor.WithRetryAfter(time.Hour)}
-			if tc.lease != nil {
-				opts = append(opts, tc.lease)
-			}
+			opts := []interceptor.Option{interceptor.WithMaxRetryAfter(time.Hour)}
+			opts = append(opts, tc.lease...)
 			d := newDirect(t, opts...)
 			started, release := d.svc.block()
 			ctx, cancel := context.Background(), context.CancelFunc(func() {})
@@ -791,14 +789,14 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 
 // Zero and nil option values keep the defaults rather than break the server.
 func TestOptionZeroValues(t *testing.T) {
-	d := newDirect(t, interceptor.WithLogger(nil), interceptor.WithRetention(0), interceptor.WithLease(0, 0))
+	d := newDirect(t, interceptor.WithLogger(nil), interceptor.WithRetention(0), interceptor.WithLease(0), interceptor.WithMaxLease(0))
 	d.create(t, "key-1", request(1))
 	d.clock.Advance(t, time.Hour) // within the default retention
 	if _, ts, err := d.create(t, "key-1", request(1)); err != nil || !interceptor.Replayed(ts.trailer) {
 		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
 	}
 
-	intercept := interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil))
+	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil)))
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
 	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
 	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)
@@ -827,14 +825,4 @@ func TestDerivedKey(t *testing.T) {
 	if _, ok := idemkey.DerivedKey(context.Background(), "provider"); ok {
 		t.Error("DerivedKey outside a call: ok")
 	}
-}
-
-// Atomic mode on a store that cannot run it is refused at start-up.
-func TestAtomicNeedsAtomicStore(t *testing.T) {
-	defer func() {
-		if recover() == nil {
-			t.Error("WithAtomic on the memory store: no panic")
-		}
-	}()
-	interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithAtomic())
 }

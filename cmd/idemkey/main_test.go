@@ -148,7 +148,7 @@ func TestRecordOfExampleServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv, _ := example.NewServer(st, example.Config{Ledger: example.NewPostgresLedger(pool)})
+	srv, _, _ := example.NewServer(st, example.Config{Ledger: example.NewPostgresLedger(pool)})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	const key = "order-1234-charge"
 	call := func() (*paymentsv1.Charge, bool) {

@@ -64,10 +64,14 @@ func main() {
 func run(ctx context.Context, addr, apiKey string, wait time.Duration, metricsURL string, out io.Writer) error {
 	// The client every service should use: keys attached once per call, and
 	// the retry policy of the example's service config below them.
+	keys, err := interceptor.UnaryClientInterceptor()
+	if err != nil {
+		return err
+	}
 	conn, err := grpc.NewClient(addr,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(example.ServiceConfig),
-		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()),
+		grpc.WithUnaryInterceptor(keys),
 		grpc.WithStatsHandler(attempts{}))
 	if err != nil {
 		return err

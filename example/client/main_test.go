@@ -41,7 +41,7 @@ func TestMain(m *testing.M) {
 // with the server's idemkey_calls_total counters, a row per outcome and code.
 func TestDemo(t *testing.T) {
 	meters, metricsURL := serveMetrics(t)
-	srv, _ := example.NewServer(memory.New(), example.Config{
+	srv, _, _ := example.NewServer(memory.New(), example.Config{
 		HandlerDelay:  time.Second,
 		Options:       []interceptor.Option{interceptor.WithMeterProvider(meters)},
 		ServerOptions: []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters)))},

@@ -84,7 +84,6 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/store"
@@ -279,7 +278,6 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	var (
 		m       *metrics // nil without -metrics-addr
 		meters  metric.MeterProvider
-		engOpts = []engine.Option{engine.WithRetention(cfg.ttl), engine.WithLogger(logger)}
 		srvOpts []grpc.ServerOption
 	)
 	if cfg.metricsAddr != "" {
@@ -289,7 +287,6 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		}
 		defer m.stop()
 		meters = m.provider
-		engOpts = append(engOpts, engine.WithMeterProvider(meters))
 		srvOpts = append(srvOpts, grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters))))
 	}
 	var (
@@ -336,21 +333,23 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters})()
 	}
 
-	srv, hs := example.NewServer(st, example.Config{
-		HandlerDelay:       cfg.delay,
-		Ledger:             ledger,
-		Atomic:             cfg.atomic,
-		Engine:             engOpts,
-		ServerOptions:      srvOpts,
-		WithoutIdempotency: cfg.bare,
-	})
+	shared := example.Config{Retention: cfg.ttl, Logger: logger, MeterProvider: meters}
+	grpcCfg := shared
+	grpcCfg.HandlerDelay, grpcCfg.Ledger, grpcCfg.Atomic = cfg.delay, ledger, cfg.atomic
+	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency = srvOpts, cfg.bare
+	srv, hs, err := example.NewServer(st, grpcCfg)
+	if err != nil {
+		return err
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
 	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay)
 	var h *httpServer // nil without -http-addr
 	if cfg.httpAddr != "" {
 		var err error
-		h, err = serveHTTP(cfg.httpAddr, st, example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic, Engine: engOpts}, lis.Addr().String(), logger)
+		httpCfg := shared
+		httpCfg.HandlerDelay, httpCfg.Ledger, httpCfg.Atomic = cfg.delay, ledger, cfg.atomic
+		h, err = serveHTTP(cfg.httpAddr, st, httpCfg, lis.Addr().String(), logger)
 		if err != nil {
 			srv.Stop()
 			return err

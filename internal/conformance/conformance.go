@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -112,10 +111,9 @@ type Config struct {
 	KeyRequired bool
 	// MaxRecordSize is the engine's bound; the Huge reply is larger.
 	MaxRecordSize int
-	// Engine holds the engine options every case sets: no wait for a key in
-	// progress, a discarding logger. An adapter passes them on, after its
-	// own translation of the fields above.
-	Engine  []engine.Option
+	// Every case also runs with no wait for a key in progress
+	// (WithInProgressWait(0)) and a discarding logger (WithLogger(nil)),
+	// which each adapter sets in its own terms.
 	Service *Service
 }
 
@@ -164,7 +162,6 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 							Atomic:        atomicMode,
 							KeyRequired:   tc.keyRequired,
 							MaxRecordSize: 16 << 10,
-							Engine:        []engine.Option{engine.WithInProgressWait(0), engine.WithLogger(nil)},
 							Service:       svc,
 						}
 						if tc.down {

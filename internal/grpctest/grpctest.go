@@ -34,3 +34,12 @@ func Dial(tb testing.TB, lis *bufconn.Listener, opts ...grpc.DialOption) *grpc.C
 	tb.Cleanup(func() { conn.Close() })
 	return conn
 }
+
+// Must returns v, and panics if err is not nil: for a test's own setup, such
+// as an interceptor built from options the test knows to be right.
+func Must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

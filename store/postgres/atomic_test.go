@@ -139,7 +139,7 @@ func newAtomicReplicas(t *testing.T, n int, opts []postgres.Option, configure ..
 		}
 		rs[i] = atomicReplica{replica: r, app: app, writer: &writer{}}
 		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics,
-			interceptor.UnaryServerInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), interceptor.WithLogger(nil))))
+			grpctest.Must(interceptor.UnaryServerInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), interceptor.WithLogger(nil)))))
 		paymentsv1.RegisterPaymentServiceServer(srv, rs[i].writer)
 		rs[i].client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	}
@@ -486,7 +486,7 @@ func TestAtomicRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &writer{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic(), interceptor.WithLogger(nil))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic(), interceptor.WithLogger(nil)))))
 	paymentsv1.RegisterPaymentServiceServer(srv, w)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	call := func(key string) {

@@ -33,6 +33,10 @@ func Example() {
 	}
 	go (&store.Janitor{Store: st, Interval: time.Minute}).Run(ctx)
 
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st)))
+	idem, err := interceptor.UnaryServerInterceptor(st)
+	if err != nil {
+		log.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(idem))
 	_ = srv // register services, then srv.Serve(lis)
 }

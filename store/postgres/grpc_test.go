@@ -75,7 +75,7 @@ func (s *chargeService) CreateCharge(context.Context, *paymentsv1.CreateChargeRe
 func serveCharges(t *testing.T, st store.Store) (paymentsv1.PaymentServiceClient, *chargeService) {
 	t.Helper()
 	svc := &chargeService{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv))), svc
 }
@@ -149,7 +149,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 				firstAttemptTrips.Store(trips)
 				return nil, status.Error(codes.Unavailable, "reply lost")
 			}
-			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply, interceptor.UnaryServerInterceptor(r.store, opts...)))
+			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply, grpctest.Must(interceptor.UnaryServerInterceptor(r.store, opts...))))
 			paymentsv1.RegisterPaymentServiceServer(srv, svc)
 			client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
 				grpc.WithDefaultServiceConfig(example.ServiceConfig)))
@@ -213,7 +213,7 @@ func (slowAtomicService) CreateCharge(ctx context.Context, req *paymentsv1.Creat
 // first attempt and as a retry.
 func TestReplayWhileAtomicHandlersHoldThePool(t *testing.T) {
 	r := newReplica(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic())))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic()))))
 	paymentsv1.RegisterPaymentServiceServer(srv, slowAtomicService{})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	create := func(ctx context.Context, key string, amount int64, pairs ...string) (*paymentsv1.Charge, metadata.MD, error) {
@@ -270,7 +270,7 @@ func TestIdleConnectionsTerminatedMidCalls(t *testing.T) {
 	app := "idemkey_test_idle_terminated"
 	r := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
 	admin := pgtest.Pool(t, schemaOf(t, r.pool))
-	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store))))
 	paymentsv1.RegisterPaymentServiceServer(srv, slowService{})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 

@@ -63,7 +63,7 @@ func TestTenantsNeverShareReplies(t *testing.T) {
 				if atomic {
 					opts = append(opts, interceptor.WithAtomic())
 				}
-				srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(r.store, opts...)))
+				srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, opts...))))
 				paymentsv1.RegisterPaymentServiceServer(srv, svc)
 				clients = append(clients, paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv))))
 			}
@@ -110,8 +110,8 @@ func TestNothingRawLeaks(t *testing.T) {
 	r := newReplica(t)
 	svc := &blocking{started: make(chan struct{}, 1), proceed: make(chan struct{})}
 	serve := func(st *postgres.Store, opts ...interceptor.Option) paymentsv1.PaymentServiceClient {
-		srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st,
-			append(opts, interceptor.WithTenant(tenantOf), interceptor.WithLogger(logger))...)))
+		srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
+			append(opts, interceptor.WithTenant(tenantOf), interceptor.WithLogger(logger))...))))
 		paymentsv1.RegisterPaymentServiceServer(srv, svc)
 		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	}

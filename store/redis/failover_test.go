@@ -75,7 +75,7 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 		t.Fatal(err)
 	}
 	ledger := example.NewMemoryLedger()
-	srv, _ := example.NewServer(st, example.Config{Ledger: ledger, HandlerDelay: 20 * time.Millisecond,
+	srv, _, _ := example.NewServer(st, example.Config{Ledger: ledger, HandlerDelay: 20 * time.Millisecond,
 		Options: []interceptor.Option{interceptor.WithLogger(slog.New(slog.DiscardHandler))}})
 	lis := grpctest.Serve(t, srv)
 	conn := grpctest.Dial(t, lis, grpc.WithDefaultServiceConfig(example.ServiceConfig))
