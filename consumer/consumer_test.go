@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store"
@@ -23,7 +23,7 @@ import (
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 // stores are the stores every case runs on, with the consumer options of
 // their mode.

@@ -3,9 +3,9 @@ package example_test
 import (
 	"testing"
 
-	"go.uber.org/goleak"
+	"github.com/idemkey/idemkey/internal/leakcheck"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.Main(m)
 }

@@ -10,13 +10,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"go.uber.org/goleak"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
+	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/natstest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store"
@@ -24,7 +24,7 @@ import (
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) { leakcheck.Main(m) }
 
 // fast keeps redeliveries quick in tests.
 var fast = consumer.WithBackoff(20*time.Millisecond, 100*time.Millisecond)

@@ -48,7 +48,7 @@ func (f serverOption) applyServer(o *options) { f(o) }
 
 type methodOption func(*coverage)
 
-func (f methodOption) applyServer(o *options)   { f(&o.coverage) }
+func (f methodOption) applyServer(o *options)  { f(&o.coverage) }
 func (f methodOption) applyClient(c *coverage) { f(c) }
 
 // TenantFunc returns the authenticated tenant of a call, for example from the

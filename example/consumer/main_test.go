@@ -16,8 +16,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"go.uber.org/goleak"
 
+	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
 )
 
@@ -27,7 +27,7 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(int) { removeBinary() }))
+	leakcheck.Main(m, removeBinary)
 }
 
 // A consumer killed after a message's charge committed, before it

@@ -178,7 +178,7 @@ func scrape(t *testing.T, url string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	req.Close = true // no idle connection left for goleak to find
+	req.Close = true // no idle connection left for leakcheck to find
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
