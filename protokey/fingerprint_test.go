@@ -1,4 +1,4 @@
-package interceptor_test
+package protokey_test
 
 import (
 	"crypto/sha256"
@@ -17,10 +17,22 @@ import (
 	"google.golang.org/protobuf/types/descriptorpb"
 	"google.golang.org/protobuf/types/dynamicpb"
 
-	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
+
+// Two methods of the example PaymentService, whose requests the tests
+// fingerprint.
+const (
+	createCharge = "/example.payments.v1.PaymentService/CreateCharge"
+	getCharge    = "/example.payments.v1.PaymentService/GetCharge"
+)
+
+// request is a CreateChargeRequest of amount.
+func request(amount int64) *paymentsv1.CreateChargeRequest {
+	return &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: amount, Currency: "EUR"}
+}
 
 // The test schema, in version 1:
 //
@@ -238,7 +250,7 @@ func fingerprintOf(t *testing.T, md protoreflect.MessageDescriptor, method strin
 	if err := proto.Unmarshal(raw, m); err != nil {
 		t.Fatalf("Unmarshal: %v", err)
 	}
-	fp, err := interceptor.Fingerprint(method, m)
+	fp, err := protokey.Fingerprint(method, m)
 	if err != nil {
 		t.Fatalf("Fingerprint: %v", err)
 	}
@@ -451,7 +463,7 @@ func TestFingerprintIsDeterministicMarshallingWithoutUnknownFields(t *testing.T)
 				t.Fatal(err)
 			}
 			want := sha256.Sum256(slices.Concat(binary.BigEndian.AppendUint64(nil, uint64(len(createCharge))), []byte(createCharge), raw))
-			if got, err := interceptor.Fingerprint(createCharge, m); err != nil || got != want {
+			if got, err := protokey.Fingerprint(createCharge, m); err != nil || got != want {
 				t.Fatalf("%v fingerprints as %x (%v), want %x", m, got, err, want)
 			}
 		}
@@ -567,7 +579,7 @@ func TestFingerprintExtensions(t *testing.T) {
 		if err := (proto.UnmarshalOptions{Resolver: resolver}).Unmarshal(raw, m); err != nil {
 			t.Fatal(err)
 		}
-		fp, _ := interceptor.Fingerprint(createCharge, m)
+		fp, _ := protokey.Fingerprint(createCharge, m)
 		return fp
 	}
 	canonical := cat(str(1, "a"), group, str(120, "x"), vint(150, 7), vint(200, 9))
@@ -590,12 +602,12 @@ func TestFingerprintExtensions(t *testing.T) {
 
 // TestFingerprintNilRequest: a nil request fingerprints as an empty one.
 func TestFingerprintNilRequest(t *testing.T) {
-	empty, err := interceptor.Fingerprint(createCharge, new(paymentsv1.CreateChargeRequest))
+	empty, err := protokey.Fingerprint(createCharge, new(paymentsv1.CreateChargeRequest))
 	if err != nil {
 		t.Fatal(err)
 	}
 	for _, req := range []proto.Message{(*paymentsv1.CreateChargeRequest)(nil), nil} {
-		if fp, err := interceptor.Fingerprint(createCharge, req); err != nil || fp != empty {
+		if fp, err := protokey.Fingerprint(createCharge, req); err != nil || fp != empty {
 			t.Errorf("%#v fingerprints as %x (%v), an empty request as %x", req, fp, err, empty)
 		}
 	}
@@ -615,7 +627,7 @@ func BenchmarkFingerprint(b *testing.B) {
 	b.Run("fp=canonical", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := interceptor.Fingerprint(createCharge, req); err != nil {
+			if _, err := protokey.Fingerprint(createCharge, req); err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -638,7 +650,7 @@ func BenchmarkFingerprint(b *testing.B) {
 		req.ProtoReflect().SetUnknown(cat(paddedVint(21, 300), str(20, "u")))
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, err := interceptor.Fingerprint(createCharge, req); err != nil {
+			if _, err := protokey.Fingerprint(createCharge, req); err != nil {
 				b.Fatal(err)
 			}
 		}
