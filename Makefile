@@ -46,14 +46,14 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	@echo "test: each fuzz target, $(FUZZ_EXECS) inputs"
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyFromMetadata$$' -fuzztime=$(FUZZ_EXECS)x .
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
-	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
+	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./protokey/
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
 	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
-	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./store/postgres/ ./store/redis/ ./example/ > bin/bench.txt
+	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./store/postgres/ ./store/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt

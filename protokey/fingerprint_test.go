@@ -1,4 +1,4 @@
-package interceptor_test
+package protokey_test
 
 import (
 	"crypto/sha256"
@@ -21,6 +21,18 @@ import (
 	"github.com/idemkey/idemkey/protokey"
 	"github.com/idemkey/idemkey/store"
 )
+
+// Two methods of the example PaymentService, whose requests the tests
+// fingerprint.
+const (
+	createCharge = "/example.payments.v1.PaymentService/CreateCharge"
+	getCharge    = "/example.payments.v1.PaymentService/GetCharge"
+)
+
+// request is a CreateChargeRequest of amount.
+func request(amount int64) *paymentsv1.CreateChargeRequest {
+	return &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: amount, Currency: "EUR"}
+}
 
 // The test schema, in version 1:
 //
