@@ -1,14 +1,34 @@
-// Package idemkey is the vocabulary shared by idemkey's interceptors and
-// stores: the metadata names, the rules for a key, and the gRPC statuses a
-// client receives, each with a google.rpc.ErrorInfo in domain idemkey.dev.
+// Package idemkey is the vocabulary every idemkey entry point shares, and
+// the map of them all.
 //
-// idemkey gives gRPC services Stripe-style idempotency keys. A client attaches
+// idemkey gives Go services Stripe-style idempotency keys. A client attaches
 // one random key to one business operation and retries it as often as the
 // network demands; the server runs the operation at most once and answers
-// every retry with the first reply. Package interceptor holds the server and
-// client interceptors; package store and its sub-packages hold the records.
+// every retry with the first reply. A message consumer does the same with a
+// message's id, so that a redelivery is dropped.
 //
-// # Statuses
+// # Entry points
+//
+//	gRPC, server and client    package interceptor  UnaryServerInterceptor(store, ...Option), UnaryClientInterceptor(...ClientOption)
+//	Connect, server and client package idemconnect  NewServerInterceptor(engine, ...Option), NewClientInterceptor(...ClientOption)
+//	net/http (IETF draft)      package idemhttp     Middleware(engine, ...Option)
+//	message consumers          package consumer     New(store, name, ...Option), with idemnats (JetStream) or idemamqp (RabbitMQ)
+//
+// A constructor whose configuration can be wrong returns the mistake as an
+// error; none panics. The transport-neutral request path behind them all is
+// package engine; the records live in a store: store/memory,
+// store/postgres (two-phase or atomic), store/redis.
+//
+// # Vocabulary
+//
+// This package holds what every entry point means by a key and an answer:
+// the rules for a key (ValidateKey, MaxKeyLen, and ParseKeyField for the HTTP
+// header's structured form), the names on the wire (KeyMetadata, KeyHeader,
+// ReplayedMetadata, ReplayedHeader), the reasons idemkey gives when it
+// answers instead of the handler (the Reason constants, with the gRPC code
+// and HTTP status beside each; ErrorDomain), and the keys a program makes:
+// NewKey for a new operation, DeriveKey and DerivedKey for the calls an
+// operation makes to other idempotent APIs.
 //
 //	situation                             code               reason (HTTP in the IETF draft)
 //	key required but missing              InvalidArgument    IDEMPOTENCY_KEY_MISSING (400)
@@ -16,26 +36,14 @@
 //	same key, different request           InvalidArgument    IDEMPOTENCY_KEY_REUSED (422)
 //	same key, first call still running    Aborted            IDEMPOTENCY_KEY_IN_PROGRESS (409)
 //	store unreachable or failing          Unavailable        IDEMPOTENCY_STORE_UNAVAILABLE (503)
-//	store full (memory store's bounds)    ResourceExhausted  IDEMPOTENCY_STORE_FULL (503)
+//	store full (no room for a new key)    ResourceExhausted  IDEMPOTENCY_STORE_FULL (503)
 //
-// Reason tells them apart on the client:
-//
-//	_, err := client.CreateCharge(ctx, req)
-//	switch interceptor.Reason(err) {
-//	case idemkey.ReasonKeyReused:
-//		// a bug: the key was reused for a different charge
-//	case idemkey.ReasonInProgress:
-//		delay, _ := interceptor.RetryDelay(err) // the server's pushback
-//		time.Sleep(delay) // then retry with the same key
-//	}
-//
-// The in-progress status also carries a google.rpc.RetryInfo and the
-// grpc-retry-pushback-ms trailer, and a replayed reply carries the trailer
-// idempotent-replayed: true (see Replayed).
+// A client reads the reason back with its transport's helper:
+// interceptor.Reason for a gRPC error, idemconnect.Reason for a Connect
+// error, idemhttp.ProblemReason for an HTTP problem's type.
 //
 // # Keys
 //
-// A key is 1 to 255 bytes of visible ASCII (0x21 to 0x7E), sent once as the
-// idempotency-key metadata; NewKey makes a version 4 UUID. Errors about a key
-// never quote it.
+// A key is 1 to 255 bytes of visible ASCII (0x21 to 0x7E); NewKey makes a
+// version 4 UUID. Errors and logs about a key never quote it.
 package idemkey
