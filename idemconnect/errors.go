@@ -40,7 +40,7 @@ func invalidKeyError(problem string) *connect.Error {
 	return newError(connect.CodeInvalidArgument, idemkey.ReasonKeyInvalid, "idempotency key malformed: "+problem)
 }
 
-// checkKey is engine.CheckKey as a Connect error.
+// checkKey is idemkey.ValidateKey as a Connect error.
 func checkKey(key string) *connect.Error {
 	var ke *idemkey.KeyError
 	if errors.As(idemkey.ValidateKey(key), &ke) {

@@ -18,7 +18,7 @@ import (
 // key itself, as long as it holds no double quote, comma or semicolon, which
 // would make it a malformed string, a list or a parameter. Both forms of one
 // key are one key. Parameters after a string (;a=1) are refused: the draft
-// defines none. Either way, the key must then pass engine.CheckKey: 1 to 255
+// defines none. Either way, the key must then pass idemkey.ValidateKey: 1 to 255
 // bytes of visible ASCII.
 func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
 	values := h.Values(idemkey.KeyHeader)
@@ -38,7 +38,7 @@ func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
 
 // FormatKey returns key as an sf-string field value, for a client's
 // Idempotency-Key header: in double quotes, with " and \ escaped. key should
-// pass engine.CheckKey.
+// pass idemkey.ValidateKey.
 func FormatKey(key string) string {
 	var b strings.Builder
 	b.Grow(len(key) + 2)

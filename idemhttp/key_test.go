@@ -88,7 +88,7 @@ func TestFormatKey(t *testing.T) {
 }
 
 // FuzzKeyHeader checks that no field value panics the parser, that a key it
-// accepts passes engine.CheckKey, and that it reads back its own format.
+// accepts passes idemkey.ValidateKey, and that it reads back its own format.
 func FuzzKeyHeader(f *testing.F) {
 	for _, v := range []string{`"k1"`, `k1`, `"a\"b\\c"`, `"a", "b"`, `"a";p=1`, `"abc\`, ``, `""`, " \"x\" ", "\"\x7f\""} {
 		f.Add(v)
@@ -106,7 +106,7 @@ func FuzzKeyHeader(f *testing.F) {
 			return
 		}
 		if err := idemkey.ValidateKey(key); err != nil {
-			t.Fatalf("KeyFromHeader(%q) = %q, which fails CheckKey: %v", v, key, err)
+			t.Fatalf("KeyFromHeader(%q) = %q, which fails ValidateKey: %v", v, key, err)
 		}
 		back, _, err := idemhttp.KeyFromHeader(http.Header{idemkey.KeyHeader: {idemhttp.FormatKey(key)}})
 		if err != nil || back != key {

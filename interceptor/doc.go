@@ -4,17 +4,28 @@
 // server interceptor runs a call at most once per key and answers every retry
 // with the first call's recorded reply.
 //
+//	idem, err := interceptor.UnaryServerInterceptor(st,
+//		interceptor.WithTenant(tenantOf),
+//		interceptor.WithKeyRequired())
+//	if err != nil {
+//		return err // a mistake in the options, such as a misnamed method
+//	}
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 //		auth, // puts the caller's identity in the context
-//		interceptor.UnaryServerInterceptor(st,
-//			interceptor.WithTenant(tenantOf),
-//			interceptor.WithKeyRequired()),
+//		idem,
 //	))
 //
+//	keys, err := interceptor.UnaryClientInterceptor()
+//	...
 //	conn, err := grpc.NewClient(addr,
 //		grpc.WithTransportCredentials(creds),
 //		grpc.WithDefaultServiceConfig(serviceConfig), // retries ABORTED and UNAVAILABLE
-//		grpc.WithUnaryInterceptor(interceptor.UnaryClientInterceptor()))
+//		grpc.WithUnaryInterceptor(keys))
+//
+// The server takes Options, the client ClientOptions; MethodOptions (which
+// methods are covered, where a request carries its key) serve both. Like
+// every idemkey entry point, each constructor returns a mistake in its
+// options as an error and never panics.
 //
 // # Which calls are covered
 //
@@ -22,8 +33,8 @@
 // NO_SIDE_EFFECTS or IDEMPOTENT, except those of gRPC's own services (package
 // grpc.*, such as health checks). WithIncludedMethods and WithExcludedMethods
 // override that per method; a name they give that the protobuf registry
-// (which generated code fills) does not know makes the interceptor panic when
-// it is built, as does a WithAtomicMethods name that is not covered. A
+// (which generated code fills) does not know is an error when the
+// interceptor is built, as is a WithAtomicMethods name that is not covered. A
 // replay builds its response message from the method's descriptor, so a
 // method whose response type is missing from the registry is not covered,
 // and if included by name its calls with a key fail with Internal rather than
