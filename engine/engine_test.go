@@ -14,9 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
-
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store"
 )
@@ -24,7 +23,7 @@ import (
 // TestMain fails the package if a test leaves a goroutine behind, such as a
 // background Complete still retrying.
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m)
+	leakcheck.Main(m)
 }
 
 // The fake store.
