@@ -60,7 +60,7 @@ func each(t *testing.T, f func(t *testing.T, c *consumer.Consumer, logs *logtest
 			st, modeOpts := open(t)
 			logger, logs := logtest.New()
 			all := append([]consumer.Option{consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond),
-				consumer.WithEngineOptions(engine.WithLogger(logger))}, modeOpts...)
+				consumer.WithLogger(logger)}, modeOpts...)
 			c, err := consumer.New(st, "charges", append(all, opts...)...)
 			if err != nil {
 				t.Fatal(err)
@@ -271,7 +271,7 @@ func TestPanicReleases(t *testing.T) {
 }
 
 func TestStoreFull(t *testing.T) {
-	c, err := consumer.New(memory.New(memory.WithMaxRecords(1)), "charges", consumer.WithEngineOptions(engine.WithLogger(nil)))
+	c, err := consumer.New(memory.New(memory.WithMaxRecords(1)), "charges", consumer.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +295,7 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, atomic := range []bool{false, true} {
-		opts := []consumer.Option{consumer.WithEngineOptions(engine.WithLogger(nil), engine.WithFailOpen())}
+		opts := []consumer.Option{consumer.WithLogger(nil)}
 		if atomic {
 			opts = append(opts, consumer.WithAtomic())
 		}
@@ -326,7 +326,7 @@ func TestAtomicWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithEngineOptions(engine.WithLogger(nil)))
+	c, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -376,7 +376,7 @@ func TestCheckHorizon(t *testing.T) {
 			t.Fatalf("%+v: %v, want a HorizonError naming the retention and %q", h, err, h.Source)
 		}
 	}
-	c, _ = consumer.New(memory.New(), "charges", consumer.WithHorizonWarning(), consumer.WithEngineOptions(engine.WithLogger(logger)))
+	c, _ = consumer.New(memory.New(), "charges", consumer.WithHorizonWarning(), consumer.WithLogger(logger))
 	if err := c.CheckHorizon(t.Context(), consumer.Horizon{Unbounded: true, Source: "queue q has no x-message-ttl"}); err != nil {
 		t.Fatalf("with WithHorizonWarning: %v", err)
 	}
@@ -422,7 +422,7 @@ func TestLastDelivery(t *testing.T) {
 
 // TestBackoffSaturates: a maximum too large to double to does not overflow.
 func TestBackoffSaturates(t *testing.T) {
-	c, err := consumer.New(memory.New(), "charges", consumer.WithBackoff(time.Second, math.MaxInt64), consumer.WithEngineOptions(engine.WithLogger(nil)))
+	c, err := consumer.New(memory.New(), "charges", consumer.WithBackoff(time.Second, math.MaxInt64), consumer.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

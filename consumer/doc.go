@@ -52,7 +52,7 @@
 // Two-phase (the default, any handler, any store): the id is reserved, the
 // handler runs, its outcome is recorded, then the message is acknowledged. A
 // consumer that dies after the handler's effects and before the record
-// leaves the id in progress until its lease ends (engine.WithLease, or
+// leaves the id in progress until its lease ends (WithLease, or
 // WithHandlerTimeout plus a few seconds); the redelivery after that runs the
 // handler again. One that dies after the record is dropped as a duplicate.
 // The lease is also how long a handler may run before a redelivery presumes

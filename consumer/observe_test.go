@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -22,7 +21,7 @@ import (
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	c, err := consumer.New(memory.New(), "charges", consumer.WithSystem("nats"),
-		consumer.WithEngineOptions(engine.WithLogger(nil), engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))))
+		consumer.WithLogger(nil), consumer.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,7 +1,11 @@
 package consumer
 
 import (
+	"log/slog"
 	"time"
+
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemkey/idemkey/engine"
 )
@@ -51,23 +55,48 @@ func newOptions(opts []Option) *options {
 	return o
 }
 
-// WithEngineOptions sets options of the engine under the consumer, such as
-// engine.WithLogger, engine.WithMeterProvider or engine.WithLease (how long
-// a message is held before a redelivery presumes its first run dead).
-// engine.WithTenant, WithKeyRequired and WithFailOpen have no effect here:
-// the adapter reads the tenant from the message, an id is always required,
-// and a consumer never runs a handler unprotected. engine.WithScope's
-// ScopeTenant drops the consumer's name from the scope: two consumers on one
-// store would then drop each other's messages as duplicates.
-func WithEngineOptions(opts ...engine.Option) Option {
+// withEngine is an Option that sets engine options.
+func withEngine(opts ...engine.Option) Option {
 	return func(o *options) { o.engine = append(o.engine, opts...) }
 }
+
+// The settings a consumer shares with the other entry points, under the
+// names they have in every entry point's package. The others have no
+// meaning here: the adapter reads the tenant from the message, an id is
+// always required, a consumer never runs a handler unprotected, and a
+// message in progress elsewhere is negative-acknowledged at once.
 
 // WithRetention sets how long a processed message's id is kept
 // (DefaultRetention). A redelivery after it runs the handler again: keep it
 // longer than the broker may redeliver (the adapters check).
-func WithRetention(d time.Duration) Option {
-	return WithEngineOptions(engine.WithRetention(d))
+func WithRetention(d time.Duration) Option { return withEngine(engine.WithRetention(d)) }
+
+// WithLease sets how long a message without WithHandlerTimeout is held before
+// a redelivery presumes its first run dead (engine.WithLease).
+func WithLease(d time.Duration) Option { return withEngine(engine.WithLease(d)) }
+
+// WithMaxRetryAfter bounds how long a message found in progress elsewhere is
+// held back before its redelivery (engine.WithMaxRetryAfter). By default it
+// waits out the other run's lease.
+func WithMaxRetryAfter(d time.Duration) Option { return withEngine(engine.WithMaxRetryAfter(d)) }
+
+// WithMaxRecordSize bounds the record of one outcome
+// (engine.WithMaxRecordSize).
+func WithMaxRecordSize(n int) Option { return withEngine(engine.WithMaxRecordSize(n)) }
+
+// WithLogger sets the logger for store failures, lost leases and dead
+// letters; nil discards the records (engine.WithLogger).
+func WithLogger(l *slog.Logger) Option { return withEngine(engine.WithLogger(l)) }
+
+// WithMeterProvider sets where the metrics go (engine.WithMeterProvider).
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return withEngine(engine.WithMeterProvider(mp))
+}
+
+// WithTracerProvider sets the tracer of store operations' spans
+// (engine.WithTracerProvider).
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return withEngine(engine.WithTracerProvider(tp))
 }
 
 // WithSystem names the broker in the metrics' messaging.system attribute:
@@ -84,7 +113,7 @@ func WithAtomic() Option { return func(o *options) { o.atomic = true } }
 // WithHandlerTimeout bounds each handler's run; its lease, the time before a
 // redelivery may presume it dead, is then the timeout plus a few seconds.
 // Without it a handler runs unbounded under engine.DefaultLease
-// (engine.WithLease changes it), and one that outlasts its lease may run
+// (WithLease changes it), and one that outlasts its lease may run
 // again beside itself in two-phase mode.
 func WithHandlerTimeout(d time.Duration) Option {
 	return func(o *options) { o.handlerTimeout = max(d, 0) }

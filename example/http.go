@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/interceptor"
@@ -42,12 +41,20 @@ func NewHTTPHandler(st store.Store, cfg Config, conn grpc.ClientConnInterface) (
 	if cfg.Ledger == nil {
 		return nil, errors.New("example: NewHTTPHandler needs the gRPC service's ledger")
 	}
-	eng := engine.New(st, append([]engine.Option{engine.WithTenant(Tenant), engine.WithKeyRequired()}, cfg.engineOptions()...)...)
-	opts := []idemconnect.Option{idemconnect.WithKeyField("request_id")}
+	opts := []idemconnect.Option{
+		idemconnect.WithTenant(Tenant),
+		idemconnect.WithKeyRequired(),
+		idemconnect.WithKeyField("request_id"),
+		idemconnect.WithRetention(cfg.Retention),
+		idemconnect.WithMeterProvider(cfg.MeterProvider),
+	}
+	if cfg.Logger != nil {
+		opts = append(opts, idemconnect.WithLogger(cfg.Logger))
+	}
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomicProcedures(paymentsv1connect.PaymentServiceCreateChargeProcedure))
 	}
-	idem, err := idemconnect.NewServerInterceptor(eng, opts...)
+	idem, err := idemconnect.NewServerInterceptor(st, opts...)
 	if err != nil {
 		return nil, err
 	}

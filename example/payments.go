@@ -31,7 +31,6 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -74,15 +73,6 @@ type Config struct {
 	// service with no idempotency at all, the baseline that make load
 	// measures idemkey against. The store is then unused and may be nil.
 	WithoutIdempotency bool
-}
-
-// engineOptions are cfg's shared settings, for an engine.
-func (cfg Config) engineOptions() []engine.Option {
-	opts := []engine.Option{engine.WithRetention(cfg.Retention), engine.WithMeterProvider(cfg.MeterProvider)}
-	if cfg.Logger != nil {
-		opts = append(opts, engine.WithLogger(cfg.Logger))
-	}
-	return opts
 }
 
 // NewServer returns a gRPC server with the payment service behind the

@@ -13,7 +13,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/amqptest"
 	"github.com/idemkey/idemkey/internal/leakcheck"
@@ -139,7 +138,7 @@ func (f *fixture) core(st store.Store, opts ...consumer.Option) *consumer.Consum
 	opts = append([]consumer.Option{
 		consumer.WithSystem("rabbitmq"),
 		consumer.WithBackoff(10*time.Millisecond, 50*time.Millisecond),
-		consumer.WithEngineOptions(engine.WithLogger(logger), engine.WithMaxRetryAfter(20*time.Millisecond)),
+		consumer.WithLogger(logger), consumer.WithMaxRetryAfter(20 * time.Millisecond),
 	}, opts...)
 	c, err := consumer.New(st, "billing", opts...)
 	if err != nil {

@@ -11,7 +11,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store/memory"
@@ -76,7 +75,7 @@ func TestNew(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logger, logs := logtest.New()
-			opts := []consumer.Option{consumer.WithEngineOptions(engine.WithLogger(logger))}
+			opts := []consumer.Option{consumer.WithLogger(logger)}
 			if tc.retention > 0 {
 				opts = append(opts, consumer.WithRetention(tc.retention))
 			}

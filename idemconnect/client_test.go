@@ -10,7 +10,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
@@ -129,7 +128,7 @@ func TestClientInterceptor(t *testing.T) {
 // retries the same request.
 func TestClientAndServer(t *testing.T) {
 	runs := &counter{}
-	url := serve(t, runs.handle, newInterceptor(t, engine.New(memory.New(), engine.WithKeyRequired())))
+	url := serve(t, runs.handle, newInterceptor(t, memory.New(), idemconnect.WithKeyRequired()))
 	client := newChargeClient(t, url, connect.WithInterceptors(idemconnect.NewClientInterceptor()))
 	req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100})
 	first, err := client.CallUnary(t.Context(), req)

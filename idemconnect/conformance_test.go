@@ -8,7 +8,6 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/internal/conformance"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -68,17 +67,15 @@ func conformanceHandler(svc *conformance.Service) chargeHandler {
 }
 
 func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connect.ClientOption) func(context.Context, conformance.Request) conformance.Reply {
-	engOpts := []engine.Option{engine.WithTenant(bearerTenant), engine.WithMaxRecordSize(cfg.MaxRecordSize),
-		engine.WithInProgressWait(0), engine.WithLogger(nil)}
+	opts := []idemconnect.Option{idemconnect.WithTenant(bearerTenant), idemconnect.WithMaxRecordSize(cfg.MaxRecordSize),
+		idemconnect.WithInProgressWait(0), idemconnect.WithLogger(nil)}
 	if cfg.KeyRequired {
-		engOpts = append(engOpts, engine.WithKeyRequired())
+		opts = append(opts, idemconnect.WithKeyRequired())
 	}
-	var opts []idemconnect.Option
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomic())
 	}
-	eng := engine.New(cfg.Store, engOpts...)
-	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, eng, opts...))
+	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, cfg.Store, opts...))
 	client := newChargeClient(t, url, clientOpts...)
 	return func(ctx context.Context, r conformance.Request) conformance.Reply {
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour})

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
@@ -48,7 +47,7 @@ func TestCrossTransport(t *testing.T) {
 	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(acme)))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	url := serve(t, runs.handle, newInterceptor(t, engine.New(st, engine.WithTenant(acme))))
+	url := serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithTenant(acme)))
 	connectClient := newChargeClient(t, url)
 	jsonClient := newChargeClient(t, url, connect.WithProtoJSON())
 	ctx := t.Context()

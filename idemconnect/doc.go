@@ -3,14 +3,13 @@
 // handlers served over Connect's three protocols (Connect, gRPC, gRPC-Web).
 //
 // The client interceptor attaches one idempotency key to each call; the
-// server interceptor runs a call at most once per key, on the engine's store,
-// and answers every retry with the first call's recorded reply. It imports
-// neither google.golang.org/grpc nor the root package idemkey.
+// server interceptor runs a call at most once per key, on a store, and
+// answers every retry with the first call's recorded reply. It does not
+// import google.golang.org/grpc.
 //
 // # Example
 //
-//	eng := engine.New(st, engine.WithTenant(tenantOf), engine.WithKeyRequired())
-//	idem, err := idemconnect.NewServerInterceptor(eng)
+//	idem, err := idemconnect.NewServerInterceptor(st, idemconnect.WithTenant(tenantOf), idemconnect.WithKeyRequired())
 //	if err != nil {
 //		return err
 //	}
@@ -37,7 +36,7 @@
 //     metadata idempotency-key): exactly one value of 1 to 255 bytes of visible
 //     ASCII, else InvalidArgument with reason IDEMPOTENCY_KEY_INVALID. Without
 //     one the call runs unprotected, or is refused (IDEMPOTENCY_KEY_MISSING)
-//     if the engine requires keys.
+//     if keys are required (WithKeyRequired).
 //   - Keys are shared with the gRPC interceptor: the operation is the
 //     procedure, which is gRPC's full method name; the fingerprint is
 //     protokey.HashRequest of the request message, whichever codec carried it
@@ -87,7 +86,7 @@
 //     that message. An interceptor outside this one that asserts a concrete
 //     message type on a response should use proto.Message instead.
 //   - Put the interceptor after the one that authenticates the caller, so
-//     the engine's TenantFunc can read the identity, and after any that
+//     WithTenant's TenantFunc can read the identity, and after any that
 //     change the request: the fingerprint is of the request it sees. A
 //     TenantFunc reads the request's headers with
 //     connect.CallInfoForHandlerContext.

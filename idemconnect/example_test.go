@@ -8,7 +8,6 @@ import (
 
 	"connectrpc.com/connect"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
@@ -18,8 +17,7 @@ import (
 // interceptor attaches a key: a retry of the same request is answered with
 // the first reply, marked replayed, and the handler runs once.
 func ExampleNewServerInterceptor() {
-	eng := engine.New(memory.New(), engine.WithKeyRequired())
-	idem, err := idemconnect.NewServerInterceptor(eng)
+	idem, err := idemconnect.NewServerInterceptor(memory.New(), idemconnect.WithKeyRequired())
 	if err != nil {
 		panic(err)
 	}

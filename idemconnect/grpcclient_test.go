@@ -14,7 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
@@ -41,9 +41,8 @@ func dialGRPC(t *testing.T, url string, opts ...grpc.DialOption) paymentsv1.Paym
 // its reason and pushback trailer.
 func TestGRPCClientOfConnectServer(t *testing.T) {
 	b := newBlocker()
-	eng := engine.New(memory.New(), engine.WithInProgressWait(0), engine.WithMaxRetryAfter(20*time.Millisecond))
 	attempts := &keyRecorder{}
-	url := serve(t, b.handle, connect.UnaryInterceptorFunc(attempts.intercept), newInterceptor(t, eng))
+	url := serve(t, b.handle, connect.UnaryInterceptorFunc(attempts.intercept), newInterceptor(t, memory.New(), idemconnect.WithInProgressWait(0), idemconnect.WithMaxRetryAfter(20*time.Millisecond)))
 	plain := dialGRPC(t, url)
 	withRetry := dialGRPC(t, url, grpc.WithDefaultServiceConfig(retryPolicy))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, "k1")

@@ -14,9 +14,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 )
 
 // Procedures of the example's PaymentService, named as its generated code
@@ -80,9 +80,9 @@ func bearerTenant(ctx context.Context) (string, error) {
 }
 
 // newInterceptor is NewServerInterceptor that fails t on an error.
-func newInterceptor(t *testing.T, eng *engine.Engine, opts ...idemconnect.Option) connect.Interceptor {
+func newInterceptor(t *testing.T, st store.Store, opts ...idemconnect.Option) connect.Interceptor {
 	t.Helper()
-	i, err := idemconnect.NewServerInterceptor(eng, opts...)
+	i, err := idemconnect.NewServerInterceptor(st, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
@@ -26,7 +25,7 @@ func TestKeyField(t *testing.T) {
 		interceptor.WithTenant(acme), interceptor.WithKeyField("request_id")))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	url := serve(t, runs.handle, newInterceptor(t, engine.New(st, engine.WithTenant(acme), engine.WithKeyRequired()),
+	url := serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithTenant(acme), idemconnect.WithKeyRequired(),
 		idemconnect.WithKeyField("request_id")))
 	// The client, told of the field, adds no key to a request that has one.
 	client := newChargeClient(t, url, connect.WithProtoJSON(),

@@ -8,7 +8,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -17,9 +17,8 @@ import (
 // stable RPC conventions and rpc.system.name "connectrpc".
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
-	eng := engine.New(memory.New(), engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
 	runs := &counter{}
-	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, eng)))
+	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, memory.New(), idemconnect.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))))
 	for _, amount := range []int64{100, 100, 200} { // executed, replayed, reused
 		_, _ = call(t.Context(), client, "k1", &paymentsv1.CreateChargeRequest{Amount: amount})
 	}

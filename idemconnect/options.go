@@ -7,12 +7,12 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
-// Option configures the server interceptor. The engine carries the settings
-// every adapter shares (tenant, key required, lease, retention, fail-open,
-// record size, logger, metrics); these are the Connect adapter's own.
+// Option configures the server interceptor: the Connect adapter's own
+// settings, and those every entry point shares (shared.go).
 type Option interface{ applyServer(*options) }
 
 // ClientOption configures the client interceptor.
@@ -45,6 +45,7 @@ type options struct {
 	replayed    map[string]bool // lower-case header names replayed from the record
 	atomicAll   bool
 	atomic      map[string]bool
+	engine      []engine.Option // the settings the engine reads
 }
 
 type clientOptions struct {

@@ -16,23 +16,25 @@ import (
 )
 
 // NewServerInterceptor returns an interceptor for Connect handlers that runs
-// each covered unary call at most once per idempotency key on eng, and
+// each covered unary call at most once per idempotency key on st, and
 // replays its recorded outcome to every retry. Streaming calls, and calls of
-// clients, pass through untouched.
+// clients, pass through untouched. Among opts are the settings every entry
+// point shares (tenant, key required, lease, retention, fail-open, record
+// size, logger, metrics).
 //
 // It returns an error for mistakes to catch at start-up: WithAtomic or
-// WithAtomicProcedures on an engine whose store does not implement
-// store.Atomic, or a procedure named in WithIncludedProcedures,
+// WithAtomicProcedures on a store that does not implement store.Atomic, or a procedure named in WithIncludedProcedures,
 // WithExcludedProcedures or WithAtomicProcedures that the protobuf registry
 // does not know (or, for WithAtomicProcedures, that is not covered).
-func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Interceptor, error) {
-	if eng == nil {
-		return nil, errors.New("idemkey: NewServerInterceptor needs an engine")
+func NewServerInterceptor(st store.Store, opts ...Option) (connect.Interceptor, error) {
+	if st == nil {
+		return nil, errors.New("idemkey: NewServerInterceptor needs a store")
 	}
 	o := newOptions(opts)
 	if err := checkProcedures(o.coverage, o.atomic); err != nil {
 		return nil, err
 	}
+	eng := engine.New(st, o.engine...)
 	if o.atomicAll || len(o.atomic) > 0 {
 		if _, err := eng.Operation(engine.OperationSpec{Atomic: true}); err != nil {
 			return nil, err

@@ -15,7 +15,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
@@ -25,7 +24,7 @@ import (
 // and JSON after, and the reverse.
 func TestReplayAcrossCodecs(t *testing.T) {
 	runs := &counter{}
-	url := serve(t, runs.handle, newInterceptor(t, engine.New(memory.New())))
+	url := serve(t, runs.handle, newInterceptor(t, memory.New()))
 	binary, json := newChargeClient(t, url), newChargeClient(t, url, connect.WithProtoJSON())
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", Description: "tea"}
 	for i, clients := range [][2]*connect.Client[paymentsv1.CreateChargeRequest, paymentsv1.Charge]{{binary, json}, {json, binary}} {
@@ -67,8 +66,7 @@ func (b *blocker) handle(ctx context.Context, req *chargeRequest) (*chargeRespon
 // seconds, rounded up) and the gRPC pushback; a plain HTTP client gets 409.
 func TestInProgressRetryAfter(t *testing.T) {
 	b := newBlocker()
-	eng := engine.New(memory.New(), engine.WithInProgressWait(0), engine.WithMaxRetryAfter(1500*time.Millisecond))
-	url := serve(t, b.handle, newInterceptor(t, eng))
+	url := serve(t, b.handle, newInterceptor(t, memory.New(), idemconnect.WithInProgressWait(0), idemconnect.WithMaxRetryAfter(1500*time.Millisecond)))
 	client := newChargeClient(t, url)
 	req := &paymentsv1.CreateChargeRequest{Amount: 100}
 	done := make(chan error, 1)
@@ -140,8 +138,8 @@ func TestReplayedHeaders(t *testing.T) {
 		resp.Trailer().Set("X-Ledger", "L1")
 		return resp, nil
 	}
-	eng := engine.New(memory.New())
-	url := serve(t, handle, newInterceptor(t, eng, idemconnect.WithReplayedHeaders("x-charge-version", "X-Via-Context", "x-sig-bin", "x-ledger")))
+	st := memory.New()
+	url := serve(t, handle, newInterceptor(t, st, idemconnect.WithReplayedHeaders("x-charge-version", "X-Via-Context", "x-sig-bin", "x-ledger")))
 	for _, opts := range [][]connect.ClientOption{nil, {connect.WithGRPC()}} {
 		client := newChargeClient(t, url, opts...)
 		key := idemkey.NewKey()
@@ -166,7 +164,7 @@ func TestReplayedHeaders(t *testing.T) {
 
 // Option mistakes are errors at construction.
 func TestOptionErrors(t *testing.T) {
-	eng := engine.New(memory.New())
+	st := memory.New()
 	for name, opts := range map[string][]idemconnect.Option{
 		"unknown procedure":    {idemconnect.WithIncludedProcedures("CreateCharge")},
 		"unknown excluded":     {idemconnect.WithExcludedProcedures("/x.Y/Z")},
@@ -174,14 +172,14 @@ func TestOptionErrors(t *testing.T) {
 		"atomic procedure":     {idemconnect.WithAtomicProcedures(createCharge)},
 		"atomic but uncovered": {idemconnect.WithAtomicProcedures(getCharge)},
 	} {
-		if _, err := idemconnect.NewServerInterceptor(eng, opts...); err == nil {
+		if _, err := idemconnect.NewServerInterceptor(st, opts...); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
 	if _, err := idemconnect.NewServerInterceptor(nil); err == nil {
 		t.Error("nil engine: no error")
 	}
-	if _, err := idemconnect.NewServerInterceptor(eng, idemconnect.WithIncludedProcedures(getCharge)); err != nil {
+	if _, err := idemconnect.NewServerInterceptor(st, idemconnect.WithIncludedProcedures(getCharge)); err != nil {
 		t.Errorf("a known procedure: %v", err)
 	}
 }
@@ -203,7 +201,7 @@ func TestPanicReleasesKey(t *testing.T) {
 		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
 			return connect.NewError(connect.CodeInternal, errors.New("panicked"))
 		}),
-		connect.WithInterceptors(newInterceptor(t, engine.New(memory.New())))))
+		connect.WithInterceptors(newInterceptor(t, memory.New()))))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	client := connect.NewClient[paymentsv1.CreateChargeRequest, paymentsv1.Charge](srv.Client(), srv.URL+createCharge)

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/internal/conformance"
 )
@@ -95,16 +94,15 @@ func chargeHandler(svc *conformance.Service) http.Handler {
 }
 
 func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
-	engOpts := []engine.Option{engine.WithTenant(tenantFromContext), engine.WithMaxRecordSize(cfg.MaxRecordSize),
-		engine.WithInProgressWait(0), engine.WithLogger(nil)}
+	opts := []idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithMaxRecordSize(cfg.MaxRecordSize),
+		idemhttp.WithInProgressWait(0), idemhttp.WithLogger(nil)}
 	if cfg.KeyRequired {
-		engOpts = append(engOpts, engine.WithKeyRequired())
+		opts = append(opts, idemhttp.WithKeyRequired())
 	}
-	var opts []idemhttp.Option
 	if cfg.Atomic {
 		opts = append(opts, idemhttp.WithAtomic())
 	}
-	mw, err := idemhttp.Middleware(engine.New(cfg.Store, engOpts...), opts...)
+	mw, err := idemhttp.Middleware(cfg.Store, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

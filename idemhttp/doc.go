@@ -7,8 +7,7 @@
 //
 // # Example
 //
-//	eng := engine.New(st, engine.WithTenant(tenantFromContext), engine.WithKeyRequired())
-//	idem, err := idemhttp.Middleware(eng)
+//	idem, err := idemhttp.Middleware(st, idemhttp.WithTenant(tenantFromContext), idemhttp.WithKeyRequired())
 //	if err != nil {
 //		return err
 //	}
@@ -23,13 +22,13 @@
 // # What is covered
 //
 // POST and PATCH requests (WithMethods); other methods pass through
-// untouched, as do covered requests without a key unless the engine requires
-// one (engine.WithKeyRequired). A key is scoped by the tenant (the engine's
+// untouched, as do covered requests without a key unless one is required
+// (WithKeyRequired). A key is scoped by the tenant (WithTenant's
 // TenantFunc, which reads r.Context()) and the operation: by default the
 // ServeMux pattern that routed the request, so wrap each handler as you
-// register it (see Operation; WithOperation names operations otherwise). The
-// request's fingerprint covers its method, operation, path, query, media
-// type and body (Fingerprint; WithFingerprint).
+// register it (see DefaultOperation; WithOperation names operations
+// otherwise). The request's fingerprint covers its method, operation, path,
+// query, media type and body (HashRequest; WithFingerprint).
 //
 // # Answers
 //

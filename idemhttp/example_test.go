@@ -8,7 +8,6 @@ import (
 	"strings"
 	"sync/atomic"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -25,7 +24,7 @@ func ExampleMiddleware() {
 		io.WriteString(w, `{"id":"ch_1"}`)
 	})
 
-	idem, err := idemhttp.Middleware(engine.New(memory.New(), engine.WithKeyRequired()))
+	idem, err := idemhttp.Middleware(memory.New(), idemhttp.WithKeyRequired())
 	if err != nil {
 		panic(err)
 	}

@@ -25,23 +25,25 @@ import (
 )
 
 // Middleware returns net/http middleware that runs each covered request at
-// most once per idempotency key and replays its recorded response to every
-// retry. eng carries the settings shared with the other adapters: the tenant
-// (its TenantFunc reads r.Context(), where an authentication middleware put
-// the caller's identity), whether a key is required, leases, retention,
-// metrics. See the package documentation for what is covered and answered.
+// most once per idempotency key on st and replays its recorded response to
+// every retry. Among opts are the settings every entry point shares: the
+// tenant (its TenantFunc reads r.Context(), where an authentication
+// middleware put the caller's identity), whether a key is required, leases,
+// retention, metrics. See the package documentation for what is covered and
+// answered.
 //
 // It returns an error for a mistake to catch at start-up: WithAtomic on a
 // store that does not implement store.Atomic, or a header WithReplayedHeaders
 // may not replay.
-func Middleware(eng *engine.Engine, opts ...Option) (func(http.Handler) http.Handler, error) {
-	if eng == nil {
-		return nil, errors.New("idemhttp: Middleware needs an engine")
+func Middleware(st store.Store, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if st == nil {
+		return nil, errors.New("idemhttp: Middleware needs a store")
 	}
 	o := newOptions(opts)
 	if o.err != nil {
 		return nil, o.err
 	}
+	eng := engine.New(st, o.engine...)
 	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomic}); err != nil {
 		return nil, err
 	}

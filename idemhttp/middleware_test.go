@@ -31,10 +31,10 @@ type server struct {
 
 // newServer serves mux, built by routes with the middleware mw, behind the
 // authentication middleware.
-func newServer(t *testing.T, engOpts []engine.Option, opts []idemhttp.Option, routes func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux)) *server {
+func newServer(t *testing.T, opts []idemhttp.Option, routes func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux)) *server {
 	t.Helper()
-	engOpts = append([]engine.Option{engine.WithTenant(tenantFromContext), engine.WithLogger(nil), engine.WithInProgressWait(0)}, engOpts...)
-	mw, err := idemhttp.Middleware(engine.New(memory.New(), engOpts...), opts...)
+	opts = append([]idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithLogger(nil), idemhttp.WithInProgressWait(0)}, opts...)
+	mw, err := idemhttp.Middleware(memory.New(), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,7 +110,7 @@ func wantProblem(t *testing.T, resp *http.Response, raw []byte, status int, reas
 
 func TestReplayIsByteIdentical(t *testing.T) {
 	body := []byte("{\"id\": \"ch_1\",\n \"note\": \"\u00e9\"}\x00\xff")
-	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			h := w.Header()
 			h.Set("Content-Type", "application/json; charset=utf-8")
@@ -165,7 +165,7 @@ func TestReplayIsByteIdentical(t *testing.T) {
 }
 
 func TestUncoveredMethodsPassThrough(t *testing.T) {
-	s := newServer(t, []engine.Option{engine.WithKeyRequired()}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, []idemhttp.Option{idemhttp.WithKeyRequired()}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("/v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, r.Method)
 		})))
@@ -197,7 +197,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 	}
 	t.Run("per route", func(t *testing.T) {
 		names = nil
-		s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges/{id}/capture", mw(handler(s)))
 			mux.Handle("POST /v1/refunds", mw(handler(s)))
 		})
@@ -218,7 +218,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 	t.Run("around the mux", func(t *testing.T) {
 		names = nil
 		s := &server{t: t}
-		mw, err := idemhttp.Middleware(engine.New(memory.New(), engine.WithTenant(tenantFromContext)))
+		mw, err := idemhttp.Middleware(memory.New(), idemhttp.WithTenant(tenantFromContext))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +244,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 
 func TestBodyTooLarge(t *testing.T) {
 	var got []byte
-	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithMaxBodySize(16)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, []idemhttp.Option{idemhttp.WithMaxBodySize(16)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			got, _ = io.ReadAll(r.Body)
 			w.WriteHeader(http.StatusCreated)
@@ -282,7 +282,7 @@ func TestBodyTooLarge(t *testing.T) {
 
 func TestPanicReleasesTheKey(t *testing.T) {
 	var calls atomic.Int64
-	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			if calls.Add(1) == 1 {
 				_, _ = io.WriteString(w, "half a reply")
@@ -305,7 +305,7 @@ func TestPanicReleasesTheKey(t *testing.T) {
 }
 
 func TestRecordedAndReleasedStatuses(t *testing.T) {
-	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/status/{code}", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			code, _ := strconv.Atoi(r.PathValue("code"))
 			http.Error(w, "status", code)
@@ -327,7 +327,7 @@ func TestRecordedAndReleasedStatuses(t *testing.T) {
 }
 
 func TestResponseTooLargeRecordsAProblem(t *testing.T) {
-	s := newServer(t, []engine.Option{engine.WithMaxRecordSize(engine.MinRecordSize)}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, []idemhttp.Option{idemhttp.WithMaxRecordSize(engine.MinRecordSize)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Location", "/v1/charges/ch_1")
 			w.WriteHeader(http.StatusCreated)
@@ -351,7 +351,7 @@ func TestResponseTooLargeRecordsAProblem(t *testing.T) {
 
 func TestAnswers(t *testing.T) {
 	block, started := make(chan struct{}), make(chan struct{}, 1)
-	s := newServer(t, []engine.Option{engine.WithMaxRetryAfter(1500 * time.Millisecond)}, nil,
+	s := newServer(t, []idemhttp.Option{idemhttp.WithMaxRetryAfter(1500 * time.Millisecond)},
 		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Query().Get("block") != "" {
@@ -404,16 +404,16 @@ func TestAnswers(t *testing.T) {
 }
 
 func TestMiddlewareRefusesMistakes(t *testing.T) {
-	eng := engine.New(memory.New())
-	if _, err := idemhttp.Middleware(eng, idemhttp.WithAtomic()); err == nil {
+	st := memory.New()
+	if _, err := idemhttp.Middleware(st, idemhttp.WithAtomic()); err == nil {
 		t.Error("WithAtomic on the memory store: no error")
 	}
 	for _, name := range []string{"Set-Cookie", "set-cookie", "Content-Length", "Idempotent-Replayed", "bad name"} {
-		if _, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders(name)); err == nil {
+		if _, err := idemhttp.Middleware(st, idemhttp.WithReplayedHeaders(name)); err == nil {
 			t.Errorf("WithReplayedHeaders(%q): no error", name)
 		}
 	}
-	if _, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders("ETag")); err != nil {
+	if _, err := idemhttp.Middleware(st, idemhttp.WithReplayedHeaders("ETag")); err != nil {
 		t.Errorf("WithReplayedHeaders(ETag): %v", err)
 	}
 	if _, err := idemhttp.Middleware(nil); err == nil {
@@ -460,7 +460,7 @@ func TestForeignRecordIsRefused(t *testing.T) {
 	const operation = "/payments.v1.PaymentService/CreateCharge"
 	fp := store.Fingerprint{1}
 	st := memory.New()
-	eng := engine.New(st, engine.WithLogger(nil))
+	eng := engine.New(st, engine.WithLogger(nil)) // to write the records the middleware must refuse
 	for key, outcome := range map[string][]byte{
 		"grpc":    mustMarshal(t, &idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Response{Response: []byte{}}}),
 		"corrupt": {0xff, 0xff, 0xff},
@@ -479,7 +479,7 @@ func TestForeignRecordIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mw, err := idemhttp.Middleware(eng,
+	mw, err := idemhttp.Middleware(st, idemhttp.WithLogger(nil),
 		idemhttp.WithOperation(func(*http.Request) string { return operation }),
 		idemhttp.WithFingerprint(func(*http.Request, []byte) (store.Fingerprint, error) { return fp, nil }))
 	if err != nil {

@@ -14,7 +14,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -22,7 +21,7 @@ import (
 
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
-	s := newServer(t, []engine.Option{engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, nil,
+	s := newServer(t, []idemhttp.Option{idemhttp.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))},
 		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges/{id}", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusCreated)
@@ -70,7 +69,7 @@ func TestMetrics(t *testing.T) {
 // release must match requests read by the next.
 func TestFingerprintIsPinned(t *testing.T) {
 	var got store.Fingerprint
-	mw, err := idemhttp.Middleware(engine.New(memory.New(), engine.WithLogger(nil)), idemhttp.WithFingerprint(func(r *http.Request, body []byte) (store.Fingerprint, error) {
+	mw, err := idemhttp.Middleware(memory.New(), idemhttp.WithLogger(nil), idemhttp.WithFingerprint(func(r *http.Request, body []byte) (store.Fingerprint, error) {
 		got, _ = idemhttp.HashRequest(r, body)
 		return got, errors.New("taken") // answers 400 before the store
 	}))

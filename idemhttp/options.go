@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -12,9 +13,9 @@ import (
 // (WithMaxBodySize), in bytes.
 const DefaultMaxBodySize = 1 << 20
 
-// Option configures the middleware. Settings shared with the other adapters
-// (the tenant, whether a key is required, leases, retention, the store's
-// bounds, metrics) are the engine's: see engine.New.
+// Option configures the middleware: its own settings, and those every entry
+// point shares (shared.go: the tenant, whether a key is required, leases,
+// retention, the record's bound, metrics).
 type Option func(*options)
 
 // FingerprintFunc returns the fingerprint of a request whose body is body (the
@@ -32,7 +33,8 @@ type options struct {
 	replayed    map[string]bool // canonical header names
 	fingerprint FingerprintFunc
 	atomic      bool
-	err         error // the first option refused
+	engine      []engine.Option // the settings the engine reads
+	err         error           // the first option refused
 }
 
 func newOptions(opts []Option) *options {

@@ -14,7 +14,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/natstest"
@@ -468,7 +467,7 @@ func TestNewChecksHorizon(t *testing.T) {
 	if !errors.As(err, &herr) || !herr.Horizon.Unbounded {
 		t.Fatalf("New on an unbounded consumer: %v, want a HorizonError", err)
 	}
-	core, _ = consumer.New(memory.New(), "d", consumer.WithHorizonWarning(), consumer.WithEngineOptions(engine.WithLogger(nil)))
+	core, _ = consumer.New(memory.New(), "d", consumer.WithHorizonWarning(), consumer.WithLogger(nil))
 	if _, err := idemnats.New(t.Context(), core, stream, cons, h); err != nil {
 		t.Fatalf("New with WithHorizonWarning: %v", err)
 	}
@@ -493,7 +492,7 @@ func TestMaxDeliverExhausted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(memory.New(), name, fast, consumer.WithEngineOptions(engine.WithLogger(nil)))
+	core, err := consumer.New(memory.New(), name, fast, consumer.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -17,7 +17,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/idemnats"
@@ -142,7 +141,7 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			opts := []consumer.Option{consumer.WithEngineOptions(engine.WithLogger(logger))}
+			opts := []consumer.Option{consumer.WithLogger(logger)}
 			if name == "atomic" {
 				opts = append(opts, consumer.WithAtomic())
 			}

@@ -42,7 +42,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/idemnats"
@@ -128,7 +127,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.amqpURL != "" {
 		system = "rabbitmq"
 	}
-	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithEngineOptions(engine.WithLogger(logger)), consumer.WithHandlerTimeout(cfg.handlerTimeout)}
+	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithLogger(logger), consumer.WithHandlerTimeout(cfg.handlerTimeout)}
 	if cfg.atomic {
 		opts = append(opts, consumer.WithAtomic())
 	}
