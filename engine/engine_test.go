@@ -566,6 +566,16 @@ func TestStartVerdicts(t *testing.T) {
 			}
 		},
 	}, {
+		name:   "RetryAfter of a full store is at least a millisecond",
+		opts:   []engine.Option{engine.WithMaxRetryAfter(-time.Second)},
+		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, fullErr, forever) },
+		want:   engine.StoreFull,
+		check: func(t *testing.T, h *harness, c *engine.Call) {
+			if c.RetryAfter != time.Millisecond {
+				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(-1s), want 1ms", c.RetryAfter)
+			}
+		},
+	}, {
 		name:   "a failing store with WithFailOpen fails open",
 		opts:   []engine.Option{engine.WithFailOpen()},
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, errDown, forever) },

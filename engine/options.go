@@ -130,9 +130,12 @@ func WithRetention(d time.Duration) Option {
 }
 
 // WithMaxRetryAfter sets the longest wait asked of a retry that finds its key
-// in progress (DefaultMaxRetryAfter). The wait is never longer than the lease
-// has left, nor shorter than a millisecond.
-func WithMaxRetryAfter(d time.Duration) Option { return func(o *options) { o.retryAfter = d } }
+// in progress, or a new key the store is too full for (DefaultMaxRetryAfter).
+// The wait is never longer than the lease has left, nor shorter than a
+// millisecond, whatever d is.
+func WithMaxRetryAfter(d time.Duration) Option {
+	return func(o *options) { o.retryAfter = max(d, time.Millisecond) }
+}
 
 // WithInProgressWait sets how long a duplicate that finds its key in progress
 // waits for the first call to end before it is answered "in progress"
