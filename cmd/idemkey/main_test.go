@@ -9,17 +9,20 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/leakcheck"
@@ -133,23 +136,51 @@ func TestInspectMissingRecord(t *testing.T) {
 	mustRun(t, exitNotFound, url, "forget", "-tenant", "acme", "-method", createCharge, "-key", "no-such-key")
 }
 
-// A record made by the example server over gRPC: inspect shows it completed
-// with the response's size, by scope and by the prefix the logs show; forget
-// makes the next call with the key run the handler again.
-func TestRecordOfExampleServer(t *testing.T) {
-	schema := pgtest.Schema(t)
-	url := pgtest.SchemaURL(schema)
-	mustRun(t, exitOK, url, "migrate", "up")
-	pool := pgtest.Pool(t, schema)
-	if err := example.MigrateLedger(context.Background(), pool); err != nil {
-		t.Fatal(err)
+// chargeService is a PaymentService whose CreateCharge returns a new charge
+// on every run of the handler, and counts its runs.
+type chargeService struct {
+	paymentsv1.UnimplementedPaymentServiceServer
+	runs atomic.Int64
+}
+
+func (s *chargeService) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	n := s.runs.Add(1)
+	return &paymentsv1.Charge{
+		Id:         fmt.Sprint("ch_", n),
+		CustomerId: req.GetCustomerId(),
+		Amount:     req.GetAmount(),
+		Currency:   req.GetCurrency(),
+		CreateTime: timestamppb.Now(),
+	}, nil
+}
+
+// bearerTenant is the tenant of the call's "authorization: Bearer <api key>",
+// with the one API key the test knows.
+func bearerTenant(ctx context.Context) (string, error) {
+	md, _ := metadata.FromIncomingContext(ctx)
+	if auth := md.Get("authorization"); len(auth) == 1 && auth[0] == "Bearer sk_test_acme" {
+		return "acme", nil
 	}
-	st, err := postgres.New(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, _, _ := example.NewServer(st, example.Config{Ledger: example.NewPostgresLedger(pool)})
+	return "", status.Error(codes.Unauthenticated, "authorization: Bearer <api key> required")
+}
+
+// A record made by a gRPC server behind the idemkey interceptor: inspect
+// shows it completed with the response's size, by scope and by the prefix
+// the logs show; forget makes the next call with the key run the handler
+// again.
+func TestRecordOfGRPCServer(t *testing.T) {
+	url, _, st := newStore(t)
+	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(bearerTenant), interceptor.WithKeyRequired()))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(intercept))
+	svc := &chargeService{}
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	runs := func(want int64) {
+		t.Helper()
+		if n := svc.runs.Load(); n != want {
+			t.Fatalf("the handler ran %d times, want %d", n, want)
+		}
+	}
 	const key = "order-1234-charge"
 	call := func() (*paymentsv1.Charge, bool) {
 		t.Helper()
@@ -165,6 +196,7 @@ func TestRecordOfExampleServer(t *testing.T) {
 	if again, replayed := call(); !replayed || again.GetId() != first.GetId() {
 		t.Fatalf("the second call was not a replay of the first: %v, replayed %v", again, replayed)
 	}
+	runs(1)
 
 	scope := []string{"-tenant", "acme", "-method", createCharge, "-key", key}
 	stdout, _ := mustRun(t, exitOK, url, append([]string{"inspect"}, scope...)...)
@@ -203,9 +235,11 @@ func TestRecordOfExampleServer(t *testing.T) {
 	if replayed || second.GetId() == first.GetId() {
 		t.Errorf("after forget: charge %s (replayed %v), want a new charge, not %s replayed", second.GetId(), replayed, first.GetId())
 	}
+	runs(2)
 	if again, replayed := call(); !replayed || again.GetId() != second.GetId() {
 		t.Errorf("the call after forget was not recorded: %v, replayed %v", again, replayed)
 	}
+	runs(2)
 }
 
 // forget refuses a record whose call may still be running, unless -force;

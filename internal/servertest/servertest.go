@@ -45,13 +45,62 @@ func Build(tb testing.TB) string {
 }
 
 // Compile builds the example server into dir and returns the binary's path.
+// It builds by directory, ./server in the repository's example directory,
+// rather than by import path: that way the build needs no module to require
+// the example's, whichever module's directory the caller runs in, as long as
+// it is inside the repository.
 func Compile(dir string) (string, error) {
-	bin := filepath.Join(dir, "server")
-	out, err := exec.Command("go", "build", "-o", bin, "github.com/idemkey/idemkey/example/server").CombinedOutput()
+	root, err := repoRoot()
 	if err != nil {
-		return "", fmt.Errorf("go build: %v\n%s", err, out)
+		return "", err
+	}
+	bin, err := filepath.Abs(filepath.Join(dir, "server"))
+	if err != nil {
+		return "", err
+	}
+	cmd := exec.Command("go", "build", "-o", bin, "./server")
+	cmd.Dir = filepath.Join(root, "example")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return "", fmt.Errorf("go build ./server in %s: %v\n%s", cmd.Dir, err, out)
 	}
 	return bin, nil
+}
+
+// rootModule is the module path of the repository's top-level go.mod.
+const rootModule = "github.com/idemkey/idemkey"
+
+// repoRoot returns the repository's root: the nearest directory, from the
+// working directory up, whose go.mod declares rootModule. Nested modules'
+// go.mod files (example, tools) are passed over.
+func repoRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; ; {
+		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(data) == rootModule {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("no go.mod of module %s in %s or above it", rootModule, wd)
+		}
+		dir = parent
+	}
+}
+
+// modulePath returns the path on the module line of the go.mod data, or ""
+// if it has none.
+func modulePath(data []byte) string {
+	for line := range strings.Lines(string(data)) {
+		line, _, _ = strings.Cut(line, "//")
+		fields := strings.Fields(line)
+		if len(fields) == 2 && fields[0] == "module" {
+			return strings.Trim(fields[1], "\"`")
+		}
+	}
+	return ""
 }
 
 // Cleanup deletes the binary Build made, if any.
