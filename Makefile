@@ -3,7 +3,14 @@
 # nothing else; make test and make load also use the local PostgreSQL binaries,
 # and make test the local redis-server and redis-cli.
 GO          ?= go
-TOOL        := $(GO) tool -modfile=tools/go.mod
+# The tools module is outside the workspace (go.work), and go tool refuses
+# -modfile in workspace mode.
+TOOL        := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
+# The modules of the workspace, each checked on its own (GOWORK=off) as a
+# user gets it; scripts/release lists the ones it publishes.
+MODULES     := . idemconnect idemnats idemamqp store/redis tests example
+# Every package of every module of the workspace.
+PKGS        := github.com/idemkey/idemkey/...
 BENCH_COUNT ?= 10
 # A count, not a duration: with a duration, go1.26's fuzz coordinator can fail
 # a clean run with "context deadline exceeded" as time runs out
@@ -24,18 +31,17 @@ generate: ## regenerate the Go code of the protos with buf
 	@echo "generate: buf and the protoc plugins run with go tool; the first run downloads and builds them (tools/go.mod), a few minutes"
 	$(TOOL) buf generate
 
-check-generate: generate ## fail if generated code or a go.mod is out of date
-	$(GO) mod tidy -diff
-	cd tools && $(GO) mod tidy -diff
-	cd tools/ghz && $(GO) mod tidy -diff
-	@git diff --exit-code -- proto || (echo "generated code is stale: run make generate and commit" && exit 1)
-	@test -z "$$(git status --porcelain -- proto)" || (git status --porcelain -- proto && echo "make generate made new files: commit them" && exit 1)
+check-generate: generate ## fail if generated code or a go.mod is out of date (each module on its own), or a scratch user module gets more than it imports
+	@for m in $(MODULES) tools tools/ghz; do echo "go mod tidy -diff in $$m"; (cd $$m && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
+	@git diff --exit-code -- proto example/paymentsv1connect || (echo "generated code is stale: run make generate and commit" && exit 1)
+	@test -z "$$(git status --porcelain -- proto example/paymentsv1connect)" || (git status --porcelain -- proto example/paymentsv1connect && echo "make generate made new files: commit them" && exit 1)
+	./scripts/check-deps
 
 lint: ## gofmt, go vet, staticcheck, buf lint and buf format
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt would change these files" && exit 1)
-	$(GO) vet ./...
+	$(GO) vet $(PKGS)
 	@echo "lint: staticcheck and buf run with go tool; the first run downloads and builds them (tools/go.mod), a few minutes"
-	$(TOOL) staticcheck ./...
+	@for m in $(MODULES); do echo "staticcheck in $$m (GOWORK=off)"; (cd $$m && $(TOOL) staticcheck ./...) || exit 1; done
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
 
@@ -49,11 +55,12 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./protokey/
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
-	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg -- -race -count=1 ./...
+	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
+		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
-	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./store/postgres/ ./store/redis/ ./example/ > bin/bench.txt
+	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
@@ -76,24 +83,24 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"
 	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
-	@$(GO) run ./internal/benchtable bin/bench.txt
+	@$(GO) run ./tests/benchtable bin/bench.txt
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"
-	@$(GO) run ./internal/chart -bench bin/bench.txt -out docs/bench
+	@$(GO) run ./tests/chart -bench bin/bench.txt -out docs/bench
 
 load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles (one per mode and round) and load.json go to bin/
 	@mkdir -p bin
-	./scripts/with-postgres $(GO) run ./internal/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
+	./scripts/with-postgres $(GO) run ./tests/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/load-throughput.svg, docs/bench/load-cpu.svg"
-	@$(GO) run ./internal/chart -load bin/load.json -out docs/bench
+	@$(GO) run ./tests/chart -load bin/load.json -out docs/bench
 
 soak: ## inject random faults into example server processes for SOAK (default 10m) per mode, check every reply; the table goes to bin/soak.md
 	@mkdir -p bin
-	$(GO) test -count=1 -timeout=0 -run='^TestFaults$$' ./reliability/ -soak=$(SOAK) -report=$(CURDIR)/bin/soak.md
+	$(GO) test -count=1 -timeout=0 -run='^TestFaults$$' ./tests/reliability/ -soak=$(SOAK) -report=$(CURDIR)/bin/soak.md
 	@cat bin/soak.md
 
 failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times (default 10), synchronous and asynchronous, under load; the table goes to bin/failover.md
 	@mkdir -p bin
-	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
+	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./tests/reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
 	@cat bin/failover.md
 
 consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic and two-phase; prints the charges, and the double charges of two-phase

@@ -10,8 +10,8 @@
 // # Entry points
 //
 //	gRPC, server and client    package interceptor  UnaryServerInterceptor(store, ...Option), UnaryClientInterceptor(...ClientOption)
-//	Connect, server and client package idemconnect  NewServerInterceptor(engine, ...Option), NewClientInterceptor(...ClientOption)
-//	net/http (IETF draft)      package idemhttp     Middleware(engine, ...Option)
+//	Connect, server and client package idemconnect  NewServerInterceptor(store, ...Option), NewClientInterceptor(...ClientOption)
+//	net/http (IETF draft)      package idemhttp     Middleware(store, ...Option)
 //	message consumers          package consumer     New(store, name, ...Option), with idemnats (JetStream) or idemamqp (RabbitMQ)
 //
 // A constructor whose configuration can be wrong returns the mistake as an

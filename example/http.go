@@ -15,11 +15,11 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/example/paymentsv1connect"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/proto/example/payments/v1/paymentsv1connect"
 	"github.com/idemkey/idemkey/store"
 )
 

@@ -14,9 +14,9 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemnats"
-	"github.com/idemkey/idemkey/internal/natstest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/tests/natstest"
 )
 
 // readme:consumer

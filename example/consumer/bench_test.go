@@ -20,11 +20,11 @@ import (
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/idemnats"
-	"github.com/idemkey/idemkey/internal/amqptest"
-	"github.com/idemkey/idemkey/internal/natstest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/tests/amqptest"
+	"github.com/idemkey/idemkey/tests/natstest"
 )
 
 // Each round consumes benchBatch messages of each variant, in chunks of

@@ -1,7 +1,7 @@
 package main
 
 // These tests run the consumer command as processes of its own, on the real
-// brokers (internal/natstest, internal/amqptest) and PostgreSQL
+// brokers (tests/natstest, tests/amqptest) and PostgreSQL
 // (internal/pgtest, a schema per test for the charges and idemkey's tables),
 // kill them with SIGKILL where a crash would hurt, and count the charges
 // with SQL. They read the processes' log lines to wait on their states.

@@ -20,9 +20,9 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"google.golang.org/protobuf/encoding/protojson"
 
-	"github.com/idemkey/idemkey/internal/amqptest"
-	"github.com/idemkey/idemkey/internal/natstest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/tests/amqptest"
+	"github.com/idemkey/idemkey/tests/natstest"
 )
 
 // The command under test, built once per test binary (internal/servertest

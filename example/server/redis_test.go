@@ -14,9 +14,9 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
-	"github.com/idemkey/idemkey/internal/redistest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/tests/redistest"
 )
 
 // Server processes sharing their keys in Redis, one server or a cluster,

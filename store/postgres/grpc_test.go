@@ -17,7 +17,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -69,6 +68,13 @@ func (s *chargeService) CreateCharge(context.Context, *paymentsv1.CreateChargeRe
 	s.runs.Add(1)
 	return &paymentsv1.Charge{Id: "ch_1"}, nil
 }
+
+// retryUnavailable is a service config whose policy retries CreateCharge on
+// UNAVAILABLE, as a client that lost a reply would.
+const retryUnavailable = `{"methodConfig": [{
+  "name": [{"service": "example.payments.v1.PaymentService", "method": "CreateCharge"}],
+  "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
+}]}`
 
 // serveCharges serves chargeService behind the interceptor on st over
 // bufconn until the test ends, and returns a client.
@@ -152,7 +158,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply, grpctest.Must(interceptor.UnaryServerInterceptor(r.store, opts...))))
 			paymentsv1.RegisterPaymentServiceServer(srv, svc)
 			client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
-				grpc.WithDefaultServiceConfig(example.ServiceConfig)))
+				grpc.WithDefaultServiceConfig(retryUnavailable)))
 
 			for _, key := range []string{"warm-up", "k"} { // the warm-up prepares the statements
 				if err := createCharge(client, key); err != nil {

@@ -75,6 +75,16 @@ func WithReplicas(n int) Option {
 	return func(o *options) { o.replicas = max(n, 0) }
 }
 
+// WithClockOffset adds offset() to the server's clock in every decision the
+// store's scripts make, so that a test of code built on the store (such as
+// store/storetest's suite) can move time forward without sleeping. The native
+// expiry follows the real clock, later than the logical one, so a record never
+// disappears early; the scripts' own checks decide. Never set it in
+// production.
+func WithClockOffset(offset func() time.Duration) Option {
+	return func(o *options) { o.offset = offset }
+}
+
 // WithLogger sets where the store logs the driver's error behind every error
 // it translates, at Debug. Nil, the default, discards.
 func WithLogger(l *slog.Logger) Option {

@@ -7,7 +7,7 @@
 // the minimal SQL of a new key in each mode on the same database, the
 // database's own ceiling. make load runs it and prints its tables.
 //
-//	go run ./internal/load [-duration 10s] [-rounds 5] [-clients 16] [-profile-dir DIR] [-json FILE]
+//	go run ./tests/load [-duration 10s] [-rounds 5] [-clients 16] [-profile-dir DIR] [-json FILE]
 //
 // The measurements are interleaved: each round runs every measurement for
 // duration/rounds, in an order that rotates from round to round, so that
@@ -21,7 +21,7 @@
 // server's, the load tool's, PostgreSQL's (every process of the cluster,
 // backends that exited included), and the rest of the machine's. The ratios
 // that the targets of BENCHMARKS.md name close the output; -json writes all
-// of it for internal/chart. With -profile-dir it writes each server's CPU
+// of it for tests/chart. With -profile-dir it writes each server's CPU
 // profile of its new-key run in every round, load-MODE-ROUND.pprof, which
 // go tool pprof merges when given them all; the profiler, sampling 100 times
 // a second, is part of what those runs measure.
@@ -60,7 +60,7 @@ func main() {
 	rounds := flag.Int("rounds", 5, "how many rounds the measurements are interleaved in")
 	clients := flag.Int("clients", 16, "concurrent clients of ghz and of pgbench")
 	profileDir := flag.String("profile-dir", "", "if set, write each server's CPU profile of its new-key run in every round here")
-	jsonPath := flag.String("json", "", "if set, write the results as JSON here, for internal/chart")
+	jsonPath := flag.String("json", "", "if set, write the results as JSON here, for tests/chart")
 	flag.Parse()
 	res, err := run(*duration, *rounds, *clients, *profileDir)
 	if err == nil && *jsonPath != "" {
@@ -382,7 +382,9 @@ func writeJSON(path string, res *Results) error {
 // without the go command around it, whose own CPU would count as ghz's.
 func buildGhz(dir string) (string, error) {
 	bin := filepath.Join(dir, "ghz")
-	out, err := exec.Command("go", "build", "-modfile=tools/ghz/go.mod", "-o", bin, "github.com/bojand/ghz/cmd/ghz").CombinedOutput()
+	cmd := exec.Command("go", "build", "-modfile=tools/ghz/go.mod", "-o", bin, "github.com/bojand/ghz/cmd/ghz")
+	cmd.Env = append(os.Environ(), "GOWORK=off") // tools/ghz is outside the workspace; -modfile needs it off
+	out, err := cmd.CombinedOutput()
 	if err != nil {
 		return "", fmt.Errorf("building ghz: %v\n%s", err, out)
 	}

@@ -12,10 +12,10 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemkey/idemkey/internal/redistest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/store/storetest"
+	"github.com/idemkey/idemkey/tests/redistest"
 )
 
 func TestMain(m *testing.M) {

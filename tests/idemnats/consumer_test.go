@@ -16,11 +16,11 @@ import (
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/leakcheck"
-	"github.com/idemkey/idemkey/internal/natstest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/tests/natstest"
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
@@ -423,31 +423,6 @@ func TestBrokerRestartMidStream(t *testing.T) {
 		if got := r.runs[fmt.Sprint(i)]; got != 1 {
 			t.Fatalf("message %d ran %d times, want 1", i, got)
 		}
-	}
-}
-
-func TestHorizon(t *testing.T) {
-	day := 24 * time.Hour
-	for _, tc := range []struct {
-		name      string
-		stream    jetstream.StreamConfig
-		cons      jetstream.ConsumerConfig
-		unbounded bool
-		bound     time.Duration
-	}{
-		{"defaults", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: -1, AckWait: 30 * time.Second}, true, 0},
-		{"max age", jetstream.StreamConfig{MaxAge: 3 * day}, jetstream.ConsumerConfig{MaxDeliver: -1}, false, 3 * day},
-		{"max deliver", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: 10, AckWait: 2 * time.Minute}, false, 20 * time.Minute},
-		{"backoff", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: 3, AckWait: time.Second, BackOff: []time.Duration{time.Second, time.Hour}}, false, 3 * time.Hour},
-		{"nak delay", jetstream.StreamConfig{}, jetstream.ConsumerConfig{MaxDeliver: 5, AckWait: time.Second}, false, 5 * time.Minute},
-		{"the shorter", jetstream.StreamConfig{MaxAge: time.Hour}, jetstream.ConsumerConfig{MaxDeliver: 1000, AckWait: time.Minute}, false, time.Hour},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := idemnats.RedeliveryHorizon(tc.stream, tc.cons, consumer.DefaultMaxBackoff)
-			if h.Unbounded != tc.unbounded || h.Bound != tc.bound {
-				t.Fatalf("horizon %+v, want unbounded %v, bound %s", h, tc.unbounded, tc.bound)
-			}
-		})
 	}
 }
 

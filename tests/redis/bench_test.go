@@ -9,10 +9,10 @@ import (
 
 	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
-	"github.com/idemkey/idemkey/internal/redistest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/tests/redistest"
 )
 
 // outcome is about the size of a recorded CreateCharge reply.

@@ -27,7 +27,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 	"gonum.org/v1/plot/vg"
 
-	"github.com/idemkey/idemkey/internal/benchfile"
+	"github.com/idemkey/idemkey/tests/benchfile"
 )
 
 func main() {

@@ -11,7 +11,7 @@ import (
 	"os"
 	"slices"
 
-	"github.com/idemkey/idemkey/internal/benchfile"
+	"github.com/idemkey/idemkey/tests/benchfile"
 )
 
 func main() {

@@ -14,9 +14,9 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemamqp"
-	"github.com/idemkey/idemkey/internal/amqptest"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/tests/amqptest"
 )
 
 // A message is processed once: the same message published again is
