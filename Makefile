@@ -5,7 +5,7 @@
 GO          ?= go
 # The tools module is outside the workspace (go.work), and go tool refuses
 # -modfile in workspace mode.
-TOOL        := GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
+TOOL        := env GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
 # The modules of the workspace, each checked on its own (GOWORK=off) as a
 # user gets it; scripts/release lists the ones it publishes.
 MODULES     := . idemconnect idemnats idemamqp store/redis tests example

@@ -118,22 +118,22 @@ func newClientOptions(opts []ClientOption) *options {
 	return o
 }
 
-// set is an Option that sets an engine option.
-func set(opts ...engine.Option) Option {
+// withEngine is an Option that sets engine options.
+func withEngine(opts ...engine.Option) Option {
 	return serverOption(func(o *options) { o.engine = append(o.engine, opts...) })
 }
 
 // WithTenant scopes keys to the tenant f returns. Without it every caller
 // shares one key space, which is right only for single-tenant services.
 func WithTenant(f TenantFunc) Option {
-	return set(engine.WithTenant(f))
+	return withEngine(engine.WithTenant(f))
 }
 
 // WithKeyRequired refuses calls to covered methods that carry no key, with
 // InvalidArgument and reason IDEMPOTENCY_KEY_MISSING. By default such calls
 // run without protection.
 func WithKeyRequired() Option {
-	return set(engine.WithKeyRequired())
+	return withEngine(engine.WithKeyRequired())
 }
 
 // WithIncludedMethods covers the given methods ("/package.Service/Method")
@@ -150,7 +150,7 @@ func WithExcludedMethods(fullMethods ...string) MethodOption {
 
 // WithScope sets the scope of a key; the default is ScopeTenantOperation.
 func WithScope(s Scope) Option {
-	return set(engine.WithScope(s))
+	return withEngine(engine.WithScope(s))
 }
 
 // WithFingerprint replaces Fingerprint, for example to leave out a field the
@@ -216,27 +216,27 @@ func WithReplayedMetadata(keys ...string) Option {
 // a grace period. Either way the lease is at most WithMaxLease. A value of
 // zero or less keeps the default.
 func WithLease(d time.Duration) Option {
-	return set(engine.WithLease(d))
+	return withEngine(engine.WithLease(d))
 }
 
 // WithMaxLease bounds every lease (DefaultMaxLease). A value of zero or less
 // keeps the default.
 func WithMaxLease(d time.Duration) Option {
-	return set(engine.WithMaxLease(d))
+	return withEngine(engine.WithMaxLease(d))
 }
 
 // WithRetention sets how long an outcome is kept and replayed, counted from
 // the first call. After it the key is new again. A value of zero or less keeps
 // the default.
 func WithRetention(d time.Duration) Option {
-	return set(engine.WithRetention(d))
+	return withEngine(engine.WithRetention(d))
 }
 
 // WithMaxRetryAfter sets the longest wait the server asks of a retry that
 // finds its key in progress (the pushback trailer and RetryInfo). The wait is
 // never longer than the lease has left, nor shorter than a millisecond.
 func WithMaxRetryAfter(d time.Duration) Option {
-	return set(engine.WithMaxRetryAfter(d))
+	return withEngine(engine.WithMaxRetryAfter(d))
 }
 
 // WithInProgressWait sets how long a duplicate that finds its key in progress
@@ -250,7 +250,7 @@ func WithMaxRetryAfter(d time.Duration) Option {
 // covers about 14s, enough for a first call that runs 10s. In atomic mode the
 // polls are reads (store.Finder), so a waiting duplicate holds no connection.
 func WithInProgressWait(d time.Duration) Option {
-	return set(engine.WithInProgressWait(d))
+	return withEngine(engine.WithInProgressWait(d))
 }
 
 // WithMaxRecordSize bounds the record of one outcome: the encoded response
@@ -262,7 +262,7 @@ func WithInProgressWait(d time.Duration) Option {
 // handler has run, so its key is not released: in two-phase mode its effects
 // stand; in atomic mode its writes roll back with the recorded error.
 func WithMaxRecordSize(n int) Option {
-	return set(engine.WithMaxRecordSize(n))
+	return withEngine(engine.WithMaxRecordSize(n))
 }
 
 // WithFailOpen runs the handler without protection when the store fails,
@@ -271,7 +271,7 @@ func WithMaxRecordSize(n int) Option {
 // (store.ErrFull) refuses new keys with ResourceExhausted: a bound is not a
 // failure.
 func WithFailOpen() Option {
-	return set(engine.WithFailOpen())
+	return withEngine(engine.WithFailOpen())
 }
 
 // WithAtomic runs every covered method in atomic mode; WithAtomicMethods
@@ -324,14 +324,14 @@ func WithAtomicMethods(fullMethods ...string) Option {
 // never hold a raw key, tenant or request; an error from a FingerprintFunc is
 // logged as it is.
 func WithLogger(l *slog.Logger) Option {
-	return set(engine.WithLogger(l))
+	return withEngine(engine.WithLogger(l))
 }
 
 // WithMeterProvider sets where the server interceptor's metrics go; the
 // default is otel.GetMeterProvider(), which does nothing until an SDK is
 // installed. See the package documentation for the metrics.
 func WithMeterProvider(mp metric.MeterProvider) Option {
-	return set(engine.WithMeterProvider(mp))
+	return withEngine(engine.WithMeterProvider(mp))
 }
 
 // WithTracerProvider sets the tracer of the spans the server interceptor
@@ -340,7 +340,7 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 // idemkey opens no span for the call itself: it adds its outcome to the
 // call's span (otelgrpc's, for instance).
 func WithTracerProvider(tp trace.TracerProvider) Option {
-	return set(engine.WithTracerProvider(tp))
+	return withEngine(engine.WithTracerProvider(tp))
 }
 
 func codeSet(cs []codes.Code) map[codes.Code]bool {
