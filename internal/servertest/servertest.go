@@ -67,40 +67,15 @@ func Compile(dir string) (string, error) {
 	return bin, nil
 }
 
-// rootModule is the module path of the repository's top-level go.mod.
-const rootModule = "github.com/idemkey/idemkey"
-
-// repoRoot returns the repository's root: the nearest directory, from the
-// working directory up, whose go.mod declares rootModule. Nested modules'
-// go.mod files (example, tools) are passed over.
+// repoRoot returns the repository's root: the directory of module
+// github.com/idemkey/idemkey, which every module of the repository requires
+// (through the workspace, or its replace directive).
 func repoRoot() (string, error) {
-	wd, err := os.Getwd()
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/idemkey/idemkey").Output()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("go list -m github.com/idemkey/idemkey: %v", err)
 	}
-	for dir := wd; ; {
-		if data, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && modulePath(data) == rootModule {
-			return dir, nil
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return "", fmt.Errorf("no go.mod of module %s in %s or above it", rootModule, wd)
-		}
-		dir = parent
-	}
-}
-
-// modulePath returns the path on the module line of the go.mod data, or ""
-// if it has none.
-func modulePath(data []byte) string {
-	for line := range strings.Lines(string(data)) {
-		line, _, _ = strings.Cut(line, "//")
-		fields := strings.Fields(line)
-		if len(fields) == 2 && fields[0] == "module" {
-			return strings.Trim(fields[1], "\"`")
-		}
-	}
-	return ""
+	return strings.TrimSpace(string(out)), nil
 }
 
 // Cleanup deletes the binary Build made, if any.
