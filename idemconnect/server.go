@@ -23,9 +23,10 @@ import (
 // size, logger, metrics).
 //
 // It returns an error for mistakes to catch at start-up: WithAtomic or
-// WithAtomicProcedures on a store that does not implement store.Atomic, or a procedure named in WithIncludedProcedures,
-// WithExcludedProcedures or WithAtomicProcedures that the protobuf registry
-// does not know (or, for WithAtomicProcedures, that is not covered).
+// WithAtomicProcedures on a store that does not implement store.Atomic, or
+// a procedure named in WithIncludedProcedures, WithExcludedProcedures or
+// WithAtomicProcedures that the protobuf registry does not know (or, for
+// WithAtomicProcedures, that is not covered).
 func NewServerInterceptor(st store.Store, opts ...Option) (connect.Interceptor, error) {
 	if st == nil {
 		return nil, errors.New("idemkey: NewServerInterceptor needs a store")

@@ -112,9 +112,9 @@ func route(pattern string) string {
 	return ""
 }
 
-// DefaultOperation is the default operation name of a request (WithOperation): the
-// pattern of the http.ServeMux route that matched it, such as
-// "POST /v1/charges", else its method alone.
+// DefaultOperation is the default operation name of a request
+// (WithOperation): the pattern of the http.ServeMux route that matched it,
+// such as "POST /v1/charges", else its method alone.
 //
 // r.Pattern is set only for a handler the mux calls: wrap each handler as
 // you register it, mux.Handle("POST /v1/charges", mw(h)). Middleware
