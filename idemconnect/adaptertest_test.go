@@ -9,7 +9,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/idemconnect"
-	"github.com/idemkey/idemkey/internal/conformance"
+	"github.com/idemkey/idemkey/internal/adaptertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
 
@@ -23,15 +23,15 @@ var conformanceStatus = map[string]int{
 	"internal":                     int(connect.CodeInternal),
 }
 
-// TestConformance runs the behaviour cases every entry point passes over a
+// TestAdapterCases runs the behaviour cases every entry point passes over a
 // real connect-go client and server: with the Connect protocol on every
 // store, and with the gRPC and gRPC-Web protocols, whose answers travel
 // differently (trailers), on the memory store.
-func TestConformance(t *testing.T) {
-	stores := conformance.Stores()
+func TestAdapterCases(t *testing.T) {
+	stores := adaptertest.Stores()
 	for _, p := range []struct {
 		name   string
-		stores []conformance.Store
+		stores []adaptertest.Store
 		opts   []connect.ClientOption
 	}{
 		{"connect", stores, nil},
@@ -39,9 +39,9 @@ func TestConformance(t *testing.T) {
 		{"connect-grpcweb", stores[:1], []connect.ClientOption{connect.WithGRPCWeb()}},
 	} {
 		t.Run(p.name, func(t *testing.T) {
-			conformance.Run(t, conformance.Adapter{
+			adaptertest.Run(t, adaptertest.Adapter{
 				Name: p.name,
-				Serve: func(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+				Serve: func(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 					return serveConformance(t, cfg, p.opts...)
 				},
 				Status: conformanceStatus,
@@ -52,21 +52,21 @@ func TestConformance(t *testing.T) {
 
 // conformanceHandler is the suite's Service behind CreateCharge: the
 // description names the behaviour.
-func conformanceHandler(svc *conformance.Service) chargeHandler {
+func conformanceHandler(svc *adaptertest.Service) chargeHandler {
 	return func(ctx context.Context, req *chargeRequest) (*chargeResponse, error) {
 		tenant, _ := bearerTenant(ctx)
 		id, res := svc.Handle(ctx, tenant, req.Msg.GetAmount(), req.Msg.GetDescription())
 		switch res {
-		case conformance.Recorded:
+		case adaptertest.Recorded:
 			return nil, connect.NewError(connect.CodeFailedPrecondition, errors.New("declined "+id))
-		case conformance.Released:
+		case adaptertest.Released:
 			return nil, connect.NewError(connect.CodeUnavailable, errors.New("try later "+id))
 		}
 		return connect.NewResponse(&paymentsv1.Charge{Id: id, Amount: req.Msg.GetAmount()}), nil
 	}
 }
 
-func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connect.ClientOption) func(context.Context, conformance.Request) conformance.Reply {
+func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connect.ClientOption) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []idemconnect.Option{idemconnect.WithTenant(bearerTenant), idemconnect.WithMaxRecordSize(cfg.MaxRecordSize),
 		idemconnect.WithInProgressWait(0), idemconnect.WithLogger(nil)}
 	if cfg.KeyRequired {
@@ -77,7 +77,7 @@ func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connec
 	}
 	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, cfg.Store, opts...))
 	client := newChargeClient(t, url, clientOpts...)
-	return func(ctx context.Context, r conformance.Request) conformance.Reply {
+	return func(ctx context.Context, r adaptertest.Request) adaptertest.Reply {
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour})
 		req.Header().Set("Authorization", "Bearer "+r.Tenant)
 		if r.Key != "" {
@@ -88,7 +88,7 @@ func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connec
 		}
 		resp, err := client.CallUnary(ctx, req)
 		if err != nil {
-			reply := conformance.Reply{Status: int(connect.CodeOf(err)), Reason: idemconnect.Reason(err)}
+			reply := adaptertest.Reply{Status: int(connect.CodeOf(err)), Reason: idemconnect.Reason(err)}
 			var ce *connect.Error
 			if errors.As(err, &ce) {
 				reply.Body, reply.Replayed = ce.Message(), idemconnect.Replayed(ce.Meta())
@@ -96,6 +96,6 @@ func serveConformance(t *testing.T, cfg conformance.Config, clientOpts ...connec
 			reply.RetryAfter, _ = idemconnect.RetryDelay(err)
 			return reply
 		}
-		return conformance.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemconnect.Replayed(resp.Header())}
+		return adaptertest.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemconnect.Replayed(resp.Header())}
 	}
 }

@@ -12,15 +12,15 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
-	"github.com/idemkey/idemkey/internal/conformance"
+	"github.com/idemkey/idemkey/internal/adaptertest"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
 
-// TestConformance runs the behaviour cases every entry point passes over a
+// TestAdapterCases runs the behaviour cases every entry point passes over a
 // real grpc-go client and server.
-func TestConformance(t *testing.T) {
-	conformance.Run(t, conformance.Adapter{
+func TestAdapterCases(t *testing.T) {
+	adaptertest.Run(t, adaptertest.Adapter{
 		Name:  "grpc",
 		Serve: serveConformance,
 		Status: map[string]int{
@@ -32,23 +32,23 @@ func TestConformance(t *testing.T) {
 			idemkey.ReasonStoreFull:        int(codes.ResourceExhausted),
 			"internal":                     int(codes.Internal),
 		},
-	}, conformance.Stores()...)
+	}, adaptertest.Stores()...)
 }
 
 // conformanceService is the suite's Service behind the PaymentService's
 // CreateCharge: the description names the behaviour.
 type conformanceService struct {
 	paymentsv1.UnimplementedPaymentServiceServer
-	svc *conformance.Service
+	svc *adaptertest.Service
 }
 
 func (s conformanceService) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 	tenant, _ := bearerTenant(ctx)
 	id, res := s.svc.Handle(ctx, tenant, req.GetAmount(), req.GetDescription())
 	switch res {
-	case conformance.Recorded:
+	case adaptertest.Recorded:
 		return nil, status.Error(codes.FailedPrecondition, "declined "+id)
-	case conformance.Released:
+	case adaptertest.Released:
 		return nil, status.Error(codes.Unavailable, "try later "+id)
 	}
 	return &paymentsv1.Charge{Id: id, Amount: req.GetAmount()}, nil
@@ -63,7 +63,7 @@ func bearerTenant(ctx context.Context) (string, error) {
 	return strings.TrimPrefix(v[0], "Bearer "), nil
 }
 
-func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []interceptor.Option{interceptor.WithTenant(bearerTenant), interceptor.WithMaxRecordSize(cfg.MaxRecordSize),
 		interceptor.WithInProgressWait(0), interceptor.WithLogger(nil)}
 	if cfg.KeyRequired {
@@ -75,7 +75,7 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(cfg.Store, opts...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, conformanceService{svc: cfg.Service})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	return func(ctx context.Context, r conformance.Request) conformance.Reply {
+	return func(ctx context.Context, r adaptertest.Request) adaptertest.Reply {
 		md := metadata.Pairs("authorization", "Bearer "+r.Tenant)
 		if r.Key != "" {
 			md.Append(idemkey.KeyMetadata, r.Key)
@@ -86,7 +86,7 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 		var trailer metadata.MD
 		charge, err := client.CreateCharge(metadata.NewOutgoingContext(ctx, md),
 			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Trailer(&trailer))
-		reply := conformance.Reply{OK: err == nil, Replayed: interceptor.Replayed(trailer), Reason: interceptor.Reason(err)}
+		reply := adaptertest.Reply{OK: err == nil, Replayed: interceptor.Replayed(trailer), Reason: interceptor.Reason(err)}
 		if err != nil {
 			st := status.Convert(err)
 			reply.Status, reply.Body = int(st.Code()), st.Message()

@@ -1,4 +1,4 @@
-// Package conformance runs one table of behaviour cases against every entry
+// Package adaptertest runs one table of behaviour cases against every entry
 // point's adapter (gRPC, Connect, HTTP) on every store, so that no adapter
 // drifts from the others: the same first call, replay, reuse, missing and
 // malformed keys, in-progress answer, recorded and released errors, tenant
@@ -7,7 +7,7 @@
 // Each adapter's test package gives Run an Adapter: a server of its own
 // transport in front of the suite's Service, and a client that makes one
 // Request and reads back a Reply in the suite's neutral terms.
-package conformance
+package adaptertest
 
 import (
 	"context"
@@ -353,4 +353,4 @@ func (refusing) Complete(context.Context, store.Key, store.Token, []byte) error 
 }
 
 // ErrDown is the error of a store that is down.
-var ErrDown = errors.New("conformance: the store is down")
+var ErrDown = errors.New("adaptertest: the store is down")

@@ -15,13 +15,13 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/idemhttp"
-	"github.com/idemkey/idemkey/internal/conformance"
+	"github.com/idemkey/idemkey/internal/adaptertest"
 )
 
-// TestConformance runs the behaviour cases every entry point passes over a
+// TestAdapterCases runs the behaviour cases every entry point passes over a
 // real net/http client and server.
-func TestConformance(t *testing.T) {
-	conformance.Run(t, conformance.Adapter{
+func TestAdapterCases(t *testing.T) {
+	adaptertest.Run(t, adaptertest.Adapter{
 		Name:  "http",
 		Serve: serveConformance,
 		Status: map[string]int{
@@ -33,7 +33,7 @@ func TestConformance(t *testing.T) {
 			idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
 			"internal":                     http.StatusInternalServerError,
 		},
-	}, conformance.Stores()...)
+	}, adaptertest.Stores()...)
 }
 
 type tenantKey struct{}
@@ -69,7 +69,7 @@ type charge struct {
 
 // chargeHandler is the suite's Service behind POST /v1/charges: the
 // description names the behaviour.
-func chargeHandler(svc *conformance.Service) http.Handler {
+func chargeHandler(svc *adaptertest.Service) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var req chargeRequest
 		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
@@ -79,10 +79,10 @@ func chargeHandler(svc *conformance.Service) http.Handler {
 		tenant, _ := tenantFromContext(r.Context())
 		id, res := svc.Handle(r.Context(), tenant, req.Amount, req.Description)
 		switch res {
-		case conformance.Recorded:
+		case adaptertest.Recorded:
 			http.Error(w, "declined "+id, http.StatusNotFound)
 			return
-		case conformance.Released:
+		case adaptertest.Released:
 			http.Error(w, "try later "+id, http.StatusServiceUnavailable)
 			return
 		}
@@ -93,7 +93,7 @@ func chargeHandler(svc *conformance.Service) http.Handler {
 	})
 }
 
-func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context, conformance.Request) conformance.Reply {
+func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithMaxRecordSize(cfg.MaxRecordSize),
 		idemhttp.WithInProgressWait(0), idemhttp.WithLogger(nil)}
 	if cfg.KeyRequired {
@@ -112,7 +112,7 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 	t.Cleanup(srv.Close)
 	client := srv.Client()
 
-	return func(ctx context.Context, r conformance.Request) conformance.Reply {
+	return func(ctx context.Context, r adaptertest.Request) adaptertest.Reply {
 		body, _ := json.Marshal(chargeRequest{Amount: r.Amount, Description: r.Behaviour})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(body))
 		if err != nil {
@@ -129,7 +129,7 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Errorf("POST /v1/charges: %v", err)
-			return conformance.Reply{}
+			return adaptertest.Reply{}
 		}
 		defer resp.Body.Close()
 		return readReply(t, resp)
@@ -137,13 +137,13 @@ func serveConformance(t *testing.T, cfg conformance.Config) func(context.Context
 }
 
 // readReply translates an HTTP response into the suite's terms.
-func readReply(t *testing.T, resp *http.Response) conformance.Reply {
+func readReply(t *testing.T, resp *http.Response) adaptertest.Reply {
 	t.Helper()
 	raw, err := io.ReadAll(resp.Body)
 	if err != nil {
 		t.Errorf("read the body: %v", err)
 	}
-	reply := conformance.Reply{
+	reply := adaptertest.Reply{
 		OK:       resp.StatusCode < 300,
 		Status:   resp.StatusCode,
 		Replayed: resp.Header.Get(idemkey.ReplayedHeader) == "true",
