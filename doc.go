@@ -22,8 +22,9 @@
 // # Vocabulary
 //
 // This package holds what every entry point means by a key and an answer:
-// the rules for a key (ValidateKey, MaxKeyLen, and ParseKeyField for the HTTP
-// header's structured form), the names on the wire (KeyMetadata, KeyHeader,
+// the rules for a key (ValidateKey, MaxKeyLen; ParseKey, the one reading of a
+// key's header or metadata value on every entry point, and FormatKey, a
+// client's value for a key), the names on the wire (KeyMetadata, KeyHeader,
 // ReplayedMetadata, ReplayedHeader), the reasons idemkey gives when it
 // answers instead of the handler (the Reason constants, with the gRPC code
 // and HTTP status beside each; ErrorDomain), and the keys a program makes:

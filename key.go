@@ -34,16 +34,19 @@ func ValidateKey(key string) error {
 	return nil
 }
 
-// ParseKeyField parses one value of the HTTP Idempotency-Key field, as
-// draft-ietf-httpapi-idempotency-key-header-07 defines it: an RFC 8941
-// sf-string, such as "8e03978e-40d5-43e8-bc93-6894a57f9324" with its double
-// quotes, in which \" and \\ stand for " and \. Since many clients
-// (Stripe's among them) send the key bare, a value that does not start with
-// a double quote is taken as the key itself, as long as it holds no double
-// quote, comma or semicolon, which would make it a malformed string, a list
-// or a parameter. Both forms of one key are one key. Either way the key must
-// then pass ValidateKey. An error is a *KeyError, which never quotes the key.
-func ParseKeyField(v string) (string, error) {
+// ParseKey reads the key that one value of the key's header or metadata
+// names, the same way on every entry point (gRPC metadata, gRPC-Web, Connect
+// and HTTP headers), so that one value names one key wherever it is sent.
+// The value is read as draft-ietf-httpapi-idempotency-key-header-07 defines
+// the Idempotency-Key field: an RFC 8941 sf-string, such as
+// "8e03978e-40d5-43e8-bc93-6894a57f9324" with its double quotes, in which \"
+// and \\ stand for " and \. Since most clients (gRPC's, Stripe's) send the
+// key bare, a value that does not start with a double quote is taken as the
+// key itself, as long as it holds no double quote, comma or semicolon, which
+// would make it a malformed string, a list or a parameter. Both forms of one
+// key are one key. Either way the key must then pass ValidateKey. An error
+// is a *KeyError, which never quotes the key.
+func ParseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" || v[0] != '"' {
 		if strings.ContainsAny(v, "\",;") {
@@ -78,6 +81,27 @@ func ParseKeyField(v string) (string, error) {
 		}
 	}
 	return "", &KeyError{Problem: "its string has no closing double quote"}
+}
+
+// FormatKey returns the value that carries key in a header or metadata, for
+// a client: the key itself when ParseKey reads it back unchanged (as it does
+// every key NewKey makes), else the key as an sf-string, in double quotes
+// with " and \ escaped. key should pass ValidateKey.
+func FormatKey(key string) string {
+	if v, err := ParseKey(key); err == nil && v == key {
+		return key
+	}
+	var b strings.Builder
+	b.Grow(len(key) + 2)
+	b.WriteByte('"')
+	for i := 0; i < len(key); i++ {
+		if key[i] == '"' || key[i] == '\\' {
+			b.WriteByte('\\')
+		}
+		b.WriteByte(key[i])
+	}
+	b.WriteByte('"')
+	return b.String()
 }
 
 // NewKey returns a fresh random key: a version 4 UUID from crypto/rand. Keep

@@ -53,3 +53,25 @@ func TestDeriveKey(t *testing.T) {
 		t.Error("parts that run together derive one key")
 	}
 }
+
+// A client's value for a key reads back as the key on every entry point:
+// bare when it can be, else quoted with " and \ escaped.
+func TestFormatKey(t *testing.T) {
+	for key, want := range map[string]string{
+		"k1":                                   "k1",
+		"8e03978e-40d5-43e8-bc93-6894a57f9324": "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		`a"b\c`:                                `"a\"b\\c"`,
+		`a"b`:                                  `"a\"b"`,
+		`"quoted"`:                             `"\"quoted\""`,
+		"a,b":                                  `"a,b"`,
+		"a;b":                                  `"a;b"`,
+	} {
+		v := idemkey.FormatKey(key)
+		if v != want {
+			t.Errorf("FormatKey(%q) = %s, want %s", key, v, want)
+		}
+		if got, err := idemkey.ParseKey(v); err != nil || got != key {
+			t.Errorf("FormatKey(%q) = %s reads back as %q, %v", key, v, got, err)
+		}
+	}
+}

@@ -150,7 +150,7 @@ func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if ok {
-		md.Set(idemkey.KeyMetadata, key)
+		md.Set(idemkey.KeyMetadata, idemkey.FormatKey(key))
 	}
 	var trailer metadata.MD
 	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Trailer(&trailer))

@@ -57,10 +57,10 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			} else if err := checkKey(key); err != nil {
 				return nil, err
 			}
-			h[idemkey.KeyHeader] = []string{key}
+			h[idemkey.KeyHeader] = []string{idemkey.FormatKey(key)}
 		case 1:
-			if err := checkKey(vs[0]); err != nil {
-				return nil, err
+			if _, err := idemkey.ParseKey(vs[0]); err != nil {
+				return nil, invalidKeyError(err.(*idemkey.KeyError).Problem)
 			}
 		default:
 			return nil, invalidKeyError("it was sent more than once")

@@ -33,8 +33,11 @@
 // # Guarantees
 //
 //   - The key is the Idempotency-Key header (gRPC clients send it as the
-//     metadata idempotency-key): exactly one value of 1 to 255 bytes of visible
-//     ASCII, else InvalidArgument with reason IDEMPOTENCY_KEY_INVALID. Without
+//     metadata idempotency-key): exactly one value, read by idemkey.ParseKey
+//     over each of Connect's protocols as every entry point reads it (bare,
+//     or an RFC 8941 string in double quotes: "k" and k name one key), of 1
+//     to 255 bytes of visible ASCII, else InvalidArgument with reason
+//     IDEMPOTENCY_KEY_INVALID. Without
 //     one the call runs unprotected, or is refused (IDEMPOTENCY_KEY_MISSING)
 //     if keys are required (WithKeyRequired).
 //   - Keys are shared with the gRPC interceptor: the operation is the

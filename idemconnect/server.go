@@ -151,7 +151,7 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 // the request's key field (WithKeyField), which must then agree with the
 // header if that carries one too.
 func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Error) {
-	key, ok, err := keyFromHeader(req.Header(), req.Peer().Protocol == connect.ProtocolConnect)
+	key, ok, err := keyFromHeader(req.Header())
 	if err != nil || p.keyField == nil {
 		return key, ok, err
 	}
@@ -163,15 +163,12 @@ func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Er
 	return key, ok, nil
 }
 
-// keyFromHeader returns the idempotency key of h. ok is false when h carries
-// none. A key that is malformed, sent more than once (two header lines, or
-// two gRPC metadata values) or sent as binary metadata is an error that
-// never quotes the key. Over the Connect protocol, whose clients are HTTP
-// clients, the value is read as the HTTP draft defines it
-// (idemkey.ParseKeyField: an sf-string, or a bare key), as idemhttp reads it;
-// over gRPC and gRPC-Web it is taken as it is, as the gRPC interceptor takes
-// its metadata.
-func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *connect.Error) {
+// keyFromHeader returns the idempotency key of h, read by idemkey.ParseKey
+// as every entry point reads it, over each of Connect's protocols. ok is
+// false when h carries none. A key that is malformed, sent more than once
+// (two header lines, or two gRPC metadata values) or sent as binary metadata
+// is an error that never quotes the key.
+func keyFromHeader(h http.Header) (key string, ok bool, err *connect.Error) {
 	if len(h[idemkey.KeyHeader+"-Bin"]) > 0 {
 		return "", false, invalidKeyError("it was sent as binary metadata")
 	}
@@ -179,13 +176,7 @@ func keyFromHeader(h http.Header, httpField bool) (key string, ok bool, err *con
 	case 0:
 		return "", false, nil
 	case 1:
-		if !httpField {
-			if err := checkKey(vs[0]); err != nil {
-				return "", false, err
-			}
-			return vs[0], true, nil
-		}
-		key, err := idemkey.ParseKeyField(vs[0])
+		key, err := idemkey.ParseKey(vs[0])
 		if err != nil {
 			return "", false, invalidKeyError(err.(*idemkey.KeyError).Problem)
 		}

@@ -121,9 +121,9 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Authorization", "Bearer "+r.Tenant)
 		if r.Key != "" {
-			req.Header.Add(idemkey.KeyHeader, idemhttp.FormatKey(r.Key))
+			req.Header.Add(idemkey.KeyHeader, idemkey.FormatKey(r.Key))
 			if r.KeyTwice {
-				req.Header.Add(idemkey.KeyHeader, idemhttp.FormatKey(r.Key))
+				req.Header.Add(idemkey.KeyHeader, idemkey.FormatKey(r.Key))
 			}
 		}
 		resp, err := client.Do(req)

@@ -315,7 +315,7 @@ func TestRecordedAndReleasedStatuses(t *testing.T) {
 		400: false, 401: false, 409: false, 422: false, 429: false, 502: false, 503: false, 504: false} {
 		path := "/v1/status/" + strconv.Itoa(code)
 		before := s.runs.Load()
-		key := idemhttp.FormatKey(path)
+		key := idemkey.FormatKey(path)
 		s.call("POST", path, key, "{}")
 		resp, _ := s.call("POST", path, key, "{}")
 		replayed := resp.Header.Get(idemkey.ReplayedHeader) == "true"

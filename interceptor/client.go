@@ -46,7 +46,7 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 			// The key goes in the metadata, in place of any other there, and
 			// UseKey's credentials go, so that per-call credentials of the
 			// caller's own are not displaced by them.
-			ctx = metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, key)
+			ctx = metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, idemkey.FormatKey(key))
 			return invoker(ctx, fullMethod, req, reply, cc, rest...)
 		}
 		md, _ := metadata.FromOutgoingContext(ctx)
@@ -85,7 +85,7 @@ func UseKey(key string) grpc.CallOption {
 type keyCredentials struct{ key string }
 
 func (c keyCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{idemkey.KeyMetadata: c.key}, nil
+	return map[string]string{idemkey.KeyMetadata: idemkey.FormatKey(c.key)}, nil
 }
 
 func (keyCredentials) RequireTransportSecurity() bool { return false }
@@ -113,7 +113,7 @@ type contextKeyMarker struct{}
 // sends it only to covered methods. Every call made with the context carries
 // it, so use one context per operation.
 func ContextWithKey(ctx context.Context, key string) context.Context {
-	return metadata.AppendToOutgoingContext(context.WithValue(ctx, contextKeyMarker{}, true), idemkey.KeyMetadata, key)
+	return metadata.AppendToOutgoingContext(context.WithValue(ctx, contextKeyMarker{}, true), idemkey.KeyMetadata, idemkey.FormatKey(key))
 }
 
 // withoutKey is ctx with no idempotency key in its outgoing metadata.

@@ -44,9 +44,12 @@
 // # The request path
 //
 // For a covered call the server interceptor:
-//  1. reads the key from the idempotency-key metadata: exactly one value of 1
-//     to 255 bytes of visible ASCII, else InvalidArgument. A call without a
-//     key runs unprotected, or is refused if WithKeyRequired;
+//  1. reads the key from the idempotency-key metadata: exactly one value,
+//     read by idemkey.ParseKey as every entry point reads it (bare, or an
+//     RFC 8941 string in double quotes: "k" and k name one key), of 1 to
+//     255 bytes of visible ASCII, else InvalidArgument. A call without a
+//     key runs unprotected, or is refused if WithKeyRequired. The client
+//     interceptor sends idemkey.FormatKey of a key, which reads back as it;
 //  2. scopes the key to the tenant (WithTenant) and method (WithScope), and
 //     fingerprints the request (Fingerprint, or WithFingerprint);
 //  3. reserves the key in the store before running anything. A recorded key

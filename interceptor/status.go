@@ -49,10 +49,11 @@ func parseKey(values []string, binary bool) (string, bool, error) {
 	case 0:
 		return "", false, nil
 	case 1:
-		if err := validateKey(values[0]); err != nil {
-			return "", false, err
+		key, err := idemkey.ParseKey(values[0])
+		if err != nil {
+			return "", false, InvalidKeyError(err.(*idemkey.KeyError).Problem)
 		}
-		return values[0], true, nil
+		return key, true, nil
 	default:
 		return "", false, InvalidKeyError("it was sent more than once")
 	}

@@ -96,6 +96,11 @@ var keyErrorMessages = func() map[string]bool {
 		{idemkey.KeyMetadata: {""}},
 		{idemkey.KeyMetadata: {strings.Repeat("k", 256)}},
 		{idemkey.KeyMetadata: {"\x00"}},
+		{idemkey.KeyMetadata: {"a,b"}},      // neither an sf-string nor a bare key
+		{idemkey.KeyMetadata: {`"a\b"`}},    // a backslash that escapes neither
+		{idemkey.KeyMetadata: {`"a";p=1`}},  // parameters
+		{idemkey.KeyMetadata: {`"a`}},       // no closing quote
+		{idemkey.KeyMetadata: {"\"\x7f\""}}, // a string's byte outside printable ASCII
 		{idemkey.KeyMetadata: {"a", "a"}},
 		{idemkey.KeyMetadata + "-bin": {"a"}},
 	} {
@@ -108,7 +113,8 @@ var keyErrorMessages = func() map[string]bool {
 // FuzzKeyFromMetadata: whatever arrives in metadata, parsing never panics,
 // accepts only 1..255 bytes of visible ASCII, and never quotes the key.
 func FuzzKeyFromMetadata(f *testing.F) {
-	for _, seed := range []string{"", "k", "550e8400-e29b-41d4-a716-446655440000", "sp ace", "\x00", "\x7f", "é", strings.Repeat("x", 256)} {
+	for _, seed := range []string{"", "k", "550e8400-e29b-41d4-a716-446655440000", "sp ace", "\x00", "\x7f", "é", strings.Repeat("x", 256),
+		`"k"`, `"a\"b\\c"`, `"a";p=1`, `a,b`, `"sp ace"`} {
 		f.Add(seed, false, false)
 	}
 	f.Add("k", true, false)
@@ -134,16 +140,20 @@ func FuzzKeyFromMetadata(f *testing.F) {
 			}
 			return
 		}
-		if !ok || got != key || twice || binary {
-			t.Fatalf("accepted %q (ok %v) from %q, twice %v, binary %v", got, ok, key, twice, binary)
+		if want, _ := idemkey.ParseKey(key); !ok || got != want || twice || binary {
+			t.Fatalf("accepted %q (ok %v) from %q, twice %v, binary %v; idemkey.ParseKey reads %q", got, ok, key, twice, binary, want)
 		}
-		if len(key) < 1 || len(key) > idemkey.MaxKeyLen {
-			t.Fatalf("accepted a %d-byte key", len(key))
+		if len(got) < 1 || len(got) > idemkey.MaxKeyLen {
+			t.Fatalf("accepted a %d-byte key", len(got))
 		}
-		for i := 0; i < len(key); i++ {
-			if key[i] < 0x21 || key[i] > 0x7e {
-				t.Fatalf("accepted byte %#x", key[i])
+		for i := 0; i < len(got); i++ {
+			if got[i] < 0x21 || got[i] > 0x7e {
+				t.Fatalf("accepted byte %#x", got[i])
 			}
+		}
+		// A client's value for the key reads back as the key.
+		if back, _, err := interceptor.KeyFromMetadata(metadata.MD{idemkey.KeyMetadata: {idemkey.FormatKey(got)}}); err != nil || back != got {
+			t.Fatalf("idemkey.FormatKey(%q) = %q reads back as %q, %v", got, idemkey.FormatKey(got), back, err)
 		}
 	})
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -227,6 +228,91 @@ func TestEntryPointsShareKeys(t *testing.T) {
 				t.Fatalf("grpcurl after Connect: %v %v (replayed %v), want %v", err, again, replayed, first)
 			}
 		})
+	}
+}
+
+// One header value names one key on every entry point: sent bare, quoted
+// (the IETF draft's sf-string) or quoted with escapes, the same value over
+// gRPC, Connect (JSON and proto), gRPC-Web and POST /v1/charges runs the
+// charge once, and every other entry point replays that charge. Each form
+// is also read as the key it names: the bare and the quoted form of one key
+// are one key.
+func TestOneValueOneKeyOnEveryEntryPoint(t *testing.T) {
+	e := startEntryPoints(t, config{})
+	ctx := t.Context()
+	connectClient := func(opts ...connect.ClientOption) func(string, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+		c := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, e.http, opts...)
+		return func(value string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+			r := connect.NewRequest(req)
+			r.Header().Set("Authorization", "Bearer sk_test_acme")
+			r.Header().Set(idemkey.KeyHeader, value)
+			resp, err := c.CreateCharge(ctx, r)
+			if err != nil {
+				return nil, false, err
+			}
+			return resp.Msg, idemconnect.Replayed(resp.Header()) || idemconnect.Replayed(resp.Trailer()), nil
+		}
+	}
+	entryPoints := []struct {
+		name string
+		call func(value string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error)
+	}{
+		{"gRPC", func(value string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+			return e.viaGRPC(t, value, req)
+		}},
+		{"Connect JSON", connectClient(connect.WithProtoJSON())},
+		{"Connect proto", connectClient()},
+		{"gRPC-Web", connectClient(connect.WithGRPCWeb())},
+		{"POST /v1/charges", func(value string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+			code, charge, problem, h := e.viaHTTP(t, value, jsonOf(t, req))
+			if code != http.StatusCreated {
+				return nil, false, fmt.Errorf("%d %+v", code, problem)
+			}
+			return charge, h.Get(idemkey.ReplayedHeader) == "true", nil
+		}},
+	}
+	forms := []struct {
+		name  string
+		value func(key string) string
+	}{
+		{"bare", func(key string) string { return key }},
+		{"quoted", func(key string) string { return `"` + key + `"` }},
+		{"quoted with escapes", func(key string) string { return `"sf\"key\\` + key + `"` }},
+	}
+	for i, form := range forms {
+		req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: int64(100 + i), Currency: "EUR"}
+		// Each entry point first once, with a key of its own, the others after it.
+		for first := range entryPoints {
+			value := form.value("sfkey-" + idemkey.NewKey())
+			var charge *paymentsv1.Charge
+			for j := range entryPoints {
+				ep := entryPoints[(first+j)%len(entryPoints)]
+				got, replayed, err := ep.call(value, req)
+				switch {
+				case err != nil:
+					t.Fatalf("%s, %s key: %v", ep.name, form.name, err)
+				case j == 0 && replayed:
+					t.Fatalf("%s, %s key, the first call: replayed", ep.name, form.name)
+				case j == 0:
+					charge = got
+				case !replayed || !proto.Equal(got, charge):
+					t.Fatalf("%s, %s key, after %s: %v (replayed %v), want %v replayed: one value, two keys",
+						ep.name, form.name, entryPoints[first].name, got, replayed, charge)
+				}
+			}
+		}
+	}
+	// The bare and the quoted form of one key are one key, on every entry point.
+	key := "sfkey-" + idemkey.NewKey()
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 999, Currency: "EUR"}
+	first, _, err := entryPoints[0].call(key, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, ep := range entryPoints {
+		if got, replayed, err := ep.call(`"`+key+`"`, req); err != nil || !replayed || !proto.Equal(got, first) {
+			t.Fatalf("%s with the quoted form of a key sent bare before: %v, %v (replayed %v), want %v replayed", ep.name, got, err, replayed, first)
+		}
 	}
 }
 
