@@ -34,6 +34,11 @@ import (
 // their own counter and no other. Beside them are gRPC's own metrics
 // (otelgrpc) and the janitor's; and no key, tenant or request value, nor a
 // key's hash, appears anywhere in the scrape.
+// handlerDelay is how long the server's CreateCharge runs: twice its
+// in-progress wait, so that a duplicate is answered Aborted while the first
+// call still runs.
+const handlerDelay = 4 * time.Second
+
 func TestMetrics(t *testing.T) {
 	url := pgtest.SchemaURL(pgtest.Schema(t))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -45,7 +50,7 @@ func TestMetrics(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, lis, config{
-			databaseURL: url, atomic: true, delay: time.Second, ttl: time.Hour,
+			databaseURL: url, atomic: true, delay: handlerDelay, ttl: time.Hour,
 			metricsAddr: "127.0.0.1:0", metricsAddrFile: metricsFile,
 		}, slog.New(slog.DiscardHandler))
 	}()
@@ -115,8 +120,10 @@ func TestMetrics(t *testing.T) {
 	}
 	moved("a reused key", map[string]float64{"reused/INVALID_ARGUMENT": 1})
 
-	// A duplicate whose deadline (200ms) comes before the first call's
-	// reply (1s): the server answers it Aborted before the deadline.
+	// A duplicate of a call that runs for handlerDelay: the server holds it
+	// for its in-progress wait (2s, well short of handlerDelay), then answers
+	// it Aborted. The duplicate has no deadline of its own, so a busy machine
+	// delays the answer but cannot change it.
 	dupKey := idemkey.NewKey()
 	dupReq := &paymentsv1.CreateChargeRequest{CustomerId: "cus_metrics_bob", Amount: 500, Currency: "USD", Description: "Metrics test beans"}
 	begun := storeOps(t, scrape(t, metricsURL), "begin")
@@ -125,9 +132,7 @@ func TestMetrics(t *testing.T) {
 	waitUntil(t, "the first call has reserved its key", func() bool {
 		return storeOps(t, scrape(t, metricsURL), "begin") > begun
 	})
-	dupCtx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
-	defer cancel()
-	if err := call(dupCtx, dupKey, dupReq); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+	if err := call(ctx, dupKey, dupReq); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate during the first call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	moved("a duplicate in progress", map[string]float64{"in_progress/ABORTED": 1})
