@@ -11,6 +11,15 @@
 // scoped by the consumer's name (two consumers of one stream each process
 // every message once) and by the tenant, if the adapter reads one.
 //
+// A broker may drop duplicates itself, before any consumer, and without a
+// tenant: JetStream drops a message whose Nats-Msg-Id it stored within the
+// stream's duplicate window, so a second tenant's message with a first one's
+// id is lost. With a tenant, an id the broker reads must be unique across
+// tenants (the tenant in the id: "acme/order-1001"), and idemnats.New refuses
+// a tenant function with Nats-Msg-Id ids until the consumer says they are.
+// Without a tenant, the broker's scope and idemkey's agree. RabbitMQ drops
+// nothing.
+//
 // # What becomes of a delivery
 //
 //	outcome            broker action                  when

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -31,7 +32,10 @@ type Consumer struct {
 // stream, with the idempotency of core. It reads both configurations and
 // refuses (a *consumer.HorizonError) when core's records would expire while
 // JetStream may still redeliver a message (see RedeliveryHorizon), unless core was
-// built with consumer.WithHorizonWarning.
+// built with consumer.WithHorizonWarning. It refuses (a *DuplicateWindowError)
+// a tenant function (WithMessageTenant) with ids read from the Nats-Msg-Id
+// header (MessageID), which JetStream deduplicates across tenants, unless
+// WithMessageIDsUniqueAcrossTenants says that the producers keep them apart.
 //
 // It starts nothing: pass Handle to cons.Consume, or call it for each message
 // that cons.Fetch or cons.Messages returns.
@@ -52,7 +56,56 @@ func New(ctx context.Context, core *consumer.Consumer, stream jetstream.Stream, 
 	if err := core.CheckHorizon(ctx, RedeliveryHorizon(si.Config, cfg, core.MaxBackoff())); err != nil {
 		return nil, err
 	}
-	return &Consumer{core: core, h: h, opts: newOptions(opts), maxDeliver: cfg.MaxDeliver}, nil
+	o := newOptions(opts)
+	if err := o.checkDuplicateWindow(si.Config, ci.Name); err != nil {
+		return nil, err
+	}
+	return &Consumer{core: core, h: h, opts: o, maxDeliver: cfg.MaxDeliver}, nil
+}
+
+// DuplicateWindowError is New's answer to a consumer that scopes message ids
+// by tenant (WithMessageTenant) but reads them from the Nats-Msg-Id header
+// (MessageID), on a stream that deduplicates that header: JetStream drops a
+// message whose Nats-Msg-Id it stored within the stream's duplicate window,
+// whichever the tenant, before any consumer sees it. A second tenant's
+// message with a first one's id is acknowledged to its producer as a
+// duplicate and never processed.
+type DuplicateWindowError struct {
+	Consumer string
+	Stream   string
+	// Window is the stream's duplicate window; 0 for a mirror, whose origin
+	// stream dropped the messages within its own.
+	Window time.Duration
+}
+
+func (e *DuplicateWindowError) Error() string {
+	drops := fmt.Sprintf("stream %s drops a message whose Nats-Msg-Id it stored within its duplicate window (%s)", e.Stream, e.Window)
+	if e.Window <= 0 {
+		drops = fmt.Sprintf("stream %s mirrors a stream that drops a message whose Nats-Msg-Id it stored within its duplicate window", e.Stream)
+	}
+	return fmt.Sprintf("idemnats: consumer %q scopes message ids by tenant, but %s, whichever the tenant: "+
+		"a tenant's message is lost when another's has its id. "+
+		"Publish every Nats-Msg-Id unique across tenants, the tenant prefixed to the id (\"<tenant>/<id>\"), and say so with WithMessageIDsUniqueAcrossTenants; "+
+		"or read a tenant's own id from another header with WithMessageID, and publish no Nats-Msg-Id or one unique across tenants "+
+		"(the window cannot be turned off: a Duplicates of 0 is JetStream's default, 2 minutes)",
+		e.Consumer, drops)
+}
+
+// checkDuplicateWindow returns a *DuplicateWindowError when two tenants'
+// messages with one id would collide in stream's duplicate window: a tenant
+// function, ids read from the Nats-Msg-Id header, no word that the producers
+// keep them apart, and a window (every stream has one, of at least 100ms; a
+// mirror's is its origin's). Without a tenant function JetStream and idemkey
+// agree: JetStream drops only an id that idemkey, which scopes it by this
+// consumer of the stream, would drop too.
+func (o *options) checkDuplicateWindow(stream jetstream.StreamConfig, cons string) error {
+	if o.tenant == nil || o.globalIDs || reflect.ValueOf(o.id).Pointer() != reflect.ValueOf(MessageID).Pointer() {
+		return nil
+	}
+	if stream.Duplicates <= 0 && stream.Mirror == nil {
+		return nil
+	}
+	return &DuplicateWindowError{Consumer: cons, Stream: stream.Name, Window: stream.Duplicates}
 }
 
 // RedeliveryHorizon is how long JetStream may redeliver a message of stream to cons:
@@ -152,7 +205,8 @@ func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) consumer.Resu
 }
 
 // MessageID is the default id of a message: its Nats-Msg-Id header, which
-// JetStream also deduplicates within the stream's duplicate window.
+// JetStream also deduplicates within the stream's duplicate window, across
+// tenants (see WithMessageTenant).
 func MessageID(msg jetstream.Msg) (string, error) {
 	return header(msg, jetstream.MsgIDHeader)
 }

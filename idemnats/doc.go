@@ -14,6 +14,22 @@
 // backoff; its final error is recorded, acknowledged and handed to the
 // dead-letter hook.
 //
+// # Message ids and tenants
+//
+// With WithMessageTenant, idemkey scopes an id by the tenant too, but
+// JetStream does not: within the stream's duplicate window it drops a
+// message whose Nats-Msg-Id it stored, whichever the tenant, and tells the
+// producer Duplicate; no consumer sees it. A Nats-Msg-Id must therefore be
+// unique across tenants: the producer puts the tenant in it
+// ("acme/order-1001") and the consumer says so with
+// WithMessageIDsUniqueAcrossTenants, or the tenant's own id travels in
+// another header, which WithMessageID reads. Otherwise New refuses a tenant
+// function with the default MessageID (a *DuplicateWindowError). The window
+// cannot be turned off: a stream's Duplicates of 0 is JetStream's default,
+// two minutes. Without a tenant function there is nothing to do: JetStream
+// drops only ids that idemkey, which scopes them by a consumer of the stream,
+// would drop too.
+//
 // # Example
 //
 //	core, err := consumer.New(st, "billing", consumer.WithSystem("nats"), consumer.WithAtomic())
@@ -49,9 +65,10 @@
 //   - A message that failed for good is recorded and acknowledged; every
 //     delivery of it goes to the WithDeadLetter hook, so that the dead letter
 //     is sent at least once.
-//   - New refuses a consumer that does not acknowledge explicitly, and one
+//   - New refuses a consumer that does not acknowledge explicitly, one
 //     whose messages may be redelivered after their record expires (RedeliveryHorizon),
-//     unless core has consumer.WithHorizonWarning.
+//     unless core has consumer.WithHorizonWarning, and one that scopes
+//     Nats-Msg-Id by tenant, unless WithMessageIDsUniqueAcrossTenants.
 //
 // # Caveats
 //

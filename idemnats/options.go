@@ -13,6 +13,9 @@ type options struct {
 	id         func(jetstream.Msg) (string, error)
 	tenant     func(jetstream.Msg) (string, error)
 	deadLetter func(context.Context, jetstream.Msg, error) error
+	// globalIDs: the producers make every Nats-Msg-Id unique across tenants
+	// (WithMessageIDsUniqueAcrossTenants).
+	globalIDs bool
 }
 
 func newOptions(opts []Option) *options {
@@ -35,8 +38,26 @@ func WithMessageID(f func(jetstream.Msg) (string, error)) Option {
 
 // WithMessageTenant scopes message ids to the tenant f reads from a message, for
 // example from a header its producer sets. An error refuses the message.
+//
+// JetStream does not scope them so: within the stream's duplicate window it
+// drops a message whose Nats-Msg-Id it stored, whichever the tenant. So New
+// refuses a tenant function with the default MessageID (a
+// *DuplicateWindowError), unless the producers make every Nats-Msg-Id unique
+// across tenants (WithMessageIDsUniqueAcrossTenants), or WithMessageID reads
+// a tenant's own id from elsewhere.
 func WithMessageTenant(f func(jetstream.Msg) (string, error)) Option {
 	return func(o *options) { o.tenant = f }
+}
+
+// WithMessageIDsUniqueAcrossTenants says that the producers publish every
+// Nats-Msg-Id unique across tenants, with the tenant in it, say
+// ("<tenant>/<id>"): JetStream's duplicate window then drops only a tenant's
+// own resend, and New accepts WithMessageTenant with the default MessageID.
+// New cannot see the producers; with ids that two tenants may share, one
+// tenant's message is dropped by JetStream, before any consumer, when another
+// tenant's has its id.
+func WithMessageIDsUniqueAcrossTenants() Option {
+	return func(o *options) { o.globalIDs = true }
 }
 
 // WithDeadLetter sets a hook for messages that failed for good or were

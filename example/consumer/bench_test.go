@@ -254,6 +254,7 @@ func newNATSBench(b *testing.B) benchBroker {
 				return w.charge(ctx, t, msg.Data())
 			},
 			idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
+			idemnats.WithMessageIDsUniqueAcrossTenants(),
 		)
 		if err != nil {
 			b.Fatal(err)
@@ -268,7 +269,7 @@ func (q *natsBench) publish(ctx context.Context, n int) error {
 	for i := range acks {
 		msg := nats.NewMsg(q.subject)
 		msg.Data = benchBody
-		msg.Header.Set(jetstream.MsgIDHeader, strconv.Itoa(q.sent))
+		msg.Header.Set(jetstream.MsgIDHeader, "acme/"+strconv.Itoa(q.sent))
 		msg.Header.Set("tenant", "acme")
 		q.sent++
 		var err error

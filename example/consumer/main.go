@@ -8,7 +8,10 @@
 //
 // A message's body is a CreateChargeRequest in protobuf JSON; its header
 // "tenant" names the tenant (acme or globex); its id is the message's own:
-// JetStream's Nats-Msg-Id header, or AMQP's message-id property. It consumes
+// JetStream's Nats-Msg-Id header, which must be unique across tenants (the
+// tenant in it, as example/publish does: JetStream drops a message whose
+// Nats-Msg-Id it stored within the stream's duplicate window, whichever the
+// tenant), or AMQP's message-id property. It consumes
 // from the stream PAYMENTS (subject payments.charges.requested) through the
 // durable consumer "charges", or from the quorum queue
 // payments.charges.requested, and creates them when missing, with messages
@@ -249,6 +252,7 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 			return w.charge(ctx, t, msg.Data())
 		},
 		idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
+		idemnats.WithMessageIDsUniqueAcrossTenants(), // the producers put the tenant in the Nats-Msg-Id
 		idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error { return w.deadLetter(err) }),
 	)
 	if err != nil {

@@ -316,6 +316,9 @@ func (b *natsBroker) args(ackWait string) []string {
 func (b *natsBroker) publish(ctx context.Context, id, tenant string, body []byte) error {
 	msg := nats.NewMsg(b.subject)
 	msg.Data = body
+	if id != "" && tenant != "" {
+		id = tenant + "/" + id // unique across tenants, as example/publish publishes it
+	}
 	if id != "" {
 		msg.Header.Set(jetstream.MsgIDHeader, id)
 	}

@@ -7,6 +7,13 @@
 // Publishing the same -id again is what a producer that retries does: the
 // consumer charges once. With -count N it publishes N requests, with ids
 // ID-1 to ID-N.
+//
+// An id is the tenant's own: acme's order-1001 and globex's are two charges.
+// On JetStream the Nats-Msg-Id is the tenant, a slash and the id
+// ("acme/order-1001"), since JetStream drops, within the stream's duplicate
+// window, a message whose Nats-Msg-Id it stored, whichever the tenant; the
+// consumer says so with idemnats.WithMessageIDsUniqueAcrossTenants.
+// RabbitMQ drops nothing itself, and the message-id is the id.
 package main
 
 import (
@@ -76,7 +83,7 @@ func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, bod
 			msg.Data = body
 			msg.Header.Set("tenant", tenant)
 			if id != "" {
-				msg.Header.Set(jetstream.MsgIDHeader, idOf(n))
+				msg.Header.Set(jetstream.MsgIDHeader, natsMsgID(tenant, idOf(n)))
 			}
 			ack, err := js.PublishMsg(ctx, msg)
 			if err != nil {
@@ -120,3 +127,8 @@ func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, bod
 	}
 	return nil
 }
+
+// natsMsgID is the Nats-Msg-Id of tenant's message id: unique across
+// tenants, so that JetStream's duplicate window, which knows no tenant, drops
+// only the tenant's own resend.
+func natsMsgID(tenant, id string) string { return tenant + "/" + id }

@@ -240,6 +240,11 @@ func TestTransientFailureRedelivered(t *testing.T) {
 	r.settled()
 }
 
+// TestRefusedMessagesTerminated: a message without an id, without a tenant,
+// or with a tenant's id and another body is refused. The ids are the
+// tenants' own, in the header "order-id" (WithMessageID), so that JetStream,
+// which deduplicates Nats-Msg-Id across tenants, drops none of them: one id
+// of two tenants is two messages.
 func TestRefusedMessagesTerminated(t *testing.T) {
 	_, js := natstest.Connect(t)
 	tenants := idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) {
@@ -248,15 +253,19 @@ func TestRefusedMessagesTerminated(t *testing.T) {
 		}
 		return "", errors.New("unknown tenant")
 	})
-	r := newRig(t, js, memory.New(), nil, nil, tenants)
+	orderID := idemnats.WithMessageID(func(msg jetstream.Msg) (string, error) {
+		if v := msg.Headers().Values("order-id"); len(v) == 1 {
+			return v[0], nil
+		}
+		return "", fmt.Errorf("%w: no order-id header", consumer.ErrNoID)
+	})
+	r := newRig(t, js, memory.New(), nil, nil, tenants, orderID)
 	r.publish("", "no id", "tenant", "acme")
-	r.publish("x", "no tenant")
-	r.publish("a", "first body", "tenant", "acme")
-	time.Sleep(150 * time.Millisecond) // past the stream's duplicate window
-	r.publish("a", "same id, other tenant", "tenant", "globex")
+	r.publish("", "no tenant", "order-id", "x")
+	r.publish("", "first body", "order-id", "a", "tenant", "acme")
+	r.publish("", "same id, other tenant", "order-id", "a", "tenant", "globex")
 	r.consume(4)
-	time.Sleep(150 * time.Millisecond)
-	r.publish("a", "same id, other body", "tenant", "acme")
+	r.publish("", "same id, other body", "order-id", "a", "tenant", "acme")
 	r.consume(1)
 	if got := r.outcomes(); got[consumer.Refused] != 3 || got[consumer.Processed] != 2 {
 		t.Fatalf("outcomes %v, want 3 refused (no id, no tenant, reused id) and 2 processed", got)
