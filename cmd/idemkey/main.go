@@ -264,9 +264,9 @@ func (c *common) open(ctx context.Context) (*env, error) {
 		return e, err
 	}
 	e.pool = pool
-	// postgres.New checks the table name exactly as the store will, and
-	// touches nothing.
-	if _, err := postgres.New(pool, postgres.WithTable(c.table)); err != nil {
+	// postgres.New checks the table name exactly as the store will; without
+	// its schema check, it touches nothing (migrate up makes the table).
+	if _, err := postgres.New(pool, postgres.WithTable(c.table), postgres.WithoutSchemaCheck()); err != nil {
 		pool.Close()
 		return e, usageError("-table: %s", strings.TrimPrefix(err.Error(), "idemkey postgres: "))
 	}

@@ -41,7 +41,7 @@ func downPostgres(t *testing.T) store.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	st, err := postgres.New(pool)
+	st, err := postgres.New(pool, postgres.WithoutSchemaCheck()) // as if it went down after the start
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -27,6 +27,36 @@
 // the table under another name or schema; pass the same option to Migrate and
 // New.
 //
+// # Schema versions
+//
+// Migrate records each migration it applies in the table
+// "<table>_migrations"; the newest one applied is the table's schema version.
+// New checks it once, in one query bounded by WithTimeout, so that a
+// forgotten migration fails the start-up rather than the first call:
+//
+//   - no table: New fails, naming the fix: run `idemkey migrate up
+//     -database-url URL` (with -table for another table) or call Migrate;
+//   - a migration of this idemkey not applied (a table migrated by an older
+//     idemkey, or reverted by MigrateDown): New fails the same way, naming the
+//     table's schema version and the one this idemkey needs;
+//   - migrations this idemkey does not know, applied by a newer idemkey: New
+//     accepts the table and logs a warning naming both versions. Refusing it
+//     would stop an older replica from restarting during a rolling upgrade,
+//     and a rollback from starting at all; every migration keeps the release
+//     before it working (docs/versioning.md), so the older release runs on
+//     the schema of the next one. Nothing checks how far ahead the schema is:
+//     two releases ahead is not promised to work;
+//   - no "<table>_migrations" (the table was made by a migration tool of your
+//     own, from Migrations), or no right to read it: New checks only that the
+//     table exists, and keeping it migrated is up to that tool.
+//
+// A database that cannot be reached is tried again until the timeout, then New
+// fails with an error that matches store.ErrUnavailable and says the schema
+// could not be checked: a server started while its database is down does not
+// come up, and its supervisor restarts it. WithoutSchemaCheck builds the store
+// without querying, for a server that must start without its database.
+// New's errors never hold the database URL.
+//
 // # Guarantees
 //
 //   - Reserve is one statement and, in the common cases, one round trip. The
@@ -197,12 +227,29 @@
 // or does not answer within the timeout gives store.ErrUnavailable; when the
 // context ended (the caller's or the store's own timeout), the error also
 // matches context.Canceled or context.DeadlineExceeded. Other server errors
-// (a missing table, a permission, a failed login) keep their SQLSTATE and
-// message. Either way the interceptor fails closed with Unavailable, without
+// (a permission, a failed login) keep their SQLSTATE and message; a missing
+// table or sequence of the store's also says that it is gone and how to make
+// it. Either way the interceptor fails closed with Unavailable, without
 // running the handler. No pgx error value or connection detail reaches a
 // caller; WithLogger logs the driver's own error at Debug, a server's without
 // its detail, which may quote a row's values. Migrate, an
 // administrative call, returns the driver's errors wrapped.
+//
+// # Data loss
+//
+// What the store detects of its table's data going away while it serves:
+//
+//   - a dropped table (or sequence): detected. Every call fails closed with
+//     Unavailable, without running its handler, and the interceptor's Error
+//     log holds the store's error, which says that the table is gone and how
+//     to make it again (SQLSTATE 42P01); a restarted server's New refuses to
+//     start, saying the same;
+//   - a truncated table, or deleted rows: not detected. An empty table looks
+//     like one that never held those keys, and no cheap check tells them
+//     apart: the keys recorded in the lost rows count as new, and their
+//     retries run the handler again. The defence is the database's: backups
+//     to restore from, and permissions, so that no role but the migrating one
+//     may TRUNCATE the table, and none but the store's may DELETE from it.
 //
 // # Caveats
 //

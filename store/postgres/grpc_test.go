@@ -19,6 +19,7 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -190,6 +191,31 @@ func TestUnreachableFailsClosed(t *testing.T) {
 	}
 	if n := svc.runs.Load(); n != 0 {
 		t.Errorf("the handler ran %d times without the store", n)
+	}
+}
+
+// A table dropped while the server runs fails every call closed: Unavailable,
+// the handler does not run, and the Error log says the table is gone and how
+// to make it again.
+func TestDroppedTableFailsClosed(t *testing.T) {
+	r := newReplica(t)
+	if _, err := r.pool.Exec(context.Background(), `DROP TABLE idempotency_keys`); err != nil {
+		t.Fatal(err)
+	}
+	logger, logs := logtest.New()
+	svc := &chargeService{}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, interceptor.WithLogger(logger)))))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	err := createCharge(client, "k")
+	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
+		t.Errorf("call on a dropped table: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
+	}
+	if n := svc.runs.Load(); n != 0 {
+		t.Errorf("the handler ran %d times without its table", n)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "the store's table or its sequence is gone") {
+		t.Errorf("logged %q, want an Error record saying the table is gone", logs.String())
 	}
 }
 

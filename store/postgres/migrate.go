@@ -16,6 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/pause"
 )
 
 //go:embed migrations/*.sql
@@ -246,4 +248,115 @@ func MigrateDown(ctx context.Context, pool *pgxpool.Pool, to int, opts ...Option
 		return nil, fmt.Errorf("idemkey postgres: migrate down: %w", err)
 	}
 	return reverted, nil
+}
+
+// migrateHint names what creates or upgrades the table, for errors. It never
+// holds the database URL: that may hold a password.
+func (o options) migrateHint() string {
+	cmd, call := "idemkey migrate up -database-url URL", "call postgres.Migrate"
+	if o.name != DefaultTable {
+		cmd += " -table " + o.name
+		call += " with the same WithTable"
+	}
+	return "run `" + cmd + "` or " + call
+}
+
+// checkSchema is New's check, made once and bounded by the store's timeout:
+// the table exists, and the table "<table>_migrations" that Migrate keeps
+// lists every migration in ms, in one query. Without that table (a migration
+// tool of the user's own, fed with Migrations), or without the right to read
+// it, a second query checks only that the table exists. Migrations listed
+// beyond ms, applied by a newer idemkey, are accepted with a warning: an
+// older release runs on the schema of the next one during a rolling upgrade,
+// and after a rollback.
+func (s *Store) checkSchema(ms []migration) error {
+	o := s.opts
+	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)
+	defer cancel()
+	table, versions := o.qualified(o.table), o.qualified(o.table+"_migrations")
+	var (
+		exists   bool
+		applied  []int32 // the versions listed, in order
+		listed   bool    // versions was read
+		code     string  // the SQLSTATE of reading it, if it failed
+		inSchema = true  // the table's schema exists
+	)
+	query := func() error {
+		// The simple protocol prepares nothing, so that the check works
+		// behind a pooler in transaction mode whatever the URL's exec mode.
+		err := s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL, coalesce(array_agg(version ORDER BY version), '{}') FROM `+versions,
+			pgx.QueryExecModeSimpleProtocol, table).Scan(&exists, &applied)
+		var pgErr *pgconn.PgError
+		if code = ""; errors.As(err, &pgErr) {
+			code = pgErr.Code
+		}
+		listed = err == nil
+		if code == "42P01" || code == "42501" { // no such table, or no right to read it
+			return s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
+				CASE $2 WHEN '' THEN current_schema() IS NOT NULL ELSE to_regnamespace($2) IS NOT NULL END`,
+				pgx.QueryExecModeSimpleProtocol, table, o.schema).Scan(&exists, &inSchema)
+		}
+		return err
+	}
+	err := query()
+	// A database starting up, restarting or failing over is given the
+	// store's timeout to answer.
+	for wait := retryPause; connectionLost(err) && pause.For(ctx, wait); wait = min(2*wait, maxRetryPause) {
+		err = query()
+	}
+	if err != nil {
+		// Not ctx: its end would hide why no attempt succeeded.
+		return s.translate(context.WithoutCancel(ctx), "New: cannot check the schema of table "+o.name, err)
+	}
+
+	if !listed {
+		switch {
+		case !inSchema && o.schema != "":
+			return fmt.Errorf("idemkey postgres: table %s does not exist, nor does its schema %s: create the schema, then %s", o.name, o.schema, o.migrateHint())
+		case !inSchema:
+			return fmt.Errorf("idemkey postgres: table %s does not exist, nor does any schema on the search_path: create one or set search_path, then %s", o.name, o.migrateHint())
+		case !exists:
+			return fmt.Errorf("idemkey postgres: table %s does not exist: %s", o.name, o.migrateHint())
+		case code == "42501":
+			o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: the store's role may not read "+versions+
+				", so New checked only that the table exists, not that every migration of this idemkey is applied: grant it SELECT on "+versions)
+		default:
+			o.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey postgres: no "+versions+
+				": the table was made by a migration tool other than Migrate, so New checked only that it exists; applying every migration is up to that tool")
+		}
+		return nil
+	}
+	have, want := 0, ms[len(ms)-1].version
+	if len(applied) > 0 {
+		have = int(applied[len(applied)-1])
+	}
+	var missing, unknown []string
+	for _, m := range ms {
+		if !slices.Contains(applied, int32(m.version)) {
+			missing = append(missing, m.name)
+		}
+	}
+	for _, v := range applied {
+		if !slices.ContainsFunc(ms, func(m migration) bool { return m.version == int(v) }) {
+			unknown = append(unknown, strconv.Itoa(int(v)))
+		}
+	}
+	switch {
+	case !exists && len(applied) > 0:
+		return fmt.Errorf("idemkey postgres: table %s does not exist, though %s lists migrations up to version %d as applied: the table was dropped; "+
+			"restore it from a backup, or, to start with no records, drop %s and %s, then %s",
+			o.name, versions, have, versions, o.qualified(o.table+"_token_seq"), o.migrateHint())
+	case !exists:
+		return fmt.Errorf("idemkey postgres: table %s does not exist (schema version 0), and this idemkey needs schema version %d: %s",
+			o.name, want, o.migrateHint())
+	case len(missing) > 0:
+		return fmt.Errorf("idemkey postgres: table %s is at schema version %d, and this idemkey needs schema version %d (%s not applied): %s",
+			o.name, have, want, strings.Join(missing, ", "), o.migrateHint())
+	case len(unknown) > 0:
+		o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: the table's schema is newer than this idemkey's: a newer idemkey migrated it. "+
+			"This one runs on it, as a rolling upgrade or a rollback needs, but only on the schema of the next release is it promised to work",
+			slog.String("table", o.name), slog.Int("schema_version", have), slog.Int("idemkey_schema_version", want),
+			slog.String("unknown_versions", strings.Join(unknown, ",")))
+	}
+	return nil
 }

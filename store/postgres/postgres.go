@@ -46,6 +46,7 @@ type options struct {
 	timeout     time.Duration
 	lockTimeout time.Duration
 	atomicConns int32 // 0: the default share of the pool
+	unchecked   bool  // WithoutSchemaCheck
 }
 
 // WithTable names the table: "name", or "schema.name" for a schema other than
@@ -89,6 +90,17 @@ func WithLockTimeout(d time.Duration) Option {
 // default of max(4, cores) allows three.
 func WithAtomicConns(n int) Option {
 	return func(o *options) { o.atomicConns = int32(min(max(n, 0), math.MaxInt32)) }
+}
+
+// WithoutSchemaCheck makes New check only its options, without querying the
+// database: the store is built even while the database is down. A missing
+// table then shows at the first call, which fails closed (Unavailable) with
+// an Error log that names the fix; a table migrated by an older idemkey, as
+// whatever error its statements get. It is for a server that must start
+// without its database (WithFailOpen, say), and for tools that check a table
+// name before the table exists.
+func WithoutSchemaCheck() Option {
+	return func(o *options) { o.unchecked = true }
 }
 
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
@@ -145,8 +157,15 @@ var (
 	_ store.Finder = (*Store)(nil)
 )
 
-// New returns a store on pool. The table must exist: see Migrate and
-// Migrations. New does not touch the database and starts no goroutine.
+// New returns a store on pool, after checking, once, that its table exists
+// and has every migration of this idemkey applied (see Migrate): it fails at
+// start-up, with the command that fixes it, rather than at the first call. A
+// table migrated by a newer idemkey is accepted, with a warning in the log
+// (see "Schema versions" in the package doc). The check is one query, two
+// without Migrate's version table, bounded by WithTimeout; a database that
+// cannot be reached is tried again within that bound, then New fails with an
+// error that matches store.ErrUnavailable. WithoutSchemaCheck skips it. New
+// starts no goroutine.
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	o, err := newOptions(opts)
 	if err != nil {
@@ -160,7 +179,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 			" hosts without target_session_attrs=read-write (or primary): connections may go to a standby, where every reservation and record fails until it is promoted")
 	}
 	table := o.qualified(o.table)
-	return &Store{
+	s := &Store{
 		pool:            pool,
 		opts:            o,
 		reserveSQL:      reserveSQL(table, o.qualified(o.table+"_token_seq")),
@@ -172,7 +191,17 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		completeInTxSQL: fmt.Sprintf(completeInTxSQL, fmt.Sprintf(completeSQL, table)),
 		lockTimeout:     strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
 		slots:           make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
-	}, nil
+	}
+	if !o.unchecked {
+		ms, err := readMigrations()
+		if err != nil {
+			return nil, fmt.Errorf("idemkey postgres: migrations: %w", err)
+		}
+		if err := s.checkSchema(ms); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
 }
 
 // atomicConns is how many of a pool of size connections atomic transactions
@@ -510,6 +539,10 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 	if pgErr != nil {
 		if statementCacheLost(pgErr.Code) {
 			return fmt.Errorf("idemkey postgres: %s: %s", op, poolerHint)
+		}
+		if pgErr.Code == "42P01" && strings.Contains(pgErr.Message, s.opts.table) {
+			return fmt.Errorf("idemkey postgres: %s: SQLSTATE %s: %s: the store's table or its sequence is gone: "+
+				"if it was dropped, restore it from a backup; if it was never migrated, %s", op, pgErr.Code, pgErr.Message, s.opts.migrateHint())
 		}
 		if !unavailable(pgErr.Code) {
 			return fmt.Errorf("idemkey postgres: %s: SQLSTATE %s: %s", op, pgErr.Code, pgErr.Message)

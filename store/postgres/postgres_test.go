@@ -73,7 +73,8 @@ func newStore(tb testing.TB, pool *pgxpool.Pool, opts ...postgres.Option) *postg
 }
 
 // unreachableStore returns a store whose database never answers: nothing
-// listens on its port.
+// listens on its port. It was built without the schema check, as a server
+// whose database went away after it started.
 func unreachableStore(t *testing.T) *postgres.Store {
 	t.Helper()
 	pool, err := pgxpool.New(context.Background(), "postgres://postgres@127.0.0.1:1/test?connect_timeout=2")
@@ -81,7 +82,7 @@ func unreachableStore(t *testing.T) *postgres.Store {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return newStore(t, pool)
+	return newStore(t, pool, postgres.WithoutSchemaCheck())
 }
 
 func newReplica(t *testing.T, configure ...func(*pgxpool.Config)) replica {
@@ -585,12 +586,17 @@ func TestErrors(t *testing.T) {
 			t.Errorf("timed-out Reserve: %v, want it to match context.DeadlineExceeded too", err)
 		}
 	})
-	t.Run("missing table", func(t *testing.T) {
+	t.Run("dropped table", func(t *testing.T) {
 		r := newReplica(t)
-		_, err := newStore(t, r.pool, postgres.WithTable("no_such_table")).Reserve(ctx, res)
+		if _, err := r.pool.Exec(ctx, `DROP TABLE idempotency_keys`); err != nil {
+			t.Fatal(err)
+		}
+		_, err := r.store.Reserve(ctx, res)
 		wantTranslated(t, err, false)
-		if !strings.Contains(err.Error(), "42P01") {
-			t.Errorf("Reserve on a missing table: %v, want SQLSTATE 42P01 in the message", err)
+		for _, want := range []string{"42P01", "the store's table or its sequence is gone", "`idemkey migrate up -database-url URL`"} {
+			if !strings.Contains(err.Error(), want) {
+				t.Errorf("Reserve on a dropped table: %v, want %q in the message", err, want)
+			}
 		}
 	})
 	t.Run("bad table name", func(t *testing.T) {
@@ -719,8 +725,8 @@ func TestMigrateDown(t *testing.T) {
 		if n := applied(); n != 0 {
 			t.Errorf("%s: %d migrations applied after MigrateDown to 0", table, n)
 		}
-		if _, err := newStore(t, pool, opt).Reserve(ctx, store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Lease: time.Second, Retention: time.Minute}); err == nil {
-			t.Errorf("%s: Reserve after MigrateDown to 0 found a table", table)
+		if _, err := postgres.New(pool, opt); err == nil {
+			t.Errorf("%s: New after MigrateDown to 0 found a table", table)
 		}
 	}
 }

@@ -117,7 +117,7 @@ func TestNothingRawLeaks(t *testing.T) {
 	}
 	st := newStore(t, r.pool, postgres.WithLogger(logger))
 	twoPhase, atomic := serve(st), serve(st, interceptor.WithAtomic())
-	broken := serve(newStore(t, r.pool, postgres.WithLogger(logger), postgres.WithTable("no_such_table")))
+	broken := serve(newStore(t, r.pool, postgres.WithLogger(logger), postgres.WithTable("no_such_table"), postgres.WithoutSchemaCheck()))
 	var (
 		mu   sync.Mutex
 		errs []error
