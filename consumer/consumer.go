@@ -76,7 +76,9 @@ type Delivery struct {
 	Redelivered bool
 	// Last is true when the broker will not deliver the message again
 	// (JetStream's max deliver, a quorum queue's delivery limit): a message
-	// that would be redelivered is dead-lettered instead, and acknowledged.
+	// that would be redelivered is dead-lettered instead, and acknowledged,
+	// and one in progress elsewhere is waited for (see the package
+	// documentation).
 	Last bool
 }
 
@@ -147,17 +149,18 @@ type Result struct {
 	// Action is Nak.
 	Delay time.Duration
 	// DeadLetter is true when the message ended in a final failure (Failed,
-	// or a Duplicate of a message that failed), was Refused, or failed for
-	// now on its last delivery: the adapter hands it to its dead-letter hook
+	// or a Duplicate of a message that failed), was Refused, or, on its last
+	// delivery, failed for now or was still in progress elsewhere when the
+	// delivery stopped waiting: the adapter hands it to its dead-letter hook
 	// before it acts, and on the hook's error negative-acknowledges it
 	// instead, with Delay. So a dead letter is sent at least once, even by a
 	// redelivery of a message whose failure was recorded, as long as the
 	// broker redelivers: a hook that fails on the last delivery loses it.
 	DeadLetter bool
-	// Err says why, for Failed, Retry, Refused and the store's outcomes:
-	// the handler's error, or one of this package's. This package logs only
-	// its own errors, never the handler's or an adapter function's, which
-	// may hold what the message held.
+	// Err says why, for Failed, Retry, Refused, the store's outcomes and a
+	// dead-lettered Busy: the handler's error, or one of this package's.
+	// This package logs only its own errors, never the handler's or an
+	// adapter function's, which may hold what the message held.
 	Err error
 }
 
@@ -181,15 +184,17 @@ var (
 // Process decides what to do with one delivery, running h unless its id was
 // processed before or is in progress, and returns what the adapter tells the
 // broker. ctx bounds the store's operations and h; WithHandlerTimeout bounds
-// h further and sets the lease.
+// each run of h further and sets its lease.
+//
+// On a message's last delivery (Delivery.Last), Process does not return
+// while another run holds the id: it waits for that run to end, so as to
+// take the message over (see the package documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
-	if c.opts.handlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
-		defer cancel()
-	}
 	call := c.eng.Call(c.op)
-	res := c.process(ctx, &call, d, h)
+	res := c.attempt(ctx, &call, d, h)
+	if d.Last && res.Outcome == Busy {
+		res = c.lastBusy(ctx, &call, d, h, res)
+	}
 	if d.Last && res.Action == Nak {
 		res = c.lastDelivery(ctx, &call, res)
 	}
@@ -197,17 +202,78 @@ func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 	return res
 }
 
-// lastDelivery is the Result of a message that would be redelivered, on its
-// last delivery. One that failed for now, or met a failing store, is
-// dead-lettered and acknowledged: the broker would drop it. One in progress
-// elsewhere is left to that run, which acknowledges it; if that run died, the
-// message is lost, and this says so.
-func (c *Consumer) lastDelivery(ctx context.Context, call *engine.Call, res Result) Result {
-	if res.Outcome == Busy {
-		call.Log(ctx, slog.LevelError, "the last delivery of a message found it in progress elsewhere: if that run died, the broker will not deliver it again", ErrLastDelivery)
-		return res
+// attempt is process under the handler timeout, which starts anew with each
+// attempt: it bounds one run of h, and sets the lease of the reservation
+// that precedes it.
+func (c *Consumer) attempt(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
+	if c.opts.handlerTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
+		defer cancel()
 	}
-	call.Log(ctx, slog.LevelError, "the last delivery of a message failed for now; it is dead-lettered and acknowledged", ErrLastDelivery)
+	return c.process(ctx, call, d, h)
+}
+
+// Polls of the last delivery of a message in progress elsewhere: the first
+// after lastBusyFirstPoll, each next one twice as late, at most
+// lastBusyMaxPoll apart, and never later than the other run's lease ends.
+const (
+	lastBusyFirstPoll = 50 * time.Millisecond
+	lastBusyMaxPoll   = time.Second
+)
+
+// lastBusyWait bounds the wait of a last delivery for the runs that hold its
+// id: no run holds it longer than a lease, at most engine.DefaultMaxLease
+// (a consumer sets no other maximum), so a wait this long means that other
+// runs took the id again and again.
+const lastBusyWait = engine.DefaultMaxLease
+
+// errStillBusy is why a last delivery that stopped waiting, with its message
+// still in progress elsewhere, is dead-lettered.
+var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
+
+// lastBusy is the Result of the last delivery of a message that res found
+// in progress elsewhere. The broker will not deliver it again, so it cannot
+// be left to the run that holds the id: if that run then failed for now, it
+// would release the id and negative-acknowledge a message that the broker
+// no longer redelivers, and the message would be lost. So the last delivery
+// waits for that run to end, polling the store (each poll a reservation,
+// which takes the id over once its lease has ended): a record ends it as a
+// Duplicate; a released id, or one whose lease ended, is run here, and
+// dead-lettered by lastDelivery if it fails for now again. If the wait ends
+// first (ctx is done, or lastBusyWait passed), the result stays Busy, and
+// lastDelivery dead-letters it: at least once, since the other run may yet
+// succeed.
+func (c *Consumer) lastBusy(ctx context.Context, call *engine.Call, d Delivery, h Handler, res Result) Result {
+	call.Log(ctx, slog.LevelWarn, "the last delivery of a message found it in progress elsewhere; it waits for that run to end", ErrLastDelivery)
+	end := time.Now().Add(lastBusyWait)
+	for poll := lastBusyFirstPoll; res.Outcome == Busy; poll = min(2*poll, lastBusyMaxPoll) {
+		left := time.Until(end)
+		if left <= 0 {
+			res.Err = errStillBusy
+			return res
+		}
+		select {
+		case <-ctx.Done():
+			res.Err = fmt.Errorf("%w: %w", errStillBusy, ctx.Err())
+			return res
+		case <-time.After(min(poll, res.Delay, left)): // res.Delay: the other run's lease left
+		}
+		res = c.attempt(ctx, call, d, h)
+	}
+	return res
+}
+
+// lastDelivery is the Result of a message that would be redelivered, on its
+// last delivery: one that failed for now, met a failing store, or was still
+// in progress elsewhere when lastBusy stopped waiting. It is dead-lettered
+// and acknowledged: the broker would drop it.
+func (c *Consumer) lastDelivery(ctx context.Context, call *engine.Call, res Result) Result {
+	msg := "the last delivery of a message failed for now; it is dead-lettered and acknowledged"
+	if res.Outcome == Busy {
+		msg = "the last delivery of a message stopped waiting for the run that holds it; it is dead-lettered and acknowledged"
+	}
+	call.Log(ctx, slog.LevelError, msg, ErrLastDelivery)
 	res.Action, res.DeadLetter = Ack, true
 	res.Err = fmt.Errorf("%w: %w", ErrLastDelivery, res.Err)
 	return res

@@ -389,8 +389,7 @@ func TestCheckHorizon(t *testing.T) {
 }
 
 // TestLastDelivery: on the broker's last delivery, a message that would be
-// redelivered is dead-lettered and acknowledged instead, but one in
-// progress elsewhere is left to that run.
+// redelivered is dead-lettered and acknowledged instead.
 func TestLastDelivery(t *testing.T) {
 	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
 		last := delivery("msg-secret-id", 5)
@@ -399,25 +398,169 @@ func TestLastDelivery(t *testing.T) {
 		if res.Outcome != consumer.Retry || res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrLastDelivery) {
 			t.Fatalf("last delivery of a transient failure: %+v, want it dead-lettered and acknowledged", res)
 		}
+		if n := strings.Count(logs.String(), "consumer: the broker will not deliver the message again"); n != 1 {
+			t.Fatalf("%d last deliveries logged, want 1:\n%s", n, logs)
+		}
+	})
+}
+
+// waiting is what a last delivery logs when it waits for another run.
+const waiting = "it waits for that run to end"
+
+// untilWaiting returns once the last delivery whose result comes on last
+// logs that it waits for the run that holds its message; it fails if the
+// delivery returns first.
+func untilWaiting(t *testing.T, logs *logtest.Buffer, last <-chan consumer.Result) {
+	t.Helper()
+	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(logs.String(), waiting); {
+		select {
+		case res := <-last:
+			t.Fatalf("the last delivery returned while another run held its message: %+v", res)
+		case <-time.After(5 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the last delivery did not wait within 20s:\n%s", logs)
+		}
+	}
+}
+
+// busyLast runs a first delivery of a message whose handler blocks, then
+// the message's last delivery, which finds it in progress; once the last
+// delivery waits for the first run, the first run's handler returns first.
+// It returns both results.
+func busyLast(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer, first error, last consumer.Handler) (consumer.Result, consumer.Result) {
+	t.Helper()
+	started, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	firstRes, done := make(chan consumer.Result, 1), make(chan struct{})
+	t.Cleanup(func() { once.Do(func() { close(release) }); <-done }) // before the store goes
+	go func() {
+		defer close(done)
+		firstRes <- c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error {
+			close(started)
+			<-release
+			return first
+		})
+	}()
+	<-started
+	d := delivery("msg-secret-id", 3)
+	d.Last = true
+	lastRes := make(chan consumer.Result, 1)
+	go func() { lastRes <- c.Process(t.Context(), d, last) }()
+	untilWaiting(t, logs, lastRes)
+	once.Do(func() { close(release) })
+	var r1, r2 consumer.Result
+	for range 2 {
+		select {
+		case r1 = <-firstRes:
+		case r2 = <-lastRes:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a delivery was not processed within 30s")
+		}
+	}
+	return r1, r2
+}
+
+// TestLastDeliveryBusy: the last delivery of a message in progress elsewhere
+// waits for that run to end, and ends the message itself if that run
+// released it: the broker will not deliver it again, and a message that the
+// other run negative-acknowledges would be lost.
+func TestLastDeliveryBusy(t *testing.T) {
+	down := errors.New("ledger down, tenant-secret")
+	declined := status.Error(codes.FailedPrecondition, "declined")
+	for _, tc := range []struct {
+		name        string
+		first, last error // the runs' errors
+		outcome     consumer.Outcome
+		deadLetter  error // what Result.Err wraps, if it is dead-lettered
+		lastRuns    int   // runs of the last delivery's handler
+	}{
+		// The first run fails for now and releases the id: the last
+		// delivery takes the message over.
+		{"released then processed", down, nil, consumer.Processed, nil, 1},
+		{"released then failed for now", down, down, consumer.Retry, consumer.ErrLastDelivery, 1},
+		// The first run ends the message: the last delivery is a duplicate.
+		{"processed", nil, nil, consumer.Duplicate, nil, 0},
+		{"failed", declined, nil, consumer.Duplicate, consumer.ErrFailedBefore, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+				h := &counter{err: tc.last}
+				first, res := busyLast(t, c, logs, tc.first, h.handle)
+				if tc.first != nil && !errors.Is(first.Err, tc.first) {
+					t.Fatalf("first run: %+v", first)
+				}
+				if res.Outcome != tc.outcome || res.Action != consumer.Ack || res.DeadLetter != (tc.deadLetter != nil) ||
+					(tc.deadLetter != nil && !errors.Is(res.Err, tc.deadLetter)) {
+					t.Fatalf("last delivery: %+v, want %s, acknowledged, dead letter %v", res, tc.outcome, tc.deadLetter)
+				}
+				if h.runs != tc.lastRuns {
+					t.Fatalf("the last delivery ran the handler %d times, want %d", h.runs, tc.lastRuns)
+				}
+			})
+		})
+	}
+}
+
+// TestLastDeliveryBusyGivesUp: a last delivery that stops waiting (its
+// context is done) while its message is still in progress elsewhere
+// dead-letters it, rather than leave it to a run that may fail for now.
+func TestLastDeliveryBusyGivesUp(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+		ctx, cancel := context.WithCancel(t.Context())
+		defer cancel()
+		h := &counter{}
 		started, release := make(chan struct{}), make(chan struct{})
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			c.Process(t.Context(), delivery("other", 1), func(context.Context) error { close(started); <-release; return nil })
+			c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error { close(started); <-release; return nil })
 		}()
+		defer func() { close(release); <-done }()
 		<-started
-		busy := delivery("other", 3)
-		busy.Last = true
-		res = c.Process(t.Context(), busy, func(context.Context) error { return nil })
-		close(release)
-		<-done
-		if res.Outcome != consumer.Busy || res.Action != consumer.Nak || res.DeadLetter {
-			t.Fatalf("last delivery of a message in progress: %+v, want it left to the other run", res)
+		d := delivery("msg-secret-id", 3)
+		d.Last = true
+		lastRes := make(chan consumer.Result, 1)
+		go func() { lastRes <- c.Process(ctx, d, h.handle) }()
+		untilWaiting(t, logs, lastRes)
+		cancel()
+		res := <-lastRes
+		if res.Outcome != consumer.Busy || res.Action != consumer.Ack || !res.DeadLetter ||
+			!errors.Is(res.Err, consumer.ErrLastDelivery) || !errors.Is(res.Err, context.Canceled) {
+			t.Fatalf("last delivery that stopped waiting: %+v, want it dead-lettered and acknowledged", res)
 		}
-		if n := strings.Count(logs.String(), "consumer: the broker will not deliver the message again"); n != 2 {
-			t.Fatalf("%d last deliveries logged, want 2:\n%s", n, logs)
+		if h.runs != 0 {
+			t.Fatalf("the last delivery ran the handler %d times", h.runs)
 		}
 	})
+}
+
+// TestLastDeliveryBusyLeaseEnds: the wait of a last delivery ends with the
+// other run's lease: a run that outlasts it is presumed dead, and the last
+// delivery runs the handler.
+func TestLastDeliveryBusyLeaseEnds(t *testing.T) {
+	logger, logs := logtest.New()
+	c, err := consumer.New(memory.New(), "charges", consumer.WithLease(300*time.Millisecond), consumer.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error { close(started); <-release; return nil })
+	}()
+	defer func() { close(release); <-done }()
+	<-started
+	d := delivery("msg-secret-id", 3)
+	d.Last = true
+	h := &counter{}
+	if res := c.Process(t.Context(), d, h.handle); res.Outcome != consumer.Processed || res.Action != consumer.Ack || h.runs != 1 {
+		t.Fatalf("last delivery after the other run's lease: %+v, %d runs; want it processed", res, h.runs)
+	}
+	if !strings.Contains(logs.String(), waiting) {
+		t.Fatalf("the last delivery did not wait:\n%s", logs)
+	}
 }
 
 // TestBackoffSaturates: a maximum too large to double to does not overflow.

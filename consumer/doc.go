@@ -26,7 +26,8 @@
 //	Processed          ack                            the handler succeeded; recorded
 //	Duplicate          ack, without running           recorded before (counted: idemkey.calls, outcome "replayed")
 //	Busy               nak, until the other run's lease ends
-//	                                                  in progress on another worker
+//	                                                  in progress on another worker (on
+//	                                                  the last delivery: waited for, below)
 //	Retry              nak, after a backoff           a transient error: the id is released
 //	Failed             ack, and the dead-letter hook  a final error: recorded, undoing atomic writes
 //	Refused            reject (terminate), and the hook
@@ -37,14 +38,44 @@
 // On a message's last delivery (JetStream's max deliver, a quorum queue's
 // delivery limit), a message that would be redelivered after a failure is
 // dead-lettered and acknowledged instead, and logged at Error level: the
-// broker would give it up in silence. One in progress elsewhere is left to
-// that run.
+// broker would give it up in silence. One in progress elsewhere is waited
+// for (see below).
 // A handler's error is final if it is marked with Final or is a gRPC status
 // that the gRPC interceptor records (and InvalidArgument, which the same
 // message can only repeat); any other error, a plain one included, is
 // transient (IsFinal; WithClassifier changes it). The backoff doubles with
 // each delivery the broker counts, from one second to a minute, less a random
 // part of up to a quarter (WithBackoff).
+//
+// # The last delivery of a message in progress elsewhere
+//
+// Every message ends processed, recorded as failed, or dead-lettered, even
+// when its last delivery finds another run holding its id (a run of an
+// earlier delivery that outlasted the ack wait, or whose channel closed).
+// That delivery cannot be left to the other run, as an earlier one is: the
+// run may yet fail for now, release the id and negative-acknowledge a
+// message that the broker no longer delivers. So Process waits for the
+// other run to end, polling the store (from 50ms, doubling to a second,
+// never past the other run's lease), and holds its worker meanwhile:
+//
+//   - the other run recorded the message: a Duplicate, acknowledged (and
+//     dead-lettered again if it failed for good);
+//   - it released the id (a transient failure), or its lease ended (it
+//     died): the last delivery runs the handler itself, and dead-letters a
+//     transient failure;
+//   - ctx is done first, or other runs hold the id for longer than any
+//     lease (engine.DefaultMaxLease): the message is dead-lettered, still
+//     Busy, with ErrLastDelivery, and acknowledged. The other run may still
+//     succeed: a dead letter is sent at least once.
+//
+// The broker's ack wait may pass meanwhile: neither broker delivers the
+// message again, and the outcome stands. Two simpler designs hold no worker
+// but are not as sound. Dead-lettering at once sends a dead letter for a
+// message that the other run, as it usually does, then processes. And the
+// other run, failing for now, cannot tell that its message will not be
+// redelivered: a broker counts deliveries on the newest one only
+// (JetStream's NumDelivered, a quorum queue's x-delivery-count), and its
+// own delivery's count is older.
 //
 // # Retention and the redelivery horizon
 //

@@ -41,7 +41,8 @@ func newOptions(opts []Option) *options {
 		// moves on, and delayed until the other run's lease ends: that run
 		// acknowledges the message, or, if it died, the redelivery then
 		// takes over. Every delivery counts against a broker's limit, so
-		// none is spent sooner.
+		// none is spent sooner. (The last delivery waits instead: see
+		// Consumer.lastBusy.)
 		engine: []engine.Option{engine.WithRetention(DefaultRetention), engine.WithInProgressWait(0),
 			engine.WithMaxRetryAfter(engine.DefaultMaxLease)},
 		system:       "unknown",
@@ -64,7 +65,8 @@ func withEngine(opts ...engine.Option) Option {
 // names they have in every entry point's package. The others have no
 // meaning here: the adapter reads the tenant from the message, an id is
 // always required, a consumer never runs a handler unprotected, and a
-// message in progress elsewhere is negative-acknowledged at once.
+// message in progress elsewhere is negative-acknowledged at once, or, on its
+// last delivery, waited for by polling the store.
 
 // WithRetention sets how long a processed message's id is kept
 // (DefaultRetention). A redelivery after it runs the handler again: keep it

@@ -148,6 +148,10 @@ func (e *Engine) Call(op *Operation) Call {
 //   - StoreUnavailable: answer "store unavailable", or, if ctx is done, its
 //     error.
 //   - StoreFull: answer "store full", retry after RetryAfter.
+//
+// A call answered InProgress may Start again with the same request, to wait
+// for the key within the one call, which End counts once: a message's last
+// delivery does, since no retry will come.
 func (c *Call) Start(ctx context.Context, r Request) {
 	e, op := c.e, c.op
 	scopeOp := op.name

@@ -748,6 +748,32 @@ func TestInProgressWait(t *testing.T) {
 	})
 }
 
+// TestStartAgain: a call answered InProgress may Start again, and holds the
+// key once the first call released it, in either mode.
+func TestStartAgain(t *testing.T) {
+	h := newHarness(t, engine.WithInProgressWait(0))
+	for _, op := range []*engine.Operation{h.op, h.atomic} {
+		r := req
+		r.Key = op.Name() + fmt.Sprint(op == h.atomic)
+		first := h.executed(t, op, r)
+		again := h.start(t.Context(), op, r)
+		if again.Verdict != engine.InProgress {
+			t.Fatalf("atomic %v: verdict %v while the first call holds the key, want in progress", op == h.atomic, again.Verdict)
+		}
+		first.Release(t.Context())
+		again.Start(t.Context(), r)
+		if again.Verdict != engine.Executed {
+			t.Fatalf("atomic %v: verdict %v once the first call released the key, want executed", op == h.atomic, again.Verdict)
+		}
+		if err := again.Record(t.Context(), []byte("outcome-2"), true); err != nil {
+			t.Fatalf("atomic %v: Record: %v", op == h.atomic, err)
+		}
+		if replay := h.start(t.Context(), op, r); replay.Verdict != engine.Replayed || string(replay.Outcome) != "outcome-2" {
+			t.Fatalf("atomic %v: then verdict %v, Outcome %q; want replayed outcome-2", op == h.atomic, replay.Verdict, replay.Outcome)
+		}
+	}
+}
+
 // TestRecord checks what Record writes, and what it answers when the store
 // cannot take the outcome.
 func TestRecord(t *testing.T) {

@@ -79,7 +79,11 @@
 //     quorum queue counts deliveries (x-delivery-count), and on the last
 //     delivery its x-delivery-limit allows, passed to New in args, a
 //     message that keeps failing goes to the dead-letter hook and is
-//     acknowledged, rather than dropped by RabbitMQ.
+//     acknowledged, rather than dropped by RabbitMQ. A last delivery that
+//     finds its message in progress elsewhere (a run whose channel closed
+//     under it, so that RabbitMQ requeued the message) waits in Handle for
+//     that run to end, holding its worker, and takes the message over if
+//     the run released it (see package consumer).
 //   - AMQP shows neither a queue's arguments nor its policies: New trusts
 //     the args it is given. A TTL that a policy sets is not seen; pass it in
 //     args, or use consumer.WithHorizonWarning.

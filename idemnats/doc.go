@@ -82,6 +82,11 @@
 //     until that run's lease ends, so as to spend few deliveries. A handler
 //     that runs longer than the ack wait should call msg.InProgress, or the
 //     message is redelivered meanwhile.
+//   - The last delivery of a message in progress elsewhere waits in Handle
+//     for that run to end, holding its worker (at most the run's lease), and
+//     takes the message over if the run released it: a run that fails for
+//     now after JetStream's last delivery cannot have it redelivered (see
+//     package consumer).
 //   - Handle acknowledges with Ack, which JetStream does not confirm: a lost
 //     acknowledgement means a redelivery after the ack wait, dropped as a
 //     duplicate.
