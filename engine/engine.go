@@ -147,7 +147,9 @@ func (e *Engine) Call(op *Operation) Call {
 //   - Reused: answer "reused".
 //   - StoreUnavailable: answer "store unavailable", or, if ctx is done, its
 //     error.
-//   - StoreFull: answer "store full", retry after RetryAfter.
+//   - StoreFull: the store has no room for a new key with a record of
+//     WithMaxRecordSize bytes, in all or for the call's tenant: answer
+//     "store full", retry after RetryAfter.
 //
 // A call answered InProgress may Start again with the same request, to wait
 // for the key within the one call, which End counts once: a message's last
@@ -181,7 +183,14 @@ func (c *Call) Start(ctx context.Context, r Request) {
 			return
 		}
 	}
-	res := store.Reservation{Key: c.key, Fingerprint: fp, Lease: e.lease(ctx), Retention: e.opts.retention}
+	res := store.Reservation{
+		Key:         c.key,
+		Fingerprint: fp,
+		Lease:       e.lease(ctx),
+		Retention:   e.opts.retention,
+		MaxOutcome:  e.opts.maxRecord,                // a store with bounds sets room aside for it
+		Partition:   store.TenantPartition(r.Tenant), // once per call, even when it waits and reserves again
+	}
 	c.leaseEnd = time.Now().Add(res.Lease) // the store's clock starts it later, never earlier
 	if op.atomic {
 		c.begin(ctx, res)
@@ -282,7 +291,8 @@ var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 // It detaches the store write from ctx's cancellation: a caller that hangs up
 // must not leave its key in progress. Its error tells the adapter to change
 // its answer:
-//   - ErrTooLarge, or store.ErrFull (no room in a store with bounds):
+//   - ErrTooLarge, or store.ErrFull (no room in a store with bounds that
+//     set none aside when the key was reserved: store/redis out of memory):
 //     nothing was written; Record a short error (at most store.SmallOutcome
 //     bytes) in its place, and answer it.
 //   - any other error (atomic mode): nothing, or perhaps everything,

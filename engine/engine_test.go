@@ -1241,6 +1241,47 @@ func TestScope(t *testing.T) {
 	h.executed(t, refund, engine.Request{Tenant: "tenant-b", Key: req.Key, Fingerprint: req.Fingerprint})
 }
 
+// TestReservationBounds checks that every reservation says how large its
+// outcome may be (WithMaxRecordSize), so that a store with bounds sets that
+// room aside, and names the call's tenant by its partition alone, in both
+// modes and in every poll of a waiting duplicate.
+func TestReservationBounds(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts []engine.Option
+		want int
+	}{
+		{"default", nil, engine.DefaultMaxRecordSize},
+		{"WithMaxRecordSize", []engine.Option{engine.WithMaxRecordSize(64 << 10)}, 64 << 10},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newHarness(t, append(tc.opts, engine.WithInProgressWait(100*time.Millisecond))...)
+			h.executed(t, h.op, req)
+			h.start(t.Context(), h.op, req) // waits, reserving again
+			h.start(t.Context(), h.atomic, engine.Request{Tenant: req.Tenant, Key: "key-2", Fingerprint: req.Fingerprint}).Release(t.Context())
+			h.executed(t, h.op, engine.Request{Key: "key-3", Fingerprint: req.Fingerprint})
+			h.st.mu.Lock()
+			received := slices.Clone(h.st.received)
+			h.st.mu.Unlock()
+			if len(received) < 4 {
+				t.Fatalf("%d reservations received, want the first call's, the duplicate's polls, the atomic call's and the tenantless one", len(received))
+			}
+			tenantless := received[len(received)-1]
+			for _, r := range received[:len(received)-1] {
+				if r.MaxOutcome != tc.want || r.Partition != store.TenantPartition(req.Tenant) {
+					t.Errorf("reservation with MaxOutcome %d and partition %x; want %d and the tenant's %x", r.MaxOutcome, r.Partition, tc.want, store.TenantPartition(req.Tenant))
+				}
+			}
+			if tenantless.Partition != (store.Partition{}) || tenantless.MaxOutcome != tc.want {
+				t.Errorf("a call without a tenant: partition %x, MaxOutcome %d; want the zero partition and %d", tenantless.Partition, tenantless.MaxOutcome, tc.want)
+			}
+		})
+	}
+	if store.TenantPartition("tenant-a") == store.TenantPartition("tenant-b") || store.TenantPartition("tenant-a") == (store.Partition{}) {
+		t.Error("two tenants share a partition, or a tenant has the zero one")
+	}
+}
+
 // TestLogsHoldNoRawKeyOrTenant runs every path that logs, with a distinctive
 // key and tenant, and checks that neither appears in the log.
 func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {

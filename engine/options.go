@@ -152,7 +152,9 @@ func WithInProgressWait(d time.Duration) Option {
 // WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize
 // if n < 1, and never below MinRecordSize). The adapter records a short
 // error in place of a larger one, which the caller gets too, as every retry
-// will.
+// will. A store with a bound on bytes (store/memory) sets this much room
+// aside for each call while it runs (store.Reservation.MaxOutcome), so a
+// bound near the largest real reply lets more calls run at once.
 func WithMaxRecordSize(n int) Option {
 	return func(o *options) {
 		if n < 1 {

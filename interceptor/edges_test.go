@@ -17,6 +17,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/test/bufconn"
 	"google.golang.org/protobuf/proto"
@@ -184,36 +185,141 @@ func TestLongestDeadlineHoldsTheKey(t *testing.T) {
 
 // A full store refuses new keys with ResourceExhausted, reason
 // IDEMPOTENCY_STORE_FULL and a RetryInfo, without running the handler, while
-// recorded keys keep replaying; a reply that finds no room is recorded as a
-// short Internal, for the caller and every retry.
+// recorded keys keep replaying; a key it lets in records its reply whole, up
+// to WithMaxRecordSize, however little room is left. (A store that sets no
+// room aside, and refuses the reply, is internal/adaptertest's case.)
 func TestStoreFull(t *testing.T) {
-	st := memory.New(memory.WithMaxRecords(2), memory.WithMaxBytes(2<<10))
-	d := &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata))), store: st, svc: newService()}
+	const maxRecord = 8 << 10
+	// Room for the first small record and one of maxRecord, not two.
+	st := memory.New(memory.WithMaxBytes(2*maxRecord), memory.WithTenantShare(1))
+	d := &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithMaxRecordSize(maxRecord))), store: st, svc: newService()}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {
 		t.Fatal(err)
 	}
 	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		return &paymentsv1.Charge{Id: "ch_big", Description: strings.Repeat("x", 4<<10)}, nil
+		return &paymentsv1.Charge{Id: "ch_big", Description: strings.Repeat("x", maxRecord-512)}, nil
 	}
-	_, _, err = d.create(t, "key-2", request(2))
-	if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "store is full") {
-		t.Fatalf("a reply with no room: %v, want Internal (store is full)", err)
+	big, _, err := d.create(t, "key-2", request(2))
+	if err != nil || big.GetId() != "ch_big" {
+		t.Fatalf("a large reply to a key the store let in: %v, %v; want it whole", big, err)
 	}
-	_, ts, err := d.create(t, "key-2", request(2))
-	if status.Code(err) != codes.Internal || !interceptor.Replayed(ts.trailer) {
-		t.Fatalf("retry of the reply with no room: %v (replayed %v), want the recorded Internal", err, interceptor.Replayed(ts.trailer))
+	replay, ts, err := d.create(t, "key-2", request(2))
+	if err != nil || !proto.Equal(replay, big) || !interceptor.Replayed(ts.trailer) {
+		t.Fatalf("retry of the large reply: %v (replayed %v), want it replayed whole", err, interceptor.Replayed(ts.trailer))
 	}
 	_, _, err = d.create(t, "key-3", request(3))
 	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
 	if delay, ok := interceptor.RetryDelay(err); !ok || delay != interceptor.DefaultMaxRetryAfter {
 		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, interceptor.DefaultMaxRetryAfter)
 	}
-	replay, ts, err := d.create(t, "key-1", request(1))
+	replay, ts, err = d.create(t, "key-1", request(1))
 	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
 		t.Errorf("replay in a full store: %v, %v; want %v, replayed", replay, err, first)
 	}
 	wantRuns(t, d.svc, 2)
+}
+
+// A flood of large replies into a bounded memory store: 150 concurrent calls
+// with 1 MiB replies against a bound of 32 MiB. Each call either runs and gets
+// its real reply, which its retry replays, or is refused with
+// ResourceExhausted (IDEMPOTENCY_STORE_FULL) before the handler runs; none
+// runs and then answers Internal for want of room. And once one tenant has
+// filled its share, another tenant's new key still runs.
+func TestStoreFullFloodOfLargeReplies(t *testing.T) {
+	const (
+		calls     = 150
+		replySize = 1 << 20
+		maxBytes  = 32 << 20
+	)
+	reply := strings.Repeat("x", replySize)
+	var runs atomic.Int32
+	svc := newService()
+	svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		runs.Add(1)
+		return &paymentsv1.Charge{Id: "ch_" + strconv.FormatInt(req.GetAmount(), 10), Amount: req.GetAmount(), Description: reply}, nil
+	}
+	st := memory.New(memory.WithMaxBytes(maxBytes))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
+		interceptor.WithTenant(tenantFromMetadata), interceptor.WithLogger(nil)))))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDisableRetry()))
+	create := func(tenant, key string, amount int64) (*paymentsv1.Charge, bool, error) {
+		ctx := metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, key, "tenant", tenant)
+		var trailer metadata.MD
+		charge, err := client.CreateCharge(ctx, request(amount), grpc.Trailer(&trailer))
+		return charge, interceptor.Replayed(trailer), err
+	}
+	// refused reports whether err is the store's refusal; any other error
+	// fails the test.
+	refused := func(what string, err error) bool {
+		t.Helper()
+		if status.Code(err) == codes.ResourceExhausted && interceptor.Reason(err) == idemkey.ReasonStoreFull {
+			return true
+		}
+		t.Errorf("%s: %v; want its reply or ResourceExhausted (%s)", what, err, idemkey.ReasonStoreFull)
+		return false
+	}
+
+	var (
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+		errs  = make([]error, calls)
+	)
+	for i := range calls {
+		wg.Go(func() {
+			<-start
+			charge, _, err := create("acme", "flood-"+strconv.Itoa(i), int64(i+1))
+			if err == nil && (charge.GetAmount() != int64(i+1) || len(charge.GetDescription()) != replySize) {
+				t.Errorf("call %d answered OK with another reply (amount %d, %d bytes)", i, charge.GetAmount(), len(charge.GetDescription()))
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	var ok, full int
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+			// Its retry replays the reply, whole, without running again.
+			charge, replayed, err := create("acme", "flood-"+strconv.Itoa(i), int64(i+1))
+			if err != nil || !replayed || charge.GetAmount() != int64(i+1) || len(charge.GetDescription()) != replySize {
+				t.Errorf("retry of call %d: %v (replayed %v, %d bytes); want its reply replayed", i, err, replayed, len(charge.GetDescription()))
+			}
+		case refused("call "+strconv.Itoa(i), err):
+			full++
+		}
+	}
+	t.Logf("%d concurrent calls with %d KiB replies into %d MiB: %d ran, %d refused", calls, replySize>>10, maxBytes>>20, ok, full)
+	if ok == 0 {
+		t.Error("no call ran")
+	}
+	if n := int(runs.Load()); n != ok {
+		t.Errorf("the handler ran %d times for %d calls answered OK: a refused call ran", n, ok)
+	}
+
+	// acme fills its share with new keys, one after the other.
+	filled := false
+	for i := range maxBytes / replySize {
+		_, _, err := create("acme", "fill-"+strconv.Itoa(i), int64(calls+i+1))
+		if err != nil {
+			filled = refused("acme filling its share", err)
+			break
+		}
+	}
+	if !filled {
+		t.Fatal("acme's new keys were never refused")
+	}
+	before := runs.Load()
+	charge, _, err := create("globex", "globex-1", 1)
+	if err != nil || len(charge.GetDescription()) != replySize {
+		t.Errorf("globex's new key once acme is refused: %v; want it to run", err)
+	}
+	if runs.Load() != before+1 {
+		t.Error("globex's call did not run")
+	}
 }
 
 // flakyStore fails the first few Completes, as a store whose connection

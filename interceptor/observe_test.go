@@ -111,7 +111,7 @@ func storeOps(rm metricdata.ResourceMetrics) map[string]uint64 {
 func TestMetricsCountOutcomes(t *testing.T) {
 	tm := newTelemetry()
 	svc := newService()
-	st := memory.New(memory.WithMaxRecords(3))
+	st := memory.New(memory.WithMaxRecords(3), memory.WithTenantShare(1)) // three records, all acme's
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(tm.spanPerCall,
 			grpctest.Must(interceptor.UnaryServerInterceptor(st, append(tm.options(),

@@ -260,7 +260,10 @@ func WithInProgressWait(d time.Duration) Option {
 // to record"), and the caller gets that Internal
 // too, as every retry will, so that no two callers see different replies. The
 // handler has run, so its key is not released: in two-phase mode its effects
-// stand; in atomic mode its writes roll back with the recorded error.
+// stand; in atomic mode its writes roll back with the recorded error. The
+// memory store sets this much room aside for each call while it runs, so
+// that every call it lets run can record its reply: a bound near the
+// largest real reply lets more calls run at once.
 func WithMaxRecordSize(n int) Option {
 	return withEngine(engine.WithMaxRecordSize(n))
 }

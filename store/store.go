@@ -78,6 +78,23 @@ func (s State) String() string {
 	return "unknown"
 }
 
+// Partition names the tenant of a record without naming it: see
+// TenantPartition. The zero Partition is that of a call without a tenant.
+type Partition [8]byte
+
+// TenantPartition returns the partition of tenant's records: the first 8
+// bytes of the SHA-256 of the length-prefixed tenant, or the zero Partition
+// for the empty tenant. Being derived from the tenant alone, it tells which
+// records share a tenant, so a store keeps it in its own memory only and
+// never writes it out.
+func TenantPartition(tenant string) Partition {
+	if tenant == "" {
+		return Partition{}
+	}
+	sum := sha256.Sum256(AppendParts(make([]byte, 0, 64), tenant))
+	return Partition(sum[:8])
+}
+
 // Reservation asks for a key.
 type Reservation struct {
 	Key         Key
@@ -87,6 +104,20 @@ type Reservation struct {
 	Lease time.Duration
 	// Retention is how long the record lives, counted from its creation.
 	Retention time.Duration
+	// MaxOutcome is the most bytes the outcome recorded under this
+	// reservation may take (the engine's WithMaxRecordSize), or 0 if the
+	// caller does not say. A store with a bound on bytes (store/memory)
+	// acquires a key only with that much room free, and sets it aside until
+	// Complete, which counts the outcome's real size and frees the rest, or
+	// Release, which frees it all: every call it lets run can record its
+	// reply, and the calls it has no room for are refused before they run. A
+	// store without such a bound (store/postgres, store/redis) ignores it.
+	MaxOutcome int
+	// Partition is the tenant of the call (TenantPartition). A store with
+	// bounds may give each partition only a share of them, so that one tenant
+	// cannot fill the store for every other (store/memory); other stores
+	// ignore it.
+	Partition Partition
 }
 
 // Result is Reserve's answer.
@@ -115,8 +146,8 @@ var (
 	// The operation may or may not have taken effect.
 	ErrUnavailable = errors.New("idemkey store: unavailable")
 	// ErrFull: Reserve or Complete would pass a bound the store was given
-	// (store/memory: records or bytes). Nothing was written; records already
-	// completed still replay.
+	// (store/memory: records or bytes, in all or for one partition). Nothing
+	// was written; records already completed still replay.
 	ErrFull = errors.New("idemkey store: full")
 )
 
@@ -151,15 +182,19 @@ type Store interface {
 	//     otherwise InProgress, so the caller refuses the reused key.
 	// A retention that has passed counts as absent even when the record was
 	// created with a different fingerprint. A store with bounds returns
-	// ErrFull rather than insert a record past them.
+	// ErrFull rather than insert a record past them, or acquire a key, new or
+	// taken over, without room for a record of r.MaxOutcome bytes (see
+	// Reservation).
 	Reserve(ctx context.Context, r Reservation) (Result, error)
 
 	// Complete records outcome for the key held by token, which then replays
 	// until the record expires. It returns ErrLeaseLost if token no longer
 	// holds an in-progress record for key. The store may keep outcome, so the
-	// caller must not modify it afterwards. A store with bounds may return
-	// ErrFull for an outcome that would pass them, and then accepts, for the
-	// same token, an outcome of at most SmallOutcome bytes.
+	// caller must not modify it afterwards. A store with bounds accepts an
+	// outcome of up to the reservation's MaxOutcome bytes (unless that is more
+	// than it can hold at all). It may return ErrFull for a larger one that
+	// would pass them, and then accepts, for the same token, an outcome of at
+	// most SmallOutcome bytes.
 	Complete(ctx context.Context, key Key, token Token, outcome []byte) error
 
 	// Release deletes the in-progress record held by token, so the next call

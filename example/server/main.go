@@ -17,8 +17,9 @@
 // and its recorded reply committing in one transaction, unless -atomic=false
 // asks for the two-phase mode, so that both can be tried side by side.
 // Without a database URL, keys and charges live in memory, in two-phase mode;
-// the keys' store is bounded by -memory-max-records and -memory-max-bytes, and
-// a new key past them is refused with ResourceExhausted.
+// the keys' store is bounded by -memory-max-records and -memory-max-bytes, of
+// which one tenant may hold half, and a new key is refused with
+// ResourceExhausted unless there is room for its largest reply (4 MiB) too.
 //
 // With -idempotency=false the server runs the same service, handler and
 // ledger with no idempotency at all: no interceptor, no store, no tables but

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -305,18 +306,29 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 
 // create calls CreateCharge on s as tenant acme with key.
 func create(s *servertest.Server, key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, metadata.MD, error) {
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key)
+	return createAs(s, "sk_test_acme", key, req)
+}
+
+// createAs calls CreateCharge on s with the API key apiKey and key.
+func createAs(s *servertest.Server, apiKey, key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, metadata.MD, error) {
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer "+apiKey, idemkey.KeyMetadata, key)
 	var trailer metadata.MD
 	charge, err := paymentsv1.NewPaymentServiceClient(s.Conn).CreateCharge(ctx, req, grpc.Trailer(&trailer))
 	return charge, trailer, err
 }
 
+// storeFull reports whether err is the memory store's refusal of a new key.
+func storeFull(err error) bool {
+	return status.Code(err) == codes.ResourceExhausted && interceptor.Reason(err) == idemkey.ReasonStoreFull
+}
+
 // A flood of new keys with large replies, at the memory store's bounds: new
-// keys are refused with ResourceExhausted (IDEMPOTENCY_STORE_FULL), recorded
-// keys still replay, and the server's resident memory stays within a few
-// times the byte bound.
+// keys are refused with ResourceExhausted (IDEMPOTENCY_STORE_FULL), a key let
+// in records its reply (never Internal for want of room), recorded keys still
+// replay, and the server's resident memory stays within a few times the byte
+// bound.
 func TestMemoryStoreBounds(t *testing.T) {
-	const maxBytes = 8 << 20
+	const maxBytes = 32 << 20
 	s := servertest.Start(t, servertest.Build(t), "-database-url=", "-memory-max-records=100000", fmt.Sprint("-memory-max-bytes=", maxBytes))
 	before := residentBytes(t, s.Pid())
 	first := idemkey.NewKey()
@@ -329,9 +341,9 @@ func TestMemoryStoreBounds(t *testing.T) {
 	for i := range 300 {
 		_, _, err := create(s, idemkey.NewKey(), &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: int64(i + 2), Currency: "EUR", Description: big})
 		switch {
-		case interceptor.Reason(err) == idemkey.ReasonStoreFull:
+		case storeFull(err):
 			full++
-		case err != nil && status.Code(err) != codes.Internal: // Internal: a reply that found no room
+		case err != nil:
 			t.Fatalf("call %d: %v", i, err)
 		}
 	}
@@ -348,6 +360,75 @@ func TestMemoryStoreBounds(t *testing.T) {
 	// garbage collector's headroom.
 	if limit := int64(2*30<<20 + 4*maxBytes); grown > limit {
 		t.Errorf("resident memory grew %d MiB, more than %d MiB", grown>>20, limit>>20)
+	}
+}
+
+// 150 concurrent calls with 1 MiB replies against -memory-max-bytes of 32
+// MiB: each call is answered its own reply, which its retry replays, or
+// refused with ResourceExhausted (IDEMPOTENCY_STORE_FULL) before it runs,
+// never Internal for a reply that found no room. Once tenant acme is refused,
+// tenant globex's new key still runs.
+func TestMemoryStoreFloodOfLargeReplies(t *testing.T) {
+	const (
+		calls     = 150
+		replySize = 1 << 20
+		maxBytes  = 32 << 20
+	)
+	s := servertest.Start(t, servertest.Build(t), "-database-url=", fmt.Sprint("-memory-max-bytes=", maxBytes))
+	description := strings.Repeat("x", replySize)
+	charge := func(amount int) *paymentsv1.CreateChargeRequest {
+		return &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: int64(amount), Currency: "EUR", Description: description}
+	}
+	keys := make([]string, calls)
+	errs := make([]error, calls)
+	var wg sync.WaitGroup
+	for i := range calls {
+		keys[i] = idemkey.NewKey()
+		wg.Go(func() {
+			got, _, err := create(s, keys[i], charge(i+1))
+			if err == nil && (got.GetAmount() != int64(i+1) || len(got.GetDescription()) != replySize) {
+				t.Errorf("call %d answered another reply: amount %d, %d bytes", i, got.GetAmount(), len(got.GetDescription()))
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	ok, full := 0, 0
+	for i, err := range errs {
+		switch {
+		case err == nil:
+			ok++
+			got, trailer, err := create(s, keys[i], charge(i+1))
+			if err != nil || !interceptor.Replayed(trailer) || got.GetAmount() != int64(i+1) || len(got.GetDescription()) != replySize {
+				t.Errorf("retry of call %d: %v (replayed %v); want its reply replayed", i, err, interceptor.Replayed(trailer))
+			}
+		case storeFull(err):
+			full++
+		default:
+			t.Errorf("call %d: %v; want its reply or ResourceExhausted (%s)", i, err, idemkey.ReasonStoreFull)
+		}
+	}
+	t.Logf("%d concurrent calls with 1 MiB replies into %d MiB: %d answered, %d refused", calls, maxBytes>>20, ok, full)
+	if ok == 0 {
+		t.Error("no call was answered")
+	}
+
+	// acme, refused once, does not keep globex out.
+	refused := false
+	for i := range maxBytes / replySize {
+		_, _, err := create(s, idemkey.NewKey(), charge(calls+i+1))
+		if err != nil {
+			if refused = storeFull(err); !refused {
+				t.Fatalf("acme's new key: %v", err)
+			}
+			break
+		}
+	}
+	if !refused {
+		t.Fatal("acme's new keys were never refused")
+	}
+	if _, _, err := createAs(s, "sk_test_globex", idemkey.NewKey(), charge(1)); err != nil {
+		t.Errorf("globex's new key once acme is refused: %v", err)
 	}
 }
 

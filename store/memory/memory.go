@@ -1,20 +1,49 @@
 // Package memory is an in-process idemkey store, for tests and for services
 // that run as a single process and accept that a restart forgets every key.
 //
-// It is safe for concurrent use, and bounded: at most WithMaxRecords records
-// (DefaultMaxRecords) and WithMaxBytes bytes (DefaultMaxBytes), counting each
-// record as recordCost bytes plus what its outcome holds beyond
-// store.SmallOutcome. Every Reserve deletes a few expired records, and Sweep
-// deletes the rest on demand, so no goroutine runs in the background.
+// It is safe for concurrent use. Every Reserve deletes a few expired records,
+// and Sweep deletes the rest on demand, so no goroutine runs in the
+// background.
 //
-// At a bound, expired records go first; if the store is still full, Reserve
-// of a new key returns store.ErrFull (the interceptor answers
-// ResourceExhausted, reason IDEMPOTENCY_STORE_FULL, and the handler does not
-// run), and so does Complete of an outcome with no room left (the interceptor
-// then records a short Internal instead). Replays of recorded keys go on
-// working. Measured on a flood of unique keys and of large replies, the heap
-// of a process stays within about three times WithMaxBytes above its size
-// before (see TestFloodStaysBounded).
+// # Bounds
+//
+// The store holds at most WithMaxRecords records (DefaultMaxRecords) and
+// WithMaxBytes bytes (DefaultMaxBytes). A completed record counts recordCost
+// bytes plus what its outcome holds beyond store.SmallOutcome. A record whose
+// call still runs counts the most its outcome may take instead
+// (store.Reservation.MaxOutcome: the engine's WithMaxRecordSize, 4 MiB by
+// default): a new key is let in only if its largest possible reply fits, so
+// every call that runs records its real reply, and the calls there is no room
+// for are refused before they run. Completing frees what the reply did not
+// take; releasing frees it all.
+//
+// That room bounds the calls in flight. With the defaults, a store of 64 MiB
+// runs at most 15 new keys at once, 7 of them of one tenant; a service whose
+// replies are small says so with the engine's WithMaxRecordSize, and runs
+// more: with 64 KiB, about a thousand, 500 of one tenant. A MaxOutcome of more than a tenant may
+// hold sets aside all it may hold, so such a call runs only while its tenant
+// holds nothing else.
+//
+// At a bound, expired records go first; if there is still no room, Reserve of
+// a new key returns store.ErrFull (the interceptor answers ResourceExhausted,
+// reason IDEMPOTENCY_STORE_FULL, and the handler does not run). Replays of
+// recorded keys go on working. A reservation without a MaxOutcome (0) sets
+// room aside for store.SmallOutcome bytes only; Complete of a larger outcome
+// with no room left then returns store.ErrFull (the interceptor records a
+// short Internal instead). Measured on a flood of unique keys and of large
+// replies, the heap of a process stays within about three times WithMaxBytes
+// above its size before (see TestFloodStaysBounded).
+//
+// # Tenants
+//
+// No tenant may hold more than WithTenantShare of either bound
+// (DefaultTenantShare: half), so that one tenant that floods the store with
+// new keys, or with calls that hang, leaves the rest to the others rather
+// than lock them out until its records expire. The store knows a tenant only
+// by its store.TenantPartition, never by name. Calls without a tenant (a
+// service without tenants) are bounded by the whole store alone. With many
+// tenants a smaller share keeps more of them in: two tenants at half each can
+// still fill the store.
 package memory
 
 import (
@@ -30,8 +59,9 @@ import (
 // Defaults for the store's bounds, each changed by the option that names it.
 // Together they keep a store on a laptop under about 100 MB of heap.
 const (
-	DefaultMaxRecords = 100_000  // WithMaxRecords
-	DefaultMaxBytes   = 64 << 20 // WithMaxBytes
+	DefaultMaxRecords  = 100_000  // WithMaxRecords
+	DefaultMaxBytes    = 64 << 20 // WithMaxBytes
+	DefaultTenantShare = 0.5      // WithTenantShare
 )
 
 // recordCost is what one record counts against WithMaxBytes before its
@@ -49,20 +79,34 @@ type Store struct {
 
 	maxRecords int
 	maxBytes   int64
+	share      float64
+	// What one partition other than the zero one may hold: share of
+	// maxRecords and of maxBytes.
+	partRecords int
+	partBytes   int64
 
 	mu        sync.Mutex
 	records   map[store.Key]*record
 	byExpiry  expiryHeap // every record, soonest removable first
-	bytes     int64      // the cost of every record, as cost counts it
+	total     usage
+	parts     map[store.Partition]*usage // of each partition holding records, but the zero one
 	lastToken store.Token
+}
+
+// usage is what records hold: how many, and how many bytes they count.
+type usage struct {
+	records int
+	bytes   int64
 }
 
 type record struct {
 	key         store.Key
+	partition   store.Partition
 	fingerprint store.Fingerprint
 	token       store.Token
 	completed   bool
 	outcome     []byte
+	cost        int64 // what the record counts against the byte bounds
 	leaseEnd    time.Time
 	expiresAt   time.Time
 	index       int // position in Store.byExpiry
@@ -93,15 +137,25 @@ func WithMaxRecords(n int) Option {
 }
 
 // WithMaxBytes bounds the bytes the records count (DefaultMaxBytes if n < 1):
-// recordCost each, plus what each outcome holds beyond store.SmallOutcome. A
-// bound below what one record needs is raised to that.
+// recordCost each, plus what each outcome holds beyond store.SmallOutcome,
+// or, while its call runs, may hold (store.Reservation.MaxOutcome). A bound
+// below what one record needs is raised to that.
 func WithMaxBytes(n int64) Option {
 	return func(s *Store) { s.maxBytes = n }
 }
 
+// WithTenantShare bounds what the records of one tenant may hold, as a
+// fraction of WithMaxRecords and of WithMaxBytes (DefaultTenantShare). 1
+// lets one tenant take the whole store; a fraction above 1 counts as 1, and
+// one of 0 or less keeps the default. A tenant may always hold at least one
+// record. Calls without a tenant are bounded by the whole store alone.
+func WithTenantShare(fraction float64) Option {
+	return func(s *Store) { s.share = fraction }
+}
+
 // New returns an empty store.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, records: make(map[store.Key]*record)}
+	s := &Store{now: time.Now, records: make(map[store.Key]*record), parts: make(map[store.Partition]*usage)}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -112,23 +166,91 @@ func New(opts ...Option) *Store {
 		s.maxBytes = DefaultMaxBytes
 	}
 	s.maxBytes = max(s.maxBytes, recordCost)
+	if !(s.share > 0) { // NaN too
+		s.share = DefaultTenantShare
+	}
+	s.share = min(s.share, 1)
+	s.partRecords = max(int(s.share*float64(s.maxRecords)), 1)
+	s.partBytes = max(int64(s.share*float64(s.maxBytes)), recordCost)
 	return s
 }
 
-// cost is what a record with outcome counts against the byte bound.
+// cost is what a completed record with outcome counts against the byte bounds.
 func cost(outcome []byte) int64 {
 	return recordCost + int64(max(len(outcome)-store.SmallOutcome, 0))
 }
 
-// roomLocked reports whether records of extra more bytes fit, after deleting
-// every expired record if they would not.
-func (s *Store) roomLocked(now time.Time, newRecords int, extra int64) bool {
-	fits := func() bool { return len(s.records)+newRecords <= s.maxRecords && s.bytes+extra <= s.maxBytes }
-	if fits() {
-		return true
+// reservedCost is what a record counts while its call runs: room for an
+// outcome of r.MaxOutcome bytes, or, if the partition could never hold that
+// much, all it may hold.
+func (s *Store) reservedCost(r store.Reservation) int64 {
+	c := recordCost + int64(max(r.MaxOutcome-store.SmallOutcome, 0))
+	if r.Partition == (store.Partition{}) {
+		return min(c, s.maxBytes)
+	}
+	return min(c, s.partBytes)
+}
+
+// fullLocked says which bound records of p would pass with records more
+// records and bytes more bytes; "" if none.
+func (s *Store) fullLocked(p store.Partition, records int, bytes int64) string {
+	if s.total.records+records > s.maxRecords || s.total.bytes+bytes > s.maxBytes {
+		return fmt.Sprintf("%d of %d records, %d of %d bytes counted", s.total.records, s.maxRecords, s.total.bytes, s.maxBytes)
+	}
+	if p == (store.Partition{}) {
+		return ""
+	}
+	var u usage
+	if pu := s.parts[p]; pu != nil {
+		u = *pu
+	}
+	if u.records+records > s.partRecords || u.bytes+bytes > s.partBytes {
+		return fmt.Sprintf("the tenant's share is used: %d of %d records, %d of %d bytes counted", u.records, s.partRecords, u.bytes, s.partBytes)
+	}
+	return ""
+}
+
+// roomLocked returns "" if p has room for records more records and bytes
+// more bytes, after deleting every expired record if it did not; else which
+// bound they would pass.
+func (s *Store) roomLocked(now time.Time, p store.Partition, records int, bytes int64) string {
+	if full := s.fullLocked(p, records, bytes); full == "" {
+		return ""
 	}
 	s.evictLocked(now, len(s.byExpiry))
-	return fits()
+	return s.fullLocked(p, records, bytes)
+}
+
+// countLocked adds records records and bytes bytes to what p holds.
+func (s *Store) countLocked(p store.Partition, records int, bytes int64) {
+	s.total.records += records
+	s.total.bytes += bytes
+	if p == (store.Partition{}) {
+		return
+	}
+	u := s.parts[p]
+	if u == nil {
+		u = &usage{}
+		s.parts[p] = u
+	}
+	u.records += records
+	u.bytes += bytes
+	if u.records == 0 {
+		delete(s.parts, p)
+	}
+}
+
+// resizeLocked makes rec count c bytes, if its partition and the store have
+// room for the difference; else it says which bound that would pass.
+func (s *Store) resizeLocked(now time.Time, rec *record, c int64) string {
+	if grow := c - rec.cost; grow > 0 {
+		if full := s.roomLocked(now, rec.partition, 0, grow); full != "" {
+			return full
+		}
+	}
+	s.countLocked(rec.partition, 0, c-rec.cost)
+	rec.cost = c
+	return ""
 }
 
 var (
@@ -154,26 +276,36 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	}
 	switch {
 	case !ok:
-		if !s.roomLocked(now, 1, recordCost) {
-			return store.Result{}, fmt.Errorf("memory store: reserve: %w: %d records, %d of %d bytes", store.ErrFull, len(s.records), s.bytes, s.maxBytes)
+		c := s.reservedCost(r)
+		if full := s.roomLocked(now, r.Partition, 1, c); full != "" {
+			return store.Result{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
 		}
 		s.lastToken++
 		rec = &record{
 			key:         r.Key,
+			partition:   r.Partition,
 			fingerprint: r.Fingerprint,
 			token:       s.lastToken,
+			cost:        c,
 			leaseEnd:    now.Add(max(r.Lease, 0)),
 			expiresAt:   now.Add(max(r.Retention, 0)),
 		}
 		s.records[r.Key] = rec
-		s.bytes += recordCost
+		s.countLocked(rec.partition, 1, c)
 		heap.Push(&s.byExpiry, rec)
 	case rec.completed:
 		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
 		return store.Result{State: store.InProgress, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
 	default:
-		// The lease has ended: its holder is presumed dead.
+		// The lease has ended: its holder is presumed dead. The new holder
+		// needs room for its own largest outcome; what the old one set aside
+		// stays set aside.
+		if c := s.reservedCost(r); c > rec.cost {
+			if full := s.resizeLocked(now, rec, c); full != "" {
+				return store.Result{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
+			}
+		}
 		s.lastToken++
 		rec.token = s.lastToken
 		rec.leaseEnd = now.Add(max(r.Lease, 0))
@@ -208,10 +340,9 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if err != nil {
 		return err
 	}
-	if extra := cost(outcome) - recordCost; extra > 0 && !s.roomLocked(now, 0, extra) {
-		return fmt.Errorf("memory store: complete: %w: an outcome of %d bytes, with %d of %d bytes counted", store.ErrFull, len(outcome), s.bytes, s.maxBytes)
+	if full := s.resizeLocked(now, rec, cost(outcome)); full != "" {
+		return fmt.Errorf("memory store: complete: %w: no room for an outcome of %d bytes: %s", store.ErrFull, len(outcome), full)
 	}
-	s.bytes += cost(outcome) - recordCost
 	rec.completed = true
 	rec.outcome = outcome
 	heap.Fix(&s.byExpiry, rec.index)
@@ -261,6 +392,15 @@ func (s *Store) Len() int {
 	return len(s.records)
 }
 
+// Bytes returns the bytes the records count against WithMaxBytes, expired
+// ones included, with the room set aside for the outcomes of calls that
+// still run.
+func (s *Store) Bytes() int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total.bytes
+}
+
 func (s *Store) heldLocked(key store.Key, token store.Token, now time.Time) (*record, error) {
 	rec, ok := s.records[key]
 	if !ok || rec.token != token || rec.completed || !now.Before(rec.removableAt()) {
@@ -282,7 +422,7 @@ func (s *Store) evictLocked(now time.Time, limit int) int {
 func (s *Store) deleteLocked(rec *record) {
 	heap.Remove(&s.byExpiry, rec.index)
 	delete(s.records, rec.key)
-	s.bytes -= cost(rec.outcome)
+	s.countLocked(rec.partition, -1, -rec.cost)
 }
 
 // expiryHeap orders records by removableAt; it implements heap.Interface.

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"runtime"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,4 +165,294 @@ func TestFloodStaysBounded(t *testing.T) {
 		t.Error("no reservation was refused; the flood did not reach the bound")
 	}
 	runtime.KeepAlive(st)
+}
+
+// reservation asks for key of tenant, with room for an outcome of maxOutcome
+// bytes, as the engine does.
+func reservation(tenant, key string, maxOutcome int) store.Reservation {
+	return store.Reservation{
+		Key:        store.ScopeKey(tenant, "/m", key),
+		Lease:      time.Minute,
+		Retention:  time.Hour,
+		MaxOutcome: maxOutcome,
+		Partition:  store.TenantPartition(tenant),
+	}
+}
+
+// reserveAll makes every reservation of rs at once and returns the tokens of
+// those acquired, by index in rs, and how many were refused with ErrFull.
+func reserveAll(t *testing.T, st *memory.Store, rs []store.Reservation) (map[int]store.Token, int) {
+	t.Helper()
+	var (
+		mu       sync.Mutex
+		wg       sync.WaitGroup
+		start    = make(chan struct{})
+		acquired = map[int]store.Token{}
+		full     int
+	)
+	for i, r := range rs {
+		wg.Go(func() {
+			<-start
+			res, err := st.Reserve(context.Background(), r)
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case errors.Is(err, store.ErrFull):
+				full++
+			case err != nil || res.State != store.Acquired:
+				t.Errorf("Reserve of a new key: %v, %v; want acquired or ErrFull", res.State, err)
+			default:
+				acquired[i] = res.Token
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return acquired, full
+}
+
+// completeAll completes every acquired reservation of rs at once, each with an
+// outcome of size bytes, and fails the test if any is refused.
+func completeAll(t *testing.T, st *memory.Store, rs []store.Reservation, acquired map[int]store.Token, size int) {
+	t.Helper()
+	var wg sync.WaitGroup
+	for i, token := range acquired {
+		wg.Go(func() {
+			if err := st.Complete(context.Background(), rs[i].Key, token, make([]byte, size)); err != nil {
+				t.Errorf("Complete of an outcome of %d bytes, within the reservation's MaxOutcome of %d: %v", size, rs[i].MaxOutcome, err)
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func newKeys(tenant, prefix string, n, maxOutcome int) []store.Reservation {
+	rs := make([]store.Reservation, n)
+	for i := range rs {
+		rs[i] = reservation(tenant, prefix+strconv.Itoa(i), maxOutcome)
+	}
+	return rs
+}
+
+// perCall is what a call with room for an outcome of maxOutcome bytes counts
+// while it runs.
+func perCall(maxOutcome int) int64 {
+	return memory.RecordCost + int64(maxOutcome) - store.SmallOutcome
+}
+
+// A new key is let in only with room for the largest outcome it may record:
+// a store with room for n such calls lets in n of n+1 concurrent new keys,
+// every one it lets in records an outcome of that size, and what a smaller
+// outcome did not take comes back.
+func TestReserveSetsRoomAside(t *testing.T) {
+	const (
+		n          = 8
+		maxOutcome = 64 << 10
+	)
+	st := memory.New(memory.WithMaxBytes(n*perCall(maxOutcome) + perCall(maxOutcome)/2))
+
+	first := newKeys("", "first-", n+1, maxOutcome)
+	acquired, full := reserveAll(t, st, first)
+	if len(acquired) != n || full != 1 {
+		t.Fatalf("%d concurrent new keys with room for %d: %d acquired, %d refused; want %d and 1", n+1, n, len(acquired), full, n)
+	}
+	completeAll(t, st, first, acquired, 100)
+
+	// n small records leave room for n more calls, and no more.
+	second := newKeys("", "second-", n+1, maxOutcome)
+	acquired, full = reserveAll(t, st, second)
+	if len(acquired) != n || full != 1 {
+		t.Fatalf("after %d small records, %d concurrent new keys: %d acquired, %d refused; want %d and 1", n, n+1, len(acquired), full, n)
+	}
+	// The store is at its bound, and each of them records its largest outcome.
+	completeAll(t, st, second, acquired, maxOutcome)
+	for i := range acquired {
+		res, err := st.Reserve(context.Background(), second[i])
+		if err != nil || res.State != store.Completed || len(res.Outcome) != maxOutcome {
+			t.Fatalf("replay: %v with %d bytes, %v; want completed with %d", res.State, len(res.Outcome), err, maxOutcome)
+		}
+	}
+	if _, err := st.Reserve(context.Background(), reservation("", "third", maxOutcome)); !errors.Is(err, store.ErrFull) {
+		t.Errorf("a new key in a full store: %v, want ErrFull", err)
+	}
+}
+
+// Release frees all the room a call set aside, and a takeover of a dead
+// call's key sets aside no more than once.
+func TestReleaseAndTakeoverFreeRoom(t *testing.T) {
+	const (
+		n          = 4
+		maxOutcome = 64 << 10
+	)
+	c := storetest.NewClock()
+	st := memory.New(memory.WithClock(c.Now), memory.WithMaxBytes(n*perCall(maxOutcome)))
+	ctx := context.Background()
+	rs := newKeys("", "k", n, maxOutcome)
+	acquired, _ := reserveAll(t, st, rs)
+	if len(acquired) != n {
+		t.Fatalf("%d of %d acquired", len(acquired), n)
+	}
+	for i, token := range acquired {
+		if err := st.Release(ctx, rs[i].Key, token); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if b := st.Bytes(); b != 0 {
+		t.Errorf("%d bytes counted after every call released, want 0", b)
+	}
+	if acquired, _ = reserveAll(t, st, rs); len(acquired) != n {
+		t.Fatalf("after release: %d of %d acquired", len(acquired), n)
+	}
+	before := st.Bytes()
+	c.Advance(t, 2*time.Minute) // every lease has ended
+	for _, r := range rs {
+		if res, err := st.Reserve(ctx, r); err != nil || res.State != store.Acquired {
+			t.Fatalf("takeover after the lease: %v, %v; want acquired", res.State, err)
+		}
+	}
+	if after := st.Bytes(); after != before {
+		t.Errorf("takeovers changed the bytes counted from %d to %d", before, after)
+	}
+}
+
+// No tenant takes more than its share of either bound (half by default), so
+// that one tenant's flood leaves room for the others' new keys; calls
+// without a tenant are bounded by the whole store alone.
+func TestTenantShare(t *testing.T) {
+	const maxOutcome = 64 << 10
+	t.Run("bytes", func(t *testing.T) {
+		st := memory.New(memory.WithMaxBytes(8 * perCall(maxOutcome)))
+		acquired, full := reserveAll(t, st, newKeys("acme", "k", 8, maxOutcome))
+		if len(acquired) != 4 || full != 4 {
+			t.Fatalf("one tenant's 8 concurrent calls in a store with room for 8: %d acquired, %d refused; want 4 and 4", len(acquired), full)
+		}
+		if acquired, _ := reserveAll(t, st, newKeys("globex", "k", 4, maxOutcome)); len(acquired) != 4 {
+			t.Errorf("another tenant while the first holds its share: %d of 4 acquired", len(acquired))
+		}
+	})
+	t.Run("records", func(t *testing.T) {
+		st := memory.New(memory.WithMaxRecords(10))
+		ctx := context.Background()
+		fill := func(tenant string) int {
+			for i := range 10 {
+				r := reservation(tenant, strconv.Itoa(i), 0)
+				res, err := st.Reserve(ctx, r)
+				if errors.Is(err, store.ErrFull) {
+					return i
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := st.Complete(ctx, r.Key, res.Token, []byte("ok")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			return 10
+		}
+		if n := fill("acme"); n != 5 {
+			t.Errorf("one tenant recorded %d keys in a store of 10 records, want 5", n)
+		}
+		if n := fill("globex"); n != 5 {
+			t.Errorf("another tenant recorded %d keys after the first took its share, want 5", n)
+		}
+	})
+	t.Run("no tenant", func(t *testing.T) {
+		st := memory.New(memory.WithMaxBytes(8 * perCall(maxOutcome)))
+		if acquired, _ := reserveAll(t, st, newKeys("", "k", 8, maxOutcome)); len(acquired) != 8 {
+			t.Errorf("calls without a tenant: %d of 8 acquired, want the whole store", len(acquired))
+		}
+	})
+	t.Run("WithTenantShare", func(t *testing.T) {
+		for _, tc := range []struct {
+			share float64
+			want  int
+		}{{0.25, 2}, {1, 8}, {2, 8}, {0, 4}, {-1, 4}} {
+			st := memory.New(memory.WithMaxBytes(8*perCall(maxOutcome)), memory.WithTenantShare(tc.share))
+			if acquired, _ := reserveAll(t, st, newKeys("acme", "k", 8, maxOutcome)); len(acquired) != tc.want {
+				t.Errorf("WithTenantShare(%v): one tenant acquired %d of 8, want %d", tc.share, len(acquired), tc.want)
+			}
+		}
+	})
+	t.Run("larger than the share", func(t *testing.T) {
+		// A call whose largest outcome is more than its tenant may hold
+		// takes the whole share, and runs while its tenant holds nothing
+		// else.
+		st := memory.New(memory.WithMaxBytes(perCall(maxOutcome)))
+		acquired, full := reserveAll(t, st, newKeys("acme", "k", 2, maxOutcome))
+		if len(acquired) != 1 || full != 1 {
+			t.Fatalf("two calls too large for the share: %d acquired, %d refused; want 1 and 1", len(acquired), full)
+		}
+	})
+}
+
+// Under concurrent reserves, completes, releases, takeovers and expiry, the
+// bytes counted never pass the bound, every outcome within its reservation is
+// recorded, and once every record has expired and been swept nothing is
+// counted.
+func TestRoomAccountingUnderConcurrency(t *testing.T) {
+	const maxBytes = 256 << 10
+	c := storetest.NewClock()
+	st := memory.New(memory.WithClock(c.Now), memory.WithMaxBytes(maxBytes), memory.WithMaxRecords(200))
+	ctx := context.Background()
+	tenants := []string{"", "acme", "globex", "initech"}
+	var (
+		wg        sync.WaitGroup
+		mu        sync.Mutex
+		abandoned []store.Reservation
+	)
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 100 {
+				n := g*100 + i
+				maxOutcome := []int{0, 1 << 10, 16 << 10, 64 << 10}[n%4]
+				r := reservation(tenants[n%len(tenants)], strconv.Itoa(n), maxOutcome)
+				res, err := st.Reserve(ctx, r)
+				if errors.Is(err, store.ErrFull) {
+					continue
+				}
+				if err != nil || res.State != store.Acquired {
+					t.Errorf("Reserve: %v, %v", res.State, err)
+					return
+				}
+				if b := st.Bytes(); b > maxBytes {
+					t.Errorf("%d bytes counted, past the bound of %d", b, maxBytes)
+				}
+				switch n % 5 {
+				case 0:
+					if err := st.Release(ctx, r.Key, res.Token); err != nil {
+						t.Error(err)
+					}
+				case 1:
+					mu.Lock()
+					abandoned = append(abandoned, r)
+					mu.Unlock()
+				default:
+					if err := st.Complete(ctx, r.Key, res.Token, make([]byte, n*37%(maxOutcome+1))); err != nil {
+						t.Errorf("Complete within MaxOutcome %d: %v", maxOutcome, err)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	c.Advance(t, 2*time.Minute) // the abandoned calls' leases end
+	for _, r := range abandoned {
+		res, err := st.Reserve(ctx, r)
+		if err != nil || res.State != store.Acquired {
+			t.Fatalf("takeover: %v, %v", res.State, err)
+		}
+		if err := st.Complete(ctx, r.Key, res.Token, make([]byte, r.MaxOutcome)); err != nil {
+			t.Errorf("Complete of a taken-over key within MaxOutcome: %v", err)
+		}
+	}
+	if b := st.Bytes(); b > maxBytes {
+		t.Errorf("%d bytes counted, past the bound of %d", b, maxBytes)
+	}
+	c.Advance(t, 2*time.Hour)
+	if _, err := st.Sweep(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n, b := st.Len(), st.Bytes(); n != 0 || b != 0 {
+		t.Errorf("after every record expired and was swept: %d records, %d bytes counted; want none", n, b)
+	}
 }

@@ -33,6 +33,10 @@ type Harness struct {
 const (
 	lease     = 10 * time.Second
 	retention = time.Hour
+	// maxOutcome is what each reservation says its outcome may take, as the
+	// engine's do; testReplay records one of that size.
+	maxOutcome = 64 << 10
+	tenant     = "tenant"
 )
 
 var (
@@ -72,7 +76,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 }
 
 func newKey(t *testing.T, name string) store.Key {
-	return store.ScopeKey("tenant", "/storetest.v1.Service/Method", t.Name()+"/"+name)
+	return store.ScopeKey(tenant, "/storetest.v1.Service/Method", t.Name()+"/"+name)
 }
 
 func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Result {
@@ -82,11 +86,17 @@ func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) 
 
 func reserveFor(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint, lease, retention time.Duration) store.Result {
 	t.Helper()
-	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
+	res, err := st.Reserve(context.Background(), reservation(key, fp, lease, retention))
 	if err != nil {
 		t.Fatalf("Reserve: %v", err)
 	}
 	return res
+}
+
+// reservation asks for key as the engine does: with the largest outcome the
+// call may record and the tenant's partition.
+func reservation(key store.Key, fp store.Fingerprint, lease, retention time.Duration) store.Reservation {
+	return store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention, MaxOutcome: maxOutcome, Partition: store.TenantPartition(tenant)}
 }
 
 func mustAcquire(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Token {
@@ -129,7 +139,7 @@ func testAcquire(t *testing.T, h Harness) {
 
 func testReplay(t *testing.T, h Harness) {
 	key := newKey(t, "k")
-	outcome := make([]byte, 64<<10)
+	outcome := make([]byte, maxOutcome)
 	rand.Read(outcome)
 	complete(t, h.Store, key, mustAcquire(t, h.Store, key, fpA), outcome)
 
@@ -360,7 +370,7 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 	for range callers {
 		wg.Go(func() {
 			<-start
-			res, err := h.Store.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+			res, err := h.Store.Reserve(context.Background(), reservation(key, fpA, lease, retention))
 			if err != nil {
 				errs <- err
 				return

@@ -1,0 +1,4 @@
+package memory
+
+// RecordCost is what a record counts against WithMaxBytes before its outcome.
+const RecordCost = recordCost
