@@ -20,9 +20,9 @@
 // That room bounds the calls in flight. With the defaults, a store of 64 MiB
 // runs at most 15 new keys at once, 7 of them of one tenant; a service whose
 // replies are small says so with the engine's WithMaxRecordSize, and runs
-// more: with 64 KiB, about a thousand, 500 of one tenant. A MaxOutcome of more than a tenant may
-// hold sets aside all it may hold, so such a call runs only while its tenant
-// holds nothing else.
+// more: with 64 KiB, about a thousand, 500 of one tenant. A MaxOutcome of
+// more than a tenant may hold sets aside all it may hold, so such a call runs
+// only while its tenant holds nothing else.
 //
 // At a bound, expired records go first; if there is still no room, Reserve of
 // a new key returns store.ErrFull (the interceptor answers ResourceExhausted,
