@@ -299,11 +299,12 @@ var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 //     committed; answer "store unavailable", and a retry finds out.
 //
 // In two-phase mode a write that fails for another reason is retried in the
-// background until shortly before the lease ends, and Record returns nil:
-// the handler has run, so the caller gets its result. Once Record is
-// called in two-phase mode, the key is never released: if even the short
-// error cannot be recorded, the key stays in progress until its lease ends,
-// and the adapter still answers that error.
+// background until shortly before the lease ends (one refused with
+// store.ErrLeaseLost or store.ErrDataLost is only logged), and Record
+// returns nil: the handler has run, so the caller gets its result. Once
+// Record is called in two-phase mode, the key is never released: if even the
+// short error cannot be recorded, the key stays in progress until its lease
+// ends, and the adapter still answers that error.
 func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) error {
 	e := c.e
 	if c.tx == nil {
@@ -338,7 +339,7 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	case errors.Is(err, store.ErrFull):
 		c.logWriteFailure(ctx, "complete", err)
 		return err
-	case errors.Is(err, store.ErrLeaseLost):
+	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrDataLost):
 		c.logWriteFailure(ctx, "complete", err)
 	default:
 		c.Log(ctx, slog.LevelError, "complete failed; it is tried again in the background until shortly before the lease ends", err)
@@ -406,7 +407,7 @@ func (c *Call) completeLater(ctx context.Context, outcome []byte) {
 			e.opts.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey: complete succeeded in the background",
 				slog.String("operation", c.op.name), slog.String("scope", c.key.String()), slog.Int("attempt", attempt))
 			return
-		case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrFull):
+		case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrFull), errors.Is(err, store.ErrDataLost):
 			c.logWriteFailure(ctx, "complete", err)
 			return
 		}
@@ -420,6 +421,8 @@ func (c *Call) logWriteFailure(ctx context.Context, op string, err error) {
 		c.Log(ctx, slog.LevelWarn, op+" refused: the lease was taken over, so another run of the handler may have happened", err)
 	case errors.Is(err, store.ErrFull):
 		c.Log(ctx, slog.LevelError, op+" refused: the store is full; Internal is recorded instead of the reply", err)
+	case errors.Is(err, store.ErrDataLost):
+		c.Log(ctx, slog.LevelError, op+" refused: the store lost its data, and fails every call until it is fixed", err)
 	default:
 		c.Log(ctx, slog.LevelError, op+" failed; the key stays in progress until its lease ends", err)
 	}

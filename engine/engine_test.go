@@ -862,6 +862,20 @@ func TestRecord(t *testing.T) {
 		}
 		wantCount(t, h.st, mComplete, 1)
 	})
+
+	t.Run("a store that lost its data is logged at Error, not retried", func(t *testing.T) {
+		h := newHarness(t)
+		c := h.executed(t, h.op, req)
+		h.st.fail(mComplete, fmt.Errorf("fake store: %w: flushed", store.ErrDataLost), 1)
+		if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+			t.Fatalf("Record: %v, want nil: the handler has run", err)
+		}
+		if logs := h.logs.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "the store lost its data") || strings.Contains(logs, "background") {
+			t.Errorf("the lost data was not logged at Error, or a retry in the background was; logged:\n%s", logs)
+		}
+		time.Sleep(3 * 100 * time.Millisecond) // past a first retry in the background
+		wantCount(t, h.st, mComplete, 1)
+	})
 }
 
 // TestReleaseAndAbandon checks that Release frees the key for the next call,

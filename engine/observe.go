@@ -229,6 +229,8 @@ func storeErrorKind(err error) string {
 		return "lease lost"
 	case errors.Is(err, store.ErrFull):
 		return "store full"
+	case errors.Is(err, store.ErrDataLost):
+		return "store data lost"
 	}
 	return "store failed"
 }

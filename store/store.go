@@ -149,6 +149,14 @@ var (
 	// (store/memory: records or bytes, in all or for one partition). Nothing
 	// was written; records already completed still replay.
 	ErrFull = errors.New("idemkey store: full")
+	// ErrDataLost: the store has lost records, or can no longer rule out
+	// that it loses them (store/redis: its data was flushed, failed over to
+	// an empty replica or evicted, or the server may evict), so an absent
+	// record no longer means a new key. Rather than run recorded keys again,
+	// the store fails the operation, and nothing was written; the error says
+	// what happened and what to do. Callers treat it as a failure, not an
+	// answer: the engine answers "store unavailable".
+	ErrDataLost = errors.New("idemkey store: data lost")
 )
 
 // SmallOutcome is the size of outcome that a store with bounds always
@@ -170,6 +178,10 @@ const DefaultSweepBatch = 1000
 //
 // A record is expired once its retention has passed and it holds no live
 // lease. An expired record counts as absent everywhere.
+//
+// Absent must mean absent: a store that knows it may have lost records it
+// acknowledged (flushed, evicted) returns ErrDataLost from every method
+// rather than report such a record as absent, which would run its key again.
 type Store interface {
 	// Reserve decides, in one atomic step, what a call with r.Key does:
 	//   - no record, or an expired one: insert it in progress with a new token

@@ -29,8 +29,9 @@
 //     microseconds, or one more than the key's last token, which a released
 //     record keeps until its expiry (see reserveScript).
 //   - Cluster-safe: a record is one hash named prefix:{sha256 hex}, so every
-//     script touches one key in one slot. Only hashes of the scope are
-//     stored, never a raw key or tenant; errors and logs carry neither.
+//     script touches one slot: the record's, and the marker of that slot
+//     (see "Data loss"). Only hashes of the scope are stored, never a raw key
+//     or tenant; errors and logs carry neither.
 //   - The store is not store.Atomic: handlers run two-phase.
 //
 // # Configuring the server
@@ -39,7 +40,8 @@
 // policy may evict a live record, and its key would run a second time. It
 // reads the policy from INFO memory, on every node of a cluster, so managed
 // services that disable CONFIG are checked too; one that answers INFO
-// without the field is refused with a message that says so. With
+// without the field is refused with a message that says so. A policy
+// changed later fails the store (see "Data loss"). With
 // noeviction, a full server refuses writes: Reserve and Complete fail with
 // store.ErrFull while replays go on working; unlike store/memory, a short
 // outcome after a refused one is not promised room.
@@ -48,7 +50,9 @@
 // record written since the last RDB snapshot, or all of them with save "";
 // appendonly yes with appendfsync everysec loses up to a second of records
 // in a crash of the host, and appendfsync always none, at the cost of an
-// fsync per write. A record lost so is a key that runs again.
+// fsync per write. A record lost so is a key that runs again: the store
+// sees a restart that lost every record, not one that lost the last ones
+// (see "Data loss").
 //
 // # Replicas and failover
 //
@@ -64,6 +68,77 @@
 // number of replicas to stay available through one failure. Measured costs
 // are in BENCHMARKS.md; the failover test in this package counts what a
 // killed primary loses with and without the wait.
+//
+// # Data loss
+//
+// A record that Redis loses is a key that would run again in silence: its
+// absence looks like a new key. The store notices when Redis loses its data
+// set, or may evict, and then fails closed: every operation returns an error
+// that wraps store.ErrDataLost and names the cause and the fix, which the
+// interceptor answers with Unavailable (IDEMPOTENCY_STORE_UNAVAILABLE, the
+// handler not run) and logs at Error; the store logs it at Error too (when
+// it first sees it, then once a minute at most while it refuses).
+//
+// Markers. New writes, where there is none, a marker key that never
+// expires: <prefix>:epoch on one server; on a cluster one in every hash
+// slot, <prefix>:epoch:{n} with n the least number that hashes to the slot
+// (16,384 small keys), each beside the records of its slot. A marker holds an epoch (a time and a random number), and each
+// store keeps what New read. A script that finds no record (Reserve about to
+// acquire; Complete or Release about to answer that the lease is lost; Find
+// about to answer nothing) first reads the marker of the record's slot, and
+// fails if it is gone or holds another epoch. A record that is there needs
+// no marker, so replays read nothing more; a first call reads one key more,
+// inside its script. Seen so, by the first operation on a lost slot that
+// misses a record:
+//
+//   - FLUSHDB or FLUSHALL;
+//   - a server restarted without its data (no persistence);
+//   - a failover to an empty replica: a Sentinel-managed server, or a primary
+//     of a cluster (then the first operation on one of its slots);
+//   - eviction of a marker, or its deletion by hand;
+//   - the markers of a store started after the loss: it writes new epochs,
+//     so the stores of processes started before it fail on their first
+//     operation on those slots, even if none of them missed a record first.
+//
+// Servers. New also notes each server's evicted_keys (INFO stats). Then the
+// first operation after each check interval (WithCheckInterval, 1s by
+// default) reads every primary's INFO memory, stats and server again, in one
+// round trip to each, in parallel, before its own work; operations in the
+// meantime do not wait. It finds:
+//
+//   - a maxmemory-policy other than noeviction: every operation fails, naming
+//     the policy and the fix, until a check finds noeviction on every primary
+//     again and no key evicted: the store then serves again by itself;
+//   - evicted_keys risen on a primary: the store fails for good (Redis does
+//     not say which keys it evicted, the store's or another program's).
+//
+// What it does not see, or sees late:
+//
+//   - Evictions and a policy change are seen within one check interval: an
+//     operation that starts less than the interval after the last check does
+//     not check, and may run a key whose record was evicted since. Keys evicted
+//     and then, before the next check, the server restarted with its data or
+//     its counters reset (CONFIG RESETSTAT) are not seen at all.
+//   - A loss before a store starts: its New cannot tell a lost data set from
+//     a new one, so it writes the missing markers and runs the lost keys
+//     again (on a cluster, if only some slots lost their markers, it logs so
+//     at Warn). The stores that ran before the loss fail, as above.
+//   - A partial loss, which leaves the markers in place: a failover to a
+//     replica that lags but is not empty (WithReplicas closes that), a
+//     restart from an RDB or AOF file that misses the last writes (see
+//     "Configuring the server"), a record deleted by hand.
+//   - A failover within moments of the New that wrote a marker, before the
+//     replica has it, fails the store closed although nothing was lost.
+//
+// What an operator does. For a policy: set maxmemory-policy noeviction, with
+// CONFIG SET and in redis.conf (or the managed service's parameters); the
+// stores serve again within a check interval, if nothing was evicted. For a
+// loss (flush, empty failover, evictions): fix its cause, then restart the
+// processes. A new Store accepts the loss: keys recorded before it run again
+// if they are retried. Until then every call with a key is answered
+// Unavailable; with the interceptor's WithFailOpen, handlers run unprotected
+// instead, as for any store failure. A prefix taken out of use leaves its
+// markers behind: delete them with its records.
 //
 // # Timeouts
 //

@@ -23,6 +23,11 @@ const DefaultPrefix = "idemkey"
 // DefaultTimeout bounds each store operation unless WithTimeout sets another.
 const DefaultTimeout = 5 * time.Second
 
+// DefaultCheckInterval is how often the store reads its servers'
+// maxmemory-policy and evicted keys again, unless WithCheckInterval sets
+// another.
+const DefaultCheckInterval = time.Second
+
 // maxDuration bounds leases and retentions, so that the scripts' sums of
 // microseconds stay exact in Lua's doubles (see scripts.go): 100 years.
 const maxDuration = 100 * 365 * 24 * time.Hour
@@ -35,6 +40,8 @@ type options struct {
 	timeout  time.Duration
 	replicas int
 	logger   *slog.Logger
+	// checkInterval is WithCheckInterval's.
+	checkInterval time.Duration
 	// offset is added to the server's clock, for this package's tests only
 	// (export_test.go); nil is none.
 	offset func() time.Duration
@@ -85,8 +92,20 @@ func WithClockOffset(offset func() time.Duration) Option {
 	return func(o *options) { o.offset = offset }
 }
 
-// WithLogger sets where the store logs the driver's error behind every error
-// it translates, at Debug. Nil, the default, discards.
+// WithCheckInterval sets how often the store reads every primary's
+// maxmemory-policy and evicted_keys again (DefaultCheckInterval if d <= 0):
+// the first operation after each interval does so before its own work, in
+// one INFO round trip to each primary, in parallel. A server that may evict
+// fails the store (see the package doc's "Data loss"); a shorter interval
+// notices it sooner.
+func WithCheckInterval(d time.Duration) Option {
+	return func(o *options) { o.checkInterval = d }
+}
+
+// WithLogger sets where the store logs: at Error, that it lost its data or
+// that a server may evict (then once a minute at most while it refuses
+// operations); at Info, a new data set; at Debug, the driver's error behind
+// every error it translates. Nil, the default, discards.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
@@ -98,6 +117,11 @@ type Store struct {
 	client  goredis.UniversalClient
 	cluster *goredis.ClusterClient // set for a cluster: WAIT goes to the key's primary
 	opts    options
+	// epochs holds what the markers held in New (see loss.go): one for each
+	// hash slot of a cluster, or the one server's, whose name is marker.
+	epochs []string
+	marker string
+	health health
 }
 
 var (
@@ -110,7 +134,8 @@ var (
 // *goredis.ClusterClient. It checks, within ctx, that every server that can
 // hold its keys is configured with maxmemory-policy noeviction, and refuses
 // any other policy: an evicted record would run a call a second time. It
-// starts no goroutine.
+// then reads the store's marker keys, and writes those that are missing
+// (see the package doc's "Data loss"). It starts no goroutine.
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout}
 	for _, opt := range opts {
@@ -122,13 +147,16 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 	if o.timeout <= 0 {
 		o.timeout = DefaultTimeout
 	}
+	if o.checkInterval <= 0 {
+		o.checkInterval = DefaultCheckInterval
+	}
 	if o.prefix == "" {
 		o.prefix = DefaultPrefix
 	}
 	if len(o.prefix) > 64 || strings.ContainsAny(o.prefix, "{}") || strings.IndexFunc(o.prefix, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
 		return nil, fmt.Errorf("idemkey redis: prefix %q: want 1 to 64 visible ASCII characters without braces", o.prefix)
 	}
-	s := &Store{client: client, opts: o}
+	s := &Store{client: client, opts: o, marker: o.prefix + ":epoch"}
 	switch c := client.(type) {
 	case nil:
 		return nil, errors.New("idemkey redis: New needs a client, not nil")
@@ -143,33 +171,36 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 	if err := s.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
+	if err := s.mark(ctx); err != nil {
+		return nil, err
+	}
+	s.health.next.Store(time.Now().Add(o.checkInterval).UnixNano())
 	return s, nil
 }
 
 // checkPolicy reads maxmemory_policy from INFO memory, which managed services
 // that disable CONFIG still answer, on every node of a cluster (a replica
-// becomes a primary in a failover) or on the one server.
+// becomes a primary in a failover) or on the one server; and keeps each
+// one's evicted_keys, which later checks compare with.
 func (s *Store) checkPolicy(ctx context.Context) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	check := func(ctx context.Context, c *goredis.Client) error {
-		info, err := c.Info(ctx, "memory").Result()
-		if err != nil {
-			return s.translate(ctx, "check maxmemory-policy", err)
-		}
-		policy := infoField(info, "maxmemory_policy")
-		switch policy {
+	servers, err := s.inspect(ctx, true)
+	if err != nil {
+		return s.translate(ctx, "check maxmemory-policy", err)
+	}
+	s.health.evicted = make(map[string]int64, len(servers))
+	for _, srv := range servers {
+		switch srv.policy {
 		case "noeviction":
-			return nil
+			s.health.evicted[srv.runID] = srv.evicted
 		case "":
 			return errors.New("idemkey redis: the server's INFO memory has no maxmemory_policy, so the store cannot check that Redis never evicts its records")
+		default:
+			return fmt.Errorf("idemkey redis: the server's maxmemory-policy is %s, which may evict idempotency records and run a call twice: set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, or in redis.conf)", srv.policy)
 		}
-		return fmt.Errorf("idemkey redis: the server's maxmemory-policy is %s, which may evict idempotency records and run a call twice: set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, or in redis.conf)", policy)
 	}
-	if s.cluster != nil {
-		return s.cluster.ForEachShard(ctx, check)
-	}
-	return check(ctx, s.client.(*goredis.Client))
+	return nil
 }
 
 // infoField returns the value of name in an INFO reply.
@@ -180,12 +211,6 @@ func infoField(info, name string) string {
 		}
 	}
 	return ""
-}
-
-// name is the Redis key of a record: the hash in a hash tag, so that a
-// cluster keeps each record in the slot the hash decides.
-func (s *Store) name(key store.Key) string {
-	return fmt.Sprintf("%s:{%x}", s.opts.prefix, key[:])
 }
 
 // offset is the test clock's offset in microseconds, as a script's ARGV[1].
@@ -203,7 +228,10 @@ func micros(d time.Duration) int64 { return min(max(d, 0), maxDuration).Microsec
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	args := []any{s.offset(), r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
+	if err := s.admit(ctx, "reserve"); err != nil {
+		return store.Result{}, err
+	}
+	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
 	v, err := s.run(ctx, "reserve", reserveScript, r.Key, acquired, args...)
 	if err != nil {
@@ -250,7 +278,11 @@ func parseReservation(v any) (store.Result, error) {
 func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	v, err := findScript.Run(ctx, s.client, []string{s.name(key)}, s.offset()).Result()
+	if err := s.admit(ctx, "find"); err != nil {
+		return store.Result{}, false, err
+	}
+	keys, epoch := s.keys(key)
+	v, err := findScript.Run(ctx, s.client, keys, s.offset(), epoch).Result()
 	if errors.Is(err, goredis.Nil) {
 		return store.Result{}, false, nil
 	}
@@ -276,6 +308,9 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, er
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
+	if err := s.admit(ctx, "complete"); err != nil {
+		return err
+	}
 	return s.write(ctx, "complete", completeScript, key, strconv.FormatInt(int64(token), 10), outcome)
 }
 
@@ -286,13 +321,16 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
+	if err := s.admit(ctx, "release"); err != nil {
+		return err
+	}
 	return s.write(ctx, "release", releaseScript, key, strconv.FormatInt(int64(token), 10))
 }
 
 // write runs Complete's or Release's script, whose reply is 1 or 0.
 func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key store.Key, args ...any) error {
 	wait := func(any) bool { return op == "complete" }
-	v, err := s.run(ctx, op, sc, key, wait, append([]any{s.offset()}, args...)...)
+	v, err := s.run(ctx, op, sc, key, wait, args...)
 	if err != nil {
 		return err
 	}
@@ -306,12 +344,14 @@ func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key st
 // for confirmed in time.
 var errNotReplicated = errors.New("not confirmed by the replicas in time")
 
-// run runs sc on key. With WithReplicas, when wrote says the reply means a
-// write, it then sends WAIT on the same connection to the key's primary,
-// which WAIT requires; the reply is returned with errNotReplicated (wrapped
-// in store.ErrUnavailable) if too few replicas confirmed it.
+// run runs sc on key, with the ARGV args after the offset and the epoch.
+// With WithReplicas, when wrote says the reply means a write, it then sends
+// WAIT on the same connection to the key's primary, which WAIT requires; the
+// reply is returned with errNotReplicated (wrapped in store.ErrUnavailable)
+// if too few replicas confirmed it.
 func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key store.Key, wrote func(any) bool, args ...any) (any, error) {
-	keys := []string{s.name(key)}
+	keys, epoch := s.keys(key)
+	args = append([]any{s.offset(), epoch}, args...)
 	if s.opts.replicas == 0 {
 		v, err := sc.Run(ctx, s.client, keys, args...).Result()
 		if err != nil {
@@ -392,7 +432,8 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 }
 
 // translate turns a driver error into the store's own, so that nothing from
-// go-redis reaches a caller. A server out of memory (with noeviction, it
+// go-redis reaches a caller. A script's IDEMKEY_DATALOST fails the store for
+// good (store.ErrDataLost). A server out of memory (with noeviction, it
 // refuses writes) is store.ErrFull; an unreachable, failing-over, loading or
 // slow server, or a cancelled call, is store.ErrUnavailable (the context's
 // own error kept for errors.Is); any other server error keeps only its first
@@ -400,11 +441,17 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 // at Debug. None can hold a raw key or tenant: the store sends only hashes.
 func (s *Store) translate(ctx context.Context, op string, err error) error {
 	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey redis: "+op+" failed", slog.Any("error", err))
+	var redisErr goredis.Error
+	isRedisErr := errors.As(err, &redisErr) && !errors.Is(err, goredis.ErrClosed)
+	if isRedisErr {
+		if marker, ok := strings.CutPrefix(redisErr.Error(), "IDEMKEY_DATALOST "); ok {
+			return fmt.Errorf("idemkey redis: %s: %w", op, s.lose(ctx, markerLost(marker)))
+		}
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		return fmt.Errorf("idemkey redis: %s: %w: %w", op, store.ErrUnavailable, ctxErr)
 	}
-	var redisErr goredis.Error
-	if errors.As(err, &redisErr) && !errors.Is(err, goredis.ErrClosed) {
+	if isRedisErr {
 		msg := redisErr.Error()
 		if strings.Contains(msg, "OOM ") {
 			return fmt.Errorf("idemkey redis: %s: %w: the server is out of memory (maxmemory) and refuses writes", op, store.ErrFull)

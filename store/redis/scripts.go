@@ -15,6 +15,16 @@ import goredis "github.com/redis/go-redis/v9"
 // expiry its reservation set, only so that its token is remembered: see
 // nextToken.
 //
+// Every script has KEYS: the record, then the marker of its hash slot (see
+// loss.go); and ARGV: the clock's offset, the marker's epoch as the store
+// read it in New, then its own. Before a script believes a record absent
+// (and acquires it, or answers that no record holds the token), it checks
+// with lost() that the marker still holds that epoch; otherwise it answers
+// the error IDEMKEY_DATALOST with the marker's name, having written nothing:
+// the record may have been lost, so its absence means nothing. A record that
+// is there needs no check, so that replays and the writes of a held lease
+// read no more than they did.
+//
 // Each script reads the server's clock with TIME and adds ARGV's offset, in
 // microseconds: zero but in this package's tests, which move time forward
 // without sleeping. Lua numbers are doubles, exact for integers below 2^53:
@@ -23,6 +33,13 @@ import goredis "github.com/redis/go-redis/v9"
 // writes such a number whole (tostring would write 1.7e+15).
 const prelude = `
 if redis.replicate_commands then redis.replicate_commands() end
+-- lost: the error reply to return if the marker does not hold the epoch.
+local function lost()
+	local mark = redis.call('GET', KEYS[2])
+	if mark ~= ARGV[2] then
+		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[2] .. (mark and ' changed' or ' missing'))
+	end
+end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + tonumber(ARGV[1])
 local function num(x) return string.format('%.0f', x) end
@@ -39,7 +56,7 @@ end
 `
 
 // reserveScript decides a reservation, as store.Store's Reserve describes.
-// ARGV: offset, fingerprint, lease, retention (microseconds).
+// ARGV: offset, epoch, fingerprint, lease, retention (microseconds).
 // Reply: {1, token} acquired; {2, 0, fingerprint, outcome} completed;
 // {3, 0, fingerprint, "", lease left} in progress.
 //
@@ -53,57 +70,60 @@ var reserveScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 't', 'o', 'l', 'e')
 local state, last, leaseEnd, expires = r[1], tonumber(r[3]), tonumber(r[5]), tonumber(r[6])
 local absent = not state or state == 'r' or (expires <= now and (state == 'c' or leaseEnd <= now))
-if not absent then
+if absent then
+	local gone = lost()
+	if gone then return gone end
+else
 	if state == 'c' then return {2, 0, r[2], r[4]} end
-	if leaseEnd > now or r[2] ~= ARGV[2] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0)} end
+	if leaseEnd > now or r[2] ~= ARGV[3] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0)} end
 end
 local token = now
 if last and last >= token then token = last + 1 end
-leaseEnd = now + tonumber(ARGV[3])
+leaseEnd = now + tonumber(ARGV[4])
 if absent then
-	expires = now + tonumber(ARGV[4])
+	expires = now + tonumber(ARGV[5])
 	redis.call('HSET', KEYS[1], 'c', num(now), 'e', num(expires))
 end
-redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[2], 't', num(token), 'l', num(leaseEnd))
+redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[3], 't', num(token), 'l', num(leaseEnd))
 redis.call('HDEL', KEYS[1], 'o')
 expireAt(math.max(expires, leaseEnd))
 return {1, token}
 `)
 
-// completeScript records an outcome. ARGV: offset, token, outcome. Reply: 1
-// recorded, 0 lease lost. A repeat of a Complete that took effect (same token
-// and outcome) answers 1 again: go-redis sends a command again after a
-// connection error, and a Complete whose replicas did not confirm in time is
-// tried again by the interceptor.
+// completeScript records an outcome. ARGV: offset, epoch, token, outcome.
+// Reply: 1 recorded, 0 lease lost. A repeat of a Complete that took effect
+// (same token and outcome) answers 1 again: go-redis sends a command again
+// after a connection error, and a Complete whose replicas did not confirm in
+// time is tried again by the interceptor.
 var completeScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
-if held(r, ARGV[2]) then
-	redis.call('HSET', KEYS[1], 's', 'c', 'o', ARGV[3])
+if held(r, ARGV[3]) then
+	redis.call('HSET', KEYS[1], 's', 'c', 'o', ARGV[4])
 	expireAt(tonumber(r[4]))
 	return 1
 end
-if r[1] == 'c' and r[2] == ARGV[2] and tonumber(r[4]) > now and redis.call('HGET', KEYS[1], 'o') == ARGV[3] then
+if r[1] == 'c' and r[2] == ARGV[3] and tonumber(r[4]) > now and redis.call('HGET', KEYS[1], 'o') == ARGV[4] then
 	return 1
 end
-return 0
+return lost() or 0
 `)
 
 // releaseScript releases a reservation, keeping the token: see reserveScript.
-// ARGV: offset, token. Reply: 1 released, 0 lease lost.
+// ARGV: offset, epoch, token. Reply: 1 released, 0 lease lost.
 var releaseScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
-if held(r, ARGV[2]) then
+if held(r, ARGV[3]) then
 	redis.call('HSET', KEYS[1], 's', 'r')
 	redis.call('HDEL', KEYS[1], 'f', 'o')
 	return 1
 end
-return 0
+return lost() or 0
 `)
 
-// findScript reads a completed record that has not expired. ARGV: offset.
-// Reply: {fingerprint, outcome}, or nil.
+// findScript reads a completed record that has not expired. ARGV: offset,
+// epoch. Reply: {fingerprint, outcome}, or nil.
 var findScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'e')
 if r[1] == 'c' and tonumber(r[4]) > now then return {r[2], r[3]} end
-return false
+return lost() or false
 `)

@@ -1,0 +1,327 @@
+package redis
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// How the store notices that its data was lost; the package doc's "Data
+// loss" says what that covers and what it does not.
+//
+// Markers. Beside the records, the store keeps marker keys that never
+// expire: <prefix>:epoch on one server; in a cluster, one per hash slot,
+// <prefix>:epoch:{<tag>}, where the tag (slotTags) puts the marker in that
+// slot, beside every record of the slot, so that a script may read both. New
+// writes a marker where there is none, with a new epoch, and remembers what
+// each marker holds. A script that finds no record then checks that the
+// marker of the record's slot still holds that epoch before it believes the
+// record absent (see scripts.go): a flush, a server restarted empty or a
+// failover to an empty replica takes the markers with the records, and a
+// store started after that writes a new epoch, which the stores started
+// before do not know. Either way they fail closed. Markers come back only
+// through New: a store never writes one again by itself.
+//
+// Servers. New reads each server's maxmemory_policy and evicted_keys, and
+// then the first operation after each check interval reads the primaries'
+// again (admit), before its own work: a policy that may evict fails the
+// store until it is noeviction again; keys evicted since the last look fail
+// it for good.
+
+// slots is the number of hash slots of a Redis Cluster.
+const slots = 16384
+
+// crcTable is CRC-16/XMODEM's, with which Redis Cluster hashes key names.
+var crcTable = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
+
+// slotOf returns the hash slot of a hash tag.
+func slotOf(tag string) int {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc = crc<<8 ^ crcTable[byte(crc>>8)^tag[i]]
+	}
+	return int(crc % slots)
+}
+
+// slotTags holds, for each hash slot, the smallest decimal number that
+// Redis Cluster hashes to it: the hash tag of the slot's marker. Finding
+// them takes about 110,000 hashes, once, for the first store on a cluster.
+var slotTags = sync.OnceValue(func() *[slots]string {
+	var tags [slots]string
+	for n, left := 0, slots; left > 0; n++ {
+		tag := strconv.Itoa(n)
+		if slot := slotOf(tag); tags[slot] == "" {
+			tags[slot] = tag
+			left--
+		}
+	}
+	return &tags
+})
+
+// markerName is the name of slot's marker (of the one marker on one server).
+func (s *Store) markerName(slot int) string {
+	if s.cluster == nil {
+		return s.marker
+	}
+	return s.opts.prefix + ":epoch:{" + slotTags()[slot] + "}"
+}
+
+// keys returns the KEYS of a script on key's record, the record and its
+// marker, and the epoch the marker must hold.
+func (s *Store) keys(key store.Key) ([]string, string) {
+	p := s.opts.prefix
+	b := make([]byte, 0, len(p)+3+2*len(key))
+	name := string(append(hex.AppendEncode(append(b, p+":{"...), key[:]), '}'))
+	if s.cluster == nil {
+		return []string{name, s.marker}, s.epochs[0]
+	}
+	slot := slotOf(name[len(p)+2 : len(name)-1]) // the hash tag
+	return []string{name, s.markerName(slot)}, s.epochs[slot]
+}
+
+// mark reads every marker, in one pipeline; writes the missing ones, if
+// any, with a new epoch (SET NX, then GET, in a second pipeline); and keeps
+// what each marker holds in s.epochs. A full server refuses the writes, not
+// the reads: a store starts there as long as its markers exist.
+func (s *Store) mark(ctx context.Context) error {
+	ctx, cancel := s.bound(ctx)
+	defer cancel()
+	n := 1
+	if s.cluster != nil {
+		n = slots
+	}
+	got := make([]*goredis.StringCmd, n)
+	read := func(which []int, epoch string) error {
+		_, err := s.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			for _, i := range which {
+				if epoch != "" {
+					p.SetNX(ctx, s.markerName(i), epoch, 0)
+				}
+				got[i] = p.Get(ctx, s.markerName(i))
+			}
+			return nil
+		})
+		if err == nil {
+			return nil
+		}
+		for _, i := range which { // a missing marker is no error
+			if err := got[i].Err(); err != nil && !errors.Is(err, goredis.Nil) {
+				return s.translate(ctx, "markers", err)
+			}
+		}
+		return nil
+	}
+	all := make([]int, n)
+	for i := range all {
+		all[i] = i
+	}
+	if err := read(all, ""); err != nil {
+		return err
+	}
+	var missing []int
+	for i, c := range got {
+		if c.Err() != nil {
+			missing = append(missing, i)
+		}
+	}
+	epoch := ""
+	if len(missing) > 0 {
+		var b [8]byte
+		rand.Read(b[:])
+		epoch = time.Now().UTC().Format("20060102T150405Z-") + hex.EncodeToString(b[:])
+		if err := read(missing, epoch); err != nil {
+			return err
+		}
+	}
+	s.epochs = make([]string, n)
+	for i, c := range got {
+		s.epochs[i] = c.Val() // "" if flushed meanwhile: then the first call fails
+		if i > 0 && s.epochs[i] == s.epochs[i-1] {
+			s.epochs[i] = s.epochs[i-1] // one string for the usual one epoch
+		}
+	}
+	switch {
+	case len(missing) == n:
+		s.opts.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey redis: a new data set: the store wrote its markers",
+			slog.String("prefix", s.opts.prefix), slog.String("epoch", epoch))
+	case len(missing) > 0:
+		s.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey redis: markers were missing and are written again: "+
+			"their hash slots lost their records before this store started (a node flushed, or failed over to an empty replica), "+
+			"unless another store wrote them at the same moment; stores started before fail closed until restarted",
+			slog.String("prefix", s.opts.prefix), slog.Int("slots", len(missing)), slog.String("epoch", epoch))
+	}
+	return nil
+}
+
+// markerLost is the cause of a script's IDEMKEY_DATALOST reply: "<marker>
+// missing" or "<marker> changed".
+func markerLost(reply string) error {
+	marker, what := reply, "is gone"
+	if i := strings.LastIndexByte(reply, ' '); i >= 0 {
+		marker = reply[:i]
+		if reply[i+1:] == "changed" {
+			what = "holds the epoch of a store started after the loss"
+		}
+	}
+	return fmt.Errorf("%w: the Redis store's data was lost: its marker key %s %s "+
+		"(FLUSHDB or FLUSHALL, a restart without the data, a failover to an empty replica, or eviction), "+
+		"so a missing record no longer means a new key; every operation fails until this process restarts, "+
+		"which accepts that keys recorded before the loss may run again", store.ErrDataLost, marker, what)
+}
+
+// health is what the store knows of its servers.
+type health struct {
+	next     atomic.Int64 // UnixNano after which the next operation checks the servers
+	checking sync.Mutex   // held by the operation that checks
+	evicted  map[string]int64
+
+	lost     atomic.Pointer[failure] // the data was lost: set once, for good
+	evicting atomic.Pointer[failure] // a server may evict: cleared once none may
+	alarmed  atomic.Int64            // UnixNano of the last Error logged
+}
+
+type failure struct{ err error }
+
+// server is what INFO tells of one server.
+type server struct {
+	addr, runID, policy string
+	evicted             int64
+}
+
+// inspect reads INFO memory, stats and server, in one round trip, of the
+// one server, or in a cluster of every node (all) or every primary.
+func (s *Store) inspect(ctx context.Context, all bool) ([]server, error) {
+	var (
+		mu    sync.Mutex
+		found []server
+	)
+	look := func(ctx context.Context, c *goredis.Client) error {
+		var mem, stats, srv *goredis.StringCmd
+		if _, err := c.Pipelined(ctx, func(p goredis.Pipeliner) error {
+			mem, stats, srv = p.Info(ctx, "memory"), p.Info(ctx, "stats"), p.Info(ctx, "server")
+			return nil
+		}); err != nil {
+			return err
+		}
+		evicted, _ := strconv.ParseInt(infoField(stats.Val(), "evicted_keys"), 10, 64)
+		mu.Lock()
+		defer mu.Unlock()
+		found = append(found, server{addr: c.Options().Addr, runID: infoField(srv.Val(), "run_id"),
+			policy: infoField(mem.Val(), "maxmemory_policy"), evicted: evicted})
+		return nil
+	}
+	var err error
+	switch {
+	case s.cluster == nil:
+		err = look(ctx, s.client.(*goredis.Client))
+	case all:
+		err = s.cluster.ForEachShard(ctx, look)
+	default:
+		err = s.cluster.ForEachMaster(ctx, look)
+	}
+	return found, err
+}
+
+// admit starts every operation. The first operation after each check
+// interval checks the servers first. It refuses, with an error that wraps
+// store.ErrDataLost, once the store's data was lost, or while a server may
+// evict.
+func (s *Store) admit(ctx context.Context, op string) error {
+	h := &s.health
+	if h.lost.Load() == nil && time.Now().UnixNano() >= h.next.Load() && h.checking.TryLock() {
+		if time.Now().UnixNano() >= h.next.Load() {
+			s.check(ctx)
+			h.next.Store(time.Now().Add(s.opts.checkInterval).UnixNano())
+		}
+		h.checking.Unlock()
+	}
+	f := h.lost.Load()
+	if f == nil {
+		if f = h.evicting.Load(); f == nil {
+			return nil
+		}
+	}
+	s.alarm(ctx, false, "idemkey redis: the store refuses every operation", f.err)
+	return fmt.Errorf("idemkey redis: %s: %w", op, f.err)
+}
+
+// check reads every primary's maxmemory-policy and evicted_keys again. A
+// server that does not answer is left for the next check.
+func (s *Store) check(ctx context.Context) {
+	h := &s.health
+	servers, err := s.inspect(ctx, false)
+	if err != nil {
+		s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey redis: the check of the servers failed; it is tried again after the interval", slog.Any("error", err))
+	}
+	var evicting *server
+	for _, srv := range servers {
+		if last, ok := h.evicted[srv.runID]; ok && srv.evicted > last {
+			s.lose(ctx, fmt.Errorf("%w: the Redis store's data was lost: a server evicted %d keys (INFO stats evicted_keys), records among them perhaps: "+
+				"set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and in redis.conf), then restart this process, "+
+				"which accepts that keys recorded before may run again; every operation fails until then", store.ErrDataLost, srv.evicted-last),
+				slog.String("server", srv.addr))
+		}
+		h.evicted[srv.runID] = srv.evicted // restarted or reset: a new count
+		if srv.policy != "noeviction" && srv.policy != "" && evicting == nil {
+			evicting = &srv
+		}
+	}
+	switch {
+	case evicting != nil:
+		f := &failure{fmt.Errorf("%w: a Redis server's maxmemory-policy is now %s, which may evict idempotency records and run their calls again: "+
+			"set maxmemory-policy noeviction (CONFIG SET maxmemory-policy noeviction, and in redis.conf); every operation fails until then",
+			store.ErrDataLost, evicting.policy)}
+		if old := h.evicting.Swap(f); old == nil || old.err.Error() != f.err.Error() {
+			s.alarm(ctx, true, "idemkey redis: a server may evict records; the store fails every operation until its maxmemory-policy is noeviction again",
+				f.err, slog.String("server", evicting.addr))
+		}
+	case err == nil && h.evicting.Swap(nil) != nil:
+		s.opts.logger.LogAttrs(ctx, slog.LevelInfo, "idemkey redis: every server's maxmemory-policy is noeviction again, and none evicted a key: the store serves again")
+	}
+}
+
+// lose fails the store for good with err, which wraps store.ErrDataLost,
+// unless it failed so already, and returns the first such error.
+func (s *Store) lose(ctx context.Context, err error, attrs ...slog.Attr) error {
+	if s.health.lost.CompareAndSwap(nil, &failure{err}) {
+		s.alarm(ctx, true, "idemkey redis: the store's data was lost; every operation fails until the process restarts", err, attrs...)
+	}
+	return s.health.lost.Load().err
+}
+
+// alarm logs msg at Error: when forced, or if nothing was for a minute.
+func (s *Store) alarm(ctx context.Context, force bool, msg string, err error, attrs ...slog.Attr) {
+	h := &s.health
+	now := time.Now().UnixNano()
+	if last := h.alarmed.Load(); force {
+		h.alarmed.Store(now)
+	} else if now-last < int64(time.Minute) || !h.alarmed.CompareAndSwap(last, now) {
+		return
+	}
+	s.opts.logger.LogAttrs(ctx, slog.LevelError, msg, append(attrs, slog.Any("error", err))...)
+}
