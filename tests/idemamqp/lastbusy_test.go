@@ -12,29 +12,9 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemamqp"
-	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/tests/busystore"
 )
-
-// lastDelivery marks the context of a message's last delivery, for
-// busyStore.
-type lastDelivery struct{}
-
-// busyStore closes busy when a reservation made for a last delivery finds
-// its id in progress: the moment a test lets the run that holds it end.
-type busyStore struct {
-	store.Store
-	once sync.Once
-	busy chan struct{}
-}
-
-func (s *busyStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
-	res, err := s.Store.Reserve(ctx, r)
-	if err == nil && res.State == store.InProgress && ctx.Value(lastDelivery{}) != nil {
-		s.once.Do(func() { close(s.busy) })
-	}
-	return res, err
-}
 
 // TestLastDeliveryWhileBusy: a worker's channel closes while its handler
 // runs, so RabbitMQ requeues the message to another worker, which finds it
@@ -56,7 +36,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 			t.Parallel()
 			const limit = 2 // the third delivery is the last
 			f := newFixture(t, amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(limit)})
-			st := &busyStore{Store: memory.New(), busy: make(chan struct{})}
+			st := busystore.New(memory.New())
 			dl := &hook{}
 			var dlMu sync.Mutex
 			started, release := make(chan struct{}), make(chan struct{})
@@ -119,13 +99,13 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 					n, _ := d.Headers["x-delivery-count"].(int64)
 					last := n >= limit
 					if last {
-						ctx = context.WithValue(ctx, lastDelivery{}, true)
+						ctx = busystore.LastDelivery(ctx)
 					}
 					results <- handled{last, c.Handle(ctx, d)}
 				}
 			})
 			select {
-			case <-st.busy:
+			case <-st.Busy():
 			case <-time.After(30 * time.Second):
 				t.Fatal("the last delivery did not come, or did not find the message in progress")
 			}

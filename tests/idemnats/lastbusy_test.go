@@ -14,30 +14,10 @@ import (
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/logtest"
-	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
+	"github.com/idemkey/idemkey/tests/busystore"
 	"github.com/idemkey/idemkey/tests/natstest"
 )
-
-// lastDelivery marks the context of a message's last delivery, for
-// busyStore.
-type lastDelivery struct{}
-
-// busyStore closes busy when a reservation made for a last delivery finds
-// its id in progress: the moment a test lets the run that holds it end.
-type busyStore struct {
-	store.Store
-	once sync.Once
-	busy chan struct{}
-}
-
-func (s *busyStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
-	res, err := s.Store.Reserve(ctx, r)
-	if err == nil && res.State == store.InProgress && ctx.Value(lastDelivery{}) != nil {
-		s.once.Do(func() { close(s.busy) })
-	}
-	return res, err
-}
 
 // TestLastDeliveryWhileBusy: the first run of a message outlasts the ack
 // wait, so JetStream redelivers it until its last delivery (max deliver),
@@ -65,7 +45,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			st := &busyStore{Store: memory.New(), busy: make(chan struct{})}
+			st := busystore.New(memory.New())
 			logger, logs := logtest.New()
 			// The busy deliveries are redelivered at once, not at the end of
 			// the first run's lease (a minute): the test ends well before it.
@@ -123,7 +103,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 				}
 				ctx := context.Background()
 				if meta.NumDelivered >= maxDeliver {
-					ctx = context.WithValue(ctx, lastDelivery{}, true)
+					ctx = busystore.LastDelivery(ctx)
 				}
 				workers.Go(func() { results <- handled{meta.NumDelivered, c.Handle(ctx, msg)} })
 			})
@@ -143,7 +123,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 				t.Fatal("the first delivery did not come")
 			}
 			select {
-			case <-st.busy:
+			case <-st.Busy():
 			case <-time.After(30 * time.Second):
 				t.Fatal("the last delivery did not come, or did not find the message in progress")
 			}
