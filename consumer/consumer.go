@@ -294,9 +294,16 @@ func (c *Consumer) process(ctx context.Context, call *engine.Call, d Delivery, h
 		Fingerprint: sha256.Sum256(d.Body),
 		Retried:     d.Redelivered,
 	})
-	switch call.Verdict {
-	case engine.Executed:
+	if call.Verdict == engine.Executed {
 		return c.run(ctx, call, d, h)
+	}
+	return c.answer(ctx, call, d)
+}
+
+// answer is the Result of a message whose handler did not run, as
+// call.Verdict says.
+func (c *Consumer) answer(ctx context.Context, call *engine.Call, d Delivery) Result {
+	switch call.Verdict {
 	case engine.Replayed:
 		if string(call.Outcome) == string(recordFailed) {
 			return Result{Outcome: Duplicate, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: ErrFailedBefore}
@@ -333,6 +340,10 @@ func (c *Consumer) run(ctx context.Context, call *engine.Call, d Delivery, h Han
 	}
 	switch rerr := call.Record(ctx, outcome, err == nil); {
 	case rerr == nil:
+	case errors.Is(rerr, engine.ErrSuperseded):
+		// Another run recorded the message first; this one's writes
+		// were rolled back.
+		return c.answer(ctx, call, d)
 	case errors.Is(rerr, store.ErrFull) && !call.Atomic():
 		// The handler's effects happened and no record could be written:
 		// acknowledging keeps them to one, and the key stays in progress

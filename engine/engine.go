@@ -122,14 +122,15 @@ type Call struct {
 	// Verdict is InProgress or StoreFull.
 	RetryAfter time.Duration
 
-	key      store.Key
-	tenant   string
-	userKey  string // the caller's key, for idemkey.DerivedKey
-	started  bool
-	token    store.Token
-	tx       store.Tx
-	leaseEnd time.Time // when, at the earliest, the store ends the lease
-	ended    bool      // recorded or released
+	key         store.Key
+	tenant      string
+	userKey     string // the caller's key, for idemkey.DerivedKey
+	started     bool
+	token       store.Token
+	tx          store.Tx
+	fingerprint store.Fingerprint // as reserved, in atomic mode
+	leaseEnd    time.Time         // when, at the earliest, the store ends the lease
+	ended       bool              // recorded or released
 }
 
 // Call starts timing a call of op.
@@ -218,20 +219,18 @@ func (c *Call) Start(ctx context.Context, r Request) {
 }
 
 // begin is Start in atomic mode: it reserves the key in a transaction, which
-// the handler then writes in.
+// the handler then writes in. A duplicate of a running call waits with
+// further Begins, which an atomic store answers without waiting on the
+// running call and without holding a connection, and acquires the key if
+// the first call rolls back meanwhile.
 func (c *Call) begin(ctx context.Context, r store.Reservation) {
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
-	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint && e.finder != nil {
-		// Polled with reads: a transaction per poll would hold a connection
-		// for each waiting duplicate. A first call that rolls back is not
-		// seen; the duplicate's retry acquires the key.
+	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint {
 		res, err = e.await(ctx, res, func(ctx context.Context) (store.Result, error) {
-			found, ok, err := e.find(ctx, c.key)
-			if !ok {
-				return res, err
-			}
-			return found, nil
+			res, t, err := e.begin(ctx, r)
+			tx = t
+			return res, err
 		})
 	}
 	switch {
@@ -240,7 +239,7 @@ func (c *Call) begin(ctx context.Context, r store.Reservation) {
 	case res.State != store.Acquired:
 		c.answer(r.Fingerprint, res)
 	default:
-		c.Verdict, c.tx = Executed, tx
+		c.Verdict, c.tx, c.fingerprint = Executed, tx, r.Fingerprint
 	}
 }
 
@@ -295,6 +294,8 @@ var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 //     set none aside when the key was reserved: store/redis out of memory):
 //     nothing was written; Record a short error (at most store.SmallOutcome
 //     bytes) in its place, and answer it.
+//   - ErrSuperseded (atomic mode): another call recorded the key first, and
+//     nothing of this one committed; answer as Verdict now says.
 //   - any other error (atomic mode): nothing, or perhaps everything,
 //     committed; answer "store unavailable", and a retry finds out.
 //
@@ -320,7 +321,11 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	}
 	if c.tx != nil {
 		c.ended = true
-		if err := e.commit(ctx, c.tx, outcome, keepWrites); err != nil {
+		err := e.commit(ctx, c.tx, outcome, keepWrites)
+		if errors.Is(err, store.ErrLeaseLost) {
+			return c.superseded(ctx)
+		}
+		if err != nil {
 			c.Log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
 			return err
 		}
@@ -347,6 +352,33 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 		go later.completeLater(ctx, outcome)
 	}
 	return nil
+}
+
+// ErrSuperseded is Record's answer, in atomic mode, when another call of the
+// key recorded its outcome first (one that committed just as this call
+// began): this call's writes were rolled back, nothing of it was recorded,
+// and Verdict now says how to answer instead, as after Start: Replayed with
+// the other call's Outcome, Reused, InProgress or StoreUnavailable.
+var ErrSuperseded = errors.New("idemkey: another call recorded the key first")
+
+// superseded reads the record of a call whose commit lost the key to another
+// call, and sets the verdict Record's ErrSuperseded promises.
+func (c *Call) superseded(ctx context.Context) error {
+	ctx = context.WithoutCancel(ctx)
+	c.Verdict = InProgress
+	res := store.Result{State: store.InProgress, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
+	if c.e.finder != nil {
+		found, ok, err := c.e.find(ctx, c.key)
+		switch {
+		case err != nil:
+			c.storeFailed(ctx, "find", err)
+			return ErrSuperseded
+		case ok:
+			res = found
+		}
+	}
+	c.answer(c.fingerprint, res)
+	return ErrSuperseded
 }
 
 // Release gives up the key of an Executed call, so that a retry runs the

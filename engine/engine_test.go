@@ -214,6 +214,10 @@ func (s *fakeStore) Begin(_ context.Context, r store.Reservation) (store.Result,
 	return res, tx, nil
 }
 
+// otherOutcome is the record of the other call that a Commit failing with
+// store.ErrLeaseLost finds.
+const otherOutcome = "the other call's outcome"
+
 // fakeTx is a transaction of fakeStore, which holds its reservation and the
 // handler's writes until it ends.
 type fakeTx struct {
@@ -254,6 +258,10 @@ func (tx *fakeTx) Commit(_ context.Context, outcome []byte, keepWrites bool) err
 	}
 	tx.ended = true
 	if err := s.enterLocked(mCommit); err != nil {
+		if errors.Is(err, store.ErrLeaseLost) { // as if another call recorded the key first
+			tx.rec.tx, tx.rec.completed, tx.rec.outcome = nil, true, []byte(otherOutcome)
+			return err
+		}
 		delete(s.records, tx.key)
 		return err
 	}
@@ -729,11 +737,11 @@ func TestInProgressWait(t *testing.T) {
 		wantCount(t, h.st, mReserve, 1)
 	})
 
-	t.Run("atomic: polled with reads, replayed when the first call commits", func(t *testing.T) {
+	t.Run("atomic: polled with Begin, replayed when the first call commits", func(t *testing.T) {
 		h := newHarness(t, engine.WithInProgressWait(time.Minute))
 		first := h.executed(t, h.atomic, req)
 		done := duplicate(t.Context(), h, h.atomic)
-		eventually(t, "the duplicate's Begin", func() bool { return h.st.count(mBegin) >= 2 })
+		eventually(t, "the duplicate's second Begin", func() bool { return h.st.count(mBegin) >= 3 })
 		if err := first.Record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
 		}
@@ -741,10 +749,19 @@ func TestInProgressWait(t *testing.T) {
 		if dup.Verdict != engine.Replayed || string(dup.Outcome) != "outcome-1" {
 			t.Fatalf("duplicate: verdict %v, Outcome %q; want replayed outcome-1", dup.Verdict, dup.Outcome)
 		}
-		wantCount(t, h.st, mBegin, 2) // no transaction per poll
-		if h.st.count(mFind) < 1 {
-			t.Error("the duplicate did not poll with Find")
+	})
+
+	t.Run("atomic: acquired within the wait when the first call rolls back", func(t *testing.T) {
+		h := newHarness(t, engine.WithInProgressWait(time.Minute))
+		first := h.executed(t, h.atomic, req)
+		done := duplicate(t.Context(), h, h.atomic)
+		eventually(t, "the duplicate's second Begin", func() bool { return h.st.count(mBegin) >= 3 })
+		first.Release(t.Context())
+		dup := receive(t, done)
+		if dup.Verdict != engine.Executed || !dup.Atomic() {
+			t.Fatalf("duplicate: verdict %v (atomic %v), want executed in a transaction", dup.Verdict, dup.Atomic())
 		}
+		dup.Abandon(t.Context())
 	})
 }
 
@@ -1054,6 +1071,22 @@ func TestAtomic(t *testing.T) {
 			next.Abandon(t.Context())
 		})
 	}
+
+	t.Run("a commit that lost the key answers as the other call's record says", func(t *testing.T) {
+		h := newHarness(t)
+		c := h.executed(t, h.atomic, req)
+		write(c.Context(t.Context()), "charge-1")
+		h.st.fail(mCommit, fmt.Errorf("fake store: %w", store.ErrLeaseLost), 1)
+		if err := c.Record(t.Context(), []byte("outcome-1"), true); !errors.Is(err, engine.ErrSuperseded) {
+			t.Fatalf("Record: %v, want ErrSuperseded", err)
+		}
+		if c.Verdict != engine.Replayed || string(c.Outcome) != otherOutcome {
+			t.Errorf("verdict %v, Outcome %q; want replayed %q", c.Verdict, c.Outcome, otherOutcome)
+		}
+		if got := h.st.committedWrites(); len(got) != 0 {
+			t.Errorf("committed writes %q, want none", got)
+		}
+	})
 
 	t.Run("Release rolls back the writes and the reservation", func(t *testing.T) {
 		h := newHarness(t)

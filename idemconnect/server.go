@@ -129,9 +129,16 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(req.Header())})
 	switch c.Verdict {
 	case engine.Executed:
-		return s.run(ctx, c, req, next)
+		return s.run(ctx, c, p, req, next)
 	case engine.FailedOpen:
 		return next(c.Context(ctx), req)
+	}
+	return s.answer(ctx, c, p, req)
+}
+
+// answer answers a call that did not run the handler, as c.Verdict says.
+func (s *server) answer(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest) (connect.AnyResponse, error) {
+	switch c.Verdict {
 	case engine.Replayed:
 		return s.replay(ctx, c, p, req)
 	case engine.InProgress:
@@ -197,7 +204,7 @@ func retried(h http.Header) bool {
 // releases the key. In atomic mode only a success keeps the handler's
 // writes: a recorded error, or a reply that could not be recorded, undoes
 // them.
-func (s *server) run(ctx context.Context, c *engine.Call, req connect.AnyRequest, next connect.UnaryFunc) (connect.AnyResponse, error) {
+func (s *server) run(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest, next connect.UnaryFunc) (connect.AnyResponse, error) {
 	var k *kept
 	info, _ := connect.CallInfoForHandlerContext(ctx)
 	if len(s.opts.replayed) > 0 {
@@ -226,7 +233,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, req connect.AnyRequest
 	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, k)
 	if encodeErr != nil {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
-		return s.recordInstead(ctx, c, unrecordable, unrecordableMsg)
+		return s.recordInstead(ctx, c, p, req, unrecordable, unrecordableMsg)
 	}
 	if !record {
 		c.Release(ctx)
@@ -234,9 +241,11 @@ func (s *server) run(ctx context.Context, c *engine.Call, req connect.AnyRequest
 	}
 	switch recErr := c.Record(ctx, outcome, err == nil); {
 	case errors.Is(recErr, engine.ErrTooLarge):
-		return s.recordInstead(ctx, c, tooLarge, tooLargeMsg)
+		return s.recordInstead(ctx, c, p, req, tooLarge, tooLargeMsg)
 	case errors.Is(recErr, store.ErrFull):
-		return s.recordInstead(ctx, c, noRoom, noRoomMsg)
+		return s.recordInstead(ctx, c, p, req, noRoom, noRoomMsg)
+	case errors.Is(recErr, engine.ErrSuperseded):
+		return s.answer(ctx, c, p, req)
 	case recErr != nil:
 		return nil, storeUnavailableError()
 	}
@@ -248,8 +257,11 @@ func (s *server) run(ctx context.Context, c *engine.Call, req connect.AnyRequest
 // gets it too, as every retry will; if even it cannot be recorded, the key
 // stays in progress until its lease ends. Only in atomic mode, where a
 // failed commit undoes the handler's writes, is the answer Unavailable.
-func (s *server) recordInstead(ctx context.Context, c *engine.Call, outcome []byte, msg string) (connect.AnyResponse, error) {
-	if recErr := c.Record(ctx, outcome, false); recErr != nil && c.Atomic() {
+func (s *server) recordInstead(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest, outcome []byte, msg string) (connect.AnyResponse, error) {
+	switch recErr := c.Record(ctx, outcome, false); {
+	case errors.Is(recErr, engine.ErrSuperseded):
+		return s.answer(ctx, c, p, req)
+	case recErr != nil && c.Atomic():
 		return nil, storeUnavailableError()
 	}
 	return nil, internalError(msg)

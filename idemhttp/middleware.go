@@ -222,6 +222,14 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 		m.run(w, r, body, next, c)
 	case engine.FailedOpen:
 		next.ServeHTTP(w, withBody(r.WithContext(c.Context(r.Context())), body))
+	default:
+		m.answer(w, r, c)
+	}
+}
+
+// answer answers a request that did not run the handler, as c.Verdict says.
+func (m *middleware) answer(w http.ResponseWriter, r *http.Request, c *engine.Call) {
+	switch c.Verdict {
 	case engine.Replayed:
 		m.replay(w, r, c)
 	case engine.InProgress:
@@ -302,6 +310,8 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, ne
 		m.recordInstead(w, r, c, detailTooLarge)
 	case errors.Is(err, store.ErrFull):
 		m.recordInstead(w, r, c, detailStoreFull)
+	case errors.Is(err, engine.ErrSuperseded):
+		m.answer(w, r, c)
 	case err != nil:
 		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
@@ -326,6 +336,10 @@ func (m *middleware) recordInstead(w http.ResponseWriter, r *http.Request, c *en
 	pw, outcome, err := m.standIn(w, detail)
 	if err == nil {
 		err = c.Record(r.Context(), outcome, false)
+	}
+	if errors.Is(err, engine.ErrSuperseded) {
+		m.answer(w, r, c)
+		return
 	}
 	if err != nil && c.Atomic() {
 		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,

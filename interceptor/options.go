@@ -296,14 +296,16 @@ func WithFailOpen() Option {
 //     So the first caller gets the handler's reply only once it has
 //     committed; if the commit fails, it gets Unavailable instead, and its
 //     retry finds the truth (the replay, or a fresh run).
-//   - A duplicate waits for the first call's transaction for at most the
-//     store's lock timeout (postgres.WithLockTimeout), then reads the record
-//     while WithInProgressWait lasts, and then gets Aborted with the pushback
-//     of WithMaxRetryAfter; if the first call commits meanwhile, the duplicate
-//     gets the replay. Until the first call commits, its
-//     fingerprint cannot be read, so a duplicate with a different request also
-//     gets Aborted, and InvalidArgument (reused) only once the first has
-//     committed.
+//   - A duplicate of a running call is told so by the store at once (the
+//     first call's record is written only when it commits), and asks again
+//     while WithInProgressWait lasts, and then gets Aborted with the
+//     pushback of WithMaxRetryAfter; if the first call commits meanwhile,
+//     the duplicate gets the replay, and if it rolls back, the duplicate
+//     runs. Until the first call commits, its fingerprint cannot be read, so
+//     a duplicate with a different request also gets Aborted, and
+//     InvalidArgument (reused) only once the first has committed. Asking
+//     takes none of the capacity that new keys need (postgres: no
+//     transaction slot, no wait on a lock).
 //   - A store failure always fails closed, even with WithFailOpen: the
 //     handler's writes need the same database.
 //   - A call without a key (WithKeyRequired not set) runs the handler with no

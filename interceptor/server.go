@@ -108,10 +108,17 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(ctx)})
 	switch c.Verdict {
 	case engine.Executed:
-		return s.run(ctx, c, req, handler)
+		return s.run(ctx, c, m, req, handler)
 	case engine.FailedOpen:
 		hctx, _ := s.handlerContext(ctx, c)
 		return handler(hctx, req)
+	}
+	return s.answer(ctx, c, m)
+}
+
+// answer answers a call that did not run the handler, as c.Verdict says.
+func (s *server) answer(ctx context.Context, c *engine.Call, m *method) (any, error) {
+	switch c.Verdict {
 	case engine.Replayed:
 		return s.replay(ctx, c, m)
 	case engine.InProgress:
@@ -170,7 +177,7 @@ func (s *server) handlerContext(ctx context.Context, c *engine.Call) (context.Co
 // releases the key. In atomic mode only a success keeps the handler's
 // writes: a recorded error, or a reply that could not be recorded, undoes
 // them.
-func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.UnaryHandler) (any, error) {
+func (s *server) run(ctx context.Context, c *engine.Call, m *method, req any, handler grpc.UnaryHandler) (any, error) {
 	hctx, rec := s.handlerContext(ctx, c)
 	defer c.Abandon(ctx) // the handler panicked: let a retry run again
 	resp, err := handler(hctx, req)
@@ -178,7 +185,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.
 	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
 	if encodeErr != nil {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
-		return s.recordInstead(ctx, c, unrecordable, unrecordableErr)
+		return s.recordInstead(ctx, c, m, unrecordable, unrecordableErr)
 	}
 	if !record {
 		c.Release(ctx)
@@ -186,9 +193,11 @@ func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.
 	}
 	switch recErr := c.Record(ctx, outcome, err == nil); {
 	case errors.Is(recErr, engine.ErrTooLarge):
-		return s.recordInstead(ctx, c, tooLarge, tooLargeErr)
+		return s.recordInstead(ctx, c, m, tooLarge, tooLargeErr)
 	case errors.Is(recErr, store.ErrFull):
-		return s.recordInstead(ctx, c, noRoom, noRoomErr)
+		return s.recordInstead(ctx, c, m, noRoom, noRoomErr)
+	case errors.Is(recErr, engine.ErrSuperseded):
+		return s.answer(ctx, c, m)
 	case recErr != nil:
 		return nil, StoreUnavailableError()
 	}
@@ -200,8 +209,11 @@ func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.
 // gets it too, as every retry will; if even it cannot be recorded, the key
 // stays in progress until its lease ends. Only in atomic mode, where a
 // failed commit undoes the handler's writes, is the answer Unavailable.
-func (s *server) recordInstead(ctx context.Context, c *engine.Call, outcome []byte, err error) (any, error) {
-	if recErr := c.Record(ctx, outcome, false); recErr != nil && c.Atomic() {
+func (s *server) recordInstead(ctx context.Context, c *engine.Call, m *method, outcome []byte, err error) (any, error) {
+	switch recErr := c.Record(ctx, outcome, false); {
+	case errors.Is(recErr, engine.ErrSuperseded):
+		return s.answer(ctx, c, m)
+	case recErr != nil && c.Atomic():
 		return nil, StoreUnavailableError()
 	}
 	return nil, err

@@ -253,12 +253,11 @@ type Atomic interface {
 	// reservation, and the caller must end it with exactly one of Commit or
 	// Rollback. Otherwise tx is nil and no transaction is left open.
 	//
-	// Another caller's reservation of the key may not be committed yet. Begin
-	// then waits for it, at most for a bound of the store's: if it commits,
-	// Begin decides on its record; if it rolls back, Begin acquires; if the
-	// bound passes first, the result is InProgress with r's own Fingerprint,
-	// because an uncommitted record's fingerprint cannot be read, and a
-	// RetryAfter of r.Lease.
+	// Another caller may hold the key in a transaction that has not
+	// committed yet. Begin does not wait for it: the result is InProgress
+	// with r's own Fingerprint, because an uncommitted record's fingerprint
+	// cannot be read, and a RetryAfter of r.Lease; a later Begin decides on
+	// its record once it has committed, or acquires if it rolled back.
 	Begin(ctx context.Context, r Reservation) (res Result, tx Tx, err error)
 }
 
@@ -270,10 +269,14 @@ type Tx interface {
 	// Commit records outcome and commits the transaction. With keepWrites
 	// false, the handler's writes are undone first and only the record
 	// commits: for a recorded error. Like Complete, it ignores ctx's
-	// cancellation. On an error, nothing is committed; or, if the connection
-	// failed during the commit, it is unknown whether everything was; either
-	// way a retry finds the truth. (A handler that ended the transaction
-	// itself gets an error too, after its writes may have committed.)
+	// cancellation. It returns ErrLeaseLost if another caller recorded the
+	// key after Begin (a store that writes the record only at commit, as
+	// store/postgres does, learns of such a race only then): nothing was
+	// committed, and the caller reads the key's record to answer. On another
+	// error, nothing is committed; or, if the connection failed during the
+	// commit, it is unknown whether everything was; either way a retry finds
+	// the truth. (A handler that ended the transaction itself gets an error
+	// too, after its writes may have committed.)
 	Commit(ctx context.Context, outcome []byte, keepWrites bool) error
 	// Rollback ends the transaction with nothing written, the reservation
 	// included: the key is free again. It ignores ctx's cancellation.

@@ -1,22 +1,20 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"sync/atomic"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store"
 )
-
-// DefaultLockTimeout bounds how long Begin waits for another open transaction
-// that holds the same key, unless WithLockTimeout sets another.
-const DefaultLockTimeout = 100 * time.Millisecond
 
 // Querier is what a handler in atomic mode reads and writes through: the
 // call's transaction. Its methods are pgx's, so it fits sqlc's DBTX and most
@@ -50,44 +48,102 @@ func ContextWithTx(ctx context.Context, tx Querier) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
 
-// savepoint separates the reservation from the handler's writes, so that a
-// recorded error can undo the writes and keep the reservation.
+// savepoint separates the handler's writes from the rest of the
+// transaction, so that a recorded error can undo them and still commit the
+// record.
 const savepoint = "idemkey_handler"
 
-// The reservation runs under the store's lock timeout; the handler's
-// statements, under the session's own, which idemkey.lock_timeout keeps
-// meanwhile.
+// Kinds of answer of probeSQL.
 const (
-	setLockTimeoutSQL     = `SELECT set_config('idemkey.lock_timeout', current_setting('lock_timeout'), true), set_config('lock_timeout', $1, true)`
-	restoreLockTimeoutSQL = `SELECT set_config('lock_timeout', current_setting('idemkey.lock_timeout'), true)`
+	probeFree      = 1 // no live record, and the key's lock is taken
+	probeCompleted = 2 // a completed record
+	probeHeld      = 3 // an in-progress record (two-phase) under a live lease
+	probeBusy      = 4 // no live record, and another transaction holds the key's lock
+	probeTakeable  = 5 // a record that may be taken over, and the key's lock is taken
 )
 
-// completeInTxSQL records the outcome like completeSQL, and fails when it
-// matches no row (dividing by the count of rows updated), so that the COMMIT
-// sent with it rolls back instead of committing the handler's writes without
-// their record. Only a handler that changed the row itself gets there.
-const completeInTxSQL = `WITH completed AS (%s RETURNING 1) SELECT 1 / count(*) FROM completed`
+// probeSQL decides, in one statement that writes nothing, what an atomic
+// call with key $1 and fingerprint $2 does. It reads the key's record and,
+// only when there is none or it may be taken over, tries the key's advisory
+// lock ($3, see lockID) without waiting: the lock is what a running atomic
+// call holds instead of a row, until its transaction ends. Inside Begin's
+// transaction the lock is kept; run on its own (autocommit), the statement
+// only asks whether the key is free, and lets the lock go at once.
+//
+// Result columns: kind, then the record's fingerprint, outcome and time left
+// on its lease (NULL without a record).
+func probeSQL(table string) string {
+	return fmt.Sprintf(`
+SELECT CASE
+		WHEN c.key IS NULL THEN CASE WHEN pg_try_advisory_xact_lock($3 # '%[1]s'::regclass::oid::bigint) THEN %[3]d ELSE %[4]d END
+		WHEN %[2]s THEN CASE WHEN pg_try_advisory_xact_lock($3 # '%[1]s'::regclass::oid::bigint) THEN %[5]d ELSE %[4]d END
+		WHEN c.state = 'completed' THEN %[6]d
+		ELSE %[7]d END,
+	c.fingerprint, c.outcome, c.lease_end - now()
+FROM (VALUES (1)) AS one (x) LEFT JOIN %[1]s AS c ON c.key = $1`,
+		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld)
+}
+
+// recordSQL inserts the completed record of an atomic call whose probe found
+// no record ($1 key, $2 fingerprint, $3 outcome, $4 retention in
+// microseconds). A record inserted since (by a call that lost no race of its
+// own, or by a two-phase reservation) makes it fail with a unique violation.
+// Atomic records take no fencing token of the sequence: nothing fences them,
+// and 0 is never a two-phase holder's.
+const recordSQL = `INSERT INTO %s (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
+VALUES ($1, $2, 'completed', 0, now(), now(), now() + $4 * interval '1 microsecond', $3)`
+
+// takeoverSQL records like recordSQL over a record that the probe found
+// takeable. ON CONFLICT tests the newest version of the row, and the
+// statement fails (dividing by the count of rows written) when that is no
+// longer takeable, as recordSQL fails on a conflict.
+func takeoverSQL(table string) string {
+	return fmt.Sprintf(`WITH w AS (
+	INSERT INTO %[1]s AS r (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
+	VALUES ($1, $2, 'completed', 0, now(), now(), now() + $4 * interval '1 microsecond', $3)
+	ON CONFLICT (key) DO UPDATE SET
+		fingerprint = excluded.fingerprint,
+		state = 'completed',
+		token = 0,
+		lease_end = excluded.lease_end,
+		outcome = excluded.outcome,
+		created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
+		expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END
+	WHERE %[2]s
+	RETURNING 1
+) SELECT 1 / count(*) FROM w`, table, takeable("r"))
+}
+
+// lockID is the advisory lock of key: its first 8 bytes, a bigint, which
+// probeSQL XORs with the table's OID, so that stores on two tables of one
+// database (two services, or a test's schemas) never share a key's lock. The
+// one-bigint form of PostgreSQL's advisory locks is shared with whatever
+// locks of that form the application takes on the same database; the two-int
+// form is another space, and never conflicts with it.
+func lockID(key store.Key) int64 { return int64(binary.BigEndian.Uint64(key[:8])) }
 
 var _ store.Atomic = (*Store)(nil)
 
 // Begin implements store.Atomic in one round trip once the connection has
-// prepared the statements: BEGIN, the reservation under the lock timeout, and
-// a savepoint go out as one pipeline. Another transaction that holds the key
-// makes the reservation wait on its row; the wait ends when that transaction
-// does, or with SQLSTATE 55P03 when the lock timeout passes. A replay, or an
-// "in progress", is answered at once: its transaction wrote and locked
-// nothing, so its ROLLBACK goes out in a goroutine that the caller does not
-// wait for (it frees the connection, and the transaction's slot, when done).
+// prepared the statements: BEGIN, the probe and a savepoint go out as one
+// pipeline. The probe decides without waiting on anything: a running atomic
+// call holds the key's advisory lock, and its record is written only when it
+// commits, so a duplicate is answered "in progress" at once, and a replay
+// from the record. A call that is not acquired wrote and locked nothing, so
+// its ROLLBACK goes out in a goroutine that the caller does not wait for (it
+// frees the connection, and the transaction's slot, when done).
 //
 // At most WithAtomicConns transactions are open at once. When all are taken
-// by running handlers, Begin first reads the key (Find): a replay answers from
-// that read, on a connection the transactions leave free, and only a new key
+// by running handlers, Begin first runs the probe on its own, on a
+// connection the transactions leave free: a replay, or a duplicate of a
+// running call, is answered from it at once, and only a key that is free
 // waits for a transaction to end.
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if !s.takeSlot() {
-		if res, found, err := s.Find(ctx, r.Key); err != nil || found {
+		res, _, err := s.probe(ctx, s.pool, r)
+		if err != nil || res.State != store.Acquired {
 			return res, nil, err
 		}
 		select {
@@ -116,6 +172,49 @@ func (s *Store) takeSlot() bool {
 
 func (s *Store) freeSlot() { <-s.slots }
 
+// probe runs probeSQL for r on q, running it again on a fresh connection if
+// its own died (reconnect). takeover reports a record to take over.
+func (s *Store) probe(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+}, r store.Reservation) (res store.Result, takeover bool, err error) {
+	for range maxAttempts {
+		res, takeover, err = scanProbe(q.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)), r)
+		if !reconnect(err) {
+			break
+		}
+	}
+	if err != nil {
+		return store.Result{}, false, s.translate(ctx, "begin", err)
+	}
+	return res, takeover, nil
+}
+
+// scanProbe reads the row of probeSQL for r.
+func scanProbe(row pgx.Row, r store.Reservation) (res store.Result, takeover bool, err error) {
+	var (
+		kind        int
+		fingerprint []byte
+		leaseLeft   pgtype.Interval
+	)
+	if err := row.Scan(&kind, &fingerprint, &res.Outcome, &leaseLeft); err != nil {
+		return store.Result{}, false, err
+	}
+	switch kind {
+	case probeFree, probeTakeable:
+		return store.Result{State: store.Acquired}, kind == probeTakeable, nil
+	case probeBusy:
+		// The running call's record is not written yet: its fingerprint
+		// cannot be read, and its lease is unknown.
+		return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, false, nil
+	case probeCompleted:
+		res.State = store.Completed
+	default:
+		res.State, res.RetryAfter = store.InProgress, intervalDuration(leaseLeft)
+	}
+	copy(res.Fingerprint[:], fingerprint)
+	return res, false, nil
+}
+
 // begin is Begin once it holds a slot. A connection that is lost takes the
 // transaction with it, so Begin starts again on another. ending reports that
 // a goroutine is ending the transaction and frees the slot itself.
@@ -125,27 +224,35 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		if err != nil {
 			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
 		}
-		res, err := s.reserveInTx(ctx, conn.Conn(), r)
-		var pgErr *pgconn.PgError
+		var (
+			res      store.Result
+			takeover bool
+			scanErr  error
+		)
+		b := &pgx.Batch{}
+		b.Queue("BEGIN")
+		// The scan's error is kept apart, because pgx forgets the prepared
+		// statements of a batch that fails.
+		b.Queue(s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)).
+			QueryRow(func(row pgx.Row) error { res, takeover, scanErr = scanProbe(row, r); return nil })
+		b.Queue("SAVEPOINT " + savepoint)
+		err = conn.SendBatch(ctx, b).Close()
+		if err == nil {
+			err = scanErr
+		}
 		switch {
 		case err == nil && res.State == store.Acquired:
-			return res, &atomicTx{store: s, conn: conn, key: r.Key, token: res.Token}, false, nil
+			return res, &atomicTx{store: s, conn: conn, r: r, takeover: takeover}, false, nil
 		case err == nil:
-			// The reservation read the row and wrote nothing: the answer
-			// need not wait for the ROLLBACK's round trip.
+			// The probe wrote and locked nothing: the answer need not
+			// wait for the ROLLBACK's round trip.
 			go func() {
 				s.rollback(ctx, conn)
 				s.freeSlot()
 			}()
 			return res, nil, true, nil
-		case errors.As(err, &pgErr) && pgErr.Code == "55P03" && ctx.Err() == nil:
-			// The key's holder has not committed: its fingerprint cannot be
-			// read, and its lease is unknown.
-			s.rollback(ctx, conn)
-			return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil, false, nil
-		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err):
-			// The row changed under the statement: begin again. The
-			// ROLLBACK goes on its own, because pgx prepares anew the
+		case serializationFailure(err):
+			// The ROLLBACK goes on its own, because pgx prepares anew the
 			// statements of a batch that failed, which PostgreSQL refuses
 			// inside a failed transaction.
 			if err := s.rollback(ctx, conn); err != nil {
@@ -158,28 +265,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
 		}
 	}
-	return store.Result{}, nil, false, fmt.Errorf("idemkey postgres: begin: %w: the row changed, or the connection died, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
-}
-
-// reserveInTx begins a transaction on conn and reserves r in it.
-func (s *Store) reserveInTx(ctx context.Context, conn *pgx.Conn, r store.Reservation) (store.Result, error) {
-	var (
-		res     store.Result
-		scanErr error
-	)
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(setLockTimeoutSQL, s.lockTimeout)
-	// The scan's error is kept apart, because pgx forgets the prepared
-	// statements of a batch that fails, and no row is no failure of theirs.
-	b.Queue(s.reserveSQL, r.Key[:], r.Fingerprint[:], r.Lease.Microseconds(), r.Retention.Microseconds()).
-		QueryRow(func(row pgx.Row) error { res, scanErr = scanReservation(row); return nil })
-	b.Queue(restoreLockTimeoutSQL)
-	b.Queue("SAVEPOINT " + savepoint)
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return store.Result{}, err
-	}
-	return res, scanErr
+	return store.Result{}, nil, false, fmt.Errorf("idemkey postgres: begin: %w: the connection died, or the transaction failed to serialize, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
 // rollback ends conn's transaction, if any, and returns conn to the pool. A
@@ -196,13 +282,13 @@ func (s *Store) rollback(ctx context.Context, conn *pgxpool.Conn) error {
 }
 
 // atomicTx is the store.Tx of Begin: the connection in the transaction, and
-// the reservation it holds.
+// the reservation it decided.
 type atomicTx struct {
-	store   *Store
-	conn    *pgxpool.Conn // nil once the transaction has ended
-	handler *handlerTx    // the handler's view of it, once it has one
-	key     store.Key
-	token   store.Token
+	store    *Store
+	conn     *pgxpool.Conn // nil once the transaction has ended
+	handler  *handlerTx    // the handler's view of it, once it has one
+	r        store.Reservation
+	takeover bool // the probe found a record to take over
 }
 
 var (
@@ -232,7 +318,9 @@ func (t *atomicTx) end() *pgxpool.Conn {
 
 // Commit implements store.Tx in one round trip, the record and COMMIT going
 // out as one pipeline; without keepWrites, the return to the savepoint costs
-// another.
+// another. A record that another call wrote since Begin (one that committed
+// between the probe's snapshot and its lock, or a two-phase reservation)
+// makes the record fail, and nothing commits: ErrLeaseLost.
 func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) error {
 	conn := t.end()
 	if conn == nil {
@@ -262,41 +350,68 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 			return t.store.translate(ctx, "commit", err)
 		}
 	}
+	sql := t.store.recordSQL
+	if t.takeover {
+		sql = t.store.takeoverSQL
+	}
 	b := &pgx.Batch{}
-	b.Queue(t.store.completeInTxSQL, t.key[:], int64(t.token), outcome)
-	b.Queue("COMMIT").Exec(func(tag pgconn.CommandTag) error {
-		if tag.String() != "COMMIT" {
-			return errRolledBack
-		}
-		return nil
-	})
-	err := conn.SendBatch(ctx, b).Close()
+	b.Queue(sql, t.r.Key[:], t.r.Fingerprint[:], outcome, max(t.r.Retention, 0).Microseconds())
+	b.Queue("COMMIT")
+	br := conn.SendBatch(ctx, b)
+	_, recordErr := br.Exec()
+	tag, commitErr := br.Exec()
+	err := cmp.Or(recordErr, commitErr, br.Close())
+	if err == nil && tag.String() != "COMMIT" {
+		err = errRolledBack
+	}
 	if err == nil {
 		conn.Release()
 		return nil
 	}
 	t.store.rollback(ctx, conn)
-	var pgErr *pgconn.PgError
-	switch {
-	case errors.As(err, &pgErr) && pgErr.Code == "22012": // completeInTxSQL's division by zero
-		return fmt.Errorf("idemkey postgres: commit: %w: the handler changed the record's row, so nothing was committed", store.ErrLeaseLost)
-	case errors.Is(err, errRolledBack):
+	if recordErr != nil && lostRecord(recordErr) {
+		return fmt.Errorf("idemkey postgres: commit: %w: another call recorded the key first, so nothing of this one was committed", store.ErrLeaseLost)
+	}
+	if errors.Is(err, errRolledBack) {
 		return fmt.Errorf("idemkey postgres: commit: %w", err)
 	}
 	return t.store.translate(ctx, "commit", err)
 }
 
-// handlerEnded records outcome after a handler ended the transaction itself.
-// If it committed, its writes and the reservation are in, and the record
-// completes them, as in two-phase mode; if it rolled back, the reservation
-// is gone, and so is the key's hold. Either way the error reports the bug.
+// lostRecord reports whether the record's statement failed because another
+// call wrote the key's record after Begin's probe: a unique violation, the
+// division by zero of takeoverSQL, or, under REPEATABLE READ or
+// SERIALIZABLE, a serialization failure on the row.
+func lostRecord(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "23505", "22012", "40001":
+		return true
+	}
+	return false
+}
+
+// handlerEnded records outcome after a handler ended the transaction itself,
+// and reports the bug. If a COMMIT of the handler's ended it, its writes are
+// in, and the record is written after them, as in two-phase mode, so that a
+// retry replays; if it rolled back, or it cannot be told how it ended,
+// nothing is recorded, and a retry runs the handler again.
 func (t *atomicTx) handlerEnded(ctx context.Context, conn *pgxpool.Conn, outcome []byte) error {
 	conn.Release()
-	err := t.store.Complete(ctx, t.key, t.token, outcome)
-	if err != nil && !errors.Is(err, store.ErrLeaseLost) {
-		return fmt.Errorf("idemkey postgres: commit: the handler ended the transaction, and recording its outcome failed: %w", err)
+	if t.handler == nil || !t.handler.committed.Load() {
+		return errors.New("idemkey postgres: commit: the handler ended the transaction itself, so nothing was recorded, and a retry runs it again")
 	}
-	return errors.New("idemkey postgres: commit: the handler ended the transaction itself, so its writes were not atomic with the record")
+	sql := t.store.recordSQL
+	if t.takeover {
+		sql = t.store.takeoverSQL
+	}
+	if _, err := t.store.pool.Exec(ctx, sql, t.r.Key[:], t.r.Fingerprint[:], outcome, max(t.r.Retention, 0).Microseconds()); err != nil {
+		return fmt.Errorf("idemkey postgres: commit: the handler committed the transaction itself, and recording its outcome failed: %w", t.store.translate(ctx, "commit", err))
+	}
+	return errors.New("idemkey postgres: commit: the handler committed the transaction itself, so its writes were not atomic with the record")
 }
 
 // Rollback implements store.Tx.
@@ -313,15 +428,20 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 // once the transaction has ended, so that a goroutine the handler left
 // behind cannot write into the next call that uses the connection.
 type handlerTx struct {
-	conn  *pgx.Conn
-	ended atomic.Bool
+	conn      *pgx.Conn
+	ended     atomic.Bool
+	committed atomic.Bool // an Exec of the handler's committed the transaction
 }
 
 func (h *handlerTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if h.ended.Load() {
 		return pgconn.CommandTag{}, errTxEnded
 	}
-	return h.conn.Exec(ctx, sql, args...)
+	tag, err := h.conn.Exec(ctx, sql, args...)
+	if tag.String() == "COMMIT" && h.conn.PgConn().TxStatus() == 'I' {
+		h.committed.Store(true)
+	}
+	return tag, err
 }
 
 func (h *handlerTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {

@@ -86,8 +86,8 @@
 //
 // The Store implements store.Atomic, so the interceptor can run a method in
 // atomic mode (interceptor.WithAtomic): Begin starts a transaction on a
-// connection of the pool and reserves the key in it, the handler writes in
-// the same transaction, and the record commits with its writes. A handler
+// connection of the pool and takes the key in it, the handler writes in the
+// same transaction, and the record commits with its writes. A handler
 // finds the transaction with TxFromContext, a Querier with pgx's query
 // methods (it fits sqlc's DBTX) and no Commit or Rollback:
 //
@@ -100,41 +100,65 @@
 //		...
 //	}
 //
+// How it holds a key. A running atomic call writes no row until it
+// commits: it holds the key's transaction-level advisory lock instead (the
+// one-bigint form: the first 8 bytes of the key's hash XOR the table's OID,
+// so that two stores' tables never share a lock), and writes the
+// completed record once, with COMMIT. This is one write per key, the least
+// a record can cost (BENCHMARKS.md measures it against the designs before
+// it). Begin's probe reads the key's record and, only when there is none or
+// it may be taken over, tries the lock without waiting. The lock space is
+// shared with the application's own advisory locks of that form on the same
+// database: a lock of the application's that happens to take the same
+// bigint as a running key's makes a call with that key hear "in progress"
+// while both are held (the two-int form, pg_advisory_lock(int, int), is
+// another space, and never conflicts).
+//
+// The probe's snapshot is taken before it tries the lock: a call that
+// committed the key's record in between has let its lock go, so the probe
+// takes the lock and answers Acquired although the key is recorded. Such a
+// call finds out when its own record fails on the key (the primary key, or
+// for a takeover the row's newest version): nothing of it commits, and
+// Commit returns store.ErrLeaseLost, for which the interceptor reads the
+// record and answers the replay. Its handler has run once for nothing, and
+// been rolled back. A two-phase reservation of the same key (a method moved
+// between modes during a rolling deploy) is settled the same way.
+//
 // What to know:
 //   - A call costs two round trips besides the handler's own statements, and
-//     one commit: BEGIN, the reservation and a savepoint go out as one
-//     pipeline, and the record and COMMIT as another. A replay costs two round
-//     trips and commits nothing, but is answered after the first: its
-//     transaction wrote and locked nothing, so a goroutine of the store rolls
-//     it back and returns the connection after the reply. On a connection that has not prepared these
-//     statements yet (a new one, or one whose last Begin waited out the lock
-//     timeout, after which pgx prepares its batch anew), preparing them costs
-//     another round trip, and is not bounded by the lock timeout.
+//     one commit: BEGIN, the probe and a savepoint go out as one pipeline,
+//     and the record and COMMIT as another. A replay costs two round trips
+//     and commits nothing, but is answered after the first: its transaction
+//     wrote and locked nothing, so a goroutine of the store rolls it back and
+//     returns the connection after the reply. On a connection that has not
+//     prepared these statements yet, preparing them costs another round
+//     trip.
 //   - A recorded error rolls back to the savepoint, undoing the handler's
 //     writes, even after a statement of the handler failed, and commits the
 //     record alone. A success after a failed statement cannot commit: the
 //     caller gets Unavailable, and the key is free.
-//   - A duplicate of a key whose transaction is open waits on its row for at
-//     most the lock timeout (WithLockTimeout, 100 ms by default, set around the
-//     reservation only), then Begin answers "in progress" (the interceptor
-//     then goes on waiting with reads: interceptor.WithInProgressWait). If
-//     the first transaction ends sooner, the duplicate gets its replay, or, if
-//     it rolled back, runs. A lock on the whole table (a migration, VACUUM
-//     FULL) held longer than the lock timeout is answered "in progress" too.
-//   - Each running call holds one connection of the pool until it ends, and so
-//     does each waiting duplicate, for at most the lock timeout. At most
-//     WithAtomicConns calls hold one at once (three quarters of the pool's
-//     MaxConns by default); a new key beyond them waits for one to end,
-//     within the store's timeout, and a replay beyond them is answered from a
-//     read on the connections left free, so replays, reads and records never
-//     queue behind running handlers. Size the pool for the atomic calls to run
-//     at once plus a quarter (pgxpool's default, max(4, cores), runs three). A
-//     handler that also takes another connection from the same pool needs a
-//     pool larger than that.
+//   - A duplicate of a running call waits on nothing: the probe finds the
+//     key's lock taken and Begin answers "in progress" at once (the
+//     interceptor then asks again while interceptor.WithInProgressWait
+//     lasts, and answers the replay once the first call has committed).
+//     Nothing in Begin sets a lock timeout, so a wait of the database's own
+//     (extending the table's file, a migration's lock) delays a call but
+//     never turns a new key into "in progress".
+//   - Each running call holds one connection of the pool until it ends. At
+//     most WithAtomicConns calls hold one at once (three quarters of the
+//     pool's MaxConns by default). When all are taken, Begin runs the probe
+//     on its own on the connections left free: a replay, or a duplicate of a
+//     running call, is answered at once, without waiting for a transaction
+//     slot, and only a new key waits for one, within the store's timeout. So
+//     a flood of duplicates never takes the capacity that new keys and
+//     replays need. Size the pool for the atomic calls to run at once plus a
+//     quarter (pgxpool's default, max(4, cores), runs three). A handler that
+//     also takes another connection from the same pool needs a pool larger
+//     than that.
 //   - The transaction has the database's default isolation. Under REPEATABLE
-//     READ or SERIALIZABLE, a reservation that loses a race begins again, up
-//     to 10 times; a commit that fails to serialize rolls back everything, and
-//     the caller gets Unavailable, so its retry runs again. A handler that
+//     READ or SERIALIZABLE, a record that fails to serialize is taken as a
+//     lost race (above); a COMMIT that fails to serialize rolls back
+//     everything, and the caller gets Unavailable, so its retry runs again. A handler that
 //     sees a serialization failure or a deadlock (SQLSTATE 40001, 40P01)
 //     should answer a released code such as Aborted, not a recorded one.
 //   - Deferred constraints are checked at COMMIT, after the handler has
@@ -142,9 +166,11 @@
 //     Unavailable, on every retry. Check them in the handler (SET CONSTRAINTS
 //     ALL IMMEDIATE) to answer a recorded error instead.
 //   - The transaction is the handler's until it returns: it must not commit or
-//     roll back itself (if it does, the caller gets Unavailable, and a commit's
-//     writes are recorded after the fact, as in two-phase mode), and the
-//     Querier fails once the call has ended.
+//     roll back itself. If it does, the caller gets Unavailable; a COMMIT run
+//     with the Querier's Exec is recorded after the fact, as in two-phase
+//     mode, so that a retry replays, but a transaction ended any other way
+//     records nothing, and a retry runs the handler again. The Querier fails
+//     once the call has ended.
 //   - ContextWithTx puts a transaction of your own where TxFromContext finds
 //     it, to run a handler outside gRPC (a test, a batch job) in a
 //     transaction.
@@ -200,8 +226,8 @@
 // statements. Behind it, set pgx's mode for such poolers in the URL:
 // default_query_exec_mode=exec (or simple_protocol). The store, Migrate and
 // atomic mode then work as they do directly, because the store keeps no
-// session state: its lock timeout is set for the transaction only, and it
-// takes no advisory lock and prepares, creates or listens to nothing that
+// session state: its advisory locks are transaction-level, released when
+// the transaction ends, and it prepares, creates or listens to nothing that
 // outlives a transaction. An atomic call's transaction stays on one pgx
 // connection, so on one server connection, until it ends. In exec mode the
 // server parses and plans every statement: a first call costs about a third

@@ -178,9 +178,9 @@ func TestPgbouncerWithoutExecMode(t *testing.T) {
 }
 
 // Atomic calls through pgbouncer, on one server connection that every client
-// shares, leave nothing in that session for the next client: not the
-// reservation's lock_timeout (the handler and the next client see the
-// database's), no prepared statement.
+// shares, leave nothing in that session for the next client: the handler
+// and the next client see the database's lock_timeout, and no advisory lock
+// or prepared statement is left.
 func TestPgbouncerLeavesNoSessionState(t *testing.T) {
 	defer func(direct func(testing.TB, string, ...func(*pgxpool.Config)) *pgxpool.Pool) { openPool = direct }(openPool)
 	openPool = bouncedPools("exec", 1)
@@ -204,18 +204,18 @@ func TestPgbouncerLeavesNoSessionState(t *testing.T) {
 
 	next := openPool(t, schemaOf(t, r.pool))
 	var (
-		lockTimeout, saved string
-		prepared           int
+		lockTimeout     string
+		locks, prepared int
 	)
 	err := next.QueryRow(context.Background(), `SELECT current_setting('lock_timeout'),
-		coalesce(current_setting('idemkey.lock_timeout', true), ''),
-		(SELECT count(*) FROM pg_prepared_statements)`).Scan(&lockTimeout, &saved, &prepared)
+		(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid()),
+		(SELECT count(*) FROM pg_prepared_statements)`).Scan(&lockTimeout, &locks, &prepared)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if lockTimeout != want || saved != "" || prepared != 0 {
-		t.Errorf("the next client's session: lock_timeout %q, idemkey.lock_timeout %q, %d prepared statements; want %q, \"\", 0",
-			lockTimeout, saved, prepared, want)
+	if lockTimeout != want || locks != 0 || prepared != 0 {
+		t.Errorf("the next client's session: lock_timeout %q, %d advisory locks, %d prepared statements; want %q, 0, 0",
+			lockTimeout, locks, prepared, want)
 	}
 }
 

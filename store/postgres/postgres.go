@@ -44,7 +44,6 @@ type options struct {
 	table       string
 	logger      *slog.Logger
 	timeout     time.Duration
-	lockTimeout time.Duration
 	atomicConns int32 // 0: the default share of the pool
 	unchecked   bool  // WithoutSchemaCheck
 }
@@ -72,15 +71,6 @@ func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
-// WithLockTimeout bounds how long Begin, in atomic mode, waits for another
-// transaction that holds the same key to end before it answers "in progress"
-// (DefaultLockTimeout if d < 1ms), in whole milliseconds. It applies to the
-// reservation only; the handler's own statements keep the session's
-// lock_timeout.
-func WithLockTimeout(d time.Duration) Option {
-	return func(o *options) { o.lockTimeout = d }
-}
-
 // WithAtomicConns bounds how many of the pool's connections atomic calls
 // hold at once, each for its handler's whole run (see Begin). The rest stay
 // free for reservations, replays and records, so that these never queue
@@ -106,7 +96,7 @@ func WithoutSchemaCheck() Option {
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
 
 func newOptions(opts []Option) (options, error) {
-	o := options{name: DefaultTable, timeout: DefaultTimeout, lockTimeout: DefaultLockTimeout}
+	o := options{name: DefaultTable, timeout: DefaultTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -116,10 +106,6 @@ func newOptions(opts []Option) (options, error) {
 	if o.timeout <= 0 {
 		o.timeout = DefaultTimeout
 	}
-	if o.lockTimeout < time.Millisecond {
-		o.lockTimeout = DefaultLockTimeout
-	}
-	o.lockTimeout = min(o.lockTimeout, math.MaxInt32*time.Millisecond) // PostgreSQL's largest
 	if !tableName.MatchString(o.name) {
 		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.name)
 	}
@@ -147,8 +133,7 @@ type Store struct {
 
 	reserveSQL, findSQL, completeSQL, releaseSQL, sweepSQL string
 	confirmSQL                                             string
-	completeInTxSQL                                        string
-	lockTimeout                                            string        // lock_timeout's value, in milliseconds
+	probeSQL, recordSQL, takeoverSQL                       string        // atomic mode's
 	slots                                                  chan struct{} // one per open atomic transaction
 }
 
@@ -180,17 +165,18 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	}
 	table := o.qualified(o.table)
 	s := &Store{
-		pool:            pool,
-		opts:            o,
-		reserveSQL:      reserveSQL(table, o.qualified(o.table+"_token_seq")),
-		findSQL:         fmt.Sprintf(findSQL, table),
-		completeSQL:     fmt.Sprintf(completeSQL, table),
-		confirmSQL:      fmt.Sprintf(confirmSQL, table),
-		releaseSQL:      fmt.Sprintf(releaseSQL, table),
-		sweepSQL:        fmt.Sprintf(sweepSQL, table),
-		completeInTxSQL: fmt.Sprintf(completeInTxSQL, fmt.Sprintf(completeSQL, table)),
-		lockTimeout:     strconv.FormatInt(o.lockTimeout.Milliseconds(), 10),
-		slots:           make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
+		pool:        pool,
+		opts:        o,
+		reserveSQL:  reserveSQL(table, o.qualified(o.table+"_token_seq")),
+		findSQL:     fmt.Sprintf(findSQL, table),
+		completeSQL: fmt.Sprintf(completeSQL, table),
+		confirmSQL:  fmt.Sprintf(confirmSQL, table),
+		releaseSQL:  fmt.Sprintf(releaseSQL, table),
+		sweepSQL:    fmt.Sprintf(sweepSQL, table),
+		probeSQL:    probeSQL(table),
+		recordSQL:   fmt.Sprintf(recordSQL, table),
+		takeoverSQL: takeoverSQL(table),
+		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()
@@ -278,12 +264,16 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 	case 2:
 		res.State = store.Completed
 	default:
-		res.State = store.InProgress
-		micros := min(float64(leaseLeft.Microseconds)+float64(leaseLeft.Days)*24*3600e6, math.MaxInt64/1e3) // saturated
-		res.RetryAfter = max(time.Duration(micros)*time.Microsecond, 0)
+		res.State, res.RetryAfter = store.InProgress, intervalDuration(leaseLeft)
 	}
 	copy(res.Fingerprint[:], fingerprint)
 	return res, nil
+}
+
+// intervalDuration is a lease's time left, saturated, and 0 if it has passed.
+func intervalDuration(left pgtype.Interval) time.Duration {
+	micros := min(float64(left.Microseconds)+float64(left.Days)*24*3600e6, math.MaxInt64/1e3)
+	return max(time.Duration(micros)*time.Microsecond, 0)
 }
 
 // findSQL reads a completed record that has not expired: the row that

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"crypto/sha256"
+	"fmt"
 	"strconv"
 	"testing"
 	"time"
@@ -14,13 +15,13 @@ import (
 )
 
 // BenchmarkStatements breaks the backend CPU of an atomic new key down by the
-// store's statements: each variant is the design's minimal SQL in one
-// transaction (BEGIN and an insert-or-nothing, a business INSERT, a plain
-// update by key and COMMIT, in the store's round trips) with one of the
-// store's statements in place or added, and "store" has them all. Each runs
-// on a backend of its own, interleaved, and reports the backend CPU it spends
-// beyond the minimal SQL, read from /proc/PID/schedstat (so the database
-// must run on this machine).
+// store's statements: each variant is the one-write design's minimal SQL in
+// one transaction (BEGIN and an advisory lock, a business INSERT, a plain
+// INSERT of the record and COMMIT, in the store's round trips) with one of
+// the store's statements in place or added, and "store" has them all. Each
+// runs on a backend of its own, interleaved, and reports the backend CPU it
+// spends beyond the minimal SQL, read from /proc/PID/schedstat (so the
+// database must run on this machine).
 func BenchmarkStatements(b *testing.B) {
 	schema := pgtest.Schema(b)
 	ctx := context.Background()
@@ -37,22 +38,19 @@ func BenchmarkStatements(b *testing.B) {
 		b.Fatal(err)
 	}
 	const (
-		plainInsert = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
-		VALUES ($1, $2, 'in_progress', nextval('idempotency_keys_token_seq'), now() + $3 * interval '1 microsecond', now(), now() + $4 * interval '1 microsecond')
-		ON CONFLICT DO NOTHING RETURNING 1, token, NULL::bytea, NULL::bytea, NULL::interval`
-		plainUpdate = `UPDATE idempotency_keys SET state = 'completed', outcome = $3 WHERE key = $1 AND token = $2`
+		plainLock   = `SELECT 1, NULL::bytea, NULL::bytea, NULL::interval WHERE pg_try_advisory_xact_lock($3) AND $1::bytea IS NOT NULL AND $2::bytea IS NOT NULL`
+		plainRecord = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
+		VALUES ($1, $2, 'completed', 0, now(), now(), now() + $4 * interval '1 microsecond', $3)`
 	)
 	variants := []struct {
-		name                    string
-		lockTimeout, savepoint  bool
-		reserveSQL, completeSQL string
+		name                string
+		savepoint           bool
+		probeSQL, recordSQL string
 	}{
-		{"minimal", false, false, plainInsert, plainUpdate},
-		{"lock-timeout", true, false, plainInsert, plainUpdate},  // save, set and restore lock_timeout
-		{"savepoint", false, true, plainInsert, plainUpdate},     // the savepoint before the handler
-		{"reserve", false, false, st.reserveSQL, plainUpdate},    // the reservation's statement
-		{"guard", false, false, plainInsert, st.completeInTxSQL}, // the record's count guard
-		{"store", true, true, st.reserveSQL, st.completeInTxSQL},
+		{"minimal", false, plainLock, plainRecord},
+		{"savepoint", true, plainLock, plainRecord}, // the savepoint before the handler
+		{"probe", false, st.probeSQL, plainRecord},  // the probe's read of the record
+		{"store", true, st.probeSQL, st.recordSQL},
 	}
 	pools := make([]*pgxpool.Pool, len(variants))
 	pids := make([]int, len(variants))
@@ -77,32 +75,29 @@ func BenchmarkStatements(b *testing.B) {
 		id := v.name + "-" + strconv.Itoa(i)
 		key := sha256.Sum256([]byte(id))
 		var (
-			kind, token int64
-			f, o        []byte
-			left        any
+			kind int64
+			f, o []byte
+			left any
 		)
 		begin := &pgx.Batch{}
 		begin.Queue("BEGIN")
-		if v.lockTimeout {
-			begin.Queue(setLockTimeoutSQL, "100")
-		}
-		begin.Queue(v.reserveSQL, key[:], fp, int64(60e6), int64(86400e6)).
-			QueryRow(func(row pgx.Row) error { return row.Scan(&kind, &token, &f, &o, &left) })
-		if v.lockTimeout {
-			begin.Queue(restoreLockTimeoutSQL)
-		}
+		begin.Queue(v.probeSQL, key[:], fp, lockID(key)).
+			QueryRow(func(row pgx.Row) error { return row.Scan(&kind, &f, &o, &left) })
 		if v.savepoint {
 			begin.Queue("SAVEPOINT " + savepoint)
 		}
 		if err := conn.SendBatch(ctx, begin).Close(); err != nil {
 			return err
 		}
+		if kind != probeFree {
+			return fmt.Errorf("the probe answered %d, want %d", kind, probeFree)
+		}
 		if _, err := conn.Exec(ctx, `INSERT INTO charges (tenant, id, amount, create_time) VALUES ($1, $2, $3, $4)`,
 			"acme", id, int64(100), time.Now()); err != nil {
 			return err
 		}
 		commit := &pgx.Batch{}
-		commit.Queue(v.completeSQL, key[:], token, outcome)
+		commit.Queue(v.recordSQL, key[:], fp, outcome, int64(86400e6))
 		commit.Queue("COMMIT")
 		return conn.SendBatch(ctx, commit).Close()
 	}
