@@ -512,3 +512,40 @@ func TestAtomicRoundTrips(t *testing.T) {
 		t.Errorf("replay: %d round trips, %d prepares; want 2 (begin and reserve, rollback), 0", rt, p)
 	}
 }
+
+// A call whose key another call records while it runs (here a two-phase
+// server on the same table, as in a rolling deploy that moves a method
+// between modes) commits nothing of its own: its write is rolled back, and
+// its caller gets the other call's reply, marked replayed.
+func TestAtomicCommitLosesTheKey(t *testing.T) {
+	a := newAtomicReplicas(t, 1, nil)[0]
+	release := a.writer.hold(t)
+	first := make(chan error, 1)
+	var (
+		got     *paymentsv1.Charge
+		trailer metadata.MD
+	)
+	go func() {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "k")
+		var err error
+		got, err = a.client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "ok", Amount: 1}, grpc.Trailer(&trailer))
+		first <- err
+	}()
+	a.writer.waitWritten(t)
+
+	other := &chargeService{}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(newStore(t, a.pool), interceptor.WithLogger(nil)))))
+	paymentsv1.RegisterPaymentServiceServer(srv, other)
+	twoPhase := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "k")
+	if _, err := twoPhase.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "ok", Amount: 1}); err != nil {
+		t.Fatalf("the two-phase call: %v", err)
+	}
+	release()
+	if err := <-first; err != nil || got.GetId() != "ch_1" || !interceptor.Replayed(trailer) {
+		t.Fatalf("the atomic call: %v, %v (replayed %v); want the two-phase call's ch_1, replayed", got, err, interceptor.Replayed(trailer))
+	}
+	if n := a.effects(t); n != 0 || other.runs.Load() != 1 {
+		t.Errorf("%d effects of the atomic call, %d runs of the two-phase one; want 0 and 1", n, other.runs.Load())
+	}
+}

@@ -277,8 +277,10 @@ func intervalDuration(left pgtype.Interval) time.Duration {
 }
 
 // findSQL reads a completed record that has not expired: the row that
-// reserveSQL would answer with kind 2.
-const findSQL = `SELECT fingerprint, outcome FROM %s WHERE key = $1 AND state = 'completed' AND expires_at > now()`
+// reserveSQL would answer with kind 2. A record has an outcome exactly when
+// it is completed (the table's CHECK), and testing for NULL costs less than
+// comparing text, on the path of every replay.
+const findSQL = `SELECT fingerprint, outcome FROM %s WHERE key = $1 AND outcome IS NOT NULL AND expires_at > now()`
 
 // held matches the in-progress row held by token $2 that has not expired.
 const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end > now() OR expires_at > now())`

@@ -1,0 +1,325 @@
+package postgres_test
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// Shape of BenchmarkDesigns: as the outside benchmark of issue 25, 16
+// workers on a pool of 20, designsCalls calls per variant per round.
+const (
+	designsWorkers = 16
+	designsPool    = 20
+	designsCalls   = 1600
+	designsRecords = 10000 // recorded keys that select and find read
+)
+
+// BenchmarkDesigns measures what the database work of a call costs under
+// concurrency, the store against hand-written SQL of each design, on one
+// pool, variants interleaved in rounds (each variant runs alone in its turn,
+// so that its WAL can be told apart):
+//   - bare: the business write alone, an autocommitted INSERT;
+//   - minimal-atomic: the two-write design in one transaction, in the
+//     store's round trips: [BEGIN; reservation INSERT] · INSERT ·
+//     [UPDATE by key; COMMIT];
+//   - one-write: the design of the store, by hand: [BEGIN; read the key and,
+//     with no record, try its advisory lock; SAVEPOINT] · INSERT · [INSERT
+//     of the completed record; COMMIT];
+//   - atomic: the store's Begin, the INSERT in its transaction, and Commit;
+//   - minimal-two-phase and two-phase: reserve, the INSERT, record, each
+//     committing on its own, by hand and through the store;
+//   - select and find: a recorded key read by primary key, by hand and with
+//     the store's Find.
+//
+// For each it reports calls per second, PostgreSQL's CPU per call (the
+// pool's backends, from /proc, so the database must run on this machine)
+// and WAL bytes per call, and the ratios the targets of issue 25 name.
+func BenchmarkDesigns(b *testing.B) {
+	schema := pgtest.Schema(b)
+	ctx, cancel := context.WithCancel(context.Background()) // watched by pgx, as a gRPC handler's is
+	defer cancel()
+	setup := pgtest.Pool(b, schema)
+	for _, table := range []string{postgres.DefaultTable, "baseline_keys"} {
+		if err := postgres.Migrate(ctx, setup, postgres.WithTable(table)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
+		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
+		b.Fatal(err)
+	}
+	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
+	pids := backendPids(b, pool)
+	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
+
+	fp := store.Fingerprint{1}
+	lease, retention := time.Minute, 24*time.Hour
+	for i := range designsRecords { // the recorded keys, in both tables
+		r := store.Reservation{Key: benchKey("recorded", i), Fingerprint: fp, Lease: lease, Retention: retention}
+		res, err := st.Reserve(ctx, r)
+		if err == nil {
+			err = st.Complete(ctx, r.Key, res.Token, outcome)
+		}
+		if err == nil {
+			_, err = setup.Exec(ctx, `INSERT INTO baseline_keys (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
+				VALUES ($1, $2, 'completed', 0, now(), now(), now() + interval '1 day', $3)`, r.Key[:], fp[:], outcome)
+		}
+		if err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := setup.Exec(ctx, `VACUUM ANALYZE`); err != nil {
+		b.Fatal(err)
+	}
+
+	charge := func(q postgres.Querier, variant string, i int64) error {
+		_, err := q.Exec(ctx, `INSERT INTO charges (tenant, id, amount, create_time) VALUES ($1, $2, $3, $4)`,
+			"acme", variant+"-"+strconv.FormatInt(i, 10), int64(100), time.Now())
+		return err
+	}
+	var seq atomic.Int64 // a new key for every call of every variant
+	newKey := func(variant string) (store.Key, int64) {
+		i := seq.Add(1)
+		return benchKey(variant, int(i)), i
+	}
+	recorded := func() store.Key { return benchKey("recorded", rand.IntN(designsRecords)) }
+	inTx := func(variant string, begin func(*pgx.Batch, store.Key), record string) func() error {
+		return func() error {
+			key, i := newKey(variant)
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			bt := &pgx.Batch{}
+			bt.Queue("BEGIN")
+			begin(bt, key)
+			if err := conn.SendBatch(ctx, bt).Close(); err != nil {
+				return err
+			}
+			if err := charge(conn, variant, i); err != nil {
+				return err
+			}
+			ct := &pgx.Batch{}
+			ct.Queue(record, key[:], fp[:], outcome)
+			ct.Queue("COMMIT")
+			return conn.SendBatch(ctx, ct).Close()
+		}
+	}
+	variants := []struct {
+		name string
+		call func() error
+	}{
+		{"bare", func() error { _, i := newKey("bare"); return charge(pool, "bare", i) }},
+		{"minimal-atomic", inTx("minimal-atomic", func(bt *pgx.Batch, key store.Key) {
+			bt.Queue(minimalReserveKeyed, key[:], fp[:])
+		}, `UPDATE baseline_keys SET state = 'completed', outcome = $3 WHERE key = $1 AND fingerprint = $2`)},
+		{"one-write", inTx("one-write", func(bt *pgx.Batch, key store.Key) {
+			bt.Queue(oneWriteProbe, key[:], int64(binary.BigEndian.Uint64(key[:8])))
+			bt.Queue("SAVEPOINT s")
+		}, `INSERT INTO baseline_keys (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
+			VALUES ($1, $2, 'completed', 0, now(), now(), now() + interval '1 day', $3)`)},
+		{"atomic", func() error {
+			key, i := newKey("atomic")
+			res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
+			if err != nil || res.State != store.Acquired {
+				return fmt.Errorf("begin: %v, %v", res.State, err)
+			}
+			q, _ := postgres.TxFromContext(tx.HandlerContext(ctx))
+			if err := charge(q, "atomic", i); err != nil {
+				tx.Rollback(ctx)
+				return err
+			}
+			return tx.Commit(ctx, outcome, true)
+		}},
+		{"minimal-two-phase", func() error {
+			key, i := newKey("minimal-two-phase")
+			if _, err := pool.Exec(ctx, minimalReserveKeyed, key[:], fp[:]); err != nil {
+				return err
+			}
+			if err := charge(pool, "minimal-two-phase", i); err != nil {
+				return err
+			}
+			_, err := pool.Exec(ctx, `UPDATE baseline_keys SET state = 'completed', outcome = $3 WHERE key = $1 AND fingerprint = $2`, key[:], fp[:], outcome)
+			return err
+		}},
+		{"two-phase", func() error {
+			key, i := newKey("two-phase")
+			r := store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention}
+			res, err := st.Reserve(ctx, r)
+			if err != nil || res.State != store.Acquired {
+				return fmt.Errorf("reserve: %v, %v", res.State, err)
+			}
+			if err := charge(pool, "two-phase", i); err != nil {
+				return err
+			}
+			return st.Complete(ctx, key, res.Token, outcome)
+		}},
+		{"select", func() error {
+			key := recorded()
+			var f, o []byte
+			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM baseline_keys WHERE key = $1`, key[:]).Scan(&f, &o)
+		}},
+		{"select-own", func() error {
+			key := recorded()
+			var f, o []byte
+			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM idempotency_keys WHERE key = $1`, key[:]).Scan(&f, &o)
+		}},
+		{"findsql", func() error {
+			key := recorded()
+			var f, o []byte
+			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM idempotency_keys WHERE key = $1 AND state = 'completed' AND expires_at > now()`, key[:]).Scan(&f, &o)
+		}},
+		{"findsql-outcome", func() error {
+			key := recorded()
+			var f, o []byte
+			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM idempotency_keys WHERE key = $1 AND outcome IS NOT NULL AND expires_at > now()`, key[:]).Scan(&f, &o)
+		}},
+		{"find", func() error {
+			_, ok, err := st.Find(ctx, recorded())
+			if err == nil && !ok {
+				err = fmt.Errorf("find: a recorded key was not found")
+			}
+			return err
+		}},
+	}
+
+	// run runs calls of call on designsWorkers goroutines, and returns how
+	// long they took, and PostgreSQL's CPU time and WAL bytes meanwhile.
+	run := func(call func() error, calls int) (took, cpu time.Duration, wal int64) {
+		var lsn string
+		if err := setup.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
+			b.Fatal(err)
+		}
+		before := backendsCPU(b, pids)
+		start := time.Now()
+		var (
+			wg   sync.WaitGroup
+			left atomic.Int64
+			fail atomic.Value
+		)
+		left.Store(int64(calls))
+		for range designsWorkers {
+			wg.Go(func() {
+				for left.Add(-1) >= 0 {
+					if err := call(); err != nil {
+						fail.CompareAndSwap(nil, err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		took = time.Since(start)
+		cpu = backendsCPU(b, pids) - before
+		if err, _ := fail.Load().(error); err != nil {
+			b.Fatal(err)
+		}
+		if err := setup.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&wal); err != nil {
+			b.Fatal(err)
+		}
+		return took, cpu, wal
+	}
+	for _, v := range variants { // warm up: connections prepare their statements
+		run(v.call, 4*designsPool)
+	}
+	took := make([]time.Duration, len(variants))
+	cpu := make([]time.Duration, len(variants))
+	wal := make([]int64, len(variants))
+	rounds := 0
+	for b.Loop() {
+		for j := range variants {
+			k := (rounds + j) % len(variants)
+			t, c, w := run(variants[k].call, designsCalls)
+			took[k] += t
+			cpu[k] += c
+			wal[k] += w
+		}
+		rounds++
+	}
+	calls := float64(rounds * designsCalls)
+	rate := make(map[string]float64, len(variants))
+	perCPU := make(map[string]float64, len(variants))
+	perWAL := make(map[string]float64, len(variants))
+	for k, v := range variants {
+		rate[v.name] = calls / took[k].Seconds()
+		perCPU[v.name] = float64(cpu[k].Nanoseconds()) / calls
+		perWAL[v.name] = float64(wal[k]) / calls
+		b.ReportMetric(rate[v.name], v.name+"-calls/s")
+		b.ReportMetric(perCPU[v.name], v.name+"-cpu-ns/call")
+		if v.name != "select" && v.name != "find" {
+			b.ReportMetric(perWAL[v.name], v.name+"-wal-B/call")
+		}
+	}
+	for _, pair := range [][2]string{{"atomic", "minimal-atomic"}, {"atomic", "one-write"}, {"two-phase", "minimal-two-phase"}, {"find", "select"}, {"atomic", "bare"}} {
+		a, base := pair[0], pair[1]
+		b.ReportMetric(rate[a]/rate[base], a+"/"+base+"-throughput")
+		b.ReportMetric(perCPU[a]/perCPU[base], a+"/"+base+"-cpu")
+		if a != "find" {
+			b.ReportMetric(perWAL[a]/perWAL[base], a+"/"+base+"-wal")
+		}
+	}
+}
+
+// Hand-written statements of BenchmarkDesigns.
+const (
+	// minimalReserveKeyed is the two-write design's reservation.
+	minimalReserveKeyed = `INSERT INTO baseline_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
+		VALUES ($1, $2, 'in_progress', nextval('baseline_keys_token_seq'), now() + interval '1 minute', now(), now() + interval '1 day')
+		ON CONFLICT DO NOTHING`
+	// oneWriteProbe reads the key and, with no record, tries its lock.
+	oneWriteProbe = `SELECT CASE WHEN c.key IS NULL THEN pg_try_advisory_xact_lock($2) END, c.outcome
+		FROM (VALUES (1)) AS one (x) LEFT JOIN baseline_keys AS c ON c.key = $1`
+)
+
+// backendPids returns the backend process ids of every connection of pool,
+// which must hold MinConns = MaxConns connections.
+func backendPids(b *testing.B, pool *pgxpool.Pool) []int {
+	b.Helper()
+	ctx := context.Background()
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	pids := make([]int, len(conns))
+	for i := range conns {
+		var err error
+		if conns[i], err = pool.Acquire(ctx); err != nil {
+			b.Fatal(err)
+		}
+		if err := conns[i].QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, c := range conns {
+		c.Release()
+	}
+	if _, err := pgtest.BackendCPU(pids[0]); err != nil {
+		b.Skipf("the backend's CPU cannot be read here (is PostgreSQL on another machine?): %v", err)
+	}
+	return pids
+}
+
+// backendsCPU is the CPU time the backends of pids have spent.
+func backendsCPU(b *testing.B, pids []int) time.Duration {
+	var sum time.Duration
+	for _, pid := range pids {
+		d, err := pgtest.BackendCPU(pid)
+		if err != nil {
+			b.Fatalf("backend %d: %v", pid, err)
+		}
+		sum += d
+	}
+	return sum
+}
