@@ -62,6 +62,7 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@mkdir -p bin
 	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
+	./scripts/with-postgres $(GO) test -run='^$$' -bench='^BenchmarkAtomicNewKeys$$' -benchtime=100000x -count=1 ./store/postgres/ > bin/newkeys.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
 	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
@@ -78,6 +79,10 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
 	@echo "== the example consumer on NATS JetStream and RabbitMQ, interleaved: messages per second, atomic and two-phase against the consumer without idemkey"
 	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare)$$/' bin/bench.txt
+	@echo "== the store against each design's hand-written SQL, 16 workers on a pool of 20, interleaved: throughput, PostgreSQL's CPU and WAL per call as ratios"
+	@$(TOOL) benchstat -filter '.name:Designs .unit:/(throughput|cpu|wal)$$/' bin/bench.txt
+	@echo "== 100,000 atomic calls with new keys on 16 workers: how many were not acquired (must be 0)"
+	@grep '^BenchmarkAtomicNewKeys' bin/newkeys.txt
 	@echo "== PostgreSQL's own CPU per new key (its backend's, from /proc), interleaved: the store against the design's minimal SQL and the bare INSERT, and each statement's share"
 	@$(TOOL) benchstat -filter '.name:/^(BackendCPU|Statements)$$/' bin/bench.txt
 	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"

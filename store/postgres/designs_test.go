@@ -323,3 +323,62 @@ func backendsCPU(b *testing.B, pids []int) time.Duration {
 	}
 	return sum
 }
+
+// BenchmarkAtomicNewKeys runs b.N atomic calls with new keys (the store's
+// Begin, the business INSERT, Commit) on 16 workers and a pool of 20, and
+// reports how many Begin answered anything but Acquired: a new key must
+// never be told that another call holds it, even while PostgreSQL makes the
+// workers wait to extend the tables' files. make bench runs it with
+// -benchtime=100000x.
+func BenchmarkAtomicNewKeys(b *testing.B) {
+	schema := pgtest.Schema(b)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	setup := pgtest.Pool(b, schema)
+	if err := postgres.Migrate(ctx, setup); err != nil {
+		b.Fatal(err)
+	}
+	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
+		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
+		b.Fatal(err)
+	}
+	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
+	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
+	var (
+		next                atomic.Int64
+		notAcquired, failed atomic.Int64
+		wg                  sync.WaitGroup
+	)
+	b.ResetTimer()
+	for range designsWorkers {
+		wg.Go(func() {
+			for i := next.Add(1); i <= int64(b.N); i = next.Add(1) {
+				res, tx, err := st.Begin(ctx, store.Reservation{Key: benchKey("new", int(i)), Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: 24 * time.Hour})
+				switch {
+				case err != nil:
+					failed.Add(1)
+					continue
+				case res.State != store.Acquired:
+					notAcquired.Add(1)
+					continue
+				}
+				q, _ := postgres.TxFromContext(tx.HandlerContext(ctx))
+				if _, err := q.Exec(ctx, `INSERT INTO charges (tenant, id, amount, create_time) VALUES ('acme', $1, 100, now())`, strconv.FormatInt(i, 10)); err != nil {
+					tx.Rollback(ctx)
+					failed.Add(1)
+					continue
+				}
+				if err := tx.Commit(ctx, outcome, true); err != nil {
+					failed.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	b.ReportMetric(float64(notAcquired.Load()), "not-acquired")
+	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
+	if n := notAcquired.Load() + failed.Load(); n > 0 {
+		b.Errorf("%d of %d new keys were not acquired and %d failed", notAcquired.Load(), b.N, failed.Load())
+	}
+}
