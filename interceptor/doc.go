@@ -146,16 +146,18 @@
 // then rolls everything back, so the effects happen exactly once and no key
 // is left in progress. The caller gets the handler's reply only once it has
 // committed; a failed commit answers Unavailable, and the retry finds the
-// truth. A duplicate waits at most the store's lock timeout for the first
-// call's transaction, then goes on waiting by reading the record, as in
-// two-phase mode; if the first commits in time, the duplicate gets the
-// replay, otherwise Aborted. Until the first call has committed, its fingerprint
+// truth. A duplicate is told at once that the first call holds the key,
+// and waits as in two-phase mode, asking the store again without holding
+// anything a new key needs; if the first commits in time, the duplicate gets
+// the replay, otherwise Aborted. Until the first call has committed, its fingerprint
 // cannot be read, so a duplicate with a different request also gets Aborted,
 // where two-phase mode answers InvalidArgument (reused) at once. WithAtomic
 // lists the details.
 //
-// Run one method in one mode on every replica: a two-phase reservation of a
-// key that an atomic call holds waits for that call to end.
+// Run one method in one mode on every replica. A method moved between modes
+// during a rolling deploy stays at most once: a two-phase reservation of a
+// key that an atomic call holds makes that call's commit fail, and it
+// answers the two-phase call's record instead.
 //
 // # One request path for every entry point
 //
