@@ -185,7 +185,10 @@ func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
 // written before sealing was turned on, the format. A nil s seals nothing.
 //
 // WithMaxRecordSize bounds the outcome before sealing; the store holds
-// s.Overhead() bytes more.
+// s.Overhead() bytes more, and so does the short error an adapter records
+// in place of an outcome that cannot be (store.SmallOutcome before
+// sealing). A store with bounds sets that much aside when the key is
+// reserved: store.Reservation.MaxOutcome counts the overhead.
 func WithSealer(s Sealer) Option { return func(o *options) { o.sealer = s } }
 
 // WithLogger sets the logger for store failures and lost leases; the default

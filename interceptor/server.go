@@ -108,7 +108,7 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(ctx)})
 	switch c.Verdict {
 	case engine.Executed:
-		return s.run(ctx, c, req, handler)
+		return s.run(ctx, c, m, req, handler)
 	case engine.FailedOpen:
 		hctx, _ := s.handlerContext(ctx, c)
 		return handler(hctx, req)
@@ -170,12 +170,12 @@ func (s *server) handlerContext(ctx context.Context, c *engine.Call) (context.Co
 // releases the key. In atomic mode only a success keeps the handler's
 // writes: a recorded error, or a reply that could not be recorded, undoes
 // them.
-func (s *server) run(ctx context.Context, c *engine.Call, req any, handler grpc.UnaryHandler) (any, error) {
+func (s *server) run(ctx context.Context, c *engine.Call, m *method, req any, handler grpc.UnaryHandler) (any, error) {
 	hctx, rec := s.handlerContext(ctx, c)
 	defer c.Abandon(ctx) // the handler panicked: let a retry run again
 	resp, err := handler(hctx, req)
 
-	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
+	outcome, record, encodeErr := encodeOutcome(ctx, m.name, resp, err, s.opts.recorded, rec, s.opts.redact)
 	if encodeErr != nil {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
 		return s.recordInstead(ctx, c, unrecordable, unrecordableErr)
