@@ -1,0 +1,31 @@
+package redis_test
+
+import (
+	"encoding/hex"
+	"testing"
+
+	"github.com/idemkey/idemkey/internal/sealtest"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/tests/redistest"
+)
+
+// Sealing on Redis: the outcome field (o) of a record's hash holds no
+// plaintext, read with HGET.
+func TestSeal(t *testing.T) {
+	client := redistest.Client(t)
+	sealtest.Run(t, sealtest.Store{New: func(t *testing.T) sealtest.Instance {
+		p := prefix()
+		st, err := redis.New(t.Context(), client, redis.WithPrefix(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return sealtest.Instance{Store: st, Raw: func(t *testing.T, key store.Key) []byte {
+			outcome, err := client.HGet(t.Context(), p+":{"+hex.EncodeToString(key[:])+"}", "o").Bytes()
+			if err != nil {
+				t.Fatalf("HGET the outcome: %v", err)
+			}
+			return outcome
+		}}
+	}})
+}
