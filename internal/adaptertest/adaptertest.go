@@ -15,10 +15,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"regexp"
 	"testing"
 	"time"
 
