@@ -53,6 +53,7 @@ var (
 type KeyRing struct {
 	primary        *ringKey
 	keys           map[[4]byte]*ringKey
+	order          []*ringKey // the primary first, then the previous keys as given
 	acceptUnsealed bool
 }
 
@@ -130,6 +131,7 @@ func (r *KeyRing) add(key []byte, name string) (*ringKey, error) {
 	}
 	k := &ringKey{id: id, aead: aead}
 	r.keys[id] = k
+	r.order = append(r.order, k)
 	return k, nil
 }
 
@@ -172,13 +174,12 @@ func KeyID(key []byte) (string, error) {
 // PrimaryKeyID is the id of the key new records are sealed with.
 func (r *KeyRing) PrimaryKeyID() string { return hex.EncodeToString(r.primary.id[:]) }
 
-// KeyIDs are the ids of every key of the ring, the primary one first.
+// KeyIDs are the ids of every key of the ring, the primary one first, then
+// the previous keys in the order given.
 func (r *KeyRing) KeyIDs() []string {
-	ids := []string{r.PrimaryKeyID()}
-	for id := range r.keys {
-		if id != r.primary.id {
-			ids = append(ids, hex.EncodeToString(id[:]))
-		}
+	ids := make([]string, len(r.order))
+	for i, k := range r.order {
+		ids[i] = hex.EncodeToString(k.id[:])
 	}
 	return ids
 }
