@@ -98,10 +98,10 @@ import (
 
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
-	"github.com/idemkey/idemkey/seal"
 	redisstore "github.com/idemkey/idemkey/store/redis"
 )
 
