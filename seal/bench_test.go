@@ -1,6 +1,7 @@
 package seal_test
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"fmt"
@@ -48,7 +49,7 @@ func BenchmarkSealedEngineCall(b *testing.B) {
 		defer c.End(ctx, 0)
 		switch c.Verdict {
 		case engine.Executed:
-			return c.Record(ctx, reply, true)
+			return c.Record(ctx, bytes.Clone(reply), true) // an adapter encodes each reply anew
 		case engine.Replayed:
 			if len(c.Outcome) != len(reply) {
 				return fmt.Errorf("replayed %d bytes", len(c.Outcome))
