@@ -28,7 +28,8 @@ func TestMemory(t *testing.T) {
 }
 
 // Sealing on PostgreSQL, two-phase and atomic: the outcome column holds no
-// plaintext.
+// plaintext, and one copied by an UPDATE onto another key's row, or
+// altered, does not open.
 func TestPostgres(t *testing.T) {
 	sealtest.Run(t, sealtest.Store{
 		New: func(t *testing.T) sealtest.Instance {
@@ -46,6 +47,11 @@ func TestPostgres(t *testing.T) {
 					t.Fatalf("select the outcome: %v", err)
 				}
 				return outcome
+			}, Write: func(t *testing.T, key store.Key, outcome []byte) {
+				tag, err := pool.Exec(t.Context(), `UPDATE idempotency_keys SET outcome = $2 WHERE key = $1 AND state = 'completed'`, key[:], outcome)
+				if err != nil || tag.RowsAffected() != 1 {
+					t.Fatalf("update the outcome: %v, %d rows", err, tag.RowsAffected())
+				}
 			}}
 		},
 		Atomic: true,

@@ -5,7 +5,8 @@
 // altered, or sealed with a key the ring lacks, or not sealed, fails closed
 // and runs nothing again. Each store's tests call Run, with a Raw function
 // that reads the bytes the store itself holds (SQL, HGET), so that nothing
-// of the engine vouches for them.
+// of the engine vouches for them, and a Write function that overwrites them
+// there (UPDATE, HSET).
 package sealtest
 
 import (
@@ -37,6 +38,11 @@ type Instance struct {
 	// Raw returns the outcome the store holds for key, read from its own
 	// storage, not through store.Store.
 	Raw func(t *testing.T, key store.Key) []byte
+	// Write, if not nil, overwrites the outcome of key's completed record in
+	// the store's own storage (SQL UPDATE, HSET), as someone with write
+	// access to it could. Without it, such a record is made through
+	// store.Store.
+	Write func(t *testing.T, key store.Key, outcome []byte)
 }
 
 // secret is in the reply, and must be nowhere in the store or the logs.
@@ -80,7 +86,7 @@ func Run(t *testing.T, s Store) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			in := s.New(t)
-			h := &harness{t: t, st: in.Store, raw: in.Raw, atomic: atomic}
+			h := &harness{t: t, st: in.Store, raw: in.Raw, write: in.Write, atomic: atomic}
 			h.logger, h.logs = logtest.New()
 			t.Cleanup(func() {
 				if t.Failed() {
@@ -96,10 +102,12 @@ type harness struct {
 	t      *testing.T
 	st     store.Store
 	raw    func(t *testing.T, key store.Key) []byte
+	write  func(t *testing.T, key store.Key, outcome []byte)
 	atomic bool
 	logger *slog.Logger
 	logs   *logtest.Buffer
 	runs   int
+	decoys int // runs of put
 }
 
 func (h *harness) engine(ring engine.Sealer, opts ...engine.Option) (*engine.Engine, *engine.Operation) {
@@ -167,13 +175,13 @@ func (h *harness) run() {
 	h.wantClosed(old, oldOp, userKeys[1], "key ring does not hold")
 
 	// A ciphertext copied onto another key's record does not open there.
-	h.put(scope(userKeys[2]), raw)
+	h.put(rotated, rotatedOp, userKeys[2], raw)
 	h.wantClosed(rotated, rotatedOp, userKeys[2], "copied from another key")
 
 	// Nor does an altered one.
 	altered := bytes.Clone(raw)
 	altered[len(altered)/2] ^= 0x10
-	h.put(scope(userKeys[3]), altered)
+	h.put(rotated, rotatedOp, userKeys[3], altered)
 	h.wantClosed(rotated, rotatedOp, userKeys[3], "altered")
 
 	// An engine without a sealer refuses the sealed records.
@@ -190,8 +198,8 @@ func (h *harness) run() {
 	accepting, acceptingOp := h.engine(must(seal.NewKeyRing(bytes.Repeat([]byte{2}, seal.KeySize), seal.WithUnsealedAccepted())))
 	h.wantReplay(accepting, acceptingOp, unsealed, "before sealing")
 
-	if h.runs != 3 {
-		t.Fatalf("the handler ran %d times, want 3", h.runs)
+	if want := 3 + h.decoys; h.runs != want {
+		t.Fatalf("the handler ran %d times, want %d", h.runs, want)
 	}
 	logs := h.logs.String()
 	for _, raw := range append(userKeys, tenant, "4242") {
@@ -229,10 +237,21 @@ func (h *harness) wantClosed(e *engine.Engine, op *engine.Operation, key, reason
 	}
 }
 
-// put writes a completed record of key holding outcome as it is, through the
-// store's own API, as someone with write access to its storage could.
-func (h *harness) put(key store.Key, outcome []byte) {
+// put makes key's record a completed one holding outcome as it is, as
+// someone with write access to the store's storage could: a call of key
+// records a reply of its own, then Write overwrites it; without Write, the
+// record is made through the store's API.
+func (h *harness) put(e *engine.Engine, op *engine.Operation, userKey string, outcome []byte) {
 	h.t.Helper()
+	key := scope(userKey)
+	if h.write != nil {
+		if v, _ := h.call(e, op, userKey, "a reply of its own"); v != engine.Executed {
+			h.t.Fatalf("call of %s: %v", userKey, v)
+		}
+		h.decoys++
+		h.write(h.t, key, outcome)
+		return
+	}
 	ctx := h.t.Context()
 	res, err := h.st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour, MaxOutcome: 4096})
 	if err != nil || res.State != store.Acquired {

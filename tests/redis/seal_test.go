@@ -11,7 +11,8 @@ import (
 )
 
 // Sealing on Redis: the outcome field (o) of a record's hash holds no
-// plaintext, read with HGET.
+// plaintext (HGET), and one copied with HSET onto another key's record, or
+// altered, does not open.
 func TestSeal(t *testing.T) {
 	client := redistest.Client(t)
 	sealtest.Run(t, sealtest.Store{New: func(t *testing.T) sealtest.Instance {
@@ -20,12 +21,17 @@ func TestSeal(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		name := func(key store.Key) string { return p + ":{" + hex.EncodeToString(key[:]) + "}" }
 		return sealtest.Instance{Store: st, Raw: func(t *testing.T, key store.Key) []byte {
-			outcome, err := client.HGet(t.Context(), p+":{"+hex.EncodeToString(key[:])+"}", "o").Bytes()
+			outcome, err := client.HGet(t.Context(), name(key), "o").Bytes()
 			if err != nil {
 				t.Fatalf("HGET the outcome: %v", err)
 			}
 			return outcome
+		}, Write: func(t *testing.T, key store.Key, outcome []byte) {
+			if n, err := client.HSet(t.Context(), name(key), "o", outcome).Result(); err != nil || n != 0 {
+				t.Fatalf("HSET the outcome: %v (%d new fields, want an existing one)", err, n)
+			}
 		}}
 	}})
 }
