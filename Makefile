@@ -54,13 +54,14 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./protokey/
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
+	$(GO) test -run='^$$' -fuzz='^FuzzOpen$$' -fuzztime=$(FUZZ_EXECS)x ./seal/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
 	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
 		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
 bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
-	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
+	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./seal/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	./scripts/with-postgres $(GO) test -run='^$$' -bench='^BenchmarkAtomicNewKeys$$' -benchtime=100000x -count=1 ./store/postgres/ > bin/newkeys.txt
 	@echo "== each call on its own: time and allocations against the bare call"
@@ -87,6 +88,9 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:/^(BackendCPU|Statements)$$/' bin/bench.txt
 	@echo "== the Redis store: WAIT for one replica against none, and against the Postgres store, interleaved"
 	@$(TOOL) benchstat -filter '.name:/^(Wait|VsPostgres)$$/ .unit:/(-ns\/op|\/nowait|\/postgres)$$/' bin/bench.txt
+	@echo "== sealing a 1 KiB reply: Seal and Open alone; the engine's calls, and gRPC calls over bufconn, on the memory store with a key ring against one without, interleaved"
+	@$(TOOL) benchstat -filter '.name:Seal .unit:(sec/op OR B/op OR allocs/op)' bin/bench.txt
+	@$(TOOL) benchstat -filter '.name:/^Sealed/ .unit:/(-ns\/op|sealed\/plain)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./tests/benchtable bin/bench.txt
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"

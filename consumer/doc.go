@@ -104,4 +104,13 @@
 // the message's record. Each message takes effect exactly once, whatever
 // dies when: before the commit everything rolls back and the redelivery
 // runs again; after it, the redelivery is a duplicate.
+//
+// # Sealing
+//
+// A consumer records only whether a message was processed or failed, never
+// what the handler did, so there is nothing to redact. WithSealer seals that
+// record too (package seal), so that someone who can write the store cannot
+// turn a failed message into a processed one; a record the key ring cannot
+// open is answered StoreUnavailable (negative-acknowledged, dead-lettered on
+// the last delivery) and never processed again.
 package consumer

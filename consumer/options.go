@@ -86,6 +86,19 @@ func WithMaxRetryAfter(d time.Duration) Option { return withEngine(engine.WithMa
 // (engine.WithMaxRecordSize).
 func WithMaxRecordSize(n int) Option { return withEngine(engine.WithMaxRecordSize(n)) }
 
+// Sealer encrypts recorded outcomes at rest: a *seal.KeyRing.
+type Sealer = engine.Sealer
+
+// WithSealer seals each message's record with s, and opens it when a
+// redelivery reads it (engine.WithSealer; package seal). A consumer records
+// only whether a message was processed or failed, never the handler's data,
+// so there is nothing to redact; sealing still keeps anyone who can write
+// the store from turning a failed message into a processed one or the
+// reverse. A record that does not open is neither acknowledged as a
+// duplicate nor processed again: the delivery is answered StoreUnavailable
+// (negative-acknowledged, and dead-lettered on its last delivery).
+func WithSealer(s Sealer) Option { return withEngine(engine.WithSealer(s)) }
+
 // WithLogger sets the logger for store failures, lost leases and dead
 // letters; nil discards the records (engine.WithLogger).
 func WithLogger(l *slog.Logger) Option { return withEngine(engine.WithLogger(l)) }

@@ -34,6 +34,19 @@
 // middleware records HTTP responses: an HTTP route shares a gRPC method's
 // keys only as a gateway to it.
 //
+// # Sealing
+//
+// With WithSealer the engine seals each outcome on its way to the store
+// (Complete, or an atomic call's Commit) and opens it on its way back
+// (Reserve, Find, Begin), so adapters and stores never see the other form:
+// an adapter encodes and decodes plaintext, a store keeps opaque bytes. A
+// completed record that does not open (see package seal) is an error of the
+// store call, answered StoreUnavailable and logged at Error, and never
+// fails open: the key is known to have run. A record whose fingerprint
+// differs from the call's is answered Reused without being opened. An
+// outcome encoding of an adapter of your own must not begin with the bytes
+// 0x00 'i' 'k' (no protobuf message does), which mark a sealed record.
+//
 // # Metrics
 //
 // idemkey.calls counts calls by idemkey.outcome (the Verdict), with the

@@ -206,7 +206,7 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	case errors.Is(err, store.ErrFull):
 		c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
 		c.Log(ctx, slog.LevelWarn, "reserve refused: the store is full", err)
-	case err != nil && e.failsOpen(op) && ctx.Err() == nil:
+	case err != nil && e.failsOpen(op) && ctx.Err() == nil && !errors.Is(err, errUnopened):
 		c.Verdict = FailedOpen
 		c.Log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", err)
 	case err != nil:

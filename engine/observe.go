@@ -235,29 +235,48 @@ func storeErrorKind(err error) string {
 	return "store failed"
 }
 
-// The engine's store calls, each measured.
+// The engine's store calls, each measured. With a sealer (WithSealer), the
+// outcomes they write are sealed and those they read opened (seal.go); the
+// time measured is the store's alone.
 
 func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	r = e.roomFor(r)
 	sctx, t := e.obs.startStore(ctx, opReserve)
 	res, err := e.store.Reserve(sctx, r)
 	t.end(ctx, err)
-	return res, err
+	if err != nil {
+		return res, err
+	}
+	return e.opened(r.Key, &r.Fingerprint, res)
 }
 
 func (e *Engine) find(ctx context.Context, key store.Key) (store.Result, bool, error) {
 	sctx, t := e.obs.startStore(ctx, opFind)
 	res, found, err := e.finder.Find(sctx, key)
 	t.end(ctx, err)
-	return res, found, err
+	if err != nil || !found {
+		return res, found, err
+	}
+	res, err = e.opened(key, nil, res)
+	return res, err == nil, err
 }
 
 func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+	r = e.roomFor(r)
 	sctx, t := e.obs.startStore(ctx, opBegin)
 	res, tx, err := e.atomic.Begin(sctx, r)
 	t.end(ctx, err)
+	if err != nil {
+		return res, tx, err
+	}
+	if tx != nil && e.sealer() != nil {
+		tx = sealingTx{Tx: tx, e: e, key: r.Key}
+	}
+	res, err = e.opened(r.Key, &r.Fingerprint, res)
 	return res, tx, err
 }
 
+// commit seals the outcome in tx's Commit (sealingTx), whose time it counts.
 func (e *Engine) commit(ctx context.Context, tx store.Tx, outcome []byte, keepWrites bool) error {
 	sctx, t := e.obs.startStore(ctx, opCommit)
 	err := tx.Commit(sctx, outcome, keepWrites)
@@ -269,8 +288,12 @@ func (e *Engine) commit(ctx context.Context, tx store.Tx, outcome []byte, keepWr
 // (see Call.Record), after the span lookup, which costs an allocation on a
 // detached context.
 func (e *Engine) complete(ctx context.Context, c *Call, outcome []byte) error {
+	outcome, err := e.sealOutcome(c.key, outcome)
+	if err != nil {
+		return err
+	}
 	sctx, t := e.obs.startStore(ctx, opComplete)
-	err := e.store.Complete(context.WithoutCancel(sctx), c.key, c.token, outcome)
+	err = e.store.Complete(context.WithoutCancel(sctx), c.key, c.token, outcome)
 	t.end(ctx, err)
 	return err
 }

@@ -58,6 +58,7 @@ type options struct {
 	inProgress  time.Duration
 	failOpen    bool
 	maxRecord   int
+	sealer      Sealer // nil: outcomes are stored as they are
 	logger      *slog.Logger
 
 	meterProvider  metric.MeterProvider
@@ -173,6 +174,22 @@ const MinRecordSize = 1024
 // twice. Operations in atomic mode fail closed all the same, and a full store
 // (store.ErrFull) refuses new keys: a bound is not a failure.
 func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
+
+// WithSealer seals every outcome before it reaches the store, and opens
+// each record read back, with s: a *seal.KeyRing, which encrypts with
+// AES-256-GCM bound to the record's key. A record that does not open (an
+// unknown key, altered, copied from another key's record) is neither
+// replayed nor run again: the call is answered StoreUnavailable, even with
+// WithFailOpen, and logged at Error. Without a sealer, a sealed record is
+// refused in the same way. Package seal has the details: rotation, records
+// written before sealing was turned on, the format. A nil s seals nothing.
+//
+// WithMaxRecordSize bounds the outcome before sealing; the store holds
+// s.Overhead() bytes more, and so does the short error an adapter records
+// in place of an outcome that cannot be (store.SmallOutcome before
+// sealing). A store with bounds sets that much aside when the key is
+// reserved: store.Reservation.MaxOutcome counts the overhead.
+func WithSealer(s Sealer) Option { return func(o *options) { o.sealer = s } }
 
 // WithLogger sets the logger for store failures and lost leases; the default
 // is slog.Default(), and nil discards the records. The engine's own log

@@ -51,6 +51,9 @@ func NewHTTPHandler(st store.Store, cfg Config, conn grpc.ClientConnInterface) (
 	if cfg.Logger != nil {
 		opts = append(opts, idemconnect.WithLogger(cfg.Logger))
 	}
+	if cfg.Sealer != nil {
+		opts = append(opts, idemconnect.WithSealer(cfg.Sealer))
+	}
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomicProcedures(paymentsv1connect.PaymentServiceCreateChargeProcedure))
 	}

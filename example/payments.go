@@ -54,12 +54,16 @@ type Config struct {
 	HandlerDelay time.Duration
 	// Options are added to the idemkey interceptor's.
 	Options []interceptor.Option
-	// Retention, Logger and MeterProvider are the settings every entry point
-	// shares (the gRPC interceptor's and NewHTTPHandler's); zero values keep
-	// idemkey's defaults.
+	// Retention, Logger, MeterProvider and Sealer are the settings every
+	// entry point shares (the gRPC interceptor's and NewHTTPHandler's); zero
+	// values keep idemkey's defaults.
 	Retention     time.Duration
 	Logger        *slog.Logger
 	MeterProvider metric.MeterProvider
+	// Sealer, if not nil, seals the recorded replies of every entry point
+	// (a *seal.KeyRing): give them all the same one, since they share
+	// records.
+	Sealer interceptor.Sealer
 	// ServerOptions are added to the gRPC server's, after its interceptors:
 	// a stats handler, for instance.
 	ServerOptions []grpc.ServerOption
@@ -89,6 +93,9 @@ func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server, error)
 	}
 	if cfg.Logger != nil {
 		opts = append(opts, interceptor.WithLogger(cfg.Logger))
+	}
+	if cfg.Sealer != nil {
+		opts = append(opts, interceptor.WithSealer(cfg.Sealer))
 	}
 	opts = append(opts, cfg.Options...)
 	if cfg.Atomic {

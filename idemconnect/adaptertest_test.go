@@ -66,6 +66,17 @@ func conformanceHandler(svc *adaptertest.Service) chargeHandler {
 	}
 }
 
+// redactConformance is the suite's redaction (adaptertest.Redact) in
+// Connect's terms: the charge's id, or the error's message.
+func redactConformance(_ context.Context, _ string, reply *idemconnect.Reply) {
+	if c, ok := reply.Response.(*paymentsv1.Charge); ok {
+		c.Id = adaptertest.Redact(c.Id)
+	}
+	if ce := (*connect.Error)(nil); errors.As(reply.Err, &ce) {
+		reply.Err = connect.NewError(ce.Code(), errors.New(adaptertest.Redact(ce.Message())))
+	}
+}
+
 func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connect.ClientOption) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []idemconnect.Option{idemconnect.WithTenant(bearerTenant), idemconnect.WithMaxRecordSize(cfg.MaxRecordSize),
 		idemconnect.WithInProgressWait(0), idemconnect.WithLogger(nil)}
@@ -74,6 +85,12 @@ func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connec
 	}
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomic())
+	}
+	if cfg.Sealer != nil {
+		opts = append(opts, idemconnect.WithSealer(cfg.Sealer))
+	}
+	if cfg.Redact {
+		opts = append(opts, idemconnect.WithRedaction(redactConformance))
 	}
 	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, cfg.Store, opts...))
 	client := newChargeClient(t, url, clientOpts...)

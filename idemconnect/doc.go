@@ -73,6 +73,11 @@
 //     Canceled or DeadlineExceeded, and released.
 //   - Atomic mode (WithAtomic, WithAtomicProcedures) works as with the gRPC
 //     interceptor: the transaction rides in the handler's context.
+//   - Sealing (WithSealer) and redaction (WithRedaction) work as with the
+//     gRPC interceptor: a record that does not open is Unavailable with
+//     IDEMPOTENCY_STORE_UNAVAILABLE and runs nothing again; a redacted reply
+//     is what every retry gets, the first caller the whole one. Give both
+//     adapters the same key ring and redaction when they share a store.
 //   - The engine measures each call (idemkey.calls and the others) with
 //     rpc.system.name "connectrpc", rpc.service, rpc.method
 //     ("package.Service/Method") and rpc.response.status_code (the code's

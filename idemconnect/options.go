@@ -1,6 +1,7 @@
 package idemconnect
 
 import (
+	"context"
 	"net/http"
 	"strings"
 
@@ -45,6 +46,7 @@ type options struct {
 	replayed    map[string]bool // lower-case header names replayed from the record
 	atomicAll   bool
 	atomic      map[string]bool
+	redact      RedactFunc
 	engine      []engine.Option // the settings the engine reads
 }
 
@@ -146,6 +148,48 @@ func WithReplayedHeaders(names ...string) Option {
 			o.replayed = addAll(o.replayed, strings.ToLower(n))
 		}
 	})
+}
+
+// Reply is what is recorded of a call, and replayed to its retries, as a
+// RedactFunc sees it and may change it.
+type Reply struct {
+	// Response is a copy of the handler's response message, nil if it
+	// returned an error. Change it in place, or replace it with a message
+	// of the same type.
+	Response proto.Message
+	// Err is the handler's error, of a code that is recorded, nil if it
+	// returned a response. Replace it to record another error (say, a
+	// *connect.Error with another message, or without details), or set it
+	// in place of a response to record an error instead; an error cannot
+	// become a response.
+	Err error
+	// Header and Trailer are copies of the headers and trailers the handler
+	// set under the names of WithReplayedHeaders, values of "-bin" names
+	// decoded; nil if none.
+	Header, Trailer http.Header
+}
+
+// RedactFunc removes from reply what must not be recorded: fields of the
+// response (a card number, a vended credential), words of an error's
+// message, headers. procedure is the call's ("/package.Service/Method").
+type RedactFunc func(ctx context.Context, procedure string, reply *Reply)
+
+// WithRedaction calls f on what is about to be recorded of each call whose
+// reply is recorded, after the handler and before the store, so that what
+// f removes is never stored. The first caller gets the handler's reply,
+// whole; every retry with the key gets the redacted one, as recorded, over
+// any transport that shares the record (gRPC too). So remove only what a
+// retry can do without, and make the reply's clients expect it.
+//
+// f runs synchronously, on a copy: it may keep nothing of reply. A panic in
+// f, or a reply it leaves that cannot be recorded (no response, a response
+// of another type, an error turned into a response), records Internal in
+// place of the reply, which the caller gets too, as every retry will: the
+// handler has run, so its key is not released. Give the gRPC interceptor
+// the same redaction (interceptor.WithRedaction), so that a record is the
+// same whichever transport made it.
+func WithRedaction(f RedactFunc) Option {
+	return serverOption(func(o *options) { o.redact = f })
 }
 
 // WithAtomic runs every covered procedure in atomic mode, as the gRPC

@@ -3,6 +3,7 @@ package idemconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -24,27 +25,99 @@ import (
 // one transport replays over the other.
 
 // encodeOutcome turns a handler's result into the bytes a store records.
-// record is false when the result must be released instead.
-func encodeOutcome(resp connect.AnyResponse, herr error, recorded map[connect.Code]bool, kept *kept) (raw []byte, record bool, err error) {
+// record is false when the result must be released instead. With redact,
+// what is recorded is a copy of the result as redact left it; the caller
+// keeps the result itself. An error means nothing can be recorded (the
+// caller records an Internal in its place).
+func encodeOutcome(ctx context.Context, procedure string, resp connect.AnyResponse, herr error, recorded map[connect.Code]bool, kept *kept, redact RedactFunc) (raw []byte, record bool, err error) {
+	if herr != nil {
+		if st := statusOf(herr); st.Code == 0 || !recorded[connect.Code(st.Code)] {
+			return nil, false, nil
+		}
+	}
+	var msg proto.Message
+	if herr == nil {
+		m, ok := resp.Any().(proto.Message)
+		if !ok || m == nil {
+			return nil, false, errors.New("the response is not a protobuf message")
+		}
+		msg = m
+	}
 	var out idemkeyv1.Outcome
-	if kept != nil {
+	if redact != nil {
+		reply, err := redacted(ctx, procedure, msg, herr, kept, redact)
+		if err != nil {
+			return nil, false, err
+		}
+		msg, herr = reply.Response, reply.Err
+		out.Header, out.Trailer = headerEntries(reply.Header), headerEntries(reply.Trailer)
+	} else if kept != nil {
 		out.Header, out.Trailer = toEntries(kept.header), toEntries(kept.trailer)
 	}
 	if herr != nil {
-		st := statusOf(herr)
-		if st.Code == 0 || !recorded[connect.Code(st.Code)] {
-			return nil, false, nil
-		}
-		out.Result = &idemkeyv1.Outcome_Status{Status: st}
+		out.Result = &idemkeyv1.Outcome_Status{Status: statusOf(herr)}
 		raw, err = proto.Marshal(&out)
 		return raw, err == nil, err
 	}
-	msg, ok := resp.Any().(proto.Message)
-	if !ok {
-		return nil, false, errors.New("the response is not a protobuf message")
-	}
 	raw, err = protokey.EncodeResponse(msg, &out)
 	return raw, err == nil, err
+}
+
+// redacted is the Reply that redact leaves of a copy of the handler's
+// result. A panic in redact is an error, so that the handler's key is not
+// released: the handler has run.
+func redacted(ctx context.Context, procedure string, msg proto.Message, herr error, kept *kept, redact RedactFunc) (reply *Reply, err error) {
+	reply = &Reply{Err: herr}
+	var name protoreflect.FullName
+	if msg != nil {
+		reply.Response, name = proto.Clone(msg), msg.ProtoReflect().Descriptor().FullName()
+	}
+	if kept != nil {
+		reply.Header, reply.Trailer = toHeader(kept.header), toHeader(kept.trailer)
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			reply, err = nil, fmt.Errorf("the redaction function panicked: %v", p)
+		}
+	}()
+	redact(ctx, procedure, reply)
+	switch {
+	case reply.Err != nil:
+	case herr != nil:
+		return nil, errors.New("the redaction function turned an error into a response")
+	case reply.Response == nil:
+		return nil, errors.New("the redaction function left neither a response nor an error")
+	case reply.Response.ProtoReflect().Descriptor().FullName() != name:
+		return nil, fmt.Errorf("the redaction function replaced the %s response by a %s", name, reply.Response.ProtoReflect().Descriptor().FullName())
+	}
+	return reply, nil
+}
+
+// toHeader is a copy of kept metadata as an http.Header, values of "-bin"
+// names decoded.
+func toHeader(m map[string][][]byte) http.Header {
+	if len(m) == 0 {
+		return nil
+	}
+	h := make(http.Header, len(m))
+	for name, vs := range m {
+		for _, v := range vs {
+			h[canonical(name)] = append(h[canonical(name)], string(v))
+		}
+	}
+	return h
+}
+
+// headerEntries is the record of h, under lower-case names.
+func headerEntries(h http.Header) []*idemkeyv1.MetadataEntry {
+	m := make(map[string][][]byte, len(h))
+	for name, vs := range h {
+		lower := strings.ToLower(name)
+		for _, v := range vs {
+			m[lower] = append(m[lower], []byte(v))
+		}
+	}
+	return toEntries(m)
 }
 
 // statusOf is the status Connect sends for a handler's error: a

@@ -230,7 +230,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, p *procedure, req conn
 		err = internalError("idemkey: the handler returned no response and no error")
 	}
 
-	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, k)
+	outcome, record, encodeErr := encodeOutcome(ctx, req.Spec().Procedure, resp, err, s.opts.recorded, k, s.opts.redact)
 	if encodeErr != nil {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
 		return s.recordInstead(ctx, c, p, req, unrecordable, unrecordableMsg)

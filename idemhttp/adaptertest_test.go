@@ -93,6 +93,15 @@ func chargeHandler(svc *adaptertest.Service) http.Handler {
 	})
 }
 
+// redactConformance is the suite's redaction (adaptertest.Redact) in HTTP's
+// terms: the body, and the Location that names the charge.
+func redactConformance(_ *http.Request, reply *idemhttp.Reply) {
+	reply.Body = []byte(adaptertest.Redact(string(reply.Body)))
+	if loc := reply.Header.Get("Location"); loc != "" {
+		reply.Header.Set("Location", adaptertest.Redact(loc))
+	}
+}
+
 func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithMaxRecordSize(cfg.MaxRecordSize),
 		idemhttp.WithInProgressWait(0), idemhttp.WithLogger(nil)}
@@ -101,6 +110,12 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 	}
 	if cfg.Atomic {
 		opts = append(opts, idemhttp.WithAtomic())
+	}
+	if cfg.Sealer != nil {
+		opts = append(opts, idemhttp.WithSealer(cfg.Sealer))
+	}
+	if cfg.Redact {
+		opts = append(opts, idemhttp.WithRedaction(redactConformance))
 	}
 	mw, err := idemhttp.Middleware(cfg.Store, opts...)
 	if err != nil {

@@ -116,20 +116,61 @@ func bodyAllowed(status int) bool {
 }
 
 // encodeResponse is the record of a captured response: its status, the
-// header fields on the replay list and its body.
-func encodeResponse(c *capture, replayed map[string]bool) ([]byte, error) {
-	resp := &idemkeyv1.HTTPResponse{Status: int32(c.status), Body: c.body.Bytes()}
-	for _, k := range slices.Sorted(maps.Keys(c.header)) {
-		if !replayed[k] || len(c.header[k]) == 0 {
+// header fields on the replay list and its body; with redact, as redact
+// left a copy of them.
+func encodeResponse(r *http.Request, c *capture, replayed map[string]bool, redact RedactFunc) ([]byte, error) {
+	status, header, body := c.status, c.header, c.body.Bytes()
+	if redact != nil {
+		reply, err := redacted(r, c, replayed, redact)
+		if err != nil {
+			return nil, err
+		}
+		status, header, body = reply.Status, reply.Header, reply.Body
+	}
+	resp := &idemkeyv1.HTTPResponse{Status: int32(status), Body: body}
+	for _, k := range slices.Sorted(maps.Keys(header)) {
+		if !replayed[k] || len(header[k]) == 0 {
 			continue
 		}
-		values := make([][]byte, len(c.header[k]))
-		for i, v := range c.header[k] {
+		values := make([][]byte, len(header[k]))
+		for i, v := range header[k] {
 			values[i] = []byte(v)
 		}
 		resp.Header = append(resp.Header, &idemkeyv1.MetadataEntry{Key: strings.ToLower(k), Values: values})
 	}
 	return proto.Marshal(&idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Http{Http: resp}})
+}
+
+// redacted is the Reply that redact leaves of a copy of the captured
+// response. A panic in redact is an error, so that the handler's key is not
+// released: the handler has run.
+func redacted(r *http.Request, c *capture, replayed map[string]bool, redact RedactFunc) (reply *Reply, err error) {
+	reply = &Reply{Status: c.status, Header: http.Header{}, Body: bytes.Clone(c.body.Bytes())}
+	for k, vs := range c.header {
+		if replayed[k] {
+			reply.Header[k] = slices.Clone(vs)
+		}
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			reply, err = nil, fmt.Errorf("the redaction function panicked: %v", p)
+		}
+	}()
+	redact(r, reply)
+	if reply.Status < 200 || reply.Status > 999 {
+		return nil, fmt.Errorf("the redaction function left the status %d, not a final status", reply.Status)
+	}
+	if !bodyAllowed(reply.Status) {
+		reply.Body = nil
+	}
+	// Header names as the replay list has them (canonical).
+	for k, vs := range reply.Header {
+		if c := http.CanonicalHeaderKey(k); c != k {
+			delete(reply.Header, k)
+			reply.Header[c] = append(reply.Header[c], vs...)
+		}
+	}
+	return reply, nil
 }
 
 // decodeResponse reads a record back; an error if it is not an HTTP

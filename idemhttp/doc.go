@@ -62,7 +62,14 @@
 // byte, marked with Idempotent-Replayed: true. The first caller gets
 // exactly what is recorded: the handler writes to a buffer, sent once the
 // response is recorded, with net/http's defaults applied first (status 200,
-// a sniffed Content-Type).
+// a sniffed Content-Type). With WithRedaction, what is recorded is the
+// response as the redaction function left a copy of it (a secret taken out
+// of the body, a header field removed): the first caller gets the whole
+// response, and every retry the redacted one.
+//
+// WithSealer seals each record at rest (package seal); a record that does
+// not open answers 503 (IDEMPOTENCY_STORE_UNAVAILABLE), is logged at Error,
+// and runs nothing again.
 //
 // Recorded (DefaultRecorded; WithRecordedStatuses): every status below 400,
 // and 404, 410, 412, 500 and 501, the final answers. Released, so that a

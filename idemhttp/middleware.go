@@ -299,7 +299,7 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, ne
 		cw.send(w)
 		return
 	}
-	outcome, err := encodeResponse(cw, m.opts.replayed)
+	outcome, err := encodeResponse(r, cw, m.opts.replayed, m.opts.redact)
 	if err != nil {
 		c.Log(ctx, slog.LevelError, "response cannot be recorded; a 500 is recorded instead", err)
 		m.recordInstead(w, r, c, "the response of this request could not be recorded")
@@ -355,7 +355,7 @@ func (m *middleware) recordInstead(w http.ResponseWriter, r *http.Request, c *en
 func (m *middleware) standIn(w http.ResponseWriter, detail string) (*capture, []byte, error) {
 	pw := newCapture(w, store.SmallOutcome)
 	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
-	outcome, err := encodeResponse(pw, m.opts.replayed)
+	outcome, err := encodeResponse(nil, pw, m.opts.replayed, nil) // idemkey's own, never redacted
 	return pw, outcome, err
 }
 

@@ -33,6 +33,7 @@ type options struct {
 	replayed    map[string]bool // canonical header names
 	fingerprint FingerprintFunc
 	atomic      bool
+	redact      RedactFunc
 	engine      []engine.Option // the settings the engine reads
 	err         error           // the first option refused
 }
@@ -177,6 +178,40 @@ func WithFingerprint(f FingerprintFunc) Option {
 		}
 	}
 }
+
+// Reply is what is recorded of a response, and replayed to its retries, as
+// a RedactFunc sees it and may change it.
+type Reply struct {
+	// Status is the response's status. A RedactFunc may change it to
+	// another final status (200 to 999).
+	Status int
+	// Header is a copy of the header fields the response had on the replay
+	// list (WithReplayedHeaders): a field added that is not on the list is
+	// not replayed.
+	Header http.Header
+	// Body is a copy of the response's body.
+	Body []byte
+}
+
+// RedactFunc removes from reply what must not be recorded: fields of a
+// JSON body (a card number, a vended credential), header fields. r is the
+// request, whose body the handler has read; OperationName(r.Context())
+// names its operation.
+type RedactFunc func(r *http.Request, reply *Reply)
+
+// WithRedaction calls f on what is about to be recorded of each response
+// that is recorded, after the handler and before the store, so that what f
+// removes is never stored. The first caller gets the handler's response,
+// whole; every retry with the key gets the redacted one, as recorded, with
+// Idempotent-Replayed: true. So remove only what a retry can do without,
+// and make the API's clients expect it (document it with the route).
+//
+// f runs synchronously, on a copy: it may keep nothing of reply. A panic in
+// f, or a status it leaves that is not final, records a 500 in place of the
+// response, which the caller gets too, as every retry will: the handler has
+// run, so its key is not released. The 500 that idemkey records in place of
+// a response too large to record is never given to f.
+func WithRedaction(f RedactFunc) Option { return func(o *options) { o.redact = f } }
 
 // WithAtomic runs covered requests in atomic mode: the handler's writes, made
 // through the transaction its r.Context() carries (postgres.TxFromContext),

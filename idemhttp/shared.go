@@ -70,6 +70,15 @@ func WithInProgressWait(d time.Duration) Option { return withEngine(engine.WithI
 // (engine.WithMaxRecordSize).
 func WithMaxRecordSize(n int) Option { return withEngine(engine.WithMaxRecordSize(n)) }
 
+// Sealer encrypts recorded outcomes at rest: a *seal.KeyRing.
+type Sealer = engine.Sealer
+
+// WithSealer seals every recorded outcome with s, and opens it for each
+// replay (engine.WithSealer; package seal). A record that does not open is
+// neither replayed nor run again: the call is answered as for a failed
+// store, and the reason logged at Error.
+func WithSealer(s Sealer) Option { return withEngine(engine.WithSealer(s)) }
+
 // WithFailOpen runs the handler without protection when the store fails
 // (engine.WithFailOpen); atomic mode fails closed all the same.
 func WithFailOpen() Option { return withEngine(engine.WithFailOpen()) }

@@ -63,6 +63,18 @@ func bearerTenant(ctx context.Context) (string, error) {
 	return strings.TrimPrefix(v[0], "Bearer "), nil
 }
 
+// redactConformance is the suite's redaction (adaptertest.Redact) in gRPC's
+// terms: the charge's id, or the error's message.
+func redactConformance(_ context.Context, _ string, reply *interceptor.Reply) {
+	if c, ok := reply.Response.(*paymentsv1.Charge); ok {
+		c.Id = adaptertest.Redact(c.Id)
+	}
+	if reply.Err != nil {
+		st := status.Convert(reply.Err)
+		reply.Err = status.Error(st.Code(), adaptertest.Redact(st.Message()))
+	}
+}
+
 func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []interceptor.Option{interceptor.WithTenant(bearerTenant), interceptor.WithMaxRecordSize(cfg.MaxRecordSize),
 		interceptor.WithInProgressWait(0), interceptor.WithLogger(nil)}
@@ -71,6 +83,12 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 	}
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomic())
+	}
+	if cfg.Sealer != nil {
+		opts = append(opts, interceptor.WithSealer(cfg.Sealer))
+	}
+	if cfg.Redact {
+		opts = append(opts, interceptor.WithRedaction(redactConformance))
 	}
 	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(cfg.Store, opts...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, conformanceService{svc: cfg.Service})

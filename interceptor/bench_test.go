@@ -1,18 +1,23 @@
 package interceptor_test
 
 import (
+	"bytes"
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -101,7 +106,8 @@ func newBenchClient(b *testing.B, opts ...grpc.ServerOption) paymentsv1.PaymentS
 	srv := grpc.NewServer(opts...)
 	svc := newService()
 	svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		return &paymentsv1.Charge{Id: "ch_0123456789abcdef01234567", CustomerId: req.GetCustomerId(), Amount: req.GetAmount(), Currency: req.GetCurrency()}, nil
+		return &paymentsv1.Charge{Id: "ch_0123456789abcdef01234567", CustomerId: req.GetCustomerId(), Amount: req.GetAmount(), Currency: req.GetCurrency(),
+			Description: req.GetDescription()}, nil
 	}
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
@@ -143,4 +149,57 @@ func BenchmarkTelemetry(b *testing.B) {
 	b.ReportMetric(perCall(spent[0]), "noop-ns/call")
 	b.ReportMetric(perCall(spent[1]), "sdk-ns/call")
 	b.ReportMetric(perCall(spent[1])/perCall(spent[0]), "sdk/noop")
+}
+
+// BenchmarkSealedCall measures what sealing costs a call whose reply is
+// 1 KiB: first calls and replays over bufconn on the memory store, without
+// and with a key ring (WithSealer), interleaved, so that noise hits both
+// alike. It reports each one's time and the sealed call's ratio to the
+// plain one: one Seal more for a first call, one Open for a replay.
+func BenchmarkSealedCall(b *testing.B) {
+	ring, err := seal.NewKeyRing(bytes.Repeat([]byte{7}, seal.KeySize))
+	if err != nil {
+		b.Fatal(err)
+	}
+	plain := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New()))))
+	sealed := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithSealer(ring)))))
+	req := request(1999)
+	req.Description = strings.Repeat("d", 1024-52) // the Charge echoes it: a reply of 1 KiB
+	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")
+	for _, c := range []paymentsv1.PaymentServiceClient{plain, sealed} {
+		resp, err := c.CreateCharge(replay, req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if n := proto.Size(resp); n < 1000 || n > 1048 {
+			b.Fatalf("a reply of %d bytes, want about 1 KiB", n)
+		}
+	}
+	call := func(c paymentsv1.PaymentServiceClient, ctx func(i int) context.Context) func(i int) error {
+		return func(i int) error {
+			_, err := c.CreateCharge(ctx(i), req)
+			return err
+		}
+	}
+	first := func(kind string) func(i int) context.Context {
+		run := strconv.FormatInt(time.Now().UnixNano(), 36) // new keys on every run of the benchmark
+		return func(i int) context.Context {
+			return metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, kind+run+"-"+strconv.Itoa(i))
+		}
+	}
+	again := func(int) context.Context { return replay }
+	b.Run("call=first", func(b *testing.B) {
+		means := benchtest.Interleave(b,
+			benchtest.Op{Name: "plain", Run: call(plain, first("p"))},
+			benchtest.Op{Name: "sealed", Run: call(sealed, first("s"))},
+		)
+		b.ReportMetric(means[1]/means[0], "sealed/plain")
+	})
+	b.Run("call=replay", func(b *testing.B) {
+		means := benchtest.Interleave(b,
+			benchtest.Op{Name: "plain", Run: call(plain, again)},
+			benchtest.Op{Name: "sealed", Run: call(sealed, again)},
+		)
+		b.ReportMetric(means[1]/means[0], "sealed/plain")
+	})
 }

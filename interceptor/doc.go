@@ -125,6 +125,16 @@
 // answered and recorded as Internal instead, for the first caller and every
 // retry alike.
 //
+// # Sealed and redacted records
+//
+// WithSealer seals every record at rest (package seal: AES-256-GCM bound to
+// the record's key, a key ring that rotates); a record that does not open
+// answers Unavailable (IDEMPOTENCY_STORE_UNAVAILABLE), is logged at Error,
+// and runs nothing again. WithRedaction removes what must not be recorded
+// (response fields, an error's words, metadata) before it reaches the
+// store: the first caller gets the whole reply, and every retry the
+// redacted one.
+//
 // So a handler must return a released code only when the call had no effect:
 // one that writes and then returns ctx.Err() (Canceled or DeadlineExceeded)
 // runs again on the retry. A recovery interceptor belongs outside idemkey; one
@@ -206,8 +216,11 @@
 //     logged, as they are.
 //   - Once the handler has run, its key is never released but for a
 //     released code or a panic: a reply that cannot be recorded (say, a
-//     response gRPC cannot marshal, or one too large) is recorded as
-//     Internal.
+//     response gRPC cannot marshal, one too large, or one a redaction
+//     function panicked on) is recorded as Internal.
+//   - With WithSealer, the store holds no plaintext of a reply, and a record
+//     moved to another key, altered, or sealed with a key the ring lacks is
+//     never replayed, nor its handler run again.
 //
 // # Metrics, traces and logs
 //

@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"log/slog"
 	"strings"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey/engine"
@@ -92,6 +94,7 @@ type options struct {
 	replayed    map[string]bool // metadata keys replayed from the record
 	atomicAll   bool
 	atomic      map[string]bool
+	redact      RedactFunc
 }
 
 // defaultRecorded are the error codes whose outcome is final: a retry would
@@ -210,6 +213,48 @@ func WithReplayedMetadata(keys ...string) Option {
 	})
 }
 
+// Reply is what is recorded of a call, and replayed to its retries, as a
+// RedactFunc sees it and may change it.
+type Reply struct {
+	// Response is a copy of the handler's response, nil if it returned an
+	// error. Change it in place, or replace it with a message of the same
+	// type.
+	Response proto.Message
+	// Err is the handler's error, of a code that is recorded, nil if it
+	// returned a response. Replace it to record another status (with
+	// another message, or without details), or set it in place of a
+	// response to record an error instead (say, FailedPrecondition
+	// "credentials already issued"); an error cannot become a response.
+	Err error
+	// Header and Trailer are copies of the metadata the handler set under
+	// the keys of WithReplayedMetadata (lower-case keys), nil if none.
+	Header, Trailer metadata.MD
+}
+
+// RedactFunc removes from reply what must not be recorded: fields of the
+// response (a card number, a vended credential), words of an error's
+// message, metadata. fullMethod is the call's method ("/package.Service/Method").
+type RedactFunc func(ctx context.Context, fullMethod string, reply *Reply)
+
+// WithRedaction calls f on what is about to be recorded of each call whose
+// reply is recorded, after the handler and before the store, so that what
+// f removes is never stored. The first caller gets the handler's reply,
+// whole; every retry with the key gets the redacted one, as recorded,
+// whichever replica or transport serves it. So remove only what a retry can
+// do without, and make the reply's clients expect it.
+//
+// f runs synchronously, on a copy: it may keep nothing of reply. A panic in
+// f, or a reply it leaves that cannot be recorded (no response, a response
+// of another type, an error turned into a response), records Internal in
+// place of the reply, which the caller gets too, as every retry will: the
+// handler has run, so its key is not released.
+//
+// Sealing (WithSealer) protects what is recorded; redaction decides what
+// is: use both for a reply that carries secrets.
+func WithRedaction(f RedactFunc) Option {
+	return serverOption(func(o *options) { o.redact = f })
+}
+
 // WithLease sets how long a running call without a deadline holds its key
 // before a retry may presume it dead and run the handler again
 // (DefaultLease). A call with a deadline holds it for its remaining time plus
@@ -266,6 +311,21 @@ func WithInProgressWait(d time.Duration) Option {
 // largest real reply lets more calls run at once.
 func WithMaxRecordSize(n int) Option {
 	return withEngine(engine.WithMaxRecordSize(n))
+}
+
+// Sealer encrypts recorded outcomes at rest: a *seal.KeyRing.
+type Sealer = engine.Sealer
+
+// WithSealer seals every recorded outcome with s before it reaches the
+// store, and opens it for each replay (see package seal: AES-256-GCM bound
+// to the record's key, a key ring that rotates). A record that does not open
+// (a key s lacks, altered, copied from another key's record) is neither
+// replayed nor run again: the call gets Unavailable
+// (IDEMPOTENCY_STORE_UNAVAILABLE), even with WithFailOpen, and the reason is
+// logged at Error. Give every entry point that shares the store the same
+// key ring.
+func WithSealer(s Sealer) Option {
+	return withEngine(engine.WithSealer(s))
 }
 
 // WithFailOpen runs the handler without protection when the store fails,

@@ -1,7 +1,9 @@
 package interceptor
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -20,26 +22,73 @@ import (
 )
 
 // encodeOutcome turns a handler's result into the bytes a store records.
-// record is false when the result must be released instead.
-func encodeOutcome(resp any, herr error, recorded map[codes.Code]bool, r *recorder) (raw []byte, record bool, err error) {
+// record is false when the result must be released instead. With redact,
+// what is recorded is a copy of the result as redact left it; the caller
+// keeps the result itself. An error means nothing can be recorded (the
+// caller records an Internal in its place).
+func encodeOutcome(ctx context.Context, method string, resp any, herr error, recorded map[codes.Code]bool, r *recorder, redact RedactFunc) (raw []byte, record bool, err error) {
+	if herr != nil {
+		if st := statusOf(herr); st.Code() == codes.OK || !recorded[st.Code()] {
+			return nil, false, nil
+		}
+	}
 	var out idemkeyv1.Outcome
-	if r != nil {
+	if redact != nil {
+		reply, err := redacted(ctx, method, resp, herr, r, redact)
+		if err != nil {
+			return nil, false, err
+		}
+		resp, herr = reply.Response, reply.Err
+		out.Header, out.Trailer = toEntries(reply.Header), toEntries(reply.Trailer)
+	} else if r != nil {
 		out.Header, out.Trailer = r.entries()
 	}
 	if herr != nil {
-		st := statusOf(herr)
-		if st.Code() == codes.OK || !recorded[st.Code()] {
-			return nil, false, nil
-		}
-		raw, err = encodeStatus(st, &out)
+		raw, err = encodeStatus(statusOf(herr), &out)
 		return raw, err == nil, err
 	}
 	msg, ok := resp.(proto.Message)
-	if !ok {
+	if !ok || msg == nil {
 		return nil, false, errors.New("the response is not a protobuf message")
 	}
 	raw, err = protokey.EncodeResponse(msg, &out)
 	return raw, err == nil, err
+}
+
+// redacted is the Reply that redact leaves of a copy of the handler's
+// result. A panic in redact is an error, so that the handler's key is not
+// released: the handler has run.
+func redacted(ctx context.Context, method string, resp any, herr error, r *recorder, redact RedactFunc) (reply *Reply, err error) {
+	reply = &Reply{Err: herr}
+	var name protoreflect.FullName
+	if herr == nil {
+		msg, ok := resp.(proto.Message)
+		if !ok || msg == nil {
+			return nil, errors.New("the response is not a protobuf message")
+		}
+		reply.Response, name = proto.Clone(msg), msg.ProtoReflect().Descriptor().FullName()
+	}
+	if r != nil {
+		r.mu.Lock()
+		reply.Header, reply.Trailer = r.header.Copy(), r.trailer.Copy()
+		r.mu.Unlock()
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			reply, err = nil, fmt.Errorf("the redaction function panicked: %v", p)
+		}
+	}()
+	redact(ctx, method, reply)
+	switch {
+	case reply.Err != nil:
+	case herr != nil:
+		return nil, errors.New("the redaction function turned an error into a response")
+	case reply.Response == nil:
+		return nil, errors.New("the redaction function left neither a response nor an error")
+	case reply.Response.ProtoReflect().Descriptor().FullName() != name:
+		return nil, fmt.Errorf("the redaction function replaced the %s response by a %s", name, reply.Response.ProtoReflect().Descriptor().FullName())
+	}
+	return reply, nil
 }
 
 // statusOf is the status gRPC sends for a handler's error: a context error,

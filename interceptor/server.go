@@ -182,7 +182,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, m *method, req any, ha
 	defer c.Abandon(ctx) // the handler panicked: let a retry run again
 	resp, err := handler(hctx, req)
 
-	outcome, record, encodeErr := encodeOutcome(resp, err, s.opts.recorded, rec)
+	outcome, record, encodeErr := encodeOutcome(ctx, m.name, resp, err, s.opts.recorded, rec, s.opts.redact)
 	if encodeErr != nil {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
 		return s.recordInstead(ctx, c, m, unrecordable, unrecordableErr)

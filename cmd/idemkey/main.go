@@ -30,6 +30,16 @@
 // The raw tenant and key are used only to compute the hash: they are never
 // printed or logged.
 //
+// # Sealed records
+//
+// A record sealed by a server with a key ring (package seal) is found,
+// inspected and forgotten as any other: its hash, state, token, times and
+// fingerprint are not sealed. inspect shows the id of the key that sealed
+// its outcome and the outcome's size; given the servers' key files with
+// -seal-key (and -seal-previous-key, once per key, for records sealed
+// before a rotation), it opens the outcome and shows it as for a record
+// that is not sealed. The command never writes a record, so it never seals.
+//
 // # Forgetting
 //
 // forget deletes one record, so that the next call with the key runs the
@@ -92,8 +102,8 @@ const (
 )
 
 const usage = `usage:
-  idemkey inspect -tenant T -method M -key K | -hash HEX
-  idemkey forget  -tenant T -method M -key K | -hash HEX  [-force]
+  idemkey inspect -tenant T -method M -key K | -hash HEX  [-seal-key FILE [-seal-previous-key FILE]...]
+  idemkey forget  -tenant T -method M -key K | -hash HEX  [-force] [-seal-key FILE ...]
   idemkey stats
   idemkey sweep   [-batch N]
   idemkey migrate up|down|status  [-to N] [-force]

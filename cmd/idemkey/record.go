@@ -19,16 +19,52 @@ import (
 
 	"github.com/idemkey/idemkey"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 )
 
-// selector is how inspect and forget name a record.
+// selector is how inspect and forget name a record, and the keys that open
+// its outcome if it is sealed.
 type selector struct {
 	tenant, method, key string
 	hash                string
+
+	sealKey      string   // -seal-key
+	previousKeys []string // -seal-previous-key
+}
+
+// ring reads the key files given, if any: the key ring that opens sealed
+// outcomes, or nil.
+func (s *selector) ring() (opener, error) {
+	paths := s.previousKeys
+	if s.sealKey != "" {
+		paths = append([]string{s.sealKey}, paths...)
+	}
+	if len(paths) == 0 {
+		return nil, nil
+	}
+	keys := make([][]byte, len(paths))
+	for i, p := range paths {
+		k, err := seal.ReadKeyFile(p)
+		if err != nil {
+			return nil, usageError("%s", strings.TrimPrefix(err.Error(), "idemkey/seal: "))
+		}
+		keys[i] = k
+	}
+	// Any key opens; the CLI never seals.
+	r, err := seal.NewKeyRing(keys[0], seal.WithPreviousKeys(keys[1:]...))
+	if err != nil {
+		return nil, usageError("%s", strings.TrimPrefix(err.Error(), "idemkey/seal: "))
+	}
+	return r, nil
 }
 
 func (s *selector) register(fs *flag.FlagSet) {
+	fs.StringVar(&s.sealKey, "seal-key", "", "a key file of the servers' key ring (seal.ReadKeyFile), to show a sealed outcome")
+	fs.Func("seal-previous-key", "another key file of the ring, for records sealed before a rotation (repeatable)", func(path string) error {
+		s.previousKeys = append(s.previousKeys, path)
+		return nil
+	})
 	fs.StringVar(&s.tenant, "tenant", "", "the tenant, as the server's TenantFunc returns it")
 	fs.StringVar(&s.method, "method", "", `the full method, such as /pkg.Service/Method; "" for a key scoped to its tenant only (interceptor.ScopeTenant)`)
 	fs.StringVar(&s.key, "key", "", "the idempotency key")
@@ -196,21 +232,28 @@ type view struct {
 	Outcome     *outcome  `json:"outcome"` // nil in progress
 }
 
+// opener opens sealed outcomes: a *seal.KeyRing, or nil.
+type opener interface {
+	Open(key store.Key, record []byte) ([]byte, error)
+}
+
 // outcome is a recorded outcome, decoded without the response's type, which
 // the record does not hold.
 type outcome struct {
-	Kind       string   `json:"kind"` // response, status, or unreadable
+	Kind       string   `json:"kind"` // response, status, http, sealed (no key given to open it), or unreadable
 	Bytes      int      `json:"bytes"`
+	SealedWith string   `json:"sealed_with,omitempty"` // the key id of a sealed outcome
 	Code       string   `json:"code,omitempty"`
 	CodeNumber int32    `json:"code_number,omitempty"`
 	Message    string   `json:"message,omitempty"`
 	Details    []string `json:"details,omitempty"` // type URLs
+	Status     int32    `json:"status,omitempty"`  // an HTTP response's
 	Header     []string `json:"header"`            // metadata names; values are never shown
 	Trailer    []string `json:"trailer"`
 	Error      string   `json:"error,omitempty"` // why it is unreadable
 }
 
-func newView(r *record) *view {
+func newView(r *record, keys opener) *view {
 	v := &view{
 		Hash:        hex.EncodeToString(r.key[:]),
 		Scope:       r.key.String(),
@@ -225,9 +268,28 @@ func newView(r *record) *view {
 		Fingerprint: hex.EncodeToString(r.fingerprint[:min(len(r.fingerprint), 8)]),
 	}
 	if r.outcome != nil {
-		v.Outcome = decodeOutcome(r.outcome)
+		v.Outcome = readOutcome(r.key, r.outcome, keys)
 	}
 	return v
+}
+
+// readOutcome reads a recorded outcome, sealed or not. A sealed one is
+// opened with keys, if given; else only its size and key id are shown.
+func readOutcome(key store.Key, raw []byte, keys opener) *outcome {
+	id, sealed := seal.SealedWith(raw)
+	if !sealed {
+		return decodeOutcome(raw)
+	}
+	if keys == nil {
+		return &outcome{Kind: "sealed", Bytes: len(raw), SealedWith: id, Header: []string{}, Trailer: []string{}}
+	}
+	opened, err := keys.Open(key, raw)
+	if err != nil {
+		return &outcome{Kind: "unreadable", Bytes: len(raw), SealedWith: id, Error: err.Error(), Header: []string{}, Trailer: []string{}}
+	}
+	o := decodeOutcome(opened)
+	o.SealedWith = id
+	return o
 }
 
 // decodeOutcome reads an idemkey.v1.Outcome as the interceptor wrote it.
@@ -247,6 +309,11 @@ func decodeOutcome(raw []byte) *outcome {
 	switch r := out.GetResult().(type) {
 	case *idemkeyv1.Outcome_Response:
 		o.Kind, o.Bytes = "response", len(r.Response)
+	case *idemkeyv1.Outcome_Http:
+		o.Kind, o.Bytes, o.Status = "http", len(r.Http.GetBody()), r.Http.GetStatus()
+		for _, m := range r.Http.GetHeader() {
+			o.Header = append(o.Header, m.GetKey())
+		}
 	case *idemkeyv1.Outcome_Status:
 		o.Kind, o.Bytes = "status", len(raw)
 		o.CodeNumber = r.Status.GetCode()
@@ -270,11 +337,15 @@ func inspectCommand() command {
 			if err != nil {
 				return nil, err
 			}
+			keys, err := sel.ring()
+			if err != nil {
+				return nil, err
+			}
 			rec, err := e.find(ctx, r)
 			if err != nil {
 				return nil, err
 			}
-			return newView(rec), nil
+			return newView(rec, keys), nil
 		},
 		human: func(w io.Writer, result any) { printView(w, result.(*view)) },
 	}
@@ -311,16 +382,25 @@ func printView(w io.Writer, v *view) {
 		fmt.Fprintf(tw, "outcome\tnone yet\n")
 		return
 	}
+	sealedWith := ""
+	if o.SealedWith != "" {
+		sealedWith = fmt.Sprintf(" (sealed with key %s)", o.SealedWith)
+	}
 	switch o.Kind {
 	case "response":
-		fmt.Fprintf(tw, "outcome\tresponse of %d bytes\n", o.Bytes)
+		fmt.Fprintf(tw, "outcome\tresponse of %d bytes%s\n", o.Bytes, sealedWith)
 	case "status":
-		fmt.Fprintf(tw, "outcome\terror %s (%d): %s\n", o.Code, o.CodeNumber, quoted(o.Message))
+		fmt.Fprintf(tw, "outcome\terror %s (%d): %s%s\n", o.Code, o.CodeNumber, quoted(o.Message), sealedWith)
 		for _, d := range o.Details {
 			fmt.Fprintf(tw, "detail\t%s\n", d)
 		}
+	case "http":
+		fmt.Fprintf(tw, "outcome\tHTTP %d, body of %d bytes%s\n", o.Status, o.Bytes, sealedWith)
+	case "sealed":
+		fmt.Fprintf(tw, "outcome\tsealed with key %s, %d bytes: give -seal-key to read it\n", o.SealedWith, o.Bytes)
+		return
 	default:
-		fmt.Fprintf(tw, "outcome\tunreadable, %d bytes: %s\n", o.Bytes, o.Error)
+		fmt.Fprintf(tw, "outcome\tunreadable, %d bytes%s: %s\n", o.Bytes, sealedWith, o.Error)
 	}
 	fmt.Fprintf(tw, "header\t%s\n", names(o.Header))
 	fmt.Fprintf(tw, "trailer\t%s\n", names(o.Trailer))
@@ -374,11 +454,15 @@ func forgetCommand() command {
 			if err != nil {
 				return nil, err
 			}
+			keys, err := sel.ring()
+			if err != nil {
+				return nil, err
+			}
 			rec, err := e.find(ctx, r) // a prefix names one record, or none
 			if err != nil {
 				return nil, err
 			}
-			return e.forget(ctx, rec.key, force)
+			return e.forget(ctx, rec.key, force, keys)
 		},
 		human: func(w io.Writer, result any) {
 			f := result.(*forgotten)
@@ -394,14 +478,14 @@ func forgetCommand() command {
 // forget deletes the record of key in one statement that also decides
 // whether it may, so that a call that reserves the key meanwhile is never
 // deleted unseen.
-func (e *env) forget(ctx context.Context, key store.Key, force bool) (*forgotten, error) {
+func (e *env) forget(ctx context.Context, key store.Key, force bool, keys opener) (*forgotten, error) {
 	t := e.table.sql("")
 	for range 3 {
 		rec, err := scanRecord(e.pool.QueryRow(ctx, `DELETE FROM `+t+`
 			WHERE key = $1 AND (state = 'completed' OR lease_end <= now() OR $2)
 			RETURNING `+recordColumns, key[:], force))
 		if err == nil {
-			return &forgotten{Forgot: true, Forced: rec.leaseLive(), Record: newView(rec)}, nil
+			return &forgotten{Forgot: true, Forced: rec.leaseLive(), Record: newView(rec, keys)}, nil
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {
 			return nil, err

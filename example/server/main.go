@@ -5,6 +5,7 @@
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
+//	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -47,6 +48,16 @@
 // same charge over the others. -http-addr-file is -addr-file's counterpart,
 // written before it.
 //
+// With -seal-key the recorded replies are sealed at rest (package seal:
+// AES-256-GCM, bound to each record's key) with the key in FILE: 32 bytes,
+// or their hex or base64; make one with head -c 32 /dev/urandom. Each
+// -seal-previous-key FILE adds a key that still opens the records it sealed
+// and never seals, for a rotation; -seal-accept-unsealed replays records
+// written before sealing was turned on, which are refused otherwise. A
+// record the server's keys cannot open is answered Unavailable
+// (IDEMPOTENCY_STORE_UNAVAILABLE) and logged at Error; nothing runs again.
+// The server logs the ids of its keys at start-up, never the keys.
+//
 // CreateCharge takes its key from the idempotency-key metadata (the
 // Idempotency-Key header over HTTP) or from the request's request_id
 // (AIP-155).
@@ -87,6 +98,7 @@ import (
 
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -112,6 +124,13 @@ func main() {
 	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
 	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
 	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
+	sealKey := flag.String("seal-key", "", "if set, seal the recorded replies with the key in this file (32 bytes, or their hex or base64)")
+	var previousKeys []string
+	flag.Func("seal-previous-key", "with -seal-key, a key file whose records still open, never used to seal (repeatable)", func(path string) error {
+		previousKeys = append(previousKeys, path)
+		return nil
+	})
+	acceptUnsealed := flag.Bool("seal-accept-unsealed", false, "with -seal-key, replay records written before sealing was turned on")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -122,7 +141,8 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster}, logger)
+		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+			sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed}, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -271,6 +291,38 @@ type config struct {
 	maxRecords             int   // in memory only
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
+	// sealKey, if set, is the key file replies are sealed with;
+	// previousKeys open and never seal; acceptUnsealed replays records that
+	// are not sealed.
+	sealKey        string
+	previousKeys   []string
+	acceptUnsealed bool
+}
+
+// keyRing reads the key files of cfg: nil without -seal-key.
+func keyRing(cfg config) (*seal.KeyRing, error) {
+	if cfg.sealKey == "" {
+		if len(cfg.previousKeys) > 0 || cfg.acceptUnsealed {
+			return nil, errors.New("-seal-previous-key and -seal-accept-unsealed need -seal-key")
+		}
+		return nil, nil
+	}
+	primary, err := seal.ReadKeyFile(cfg.sealKey)
+	if err != nil {
+		return nil, fmt.Errorf("-seal-key: %w", err)
+	}
+	opts := []seal.Option{}
+	for _, path := range cfg.previousKeys {
+		k, err := seal.ReadKeyFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("-seal-previous-key: %w", err)
+		}
+		opts = append(opts, seal.WithPreviousKeys(k))
+	}
+	if cfg.acceptUnsealed {
+		opts = append(opts, seal.WithUnsealedAccepted())
+	}
+	return seal.NewKeyRing(primary, opts...)
 }
 
 // run serves on lis until ctx is done, then stops gracefully.
@@ -296,8 +348,12 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		kind                  = "memory"
 		mode                  = "two-phase"
 	)
-	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "") {
-		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis flag")
+	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.sealKey != "") {
+		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis or seal flag")
+	}
+	ring, err := keyRing(cfg)
+	if err != nil {
+		return err
 	}
 	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
 		cfg.atomic = false
@@ -335,6 +391,17 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	}
 
 	shared := example.Config{Retention: cfg.ttl, Logger: logger, MeterProvider: meters}
+	sealing := "off"
+	if ring != nil {
+		shared.Sealer = ring
+		sealing = "key " + ring.PrimaryKeyID()
+		if ids := ring.KeyIDs(); len(ids) > 1 {
+			sealing += ", opening " + strings.Join(ids[1:], ", ") + " too"
+		}
+		if cfg.acceptUnsealed {
+			sealing += ", replaying unsealed records"
+		}
+	}
 	grpcCfg := shared
 	grpcCfg.HandlerDelay, grpcCfg.Ledger, grpcCfg.Atomic = cfg.delay, ledger, cfg.atomic
 	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency = srvOpts, cfg.bare
@@ -344,7 +411,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay)
+	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay, "sealing", sealing)
 	var h *httpServer // nil without -http-addr
 	if cfg.httpAddr != "" {
 		var err error

@@ -2,7 +2,8 @@
 // point's adapter (gRPC, Connect, HTTP) on every store, so that no adapter
 // drifts from the others: the same first call, replay, reuse, missing and
 // malformed keys, in-progress answer, recorded and released errors, tenant
-// isolation, failed store and oversized reply.
+// isolation, failed store and oversized reply; sealed records, rotated
+// keys and a record that does not open; redacted replies.
 //
 // Each adapter's test package gives Run an Adapter: a server of its own
 // transport in front of the suite's Service, and a client that makes one
@@ -10,9 +11,11 @@
 package adaptertest
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +23,8 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -115,7 +120,23 @@ type Config struct {
 	// (WithInProgressWait(0)) and a discarding logger (WithLogger(nil)),
 	// which each adapter sets in its own terms.
 	Service *Service
+	// Sealer, if not nil, seals the records (the adapter's WithSealer).
+	Sealer engine.Sealer
+	// Redact, if true, records each reply with Redact applied to the run's
+	// id in it (the adapter's WithRedaction): in a response, in an error's
+	// message, in a header the adapter replays.
+	Redact bool
 }
+
+// Redacted replaces the run's id in what is recorded of a reply when
+// Config.Redact is set.
+const Redacted = "redacted"
+
+var runID = regexp.MustCompile(`ch_[a-z]+_[0-9]+_run[0-9]+`)
+
+// Redact is s with every run id ("ch_acme_100_run1") replaced by Redacted:
+// what an adapter's redaction function does to each part of a reply.
+func Redact(s string) string { return runID.ReplaceAllString(s, Redacted) }
 
 // Adapter is one entry point under test.
 type Adapter struct {
@@ -163,6 +184,13 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 							KeyRequired:   tc.keyRequired,
 							MaxRecordSize: 16 << 10,
 							Service:       svc,
+							Redact:        tc.redact,
+						}
+						if tc.sealed {
+							cfg.Sealer = KeyRing(t, 1)
+						}
+						if tc.tampered {
+							cfg.Store = Tampering(cfg.Store)
 						}
 						if tc.down {
 							cfg.Store = st.Down(t)
@@ -176,7 +204,7 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 						call := a.Serve(t, cfg)
 						ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 						defer cancel()
-						tc.run(t, &suite{t: t, a: a, svc: svc, call: call, ctx: ctx})
+						tc.run(t, &suite{t: t, a: a, svc: svc, call: call, ctx: ctx, cfg: cfg})
 					})
 				}
 			})
@@ -191,9 +219,25 @@ type suite struct {
 	svc  *Service
 	call func(ctx context.Context, r Request) Reply
 	ctx  context.Context
+	cfg  Config
 }
 
 func (s *suite) do(r Request) Reply {
+	s.t.Helper()
+	return s.doWith(s.call, r)
+}
+
+// serve starts another server of the adapter on the case's store and
+// Service, with cfg changed by change: another replica.
+func (s *suite) serve(change func(*Config)) func(ctx context.Context, r Request) Reply {
+	s.t.Helper()
+	cfg := s.cfg
+	change(&cfg)
+	return s.a.Serve(s.t, cfg)
+}
+
+// doWith makes r through the client call.
+func (s *suite) doWith(call func(ctx context.Context, r Request) Reply, r Request) Reply {
 	s.t.Helper()
 	if r.Tenant == "" {
 		r.Tenant = "acme"
@@ -201,7 +245,7 @@ func (s *suite) do(r Request) Reply {
 	if r.Behaviour == "" {
 		r.Behaviour = Succeed
 	}
-	return s.call(s.ctx, r)
+	return call(s.ctx, r)
 }
 
 // wantRuns checks how many times the handler ran.
@@ -235,7 +279,12 @@ type testCase struct {
 	// refuses: the store refuses every record (Complete answers
 	// store.ErrFull), as a full Redis does; two-phase only.
 	refuses bool
-	run     func(t *testing.T, s *suite)
+	sealed  bool // the records are sealed (KeyRing(t, 1))
+	// tampered: the store alters every completed record it reads back
+	// (Tampering).
+	tampered bool
+	redact   bool // Config.Redact
+	run      func(t *testing.T, s *suite)
 }
 
 var cases = []testCase{
@@ -334,6 +383,66 @@ var cases = []testCase{
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), idemkey.ReasonInProgress)
 		s.wantRuns(1)
 	}},
+	{name: "sealed reply replays", sealed: true, run: func(t *testing.T, s *suite) {
+		first := s.do(Request{Key: "k1", Amount: 100})
+		if !first.OK {
+			t.Fatalf("first call: %+v", first)
+		}
+		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100}))
+		failed := s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded})
+		s.wantSame(failed, s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}))
+		s.wantRuns(2)
+	}},
+	{name: "rotated key still replays old records", sealed: true, run: func(t *testing.T, s *suite) {
+		old := s.do(Request{Key: "k1", Amount: 100})
+		// Another replica, whose primary key is new and whose previous key is
+		// the one k1 was sealed with.
+		rotated := s.serve(func(c *Config) { c.Sealer = KeyRing(t, 2, 1) })
+		s.wantSame(old, s.doWith(rotated, Request{Key: "k1", Amount: 100}))
+		fresh := s.doWith(rotated, Request{Key: "k2", Amount: 100})
+		s.wantSame(fresh, s.doWith(rotated, Request{Key: "k2", Amount: 100}))
+		// A replica that has only the old key refuses what the new key
+		// sealed, and does not run it again.
+		s.wantReason(s.do(Request{Key: "k2", Amount: 100}), idemkey.ReasonStoreUnavailable)
+		// One without a sealer refuses every sealed record.
+		plain := s.serve(func(c *Config) { c.Sealer = nil })
+		s.wantReason(s.doWith(plain, Request{Key: "k1", Amount: 100}), idemkey.ReasonStoreUnavailable)
+		s.wantRuns(2)
+	}},
+	{name: "record that does not open fails closed", sealed: true, tampered: true, run: func(t *testing.T, s *suite) {
+		first := s.do(Request{Key: "k1", Amount: 100})
+		if !first.OK {
+			t.Fatalf("first call: %+v", first)
+		}
+		for range 2 {
+			s.wantReason(s.do(Request{Key: "k1", Amount: 100}), idemkey.ReasonStoreUnavailable)
+		}
+		s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded})
+		s.wantReason(s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}), idemkey.ReasonStoreUnavailable)
+		// The same key with another request is still refused as reused: its
+		// record's outcome is never read.
+		s.wantReason(s.do(Request{Key: "k1", Amount: 200}), idemkey.ReasonKeyReused)
+		s.wantRuns(2)
+	}},
+	{name: "redacted reply is what every retry gets", sealed: true, redact: true, run: func(t *testing.T, s *suite) {
+		first := s.do(Request{Key: "k1", Amount: 100})
+		if !first.OK || first.Body != "ch_acme_100_run1" {
+			t.Fatalf("first call: %+v, want the whole reply", first)
+		}
+		want := first
+		want.Body = Redact(first.Body)
+		for range 2 {
+			s.wantSame(want, s.do(Request{Key: "k1", Amount: 100}))
+		}
+		failed := s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded})
+		if failed.Body != "declined ch_acme_100_run2" {
+			t.Fatalf("first call: %+v, want the whole error", failed)
+		}
+		want = failed
+		want.Body = Redact(failed.Body)
+		s.wantSame(want, s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}))
+		s.wantRuns(2)
+	}},
 	{name: "reply too large records an error", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100, Behaviour: Huge})
 		if first.OK || first.Status != s.a.Status["internal"] {
@@ -350,6 +459,65 @@ type refusing struct{ store.Store }
 
 func (refusing) Complete(context.Context, store.Key, store.Token, []byte) error {
 	return store.ErrFull
+}
+
+// KeyRing returns a key ring whose primary key is made of the byte primary
+// and whose previous keys are made of the bytes previous: the same bytes
+// make the same key in every case.
+func KeyRing(t *testing.T, primary byte, previous ...byte) *seal.KeyRing {
+	t.Helper()
+	var keys [][]byte
+	for _, p := range previous {
+		keys = append(keys, bytes.Repeat([]byte{p}, seal.KeySize))
+	}
+	r, err := seal.NewKeyRing(bytes.Repeat([]byte{primary}, seal.KeySize), seal.WithPreviousKeys(keys...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// Tampering returns st altering one byte of every completed record it reads
+// back (Reserve, Find, Begin), as someone with write access to the store
+// would: a sealed record then does not open. It is a store.Finder and a
+// store.Atomic when st is.
+func Tampering(st store.Store) store.Store {
+	t := tampering{st}
+	if _, ok := st.(store.Atomic); ok {
+		return tamperingAtomic{t}
+	}
+	return t
+}
+
+type tampering struct{ store.Store }
+
+func tamper(res store.Result) store.Result {
+	if res.State == store.Completed && len(res.Outcome) > 0 {
+		res.Outcome = bytes.Clone(res.Outcome)
+		res.Outcome[len(res.Outcome)-1] ^= 1
+	}
+	return res
+}
+
+func (t tampering) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	res, err := t.Store.Reserve(ctx, r)
+	return tamper(res), err
+}
+
+func (t tampering) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	f, ok := t.Store.(store.Finder)
+	if !ok {
+		return store.Result{}, false, nil
+	}
+	res, found, err := f.Find(ctx, key)
+	return tamper(res), found, err
+}
+
+type tamperingAtomic struct{ tampering }
+
+func (t tamperingAtomic) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+	res, tx, err := t.Store.(store.Atomic).Begin(ctx, r)
+	return tamper(res), tx, err
 }
 
 // ErrDown is the error of a store that is down.

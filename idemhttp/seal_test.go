@@ -1,0 +1,130 @@
+package idemhttp_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/seal"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// credentials answers 201 with a vended secret, as a route that issues
+// credentials does.
+func credentials(s *server) http.Handler {
+	return s.handler(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Location", "/v1/credentials/cred_1")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":"cred_1","secret":"sk_live_secret"}`))
+	})
+}
+
+// redactSecret removes the secret from a recorded JSON body.
+func redactSecret(_ *http.Request, reply *idemhttp.Reply) {
+	var body map[string]any
+	if err := json.Unmarshal(reply.Body, &body); err != nil {
+		panic(err)
+	}
+	delete(body, "secret")
+	reply.Body, _ = json.Marshal(body)
+	reply.Header.Del("Location")
+}
+
+func TestRedaction(t *testing.T) {
+	s := newServer(t, []idemhttp.Option{idemhttp.WithRedaction(redactSecret)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/credentials", mw(credentials(s)))
+	})
+	first, body := s.call("POST", "/v1/credentials", "k1", `{}`)
+	if first.StatusCode != http.StatusCreated || !strings.Contains(string(body), "sk_live_secret") || first.Header.Get("Location") == "" {
+		t.Fatalf("first: %d %s %v; want the whole response", first.StatusCode, body, first.Header)
+	}
+	for range 2 {
+		replay, body := s.call("POST", "/v1/credentials", "k1", `{}`)
+		if replay.StatusCode != http.StatusCreated || string(body) != `{"id":"cred_1"}` ||
+			replay.Header.Get("Location") != "" || replay.Header.Get("Content-Type") != "application/json" ||
+			replay.Header.Get(idemkey.ReplayedHeader) != "true" {
+			t.Fatalf("replay: %d %s %v; want the redacted response, marked replayed", replay.StatusCode, body, replay.Header)
+		}
+	}
+	s.wantRuns(1)
+}
+
+// A redaction that panics, or leaves a status that is not final, records a
+// 500 in place of the response, which the first caller gets too: the
+// handler has run, so its key is not released.
+func TestRedactionThatFails(t *testing.T) {
+	for name, redact := range map[string]idemhttp.RedactFunc{
+		"panics":        func(*http.Request, *idemhttp.Reply) { panic("redaction bug") },
+		"not a status":  func(_ *http.Request, r *idemhttp.Reply) { r.Status = 100 },
+		"out of bounds": func(_ *http.Request, r *idemhttp.Reply) { r.Status = 1000 },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := newServer(t, []idemhttp.Option{idemhttp.WithRedaction(redact)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+				mux.Handle("POST /v1/credentials", mw(credentials(s)))
+			})
+			for range 2 {
+				resp, body := s.call("POST", "/v1/credentials", "k1", `{}`)
+				wantProblem(t, resp, body, http.StatusInternalServerError, idemhttp.ReasonResponseNotRecorded)
+				if strings.Contains(string(body), "secret") {
+					t.Fatalf("the 500 holds the response: %s", body)
+				}
+			}
+			s.wantRuns(1)
+		})
+	}
+}
+
+// The 500 that takes the place of a response that cannot be recorded fits
+// in store.SmallOutcome before sealing, and in the envelope's Overhead more
+// after: a store with bounds sets that much aside when the key is reserved
+// (the engine counts the Overhead in store.Reservation.MaxOutcome), so the
+// sealed stand-in is recorded whatever room the reply would have needed.
+func TestSealedStandInIsSmall(t *testing.T) {
+	ring, err := seal.NewKeyRing(bytes.Repeat([]byte{1}, seal.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := &sizes{Store: memory.New()}
+	mw, err := idemhttp.Middleware(st, idemhttp.WithSealer(ring), idemhttp.WithMaxRecordSize(1024), idemhttp.WithLogger(nil),
+		idemhttp.WithReplayedHeaders("X-Long-Header-Name-Replayed"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Long-Header-Name-Replayed", strings.Repeat("v", 200))
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 4096))
+	}))
+	rec := httptest.NewRecorder()
+	req, _ := http.NewRequest("POST", "/v1/x", strings.NewReader("{}"))
+	req.Header.Set(idemkey.KeyHeader, "k1")
+	h.ServeHTTP(rec, req)
+	if rec.Code != http.StatusInternalServerError || len(st.completed) != 1 {
+		t.Fatalf("got %d, %d records; want the 500 recorded", rec.Code, len(st.completed))
+	}
+	if n := st.completed[0]; n > store.SmallOutcome+seal.Overhead {
+		t.Fatalf("the sealed stand-in takes %d bytes, more than store.SmallOutcome (%d) and the envelope", n, store.SmallOutcome)
+	}
+}
+
+// sizes is a store that notes the size of every outcome it completes.
+type sizes struct {
+	store.Store
+	mu        sync.Mutex
+	completed []int
+}
+
+func (s *sizes) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	s.mu.Lock()
+	s.completed = append(s.completed, len(outcome))
+	s.mu.Unlock()
+	return s.Store.Complete(ctx, key, token, outcome)
+}

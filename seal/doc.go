@@ -1,0 +1,107 @@
+// Package seal encrypts recorded outcomes at rest: the replies idemkey keeps
+// to replay hold what handlers returned (card fingerprints, addresses,
+// vended credentials), and a store's backups, replicas and operators need
+// not read them.
+//
+// A KeyRing seals each outcome with AES-256-GCM (the standard library's,
+// with a random nonce) under its primary key, bound to the record's scope
+// hash (store.Key) as associated data, and opens records sealed with any of
+// its keys. Give it to an entry point with its WithSealer option
+// (engine.WithSealer underneath); the engine seals on the way to the store
+// and opens on the way back, on every store and in both modes.
+//
+// # Example
+//
+//	primary, err := seal.ReadKeyFile("/etc/payments/seal.key") // 32 bytes
+//	if err != nil { ... }
+//	previous, err := seal.ReadKeyFile("/etc/payments/seal-previous.key")
+//	if err != nil { ... }
+//	ring, err := seal.NewKeyRing(primary, seal.WithPreviousKeys(previous))
+//	if err != nil { ... }
+//	idem, err := interceptor.UnaryServerInterceptor(st, interceptor.WithSealer(ring), ...)
+//
+// Make a key with `head -c 32 /dev/urandom > seal.key` (or 64 hex digits, or
+// the standard base64 of 32 bytes, in the file), readable by the server
+// alone.
+//
+// # Guarantees
+//
+//   - A store holds no plaintext of a sealed outcome: its bytes are the
+//     envelope below. Only the outcome is sealed; the record's scope hash,
+//     fingerprint, state and times stay as they are, so stores, the sweeper
+//     and `idemkey inspect`/`forget` work without the key.
+//   - A record opens only under the scope it was sealed for: a ciphertext
+//     copied onto another key's record, or altered in any byte, does not
+//     open. Nor does one sealed with a key the ring does not hold.
+//   - A record that does not open is never replayed and never runs its
+//     handler again. The engine answers as for a store that failed
+//     (Unavailable, reason IDEMPOTENCY_STORE_UNAVAILABLE; HTTP 503; a
+//     consumer negative-acknowledges, and dead-letters on the last
+//     delivery), and logs at Error why, with the record's scope hash
+//     prefix, never the key or the tenant; even WithFailOpen does not run
+//     the handler. Unavailable rather than a final error, because the
+//     usual cause is a replica that lacks a key its peers already seal
+//     with: a retry that reaches another replica gets the reply.
+//
+// # Rotating keys
+//
+// New records are sealed with the primary key; records sealed with a key
+// given to WithPreviousKeys still open, and nothing is ever sealed with
+// one. Each sealed record names its key by a key id, derived from the key
+// itself (KeyID: the first 4 bytes of a SHA-256 of it, in hex), so a key file
+// needs nothing else. To rotate without a flag day:
+//
+//  1. Give every replica the new key as a previous key, beside the primary
+//     one; wait until all of them run with it.
+//  2. Make the new key the primary, and the old one a previous key, on every
+//     replica. Replicas that have not restarted yet still open what the
+//     others seal, thanks to step 1.
+//  3. After one retention (24 hours by default; a consumer's, 7 days), no
+//     record is sealed with the old key any more: drop it.
+//
+// Skipping step 1 only costs the replies sealed during the rollout that an
+// old replica reads: Unavailable, until a retry reaches a new replica.
+//
+// # Records written before sealing was turned on
+//
+// A record that is not sealed is refused by default, as one that does not
+// open (ErrUnsealed): if plaintext records were replayed, anyone who can
+// write the store's table could put a reply of their choosing in front of
+// every retry, and sealing would protect nothing but confidentiality. To turn
+// sealing on under live traffic, build the ring WithUnsealedAccepted for one
+// retention: records written before (and by replicas not yet upgraded) keep
+// replaying; then drop the option.
+//
+// An engine without a key ring refuses sealed records in the same way
+// (answered as a failed store, logged at Error with the key id): so turning
+// sealing off again means a ring kept until the sealed records have expired.
+//
+// # Format
+//
+// A sealed record is an envelope, part of the stored format that the next
+// release reads (docs/versioning.md):
+//
+//	offset  size   field
+//	0       4      magic and version: 0x00 'i' 'k' 0x01
+//	4       4      key id: the first 4 bytes of SHA-256("idemkey seal key id\x00" || key)
+//	8       12     nonce, random
+//	20      n+16   the outcome, encrypted with AES-256-GCM, and its tag
+//
+// The associated data is the first 8 bytes followed by the record's
+// store.Key (32 bytes). The envelope thus costs Overhead (36) bytes; the
+// engine counts them on top of WithMaxRecordSize. No protobuf message (the
+// outcome of every gRPC, Connect and HTTP record) and no consumer record
+// starts with a 0x00 byte, so a sealed record is told from a plain one by
+// its first four bytes.
+//
+// # Caveats
+//
+//   - The fingerprint is not bound: someone who can write the table can
+//     change a completed record's fingerprint so that another request with
+//     the same key gets its reply instead of "reused". They cannot make up a
+//     reply, nor move one to another key.
+//   - Random 96-bit nonces bound one key to about 2^32 sealed records;
+//     rotate well before (at 1,000 new keys a second, that is 136 years).
+//   - Redaction (each adapter's WithRedaction) is the other half: what is
+//     not needed to replay a reply is best not recorded at all.
+package seal
