@@ -22,7 +22,7 @@
 //		write(decode(c.Outcome))
 //	case engine.InProgress: // and Reused, StoreFull, StoreUnavailable, FailedOpen
 //	}
-//	c.End(ctx, code) // the final status code, for idemkey.calls
+//	c.End(ctx, code) // the final status code, for idemkey.calls and the hooks
 //
 // # Sharing keys between entry points
 //
@@ -46,6 +46,19 @@
 // differs from the call's is answered Reused without being opened. An
 // outcome encoding of an adapter of your own must not begin with the bytes
 // 0x00 'i' 'k' (no protobuf message does), which mark a sealed record.
+//
+// # Hooks
+//
+// WithHooks gives the application one callback per call, once its verdict
+// is final: OnExecute when the handler ran, OnReplay when a retry got the
+// record, OnRefuse when the call was answered without either. Each is told
+// the operation, the tenant, the key, the verdict, the final status and the
+// record's size, so that an application can count or audit business
+// operations apart from their retries: a key retried n times runs
+// OnExecute once (with Event.Recorded) and OnReplay n-1 times. The hooks
+// run on the call's goroutine before the answer is handed over, are given
+// the call's context without its cancellation, and a panic in one is
+// logged and goes no further. idemkey logs no value of an Event.
 //
 // # Metrics
 //

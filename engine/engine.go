@@ -131,6 +131,9 @@ type Call struct {
 	fingerprint store.Fingerprint // as reserved, in atomic mode
 	leaseEnd    time.Time         // when, at the earliest, the store ends the lease
 	ended       bool              // recorded or released
+
+	recorded     bool // the outcome was recorded (noteWrite), for the hooks
+	recordedSize int
 }
 
 // Call starts timing a call of op.
@@ -321,7 +324,7 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	}
 	if c.tx != nil {
 		c.ended = true
-		err := e.commit(ctx, c.tx, outcome, keepWrites)
+		err := e.commit(ctx, c, outcome, keepWrites)
 		if errors.Is(err, store.ErrLeaseLost) {
 			return c.superseded(ctx)
 		}
@@ -410,9 +413,12 @@ func (c *Call) Abandon(ctx context.Context) {
 
 // End measures the call: the idemkey.calls counter with its verdict and
 // code (the transport's status, which the operation's MetricsSpec names),
-// an event on the call's span, and a Debug log line.
+// an event on the call's span, and a Debug log line; then it runs the hook
+// of its verdict (WithHooks). Call it once, when the verdict and the code
+// are final, before the answer is handed over.
 func (c *Call) End(ctx context.Context, code int) {
 	c.e.obs.callEnded(ctx, c, code)
+	c.runHooks(ctx, code)
 }
 
 // Pauses between the background attempts of completeLater.

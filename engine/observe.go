@@ -276,11 +276,12 @@ func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Result, 
 	return res, tx, err
 }
 
-// commit seals the outcome in tx's Commit (sealingTx), whose time it counts.
-func (e *Engine) commit(ctx context.Context, tx store.Tx, outcome []byte, keepWrites bool) error {
+// commit seals the outcome in c.tx's Commit (sealingTx), whose time it counts.
+func (e *Engine) commit(ctx context.Context, c *Call, outcome []byte, keepWrites bool) error {
 	sctx, t := e.obs.startStore(ctx, opCommit)
-	err := tx.Commit(sctx, outcome, keepWrites)
+	err := c.tx.Commit(sctx, outcome, keepWrites)
 	t.end(ctx, err)
+	c.noteWrite(len(outcome), err)
 	return err
 }
 
@@ -288,13 +289,14 @@ func (e *Engine) commit(ctx context.Context, tx store.Tx, outcome []byte, keepWr
 // (see Call.Record), after the span lookup, which costs an allocation on a
 // detached context.
 func (e *Engine) complete(ctx context.Context, c *Call, outcome []byte) error {
+	size := len(outcome) // for the hooks: the adapter's encoding, as replays get it
 	outcome, err := e.sealOutcome(c.key, outcome)
-	if err != nil {
-		return err
+	if err == nil {
+		sctx, t := e.obs.startStore(ctx, opComplete)
+		err = e.store.Complete(context.WithoutCancel(sctx), c.key, c.token, outcome)
+		t.end(ctx, err)
 	}
-	sctx, t := e.obs.startStore(ctx, opComplete)
-	err = e.store.Complete(context.WithoutCancel(sctx), c.key, c.token, outcome)
-	t.end(ctx, err)
+	c.noteWrite(size, err)
 	return err
 }
 

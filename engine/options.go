@@ -60,6 +60,7 @@ type options struct {
 	maxRecord   int
 	sealer      Sealer // nil: outcomes are stored as they are
 	logger      *slog.Logger
+	hooks       *Hooks // nil: none
 
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
