@@ -103,6 +103,25 @@ func WithSealer(s Sealer) Option { return withEngine(engine.WithSealer(s)) }
 // letters; nil discards the records (engine.WithLogger).
 func WithLogger(l *slog.Logger) Option { return withEngine(engine.WithLogger(l)) }
 
+// Hooks are the application's callbacks on how each message ended; see
+// engine.Hooks and WithHooks.
+type Hooks = engine.Hooks
+
+// WithHooks calls the application's hooks once for each delivery that
+// Process or Refuse decides: OnExecute when the handler ran (Processed,
+// Failed, Retry; engine.Event.Recorded is false for Retry, whose id is
+// released), OnReplay for a Duplicate, OnRefuse when the handler did not
+// run for another reason (Busy, Refused, StoreUnavailable, StoreFull). A
+// message redelivered n times after it was processed runs OnExecute once
+// and OnReplay n times. The Event's Key is the message id, its Tenant the
+// message's tenant, its Code the Action (Ack, Nak, Reject), its Size the
+// record's (a message's is a few bytes: processed or failed). A hook runs
+// on the worker's goroutine before Process returns, so before the adapter
+// acknowledges the message, and delays it as long as it takes; a panic in
+// it is logged and changes neither the Result nor the record
+// (engine.WithHooks).
+func WithHooks(h Hooks) Option { return withEngine(engine.WithHooks(h)) }
+
 // WithMeterProvider sets where the metrics go (engine.WithMeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return withEngine(engine.WithMeterProvider(mp))

@@ -79,7 +79,7 @@ func redactConformance(_ context.Context, _ string, reply *idemconnect.Reply) {
 
 func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connect.ClientOption) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []idemconnect.Option{idemconnect.WithTenant(bearerTenant), idemconnect.WithMaxRecordSize(cfg.MaxRecordSize),
-		idemconnect.WithInProgressWait(0), idemconnect.WithLogger(nil)}
+		idemconnect.WithInProgressWait(0), idemconnect.WithLogger(nil), idemconnect.WithHooks(cfg.Hooks)}
 	if cfg.KeyRequired {
 		opts = append(opts, idemconnect.WithKeyRequired())
 	}

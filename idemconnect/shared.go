@@ -88,6 +88,19 @@ func WithFailOpen() Option { return withEngine(engine.WithFailOpen()) }
 // discards the records (engine.WithLogger).
 func WithLogger(l *slog.Logger) Option { return withEngine(engine.WithLogger(l)) }
 
+// Hooks are the application's callbacks on how each call ended; see
+// engine.Hooks and WithHooks.
+type Hooks = engine.Hooks
+
+// WithHooks calls the application's hooks once for each call to a covered
+// procedure: OnExecute when the handler ran, OnReplay when a retry got the
+// recorded reply, OnRefuse when the call was answered without either. Each
+// gets an engine.Event whose Code is the connect.Code answered (0 for a
+// success). A hook runs on the call's goroutine before the interceptor
+// returns its answer; a panic in it is logged and changes neither the
+// answer nor the record (engine.WithHooks).
+func WithHooks(h Hooks) Option { return withEngine(engine.WithHooks(h)) }
+
 // WithMeterProvider sets where the metrics go (engine.WithMeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return withEngine(engine.WithMeterProvider(mp))

@@ -104,7 +104,7 @@ func redactConformance(_ *http.Request, reply *idemhttp.Reply) {
 
 func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithMaxRecordSize(cfg.MaxRecordSize),
-		idemhttp.WithInProgressWait(0), idemhttp.WithLogger(nil)}
+		idemhttp.WithInProgressWait(0), idemhttp.WithLogger(nil), idemhttp.WithHooks(cfg.Hooks)}
 	if cfg.KeyRequired {
 		opts = append(opts, idemhttp.WithKeyRequired())
 	}

@@ -166,12 +166,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 			c.Log(r.Context(), slog.LevelWarn, "more than 1024 operation names: operations are no longer kept; WithOperation should name routes, never paths", nil)
 		})
 	}
-	rec := &statusRecorder{ResponseWriter: w}
+	rec := &statusRecorder{ResponseWriter: w, call: &c, ctx: r.Context()}
 	m.handle(rec, r, name, next, &c)
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
-	c.End(r.Context(), rec.status)
+	rec.end()
 }
 
 // handle is serve for a covered request; it sets c.Verdict to what became of
@@ -191,6 +191,7 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 			return
 		}
 		c.Verdict = engine.NoKey
+		w.handlerWrites = true
 		next.ServeHTTP(w, r)
 		return
 	}
@@ -221,6 +222,7 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 	case engine.Executed:
 		m.run(w, r, body, next, c)
 	case engine.FailedOpen:
+		w.handlerWrites = true
 		next.ServeHTTP(w, withBody(r.WithContext(c.Context(r.Context())), body))
 	default:
 		m.answer(w, r, c)
@@ -370,38 +372,62 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, c *engine.Ca
 	replayResponse(w, resp, m.opts.replayed)
 }
 
-// statusRecorder notes the status written, for the metrics. It unwraps, so
-// that http.ResponseController reaches w's features.
+// statusRecorder notes the status written, for the metrics, and ends the
+// call: as the middleware's own answer writes its status, before the status
+// goes out, so that the hooks run before the client has the answer; or,
+// when the handler writes the response (handlerWrites), once it has
+// returned. It unwraps, so that http.ResponseController reaches w's
+// features.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
+
+	call          *engine.Call // nil once ended
+	ctx           context.Context
+	handlerWrites bool // the handler answers: end the call after it
+}
+
+// written notes status as the response's, and ends the call before it goes
+// out if the middleware answers.
+func (s *statusRecorder) written(status int) {
+	if s.status != 0 {
+		return
+	}
+	s.status = status
+	if !s.handlerWrites {
+		s.end()
+	}
+}
+
+// end ends the call with the status written, once.
+func (s *statusRecorder) end() {
+	if c := s.call; c != nil {
+		s.call = nil
+		c.End(s.ctx, s.status)
+	}
 }
 
 func (s *statusRecorder) WriteHeader(status int) {
-	if s.status == 0 && status >= 200 {
-		s.status = status
+	if status >= 200 {
+		s.written(status)
 	}
 	s.ResponseWriter.WriteHeader(status)
 }
 
 func (s *statusRecorder) Write(p []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
+	s.written(http.StatusOK)
 	return s.ResponseWriter.Write(p)
 }
 
 func (s *statusRecorder) Flush() {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
+	s.written(http.StatusOK)
 	_ = http.NewResponseController(s.ResponseWriter).Flush()
 }
 
 func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	conn, rw, err := http.NewResponseController(s.ResponseWriter).Hijack()
-	if err == nil && s.status == 0 {
-		s.status = http.StatusSwitchingProtocols
+	if err == nil {
+		s.written(http.StatusSwitchingProtocols)
 	}
 	return conn, rw, err
 }

@@ -87,6 +87,24 @@ func WithFailOpen() Option { return withEngine(engine.WithFailOpen()) }
 // discards the records (engine.WithLogger).
 func WithLogger(l *slog.Logger) Option { return withEngine(engine.WithLogger(l)) }
 
+// Hooks are the application's callbacks on how each call ended; see
+// engine.Hooks and WithHooks.
+type Hooks = engine.Hooks
+
+// WithHooks calls the application's hooks once for each covered request
+// (a covered method and a non-empty operation name): OnExecute when the
+// handler ran, OnReplay when a retry got the recorded response, OnRefuse
+// when the middleware answered without either (a problem, or a 401 for a
+// refused tenant). Each gets an engine.Event whose Code is the HTTP status
+// answered. A hook runs on the request's goroutine before the middleware
+// writes the status of its own answer (a recorded, replayed or problem
+// response), so that a client that has the response knows the hook has
+// returned; for a request without a key, or one that failed open, the
+// handler writes its own response first, and the hook runs after it. A
+// panic in a hook is logged and changes neither the response nor the
+// record (engine.WithHooks).
+func WithHooks(h Hooks) Option { return withEngine(engine.WithHooks(h)) }
+
 // WithMeterProvider sets where the metrics go (engine.WithMeterProvider).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return withEngine(engine.WithMeterProvider(mp))

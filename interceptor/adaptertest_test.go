@@ -77,7 +77,7 @@ func redactConformance(_ context.Context, _ string, reply *interceptor.Reply) {
 
 func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
 	opts := []interceptor.Option{interceptor.WithTenant(bearerTenant), interceptor.WithMaxRecordSize(cfg.MaxRecordSize),
-		interceptor.WithInProgressWait(0), interceptor.WithLogger(nil)}
+		interceptor.WithInProgressWait(0), interceptor.WithLogger(nil), interceptor.WithHooks(cfg.Hooks)}
 	if cfg.KeyRequired {
 		opts = append(opts, interceptor.WithKeyRequired())
 	}

@@ -392,6 +392,25 @@ func WithLogger(l *slog.Logger) Option {
 	return withEngine(engine.WithLogger(l))
 }
 
+// Hooks are the application's callbacks on how each call ended; see
+// engine.Hooks and WithHooks.
+type Hooks = engine.Hooks
+
+// WithHooks calls the application's hooks once for each call to a covered
+// method: OnExecute when the handler ran, OnReplay when a retry got the
+// recorded reply, OnRefuse when the call was answered without either (in
+// progress, reused or missing or malformed key, store full or
+// unavailable, a refused tenant). Each gets an engine.Event with the
+// method, the tenant, the key, the verdict, the gRPC code answered
+// (Event.Code, a codes.Code) and the record's size in bytes. A hook runs on
+// the call's goroutine before the interceptor returns its answer, so that
+// its time adds to the call's; its context has the call's values but not
+// its cancellation; a panic in it is logged and changes neither the answer
+// nor the record. See engine.WithHooks for the whole contract.
+func WithHooks(h Hooks) Option {
+	return withEngine(engine.WithHooks(h))
+}
+
 // WithMeterProvider sets where the server interceptor's metrics go; the
 // default is otel.GetMeterProvider(), which does nothing until an SDK is
 // installed. See the package documentation for the metrics.

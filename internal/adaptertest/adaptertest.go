@@ -3,7 +3,8 @@
 // drifts from the others: the same first call, replay, reuse, missing and
 // malformed keys, in-progress answer, recorded and released errors, tenant
 // isolation, failed store and oversized reply; sealed records, rotated
-// keys and a record that does not open; redacted replies.
+// keys and a record that does not open; redacted replies; and the same
+// hooks for each (engine.WithHooks), which every case checks, one per call.
 //
 // Each adapter's test package gives Run an Adapter: a server of its own
 // transport in front of the suite's Service, and a client that makes one
@@ -116,6 +117,9 @@ type Config struct {
 	KeyRequired bool
 	// MaxRecordSize is the engine's bound; the Huge reply is larger.
 	MaxRecordSize int
+	// Hooks are the application's hooks, which the adapter sets with its
+	// WithHooks.
+	Hooks engine.Hooks
 	// Every case also runs with no wait for a key in progress
 	// (WithInProgressWait(0)) and a discarding logger (WithLogger(nil)),
 	// which each adapter sets in its own terms.
@@ -178,11 +182,13 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 					t.Run(tc.name, func(t *testing.T) {
 						t.Parallel()
 						svc := NewService()
+						hooks := &hookRecorder{}
 						cfg := Config{
 							Store:         st.New(t),
 							Atomic:        atomicMode,
 							KeyRequired:   tc.keyRequired,
 							MaxRecordSize: 16 << 10,
+							Hooks:         hooks.hooks(),
 							Service:       svc,
 							Redact:        tc.redact,
 						}
@@ -204,7 +210,9 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 						call := a.Serve(t, cfg)
 						ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 						defer cancel()
-						tc.run(t, &suite{t: t, a: a, svc: svc, call: call, ctx: ctx, cfg: cfg})
+						s := &suite{t: t, a: a, svc: svc, call: call, ctx: ctx, cfg: cfg, hooks: hooks}
+						tc.run(t, s)
+						s.wantHooks(tc.hooks...)
 					})
 				}
 			})
@@ -214,12 +222,13 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 
 // suite is what a case works with.
 type suite struct {
-	t    *testing.T
-	a    Adapter
-	svc  *Service
-	call func(ctx context.Context, r Request) Reply
-	ctx  context.Context
-	cfg  Config
+	t     *testing.T
+	a     Adapter
+	svc   *Service
+	call  func(ctx context.Context, r Request) Reply
+	ctx   context.Context
+	cfg   Config
+	hooks *hookRecorder
 }
 
 func (s *suite) do(r Request) Reply {
@@ -245,7 +254,9 @@ func (s *suite) doWith(call func(ctx context.Context, r Request) Reply, r Reques
 	if r.Behaviour == "" {
 		r.Behaviour = Succeed
 	}
-	return call(s.ctx, r)
+	reply := call(s.ctx, r)
+	s.hooks.answered(r, reply)
+	return reply
 }
 
 // wantRuns checks how many times the handler ran.
@@ -285,6 +296,9 @@ type testCase struct {
 	tampered bool
 	redact   bool // Config.Redact
 	run      func(t *testing.T, s *suite)
+	// hooks are the hooks the case's calls ran, in order, as "hook
+	// verdict": "execute executed", "replay replayed", "refuse reused".
+	hooks []string
 }
 
 var cases = []testCase{
@@ -294,36 +308,36 @@ var cases = []testCase{
 			t.Fatalf("got %+v, want the first run's reply, not marked replayed", r)
 		}
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"execute executed"}},
 	{name: "retry replays the first reply", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		for range 2 {
 			s.wantSame(first, s.do(Request{Key: "k1", Amount: 100}))
 		}
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"execute executed", "replay replayed", "replay replayed"}},
 	{name: "key reused with another request", run: func(t *testing.T, s *suite) {
 		s.do(Request{Key: "k1", Amount: 100})
 		s.wantReason(s.do(Request{Key: "k1", Amount: 200}), idemkey.ReasonKeyReused)
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100, Behaviour: FailRecorded}), idemkey.ReasonKeyReused)
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"execute executed", "refuse reused", "refuse reused"}},
 	{name: "no key runs unprotected", run: func(t *testing.T, s *suite) {
 		a, b := s.do(Request{Amount: 100}), s.do(Request{Amount: 100})
 		if !a.OK || !b.OK || a.Body == b.Body || b.Replayed {
 			t.Fatalf("got %+v and %+v, want two runs", a, b)
 		}
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute no_key", "execute no_key"}},
 	{name: "no key refused when required", keyRequired: true, run: func(t *testing.T, s *suite) {
 		s.wantReason(s.do(Request{Amount: 100}), idemkey.ReasonKeyMissing)
 		s.wantRuns(0)
-	}},
+	}, hooks: []string{"refuse key_missing"}},
 	{name: "malformed key refused", run: func(t *testing.T, s *suite) {
 		s.wantReason(s.do(Request{Key: strings.Repeat("k", idemkey.MaxKeyLen+1), Amount: 100}), idemkey.ReasonKeyInvalid)
 		s.wantReason(s.do(Request{Key: "k1", KeyTwice: true, Amount: 100}), idemkey.ReasonKeyInvalid)
 		s.wantRuns(0)
-	}},
+	}, hooks: []string{"refuse key_invalid", "refuse key_invalid"}},
 	{name: "duplicate while the first runs", run: func(t *testing.T, s *suite) {
 		done := make(chan Reply, 1)
 		go func() { done <- s.do(Request{Key: "k1", Amount: 100, Behaviour: Block}) }()
@@ -344,7 +358,7 @@ var cases = []testCase{
 		}
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, Behaviour: Block}))
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"refuse in_progress", "execute executed", "replay replayed"}},
 	{name: "recorded error replays", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100, Behaviour: FailRecorded})
 		if first.OK || first.Reason != "" || !strings.Contains(first.Body, "declined") {
@@ -352,7 +366,7 @@ var cases = []testCase{
 		}
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, Behaviour: FailRecorded}))
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"execute executed", "replay replayed"}},
 	{name: "released error runs again", run: func(t *testing.T, s *suite) {
 		a := s.do(Request{Key: "k1", Amount: 100, Behaviour: FailReleased})
 		b := s.do(Request{Key: "k1", Amount: 100, Behaviour: FailReleased})
@@ -360,7 +374,7 @@ var cases = []testCase{
 			t.Fatalf("got %+v and %+v, want two runs that failed", a, b)
 		}
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute executed unrecorded", "execute executed unrecorded"}},
 	{name: "tenants do not share keys", run: func(t *testing.T, s *suite) {
 		a := s.do(Request{Tenant: "acme", Key: "k1", Amount: 100})
 		b := s.do(Request{Tenant: "globex", Key: "k1", Amount: 100})
@@ -368,11 +382,11 @@ var cases = []testCase{
 			t.Fatalf("got %+v and %+v, want a run for each tenant", a, b)
 		}
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute executed", "execute executed"}},
 	{name: "store down fails closed", down: true, run: func(t *testing.T, s *suite) {
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), idemkey.ReasonStoreUnavailable)
 		s.wantRuns(0)
-	}},
+	}, hooks: []string{"refuse store_unavailable"}},
 	{name: "no room for the record never runs twice", refuses: true, run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		if first.OK || first.Status != s.a.Status["internal"] {
@@ -382,7 +396,7 @@ var cases = []testCase{
 		// lease ends: never released, since the handler has run.
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100}), idemkey.ReasonInProgress)
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"execute executed unrecorded", "refuse in_progress"}},
 	{name: "sealed reply replays", sealed: true, run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		if !first.OK {
@@ -392,7 +406,7 @@ var cases = []testCase{
 		failed := s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded})
 		s.wantSame(failed, s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}))
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute executed", "replay replayed", "execute executed", "replay replayed"}},
 	{name: "rotated key still replays old records", sealed: true, run: func(t *testing.T, s *suite) {
 		old := s.do(Request{Key: "k1", Amount: 100})
 		// Another replica, whose primary key is new and whose previous key is
@@ -408,7 +422,7 @@ var cases = []testCase{
 		plain := s.serve(func(c *Config) { c.Sealer = nil })
 		s.wantReason(s.doWith(plain, Request{Key: "k1", Amount: 100}), idemkey.ReasonStoreUnavailable)
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute executed", "replay replayed", "execute executed", "replay replayed", "refuse store_unavailable", "refuse store_unavailable"}},
 	{name: "record that does not open fails closed", sealed: true, tampered: true, run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		if !first.OK {
@@ -423,7 +437,7 @@ var cases = []testCase{
 		// record's outcome is never read.
 		s.wantReason(s.do(Request{Key: "k1", Amount: 200}), idemkey.ReasonKeyReused)
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute executed", "refuse store_unavailable", "refuse store_unavailable", "execute executed", "refuse store_unavailable", "refuse reused"}},
 	{name: "redacted reply is what every retry gets", sealed: true, redact: true, run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		if !first.OK || first.Body != "ch_acme_100_run1" {
@@ -442,7 +456,17 @@ var cases = []testCase{
 		want.Body = Redact(failed.Body)
 		s.wantSame(want, s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}))
 		s.wantRuns(2)
-	}},
+	}, hooks: []string{"execute executed", "replay replayed", "replay replayed", "execute executed", "replay replayed"}},
+	{name: "a panicking hook changes nothing", run: func(t *testing.T, s *suite) {
+		s.hooks.panics.Store(true)
+		first := s.do(Request{Key: "k1", Amount: 100})
+		if !first.OK || first.Replayed || first.Body != "ch_acme_100_run1" {
+			t.Fatalf("got %+v, want the first run's reply, whatever the hook did", first)
+		}
+		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100}))
+		s.wantReason(s.do(Request{Key: "k1", Amount: 200}), idemkey.ReasonKeyReused)
+		s.wantRuns(1)
+	}, hooks: []string{"execute executed", "replay replayed", "refuse reused"}},
 	{name: "reply too large records an error", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100, Behaviour: Huge})
 		if first.OK || first.Status != s.a.Status["internal"] {
@@ -450,7 +474,106 @@ var cases = []testCase{
 		}
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, Behaviour: Huge}))
 		s.wantRuns(1)
-	}},
+	}, hooks: []string{"execute executed", "replay replayed"}},
+}
+
+// hookRecorder is the application's hooks in every case: it keeps each
+// event, and then panics if told to, as a buggy hook would.
+type hookRecorder struct {
+	mu       sync.Mutex
+	events   []hookEvent
+	requests []Request // of the calls answered, in order
+	replies  []Reply
+	panics   atomic.Bool
+}
+
+type hookEvent struct {
+	hook string // execute, replay, refuse
+	ev   engine.Event
+}
+
+func (h *hookRecorder) hooks() engine.Hooks {
+	keep := func(hook string) func(context.Context, engine.Event) {
+		return func(ctx context.Context, ev engine.Event) {
+			h.mu.Lock()
+			h.events = append(h.events, hookEvent{hook, ev})
+			h.mu.Unlock()
+			if h.panics.Load() {
+				panic(fmt.Sprintf("audit failed for %s/%s", ev.Tenant, ev.Key))
+			}
+		}
+	}
+	return engine.Hooks{OnExecute: keep("execute"), OnReplay: keep("replay"), OnRefuse: keep("refuse")}
+}
+
+// answered notes a call and the reply its caller saw.
+func (h *hookRecorder) answered(r Request, reply Reply) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.requests, h.replies = append(h.requests, r), append(h.replies, reply)
+}
+
+// String is how a case names an event: "execute executed", with
+// " unrecorded" for an execution whose outcome was not recorded.
+func (e hookEvent) String() string {
+	s := e.hook + " " + e.ev.Verdict.String()
+	if e.ev.Verdict == engine.Executed && !e.ev.Recorded {
+		s += " unrecorded"
+	}
+	return s
+}
+
+// wantHooks checks the hooks the case's calls ran: one per call, in the
+// order of their answers, since each runs before its answer is sent. Each
+// is told the status the caller got, the tenant and key it sent (none for
+// a call refused before its key was read), and the size of the record, the
+// same for the execution and its replays.
+func (s *suite) wantHooks(want ...string) {
+	s.t.Helper()
+	h := s.hooks
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	got := make([]string, len(h.events))
+	for i, e := range h.events {
+		got[i] = e.String()
+	}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") || len(h.events) != len(h.replies) {
+		s.t.Fatalf("hooks ran: %q, for %d calls; want %q", got, len(h.replies), want)
+	}
+	recorded := 0
+	for i, e := range h.events {
+		ev, r, reply := e.ev, h.requests[i], h.replies[i]
+		if ev.Code != reply.Status {
+			s.t.Errorf("%s: code %d, but the caller got %d", e, ev.Code, reply.Status)
+		}
+		if ev.Operation == "" || ev.Operation != h.events[0].ev.Operation {
+			s.t.Errorf("%s: operation %q, want the one operation of every call", e, ev.Operation)
+		}
+		switch ev.Verdict {
+		case engine.NoKey, engine.KeyMissing, engine.KeyInvalid:
+			if ev.Key != "" || ev.Tenant != "" {
+				s.t.Errorf("%s: tenant %q and key %q, want neither: the call ended before they were read", e, ev.Tenant, ev.Key)
+			}
+		default:
+			if ev.Key != r.Key || ev.Tenant != r.Tenant {
+				s.t.Errorf("%s: tenant %q and key %q, want the caller's, %q and %q", e, ev.Tenant, ev.Key, r.Tenant, r.Key)
+			}
+		}
+		switch {
+		case ev.Verdict == engine.Executed && ev.Recorded:
+			if ev.Size <= 0 {
+				s.t.Errorf("%s: size %d, want the record's", e, ev.Size)
+			}
+			recorded = ev.Size
+		case ev.Verdict == engine.Replayed:
+			if ev.Size <= 0 || ev.Size != recorded {
+				s.t.Errorf("%s: size %d, want the size of the record made, %d", e, ev.Size, recorded)
+			}
+		case ev.Size != 0 || ev.Recorded:
+			s.t.Errorf("%s: size %d, recorded %v; want no record", e, ev.Size, ev.Recorded)
+		}
+	}
+	h.events, h.requests, h.replies = nil, nil, nil
 }
 
 // refusing is a store with no room for any record: its Complete answers
