@@ -35,6 +35,14 @@
 //	StoreUnavailable   nak, after a backoff           the store failed; a consumer never runs unprotected
 //	StoreFull          nak, after a backoff           no room for a new record
 //
+// WithHooks runs one of the application's hooks for each delivery, before
+// Process returns and so before the adapter acknowledges: OnExecute for
+// Processed, Failed and Retry (engine.Event.Recorded false for Retry),
+// OnReplay for a Duplicate, OnRefuse for the others. Each is told the
+// consumer's name, the tenant, the message id, the Action (Event.Code) and
+// the record's size: a message redelivered n times after it was processed
+// runs OnExecute once and OnReplay n times.
+//
 // On a message's last delivery (JetStream's max deliver, a quorum queue's
 // delivery limit), a message that would be redelivered after a failure is
 // dead-lettered and acknowledged instead, and logged at Error level: the

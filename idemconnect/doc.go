@@ -85,6 +85,9 @@
 //     "grpc": one query covers both. otelconnect still emits older
 //     conventions (rpc.system by protocol, the bare method as rpc.method):
 //     join with it on rpc.service.
+//   - WithHooks calls the application's hooks once per covered call, as
+//     the gRPC interceptor does (see its package documentation), before the
+//     interceptor returns the answer; engine.Event.Code is the connect.Code.
 //
 // # Caveats
 //

@@ -77,6 +77,16 @@
 // 408, 409, 422, 425, 429, 502, 503 and 504. A handler that panics releases
 // the key; the panic goes on to net/http.
 //
+// WithHooks calls the application's hooks once per covered request, with
+// the operation, tenant, key, verdict, HTTP status and record size
+// (engine.Event): OnExecute when the handler ran, OnReplay for a replay,
+// OnRefuse for a problem answered instead. A hook runs before the
+// middleware writes the status of its own answer, so that a client that
+// has the response knows the hook has returned; a response the handler
+// writes itself (no key, or failed open) is written before the hook runs. A
+// panic in a hook is logged, and changes neither the response nor the
+// record.
+//
 // In atomic mode (WithAtomic; a store that implements store.Atomic, such as
 // store/postgres) the handler writes through the transaction in its
 // r.Context() (postgres.TxFromContext): its writes commit with the record,

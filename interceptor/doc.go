@@ -250,6 +250,24 @@
 // the logger gets one line per covered call: outcome, method, code, time
 // taken and the scope's hash prefix.
 //
+// # Hooks
+//
+// WithHooks gives the application what the metrics leave out: one callback
+// per call to a covered method, with its method, tenant, key, verdict, gRPC
+// code and record size, to count or audit business operations apart from
+// their retries. OnExecute runs when the handler ran (Event.Recorded when
+// its outcome became the key's record), OnReplay when a retry got the
+// record, OnRefuse when the call was answered without either: in progress,
+// reused, missing or malformed key, store full or unavailable, a refused
+// tenant. A key sent n times runs OnExecute once and OnReplay n-1 times.
+// Hooks run on the call's goroutine once its record is written and before
+// the interceptor returns the answer, so a slow hook slows its caller and
+// nothing else: it holds no key and no store connection. Their context has
+// the call's values but not its cancellation. A panic in a hook is
+// recovered and logged at Error (without the key or tenant); the answer
+// and the record stand. What a hook does with the raw key and tenant is the
+// application's choice: idemkey logs neither.
+//
 // # Caveats
 //
 //   - The default fingerprint hashes an unknown field's string, bytes or
