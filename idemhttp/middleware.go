@@ -160,14 +160,14 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	op, kept := m.operation(r, name)
-	c := m.eng.Call(op)
+	rec := &statusRecorder{ResponseWriter: w, call: m.eng.Call(op), ctx: r.Context()} // one allocation for both
+	c := &rec.call
 	if !kept {
 		m.warnOnce.Do(func() {
 			c.Log(r.Context(), slog.LevelWarn, "more than 1024 operation names: operations are no longer kept; WithOperation should name routes, never paths", nil)
 		})
 	}
-	rec := &statusRecorder{ResponseWriter: w, call: &c, ctx: r.Context()}
-	m.handle(rec, r, name, next, &c)
+	m.handle(rec, r, name, next, c)
 	if rec.status == 0 {
 		rec.status = http.StatusOK
 	}
@@ -382,8 +382,9 @@ type statusRecorder struct {
 	http.ResponseWriter
 	status int
 
-	call          *engine.Call // nil once ended
+	call          engine.Call
 	ctx           context.Context
+	ended         bool
 	handlerWrites bool // the handler answers: end the call after it
 }
 
@@ -401,9 +402,9 @@ func (s *statusRecorder) written(status int) {
 
 // end ends the call with the status written, once.
 func (s *statusRecorder) end() {
-	if c := s.call; c != nil {
-		s.call = nil
-		c.End(s.ctx, s.status)
+	if !s.ended {
+		s.ended = true
+		s.call.End(s.ctx, s.status)
 	}
 }
 
