@@ -56,6 +56,9 @@
 //   - New refuses a queue whose messages may be redelivered after their
 //     record expires (RedeliveryHorizon): one without an x-message-ttl, or with one
 //     longer than the retention, unless core has consumer.WithHorizonWarning.
+//   - The hooks of core (consumer.WithHooks) run once per delivery, before
+//     Handle acknowledges it: one execution per message id, then a replay
+//     per redelivery or publish again.
 //
 // # Caveats
 //

@@ -69,6 +69,9 @@
 //     whose messages may be redelivered after their record expires (RedeliveryHorizon),
 //     unless core has consumer.WithHorizonWarning, and one that scopes
 //     Nats-Msg-Id by tenant, unless WithMessageIDsUniqueAcrossTenants.
+//   - The hooks of core (consumer.WithHooks) run once per delivery, before
+//     Handle acknowledges it: one execution per message id, then a replay
+//     per redelivery or resend.
 //
 // # Caveats
 //
