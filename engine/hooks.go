@@ -30,7 +30,8 @@ type Hooks struct {
 	// OnRefuse: the call was answered without running the handler and
 	// without a replay, for the reason Event.Verdict names: InProgress,
 	// Reused, KeyMissing, KeyInvalid, StoreUnavailable, StoreFull, or Refused
-	// (the tenant or the request was refused before a key was looked up).
+	// (the tenant or the request was refused, or the operation cannot be
+	// replayed, before the key was looked up).
 	OnRefuse func(ctx context.Context, ev Event)
 }
 
