@@ -25,7 +25,12 @@ type Hooks struct {
 	// FailedOpen (the store failed, and WithFailOpen ran it unprotected).
 	OnExecute func(ctx context.Context, ev Event)
 	// OnReplay: the call got the key's recorded outcome without running the
-	// handler (Verdict Replayed).
+	// handler (Verdict Replayed); or, in atomic mode, its handler ran but
+	// another call recorded the key first (Call.Record's ErrSuperseded), so
+	// its writes were rolled back and it answers with that call's record.
+	// Such a call that is answered otherwise (in progress, reused, store
+	// unavailable) runs OnRefuse: a call reports the verdict it is answered
+	// with, and no execution whose effects were undone.
 	OnReplay func(ctx context.Context, ev Event)
 	// OnRefuse: the call was answered without running the handler and
 	// without a replay, for the reason Event.Verdict names: InProgress,

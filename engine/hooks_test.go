@@ -104,6 +104,19 @@ func TestHooks(t *testing.T) {
 			want: ev(engine.Executed, 14, 0, false), hook: "execute executed",
 		},
 		{
+			name:   "executed in atomic mode, and another call recorded the key first",
+			atomic: true,
+			run: func(t *testing.T, h *harness, c *engine.Call) {
+				h.st.fail(mCommit, fmt.Errorf("fake store: %w", store.ErrLeaseLost), 1)
+				if err := c.Record(t.Context(), []byte("outcome-1"), true); !errors.Is(err, engine.ErrSuperseded) {
+					t.Fatalf("Record: %v, want ErrSuperseded", err)
+				}
+			},
+			// Its writes were rolled back, and it answers with the other
+			// call's record: a replay, not a second execution.
+			want: ev(engine.Replayed, 0, len(otherOutcome), false), hook: "replay replayed",
+		},
+		{
 			name: "executed, and the reply took a short error's place",
 			opts: []engine.Option{engine.WithMaxRecordSize(1024)},
 			run: func(t *testing.T, h *harness, c *engine.Call) {
