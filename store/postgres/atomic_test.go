@@ -404,10 +404,10 @@ func TestAtomicTerminatedBackend(t *testing.T) {
 }
 
 // Fifty calls with one key over four replicas, each with its own pool, while
-// the first holds its transaction longer than the lock timeout: one write,
-// and every successful reply is the same charge; the rest are Aborted. Under
-// a default isolation of SERIALIZABLE too, where a reservation that waited
-// for the first transaction fails to serialize and begins again.
+// the first holds its transaction for 200ms: one write, and every
+// successful reply is the same charge; the rest are Aborted. Under a default
+// isolation of SERIALIZABLE too, where a record that lost the race fails to
+// serialize rather than on the key.
 func TestAtomicStorm(t *testing.T) {
 	for _, isolation := range []string{"read committed", "serializable"} {
 		t.Run(isolation, func(t *testing.T) {
@@ -452,8 +452,11 @@ func testAtomicStorm(t *testing.T, rs []atomicReplica) {
 	for _, r := range rs {
 		runs += r.writer.runs.Load()
 	}
-	if n := rs[0].effects(t); n != 1 || runs != 1 {
-		t.Errorf("%d effects from %d runs, want 1 from 1", n, runs)
+	// A call that began as the first committed (between its probe's
+	// snapshot and its lock) runs its handler once for nothing: its write
+	// rolls back, and it answers the replay.
+	if n := rs[0].effects(t); n != 1 || runs < 1 {
+		t.Errorf("%d effects from %d runs, want 1", n, runs)
 	}
 	if len(replies) != 1 {
 		t.Errorf("successful replies name %d different charges (%v), want 1", len(replies), replies)
