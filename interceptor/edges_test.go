@@ -362,7 +362,11 @@ func TestCompleteRetriedInTheBackground(t *testing.T) {
 		t.Fatalf("retry after the lease: %v, %v (replayed %v); want the first reply, replayed", replay, err, interceptor.Replayed(ts.trailer))
 	}
 	wantRuns(t, svc, 1)
-	if !strings.Contains(logs.String(), "complete succeeded in the background") {
-		t.Errorf("the background record was not logged:\n%s", logs.String())
+	// The goroutine logs once its write has returned, which may be after
+	// the replay above.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "complete succeeded in the background"); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the background record was not logged:\n%s", logs.String())
+		}
 	}
 }
