@@ -121,9 +121,9 @@ func TestDuplicateFlood(t *testing.T) {
 				}
 			}
 			slices.Sort(took)
-			t.Logf("%d duplicates: %v; answered in %v (median), %v (slowest)", duplicates, answers, took[len(took)/2], took[len(took)-1])
-			t.Logf("%d new keys of another tenant: %v without the flood, %v during it (%.2fx)",
-				bystanders, control, flooded, flooded.Seconds()/control.Seconds())
+			t.Logf("%s: %d duplicates: %v; answered in %v (median), %v (slowest)", mode.name, duplicates, answers, took[len(took)/2], took[len(took)-1])
+			t.Logf("%s: %d new keys of another tenant: %v without the flood, %v during it (%.2fx)",
+				mode.name, bystanders, control, flooded, flooded.Seconds()/control.Seconds())
 		})
 	}
 }
