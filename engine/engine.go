@@ -20,6 +20,8 @@ type Engine struct {
 	finder store.Finder // store, if it implements store.Finder
 	opts   *options
 	obs    *observer
+
+	batch store.BatchAtomic // store, if it implements store.BatchAtomic (batch.go)
 }
 
 // New returns an Engine on st. Optional store features (store.Atomic,
@@ -29,6 +31,7 @@ func New(st store.Store, opts ...Option) *Engine {
 	e := &Engine{store: st, opts: o, obs: newObserver(o)}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
+	e.batch, _ = st.(store.BatchAtomic)
 	return e
 }
 
