@@ -180,7 +180,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 
 		batchProbeSQL:  batchProbeSQL(table),
 		batchRecordSQL: fmt.Sprintf(batchRecordSQL, table),
-		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
+		slots:          make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()
