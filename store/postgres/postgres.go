@@ -177,10 +177,10 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		probeSQL:    probeSQL(table),
 		recordSQL:   fmt.Sprintf(recordSQL, table),
 		takeoverSQL: takeoverSQL(table),
+		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 
 		batchProbeSQL:  batchProbeSQL(table),
 		batchRecordSQL: fmt.Sprintf(batchRecordSQL, table),
-		slots:          make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()
