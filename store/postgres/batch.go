@@ -529,29 +529,47 @@ func (h *batchHandler) plain(ctx context.Context, args []any) (bool, error) {
 
 // flush sends the pending statements on their own.
 func (h *batchHandler) flush(ctx context.Context) error {
-	sql := strings.Join(h.t.pending, "; ")
-	h.t.pending = h.t.pending[:0]
-	_, err := h.t.conn.Exec(ctx, sql)
+	pending := h.take()
+	_, err := h.t.conn.Exec(ctx, strings.Join(pending, "; "))
+	h.putBack(err, pending)
 	return err
 }
 
-// pipeline returns a batch of the pending statements, which it takes.
-func (h *batchHandler) pipeline() *pgx.Batch {
-	b := &pgx.Batch{}
-	for _, sql := range h.t.pending {
-		b.Queue(sql)
-	}
-	h.t.pending = h.t.pending[:0]
-	return b
+// take takes the pending statements, to send them.
+func (h *batchHandler) take() []string {
+	pending := h.t.pending
+	h.t.pending = nil
+	return pending
 }
 
-// sendPending sends b, which starts with n pending statements, and reads
+// putBack puts the pending statements back when what carried them failed
+// and the transaction is not aborted: nothing of it ran on the server (pgx
+// could not encode an argument, say), since a statement that fails in a
+// transaction aborts it.
+func (h *batchHandler) putBack(err error, pending []string) {
+	if err != nil && h.t.conn != nil && h.t.conn.Conn().PgConn().TxStatus() == 'T' {
+		h.t.pending = append(pending, h.t.pending...)
+	}
+}
+
+// pipeline returns a batch of the pending statements, which it takes.
+func (h *batchHandler) pipeline() (*pgx.Batch, []string) {
+	pending := h.take()
+	b := &pgx.Batch{}
+	for _, sql := range pending {
+		b.Queue(sql)
+	}
+	return b, pending
+}
+
+// sendPending sends b, which starts with the pending statements, and reads
 // their results.
-func (h *batchHandler) sendPending(ctx context.Context, b *pgx.Batch, n int) (pgx.BatchResults, error) {
+func (h *batchHandler) sendPending(ctx context.Context, b *pgx.Batch, pending []string) (pgx.BatchResults, error) {
 	br := h.t.conn.SendBatch(ctx, b)
-	for range n {
+	for range pending {
 		if _, err := br.Exec(); err != nil {
 			br.Close()
+			h.putBack(err, pending)
 			return nil, err
 		}
 	}
@@ -579,16 +597,15 @@ func (h *batchHandler) Exec(ctx context.Context, sql string, args ...any) (pgcon
 	case len(args) == 0:
 		// pgx sends a statement without arguments in the simple protocol,
 		// which takes several in one string, and answers the last one's tag.
-		sql = strings.Join(h.t.pending, "; ") + "; " + sql
-		h.t.pending = h.t.pending[:0]
-		tag, err := h.t.conn.Exec(ctx, sql)
+		pending := h.take()
+		tag, err := h.t.conn.Exec(ctx, strings.Join(pending, "; ")+"; "+sql)
+		h.putBack(err, pending)
 		h.noteCommit(tag)
 		return tag, err
 	}
-	n := len(h.t.pending)
-	b := h.pipeline()
+	b, pending := h.pipeline()
 	b.Queue(sql, args...)
-	br, err := h.sendPending(ctx, b, n)
+	br, err := h.sendPending(ctx, b, pending)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -611,10 +628,9 @@ func (h *batchHandler) Query(ctx context.Context, sql string, args ...any) (pgx.
 	case plain:
 		return h.t.conn.Query(ctx, sql, args...)
 	}
-	n := len(h.t.pending)
-	b := h.pipeline()
+	b, pending := h.pipeline()
 	b.Queue(sql, args...)
-	br, err := h.sendPending(ctx, b, n)
+	br, err := h.sendPending(ctx, b, pending)
 	if err != nil {
 		return nil, err
 	}
@@ -645,10 +661,9 @@ func (h *batchHandler) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchRes
 	if len(h.t.pending) == 0 {
 		return h.t.conn.SendBatch(ctx, b)
 	}
-	n := len(h.t.pending)
-	nb := h.pipeline()
+	nb, pending := h.pipeline()
 	nb.QueuedQueries = append(nb.QueuedQueries, b.QueuedQueries...)
-	br, err := h.sendPending(ctx, nb, n)
+	br, err := h.sendPending(ctx, nb, pending)
 	if err != nil {
 		return failedBatch{err}
 	}
