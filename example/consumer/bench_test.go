@@ -46,7 +46,8 @@ type benchVariant struct {
 	batch int    // messages taken at once
 }
 
-// benchVariants are the consumers each broker's benchmark compares:
+// benchVariants are the consumers each broker's benchmark compares (see
+// benchPool for their pools):
 //   - bare: no idemkey; the charge commits on its own and the message is
 //     acknowledged directly, one message at a time;
 //   - atomic: through the adapter's Handle, on store/postgres with
@@ -194,11 +195,11 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 	gates := make([]*benchGate, len(benchVariants))
 	queues := make([]benchQueue, len(benchVariants))
 	for i, v := range benchVariants {
-		pool := benchPool(b)
+		pool := benchPool(b, v.batch)
 		w := &worker{svc: example.NewService(example.NewPostgresLedger(pool), 0), logger: logger}
 		var core *consumer.Consumer
 		if v.mode != "" {
-			st, err := postgres.New(pool, postgres.WithLogger(logger))
+			st, err := postgres.New(pool, postgres.WithLogger(logger), postgres.WithAtomicConns(benchSlots(v.batch)))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -251,10 +252,25 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 	}
 }
 
+// benchSlots is the store's WithAtomicConns for a variant that takes
+// batches of batch: as the command sizes it for RabbitMQ, a transaction for
+// each worker's batch (NATS's one loop needs one); 0, the default, one at
+// a time.
+func benchSlots(batch int) int {
+	if batch > 1 {
+		return amqpWorkers
+	}
+	return 0
+}
+
 // benchPool returns a pool on a schema of its own, with the idempotency
-// table and the ledger's.
-func benchPool(b *testing.B) *pgxpool.Pool {
-	pool := pgtest.Pool(b, pgtest.Schema(b))
+// table and the ledger's: of pgxpool's default size, or with batches, as
+// the command sizes it, one more connection than the transactions
+// (benchSlots), for bare-batch too.
+func benchPool(b *testing.B, batch int) *pgxpool.Pool {
+	pool := pgtest.Pool(b, pgtest.Schema(b), func(c *pgxpool.Config) {
+		c.MaxConns = max(c.MaxConns, int32(benchSlots(batch)+1))
+	})
 	if err := postgres.Migrate(context.Background(), pool); err != nil {
 		b.Fatal(err)
 	}

@@ -23,6 +23,14 @@
 // however the consumer dies. Without a database, both live in memory, for
 // trying it out. It logs one line per message with its outcome, never its
 // id, tenant or body.
+//
+// With -batch N it takes up to N messages at once (JetStream: one loop over
+// a Messages iterator; RabbitMQ: each of -workers takes a batch, on a
+// prefetch of N per worker), waiting at most -batch-wait after the first for
+// the others; in atomic mode a batch is deduplicated in one round trip and
+// its charges commit with their records in one transaction, each message
+// apart (consumer.Consumer.ProcessBatch), and its messages are acknowledged
+// after that commit.
 package main
 
 import (
@@ -37,6 +45,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -88,7 +97,7 @@ func main() {
 	flag.StringVar(&cfg.stream, "stream", "PAYMENTS", "JetStream: the stream")
 	flag.StringVar(&cfg.subject, "subject", "payments.charges.requested", "JetStream: the subject")
 	flag.StringVar(&cfg.queue, "queue", "payments.charges.requested", "RabbitMQ: the queue")
-	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch), or with -batch, batches")
+	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch), or with -batch, batches (and the database pool holds at least one more connection than workers)")
 	flag.IntVar(&cfg.batch, "batch", 1, "take up to this many messages at once and, in atomic mode, process them in one transaction that commits once (64 at most in one); 1 processes one at a time")
 	flag.DurationVar(&cfg.batchWait, "batch-wait", 5*time.Millisecond, "with -batch: how long a batch waits for more messages after its first, before it runs with those it has")
 	var level slog.Level
@@ -119,12 +128,21 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.databaseURL == "" {
 		cfg.atomic = false
 	} else {
-		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, true, logger)
+		// A batch holds a transaction for its whole run: with -batch, each
+		// of RabbitMQ's workers has one, and a connection is left for the
+		// reads of the ones waiting.
+		transactions := 0 // the store's default
+		if cfg.batch > 1 && cfg.amqpURL != "" {
+			transactions = max(cfg.workers, 1)
+		}
+		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, true, logger, func(c *pgxpool.Config) {
+			c.MaxConns = max(c.MaxConns, int32(transactions+1))
+		})
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		pst, err := postgres.New(pool, postgres.WithLogger(logger))
+		pst, err := postgres.New(pool, postgres.WithLogger(logger), postgres.WithAtomicConns(transactions))
 		if err != nil {
 			return err
 		}
@@ -150,7 +168,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.atomic {
 		mode = "atomic"
 	}
-	logger.Info("consumer starting", "broker", system, "store", storeKind(cfg), "mode", mode, "batch", cfg.batch, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)
+	attrs := []any{"broker", system, "store", storeKind(cfg), "mode", mode}
+	if cfg.batch > 1 {
+		attrs = append(attrs, "batch", cfg.batch)
+	}
+	logger.Info("consumer starting", append(attrs, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)...)
 	if cfg.natsURL != "" {
 		return consumeNATS(ctx, cfg, core, w)
 	}
@@ -399,7 +421,11 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	if err != nil {
 		return err
 	}
-	w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers, "batch", cfg.batch)
+	if cfg.batch > 1 {
+		w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers, "batch", cfg.batch)
+	} else {
+		w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers)
+	}
 	// Messages are processed on a context of their own: a stop lets the ones
 	// in hand finish rather than cut their store calls short. Their
 	// acknowledgements end with this connection: a message waiting out its

@@ -55,10 +55,9 @@ var _ store.BatchAtomic = (*Store)(nil)
 // if it acquires a key.
 //
 // The batch's transaction runs its calls one after another: each call's
-// writes are kept apart by a savepoint of its own, set by the first
-// statement of its handler, and sent with it in one pipeline (with the
-// release of the previous call's savepoint), so that a call whose handler
-// writes one row costs one round trip. Commit writes every record in one
+// writes are kept apart by a savepoint of its own, nested in the previous
+// call's and sent in one pipeline with the first statement of its handler,
+// so that a call whose handler writes one row costs one round trip. Commit writes every record in one
 // multi-row INSERT (and a guarded upsert for each key taken over), with
 // COMMIT, in one more: a batch of n calls costs n+2 round trips and one
 // commit, where n calls one at a time cost 3n round trips and n commits.
@@ -218,9 +217,8 @@ type batchTx struct {
 	cur     int           // the call whose handler runs, or -1
 	handler *batchHandler // its view of the transaction
 	// pending holds the statements sent ahead of the running handler's next
-	// statement, in the same pipeline: the release of the previous call's
-	// savepoint, and the savepoint of the running call. A call whose
-	// handler sends nothing never sends them.
+	// statement, in the same pipeline: the savepoint of the running call. A
+	// call whose handler sends nothing never sends it.
 	pending   []string
 	committed atomic.Bool // a handler's Exec committed the transaction
 	err       error       // what ended the transaction before Commit
@@ -307,9 +305,8 @@ func (t *batchTx) check(ctx context.Context, i int, outcome []byte) error {
 	return nil
 }
 
-// Record implements store.BatchTx. Keeping the writes costs nothing now:
-// the savepoint's release goes out with the next call's first statement.
-// Undoing them costs a round trip.
+// Record implements store.BatchTx. Keeping the writes costs nothing;
+// undoing them costs a round trip.
 func (t *batchTx) Record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
 	if err := t.endCall(i); err != nil {
 		return err
@@ -328,12 +325,14 @@ func (t *batchTx) Record(ctx context.Context, i int, outcome []byte, keepWrites 
 		}
 		return errors.New("idemkey postgres: commit: a statement of the handler failed, so its writes cannot commit, yet the handler succeeded; they were undone")
 	}
-	if !keepWrites {
-		if err := t.undo(ctx, i); err != nil {
-			return err
-		}
-	} else if !t.unsent(i) {
-		t.pending = append(t.pending, "RELEASE SAVEPOINT "+savepointName(i))
+	if keepWrites {
+		// The savepoint stays: the next call's nests in it, and COMMIT
+		// releases them all, which saves a statement per call. Undoing a
+		// later call returns to that call's own savepoint, which keeps
+		// this one's writes.
+		t.unsent(i)
+	} else if err := t.undo(ctx, i); err != nil {
+		return err
 	}
 	t.outcomes[i] = outcome
 	return nil
@@ -353,9 +352,9 @@ func (t *batchTx) Release(ctx context.Context, i int) error {
 }
 
 // Commit implements store.BatchTx in one round trip: the records, in one
-// statement (and one per key taken over), and COMMIT go out as one
-// pipeline. A savepoint release still pending is left to COMMIT. A batch
-// that records nothing rolls back.
+// statement (and one per key taken over), and COMMIT, which releases every
+// call's savepoint, go out as one pipeline. A batch that records nothing
+// rolls back.
 func (t *batchTx) Commit(ctx context.Context) error {
 	if t.conn == nil {
 		return cmp.Or(t.err, errTxEnded)
