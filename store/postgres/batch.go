@@ -741,7 +741,7 @@ type failedBatch struct{ err error }
 
 func (b failedBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
 func (b failedBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b failedBatch) QueryRow() pgx.Row                { return errRow{b.err} }
+func (b failedBatch) QueryRow() pgx.Row                { return errRow(b) }
 func (b failedBatch) Close() error                     { return b.err }
 func (b failedBatch) Tx() pgx.Tx                       { return nil }
 
