@@ -99,7 +99,7 @@ func handBatch(ctx context.Context, pool *pgxpool.Pool, name string, i int) erro
 	if probe {
 		b.Queue(`SELECT CASE WHEN c.key IS NULL THEN pg_try_advisory_xact_lock(i.lock) END, c.fingerprint, c.outcome
 FROM unnest($1::bytea[], $2::bytea[], $3::bigint[]) WITH ORDINALITY AS i (key, fingerprint, lock, n)
-	LEFT JOIN idempotency_keys AS c ON c.key = i.key
+	LEFT JOIN LATERAL (SELECT k.key, k.fingerprint, k.outcome FROM idempotency_keys AS k WHERE k.key = i.key LIMIT 1) AS c ON true
 ORDER BY i.n`, keys, fps, locks)
 	}
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
