@@ -184,18 +184,19 @@
 // each call's writes apart from the others'. What it costs, and why:
 //
 //   - One round trip decides the whole batch: BEGIN and one probe over
-//     arrays of the keys (probeSQL joined to unnest, an index lookup per
-//     key) go out as one pipeline, and the advisory lock of every free key
-//     is taken in it. A batch of n calls whose handlers write one row each
-//     costs n+2 round trips and one commit, where n calls one at a time cost
-//     3n round trips and n commits (TestBatchRoundTrips).
+//     arrays of the keys (probeSQL over unnest, with a lateral index lookup
+//     per key, which no plan turns into a scan of the table) go out as one
+//     pipeline, and the advisory lock of every free key is taken in it. A
+//     batch of n calls whose handlers write one row each costs n+2 round
+//     trips and one commit, where n calls one at a time cost 3n round trips
+//     and n commits (TestBatchRoundTrips).
 //   - Each call's writes are kept apart by a savepoint of its own
 //     (SAVEPOINT idemkey_call_<i>), which goes out in one pipeline with the
 //     handler's first statement: keeping a call's writes costs no round
 //     trip of its own, and a call that sends nothing sends no savepoint.
 //     The savepoint of a call whose writes are kept is not released: the
 //     next call's nests in it, and COMMIT releases them all, a statement
-//     less per call (3 to 14% of a batch's time, measured against
+//     less per call (2 to 14% of a batch's time, measured against
 //     releasing each). Undoing a call's writes (a released call, or a
 //     recorded error) costs one round trip: ROLLBACK TO its savepoint,
 //     which keeps the calls' before it. Each call's savepoint has its own
