@@ -78,8 +78,8 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
-	@echo "== the example consumer on NATS JetStream and RabbitMQ, interleaved: messages per second, atomic and two-phase against the consumer without idemkey"
-	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare)$$/' bin/bench.txt
+	@echo "== the example consumer on NATS JetStream and RabbitMQ, interleaved: messages per second, atomic and two-phase, one at a time and in batches of 32, against the consumer without idemkey"
+	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare|\/bare-batch)$$/' bin/bench.txt
 	@echo "== the store against each design's hand-written SQL, 16 workers on a pool of 20, interleaved: throughput, PostgreSQL's CPU and WAL per call as ratios"
 	@$(TOOL) benchstat -filter '.name:Designs .unit:/(throughput|cpu|wal)$$/' bin/bench.txt
 	@echo "== 100,000 atomic calls with new keys on 16 workers: how many were not acquired (must be 0)"
@@ -112,8 +112,8 @@ failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times 
 	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./tests/reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
 	@cat bin/failover.md
 
-consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic and two-phase; prints the charges, and the double charges of two-phase
-	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,two-phase
+consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic (one at a time and in batches of 32) and two-phase; prints the charges, and the double charges of two-phase
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,atomic-batch,two-phase
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.

@@ -191,12 +191,17 @@ var (
 // take the message over (see the package documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 	call := c.eng.Call(c.op)
-	res := c.attempt(ctx, &call, d, h)
+	return c.end(ctx, &call, d, h, c.attempt(ctx, &call, d, h))
+}
+
+// end is the final Result of a delivery that res answers, on its last
+// delivery too, and ends its call.
+func (c *Consumer) end(ctx context.Context, call *engine.Call, d Delivery, h Handler, res Result) Result {
 	if d.Last && res.Outcome == Busy {
-		res = c.lastBusy(ctx, &call, d, h, res)
+		res = c.lastBusy(ctx, call, d, h, res)
 	}
 	if d.Last && res.Action == Nak {
-		res = c.lastDelivery(ctx, &call, res)
+		res = c.lastDelivery(ctx, call, res)
 	}
 	call.End(ctx, int(res.Action))
 	return res

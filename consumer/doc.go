@@ -85,6 +85,37 @@
 // (JetStream's NumDelivered, a quorum queue's x-delivery-count), and its
 // own delivery's count is older.
 //
+// # Batches
+//
+// ProcessBatch decides a batch of deliveries at once (idemnats and idemamqp:
+// NextBatch takes one from JetStream or a RabbitMQ prefetch, HandleBatch
+// processes and acknowledges it). In atomic mode on store/postgres, one
+// round trip reads the record of every id of the batch and takes the free
+// ones; the handlers run one after another in one transaction, each
+// message's writes apart from the others' (a savepoint each), so that a
+// message that fails, for good or for now, has its own writes undone and
+// the others' commit; and the records commit with the writes in one commit.
+// Every message is acknowledged after that commit. One at a time, a
+// consumer pays two round trips and a commit per message besides its
+// handler's statements; a batch of n pays two round trips and one commit
+// in all (BENCHMARKS.md has the measured rates). Each message answers as it
+// would one at a time, with these differences:
+//
+//   - an id that an earlier message of the batch has is decided after the
+//     batch's commit, on its own: a duplicate of the earlier message, if
+//     that was recorded;
+//   - every id the batch acquired stays held until the batch commits, so a
+//     redelivery of one of them meanwhile is Busy for longer;
+//   - a rare race (another consumer recorded an id of the batch between
+//     the batch's read and its commit), or a transaction that fails before
+//     its commit (its connection lost, a handler that ended it), commits
+//     nothing of the batch; its messages are then processed one at a time,
+//     and the handlers that ran in the batch run again, their first run
+//     undone.
+//
+// In two-phase mode, or on another store, ProcessBatch processes the
+// messages one at a time, as Process does.
+//
 // # Retention and the redelivery horizon
 //
 // A record must outlive every redelivery of its message: a redelivery after

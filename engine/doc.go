@@ -24,6 +24,15 @@
 //	}
 //	c.End(ctx, code) // the final status code, for idemkey.calls and the hooks
 //
+// # Batches
+//
+// On a store that implements store.BatchAtomic (store/postgres), StartBatch
+// decides the calls of a batch of one atomic operation together, in one
+// transaction, and Batch runs their handlers in it one after another,
+// records each call's outcome, and commits them at once (see Batch): a
+// message consumer that takes its messages in batches dedups a batch in one
+// round trip and commits it with one commit.
+//
 // # Sharing keys between entry points
 //
 // A key's record is found by its tenant, the operation's name and the key:

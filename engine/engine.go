@@ -20,6 +20,8 @@ type Engine struct {
 	finder store.Finder // store, if it implements store.Finder
 	opts   *options
 	obs    *observer
+
+	batch store.BatchAtomic // store, if it implements store.BatchAtomic (batch.go)
 }
 
 // New returns an Engine on st. Optional store features (store.Atomic,
@@ -29,6 +31,7 @@ func New(st store.Store, opts ...Option) *Engine {
 	e := &Engine{store: st, opts: o, obs: newObserver(o)}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
+	e.batch, _ = st.(store.BatchAtomic)
 	return e
 }
 
@@ -160,19 +163,7 @@ func (e *Engine) Call(op *Operation) Call {
 // delivery does, since no retry will come.
 func (c *Call) Start(ctx context.Context, r Request) {
 	e, op := c.e, c.op
-	scopeOp := op.name
-	if e.opts.scope == ScopeTenant {
-		scopeOp = ""
-	}
-	c.key = store.ScopeKey(r.Tenant, scopeOp, r.Key)
-	c.tenant, c.userKey = r.Tenant, r.Key
-	c.started = true
-	fp := r.Fingerprint
-	if scopeOp == "" {
-		// A key shared across operations must never replay one operation's
-		// reply to another, whatever a custom fingerprint leaves out.
-		fp = bindOperation(op.name, fp)
-	}
+	fp := c.identify(r)
 	if e.finder != nil && r.Retried {
 		res, found, err := e.find(ctx, c.key)
 		if err == nil && found {

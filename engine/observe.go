@@ -71,10 +71,12 @@ const (
 	opRelease
 	opBegin
 	opCommit
+	opBeginBatch
+	opCommitBatch
 	numStoreOps
 )
 
-var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit"}
+var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch"}
 
 // observer records the metrics, span attributes and Debug log lines of one
 // engine. Its instruments come from WithMeterProvider's provider (the global

@@ -184,9 +184,16 @@ func ledgerError(err error) error {
 
 // OpenDatabase connects to url and creates or upgrades the ledger's table
 // and, with idempotency, the idemkey store's: what the example's commands do
-// at start.
-func OpenDatabase(ctx context.Context, url string, idempotency bool, logger *slog.Logger) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, url)
+// at start. configure, if given, adjusts the pool's configuration first.
+func OpenDatabase(ctx context.Context, url string, idempotency bool, logger *slog.Logger, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	for _, f := range configure {
+		f(cfg)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}

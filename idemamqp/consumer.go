@@ -187,26 +187,39 @@ func wait(ctx context.Context, d time.Duration) {
 }
 
 func (c *Consumer) process(ctx context.Context, d amqp.Delivery) consumer.Result {
-	id, err := c.opts.id(d)
+	cd, err := c.delivery(d)
 	if err != nil {
 		return c.core.Refuse(ctx, err)
+	}
+	return c.busy(c.core.Process(ctx, cd, func(ctx context.Context) error { return c.h(ctx, d) }))
+}
+
+// delivery reads d into a consumer.Delivery; an error refuses it.
+func (c *Consumer) delivery(d amqp.Delivery) (consumer.Delivery, error) {
+	id, err := c.opts.id(d)
+	if err != nil {
+		return consumer.Delivery{}, err
 	}
 	var tenant string
 	if c.opts.tenant != nil {
 		if tenant, err = c.opts.tenant(d); err != nil {
-			return c.core.Refuse(ctx, err)
+			return consumer.Delivery{}, err
 		}
 	}
 	n := attempt(d.Headers)
-	cd := consumer.Delivery{
+	return consumer.Delivery{
 		ID:          id,
 		Tenant:      tenant,
 		Body:        d.Body,
 		Attempt:     n,
 		Redelivered: d.Redelivered,
 		Last:        c.deliveryLimit >= 0 && n-1 >= int(c.deliveryLimit),
-	}
-	res := c.core.Process(ctx, cd, func(ctx context.Context) error { return c.h(ctx, d) })
+	}, nil
+}
+
+// busy shortens the delay of a message in progress elsewhere, on a queue
+// without a delivery limit.
+func (c *Consumer) busy(res consumer.Result) consumer.Result {
 	if res.Outcome == consumer.Busy && c.deliveryLimit < 0 {
 		// Settle holds a worker for the delay. With no delivery limit to
 		// spend, a message in progress elsewhere is requeued sooner than

@@ -179,29 +179,37 @@ func (c *Consumer) Settle(ctx context.Context, msg jetstream.Msg, res consumer.R
 }
 
 func (c *Consumer) process(ctx context.Context, msg jetstream.Msg) consumer.Result {
+	d, err := c.delivery(msg)
+	if err != nil {
+		return c.core.Refuse(ctx, err)
+	}
+	return c.core.Process(ctx, d, func(ctx context.Context) error { return c.h(ctx, msg) })
+}
+
+// delivery reads msg into a Delivery; an error refuses it.
+func (c *Consumer) delivery(msg jetstream.Msg) (consumer.Delivery, error) {
 	meta, err := msg.Metadata()
 	if err != nil {
-		return c.core.Refuse(ctx, fmt.Errorf("idemnats: not a JetStream message: %w", err))
+		return consumer.Delivery{}, fmt.Errorf("idemnats: not a JetStream message: %w", err)
 	}
 	id, err := c.opts.id(msg)
 	if err != nil {
-		return c.core.Refuse(ctx, err)
+		return consumer.Delivery{}, err
 	}
 	var tenant string
 	if c.opts.tenant != nil {
 		if tenant, err = c.opts.tenant(msg); err != nil {
-			return c.core.Refuse(ctx, err)
+			return consumer.Delivery{}, err
 		}
 	}
-	d := consumer.Delivery{
+	return consumer.Delivery{
 		ID:          id,
 		Tenant:      tenant,
 		Body:        msg.Data(),
 		Attempt:     int(min(meta.NumDelivered, 1<<20)),
 		Redelivered: meta.NumDelivered > 1,
 		Last:        c.maxDeliver > 0 && meta.NumDelivered >= uint64(c.maxDeliver),
-	}
-	return c.core.Process(ctx, d, func(ctx context.Context) error { return c.h(ctx, msg) })
+	}, nil
 }
 
 // MessageID is the default id of a message: its Nats-Msg-Id header, which

@@ -282,3 +282,58 @@ type Tx interface {
 	// included: the key is free again. It ignores ctx's cancellation.
 	Rollback(ctx context.Context) error
 }
+
+// BatchAtomic is implemented by atomic stores that can decide a batch of
+// atomic calls together, in one transaction (store/postgres): a message
+// consumer that takes its messages in batches dedups each batch in one
+// round trip, runs the handlers of the messages it acquired one after
+// another in that transaction, each apart from the others, and commits
+// their records with one COMMIT.
+type BatchAtomic interface {
+	Atomic
+	// BeginBatch starts one transaction and decides each of rs in it as
+	// Begin decides one; res[i] is rs[i]'s answer. The keys of rs must be
+	// distinct. When any is Acquired, tx holds the open transaction, and the
+	// caller must end it with exactly one of Commit or Rollback. Otherwise
+	// tx is nil and no transaction is left open.
+	BeginBatch(ctx context.Context, rs []Reservation) (res []Result, tx BatchTx, err error)
+}
+
+// BatchTx is the transaction of a batch of atomic calls (BeginBatch): the
+// acquired keys, whose handlers write in it one at a time. Each acquired
+// call i runs as HandlerContext(ctx, i), its handler, then exactly one of
+// Record(ctx, i, ...) or Release(ctx, i), before the next call's
+// HandlerContext. A call's writes are its own: undone alone when it is
+// released or records an error, while the other calls' stay. Nothing of
+// any call is durable until Commit returns nil.
+type BatchTx interface {
+	// HandlerContext starts acquired call i and returns ctx carrying the
+	// transaction, for its handler.
+	HandlerContext(ctx context.Context, i int) context.Context
+	// Record ends call i, to record outcome at Commit: with keepWrites false
+	// its writes are undone first (a recorded error). On an error, nothing
+	// will be recorded for call i and its writes are undone (a handler that
+	// succeeded after a statement of its failed, say), and the other calls
+	// go on; or, when the transaction itself failed or ended (Err), every
+	// later method fails too.
+	Record(ctx context.Context, i int, outcome []byte, keepWrites bool) error
+	// Release ends call i with its writes undone and nothing to record: its
+	// key is free once the transaction ends.
+	Release(ctx context.Context, i int) error
+	// Commit records every outcome passed to Record and commits, in one
+	// step, ignoring ctx's cancellation. It returns ErrLeaseLost if another
+	// caller recorded one of the keys after BeginBatch: nothing was
+	// committed, and the caller decides those calls again one at a time.
+	// On another error, nothing is committed; or, if the connection failed
+	// during the commit, it is unknown whether everything was.
+	Commit(ctx context.Context) error
+	// Rollback ends the transaction with nothing written: every key is free
+	// again. It ignores ctx's cancellation, and does nothing after Commit or
+	// Rollback.
+	Rollback(ctx context.Context) error
+	// Err is what ended the transaction before Commit (its connection was
+	// lost, a handler ended it), or nil. Once it is set, no call runs in the
+	// transaction any more, every method fails, and nothing of the batch
+	// commits; the caller decides its calls again one at a time.
+	Err() error
+}

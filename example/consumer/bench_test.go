@@ -27,40 +27,76 @@ import (
 	"github.com/idemkey/idemkey/tests/natstest"
 )
 
-// Each round consumes benchBatch messages of each variant, in chunks of
+// Each round consumes benchRound messages of each variant, in chunks of
 // benchChunk taken in turn, so that noise on a shared machine (another
-// process, a slow WAL flush) hits all variants alike.
+// process, a slow WAL flush) hits all variants alike. A chunk is four
+// batches of benchBatchSize, so that each RabbitMQ worker of a batching
+// variant takes one full batch of it.
 const (
-	benchBatch = 500
-	benchChunk = 50
+	benchRound     = 512
+	benchChunk     = 128
+	benchBatchSize = 32
 )
 
-// benchVariants are the consumers each broker's benchmark compares, all
-// running the example's CreateCharge on the PostgreSQL ledger:
+// benchVariant is one consumer the benchmarks compare, all running the
+// example's CreateCharge on the PostgreSQL ledger.
+type benchVariant struct {
+	name  string
+	mode  string // "": no idemkey; "atomic" or "two-phase"
+	batch int    // messages taken at once
+}
+
+// benchVariants are the consumers each broker's benchmark compares (see
+// benchPool for their pools):
 //   - bare: no idemkey; the charge commits on its own and the message is
-//     acknowledged directly;
+//     acknowledged directly, one message at a time;
 //   - atomic: through the adapter's Handle, on store/postgres with
 //     consumer.WithAtomic: the charge commits with the message's record;
 //   - two-phase: the same without WithAtomic: reserve, charge and record
-//     commit each on their own.
-var benchVariants = []string{"bare", "atomic", "two-phase"}
+//     commit each on their own;
+//   - bare-batch: no idemkey, batches of benchBatchSize: the batch's
+//     charges commit in one transaction, then its messages are
+//     acknowledged;
+//   - atomic-batch: the adapter's HandleBatch in atomic mode, batches of
+//     benchBatchSize: one round trip dedups the batch, its charges and
+//     records commit in one transaction, a savepoint apart each.
+var benchVariants = []benchVariant{
+	{"bare", "", 1},
+	{"atomic", "atomic", 1},
+	{"two-phase", "two-phase", 1},
+	{"bare-batch", "", benchBatchSize},
+	{"atomic-batch", "atomic", benchBatchSize},
+}
+
+// benchRatios are the ratios of messages per second each benchmark reports.
+var benchRatios = [][2]string{
+	{"atomic", "bare"},
+	{"two-phase", "bare"},
+	{"atomic-batch", "bare-batch"},
+	{"atomic-batch", "bare"},
+	{"bare-batch", "bare"},
+}
 
 // BenchmarkConsumer measures messages per second of the example consumer on
 // each broker (NATS JetStream, RabbitMQ), with idemkey in atomic and
-// two-phase mode, against the same consumer without it, on one PostgreSQL
-// database: each variant on its own stream or queue and its own schema, with
-// a pool of pgxpool's default size, as the command's. Each variant's
-// consumer runs throughout, and stops before each message until it is let
-// go on. One iteration is one round: benchBatch messages with unique ids are
-// published to each variant (not timed), then let go in chunks of
-// benchChunk, a chunk of each variant in turn in rotating order, each timed
-// from its letting go to its last message's acknowledgement. It reports each
-// variant's messages per second ("<variant>-msgs/s") and the ratio of each
-// mode's to bare's ("atomic/bare", "two-phase/bare": below 1 is slower).
+// two-phase mode, one message at a time and in batches, against the same
+// consumer without it, on one PostgreSQL database: each variant on its own
+// stream or queue and its own schema, with a pool of pgxpool's default
+// size, as the command's. Each variant's consumer runs throughout, and
+// stops before each message until it is let go on. One iteration is one
+// round: benchRound messages with unique ids are published to each variant
+// (not timed), then let go in chunks of benchChunk, a chunk of each variant
+// in turn in rotating order, each timed from its letting go to its last
+// message's acknowledgement. It reports each variant's messages per second
+// ("<variant>-msgs/s") and the ratios of benchRatios ("atomic/bare",
+// "atomic-batch/bare-batch", ...: below 1 is slower).
 //
 // Each broker is consumed as the command consumes it: JetStream through one
-// Consume callback, one message at a time; RabbitMQ by four workers on a
-// prefetch of four.
+// Consume callback, one message at a time, or with -batch through one loop
+// of idemnats.NextBatch on a Messages iterator; RabbitMQ by four workers on
+// a prefetch of four, or with -batch four workers that each take a batch
+// (idemamqp.NextBatch) on a prefetch of four batches. A batching variant
+// takes whole batches of benchBatchSize: a chunk lets four go.
 //
 //	go test -run='^$' -bench=Consumer -benchtime=1x -count=10 ./example/consumer/
 func BenchmarkConsumer(b *testing.B) {
@@ -73,47 +109,73 @@ type benchQueue interface {
 	// publish publishes n charge requests with unique ids, and returns once
 	// the broker holds them all.
 	publish(ctx context.Context, n int) error
-	// consume starts consuming until t ends, passing each message to
-	// g.process, which waits for it to be let go, then processes and
-	// acknowledges it.
+	// consume starts consuming until t ends: it takes as many messages as
+	// g lets go, up to the variant's batch, and passes them to g.handle,
+	// which processes and acknowledges them.
 	consume(t testing.TB, g *benchGate)
 }
 
 // benchBroker makes one variant's queue: core is idemkey's consumer, nil
-// for bare.
-type benchBroker func(b *testing.B, w *worker, core *consumer.Consumer) benchQueue
+// for bare; pool is the variant's database.
+type benchBroker func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue
 
-// benchGate holds each message of one variant until it is let go, and
-// reports when it has been processed and acknowledged.
+// benchGate holds the messages of one variant until they are let go, and
+// reports when they have been processed and acknowledged.
 type benchGate struct {
-	handle func(ctx context.Context, msg any) error
-	tokens chan struct{}
+	batch  int
+	handle func(ctx context.Context, msgs []any) error
 	done   chan error
-	stop   chan struct{}
+
+	mu      sync.Mutex
+	cond    *sync.Cond
+	tokens  int // messages let go, not yet taken
+	stopped bool
 }
 
-func newBenchGate() *benchGate {
-	return &benchGate{tokens: make(chan struct{}, benchBatch), done: make(chan error, benchBatch), stop: make(chan struct{})}
+func newBenchGate(batch int) *benchGate {
+	g := &benchGate{batch: batch, done: make(chan error, benchRound)}
+	g.cond = sync.NewCond(&g.mu)
+	return g
 }
 
-// process waits to be let go, then handles msg; it returns false once the
-// benchmark has stopped.
-func (g *benchGate) process(ctx context.Context, msg any) bool {
-	select {
-	case <-g.tokens:
-	case <-g.stop:
-		return false
+// take waits until messages are let go, and takes as many as it may, up to
+// the variant's batch; 0 once the benchmark has stopped.
+func (g *benchGate) take() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for g.tokens == 0 && !g.stopped {
+		g.cond.Wait()
 	}
-	g.done <- g.handle(ctx, msg)
-	return true
+	if g.stopped {
+		return 0
+	}
+	n := min(g.tokens, g.batch)
+	g.tokens -= n
+	return n
+}
+
+func (g *benchGate) stop() {
+	g.mu.Lock()
+	g.stopped = true
+	g.mu.Unlock()
+	g.cond.Broadcast()
+}
+
+// processed reports msgs processed, with err.
+func (g *benchGate) processed(ctx context.Context, msgs []any) {
+	err := g.handle(ctx, msgs)
+	for range msgs {
+		g.done <- err
+	}
 }
 
 // run lets n messages go and returns how long they took to be processed.
 func (g *benchGate) run(n int) (time.Duration, error) {
 	start := time.Now()
-	for range n {
-		g.tokens <- struct{}{}
-	}
+	g.mu.Lock()
+	g.tokens += n
+	g.mu.Unlock()
+	g.cond.Broadcast()
 	for i := range n {
 		select {
 		case err := <-g.done:
@@ -132,68 +194,83 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 	logger := slog.New(slog.DiscardHandler)
 	gates := make([]*benchGate, len(benchVariants))
 	queues := make([]benchQueue, len(benchVariants))
-	for i, name := range benchVariants {
-		pool := benchPool(b)
+	for i, v := range benchVariants {
+		pool := benchPool(b, v.batch)
 		w := &worker{svc: example.NewService(example.NewPostgresLedger(pool), 0), logger: logger}
 		var core *consumer.Consumer
-		if name != "bare" {
-			st, err := postgres.New(pool, postgres.WithLogger(logger))
+		if v.mode != "" {
+			st, err := postgres.New(pool, postgres.WithLogger(logger), postgres.WithAtomicConns(benchSlots(v.batch)))
 			if err != nil {
 				b.Fatal(err)
 			}
 			opts := []consumer.Option{consumer.WithLogger(logger)}
-			if name == "atomic" {
+			if v.mode == "atomic" {
 				opts = append(opts, consumer.WithAtomic())
 			}
 			if core, err = consumer.New(st, "charges", opts...); err != nil {
 				b.Fatal(err)
 			}
 		}
-		gates[i] = newBenchGate()
-		queues[i] = broker(b, w, core)
+		gates[i] = newBenchGate(v.batch)
+		queues[i] = broker(b, v, w, pool, core)
 		queues[i].consume(b, gates[i])
 		// Warm up: connections, prepared statements, the broker's consumer.
 		if err := queues[i].publish(ctx, benchChunk); err != nil {
 			b.Fatal(err)
 		}
 		if _, err := gates[i].run(benchChunk); err != nil {
-			b.Fatalf("%s: %v", name, err)
+			b.Fatalf("%s: %v", v.name, err)
 		}
 	}
 	spent := make([]time.Duration, len(queues))
 	n := 0
 	for b.Loop() {
 		for _, q := range queues {
-			if err := q.publish(ctx, benchBatch); err != nil {
+			if err := q.publish(ctx, benchRound); err != nil {
 				b.Fatal(err)
 			}
 		}
-		for c := range benchBatch / benchChunk {
+		for c := range benchRound / benchChunk {
 			for j := range gates {
-				k := (n*benchBatch/benchChunk + c + j) % len(gates)
+				k := (n*benchRound/benchChunk + c + j) % len(gates)
 				d, err := gates[k].run(benchChunk)
 				if err != nil {
-					b.Fatalf("%s: %v", benchVariants[k], err)
+					b.Fatalf("%s: %v", benchVariants[k].name, err)
 				}
 				spent[k] += d
 			}
 		}
 		n++
 	}
-	rates := make([]float64, len(queues))
-	for i, name := range benchVariants {
-		rates[i] = float64(n*benchBatch) / spent[i].Seconds()
-		b.ReportMetric(rates[i], name+"-msgs/s")
+	rates := map[string]float64{}
+	for i, v := range benchVariants {
+		rates[v.name] = float64(n*benchRound) / spent[i].Seconds()
+		b.ReportMetric(rates[v.name], v.name+"-msgs/s")
 	}
-	for i := 1; i < len(rates); i++ {
-		b.ReportMetric(rates[i]/rates[0], benchVariants[i]+"/bare")
+	for _, r := range benchRatios {
+		b.ReportMetric(rates[r[0]]/rates[r[1]], r[0]+"/"+r[1])
 	}
 }
 
+// benchSlots is the store's WithAtomicConns for a variant that takes
+// batches of batch: as the command sizes it for RabbitMQ, a transaction for
+// each worker's batch (NATS's one loop needs one); 0, the default, one at
+// a time.
+func benchSlots(batch int) int {
+	if batch > 1 {
+		return amqpWorkers
+	}
+	return 0
+}
+
 // benchPool returns a pool on a schema of its own, with the idempotency
-// table and the ledger's.
-func benchPool(b *testing.B) *pgxpool.Pool {
-	pool := pgtest.Pool(b, pgtest.Schema(b))
+// table and the ledger's: of pgxpool's default size, or with batches, as
+// the command sizes it, one more connection than the transactions
+// (benchSlots), for bare-batch too.
+func benchPool(b *testing.B, batch int) *pgxpool.Pool {
+	pool := pgtest.Pool(b, pgtest.Schema(b), func(c *pgxpool.Config) {
+		c.MaxConns = max(c.MaxConns, int32(benchSlots(batch)+1))
+	})
 	if err := postgres.Migrate(context.Background(), pool); err != nil {
 		b.Fatal(err)
 	}
@@ -219,13 +296,14 @@ type natsBench struct {
 	js      jetstream.JetStream
 	subject string
 	cons    jetstream.Consumer
-	handle  func(ctx context.Context, msg jetstream.Msg) error // processes and acknowledges
+	batch   int
+	handle  func(ctx context.Context, msgs []jetstream.Msg) error // processes and acknowledges
 	sent    int
 }
 
 func newNATSBench(b *testing.B) benchBroker {
 	_, js := natstest.Connect(b)
-	return func(b *testing.B, w *worker, core *consumer.Consumer) benchQueue {
+	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue {
 		ctx := context.Background()
 		stream := natstest.Stream(b, js, jetstream.StreamConfig{MaxAge: MaxStreamAge})
 		cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
@@ -234,17 +312,18 @@ func newNATSBench(b *testing.B) benchBroker {
 		if err != nil {
 			b.Fatal(err)
 		}
-		q := &natsBench{js: js, subject: stream.CachedInfo().Config.Name + ".charges", cons: cons}
+		q := &natsBench{js: js, subject: stream.CachedInfo().Config.Name + ".charges", cons: cons, batch: v.batch}
 		if core == nil {
-			q.handle = func(ctx context.Context, msg jetstream.Msg) error {
-				t, err := tenant(msg.Headers().Values("tenant"))
-				if err != nil {
+			q.handle = func(ctx context.Context, msgs []jetstream.Msg) error {
+				if err := bareCharges(ctx, w, pool, len(msgs), func(i int) ([]string, []byte) { return msgs[i].Headers().Values("tenant"), msgs[i].Data() }); err != nil {
 					return err
 				}
-				if err := w.charge(ctx, t, msg.Data()); err != nil {
-					return err
+				for _, msg := range msgs {
+					if err := msg.Ack(); err != nil {
+						return err
+					}
 				}
-				return msg.Ack()
+				return nil
 			}
 			return q
 		}
@@ -259,9 +338,48 @@ func newNATSBench(b *testing.B) benchBroker {
 		if err != nil {
 			b.Fatal(err)
 		}
-		q.handle = func(ctx context.Context, msg jetstream.Msg) error { return benchProcessed(c.Handle(ctx, msg)) }
+		q.handle = func(ctx context.Context, msgs []jetstream.Msg) error {
+			if len(msgs) == 1 && v.batch == 1 {
+				return benchProcessed(c.Handle(ctx, msgs[0]))
+			}
+			for _, res := range c.HandleBatch(ctx, msgs) {
+				if err := benchProcessed(res); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		return q
 	}
+}
+
+// bareCharges makes n charges, message i's tenant and body as msg(i) says:
+// one, committed on its own, or several in one transaction.
+func bareCharges(ctx context.Context, w *worker, pool *pgxpool.Pool, n int, msg func(i int) (tenants []string, body []byte)) error {
+	if n == 1 {
+		tenants, body := msg(0)
+		t, err := tenant(tenants)
+		if err != nil {
+			return err
+		}
+		return w.charge(ctx, t, body)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer tx.Rollback(ctx)
+	for i := range n {
+		tenants, body := msg(i)
+		t, err := tenant(tenants)
+		if err != nil {
+			return err
+		}
+		if err := w.charge(postgres.ContextWithTx(ctx, tx), t, body); err != nil {
+			return err
+		}
+	}
+	return tx.Commit(ctx)
 }
 
 func (q *natsBench) publish(ctx context.Context, n int) error {
@@ -289,23 +407,66 @@ func (q *natsBench) publish(ctx context.Context, n int) error {
 	return nil
 }
 
-// consume runs one Consume callback, which processes one message at a time,
-// as the command does.
+// consume consumes as the command does: one at a time through one Consume
+// callback, or batches through one loop of idemnats.NextBatch.
 func (q *natsBench) consume(t testing.TB, g *benchGate) {
-	g.handle = func(ctx context.Context, msg any) error { return q.handle(ctx, msg.(jetstream.Msg)) }
-	stopped := false
-	cc, err := q.cons.Consume(func(msg jetstream.Msg) {
-		if !stopped {
-			stopped = !g.process(context.Background(), msg)
+	g.handle = func(ctx context.Context, msgs []any) error {
+		ms := make([]jetstream.Msg, len(msgs))
+		for i, m := range msgs {
+			ms[i] = m.(jetstream.Msg)
 		}
-	})
+		return q.handle(ctx, ms)
+	}
+	if q.batch == 1 {
+		stopped := false
+		cc, err := q.cons.Consume(func(msg jetstream.Msg) {
+			if !stopped {
+				stopped = g.take() == 0
+			}
+			if !stopped {
+				g.processed(context.Background(), []any{msg})
+			}
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			g.stop()
+			cc.Stop()
+			<-cc.Closed()
+		})
+		return
+	}
+	it, err := q.cons.Messages(jetstream.PullMaxMessages(2 * q.batch))
 	if err != nil {
 		t.Fatal(err)
 	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			n := g.take()
+			if n == 0 {
+				return
+			}
+			var msgs []any
+			for len(msgs) < n {
+				batch, err := idemnats.NextBatch(ctx, it, n-len(msgs), 5*time.Millisecond)
+				if err != nil {
+					return
+				}
+				for _, m := range batch {
+					msgs = append(msgs, m)
+				}
+			}
+			g.processed(context.Background(), msgs)
+		}
+	})
 	t.Cleanup(func() {
-		close(g.stop)
-		cc.Stop()
-		<-cc.Closed()
+		g.stop()
+		cancel()
+		it.Stop()
+		wg.Wait()
 	})
 }
 
@@ -315,32 +476,34 @@ type amqpBench struct {
 	conn   *amqp.Connection
 	pub    *amqp.Channel
 	queue  string
-	handle func(ctx context.Context, d amqp.Delivery) error // processes and acknowledges
+	batch  int
+	handle func(ctx context.Context, ds []amqp.Delivery) error // processes and acknowledges
 	sent   int
 }
 
-// amqpWorkers is the command's default -workers: messages processed at once,
-// and the prefetch.
+// amqpWorkers is the command's default -workers: messages (or batches)
+// processed at once, and the prefetch (of messages, or batches).
 const amqpWorkers = 4
 
 func newAMQPBench(b *testing.B) benchBroker {
 	conn := amqptest.Conn(b)
-	return func(b *testing.B, w *worker, core *consumer.Consumer) benchQueue {
+	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue {
 		args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": MaxStreamAge.Milliseconds()}
-		q := &amqpBench{conn: conn, pub: amqptest.Channel(b, conn), queue: amqptest.Queue(b, conn, args)}
+		q := &amqpBench{conn: conn, pub: amqptest.Channel(b, conn), queue: amqptest.Queue(b, conn, args), batch: v.batch}
 		if err := q.pub.Confirm(false); err != nil {
 			b.Fatal(err)
 		}
 		if core == nil {
-			q.handle = func(ctx context.Context, d amqp.Delivery) error {
-				t, err := tenant(headerValues(d.Headers, "tenant"))
-				if err != nil {
+			q.handle = func(ctx context.Context, ds []amqp.Delivery) error {
+				if err := bareCharges(ctx, w, pool, len(ds), func(i int) ([]string, []byte) { return headerValues(ds[i].Headers, "tenant"), ds[i].Body }); err != nil {
 					return err
 				}
-				if err := w.charge(ctx, t, d.Body); err != nil {
-					return err
+				for _, d := range ds {
+					if err := d.Ack(false); err != nil {
+						return err
+					}
 				}
-				return d.Ack(false)
+				return nil
 			}
 			return q
 		}
@@ -354,7 +517,17 @@ func newAMQPBench(b *testing.B) benchBroker {
 		if err != nil {
 			b.Fatal(err)
 		}
-		q.handle = func(ctx context.Context, d amqp.Delivery) error { return benchProcessed(c.Handle(ctx, d)) }
+		q.handle = func(ctx context.Context, ds []amqp.Delivery) error {
+			if len(ds) == 1 && v.batch == 1 {
+				return benchProcessed(c.Handle(ctx, ds[0]))
+			}
+			for _, res := range c.HandleBatch(ctx, ds) {
+				if err := benchProcessed(res); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
 		return q
 	}
 }
@@ -384,12 +557,18 @@ func (q *amqpBench) publish(ctx context.Context, n int) error {
 	return nil
 }
 
-// consume runs amqpWorkers workers on a prefetch of as many, as the command
-// does.
+// consume runs amqpWorkers workers on a prefetch of as many messages, or
+// batches, as the command does.
 func (q *amqpBench) consume(t testing.TB, g *benchGate) {
-	g.handle = func(ctx context.Context, msg any) error { return q.handle(ctx, msg.(amqp.Delivery)) }
+	g.handle = func(ctx context.Context, msgs []any) error {
+		ds := make([]amqp.Delivery, len(msgs))
+		for i, m := range msgs {
+			ds[i] = m.(amqp.Delivery)
+		}
+		return q.handle(ctx, ds)
+	}
 	ch := amqptest.Channel(t, q.conn)
-	if err := ch.Qos(amqpWorkers, 0, false); err != nil {
+	if err := ch.Qos(amqpWorkers*q.batch, 0, false); err != nil {
 		t.Fatal(err)
 	}
 	deliveries, err := ch.Consume(q.queue, "bench", false, false, false, false, nil)
@@ -399,15 +578,27 @@ func (q *amqpBench) consume(t testing.TB, g *benchGate) {
 	var wg sync.WaitGroup
 	for range amqpWorkers {
 		wg.Go(func() {
-			for d := range deliveries {
-				if !g.process(context.Background(), d) {
+			for {
+				n := g.take()
+				if n == 0 {
 					return
 				}
+				var msgs []any
+				for len(msgs) < n {
+					ds := idemamqp.NextBatch(context.Background(), deliveries, n-len(msgs), 5*time.Millisecond)
+					if ds == nil {
+						return
+					}
+					for _, d := range ds {
+						msgs = append(msgs, d)
+					}
+				}
+				g.processed(context.Background(), msgs)
 			}
 		})
 	}
 	t.Cleanup(func() {
-		close(g.stop)
+		g.stop()
 		ch.Close() // ends deliveries
 		wg.Wait()
 	})

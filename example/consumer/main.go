@@ -23,6 +23,14 @@
 // however the consumer dies. Without a database, both live in memory, for
 // trying it out. It logs one line per message with its outcome, never its
 // id, tenant or body.
+//
+// With -batch N it takes up to N messages at once (JetStream: one loop over
+// a Messages iterator; RabbitMQ: each of -workers takes a batch, on a
+// prefetch of N per worker), waiting at most -batch-wait after the first for
+// the others; in atomic mode a batch is deduplicated in one round trip and
+// its charges commit with their records in one transaction, each message
+// apart (consumer.Consumer.ProcessBatch), and its messages are acknowledged
+// after that commit.
 package main
 
 import (
@@ -37,6 +45,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -70,6 +79,8 @@ type config struct {
 	name                          string        // the consumer's, which scopes message ids
 	stream, subject, queue        string
 	workers                       int
+	batch                         int           // messages taken and committed together; 1: one at a time
+	batchWait                     time.Duration // how long a batch waits to fill, after its first message
 }
 
 func main() {
@@ -86,7 +97,9 @@ func main() {
 	flag.StringVar(&cfg.stream, "stream", "PAYMENTS", "JetStream: the stream")
 	flag.StringVar(&cfg.subject, "subject", "payments.charges.requested", "JetStream: the subject")
 	flag.StringVar(&cfg.queue, "queue", "payments.charges.requested", "RabbitMQ: the queue")
-	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch)")
+	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch), or with -batch, batches (and the database pool holds at least one more connection than workers)")
+	flag.IntVar(&cfg.batch, "batch", 1, "take up to this many messages at once and, in atomic mode, process them in one transaction that commits once (64 at most in one); 1 processes one at a time")
+	flag.DurationVar(&cfg.batchWait, "batch-wait", 5*time.Millisecond, "with -batch: how long a batch waits for more messages after its first, before it runs with those it has")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	flag.Parse()
@@ -105,6 +118,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if (cfg.natsURL == "") == (cfg.amqpURL == "") {
 		return errors.New("give one of -nats-url and -amqp-url")
 	}
+	if cfg.batch < 1 {
+		return errors.New("-batch must be at least 1")
+	}
 	var (
 		st     store.Store    = memory.New()
 		ledger example.Ledger = example.NewMemoryLedger()
@@ -112,12 +128,21 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.databaseURL == "" {
 		cfg.atomic = false
 	} else {
-		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, true, logger)
+		// A batch holds a transaction for its whole run: with -batch, each
+		// of RabbitMQ's workers has one, and a connection is left for the
+		// reads of the ones waiting.
+		transactions := 0 // the store's default
+		if cfg.batch > 1 && cfg.amqpURL != "" {
+			transactions = max(cfg.workers, 1)
+		}
+		pool, err := example.OpenDatabase(ctx, cfg.databaseURL, true, logger, func(c *pgxpool.Config) {
+			c.MaxConns = max(c.MaxConns, int32(transactions+1))
+		})
 		if err != nil {
 			return err
 		}
 		defer pool.Close()
-		pst, err := postgres.New(pool, postgres.WithLogger(logger))
+		pst, err := postgres.New(pool, postgres.WithLogger(logger), postgres.WithAtomicConns(transactions))
 		if err != nil {
 			return err
 		}
@@ -143,7 +168,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.atomic {
 		mode = "atomic"
 	}
-	logger.Info("consumer starting", "broker", system, "store", storeKind(cfg), "mode", mode, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)
+	attrs := []any{"broker", system, "store", storeKind(cfg), "mode", mode}
+	if cfg.batch > 1 {
+		attrs = append(attrs, "batch", cfg.batch)
+	}
+	logger.Info("consumer starting", append(attrs, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)...)
 	if cfg.natsURL != "" {
 		return consumeNATS(ctx, cfg, core, w)
 	}
@@ -187,6 +216,17 @@ func tenant(values []string) (string, error) {
 func (w *worker) beforeAck(res consumer.Result) {
 	if res.Outcome == consumer.Processed && res.Action == consumer.Ack {
 		time.Sleep(w.ackDelay)
+	}
+}
+
+// beforeAckBatch waits -ack-delay once before a batch with a processed
+// message is acknowledged.
+func (w *worker) beforeAckBatch(results []consumer.Result) {
+	for _, res := range results {
+		if res.Outcome == consumer.Processed && res.Action == consumer.Ack {
+			time.Sleep(w.ackDelay)
+			return
+		}
 	}
 }
 
@@ -258,6 +298,9 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 	if err != nil {
 		return err
 	}
+	if cfg.batch > 1 {
+		return consumeNATSBatches(ctx, cfg, cons, c, w)
+	}
 	// Messages are processed on a context of their own: a stop lets the one
 	// in hand finish rather than cut its store calls short.
 	work := context.WithoutCancel(ctx)
@@ -280,6 +323,40 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 	cc.Stop()
 	<-cc.Closed()
 	return nil
+}
+
+// consumeNATSBatches consumes the JetStream stream in batches of up to
+// -batch messages, one batch at a time, until ctx is done. JetStream pulls
+// up to two batches ahead, so that the next batch is there when one ends.
+func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer, c *idemnats.Consumer, w *worker) error {
+	it, err := cons.Messages(jetstream.PullMaxMessages(2 * cfg.batch))
+	if err != nil {
+		return fmt.Errorf("nats: messages: %w", err)
+	}
+	defer it.Stop()
+	w.logger.Info("consuming", "stream", cfg.stream, "consumer", cfg.name, "batch", cfg.batch)
+	// As in consumeNATS: a stop lets the batch in hand finish.
+	work := context.WithoutCancel(ctx)
+	for {
+		msgs, err := idemnats.NextBatch(ctx, it, cfg.batch, cfg.batchWait)
+		if ctx.Err() != nil {
+			w.logger.Info("shutting down")
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("nats: messages: %w", err)
+		}
+		results := c.ProcessBatch(work, msgs)
+		w.beforeAckBatch(results)
+		for i, msg := range msgs {
+			c.Settle(work, msg, results[i])
+			var seq uint64
+			if meta, err := msg.Metadata(); err == nil {
+				seq = meta.Sequence.Stream
+			}
+			w.log(results[i], "stream_seq", seq)
+		}
+	}
 }
 
 // consumeAMQP consumes the RabbitMQ queue until ctx is done, connecting
@@ -329,7 +406,8 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	if _, err := ch.QueueDeclare(cfg.queue, true, false, false, false, args); err != nil {
 		return fmt.Errorf("queue %s: %w", cfg.queue, err)
 	}
-	if err := ch.Qos(cfg.workers, 0, false); err != nil {
+	// Each worker may hold a batch.
+	if err := ch.Qos(cfg.workers*cfg.batch, 0, false); err != nil {
 		return err
 	}
 	// What ends this connection's consumption: the connection or the
@@ -343,7 +421,11 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	if err != nil {
 		return err
 	}
-	w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers)
+	if cfg.batch > 1 {
+		w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers, "batch", cfg.batch)
+	} else {
+		w.logger.Info("consuming", "queue", cfg.queue, "workers", cfg.workers)
+	}
 	// Messages are processed on a context of their own: a stop lets the ones
 	// in hand finish rather than cut their store calls short. Their
 	// acknowledgements end with this connection: a message waiting out its
@@ -353,6 +435,21 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	defer endSettles()
 	var wg sync.WaitGroup
 	for range max(cfg.workers, 1) {
+		if cfg.batch > 1 {
+			wg.Go(func() {
+				// NextBatch ends when the consumer is cancelled and its
+				// deliveries closed.
+				for ds := idemamqp.NextBatch(work, deliveries, cfg.batch, cfg.batchWait); ds != nil; ds = idemamqp.NextBatch(work, deliveries, cfg.batch, cfg.batchWait) {
+					results := c.ProcessBatch(work, ds)
+					w.beforeAckBatch(results)
+					c.SettleBatch(settleCtx, ds, results)
+					for i, d := range ds {
+						w.log(results[i], "delivery_tag", d.DeliveryTag)
+					}
+				}
+			})
+			continue
+		}
 		wg.Go(func() {
 			for d := range deliveries {
 				res := c.Process(work, d)

@@ -23,7 +23,7 @@ import (
 
 var (
 	messages = flag.Int("consumer-messages", 2000, "messages TestKilledMidStream publishes")
-	modes    = flag.String("consumer-modes", "atomic", "comma-separated modes TestKilledMidStream runs: atomic, two-phase")
+	modes    = flag.String("consumer-modes", "atomic,atomic-batch", "comma-separated modes TestKilledMidStream runs: atomic, atomic-batch (batches of 32), two-phase")
 )
 
 func TestMain(m *testing.M) {
@@ -62,6 +62,63 @@ func TestKilledBeforeAck(t *testing.T) {
 		}
 		neverLogged(t, []*proc{first, second}, id)
 	})
+}
+
+// A consumer killed while a batch's handlers run, holding the keys of all
+// its messages in one transaction, commits nothing of it: no charge, no
+// record. Its messages are redelivered, and the next run charges each once.
+func TestKilledMidBatch(t *testing.T) {
+	forEachBroker(t, func(t *testing.T, newBroker func(*testing.T) broker) {
+		const n = 10
+		b := newBroker(t)
+		schema := pgtest.Schema(t)
+		db := pgtest.Pool(t, schema)
+		app := "idemkey_test_" + schema // names the consumer's sessions
+		args := append(b.args("3s"), "-database-url", pgtest.SchemaURL(schema, "application_name="+app), "-workers", "1")
+
+		// One batch of all n: it waits long for them, and each charge takes
+		// long before the batch commits.
+		first := start(t, "first run", append(args, "-batch", fmt.Sprint(n), "-batch-wait", "30s", "-handler-delay", "5s")...)
+		prefix := "id-" + schema + "-"
+		for i := range n {
+			send(t, b, prefix+fmt.Sprint(i), "acme", body(i))
+		}
+		waitFor(t, 20*time.Second, "the batch holds every message's key", func() bool { return advisoryLocks(t, db, app) == n })
+		first.kill()
+		if got := charges(t, db); got != 0 {
+			t.Fatalf("%d charges committed by the killed batch, want none", got)
+		}
+		if got := processedRecords(t, db); got != 0 {
+			t.Fatalf("%d records committed by the killed batch, want none", got)
+		}
+		if got := first.count("msg=message"); got != 0 {
+			t.Fatalf("the killed run settled %d messages, want none", got)
+		}
+
+		second := start(t, "second run", append(args, "-batch", fmt.Sprint(n))...)
+		waitFor(t, 30*time.Second, "every message is charged", func() bool { return processedRecords(t, db) == n })
+		b.settled(t, second)
+		if got, distinct := charges(t, db), distinctCharges(t, db); got != n || distinct != n {
+			t.Errorf("%d charges of %d messages, want one per message, %d", got, distinct, n)
+		}
+		if got := second.count("msg=message", "outcome=processed", "action=ack"); got != n {
+			t.Errorf("the second run processed %d messages, want %d", got, n)
+		}
+		neverLogged(t, []*proc{first, second}, prefix)
+	})
+}
+
+// advisoryLocks counts the advisory locks that the sessions named app hold:
+// those of a running atomic call, or batch, one per key.
+func advisoryLocks(t *testing.T, db *pgxpool.Pool, app string) int {
+	t.Helper()
+	var n int
+	err := db.QueryRow(t.Context(), `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = $1`, app).Scan(&n)
+	if err != nil {
+		t.Fatalf("count advisory locks: %v", err)
+	}
+	return n
 }
 
 // Two consumers share a durable consumer or queue, and a message's
@@ -145,24 +202,28 @@ func TestRefused(t *testing.T) {
 // are counted and logged, not failed.
 func TestKilledMidStream(t *testing.T) {
 	for _, mode := range strings.Split(*modes, ",") {
-		if mode != "atomic" && mode != "two-phase" {
-			t.Fatalf("-consumer-modes: %q is neither atomic nor two-phase", mode)
+		if mode != "atomic" && mode != "atomic-batch" && mode != "two-phase" {
+			t.Fatalf("-consumer-modes: %q is none of atomic, atomic-batch and two-phase", mode)
+		}
+		atomic, batch := mode != "two-phase", 1
+		if mode == "atomic-batch" {
+			batch = 32
 		}
 		t.Run(mode, func(t *testing.T) {
 			t.Parallel()
 			t.Run("nats", func(t *testing.T) {
 				t.Parallel()
-				testKilledMidStream(t, newNATS(t, true), mode == "atomic")
+				testKilledMidStream(t, newNATS(t, true), atomic, batch)
 			})
 			t.Run("rabbitmq", func(t *testing.T) {
 				t.Parallel()
-				testKilledMidStream(t, newRabbitMQ(t), mode == "atomic")
+				testKilledMidStream(t, newRabbitMQ(t), atomic, batch)
 			})
 		})
 	}
 }
 
-func testKilledMidStream(t *testing.T, b broker, atomic bool) {
+func testKilledMidStream(t *testing.T, b broker, atomic bool, batch int) {
 	began := time.Now()
 	n := *messages
 	schema := pgtest.Schema(t)
@@ -170,7 +231,7 @@ func testKilledMidStream(t *testing.T, b broker, atomic bool) {
 	// JetStream redelivers what a killed run had in hand (up to the 500
 	// messages its Consume fetches ahead) once the ack wait passes: 5s, not
 	// the 30s default, keeps the test short.
-	args := append(b.args("5s"), "-database-url", pgtest.SchemaURL(schema), fmt.Sprint("-atomic=", atomic))
+	args := append(b.args("5s"), "-database-url", pgtest.SchemaURL(schema), fmt.Sprint("-atomic=", atomic), fmt.Sprint("-batch=", batch))
 	procs := []*proc{start(t, "run 1", args...)}
 
 	// The messages are published while the consumer runs, and is killed:

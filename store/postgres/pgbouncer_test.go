@@ -99,6 +99,13 @@ func TestPgbouncer(t *testing.T) {
 		{"AtomicTerminatedBackend", TestAtomicTerminatedBackend, false},
 		{"AtomicStorm", TestAtomicStorm, false},
 		{"AtomicRoundTrips", TestAtomicRoundTrips, false},
+		{"BatchDecisions", TestBatchDecisions, true},
+		{"BatchCallsApart", TestBatchCallsApart, true},
+		{"BatchRoundTrips", TestBatchRoundTrips, false},
+		{"BatchUnparsableStatement", TestBatchUnparsableStatement, true},
+		{"BatchUnsentStatement", TestBatchUnsentStatement, true},
+		{"BatchCommitLost", TestBatchCommitLost, false},
+		{"BatchHandlerCommits", TestBatchHandlerCommits, false},
 	}
 	for _, mode := range []string{"exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {

@@ -134,6 +134,7 @@ type Store struct {
 	reserveSQL, findSQL, completeSQL, releaseSQL, sweepSQL string
 	confirmSQL                                             string
 	probeSQL, recordSQL, takeoverSQL                       string        // atomic mode's
+	batchProbeSQL, batchRecordSQL                          string        // atomic batches' (batch.go)
 	slots                                                  chan struct{} // one per open atomic transaction
 }
 
@@ -177,6 +178,9 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		recordSQL:   fmt.Sprintf(recordSQL, table),
 		takeoverSQL: takeoverSQL(table),
 		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
+
+		batchProbeSQL:  batchProbeSQL(table),
+		batchRecordSQL: fmt.Sprintf(batchRecordSQL, table),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()
@@ -203,10 +207,14 @@ func atomicConns(size, n int32) int {
 // takeable is the condition under which a reservation may take over the row
 // named r: it has expired (its retention has passed and it holds no live
 // lease), or its lease has ended while the same request ($2) held it.
-func takeable(r string) string {
+func takeable(r string) string { return takeableBy(r, "$2") }
+
+// takeableBy is takeable for the request whose fingerprint is the SQL
+// expression fingerprint.
+func takeableBy(r, fingerprint string) string {
 	return fmt.Sprintf(`(%[1]s.state = 'completed' AND %[1]s.expires_at <= now())
 		OR (%[1]s.state = 'in_progress' AND %[1]s.lease_end <= now()
-			AND (%[1]s.fingerprint = $2 OR %[1]s.expires_at <= now()))`, r)
+			AND (%[1]s.fingerprint = %[2]s OR %[1]s.expires_at <= now()))`, r, fingerprint)
 }
 
 // reserveSQL makes the reservation's decision in one statement. cur reads the

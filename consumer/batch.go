@@ -1,0 +1,145 @@
+package consumer
+
+import (
+	"context"
+	"crypto/sha256"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+)
+
+// BatchHandler processes message i of a batch (ProcessBatch). In atomic mode
+// ctx carries the batch's transaction: its writes commit with the message's
+// record, and are undone alone if the message fails. Its error decides what
+// becomes of the message, as a Handler's does.
+type BatchHandler func(ctx context.Context, i int) error
+
+// ProcessBatch decides what to do with each of ds, as Process decides one,
+// and returns their Results in the same order; h(ctx, i) processes ds[i].
+// Act on the Results only once it has returned: in atomic mode nothing of
+// the batch is durable before.
+//
+// In atomic mode, on a store that decides batches (store/postgres), the
+// batch is deduplicated in one round trip of the store's: one statement
+// reads the record of every id and takes those that are free. The handlers
+// of the messages to process then run one after another, in the order of
+// ds, in one transaction, each message's writes apart from the others': a
+// message that fails for good has its writes undone and its failure
+// recorded, one that fails for now has its writes undone and is
+// redelivered, and the others' writes commit, with every record, in one
+// commit. So each message takes effect exactly once, as one at a time. A
+// message answers as it would one at a time: a duplicate, one in progress
+// elsewhere, a refused one; the last delivery of a message in progress
+// elsewhere waits for it (after the batch's commit). Otherwise (two-phase
+// mode, or another store) each message is processed on its own, in order,
+// as Process does.
+//
+// What a batch does differently:
+//   - An id that an earlier message of the batch has is decided on its own
+//     after the batch has committed: a duplicate of the earlier message, if
+//     that was recorded.
+//   - A message found in progress elsewhere is answered Busy at once, as
+//     Process does, but its id stays held for the batch's whole run.
+//   - If another consumer recorded an id of the batch between the batch's
+//     read and its commit (a rare race), or the batch's transaction fails
+//     before its commit (its connection lost, a handler that ended it),
+//     nothing of the batch is committed, and each message whose handler ran
+//     is processed again on its own: its handler runs a second time, after
+//     a first run whose writes were undone.
+//   - A batch holds one connection of the store for its whole run, and its
+//     messages' ids, however many; at most engine.MaxBatch (64) messages
+//     are decided together, and a longer ds is processed in several
+//     batches.
+//
+// ctx bounds the store's operations and the handlers; WithHandlerTimeout
+// bounds each handler's run, and the read that decides the batch.
+func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery, h BatchHandler) []Result {
+	results := make([]Result, len(ds))
+	if !c.eng.CanBatch(c.op) || len(ds) < 2 {
+		for i := range ds {
+			results[i] = c.Process(ctx, ds[i], func(ctx context.Context) error { return h(ctx, i) })
+		}
+		return results
+	}
+	for start := 0; start < len(ds); start += engine.MaxBatch {
+		end := min(start+engine.MaxBatch, len(ds))
+		c.processBatch(ctx, ds[start:end], results[start:end], func(ctx context.Context, i int) error { return h(ctx, start+i) })
+	}
+	return results
+}
+
+// processBatch is ProcessBatch for at most engine.MaxBatch messages.
+func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Result, h BatchHandler) {
+	one := func(i int) Handler { return func(ctx context.Context) error { return h(ctx, i) } }
+	reqs := make([]engine.Request, 0, len(ds))
+	at := make([]int, 0, len(ds)) // the message of each request
+	for i, d := range ds {
+		if d.ID == "" || len(d.ID) > idemkey.MaxKeyLen {
+			results[i] = c.Process(ctx, d, one(i)) // refused, without the store
+			continue
+		}
+		reqs = append(reqs, engine.Request{Tenant: d.Tenant, Key: d.ID, Fingerprint: sha256.Sum256(d.Body), Retried: d.Redelivered})
+		at = append(at, i)
+	}
+	sctx := ctx
+	if c.opts.handlerTimeout > 0 { // as in attempt: it bounds the read, and sets the lease
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
+		defer cancel()
+	}
+	b := c.eng.StartBatch(sctx, c.op, reqs)
+	defer b.Abandon(ctx) // a panic rolls the batch back, then propagates
+	staged := make([]bool, len(reqs))
+	for j, i := range at {
+		call := &b.Calls[j]
+		switch {
+		case b.Alone(j):
+		case call.Verdict == engine.Executed:
+			results[i], staged[j] = c.runInBatch(ctx, b, j, ds[i], one(i))
+		default:
+			results[i] = c.answer(ctx, call, ds[i])
+		}
+	}
+	err := b.Commit(ctx)
+	for j, i := range at {
+		call, d := &b.Calls[j], ds[i]
+		switch {
+		case b.Alone(j):
+			results[i] = c.attempt(ctx, call, d, one(i))
+		case staged[j] && err != nil:
+			// The commit failed, or its fate is unknown. The redelivery
+			// finds out: a committed record drops it.
+			results[i] = Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+		}
+		results[i] = c.end(ctx, call, d, one(i), results[i])
+	}
+}
+
+// runInBatch runs h for message j of batch b, which holds its id, and ends
+// it by h's error, as run does one message: staged reports that its
+// outcome is to be recorded at the batch's commit.
+func (c *Consumer) runInBatch(ctx context.Context, b *engine.Batch, j int, d Delivery, h Handler) (res Result, staged bool) {
+	err := func() error {
+		hctx := ctx
+		if c.opts.handlerTimeout > 0 {
+			var cancel context.CancelFunc
+			hctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
+			defer cancel()
+		}
+		return h(b.Context(hctx, j))
+	}()
+	if err != nil && !c.opts.final(err) {
+		b.Release(ctx, j)
+		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}, false
+	}
+	outcome, res := recordProcessed, Result{Outcome: Processed, Action: Ack}
+	if err != nil {
+		outcome = recordFailed
+		res = Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}
+	}
+	if rerr := b.Record(ctx, j, outcome, err == nil); rerr != nil {
+		b.Release(ctx, j) // a record too large leaves the message running
+		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: rerr}, false
+	}
+	return res, true
+}

@@ -1,0 +1,414 @@
+package consumer_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/internal/logtest"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/seal"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// batchCounter is a batch handler that records the ids it runs, in order,
+// and fails the ids in fail with their error.
+type batchCounter struct {
+	ds   []consumer.Delivery
+	fail map[string]error
+
+	mu   sync.Mutex
+	runs []string
+}
+
+func (h *batchCounter) handle(_ context.Context, i int) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.runs = append(h.runs, h.ds[i].ID)
+	return h.fail[h.ds[i].ID]
+}
+
+func deliveries(attempt int, ids ...string) []consumer.Delivery {
+	ds := make([]consumer.Delivery, len(ids))
+	for i, id := range ids {
+		ds[i] = delivery(id, attempt)
+	}
+	return ds
+}
+
+// outcomes are the outcomes of rs, for a failure message.
+func outcomes(rs []consumer.Result) []consumer.Outcome {
+	out := make([]consumer.Outcome, len(rs))
+	for i, r := range rs {
+		out[i] = r.Outcome
+	}
+	return out
+}
+
+func wantOutcomes(t *testing.T, what string, rs []consumer.Result, want ...consumer.Outcome) {
+	t.Helper()
+	if got := outcomes(rs); !slices.Equal(got, want) {
+		t.Fatalf("%s: outcomes %v, want %v", what, got, want)
+	}
+}
+
+// A batch answers as its messages would one at a time, on every store: each
+// processed once, in order, and dropped as duplicates when redelivered.
+func TestBatchProcessedOnce(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		ids := make([]string, 40)
+		for i := range ids {
+			ids[i] = fmt.Sprintf("msg-secret-id-%02d", i)
+		}
+		h := &batchCounter{ds: deliveries(1, ids...)}
+		rs := c.ProcessBatch(t.Context(), h.ds, h.handle)
+		for i, r := range rs {
+			if r.Outcome != consumer.Processed || r.Action != consumer.Ack || r.DeadLetter || r.Err != nil {
+				t.Fatalf("message %d: %+v, want processed and ack", i, r)
+			}
+		}
+		if !slices.Equal(h.runs, ids) {
+			t.Fatalf("handlers ran for %v, want each id once, in order", h.runs)
+		}
+		h.ds, h.runs = deliveries(2, ids...), nil
+		for i, r := range c.ProcessBatch(t.Context(), h.ds, h.handle) {
+			if r.Outcome != consumer.Duplicate || r.Action != consumer.Ack || r.DeadLetter {
+				t.Fatalf("redelivery %d: %+v, want a duplicate", i, r)
+			}
+		}
+		if len(h.runs) != 0 {
+			t.Fatalf("the redeliveries ran %v", h.runs)
+		}
+	})
+}
+
+// An id twice in one batch is processed once: the second is a duplicate, or
+// refused with another body.
+func TestBatchRepeatedID(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		ds := deliveries(1, "msg-secret-id-a", "msg-secret-id-b", "msg-secret-id-a", "msg-secret-id-c", "msg-secret-id-b")
+		ds[4].Body = []byte("body-secret another")
+		h := &batchCounter{ds: ds}
+		rs := c.ProcessBatch(t.Context(), ds, h.handle)
+		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Processed, consumer.Duplicate, consumer.Processed, consumer.Refused)
+		if !errors.Is(rs[4].Err, consumer.ErrReusedID) || rs[4].Action != consumer.Reject {
+			t.Fatalf("the id with another body: %+v, want refused as reused", rs[4])
+		}
+		if want := []string{"msg-secret-id-a", "msg-secret-id-b", "msg-secret-id-c"}; !slices.Equal(h.runs, want) {
+			t.Fatalf("handlers ran for %v, want %v", h.runs, want)
+		}
+	})
+}
+
+// A batch mixes new ids with ids processed before, one of them failed for
+// good, and messages refused: each answers as it would alone.
+func TestBatchMixed(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		h := &counter{}
+		c.Process(t.Context(), delivery("msg-secret-id-old", 1), h.handle)
+		h.err = consumer.Final(errors.New("poison"))
+		c.Process(t.Context(), delivery("msg-secret-id-poison", 1), h.handle)
+
+		ds := deliveries(2, "msg-secret-id-new", "msg-secret-id-old", "", "msg-secret-id-poison", "msg-secret-id-new2")
+		b := &batchCounter{ds: ds}
+		rs := c.ProcessBatch(t.Context(), ds, b.handle)
+		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Duplicate, consumer.Refused, consumer.Duplicate, consumer.Processed)
+		if !rs[3].DeadLetter || !errors.Is(rs[3].Err, consumer.ErrFailedBefore) || rs[1].DeadLetter {
+			t.Fatalf("the duplicates: %+v and %+v; want the failed one dead-lettered again", rs[1], rs[3])
+		}
+		if !errors.Is(rs[2].Err, consumer.ErrNoID) {
+			t.Fatalf("the message without an id: %+v", rs[2])
+		}
+		if want := []string{"msg-secret-id-new", "msg-secret-id-new2"}; !slices.Equal(b.runs, want) {
+			t.Fatalf("handlers ran for %v, want %v", b.runs, want)
+		}
+	})
+}
+
+// Failures in a batch: a final one is recorded and dead-lettered, a
+// transient one released and redelivered, and the others processed.
+func TestBatchFailures(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-transient", "msg-secret-id-4")
+		h := &batchCounter{ds: ds, fail: map[string]error{
+			"msg-secret-id-final":     status.Error(codes.FailedPrecondition, "declined"),
+			"msg-secret-id-transient": errors.New("down"),
+		}}
+		rs := c.ProcessBatch(t.Context(), ds, h.handle)
+		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Failed, consumer.Retry, consumer.Processed)
+		if !rs[1].DeadLetter || rs[1].Action != consumer.Ack || rs[2].Action != consumer.Nak || rs[2].Delay <= 0 {
+			t.Fatalf("the failures: %+v and %+v", rs[1], rs[2])
+		}
+		h.ds, h.fail, h.runs = deliveries(2, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-transient", "msg-secret-id-4"), nil, nil
+		rs = c.ProcessBatch(t.Context(), h.ds, h.handle)
+		wantOutcomes(t, "redelivery", rs, consumer.Duplicate, consumer.Duplicate, consumer.Processed, consumer.Duplicate)
+		if !slices.Equal(h.runs, []string{"msg-secret-id-transient"}) {
+			t.Fatalf("the redelivery ran %v, want only the transient failure", h.runs)
+		}
+	})
+}
+
+// A panicking handler rolls the whole batch back, and every message of it
+// is processed once when redelivered.
+func TestBatchPanic(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+		ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-panic", "msg-secret-id-3")
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Fatal("the panic did not propagate")
+				}
+			}()
+			c.ProcessBatch(t.Context(), ds, func(_ context.Context, i int) error {
+				if i == 1 {
+					panic("boom")
+				}
+				return nil
+			})
+		}()
+		h := &batchCounter{ds: deliveries(2, "msg-secret-id-1", "msg-secret-id-panic", "msg-secret-id-3")}
+		rs := c.ProcessBatch(t.Context(), h.ds, h.handle)
+		// One at a time, the message before the panic was recorded; in a
+		// batch nothing was.
+		if rs[0].Outcome != consumer.Duplicate && rs[0].Outcome != consumer.Processed {
+			t.Fatalf("the message before the panic: %+v", rs[0])
+		}
+		if rs[1].Outcome != consumer.Processed || rs[2].Outcome != consumer.Processed {
+			t.Fatalf("after a panic: %v, want the rest processed", outcomes(rs))
+		}
+	})
+}
+
+// atomicConsumer is a consumer in atomic mode on PostgreSQL, with a table
+// effects for its handlers' writes.
+func atomicConsumer(t *testing.T, opts ...consumer.Option) (*consumer.Consumer, *postgres.Store, *pgxpool.Pool, *logtest.Buffer) {
+	t.Helper()
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (id text NOT NULL, n serial)`); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger, logs := logtest.New()
+	c, err := consumer.New(st, "charges", append([]consumer.Option{consumer.WithAtomic(), consumer.WithLogger(logger),
+		consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		for _, raw := range []string{"msg-secret-id", "tenant-secret", "body-secret"} {
+			if strings.Contains(logs.String(), raw) {
+				t.Errorf("the logs hold %q:\n%s", raw, logs)
+			}
+		}
+	})
+	return c, st, pool, logs
+}
+
+// effects lists the ids written to effects, in the order written.
+func effects(t *testing.T, pool *pgxpool.Pool) []string {
+	t.Helper()
+	rows, _ := pool.Query(t.Context(), `SELECT id FROM effects ORDER BY n`)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// writeEffect writes message i's id to effects in the batch's
+// transaction, then fails as fail says.
+func writeEffect(ds []consumer.Delivery, fail map[string]error) consumer.BatchHandler {
+	return func(ctx context.Context, i int) error {
+		tx, ok := postgres.TxFromContext(ctx)
+		if !ok {
+			return consumer.Final(errors.New("no transaction"))
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, ds[i].ID); err != nil {
+			return err
+		}
+		return fail[ds[i].ID]
+	}
+}
+
+// In atomic mode, a batch's writes are each message's own: those of a
+// message that failed, for good or for now, are undone alone, and the
+// others commit with their records.
+func TestBatchAtomicWrites(t *testing.T) {
+	c, _, pool, _ := atomicConsumer(t)
+	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-2", "msg-secret-id-transient", "msg-secret-id-bad", "msg-secret-id-3")
+	fail := map[string]error{
+		"msg-secret-id-final":     status.Error(codes.FailedPrecondition, "declined"),
+		"msg-secret-id-transient": errors.New("down"),
+	}
+	write := writeEffect(ds, fail)
+	rs := c.ProcessBatch(t.Context(), ds, func(ctx context.Context, i int) error {
+		if err := write(ctx, i); err != nil || ds[i].ID != "msg-secret-id-bad" {
+			return err
+		}
+		// A handler that succeeds after a statement of its failed: its
+		// writes cannot commit.
+		tx, _ := postgres.TxFromContext(ctx)
+		tx.Exec(ctx, `INSERT INTO effects (id) VALUES (NULL)`)
+		return nil
+	})
+	wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Failed, consumer.Processed, consumer.Retry, consumer.StoreUnavailable, consumer.Processed)
+	if got, want := effects(t, pool), []string{"msg-secret-id-1", "msg-secret-id-2", "msg-secret-id-3"}; !slices.Equal(got, want) {
+		t.Fatalf("effects %v, want %v", got, want)
+	}
+	ds = deliveries(2, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-transient", "msg-secret-id-bad")
+	rs = c.ProcessBatch(t.Context(), ds, writeEffect(ds, nil))
+	wantOutcomes(t, "redelivery", rs, consumer.Duplicate, consumer.Duplicate, consumer.Processed, consumer.Processed)
+	if got, want := effects(t, pool), []string{"msg-secret-id-1", "msg-secret-id-2", "msg-secret-id-3", "msg-secret-id-transient", "msg-secret-id-bad"}; !slices.Equal(got, want) {
+		t.Fatalf("effects %v, want %v", got, want)
+	}
+}
+
+// Two consumers take batches of the same ids at once, again and again
+// until every message is acknowledged: each id's effect is written once.
+func TestBatchRace(t *testing.T) {
+	c, st, pool, _ := atomicConsumer(t)
+	other, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 64
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("msg-secret-id-%02d", i)
+	}
+	var (
+		mu     sync.Mutex
+		counts = map[consumer.Outcome]int{}
+	)
+	var wg sync.WaitGroup
+	for k, c := range []*consumer.Consumer{c, other} {
+		wg.Go(func() {
+			left := slices.Clone(ids)
+			if k == 1 {
+				slices.Reverse(left)
+			}
+			for attempt := 1; len(left) > 0; attempt++ {
+				if attempt > 100 {
+					t.Errorf("consumer %d: %d messages still not acknowledged", k, len(left))
+					return
+				}
+				ds := deliveries(attempt, left...)
+				rs := c.ProcessBatch(context.Background(), ds, writeEffect(ds, nil))
+				left = left[:0]
+				mu.Lock()
+				for i, r := range rs {
+					counts[r.Outcome]++
+					if r.Action != consumer.Ack {
+						left = append(left, ds[i].ID)
+					}
+				}
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	got := effects(t, pool)
+	slices.Sort(got)
+	if !slices.Equal(got, ids) {
+		t.Fatalf("effects %v, want each id once", got)
+	}
+	if counts[consumer.Processed] != n || counts[consumer.Duplicate] != n {
+		t.Fatalf("outcomes %v, want %d processed and %d duplicates", counts, n, n)
+	}
+}
+
+// Another call records an id of the batch between the batch's read and its
+// commit (here a two-phase reservation of it, which takes no advisory
+// lock): nothing of the batch commits, and its messages are processed again
+// on their own.
+func TestBatchSuperseded(t *testing.T) {
+	c, st, pool, logs := atomicConsumer(t)
+	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-2", "msg-secret-id-3")
+	runs := map[string]int{}
+	write := writeEffect(ds, nil)
+	rs := c.ProcessBatch(t.Context(), ds, func(ctx context.Context, i int) error {
+		runs[ds[i].ID]++
+		if i == 0 && runs[ds[i].ID] == 1 {
+			key := store.ScopeKey(ds[1].Tenant, "charges", ds[1].ID)
+			if _, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: sha256.Sum256(ds[1].Body), Lease: time.Minute, Retention: time.Hour}); err != nil {
+				return err
+			}
+		}
+		return write(ctx, i)
+	})
+	// The second message is held by the two-phase reservation.
+	wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Busy, consumer.Processed)
+	if want := map[string]int{"msg-secret-id-1": 2, "msg-secret-id-2": 1, "msg-secret-id-3": 2}; fmt.Sprint(runs) != fmt.Sprint(want) {
+		t.Fatalf("runs %v, want %v", runs, want)
+	}
+	if got, want := effects(t, pool), []string{"msg-secret-id-1", "msg-secret-id-3"}; !slices.Equal(got, want) {
+		t.Fatalf("effects %v, want %v", got, want)
+	}
+	if !strings.Contains(logs.String(), "another call recorded a key of a batch first") {
+		t.Fatalf("the lost batch is not logged:\n%s", logs)
+	}
+}
+
+// A batch seals the records it commits and opens those it reads, as one
+// message at a time does, and runs each message's hook once: an execution
+// with the record's size, then a replay for its redelivery.
+func TestBatchSealedWithHooks(t *testing.T) {
+	ring, err := seal.NewKeyRing(bytes.Repeat([]byte{7}, seal.KeySize))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var events hookEvents
+	c, _, pool, _ := atomicConsumer(t, consumer.WithSealer(ring), consumer.WithHooks(events.hooks()))
+	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-2")
+	wantOutcomes(t, "batch", c.ProcessBatch(t.Context(), ds, writeEffect(ds, nil)), consumer.Processed, consumer.Processed)
+	rows, _ := pool.Query(t.Context(), `SELECT outcome FROM idempotency_keys`)
+	outcomes, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
+	if err != nil || len(outcomes) != 2 {
+		t.Fatalf("%d records (%v), want 2", len(outcomes), err)
+	}
+	for _, o := range outcomes {
+		if _, sealed := seal.SealedWith(o); !sealed {
+			t.Errorf("a record of the batch is not sealed: %q", o)
+		}
+	}
+	ds = deliveries(2, "msg-secret-id-1", "msg-secret-id-2")
+	wantOutcomes(t, "redelivery", c.ProcessBatch(t.Context(), ds, writeEffect(ds, nil)), consumer.Duplicate, consumer.Duplicate)
+	if got := effects(t, pool); len(got) != 2 {
+		t.Errorf("effects %v, want one per message", got)
+	}
+	events.mu.Lock()
+	got := slices.Clone(events.events)
+	events.mu.Unlock()
+	var executed, replayed int
+	for _, e := range got {
+		switch {
+		case strings.HasPrefix(e, "execute executed ack") && !strings.HasSuffix(e, " 0"):
+			executed++
+		case strings.HasPrefix(e, "replay replayed ack"):
+			replayed++
+		}
+	}
+	if executed != 2 || replayed != 2 || len(got) != 4 {
+		t.Errorf("hooks ran:\n\t%s\nwant an execution with its size, then a replay, for each message", strings.Join(got, "\n\t"))
+	}
+}

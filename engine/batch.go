@@ -1,0 +1,349 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/store"
+)
+
+// MaxBatch is the most calls StartBatch decides together; it decides the
+// rest of a larger batch as Alone. Each call of a batch that writes takes a
+// subtransaction (its savepoint), and PostgreSQL keeps the subtransactions
+// of a transaction in shared memory up to 64: past that, every other
+// session's snapshot must look them up on disk (a subtransaction overflow),
+// which slows the whole database down.
+const MaxBatch = 64
+
+// CanBatch reports whether StartBatch decides calls of op together: op is
+// atomic, and the store implements store.BatchAtomic (store/postgres).
+// Otherwise every call of a batch is Alone, and an adapter decides each with
+// Start.
+func (e *Engine) CanBatch(op *Operation) bool { return op.atomic && e.batch != nil }
+
+// Batch is a batch of calls of one atomic operation, decided together in
+// one transaction of the store's (StartBatch): a message consumer that
+// takes its messages in batches dedups each batch in one round trip, and
+// commits the records of its messages with one commit.
+//
+//	b := eng.StartBatch(ctx, op, reqs)
+//	defer b.Abandon(ctx) // a panic rolls the whole batch back
+//	for i := range b.Calls {
+//		c := &b.Calls[i]
+//		switch {
+//		case b.Alone(i): // decided later, on its own
+//		case c.Verdict == engine.Executed:
+//			err := handler(b.Context(ctx, i))
+//			b.Record(ctx, i, encode(err), err == nil) // or b.Release(ctx, i)
+//		default: // as after Start: Replayed, InProgress, Reused, StoreUnavailable
+//		}
+//	}
+//	err := b.Commit(ctx) // nothing is durable before it returns nil
+//	// then each call i: if b.Alone(i), decide it with Start (its Call may
+//	// be reused); else answer as its Verdict, and for an Executed one, as
+//	// Record and Commit said. End every call.
+//
+// The handlers of the calls run one after another, in the batch's order,
+// on the caller's goroutine; each call's writes are its own, undone alone
+// when it is released or records an error.
+type Batch struct {
+	// Calls are the batch's calls, one per request, in order. StartBatch
+	// sets the Verdict of each as Start would, without waiting for a key in
+	// progress; that of a call that Alone reports is not set.
+	Calls []Call
+
+	e     *Engine
+	op    *Operation
+	tx    store.BatchTx // nil when the batch acquired no key
+	idx   []int         // each call's index among the store's reservations, or -1
+	state []batchState
+	size  []int // each staged call's outcome size, for the metrics
+	done  bool  // committed or rolled back
+}
+
+type batchState uint8
+
+const (
+	batchIdle    batchState = iota // decided, and its handler not run yet (if it runs)
+	batchAlone                     // to be decided on its own, with Start
+	batchRunning                   // its handler runs: Context was called
+	batchStaged                    // its outcome is to be recorded at Commit
+	batchEnded                     // released, or its record failed
+)
+
+// StartBatch decides the calls reqs ask for together, as Start decides
+// each: in one round trip of the store's, which reads every key, and takes
+// those that are free in one transaction. A call found in progress is
+// answered InProgress at once, whatever WithInProgressWait says. A request
+// is left Alone, to be decided on its own after the batch, if its key is
+// that of an earlier request of the batch (its answer then depends on how
+// the earlier one ends), if it comes after the first MaxBatch, or if the
+// operation cannot batch (CanBatch).
+//
+// ctx bounds the store's round trip, and sets the calls' lease, as Start's
+// does.
+func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) *Batch {
+	b := &Batch{Calls: make([]Call, len(reqs)), e: e, op: op, idx: make([]int, len(reqs)),
+		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
+	rs := make([]store.Reservation, 0, min(len(reqs), MaxBatch))
+	seen := make(map[store.Key]struct{}, len(reqs))
+	lease := e.lease(ctx)
+	for i, r := range reqs {
+		c := &b.Calls[i]
+		*c = e.Call(op)
+		fp := c.identify(r)
+		b.idx[i] = -1
+		if _, repeated := seen[c.key]; repeated || len(rs) == MaxBatch || !e.CanBatch(op) {
+			b.state[i] = batchAlone
+			continue
+		}
+		seen[c.key] = struct{}{}
+		b.idx[i] = len(rs)
+		c.leaseEnd = time.Now().Add(lease)
+		rs = append(rs, e.roomFor(store.Reservation{
+			Key:         c.key,
+			Fingerprint: fp,
+			Lease:       lease,
+			Retention:   e.opts.retention,
+			MaxOutcome:  e.opts.maxRecord,
+			Partition:   store.TenantPartition(r.Tenant),
+		}))
+	}
+	if len(rs) == 0 {
+		return b
+	}
+	res, tx, err := e.beginBatch(ctx, rs)
+	b.tx = tx
+	for i := range b.Calls {
+		j := b.idx[i]
+		if j < 0 {
+			continue
+		}
+		c := &b.Calls[i]
+		var openErr error
+		if err == nil {
+			res[j], openErr = e.opened(rs[j].Key, &rs[j].Fingerprint, res[j])
+		}
+		switch {
+		case err != nil:
+			c.storeFailed(ctx, "reserve", err)
+		case openErr != nil:
+			c.storeFailed(ctx, "reserve", openErr)
+		case res[j].State == store.Acquired:
+			c.Verdict, c.fingerprint = Executed, rs[j].Fingerprint
+		default:
+			c.answer(rs[j].Fingerprint, res[j])
+		}
+	}
+	return b
+}
+
+// identify sets the call's key and parts for r, and returns the
+// fingerprint it reserves with.
+func (c *Call) identify(r Request) store.Fingerprint {
+	scopeOp := c.op.name
+	if c.e.opts.scope == ScopeTenant {
+		scopeOp = ""
+	}
+	c.key = store.ScopeKey(r.Tenant, scopeOp, r.Key)
+	c.tenant, c.userKey = r.Tenant, r.Key
+	c.started = true
+	if scopeOp == "" {
+		// A key shared across operations must never replay one operation's
+		// reply to another, whatever a custom fingerprint leaves out.
+		return bindOperation(c.op.name, r.Fingerprint)
+	}
+	return r.Fingerprint
+}
+
+// Alone reports whether call i is to be decided on its own, with Start on
+// its Call, once the batch has been committed: StartBatch left it out of
+// the batch, or the batch could not finish it (its transaction failed
+// before the commit, or Commit returned ErrSuperseded). A call whose
+// handler ran in the batch is then run again; nothing of its first run
+// was committed.
+func (b *Batch) Alone(i int) bool { return b.state[i] == batchAlone }
+
+// Context is ctx for the handler of call i, which must be Executed: it
+// carries the call's parts for idemkey.DerivedKey and the batch's
+// transaction, in which the call's writes from now on are its own. Run the
+// calls' handlers one at a time: Context, the handler, then Record or
+// Release, before the next call's Context.
+func (b *Batch) Context(ctx context.Context, i int) context.Context {
+	c := &b.Calls[i]
+	ctx = idemkey.HandlerContext(ctx, c.tenant, b.op.name, c.userKey)
+	if b.tx == nil || b.done || c.Verdict != Executed || b.state[i] != batchIdle {
+		return ctx
+	}
+	b.state[i] = batchRunning
+	return b.tx.HandlerContext(ctx, b.idx[i])
+}
+
+// Record ends call i, whose handler ran, with outcome, which Commit
+// records: with keepWrites false (a recorded error), the handler's writes
+// are undone first. Its error:
+//   - ErrTooLarge: nothing was done; Record a short error (at most
+//     store.SmallOutcome bytes) in its place, or Release the call.
+//   - any other: nothing will be recorded for the call and its writes were
+//     undone (a handler that succeeded after a statement of its failed);
+//     answer "store unavailable". Or the batch's transaction failed, and
+//     Alone(i) now reports true.
+func (b *Batch) Record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
+	c := &b.Calls[i]
+	if b.state[i] != batchRunning {
+		return errors.New("idemkey: Record of a call of a batch whose handler is not running")
+	}
+	if len(outcome) > b.e.opts.maxRecord {
+		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
+			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), b.e.opts.maxRecord))
+		return ErrTooLarge
+	}
+	b.state[i] = batchEnded
+	size := len(outcome)
+	outcome, err := b.e.sealOutcome(c.key, outcome)
+	if err != nil {
+		c.Log(ctx, slog.LevelError, "the call's writes were undone and nothing is recorded for it", err)
+		if relErr := b.tx.Release(ctx, b.idx[i]); relErr != nil {
+			b.failed(ctx)
+		}
+		return err
+	}
+	if err := b.tx.Record(ctx, b.idx[i], outcome, keepWrites); err != nil {
+		if !b.failed(ctx) {
+			c.Log(ctx, slog.LevelError, "the call's writes were undone and nothing is recorded for it", err)
+		}
+		return err
+	}
+	b.state[i], b.size[i] = batchStaged, size
+	return nil
+}
+
+// Release ends call i, whose handler ran, with its writes undone and
+// nothing recorded: a retry runs it again.
+func (b *Batch) Release(ctx context.Context, i int) {
+	if b.state[i] != batchRunning {
+		return
+	}
+	b.state[i] = batchEnded
+	if err := b.tx.Release(ctx, b.idx[i]); err != nil && !b.failed(ctx) {
+		b.Calls[i].Log(ctx, slog.LevelWarn, "undoing the call's writes failed", err)
+	}
+}
+
+// failed reports whether the batch's transaction has failed; if it just
+// did, every call that holds its key in it is Alone from now on.
+func (b *Batch) failed(ctx context.Context) bool {
+	err := b.tx.Err()
+	if err == nil {
+		return false
+	}
+	n := 0
+	for i := range b.Calls {
+		if b.idx[i] >= 0 && b.Calls[i].Verdict == Executed && b.state[i] != batchAlone {
+			b.state[i] = batchAlone
+			n++
+		}
+	}
+	if n > 0 {
+		b.e.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey: the transaction of a batch failed before its commit; nothing of it was committed, and each of its calls is decided again on its own",
+			slog.String("operation", b.op.name), slog.Int("calls", n), slog.Any("error", err))
+	}
+	return true
+}
+
+// ErrBatchFailed is Commit's answer when nothing of the batch was
+// committed, or it is unknown whether everything was: answer "store
+// unavailable" for every call that Record ended without an error, and a
+// retry finds out.
+var ErrBatchFailed = errors.New("idemkey: the batch's commit failed")
+
+// Commit records the outcome of every call that Record ended, in one
+// commit; nothing of the batch is durable before it returns. Its error:
+//   - nil: every such call's record, and its writes, are committed;
+//   - ErrSuperseded: another call recorded a key of the batch first, and
+//     nothing was committed: every such call is Alone now;
+//   - ErrBatchFailed: nothing was committed, or perhaps everything was;
+//     answer "store unavailable" for every such call, and a retry finds
+//     out.
+//
+// Calls that were released, or whose Record failed, keep their answers.
+// Like Record, it ignores ctx's cancellation.
+func (b *Batch) Commit(ctx context.Context) error {
+	if b.done || b.tx == nil {
+		return nil
+	}
+	b.done = true
+	for i := range b.Calls {
+		if b.state[i] == batchRunning { // Context without Record or Release
+			b.state[i] = batchEnded
+			if err := b.tx.Release(ctx, b.idx[i]); err != nil {
+				b.failed(ctx)
+			}
+		}
+	}
+	if b.tx.Err() != nil {
+		b.tx.Rollback(ctx)
+		return nil // every call whose handler ran is Alone
+	}
+	err := b.e.commitBatch(ctx, b.tx)
+	switch {
+	case err == nil:
+		for i := range b.Calls {
+			if b.state[i] == batchStaged {
+				b.e.obs.recorded(ctx, b.op, b.size[i])
+				b.Calls[i].noteWrite(b.size[i], nil)
+			}
+		}
+		return nil
+	case errors.Is(err, store.ErrLeaseLost):
+		n := 0
+		for i := range b.Calls {
+			if b.state[i] == batchStaged {
+				b.state[i] = batchAlone
+				n++
+			}
+		}
+		b.e.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey: another call recorded a key of a batch first; nothing of the batch was committed, and each of its calls that ran is decided again on its own",
+			slog.String("operation", b.op.name), slog.Int("calls", n), slog.Any("error", err))
+		return ErrSuperseded
+	}
+	for i := range b.Calls {
+		if b.state[i] == batchStaged {
+			b.Calls[i].Log(ctx, slog.LevelError, "the batch's commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
+		}
+	}
+	return fmt.Errorf("%w: %w", ErrBatchFailed, err)
+}
+
+// Abandon rolls the batch back if it was not committed: deferred, it
+// covers a handler that panics. Every key of the batch is free again.
+func (b *Batch) Abandon(ctx context.Context) {
+	if b.done || b.tx == nil {
+		return
+	}
+	b.done = true
+	if err := b.tx.Rollback(ctx); err != nil {
+		b.e.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey: rolling a batch back failed; the database rolls back when it closes the connection",
+			slog.String("operation", b.op.name), slog.Any("error", err))
+	}
+}
+
+// The batch's store calls, each measured.
+
+func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, store.BatchTx, error) {
+	sctx, t := e.obs.startStore(ctx, opBeginBatch)
+	res, tx, err := e.batch.BeginBatch(sctx, rs)
+	t.end(ctx, err)
+	return res, tx, err
+}
+
+func (e *Engine) commitBatch(ctx context.Context, tx store.BatchTx) error {
+	sctx, t := e.obs.startStore(ctx, opCommitBatch)
+	err := tx.Commit(context.WithoutCancel(sctx))
+	t.end(ctx, err)
+	return err
+}
