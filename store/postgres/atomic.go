@@ -84,6 +84,23 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN %[1]s AS c ON c.key = $1`,
 		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld)
 }
 
+// recheckSQL reads the key's record again, in the statement after the
+// probe's, so with a snapshot taken once the probe holds the key's lock: a
+// call that held the lock and committed its record just before is seen,
+// because PostgreSQL makes a commit visible before it lets the
+// transaction's locks go. Under READ COMMITTED, the default, that closes
+// the window between the probe's snapshot and its lock, so a call never
+// runs its handler for a key that was just recorded; under REPEATABLE READ
+// or SERIALIZABLE the transaction keeps the probe's snapshot, and the
+// record's failure at commit settles it instead.
+//
+// Result columns: completed, fingerprint, outcome, time left on the lease,
+// takeable (no row without a record).
+func recheckSQL(table string) string {
+	return fmt.Sprintf(`SELECT c.state = 'completed', c.fingerprint, c.outcome, c.lease_end - now(), %[2]s
+FROM %[1]s AS c WHERE c.key = $1`, table, takeable("c"))
+}
+
 // recordSQL inserts the completed record of an atomic call whose probe found
 // no record ($1 key, $2 fingerprint, $3 outcome, $4 retention in
 // microseconds). A record inserted since (by a call that lost no race of its
@@ -125,8 +142,8 @@ func lockID(key store.Key) int64 { return int64(binary.BigEndian.Uint64(key[:8])
 var _ store.Atomic = (*Store)(nil)
 
 // Begin implements store.Atomic in one round trip once the connection has
-// prepared the statements: BEGIN, the probe and a savepoint go out as one
-// pipeline. The probe decides without waiting on anything: a running atomic
+// prepared the statements: BEGIN, the probe, the recheck (recheckSQL) and a
+// savepoint go out as one pipeline. The probe decides without waiting on anything: a running atomic
 // call holds the key's advisory lock, and its record is written only when it
 // commits, so a duplicate is answered "in progress" at once, and a replay
 // from the record. A call that is not acquired wrote and locked nothing, so
@@ -215,6 +232,38 @@ func scanProbe(row pgx.Row, r store.Reservation) (res store.Result, takeover boo
 	return res, false, nil
 }
 
+// recheckRow is the row of recheckSQL.
+type recheckRow struct {
+	completed, takeable bool
+	fingerprint         []byte
+	outcome             []byte
+	leaseLeft           pgtype.Interval
+}
+
+// scan reads the row of recheckSQL; found is false without a record.
+func (c *recheckRow) scan(row pgx.Row) (found bool, err error) {
+	err = row.Scan(&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// decide is Begin's answer for r once the probe took the key's lock and the
+// recheck found a record: it may be taken over, or it was written since the
+// probe's snapshot and answers the call.
+func (c *recheckRow) decide(r store.Reservation) (store.Result, bool) {
+	if c.takeable {
+		return store.Result{State: store.Acquired}, true
+	}
+	res := store.Result{State: store.Completed, Outcome: c.outcome}
+	if !c.completed {
+		res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft)}
+	}
+	copy(res.Fingerprint[:], c.fingerprint)
+	return res, false
+}
+
 // begin is Begin once it holds a slot. A connection that is lost takes the
 // transaction with it, so Begin starts again on another. ending reports that
 // a goroutine is ending the transaction and frees the slot itself.
@@ -225,20 +274,31 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
 		}
 		var (
-			res      store.Result
-			takeover bool
-			scanErr  error
+			res       store.Result
+			takeover  bool
+			recheck   recheckRow
+			scanErr   error
+			recheckOK bool
 		)
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
-		// The scan's error is kept apart, because pgx forgets the prepared
-		// statements of a batch that fails.
+		// The scans' errors are kept apart, because pgx forgets the prepared
+		// statements of a batch that fails, and no row is no failure of theirs.
 		b.Queue(s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)).
 			QueryRow(func(row pgx.Row) error { res, takeover, scanErr = scanProbe(row, r); return nil })
+		b.Queue(s.recheckSQL, r.Key[:], r.Fingerprint[:]).QueryRow(func(row pgx.Row) error {
+			var err error
+			recheckOK, err = recheck.scan(row)
+			scanErr = cmp.Or(scanErr, err)
+			return nil
+		})
 		b.Queue("SAVEPOINT " + savepoint)
 		err = conn.SendBatch(ctx, b).Close()
 		if err == nil {
 			err = scanErr
+		}
+		if err == nil && res.State == store.Acquired && recheckOK {
+			res, takeover = recheck.decide(r)
 		}
 		switch {
 		case err == nil && res.State == store.Acquired:

@@ -114,20 +114,24 @@
 // while both are held (the two-int form, pg_advisory_lock(int, int), is
 // another space, and never conflicts).
 //
-// The probe's snapshot is taken before it tries the lock: a call that
-// committed the key's record in between has let its lock go, so the probe
-// takes the lock and answers Acquired although the key is recorded. Such a
-// call finds out when its own record fails on the key (the primary key, or
-// for a takeover the row's newest version): nothing of it commits, and
-// Commit returns store.ErrLeaseLost, for which the interceptor reads the
-// record and answers the replay. Its handler has run once for nothing, and
-// been rolled back. A two-phase reservation of the same key (a method moved
-// between modes during a rolling deploy) is settled the same way.
+// The probe's snapshot is taken before it tries the lock, so a call that
+// committed the key's record in between, and so let its lock go, is not in
+// it. The statement after the probe reads the record again, with a
+// snapshot taken once the lock is held, which sees that commit (PostgreSQL
+// makes a commit visible before it lets its locks go), and answers from it.
+// Under REPEATABLE READ or SERIALIZABLE the transaction keeps the probe's
+// snapshot; such a call then finds out when its own record fails on the key
+// (the primary key, or for a takeover the row's newest version): nothing of
+// it commits, and Commit returns store.ErrLeaseLost, for which the
+// interceptor reads the record and answers the replay. Its handler has run
+// once for nothing, and been rolled back. A two-phase reservation of the
+// same key (a method moved between modes during a rolling deploy) is
+// settled the same way, under any isolation.
 //
 // What to know:
 //   - A call costs two round trips besides the handler's own statements, and
-//     one commit: BEGIN, the probe and a savepoint go out as one pipeline,
-//     and the record and COMMIT as another. A replay costs two round trips
+//     one commit: BEGIN, the probe, the recheck and a savepoint go out as one
+//     pipeline, and the record and COMMIT as another. A replay costs two round trips
 //     and commits nothing, but is answered after the first: its transaction
 //     wrote and locked nothing, so a goroutine of the store rolls it back and
 //     returns the connection after the reply. On a connection that has not

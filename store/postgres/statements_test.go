@@ -44,13 +44,14 @@ func BenchmarkStatements(b *testing.B) {
 	)
 	variants := []struct {
 		name                string
-		savepoint           bool
+		savepoint, recheck  bool
 		probeSQL, recordSQL string
 	}{
-		{"minimal", false, plainLock, plainRecord},
-		{"savepoint", true, plainLock, plainRecord}, // the savepoint before the handler
-		{"probe", false, st.probeSQL, plainRecord},  // the probe's read of the record
-		{"store", true, st.probeSQL, st.recordSQL},
+		{"minimal", false, false, plainLock, plainRecord},
+		{"savepoint", true, false, plainLock, plainRecord}, // the savepoint before the handler
+		{"probe", false, false, st.probeSQL, plainRecord},  // the probe's read of the record
+		{"recheck", false, true, plainLock, plainRecord},   // the record read again once the lock is held
+		{"store", true, true, st.probeSQL, st.recordSQL},
 	}
 	pools := make([]*pgxpool.Pool, len(variants))
 	pids := make([]int, len(variants))
@@ -83,6 +84,12 @@ func BenchmarkStatements(b *testing.B) {
 		begin.Queue("BEGIN")
 		begin.Queue(v.probeSQL, key[:], fp, lockID(key)).
 			QueryRow(func(row pgx.Row) error { return row.Scan(&kind, &f, &o, &left) })
+		if v.recheck {
+			begin.Queue(st.recheckSQL, key[:], fp).QueryRow(func(row pgx.Row) error {
+				_, err := (&recheckRow{}).scan(row)
+				return err
+			})
+		}
 		if v.savepoint {
 			begin.Queue("SAVEPOINT " + savepoint)
 		}
