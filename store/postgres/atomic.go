@@ -84,19 +84,25 @@ FROM (VALUES (1)) AS one (x) LEFT JOIN %[1]s AS c ON c.key = $1`,
 		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld)
 }
 
-// recheckSQL reads the key's record again, in the statement after the
-// probe's, so with a snapshot taken once the probe holds the key's lock: a
-// call that held the lock and committed its record just before is seen,
-// because PostgreSQL makes a commit visible before it lets the
-// transaction's locks go. Under READ COMMITTED, the default, that closes
-// the window between the probe's snapshot and its lock, so a call never
-// runs its handler for a key that was just recorded; under REPEATABLE READ
-// or SERIALIZABLE the transaction keeps the probe's snapshot, and the
-// record's failure at commit settles it instead.
+// lockSQL tries the key's advisory lock ($1, see lockID) without waiting:
+// the lock is what a running atomic call holds instead of a row, until its
+// transaction ends.
+func lockSQL(table string) string {
+	return fmt.Sprintf(`SELECT pg_try_advisory_xact_lock($1 # '%s'::regclass::oid::bigint)`, table)
+}
+
+// readSQL reads the key's record, in the statement after lockSQL's, so with
+// a snapshot taken once the lock is tried: a call that held the lock and
+// committed its record just before is seen, because PostgreSQL makes a
+// commit visible before it lets the transaction's locks go. Under READ
+// COMMITTED, the default, a call that takes the lock therefore never runs
+// its handler for a key that was just recorded; under REPEATABLE READ or
+// SERIALIZABLE the transaction keeps the snapshot of its first statement,
+// and the record's failure at commit settles it instead.
 //
 // Result columns: completed, fingerprint, outcome, time left on the lease,
 // takeable (no row without a record).
-func recheckSQL(table string) string {
+func readSQL(table string) string {
 	return fmt.Sprintf(`SELECT c.state = 'completed', c.fingerprint, c.outcome, c.lease_end - now(), %[2]s
 FROM %[1]s AS c WHERE c.key = $1`, table, takeable("c"))
 }
@@ -132,7 +138,7 @@ func takeoverSQL(table string) string {
 }
 
 // lockID is the advisory lock of key: its first 8 bytes, a bigint, which
-// probeSQL XORs with the table's OID, so that stores on two tables of one
+// lockSQL and probeSQL XOR with the table's OID, so that stores on two tables of one
 // database (two services, or a test's schemas) never share a key's lock. The
 // one-bigint form of PostgreSQL's advisory locks is shared with whatever
 // locks of that form the application takes on the same database; the two-int
@@ -142,17 +148,19 @@ func lockID(key store.Key) int64 { return int64(binary.BigEndian.Uint64(key[:8])
 var _ store.Atomic = (*Store)(nil)
 
 // Begin implements store.Atomic in one round trip once the connection has
-// prepared the statements: BEGIN, the probe, the recheck (recheckSQL) and a
-// savepoint go out as one pipeline. The probe decides without waiting on anything: a running atomic
-// call holds the key's advisory lock, and its record is written only when it
-// commits, so a duplicate is answered "in progress" at once, and a replay
-// from the record. A call that is not acquired wrote and locked nothing, so
-// its ROLLBACK goes out in a goroutine that the caller does not wait for (it
-// frees the connection, and the transaction's slot, when done).
+// prepared the statements: BEGIN, the key's lock tried without waiting
+// (lockSQL), its record read (readSQL) and a savepoint go out as one
+// pipeline. Nothing in it waits: a running atomic call holds the key's
+// advisory lock, and its record is written only when it commits, so a
+// duplicate is answered "in progress" at once, and a replay from the
+// record. A call that is not acquired wrote nothing and holds no lock that
+// matters, so its ROLLBACK goes out in a goroutine that the caller does not
+// wait for (it frees the connection, and the transaction's slot, when
+// done).
 //
 // At most WithAtomicConns transactions are open at once. When all are taken
-// by running handlers, Begin first runs the probe on its own, on a
-// connection the transactions leave free: a replay, or a duplicate of a
+// by running handlers, Begin first runs the probe (probeSQL) on its own, on
+// a connection the transactions leave free: a replay, or a duplicate of a
 // running call, is answered from it at once, and only a key that is free
 // waits for a transaction to end.
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
@@ -232,16 +240,16 @@ func scanProbe(row pgx.Row, r store.Reservation) (res store.Result, takeover boo
 	return res, false, nil
 }
 
-// recheckRow is the row of recheckSQL.
-type recheckRow struct {
+// keyRecord is the row of readSQL.
+type keyRecord struct {
 	completed, takeable bool
 	fingerprint         []byte
 	outcome             []byte
 	leaseLeft           pgtype.Interval
 }
 
-// scan reads the row of recheckSQL; found is false without a record.
-func (c *recheckRow) scan(row pgx.Row) (found bool, err error) {
+// scan reads the row of readSQL; found is false without a record.
+func (c *keyRecord) scan(row pgx.Row) (found bool, err error) {
 	err = row.Scan(&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
@@ -249,19 +257,26 @@ func (c *recheckRow) scan(row pgx.Row) (found bool, err error) {
 	return err == nil, err
 }
 
-// decide is Begin's answer for r once the probe took the key's lock and the
-// recheck found a record: it may be taken over, or it was written since the
-// probe's snapshot and answers the call.
-func (c *recheckRow) decide(r store.Reservation) (store.Result, bool) {
-	if c.takeable {
-		return store.Result{State: store.Acquired}, true
-	}
-	res := store.Result{State: store.Completed, Outcome: c.outcome}
-	if !c.completed {
+// decide is Begin's answer for r, given whether it took the key's lock and
+// the key's record, if found: a live record answers the call; otherwise
+// the lock's holder runs it (takeover reports a record to take over), and
+// without the lock another call does: "in progress", with r's own
+// fingerprint, since the running call's record is not written yet, and a
+// lease unknown.
+func (c *keyRecord) decide(r store.Reservation, locked, found bool) (res store.Result, takeover bool) {
+	switch {
+	case found && !c.takeable && c.completed:
+		res = store.Result{State: store.Completed, Outcome: c.outcome}
+		copy(res.Fingerprint[:], c.fingerprint)
+		return res, false
+	case found && !c.takeable:
 		res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft)}
+		copy(res.Fingerprint[:], c.fingerprint)
+		return res, false
+	case locked:
+		return store.Result{State: store.Acquired}, found
 	}
-	copy(res.Fingerprint[:], c.fingerprint)
-	return res, false
+	return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, false
 }
 
 // begin is Begin once it holds a slot. A connection that is lost takes the
@@ -274,21 +289,18 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
 		}
 		var (
-			res       store.Result
-			takeover  bool
-			recheck   recheckRow
-			scanErr   error
-			recheckOK bool
+			locked, found bool
+			rec           keyRecord
+			scanErr       error
 		)
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		// The scans' errors are kept apart, because pgx forgets the prepared
 		// statements of a batch that fails, and no row is no failure of theirs.
-		b.Queue(s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)).
-			QueryRow(func(row pgx.Row) error { res, takeover, scanErr = scanProbe(row, r); return nil })
-		b.Queue(s.recheckSQL, r.Key[:], r.Fingerprint[:]).QueryRow(func(row pgx.Row) error {
+		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { scanErr = row.Scan(&locked); return nil })
+		b.Queue(s.readSQL, r.Key[:], r.Fingerprint[:]).QueryRow(func(row pgx.Row) error {
 			var err error
-			recheckOK, err = recheck.scan(row)
+			found, err = rec.scan(row)
 			scanErr = cmp.Or(scanErr, err)
 			return nil
 		})
@@ -297,9 +309,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		if err == nil {
 			err = scanErr
 		}
-		if err == nil && res.State == store.Acquired && recheckOK {
-			res, takeover = recheck.decide(r)
-		}
+		res, takeover := rec.decide(r, locked, found)
 		switch {
 		case err == nil && res.State == store.Acquired:
 			return res, &atomicTx{store: s, conn: conn, r: r, takeover: takeover}, false, nil

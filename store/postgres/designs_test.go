@@ -174,21 +174,6 @@ func BenchmarkDesigns(b *testing.B) {
 			var f, o []byte
 			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM baseline_keys WHERE key = $1`, key[:]).Scan(&f, &o)
 		}},
-		{"select-own", func() error {
-			key := recorded()
-			var f, o []byte
-			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM idempotency_keys WHERE key = $1`, key[:]).Scan(&f, &o)
-		}},
-		{"findsql", func() error {
-			key := recorded()
-			var f, o []byte
-			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM idempotency_keys WHERE key = $1 AND state = 'completed' AND expires_at > now()`, key[:]).Scan(&f, &o)
-		}},
-		{"findsql-outcome", func() error {
-			key := recorded()
-			var f, o []byte
-			return pool.QueryRow(ctx, `SELECT fingerprint, outcome FROM idempotency_keys WHERE key = $1 AND outcome IS NOT NULL AND expires_at > now()`, key[:]).Scan(&f, &o)
-		}},
 		{"find", func() error {
 			_, ok, err := st.Find(ctx, recorded())
 			if err == nil && !ok {

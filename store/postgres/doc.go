@@ -106,31 +106,32 @@
 // so that two stores' tables never share a lock), and writes the
 // completed record once, with COMMIT. This is one write per key, the least
 // a record can cost (BENCHMARKS.md measures it against the designs before
-// it). Begin's probe reads the key's record and, only when there is none or
-// it may be taken over, tries the lock without waiting. The lock space is
+// it). Begin tries the lock without waiting, then reads the key's record:
+// a live record answers the call, and otherwise the call runs if it took
+// the lock, and hears "in progress" if another call holds it. The lock space is
 // shared with the application's own advisory locks of that form on the same
 // database: a lock of the application's that happens to take the same
 // bigint as a running key's makes a call with that key hear "in progress"
 // while both are held (the two-int form, pg_advisory_lock(int, int), is
 // another space, and never conflicts).
 //
-// The probe's snapshot is taken before it tries the lock, so a call that
-// committed the key's record in between, and so let its lock go, is not in
-// it. The statement after the probe reads the record again, with a
-// snapshot taken once the lock is held, which sees that commit (PostgreSQL
-// makes a commit visible before it lets its locks go), and answers from it.
-// Under REPEATABLE READ or SERIALIZABLE the transaction keeps the probe's
-// snapshot; such a call then finds out when its own record fails on the key
-// (the primary key, or for a takeover the row's newest version): nothing of
-// it commits, and Commit returns store.ErrLeaseLost, for which the
-// interceptor reads the record and answers the replay. Its handler has run
-// once for nothing, and been rolled back. A two-phase reservation of the
-// same key (a method moved between modes during a rolling deploy) is
-// settled the same way, under any isolation.
+// The read runs in the statement after the lock's, with a snapshot taken
+// once the lock is tried, so it sees the record of a call that held the
+// lock and committed just before (PostgreSQL makes a commit visible before
+// it lets its locks go): under READ COMMITTED no handler runs for a key
+// that was just recorded. Under REPEATABLE READ or SERIALIZABLE the
+// transaction keeps its first statement's snapshot; such a call then finds
+// out when its own record fails on the key (the primary key, or for a
+// takeover the row's newest version): nothing of it commits, and Commit
+// returns store.ErrLeaseLost, for which the interceptor reads the record
+// and answers the replay. Its handler has run once for nothing, and been
+// rolled back. A two-phase reservation of the same key (a method moved
+// between modes during a rolling deploy) is settled the same way, under any
+// isolation.
 //
 // What to know:
 //   - A call costs two round trips besides the handler's own statements, and
-//     one commit: BEGIN, the probe, the recheck and a savepoint go out as one
+//     one commit: BEGIN, the lock, the read and a savepoint go out as one
 //     pipeline, and the record and COMMIT as another. A replay costs two round trips
 //     and commits nothing, but is answered after the first: its transaction
 //     wrote and locked nothing, so a goroutine of the store rolls it back and
@@ -141,8 +142,8 @@
 //     writes, even after a statement of the handler failed, and commits the
 //     record alone. A success after a failed statement cannot commit: the
 //     caller gets Unavailable, and the key is free.
-//   - A duplicate of a running call waits on nothing: the probe finds the
-//     key's lock taken and Begin answers "in progress" at once (the
+//   - A duplicate of a running call waits on nothing: Begin finds the
+//     key's lock taken and answers "in progress" at once (the
 //     interceptor then asks again while interceptor.WithInProgressWait
 //     lasts, and answers the replay once the first call has committed).
 //     Nothing in Begin sets a lock timeout, so a wait of the database's own
@@ -150,7 +151,7 @@
 //     never turns a new key into "in progress".
 //   - Each running call holds one connection of the pool until it ends. At
 //     most WithAtomicConns calls hold one at once (three quarters of the
-//     pool's MaxConns by default). When all are taken, Begin runs the probe
+//     pool's MaxConns by default). When all are taken, Begin runs a probe
 //     on its own on the connections left free: a replay, or a duplicate of a
 //     running call, is answered at once, without waiting for a transaction
 //     slot, and only a new key waits for one, within the store's timeout. So

@@ -133,7 +133,7 @@ type Store struct {
 
 	reserveSQL, findSQL, completeSQL, releaseSQL, sweepSQL string
 	confirmSQL                                             string
-	probeSQL, recheckSQL, recordSQL, takeoverSQL           string        // atomic mode's
+	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL     string        // atomic mode's
 	batchProbeSQL, batchRecordSQL                          string        // atomic batches' (batch.go)
 	slots                                                  chan struct{} // one per open atomic transaction
 }
@@ -175,7 +175,8 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		releaseSQL:  fmt.Sprintf(releaseSQL, table),
 		sweepSQL:    fmt.Sprintf(sweepSQL, table),
 		probeSQL:    probeSQL(table),
-		recheckSQL:  recheckSQL(table),
+		lockSQL:     lockSQL(table),
+		readSQL:     readSQL(table),
 		recordSQL:   fmt.Sprintf(recordSQL, table),
 		takeoverSQL: takeoverSQL(table),
 		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
