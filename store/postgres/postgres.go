@@ -131,11 +131,12 @@ type Store struct {
 	pool *pgxpool.Pool
 	opts options
 
-	reserveSQL, findSQL, completeSQL, releaseSQL, sweepSQL string
-	confirmSQL                                             string
-	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL     string        // atomic mode's
-	batchProbeSQL, batchRecordSQL                          string        // atomic batches' (batch.go)
-	slots                                                  chan struct{} // one per open atomic transaction
+	insertSQL, reserveSQL, findSQL, completeSQL, releaseSQL string
+	sweepSQL                                                string
+	confirmSQL                                              string
+	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
+	batchProbeSQL, batchRecordSQL                           string        // atomic batches' (batch.go)
+	slots                                                   chan struct{} // one per open atomic transaction
 }
 
 var (
@@ -168,6 +169,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	s := &Store{
 		pool:        pool,
 		opts:        o,
+		insertSQL:   insertSQL(table, o.qualified(o.table+"_token_seq")),
 		reserveSQL:  reserveSQL(table, o.qualified(o.table+"_token_seq")),
 		findSQL:     fmt.Sprintf(findSQL, table),
 		completeSQL: fmt.Sprintf(completeSQL, table),
@@ -257,6 +259,31 @@ SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome, l
 FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 }
 
+// insertSQL is the reservation of a key with no record, which is most of
+// them, in one plain insert; it answers like reserveSQL. When the key has a
+// record, the insert does nothing and locks nothing, and the record answers
+// from the statement's snapshot: a replay, or "in progress". Only a record
+// that may be taken over answers kind 4, for which Reserve runs
+// reserveSQL. A record committed after the snapshot but before the insert
+// answers no row, and Reserve runs the statement again, as it does
+// reserveSQL's.
+//
+// Parameters and result columns as reserveSQL's.
+func insertSQL(table, sequence string) string {
+	return fmt.Sprintf(`
+WITH ins AS (
+	INSERT INTO %[1]s (key, fingerprint, state, token, lease_end, created_at, expires_at)
+	VALUES ($1, $2, 'in_progress', nextval('%[2]s'),
+		now() + $3 * interval '1 microsecond', now(), now() + $4 * interval '1 microsecond')
+	ON CONFLICT (key) DO NOTHING
+	RETURNING token
+)
+SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval FROM ins
+UNION ALL
+SELECT CASE WHEN %[3]s THEN 4 WHEN c.state = 'completed' THEN 2 ELSE 3 END, 0, c.fingerprint, c.outcome, c.lease_end - now()
+FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)`, table, sequence, takeable("c"))
+}
+
 // scanReservation reads the row of reserveSQL.
 func scanReservation(row pgx.Row) (store.Result, error) {
 	var (
@@ -271,6 +298,8 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 	switch kind {
 	case 1:
 		res.State = store.Acquired
+	case 4:
+		return store.Result{}, errTakeable
 	case 2:
 		res.State = store.Completed
 	default:
@@ -324,8 +353,13 @@ func failoverHosts(cfg *pgx.ConnConfig) (hosts int, primaryOnly bool) {
 	return len(seen), cfg.ValidateConnect != nil
 }
 
-// Reserve implements store.Store in one round trip, unless the row changed
-// under the statement (a concurrent release or sweep); then it runs again.
+// errTakeable is insertSQL's answer for a record that may be taken over.
+var errTakeable = errors.New("idemkey postgres: the record may be taken over")
+
+// Reserve implements store.Store in one round trip (insertSQL), unless the
+// key's record may be taken over, which reserveSQL decides in a second, or
+// the row changed under the statement (a concurrent release or sweep); then
+// it runs again.
 // So it does when its connection died (reconnect): a reservation that took
 // effect unseen makes the retry find the key in progress, as a client's own
 // retry would, which delays the call but never runs it twice.
@@ -336,10 +370,16 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	var err error
 	for range maxAttempts {
 		var res store.Result
-		res, err = scanReservation(s.pool.QueryRow(ctx, s.reserveSQL, r.Key[:], r.Fingerprint[:], lease, retention))
+		sql := s.insertSQL
+		if errors.Is(err, errTakeable) {
+			sql = s.reserveSQL
+		}
+		res, err = scanReservation(s.pool.QueryRow(ctx, sql, r.Key[:], r.Fingerprint[:], lease, retention))
 		switch {
 		case err == nil:
 			return res, nil
+		case errors.Is(err, errTakeable):
+			continue
 		case errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) || reconnect(err):
 			continue
 		}
