@@ -314,8 +314,9 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		case err == nil && res.State == store.Acquired:
 			return res, &atomicTx{store: s, conn: conn, r: r, takeover: takeover}, false, nil
 		case err == nil:
-			// The probe wrote and locked nothing: the answer need not
-			// wait for the ROLLBACK's round trip.
+			// The call wrote nothing, and a lock it took matters to no
+			// one (the key's record answers every other call): the answer
+			// need not wait for the ROLLBACK's round trip.
 			go func() {
 				s.rollback(ctx, conn)
 				s.freeSlot()
