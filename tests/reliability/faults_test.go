@@ -116,7 +116,7 @@ func (h *harness) terminateInReserve(i int) (string, error) {
 	done := make(chan struct{})
 	go func() { h.call(o, i, callTimeout); close(done) }()
 	defer func() { <-done }()
-	statement := `query LIKE '%WITH cur AS%'` // Reserve's
+	statement := `query LIKE '%WITH ins AS%'` // Reserve's, for a key with no record
 	if h.atomic {
 		statement = `query LIKE 'INSERT INTO idempotency_keys%'` // the record of an atomic call
 	}
