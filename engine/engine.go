@@ -215,8 +215,9 @@ func (c *Call) Start(ctx context.Context, r Request) {
 // begin is Start in atomic mode: it reserves the key in a transaction, which
 // the handler then writes in. A duplicate of a running call waits with
 // further Begins, which an atomic store answers without waiting on the
-// running call and without holding a connection, and acquires the key if
-// the first call rolls back meanwhile.
+// running call (store/postgres: in one round trip, on a connection that no
+// new key is waiting for), and acquires the key if the first call rolls
+// back meanwhile.
 func (c *Call) begin(ctx context.Context, r store.Reservation) {
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
