@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -182,13 +183,25 @@ func ledgerError(err error) error {
 	return status.Error(codes.Unavailable, "the ledger is unavailable")
 }
 
+// DefaultPoolSize is the pool OpenDatabase opens for a URL without
+// pool_max_conns. pgxpool's own default, max(4, cores), runs only three
+// atomic handlers at once (store/postgres keeps a quarter of the pool for
+// replays and records), and a fourth new key waits for one of them to end,
+// at most the store's timeout: too few for a payment service whose handlers
+// take seconds. Connections open only when used.
+const DefaultPoolSize = 16
+
 // OpenDatabase connects to url and creates or upgrades the ledger's table
 // and, with idempotency, the idemkey store's: what the example's commands do
-// at start. configure, if given, adjusts the pool's configuration first.
+// at start. A URL without pool_max_conns gets DefaultPoolSize connections.
+// configure, if given, adjusts the pool's configuration first.
 func OpenDatabase(ctx context.Context, url string, idempotency bool, logger *slog.Logger, configure ...func(*pgxpool.Config)) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, DefaultPoolSize)
 	}
 	for _, f := range configure {
 		f(cfg)

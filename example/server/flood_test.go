@@ -23,10 +23,10 @@ import (
 // duplicates (1000 by default) of a call whose handler takes
 // IDEMKEY_FLOOD_DELAY (6s, longer than the PostgreSQL store's timeout of
 // 5s, which a duplicate queued for capacity would run into), and
-// IDEMKEY_FLOOD_BYSTANDERS new keys of another tenant (2). RELIABILITY.md's
+// IDEMKEY_FLOOD_BYSTANDERS new keys of another tenant (4). RELIABILITY.md's
 // table comes from a run with 1000, 8s and 4.
 func floodScale(t *testing.T) (duplicates int, delay time.Duration, bystanders int) {
-	duplicates, delay, bystanders = 1000, 6*time.Second, 2
+	duplicates, delay, bystanders = 1000, 6*time.Second, 4
 	var err error
 	if v := os.Getenv("IDEMKEY_FLOOD_DUPLICATES"); v != "" {
 		duplicates, err = strconv.Atoi(v)
