@@ -66,9 +66,10 @@ const (
 // call with key $1 and fingerprint $2 does. It reads the key's record and,
 // only when there is none or it may be taken over, tries the key's advisory
 // lock ($3, see lockID) without waiting: the lock is what a running atomic
-// call holds instead of a row, until its transaction ends. Inside Begin's
-// transaction the lock is kept; run on its own (autocommit), the statement
-// only asks whether the key is free, and lets the lock go at once.
+// call holds instead of a row, until its transaction ends. Begin runs it on
+// its own (autocommit) when every transaction slot is taken, to ask
+// whether the key is free, and lets the lock go at once; a batch runs it
+// over arrays in its transaction (batchProbeSQL), which keeps the locks.
 //
 // Result columns: kind, then the record's fingerprint, outcome and time left
 // on its lease (NULL without a record).
