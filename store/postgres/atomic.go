@@ -168,7 +168,7 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if !s.takeSlot() {
-		res, _, err := s.probe(ctx, s.pool, r)
+		res, err := s.probe(ctx, r)
 		if err != nil || res.State != store.Acquired {
 			return res, nil, err
 		}
@@ -198,21 +198,23 @@ func (s *Store) takeSlot() bool {
 
 func (s *Store) freeSlot() { <-s.slots }
 
-// probe runs probeSQL for r on q, running it again on a fresh connection if
-// its own died (reconnect). takeover reports a record to take over.
-func (s *Store) probe(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-}, r store.Reservation) (res store.Result, takeover bool, err error) {
+// probe runs probeSQL for r on its own (autocommit), running it again on a
+// fresh connection if its own died (reconnect).
+func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, error) {
+	var (
+		res store.Result
+		err error
+	)
 	for range maxAttempts {
-		res, takeover, err = scanProbe(q.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)), r)
+		res, _, err = scanProbe(s.pool.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)), r)
 		if !reconnect(err) {
 			break
 		}
 	}
 	if err != nil {
-		return store.Result{}, false, s.translate(ctx, "begin", err)
+		return store.Result{}, s.translate(ctx, "begin", err)
 	}
-	return res, takeover, nil
+	return res, nil
 }
 
 // scanProbe reads the row of probeSQL for r.
@@ -422,12 +424,9 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 			return t.store.translate(ctx, "commit", err)
 		}
 	}
-	sql := t.store.recordSQL
-	if t.takeover {
-		sql = t.store.takeoverSQL
-	}
+	sql, args := t.record(outcome)
 	b := &pgx.Batch{}
-	b.Queue(sql, t.r.Key[:], t.r.Fingerprint[:], outcome, max(t.r.Retention, 0).Microseconds())
+	b.Queue(sql, args...)
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, recordErr := br.Exec()
@@ -448,6 +447,17 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 		return fmt.Errorf("idemkey postgres: commit: %w", err)
 	}
 	return t.store.translate(ctx, "commit", err)
+}
+
+// record is the statement that writes the completed record of outcome, and
+// its arguments: an insert, or for a record Begin found takeable, the
+// guarded takeover.
+func (t *atomicTx) record(outcome []byte) (sql string, args []any) {
+	sql = t.store.recordSQL
+	if t.takeover {
+		sql = t.store.takeoverSQL
+	}
+	return sql, []any{t.r.Key[:], t.r.Fingerprint[:], outcome, max(t.r.Retention, 0).Microseconds()}
 }
 
 // lostRecord reports whether the record's statement failed because another
@@ -476,11 +486,8 @@ func (t *atomicTx) handlerEnded(ctx context.Context, conn *pgxpool.Conn, outcome
 	if t.handler == nil || !t.handler.committed.Load() {
 		return errors.New("idemkey postgres: commit: the handler ended the transaction itself, so nothing was recorded, and a retry runs it again")
 	}
-	sql := t.store.recordSQL
-	if t.takeover {
-		sql = t.store.takeoverSQL
-	}
-	if _, err := t.store.pool.Exec(ctx, sql, t.r.Key[:], t.r.Fingerprint[:], outcome, max(t.r.Retention, 0).Microseconds()); err != nil {
+	sql, args := t.record(outcome)
+	if _, err := t.store.pool.Exec(ctx, sql, args...); err != nil {
 		return fmt.Errorf("idemkey postgres: commit: the handler committed the transaction itself, and recording its outcome failed: %w", t.store.translate(ctx, "commit", err))
 	}
 	return errors.New("idemkey postgres: commit: the handler committed the transaction itself, so its writes were not atomic with the record")
