@@ -76,20 +76,25 @@ const (
 func probeSQL(table string) string {
 	return fmt.Sprintf(`
 SELECT CASE
-		WHEN c.key IS NULL THEN CASE WHEN pg_try_advisory_xact_lock($3 # '%[1]s'::regclass::oid::bigint) THEN %[3]d ELSE %[4]d END
-		WHEN %[2]s THEN CASE WHEN pg_try_advisory_xact_lock($3 # '%[1]s'::regclass::oid::bigint) THEN %[5]d ELSE %[4]d END
+		WHEN c.key IS NULL THEN CASE WHEN %[8]s THEN %[3]d ELSE %[4]d END
+		WHEN %[2]s THEN CASE WHEN %[8]s THEN %[5]d ELSE %[4]d END
 		WHEN c.state = 'completed' THEN %[6]d
 		ELSE %[7]d END,
 	c.fingerprint, c.outcome, c.lease_end - now()
 FROM (VALUES (1)) AS one (x) LEFT JOIN %[1]s AS c ON c.key = $1`,
-		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld)
+		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("$3", table))
 }
 
 // lockSQL tries the key's advisory lock ($1, see lockID) without waiting:
 // the lock is what a running atomic call holds instead of a row, until its
 // transaction ends.
-func lockSQL(table string) string {
-	return fmt.Sprintf(`SELECT pg_try_advisory_xact_lock($1 # '%s'::regclass::oid::bigint)`, table)
+func lockSQL(table string) string { return "SELECT " + tryLock("$1", table) }
+
+// tryLock is the SQL that tries, without waiting, the advisory lock of the
+// key whose lockID the expression id holds, on table: XORed with the
+// table's OID, so that two stores' tables never share a key's lock.
+func tryLock(id, table string) string {
+	return fmt.Sprintf(`pg_try_advisory_xact_lock(%s # '%s'::regclass::oid::bigint)`, id, table)
 }
 
 // readSQL reads the key's record, in the statement after lockSQL's, so with
@@ -139,7 +144,7 @@ func takeoverSQL(table string) string {
 }
 
 // lockID is the advisory lock of key: its first 8 bytes, a bigint, which
-// lockSQL and probeSQL XOR with the table's OID, so that stores on two tables of one
+// tryLock XORs with the table's OID, so that stores on two tables of one
 // database (two services, or a test's schemas) never share a key's lock. The
 // one-bigint form of PostgreSQL's advisory locks is shared with whatever
 // locks of that form the application takes on the same database; the two-int

@@ -30,8 +30,8 @@ import (
 func batchProbeSQL(table string) string {
 	return fmt.Sprintf(`
 SELECT CASE
-		WHEN c.key IS NULL THEN CASE WHEN pg_try_advisory_xact_lock(i.lock # '%[1]s'::regclass::oid::bigint) THEN %[3]d ELSE %[4]d END
-		WHEN %[2]s THEN CASE WHEN pg_try_advisory_xact_lock(i.lock # '%[1]s'::regclass::oid::bigint) THEN %[5]d ELSE %[4]d END
+		WHEN c.key IS NULL THEN CASE WHEN %[8]s THEN %[3]d ELSE %[4]d END
+		WHEN %[2]s THEN CASE WHEN %[8]s THEN %[5]d ELSE %[4]d END
 		WHEN c.state = 'completed' THEN %[6]d
 		ELSE %[7]d END,
 	c.fingerprint, c.outcome, c.lease_end - now()
@@ -41,7 +41,7 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bigint[]) WITH ORDINALITY AS i (key, f
 		FROM %[1]s AS k WHERE k.key = i.key LIMIT 1
 	) AS c ON true
 ORDER BY i.n`,
-		table, takeableBy("c", "i.fingerprint"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld)
+		table, takeableBy("c", "i.fingerprint"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("i.lock", table))
 }
 
 // batchRecordSQL inserts, in one statement, the completed records of a
