@@ -104,12 +104,19 @@ func (s *Store) keys(key store.Key) ([]string, string) {
 	return []string{name, s.markerName(slot)}, s.epochs[slot]
 }
 
+// markTimeout bounds mark, unless WithTimeout is longer: on a cluster it
+// reads (and, on a new data set, writes) one marker per hash slot, which a
+// busy machine does in more than one operation's time.
+const markTimeout = 30 * time.Second
+
 // mark reads every marker, in one pipeline; writes the missing ones, if
 // any, with a new epoch (SET NX, then GET, in a second pipeline); and keeps
 // what each marker holds in s.epochs. A full server refuses the writes, not
 // the reads: a store starts there as long as its markers exist.
 func (s *Store) mark(ctx context.Context) error {
-	ctx, cancel := s.bound(ctx)
+	// Up to 16,384 markers, once, in New: a bound of its own, not one
+	// operation's.
+	ctx, cancel := context.WithTimeout(ctx, max(s.opts.timeout, markTimeout))
 	defer cancel()
 	n := 1
 	if s.cluster != nil {

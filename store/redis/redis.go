@@ -135,7 +135,9 @@ var (
 // hold its keys is configured with maxmemory-policy noeviction, and refuses
 // any other policy: an evicted record would run a call a second time. It
 // then reads the store's marker keys, and writes those that are missing
-// (see the package doc's "Data loss"). It starts no goroutine.
+// (see the package doc's "Data loss"), within ctx and at most 30 s (or
+// WithTimeout, if longer): one per hash slot on a cluster. It starts no
+// goroutine.
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout}
 	for _, opt := range opts {

@@ -102,8 +102,8 @@ func (h *harness) killServer(i int) error {
 // sent with COMMIT, waits. Then it terminates the waiting session.
 func (h *harness) terminateInReserve(i int) (string, error) {
 	ctx := context.Background()
-	o := h.newOp("acme", idemkey.NewKey())
-	scope := store.ScopeKey(o.tenant, paymentsv1.PaymentService_CreateCharge_FullMethodName, o.key)
+	key := idemkey.NewKey()
+	scope := store.ScopeKey("acme", paymentsv1.PaymentService_CreateCharge_FullMethodName, key)
 	tx, err := h.cluster.admin.Begin(ctx)
 	if err != nil {
 		return "", err
@@ -113,6 +113,10 @@ func (h *harness) terminateInReserve(i int) (string, error) {
 		VALUES ($1, $2, 'in_progress', 0, now() + interval '1 minute', now(), now() + interval '1 hour')`, scope[:], make([]byte, 32)); err != nil {
 		return "", err
 	}
+	// Only now in the history, where the clients pick operations to send
+	// again: one of them sending it first would take the key before the
+	// harness's row does.
+	o := h.newOp("acme", key)
 	done := make(chan struct{})
 	go func() { h.call(o, i, callTimeout); close(done) }()
 	defer func() { <-done }()
