@@ -17,6 +17,18 @@ const (
 	// ReplayedHeader is the HTTP and Connect header set to "true" on a
 	// replayed reply.
 	ReplayedHeader = "Idempotent-Replayed"
+	// ExpiresMetadata is the gRPC response metadata (a header on a reply, a
+	// trailer on an error) that tells until when the call's key is honoured:
+	// an HTTP date (FormatDate).
+	ExpiresMetadata = "idempotency-key-expires"
+	// ExpiresHeader is ExpiresMetadata's HTTP and Connect response header.
+	ExpiresHeader = "Idempotency-Key-Expires"
+	// FirstSentMetadata carries, with the key over gRPC, when the key's
+	// operation was first sent: an HTTP date (FormatDate), the same on every
+	// retry (as OASIS Repeatable Requests' Repeatability-First-Sent).
+	FirstSentMetadata = "idempotency-first-sent"
+	// FirstSentHeader is FirstSentMetadata's HTTP and Connect header.
+	FirstSentHeader = "Idempotency-First-Sent"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo on every idemkey
@@ -28,10 +40,12 @@ const ErrorDomain = "idemkey.dev"
 // beside it), the end of an HTTP problem's type (with the HTTP status beside
 // it), the reason a message consumer logs and gives its dead-letter hook.
 const (
-	ReasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"       // InvalidArgument (HTTP 400)
-	ReasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"       // InvalidArgument (HTTP 400)
-	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"        // InvalidArgument (HTTP 422)
-	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"   // Aborted (HTTP 409)
-	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE" // Unavailable (HTTP 503)
-	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"        // ResourceExhausted (HTTP 503)
+	ReasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"        // InvalidArgument (HTTP 400)
+	ReasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"        // InvalidArgument (HTTP 400)
+	ReasonKeyReused        = "IDEMPOTENCY_KEY_REUSED"         // InvalidArgument (HTTP 422)
+	ReasonInProgress       = "IDEMPOTENCY_KEY_IN_PROGRESS"    // Aborted (HTTP 409)
+	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"  // Unavailable (HTTP 503)
+	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"         // ResourceExhausted (HTTP 503)
+	ReasonKeyExpired       = "IDEMPOTENCY_KEY_EXPIRED"        // FailedPrecondition (HTTP 412)
+	ReasonFirstSentInvalid = "IDEMPOTENCY_FIRST_SENT_INVALID" // InvalidArgument (HTTP 400)
 )

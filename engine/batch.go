@@ -97,6 +97,9 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 		*c = e.Call(op)
 		fp := c.identify(r)
 		b.idx[i] = -1
+		if !c.checkFirstSent(r.FirstSent) {
+			continue
+		}
 		if _, repeated := seen[c.key]; repeated || len(rs) == MaxBatch || !e.CanBatch(op) {
 			b.state[i] = batchAlone
 			continue
@@ -133,8 +136,12 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 			c.storeFailed(ctx, "reserve", err)
 		case openErr != nil:
 			c.storeFailed(ctx, "reserve", openErr)
+		case res[j].State == store.Acquired && c.stale:
+			// Its key is the batch's until the batch ends, and nothing of
+			// it is written: no one else runs it meanwhile.
+			c.Verdict = Expired
 		case res[j].State == store.Acquired:
-			c.Verdict, c.fingerprint = Executed, rs[j].Fingerprint
+			c.Verdict, c.fingerprint, c.Expires = Executed, rs[j].Fingerprint, res[j].Expires
 		default:
 			c.answer(rs[j].Fingerprint, res[j])
 		}

@@ -105,6 +105,12 @@ type Request struct {
 	// (gRPC's grpc-previous-rpc-attempts, a broker's redelivery): its record
 	// is read first, on a store that implements store.Finder.
 	Retried bool
+	// FirstSent is when the client first sent the key's operation (gRPC's
+	// idempotency-first-sent metadata, the Idempotency-First-Sent header, a
+	// message's broker timestamp), or zero if it did not say. A call first
+	// sent longer ago than the retention is refused rather than run again
+	// when its key has no record (see WithClockSkew).
+	FirstSent time.Time
 }
 
 // Call is one call of an operation, from its start to its answer. Its zero
@@ -124,6 +130,14 @@ type Call struct {
 	// RetryAfter is how long the caller should wait before retrying when
 	// Verdict is InProgress or StoreFull.
 	RetryAfter time.Duration
+	// Expires is the instant until which the call's key is honoured, when
+	// Verdict is Executed, Replayed or InProgress: its record's creation
+	// plus the retention, on the store's clock, the same for every call of
+	// the key. For a key in progress whose record the store cannot read yet
+	// (an atomic call that has not committed) it is a lower bound: the
+	// retention less WithMaxLease from now. Adapters tell it to the client
+	// (idemkey.ExpiresHeader). Zero if the store does not say.
+	Expires time.Time
 
 	key         store.Key
 	tenant      string
@@ -134,6 +148,7 @@ type Call struct {
 	fingerprint store.Fingerprint // as reserved, in atomic mode
 	leaseEnd    time.Time         // when, at the earliest, the store ends the lease
 	ended       bool              // recorded or released
+	stale       bool              // first sent too long ago to run if the key has no record
 
 	recorded     bool // the outcome was recorded (noteWrite), for the hooks
 	recordedSize int
@@ -157,6 +172,9 @@ func (e *Engine) Call(op *Operation) Call {
 //   - StoreFull: the store has no room for a new key with a record of
 //     WithMaxRecordSize bytes, in all or for the call's tenant: answer
 //     "store full", retry after RetryAfter.
+//   - Expired: r.FirstSent is older than the retention (less the clock
+//     skew) and the key has no record: answer "key expired".
+//   - FirstSentInvalid: r.FirstSent is later than the clock skew from now.
 //
 // A call answered InProgress may Start again with the same request, to wait
 // for the key within the one call, which End counts once: a message's last
@@ -164,6 +182,9 @@ func (e *Engine) Call(op *Operation) Call {
 func (c *Call) Start(ctx context.Context, r Request) {
 	e, op := c.e, c.op
 	fp := c.identify(r)
+	if !c.checkFirstSent(r.FirstSent) {
+		return
+	}
 	if e.finder != nil && r.Retried {
 		res, found, err := e.find(ctx, c.key)
 		if err == nil && found {
@@ -200,7 +221,7 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	case errors.Is(err, store.ErrFull):
 		c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
 		c.Log(ctx, slog.LevelWarn, "reserve refused: the store is full", err)
-	case err != nil && e.failsOpen(op) && ctx.Err() == nil && !errors.Is(err, errUnopened):
+	case err != nil && e.failsOpen(op) && !c.stale && ctx.Err() == nil && !errors.Is(err, errUnopened):
 		c.Verdict = FailedOpen
 		c.Log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", err)
 	case err != nil:
@@ -208,8 +229,58 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	case got.State != store.Acquired:
 		c.answer(fp, got)
 	default:
-		c.Verdict, c.token = Executed, got.Token
+		c.Verdict, c.token, c.Expires = Executed, got.Token, got.Expires
+		if c.stale {
+			c.Release(ctx)
+			c.Verdict, c.Expires = Expired, time.Time{}
+		}
 	}
+}
+
+// FirstSentError is FirstSent's error: the call's first-sent time cannot
+// be used. Problem says why, without quoting it.
+type FirstSentError struct{ Problem string }
+
+func (e *FirstSentError) Error() string { return "idempotency first-sent time refused: " + e.Problem }
+
+// FirstSent reads the time a call's operation was first sent from the
+// values of its transport's field (idemkey.FirstSentMetadata on gRPC,
+// idemkey.FirstSentHeader on HTTP and Connect), for Request.FirstSent: zero
+// without one. A value sent twice, that is not an HTTP date (idemkey.ParseDate)
+// or that lies later than the clock skew from now (WithClockSkew) gives a
+// *FirstSentError: the adapter answers FirstSentInvalid before Start.
+func (e *Engine) FirstSent(values []string) (time.Time, error) {
+	switch len(values) {
+	case 0:
+		return time.Time{}, nil
+	case 1:
+	default:
+		return time.Time{}, &FirstSentError{"it was sent more than once"}
+	}
+	t, err := idemkey.ParseDate(values[0])
+	if err != nil {
+		return time.Time{}, &FirstSentError{"it is not an HTTP date (IMF-fixdate), such as " + idemkey.FormatDate(time.Now())}
+	}
+	if time.Until(t) > e.opts.clockSkew {
+		return time.Time{}, &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
+	}
+	return t, nil
+}
+
+// checkFirstSent sets c.stale for a call first sent at t (zero: unknown),
+// and returns false, with the verdict FirstSentInvalid, for a t in the
+// future beyond the clock skew.
+func (c *Call) checkFirstSent(t time.Time) bool {
+	if t.IsZero() {
+		return true
+	}
+	age, o := time.Since(t), c.e.opts
+	if age < -o.clockSkew {
+		c.Verdict = FirstSentInvalid
+		return false
+	}
+	c.stale = age > o.retention-min(o.clockSkew, o.retention/2)
+	return true
 }
 
 // begin is Start in atomic mode: it reserves the key in a transaction, which
@@ -234,13 +305,21 @@ func (c *Call) begin(ctx context.Context, r store.Reservation) {
 	case res.State != store.Acquired:
 		c.answer(r.Fingerprint, res)
 	default:
-		c.Verdict, c.tx, c.fingerprint = Executed, tx, r.Fingerprint
+		c.Verdict, c.tx, c.fingerprint, c.Expires = Executed, tx, r.Fingerprint, res.Expires
+		if c.stale {
+			c.Release(ctx)
+			c.Verdict, c.Expires = Expired, time.Time{}
+		}
 	}
 }
 
 // answer sets the verdict of a key that was not acquired: a replay of the
 // recorded outcome, or the key is in progress, or reused.
 func (c *Call) answer(fp store.Fingerprint, res store.Result) {
+	c.Expires = res.Expires
+	if c.Expires.IsZero() && res.State == store.InProgress {
+		c.Expires = time.Now().Add(max(c.e.opts.retention-c.e.opts.maxLease, 0))
+	}
 	switch {
 	case res.Fingerprint != fp: // checked first, in either state
 		c.Verdict = Reused

@@ -34,9 +34,9 @@ type Hooks struct {
 	OnReplay func(ctx context.Context, ev Event)
 	// OnRefuse: the call was answered without running the handler and
 	// without a replay, for the reason Event.Verdict names: InProgress,
-	// Reused, KeyMissing, KeyInvalid, StoreUnavailable, StoreFull, or Refused
-	// (the tenant or the request was refused, or the operation cannot be
-	// replayed, before the key was looked up).
+	// Reused, KeyMissing, KeyInvalid, StoreUnavailable, StoreFull, Expired,
+	// FirstSentInvalid, or Refused (the tenant or the request was refused,
+	// or the operation cannot be replayed, before the key was looked up).
 	OnRefuse func(ctx context.Context, ev Event)
 }
 

@@ -35,12 +35,15 @@ const (
 	StoreFull                       // no room for a new key; the handler did not run
 	FailedOpen                      // the store failed and WithFailOpen ran the handler unprotected
 	Refused                         // the tenant or the request was refused, or the call cannot be replayed
+	Expired                         // the key's operation was first sent longer ago than the retention, and it has no record: not run
+	FirstSentInvalid                // the first-sent time is malformed, or in the future: not run
 	numVerdicts
 )
 
 var verdictNames = [numVerdicts]string{
 	"executed", "replayed", "in_progress", "reused", "key_missing", "key_invalid",
 	"no_key", "store_unavailable", "store_full", "failed_open", "refused",
+	"key_expired", "first_sent_invalid",
 }
 
 func (v Verdict) String() string {

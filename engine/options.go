@@ -18,6 +18,7 @@ const (
 	DefaultMaxRetryAfter  = time.Second      // WithMaxRetryAfter
 	DefaultInProgressWait = 2 * time.Second  // WithInProgressWait
 	DefaultMaxRecordSize  = 4 << 20          // WithMaxRecordSize, in bytes
+	DefaultClockSkew      = 5 * time.Minute  // WithClockSkew
 )
 
 // leaseGrace is added to a call's remaining deadline to give its lease: the
@@ -56,6 +57,7 @@ type options struct {
 	retention   time.Duration
 	retryAfter  time.Duration
 	inProgress  time.Duration
+	clockSkew   time.Duration
 	failOpen    bool
 	maxRecord   int
 	sealer      Sealer // nil: outcomes are stored as they are
@@ -73,6 +75,7 @@ func newOptions(opts []Option) *options {
 		retention:  DefaultRetention,
 		retryAfter: DefaultMaxRetryAfter,
 		inProgress: DefaultInProgressWait,
+		clockSkew:  DefaultClockSkew,
 		maxRecord:  DefaultMaxRecordSize,
 		logger:     slog.Default(),
 
@@ -129,6 +132,18 @@ func WithRetention(d time.Duration) Option {
 			o.retention = d
 		}
 	}
+}
+
+// WithClockSkew sets how far apart a client's clock and the store's may be
+// (DefaultClockSkew), for a call that tells when its key's operation was
+// first sent (Request.FirstSent): a call first sent longer ago than the
+// retention less the skew (or less half the retention, if that is less),
+// whose key has no record, is answered Expired without running, since its
+// record may have been there and expired; one first sent later than the
+// skew from now is answered FirstSentInvalid. A value below zero counts as
+// zero.
+func WithClockSkew(d time.Duration) Option {
+	return func(o *options) { o.clockSkew = max(d, 0) }
 }
 
 // WithMaxRetryAfter sets the longest wait asked of a retry that finds its key

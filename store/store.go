@@ -134,6 +134,13 @@ type Result struct {
 	// RetryAfter is how long the current lease has left when State is
 	// InProgress.
 	RetryAfter time.Duration
+	// Expires is when the record expires (its creation plus its retention,
+	// on the store's clock), in every state: until then its key is honoured.
+	// It is the same for every answer about one record, so that every
+	// transport tells a client the same instant. A store may leave it zero
+	// for a key in progress whose record it cannot read yet (store/postgres:
+	// one held by an atomic call that has not committed).
+	Expires time.Time
 }
 
 // Errors that callers branch on with errors.Is. Implementations wrap them.

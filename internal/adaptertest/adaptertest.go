@@ -46,6 +46,9 @@ type Request struct {
 	KeyTwice  bool   // send the key twice (two metadata values, two headers)
 	Amount    int64  // what the request is about: another amount is another request
 	Behaviour string // what the handler does; Succeed if empty
+	// FirstSent is sent as the transport's first-sent field
+	// (idemkey.FirstSentMetadata, idemkey.FirstSentHeader), if not "".
+	FirstSent string
 }
 
 // Reply is what the caller saw.
@@ -56,6 +59,9 @@ type Reply struct {
 	Body       string        // the reply: the charge's id on success, else the error's message
 	Replayed   bool          // the reply was marked replayed
 	RetryAfter time.Duration // the wait an in-progress answer asks for
+	// Expires is the key's expiry the answer told (idemkey.ExpiresMetadata
+	// in the header or trailer, idemkey.ExpiresHeader), or "".
+	Expires string
 }
 
 // Service is the handler behind every adapter: it counts its runs, and
@@ -301,7 +307,62 @@ type testCase struct {
 	hooks []string
 }
 
+// wantExpires checks that r tells its key's expiry, as an HTTP date about
+// the engine's default retention from now, and returns it.
+func (s *suite) wantExpires(r Reply) time.Time {
+	s.t.Helper()
+	exp, err := idemkey.ParseDate(r.Expires)
+	if err != nil {
+		s.t.Fatalf("got %+v, want the key's expiry as an HTTP date", r)
+	}
+	if d := time.Until(exp); d < engine.DefaultRetention-time.Minute || d > engine.DefaultRetention {
+		s.t.Fatalf("expiry %s is %v from now, want about %v", r.Expires, d, engine.DefaultRetention)
+	}
+	return exp
+}
+
 var cases = []testCase{
+	{name: "every answer about a key tells its expiry", run: func(t *testing.T, s *suite) {
+		first := s.do(Request{Key: "k1", Amount: 100})
+		s.wantExpires(first)
+		for _, r := range []Reply{s.do(Request{Key: "k1", Amount: 100}), s.do(Request{Key: "k1", Amount: 200})} {
+			if r.Expires != first.Expires {
+				t.Errorf("got %+v, want the first reply's expiry %s", r, first.Expires)
+			}
+		}
+		recorded := s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded})
+		s.wantExpires(recorded)
+		// Without a record, nothing is honoured.
+		for _, r := range []Reply{s.do(Request{Key: "k3", Amount: 100, Behaviour: FailReleased}), s.do(Request{Amount: 100})} {
+			if r.Expires != "" {
+				t.Errorf("got %+v, want no expiry: no record was made", r)
+			}
+		}
+		s.wantRuns(4)
+	}, hooks: []string{"execute executed", "replay replayed", "refuse reused", "execute executed", "execute executed unrecorded", "execute no_key"}},
+	{name: "a retry first sent before the retention is refused", run: func(t *testing.T, s *suite) {
+		old := idemkey.FormatDate(time.Now().Add(-engine.DefaultRetention - time.Minute))
+		refused := s.do(Request{Key: "k1", Amount: 100, FirstSent: old})
+		s.wantReason(refused, idemkey.ReasonKeyExpired)
+		if refused.Expires != "" {
+			t.Errorf("got %+v, want no expiry for a key that has no record", refused)
+		}
+		s.wantRuns(0)
+		// The refusal held the key for no one: a recent call runs, and a
+		// stale retry of it, whose key now has a record, replays.
+		first := s.do(Request{Key: "k1", Amount: 100, FirstSent: idemkey.FormatDate(time.Now())})
+		if !first.OK {
+			t.Fatalf("got %+v, want a run", first)
+		}
+		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, FirstSent: old}))
+		s.wantRuns(1)
+	}, hooks: []string{"refuse key_expired", "execute executed", "replay replayed"}},
+	{name: "a malformed or future first-sent time is refused", run: func(t *testing.T, s *suite) {
+		for _, v := range []string{"yesterday", idemkey.FormatDate(time.Now().Add(time.Hour)), "Tue, 01 Dec 2026 20:05:37 +0000"} {
+			s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: v}), idemkey.ReasonFirstSentInvalid)
+		}
+		s.wantRuns(0)
+	}, hooks: []string{"refuse first_sent_invalid", "refuse first_sent_invalid", "refuse first_sent_invalid"}},
 	{name: "first call runs the handler", run: func(t *testing.T, s *suite) {
 		r := s.do(Request{Key: "k1", Amount: 100})
 		if !r.OK || r.Replayed || r.Body != "ch_acme_100_run1" {
@@ -356,8 +417,15 @@ var cases = []testCase{
 		if !first.OK {
 			t.Fatalf("first call: %+v", first)
 		}
-		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, Behaviour: Block}))
+		replay := s.do(Request{Key: "k1", Amount: 100, Behaviour: Block})
+		s.wantSame(first, replay)
 		s.wantRuns(1)
+		// In progress tells the key's expiry too: the record's own, or in
+		// atomic mode, before the record commits, a time no later.
+		exp, dupExp := s.wantExpires(first), s.wantExpires(dup)
+		if s.cfg.Atomic && dupExp.After(exp) || !s.cfg.Atomic && !dupExp.Equal(exp) {
+			t.Errorf("in progress told the expiry %s, and the reply %s", dup.Expires, first.Expires)
+		}
 	}, hooks: []string{"refuse in_progress", "execute executed", "replay replayed"}},
 	{name: "recorded error replays", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100, Behaviour: FailRecorded})
@@ -550,7 +618,7 @@ func (s *suite) wantHooks(want ...string) {
 			s.t.Errorf("%s: operation %q, want the one operation of every call", e, ev.Operation)
 		}
 		switch ev.Verdict {
-		case engine.NoKey, engine.KeyMissing, engine.KeyInvalid:
+		case engine.NoKey, engine.KeyMissing, engine.KeyInvalid, engine.FirstSentInvalid:
 			if ev.Key != "" || ev.Tenant != "" {
 				s.t.Errorf("%s: tenant %q and key %q, want neither: the call ended before they were read", e, ev.Tenant, ev.Key)
 			}

@@ -294,9 +294,9 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		s.countLocked(rec.partition, 1, c)
 		heap.Push(&s.byExpiry, rec)
 	case rec.completed:
-		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
+		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, nil
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Result{State: store.InProgress, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
+		return store.Result{State: store.InProgress, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, nil
 	default:
 		// The lease has ended: its holder is presumed dead. The new holder
 		// needs room for its own largest outcome; what the old one set aside
@@ -311,7 +311,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		rec.leaseEnd = now.Add(max(r.Lease, 0))
 		heap.Fix(&s.byExpiry, rec.index)
 	}
-	return store.Result{State: store.Acquired, Token: rec.token}, nil
+	return store.Result{State: store.Acquired, Token: rec.token, Expires: rec.expiresAt}, nil
 }
 
 // Find implements store.Finder.
@@ -325,7 +325,7 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, er
 	if !ok || !rec.completed || !s.now().Before(rec.removableAt()) {
 		return store.Result{}, false, nil
 	}
-	return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, true, nil
+	return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true, nil
 }
 
 // Complete implements store.Store.

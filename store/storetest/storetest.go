@@ -67,6 +67,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"KeysIndependent", testKeysIndependent},
 		{"ConcurrentReserve", testConcurrentReserve},
 		{"Find", testFind},
+		{"Expires", testExpires},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -429,5 +430,47 @@ func testFind(t *testing.T, h Harness) {
 	h.Advance(t, retention+time.Second)
 	if _, found := find(done); found {
 		t.Error("Find of an expired record found it")
+	}
+}
+
+// testExpires checks that every answer about one record tells the same
+// expiry, its creation plus its retention: the instant every transport
+// tells the client.
+func testExpires(t *testing.T, h Harness) {
+	key := newKey(t, "k")
+	first := reserve(t, h.Store, key, fpA)
+	wantState(t, first, store.Acquired)
+	exp := first.Expires
+	if exp.IsZero() {
+		t.Fatal("Acquired: Expires is zero")
+	}
+	same := func(what string, res store.Result) {
+		t.Helper()
+		if !res.Expires.Equal(exp) {
+			t.Errorf("%s: Expires = %v, want %v as Acquired told", what, res.Expires, exp)
+		}
+	}
+	same("in progress, same request", reserve(t, h.Store, key, fpA))
+	same("in progress, another request", reserve(t, h.Store, key, fpB))
+	h.Advance(t, lease+time.Second) // the lease ends: a retry takes the key over
+	takeover := reserve(t, h.Store, key, fpA)
+	wantState(t, takeover, store.Acquired)
+	same("taken over", takeover)
+	complete(t, h.Store, key, takeover.Token, []byte("reply"))
+	h.Advance(t, retention/2)
+	same("completed", reserve(t, h.Store, key, fpB))
+	if finder, ok := h.Store.(store.Finder); ok {
+		res, found, err := finder.Find(context.Background(), key)
+		if err != nil || !found {
+			t.Fatalf("Find = %v, %v; want the completed record", found, err)
+		}
+		same("Find", res)
+	}
+	// Another key created later expires later by as much: its creation
+	// plus the retention. (The store's clock is not this test's, so only
+	// the difference is checked, with room for the time the test takes.)
+	later := reserve(t, h.Store, newKey(t, "later"), fpA)
+	if d := later.Expires.Sub(exp); d < lease+retention/2 || d > lease+retention/2+time.Minute {
+		t.Errorf("a key created %v later expires %v later", lease+retention/2, d)
 	}
 }

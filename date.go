@@ -1,0 +1,28 @@
+package idemkey
+
+import (
+	"errors"
+	"time"
+)
+
+// dateLayout is the IMF-fixdate of RFC 9110, section 5.6.7: an HTTP date.
+const dateLayout = "Mon, 02 Jan 2006 15:04:05 GMT"
+
+// FormatDate returns t as an HTTP date (IMF-fixdate), the form of
+// ExpiresHeader and FirstSentHeader on every transport, such as
+// "Tue, 01 Dec 2026 20:05:37 GMT". It has whole seconds: t is truncated.
+func FormatDate(t time.Time) string { return t.UTC().Format(dateLayout) }
+
+// ErrDate is ParseDate's error: the value is not an IMF-fixdate.
+var ErrDate = errors.New("idemkey: not an HTTP date (IMF-fixdate, such as \"Tue, 01 Dec 2026 20:05:37 GMT\")")
+
+// ParseDate reads an HTTP date written as FormatDate writes it. The
+// obsolete forms net/http also accepts (RFC 850, asctime) are refused: a
+// client that sends FirstSentHeader writes it with a current library.
+func ParseDate(v string) (time.Time, error) {
+	t, err := time.Parse(dateLayout, v)
+	if err != nil {
+		return time.Time{}, ErrDate
+	}
+	return t, nil
+}
