@@ -30,6 +30,8 @@ func TestAdapterCases(t *testing.T) {
 			idemkey.ReasonInProgress:       int(codes.Aborted),
 			idemkey.ReasonStoreUnavailable: int(codes.Unavailable),
 			idemkey.ReasonStoreFull:        int(codes.ResourceExhausted),
+			idemkey.ReasonKeyExpired:       int(codes.FailedPrecondition),
+			idemkey.ReasonFirstSentInvalid: int(codes.InvalidArgument),
 			"internal":                     int(codes.Internal),
 		},
 	}, adaptertest.Stores()...)
@@ -101,10 +103,14 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 				md.Append(idemkey.KeyMetadata, r.Key)
 			}
 		}
-		var trailer metadata.MD
+		if r.FirstSent != "" {
+			md.Append(idemkey.FirstSentMetadata, r.FirstSent)
+		}
+		var header, trailer metadata.MD
 		charge, err := client.CreateCharge(metadata.NewOutgoingContext(ctx, md),
-			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Trailer(&trailer))
-		reply := adaptertest.Reply{OK: err == nil, Replayed: interceptor.Replayed(trailer), Reason: interceptor.Reason(err)}
+			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Header(&header), grpc.Trailer(&trailer))
+		reply := adaptertest.Reply{OK: err == nil, Replayed: interceptor.Replayed(trailer), Reason: interceptor.Reason(err),
+			Expires: strings.Join(append(header.Get(idemkey.ExpiresMetadata), trailer.Get(idemkey.ExpiresMetadata)...), ", ")}
 		if err != nil {
 			st := status.Convert(err)
 			reply.Status, reply.Body = int(st.Code()), st.Message()

@@ -22,6 +22,7 @@ const (
 	DefaultMaxLease      = engine.DefaultMaxLease      // WithMaxLease
 	DefaultRetention     = engine.DefaultRetention     // WithRetention
 	DefaultMaxRetryAfter = engine.DefaultMaxRetryAfter // WithMaxRetryAfter
+	DefaultClockSkew     = engine.DefaultClockSkew     // WithClockSkew
 
 	DefaultInProgressWait = engine.DefaultInProgressWait // WithInProgressWait
 
@@ -275,6 +276,17 @@ func WithMaxLease(d time.Duration) Option {
 // the default.
 func WithRetention(d time.Duration) Option {
 	return withEngine(engine.WithRetention(d))
+}
+
+// WithClockSkew sets how far a client's clock may be from the store's
+// (DefaultClockSkew), for calls that carry idemkey.FirstSentMetadata. A call
+// first sent longer ago than the retention less the skew, whose key has no
+// record, is refused with FailedPrecondition (IDEMPOTENCY_KEY_EXPIRED)
+// without running: its record may have existed and expired. One first sent
+// later than the skew from now is refused with InvalidArgument
+// (IDEMPOTENCY_FIRST_SENT_INVALID). See engine.WithClockSkew.
+func WithClockSkew(d time.Duration) Option {
+	return withEngine(engine.WithClockSkew(d))
 }
 
 // WithMaxRetryAfter sets the longest wait the server asks of a retry that

@@ -80,6 +80,11 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 		c.Verdict = engine.NoKey
 		return handler(ctx, req)
 	}
+	firstSent, err := s.eng.FirstSent(metadata.ValueFromIncomingContext(ctx, idemkey.FirstSentMetadata))
+	if err != nil {
+		c.Verdict = engine.FirstSentInvalid
+		return nil, firstSentError(err)
+	}
 	if m.output == nil {
 		return nil, status.Error(codes.Internal, "idemkey: the method is not in the protobuf registry, so its replies cannot be replayed")
 	}
@@ -105,7 +110,7 @@ func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.Una
 		return nil, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
 	}
 
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(ctx)})
+	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(ctx), FirstSent: firstSent})
 	switch c.Verdict {
 	case engine.Executed:
 		return s.run(ctx, c, m, req, handler)
@@ -124,9 +129,15 @@ func (s *server) answer(ctx context.Context, c *engine.Call, m *method) (any, er
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
 		_ = grpc.SetTrailer(ctx, PushbackTrailer(c.RetryAfter))
+		tellExpiry(ctx, c, false)
 		return nil, InProgressError(c.RetryAfter)
 	case engine.Reused:
+		tellExpiry(ctx, c, false)
 		return nil, ReusedKeyError()
+	case engine.Expired:
+		return nil, KeyExpiredError()
+	case engine.FirstSentInvalid:
+		return nil, FirstSentInvalidError(futureFirstSent)
 	case engine.StoreFull:
 		return nil, StoreFullError(c.RetryAfter)
 	}
@@ -201,6 +212,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, m *method, req any, ha
 	case recErr != nil:
 		return nil, StoreUnavailableError()
 	}
+	tellExpiry(ctx, c, err == nil)
 	return resp, err
 }
 
@@ -215,6 +227,8 @@ func (s *server) recordInstead(ctx context.Context, c *engine.Call, m *method, o
 		return s.answer(ctx, c, m)
 	case recErr != nil && c.Atomic():
 		return nil, StoreUnavailableError()
+	case recErr == nil:
+		tellExpiry(ctx, c, false)
 	}
 	return nil, err
 }
@@ -234,7 +248,22 @@ func (s *server) replay(ctx context.Context, c *engine.Call, m *method) (any, er
 		_ = grpc.SetTrailer(ctx, md)
 	}
 	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
+	tellExpiry(ctx, c, rec.err == nil)
 	return rec.resp, rec.err
+}
+
+// tellExpiry sends the caller c.Expires, until when its key is honoured, if
+// the store said: in the header of a reply (in the trailer if the handler
+// has sent the header already), in the trailer of an error, since gRPC's
+// retry policy does not retry an error that came with a header.
+func tellExpiry(ctx context.Context, c *engine.Call, reply bool) {
+	if c.Expires.IsZero() {
+		return
+	}
+	md := metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(c.Expires))
+	if !reply || grpc.SetHeader(ctx, md) != nil {
+		_ = grpc.SetTrailer(ctx, md)
+	}
 }
 
 var replayedTrailer = metadata.Pairs(idemkey.ReplayedMetadata, "true")

@@ -34,6 +34,10 @@ func TestReplay(t *testing.T) {
 	if interceptor.Replayed(ts.trailer) {
 		t.Error("the first reply is marked replayed")
 	}
+	expires := ts.header.Get(idemkey.ExpiresMetadata)
+	if len(expires) != 1 {
+		t.Fatalf("first reply header %v, want the key's expiry", ts.header)
+	}
 	second, ts, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
@@ -45,9 +49,7 @@ func TestReplay(t *testing.T) {
 	if !interceptor.Replayed(ts.trailer) {
 		t.Errorf("replay trailer = %v, want %s: true", ts.trailer, idemkey.ReplayedMetadata)
 	}
-	if len(ts.header) != 0 {
-		t.Errorf("replay set header %v, want none", ts.header)
-	}
+	wantMD(t, "header", ts.header, metadata.Pairs(idemkey.ExpiresMetadata, expires[0]))
 }
 
 func TestReusedKey(t *testing.T) {
@@ -344,7 +346,7 @@ func TestReplayedMetadata(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
+	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1", idemkey.ExpiresMetadata, first.header.Get(idemkey.ExpiresMetadata)[0]))
 	wantMD(t, "trailer", replay.trailer, metadata.Pairs("x-trace-id", "t-1", "x-trace-id", "t-2", idemkey.ReplayedMetadata, "true"))
 }
 
@@ -356,21 +358,23 @@ func TestReplayedMetadataFollowsTodaysAllowList(t *testing.T) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-region", "eu-1", "set-cookie", "session=caller-1"))
 		return chargeFor(req, 1), nil
 	}
-	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
+	_, first, err := d.create(t, "key-1", request(100))
+	if err != nil {
 		t.Fatal(err)
 	}
+	expires := metadata.Pairs(idemkey.ExpiresMetadata, first.header.Get(idemkey.ExpiresMetadata)[0])
 	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region")))
 	_, replay, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
+	wantMD(t, "header", replay.header, metadata.Join(metadata.Pairs("x-charge-region", "eu-1"), expires))
 	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata)))
 	_, replay, err = d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
 	}
-	wantMD(t, "header", replay.header, nil)
+	wantMD(t, "header", replay.header, expires)
 	wantRuns(t, d.svc, 1)
 }
 

@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 )
 
 // gRPC's own metadata names that the interceptors use.
@@ -94,6 +95,36 @@ func InProgressError(retryAfter time.Duration) error {
 	return newError(codes.Aborted, idemkey.ReasonInProgress,
 		"a call with this idempotency key is in progress; retry after "+retryAfter.String(),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
+}
+
+// KeyExpiredError is the FailedPrecondition status for a call whose key's
+// operation was first sent (idemkey.FirstSentMetadata) longer ago than keys
+// are kept, and whose key has no record: its first call may have run and
+// its record expired, so it is not run again.
+func KeyExpiredError() error {
+	return newError(codes.FailedPrecondition, idemkey.ReasonKeyExpired,
+		"idempotency key expired: its operation was first sent longer ago than keys are kept, and it has no record; the call was not run")
+}
+
+// FirstSentInvalidError is the InvalidArgument status for a first-sent time
+// (idemkey.FirstSentMetadata) that is malformed, sent more than once, or in
+// the future; problem says which and must not quote the value.
+func FirstSentInvalidError(problem string) error {
+	return newError(codes.InvalidArgument, idemkey.ReasonFirstSentInvalid,
+		"idempotency first-sent time refused: "+problem)
+}
+
+// futureFirstSent is the problem of a first-sent time the engine found
+// later than the clock skew from now.
+const futureFirstSent = "it lies in the future, beyond the clock skew allowed"
+
+// firstSentError is an error of engine.FirstSent as a FirstSentInvalidError.
+func firstSentError(err error) error {
+	var fse *engine.FirstSentError
+	if errors.As(err, &fse) {
+		return FirstSentInvalidError(fse.Problem)
+	}
+	return FirstSentInvalidError("it cannot be read")
 }
 
 // StoreUnavailableError is the Unavailable status for a call whose key could
