@@ -2,6 +2,8 @@ package interceptor
 
 import (
 	"context"
+	"slices"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -17,11 +19,21 @@ import (
 // fresh idemkey.NewKey. A caller's key that is malformed fails the call with
 // InvalidArgument before it is sent. UseKey wins over a key in the context.
 //
+// With the key it sends when the key's operation was first sent
+// (idemkey.FirstSentMetadata), so that a server can refuse a retry that
+// comes after the key's record may have expired rather than run it again:
+// the time UseKeyFirstSent or ContextWithKeyFirstSent gave, or one already
+// in the metadata (checked like a key), or else now.
+//
 // gRPC runs the retries of its service-config retry policy below all
-// interceptors, so every attempt of one call carries the same key. A retry
-// loop of your own must run inside this interceptor (a retry interceptor
-// chained after it), or reuse one key through UseKey or ContextWithKey;
-// otherwise each attempt gets a key of its own.
+// interceptors, so every attempt of one call carries the same key and
+// first-sent time. A retry loop of your own must run inside this interceptor
+// (a retry interceptor chained after it), or reuse one key through UseKey or
+// ContextWithKey; otherwise each attempt gets a key of its own. Such a loop,
+// or a process that retries after a restart, should also store the first
+// attempt's time with the key and pass it with UseKeyFirstSent or
+// ContextWithKeyFirstSent: otherwise each call sends its own time, and a
+// retry too late to be safe is run rather than refused.
 //
 // Like UnaryServerInterceptor, it returns an error if WithIncludedMethods or
 // WithExcludedMethods names a method the protobuf registry does not know.
@@ -32,6 +44,7 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 	}
 	ms := &methods{opts: o}
 	return func(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
+		expiry, callOpts := keyExpiry(callOpts)
 		m := ms.get(fullMethod)
 		if !m.covered {
 			if ctx.Value(contextKeyMarker{}) != nil { // ContextWithKey's key is for covered methods
@@ -39,26 +52,46 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 			}
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
-		if key, rest, ok := useKey(callOpts); ok {
-			if err := validateKey(key); err != nil {
-				return err
-			}
-			// The key goes in the metadata, in place of any other there, and
-			// UseKey's credentials go, so that per-call credentials of the
-			// caller's own are not displaced by them.
-			ctx = metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, idemkey.FormatKey(key))
-			return invoker(ctx, fullMethod, req, reply, cc, rest...)
+		ctx, callOpts, err := withKey(ctx, m, req, callOpts)
+		if err != nil {
+			return err
 		}
-		md, _ := metadata.FromOutgoingContext(ctx)
-		if keys := md[idemkey.KeyMetadata]; len(keys) > 0 || carriesKey(m, req) {
-			if _, _, err := KeyFromMetadata(md); err != nil {
-				return err
-			}
-			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
-		}
-		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
-		return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
+		return expiry.invoke(ctx, fullMethod, req, reply, cc, invoker, callOpts)
 	}, nil
+}
+
+// withKey is ctx with the call's key and first-sent time in its outgoing
+// metadata, and callOpts without UseKey's.
+func withKey(ctx context.Context, m *method, req any, callOpts []grpc.CallOption) (context.Context, []grpc.CallOption, error) {
+	if creds, rest, ok := useKey(callOpts); ok {
+		if err := validateKey(creds.key); err != nil {
+			return nil, nil, err
+		}
+		// The key and its first-sent time go in the metadata, in place of
+		// any there, and UseKey's credentials go, so that per-call
+		// credentials of the caller's own are not displaced by them.
+		return metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, idemkey.FormatKey(creds.key),
+			idemkey.FirstSentMetadata, formatFirstSent(creds.firstSent)), rest, nil
+	}
+	md, _ := metadata.FromOutgoingContext(ctx)
+	if keys := md[idemkey.KeyMetadata]; len(keys) > 0 || carriesKey(m, req) {
+		if _, _, err := KeyFromMetadata(md); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
+	}
+	switch sent := md[idemkey.FirstSentMetadata]; len(sent) {
+	case 0:
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, idemkey.FormatDate(time.Now()))
+	case 1:
+		if _, err := idemkey.ParseDate(sent[0]); err != nil {
+			return nil, nil, FirstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
+		}
+	default:
+		return nil, nil, FirstSentInvalidError("it was sent more than once")
+	}
+	return ctx, callOpts, nil
 }
 
 // carriesKey reports whether req carries its own key in m's key field
@@ -77,32 +110,63 @@ func carriesKey(m *method, req any) bool {
 // interceptor, a call that also has per-call credentials of its own
 // (grpc.PerRPCCredentials as a call option) sends only the last of the two
 // given: use ContextWithKey there.
+//
+// The interceptor sends now as the key's first-sent time: a retry of an
+// operation sent before should use UseKeyFirstSent.
 func UseKey(key string) grpc.CallOption {
 	return grpc.PerRPCCredentials(keyCredentials{key: key})
 }
 
-// keyCredentials are the per-call credentials of UseKey: the key metadata.
-type keyCredentials struct{ key string }
+// UseKeyFirstSent is UseKey for a key whose operation was first sent at
+// firstSent (idemkey.FirstSentMetadata): the time of its first attempt,
+// saved with the key, so that a server refuses a retry that comes later
+// than it keeps keys (FailedPrecondition, IDEMPOTENCY_KEY_EXPIRED) rather
+// than run it again. A zero firstSent is now: the interceptor's now, or,
+// without the interceptor, none.
+func UseKeyFirstSent(key string, firstSent time.Time) grpc.CallOption {
+	return grpc.PerRPCCredentials(keyCredentials{key: key, firstSent: firstSent})
+}
 
+// keyCredentials are the per-call credentials of UseKey and
+// UseKeyFirstSent: the key and first-sent metadata.
+type keyCredentials struct {
+	key       string
+	firstSent time.Time // zero: now
+}
+
+// GetRequestMetadata runs for each attempt, so without the interceptor a
+// key without a first-sent time sends none: now would differ between
+// attempts.
 func (c keyCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{idemkey.KeyMetadata: idemkey.FormatKey(c.key)}, nil
+	if c.firstSent.IsZero() {
+		return map[string]string{idemkey.KeyMetadata: idemkey.FormatKey(c.key)}, nil
+	}
+	return map[string]string{idemkey.KeyMetadata: idemkey.FormatKey(c.key), idemkey.FirstSentMetadata: idemkey.FormatDate(c.firstSent)}, nil
 }
 
 func (keyCredentials) RequireTransportSecurity() bool { return false }
 
-// useKey returns the key of the last UseKey among callOpts, and callOpts
-// without the UseKey options.
-func useKey(callOpts []grpc.CallOption) (key string, rest []grpc.CallOption, ok bool) {
+// formatFirstSent is t as the first-sent metadata's value; now if t is zero.
+func formatFirstSent(t time.Time) string {
+	if t.IsZero() {
+		t = time.Now()
+	}
+	return idemkey.FormatDate(t)
+}
+
+// useKey returns the credentials of the last UseKey or UseKeyFirstSent
+// among callOpts, and callOpts without them.
+func useKey(callOpts []grpc.CallOption) (creds keyCredentials, rest []grpc.CallOption, ok bool) {
 	for _, o := range callOpts {
-		if creds, isCreds := o.(grpc.PerRPCCredsCallOption); isCreds {
-			if c, isKey := creds.Creds.(keyCredentials); isKey {
-				key, ok = c.key, true
+		if pc, isCreds := o.(grpc.PerRPCCredsCallOption); isCreds {
+			if c, isKey := pc.Creds.(keyCredentials); isKey {
+				creds, ok = c, true
 				continue
 			}
 		}
 		rest = append(rest, o)
 	}
-	return key, rest, ok
+	return creds, rest, ok
 }
 
 type contextKeyMarker struct{}
@@ -116,12 +180,91 @@ func ContextWithKey(ctx context.Context, key string) context.Context {
 	return metadata.AppendToOutgoingContext(context.WithValue(ctx, contextKeyMarker{}, true), idemkey.KeyMetadata, idemkey.FormatKey(key))
 }
 
-// withoutKey is ctx with no idempotency key in its outgoing metadata.
+// ContextWithKeyFirstSent is ContextWithKey for a key whose operation was
+// first sent at firstSent (see UseKeyFirstSent): it puts both in the
+// outgoing metadata. A zero firstSent is now.
+func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Time) context.Context {
+	return metadata.AppendToOutgoingContext(ContextWithKey(ctx, key), idemkey.FirstSentMetadata, formatFirstSent(firstSent))
+}
+
+// withoutKey is ctx with no idempotency key, nor first-sent time, in its
+// outgoing metadata.
 func withoutKey(ctx context.Context) context.Context {
 	md, ok := metadata.FromOutgoingContext(ctx)
-	if !ok || len(md[idemkey.KeyMetadata]) == 0 {
+	if !ok || len(md[idemkey.KeyMetadata]) == 0 && len(md[idemkey.FirstSentMetadata]) == 0 {
 		return ctx
 	}
 	delete(md, idemkey.KeyMetadata) // md is a copy
+	delete(md, idemkey.FirstSentMetadata)
 	return metadata.NewOutgoingContext(ctx, md)
+}
+
+// KeyExpiry is a call option that sets *dst, once the call ends, to the
+// instant until which the server honours the call's key
+// (idemkey.ExpiresMetadata, from the header or trailer): a retry after it
+// may run the operation again, or be refused. *dst is zero if the server did
+// not say: no key, a key released or never recorded, a server that does not
+// tell. It needs UnaryClientInterceptor, which reads and removes it; other
+// grpc.Header and grpc.Trailer options of the call still get the metadata.
+func KeyExpiry(dst *time.Time) grpc.CallOption {
+	return expiryOption{dst: dst}
+}
+
+type expiryOption struct {
+	grpc.EmptyCallOption
+	dst *time.Time
+}
+
+// keyExpiry returns the last KeyExpiry among callOpts, with its *dst
+// zeroed, and callOpts without KeyExpiry options.
+func keyExpiry(callOpts []grpc.CallOption) (e expiryOption, rest []grpc.CallOption) {
+	if !slices.ContainsFunc(callOpts, isExpiry) {
+		return e, callOpts
+	}
+	for _, o := range callOpts {
+		if isExpiry(o) {
+			e = o.(expiryOption)
+			continue
+		}
+		rest = append(rest, o)
+	}
+	if e.dst != nil {
+		*e.dst = time.Time{}
+	}
+	return e, rest
+}
+
+func isExpiry(o grpc.CallOption) bool {
+	_, ok := o.(expiryOption)
+	return ok
+}
+
+// invoke makes the call, and then sets *e.dst from its header or trailer.
+func (e expiryOption) invoke(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts []grpc.CallOption) error {
+	if e.dst == nil {
+		return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
+	}
+	var header, trailer metadata.MD
+	err := invoker(ctx, fullMethod, req, reply, cc, append(callOpts, grpc.Header(&header), grpc.Trailer(&trailer))...)
+	*e.dst, _ = KeyExpires(header, trailer)
+	return err
+}
+
+// KeyExpires returns the key's expiry that a server sent in mds (a call's
+// header and trailer: idemkey.ExpiresMetadata), for callers that read the
+// metadata themselves; see KeyExpiry. ok is false if none of mds carries
+// one that is a single HTTP date.
+func KeyExpires(mds ...metadata.MD) (expires time.Time, ok bool) {
+	for _, md := range mds {
+		switch v := md.Get(idemkey.ExpiresMetadata); len(v) {
+		case 0:
+			continue
+		case 1:
+			t, err := idemkey.ParseDate(v[0])
+			return t, err == nil
+		default:
+			return time.Time{}, false
+		}
+	}
+	return time.Time{}, false
 }

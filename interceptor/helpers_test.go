@@ -234,16 +234,20 @@ type e2e struct {
 	plain   paymentsv1.PaymentServiceClient
 	lis     *bufconn.Listener
 	keys    chan string   // the key of every attempt that reached the server
+	sent    chan string   // the first-sent time of every attempt that reached the server
 	aborted chan struct{} // a signal for every Aborted answer
 }
 
 func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
 	t.Helper()
-	e := &e2e{svc: newService(), store: memory.New(), keys: make(chan string, 100), aborted: make(chan struct{}, 100)}
+	e := &e2e{svc: newService(), store: memory.New(), keys: make(chan string, 100), sent: make(chan string, 100), aborted: make(chan struct{}, 100)}
 	observe := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		md, _ := metadata.FromIncomingContext(ctx)
 		for _, k := range md.Get(idemkey.KeyMetadata) {
 			e.keys <- k
+		}
+		for _, v := range md.Get(idemkey.FirstSentMetadata) {
+			e.sent <- v
 		}
 		resp, err := handler(ctx, req)
 		if status.Code(err) == codes.Aborted {

@@ -1,0 +1,213 @@
+package interceptor_test
+
+import (
+	"cmp"
+	"context"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/interceptor"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+)
+
+// The first-sent time the client interceptor sends is taken once per call,
+// so the attempts of gRPC's retry policy carry the same one, even when a
+// second has passed between them.
+func TestClientFirstSentSameOnEveryAttempt(t *testing.T) {
+	e := newE2E(t)
+	e.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		if e.svc.runs.Load() == 1 {
+			// Past the next whole second, which a time taken per attempt
+			// would show.
+			time.Sleep(time.Until(time.Now().Truncate(time.Second).Add(time.Second + 50*time.Millisecond)))
+			return nil, status.Error(codes.Unavailable, "try again")
+		}
+		return chargeFor(req, 1), nil
+	}
+	before := time.Now().Truncate(time.Second)
+	if _, err := e.client.CreateCharge(metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme"), request(100)); err != nil {
+		t.Fatal(err)
+	}
+	wantRuns(t, e.svc, 2)
+	sent := drain(e.sent)
+	if len(sent) != 2 || sent[0] != sent[1] {
+		t.Fatalf("the attempts carried first-sent times %q, want one, twice", sent)
+	}
+	if got, err := idemkey.ParseDate(sent[0]); err != nil || got.Before(before) || got.After(time.Now()) {
+		t.Errorf("first-sent %q, want the time of the call", sent[0])
+	}
+}
+
+func TestClientFirstSentGiven(t *testing.T) {
+	e := newE2E(t)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	at := time.Now().Add(-time.Hour)
+	want := idemkey.FormatDate(at)
+	for _, tc := range []struct {
+		name string
+		call func() error
+		want string
+	}{
+		{"UseKeyFirstSent", func() error {
+			_, err := e.client.CreateCharge(ctx, request(1), interceptor.UseKeyFirstSent("order-1", at))
+			return err
+		}, want},
+		{"UseKeyFirstSent without the interceptor", func() error {
+			_, err := e.plain.CreateCharge(ctx, request(1), interceptor.UseKeyFirstSent("order-2", at))
+			return err
+		}, want},
+		{"ContextWithKeyFirstSent", func() error {
+			_, err := e.client.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "order-3", at), request(1))
+			return err
+		}, want},
+		{"ContextWithKeyFirstSent without the interceptor", func() error {
+			_, err := e.plain.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "order-4", at), request(1))
+			return err
+		}, want},
+		{"metadata set by the caller is kept", func() error {
+			_, err := e.client.CreateCharge(metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, want), request(1))
+			return err
+		}, want},
+		{"UseKey wins over the context, with its own time", func() error {
+			_, err := e.client.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "ctx", at), request(1), interceptor.UseKey("order-5"))
+			return err
+		}, ""},
+	} {
+		if err := tc.call(); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		sent := drain(e.sent)
+		if len(sent) != 1 || tc.want != "" && sent[0] != tc.want || tc.want == "" && sent[0] == want {
+			t.Errorf("%s: the server saw first-sent %q, want one (%s)", tc.name, sent, cmp.Or(tc.want, "now"))
+		}
+		drain(e.keys)
+	}
+	// Without the interceptor, UseKey sends no time: one per attempt would
+	// differ between them.
+	if _, err := e.plain.CreateCharge(ctx, request(1), interceptor.UseKey("order-6")); err != nil {
+		t.Fatal(err)
+	}
+	if sent := drain(e.sent); len(sent) != 0 {
+		t.Errorf("UseKey without the interceptor sent first-sent %q, want none", sent)
+	}
+}
+
+func TestClientRefusesBadFirstSent(t *testing.T) {
+	e := newE2E(t)
+	for name, pairs := range map[string][]string{
+		"malformed":  {idemkey.FirstSentMetadata, "yesterday"},
+		"two values": {idemkey.FirstSentMetadata, idemkey.FormatDate(time.Now()), idemkey.FirstSentMetadata, idemkey.FormatDate(time.Now())},
+	} {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), append(pairs, "tenant", "acme")...)
+		_, err := e.client.CreateCharge(ctx, request(100))
+		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonFirstSentInvalid {
+			t.Errorf("%s: got %v, want InvalidArgument %s", name, err, idemkey.ReasonFirstSentInvalid)
+		}
+	}
+	if got := drain(e.keys); len(got) != 0 {
+		t.Errorf("calls with a bad first-sent time reached the server: %d", len(got))
+	}
+	wantRuns(t, e.svc, 0)
+}
+
+// A retry first sent longer ago than keys are kept, whose key has no
+// record, is refused rather than run.
+func TestClientStaleFirstSentRefused(t *testing.T) {
+	e := newE2E(t)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	var expires time.Time
+	_, err := e.client.CreateCharge(ctx, request(100),
+		interceptor.UseKeyFirstSent("order-1", time.Now().Add(-interceptor.DefaultRetention-time.Hour)), interceptor.KeyExpiry(&expires))
+	wantReason(t, err, codes.FailedPrecondition, idemkey.ReasonKeyExpired)
+	wantRuns(t, e.svc, 0)
+	if !expires.IsZero() {
+		t.Errorf("the refusal told the expiry %v, want none", expires)
+	}
+}
+
+// KeyExpiry tells the same instant on the first reply and on its replays,
+// and a caller's own grpc.Header and grpc.Trailer still get the metadata.
+func TestClientKeyExpiry(t *testing.T) {
+	e := newE2E(t)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	var first time.Time
+	if _, err := e.client.CreateCharge(ctx, request(100), interceptor.UseKey("order-1"), interceptor.KeyExpiry(&first)); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Until(first); d < interceptor.DefaultRetention-time.Minute || d > interceptor.DefaultRetention {
+		t.Fatalf("expiry %v is %v from now, want about %v", first, d, interceptor.DefaultRetention)
+	}
+	replay := time.Now() // overwritten: zero if the server did not say
+	var header, trailer metadata.MD
+	if _, err := e.client.CreateCharge(ctx, request(100), interceptor.UseKey("order-1"),
+		grpc.Header(&header), interceptor.KeyExpiry(&replay), grpc.Trailer(&trailer)); err != nil {
+		t.Fatal(err)
+	}
+	if !interceptor.Replayed(trailer) || !replay.Equal(first) {
+		t.Errorf("replay told the expiry %v (replayed: %v), want the first reply's %v", replay, interceptor.Replayed(trailer), first)
+	}
+	if got, ok := interceptor.KeyExpires(header, trailer); !ok || !got.Equal(first) {
+		t.Errorf("the caller's own header %v has the expiry %v, want %v", header, got, first)
+	}
+	// An error about the key tells it in the trailer.
+	var reused time.Time
+	_, err := e.client.CreateCharge(ctx, request(999), interceptor.UseKey("order-1"), interceptor.KeyExpiry(&reused))
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+	if !reused.Equal(first) {
+		t.Errorf("reused told the expiry %v, want %v", reused, first)
+	}
+	// A key that is released tells none.
+	e.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		return nil, status.Error(codes.PermissionDenied, "no")
+	}
+	released := time.Now()
+	_, err = e.client.CreateCharge(ctx, request(100), interceptor.UseKey("order-2"), interceptor.KeyExpiry(&released))
+	if status.Code(err) != codes.PermissionDenied || !released.IsZero() {
+		t.Errorf("a released key: %v, expiry %v; want PermissionDenied and none", err, released)
+	}
+}
+
+func TestKeyExpires(t *testing.T) {
+	at := time.Date(2026, 12, 1, 20, 5, 37, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		mds  []metadata.MD
+		ok   bool
+	}{
+		{"none", []metadata.MD{nil, {}}, false},
+		{"header", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at)), nil}, true},
+		{"trailer", []metadata.MD{nil, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at))}, true},
+		{"malformed", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, "tomorrow")}, false},
+		{"twice", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at), idemkey.ExpiresMetadata, idemkey.FormatDate(at))}, false},
+	} {
+		got, ok := interceptor.KeyExpires(tc.mds...)
+		if ok != tc.ok || ok && !got.Equal(at) || !ok && !got.IsZero() {
+			t.Errorf("%s: got %v, %v; want ok %v", tc.name, got, ok, tc.ok)
+		}
+	}
+}
+
+// The server tells the expiry in the trailer when the handler has sent the
+// header itself.
+func TestExpiryAfterHandlerSentHeader(t *testing.T) {
+	e := newE2E(t)
+	e.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+		if err := grpc.SendHeader(ctx, metadata.Pairs("x-region", "eu-1")); err != nil {
+			return nil, err
+		}
+		return chargeFor(req, 1), nil
+	}
+	var header, trailer metadata.MD
+	if _, err := e.client.CreateCharge(withKey(context.Background(), "order-1"), request(100), grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
+		t.Fatal(err)
+	}
+	if len(header.Get(idemkey.ExpiresMetadata)) != 0 || len(trailer.Get(idemkey.ExpiresMetadata)) != 1 {
+		t.Errorf("header %v, trailer %v; want the expiry in the trailer", header, trailer)
+	}
+}
