@@ -190,9 +190,10 @@ type demo struct {
 	alice *paymentsv1.CreateChargeRequest
 	bob   string
 
-	key    string // of the first charge
-	charge *paymentsv1.Charge
-	scene  int
+	key     string // of the first charge
+	charge  *paymentsv1.Charge
+	expires time.Time // until when the server honours key
+	scene   int
 }
 
 func (d *demo) say(format string, args ...any) {
@@ -215,22 +216,31 @@ func (d *demo) create() error {
 	d.key = idemkey.NewKey()
 	d.title(fmt.Sprintf("Create a charge of 19.99 EUR for %s, merchant_reference %s, idempotency key %s",
 		d.alice.GetCustomerId(), d.alice.GetMerchantReference(), d.key))
-	charge, trailer, err := d.call(d.ctx, d.client, d.alice, interceptor.UseKey(d.key))
+	charge, trailer, err := d.call(d.ctx, d.client, d.alice, interceptor.UseKey(d.key), interceptor.KeyExpiry(&d.expires))
 	if err != nil {
 		return fmt.Errorf("create: %w", err)
 	}
 	d.charge = charge
 	d.say("   -> OK: charge %s created%s", charge.GetId(), replayedNote(trailer))
+	d.say("   the key is honoured until %s [%s]: a retry before then is answered from its record", expiresNote(d.expires), idemkey.ExpiresMetadata)
+	if err := expect(!d.expires.IsZero(), "the reply did not tell the key's expiry"); err != nil {
+		return err
+	}
 	return expect(!interceptor.Replayed(trailer), "the first reply is marked replayed")
 }
 
 func (d *demo) retry() error {
 	d.title("The reply was lost on the way; the client retries with the same key")
-	charge, trailer, err := d.call(d.ctx, d.client, d.alice, interceptor.UseKey(d.key))
+	var expires time.Time
+	charge, trailer, err := d.call(d.ctx, d.client, d.alice, interceptor.UseKey(d.key), interceptor.KeyExpiry(&expires))
 	if err != nil {
 		return fmt.Errorf("retry: %w", err)
 	}
 	d.say("   -> OK: charge %s, the same charge%s; no second charge was made", charge.GetId(), replayedNote(trailer))
+	d.say("   the key is still honoured until %s, the same instant", expiresNote(expires))
+	if err := expect(expires.Equal(d.expires), "the replay told another expiry than the first reply"); err != nil {
+		return err
+	}
 	return expect(charge.GetId() == d.charge.GetId() && interceptor.Replayed(trailer), "the retry was not a replay of the first charge")
 }
 
@@ -354,6 +364,15 @@ func replayedNote(trailer metadata.MD) string {
 		return " [" + idemkey.ReplayedMetadata + ": true]"
 	}
 	return ""
+}
+
+// expiresNote renders a key's expiry as the server sent it (an HTTP date),
+// or says that it sent none.
+func expiresNote(t time.Time) string {
+	if t.IsZero() {
+		return "(the server did not say)"
+	}
+	return idemkey.FormatDate(t)
 }
 
 // describe renders an error as the user would read it: code, idemkey reason

@@ -60,6 +60,8 @@ func TestDemo(t *testing.T) {
 	for _, want := range []string{
 		"the server held the duplicate until the first call finished", // whichever of the two calls arrived second
 		"OK [idempotent-replayed: true]",
+		"GMT [idempotency-key-expires]: a retry before then is answered from its record",
+		"the same instant",
 		"InvalidArgument IDEMPOTENCY_KEY_REUSED",
 		"InvalidArgument IDEMPOTENCY_KEY_MISSING",
 		"FailedPrecondition: card declined [idempotent-replayed: true]",
