@@ -74,6 +74,32 @@
 //  5. records the outcome, or releases the key so that a retry runs again;
 //  6. returns the handler's own result.
 //
+// # Expiry and first-sent time
+//
+// Every answer about a recorded key tells the caller until when the key is
+// honoured, as idemkey.ExpiresMetadata (idempotency-key-expires, an HTTP
+// date): the first reply, its replays, and the in-progress and reused
+// answers. A reply carries it in its header (in its trailer if the handler
+// sent the header itself); an error in its trailer, so that a retry policy
+// still retries it. A released key, a failed store, no key or a malformed
+// one tell none. On the client, KeyExpiry(&t) sets t from it, and
+// KeyExpires reads it from metadata of your own.
+//
+// The client interceptor also sends, with the key, when the key's operation
+// was first sent (idemkey.FirstSentMetadata, idempotency-first-sent, an
+// HTTP date): now, once per call, so every attempt of gRPC's retry policy
+// carries the same; or the time UseKeyFirstSent or ContextWithKeyFirstSent
+// give, for a retry that a loop of your own, or a restarted process, makes
+// of an operation it stored. A value already in the metadata is checked,
+// and a malformed one fails the call before it is sent. The server refuses
+// a call first sent longer ago than keys are kept (WithRetention, less
+// WithClockSkew) whose key has no record, with FailedPrecondition
+// (IDEMPOTENCY_KEY_EXPIRED) and without running the handler: its first
+// call may have run, and its record expired. A first-sent time that is
+// malformed, sent twice or later than the clock skew from now is refused
+// with InvalidArgument (IDEMPOTENCY_FIRST_SENT_INVALID). A call without one
+// is served as before.
+//
 // # The key in the request (AIP-155)
 //
 // Google's APIs carry the key in the request as request_id (AIP-155).
@@ -231,7 +257,8 @@
 //
 //   - idemkey.calls (counter, {call}): covered calls by idemkey.outcome
 //     (executed, replayed, in_progress, reused, key_missing, key_invalid,
-//     no_key, store_unavailable, store_full, failed_open, refused), with
+//     no_key, store_unavailable, store_full, failed_open, refused,
+//     key_expired, first_sent_invalid), with
 //     rpc.system.name, rpc.service, rpc.method ("package.Service/Method")
 //     and rpc.response.status_code (the final code's canonical name, such
 //     as INVALID_ARGUMENT), labelled as otelgrpc labels its own.
@@ -287,6 +314,7 @@
 //     set header metadata: an interceptor outside it that calls grpc.SetHeader
 //     stops gRPC's retry policy from retrying that answer.
 //   - After its retention (WithRetention, 24 hours by default) a key is new
-//     again, as in Stripe's API. Keep a business-level unique constraint as the
-//     second line of defence.
+//     again, as in Stripe's API, unless its call tells when it was first sent
+//     (see Expiry and first-sent time). Keep a business-level unique
+//     constraint as the second line of defence.
 package interceptor
