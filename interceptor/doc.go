@@ -79,10 +79,10 @@
 // Every answer about a recorded key tells the caller until when the key is
 // honoured, as idemkey.ExpiresMetadata (idempotency-key-expires, an HTTP
 // date): the first reply, its replays, and the in-progress and reused
-// answers. A reply carries it in its header (in its trailer if the handler
-// sent the header itself); an error in its trailer, so that a retry policy
-// still retries it. A released key, a failed store, no key or a malformed
-// one tell none. On the client, KeyExpiry(&t) sets t from it, and
+// answers. It is a trailer, as idempotent-replayed is, even on a reply: a
+// header would stop gRPC's retry policy from retrying an error that an
+// interceptor outside idemkey puts in the reply's place. A released key, a
+// failed store, no key or a malformed one tell none. On the client, KeyExpiry(&t) sets t from it, and
 // KeyExpires reads it from metadata of your own.
 //
 // The client interceptor also sends, with the key, when the key's operation

@@ -13,7 +13,9 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/memory"
 )
 
 // The first-sent time the client interceptor sends is taken once per call,
@@ -193,21 +195,35 @@ func TestKeyExpires(t *testing.T) {
 	}
 }
 
-// The server tells the expiry in the trailer when the handler has sent the
-// header itself.
-func TestExpiryAfterHandlerSentHeader(t *testing.T) {
-	e := newE2E(t)
-	e.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-		if err := grpc.SendHeader(ctx, metadata.Pairs("x-region", "eu-1")); err != nil {
+// The expiry goes in the trailer, even of a reply: an interceptor outside
+// idemkey that puts an error in the reply's place (here, a reply lost)
+// leaves a trailers-only answer, which gRPC's retry policy retries.
+func TestExpiryKeepsAnErrorRetryable(t *testing.T) {
+	svc := newService()
+	loseFirstReply := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if len(metadata.ValueFromIncomingContext(ctx, interceptor.AttemptsMetadata)) > 0 {
+			return handler(ctx, req)
+		}
+		if _, err := handler(ctx, req); err != nil {
 			return nil, err
 		}
-		return chargeFor(req, 1), nil
+		return nil, status.Error(codes.Unavailable, "reply lost")
 	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply,
+		grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithTenant(tenantFromMetadata)))))
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
+		grpc.WithDefaultServiceConfig(retryServiceConfig), grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))
+
 	var header, trailer metadata.MD
-	if _, err := e.client.CreateCharge(withKey(context.Background(), "order-1"), request(100), grpc.Header(&header), grpc.Trailer(&trailer)); err != nil {
-		t.Fatal(err)
+	var expires time.Time
+	_, err := client.CreateCharge(metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme"), request(100),
+		grpc.Header(&header), grpc.Trailer(&trailer), interceptor.KeyExpiry(&expires))
+	if err != nil {
+		t.Fatalf("call with the first reply lost: %v, want the replay", err)
 	}
-	if len(header.Get(idemkey.ExpiresMetadata)) != 0 || len(trailer.Get(idemkey.ExpiresMetadata)) != 1 {
-		t.Errorf("header %v, trailer %v; want the expiry in the trailer", header, trailer)
+	wantRuns(t, svc, 1)
+	if !interceptor.Replayed(trailer) || expires.IsZero() || len(header.Get(idemkey.ExpiresMetadata)) != 0 {
+		t.Errorf("header %v, trailer %v; want the replay, with the expiry in the trailer", header, trailer)
 	}
 }

@@ -129,10 +129,10 @@ func (s *server) answer(ctx context.Context, c *engine.Call, m *method) (any, er
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
 		_ = grpc.SetTrailer(ctx, PushbackTrailer(c.RetryAfter))
-		tellExpiry(ctx, c, false)
+		tellExpiry(ctx, c)
 		return nil, InProgressError(c.RetryAfter)
 	case engine.Reused:
-		tellExpiry(ctx, c, false)
+		tellExpiry(ctx, c)
 		return nil, ReusedKeyError()
 	case engine.Expired:
 		return nil, KeyExpiredError()
@@ -212,7 +212,7 @@ func (s *server) run(ctx context.Context, c *engine.Call, m *method, req any, ha
 	case recErr != nil:
 		return nil, StoreUnavailableError()
 	}
-	tellExpiry(ctx, c, err == nil)
+	tellExpiry(ctx, c)
 	return resp, err
 }
 
@@ -228,7 +228,7 @@ func (s *server) recordInstead(ctx context.Context, c *engine.Call, m *method, o
 	case recErr != nil && c.Atomic():
 		return nil, StoreUnavailableError()
 	case recErr == nil:
-		tellExpiry(ctx, c, false)
+		tellExpiry(ctx, c)
 	}
 	return nil, err
 }
@@ -248,21 +248,18 @@ func (s *server) replay(ctx context.Context, c *engine.Call, m *method) (any, er
 		_ = grpc.SetTrailer(ctx, md)
 	}
 	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
-	tellExpiry(ctx, c, rec.err == nil)
+	tellExpiry(ctx, c)
 	return rec.resp, rec.err
 }
 
 // tellExpiry sends the caller c.Expires, until when its key is honoured, if
-// the store said: in the header of a reply (in the trailer if the handler
-// has sent the header already), in the trailer of an error, since gRPC's
-// retry policy does not retry an error that came with a header.
-func tellExpiry(ctx context.Context, c *engine.Call, reply bool) {
-	if c.Expires.IsZero() {
-		return
-	}
-	md := metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(c.Expires))
-	if !reply || grpc.SetHeader(ctx, md) != nil {
-		_ = grpc.SetTrailer(ctx, md)
+// the store said. It goes in the trailer, as idempotent-replayed does, even
+// of a reply: a header would make an error that an interceptor outside
+// idemkey puts in the reply's place one that gRPC's retry policy does not
+// retry.
+func tellExpiry(ctx context.Context, c *engine.Call) {
+	if !c.Expires.IsZero() {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(c.Expires)))
 	}
 }
 
