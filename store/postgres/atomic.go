@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -72,7 +73,8 @@ const (
 // over arrays in its transaction (batchProbeSQL), which keeps the locks.
 //
 // Result columns: kind, then the record's fingerprint, outcome and time left
-// on its lease (NULL without a record).
+// on its lease (NULL without a record), and the expiry of the key's record
+// once recorded by this transaction (recordExpires, with the retention $4).
 func probeSQL(table string) string {
 	return fmt.Sprintf(`
 SELECT CASE
@@ -80,15 +82,29 @@ SELECT CASE
 		WHEN %[2]s THEN CASE WHEN %[8]s THEN %[5]d ELSE %[4]d END
 		WHEN c.state = 'completed' THEN %[6]d
 		ELSE %[7]d END,
-	c.fingerprint, c.outcome, c.lease_end - now()
+	c.fingerprint, c.outcome, c.lease_end - now(), %[9]s
 FROM (VALUES (1)) AS one (x) LEFT JOIN %[1]s AS c ON c.key = $1`,
-		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("$3", table))
+		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("$3", table),
+		recordExpires("c", takeable("c"), "$4"))
+}
+
+// recordExpires is the SQL of when the record of the key whose row is r (a
+// NULL row without one) expires, once the transaction records it: the
+// row's own expiry if it lives on, else now() plus the retention in
+// microseconds, as recordSQL and takeoverSQL write it. The transaction's
+// now() is its start, so every statement of it tells the same instant.
+func recordExpires(r, takeable, retention string) string {
+	return fmt.Sprintf(`CASE WHEN %[1]s.key IS NULL OR ((%[2]s) AND %[1]s.expires_at <= now())
+		THEN now() + %[3]s * interval '1 microsecond' ELSE %[1]s.expires_at END`, r, takeable, retention)
 }
 
 // lockSQL tries the key's advisory lock ($1, see lockID) without waiting:
 // the lock is what a running atomic call holds instead of a row, until its
-// transaction ends.
-func lockSQL(table string) string { return "SELECT " + tryLock("$1", table) }
+// transaction ends. It answers too when a record the transaction writes
+// expires, with the retention $2 (recordExpires).
+func lockSQL(table string) string {
+	return "SELECT " + tryLock("$1", table) + ", now() + $2 * interval '1 microsecond'"
+}
 
 // tryLock is the SQL that tries, without waiting, the advisory lock of the
 // key whose lockID the expression id holds, on table: XORed with the
@@ -107,10 +123,11 @@ func tryLock(id, table string) string {
 // and the record's failure at commit settles it instead.
 //
 // Result columns: completed, fingerprint, outcome, time left on the lease,
-// takeable (no row without a record).
+// takeable, and the record's expiry once this transaction records it, with
+// the retention $3 (recordExpires); no row without a record.
 func readSQL(table string) string {
-	return fmt.Sprintf(`SELECT c.state = 'completed', c.fingerprint, c.outcome, c.lease_end - now(), %[2]s
-FROM %[1]s AS c WHERE c.key = $1`, table, takeable("c"))
+	return fmt.Sprintf(`SELECT c.state = 'completed', c.fingerprint, c.outcome, c.lease_end - now(), %[2]s, %[3]s
+FROM %[1]s AS c WHERE c.key = $1`, table, takeable("c"), recordExpires("c", takeable("c"), "$3"))
 }
 
 // recordSQL inserts the completed record of an atomic call whose probe found
@@ -142,6 +159,9 @@ func takeoverSQL(table string) string {
 	RETURNING 1
 ) SELECT 1 / count(*) FROM w`, table, takeable("r"))
 }
+
+// retention is r's retention in microseconds, as the SQL takes it.
+func retention(r store.Reservation) int64 { return max(r.Retention, 0).Microseconds() }
 
 // lockID is the advisory lock of key: its first 8 bytes, a bigint, which
 // tryLock XORs with the table's OID, so that stores on two tables of one
@@ -211,7 +231,7 @@ func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, e
 		err error
 	)
 	for range maxAttempts {
-		res, _, err = scanProbe(s.pool.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)), r)
+		res, _, err = scanProbe(s.pool.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key), retention(r)), r)
 		if !reconnect(err) {
 			break
 		}
@@ -229,12 +249,12 @@ func scanProbe(row pgx.Row, r store.Reservation) (res store.Result, takeover boo
 		fingerprint []byte
 		leaseLeft   pgtype.Interval
 	)
-	if err := row.Scan(&kind, &fingerprint, &res.Outcome, &leaseLeft); err != nil {
+	if err := row.Scan(&kind, &fingerprint, &res.Outcome, &leaseLeft, &res.Expires); err != nil {
 		return store.Result{}, false, err
 	}
 	switch kind {
 	case probeFree, probeTakeable:
-		return store.Result{State: store.Acquired}, kind == probeTakeable, nil
+		return store.Result{State: store.Acquired, Expires: res.Expires}, kind == probeTakeable, nil
 	case probeBusy:
 		// The running call's record is not written yet: its fingerprint
 		// cannot be read, and its lease is unknown.
@@ -254,11 +274,12 @@ type keyRecord struct {
 	fingerprint         []byte
 	outcome             []byte
 	leaseLeft           pgtype.Interval
+	expires             time.Time // as recorded by the transaction (recordExpires)
 }
 
 // scan reads the row of readSQL; found is false without a record.
 func (c *keyRecord) scan(row pgx.Row) (found bool, err error) {
-	err = row.Scan(&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable)
+	err = row.Scan(&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable, &c.expires)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -270,19 +291,22 @@ func (c *keyRecord) scan(row pgx.Row) (found bool, err error) {
 // the lock's holder runs it (takeover reports a record to take over), and
 // without the lock another call does: "in progress", with r's own
 // fingerprint, since the running call's record is not written yet, and a
-// lease unknown.
-func (c *keyRecord) decide(r store.Reservation, locked, found bool) (res store.Result, takeover bool) {
+// lease and expiry unknown. expires is lockSQL's: when a new record of the
+// transaction's expires.
+func (c *keyRecord) decide(r store.Reservation, locked, found bool, expires time.Time) (res store.Result, takeover bool) {
 	switch {
 	case found && !c.takeable && c.completed:
-		res = store.Result{State: store.Completed, Outcome: c.outcome}
+		res = store.Result{State: store.Completed, Outcome: c.outcome, Expires: c.expires}
 		copy(res.Fingerprint[:], c.fingerprint)
 		return res, false
 	case found && !c.takeable:
-		res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft)}
+		res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
 		copy(res.Fingerprint[:], c.fingerprint)
 		return res, false
+	case locked && found:
+		return store.Result{State: store.Acquired, Expires: c.expires}, true
 	case locked:
-		return store.Result{State: store.Acquired}, found
+		return store.Result{State: store.Acquired, Expires: expires}, false
 	}
 	return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, false
 }
@@ -298,6 +322,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		}
 		var (
 			locked, found bool
+			expires       time.Time
 			rec           keyRecord
 			scanErr       error
 		)
@@ -305,8 +330,8 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		b.Queue("BEGIN")
 		// The scans' errors are kept apart, because pgx forgets the prepared
 		// statements of a batch that fails, and no row is no failure of theirs.
-		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { scanErr = row.Scan(&locked); return nil })
-		b.Queue(s.readSQL, r.Key[:], r.Fingerprint[:]).QueryRow(func(row pgx.Row) error {
+		b.Queue(s.lockSQL, lockID(r.Key), retention(r)).QueryRow(func(row pgx.Row) error { scanErr = row.Scan(&locked, &expires); return nil })
+		b.Queue(s.readSQL, r.Key[:], r.Fingerprint[:], retention(r)).QueryRow(func(row pgx.Row) error {
 			var err error
 			found, err = rec.scan(row)
 			scanErr = cmp.Or(scanErr, err)
@@ -317,7 +342,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		if err == nil {
 			err = scanErr
 		}
-		res, takeover := rec.decide(r, locked, found)
+		res, takeover := rec.decide(r, locked, found, expires)
 		switch {
 		case err == nil && res.State == store.Acquired:
 			return res, &atomicTx{store: s, conn: conn, r: r, takeover: takeover}, false, nil
@@ -462,7 +487,7 @@ func (t *atomicTx) record(outcome []byte) (sql string, args []any) {
 	if t.takeover {
 		sql = t.store.takeoverSQL
 	}
-	return sql, []any{t.r.Key[:], t.r.Fingerprint[:], outcome, max(t.r.Retention, 0).Microseconds()}
+	return sql, []any{t.r.Key[:], t.r.Fingerprint[:], outcome, retention(t.r)}
 }
 
 // lostRecord reports whether the record's statement failed because another

@@ -21,6 +21,7 @@ import (
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
@@ -552,5 +553,47 @@ func TestAtomicCommitLosesTheKey(t *testing.T) {
 	}
 	if n := a.effects(t); n != 0 || other.runs.Load() != 1 {
 		t.Errorf("%d effects of the atomic call, %d runs of the two-phase one; want 0 and 1", n, other.runs.Load())
+	}
+}
+
+// TestAtomicExpires checks that Begin, BeginBatch and Find tell one expiry
+// for a key recorded in atomic mode: what the record holds. A key whose
+// running call has not committed has none the store can tell.
+func TestAtomicExpires(t *testing.T) {
+	r := newReplica(t)
+	ctx := t.Context()
+	res := store.Reservation{Key: store.ScopeKey("", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
+	got, tx, err := r.store.Begin(ctx, res)
+	if err != nil || got.State != store.Acquired {
+		t.Fatalf("Begin = %v, %v; want acquired", got.State, err)
+	}
+	exp := got.Expires
+	if d := time.Until(exp); d < retention-time.Minute || d > retention {
+		t.Fatalf("Begin: Expires %v from now, want about %v", d, retention)
+	}
+	if busy, _, err := r.store.Begin(ctx, res); err != nil || busy.State != store.InProgress || !busy.Expires.IsZero() {
+		t.Errorf("Begin of a key held uncommitted = %v, %v, Expires %v; want in progress, none", busy.State, err, busy.Expires)
+	}
+	if err := tx.Commit(ctx, []byte("reply"), true); err != nil {
+		t.Fatalf("Commit: %v", err)
+	}
+	if again, _, err := r.store.Begin(ctx, res); err != nil || again.State != store.Completed || !again.Expires.Equal(exp) {
+		t.Errorf("Begin after the commit = %v, %v, Expires %v; want completed, %v", again.State, err, again.Expires, exp)
+	}
+	if found, ok, err := r.store.Find(ctx, res.Key); err != nil || !ok || !found.Expires.Equal(exp) {
+		t.Errorf("Find = %v, %v, Expires %v; want found, %v", ok, err, found.Expires, exp)
+	}
+	fresh := res
+	fresh.Key = store.ScopeKey("", "/m", "fresh")
+	batch, btx, err := r.store.BeginBatch(ctx, []store.Reservation{res, fresh})
+	if err != nil {
+		t.Fatalf("BeginBatch: %v", err)
+	}
+	defer btx.Rollback(ctx)
+	if batch[0].State != store.Completed || !batch[0].Expires.Equal(exp) {
+		t.Errorf("BeginBatch of the recorded key = %v, Expires %v; want completed, %v", batch[0].State, batch[0].Expires, exp)
+	}
+	if d := time.Until(batch[1].Expires); batch[1].State != store.Acquired || d < retention-time.Minute || d > retention {
+		t.Errorf("BeginBatch of a new key = %v, Expires %v from now; want acquired, about %v", batch[1].State, d, retention)
 	}
 }

@@ -17,7 +17,8 @@ import (
 )
 
 // batchProbeSQL is probeSQL over a batch of keys: the arrays $1 (keys), $2
-// (fingerprints) and $3 (lockID of each key), one row per key in their
+// (fingerprints), $3 (lockID of each key) and $4 (retentions in
+// microseconds), one row per key in their
 // order, each decided as probeSQL decides one. The keys must be distinct:
 // a transaction that holds an advisory lock takes it again.
 //
@@ -34,14 +35,15 @@ SELECT CASE
 		WHEN %[2]s THEN CASE WHEN %[8]s THEN %[5]d ELSE %[4]d END
 		WHEN c.state = 'completed' THEN %[6]d
 		ELSE %[7]d END,
-	c.fingerprint, c.outcome, c.lease_end - now()
-FROM unnest($1::bytea[], $2::bytea[], $3::bigint[]) WITH ORDINALITY AS i (key, fingerprint, lock, n)
+	c.fingerprint, c.outcome, c.lease_end - now(), %[9]s
+FROM unnest($1::bytea[], $2::bytea[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS i (key, fingerprint, lock, retention, n)
 	LEFT JOIN LATERAL (
 		SELECT k.key, k.fingerprint, k.state, k.outcome, k.lease_end, k.expires_at
 		FROM %[1]s AS k WHERE k.key = i.key LIMIT 1
 	) AS c ON true
 ORDER BY i.n`,
-		table, takeableBy("c", "i.fingerprint"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("i.lock", table))
+		table, takeableBy("c", "i.fingerprint"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("i.lock", table),
+		recordExpires("c", takeableBy("c", "i.fingerprint"), "i.retention"))
 }
 
 // batchRecordSQL inserts, in one statement, the completed records of a
@@ -104,16 +106,16 @@ func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store
 
 // batchArgs are the probe's arrays for rs, whose keys must be distinct.
 func batchArgs(rs []store.Reservation) ([]any, error) {
-	keys, fingerprints, locks := make([][]byte, len(rs)), make([][]byte, len(rs)), make([]int64, len(rs))
+	keys, fingerprints, locks, retentions := make([][]byte, len(rs)), make([][]byte, len(rs)), make([]int64, len(rs)), make([]int64, len(rs))
 	seen := make(map[store.Key]struct{}, len(rs))
 	for i := range rs {
 		if _, ok := seen[rs[i].Key]; ok {
 			return nil, errors.New("idemkey postgres: begin: a batch holds one key twice; its reservations must have distinct keys")
 		}
 		seen[rs[i].Key] = struct{}{}
-		keys[i], fingerprints[i], locks[i] = rs[i].Key[:], rs[i].Fingerprint[:], lockID(rs[i].Key)
+		keys[i], fingerprints[i], locks[i], retentions[i] = rs[i].Key[:], rs[i].Fingerprint[:], lockID(rs[i].Key), retention(rs[i])
 	}
-	return []any{keys, fingerprints, locks}, nil
+	return []any{keys, fingerprints, locks, retentions}, nil
 }
 
 func anyAcquired(res []store.Result) bool {
@@ -383,7 +385,7 @@ func (t *batchTx) Commit(ctx context.Context) error {
 	}
 	for i, outcome := range t.outcomes {
 		if outcome != nil && t.takeover[i] {
-			b.Queue(t.store.takeoverSQL, t.rs[i].Key[:], t.rs[i].Fingerprint[:], outcome, max(t.rs[i].Retention, 0).Microseconds())
+			b.Queue(t.store.takeoverSQL, t.rs[i].Key[:], t.rs[i].Fingerprint[:], outcome, retention(t.rs[i]))
 		}
 	}
 	if len(b.QueuedQueries) == 0 {
@@ -429,7 +431,7 @@ func (t *batchTx) records(takeover bool) (keys, fingerprints, outcomes [][]byte,
 			keys = append(keys, t.rs[i].Key[:])
 			fingerprints = append(fingerprints, t.rs[i].Fingerprint[:])
 			outcomes = append(outcomes, outcome)
-			retentions = append(retentions, max(t.rs[i].Retention, 0).Microseconds())
+			retentions = append(retentions, retention(t.rs[i]))
 		}
 	}
 	return keys, fingerprints, outcomes, retentions
@@ -495,7 +497,7 @@ func (t *batchTx) handlerEnded(ctx context.Context, i int, outcome []byte) error
 	}
 	for j, outcome := range t.outcomes {
 		if outcome != nil && t.takeover[j] {
-			b.Queue(t.store.takeoverSQL, t.rs[j].Key[:], t.rs[j].Fingerprint[:], outcome, max(t.rs[j].Retention, 0).Microseconds())
+			b.Queue(t.store.takeoverSQL, t.rs[j].Key[:], t.rs[j].Fingerprint[:], outcome, retention(t.rs[j]))
 		}
 	}
 	for j := range t.outcomes {

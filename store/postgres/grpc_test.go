@@ -168,7 +168,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 			}
 			sql, _ := tracer.lastSQL.Load().(string)
 			retryTrips, prepares := tracer.reset()
-			if retryTrips != 1 || prepares != 0 || !strings.HasPrefix(sql, "SELECT fingerprint, outcome FROM") {
+			if retryTrips != 1 || prepares != 0 || !strings.HasPrefix(sql, "SELECT fingerprint, outcome, expires_at FROM") {
 				t.Errorf("the retry: %d round trips, %d prepares, the last %.40q; want 1 plain SELECT, 0 prepares", retryTrips, prepares, sql)
 			}
 			if n := firstAttemptTrips.Load(); n != 2 {

@@ -231,11 +231,11 @@ func takeableBy(r, fingerprint string) string {
 //
 // Parameters: key, fingerprint, lease and retention in microseconds. Result
 // columns: kind (1 acquired, 2 completed, 3 in progress), token, fingerprint,
-// outcome, time left on the lease.
+// outcome, time left on the lease, the record's expiry.
 func reserveSQL(table, sequence string) string {
 	return fmt.Sprintf(`
 WITH cur AS (
-	SELECT c.state, c.fingerprint, c.outcome, c.lease_end, %[3]s AS takeable
+	SELECT c.state, c.fingerprint, c.outcome, c.lease_end, c.expires_at, %[3]s AS takeable
 	FROM %[1]s AS c WHERE c.key = $1
 ), ins AS (
 	INSERT INTO %[1]s AS r (key, fingerprint, state, token, lease_end, created_at, expires_at)
@@ -251,11 +251,11 @@ WITH cur AS (
 		created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
 		expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END
 	WHERE %[4]s
-	RETURNING r.token
+	RETURNING r.token, r.expires_at
 )
-SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval FROM ins
+SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval, expires_at FROM ins
 UNION ALL
-SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome, lease_end - now()
+SELECT CASE state WHEN 'completed' THEN 2 ELSE 3 END, 0, fingerprint, outcome, lease_end - now(), expires_at
 FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 }
 
@@ -276,11 +276,11 @@ WITH ins AS (
 	VALUES ($1, $2, 'in_progress', nextval('%[2]s'),
 		now() + $3 * interval '1 microsecond', now(), now() + $4 * interval '1 microsecond')
 	ON CONFLICT (key) DO NOTHING
-	RETURNING token
+	RETURNING token, expires_at
 )
-SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval FROM ins
+SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval, expires_at FROM ins
 UNION ALL
-SELECT CASE WHEN %[3]s THEN 4 WHEN c.state = 'completed' THEN 2 ELSE 3 END, 0, c.fingerprint, c.outcome, c.lease_end - now()
+SELECT CASE WHEN %[3]s THEN 4 WHEN c.state = 'completed' THEN 2 ELSE 3 END, 0, c.fingerprint, c.outcome, c.lease_end - now(), c.expires_at
 FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)`, table, sequence, takeable("c"))
 }
 
@@ -292,7 +292,7 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 		fingerprint []byte
 		leaseLeft   pgtype.Interval
 	)
-	if err := row.Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft); err != nil {
+	if err := row.Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft, &res.Expires); err != nil {
 		return store.Result{}, err
 	}
 	switch kind {
@@ -319,7 +319,7 @@ func intervalDuration(left pgtype.Interval) time.Duration {
 // reserveSQL would answer with kind 2. A record has an outcome exactly when
 // it is completed (the table's CHECK), and testing for NULL costs less than
 // comparing text, on the path of every replay.
-const findSQL = `SELECT fingerprint, outcome FROM %s WHERE key = $1 AND outcome IS NOT NULL AND expires_at > now()`
+const findSQL = `SELECT fingerprint, outcome, expires_at FROM %s WHERE key = $1 AND outcome IS NOT NULL AND expires_at > now()`
 
 // held matches the in-progress row held by token $2 that has not expired.
 const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end > now() OR expires_at > now())`
@@ -398,9 +398,9 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, er
 	defer cancel()
 	res := store.Result{State: store.Completed}
 	var fingerprint []byte
-	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
+	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome, &res.Expires)
 	for attempt := 1; attempt < maxAttempts && (serializationFailure(err) || reconnect(err)); attempt++ {
-		err = s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome)
+		err = s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome, &res.Expires)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
 		return store.Result{}, false, nil

@@ -133,7 +133,7 @@ func acquire(t *testing.T, st *postgres.Store, key store.Key) store.Token {
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		r := newReplica(t)
-		return storetest.Harness{Store: r.store, Advance: r.advance}
+		return storetest.Harness{Store: r.store, Advance: r.advance, ShiftsRecords: true}
 	})
 }
 

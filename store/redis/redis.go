@@ -250,28 +250,27 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 // parseReservation reads reserveScript's reply.
 func parseReservation(v any) (store.Result, error) {
 	a, ok := v.([]any)
-	bad := errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
-	if !ok || len(a) < 2 {
-		return store.Result{}, bad
+	if !ok || len(a) != 6 {
+		return store.Result{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
 	}
 	kind, _ := a[0].(int64)
 	token, _ := a[1].(int64)
-	var res store.Result
-	switch {
-	case kind == 1:
-		return store.Result{State: store.Acquired, Token: store.Token(token)}, nil
-	case kind == 2 && len(a) >= 4:
-		res.State = store.Completed
-		outcome, _ := a[3].(string)
-		res.Outcome = []byte(outcome)
-	case kind == 3 && len(a) >= 5:
-		res.State = store.InProgress
-		left, _ := a[4].(int64)
-		res.RetryAfter = time.Duration(left) * time.Microsecond // below maxDuration
-	default:
-		return store.Result{}, bad
-	}
 	fp, _ := a[2].(string)
+	outcome, _ := a[3].(string)
+	left, _ := a[4].(int64)
+	expires, _ := a[5].(int64)
+	res := store.Result{Expires: time.UnixMicro(expires)}
+	switch kind {
+	case 1:
+		res.State, res.Token = store.Acquired, store.Token(token)
+		return res, nil
+	case 2:
+		res.State, res.Outcome = store.Completed, []byte(outcome)
+	case 3:
+		res.State, res.RetryAfter = store.InProgress, time.Duration(left)*time.Microsecond // below maxDuration
+	default:
+		return store.Result{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
+	}
 	copy(res.Fingerprint[:], fp)
 	return res, nil
 }
@@ -292,12 +291,13 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, er
 		return store.Result{}, false, s.translate(ctx, "find", err)
 	}
 	a, ok := v.([]any)
-	if !ok || len(a) != 2 {
+	if !ok || len(a) != 3 {
 		return store.Result{}, false, errors.New("idemkey redis: find: the script's reply has an unexpected shape")
 	}
 	fp, _ := a[0].(string)
 	outcome, _ := a[1].(string)
-	res := store.Result{State: store.Completed, Outcome: []byte(outcome)}
+	expires, _ := a[2].(int64)
+	res := store.Result{State: store.Completed, Outcome: []byte(outcome), Expires: time.UnixMicro(expires)}
 	copy(res.Fingerprint[:], fp)
 	return res, true, nil
 }

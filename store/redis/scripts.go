@@ -57,8 +57,10 @@ end
 
 // reserveScript decides a reservation, as store.Store's Reserve describes.
 // ARGV: offset, epoch, fingerprint, lease, retention (microseconds).
-// Reply: {1, token} acquired; {2, 0, fingerprint, outcome} completed;
-// {3, 0, fingerprint, "", lease left} in progress.
+// Reply: {kind, token, fingerprint, outcome, lease left, expiry}: kind 1
+// acquired, with its token; 2 completed, with the record's fingerprint and
+// outcome; 3 in progress, with its fingerprint and the lease's time left;
+// each with the record's expiry (e).
 //
 // A new token is the server's time in microseconds, or one more than the
 // key's last token if that is larger. While the record (or its released
@@ -74,8 +76,8 @@ if absent then
 	local gone = lost()
 	if gone then return gone end
 else
-	if state == 'c' then return {2, 0, r[2], r[4]} end
-	if leaseEnd > now or r[2] ~= ARGV[3] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0)} end
+	if state == 'c' then return {2, 0, r[2], r[4], 0, expires} end
+	if leaseEnd > now or r[2] ~= ARGV[3] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0), expires} end
 end
 local token = now
 if last and last >= token then token = last + 1 end
@@ -87,7 +89,7 @@ end
 redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[3], 't', num(token), 'l', num(leaseEnd))
 redis.call('HDEL', KEYS[1], 'o')
 expireAt(math.max(expires, leaseEnd))
-return {1, token}
+return {1, token, '', '', 0, expires}
 `)
 
 // completeScript records an outcome. ARGV: offset, epoch, token, outcome.
@@ -121,9 +123,9 @@ return lost() or 0
 `)
 
 // findScript reads a completed record that has not expired. ARGV: offset,
-// epoch. Reply: {fingerprint, outcome}, or nil.
+// epoch. Reply: {fingerprint, outcome, expiry}, or nil.
 var findScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'e')
-if r[1] == 'c' and tonumber(r[4]) > now then return {r[2], r[3]} end
+if r[1] == 'c' and tonumber(r[4]) > now then return {r[2], r[3], tonumber(r[4])} end
 return lost() or false
 `)
