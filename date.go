@@ -26,3 +26,14 @@ func ParseDate(v string) (time.Time, error) {
 	}
 	return t, nil
 }
+
+// ParseExpires reads the key's expiry from the values of an ExpiresHeader
+// or ExpiresMetadata field, as a client gets them: ok is false unless there
+// is exactly one, an HTTP date. Each entry point's KeyExpires calls it.
+func ParseExpires(values []string) (t time.Time, ok bool) {
+	if len(values) != 1 {
+		return time.Time{}, false
+	}
+	t, err := ParseDate(values[0])
+	return t, err == nil
+}

@@ -2,7 +2,6 @@ package consumer
 
 import (
 	"context"
-	"crypto/sha256"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
@@ -78,7 +77,7 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 			results[i] = c.Process(ctx, d, one(i)) // refused, without the store
 			continue
 		}
-		reqs = append(reqs, engine.Request{Tenant: d.Tenant, Key: d.ID, Fingerprint: sha256.Sum256(d.Body), Retried: d.Redelivered})
+		reqs = append(reqs, d.request())
 		at = append(at, i)
 	}
 	sctx := ctx

@@ -80,6 +80,23 @@ type Delivery struct {
 	// and one in progress elsewhere is waited for (see the package
 	// documentation).
 	Last bool
+	// Sent is when the message was first published, as the broker tells it
+	// (JetStream's stored time, AMQP's timestamp property), or zero. A
+	// message sent longer ago than the retention (less WithClockSkew)
+	// whose id has no record is refused with ErrExpired, not processed:
+	// its record may have been there, and expired. A Sent in the future
+	// counts as unknown: a publisher's clock that runs ahead refuses
+	// nothing.
+	Sent time.Time
+}
+
+// request is what the engine is asked for d.
+func (d Delivery) request() engine.Request {
+	r := engine.Request{Tenant: d.Tenant, Key: d.ID, Fingerprint: sha256.Sum256(d.Body), Retried: d.Redelivered}
+	if !d.Sent.After(time.Now()) {
+		r.FirstSent = d.Sent
+	}
+	return r
 }
 
 // Handler processes one message. In atomic mode ctx carries the store's
@@ -102,7 +119,7 @@ const (
 	Retry                           // the handler failed for now; released
 	Duplicate                       // processed before: dropped without running
 	Busy                            // in progress elsewhere: redelivered later
-	Refused                         // no id, a malformed or reused one, or a refused tenant: never runs
+	Refused                         // no id, a malformed or reused one, a refused tenant, or sent before the retention: never runs
 	StoreUnavailable                // the store failed: redelivered later
 	StoreFull                       // no room for a new record: redelivered later
 )
@@ -170,6 +187,7 @@ var (
 	ErrInvalidID    = errors.New("idemkey/consumer: the message id is longer than 255 bytes")
 	ErrReusedID     = errors.New("idemkey/consumer: the message id was first used with another body")
 	ErrFailedBefore = errors.New("idemkey/consumer: the message failed when first processed")
+	ErrExpired      = errors.New("idemkey/consumer: the message was sent longer ago than its id's record is kept, and the id has no record")
 	// ErrLastDelivery wraps the reason a message would have been redelivered
 	// on its last delivery (Delivery.Last): it is dead-lettered instead.
 	ErrLastDelivery = errors.New("idemkey/consumer: the broker will not deliver the message again")
@@ -293,12 +311,7 @@ func (c *Consumer) process(ctx context.Context, call *engine.Call, d Delivery, h
 		call.Verdict = engine.KeyInvalid
 		return c.refuse(ctx, call, ErrInvalidID)
 	}
-	call.Start(ctx, engine.Request{
-		Tenant:      d.Tenant,
-		Key:         d.ID,
-		Fingerprint: sha256.Sum256(d.Body),
-		Retried:     d.Redelivered,
-	})
+	call.Start(ctx, d.request())
 	if call.Verdict == engine.Executed {
 		return c.run(ctx, call, d, h)
 	}
@@ -318,6 +331,8 @@ func (c *Consumer) answer(ctx context.Context, call *engine.Call, d Delivery) Re
 		return Result{Outcome: Busy, Action: Nak, Delay: call.RetryAfter}
 	case engine.Reused:
 		return c.refuse(ctx, call, ErrReusedID)
+	case engine.Expired:
+		return c.refuse(ctx, call, ErrExpired)
 	case engine.StoreFull:
 		return Result{Outcome: StoreFull, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
 	default: // StoreUnavailable; a consumer never fails open

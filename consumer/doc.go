@@ -31,9 +31,17 @@
 //	Retry              nak, after a backoff           a transient error: the id is released
 //	Failed             ack, and the dead-letter hook  a final error: recorded, undoing atomic writes
 //	Refused            reject (terminate), and the hook
-//	                                                  no id, a reused id, a refused tenant
+//	                                                  no id, a reused id, a refused tenant, or
+//	                                                  sent before the retention (ErrExpired)
 //	StoreUnavailable   nak, after a backoff           the store failed; a consumer never runs unprotected
 //	StoreFull          nak, after a backoff           no room for a new record
+//
+// A message the broker stamps (Delivery.Sent: JetStream's stored time, an
+// AMQP timestamp) longer ago than the retention, less WithClockSkew, whose
+// id has no record, is Refused with ErrExpired rather than processed: its
+// record may have been there and expired, so running it could apply it
+// twice (a message moved back by hand from a dead-letter queue days later).
+// A record still there drops it as a Duplicate, as ever.
 //
 // WithHooks runs one of the application's hooks for each delivery, before
 // Process returns and so before the adapter acknowledges: OnExecute for

@@ -73,6 +73,12 @@ func withEngine(opts ...engine.Option) Option {
 // longer than the broker may redeliver (the adapters check).
 func WithRetention(d time.Duration) Option { return withEngine(engine.WithRetention(d)) }
 
+// WithClockSkew sets how far the broker's clock, which stamps a message's
+// Delivery.Sent, may be from the store's (engine.WithClockSkew): a message
+// sent longer ago than the retention less the skew, whose id has no
+// record, is refused with ErrExpired.
+func WithClockSkew(d time.Duration) Option { return withEngine(engine.WithClockSkew(d)) }
+
 // WithLease sets how long a message without WithHandlerTimeout is held before
 // a redelivery presumes its first run dead (engine.WithLease).
 func WithLease(d time.Duration) Option { return withEngine(engine.WithLease(d)) }

@@ -20,9 +20,22 @@
 //		}
 //	case engine.Replayed:
 //		write(decode(c.Outcome))
-//	case engine.InProgress: // and Reused, StoreFull, StoreUnavailable, FailedOpen
+//	case engine.InProgress: // and Reused, StoreFull, StoreUnavailable, FailedOpen, Expired
 //	}
 //	c.End(ctx, code) // the final status code, for idemkey.calls and the hooks
+//
+// # A key's lifetime
+//
+// Every answer about a key tells until when it is honoured (Call.Expires:
+// its record's creation plus WithRetention, on the store's clock, the same
+// for every call of the key), which adapters send as
+// idemkey.ExpiresHeader or idemkey.ExpiresMetadata. A call may say when its
+// key's operation was first sent (Request.FirstSent, read with
+// Engine.FirstSent): one first sent longer ago than the retention, less
+// WithClockSkew, whose key has no record, is answered Expired and never
+// runs, since its record may have been there and expired (OASIS Repeatable
+// Requests' Repeatability-First-Sent). One first sent in the future, beyond
+// the skew, is FirstSentInvalid. A record still there replays as ever.
 //
 // # Batches
 //

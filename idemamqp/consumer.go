@@ -214,6 +214,7 @@ func (c *Consumer) delivery(d amqp.Delivery) (consumer.Delivery, error) {
 		Attempt:     n,
 		Redelivered: d.Redelivered,
 		Last:        c.deliveryLimit >= 0 && n-1 >= int(c.deliveryLimit),
+		Sent:        d.Timestamp, // the publisher's, if it set one
 	}, nil
 }
 

@@ -10,7 +10,9 @@
 // progress on another worker is requeued after a delay; a handler's
 // transient error releases the id and requeues the message after a backoff;
 // its final error is recorded, acknowledged and handed to the dead-letter
-// hook.
+// hook. A message whose timestamp property (set by its publisher) is older
+// than the retention, and whose id has no record, is rejected and handed to
+// the hook with consumer.ErrExpired, never run (consumer.Delivery.Sent).
 //
 // # Example
 //

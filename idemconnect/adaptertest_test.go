@@ -3,6 +3,7 @@ package idemconnect_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 
 	"connectrpc.com/connect"
@@ -20,6 +21,8 @@ var conformanceStatus = map[string]int{
 	idemkey.ReasonInProgress:       int(connect.CodeAborted),
 	idemkey.ReasonStoreUnavailable: int(connect.CodeUnavailable),
 	idemkey.ReasonStoreFull:        int(connect.CodeResourceExhausted),
+	idemkey.ReasonKeyExpired:       int(connect.CodeFailedPrecondition),
+	idemkey.ReasonFirstSentInvalid: int(connect.CodeInvalidArgument),
 	"internal":                     int(connect.CodeInternal),
 }
 
@@ -103,16 +106,21 @@ func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connec
 				req.Header().Add(idemkey.KeyHeader, r.Key)
 			}
 		}
+		if r.FirstSent != "" {
+			req.Header().Set(idemkey.FirstSentHeader, r.FirstSent)
+		}
 		resp, err := client.CallUnary(ctx, req)
 		if err != nil {
 			reply := adaptertest.Reply{Status: int(connect.CodeOf(err)), Reason: idemconnect.Reason(err)}
 			var ce *connect.Error
 			if errors.As(err, &ce) {
 				reply.Body, reply.Replayed = ce.Message(), idemconnect.Replayed(ce.Meta())
+				reply.Expires = strings.Join(ce.Meta().Values(idemkey.ExpiresHeader), ",")
 			}
 			reply.RetryAfter, _ = idemconnect.RetryDelay(err)
 			return reply
 		}
-		return adaptertest.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemconnect.Replayed(resp.Header())}
+		return adaptertest.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemconnect.Replayed(resp.Header()),
+			Expires: strings.Join(resp.Header().Values(idemkey.ExpiresHeader), ",")}
 	}
 }

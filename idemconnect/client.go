@@ -2,23 +2,29 @@ package idemconnect
 
 import (
 	"context"
+	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/protokey"
 )
 
 // NewClientInterceptor returns an interceptor for Connect clients that
 // attaches an idempotency key to every call of a covered procedure: the one
 // already in the request's Idempotency-Key header, else the one of
-// ContextWithKey, else a fresh idemkey.NewKey. The key goes in the request's
-// header, so a retry that sends the same *connect.Request again carries the
-// same key: use one Request per operation. A caller's key that is malformed
-// fails the call with InvalidArgument (reason IDEMPOTENCY_KEY_INVALID)
-// before it is sent. Streaming calls, and calls of handlers, pass through
-// untouched.
+// ContextWithKey, else a fresh idemkey.NewKey. Beside it goes when the
+// operation was first sent (Idempotency-First-Sent), unless the request has
+// it: the time of ContextWithKeyFirstSent, else now. Both go in the
+// request's header, so a retry that sends the same *connect.Request again
+// carries the same key and the same first-sent time: use one Request per
+// operation. A caller's key or first-sent time that is malformed fails the
+// call with InvalidArgument (reason IDEMPOTENCY_KEY_INVALID or
+// IDEMPOTENCY_FIRST_SENT_INVALID) before it is sent. Streaming calls, and
+// calls of handlers, pass through untouched.
 //
 // A procedure named in WithIncludedProcedures or WithExcludedProcedures that
 // the protobuf registry does not know fails every call with Internal, naming
@@ -51,7 +57,8 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			if msg, ok := req.Any().(proto.Message); ok && p.keyField != nil && protokey.KeyFromField(msg, p.keyField) != "" {
 				break // the request carries its own key
 			}
-			key, ok := ctx.Value(contextKey{}).(string)
+			kc, ok := ctx.Value(contextKey{}).(keyContext)
+			key := kc.key
 			if !ok {
 				key = idemkey.NewKey()
 			} else if err := checkKey(key); err != nil {
@@ -65,8 +72,33 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		default:
 			return nil, invalidKeyError("it was sent more than once")
 		}
+		if err := setFirstSent(ctx, h); err != nil {
+			return nil, err
+		}
 		return next(ctx, req)
 	}
+}
+
+// setFirstSent sets idemkey.FirstSentHeader in h, unless h has it: to the
+// time of ContextWithKeyFirstSent, else now. One it has that is not an HTTP
+// date, or that is sent twice, fails the call before it is sent.
+func setFirstSent(ctx context.Context, h http.Header) *connect.Error {
+	switch vs := h[idemkey.FirstSentHeader]; len(vs) {
+	case 0:
+		kc, _ := ctx.Value(contextKey{}).(keyContext)
+		t := kc.firstSent
+		if t.IsZero() {
+			t = time.Now()
+		}
+		h[idemkey.FirstSentHeader] = []string{idemkey.FormatDate(t)}
+	case 1:
+		if _, err := idemkey.ParseDate(vs[0]); err != nil {
+			return firstSentInvalidError(&engine.FirstSentError{Problem: "it is not an HTTP date (IMF-fixdate)"})
+		}
+	default:
+		return firstSentInvalidError(&engine.FirstSentError{Problem: "it was sent more than once"})
+	}
+	return nil
 }
 
 func (cl *client) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
@@ -79,6 +111,13 @@ func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connec
 
 type contextKey struct{}
 
+// keyContext is what ContextWithKey and ContextWithKeyFirstSent put in a
+// context.
+type keyContext struct {
+	key       string
+	firstSent time.Time
+}
+
 // ContextWithKey returns a context whose calls through NewClientInterceptor
 // carry key as their idempotency key, for example a key saved with the
 // business record so that a restarted process retries the same operation.
@@ -86,5 +125,15 @@ type contextKey struct{}
 // procedure made with the context carries it, so use one context per
 // operation.
 func ContextWithKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, contextKey{}, key)
+	return context.WithValue(ctx, contextKey{}, keyContext{key: key})
+}
+
+// ContextWithKeyFirstSent is ContextWithKey for a key whose operation was
+// first sent at firstSent, which its calls send as Idempotency-First-Sent:
+// a restarted process that saved both retries as the first process would
+// have, and the server refuses the retry (IDEMPOTENCY_KEY_EXPIRED) rather
+// than run it again if the key's record may have expired. A zero firstSent
+// sends the time of each call.
+func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Time) context.Context {
+	return context.WithValue(ctx, contextKey{}, keyContext{key: key, firstSent: firstSent})
 }

@@ -3,9 +3,11 @@ package idemconnect_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"connectrpc.com/connect"
 
@@ -15,28 +17,36 @@ import (
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// keyRecorder is a server interceptor that keeps the Idempotency-Key
-// header of each call, in order.
+// keyRecorder is a server interceptor that keeps the request header of
+// each call, in order.
 type keyRecorder struct {
-	mu   sync.Mutex
-	keys [][]string
+	mu      sync.Mutex
+	headers []http.Header
 }
 
 func (k *keyRecorder) intercept(next connect.UnaryFunc) connect.UnaryFunc {
 	return func(ctx context.Context, req connect.AnyRequest) (connect.AnyResponse, error) {
 		k.mu.Lock()
-		k.keys = append(k.keys, req.Header().Values(idemkey.KeyHeader))
+		k.headers = append(k.headers, req.Header().Clone())
 		k.mu.Unlock()
 		return next(ctx, req)
 	}
 }
 
-func (k *keyRecorder) take() [][]string {
+// take returns the Idempotency-Key values of each call since the last take.
+func (k *keyRecorder) take() [][]string { return k.takeValues(idemkey.KeyHeader) }
+
+// takeValues returns the values of the header name of each call since the
+// last take.
+func (k *keyRecorder) takeValues(name string) [][]string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	keys := k.keys
-	k.keys = nil
-	return keys
+	values := make([][]string, len(k.headers))
+	for i, h := range k.headers {
+		values[i] = h.Values(name)
+	}
+	k.headers = nil
+	return values
 }
 
 func TestClientInterceptor(t *testing.T) {
@@ -140,4 +150,146 @@ func TestClientAndServer(t *testing.T) {
 		t.Fatalf("retry: %v, %v; want the replay of %v", retry, err, first.Msg)
 	}
 	runs.wantRuns(t, 1)
+}
+
+// The client sends when each operation was first sent, the same on every
+// retry of one Request; a malformed one fails before it is sent.
+func TestClientFirstSent(t *testing.T) {
+	rec := &keyRecorder{}
+	runs := &counter{}
+	url := serve(t, runs.handle, connect.UnaryInterceptorFunc(rec.intercept), newInterceptor(t, memory.New()))
+	client := newChargeClient(t, url, connect.WithInterceptors(idemconnect.NewClientInterceptor()))
+	ctx := t.Context()
+	send := func(ctx context.Context, req *chargeRequest) error {
+		_, err := client.CallUnary(ctx, req)
+		return err
+	}
+
+	t.Run("now, kept by a retry of the same Request", func(t *testing.T) {
+		before := time.Now().Truncate(time.Second)
+		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100})
+		if err := send(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		// The retry's context has another time; the Request's own wins.
+		if err := send(idemconnect.ContextWithKeyFirstSent(ctx, "other", before.Add(-time.Hour)), req); err != nil {
+			t.Fatal(err)
+		}
+		sent := rec.takeValues(idemkey.FirstSentHeader)
+		if len(sent) != 2 || len(sent[0]) != 1 || strings.Join(sent[1], ",") != sent[0][0] {
+			t.Fatalf("first-sent times sent: %q; want one, the same on the retry", sent)
+		}
+		if at, err := idemkey.ParseDate(sent[0][0]); err != nil || at.Before(before) || at.After(time.Now()) {
+			t.Fatalf("first sent %q, want the time of the call", sent[0][0])
+		}
+	})
+	t.Run("the context's time", func(t *testing.T) {
+		at := time.Now().Add(-time.Hour)
+		if err := send(idemconnect.ContextWithKeyFirstSent(ctx, "saved-key", at), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 200})); err != nil {
+			t.Fatal(err)
+		}
+		h := rec.takeValues(idemkey.FirstSentHeader)
+		if len(h) != 1 || strings.Join(h[0], ",") != idemkey.FormatDate(at) {
+			t.Fatalf("first-sent times sent: %q; want %s", h, idemkey.FormatDate(at))
+		}
+	})
+	t.Run("a malformed one fails before it is sent", func(t *testing.T) {
+		bad := connect.NewRequest(&paymentsv1.CreateChargeRequest{})
+		bad.Header().Set(idemkey.FirstSentHeader, "secret-yesterday")
+		twice := connect.NewRequest(&paymentsv1.CreateChargeRequest{})
+		twice.Header().Add(idemkey.FirstSentHeader, idemkey.FormatDate(time.Now()))
+		twice.Header().Add(idemkey.FirstSentHeader, idemkey.FormatDate(time.Now()))
+		for _, req := range []*chargeRequest{bad, twice} {
+			err := send(ctx, req)
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonFirstSentInvalid ||
+				strings.Contains(err.Error(), "secret") {
+				t.Errorf("got %v; want InvalidArgument, IDEMPOTENCY_FIRST_SENT_INVALID, not quoting the value", err)
+			}
+		}
+		if sent := rec.take(); len(sent) != 0 {
+			t.Fatalf("sent %d calls", len(sent))
+		}
+	})
+	runs.wantRuns(t, 2)
+}
+
+// KeyExpires reads until when the server honours a key, from a reply and
+// from an error; a retry first sent before the retention, whose key has no
+// record, is refused without running.
+func TestKeyExpires(t *testing.T) {
+	const retention = time.Hour
+	runs := &counter{}
+	started, gate := make(chan struct{}, 1), make(chan struct{})
+	handle := func(ctx context.Context, req *chargeRequest) (*chargeResponse, error) {
+		if req.Msg.GetDescription() == "block" {
+			started <- struct{}{}
+			select {
+			case <-gate:
+			case <-ctx.Done(): // the test failed, and its client hung up
+				return nil, ctx.Err()
+			}
+		}
+		return runs.handle(ctx, req)
+	}
+	url := serve(t, handle, newInterceptor(t, memory.New(), idemconnect.WithRetention(retention), idemconnect.WithInProgressWait(0)))
+	for _, p := range []struct {
+		name string
+		opts []connect.ClientOption
+	}{{"connect", nil}, {"grpc", []connect.ClientOption{connect.WithGRPC()}}} {
+		t.Run(p.name, func(t *testing.T) {
+			client := newChargeClient(t, url, append(p.opts, connect.WithInterceptors(idemconnect.NewClientInterceptor()))...)
+			ctx := t.Context()
+			key := p.name + "-k1"
+
+			sent := time.Now()
+			resp, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			exp, ok := idemconnect.KeyExpires(resp.Header())
+			if d := exp.Sub(sent); !ok || d < retention-time.Second || d > retention+time.Second {
+				t.Fatalf("expiry %q, %v after the call; want the retention, %v", resp.Header().Get(idemkey.ExpiresHeader), d, retention)
+			}
+			// The replay tells the same expiry, and so does a duplicate
+			// answered in progress, in its error's metadata.
+			replay, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
+			if got, _ := idemconnect.KeyExpires(replay.Header()); err != nil || !got.Equal(exp) {
+				t.Fatalf("replay: %v, expiry %v; want %v", err, got, exp)
+			}
+			done := make(chan error, 1)
+			blocked := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 300, Description: "block"})
+			go func() {
+				_, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key+"-blocked"), blocked)
+				done <- err
+			}()
+			<-started
+			_, err = client.CallUnary(idemconnect.ContextWithKey(ctx, key+"-blocked"), connect.NewRequest(blocked.Msg))
+			ce := (*connect.Error)(nil)
+			if !errors.As(err, &ce) || idemconnect.Reason(err) != idemkey.ReasonInProgress {
+				t.Fatalf("duplicate: %v, want in progress", err)
+			}
+			if got, ok := idemconnect.KeyExpires(ce.Meta()); !ok || got.Sub(exp) < 0 || got.Sub(exp) > time.Minute {
+				t.Fatalf("in progress told the expiry %q, want one from about when it was first sent", ce.Meta().Values(idemkey.ExpiresHeader))
+			}
+			gate <- struct{}{}
+			if err := <-done; err != nil {
+				t.Fatal(err)
+			}
+			runsBefore := runs.runs.Load()
+
+			// A restarted process retries a key it saved two hours ago, which
+			// has no record: refused, not run.
+			_, err = client.CallUnary(idemconnect.ContextWithKeyFirstSent(ctx, key+"-stale", time.Now().Add(-2*retention)),
+				connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
+			if connect.CodeOf(err) != connect.CodeFailedPrecondition || idemconnect.Reason(err) != idemkey.ReasonKeyExpired {
+				t.Fatalf("stale retry: %v; want FailedPrecondition, IDEMPOTENCY_KEY_EXPIRED", err)
+			}
+			if errors.As(err, &ce) {
+				if _, ok := idemconnect.KeyExpires(ce.Meta()); ok {
+					t.Fatalf("expiry %q for a key that has no record", ce.Meta().Values(idemkey.ExpiresHeader))
+				}
+			}
+			runs.wantRuns(t, runsBefore)
+		})
+	}
 }

@@ -67,6 +67,19 @@
 //     grpc-retry-pushback-ms (as trailers over gRPC); a failed store is
 //     Unavailable, and the handler does not run; a full store is
 //     ResourceExhausted with a RetryInfo.
+//   - Every answer about a key with a record, or one in progress (a reply
+//     recorded, a replay, in progress, reused), tells until when the key is
+//     honoured: the header Idempotency-Key-Expires, an HTTP date, on a reply;
+//     in an error's metadata otherwise (trailers over gRPC). KeyExpires reads
+//     it from resp.Header() or the error's Meta(). The client interceptor
+//     sends, with the key, when the operation was first sent
+//     (Idempotency-First-Sent): the time of ContextWithKeyFirstSent, else
+//     that of the first send of the *connect.Request. A call first sent
+//     longer ago than the retention (less WithClockSkew) whose key has no
+//     record is FailedPrecondition with reason IDEMPOTENCY_KEY_EXPIRED, and
+//     does not run: its record may have expired. A first-sent time
+//     malformed, sent twice or in the future is InvalidArgument with reason
+//     IDEMPOTENCY_FIRST_SENT_INVALID.
 //   - The handler's errors are recorded or released by code as with the gRPC
 //     interceptor (WithRecordedCodes). An error that is not a
 //     *connect.Error is Unknown, as Connect sends it; a context error is
@@ -112,7 +125,7 @@
 //     itself. Its retry of Unavailable transmitted before any header is
 //     unaffected. A Connect client has no retry policy: retry in your code,
 //     sending the same *connect.Request again, and wait RetryDelay.
-//   - The client interceptor writes the key into the request's header, so a
-//     *connect.Request reused for another operation carries the first one's
-//     key: build one Request per operation.
+//   - The client interceptor writes the key and the first-sent time into
+//     the request's header, so a *connect.Request reused for another
+//     operation carries the first one's: build one Request per operation.
 package idemconnect

@@ -87,6 +87,17 @@ func storeFullError(retryAfter time.Duration) *connect.Error {
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 }
 
+// firstSentInvalidError is err, an *engine.FirstSentError, which never
+// quotes the value, as a Connect error.
+func firstSentInvalidError(err error) *connect.Error {
+	return newError(connect.CodeInvalidArgument, idemkey.ReasonFirstSentInvalid, err.Error())
+}
+
+func keyExpiredError() *connect.Error {
+	return newError(connect.CodeFailedPrecondition, idemkey.ReasonKeyExpired,
+		"idempotency key expired: its operation was first sent longer ago than keys are kept, and has no record; the call was not run")
+}
+
 func newError(code connect.Code, reason, msg string, extra ...proto.Message) *connect.Error {
 	err := connect.NewError(code, errors.New(msg))
 	for _, m := range append([]proto.Message{&errdetails.ErrorInfo{Reason: reason, Domain: idemkey.ErrorDomain}}, extra...) {
@@ -123,6 +134,14 @@ func RetryDelay(err error) (time.Duration, bool) {
 func Replayed(h http.Header) bool {
 	v := h.Values(idemkey.ReplayedHeader)
 	return len(v) == 1 && v[0] == "true"
+}
+
+// KeyExpires returns until when the server honours the call's key
+// (idemkey.ExpiresHeader), from a reply's Header() or an error's Meta(): a
+// retry after it may run again, or be refused with IDEMPOTENCY_KEY_EXPIRED.
+// ok is false if h does not say.
+func KeyExpires(h http.Header) (time.Time, bool) {
+	return idemkey.ParseExpires(h.Values(idemkey.ExpiresHeader))
 }
 
 // detail returns the first detail of err of type T.

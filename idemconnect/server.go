@@ -101,6 +101,11 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 		c.Verdict = engine.NoKey
 		return next(ctx, req)
 	}
+	firstSent, err := s.eng.FirstSent(req.Header()[idemkey.FirstSentHeader])
+	if err != nil {
+		c.Verdict = engine.FirstSentInvalid
+		return nil, firstSentInvalidError(err)
+	}
 	if p.output == nil {
 		return nil, internalError("idemkey: the procedure is not in the protobuf registry, so its replies cannot be replayed")
 	}
@@ -126,7 +131,7 @@ func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure
 		return nil, internalError("idemkey: the request could not be fingerprinted")
 	}
 
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(req.Header())})
+	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(req.Header()), FirstSent: firstSent})
 	switch c.Verdict {
 	case engine.Executed:
 		return s.run(ctx, c, p, req, next)
@@ -142,9 +147,13 @@ func (s *server) answer(ctx context.Context, c *engine.Call, p *procedure, req c
 	case engine.Replayed:
 		return s.replay(ctx, c, p, req)
 	case engine.InProgress:
-		return nil, inProgressError(c.RetryAfter)
+		return nil, withExpires(inProgressError(c.RetryAfter), c)
 	case engine.Reused:
-		return nil, reusedKeyError()
+		return nil, withExpires(reusedKeyError(), c)
+	case engine.Expired:
+		return nil, keyExpiredError()
+	case engine.FirstSentInvalid: // Start's own check, which the one before it makes unlikely
+		return nil, firstSentInvalidError(&engine.FirstSentError{Problem: "it lies in the future, beyond the clock skew allowed"})
 	case engine.StoreFull:
 		return nil, storeFullError(c.RetryAfter)
 	}
@@ -249,7 +258,41 @@ func (s *server) run(ctx context.Context, c *engine.Call, p *procedure, req conn
 	case recErr != nil:
 		return nil, storeUnavailableError()
 	}
+	tellExpires(ctx, c, resp, err)
 	return resp, err
+}
+
+// tellExpires tells the client until when the key of a call whose reply the
+// handler made is honoured, once that reply is recorded: in the call's
+// response header with a reply, and its trailer with an error, where
+// withExpires puts it too. A handler's *connect.Error may be shared among
+// calls, so its metadata is left alone.
+func tellExpires(ctx context.Context, c *engine.Call, resp connect.AnyResponse, err error) {
+	info, ok := connect.CallInfoForHandlerContext(ctx)
+	switch {
+	case ok && err != nil:
+		setExpires(info.ResponseTrailer(), c)
+	case ok:
+		setExpires(info.ResponseHeader(), c)
+	case err == nil:
+		setExpires(resp.Header(), c)
+	}
+}
+
+// setExpires sets idemkey.ExpiresHeader in h to the call's expiry, if the
+// store said.
+func setExpires(h http.Header, c *engine.Call) {
+	if !c.Expires.IsZero() {
+		h[idemkey.ExpiresHeader] = []string{idemkey.FormatDate(c.Expires)}
+	}
+}
+
+// withExpires is err, one of idemkey's own, with the call's expiry in its
+// metadata: headers with Connect's protocol, trailers with gRPC's, as the
+// gRPC interceptor sends it.
+func withExpires(err *connect.Error, c *engine.Call) *connect.Error {
+	setExpires(err.Meta(), c)
+	return err
 }
 
 // recordInstead records a short Internal in place of a reply that cannot be
@@ -263,8 +306,10 @@ func (s *server) recordInstead(ctx context.Context, c *engine.Call, p *procedure
 		return s.answer(ctx, c, p, req)
 	case recErr != nil && c.Atomic():
 		return nil, storeUnavailableError()
+	case recErr != nil:
+		return nil, internalError(msg)
 	}
-	return nil, internalError(msg)
+	return nil, withExpires(internalError(msg), c)
 }
 
 // replay answers a retry with the recorded outcome, marked replayed: a reply
@@ -286,12 +331,13 @@ func (s *server) replay(ctx context.Context, c *engine.Call, p *procedure, req c
 		}
 		addEntries(rec.err.Meta(), rec.trailer, s.opts.replayed)
 		rec.err.Meta()[idemkey.ReplayedHeader] = []string{"true"}
-		return nil, rec.err
+		return nil, withExpires(rec.err, c)
 	}
 	resp := connect.NewResponse(&replayedMessage{rec.resp})
 	addEntries(resp.Header(), rec.header, s.opts.replayed)
 	addEntries(resp.Trailer(), rec.trailer, s.opts.replayed)
 	resp.Header()[idemkey.ReplayedHeader] = []string{"true"}
+	setExpires(resp.Header(), c)
 	if protocol := req.Peer().Protocol; protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb {
 		resp.Trailer()[idemkey.ReplayedHeader] = []string{"true"}
 	}

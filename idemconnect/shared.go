@@ -59,6 +59,13 @@ func WithMaxLease(d time.Duration) Option { return withEngine(engine.WithMaxLeas
 // the first call (engine.WithRetention). After it the key is new again.
 func WithRetention(d time.Duration) Option { return withEngine(engine.WithRetention(d)) }
 
+// WithClockSkew sets how far apart a client's clock and the store's may be
+// (engine.WithClockSkew), for a request that sends Idempotency-First-Sent:
+// one first sent longer ago than the retention less the skew, whose key has
+// no record, is refused as expired rather than run; one first sent later
+// than the skew from now is refused as invalid.
+func WithClockSkew(d time.Duration) Option { return withEngine(engine.WithClockSkew(d)) }
+
 // WithMaxRetryAfter sets the longest wait asked of a retry that finds its
 // key in progress (engine.WithMaxRetryAfter).
 func WithMaxRetryAfter(d time.Duration) Option { return withEngine(engine.WithMaxRetryAfter(d)) }

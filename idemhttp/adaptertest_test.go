@@ -31,6 +31,8 @@ func TestAdapterCases(t *testing.T) {
 			idemkey.ReasonInProgress:       http.StatusConflict,
 			idemkey.ReasonStoreUnavailable: http.StatusServiceUnavailable,
 			idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
+			idemkey.ReasonKeyExpired:       http.StatusPreconditionFailed,
+			idemkey.ReasonFirstSentInvalid: http.StatusBadRequest,
 			"internal":                     http.StatusInternalServerError,
 		},
 	}, adaptertest.Stores()...)
@@ -141,6 +143,9 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 				req.Header.Add(idemkey.KeyHeader, idemkey.FormatKey(r.Key))
 			}
 		}
+		if r.FirstSent != "" {
+			req.Header.Set(idemkey.FirstSentHeader, r.FirstSent)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Errorf("POST /v1/charges: %v", err)
@@ -162,6 +167,7 @@ func readReply(t *testing.T, resp *http.Response) adaptertest.Reply {
 		OK:       resp.StatusCode < 300,
 		Status:   resp.StatusCode,
 		Replayed: resp.Header.Get(idemkey.ReplayedHeader) == "true",
+		Expires:  resp.Header.Get(idemkey.ExpiresHeader),
 	}
 	if s := resp.Header.Get("Retry-After"); s != "" {
 		n, err := strconv.Atoi(s)

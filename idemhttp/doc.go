@@ -41,8 +41,10 @@
 //
 //	400 IDEMPOTENCY_KEY_MISSING        no key, and one is required
 //	400 IDEMPOTENCY_KEY_INVALID        a malformed key, or the field sent twice or as a list
+//	400 IDEMPOTENCY_FIRST_SENT_INVALID Idempotency-First-Sent malformed, sent twice, or in the future
 //	401 (about:blank)                  the TenantFunc failed
 //	409 IDEMPOTENCY_KEY_IN_PROGRESS    the first request still runs; Retry-After says when to retry
+//	412 IDEMPOTENCY_KEY_EXPIRED        first sent longer ago than keys are kept, and no record: not run
 //	413 REQUEST_TOO_LARGE              the body is larger than WithMaxBodySize
 //	400 REQUEST_UNREADABLE             the body could not be read, or the fingerprint refused it
 //	422 IDEMPOTENCY_KEY_REUSED         the key was first used with another request
@@ -53,6 +55,25 @@
 // Nothing is reserved before the key, the tenant and the body have been
 // read. No answer holds the key, the tenant or request data. WriteProblem
 // writes such a body for an application's own errors.
+//
+// # Expiry
+//
+// Every answer about a key with a record, or one in progress (the response
+// recorded, a replay, 409, 422), tells until when the key is honoured, as
+// an HTTP date; KeyExpires reads it:
+//
+//	Idempotency-Key-Expires: Tue, 01 Dec 2026 20:05:37 GMT
+//
+// After it the record is gone, and the key would run again. So a client may
+// send, with the key, when it first sent the request, the same on every
+// retry:
+//
+//	Idempotency-First-Sent: Mon, 30 Nov 2026 20:05:37 GMT
+//
+// A request first sent longer ago than the retention (WithRetention, less
+// the clock skew of WithClockSkew) whose key has no record is answered 412
+// and not run: its record may have expired. A released key, a failed store
+// and a request without a key tell no expiry.
 //
 // # Guarantees
 //

@@ -195,6 +195,12 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 		next.ServeHTTP(w, r)
 		return
 	}
+	firstSent, err := m.eng.FirstSent(r.Header.Values(idemkey.FirstSentHeader))
+	if err != nil {
+		c.Verdict = engine.FirstSentInvalid
+		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid, err.Error(), 0)
+		return
+	}
 	tenant, err := m.eng.Tenant(ctx)
 	if err != nil {
 		WriteProblem(w, http.StatusUnauthorized, "", "the caller could not be authenticated", 0)
@@ -217,7 +223,7 @@ func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, nex
 		return
 	}
 
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp})
+	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, FirstSent: firstSent})
 	switch c.Verdict {
 	case engine.Executed:
 		m.run(w, r, body, next, c)
@@ -235,11 +241,19 @@ func (m *middleware) answer(w http.ResponseWriter, r *http.Request, c *engine.Ca
 	case engine.Replayed:
 		m.replay(w, r, c)
 	case engine.InProgress:
+		setExpires(w.Header(), c)
 		WriteProblem(w, http.StatusConflict, idemkey.ReasonInProgress,
 			"a request with this Idempotency-Key is being processed; retry after the time given", c.RetryAfter)
 	case engine.Reused:
+		setExpires(w.Header(), c)
 		WriteProblem(w, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused,
 			"this Idempotency-Key was first used with another request", 0)
+	case engine.Expired:
+		WriteProblem(w, http.StatusPreconditionFailed, idemkey.ReasonKeyExpired,
+			"the operation of this Idempotency-Key was first sent longer ago than keys are kept, and has no record; it was not run", 0)
+	case engine.FirstSentInvalid: // Start's own check, which the one before it makes unlikely
+		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid,
+			"the Idempotency-First-Sent time lies in the future, beyond the clock skew allowed", 0)
 	case engine.StoreFull:
 		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreFull,
 			"the idempotency store has no room for a new key; retry later", c.RetryAfter)
@@ -318,7 +332,17 @@ func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, ne
 		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
 	default:
+		setExpires(cw.header, c) // after its record: the expiry is each answer's own
 		cw.send(w)
+	}
+}
+
+// setExpires tells the client until when the call's key is honoured, if
+// the store said: on an answer about a recorded or reserved key, never on
+// one whose key was released or not reserved.
+func setExpires(h http.Header, c *engine.Call) {
+	if !c.Expires.IsZero() {
+		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(c.Expires))
 	}
 }
 
@@ -348,6 +372,9 @@ func (m *middleware) recordInstead(w http.ResponseWriter, r *http.Request, c *en
 			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
 		return
 	}
+	if err == nil {
+		setExpires(pw.header, c)
+	}
 	pw.send(w)
 }
 
@@ -369,6 +396,7 @@ func (m *middleware) replay(w http.ResponseWriter, r *http.Request, c *engine.Ca
 		WriteProblem(w, http.StatusInternalServerError, "", "the recorded response of this request cannot be read", 0)
 		return
 	}
+	setExpires(w.Header(), c)
 	replayResponse(w, resp, m.opts.replayed)
 }
 

@@ -408,7 +408,7 @@ func TestMiddlewareRefusesMistakes(t *testing.T) {
 	if _, err := idemhttp.Middleware(st, idemhttp.WithAtomic()); err == nil {
 		t.Error("WithAtomic on the memory store: no error")
 	}
-	for _, name := range []string{"Set-Cookie", "set-cookie", "Content-Length", "Idempotent-Replayed", "bad name"} {
+	for _, name := range []string{"Set-Cookie", "set-cookie", "Content-Length", "Idempotent-Replayed", "idempotency-key-expires", "bad name"} {
 		if _, err := idemhttp.Middleware(st, idemhttp.WithReplayedHeaders(name)); err == nil {
 			t.Errorf("WithReplayedHeaders(%q): no error", name)
 		}

@@ -136,9 +136,10 @@ func DefaultRecorded(status int) bool {
 }
 
 // neverReplayed are header fields that a replay never repeats: a session
-// cookie, the replay marker, and the fields that frame a message.
+// cookie, the replay marker and the key's expiry, which each answer sets
+// itself, and the fields that frame a message.
 var neverReplayed = map[string]bool{
-	"Set-Cookie": true, "Idempotent-Replayed": true, "Content-Length": true, "Transfer-Encoding": true,
+	"Set-Cookie": true, "Idempotent-Replayed": true, "Idempotency-Key-Expires": true, "Content-Length": true, "Transfer-Encoding": true,
 	"Connection": true, "Keep-Alive": true, "Trailer": true, "Te": true, "Upgrade": true,
 	"Proxy-Connection": true, "Proxy-Authenticate": true,
 }

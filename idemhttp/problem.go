@@ -76,6 +76,8 @@ var titles = map[string]string{
 	idemkey.ReasonInProgress:       "A request is outstanding for this Idempotency-Key",
 	idemkey.ReasonStoreUnavailable: "The idempotency store is unavailable",
 	idemkey.ReasonStoreFull:        "The idempotency store is full",
+	idemkey.ReasonKeyExpired:       "Idempotency-Key has expired",
+	idemkey.ReasonFirstSentInvalid: "Idempotency-First-Sent is refused",
 	ReasonRequestTooLarge:          "The request body is too large",
 	ReasonRequestUnreadable:        "The request body cannot be read",
 	ReasonResponseNotRecorded:      "The response could not be recorded",

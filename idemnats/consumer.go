@@ -209,6 +209,7 @@ func (c *Consumer) delivery(msg jetstream.Msg) (consumer.Delivery, error) {
 		Attempt:     int(min(meta.NumDelivered, 1<<20)),
 		Redelivered: meta.NumDelivered > 1,
 		Last:        c.maxDeliver > 0 && meta.NumDelivered >= uint64(c.maxDeliver),
+		Sent:        meta.Timestamp, // when the stream stored it, on the server's clock
 	}, nil
 }
 

@@ -12,7 +12,9 @@
 // another worker is redelivered after a delay (NakWithDelay); a handler's
 // transient error releases the id and redelivers the message after a
 // backoff; its final error is recorded, acknowledged and handed to the
-// dead-letter hook.
+// dead-letter hook. A message the stream stored longer ago than the
+// retention, whose id has no record, is terminated and handed to the hook
+// with consumer.ErrExpired, never run (consumer.Delivery.Sent).
 //
 // # Message ids and tenants
 //

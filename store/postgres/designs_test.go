@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -46,8 +47,10 @@ const (
 //     the store's Find.
 //
 // For each it reports calls per second, PostgreSQL's CPU per call (the
-// pool's backends, from /proc, so the database must run on this machine)
-// and WAL bytes per call, and the ratios the targets of issue 25 name.
+// pool's backends, from /proc, so the database must run on this machine),
+// this Go process's CPU per call (pgx's side of the SQL: what a server
+// spends on it besides its own work) and WAL bytes per call, and the
+// ratios the targets of issue 25 name.
 func BenchmarkDesigns(b *testing.B) {
 	schema := pgtest.Schema(b)
 	ctx, cancel := context.WithCancel(context.Background()) // watched by pgx, as a gRPC handler's is
@@ -184,13 +187,14 @@ func BenchmarkDesigns(b *testing.B) {
 	}
 
 	// run runs calls of call on designsWorkers goroutines, and returns how
-	// long they took, and PostgreSQL's CPU time and WAL bytes meanwhile.
-	run := func(call func() error, calls int) (took, cpu time.Duration, wal int64) {
+	// long they took, PostgreSQL's CPU time, this process's CPU time and WAL
+	// bytes meanwhile.
+	run := func(call func() error, calls int) (took, cpu, self time.Duration, wal int64) {
 		var lsn string
 		if err := setup.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&lsn); err != nil {
 			b.Fatal(err)
 		}
-		before := backendsCPU(b, pids)
+		before, selfBefore := backendsCPU(b, pids), processCPU(b)
 		start := time.Now()
 		var (
 			wg   sync.WaitGroup
@@ -210,28 +214,30 @@ func BenchmarkDesigns(b *testing.B) {
 		}
 		wg.Wait()
 		took = time.Since(start)
-		cpu = backendsCPU(b, pids) - before
+		cpu, self = backendsCPU(b, pids)-before, processCPU(b)-selfBefore
 		if err, _ := fail.Load().(error); err != nil {
 			b.Fatal(err)
 		}
 		if err := setup.QueryRow(ctx, `SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), $1::pg_lsn)::bigint`, lsn).Scan(&wal); err != nil {
 			b.Fatal(err)
 		}
-		return took, cpu, wal
+		return took, cpu, self, wal
 	}
 	for _, v := range variants { // warm up: connections prepare their statements
 		run(v.call, 4*designsPool)
 	}
 	took := make([]time.Duration, len(variants))
 	cpu := make([]time.Duration, len(variants))
+	self := make([]time.Duration, len(variants))
 	wal := make([]int64, len(variants))
 	rounds := 0
 	for b.Loop() {
 		for j := range variants {
 			k := (rounds + j) % len(variants)
-			t, c, w := run(variants[k].call, designsCalls)
+			t, c, g, w := run(variants[k].call, designsCalls)
 			took[k] += t
 			cpu[k] += c
+			self[k] += g
 			wal[k] += w
 		}
 		rounds++
@@ -240,12 +246,15 @@ func BenchmarkDesigns(b *testing.B) {
 	rate := make(map[string]float64, len(variants))
 	perCPU := make(map[string]float64, len(variants))
 	perWAL := make(map[string]float64, len(variants))
+	perGo := make(map[string]float64, len(variants))
 	for k, v := range variants {
 		rate[v.name] = calls / took[k].Seconds()
 		perCPU[v.name] = float64(cpu[k].Nanoseconds()) / calls
 		perWAL[v.name] = float64(wal[k]) / calls
+		perGo[v.name] = float64(self[k].Nanoseconds()) / calls
 		b.ReportMetric(rate[v.name], v.name+"-calls/s")
 		b.ReportMetric(perCPU[v.name], v.name+"-cpu-ns/call")
+		b.ReportMetric(perGo[v.name], v.name+"-go-cpu-ns/call")
 		if v.name != "select" && v.name != "find" {
 			b.ReportMetric(perWAL[v.name], v.name+"-wal-B/call")
 		}
@@ -258,6 +267,20 @@ func BenchmarkDesigns(b *testing.B) {
 			b.ReportMetric(perWAL[a]/perWAL[base], a+"/"+base+"-wal")
 		}
 	}
+	// What the Go side of a new key costs against the bare INSERT: the
+	// design itself (one-write, by hand), and the store.
+	for _, pair := range [][2]string{{"one-write", "bare"}, {"atomic", "bare"}, {"atomic", "one-write"}} {
+		b.ReportMetric(perGo[pair[0]]/perGo[pair[1]], pair[0]+"/"+pair[1]+"-go-cpu")
+	}
+}
+
+// processCPU is the CPU time this process has spent, user and system.
+func processCPU(b *testing.B) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // Hand-written statements of BenchmarkDesigns.
