@@ -17,9 +17,8 @@ const (
 	// ReplayedHeader is the HTTP and Connect header set to "true" on a
 	// replayed reply.
 	ReplayedHeader = "Idempotent-Replayed"
-	// ExpiresMetadata is the gRPC response metadata (a header on a reply, a
-	// trailer on an error) that tells until when the call's key is honoured:
-	// an HTTP date (FormatDate).
+	// ExpiresMetadata is the gRPC response trailer that tells until when the
+	// call's key is honoured: an HTTP date (FormatDate).
 	ExpiresMetadata = "idempotency-key-expires"
 	// ExpiresHeader is ExpiresMetadata's HTTP and Connect response header.
 	ExpiresHeader = "Idempotency-Key-Expires"

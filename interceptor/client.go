@@ -252,18 +252,12 @@ func (e expiryOption) invoke(ctx context.Context, fullMethod string, req, reply 
 
 // KeyExpires returns the key's expiry that a server sent in mds (a call's
 // header and trailer: idemkey.ExpiresMetadata), for callers that read the
-// metadata themselves; see KeyExpiry. ok is false if none of mds carries
-// one that is a single HTTP date.
+// metadata themselves; see KeyExpiry. The first of mds that carries the
+// field decides: ok is false unless it is one HTTP date.
 func KeyExpires(mds ...metadata.MD) (expires time.Time, ok bool) {
 	for _, md := range mds {
-		switch v := md.Get(idemkey.ExpiresMetadata); len(v) {
-		case 0:
-			continue
-		case 1:
-			t, err := idemkey.ParseDate(v[0])
-			return t, err == nil
-		default:
-			return time.Time{}, false
+		if v := md.Get(idemkey.ExpiresMetadata); len(v) > 0 {
+			return idemkey.ParseExpires(v)
 		}
 	}
 	return time.Time{}, false
