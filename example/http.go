@@ -33,7 +33,9 @@ import (
 //     CreateChargeRequest's fields, the key in the Idempotency-Key header (or
 //     request_id), answered 201 with the charge as JSON, or an RFC 9457
 //     problem. It is a gateway to conn, the gRPC service itself, so a key
-//     shares its record with the other two entry points.
+//     shares its record with the other two entry points; it passes
+//     Idempotency-First-Sent on, and the key's expiry back as
+//     Idempotency-Key-Expires.
 //
 // cfg.Ledger must be the ledger of the gRPC service, which it shares, and
 // cfg's shared settings its own.
@@ -155,10 +157,16 @@ func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if ok {
 		md.Set(idemkey.KeyMetadata, idemkey.FormatKey(key))
 	}
-	var trailer metadata.MD
-	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Trailer(&trailer))
+	if sent := r.Header.Values(idemkey.FirstSentHeader); len(sent) > 0 {
+		md.Set(idemkey.FirstSentMetadata, sent...) // the interceptor checks them
+	}
+	var header, trailer metadata.MD
+	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Header(&header), grpc.Trailer(&trailer))
 	if interceptor.Replayed(trailer) {
 		w.Header().Set(idemkey.ReplayedHeader, "true")
+	}
+	if expires, ok := interceptor.KeyExpires(header, trailer); ok {
+		w.Header().Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
 	}
 	if err != nil {
 		writeStatus(w, err)
@@ -200,6 +208,8 @@ var reasonStatus = map[string]int{
 	idemkey.ReasonInProgress:       http.StatusConflict,
 	idemkey.ReasonStoreUnavailable: http.StatusServiceUnavailable,
 	idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
+	idemkey.ReasonKeyExpired:       http.StatusPreconditionFailed,
+	idemkey.ReasonFirstSentInvalid: http.StatusBadRequest,
 }
 
 // codeStatus is the HTTP status of a gRPC code, as Connect maps them.

@@ -1,0 +1,146 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"connectrpc.com/connect"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/idemconnect"
+	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/pgtest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/tests/redistest"
+)
+
+// One key over gRPC, Connect and HTTP tells one expiry: the first reply and
+// the replays over the other two carry the same Idempotency-Key-Expires, an
+// hour (the server's -ttl) from the first call. A retry first sent more than
+// that ago, over any of them, is refused (FailedPrecondition, 412) and
+// charges nothing: the key then runs once, fresh. On memory, PostgreSQL in
+// both modes and Redis.
+func TestKeyLifetimeOnEveryEntryPoint(t *testing.T) {
+	for name, cfg := range map[string]func(t *testing.T) config{
+		"memory": func(*testing.T) config { return config{} },
+		"postgres/atomic": func(t *testing.T) config {
+			return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true}
+		},
+		"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
+		"redis":            func(t *testing.T) config { return config{redisURL: "redis://" + redistest.Start(t).Addr} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			e := startEntryPoints(t, cfg(t))
+			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+			for i, order := range [][3]string{{"grpc", "connect", "http"}, {"http", "grpc", "connect"}, {"connect", "http", "grpc"}} {
+				key := idemkey.NewKey()
+				start := time.Now().Truncate(time.Second)
+				var first string
+				for j, via := range order {
+					a := e.lifetime(t, via, key, "", req)
+					if a.err != nil || a.replayed != (j > 0) {
+						t.Fatalf("order %d, %s: %v (replayed %v)", i, via, a.err, a.replayed)
+					}
+					if j == 0 {
+						first = a.expires
+						exp, err := idemkey.ParseDate(first)
+						if err != nil || exp.Before(start.Add(time.Hour)) || exp.After(time.Now().Add(time.Hour)) {
+							t.Fatalf("order %d, %s: expiry %q, want an HTTP date an hour from the call", i, via, first)
+						}
+					} else if a.expires != first {
+						t.Errorf("order %d, %s: expiry %q, want the first reply's %q", i, via, a.expires, first)
+					}
+				}
+			}
+
+			key := idemkey.NewKey()
+			stale := idemkey.FormatDate(time.Now().Add(-time.Hour - time.Minute))
+			for _, via := range []string{"grpc", "connect", "http"} {
+				a := e.lifetime(t, via, key, stale, req)
+				if a.reason != idemkey.ReasonKeyExpired || a.code != map[string]int{"grpc": int(codes.FailedPrecondition),
+					"connect": int(connect.CodeFailedPrecondition), "http": http.StatusPreconditionFailed}[via] {
+					t.Fatalf("%s, first sent an hour ago: %+v, want %s", via, a, idemkey.ReasonKeyExpired)
+				}
+			}
+			a := e.lifetime(t, "grpc", key, idemkey.FormatDate(time.Now()), req)
+			if a.err != nil || a.replayed {
+				t.Fatalf("the key first sent now, after three refusals: %v (replayed %v), want a first run", a.err, a.replayed)
+			}
+		})
+	}
+}
+
+// answer is what a client saw of one CreateCharge.
+type answer struct {
+	err      error
+	replayed bool
+	expires  string // the key's expiry told, or ""
+	code     int    // the status of an error
+	reason   string // the idemkey reason of an error
+}
+
+// lifetime sends CreateCharge via one entry point with key and, if not "",
+// the first-sent time, and reads the expiry wherever that entry point puts
+// it: gRPC's header or trailer, Connect's and HTTP's headers.
+func (e *entryPoints) lifetime(t *testing.T, via, key, firstSent string, req *paymentsv1.CreateChargeRequest) answer {
+	t.Helper()
+	switch via {
+	case "grpc":
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key)
+		if firstSent != "" {
+			ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, firstSent)
+		}
+		var header, trailer metadata.MD
+		_, err := e.grpc.CreateCharge(ctx, req, grpc.Header(&header), grpc.Trailer(&trailer))
+		a := answer{err: err, replayed: interceptor.Replayed(trailer), code: int(status.Code(err)), reason: interceptor.Reason(err)}
+		a.expires = strings.Join(append(header.Get(idemkey.ExpiresMetadata), trailer.Get(idemkey.ExpiresMetadata)...), ",")
+		return a
+	case "connect":
+		r := connect.NewRequest(req)
+		r.Header().Set("Authorization", "Bearer sk_test_acme")
+		r.Header().Set(idemkey.KeyHeader, key)
+		if firstSent != "" {
+			r.Header().Set(idemkey.FirstSentHeader, firstSent)
+		}
+		resp, err := e.connect.CreateCharge(t.Context(), r)
+		var ce *connect.Error
+		if errors.As(err, &ce) {
+			return answer{err: err, code: int(ce.Code()), reason: idemconnect.Reason(err), expires: ce.Meta().Get(idemkey.ExpiresHeader)}
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return answer{replayed: idemconnect.Replayed(resp.Header()), expires: resp.Header().Get(idemkey.ExpiresHeader)}
+	default:
+		hreq, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.http+"/v1/charges", strings.NewReader(jsonOf(t, req)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hreq.Header.Set("Authorization", "Bearer sk_test_acme")
+		hreq.Header.Set(idemkey.KeyHeader, key)
+		if firstSent != "" {
+			hreq.Header.Set(idemkey.FirstSentHeader, firstSent)
+		}
+		resp, err := http.DefaultClient.Do(hreq)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		a := answer{code: resp.StatusCode, replayed: resp.Header.Get(idemkey.ReplayedHeader) == "true", expires: resp.Header.Get(idemkey.ExpiresHeader)}
+		if resp.StatusCode != http.StatusCreated {
+			var problem idemhttp.Problem
+			_ = json.NewDecoder(resp.Body).Decode(&problem)
+			a.err, a.reason = errors.New(resp.Status), idemhttp.ProblemReason(problem.Type)
+		}
+		return a
+	}
+}
