@@ -30,17 +30,22 @@ import (
 // charges nothing: the key then runs once, fresh. On memory, PostgreSQL in
 // both modes and Redis.
 func TestKeyLifetimeOnEveryEntryPoint(t *testing.T) {
-	for name, cfg := range map[string]func(t *testing.T) config{
-		"memory": func(*testing.T) config { return config{} },
-		"postgres/atomic": func(t *testing.T) config {
-			return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true}
+	for name, open := range map[string]func(t *testing.T) (config, string){
+		"memory": func(*testing.T) (config, string) { return config{}, "" },
+		"postgres/atomic": func(t *testing.T) (config, string) {
+			schema := pgtest.Schema(t)
+			return config{databaseURL: pgtest.SchemaURL(schema), atomic: true}, schema
 		},
-		"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
-		"redis":            func(t *testing.T) config { return config{redisURL: "redis://" + redistest.Start(t).Addr} },
+		"postgres/2-phase": func(t *testing.T) (config, string) {
+			schema := pgtest.Schema(t)
+			return config{databaseURL: pgtest.SchemaURL(schema)}, schema
+		},
+		"redis": func(t *testing.T) (config, string) { return config{redisURL: "redis://" + redistest.Start(t).Addr}, "" },
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
-			e := startEntryPoints(t, cfg(t))
+			cfg, schema := open(t)
+			e := startEntryPoints(t, cfg)
 			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
 			for i, order := range [][3]string{{"grpc", "connect", "http"}, {"http", "grpc", "connect"}, {"connect", "http", "grpc"}} {
 				key := idemkey.NewKey()
@@ -75,6 +80,12 @@ func TestKeyLifetimeOnEveryEntryPoint(t *testing.T) {
 			a := e.lifetime(t, "grpc", key, idemkey.FormatDate(time.Now()), req)
 			if a.err != nil || a.replayed {
 				t.Fatalf("the key first sent now, after three refusals: %v (replayed %v), want a first run", a.err, a.replayed)
+			}
+			if schema != "" { // the charges are in PostgreSQL: one per key, three and the last
+				var charges int
+				if err := pgtest.Pool(t, schema).QueryRow(t.Context(), `SELECT count(*) FROM charges`).Scan(&charges); err != nil || charges != 4 {
+					t.Errorf("%d charges (%v), want 4: one per key, none for a refused retry", charges, err)
+				}
 			}
 		})
 	}
