@@ -82,8 +82,9 @@
 // answers. It is a trailer, as idempotent-replayed is, even on a reply: a
 // header would stop gRPC's retry policy from retrying an error that an
 // interceptor outside idemkey puts in the reply's place. A released key, a
-// failed store, no key or a malformed one tell none. On the client, KeyExpiry(&t) sets t from it, and
-// KeyExpires reads it from metadata of your own.
+// failed store, no key or a malformed one tell none. On the client,
+// KeyExpiry(&t) sets t from it, and KeyExpires reads it from metadata of
+// your own.
 //
 // The client interceptor also sends, with the key, when the key's operation
 // was first sent (idemkey.FirstSentMetadata, idempotency-first-sent, an
