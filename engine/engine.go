@@ -264,6 +264,9 @@ func (e *Engine) FirstSent(values []string) (time.Time, error) {
 	if time.Until(t) > e.opts.clockSkew {
 		return time.Time{}, &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
 	}
+	if epoch := time.Unix(0, 0); t.Before(epoch) {
+		t = epoch // the zero time means "not sent"; a date that old is as stale as 1970
+	}
 	return t, nil
 }
 

@@ -347,6 +347,8 @@ var cases = []testCase{
 		if refused.Expires != "" {
 			t.Errorf("got %+v, want no expiry for a key that has no record", refused)
 		}
+		// The oldest date there is, the zero time.Time, is as stale.
+		s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: "Mon, 01 Jan 0001 00:00:00 GMT"}), idemkey.ReasonKeyExpired)
 		s.wantRuns(0)
 		// The refusal held the key for no one: a recent call runs, and a
 		// stale retry of it, whose key now has a record, replays.
@@ -356,7 +358,7 @@ var cases = []testCase{
 		}
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, FirstSent: old}))
 		s.wantRuns(1)
-	}, hooks: []string{"refuse key_expired", "execute executed", "replay replayed"}},
+	}, hooks: []string{"refuse key_expired", "refuse key_expired", "execute executed", "replay replayed"}},
 	{name: "a malformed or future first-sent time is refused", run: func(t *testing.T, s *suite) {
 		for _, v := range []string{"yesterday", idemkey.FormatDate(time.Now().Add(time.Hour)), "Tue, 01 Dec 2026 20:05:37 +0000"} {
 			s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: v}), idemkey.ReasonFirstSentInvalid)
