@@ -161,8 +161,11 @@ func BenchmarkSealedCall(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	plain := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New()))))
-	sealed := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithSealer(ring)))))
+	// Room for every first call of a long run: the default bounds fill up
+	// with the records of some 50,000 calls.
+	roomy := func() *memory.Store { return memory.New(memory.WithMaxRecords(1<<30), memory.WithMaxBytes(1<<40)) }
+	plain := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(roomy()))))
+	sealed := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(roomy(), interceptor.WithSealer(ring)))))
 	req := request(1999)
 	req.Description = strings.Repeat("d", 1024-52) // the Charge echoes it: a reply of 1 KiB
 	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")
