@@ -131,7 +131,7 @@ type Call struct {
 	// Verdict is InProgress or StoreFull.
 	RetryAfter time.Duration
 	// Expires is the instant until which the call's key is honoured, when
-	// Verdict is Executed, Replayed or InProgress: its record's creation
+	// Verdict is Executed, Replayed, InProgress or Reused: its record's creation
 	// plus the retention, on the store's clock, the same for every call of
 	// the key. For a key in progress whose record the store cannot read yet
 	// (an atomic call that has not committed) it is a lower bound: the
