@@ -3,7 +3,6 @@ package idemconnect
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -14,6 +13,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/idemkey/idemkey/internal/redaction"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/protokey"
 )
@@ -66,8 +66,8 @@ func encodeOutcome(ctx context.Context, procedure string, resp connect.AnyRespon
 // redacted is the Reply that redact leaves of a copy of the handler's
 // result. A panic in redact is an error, so that the handler's key is not
 // released: the handler has run.
-func redacted(ctx context.Context, procedure string, msg proto.Message, herr error, kept *kept, redact RedactFunc) (reply *Reply, err error) {
-	reply = &Reply{Err: herr}
+func redacted(ctx context.Context, procedure string, msg proto.Message, herr error, kept *kept, redact RedactFunc) (*Reply, error) {
+	reply := &Reply{Err: herr}
 	var name protoreflect.FullName
 	if msg != nil {
 		reply.Response, name = proto.Clone(msg), msg.ProtoReflect().Descriptor().FullName()
@@ -75,20 +75,8 @@ func redacted(ctx context.Context, procedure string, msg proto.Message, herr err
 	if kept != nil {
 		reply.Header, reply.Trailer = toHeader(kept.header), toHeader(kept.trailer)
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			reply, err = nil, fmt.Errorf("the redaction function panicked: %v", p)
-		}
-	}()
-	redact(ctx, procedure, reply)
-	switch {
-	case reply.Err != nil:
-	case herr != nil:
-		return nil, errors.New("the redaction function turned an error into a response")
-	case reply.Response == nil:
-		return nil, errors.New("the redaction function left neither a response nor an error")
-	case reply.Response.ProtoReflect().Descriptor().FullName() != name:
-		return nil, fmt.Errorf("the redaction function replaced the %s response by a %s", name, reply.Response.ProtoReflect().Descriptor().FullName())
+	if err := redaction.Apply(herr, name, &reply.Err, &reply.Response, func() { redact(ctx, procedure, reply) }); err != nil {
+		return nil, err
 	}
 	return reply, nil
 }

@@ -3,7 +3,6 @@ package interceptor
 import (
 	"context"
 	"errors"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
+	"github.com/idemkey/idemkey/internal/redaction"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/protokey"
 )
@@ -58,8 +58,8 @@ func encodeOutcome(ctx context.Context, method string, resp any, herr error, rec
 // redacted is the Reply that redact leaves of a copy of the handler's
 // result. A panic in redact is an error, so that the handler's key is not
 // released: the handler has run.
-func redacted(ctx context.Context, method string, resp any, herr error, r *recorder, redact RedactFunc) (reply *Reply, err error) {
-	reply = &Reply{Err: herr}
+func redacted(ctx context.Context, method string, resp any, herr error, r *recorder, redact RedactFunc) (*Reply, error) {
+	reply := &Reply{Err: herr}
 	var name protoreflect.FullName
 	if herr == nil {
 		msg, ok := resp.(proto.Message)
@@ -73,20 +73,8 @@ func redacted(ctx context.Context, method string, resp any, herr error, r *recor
 		reply.Header, reply.Trailer = r.header.Copy(), r.trailer.Copy()
 		r.mu.Unlock()
 	}
-	defer func() {
-		if p := recover(); p != nil {
-			reply, err = nil, fmt.Errorf("the redaction function panicked: %v", p)
-		}
-	}()
-	redact(ctx, method, reply)
-	switch {
-	case reply.Err != nil:
-	case herr != nil:
-		return nil, errors.New("the redaction function turned an error into a response")
-	case reply.Response == nil:
-		return nil, errors.New("the redaction function left neither a response nor an error")
-	case reply.Response.ProtoReflect().Descriptor().FullName() != name:
-		return nil, fmt.Errorf("the redaction function replaced the %s response by a %s", name, reply.Response.ProtoReflect().Descriptor().FullName())
+	if err := redaction.Apply(herr, name, &reply.Err, &reply.Response, func() { redact(ctx, method, reply) }); err != nil {
+		return nil, err
 	}
 	return reply, nil
 }
