@@ -25,7 +25,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/seal"
+	"github.com/idemkey/idemkey/internal/sealtest"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -199,7 +199,7 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 							Redact:        tc.redact,
 						}
 						if tc.sealed {
-							cfg.Sealer = KeyRing(t, 1)
+							cfg.Sealer = sealtest.Ring(t, 1)
 						}
 						if tc.tampered {
 							cfg.Store = Tampering(cfg.Store)
@@ -296,7 +296,7 @@ type testCase struct {
 	// refuses: the store refuses every record (Complete answers
 	// store.ErrFull), as a full Redis does; two-phase only.
 	refuses bool
-	sealed  bool // the records are sealed (KeyRing(t, 1))
+	sealed  bool // the records are sealed (sealtest.Ring(t, 1))
 	// tampered: the store alters every completed record it reads back
 	// (Tampering).
 	tampered bool
@@ -488,7 +488,7 @@ var cases = []testCase{
 		old := s.do(Request{Key: "k1", Amount: 100})
 		// Another replica, whose primary key is new and whose previous key is
 		// the one k1 was sealed with.
-		rotated := s.serve(func(c *Config) { c.Sealer = KeyRing(t, 2, 1) })
+		rotated := s.serve(func(c *Config) { c.Sealer = sealtest.Ring(t, 2, 1) })
 		s.wantSame(old, s.doWith(rotated, Request{Key: "k1", Amount: 100}))
 		fresh := s.doWith(rotated, Request{Key: "k2", Amount: 100})
 		s.wantSame(fresh, s.doWith(rotated, Request{Key: "k2", Amount: 100}))
@@ -659,22 +659,6 @@ type refusing struct{ store.Store }
 
 func (refusing) Complete(context.Context, store.Key, store.Token, []byte) error {
 	return store.ErrFull
-}
-
-// KeyRing returns a key ring whose primary key is made of the byte primary
-// and whose previous keys are made of the bytes previous: the same bytes
-// make the same key in every case.
-func KeyRing(t *testing.T, primary byte, previous ...byte) *seal.KeyRing {
-	t.Helper()
-	var keys [][]byte
-	for _, p := range previous {
-		keys = append(keys, bytes.Repeat([]byte{p}, seal.KeySize))
-	}
-	r, err := seal.NewKeyRing(bytes.Repeat([]byte{primary}, seal.KeySize), seal.WithPreviousKeys(keys...))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
 }
 
 // Tampering returns st altering one byte of every completed record it reads
