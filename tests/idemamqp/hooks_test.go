@@ -2,50 +2,16 @@ package idemamqp_test
 
 import (
 	"context"
-	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
+	"github.com/idemkey/idemkey/tests/hooklog"
 )
-
-// hookLog is an application's hooks: it keeps each event as "hook verdict
-// action tenant/key size", and then panics if told to.
-type hookLog struct {
-	mu     sync.Mutex
-	events []string
-	panics atomic.Bool
-}
-
-func (h *hookLog) hooks() consumer.Hooks {
-	keep := func(hook string) func(context.Context, engine.Event) {
-		return func(_ context.Context, ev engine.Event) {
-			h.mu.Lock()
-			h.events = append(h.events, fmt.Sprintf("%s %s %s %s/%s %d", hook, ev.Verdict, consumer.Action(ev.Code), ev.Tenant, ev.Key, ev.Size))
-			h.mu.Unlock()
-			if h.panics.Load() {
-				panic("audit failed for " + ev.Tenant + "/" + ev.Key)
-			}
-		}
-	}
-	return consumer.Hooks{OnExecute: keep("execute"), OnReplay: keep("replay"), OnRefuse: keep("refuse")}
-}
-
-func (h *hookLog) want(t *testing.T, want ...string) {
-	t.Helper()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if strings.Join(h.events, "\n") != strings.Join(want, "\n") {
-		t.Errorf("hooks ran:\n\t%s\nwant:\n\t%s", strings.Join(h.events, "\n\t"), strings.Join(want, "\n\t"))
-	}
-	h.events = nil
-}
 
 // A message published three times runs one execution and two replays, each
 // before its acknowledgement; its id reused with another body runs a
@@ -57,16 +23,16 @@ func TestHooks(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, nil)
 			st, copts := b.new(t)
-			var hooks hookLog
+			var hooks hooklog.Log
 			var runs atomic.Int32
-			c := f.consumer(st, append(copts, consumer.WithHooks(hooks.hooks())), func(context.Context, amqp.Delivery) error {
+			c := f.consumer(st, append(copts, consumer.WithHooks(hooks.Hooks())), func(context.Context, amqp.Delivery) error {
 				runs.Add(1)
 				return nil
 			}, idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return d.AppId, nil }))
 			tenant := f.secret("tenant")
 			_, ds := f.consume("", 1)
 			for _, panics := range []bool{false, true} {
-				hooks.panics.Store(panics)
+				hooks.Panics.Store(panics)
 				id, body := f.secret("id"), f.secret("body")
 				for range 3 {
 					f.publish("", amqp.Publishing{MessageId: id, AppId: tenant, Body: []byte(body)})
@@ -76,7 +42,7 @@ func TestHooks(t *testing.T) {
 				handle(t, c, next(t, ds), consumer.Duplicate, consumer.Ack)
 				handle(t, c, next(t, ds), consumer.Duplicate, consumer.Ack)
 				handle(t, c, next(t, ds), consumer.Refused, consumer.Reject)
-				hooks.want(t,
+				hooks.Want(t,
 					"execute executed ack "+tenant+"/"+id+" 9",
 					"replay replayed ack "+tenant+"/"+id+" 9",
 					"replay replayed ack "+tenant+"/"+id+" 9",

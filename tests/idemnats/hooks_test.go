@@ -1,57 +1,22 @@
 package idemnats_test
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	"github.com/idemkey/idemkey/tests/hooklog"
 	"github.com/idemkey/idemkey/tests/natstest"
 )
-
-// hookLog is an application's hooks: it keeps each event as "hook verdict
-// action tenant/key size", and then panics if told to.
-type hookLog struct {
-	mu     sync.Mutex
-	events []string
-	panics atomic.Bool
-}
-
-func (h *hookLog) hooks() consumer.Hooks {
-	keep := func(hook string) func(context.Context, engine.Event) {
-		return func(_ context.Context, ev engine.Event) {
-			h.mu.Lock()
-			h.events = append(h.events, fmt.Sprintf("%s %s %s %s/%s %d", hook, ev.Verdict, consumer.Action(ev.Code), ev.Tenant, ev.Key, ev.Size))
-			h.mu.Unlock()
-			if h.panics.Load() {
-				panic("audit failed for " + ev.Tenant + "/" + ev.Key)
-			}
-		}
-	}
-	return consumer.Hooks{OnExecute: keep("execute"), OnReplay: keep("replay"), OnRefuse: keep("refuse")}
-}
-
-func (h *hookLog) want(t *testing.T, want ...string) {
-	t.Helper()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if strings.Join(h.events, "\n") != strings.Join(want, "\n") {
-		t.Errorf("hooks ran:\n\t%s\nwant:\n\t%s", strings.Join(h.events, "\n\t"), strings.Join(want, "\n\t"))
-	}
-	h.events = nil
-}
 
 // TestHooks: a message published three times runs one execution and two
 // replays, each before its acknowledgement; its id reused with another body
@@ -77,15 +42,15 @@ func TestHooks(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, js := natstest.Connect(t)
-			var hooks hookLog
+			var hooks hooklog.Log
 			logger, logs := logtest.New()
-			opts := []consumer.Option{consumer.WithHooks(hooks.hooks()), consumer.WithLogger(logger)}
+			opts := []consumer.Option{consumer.WithHooks(hooks.Hooks()), consumer.WithLogger(logger)}
 			if tc.atomic {
 				opts = append(opts, consumer.WithAtomic())
 			}
 			r := newRig(t, js, tc.store(t), nil, opts, orderID, tenantHeader)
 			for _, panics := range []bool{false, true} {
-				hooks.panics.Store(panics)
+				hooks.Panics.Store(panics)
 				id := fmt.Sprint("order-secret-", panics)
 				for range 3 {
 					r.publish("", "charge 100", "order-id", id, "tenant", "tenant-secret")
@@ -93,7 +58,7 @@ func TestHooks(t *testing.T) {
 				r.consume(3)
 				r.publish("", "charge 200", "order-id", id, "tenant", "tenant-secret")
 				r.consume(1)
-				hooks.want(t,
+				hooks.Want(t,
 					"execute executed ack tenant-secret/"+id+" 9",
 					"replay replayed ack tenant-secret/"+id+" 9",
 					"replay replayed ack tenant-secret/"+id+" 9",
