@@ -29,9 +29,20 @@ type BatchHandler func(ctx context.Context, i int) error
 // commit. So each message takes effect exactly once, as one at a time. A
 // message answers as it would one at a time: a duplicate, one in progress
 // elsewhere, a refused one; the last delivery of a message in progress
-// elsewhere waits for it (after the batch's commit). Otherwise (two-phase
-// mode, or another store) each message is processed on its own, in order,
-// as Process does.
+// elsewhere waits for it (after the batch's commit).
+//
+// In two-phase mode, on a store that reserves batches (store/postgres), one
+// statement reserves every id of the batch that is free, and reads the
+// record of every other. The handlers of the messages to process then run
+// one after another, in the order of ds, each recorded or released as soon
+// as it returns, as Process does: a batch of n new messages costs n+1
+// round trips of the store's instead of 2n. Each id is reserved with a
+// lease that covers the handlers before it (see engine.Batch), so a crash
+// holds the batch's later ids longer before a redelivery may take them
+// over. So at most engine.DefaultMaxLease (10 minutes) over the lease
+// messages are reserved together (with a handler timeout of 10 s, 40;
+// without one, WithLease's minute, 10), and the rest each on its own. On another store each message is processed on its
+// own, in order, as Process does.
 //
 // What a batch does differently:
 //   - An id that an earlier message of the batch has is decided on its own
@@ -80,12 +91,8 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 		reqs = append(reqs, d.request())
 		at = append(at, i)
 	}
-	sctx := ctx
-	if c.opts.handlerTimeout > 0 { // as in attempt: it bounds the read, and sets the lease
-		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
-		defer cancel()
-	}
+	sctx, cancel := c.timed(ctx) // as in attempt: it bounds the read, and sets the lease
+	defer cancel()
 	b := c.eng.StartBatch(sctx, c.op, reqs)
 	defer b.Abandon(ctx) // a panic rolls the batch back, then propagates
 	staged := make([]bool, len(reqs))
@@ -93,6 +100,8 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 		call := &b.Calls[j]
 		switch {
 		case b.Alone(j):
+		case call.Verdict == engine.Executed && !c.op.Atomic():
+			results[i] = c.runTimed(ctx, call, ds[i], one(i))
 		case call.Verdict == engine.Executed:
 			results[i], staged[j] = c.runInBatch(ctx, b, j, ds[i], one(i))
 		default:
@@ -119,12 +128,8 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 // outcome is to be recorded at the batch's commit.
 func (c *Consumer) runInBatch(ctx context.Context, b *engine.Batch, j int, d Delivery, h Handler) (res Result, staged bool) {
 	err := func() error {
-		hctx := ctx
-		if c.opts.handlerTimeout > 0 {
-			var cancel context.CancelFunc
-			hctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
-			defer cancel()
-		}
+		hctx, cancel := c.timed(ctx)
+		defer cancel()
 		return h(b.Context(hctx, j))
 	}()
 	if err != nil && !c.opts.final(err) {
@@ -141,4 +146,13 @@ func (c *Consumer) runInBatch(ctx context.Context, b *engine.Batch, j int, d Del
 		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: rerr}, false
 	}
 	return res, true
+}
+
+// runTimed runs h for a message whose id the call holds, as run does,
+// under the handler timeout, as attempt runs it: a message of a two-phase
+// batch, whose id the batch reserved.
+func (c *Consumer) runTimed(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
+	ctx, cancel := c.timed(ctx)
+	defer cancel()
+	return c.run(ctx, call, d, h)
 }

@@ -14,10 +14,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/seal"
@@ -410,5 +413,102 @@ func TestBatchSealedWithHooks(t *testing.T) {
 	}
 	if executed != 2 || replayed != 2 || len(got) != 4 {
 		t.Errorf("hooks ran:\n\t%s\nwant an execution with its size, then a replay, for each message", strings.Join(got, "\n\t"))
+	}
+}
+
+// storeOps counts the store's operations that reader saw, by
+// idemkey.store.operation.
+func storeOps(t *testing.T, reader *sdkmetric.ManualReader) map[string]uint64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	ops := map[string]uint64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "idemkey.store.duration" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				op, _ := dp.Attributes.Value("idemkey.store.operation")
+				ops[op.AsString()] += dp.Count
+			}
+		}
+	}
+	return ops
+}
+
+// In two-phase mode on PostgreSQL, a batch reserves its ids in one store
+// operation, each with a lease that covers the handlers before it, and
+// records each message as its handler returns; a lease as long as the
+// maximum leaves the rest of the batch to be reserved one at a time.
+func TestBatchTwoPhase(t *testing.T) {
+	const n = 8
+	ids := make([]string, n)
+	for i := range ids {
+		ids[i] = fmt.Sprintf("msg-secret-id-%d", i)
+	}
+	for _, tc := range []struct {
+		name           string
+		timeout        time.Duration
+		batched, alone uint64
+	}{
+		{"leases fit", 10 * time.Second, 1, 0},
+		{"a lease as long as the maximum", engine.DefaultMaxLease, 1, n - 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			reader := sdkmetric.NewManualReader()
+			pool := pgtest.Pool(t, pgtest.Schema(t))
+			if err := postgres.Migrate(t.Context(), pool); err != nil {
+				t.Fatal(err)
+			}
+			st, err := postgres.New(pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c, err := consumer.New(st, "charges", consumer.WithLogger(nil), consumer.WithHandlerTimeout(tc.timeout),
+				consumer.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var leases []time.Duration // of the ids in progress, when the first handler runs
+			h := &batchCounter{ds: deliveries(1, ids...)}
+			rs := c.ProcessBatch(t.Context(), h.ds, func(ctx context.Context, i int) error {
+				if i == 0 {
+					rows, _ := pool.Query(ctx, `SELECT (extract(epoch FROM lease_end - created_at) * 1e6)::bigint FROM idempotency_keys WHERE state = 'in_progress' ORDER BY lease_end`)
+					us, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+					if err != nil {
+						return err
+					}
+					for _, u := range us {
+						leases = append(leases, time.Duration(u)*time.Microsecond)
+					}
+				}
+				return h.handle(ctx, i)
+			})
+			for i, r := range rs {
+				if r.Outcome != consumer.Processed {
+					t.Fatalf("message %d: %+v, want processed", i, r)
+				}
+			}
+			ops := storeOps(t, reader)
+			if ops["reserve_batch"] != tc.batched || ops["reserve"] != tc.alone || ops["complete"] != n {
+				t.Fatalf("store operations %v; want %d reserve_batch, %d reserve and %d complete", ops, tc.batched, tc.alone, n)
+			}
+			if tc.alone > 0 {
+				return
+			}
+			if len(leases) != n {
+				t.Fatalf("%d ids in progress when the first handler ran, want %d", len(leases), n)
+			}
+			for j, l := range leases {
+				if want := time.Duration(j+1) * leases[0]; l < want-time.Second || l > want+time.Second {
+					t.Errorf("id %d's lease is %v, want %v: it covers the %d handlers before it", j, l, want, j)
+				}
+			}
+			rs = c.ProcessBatch(t.Context(), deliveries(2, ids...), h.handle)
+			wantOutcomes(t, "redelivery", rs, slices.Repeat([]consumer.Outcome{consumer.Duplicate}, n)...)
+		})
 	}
 }

@@ -229,12 +229,17 @@ func (c *Consumer) end(ctx context.Context, call *engine.Call, d Delivery, h Han
 // attempt: it bounds one run of h, and sets the lease of the reservation
 // that precedes it.
 func (c *Consumer) attempt(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
-	if c.opts.handlerTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, c.opts.handlerTimeout)
-		defer cancel()
-	}
+	ctx, cancel := c.timed(ctx)
+	defer cancel()
 	return c.process(ctx, call, d, h)
+}
+
+// timed is ctx bounded by the handler timeout (WithHandlerTimeout), if any.
+func (c *Consumer) timed(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.opts.handlerTimeout > 0 {
+		return context.WithTimeout(ctx, c.opts.handlerTimeout)
+	}
+	return ctx, func() {}
 }
 
 // Polls of the last delivery of a message in progress elsewhere: the first

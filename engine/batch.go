@@ -20,15 +20,21 @@ import (
 const MaxBatch = 64
 
 // CanBatch reports whether StartBatch decides calls of op together: op is
-// atomic, and the store implements store.BatchAtomic (store/postgres).
+// atomic and the store implements store.BatchAtomic, or op is two-phase
+// and the store implements store.BatchReserver (store/postgres does both).
 // Otherwise every call of a batch is Alone, and an adapter decides each with
 // Start.
-func (e *Engine) CanBatch(op *Operation) bool { return op.atomic && e.batch != nil }
+func (e *Engine) CanBatch(op *Operation) bool {
+	if op.atomic {
+		return e.batch != nil
+	}
+	return e.batchRv != nil
+}
 
-// Batch is a batch of calls of one atomic operation, decided together in
-// one transaction of the store's (StartBatch): a message consumer that
-// takes its messages in batches dedups each batch in one round trip, and
-// commits the records of its messages with one commit.
+// Batch is a batch of calls of one operation, decided together (StartBatch):
+// a message consumer that takes its messages in batches dedups each batch
+// in one round trip of the store's. In atomic mode the batch is one
+// transaction, which commits the records of its messages with one commit.
 //
 //	b := eng.StartBatch(ctx, op, reqs)
 //	defer b.Abandon(ctx) // a panic rolls the whole batch back
@@ -50,6 +56,15 @@ func (e *Engine) CanBatch(op *Operation) bool { return op.atomic && e.batch != n
 // The handlers of the calls run one after another, in the batch's order,
 // on the caller's goroutine; each call's writes are its own, undone alone
 // when it is released or records an error.
+//
+// In two-phase mode the batch's keys are reserved in one round trip (its
+// records written in progress, each with its own token), and each Executed
+// call then runs as after Start, with its Call's own methods: Context, the
+// handler, Record or Release, End; its outcome is durable when Record
+// returns, and Commit does nothing. Call i's lease covers the handlers
+// before it too: i+1 times a call's lease (as Start sets it), and at most
+// WithMaxLease, so a two-phase batch decides at most WithMaxLease / lease
+// calls together, and leaves the rest Alone.
 type Batch struct {
 	// Calls are the batch's calls, one per request, in order. StartBatch
 	// sets the Verdict of each as Start would, without waiting for a key in
@@ -77,12 +92,14 @@ const (
 
 // StartBatch decides the calls reqs ask for together, as Start decides
 // each: in one round trip of the store's, which reads every key, and takes
-// those that are free in one transaction. A call found in progress is
+// those that are free (in atomic mode, in one transaction; in two-phase
+// mode, each with a record in progress). A call found in progress is
 // answered InProgress at once, whatever WithInProgressWait says. A request
 // is left Alone, to be decided on its own after the batch, if its key is
 // that of an earlier request of the batch (its answer then depends on how
-// the earlier one ends), if it comes after the first MaxBatch, or if the
-// operation cannot batch (CanBatch).
+// the earlier one ends), if it comes after the first MaxBatch (in
+// two-phase mode, after as many as WithMaxLease allows: see Batch), or if
+// the operation cannot batch (CanBatch).
 //
 // ctx bounds the store's round trip, and sets the calls' lease, as Start's
 // does.
@@ -91,7 +108,10 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
 	rs := make([]store.Reservation, 0, min(len(reqs), MaxBatch))
 	seen := make(map[store.Key]struct{}, len(reqs))
-	lease := e.lease(ctx)
+	lease, most := e.lease(ctx), MaxBatch
+	if !op.atomic {
+		most = min(MaxBatch, max(int(e.opts.maxLease/lease), 1))
+	}
 	for i, r := range reqs {
 		c := &b.Calls[i]
 		*c = e.Call(op)
@@ -100,17 +120,21 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 		if !c.checkFirstSent(r.FirstSent) {
 			continue
 		}
-		if _, repeated := seen[c.key]; repeated || len(rs) == MaxBatch || !e.CanBatch(op) {
+		if _, repeated := seen[c.key]; repeated || len(rs) == most || !e.CanBatch(op) {
 			b.state[i] = batchAlone
 			continue
 		}
 		seen[c.key] = struct{}{}
 		b.idx[i] = len(rs)
-		c.leaseEnd = time.Now().Add(lease)
+		callLease := lease
+		if !op.atomic { // it covers the handlers that run before this one's
+			callLease = min(lease*time.Duration(len(rs)+1), e.opts.maxLease)
+		}
+		c.leaseEnd = time.Now().Add(callLease)
 		rs = append(rs, e.roomFor(store.Reservation{
 			Key:         c.key,
 			Fingerprint: fp,
-			Lease:       lease,
+			Lease:       callLease,
 			Retention:   e.opts.retention,
 			MaxOutcome:  e.opts.maxRecord,
 			Partition:   store.TenantPartition(r.Tenant),
@@ -119,8 +143,15 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 	if len(rs) == 0 {
 		return b
 	}
-	res, tx, err := e.beginBatch(ctx, rs)
-	b.tx = tx
+	var (
+		res []store.Result
+		err error
+	)
+	if op.atomic {
+		res, b.tx, err = e.beginBatch(ctx, rs)
+	} else {
+		res, err = e.reserveBatch(ctx, rs)
+	}
 	for i := range b.Calls {
 		j := b.idx[i]
 		if j < 0 {
@@ -132,16 +163,22 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 			res[j], openErr = e.opened(rs[j].Key, &rs[j].Fingerprint, res[j])
 		}
 		switch {
+		case errors.Is(err, store.ErrFull):
+			c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
 		case err != nil:
 			c.storeFailed(ctx, "reserve", err)
 		case openErr != nil:
 			c.storeFailed(ctx, "reserve", openErr)
-		case res[j].State == store.Acquired && c.stale:
+		case res[j].State == store.Acquired && c.stale && op.atomic:
 			// Its key is the batch's until the batch ends, and nothing of
 			// it is written: no one else runs it meanwhile.
 			c.Verdict = Expired
+		case res[j].State == store.Acquired && c.stale:
+			c.Verdict, c.token = Executed, res[j].Token
+			c.Release(ctx)
+			c.Verdict = Expired
 		case res[j].State == store.Acquired:
-			c.Verdict, c.fingerprint, c.Expires = Executed, rs[j].Fingerprint, res[j].Expires
+			c.Verdict, c.fingerprint, c.Expires, c.token = Executed, rs[j].Fingerprint, res[j].Expires, res[j].Token
 		default:
 			c.answer(rs[j].Fingerprint, res[j])
 		}
@@ -327,8 +364,18 @@ func (b *Batch) Commit(ctx context.Context) error {
 }
 
 // Abandon rolls the batch back if it was not committed: deferred, it
-// covers a handler that panics. Every key of the batch is free again.
+// covers a handler that panics. Every key of the batch is free again. In
+// two-phase mode it releases the keys of the Executed calls that neither
+// recorded nor released.
 func (b *Batch) Abandon(ctx context.Context) {
+	if !b.op.atomic {
+		for i := range b.Calls {
+			if b.idx[i] >= 0 {
+				b.Calls[i].Abandon(ctx)
+			}
+		}
+		return
+	}
 	if b.done || b.tx == nil {
 		return
 	}
@@ -346,6 +393,13 @@ func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]stor
 	res, tx, err := e.batch.BeginBatch(sctx, rs)
 	t.end(ctx, err)
 	return res, tx, err
+}
+
+func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, error) {
+	sctx, t := e.obs.startStore(ctx, opReserveBatch)
+	res, err := e.batchRv.ReserveBatch(sctx, rs)
+	t.end(ctx, err)
+	return res, err
 }
 
 func (e *Engine) commitBatch(ctx context.Context, tx store.BatchTx) error {

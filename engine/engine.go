@@ -21,7 +21,8 @@ type Engine struct {
 	opts   *options
 	obs    *observer
 
-	batch store.BatchAtomic // store, if it implements store.BatchAtomic (batch.go)
+	batch   store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
+	batchRv store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
 }
 
 // New returns an Engine on st. Optional store features (store.Atomic,
@@ -32,6 +33,7 @@ func New(st store.Store, opts ...Option) *Engine {
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
 	e.batch, _ = st.(store.BatchAtomic)
+	e.batchRv, _ = st.(store.BatchReserver)
 	return e
 }
 

@@ -76,10 +76,11 @@ const (
 	opCommit
 	opBeginBatch
 	opCommitBatch
+	opReserveBatch
 	numStoreOps
 )
 
-var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch"}
+var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch", "reserve_batch"}
 
 // observer records the metrics, span attributes and Debug log lines of one
 // engine. Its instruments come from WithMeterProvider's provider (the global

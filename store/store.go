@@ -234,6 +234,20 @@ type Sweeper interface {
 	Sweep(ctx context.Context, batchSize int) (deleted int, err error)
 }
 
+// BatchReserver is implemented by stores that can reserve a batch of keys
+// in one round trip (store/postgres): a message consumer in two-phase mode
+// that takes its messages in batches claims each batch with one
+// ReserveBatch, then runs, completes or releases each message's key as
+// after Reserve.
+type BatchReserver interface {
+	// ReserveBatch decides each of rs as Reserve decides one; res[i] is
+	// rs[i]'s answer. The keys of rs must be distinct. On an error, no
+	// result is returned, and a key the batch may have acquired before it
+	// failed stays in progress until its lease ends, as after a Reserve
+	// whose answer was lost.
+	ReserveBatch(ctx context.Context, rs []Reservation) (res []Result, err error)
+}
+
 // Finder is implemented by stores that can read a completed record more
 // cheaply than Reserve decides (store/postgres: a plain SELECT, and in atomic
 // mode no transaction). The interceptor asks it first for a call that gRPC

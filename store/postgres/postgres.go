@@ -132,6 +132,7 @@ type Store struct {
 	opts options
 
 	insertSQL, reserveSQL, findSQL, completeSQL, releaseSQL string
+	insertBatchSQL                                          string // two-phase batches' (reservebatch.go)
 	sweepSQL                                                string
 	confirmSQL                                              string
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
@@ -183,6 +184,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		takeoverSQL: takeoverSQL(table),
 		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 
+		insertBatchSQL: insertBatchSQL(table, o.qualified(o.table+"_token_seq")),
 		batchProbeSQL:  batchProbeSQL(table),
 		batchRecordSQL: fmt.Sprintf(batchRecordSQL, table),
 	}
@@ -300,6 +302,8 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 		res.State = store.Acquired
 	case 4:
 		return store.Result{}, errTakeable
+	case 0:
+		return store.Result{}, errChanged
 	case 2:
 		res.State = store.Completed
 	default:
@@ -355,6 +359,10 @@ func failoverHosts(cfg *pgx.ConnConfig) (hosts int, primaryOnly bool) {
 
 // errTakeable is insertSQL's answer for a record that may be taken over.
 var errTakeable = errors.New("idemkey postgres: the record may be taken over")
+
+// errChanged is insertBatchSQL's answer for a key whose record changed
+// under the statement.
+var errChanged = errors.New("idemkey postgres: the record changed under the statement")
 
 // Reserve implements store.Store in one round trip (insertSQL), unless the
 // key's record may be taken over, which reserveSQL decides in a second, or

@@ -1,5 +1,6 @@
 // Package storetest is the conformance suite for store.Store, and for
-// store.Finder and store.Sweeper where a store implements them. Expiry is
+// store.Finder, store.Sweeper and store.BatchReserver where a store
+// implements them. Expiry is
 // checked through Reserve and Find for every store; sweeping only for a
 // Sweeper. Every store runs it from its own
 // tests:
@@ -14,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -72,6 +74,8 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ConcurrentReserve", testConcurrentReserve},
 		{"Find", testFind},
 		{"Expires", testExpires},
+		{"ReserveBatch", testReserveBatch},
+		{"ConcurrentReserveBatch", testConcurrentReserveBatch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -482,5 +486,171 @@ func testExpires(t *testing.T, h Harness) {
 	later := reserve(t, h.Store, newKey(t, "later"), fpA)
 	if d := later.Expires.Sub(exp); d < lease+retention/2 || d > lease+retention/2+time.Minute {
 		t.Errorf("a key created %v later expires %v later", lease+retention/2, d)
+	}
+}
+
+func needBatchReserver(t *testing.T, h Harness) store.BatchReserver {
+	t.Helper()
+	br, ok := h.Store.(store.BatchReserver)
+	if !ok {
+		t.Skipf("%T does not implement store.BatchReserver", h.Store)
+	}
+	return br
+}
+
+// testReserveBatch checks that ReserveBatch decides each key of a batch
+// as Reserve decides one, whatever state its record is in, and that what
+// it acquired is held as Reserve's is.
+func testReserveBatch(t *testing.T, h Harness) {
+	br := needBatchReserver(t, h)
+	ctx := context.Background()
+	keys := map[string]store.Key{}
+	for _, name := range []string{"new", "done", "running", "dead", "dead-other", "old", "released"} {
+		keys[name] = newKey(t, name)
+	}
+	complete(t, h.Store, keys["done"], mustAcquire(t, h.Store, keys["done"], fpA), []byte("reply"))
+	complete(t, h.Store, keys["old"], reserveFor(t, h.Store, keys["old"], fpA, lease, lease/2).Token, []byte("old"))
+	mustAcquire(t, h.Store, keys["dead"], fpA)
+	mustAcquire(t, h.Store, keys["dead-other"], fpA)
+	if err := h.Store.Release(ctx, keys["released"], mustAcquire(t, h.Store, keys["released"], fpA)); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	h.Advance(t, lease+time.Second) // the leases of dead and dead-other end; old expires
+	mustAcquire(t, h.Store, keys["running"], fpA)
+
+	cases := []struct {
+		name  string
+		fp    store.Fingerprint
+		state store.State
+	}{
+		{"new", fpA, store.Acquired},
+		{"done", fpB, store.Completed}, // the caller tells a reused key by the fingerprint
+		{"running", fpA, store.InProgress},
+		{"dead", fpA, store.Acquired}, // taken over by the same request
+		{"dead-other", fpB, store.InProgress},
+		{"old", fpB, store.Acquired},
+		{"released", fpB, store.Acquired},
+	}
+	rs := make([]store.Reservation, len(cases))
+	for i, c := range cases {
+		rs[i] = reservation(keys[c.name], c.fp, lease, retention)
+	}
+	res, err := br.ReserveBatch(ctx, rs)
+	if err != nil {
+		t.Fatalf("ReserveBatch: %v", err)
+	}
+	if len(res) != len(rs) {
+		t.Fatalf("ReserveBatch answered %d results for %d reservations", len(res), len(rs))
+	}
+	tokens := map[store.Token]bool{}
+	for i, c := range cases {
+		r := res[i]
+		if r.State != c.state {
+			t.Errorf("%s: state = %v, want %v", c.name, r.State, c.state)
+			continue
+		}
+		if r.Expires.IsZero() {
+			t.Errorf("%s: Expires is zero", c.name)
+		}
+		switch r.State {
+		case store.Acquired:
+			if r.Token == 0 || tokens[r.Token] {
+				t.Errorf("%s: token %d is zero or another key's", c.name, r.Token)
+			}
+			tokens[r.Token] = true
+		case store.Completed:
+			if r.Fingerprint != fpA || string(r.Outcome) != "reply" {
+				t.Errorf("%s: fingerprint %x, outcome %q; want %x, %q", c.name, r.Fingerprint[:4], r.Outcome, fpA[:4], "reply")
+			}
+		case store.InProgress:
+			if r.Fingerprint != fpA || (c.name == "running" && r.RetryAfter <= 0) {
+				t.Errorf("%s: fingerprint %x, retry after %v; want %x (and the lease left, if live)", c.name, r.Fingerprint[:4], r.RetryAfter, fpA[:4])
+			}
+		}
+	}
+	// What the batch acquired is held: in progress to anyone else, and
+	// recorded or released with its token.
+	wantState(t, reserve(t, h.Store, keys["new"], fpA), store.InProgress)
+	complete(t, h.Store, keys["new"], res[0].Token, []byte("batched"))
+	if r := reserve(t, h.Store, keys["new"], fpA); r.State != store.Completed || string(r.Outcome) != "batched" {
+		t.Errorf("after Complete: %v %q, want the batch's outcome", r.State, r.Outcome)
+	}
+	if err := h.Store.Release(ctx, keys["released"], res[6].Token); err != nil {
+		t.Errorf("Release of a key the batch acquired: %v", err)
+	}
+	wantState(t, reserve(t, h.Store, keys["released"], fpA), store.Acquired)
+
+	if _, err := br.ReserveBatch(ctx, []store.Reservation{rs[0], rs[0]}); err == nil {
+		t.Error("ReserveBatch of one key twice succeeded; want an error")
+	}
+}
+
+// testConcurrentReserveBatch races batches that share keys, in different
+// orders, with each other and with Reserve, round after round: each key is
+// acquired exactly once, and no batch fails (two batches that wait for
+// each other's inserts must not deadlock).
+func testConcurrentReserveBatch(t *testing.T, h Harness) {
+	br := needBatchReserver(t, h)
+	const (
+		rounds  = 10
+		nkeys   = 32
+		batches = 8
+	)
+	for round := range rounds {
+		keys := make([]store.Key, nkeys)
+		for i := range keys {
+			keys[i] = newKey(t, fmt.Sprint(round, "/", i))
+		}
+		var (
+			wg       sync.WaitGroup
+			mu       sync.Mutex
+			acquired = map[store.Key]int{}
+			start    = make(chan struct{})
+		)
+		note := func(key store.Key, res store.Result) {
+			mu.Lock()
+			defer mu.Unlock()
+			if res.State == store.Acquired {
+				acquired[key]++
+			}
+		}
+		for b := range batches {
+			wg.Go(func() {
+				rs := make([]store.Reservation, nkeys)
+				for i := range rs {
+					k := (i + b*nkeys/batches) % nkeys // a different order in each batch
+					if b%2 == 1 {
+						k = nkeys - 1 - k
+					}
+					rs[i] = reservation(keys[k], fpA, lease, retention)
+				}
+				<-start
+				res, err := br.ReserveBatch(context.Background(), rs)
+				if err != nil {
+					t.Errorf("ReserveBatch: %v", err)
+					return
+				}
+				for i := range rs {
+					note(rs[i].Key, res[i])
+				}
+			})
+			wg.Go(func() {
+				<-start
+				key := keys[b]
+				res, err := h.Store.Reserve(context.Background(), reservation(key, fpA, lease, retention))
+				if err != nil {
+					t.Errorf("Reserve: %v", err)
+					return
+				}
+				note(key, res)
+			})
+		}
+		close(start)
+		wg.Wait()
+		for i, key := range keys {
+			if acquired[key] != 1 {
+				t.Errorf("round %d: key %d was acquired %d times, want once", round, i, acquired[key])
+			}
+		}
 	}
 }
