@@ -112,8 +112,8 @@ failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times 
 	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./tests/reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
 	@cat bin/failover.md
 
-consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic (one at a time and in batches of 32) and two-phase; prints the charges, and the double charges of two-phase
-	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,atomic-batch,two-phase
+consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic and two-phase, one at a time and in batches of 32; prints the charges, and the double charges of two-phase
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,atomic-batch,two-phase,two-phase-batch
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.

@@ -36,12 +36,12 @@ type BatchHandler func(ctx context.Context, i int) error
 // record of every other. The handlers of the messages to process then run
 // one after another, in the order of ds, each recorded or released as soon
 // as it returns, as Process does: a batch of n new messages costs n+1
-// round trips of the store's instead of 2n. Each id is reserved with a
-// lease that covers the handlers before it (see engine.Batch), so a crash
-// holds the batch's later ids longer before a redelivery may take them
-// over. So at most engine.DefaultMaxLease (10 minutes) over the lease
-// messages are reserved together (with a handler timeout of 10 s, 40;
-// without one, WithLease's minute, 10), and the rest each on its own. On another store each message is processed on its
+// round trips of the store's instead of 2n. Each id is reserved with the
+// lease of one message, as Process reserves it, so that a crash holds no id
+// longer: once the handlers before a message have taken so long that less
+// of its lease is left than its handler may take (WithHandlerTimeout, plus
+// a little), its id is released and the message is processed on its own
+// after the others (engine.Batch.Ready). On another store each message is processed on its
 // own, in order, as Process does.
 //
 // What a batch does differently:
@@ -101,7 +101,9 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 		switch {
 		case b.Alone(j):
 		case call.Verdict == engine.Executed && !c.op.Atomic():
-			results[i] = c.runTimed(ctx, call, ds[i], one(i))
+			if b.Ready(ctx, j) {
+				results[i] = c.runTimed(ctx, call, ds[i], one(i))
+			}
 		case call.Verdict == engine.Executed:
 			results[i], staged[j] = c.runInBatch(ctx, b, j, ds[i], one(i))
 		default:

@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/seal"
@@ -440,9 +439,10 @@ func storeOps(t *testing.T, reader *sdkmetric.ManualReader) map[string]uint64 {
 }
 
 // In two-phase mode on PostgreSQL, a batch reserves its ids in one store
-// operation, each with a lease that covers the handlers before it, and
-// records each message as its handler returns; a lease as long as the
-// maximum leaves the rest of the batch to be reserved one at a time.
+// operation, each with one message's lease, and records each message as
+// its handler returns. When the handlers before a message have taken so
+// long that its lease may end while its own runs, its id is released and
+// the message processed on its own.
 func TestBatchTwoPhase(t *testing.T) {
 	const n = 8
 	ids := make([]string, n)
@@ -450,12 +450,14 @@ func TestBatchTwoPhase(t *testing.T) {
 		ids[i] = fmt.Sprintf("msg-secret-id-%d", i)
 	}
 	for _, tc := range []struct {
-		name           string
-		timeout        time.Duration
-		batched, alone uint64
+		name  string
+		pause time.Duration // of the first handler
+		alone uint64        // messages processed on their own
 	}{
-		{"leases fit", 10 * time.Second, 1, 0},
-		{"a lease as long as the maximum", engine.DefaultMaxLease, 1, n - 1},
+		{"fast handlers", 0, 0},
+		// The lease's grace is 5 s; a message runs in the batch while
+		// less than half of it has passed.
+		{"a slow first handler", 2600 * time.Millisecond, n - 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reader := sdkmetric.NewManualReader()
@@ -467,7 +469,8 @@ func TestBatchTwoPhase(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := consumer.New(st, "charges", consumer.WithLogger(nil), consumer.WithHandlerTimeout(tc.timeout),
+			const timeout = 10 * time.Second
+			c, err := consumer.New(st, "charges", consumer.WithLogger(nil), consumer.WithHandlerTimeout(timeout),
 				consumer.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
 			if err != nil {
 				t.Fatal(err)
@@ -476,7 +479,7 @@ func TestBatchTwoPhase(t *testing.T) {
 			h := &batchCounter{ds: deliveries(1, ids...)}
 			rs := c.ProcessBatch(t.Context(), h.ds, func(ctx context.Context, i int) error {
 				if i == 0 {
-					rows, _ := pool.Query(ctx, `SELECT (extract(epoch FROM lease_end - created_at) * 1e6)::bigint FROM idempotency_keys WHERE state = 'in_progress' ORDER BY lease_end`)
+					rows, _ := pool.Query(ctx, `SELECT (extract(epoch FROM lease_end - created_at) * 1e6)::bigint FROM idempotency_keys WHERE state = 'in_progress'`)
 					us, err := pgx.CollectRows(rows, pgx.RowTo[int64])
 					if err != nil {
 						return err
@@ -484,6 +487,7 @@ func TestBatchTwoPhase(t *testing.T) {
 					for _, u := range us {
 						leases = append(leases, time.Duration(u)*time.Microsecond)
 					}
+					time.Sleep(tc.pause)
 				}
 				return h.handle(ctx, i)
 			})
@@ -492,19 +496,19 @@ func TestBatchTwoPhase(t *testing.T) {
 					t.Fatalf("message %d: %+v, want processed", i, r)
 				}
 			}
-			ops := storeOps(t, reader)
-			if ops["reserve_batch"] != tc.batched || ops["reserve"] != tc.alone || ops["complete"] != n {
-				t.Fatalf("store operations %v; want %d reserve_batch, %d reserve and %d complete", ops, tc.batched, tc.alone, n)
+			if !slices.Equal(h.runs, ids) {
+				t.Fatalf("handlers ran for %v, want each message once, in order", h.runs)
 			}
-			if tc.alone > 0 {
-				return
+			ops := storeOps(t, reader)
+			if ops["reserve_batch"] != 1 || ops["release"] != tc.alone || ops["reserve"] != tc.alone || ops["complete"] != n {
+				t.Fatalf("store operations %v; want 1 reserve_batch, %d release and reserve, and %d complete", ops, tc.alone, n)
 			}
 			if len(leases) != n {
 				t.Fatalf("%d ids in progress when the first handler ran, want %d", len(leases), n)
 			}
 			for j, l := range leases {
-				if want := time.Duration(j+1) * leases[0]; l < want-time.Second || l > want+time.Second {
-					t.Errorf("id %d's lease is %v, want %v: it covers the %d handlers before it", j, l, want, j)
+				if l < timeout || l > timeout+6*time.Second {
+					t.Errorf("id %d's lease is %v, want the handler timeout %v and the grace", j, l, timeout)
 				}
 			}
 			rs = c.ProcessBatch(t.Context(), deliveries(2, ids...), h.handle)

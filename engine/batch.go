@@ -58,13 +58,11 @@ func (e *Engine) CanBatch(op *Operation) bool {
 // when it is released or records an error.
 //
 // In two-phase mode the batch's keys are reserved in one round trip (its
-// records written in progress, each with its own token), and each Executed
-// call then runs as after Start, with its Call's own methods: Context, the
-// handler, Record or Release, End; its outcome is durable when Record
-// returns, and Commit does nothing. Call i's lease covers the handlers
-// before it too: i+1 times a call's lease (as Start sets it), and at most
-// WithMaxLease, so a two-phase batch decides at most WithMaxLease / lease
-// calls together, and leaves the rest Alone.
+// records written in progress, each with its own token and a call's lease,
+// as Start sets it), and each Executed call then runs as after Start, with
+// its Call's own methods, once Ready has said it may: Context, the handler,
+// Record or Release, End. Its outcome is durable when Record returns, and
+// Commit does nothing.
 type Batch struct {
 	// Calls are the batch's calls, one per request, in order. StartBatch
 	// sets the Verdict of each as Start would, without waiting for a key in
@@ -74,6 +72,7 @@ type Batch struct {
 	e     *Engine
 	op    *Operation
 	tx    store.BatchTx // nil when the batch acquired no key
+	lease time.Duration // each call's
 	idx   []int         // each call's index among the store's reservations, or -1
 	state []batchState
 	size  []int // each staged call's outcome size, for the metrics
@@ -97,9 +96,8 @@ const (
 // answered InProgress at once, whatever WithInProgressWait says. A request
 // is left Alone, to be decided on its own after the batch, if its key is
 // that of an earlier request of the batch (its answer then depends on how
-// the earlier one ends), if it comes after the first MaxBatch (in
-// two-phase mode, after as many as WithMaxLease allows: see Batch), or if
-// the operation cannot batch (CanBatch).
+// the earlier one ends), if it comes after the first MaxBatch, or if the
+// operation cannot batch (CanBatch).
 //
 // ctx bounds the store's round trip, and sets the calls' lease, as Start's
 // does.
@@ -108,10 +106,8 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
 	rs := make([]store.Reservation, 0, min(len(reqs), MaxBatch))
 	seen := make(map[store.Key]struct{}, len(reqs))
-	lease, most := e.lease(ctx), MaxBatch
-	if !op.atomic {
-		most = min(MaxBatch, max(int(e.opts.maxLease/lease), 1))
-	}
+	lease := e.lease(ctx)
+	b.lease = lease
 	for i, r := range reqs {
 		c := &b.Calls[i]
 		*c = e.Call(op)
@@ -120,21 +116,17 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 		if !c.checkFirstSent(r.FirstSent) {
 			continue
 		}
-		if _, repeated := seen[c.key]; repeated || len(rs) == most || !e.CanBatch(op) {
+		if _, repeated := seen[c.key]; repeated || len(rs) == MaxBatch || !e.CanBatch(op) {
 			b.state[i] = batchAlone
 			continue
 		}
 		seen[c.key] = struct{}{}
 		b.idx[i] = len(rs)
-		callLease := lease
-		if !op.atomic { // it covers the handlers that run before this one's
-			callLease = min(lease*time.Duration(len(rs)+1), e.opts.maxLease)
-		}
-		c.leaseEnd = time.Now().Add(callLease)
+		c.leaseEnd = time.Now().Add(lease)
 		rs = append(rs, e.roomFor(store.Reservation{
 			Key:         c.key,
 			Fingerprint: fp,
-			Lease:       callLease,
+			Lease:       lease,
 			Retention:   e.opts.retention,
 			MaxOutcome:  e.opts.maxRecord,
 			Partition:   store.TenantPartition(r.Tenant),
@@ -211,6 +203,24 @@ func (c *Call) identify(r Request) store.Fingerprint {
 // handler ran in the batch is then run again; nothing of its first run
 // was committed.
 func (b *Batch) Alone(i int) bool { return b.state[i] == batchAlone }
+
+// Ready reports whether the handler of Executed call i of a two-phase
+// batch may run now. Its key was reserved when the batch started, with a
+// call's lease, and the handlers before it have run since: if less is left
+// of its lease than a handler may take (the lease less half its grace),
+// another run could take the key over while this one runs. Ready then
+// releases the key, and the call is Alone, to be decided again with Start.
+// In atomic mode it reports true: the batch's transaction holds its keys.
+func (b *Batch) Ready(ctx context.Context, i int) bool {
+	c := &b.Calls[i]
+	if b.op.atomic || c.Verdict != Executed || time.Until(c.leaseEnd) >= b.lease-leaseGrace/2 {
+		return true
+	}
+	c.Release(ctx)
+	*c = Call{e: c.e, op: c.op, start: c.start, Verdict: Refused} // for Start
+	b.state[i], b.idx[i] = batchAlone, -1
+	return false
+}
 
 // Context is ctx for the handler of call i, which must be Executed: it
 // carries the call's parts for idemkey.DerivedKey and the batch's

@@ -59,13 +59,17 @@ type benchVariant struct {
 //     acknowledged;
 //   - atomic-batch: the adapter's HandleBatch in atomic mode, batches of
 //     benchBatchSize: one round trip dedups the batch, its charges and
-//     records commit in one transaction, a savepoint apart each.
+//     records commit in one transaction, a savepoint apart each;
+//   - two-phase-batch: HandleBatch in two-phase mode: one statement
+//     reserves the batch's ids, then each charge and each record commits
+//     on its own.
 var benchVariants = []benchVariant{
 	{"bare", "", 1},
 	{"atomic", "atomic", 1},
 	{"two-phase", "two-phase", 1},
 	{"bare-batch", "", benchBatchSize},
 	{"atomic-batch", "atomic", benchBatchSize},
+	{"two-phase-batch", "two-phase", benchBatchSize},
 }
 
 // benchRatios are the ratios of messages per second each benchmark reports.
@@ -75,6 +79,7 @@ var benchRatios = [][2]string{
 	{"atomic-batch", "bare-batch"},
 	{"atomic-batch", "bare"},
 	{"bare-batch", "bare"},
+	{"two-phase-batch", "two-phase"},
 }
 
 // BenchmarkConsumer measures messages per second of the example consumer on

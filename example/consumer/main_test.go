@@ -23,7 +23,7 @@ import (
 
 var (
 	messages = flag.Int("consumer-messages", 2000, "messages TestKilledMidStream publishes")
-	modes    = flag.String("consumer-modes", "atomic,atomic-batch", "comma-separated modes TestKilledMidStream runs: atomic, atomic-batch (batches of 32), two-phase")
+	modes    = flag.String("consumer-modes", "atomic,atomic-batch", "comma-separated modes TestKilledMidStream runs: atomic, atomic-batch (batches of 32), two-phase, two-phase-batch")
 )
 
 func TestMain(m *testing.M) {
@@ -202,11 +202,11 @@ func TestRefused(t *testing.T) {
 // are counted and logged, not failed.
 func TestKilledMidStream(t *testing.T) {
 	for _, mode := range strings.Split(*modes, ",") {
-		if mode != "atomic" && mode != "atomic-batch" && mode != "two-phase" {
-			t.Fatalf("-consumer-modes: %q is none of atomic, atomic-batch and two-phase", mode)
+		if mode != "atomic" && mode != "atomic-batch" && mode != "two-phase" && mode != "two-phase-batch" {
+			t.Fatalf("-consumer-modes: %q is none of atomic, atomic-batch, two-phase and two-phase-batch", mode)
 		}
-		atomic, batch := mode != "two-phase", 1
-		if mode == "atomic-batch" {
+		atomic, batch := !strings.HasPrefix(mode, "two-phase"), 1
+		if strings.HasSuffix(mode, "-batch") {
 			batch = 32
 		}
 		t.Run(mode, func(t *testing.T) {
