@@ -68,8 +68,10 @@ func (c *Consumer) HandleBatch(ctx context.Context, msgs []jetstream.Msg) []cons
 // acknowledging them: Settle each once it has returned. In atomic mode on
 // store/postgres, the batch is deduplicated in one round trip and its
 // handlers run in one transaction that commits once, each message's writes
-// apart from the others' (consumer.Consumer.ProcessBatch); otherwise its
-// messages are processed one at a time. A message that ended in a final
+// apart from the others' (consumer.Consumer.ProcessBatch); in two-phase
+// mode one statement reserves the batch's ids, and each message is then
+// processed as Process does; on another store its messages are processed
+// one at a time. A message that ended in a final
 // failure or was refused goes to the dead-letter hook (WithDeadLetter); if
 // the hook fails, its Result's action is Nak.
 func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) []consumer.Result {

@@ -238,6 +238,18 @@
 //     savepoint was queued, for which pgx closes the connection. In pgx's
 //     exec and simple modes (behind pgbouncer) a statement that fails to
 //     parse is undone alone, as any statement that fails when it runs is.
+//
+// # Batches of two-phase calls
+//
+// The Store implements store.BatchReserver too: ReserveBatch reserves a
+// batch of keys in one statement, an INSERT ... ON CONFLICT DO NOTHING of
+// every key whose rows that were not inserted answer from their records,
+// as Reserve's first statement does for one key. A record to take over, or
+// one committed by another call while the statement ran, is decided with
+// Reserve, one more round trip each. The statement inserts the keys in
+// their byte order, so that two batches that share keys wait for each
+// other's rows in one order and never deadlock (the conformance suite's
+// ConcurrentReserveBatch deadlocks without it).
 //   - The handler's Querier is Begin's, with one difference: QueryRow
 //     sends its statement when the row is scanned, when a savepoint is to
 //     go with it. CopyFrom, and a statement with one of pgx's options (a
