@@ -59,6 +59,10 @@
 //		}
 //	})
 //
+// In two-phase mode a batch saves one round trip per message: one statement
+// reserves the batch's ids, and each message is then processed and recorded
+// on its own, as Handle does.
+//
 // # Guarantees
 //
 //   - A message id's handler runs to success or final failure once

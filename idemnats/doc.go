@@ -78,6 +78,10 @@
 // running: keep the buffer to a batch or two, and the ack wait well above a
 // batch's run.
 //
+// In two-phase mode a batch saves one round trip per message: one statement
+// reserves the batch's ids, and each message is then processed and recorded
+// on its own, as Handle does.
+//
 // # Guarantees
 //
 //   - A message id's handler runs to success or final failure once while
