@@ -207,13 +207,14 @@ func (b *Batch) Alone(i int) bool { return b.state[i] == batchAlone }
 // Ready reports whether the handler of Executed call i of a two-phase
 // batch may run now. Its key was reserved when the batch started, with a
 // call's lease, and the handlers before it have run since: if less is left
-// of its lease than a handler may take (the lease less half its grace),
+// of its lease than a handler may take (the lease less half its grace, or
+// half a lease shorter than the grace),
 // another run could take the key over while this one runs. Ready then
 // releases the key, and the call is Alone, to be decided again with Start.
 // In atomic mode it reports true: the batch's transaction holds its keys.
 func (b *Batch) Ready(ctx context.Context, i int) bool {
 	c := &b.Calls[i]
-	if b.op.atomic || c.Verdict != Executed || time.Until(c.leaseEnd) >= b.lease-leaseGrace/2 {
+	if b.op.atomic || c.Verdict != Executed || time.Until(c.leaseEnd) >= b.lease-min(leaseGrace, b.lease)/2 {
 		return true
 	}
 	c.Release(ctx)
