@@ -153,3 +153,96 @@ func storeBatch(ctx context.Context, st *postgres.Store, i int) error {
 	}
 	return tx.Commit(ctx)
 }
+
+// BenchmarkTwoPhaseBatch runs a batch of batchSize two-phase calls, each
+// writing one row, with their keys reserved together (ReserveBatch, then
+// each call's INSERT and Complete) against the same calls one at a time
+// (Reserve, INSERT, Complete each) and against the rows written without
+// idemkey (an autocommitted INSERT each), interleaved, one batch of each
+// per iteration. It reports each one's time and the ratios
+// "batch/one-at-a-time" and "batch/baseline".
+func BenchmarkTwoPhaseBatch(b *testing.B) {
+	schema := pgtest.Schema(b)
+	pool := pgtest.Pool(b, schema)
+	ctx := context.Background()
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		b.Fatal(err)
+	}
+	names := []string{"baseline", "one-at-a-time", "batch"}
+	for _, name := range names {
+		if _, err := pool.Exec(ctx, `CREATE TABLE "effects_`+name+`" (id text PRIMARY KEY, amount bigint NOT NULL)`); err != nil {
+			b.Fatal(err)
+		}
+	}
+	st := newStore(b, pool)
+	ctx, cancel := context.WithCancel(ctx) // as in a consumer
+	defer cancel()
+	insert := func(name string, i, j int) error {
+		_, err := pool.Exec(ctx, `INSERT INTO "effects_`+name+`" (id, amount) VALUES ($1, $2)`, fmt.Sprint(i, "-", j), j)
+		return err
+	}
+	reservations := func(name string, i int) []store.Reservation {
+		rs := make([]store.Reservation, batchSize)
+		for j := range rs {
+			rs[j] = store.Reservation{Key: benchKey(fmt.Sprint(name, i), j), Fingerprint: fpA, Lease: lease, Retention: retention}
+		}
+		return rs
+	}
+	run := func(name string, i, j int, token store.Token, key store.Key) error {
+		if err := insert(name, i, j); err != nil {
+			return err
+		}
+		return st.Complete(ctx, key, token, []byte("processed"))
+	}
+	ops := []benchtest.Op{
+		{Name: "baseline", Run: func(i int) error {
+			for j := range batchSize {
+				if err := insert("baseline", i, j); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{Name: "one-at-a-time", Run: func(i int) error {
+			for j, r := range reservations("one-at-a-time", i) {
+				res, err := st.Reserve(ctx, r)
+				if err != nil {
+					return err
+				}
+				if res.State != store.Acquired {
+					return fmt.Errorf("call %d: %v", j, res.State)
+				}
+				if err := run("one-at-a-time", i, j, res.Token, r.Key); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+		{Name: "batch", Run: func(i int) error {
+			rs := reservations("batch", i)
+			res, err := st.ReserveBatch(ctx, rs)
+			if err != nil {
+				return err
+			}
+			for j := range rs {
+				if res[j].State != store.Acquired {
+					return fmt.Errorf("call %d: %v", j, res[j].State)
+				}
+				if err := run("batch", i, j, res[j].Token, rs[j].Key); err != nil {
+					return err
+				}
+			}
+			return nil
+		}},
+	}
+	for i := range 3 { // connections, prepared statements
+		for _, op := range ops {
+			if err := op.Run(-1 - i); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	ns := benchtest.Interleave(b, ops...)
+	b.ReportMetric(ns[2]/ns[1], "batch/one-at-a-time")
+	b.ReportMetric(ns[2]/ns[0], "batch/baseline")
+}
