@@ -461,14 +461,7 @@ func TestBatchTwoPhase(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			reader := sdkmetric.NewManualReader()
-			pool := pgtest.Pool(t, pgtest.Schema(t))
-			if err := postgres.Migrate(t.Context(), pool); err != nil {
-				t.Fatal(err)
-			}
-			st, err := postgres.New(pool)
-			if err != nil {
-				t.Fatal(err)
-			}
+			st, pool := pgStoreAndPool(t)
 			const timeout = 10 * time.Second
 			c, err := consumer.New(st, "charges", consumer.WithLogger(nil), consumer.WithHandlerTimeout(timeout),
 				consumer.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))

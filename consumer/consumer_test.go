@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -40,6 +41,12 @@ func stores(t *testing.T) map[string]func(t *testing.T) (store.Store, []consumer
 }
 
 func pgStore(t *testing.T) *postgres.Store {
+	st, _ := pgStoreAndPool(t)
+	return st
+}
+
+// pgStoreAndPool is a store on a fresh schema, and its pool.
+func pgStoreAndPool(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.Schema(t))
 	if err := postgres.Migrate(t.Context(), pool); err != nil {
@@ -49,7 +56,7 @@ func pgStore(t *testing.T) *postgres.Store {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st
+	return st, pool
 }
 
 // each runs f on every store, with a consumer built with opts and a logger

@@ -16,6 +16,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -302,7 +303,7 @@ func testExpiry(t *testing.T, h Harness) {
 }
 
 func testSweep(t *testing.T, h Harness) {
-	sweeper := needSweeper(t, h)
+	sweeper := need[store.Sweeper](t, h)
 	// Times are seconds from the start; lease is 10s.
 	ctx := context.Background()
 	doneOld, deadOld, liveOld := newKey(t, "done-old"), newKey(t, "dead-old"), newKey(t, "live-old")
@@ -334,7 +335,7 @@ func testSweep(t *testing.T, h Harness) {
 }
 
 func testSweepBatches(t *testing.T, h Harness) {
-	sweeper := needSweeper(t, h)
+	sweeper := need[store.Sweeper](t, h)
 	for i := range 7 {
 		key := newKey(t, string(rune('a'+i)))
 		complete(t, h.Store, key, mustAcquire(t, h.Store, key, fpA), nil)
@@ -346,15 +347,16 @@ func testSweepBatches(t *testing.T, h Harness) {
 	}
 }
 
-// needSweeper skips a test of sweeping for a store that expires records by
-// itself.
-func needSweeper(t *testing.T, h Harness) store.Sweeper {
+// need returns h's store as the optional interface T, or skips the test
+// of a store that does not implement it (a store that expires records by
+// itself needs no store.Sweeper).
+func need[T any](t *testing.T, h Harness) T {
 	t.Helper()
-	sweeper, ok := h.Store.(store.Sweeper)
+	v, ok := h.Store.(T)
 	if !ok {
-		t.Skipf("%T expires records by itself: it does not implement store.Sweeper", h.Store)
+		t.Skipf("%T does not implement %v", h.Store, reflect.TypeFor[T]())
 	}
-	return sweeper
+	return v
 }
 
 func testKeysIndependent(t *testing.T, h Harness) {
@@ -406,10 +408,7 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 // testFind checks that Find answers exactly what Reserve would for a
 // completed record, and nothing for any other.
 func testFind(t *testing.T, h Harness) {
-	finder, ok := h.Store.(store.Finder)
-	if !ok {
-		t.Skipf("%T does not implement store.Finder", h.Store)
-	}
+	finder := need[store.Finder](t, h)
 	find := func(key store.Key) (store.Result, bool) {
 		t.Helper()
 		res, found, err := finder.Find(context.Background(), key)
@@ -489,20 +488,11 @@ func testExpires(t *testing.T, h Harness) {
 	}
 }
 
-func needBatchReserver(t *testing.T, h Harness) store.BatchReserver {
-	t.Helper()
-	br, ok := h.Store.(store.BatchReserver)
-	if !ok {
-		t.Skipf("%T does not implement store.BatchReserver", h.Store)
-	}
-	return br
-}
-
 // testReserveBatch checks that ReserveBatch decides each key of a batch
 // as Reserve decides one, whatever state its record is in, and that what
 // it acquired is held as Reserve's is.
 func testReserveBatch(t *testing.T, h Harness) {
-	br := needBatchReserver(t, h)
+	br := need[store.BatchReserver](t, h)
 	ctx := context.Background()
 	keys := map[string]store.Key{}
 	for _, name := range []string{"new", "done", "running", "dead", "dead-other", "old", "released"} {
@@ -590,7 +580,7 @@ func testReserveBatch(t *testing.T, h Harness) {
 // acquired exactly once, and no batch fails (two batches that wait for
 // each other's inserts must not deadlock).
 func testConcurrentReserveBatch(t *testing.T, h Harness) {
-	br := needBatchReserver(t, h)
+	br := need[store.BatchReserver](t, h)
 	const (
 		rounds  = 10
 		nkeys   = 32
