@@ -252,6 +252,15 @@ func writeEffect(ds []consumer.Delivery, fail map[string]error) consumer.BatchHa
 	}
 }
 
+// writeEffectAlone writes message i's id to effects in a transaction of
+// its own, as a two-phase handler does.
+func writeEffectAlone(pool *pgxpool.Pool, ds []consumer.Delivery) consumer.BatchHandler {
+	return func(ctx context.Context, i int) error {
+		_, err := pool.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, ds[i].ID)
+		return err
+	}
+}
+
 // In atomic mode, a batch's writes are each message's own: those of a
 // message that failed, for good or for now, are undone alone, and the
 // others commit with their records.
@@ -286,13 +295,31 @@ func TestBatchAtomicWrites(t *testing.T) {
 }
 
 // Two consumers take batches of the same ids at once, again and again
-// until every message is acknowledged: each id's effect is written once.
+// until every message is acknowledged: each id's effect is written once, in
+// atomic mode and in two-phase mode (whose handler writes on its own).
 func TestBatchRace(t *testing.T) {
-	c, st, pool, _ := atomicConsumer(t)
-	other, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	t.Run("atomic", func(t *testing.T) {
+		c, st, pool, _ := atomicConsumer(t)
+		other, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithLogger(nil))
+		if err != nil {
+			t.Fatal(err)
+		}
+		testBatchRace(t, pool, c, other, func(ds []consumer.Delivery) consumer.BatchHandler { return writeEffect(ds, nil) })
+	})
+	t.Run("two-phase", func(t *testing.T) {
+		_, st, pool, _ := atomicConsumer(t)
+		var cs [2]*consumer.Consumer
+		for k := range cs {
+			var err error
+			if cs[k], err = consumer.New(st, "charges", consumer.WithLogger(nil)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		testBatchRace(t, pool, cs[0], cs[1], func(ds []consumer.Delivery) consumer.BatchHandler { return writeEffectAlone(pool, ds) })
+	})
+}
+
+func testBatchRace(t *testing.T, pool *pgxpool.Pool, c, other *consumer.Consumer, handler func([]consumer.Delivery) consumer.BatchHandler) {
 	const n = 64
 	ids := make([]string, n)
 	for i := range ids {
@@ -315,7 +342,7 @@ func TestBatchRace(t *testing.T) {
 					return
 				}
 				ds := deliveries(attempt, left...)
-				rs := c.ProcessBatch(context.Background(), ds, writeEffect(ds, nil))
+				rs := c.ProcessBatch(context.Background(), ds, handler(ds))
 				left = left[:0]
 				mu.Lock()
 				for i, r := range rs {
@@ -375,14 +402,28 @@ func TestBatchSuperseded(t *testing.T) {
 // message at a time does, and runs each message's hook once: an execution
 // with the record's size, then a replay for its redelivery.
 func TestBatchSealedWithHooks(t *testing.T) {
+	for _, mode := range []string{"atomic", "two-phase"} {
+		t.Run(mode, func(t *testing.T) { testBatchSealedWithHooks(t, mode == "atomic") })
+	}
+}
+
+func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 	ring, err := seal.NewKeyRing(bytes.Repeat([]byte{7}, seal.KeySize))
 	if err != nil {
 		t.Fatal(err)
 	}
 	var events hookEvents
-	c, _, pool, _ := atomicConsumer(t, consumer.WithSealer(ring), consumer.WithHooks(events.hooks()))
+	opts := []consumer.Option{consumer.WithSealer(ring), consumer.WithHooks(events.hooks())}
+	c, st, pool, _ := atomicConsumer(t, opts...)
+	h := writeEffect
+	if !atomic {
+		if c, err = consumer.New(st, "charges", append(opts, consumer.WithLogger(nil))...); err != nil {
+			t.Fatal(err)
+		}
+		h = func(ds []consumer.Delivery, _ map[string]error) consumer.BatchHandler { return writeEffectAlone(pool, ds) }
+	}
 	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-2")
-	wantOutcomes(t, "batch", c.ProcessBatch(t.Context(), ds, writeEffect(ds, nil)), consumer.Processed, consumer.Processed)
+	wantOutcomes(t, "batch", c.ProcessBatch(t.Context(), ds, h(ds, nil)), consumer.Processed, consumer.Processed)
 	rows, _ := pool.Query(t.Context(), `SELECT outcome FROM idempotency_keys`)
 	outcomes, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
 	if err != nil || len(outcomes) != 2 {
@@ -394,7 +435,7 @@ func TestBatchSealedWithHooks(t *testing.T) {
 		}
 	}
 	ds = deliveries(2, "msg-secret-id-1", "msg-secret-id-2")
-	wantOutcomes(t, "redelivery", c.ProcessBatch(t.Context(), ds, writeEffect(ds, nil)), consumer.Duplicate, consumer.Duplicate)
+	wantOutcomes(t, "redelivery", c.ProcessBatch(t.Context(), ds, h(ds, nil)), consumer.Duplicate, consumer.Duplicate)
 	if got := effects(t, pool); len(got) != 2 {
 		t.Errorf("effects %v, want one per message", got)
 	}
