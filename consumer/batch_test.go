@@ -420,7 +420,9 @@ func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 		if c, err = consumer.New(st, "charges", append(opts, consumer.WithLogger(nil))...); err != nil {
 			t.Fatal(err)
 		}
-		h = func(ds []consumer.Delivery, _ map[string]error) consumer.BatchHandler { return writeEffectAlone(pool, ds) }
+		h = func(ds []consumer.Delivery, _ map[string]error) consumer.BatchHandler {
+			return writeEffectAlone(pool, ds)
+		}
 	}
 	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-2")
 	wantOutcomes(t, "batch", c.ProcessBatch(t.Context(), ds, h(ds, nil)), consumer.Processed, consumer.Processed)
