@@ -44,7 +44,10 @@
 // transaction, and Batch runs their handlers in it one after another,
 // records each call's outcome, and commits them at once (see Batch): a
 // message consumer that takes its messages in batches dedups a batch in one
-// round trip and commits it with one commit.
+// round trip and commits it with one commit. On a store that implements
+// store.BatchReserver (store/postgres), StartBatch reserves the keys of a
+// batch of one two-phase operation in one round trip, and each call then
+// runs as after Start, once Batch.Ready says its lease is still long enough.
 //
 // # Sharing keys between entry points
 //
