@@ -41,25 +41,26 @@ type BatchHandler func(ctx context.Context, i int) error
 // longer: once the handlers before a message have taken so long that less
 // of its lease is left than its handler may take (WithHandlerTimeout, plus
 // a little), its id is released and the message is processed on its own
-// after the others (engine.Batch.Ready). On another store each message is processed on its
-// own, in order, as Process does.
+// after the others (engine.Batch.Ready). On another store each message is
+// processed on its own, in order, as Process does.
 //
 // What a batch does differently:
 //   - An id that an earlier message of the batch has is decided on its own
-//     after the batch has committed: a duplicate of the earlier message, if
-//     that was recorded.
-//   - A message found in progress elsewhere is answered Busy at once, as
-//     Process does, but its id stays held for the batch's whole run.
-//   - If another consumer recorded an id of the batch between the batch's
-//     read and its commit (a rare race), or the batch's transaction fails
-//     before its commit (its connection lost, a handler that ended it),
-//     nothing of the batch is committed, and each message whose handler ran
-//     is processed again on its own: its handler runs a second time, after
-//     a first run whose writes were undone.
-//   - A batch holds one connection of the store for its whole run, and its
-//     messages' ids, however many; at most engine.MaxBatch (64) messages
-//     are decided together, and a longer ds is processed in several
-//     batches.
+//     after the batch (in atomic mode, after its commit): a duplicate of
+//     the earlier message, if that was recorded.
+//   - At most engine.MaxBatch (64) messages are decided together, and a
+//     longer ds is processed in several batches.
+//   - In atomic mode, a message found in progress elsewhere is answered
+//     Busy at once, as Process does, but its id stays held for the batch's
+//     whole run.
+//   - In atomic mode, if another consumer recorded an id of the batch
+//     between the batch's read and its commit (a rare race), or the batch's
+//     transaction fails before its commit (its connection lost, a handler
+//     that ended it), nothing of the batch is committed, and each message
+//     whose handler ran is processed again on its own: its handler runs a
+//     second time, after a first run whose writes were undone.
+//   - In atomic mode, a batch holds one connection of the store for its
+//     whole run, and its messages' ids, however many.
 //
 // ctx bounds the store's operations and the handlers; WithHandlerTimeout
 // bounds each handler's run, and the read that decides the batch.
