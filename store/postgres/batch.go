@@ -1,10 +1,12 @@
 package postgres
 
 import (
+	"bytes"
 	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -424,15 +426,24 @@ func (t *batchTx) Commit(ctx context.Context) error {
 }
 
 // records returns the arrays of batchRecordSQL for the calls to record
-// whose probe found no record, or with takeover, those it takes over.
+// whose probe found no record, or with takeover, those it takes over, in
+// the keys' byte order: the order in which ReserveBatch inserts keys too,
+// so that a batch of either mode that waits for the other's insert of a
+// key they share (two modes on one operation, during a rolling deploy)
+// never deadlocks with it.
 func (t *batchTx) records(takeover bool) (keys, fingerprints, outcomes [][]byte, retentions []int64) {
+	var calls []int
 	for i, outcome := range t.outcomes {
 		if outcome != nil && t.takeover[i] == takeover {
-			keys = append(keys, t.rs[i].Key[:])
-			fingerprints = append(fingerprints, t.rs[i].Fingerprint[:])
-			outcomes = append(outcomes, outcome)
-			retentions = append(retentions, retention(t.rs[i]))
+			calls = append(calls, i)
 		}
+	}
+	slices.SortFunc(calls, func(a, b int) int { return bytes.Compare(t.rs[a].Key[:], t.rs[b].Key[:]) })
+	for _, i := range calls {
+		keys = append(keys, t.rs[i].Key[:])
+		fingerprints = append(fingerprints, t.rs[i].Fingerprint[:])
+		outcomes = append(outcomes, t.outcomes[i])
+		retentions = append(retentions, retention(t.rs[i]))
 	}
 	return keys, fingerprints, outcomes, retentions
 }
