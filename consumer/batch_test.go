@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/seal"
@@ -418,8 +419,8 @@ func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var events hookEvents
-	opts := []consumer.Option{consumer.WithSealer(ring), consumer.WithHooks(events.hooks())}
+	events := &hooklog.Log{Operation: "charges"}
+	opts := []consumer.Option{consumer.WithSealer(ring), consumer.WithHooks(events.Hooks())}
 	c, st, pool, _ := atomicConsumer(t, opts...)
 	h := writeEffect
 	if !atomic {
@@ -447,9 +448,7 @@ func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 	if got := effects(t, pool); len(got) != 2 {
 		t.Errorf("effects %v, want one per message", got)
 	}
-	events.mu.Lock()
-	got := slices.Clone(events.events)
-	events.mu.Unlock()
+	got := events.Events()
 	var executed, replayed int
 	for _, e := range got {
 		switch {

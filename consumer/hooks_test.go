@@ -3,51 +3,13 @@ package consumer_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
 )
-
-// hookEvents is a consumer's hooks that keep each event as "hook verdict
-// action tenant/key size", and then panic if told to.
-type hookEvents struct {
-	mu     sync.Mutex
-	events []string
-	panics bool
-}
-
-func (h *hookEvents) hooks() consumer.Hooks {
-	keep := func(hook string) func(context.Context, engine.Event) {
-		return func(_ context.Context, ev engine.Event) {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			e := fmt.Sprintf("%s %s %s %s/%s %d", hook, ev.Verdict, consumer.Action(ev.Code), ev.Tenant, ev.Key, ev.Size)
-			if ev.Operation != "charges" || (ev.Verdict == engine.Executed && ev.Recorded != (ev.Size > 0)) {
-				e += fmt.Sprintf(" (operation %q, recorded %v)", ev.Operation, ev.Recorded)
-			}
-			h.events = append(h.events, e)
-			if h.panics {
-				panic("audit failed for " + ev.Tenant + "/" + ev.Key)
-			}
-		}
-	}
-	return consumer.Hooks{OnExecute: keep("execute"), OnReplay: keep("replay"), OnRefuse: keep("refuse")}
-}
-
-func (h *hookEvents) want(t *testing.T, want ...string) {
-	t.Helper()
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if strings.Join(h.events, "\n") != strings.Join(want, "\n") {
-		t.Errorf("hooks ran:\n\t%s\nwant:\n\t%s", strings.Join(h.events, "\n\t"), strings.Join(want, "\n\t"))
-	}
-	h.events = nil
-}
 
 const secret = "tenant-secret/msg-secret-id"
 
@@ -55,13 +17,13 @@ const secret = "tenant-secret/msg-secret-id"
 // execution of a message however often it is redelivered, then a replay
 // for each redelivery; a refusal for each message that cannot run.
 func TestHooks(t *testing.T) {
-	var events hookEvents
+	events := &hooklog.Log{Operation: "charges"}
 	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
 		h := &counter{}
 		for i := range 3 {
 			c.Process(t.Context(), delivery("msg-secret-id", i+1), h.handle)
 		}
-		events.want(t,
+		events.Want(t,
 			"execute executed ack "+secret+" 9",
 			"replay replayed ack "+secret+" 9",
 			"replay replayed ack "+secret+" 9")
@@ -71,7 +33,7 @@ func TestHooks(t *testing.T) {
 		failing.err = consumer.Final(errors.New("card declined"))
 		c.Process(t.Context(), delivery("msg-secret-id-2", 2), failing.handle)
 		c.Process(t.Context(), delivery("msg-secret-id-2", 3), failing.handle)
-		events.want(t,
+		events.Want(t,
 			"execute executed nak "+secret+"-2 0",
 			"execute executed ack "+secret+"-2 6",
 			"replay replayed ack "+secret+"-2 6")
@@ -81,7 +43,7 @@ func TestHooks(t *testing.T) {
 		c.Process(t.Context(), reused, h.handle)
 		c.Process(t.Context(), delivery("", 1), h.handle)
 		c.Refuse(t.Context(), errors.New("no tenant"))
-		events.want(t,
+		events.Want(t,
 			"refuse reused reject "+secret+" 0",
 			"refuse key_missing reject / 0",
 			"refuse refused reject / 0")
@@ -97,18 +59,19 @@ func TestHooks(t *testing.T) {
 		}()
 		<-started
 		c.Process(t.Context(), delivery("msg-secret-id-3", 2), h.handle)
-		events.want(t, "refuse in_progress nak "+secret+"-3 0")
+		events.Want(t, "refuse in_progress nak "+secret+"-3 0")
 		close(release)
 		<-first
-		events.want(t, "execute executed ack "+secret+"-3 9")
-	}, consumer.WithHooks(events.hooks()))
+		events.Want(t, "execute executed ack "+secret+"-3 9")
+	}, consumer.WithHooks(events.Hooks()))
 }
 
 // TestHookPanics: a hook that panics changes neither the Result nor the
 // record, and its panic is logged without the message's id or tenant
 // (each checks the logs).
 func TestHookPanics(t *testing.T) {
-	events := hookEvents{panics: true}
+	events := &hooklog.Log{Operation: "charges"}
+	events.Panics.Store(true)
 	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
 		h := &counter{}
 		for i, want := range []consumer.Outcome{consumer.Processed, consumer.Duplicate} {
@@ -120,9 +83,9 @@ func TestHookPanics(t *testing.T) {
 		if h.runs != 1 {
 			t.Fatalf("handler ran %d times, want 1", h.runs)
 		}
-		events.want(t, "execute executed ack "+secret+" 9", "replay replayed ack "+secret+" 9")
+		events.Want(t, "execute executed ack "+secret+" 9", "replay replayed ack "+secret+" 9")
 		if n := strings.Count(logs.String(), "hook panicked"); n != 2 {
 			t.Errorf("%d hook panics logged, want 2:\n%s", n, logs)
 		}
-	}, consumer.WithHooks(events.hooks()))
+	}, consumer.WithHooks(events.Hooks()))
 }

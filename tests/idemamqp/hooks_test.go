@@ -10,7 +10,7 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemamqp"
-	"github.com/idemkey/idemkey/tests/hooklog"
+	"github.com/idemkey/idemkey/internal/hooklog"
 )
 
 // A message published three times runs one execution and two replays, each

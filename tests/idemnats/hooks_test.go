@@ -9,12 +9,12 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/idemnats"
+	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
-	"github.com/idemkey/idemkey/tests/hooklog"
 	"github.com/idemkey/idemkey/tests/natstest"
 )
 
