@@ -44,6 +44,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format
 	@for m in $(MODULES); do echo "staticcheck in $$m (GOWORK=off)"; (cd $$m && $(TOOL) staticcheck ./...) || exit 1; done
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
+	$(GO) run ./tests/apisize -root .
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
