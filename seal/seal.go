@@ -263,15 +263,15 @@ func ReadKeyFile(path string) ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/seal: %w", err)
 	}
-	key, err := ParseKey(raw)
+	key, err := DecodeKey(raw)
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/seal: %s: %w", path, err)
 	}
 	return key, nil
 }
 
-// ParseKey reads a key as ReadKeyFile reads a file's content.
-func ParseKey(raw []byte) ([]byte, error) {
+// DecodeKey reads a key as ReadKeyFile reads a file's content.
+func DecodeKey(raw []byte) ([]byte, error) {
 	key := raw
 	if len(raw) != KeySize {
 		text := strings.TrimSpace(string(raw))
