@@ -12,7 +12,7 @@
 //
 // # Example
 //
-//	primary, err := seal.ReadKeyFile("/etc/payments/seal.key") // 32 bytes
+//	primary, err := seal.ReadKeyFile("/etc/payments/seal.key") // forms below
 //	if err != nil { ... }
 //	previous, err := seal.ReadKeyFile("/etc/payments/seal-previous.key")
 //	if err != nil { ... }
@@ -20,9 +20,18 @@
 //	if err != nil { ... }
 //	idem, err := interceptor.UnaryServerInterceptor(st, interceptor.WithSealer(ring), ...)
 //
-// Make a key with `head -c 32 /dev/urandom > seal.key` (or 64 hex digits, or
-// the standard base64 of 32 bytes, in the file), readable by the server
-// alone.
+// Make a key with `head -c 32 /dev/urandom > seal.key`, or `openssl rand
+// -hex 32 > seal.key`, readable by the server alone. ReadKeyFile (and
+// DecodeKey, for a key from elsewhere) reads a file in one of two forms:
+//
+//   - Text, white space around it aside: 64 hex digits, or the standard
+//     base64 of 32 bytes. Any other text is refused, even 32 characters of
+//     it: a password, or 32 hex digits (16 bytes), is not a key.
+//   - Anything else: exactly 32 bytes, the key itself. Random bytes are
+//     text by chance about once in 5*10^10 keys, and then refused as text.
+//
+// A key of all zero bytes is refused too. Every error says how to make a
+// key, and none quotes the file.
 //
 // # Guarantees
 //

@@ -9,8 +9,10 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
-	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -150,7 +152,7 @@ func checkKey(key []byte) error {
 		return fmt.Errorf("a key is %d bytes, not %d", KeySize, len(key))
 	}
 	if bytes.Equal(key, make([]byte, KeySize)) {
-		return errors.New("the key is all zero bytes: make one with head -c 32 /dev/urandom")
+		return errors.New("the key is all zero bytes; " + makeKey)
 	}
 	return nil
 }
@@ -255,11 +257,17 @@ func keyIDOf(record []byte) (id [4]byte, sealed bool) {
 	return id, true
 }
 
-// ReadKeyFile reads a key from the file at path: exactly KeySize bytes, or
-// their hex (64 digits) or standard base64 encoding, with white space around
-// it. The error never holds the file's content.
+// makeKey ends every error about a key's content: how to make one that
+// reads.
+const makeKey = "make a key with head -c 32 /dev/urandom > seal.key, or openssl rand -hex 32 > seal.key"
+
+// ReadKeyFile reads a key from the file at path, as DecodeKey reads its
+// content. The error never holds the file's content.
 func ReadKeyFile(path string) ([]byte, error) {
 	raw, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("idemkey/seal: %w; %s", err, makeKey)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("idemkey/seal: %w", err)
 	}
@@ -270,26 +278,58 @@ func ReadKeyFile(path string) ([]byte, error) {
 	return key, nil
 }
 
-// DecodeKey reads a key as ReadKeyFile reads a file's content.
+// DecodeKey reads a key from the content of a key file. Text (white space
+// around it aside) is read as 64 hex digits or the standard base64 of
+// KeySize bytes, and refused otherwise: a password, or 32 hex digits, is
+// not a key even when it is KeySize bytes long. Anything else must be
+// exactly KeySize bytes, as head -c 32 /dev/urandom writes them. The error
+// never holds raw's content; the key returned does not share memory with
+// it.
 func DecodeKey(raw []byte) ([]byte, error) {
-	key := raw
-	if len(raw) != KeySize {
-		text := strings.TrimSpace(string(raw))
-		var err error
-		switch len(text) {
-		case hex.EncodedLen(KeySize):
-			key, err = hex.DecodeString(text)
-		case base64.StdEncoding.EncodedLen(KeySize):
-			key, err = base64.StdEncoding.DecodeString(text)
-		default:
-			return nil, fmt.Errorf("want %d bytes, or their hex or base64; found %d bytes", KeySize, len(raw))
+	if !isText(raw) {
+		if len(raw) != KeySize {
+			return nil, fmt.Errorf("want %d random bytes, or their hex or base64; found %d bytes that are not text; %s", KeySize, len(raw), makeKey)
 		}
-		if err != nil {
-			return nil, errors.New("the key is neither hex nor base64 of 32 bytes")
+		if err := checkKey(raw); err != nil {
+			return nil, err
 		}
+		return bytes.Clone(raw), nil
+	}
+	text := string(bytes.TrimSpace(raw))
+	var key []byte
+	var err error
+	switch len(text) {
+	case 0:
+		return nil, errors.New("empty, or only white space; " + makeKey)
+	case hex.EncodedLen(KeySize):
+		key, err = hex.DecodeString(text)
+	case base64.StdEncoding.EncodedLen(KeySize):
+		key, err = base64.StdEncoding.DecodeString(text)
+	}
+	if err != nil || len(key) != KeySize {
+		// Not the decoding error: hex's quotes the byte it stopped at.
+		return nil, fmt.Errorf("want 64 hex digits or the standard base64 of %d bytes; found %d characters of other text; %s", KeySize, utf8.RuneCountInString(text), makeKey)
 	}
 	if err := checkKey(key); err != nil {
 		return nil, err
 	}
-	return bytes.Clone(key), nil
+	return key, nil
+}
+
+// isText reports whether raw is UTF-8 text: printable characters and white
+// space. 32 random bytes are text by chance with a probability of about
+// 2*10^-11 (printable ASCII alone, (95/256)^32, would be 2*10^-14; the other
+// characters of UTF-8 and white space add the rest), so a key that head -c
+// 32 /dev/urandom made is all but never refused as text, and one that is
+// gets the advice to make another.
+func isText(raw []byte) bool {
+	if !utf8.Valid(raw) {
+		return false
+	}
+	for _, r := range string(raw) {
+		if !unicode.IsPrint(r) && !unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
 }

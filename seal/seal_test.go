@@ -177,15 +177,20 @@ func TestRingKeepsNoReferenceToTheKey(t *testing.T) {
 	}
 }
 
+// A key file holds 32 random bytes, or their hex or base64. Text that is
+// neither, such as a password or a 32-digit hex string (16 bytes), is
+// refused even when it happens to be 32 bytes long, and every refusal says
+// how to make a key without quoting the file.
 func TestReadKeyFile(t *testing.T) {
 	key := newKey(t)
 	dir := t.TempDir()
 	for name, content := range map[string][]byte{
-		"raw":    key,
-		"hex":    []byte(hex.EncodeToString(key) + "\n"),
-		"base64": []byte("  " + base64.StdEncoding.EncodeToString(key) + "\r\n"),
+		"raw":                      key,
+		"64 hex digits, a newline": []byte(hex.EncodeToString(key) + "\n"),
+		"base64, a newline":        []byte(base64.StdEncoding.EncodeToString(key) + "\n"),
+		"base64, white space":      []byte("  " + base64.StdEncoding.EncodeToString(key) + "\r\n"),
 	} {
-		path := filepath.Join(dir, name)
+		path := filepath.Join(dir, "good")
 		if err := os.WriteFile(path, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
@@ -193,26 +198,50 @@ func TestReadKeyFile(t *testing.T) {
 		if err != nil || !bytes.Equal(got, key) {
 			t.Errorf("%s: %x, %v", name, got, err)
 		}
+		if got, err := seal.DecodeKey(content); err != nil || !bytes.Equal(got, key) {
+			t.Errorf("%s: DecodeKey: %x, %v", name, got, err)
+		}
+	}
+	password := "Tr0ub4dor&3 correct horse staple"
+	passwordUTF8 := "schlüssel für die Kasse, 2024!"
+	halfHex := hex.EncodeToString(key[:seal.KeySize/2])
+	if len(password) != seal.KeySize || len(passwordUTF8) != seal.KeySize || len(halfHex) != seal.KeySize {
+		t.Fatal("the passwords and the 32 hex digits must be 32 bytes, as a key is")
 	}
 	for name, content := range map[string][]byte{
-		"raw with a newline": append(bytes.Clone(key), '\n'),
-		"short":              key[:20],
-		"hex, not hex":       []byte(strings.Repeat("zz", seal.KeySize)),
-		"empty":              nil,
-		"zero":               make([]byte, seal.KeySize),
+		"a 32-character password":     []byte(password),
+		"a 32-byte UTF-8 password":    []byte(passwordUTF8),
+		"32 hex digits":               []byte(halfHex),
+		"32 hex digits and a newline": []byte(halfHex + "\n"),
+		"64 characters, not hex":      []byte(strings.Repeat("zq", seal.KeySize)),
+		"base64 of 31 bytes":          []byte(base64.StdEncoding.EncodeToString(key[:31]) + "\n"),
+		"raw with a newline":          append(bytes.Clone(key), '\n'),
+		"short":                       key[:20],
+		"empty":                       nil,
+		"zero":                        make([]byte, seal.KeySize),
+		"64 zero hex digits":          []byte(strings.Repeat("0", 2*seal.KeySize) + "\n"),
 	} {
 		path := filepath.Join(dir, "bad")
 		if err := os.WriteFile(path, content, 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := seal.ReadKeyFile(path); err == nil {
+		_, err := seal.ReadKeyFile(path)
+		if err == nil {
 			t.Errorf("%s: no error", name)
-		} else if len(content) > 4 && strings.Contains(err.Error(), string(content[:4])) {
+			continue
+		}
+		if !strings.Contains(err.Error(), "head -c 32 /dev/urandom") {
+			t.Errorf("%s: the error does not say how to make a key: %v", name, err)
+		}
+		// The path is the test's temporary directory, with digits of its
+		// own: leave it out.
+		msg := strings.ReplaceAll(err.Error(), path, "")
+		if quote := bytes.TrimSpace(content); len(quote) > 8 && strings.Contains(msg, string(quote[:8])) {
 			t.Errorf("%s: the error quotes the file: %v", name, err)
 		}
 	}
-	if _, err := seal.ReadKeyFile(filepath.Join(dir, "missing")); err == nil {
-		t.Error("a missing file: no error")
+	if _, err := seal.ReadKeyFile(filepath.Join(dir, "missing")); err == nil || !strings.Contains(err.Error(), "head -c 32 /dev/urandom") {
+		t.Errorf("a missing file: %v, want an error saying how to make a key", err)
 	}
 }
 
