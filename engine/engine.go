@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey"
@@ -25,21 +26,26 @@ type Engine struct {
 	batchRv store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
 }
 
-// New returns an Engine on st. Optional store features (store.Atomic,
-// store.Finder) are detected here, once.
-func New(st store.Store, opts ...Option) *Engine {
-	o := newOptions(opts)
+// New returns an Engine on st, to hand to every entry point that serves
+// the store's keys: its settings apply to each, and a key first used over
+// one replays over another. Optional store features (store.Atomic,
+// store.Finder) are detected here, once. It returns an error that names the
+// fix for a mistake in opts (see each Option), or a nil st.
+func New(st store.Store, opts ...Option) (*Engine, error) {
+	if st == nil {
+		return nil, errors.New("idemkey: engine.New needs a store, such as memory.New() or postgres.New(pool)")
+	}
+	o, err := newOptions(opts)
+	if err != nil {
+		return nil, err
+	}
 	e := &Engine{store: st, opts: o, obs: newObserver(o)}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
 	e.batch, _ = st.(store.BatchAtomic)
 	e.batchRv, _ = st.(store.BatchReserver)
-	return e
+	return e, nil
 }
-
-// KeyRequired reports whether calls without a key are refused
-// (WithKeyRequired).
-func (e *Engine) KeyRequired() bool { return e.opts.keyRequired }
 
 // MaxRecordSize is the bound on one record (WithMaxRecordSize), in bytes: an
 // adapter that buffers a response to record it need buffer no more.
@@ -52,21 +58,27 @@ func (e *Engine) Logger() *slog.Logger { return e.opts.logger }
 // message consumer checks it against the broker's redelivery horizon.
 func (e *Engine) Retention() time.Duration { return e.opts.retention }
 
-// Tenant returns the tenant of the call of ctx (WithTenant), or "" without a
-// TenantFunc. The adapter answers an error as the caller's own.
-func (e *Engine) Tenant(ctx context.Context) (string, error) {
-	if e.opts.tenant == nil {
-		return "", nil
+// tenant returns the tenant of the call of ctx: the operation's TenantFunc,
+// else the engine's (WithTenant), else "" (WithSingleTenant).
+func (c *Call) tenantOf(ctx context.Context) (string, error) {
+	switch {
+	case c.op.tenant != nil:
+		return c.op.tenant(ctx)
+	case c.e.opts.tenant != nil:
+		return c.e.opts.tenant(ctx)
 	}
-	return e.opts.tenant(ctx)
+	return "", nil
 }
 
 // Operation is one kind of call an adapter serves: a gRPC method, a Connect
 // procedure, an HTTP route. Build it once per kind and reuse it.
 type Operation struct {
-	name    string
-	atomic  bool
-	metrics *opMetrics
+	name        string
+	atomic      bool
+	keyRequired bool
+	redelivers  bool
+	tenant      TenantFunc
+	metrics     *opMetrics
 }
 
 // OperationSpec describes an Operation.
@@ -81,16 +93,38 @@ type OperationSpec struct {
 	Atomic bool
 	// Metrics is the operation's metrics (see the package documentation).
 	Metrics MetricsSpec
+	// Tenant, if set, reads the tenant of the operation's calls in place of
+	// the engine's TenantFunc (WithTenant): a message consumer's, from the
+	// message.
+	Tenant TenantFunc
+	// KeyRequired refuses the operation's calls without a key
+	// (KeyMissing), whatever WithKeyRequired says: a message's id.
+	KeyRequired bool
+	// Redelivers is true for a transport that delivers again a call
+	// answered InProgress (a broker): such a call is answered at once,
+	// rather than held for WithInProgressWait, and told to wait out what
+	// the other run's lease has left, rather than WithMaxRetryAfter; on its
+	// last delivery (Attempt.Last) it waits for the key instead.
+	Redelivers bool
 }
 
-// Operation returns the operation spec describes; an error if it cannot be
-// served on this engine's store.
+// Operation returns the operation spec describes; an error that names the
+// fix if it cannot be served on this engine: atomic mode on a store that
+// does not implement store.Atomic, or no way to tell its tenants apart
+// (neither spec.Tenant, WithTenant nor WithSingleTenant).
 func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if spec.Atomic && e.atomic == nil {
 		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", e.store)
 	}
-	return &Operation{name: spec.Name, atomic: spec.Atomic, metrics: newOpMetrics(spec.Metrics)}, nil
+	if spec.Tenant == nil && e.opts.tenant == nil && !e.opts.singleTenant {
+		return nil, errNoTenant
+	}
+	return &Operation{name: spec.Name, atomic: spec.Atomic, keyRequired: spec.KeyRequired || e.opts.keyRequired,
+		redelivers: spec.Redelivers, tenant: spec.Tenant, metrics: newOpMetrics(spec.Metrics)}, nil
 }
+
+var errNoTenant = errors.New("idemkey: the engine cannot tell callers apart, so every caller would share one key space: " +
+	"give engine.WithTenant a function that reads the caller's authenticated identity, or engine.WithSingleTenant() for a service whose callers are one tenant")
 
 // Name is the operation's name.
 func (op *Operation) Name() string { return op.name }
@@ -113,6 +147,8 @@ type Request struct {
 	// sent longer ago than the retention is refused rather than run again
 	// when its key has no record (see WithClockSkew).
 	FirstSent time.Time
+
+	last bool // Attempt.Last
 }
 
 // Call is one call of an operation, from its start to its answer. Its zero
@@ -211,13 +247,13 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	}
 	c.leaseEnd = time.Now().Add(res.Lease) // the store's clock starts it later, never earlier
 	if op.atomic {
-		c.begin(ctx, res)
+		c.begin(ctx, res, c.wait(r))
 		return
 	}
 
 	got, err := e.reserve(ctx, res)
 	if err == nil && got.State == store.InProgress && got.Fingerprint == fp {
-		got, err = e.await(ctx, got, func(ctx context.Context) (store.Result, error) { return e.reserve(ctx, res) })
+		got, err = e.await(ctx, c.wait(r), got, func(ctx context.Context) (store.Result, error) { return e.reserve(ctx, res) })
 	}
 	switch {
 	case errors.Is(err, store.ErrFull):
@@ -245,13 +281,13 @@ type FirstSentError struct{ Problem string }
 
 func (e *FirstSentError) Error() string { return "idempotency first-sent time refused: " + e.Problem }
 
-// FirstSent reads the time a call's operation was first sent from the
-// values of its transport's field (idemkey.FirstSentMetadata on gRPC,
-// idemkey.FirstSentHeader on HTTP and Connect), for Request.FirstSent: zero
-// without one. A value sent twice, that is not an HTTP date (idemkey.ParseDate)
-// or that lies later than the clock skew from now (WithClockSkew) gives a
-// *FirstSentError: the adapter answers FirstSentInvalid before Start.
-func (e *Engine) FirstSent(values []string) (time.Time, error) {
+// firstSent reads the time a call's operation was first sent from the
+// values of its transport's field (Exchange.FirstSent): zero without one. A
+// value sent twice, that is not an HTTP date (idemkey.ParseDate, after
+// surrounding spaces and tabs, which HTTP trims from a field value, are
+// trimmed on every transport) or that lies later than the clock skew from
+// now (WithClockSkew) gives a *FirstSentError, answered FirstSentInvalid.
+func (e *Engine) firstSent(values []string) (time.Time, error) {
 	switch len(values) {
 	case 0:
 		return time.Time{}, nil
@@ -259,7 +295,7 @@ func (e *Engine) FirstSent(values []string) (time.Time, error) {
 	default:
 		return time.Time{}, &FirstSentError{"it was sent more than once"}
 	}
-	t, err := idemkey.ParseDate(values[0])
+	t, err := idemkey.ParseDate(strings.Trim(values[0], " \t"))
 	if err != nil {
 		return time.Time{}, &FirstSentError{"it is not an HTTP date (IMF-fixdate), such as " + idemkey.FormatDate(time.Now())}
 	}
@@ -294,11 +330,11 @@ func (c *Call) checkFirstSent(t time.Time) bool {
 // running call (store/postgres: in one round trip, on a connection that no
 // new key is waiting for), and acquires the key if the first call rolls
 // back meanwhile.
-func (c *Call) begin(ctx context.Context, r store.Reservation) {
+func (c *Call) begin(ctx context.Context, r store.Reservation, wait time.Duration) {
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
 	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint {
-		res, err = e.await(ctx, res, func(ctx context.Context) (store.Result, error) {
+		res, err = e.await(ctx, wait, res, func(ctx context.Context) (store.Result, error) {
 			res, t, err := e.begin(ctx, r)
 			tx = t
 			return res, err
@@ -332,8 +368,32 @@ func (c *Call) answer(fp store.Fingerprint, res store.Result) {
 		c.Verdict, c.Outcome = Replayed, res.Outcome
 	default:
 		c.Verdict = InProgress
-		c.RetryAfter = max(min(res.RetryAfter, c.e.opts.retryAfter), time.Millisecond)
+		c.RetryAfter = max(min(res.RetryAfter, c.maxRetryAfter()), time.Millisecond)
 	}
+}
+
+// maxRetryAfter bounds the wait asked of a retry: WithMaxRetryAfter, or for
+// an operation whose transport redelivers, the longest lease, so that a
+// redelivery waits out the other run's.
+func (c *Call) maxRetryAfter() time.Duration {
+	if c.op.redelivers {
+		return c.e.opts.maxLease
+	}
+	return c.e.opts.retryAfter
+}
+
+// wait is how long a call of r waits for its key in progress elsewhere:
+// WithInProgressWait; none for a transport that redelivers, except on a
+// call's last attempt, which waits as long as the longest lease, since no
+// retry will come to take the key over.
+func (c *Call) wait(r Request) time.Duration {
+	switch {
+	case r.last:
+		return c.e.opts.maxLease
+	case c.op.redelivers:
+		return 0
+	}
+	return c.e.opts.inProgress
 }
 
 func (c *Call) storeFailed(ctx context.Context, op string, err error) {
@@ -566,12 +626,11 @@ const (
 )
 
 // await waits for a key that res found in progress to be recorded (or
-// released), polling the store with poll, for at most WithInProgressWait and
-// the call's deadline. It returns the first result that is not InProgress, or
+// released), polling the store with poll, for at most wait and the call's
+// deadline. It returns the first result that is not InProgress, or
 // the last one when the wait runs out. A wait of w costs at most
 // 5 + w/awaitMaxPoll polls.
-func (e *Engine) await(ctx context.Context, res store.Result, poll func(context.Context) (store.Result, error)) (store.Result, error) {
-	wait := e.opts.inProgress
+func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Result, poll func(context.Context) (store.Result, error)) (store.Result, error) {
 	if deadline, ok := ctx.Deadline(); ok {
 		wait = min(wait, max(time.Until(deadline), 0)-awaitMargin)
 	}

@@ -357,7 +357,7 @@ func newHarness(t *testing.T, opts ...engine.Option) *harness {
 	t.Helper()
 	h := &harness{st: newFakeStore()}
 	logger := newLogger(t, &h.logs)
-	h.e = engine.New(h.st, append([]engine.Option{engine.WithLogger(logger)}, opts...)...)
+	h.e = mustEngine(t, h.st, append([]engine.Option{engine.WithLogger(logger)}, opts...)...)
 	var err error
 	if h.op, err = h.e.Operation(engine.OperationSpec{Name: opName}); err != nil {
 		t.Fatalf("Operation: %v", err)
@@ -509,12 +509,12 @@ func TestStartVerdicts(t *testing.T) {
 		},
 	}, {
 		name:   "RetryAfter of a key in progress is at least a millisecond",
-		opts:   []engine.Option{engine.WithInProgressWait(0), engine.WithMaxRetryAfter(0)},
+		opts:   []engine.Option{engine.WithInProgressWait(0), engine.WithMaxRetryAfter(time.Nanosecond)},
 		before: func(t *testing.T, h *harness) { h.executed(t, h.op, req) },
 		want:   engine.InProgress,
 		check: func(t *testing.T, h *harness, c *engine.Call) {
 			if c.RetryAfter != time.Millisecond {
-				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(0), want 1ms", c.RetryAfter)
+				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(1ns), want 1ms", c.RetryAfter)
 			}
 		},
 	}, {
@@ -575,12 +575,12 @@ func TestStartVerdicts(t *testing.T) {
 		},
 	}, {
 		name:   "RetryAfter of a full store is at least a millisecond",
-		opts:   []engine.Option{engine.WithMaxRetryAfter(-time.Second)},
+		opts:   []engine.Option{engine.WithMaxRetryAfter(time.Nanosecond)},
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, fullErr, forever) },
 		want:   engine.StoreFull,
 		check: func(t *testing.T, h *harness, c *engine.Call) {
 			if c.RetryAfter != time.Millisecond {
-				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(-1s), want 1ms", c.RetryAfter)
+				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(1ns), want 1ms", c.RetryAfter)
 			}
 		},
 	}, {
@@ -997,7 +997,7 @@ func TestAtomic(t *testing.T) {
 	callerCtx := func(t *testing.T) context.Context { return context.WithValue(t.Context(), ctxKey{}, "caller's") }
 
 	t.Run("needs a store that implements store.Atomic", func(t *testing.T) {
-		e := engine.New(plainStore{newFakeStore()}, engine.WithLogger(nil))
+		e := mustEngine(t, plainStore{newFakeStore()}, engine.WithLogger(nil))
 		if op, err := e.Operation(engine.OperationSpec{Name: opName, Atomic: true}); err == nil || op != nil {
 			t.Fatalf("Operation(Atomic) on a store without store.Atomic: %v, %v; want an error", op, err)
 		}
@@ -1138,7 +1138,7 @@ func TestRetriedReadsFirst(t *testing.T) {
 			h := newHarness(t, tt.opts...)
 			e, op := h.e, h.op
 			if tt.plain {
-				e = engine.New(plainStore{h.st}, engine.WithLogger(nil))
+				e = mustEngine(t, plainStore{h.st}, engine.WithLogger(nil))
 				op, _ = e.Operation(engine.OperationSpec{Name: opName})
 			}
 			if tt.atomic {
@@ -1228,7 +1228,7 @@ func TestLease(t *testing.T) {
 		want:    func(l, _, _ time.Duration) bool { return l == engine.DefaultMaxLease },
 	}, {
 		name:    "the largest deadline with the largest WithMaxLease: no overflow",
-		opts:    []engine.Option{engine.WithMaxLease(math.MaxInt64)},
+		opts:    []engine.Option{engine.WithMaxLease(math.MaxInt64), engine.WithRetention(math.MaxInt64)},
 		timeout: math.MaxInt64,
 		want:    func(l, _, _ time.Duration) bool { return l == math.MaxInt64 },
 	}}
@@ -1344,7 +1344,7 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 	call := func(t *testing.T, atomic bool, prepare func(st *fakeStore), run func(c *engine.Call), opts ...engine.Option) *fakeStore {
 		t.Helper()
 		st := newFakeStore()
-		e := engine.New(st, append([]engine.Option{engine.WithLogger(logger)}, opts...)...)
+		e := mustEngine(t, st, append([]engine.Option{engine.WithLogger(logger)}, opts...)...)
 		op, err := e.Operation(engine.OperationSpec{Name: opName, Atomic: atomic})
 		if err != nil {
 			t.Fatal(err)
@@ -1400,5 +1400,55 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 		if strings.Contains(out, raw) {
 			t.Errorf("the log holds the raw %q:\n%s", raw, out)
 		}
+	}
+}
+
+// mustEngine is engine.New on st with opts, for one tenant.
+func mustEngine(t testing.TB, st store.Store, opts ...engine.Option) *engine.Engine {
+	t.Helper()
+	e, err := engine.New(st, append([]engine.Option{engine.WithSingleTenant()}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// A mistake in the options fails New, with an error that names the fix,
+// rather than turn into a default in silence.
+func TestNewRefusesMistakes(t *testing.T) {
+	for name, tc := range map[string]struct {
+		st   store.Store
+		opts []engine.Option
+		want string
+	}{
+		"nil store":                 {nil, nil, "needs a store"},
+		"negative lease":            {newFakeStore(), []engine.Option{engine.WithLease(-time.Second)}, "WithLease(-1s): the duration must be positive"},
+		"zero lease":                {newFakeStore(), []engine.Option{engine.WithLease(0)}, "WithLease(0s)"},
+		"zero maximum lease":        {newFakeStore(), []engine.Option{engine.WithMaxLease(0)}, "WithMaxLease(0s)"},
+		"negative retention":        {newFakeStore(), []engine.Option{engine.WithRetention(-1)}, "WithRetention(-1ns)"},
+		"zero retention":            {newFakeStore(), []engine.Option{engine.WithRetention(0)}, "WithRetention(0s)"},
+		"zero retry after":          {newFakeStore(), []engine.Option{engine.WithMaxRetryAfter(0)}, "WithMaxRetryAfter(0s)"},
+		"negative in-progress wait": {newFakeStore(), []engine.Option{engine.WithInProgressWait(-time.Second)}, "WithInProgressWait(-1s)"},
+		"negative clock skew":       {newFakeStore(), []engine.Option{engine.WithClockSkew(-time.Second)}, "WithClockSkew(-1s)"},
+		"record size below a reply": {newFakeStore(), []engine.Option{engine.WithMaxRecordSize(10)}, "MinRecordSize"},
+		"retention under the lease": {newFakeStore(), []engine.Option{engine.WithRetention(time.Minute), engine.WithMaxLease(time.Hour)}, "shorter than the longest lease"},
+		"nil tenant function":       {newFakeStore(), []engine.Option{engine.WithTenant(nil)}, "WithTenant(nil)"},
+		"one tenant and many":       {newFakeStore(), []engine.Option{engine.WithTenant(func(context.Context) (string, error) { return "", nil }), engine.WithSingleTenant()}, "contradict"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if e, err := engine.New(tc.st, tc.opts...); e != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("New: %v, %v; want an error naming %q", e, err, tc.want)
+			}
+		})
+	}
+	e, err := engine.New(newFakeStore())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Operation(engine.OperationSpec{Name: opName}); err == nil || !strings.Contains(err.Error(), "engine.WithSingleTenant") {
+		t.Errorf("an operation of an engine with no tenant: %v, want an error naming engine.WithTenant and engine.WithSingleTenant", err)
+	}
+	if _, err := e.Operation(engine.OperationSpec{Name: opName, Tenant: func(context.Context) (string, error) { return "", nil }}); err != nil {
+		t.Errorf("an operation that reads its own tenant: %v", err)
 	}
 }

@@ -56,7 +56,7 @@ func TestFirstSent(t *testing.T) {
 // TestExpires checks that every answer about a key tells the same expiry,
 // its record's creation plus the retention, on a real store.
 func TestExpires(t *testing.T) {
-	e := engine.New(memory.New(), engine.WithRetention(time.Hour))
+	e := mustEngine(t, memory.New(), engine.WithRetention(time.Hour))
 	op, err := e.Operation(engine.OperationSpec{Name: opName})
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -49,26 +51,36 @@ const (
 // options is shared by every call of one Engine; it is never modified after
 // New.
 type options struct {
-	tenant      TenantFunc
-	keyRequired bool
-	scope       Scope
-	lease       time.Duration
-	maxLease    time.Duration
-	retention   time.Duration
-	retryAfter  time.Duration
-	inProgress  time.Duration
-	clockSkew   time.Duration
-	failOpen    bool
-	maxRecord   int
-	sealer      Sealer // nil: outcomes are stored as they are
-	logger      *slog.Logger
-	hooks       *Hooks // nil: none
+	tenant       TenantFunc
+	singleTenant bool
+	keyRequired  bool
+	scope        Scope
+	lease        time.Duration
+	maxLease     time.Duration
+	retention    time.Duration
+	retryAfter   time.Duration
+	inProgress   time.Duration
+	clockSkew    time.Duration
+	failOpen     bool
+	maxRecord    int
+	sealer       Sealer // nil: outcomes are stored as they are
+	logger       *slog.Logger
+	hooks        *Hooks // nil: none
 
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
+
+	err error // the first mistake an option found
 }
 
-func newOptions(opts []Option) *options {
+// refuse notes the first mistake an option found, for New to return.
+func (o *options) refuse(format string, args ...any) {
+	if o.err == nil {
+		o.err = fmt.Errorf("idemkey: "+format, args...)
+	}
+}
+
+func newOptions(opts []Option) (*options, error) {
 	o := &options{
 		lease:      DefaultLease,
 		maxLease:   DefaultMaxLease,
@@ -85,13 +97,45 @@ func newOptions(opts []Option) *options {
 	for _, opt := range opts {
 		opt(o)
 	}
+	switch {
+	case o.err != nil:
+		return nil, o.err
+	case o.tenant != nil && o.singleTenant:
+		return nil, errors.New("idemkey: WithTenant and WithSingleTenant contradict each other: keep WithTenant for a service with several tenants")
+	case o.retention < o.maxLease:
+		return nil, fmt.Errorf("idemkey: the retention (%v, WithRetention) is shorter than the longest lease (%v, WithMaxLease): "+
+			"a record would expire while its call may still run; lengthen the retention or shorten the maximum lease", o.retention, o.maxLease)
+	}
 	o.lease = min(o.lease, o.maxLease)
-	return o
+	return o, nil
 }
 
-// WithTenant scopes keys to the tenant f returns. Without it every caller
-// shares one key space, which is right only for single-tenant services.
-func WithTenant(f TenantFunc) Option { return func(o *options) { o.tenant = f } }
+// positive refuses a duration d of option name that is zero or negative.
+func (o *options) positive(name string, d time.Duration, def time.Duration) bool {
+	if d <= 0 {
+		o.refuse("%s(%v): the duration must be positive; leave the option out for the default, %v", name, d, def)
+		return false
+	}
+	return true
+}
+
+// WithTenant scopes keys to the tenant f returns, so that one caller's key
+// never replays another's reply or holds another's key. An entry point
+// refuses an engine with neither WithTenant nor WithSingleTenant: a shared
+// key space is never the silent default.
+func WithTenant(f TenantFunc) Option {
+	return func(o *options) {
+		if f == nil {
+			o.refuse("WithTenant(nil): give it a function that reads the caller's identity, or use WithSingleTenant")
+		}
+		o.tenant = f
+	}
+}
+
+// WithSingleTenant says that every caller shares one key space: right only
+// for a service whose callers are one tenant (an internal API, a single
+// customer's deployment), where any caller's key may replay to another.
+func WithSingleTenant() Option { return func(o *options) { o.singleTenant = true } }
 
 // WithKeyRequired refuses calls that carry no key (reason
 // IDEMPOTENCY_KEY_MISSING). By default such calls run without protection.
@@ -103,32 +147,33 @@ func WithScope(s Scope) Option { return func(o *options) { o.scope = s } }
 // WithLease sets how long a call without a deadline holds its key before a
 // retry may presume it dead and run again (DefaultLease). A call with a
 // deadline holds it for its remaining time plus a grace period. Either way
-// the lease is at most WithMaxLease. A value of zero or less keeps the
-// default.
+// the lease is at most WithMaxLease. New refuses a d of zero or less.
 func WithLease(d time.Duration) Option {
 	return func(o *options) {
-		if d > 0 {
+		if o.positive("WithLease", d, DefaultLease) {
 			o.lease = d
 		}
 	}
 }
 
-// WithMaxLease bounds every lease (DefaultMaxLease). A value of zero or less
-// keeps the default.
+// WithMaxLease bounds every lease (DefaultMaxLease). New refuses a d of zero
+// or less, or one longer than the retention.
 func WithMaxLease(d time.Duration) Option {
 	return func(o *options) {
-		if d > 0 {
+		if o.positive("WithMaxLease", d, DefaultMaxLease) {
 			o.maxLease = d
 		}
 	}
 }
 
 // WithRetention sets how long an outcome is kept and replayed, counted from
-// the first call (DefaultRetention). After it the key is new again. A value
-// of zero or less keeps the default.
+// the first call (DefaultRetention). After it the key is new again. A
+// message consumer's ids must outlive the broker's redelivery (days: see
+// package consumer). New refuses a d of zero or less, or one shorter than
+// WithMaxLease.
 func WithRetention(d time.Duration) Option {
 	return func(o *options) {
-		if d > 0 {
+		if o.positive("WithRetention", d, DefaultRetention) {
 			o.retention = d
 		}
 	}
@@ -140,18 +185,26 @@ func WithRetention(d time.Duration) Option {
 // retention less the skew (or less half the retention, if that is less),
 // whose key has no record, is answered Expired without running, since its
 // record may have been there and expired; one first sent later than the
-// skew from now is answered FirstSentInvalid. A value below zero counts as
-// zero.
+// skew from now is answered FirstSentInvalid. New refuses a d below zero.
 func WithClockSkew(d time.Duration) Option {
-	return func(o *options) { o.clockSkew = max(d, 0) }
+	return func(o *options) {
+		if d < 0 {
+			o.refuse("WithClockSkew(%v): the skew cannot be negative; 0 trusts the clocks to agree", d)
+		}
+		o.clockSkew = max(d, 0)
+	}
 }
 
 // WithMaxRetryAfter sets the longest wait asked of a retry that finds its key
 // in progress, or a new key the store is too full for (DefaultMaxRetryAfter).
 // The wait is never longer than the lease has left, nor shorter than a
-// millisecond, whatever d is.
+// millisecond. New refuses a d of zero or less.
 func WithMaxRetryAfter(d time.Duration) Option {
-	return func(o *options) { o.retryAfter = max(d, time.Millisecond) }
+	return func(o *options) {
+		if o.positive("WithMaxRetryAfter", d, DefaultMaxRetryAfter) {
+			o.retryAfter = max(d, time.Millisecond)
+		}
+	}
 }
 
 // WithInProgressWait sets how long a duplicate that finds its key in progress
@@ -161,21 +214,27 @@ func WithMaxRetryAfter(d time.Duration) Option {
 // run of the handler; it never outlasts the duplicate's own deadline.
 // Meanwhile the store is polled with a growing interval (25ms, doubling to
 // 500ms): for the default, at most 9 reads. In atomic mode the polls are
-// reads (store.Finder), so a waiting duplicate holds no connection.
+// reads (store.Finder), so a waiting duplicate holds no connection. New
+// refuses a d below zero.
 func WithInProgressWait(d time.Duration) Option {
-	return func(o *options) { o.inProgress = max(d, 0) }
+	return func(o *options) {
+		if d < 0 {
+			o.refuse("WithInProgressWait(%v): the wait cannot be negative; 0 answers a duplicate at once", d)
+		}
+		o.inProgress = max(d, 0)
+	}
 }
 
-// WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize
-// if n < 1, and never below MinRecordSize). The adapter records a short
+// WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize);
+// New refuses an n below MinRecordSize. The adapter records a short
 // error in place of a larger one, which the caller gets too, as every retry
 // will. A store with a bound on bytes (store/memory) sets this much room
 // aside for each call while it runs (store.Reservation.MaxOutcome), so a
 // bound near the largest real reply lets more calls run at once.
 func WithMaxRecordSize(n int) Option {
 	return func(o *options) {
-		if n < 1 {
-			n = DefaultMaxRecordSize
+		if n < MinRecordSize {
+			o.refuse("WithMaxRecordSize(%d): a record needs at least %d bytes (MinRecordSize), room for the short error recorded in place of a reply too large to record", n, MinRecordSize)
 		}
 		o.maxRecord = max(n, MinRecordSize)
 	}

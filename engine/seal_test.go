@@ -91,7 +91,7 @@ func TestUnopenedRecordFailsClosed(t *testing.T) {
 					if failOpen {
 						opts = append(opts, engine.WithFailOpen())
 					}
-					e := engine.New(h.st, opts...)
+					e := mustEngine(t, h.st, opts...)
 					op, _ := e.Operation(engine.OperationSpec{Name: opName})
 					c := e.Call(op)
 					r := req
@@ -115,7 +115,7 @@ func TestUnopenedRecordFailsClosed(t *testing.T) {
 func TestSealRotation(t *testing.T) {
 	h := newHarness(t, engine.WithSealer(newTestRing(t, 1)))
 	h.recorded(t, h.op, req, secretReply)
-	e := engine.New(h.st, engine.WithSealer(newTestRing(t, 2, 1)), engine.WithLogger(h.e.Logger()))
+	e := mustEngine(t, h.st, engine.WithSealer(newTestRing(t, 2, 1)), engine.WithLogger(h.e.Logger()))
 	op, _ := e.Operation(engine.OperationSpec{Name: opName})
 	c := e.Call(op)
 	c.Start(t.Context(), req)
@@ -142,7 +142,7 @@ func TestSealRotation(t *testing.T) {
 func TestReusedKeyOfUnopenedRecord(t *testing.T) {
 	h := newHarness(t, engine.WithSealer(newTestRing(t, 1)))
 	h.recorded(t, h.op, req, secretReply)
-	e := engine.New(h.st, engine.WithSealer(newTestRing(t, 2)), engine.WithLogger(h.e.Logger()))
+	e := mustEngine(t, h.st, engine.WithSealer(newTestRing(t, 2)), engine.WithLogger(h.e.Logger()))
 	op, _ := e.Operation(engine.OperationSpec{Name: opName})
 	c := e.Call(op)
 	c.Start(t.Context(), other)

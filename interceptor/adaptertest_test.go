@@ -78,21 +78,14 @@ func redactConformance(_ context.Context, _ string, reply *interceptor.Reply) {
 }
 
 func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
-	opts := []interceptor.Option{interceptor.WithTenant(bearerTenant), interceptor.WithMaxRecordSize(cfg.MaxRecordSize),
-		interceptor.WithInProgressWait(0), interceptor.WithLogger(nil), interceptor.WithHooks(cfg.Hooks)}
-	if cfg.KeyRequired {
-		opts = append(opts, interceptor.WithKeyRequired())
-	}
+	var opts []interceptor.Option
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomic())
-	}
-	if cfg.Sealer != nil {
-		opts = append(opts, interceptor.WithSealer(cfg.Sealer))
 	}
 	if cfg.Redact {
 		opts = append(opts, interceptor.WithRedaction(redactConformance))
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(cfg.Store, opts...))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(cfg.Engine(t, bearerTenant), opts...))))
 	paymentsv1.RegisterPaymentServiceServer(srv, conformanceService{svc: cfg.Service})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	return func(ctx context.Context, r adaptertest.Request) adaptertest.Reply {

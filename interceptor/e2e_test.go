@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -75,7 +77,7 @@ func TestE2EReusedKey(t *testing.T) {
 // trailers only, with pushback; the client's retry policy then brings it the
 // first call's reply.
 func TestE2EDuplicateConvergesThroughRetry(t *testing.T) {
-	e := newE2E(t, interceptor.WithMaxRetryAfter(20*time.Millisecond))
+	e := newE2E(t, engine.WithMaxRetryAfter(20*time.Millisecond))
 	started, release := e.svc.block()
 	ctx := withKey(context.Background(), "key-1")
 	type result struct {

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -117,7 +119,7 @@ func rawCall(t *testing.T, lis *bufconn.Listener, headers map[string]string, req
 func TestLeaseOfEveryGRPCTimeout(t *testing.T) {
 	st := &leaseStore{Store: memory.New()}
 	svc := newService()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata)))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(st, engine.WithTenant(tenantFromMetadata))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 
@@ -134,11 +136,11 @@ func TestLeaseOfEveryGRPCTimeout(t *testing.T) {
 				}
 				continue // the deadline passed before the interceptor ran
 			}
-			if lease <= 0 || lease > interceptor.DefaultMaxLease {
-				t.Fatalf("grpc-timeout %s: the store got a lease of %v, want one in (0, %v]", timeout, lease, interceptor.DefaultMaxLease)
+			if lease <= 0 || lease > engine.DefaultMaxLease {
+				t.Fatalf("grpc-timeout %s: the store got a lease of %v, want one in (0, %v]", timeout, lease, engine.DefaultMaxLease)
 			}
-			if d := float64(value) * float64(size); d >= float64(interceptor.DefaultMaxLease) && lease != interceptor.DefaultMaxLease {
-				t.Errorf("grpc-timeout %s: lease %v, want the maximum %v", timeout, lease, interceptor.DefaultMaxLease)
+			if d := float64(value) * float64(size); d >= float64(engine.DefaultMaxLease) && lease != engine.DefaultMaxLease {
+				t.Errorf("grpc-timeout %s: lease %v, want the maximum %v", timeout, lease, engine.DefaultMaxLease)
 			}
 		}
 	}
@@ -151,7 +153,7 @@ func TestLeaseOfEveryGRPCTimeout(t *testing.T) {
 func TestLongestDeadlineHoldsTheKey(t *testing.T) {
 	for _, via := range []string{"grpc-go", "raw 99999999H"} {
 		t.Run(via, func(t *testing.T) {
-			e := newE2E(t, interceptor.WithInProgressWait(0))
+			e := newE2E(t, engine.WithInProgressWait(0))
 			started, release := e.svc.block()
 			key := idemkey.NewKey()
 			first := make(chan error, 1)
@@ -192,7 +194,7 @@ func TestStoreFull(t *testing.T) {
 	const maxRecord = 8 << 10
 	// Room for the first small record and one of maxRecord, not two.
 	st := memory.New(memory.WithMaxBytes(2*maxRecord), memory.WithTenantShare(1))
-	d := &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithMaxRecordSize(maxRecord))), store: st, svc: newService()}
+	d := &direct{intercept: serverInterceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithMaxRecordSize(maxRecord)), store: st, svc: newService()}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {
 		t.Fatal(err)
@@ -210,8 +212,8 @@ func TestStoreFull(t *testing.T) {
 	}
 	_, _, err = d.create(t, "key-3", request(3))
 	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
-	if delay, ok := interceptor.RetryDelay(err); !ok || delay != interceptor.DefaultMaxRetryAfter {
-		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, interceptor.DefaultMaxRetryAfter)
+	if delay, ok := interceptor.RetryDelay(err); !ok || delay != engine.DefaultMaxRetryAfter {
+		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, engine.DefaultMaxRetryAfter)
 	}
 	replay, ts, err = d.create(t, "key-1", request(1))
 	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
@@ -240,8 +242,8 @@ func TestStoreFullFloodOfLargeReplies(t *testing.T) {
 		return &paymentsv1.Charge{Id: "ch_" + strconv.FormatInt(req.GetAmount(), 10), Amount: req.GetAmount(), Description: reply}, nil
 	}
 	st := memory.New(memory.WithMaxBytes(maxBytes))
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(tenantFromMetadata), interceptor.WithLogger(nil)))))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(serverInterceptor(st,
+		engine.WithTenant(tenantFromMetadata), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDisableRetry()))
 	create := func(tenant, key string, amount int64) (*paymentsv1.Charge, bool, error) {
@@ -345,7 +347,7 @@ func TestCompleteRetriedInTheBackground(t *testing.T) {
 	st.failures.Store(3)
 	svc := newService()
 	logger, logs := logtest.New()
-	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithLease(2*time.Second), interceptor.WithMaxLease(2*time.Second), interceptor.WithLogger(logger)))
+	intercept := serverInterceptor(st, engine.WithLease(2*time.Second), engine.WithMaxLease(2*time.Second), engine.WithLogger(logger))
 	d := &direct{intercept: intercept, svc: svc}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {

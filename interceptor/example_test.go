@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync/atomic"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
@@ -32,7 +34,11 @@ func (c *charges) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeRe
 // retry with the same key gets that reply back without the handler running.
 func Example() {
 	svc := &charges{}
-	idem, err := interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithKeyRequired())
+	eng, err := engine.New(memory.New(), engine.WithSingleTenant(), engine.WithKeyRequired())
+	if err != nil {
+		panic(err)
+	}
+	idem, err := interceptor.UnaryServerInterceptor(eng)
 	if err != nil {
 		panic(err)
 	}

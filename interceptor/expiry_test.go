@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -125,7 +127,7 @@ func TestClientStaleFirstSentRefused(t *testing.T) {
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
 	var expires time.Time
 	_, err := e.client.CreateCharge(ctx, request(100),
-		interceptor.UseKeyFirstSent("order-1", time.Now().Add(-interceptor.DefaultRetention-time.Hour)), interceptor.KeyExpiry(&expires))
+		interceptor.UseKeyFirstSent("order-1", time.Now().Add(-engine.DefaultRetention-time.Hour)), interceptor.KeyExpiry(&expires))
 	wantReason(t, err, codes.FailedPrecondition, idemkey.ReasonKeyExpired)
 	wantRuns(t, e.svc, 0)
 	if !expires.IsZero() {
@@ -142,8 +144,8 @@ func TestClientKeyExpiry(t *testing.T) {
 	if _, err := e.client.CreateCharge(ctx, request(100), interceptor.UseKey("order-1"), interceptor.KeyExpiry(&first)); err != nil {
 		t.Fatal(err)
 	}
-	if d := time.Until(first); d < interceptor.DefaultRetention-time.Minute || d > interceptor.DefaultRetention {
-		t.Fatalf("expiry %v is %v from now, want about %v", first, d, interceptor.DefaultRetention)
+	if d := time.Until(first); d < engine.DefaultRetention-time.Minute || d > engine.DefaultRetention {
+		t.Fatalf("expiry %v is %v from now, want about %v", first, d, engine.DefaultRetention)
 	}
 	replay := time.Now() // overwritten: zero if the server did not say
 	var header, trailer metadata.MD
@@ -210,7 +212,7 @@ func TestExpiryKeepsAnErrorRetryable(t *testing.T) {
 		return nil, status.Error(codes.Unavailable, "reply lost")
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply,
-		grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), interceptor.WithTenant(tenantFromMetadata)))))
+		serverInterceptor(memory.New(), engine.WithTenant(tenantFromMetadata))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
 		grpc.WithDefaultServiceConfig(retryServiceConfig), grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))

@@ -5,12 +5,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/protokey"
@@ -40,7 +41,7 @@ func FuzzStoredOutcome(f *testing.F) {
 	f.Add([]byte{})
 	f.Add([]byte{0xff, 0xff, 0xff})
 
-	d := newDirect(f, interceptor.WithLogger(nil))
+	d := newDirect(f, engine.WithLogger(nil))
 	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		panic("the handler ran for a recorded key")
 	}

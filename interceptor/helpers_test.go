@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
@@ -124,6 +126,30 @@ func (ts *transportStream) SetTrailer(md metadata.MD) error {
 	return nil
 }
 
+// serverInterceptor is the server interceptor on st of the engine options
+// and the interceptor options among opts. Its engine serves one tenant
+// unless opts give engine.WithTenant.
+func serverInterceptor(st store.Store, opts ...any) grpc.UnaryServerInterceptor {
+	var eopts []engine.Option
+	var iopts []interceptor.Option
+	for _, o := range opts {
+		switch o := o.(type) {
+		case engine.Option:
+			eopts = append(eopts, o)
+		case interceptor.Option:
+			iopts = append(iopts, o)
+		default:
+			panic(fmt.Sprintf("serverInterceptor: %T is no option", o))
+		}
+	}
+	ic, err := interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, eopts...)), iopts...)
+	if err != nil && strings.Contains(err.Error(), "engine.WithSingleTenant") {
+		// No engine.WithTenant among opts: the tests' single tenant.
+		ic, err = interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, append(eopts, engine.WithSingleTenant())...)), iopts...)
+	}
+	return grpctest.Must(ic, err)
+}
+
 // direct calls an interceptor the way a gRPC server would, without one.
 type direct struct {
 	intercept grpc.UnaryServerInterceptor
@@ -132,11 +158,11 @@ type direct struct {
 	svc       *service
 }
 
-func newDirect(t testing.TB, opts ...interceptor.Option) *direct {
+func newDirect(t testing.TB, opts ...any) *direct {
 	t.Helper()
 	clock := storetest.NewClock()
 	st := memory.New(memory.WithClock(clock.Now))
-	return &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, opts...)), store: st, clock: clock, svc: newService()}
+	return &direct{intercept: serverInterceptor(st, opts...), store: st, clock: clock, svc: newService()}
 }
 
 // call runs one call of method with the given metadata pairs and returns what
@@ -238,7 +264,7 @@ type e2e struct {
 	aborted chan struct{} // a signal for every Aborted answer
 }
 
-func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
+func newE2E(t *testing.T, opts ...any) *e2e {
 	t.Helper()
 	e := &e2e{svc: newService(), store: memory.New(), keys: make(chan string, 100), sent: make(chan string, 100), aborted: make(chan struct{}, 100)}
 	observe := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -255,8 +281,8 @@ func newE2E(t *testing.T, opts ...interceptor.Option) *e2e {
 		}
 		return resp, err
 	}
-	opts = append([]interceptor.Option{interceptor.WithTenant(tenantFromMetadata)}, opts...)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, grpctest.Must(interceptor.UnaryServerInterceptor(e.store, opts...))))
+	opts = append([]any{engine.WithTenant(tenantFromMetadata)}, opts...)
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, serverInterceptor(e.store, opts...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, e.svc)
 	e.lis = grpctest.Serve(t, srv)
 	lis := e.lis

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -21,8 +23,8 @@ import (
 // the metadata, names one operation either way.
 func TestKeyField(t *testing.T) {
 	svc := newService()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(),
-		interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyField("request_id"), interceptor.WithKeyRequired()))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(memory.New(),
+		engine.WithTenant(tenantFromMetadata), interceptor.WithKeyField("request_id"), engine.WithKeyRequired())))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 	// The client interceptor, told of the field too, sends no key of its

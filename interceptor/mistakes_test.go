@@ -9,8 +9,11 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -19,24 +22,24 @@ import (
 // naming the option, rather than leave the option without effect.
 func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
 	for name, tc := range map[string]struct {
-		opts   []interceptor.Option
+		opts   []any
 		client []interceptor.ClientOption // the same mistake made on the client, if it can be
 		want   string
 	}{
-		"bare atomic name":     {[]interceptor.Option{interceptor.WithAtomicMethods("CreateCharge")}, nil, `WithAtomicMethods("CreateCharge")`},
-		"atomic typo":          {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge + "s")}, nil, "WithAtomicMethods"},
-		"atomic, not covered":  {[]interceptor.Option{interceptor.WithAtomicMethods(getCharge)}, nil, "not covered"},
-		"atomic, but excluded": {[]interceptor.Option{interceptor.WithAtomicMethods(createCharge), interceptor.WithExcludedMethods(createCharge)}, nil, "not covered"},
+		"bare atomic name":     {[]any{interceptor.WithAtomicMethods("CreateCharge")}, nil, `WithAtomicMethods("CreateCharge")`},
+		"atomic typo":          {[]any{interceptor.WithAtomicMethods(createCharge + "s")}, nil, "WithAtomicMethods"},
+		"atomic, not covered":  {[]any{interceptor.WithAtomicMethods(getCharge)}, nil, "not covered"},
+		"atomic, but excluded": {[]any{interceptor.WithAtomicMethods(createCharge), interceptor.WithExcludedMethods(createCharge)}, nil, "not covered"},
 		"included typo": {
-			[]interceptor.Option{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")},
+			[]any{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")},
 			[]interceptor.ClientOption{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")}, "WithIncludedMethods"},
 		"excluded, no such method": {
-			[]interceptor.Option{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")},
+			[]any{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")},
 			[]interceptor.ClientOption{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")}, "WithExcludedMethods"},
-		"atomic on a store without transactions": {[]interceptor.Option{interceptor.WithAtomic()}, nil, "store.Atomic"},
+		"atomic on a store without transactions": {[]any{interceptor.WithAtomic()}, nil, "store.Atomic"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if ic, err := interceptor.UnaryServerInterceptor(memory.New(), tc.opts...); ic != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+			if ic, err := serverInterceptorOf(memory.New(), tc.opts...); ic != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("server interceptor: error %v, want one naming %q", err, tc.want)
 			}
 			if tc.client == nil {
@@ -105,5 +108,29 @@ func TestUseKeyKeepsCallerCredentials(t *testing.T) {
 	}
 	if got := drain(e.keys); len(got) != 2 || got[0] != "order-1" || got[1] != "order-2" {
 		t.Errorf("the server saw keys %q, want [order-1 order-2]", got)
+	}
+}
+
+// serverInterceptorOf is UnaryServerInterceptor on a one-tenant engine on
+// st, with its error.
+func serverInterceptorOf(st store.Store, opts ...any) (grpc.UnaryServerInterceptor, error) {
+	iopts := make([]interceptor.Option, len(opts))
+	for i, o := range opts {
+		iopts[i] = o.(interceptor.Option)
+	}
+	return interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, engine.WithSingleTenant())), iopts...)
+}
+
+// An interceptor without an engine, or on an engine that cannot tell its
+// callers apart, is refused when it is built, with the fix named: a shared
+// key space is never the silent default.
+func TestEngineMistakesFailAtStartUp(t *testing.T) {
+	if ic, err := interceptor.UnaryServerInterceptor(nil); ic != nil || err == nil || !strings.Contains(err.Error(), "engine.New") {
+		t.Errorf("nil engine: error %v, want one naming engine.New", err)
+	}
+	eng := grpctest.Must(engine.New(memory.New()))
+	if ic, err := interceptor.UnaryServerInterceptor(eng); ic != nil || err == nil ||
+		!strings.Contains(err.Error(), "engine.WithTenant") || !strings.Contains(err.Error(), "engine.WithSingleTenant") {
+		t.Errorf("no tenant: error %v, want one naming engine.WithTenant and engine.WithSingleTenant", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkey/idemkey/engine"
+
 	otelcodes "go.opentelemetry.io/otel/codes"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -19,7 +21,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -55,8 +56,8 @@ func newTelemetry() *telemetry {
 	return t
 }
 
-func (tm *telemetry) options() []interceptor.Option {
-	return []interceptor.Option{interceptor.WithMeterProvider(tm.meters), interceptor.WithTracerProvider(tm.traces)}
+func (tm *telemetry) options() []any {
+	return []any{engine.WithMeterProvider(tm.meters), engine.WithTracerProvider(tm.traces)}
 }
 
 func (tm *telemetry) collect(t *testing.T) metricdata.ResourceMetrics {
@@ -114,8 +115,8 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	st := memory.New(memory.WithMaxRecords(3), memory.WithTenantShare(1)) // three records, all acme's
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(tm.spanPerCall,
-			grpctest.Must(interceptor.UnaryServerInterceptor(st, append(tm.options(),
-				interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyRequired(), interceptor.WithInProgressWait(0))...))))
+			serverInterceptor(st, append(tm.options(),
+				engine.WithTenant(tenantFromMetadata), engine.WithKeyRequired(), engine.WithInProgressWait(0))...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	acme := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
@@ -181,15 +182,15 @@ func TestMetricsCountOutcomes(t *testing.T) {
 // A store that fails is counted as such, and so is failing open.
 func TestMetricsCountStoreFailures(t *testing.T) {
 	for name, tc := range map[string]struct {
-		opts []interceptor.Option
+		opts []any
 		want string
 	}{
 		"closed": {nil, "example.payments.v1.PaymentService/CreateCharge store_unavailable UNAVAILABLE"},
-		"open":   {[]interceptor.Option{interceptor.WithFailOpen()}, "example.payments.v1.PaymentService/CreateCharge failed_open OK"},
+		"open":   {[]any{engine.WithFailOpen()}, "example.payments.v1.PaymentService/CreateCharge failed_open OK"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			tm := newTelemetry()
-			intercept := grpctest.Must(interceptor.UnaryServerInterceptor(failingStore{}, append(tm.options(), tc.opts...)...))
+			intercept := serverInterceptor(failingStore{}, append(tm.options(), tc.opts...)...)
 			d := &direct{intercept: intercept, svc: newService()}
 			_, _, _ = d.create(t, "k1", request(1))
 			if got := calls(tm.collect(t)); got[tc.want] != 1 {
@@ -206,7 +207,7 @@ func TestNothingRawInTelemetry(t *testing.T) {
 	svc := newService()
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(tm.spanPerCall,
-			grpctest.Must(interceptor.UnaryServerInterceptor(memory.New(), append(tm.options(), interceptor.WithTenant(tenantFromMetadata))...))))
+			serverInterceptor(memory.New(), append(tm.options(), engine.WithTenant(tenantFromMetadata))...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	const key, tenant, customer = "secret-key-4242", "tenant-xyzzy", "cus_plugh"
@@ -273,7 +274,7 @@ func TestDebugLinePerCall(t *testing.T) {
 		}
 		logger := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))
 		st := memory.New()
-		d := &direct{intercept: grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithLogger(logger))), store: st, svc: newService()}
+		d := &direct{intercept: serverInterceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithLogger(logger)), store: st, svc: newService()}
 		for range 2 {
 			if _, _, err := d.create(t, "key-1", request(1)); err != nil {
 				t.Fatal(err)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -44,7 +46,7 @@ func (d *direct) stored(t *testing.T, key string) []byte {
 // The record holds none of the reply, nor of its replayed metadata, in the
 // clear; the replay is the reply.
 func TestSealedRecord(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithSealer(testRing(t, 1)),
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), engine.WithSealer(testRing(t, 1)),
 		interceptor.WithReplayedMetadata("x-charge-token"))
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-token", "tok_secret"))
@@ -74,7 +76,7 @@ func TestRedaction(t *testing.T) {
 		}
 		delete(r.Header, "x-charge-token")
 	}
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRedaction(redact),
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), interceptor.WithRedaction(redact),
 		interceptor.WithReplayedMetadata("x-charge-token", "x-region"))
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-token", "tok_secret", "x-region", "eu"))
@@ -100,7 +102,7 @@ func TestRedaction(t *testing.T) {
 // A redaction may record an error in place of a response: the first caller
 // gets the response, every retry the error.
 func TestRedactionRecordsAnError(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRedaction(
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), interceptor.WithRedaction(
 		func(_ context.Context, _ string, r *interceptor.Reply) {
 			r.Err = status.Error(codes.FailedPrecondition, "credentials already issued")
 		}))
@@ -125,7 +127,7 @@ func TestRedactionThatFails(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			logger, logs := logtest.New()
-			d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRedaction(redact), interceptor.WithLogger(logger))
+			d := newDirect(t, engine.WithTenant(tenantFromMetadata), interceptor.WithRedaction(redact), engine.WithLogger(logger))
 			if name == "error to success" {
 				d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 					return nil, status.Error(codes.FailedPrecondition, "declined")
@@ -150,7 +152,7 @@ func TestRedactionThatFails(t *testing.T) {
 // again.
 func TestUnopenedRecordOverGRPC(t *testing.T) {
 	logger, logs := logtest.New()
-	e := newE2E(t, interceptor.WithSealer(testRing(t, 1)), interceptor.WithLogger(logger))
+	e := newE2E(t, engine.WithSealer(testRing(t, 1)), engine.WithLogger(logger))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if _, err := e.client.CreateCharge(withKey(ctx, "order-secret-1"), request(100)); err != nil {

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -19,23 +20,29 @@ import (
 )
 
 // UnaryServerInterceptor returns a server interceptor that runs each covered
-// call at most once per idempotency key and replays its recorded outcome to
-// every retry. See the package documentation for the request path.
+// call at most once per idempotency key on eng, and replays its recorded
+// outcome to every retry. eng holds the settings every entry point shares
+// (engine.New: the store, the tenant, leases, retention, sealing, hooks,
+// metrics); opts are the gRPC adapter's own. See the package documentation
+// for the request path.
 //
-// It returns an error for a mistake to catch at start-up: WithAtomic or
-// WithAtomicMethods with a store that does not implement store.Atomic, or a
-// method named in WithIncludedMethods, WithExcludedMethods or
-// WithAtomicMethods that the protobuf registry does not know (or, for
-// WithAtomicMethods, that is not covered).
-func UnaryServerInterceptor(st store.Store, opts ...Option) (grpc.UnaryServerInterceptor, error) {
+// It returns an error for a mistake to catch at start-up: a nil eng, an
+// engine that cannot tell tenants apart (engine.WithTenant or
+// engine.WithSingleTenant), WithAtomic or WithAtomicMethods on a store that
+// does not implement store.Atomic, or a method named in WithIncludedMethods,
+// WithExcludedMethods or WithAtomicMethods that the protobuf registry does
+// not know (or, for WithAtomicMethods, that is not covered).
+func UnaryServerInterceptor(eng *engine.Engine, opts ...Option) (grpc.UnaryServerInterceptor, error) {
+	if eng == nil {
+		return nil, errors.New("idemkey: UnaryServerInterceptor needs an engine: engine.New(store, engine.WithTenant(...))")
+	}
 	o := newOptions(opts)
 	if err := checkMethods(o); err != nil {
 		return nil, err
 	}
-	if _, ok := st.(store.Atomic); !ok && (o.atomicAll || len(o.atomic) > 0) {
-		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", st)
+	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomicAll || len(o.atomic) > 0}); err != nil {
+		return nil, err
 	}
-	eng := engine.New(st, o.engine...)
 	s := &server{eng: eng, opts: o, methods: &methods{opts: o, eng: eng}}
 	return s.intercept, nil
 }
@@ -54,92 +61,123 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	if !m.covered {
 		return handler(ctx, req)
 	}
-	c := s.eng.Call(m.op)
-	resp, err := s.serve(ctx, req, m, handler, &c)
-	code := codes.OK
-	if err != nil {
-		code = status.Code(err)
-	}
-	c.End(ctx, int(code))
-	return resp, err
+	x := &exchange{s: s, ctx: ctx, req: req, m: m, handler: handler}
+	s.eng.Serve(ctx, m.op, x)
+	return x.resp, x.err
 }
 
-// serve is intercept for a covered method; it sets c.Verdict to what became
-// of the call.
-func (s *server) serve(ctx context.Context, req any, m *method, handler grpc.UnaryHandler, c *engine.Call) (any, error) {
-	key, ok, err := s.key(ctx, req, m)
-	if err != nil {
-		c.Verdict = engine.KeyInvalid
-		return nil, err
-	}
-	if !ok {
-		if s.eng.KeyRequired() {
-			c.Verdict = engine.KeyMissing
-			return nil, MissingKeyError()
-		}
-		c.Verdict = engine.NoKey
-		return handler(ctx, req)
-	}
-	firstSent, err := s.eng.FirstSent(metadata.ValueFromIncomingContext(ctx, idemkey.FirstSentMetadata))
-	if err != nil {
-		c.Verdict = engine.FirstSentInvalid
-		return nil, firstSentError(err)
-	}
+// exchange is one covered call, as engine.Serve reads and answers it; resp
+// and err are its answer.
+type exchange struct {
+	s       *server
+	ctx     context.Context
+	req     any
+	m       *method
+	handler grpc.UnaryHandler
+	rec     *recorder // the metadata the handler set, when some is replayed
+
+	resp any
+	err  error
+}
+
+func (x *exchange) Key() (string, bool, error) { return x.s.key(x.ctx, x.req, x.m) }
+
+func (x *exchange) FirstSent() []string {
+	return metadata.ValueFromIncomingContext(x.ctx, idemkey.FirstSentMetadata)
+}
+
+func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.ctx)} }
+
+func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
+	m := x.m
 	if m.output == nil {
-		return nil, status.Error(codes.Internal, "idemkey: the method is not in the protobuf registry, so its replies cannot be replayed")
+		return store.Fingerprint{}, status.Error(codes.Internal, "idemkey: the method is not in the protobuf registry, so its replies cannot be replayed")
 	}
-	msg, ok := req.(proto.Message)
+	msg, ok := x.req.(proto.Message)
 	if !ok {
-		return nil, status.Error(codes.Internal, "idemkey: the request is not a protobuf message")
-	}
-	tenant, err := s.eng.Tenant(ctx)
-	if err != nil {
-		return nil, err
+		return store.Fingerprint{}, status.Error(codes.Internal, "idemkey: the request is not a protobuf message")
 	}
 	var fp store.Fingerprint
-	if s.opts.fingerprint == nil {
+	var err error
+	if x.s.opts.fingerprint == nil {
 		fp, err = protokey.HashRequestWithout(m.name, msg, m.keyField)
 	} else {
-		fp, err = s.opts.fingerprint(m.name, msg)
+		fp, err = x.s.opts.fingerprint(m.name, msg)
 	}
 	if err != nil {
 		if _, isStatus := status.FromError(err); isStatus {
-			return nil, err
+			return fp, err
 		}
-		c.Log(ctx, slog.LevelError, "fingerprint failed", err)
-		return nil, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
+		// The FingerprintFunc's own words may quote the request.
+		x.s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: fingerprint failed", slog.String("operation", m.name),
+			slog.String("error", fmt.Sprintf("an error of type %T (its words are not logged: they may quote the request)", err)))
+		return fp, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
 	}
-
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(ctx), FirstSent: firstSent})
-	switch c.Verdict {
-	case engine.Executed:
-		return s.run(ctx, c, m, req, handler)
-	case engine.FailedOpen:
-		hctx, _ := s.handlerContext(ctx, c)
-		return handler(hctx, req)
-	}
-	return s.answer(ctx, c, m)
+	return fp, nil
 }
 
-// answer answers a call that did not run the handler, as c.Verdict says.
-func (s *server) answer(ctx context.Context, c *engine.Call, m *method) (any, error) {
-	switch c.Verdict {
+func (x *exchange) Run(ctx context.Context) engine.Outcome {
+	ctx = x.handlerContext(ctx)
+	x.resp, x.err = x.handler(ctx, x.req)
+	raw, record, err := encodeOutcome(x.ctx, x.m.name, x.resp, x.err, x.s.opts.recorded, x.rec, x.s.opts.redact)
+	return engine.Outcome{Record: raw, Release: !record && err == nil, KeepWrites: x.err == nil, Unrecordable: err}
+}
+
+func (x *exchange) StandIn(why error) []byte {
+	switch {
+	case errors.Is(why, engine.ErrTooLarge):
+		return tooLarge
+	case errors.Is(why, store.ErrFull):
+		return noRoom
+	}
+	return unrecordable
+}
+
+func (x *exchange) Pass(ctx context.Context) int {
+	x.resp, x.err = x.handler(x.handlerContext(ctx), x.req)
+	return int(status.Code(x.err))
+}
+
+func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
+	x.resp, x.err = x.answer(a)
+	return int(status.Code(x.err))
+}
+
+// answer is the reply and error of a.
+func (x *exchange) answer(a engine.Answer) (any, error) {
+	ctx := x.ctx
+	switch a.Verdict {
+	case engine.Executed:
+		tellExpiry(ctx, a.Expires)
+		switch {
+		case errors.Is(a.StandIn, engine.ErrTooLarge):
+			return nil, tooLargeErr
+		case errors.Is(a.StandIn, store.ErrFull):
+			return nil, noRoomErr
+		case a.StandIn != nil:
+			return nil, unrecordableErr
+		}
+		return x.resp, x.err
 	case engine.Replayed:
-		return s.replay(ctx, c, m)
+		return x.replay(a)
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
-		_ = grpc.SetTrailer(ctx, PushbackTrailer(c.RetryAfter))
-		tellExpiry(ctx, c)
-		return nil, InProgressError(c.RetryAfter)
+		_ = grpc.SetTrailer(ctx, PushbackTrailer(a.RetryAfter))
+		tellExpiry(ctx, a.Expires)
+		return nil, InProgressError(a.RetryAfter)
 	case engine.Reused:
-		tellExpiry(ctx, c)
+		tellExpiry(ctx, a.Expires)
 		return nil, ReusedKeyError()
+	case engine.KeyMissing:
+		return nil, MissingKeyError()
+	case engine.KeyInvalid, engine.Refused:
+		return nil, a.Err // the key's, the tenant's or the fingerprint's, already a status
 	case engine.Expired:
 		return nil, KeyExpiredError()
 	case engine.FirstSentInvalid:
-		return nil, FirstSentInvalidError(futureFirstSent)
+		return nil, firstSentError(a.Err)
 	case engine.StoreFull:
-		return nil, StoreFullError(c.RetryAfter)
+		return nil, StoreFullError(a.RetryAfter)
 	}
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
@@ -170,74 +208,25 @@ func retried(ctx context.Context) bool {
 	return len(attempts) > 0 && attempts[0] != "0"
 }
 
-// handlerContext is ctx for the handler of c: the engine's (DerivedKey, the
-// transaction in atomic mode) and, if metadata is replayed, with the recorder
-// that keeps it.
-func (s *server) handlerContext(ctx context.Context, c *engine.Call) (context.Context, *recorder) {
-	hctx, rec := c.Context(ctx), (*recorder)(nil)
-	if len(s.opts.replayed) > 0 {
+// handlerContext is ctx, the engine's context for the handler, with the
+// recorder that keeps the metadata the handler sets if some is replayed.
+func (x *exchange) handlerContext(ctx context.Context) context.Context {
+	if len(x.s.opts.replayed) > 0 {
 		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
-			rec = &recorder{ServerTransportStream: ts, allowed: s.opts.replayed}
-			hctx = grpc.NewContextWithServerTransportStream(hctx, rec)
+			x.rec = &recorder{ServerTransportStream: ts, allowed: x.s.opts.replayed}
+			ctx = grpc.NewContextWithServerTransportStream(ctx, x.rec)
 		}
 	}
-	return hctx, rec
-}
-
-// run runs the handler for an acquired key, then records its outcome or
-// releases the key. In atomic mode only a success keeps the handler's
-// writes: a recorded error, or a reply that could not be recorded, undoes
-// them.
-func (s *server) run(ctx context.Context, c *engine.Call, m *method, req any, handler grpc.UnaryHandler) (any, error) {
-	hctx, rec := s.handlerContext(ctx, c)
-	defer c.Abandon(ctx) // the handler panicked: let a retry run again
-	resp, err := handler(hctx, req)
-
-	outcome, record, encodeErr := encodeOutcome(ctx, m.name, resp, err, s.opts.recorded, rec, s.opts.redact)
-	if encodeErr != nil {
-		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
-		return s.recordInstead(ctx, c, m, unrecordable, unrecordableErr)
-	}
-	if !record {
-		c.Release(ctx)
-		return resp, err
-	}
-	switch recErr := c.Record(ctx, outcome, err == nil); {
-	case errors.Is(recErr, engine.ErrTooLarge):
-		return s.recordInstead(ctx, c, m, tooLarge, tooLargeErr)
-	case errors.Is(recErr, store.ErrFull):
-		return s.recordInstead(ctx, c, m, noRoom, noRoomErr)
-	case errors.Is(recErr, engine.ErrSuperseded):
-		return s.answer(ctx, c, m)
-	case recErr != nil:
-		return nil, StoreUnavailableError()
-	}
-	tellExpiry(ctx, c)
-	return resp, err
-}
-
-// recordInstead records a short Internal in place of a reply that cannot be
-// recorded: the handler has run, so its key must not be released. The caller
-// gets it too, as every retry will; if even it cannot be recorded, the key
-// stays in progress until its lease ends. Only in atomic mode, where a
-// failed commit undoes the handler's writes, is the answer Unavailable.
-func (s *server) recordInstead(ctx context.Context, c *engine.Call, m *method, outcome []byte, err error) (any, error) {
-	switch recErr := c.Record(ctx, outcome, false); {
-	case errors.Is(recErr, engine.ErrSuperseded):
-		return s.answer(ctx, c, m)
-	case recErr != nil && c.Atomic():
-		return nil, StoreUnavailableError()
-	case recErr == nil:
-		tellExpiry(ctx, c)
-	}
-	return nil, err
+	return ctx
 }
 
 // replay answers a retry with the recorded outcome.
-func (s *server) replay(ctx context.Context, c *engine.Call, m *method) (any, error) {
-	rec, err := decodeOutcome(c.Outcome, m.output)
+func (x *exchange) replay(a engine.Answer) (any, error) {
+	ctx, s := x.ctx, x.s
+	rec, err := decodeOutcome(a.Outcome, x.m.output)
 	if err != nil {
-		c.Log(ctx, slog.LevelError, "recorded outcome is corrupt", err)
+		s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome is corrupt",
+			slog.String("operation", x.m.name), slog.Any("error", err))
 		return nil, status.Error(codes.Internal, "idemkey: the recorded outcome of this call cannot be read")
 	}
 	// The allow-list of today applies, not the one the record was made under.
@@ -248,18 +237,18 @@ func (s *server) replay(ctx context.Context, c *engine.Call, m *method) (any, er
 		_ = grpc.SetTrailer(ctx, md)
 	}
 	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
-	tellExpiry(ctx, c)
+	tellExpiry(ctx, a.Expires)
 	return rec.resp, rec.err
 }
 
-// tellExpiry sends the caller c.Expires, until when its key is honoured, if
+// tellExpiry sends the caller expires, until when its key is honoured, if
 // the store said. It goes in the trailer, as idempotent-replayed does, even
 // of a reply: a header would make an error that an interceptor outside
 // idemkey puts in the reply's place one that gRPC's retry policy does not
 // retry.
-func tellExpiry(ctx context.Context, c *engine.Call) {
-	if !c.Expires.IsZero() {
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(c.Expires)))
+func tellExpiry(ctx context.Context, expires time.Time) {
+	if !expires.IsZero() {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(expires)))
 	}
 }
 

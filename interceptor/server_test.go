@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/engine"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -18,7 +20,6 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
-	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/protokey"
@@ -26,7 +27,7 @@ import (
 )
 
 func TestReplay(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	first, ts, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
@@ -53,7 +54,7 @@ func TestReplay(t *testing.T) {
 }
 
 func TestReusedKey(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
 		t.Fatal(err)
 	}
@@ -65,7 +66,7 @@ func TestReusedKey(t *testing.T) {
 // A retry while the first call runs gets Aborted with pushback and no header;
 // a different request under the key gets "reused" even then.
 func TestInProgress(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithMaxRetryAfter(250*time.Millisecond))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), engine.WithMaxRetryAfter(250*time.Millisecond))
 	started, release := d.svc.block()
 	done := make(chan error)
 	go func() {
@@ -103,9 +104,9 @@ func TestInProgress(t *testing.T) {
 // request, "in progress" while the first runs, and a run for a key that never
 // reached the server. Only a recorded key spares the reservation.
 func TestRetriedAttempt(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	st := &countingStore{Store: d.store}
-	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantFromMetadata), interceptor.WithInProgressWait(0)))
+	d.intercept = serverInterceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithInProgressWait(0))
 	attempt := func(n, key string, req *paymentsv1.CreateChargeRequest, wantFinds, wantReserves int32) (*paymentsv1.Charge, *transportStream, error) {
 		t.Helper()
 		resp, ts, err := d.call(context.Background(), createCharge, req,
@@ -158,7 +159,7 @@ var recordedCodes = map[codes.Code]bool{
 func TestRecordedAndReleasedCodes(t *testing.T) {
 	for code := codes.Canceled; code <= codes.Unauthenticated; code++ {
 		t.Run(code.String(), func(t *testing.T) {
-			d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+			d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 			d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 				return nil, statusWithDetails(code)
 			}
@@ -212,7 +213,7 @@ func TestPlainErrors(t *testing.T) {
 // so its key must not be released.
 func TestUnrecordableReply(t *testing.T) {
 	logger, logs := logtest.New()
-	d := newDirect(t, interceptor.WithLogger(logger))
+	d := newDirect(t, engine.WithLogger(logger))
 	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		return &paymentsv1.Charge{Id: "ch_\xff"}, nil // not UTF-8: gRPC cannot marshal it either
 	}
@@ -232,14 +233,14 @@ func TestUnrecordableReply(t *testing.T) {
 func TestReplyTooLarge(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		opts []interceptor.Option
+		opts []any
 		size int // of the description
 	}{
-		{"default cap", nil, interceptor.DefaultMaxRecordSize},
-		{"WithMaxRecordSize", []interceptor.Option{interceptor.WithMaxRecordSize(2000)}, 2000},
+		{"default cap", nil, engine.DefaultMaxRecordSize},
+		{"WithMaxRecordSize", []any{engine.WithMaxRecordSize(2000)}, 2000},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d := newDirect(t, append(tc.opts, interceptor.WithLogger(nil))...)
+			d := newDirect(t, append(tc.opts, engine.WithLogger(nil))...)
 			d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 				return &paymentsv1.Charge{Id: "ch_1", Description: strings.Repeat("x", int(req.GetAmount()))}, nil
 			}
@@ -291,7 +292,7 @@ func statusWithDetails(code codes.Code) error {
 }
 
 func TestRecordedCodesOption(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithRecordedCodes(codes.ResourceExhausted))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), interceptor.WithRecordedCodes(codes.ResourceExhausted))
 	d.svc.create = func(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		if req.GetAmount() > 100 {
 			return nil, status.Error(codes.NotFound, "not found")
@@ -307,7 +308,7 @@ func TestRecordedCodesOption(t *testing.T) {
 }
 
 func TestPanicReleasesKey(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	d.svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		panic("boom")
 	}
@@ -329,7 +330,7 @@ func TestPanicReleasesKey(t *testing.T) {
 }
 
 func TestReplayedMetadata(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("X-Charge-Region", "x-trace-id"))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("X-Charge-Region", "x-trace-id"))
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-region", "eu-1", "x-internal", "secret"))
 		_ = grpc.SetTrailer(ctx, metadata.Pairs("x-trace-id", "t-1", "x-trace-id", "t-2", "x-timing", "3ms"))
@@ -354,7 +355,7 @@ func TestReplayedMetadata(t *testing.T) {
 // A record made while a header was allow-listed replays only what today's
 // allow-list names: removing a key from WithReplayedMetadata stops its replay.
 func TestReplayedMetadataFollowsTodaysAllowList(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region", "set-cookie"))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region", "set-cookie"))
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-region", "eu-1", "set-cookie", "session=caller-1"))
 		return chargeFor(req, 1), nil
@@ -362,13 +363,13 @@ func TestReplayedMetadataFollowsTodaysAllowList(t *testing.T) {
 	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
 		t.Fatal(err)
 	}
-	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region")))
+	d.intercept = serverInterceptor(d.store, engine.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region"))
 	_, replay, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
-	d.intercept = grpctest.Must(interceptor.UnaryServerInterceptor(d.store, interceptor.WithTenant(tenantFromMetadata)))
+	d.intercept = serverInterceptor(d.store, engine.WithTenant(tenantFromMetadata))
 	_, replay, err = d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
@@ -407,7 +408,7 @@ func TestBadKeys(t *testing.T) {
 		"binary and key": {idemkey.KeyMetadata, "abc", idemkey.KeyMetadata + "-bin", "abc"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+			d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 			_, _, err := d.call(context.Background(), createCharge, request(100), append(pairs, "tenant", "acme")...)
 			wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyInvalid)
 			wantRuns(t, d.svc, 0)
@@ -420,14 +421,14 @@ func TestBadKeys(t *testing.T) {
 		})
 	}
 	// The longest valid key is accepted.
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	if _, _, err := d.create(t, strings.Repeat("~", idemkey.MaxKeyLen), request(1)); err != nil {
 		t.Errorf("a %d-byte key: %v", idemkey.MaxKeyLen, err)
 	}
 }
 
 func TestMissingKey(t *testing.T) {
-	optional := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	optional := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	if _, _, err := optional.call(context.Background(), createCharge, request(1), "tenant", "acme"); err != nil {
 		t.Fatalf("no key, key optional: %v", err)
 	}
@@ -436,7 +437,7 @@ func TestMissingKey(t *testing.T) {
 		t.Errorf("a call without a key left %d records", n)
 	}
 
-	required := newDirect(t, interceptor.WithTenant(tenantFromMetadata), interceptor.WithKeyRequired())
+	required := newDirect(t, engine.WithTenant(tenantFromMetadata), engine.WithKeyRequired())
 	_, _, err := required.call(context.Background(), createCharge, request(1), "tenant", "acme")
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyMissing)
 	wantRuns(t, required.svc, 0)
@@ -445,7 +446,7 @@ func TestMissingKey(t *testing.T) {
 func TestMethodCoverage(t *testing.T) {
 	get := &paymentsv1.GetChargeRequest{Id: "ch_1"}
 	// GetCharge is NO_SIDE_EFFECTS: untouched, even with a key.
-	d := newDirect(t, interceptor.WithKeyRequired())
+	d := newDirect(t, engine.WithKeyRequired())
 	for range 2 {
 		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || interceptor.Replayed(ts.trailer) {
 			t.Fatalf("GetCharge: err %v, replayed %v", err, interceptor.Replayed(ts.trailer))
@@ -485,14 +486,14 @@ func TestMethodCoverage(t *testing.T) {
 	}
 
 	// Excluded, CreateCharge is not, key or no key.
-	d = newDirect(t, interceptor.WithExcludedMethods(createCharge), interceptor.WithKeyRequired())
+	d = newDirect(t, interceptor.WithExcludedMethods(createCharge), engine.WithKeyRequired())
 	d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
 	d.call(context.Background(), createCharge, request(1))
 	wantRuns(t, d.svc, 2)
 }
 
 func TestTenantsAreIsolated(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	for _, tenant := range []string{"acme", "globex", "acme"} {
 		if _, _, err := d.call(context.Background(), createCharge, request(100), idemkey.KeyMetadata, "shared", "tenant", tenant); err != nil {
 			t.Fatal(err)
@@ -507,7 +508,7 @@ func TestTenantsAreIsolated(t *testing.T) {
 }
 
 func TestScopeTenant(t *testing.T) {
-	d := newDirect(t, interceptor.WithScope(interceptor.ScopeTenant), interceptor.WithIncludedMethods(getCharge))
+	d := newDirect(t, engine.WithScope(engine.ScopeTenant), interceptor.WithIncludedMethods(getCharge))
 	if _, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil {
 		t.Fatal(err)
 	}
@@ -517,7 +518,7 @@ func TestScopeTenant(t *testing.T) {
 	// Even a fingerprint that leaves the method out cannot replay one
 	// method's reply to another.
 	sameForAll := func(string, proto.Message) (store.Fingerprint, error) { return store.Fingerprint{}, nil }
-	d = newDirect(t, interceptor.WithScope(interceptor.ScopeTenant), interceptor.WithIncludedMethods(getCharge), interceptor.WithFingerprint(sameForAll))
+	d = newDirect(t, engine.WithScope(engine.ScopeTenant), interceptor.WithIncludedMethods(getCharge), interceptor.WithFingerprint(sameForAll))
 	d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
 	_, _, err = d.call(context.Background(), getCharge, &paymentsv1.GetChargeRequest{}, idemkey.KeyMetadata, "k")
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
@@ -549,7 +550,7 @@ func TestCustomFingerprint(t *testing.T) {
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
 
 	logger, _ := logtest.New()
-	failing := newDirect(t, interceptor.WithLogger(logger), interceptor.WithFingerprint(func(string, proto.Message) (store.Fingerprint, error) {
+	failing := newDirect(t, engine.WithLogger(logger), interceptor.WithFingerprint(func(string, proto.Message) (store.Fingerprint, error) {
 		return store.Fingerprint{}, errors.New("cannot hash")
 	}))
 	_, _, err = failing.call(context.Background(), createCharge, a, idemkey.KeyMetadata, "k")
@@ -571,10 +572,10 @@ func TestStoreUnavailable(t *testing.T) {
 		if retry {
 			pairs = append(pairs, interceptor.AttemptsMetadata, "1")
 		}
-		call := func(wantFinds, wantReserves int32, opts ...interceptor.Option) error {
+		call := func(wantFinds, wantReserves int32, opts ...any) error {
 			t.Helper()
 			st := &countingStore{Store: failingStore{}}
-			intercept := grpctest.Must(interceptor.UnaryServerInterceptor(st, append(opts, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))...))
+			intercept := serverInterceptor(st, append(opts, engine.WithLogger(logger), engine.WithTenant(tenantFromMetadata))...)
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(pairs...))
 			_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
 			if f, r := st.finds.Load(), st.reserves.Load(); f != wantFinds || r != wantReserves {
@@ -590,7 +591,7 @@ func TestStoreUnavailable(t *testing.T) {
 		wantReason(t, call(finds, reserves), codes.Unavailable, idemkey.ReasonStoreUnavailable)
 		wantRuns(t, svc, runs)
 
-		if err := call(finds, 1, interceptor.WithFailOpen()); err != nil {
+		if err := call(finds, 1, engine.WithFailOpen()); err != nil {
 			t.Fatalf("retry %v, fail-open: %v", retry, err)
 		}
 		wantRuns(t, svc, runs+1)
@@ -629,16 +630,16 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 	for _, tc := range []struct {
 		name     string
 		timeout  time.Duration // 0: no deadline
-		lease    []interceptor.Option
+		lease    []any
 		min, max time.Duration
 	}{
-		{"no deadline", 0, nil, interceptor.DefaultLease - time.Second, interceptor.DefaultLease},
+		{"no deadline", 0, nil, engine.DefaultLease - time.Second, engine.DefaultLease},
 		{"2s deadline", 2 * time.Second, nil, 6 * time.Second, 7 * time.Second},
-		{"long deadline", time.Hour, nil, interceptor.DefaultMaxLease - time.Second, interceptor.DefaultMaxLease},
-		{"default above max", 0, []interceptor.Option{interceptor.WithLease(time.Hour), interceptor.WithMaxLease(2 * time.Minute)}, 2*time.Minute - time.Second, 2 * time.Minute},
+		{"long deadline", time.Hour, nil, engine.DefaultMaxLease - time.Second, engine.DefaultMaxLease},
+		{"default above max", 0, []any{engine.WithLease(time.Hour), engine.WithMaxLease(2 * time.Minute)}, 2*time.Minute - time.Second, 2 * time.Minute},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			opts := []interceptor.Option{interceptor.WithMaxRetryAfter(time.Hour)}
+			opts := []any{engine.WithMaxRetryAfter(time.Hour)}
 			opts = append(opts, tc.lease...)
 			d := newDirect(t, opts...)
 			started, release := d.svc.block()
@@ -666,7 +667,7 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 
 func TestCorruptRecord(t *testing.T) {
 	logger, logs := logtest.New()
-	d := newDirect(t, interceptor.WithLogger(logger))
+	d := newDirect(t, engine.WithLogger(logger))
 	fp, err := protokey.HashRequest(createCharge, request(1))
 	if err != nil {
 		t.Fatal(err)
@@ -703,12 +704,12 @@ func TestCorruptRecord(t *testing.T) {
 // own result, the record keeps the new holder's, and the loss is logged.
 func TestLeaseLostIsLogged(t *testing.T) {
 	logger, logs := logtest.New()
-	d := newDirect(t, interceptor.WithLogger(logger))
+	d := newDirect(t, engine.WithLogger(logger))
 	nested := false
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		if !nested {
 			nested = true
-			d.clock.Advance(t, interceptor.DefaultLease+time.Second) // the lease ends; a retry takes over
+			d.clock.Advance(t, engine.DefaultLease+time.Second) // the lease ends; a retry takes over
 			if _, _, err := d.call(context.Background(), createCharge, req, idemkey.KeyMetadata, "k"); err != nil {
 				return nil, err
 			}
@@ -735,7 +736,7 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 	const key, tenant, customer = "SECRET-KEY-7f3a", "SECRET-TENANT-acme", "SECRET-CUSTOMER-42"
 	req := &paymentsv1.CreateChargeRequest{CustomerId: customer, Amount: 1, Currency: "EUR"}
 	logger, logs := logtest.New()
-	d := newDirect(t, interceptor.WithLogger(logger), interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithLogger(logger), engine.WithTenant(tenantFromMetadata))
 	call := func(k string) error {
 		_, _, err := d.call(context.Background(), createCharge, req, idemkey.KeyMetadata, k, "tenant", tenant)
 		return err
@@ -753,7 +754,7 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 	d.svc.create = func(_ context.Context, r *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		if !taken {
 			taken = true
-			d.clock.Advance(t, interceptor.DefaultLease+time.Second)
+			d.clock.Advance(t, engine.DefaultLease+time.Second)
 			errs = append(errs, call(key+"-2"))
 		}
 		return chargeFor(r, 1), nil
@@ -790,16 +791,11 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 	}
 }
 
-// Zero and nil option values keep the defaults rather than break the server.
-func TestOptionZeroValues(t *testing.T) {
-	d := newDirect(t, interceptor.WithLogger(nil), interceptor.WithRetention(0), interceptor.WithLease(0), interceptor.WithMaxLease(0))
-	d.create(t, "key-1", request(1))
-	d.clock.Advance(t, time.Hour) // within the default retention
-	if _, ts, err := d.create(t, "key-1", request(1)); err != nil || !interceptor.Replayed(ts.trailer) {
-		t.Errorf("an hour later: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
-	}
-
-	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(failingStore{}, interceptor.WithLogger(nil)))
+// A nil logger discards the records rather than break the server. (Zero
+// durations are refused by engine.New: see the engine's tests.)
+func TestNilLogger(t *testing.T) {
+	d := newDirect(t, engine.WithLogger(nil))
+	intercept := serverInterceptor(failingStore{}, engine.WithLogger(nil))
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
 	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
 	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)
@@ -808,7 +804,7 @@ func TestOptionZeroValues(t *testing.T) {
 // Inside the handler, DerivedKey gives the key derived from the call's
 // tenant, method and key: the same on a retry that runs the handler again.
 func TestDerivedKey(t *testing.T) {
-	d := newDirect(t, interceptor.WithTenant(tenantFromMetadata))
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	var derived []string
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		k, ok := idemkey.DerivedKey(ctx, "provider")

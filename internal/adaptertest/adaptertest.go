@@ -123,19 +123,34 @@ type Config struct {
 	KeyRequired bool
 	// MaxRecordSize is the engine's bound; the Huge reply is larger.
 	MaxRecordSize int
-	// Hooks are the application's hooks, which the adapter sets with its
-	// WithHooks.
+	// Hooks are the application's hooks (engine.WithHooks).
 	Hooks engine.Hooks
 	// Every case also runs with no wait for a key in progress
-	// (WithInProgressWait(0)) and a discarding logger (WithLogger(nil)),
-	// which each adapter sets in its own terms.
+	// (WithInProgressWait(0)) and a discarding logger (WithLogger(nil)):
+	// see Engine.
 	Service *Service
-	// Sealer, if not nil, seals the records (the adapter's WithSealer).
+	// Sealer, if not nil, seals the records (engine.WithSealer).
 	Sealer engine.Sealer
 	// Redact, if true, records each reply with Redact applied to the run's
 	// id in it (the adapter's WithRedaction): in a response, in an error's
 	// message, in a header the adapter replays.
 	Redact bool
+}
+
+// Engine is the engine of cfg, whose tenants tenant reads from the
+// adapter's transport.
+func (cfg Config) Engine(t *testing.T, tenant engine.TenantFunc) *engine.Engine {
+	t.Helper()
+	opts := []engine.Option{engine.WithTenant(tenant), engine.WithMaxRecordSize(cfg.MaxRecordSize),
+		engine.WithInProgressWait(0), engine.WithLogger(nil), engine.WithHooks(cfg.Hooks), engine.WithSealer(cfg.Sealer)}
+	if cfg.KeyRequired {
+		opts = append(opts, engine.WithKeyRequired())
+	}
+	eng, err := engine.New(cfg.Store, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
 }
 
 // Redacted replaces the run's id in what is recorded of a reply when
@@ -349,6 +364,9 @@ var cases = []testCase{
 		}
 		// The oldest date there is, the zero time.Time, is as stale.
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: "Mon, 01 Jan 0001 00:00:00 GMT"}), idemkey.ReasonKeyExpired)
+		// A value padded with spaces, which HTTP trims, is read
+		// alike on every transport.
+		s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: "  " + old + " "}), idemkey.ReasonKeyExpired)
 		s.wantRuns(0)
 		// The refusal held the key for no one: a recent call runs, and a
 		// stale retry of it, whose key now has a record, replays.
@@ -358,7 +376,7 @@ var cases = []testCase{
 		}
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, FirstSent: old}))
 		s.wantRuns(1)
-	}, hooks: []string{"refuse key_expired", "refuse key_expired", "execute executed", "replay replayed"}},
+	}, hooks: []string{"refuse key_expired", "refuse key_expired", "refuse key_expired", "execute executed", "replay replayed"}},
 	{name: "a malformed or future first-sent time is refused", run: func(t *testing.T, s *suite) {
 		for _, v := range []string{"yesterday", idemkey.FormatDate(time.Now().Add(time.Hour)), "Tue, 01 Dec 2026 20:05:37 +0000"} {
 			s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: v}), idemkey.ReasonFirstSentInvalid)

@@ -20,7 +20,9 @@ import (
 func Apply(herr error, name protoreflect.FullName, errp *error, respp *proto.Message, redact func()) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
-			err = fmt.Errorf("the redaction function panicked: %v", p)
+			// A redaction function handles secrets: its panic's words may
+			// quote the reply it was removing them from.
+			err = fmt.Errorf("the redaction function panicked with a value of type %T (its words are not logged: they may quote the reply)", p)
 		}
 	}()
 	redact()

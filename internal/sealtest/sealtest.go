@@ -112,7 +112,10 @@ type harness struct {
 
 func (h *harness) engine(ring engine.Sealer, opts ...engine.Option) (*engine.Engine, *engine.Operation) {
 	h.t.Helper()
-	e := engine.New(h.st, append([]engine.Option{engine.WithSealer(ring), engine.WithLogger(h.logger)}, opts...)...)
+	e, err := engine.New(h.st, append([]engine.Option{engine.WithSingleTenant(), engine.WithSealer(ring), engine.WithLogger(h.logger)}, opts...)...)
+	if err != nil {
+		h.t.Fatal(err)
+	}
 	op, err := e.Operation(engine.OperationSpec{Name: operation, Atomic: h.atomic})
 	if err != nil {
 		h.t.Fatal(err)

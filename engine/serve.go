@@ -1,0 +1,219 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// Exchange is one call as its entry point carries it. Serve reads the call
+// through it and answers through it, so that an entry point writes only its
+// translation: where the key, the first-sent time and the fingerprint come
+// from, how the handler runs and its result is encoded, and how each answer
+// is written. Serve calls its methods on the call's goroutine, each at most
+// once, in the order they are listed, except that Pass replaces Run, StandIn
+// and Answer for a call that runs unprotected.
+type Exchange interface {
+	// Key returns the call's idempotency key, read with idemkey.ParseKey;
+	// ok is false when the call has none. An error (a malformed key, one
+	// sent twice) answers KeyInvalid, and never quotes the key.
+	Key() (key string, ok bool, err error)
+	// FirstSent returns the values of the transport's first-sent field
+	// (idemkey.FirstSentMetadata, idemkey.FirstSentHeader), or the time a
+	// broker stamped a message with, formatted with idemkey.FormatDate;
+	// none if the call does not say.
+	FirstSent() []string
+	// Attempt tells where the call stands among its attempts.
+	Attempt() Attempt
+	// Fingerprint returns the fingerprint of the call's request. An error
+	// refuses the call: it is answered (Refused) as it is, so it must be
+	// one of the transport's own.
+	Fingerprint(ctx context.Context) (store.Fingerprint, error)
+	// Run runs the handler with ctx, whose key the call holds, and returns
+	// what to record of its result.
+	Run(ctx context.Context) Outcome
+	// StandIn is the short error recorded, and answered, in place of a
+	// result that cannot be recorded (why: ErrTooLarge, store.ErrFull, or
+	// Outcome.Unrecordable): at most store.SmallOutcome bytes.
+	StandIn(why error) []byte
+	// Pass runs the handler with ctx unprotected (NoKey, FailedOpen),
+	// answers with its result, and returns the transport's code of it.
+	Pass(ctx context.Context) (code int)
+	// Answer answers the call as a says, and returns the transport's code
+	// of the answer, for the metrics and the hooks, which run after it and
+	// before the entry point hands the answer over.
+	Answer(ctx context.Context, a Answer) (code int)
+}
+
+// Attempt is what a transport tells of a call's place among its attempts.
+type Attempt struct {
+	// Retried is true for a later attempt (gRPC's grpc-previous-rpc-attempts,
+	// a broker's redelivery): its record is read first, on a store that
+	// implements store.Finder.
+	Retried bool
+	// Last is true when no attempt follows (a message's last delivery): a
+	// key in progress elsewhere is waited for up to the longest lease, so
+	// as to take it over, rather than for WithInProgressWait.
+	Last bool
+}
+
+// Outcome is what Exchange.Run returns of the handler's result.
+type Outcome struct {
+	// Record is the entry point's encoding of the result, recorded and
+	// replayed to every retry.
+	Record []byte
+	// Release is true for a result that is not recorded (a released code):
+	// the key is released, and a retry runs the handler again.
+	Release bool
+	// KeepWrites is true for a success: in atomic mode the handler's writes
+	// commit with the record; a recorded error keeps only the record.
+	KeepWrites bool
+	// Unrecordable is why the result cannot be recorded (it is logged, so
+	// it must not quote the reply): StandIn is recorded in its place.
+	Unrecordable error
+}
+
+// Answer is how Serve asks an entry point to answer a call.
+type Answer struct {
+	// Verdict is what to answer: Executed (the handler's result, or the
+	// stand-in of StandIn), Replayed (Outcome), or idemkey's own answer of
+	// InProgress, Reused, KeyMissing, KeyInvalid, StoreUnavailable,
+	// StoreFull, Expired, FirstSentInvalid or Refused.
+	Verdict Verdict
+	// Err is why the call was refused: Exchange.Key's or Fingerprint's
+	// error, a *FirstSentError, or the TenantFunc's error, to answer as the
+	// entry point answers its tenant's refusals.
+	Err error
+	// Outcome is the record to replay, for Replayed. It must not be
+	// modified.
+	Outcome []byte
+	// StandIn is, for Executed, why the stand-in (Exchange.StandIn with
+	// it) is answered in place of the handler's result; nil answers the
+	// handler's result.
+	StandIn error
+	// RetryAfter is how long to wait before a retry, for InProgress and
+	// StoreFull.
+	RetryAfter time.Duration
+	// Expires is until when the call's key is honoured (see Call.Expires);
+	// zero sends no expiry.
+	Expires time.Time
+}
+
+// errTenant marks an Answer.Err that the TenantFunc returned.
+type tenantError struct{ error }
+
+func (e tenantError) Unwrap() error { return e.error }
+
+// IsTenantError reports whether err, an Answer.Err, is the TenantFunc's
+// refusal of the caller (to answer as Unauthenticated, or 401), rather than
+// one of the entry point's own.
+func IsTenantError(err error) bool { return errors.As(err, new(tenantError)) }
+
+// Serve runs one call of op through the request path: the key, whether one
+// is required, the first-sent time, the tenant, the fingerprint; the
+// reservation, a wait for a duplicate; the handler, its record or release,
+// or the stand-in of a result that cannot be recorded; the answer, and then
+// the metrics and hooks. Every entry point serves its calls with it.
+func (e *Engine) Serve(ctx context.Context, op *Operation, x Exchange) {
+	c := e.Call(op)
+	c.End(ctx, c.serve(ctx, x))
+}
+
+// serve is Serve up to the code of the call's answer.
+func (c *Call) serve(ctx context.Context, x Exchange) int {
+	e := c.e
+	key, ok, err := x.Key()
+	switch {
+	case err != nil:
+		c.Verdict = KeyInvalid
+		return x.Answer(ctx, Answer{Verdict: KeyInvalid, Err: err})
+	case !ok && c.op.keyRequired:
+		c.Verdict = KeyMissing
+		return x.Answer(ctx, Answer{Verdict: KeyMissing})
+	case !ok:
+		c.Verdict = NoKey
+		return x.Pass(ctx)
+	}
+	firstSent, err := e.firstSent(x.FirstSent())
+	if err != nil {
+		c.Verdict = FirstSentInvalid
+		return x.Answer(ctx, Answer{Verdict: FirstSentInvalid, Err: err})
+	}
+	tenant, err := c.tenantOf(ctx)
+	if err != nil {
+		return x.Answer(ctx, Answer{Verdict: Refused, Err: tenantError{err}})
+	}
+	fp, err := x.Fingerprint(ctx)
+	if err != nil {
+		return x.Answer(ctx, Answer{Verdict: Refused, Err: err})
+	}
+	att := x.Attempt()
+	c.Start(ctx, Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last})
+	switch c.Verdict {
+	case Executed:
+		return c.run(ctx, x)
+	case FailedOpen:
+		return x.Pass(c.Context(ctx))
+	}
+	return x.Answer(ctx, c.answerOf())
+}
+
+// answerOf is the Answer of the call's verdict, for a call whose handler
+// did not run, or whose record another call's superseded.
+func (c *Call) answerOf() Answer {
+	a := Answer{Verdict: c.Verdict, RetryAfter: c.RetryAfter, Expires: c.Expires}
+	if c.Verdict == Replayed {
+		a.Outcome = c.Outcome
+	}
+	if c.Verdict == FirstSentInvalid { // Start's own check, which the one before it makes unlikely
+		a.Err = &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
+	}
+	return a
+}
+
+// run runs the handler of a call that holds its key, records its outcome
+// or releases the key, and answers. In atomic mode only a success keeps the
+// handler's writes: a recorded error, or a result that could not be
+// recorded, undoes them.
+func (c *Call) run(ctx context.Context, x Exchange) int {
+	defer c.Abandon(ctx) // the handler panicked: let a retry run again; the panic goes on
+	out := x.Run(c.Context(ctx))
+	if out.Unrecordable != nil {
+		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", out.Unrecordable)
+		return c.recordInstead(ctx, x, out.Unrecordable)
+	}
+	if out.Release {
+		c.Release(ctx)
+		return x.Answer(ctx, Answer{Verdict: Executed})
+	}
+	switch err := c.Record(ctx, out.Record, out.KeepWrites); {
+	case errors.Is(err, ErrTooLarge), errors.Is(err, store.ErrFull):
+		return c.recordInstead(ctx, x, err)
+	case errors.Is(err, ErrSuperseded):
+		return x.Answer(ctx, c.answerOf())
+	case err != nil:
+		return x.Answer(ctx, Answer{Verdict: StoreUnavailable})
+	}
+	return x.Answer(ctx, Answer{Verdict: Executed, Expires: c.Expires})
+}
+
+// recordInstead records the stand-in of a result that cannot be recorded:
+// the handler has run, so its key must not be released. The caller gets it
+// too, as every retry will; if even it cannot be recorded, the key stays in
+// progress until its lease ends. Only in atomic mode, where a failed commit
+// undoes the handler's writes, is the answer StoreUnavailable.
+func (c *Call) recordInstead(ctx context.Context, x Exchange, why error) int {
+	a := Answer{Verdict: Executed, StandIn: why}
+	switch err := c.Record(ctx, x.StandIn(why), false); {
+	case errors.Is(err, ErrSuperseded):
+		return x.Answer(ctx, c.answerOf())
+	case err != nil && c.Atomic():
+		return x.Answer(ctx, Answer{Verdict: StoreUnavailable})
+	case err == nil:
+		a.Expires = c.Expires
+	}
+	return x.Answer(ctx, a)
+}
