@@ -45,14 +45,20 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 	ms := &methods{opts: o}
 	return func(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		expiry, callOpts := keyExpiry(callOpts)
+		use, callOpts, used := lastOption[keyOption](callOpts)
 		m := ms.get(fullMethod)
-		if !m.covered {
-			if ctx.Value(contextKeyMarker{}) != nil { // ContextWithKey's key is for covered methods
+		if !m.covered { // UseKey's and ContextWithKey's keys are for covered methods
+			if ctx.Value(contextKeyMarker{}) != nil {
 				ctx = withoutKey(ctx)
 			}
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
-		ctx, callOpts, err := withKey(ctx, m, req, callOpts)
+		var err error
+		if used {
+			ctx, err = withUsedKey(ctx, use)
+		} else {
+			ctx, err = withKey(ctx, m, req)
+		}
 		if err != nil {
 			return err
 		}
@@ -60,23 +66,23 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 	}, nil
 }
 
-// withKey is ctx with the call's key and first-sent time in its outgoing
-// metadata, and callOpts without UseKey's.
-func withKey(ctx context.Context, m *method, req any, callOpts []grpc.CallOption) (context.Context, []grpc.CallOption, error) {
-	if creds, rest, ok := useKey(callOpts); ok {
-		if err := validateKey(creds.key); err != nil {
-			return nil, nil, err
-		}
-		// The key and its first-sent time go in the metadata, in place of
-		// any there, and UseKey's credentials go, so that per-call
-		// credentials of the caller's own are not displaced by them.
-		return metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, idemkey.FormatKey(creds.key),
-			idemkey.FirstSentMetadata, formatFirstSent(creds.firstSent)), rest, nil
+// withUsedKey is ctx with UseKey's key and first-sent time in its outgoing
+// metadata, in place of any there.
+func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
+	if err := validateKey(use.key); err != nil {
+		return nil, err
 	}
+	return metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, idemkey.FormatKey(use.key),
+		idemkey.FirstSentMetadata, formatFirstSent(use.firstSent)), nil
+}
+
+// withKey is ctx with the call's key and first-sent time in its outgoing
+// metadata: those already there, checked, or else a new key and now.
+func withKey(ctx context.Context, m *method, req any) (context.Context, error) {
 	md, _ := metadata.FromOutgoingContext(ctx)
 	if keys := md[idemkey.KeyMetadata]; len(keys) > 0 || carriesKey(m, req) {
 		if _, _, err := KeyFromMetadata(md); err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 	} else {
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
@@ -86,12 +92,12 @@ func withKey(ctx context.Context, m *method, req any, callOpts []grpc.CallOption
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, idemkey.FormatDate(time.Now()))
 	case 1:
 		if _, err := idemkey.ParseDate(sent[0]); err != nil {
-			return nil, nil, FirstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
+			return nil, FirstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
 		}
 	default:
-		return nil, nil, FirstSentInvalidError("it was sent more than once")
+		return nil, FirstSentInvalidError("it was sent more than once")
 	}
-	return ctx, callOpts, nil
+	return ctx, nil
 }
 
 // carriesKey reports whether req carries its own key in m's key field
@@ -103,48 +109,39 @@ func carriesKey(m *method, req any) bool {
 
 // UseKey is a call option that sends key as the call's idempotency key, for
 // example one saved with the business record so that a restarted process
-// retries the same operation. It is sent on every attempt of the call, with
-// or without UnaryClientInterceptor: it is made of gRPC per-call credentials,
-// which gRPC sends over any connection. The interceptor checks the key before
-// the call goes out and sends it as metadata instead. Without the
-// interceptor, a call that also has per-call credentials of its own
-// (grpc.PerRPCCredentials as a call option) sends only the last of the two
-// given: use ContextWithKey there.
+// retries the same operation. UnaryClientInterceptor reads it, checks the
+// key before the call goes out and sends it in the metadata, beside any
+// per-call credentials of the caller's own, on every attempt of the call;
+// it sends none to a method it does not cover. It needs the interceptor: on
+// a connection without it, gRPC ignores the option and the call goes out
+// with no key, silently, so that the server runs it unprotected or refuses
+// it (WithKeyRequired). Use ContextWithKey there.
 //
 // The interceptor sends now as the key's first-sent time: a retry of an
 // operation sent before should use UseKeyFirstSent.
 func UseKey(key string) grpc.CallOption {
-	return grpc.PerRPCCredentials(keyCredentials{key: key})
+	return keyOption{key: key}
 }
 
 // UseKeyFirstSent is UseKey for a key whose operation was first sent at
 // firstSent (idemkey.FirstSentMetadata): the time of its first attempt,
 // saved with the key, so that a server refuses a retry that comes later
 // than it keeps keys (FailedPrecondition, IDEMPOTENCY_KEY_EXPIRED) rather
-// than run it again. A zero firstSent is now: the interceptor's now, or,
-// without the interceptor, none.
+// than run it again. A zero firstSent is now. Like UseKey, it needs
+// UnaryClientInterceptor.
 func UseKeyFirstSent(key string, firstSent time.Time) grpc.CallOption {
-	return grpc.PerRPCCredentials(keyCredentials{key: key, firstSent: firstSent})
+	return keyOption{key: key, firstSent: firstSent}
 }
 
-// keyCredentials are the per-call credentials of UseKey and
-// UseKeyFirstSent: the key and first-sent metadata.
-type keyCredentials struct {
+// keyOption is the call option of UseKey and UseKeyFirstSent, which only
+// the interceptor reads. It is not made of per-call credentials, which gRPC
+// would send without the interceptor too: gRPC keeps one set per call, so
+// the key would displace the caller's own credentials, or they the key.
+type keyOption struct {
+	grpc.EmptyCallOption
 	key       string
 	firstSent time.Time // zero: now
 }
-
-// GetRequestMetadata runs for each attempt, so without the interceptor a
-// key without a first-sent time sends none: now would differ between
-// attempts.
-func (c keyCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	if c.firstSent.IsZero() {
-		return map[string]string{idemkey.KeyMetadata: idemkey.FormatKey(c.key)}, nil
-	}
-	return map[string]string{idemkey.KeyMetadata: idemkey.FormatKey(c.key), idemkey.FirstSentMetadata: idemkey.FormatDate(c.firstSent)}, nil
-}
-
-func (keyCredentials) RequireTransportSecurity() bool { return false }
 
 // formatFirstSent is t as the first-sent metadata's value; now if t is zero.
 func formatFirstSent(t time.Time) string {
@@ -154,19 +151,21 @@ func formatFirstSent(t time.Time) string {
 	return idemkey.FormatDate(t)
 }
 
-// useKey returns the credentials of the last UseKey or UseKeyFirstSent
-// among callOpts, and callOpts without them.
-func useKey(callOpts []grpc.CallOption) (creds keyCredentials, rest []grpc.CallOption, ok bool) {
+// lastOption returns the last option of type T among callOpts, and callOpts
+// without those of type T: the interceptor's own, which it takes out before
+// gRPC sees them.
+func lastOption[T grpc.CallOption](callOpts []grpc.CallOption) (last T, rest []grpc.CallOption, ok bool) {
+	if !slices.ContainsFunc(callOpts, func(o grpc.CallOption) bool { _, is := o.(T); return is }) {
+		return last, callOpts, false // no copy
+	}
 	for _, o := range callOpts {
-		if pc, isCreds := o.(grpc.PerRPCCredsCallOption); isCreds {
-			if c, isKey := pc.Creds.(keyCredentials); isKey {
-				creds, ok = c, true
-				continue
-			}
+		if t, is := o.(T); is {
+			last = t
+			continue
 		}
 		rest = append(rest, o)
 	}
-	return creds, rest, ok
+	return last, rest, true
 }
 
 type contextKeyMarker struct{}
@@ -217,26 +216,12 @@ type expiryOption struct {
 
 // keyExpiry returns the last KeyExpiry among callOpts, with its *dst
 // zeroed, and callOpts without KeyExpiry options.
-func keyExpiry(callOpts []grpc.CallOption) (e expiryOption, rest []grpc.CallOption) {
-	if !slices.ContainsFunc(callOpts, isExpiry) {
-		return e, callOpts
-	}
-	for _, o := range callOpts {
-		if isExpiry(o) {
-			e = o.(expiryOption)
-			continue
-		}
-		rest = append(rest, o)
-	}
+func keyExpiry(callOpts []grpc.CallOption) (expiryOption, []grpc.CallOption) {
+	e, rest, _ := lastOption[expiryOption](callOpts)
 	if e.dst != nil {
 		*e.dst = time.Time{}
 	}
 	return e, rest
-}
-
-func isExpiry(o grpc.CallOption) bool {
-	_, ok := o.(expiryOption)
-	return ok
 }
 
 // invoke makes the call, and then sets *e.dst from its header or trailer.

@@ -311,6 +311,10 @@
 //     ContextWithKey: a key made per attempt defeats the scheme. gRPC's
 //     service-config retries run below all interceptors and resend the same
 //     key.
+//   - UseKey and UseKeyFirstSent are read by the client interceptor alone:
+//     on a connection without it, gRPC ignores them and the call goes out
+//     with no key, silently. ContextWithKey puts its key in the metadata,
+//     which reaches the server either way.
 //   - The in-progress answer is trailers-only only if nothing before idemkey
 //     set header metadata: an interceptor outside it that calls grpc.SetHeader
 //     stops gRPC's retry policy from retrying that answer.

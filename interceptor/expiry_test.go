@@ -62,10 +62,6 @@ func TestClientFirstSentGiven(t *testing.T) {
 			_, err := e.client.CreateCharge(ctx, request(1), interceptor.UseKeyFirstSent("order-1", at))
 			return err
 		}, want},
-		{"UseKeyFirstSent without the interceptor", func() error {
-			_, err := e.plain.CreateCharge(ctx, request(1), interceptor.UseKeyFirstSent("order-2", at))
-			return err
-		}, want},
 		{"ContextWithKeyFirstSent", func() error {
 			_, err := e.client.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "order-3", at), request(1))
 			return err
@@ -91,14 +87,6 @@ func TestClientFirstSentGiven(t *testing.T) {
 			t.Errorf("%s: the server saw first-sent %q, want one (%s)", tc.name, sent, cmp.Or(tc.want, "now"))
 		}
 		drain(e.keys)
-	}
-	// Without the interceptor, UseKey sends no time: one per attempt would
-	// differ between them.
-	if _, err := e.plain.CreateCharge(ctx, request(1), interceptor.UseKey("order-6")); err != nil {
-		t.Fatal(err)
-	}
-	if sent := drain(e.sent); len(sent) != 0 {
-		t.Errorf("UseKey without the interceptor sent first-sent %q, want none", sent)
 	}
 }
 

@@ -52,15 +52,13 @@ func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
 	}
 }
 
-// A key given by the caller reaches the server even on a connection without
-// the client interceptor: two calls with one key run the handler once.
+// ContextWithKey's key reaches the server even on a connection without the
+// client interceptor, as UseKey's does not (TestUseKeyWithoutKeyedCall): two
+// calls with one key run the handler once.
 func TestCallerKeyWithoutClientInterceptor(t *testing.T) {
 	e := newE2E(t)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
 	for name, call := range map[string]func(key string) (*paymentsv1.Charge, error){
-		"UseKey": func(key string) (*paymentsv1.Charge, error) {
-			return e.plain.CreateCharge(ctx, request(1), interceptor.UseKey(key))
-		},
 		"ContextWithKey": func(key string) (*paymentsv1.Charge, error) {
 			return e.plain.CreateCharge(interceptor.ContextWithKey(ctx, key), request(1))
 		},
@@ -81,33 +79,6 @@ func TestCallerKeyWithoutClientInterceptor(t *testing.T) {
 		if got := drain(e.keys); len(got) != 2 || got[0] != key || got[1] != key {
 			t.Errorf("%s: the server saw keys %q, want the caller's twice", name, got)
 		}
-	}
-}
-
-// authCredentials are per-call credentials of the caller's own.
-type authCredentials struct{}
-
-func (authCredentials) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
-	return map[string]string{"tenant": "acme"}, nil
-}
-func (authCredentials) RequireTransportSecurity() bool { return false }
-
-// With the client interceptor, UseKey does not displace per-call
-// credentials of the caller's own, whichever comes first.
-func TestUseKeyKeepsCallerCredentials(t *testing.T) {
-	e := newE2E(t)
-	for _, opts := range [][]grpc.CallOption{
-		{grpc.PerRPCCredentials(authCredentials{}), interceptor.UseKey("order-1")},
-		{interceptor.UseKey("order-2"), grpc.PerRPCCredentials(authCredentials{})},
-	} {
-		// The tenant comes only from the credentials: without them the
-		// server answers Unauthenticated.
-		if _, err := e.client.CreateCharge(context.Background(), request(1), opts...); err != nil {
-			t.Fatalf("call with UseKey and credentials of its own: %v", err)
-		}
-	}
-	if got := drain(e.keys); len(got) != 2 || got[0] != "order-1" || got[1] != "order-2" {
-		t.Errorf("the server saw keys %q, want [order-1 order-2]", got)
 	}
 }
 
