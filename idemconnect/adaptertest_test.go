@@ -81,21 +81,14 @@ func redactConformance(_ context.Context, _ string, reply *idemconnect.Reply) {
 }
 
 func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connect.ClientOption) func(context.Context, adaptertest.Request) adaptertest.Reply {
-	opts := []idemconnect.Option{idemconnect.WithTenant(bearerTenant), idemconnect.WithMaxRecordSize(cfg.MaxRecordSize),
-		idemconnect.WithInProgressWait(0), idemconnect.WithLogger(nil), idemconnect.WithHooks(cfg.Hooks)}
-	if cfg.KeyRequired {
-		opts = append(opts, idemconnect.WithKeyRequired())
-	}
+	var opts []idemconnect.Option
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomic())
-	}
-	if cfg.Sealer != nil {
-		opts = append(opts, idemconnect.WithSealer(cfg.Sealer))
 	}
 	if cfg.Redact {
 		opts = append(opts, idemconnect.WithRedaction(redactConformance))
 	}
-	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, cfg.Store, opts...))
+	url := serve(t, conformanceHandler(cfg.Service), newInterceptor(t, cfg.Engine(t, bearerTenant), opts...))
 	client := newChargeClient(t, url, clientOpts...)
 	return func(ctx context.Context, r adaptertest.Request) adaptertest.Reply {
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour})

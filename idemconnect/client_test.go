@@ -12,9 +12,9 @@ import (
 	"connectrpc.com/connect"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/store/memory"
 )
 
 // keyRecorder is a server interceptor that keeps the request header of
@@ -138,7 +138,7 @@ func TestClientInterceptor(t *testing.T) {
 // retries the same request.
 func TestClientAndServer(t *testing.T) {
 	runs := &counter{}
-	url := serve(t, runs.handle, newInterceptor(t, memory.New(), idemconnect.WithKeyRequired()))
+	url := serve(t, runs.handle, newInterceptor(t, single(t, engine.WithKeyRequired())))
 	client := newChargeClient(t, url, connect.WithInterceptors(idemconnect.NewClientInterceptor()))
 	req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100})
 	first, err := client.CallUnary(t.Context(), req)
@@ -157,7 +157,7 @@ func TestClientAndServer(t *testing.T) {
 func TestClientFirstSent(t *testing.T) {
 	rec := &keyRecorder{}
 	runs := &counter{}
-	url := serve(t, runs.handle, connect.UnaryInterceptorFunc(rec.intercept), newInterceptor(t, memory.New()))
+	url := serve(t, runs.handle, connect.UnaryInterceptorFunc(rec.intercept), newInterceptor(t, single(t)))
 	client := newChargeClient(t, url, connect.WithInterceptors(idemconnect.NewClientInterceptor()))
 	ctx := t.Context()
 	send := func(ctx context.Context, req *chargeRequest) error {
@@ -231,7 +231,7 @@ func TestKeyExpires(t *testing.T) {
 		}
 		return runs.handle(ctx, req)
 	}
-	url := serve(t, handle, newInterceptor(t, memory.New(), idemconnect.WithRetention(retention), idemconnect.WithInProgressWait(0)))
+	url := serve(t, handle, newInterceptor(t, single(t, engine.WithRetention(retention), engine.WithInProgressWait(0))))
 	for _, p := range []struct {
 		name string
 		opts []connect.ClientOption

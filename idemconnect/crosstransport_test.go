@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
@@ -44,10 +45,11 @@ func acme(context.Context) (string, error) { return "acme", nil }
 func TestCrossTransport(t *testing.T) {
 	st := memory.New()
 	runs := &counter{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(acme)))))
+	eng := newEngine(t, st, engine.WithTenant(acme)) // one engine for both entry points
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	url := serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithTenant(acme)))
+	url := serve(t, runs.handle, newInterceptor(t, eng))
 	connectClient := newChargeClient(t, url)
 	jsonClient := newChargeClient(t, url, connect.WithProtoJSON())
 	ctx := t.Context()

@@ -3,13 +3,18 @@
 // handlers served over Connect's three protocols (Connect, gRPC, gRPC-Web).
 //
 // The client interceptor attaches one idempotency key to each call; the
-// server interceptor runs a call at most once per key, on a store, and
-// answers every retry with the first call's recorded reply. It does not
+// server interceptor runs a call at most once per key, on an engine
+// (package engine: the store, and the settings every entry point shares),
+// and answers every retry with the first call's recorded reply. It does not
 // import google.golang.org/grpc.
 //
 // # Example
 //
-//	idem, err := idemconnect.NewServerInterceptor(st, idemconnect.WithTenant(tenantOf), idemconnect.WithKeyRequired())
+//	eng, err := engine.New(st, engine.WithTenant(tenantOf), engine.WithKeyRequired())
+//	if err != nil {
+//		return err
+//	}
+//	idem, err := idemconnect.NewServerInterceptor(eng)
 //	if err != nil {
 //		return err
 //	}
@@ -39,7 +44,7 @@
 //     to 255 bytes of visible ASCII, else InvalidArgument with reason
 //     IDEMPOTENCY_KEY_INVALID. Without
 //     one the call runs unprotected, or is refused (IDEMPOTENCY_KEY_MISSING)
-//     if keys are required (WithKeyRequired).
+//     if keys are required (engine.WithKeyRequired).
 //   - Keys are shared with the gRPC interceptor: the operation is the
 //     procedure, which is gRPC's full method name; the fingerprint is
 //     protokey.HashRequest of the request message, whichever codec carried it
@@ -75,9 +80,10 @@
 //     sends, with the key, when the operation was first sent
 //     (Idempotency-First-Sent): the time of ContextWithKeyFirstSent, else
 //     that of the first send of the *connect.Request. A call first sent
-//     longer ago than the retention (less WithClockSkew) whose key has no
-//     record is FailedPrecondition with reason IDEMPOTENCY_KEY_EXPIRED, and
-//     does not run: its record may have expired. A first-sent time
+//     longer ago than the retention (less engine.WithClockSkew) whose key
+//     has no record is FailedPrecondition with reason
+//     IDEMPOTENCY_KEY_EXPIRED, and does not run: its record may have
+//     expired. A first-sent time
 //     malformed, sent twice or in the future is InvalidArgument with reason
 //     IDEMPOTENCY_FIRST_SENT_INVALID.
 //   - The handler's errors are recorded or released by code as with the gRPC
@@ -86,11 +92,11 @@
 //     Canceled or DeadlineExceeded, and released.
 //   - Atomic mode (WithAtomic, WithAtomicProcedures) works as with the gRPC
 //     interceptor: the transaction rides in the handler's context.
-//   - Sealing (WithSealer) and redaction (WithRedaction) work as with the
-//     gRPC interceptor: a record that does not open is Unavailable with
+//   - Sealing (engine.WithSealer) and redaction (WithRedaction) work as with
+//     the gRPC interceptor: a record that does not open is Unavailable with
 //     IDEMPOTENCY_STORE_UNAVAILABLE and runs nothing again; a redacted reply
 //     is what every retry gets, the first caller the whole one. Give both
-//     adapters the same key ring and redaction when they share a store.
+//     adapters one engine and the same redaction when they share a store.
 //   - The engine measures each call (idemkey.calls and the others) with
 //     rpc.system.name "connectrpc", rpc.service, rpc.method
 //     ("package.Service/Method") and rpc.response.status_code (the code's
@@ -98,9 +104,10 @@
 //     "grpc": one query covers both. otelconnect still emits older
 //     conventions (rpc.system by protocol, the bare method as rpc.method):
 //     join with it on rpc.service.
-//   - WithHooks calls the application's hooks once per covered call, as
-//     the gRPC interceptor does (see its package documentation), before the
-//     interceptor returns the answer; engine.Event.Code is the connect.Code.
+//   - engine.WithHooks calls the application's hooks once per covered call,
+//     as the gRPC interceptor does (see its package documentation), before
+//     the interceptor returns the answer; engine.Event.Code is the
+//     connect.Code.
 //
 // # Caveats
 //
@@ -110,10 +117,11 @@
 //     that message. An interceptor outside this one that asserts a concrete
 //     message type on a response should use proto.Message instead.
 //   - Put the interceptor after the one that authenticates the caller, so
-//     WithTenant's TenantFunc can read the identity, and after any that
-//     change the request: the fingerprint is of the request it sees. A
+//     engine.WithTenant's TenantFunc can read the identity, and after any
+//     that change the request: the fingerprint is of the request it sees. A
 //     TenantFunc reads the request's headers with
-//     connect.CallInfoForHandlerContext.
+//     connect.CallInfoForHandlerContext; its error reaches the caller
+//     unchanged, so make it a *connect.Error such as CodeUnauthenticated.
 //   - A handler that panics releases its key, and the panic goes on, as
 //     with the gRPC interceptor. connect.WithRecover is an interceptor too:
 //     give it before this one (outside it), or a panic reaches this

@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
@@ -17,7 +18,12 @@ import (
 // interceptor attaches a key: a retry of the same request is answered with
 // the first reply, marked replayed, and the handler runs once.
 func ExampleNewServerInterceptor() {
-	idem, err := idemconnect.NewServerInterceptor(memory.New(), idemconnect.WithKeyRequired())
+	// One engine per store, shared by every entry point that serves its keys.
+	eng, err := engine.New(memory.New(), engine.WithSingleTenant(), engine.WithKeyRequired())
+	if err != nil {
+		panic(err)
+	}
+	idem, err := idemconnect.NewServerInterceptor(eng)
 	if err != nil {
 		panic(err)
 	}

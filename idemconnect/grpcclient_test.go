@@ -14,10 +14,9 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/idemconnect"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/store/memory"
 )
 
 // retryPolicy is the example's: it retries UNAVAILABLE and ABORTED.
@@ -42,7 +41,7 @@ func dialGRPC(t *testing.T, url string, opts ...grpc.DialOption) paymentsv1.Paym
 func TestGRPCClientOfConnectServer(t *testing.T) {
 	b := newBlocker()
 	attempts := &keyRecorder{}
-	url := serve(t, b.handle, connect.UnaryInterceptorFunc(attempts.intercept), newInterceptor(t, memory.New(), idemconnect.WithInProgressWait(0), idemconnect.WithMaxRetryAfter(20*time.Millisecond)))
+	url := serve(t, b.handle, connect.UnaryInterceptorFunc(attempts.intercept), newInterceptor(t, single(t, engine.WithInProgressWait(0), engine.WithMaxRetryAfter(20*time.Millisecond))))
 	plain := dialGRPC(t, url)
 	withRetry := dialGRPC(t, url, grpc.WithDefaultServiceConfig(retryPolicy))
 	ctx := metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, "k1")

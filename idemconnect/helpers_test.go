@@ -1,11 +1,14 @@
 package idemconnect_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -14,9 +17,11 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
 )
 
 // Procedures of the example's PaymentService, named as its generated code
@@ -79,14 +84,57 @@ func bearerTenant(ctx context.Context) (string, error) {
 	return strings.TrimPrefix(v[0], "Bearer "), nil
 }
 
-// newInterceptor is NewServerInterceptor that fails t on an error.
-func newInterceptor(t *testing.T, st store.Store, opts ...idemconnect.Option) connect.Interceptor {
+// newEngine is engine.New that fails t on an error.
+func newEngine(t *testing.T, st store.Store, opts ...engine.Option) *engine.Engine {
 	t.Helper()
-	i, err := idemconnect.NewServerInterceptor(st, opts...)
+	eng, err := engine.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
+}
+
+// newInterceptor is NewServerInterceptor that fails t on an error.
+func newInterceptor(t *testing.T, eng *engine.Engine, opts ...idemconnect.Option) connect.Interceptor {
+	t.Helper()
+	i, err := idemconnect.NewServerInterceptor(eng, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return i
+}
+
+// single is an engine on a memory store whose callers are one tenant, with
+// opts.
+func single(t *testing.T, opts ...engine.Option) *engine.Engine {
+	t.Helper()
+	return newEngine(t, memory.New(), append([]engine.Option{engine.WithSingleTenant()}, opts...)...)
+}
+
+// logBuffer collects the text records of every level that its logger
+// writes, for tests that check what is logged and what never is.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func newLogBuffer() *logBuffer { return &logBuffer{} }
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// logger is a logger that writes to b.
+func (b *logBuffer) logger() *slog.Logger {
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // counter is a CreateCharge handler that counts its runs and stamps each

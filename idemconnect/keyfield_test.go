@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
@@ -21,11 +22,11 @@ import (
 func TestKeyField(t *testing.T) {
 	st := memory.New()
 	runs := &counter{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(acme), interceptor.WithKeyField("request_id")))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(newEngine(t, st, engine.WithTenant(acme)),
+		interceptor.WithKeyField("request_id")))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	url := serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithTenant(acme), idemconnect.WithKeyRequired(),
+	url := serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithTenant(acme), engine.WithKeyRequired()),
 		idemconnect.WithKeyField("request_id")))
 	// The client, told of the field, adds no key to a request that has one.
 	client := newChargeClient(t, url, connect.WithProtoJSON(),

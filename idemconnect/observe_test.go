@@ -8,9 +8,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/idemkey/idemkey/idemconnect"
+	"github.com/idemkey/idemkey/engine"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/store/memory"
 )
 
 // The engine counts Connect calls as it counts gRPC ones, labelled with the
@@ -18,7 +17,7 @@ import (
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	runs := &counter{}
-	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, memory.New(), idemconnect.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))))
+	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, single(t, engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))))))
 	for _, amount := range []int64{100, 100, 200} { // executed, replayed, reused
 		_, _ = call(t.Context(), client, "k1", &paymentsv1.CreateChargeRequest{Amount: amount})
 	}

@@ -8,12 +8,13 @@ import (
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
 // Option configures the server interceptor: the Connect adapter's own
-// settings, and those every entry point shares (shared.go).
+// settings. Those every entry point shares (tenant, key required, leases,
+// retention, sealing, hooks, metrics, logging) are the engine's, set once
+// with engine.New.
 type Option interface{ applyServer(*options) }
 
 // ClientOption configures the client interceptor.
@@ -47,7 +48,6 @@ type options struct {
 	atomicAll   bool
 	atomic      map[string]bool
 	redact      RedactFunc
-	engine      []engine.Option // the settings the engine reads
 }
 
 type clientOptions struct {
@@ -119,7 +119,8 @@ func WithAnnotatedKeyField() ProcedureOption {
 
 // WithFingerprint replaces protokey.HashRequest, for example to leave out a
 // field the client sets anew on every attempt. An error that is a
-// *connect.Error goes to the caller as it is; any other becomes Internal.
+// *connect.Error goes to the caller as it is; any other becomes Internal,
+// and is logged by its type alone, since its words may quote the request.
 // Keys are shared with the gRPC interceptor only if both fingerprint alike.
 func WithFingerprint(f FingerprintFunc) Option {
 	return serverOption(func(o *options) { o.fingerprint = f })
@@ -182,9 +183,10 @@ type RedactFunc func(ctx context.Context, procedure string, reply *Reply)
 // retry can do without, and make the reply's clients expect it.
 //
 // f runs synchronously, on a copy: it may keep nothing of reply. A panic in
-// f, or a reply it leaves that cannot be recorded (no response, a response
-// of another type, an error turned into a response), records Internal in
-// place of the reply, which the caller gets too, as every retry will: the
+// f (logged by its value's type alone: the value may quote the reply), or a
+// reply it leaves that cannot be recorded (no response, a response of
+// another type, an error turned into a response), records Internal in place
+// of the reply, which the caller gets too, as every retry will: the
 // handler has run, so its key is not released. Give the gRPC interceptor
 // the same redaction (interceptor.WithRedaction), so that a record is the
 // same whichever transport made it.

@@ -3,6 +3,7 @@ package idemconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"net/http"
 	"slices"
@@ -13,7 +14,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/idemkey/idemkey/internal/redaction"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/protokey"
 )
@@ -64,8 +64,10 @@ func encodeOutcome(ctx context.Context, procedure string, resp connect.AnyRespon
 }
 
 // redacted is the Reply that redact leaves of a copy of the handler's
-// result. A panic in redact is an error, so that the handler's key is not
-// released: the handler has run.
+// result. An error means what it left cannot be recorded in the result's
+// place: it panicked, turned the handler's error into a response, left
+// neither, or replaced the response by one of another type. The handler has
+// run, so its key is not released: Internal is recorded instead.
 func redacted(ctx context.Context, procedure string, msg proto.Message, herr error, kept *kept, redact RedactFunc) (*Reply, error) {
 	reply := &Reply{Err: herr}
 	var name protoreflect.FullName
@@ -75,10 +77,33 @@ func redacted(ctx context.Context, procedure string, msg proto.Message, herr err
 	if kept != nil {
 		reply.Header, reply.Trailer = toHeader(kept.header), toHeader(kept.trailer)
 	}
-	if err := redaction.Apply(herr, name, &reply.Err, &reply.Response, func() { redact(ctx, procedure, reply) }); err != nil {
+	if err := runRedaction(ctx, procedure, reply, redact); err != nil {
 		return nil, err
 	}
+	switch resp := reply.Response; {
+	case reply.Err != nil:
+	case herr != nil:
+		return nil, errors.New("the redaction function turned an error into a response")
+	case resp == nil:
+		return nil, errors.New("the redaction function left neither a response nor an error")
+	case resp.ProtoReflect().Descriptor().FullName() != name:
+		return nil, fmt.Errorf("the redaction function replaced the %s response by a %s", name, resp.ProtoReflect().Descriptor().FullName())
+	}
 	return reply, nil
+}
+
+// runRedaction calls redact on reply. A panic in it is an error that names
+// only the type of the panic's value: a redaction function handles secrets,
+// and the value may quote the reply it was removing them from, which the
+// error, logged at Error, must not.
+func runRedaction(ctx context.Context, procedure string, reply *Reply, redact RedactFunc) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("the redaction function panicked with a value of type %T (the value is not logged: it may quote the reply)", p)
+		}
+	}()
+	redact(ctx, procedure, reply)
+	return nil
 }
 
 // toHeader is a copy of kept metadata as an http.Header, values of "-bin"

@@ -65,8 +65,9 @@ func (ps *procedures) describe(spec connect.Spec) *procedure {
 		p.covered = false
 	}
 	if p.covered && ps.eng != nil {
-		// NewServerInterceptor checked that atomic mode has a store for it,
-		// the one way this fails.
+		// NewServerInterceptor checked that the engine can serve it (a
+		// store for atomic mode, a way to tell tenants apart), the only
+		// ways this fails.
 		p.op, _ = ps.eng.Operation(engine.OperationSpec{
 			Name:    spec.Procedure,
 			Atomic:  ps.atomicAll || ps.atomic[spec.Procedure],

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -13,10 +14,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
-	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
@@ -38,11 +39,11 @@ func TestSealedCrossTransport(t *testing.T) {
 	st := memory.New()
 	ring := testRing(t, 1)
 	runs := &counter{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(acme), interceptor.WithSealer(ring)))))
+	eng := newEngine(t, st, engine.WithTenant(acme), engine.WithSealer(ring)) // one engine for both entry points
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
 	paymentsv1.RegisterPaymentServiceServer(srv, grpcCharges{c: runs})
 	grpcClient := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	connectClient := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithTenant(acme), idemconnect.WithSealer(ring))))
+	connectClient := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, eng)))
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", Description: "secret tea"}
 
 	first, err := grpcClient.CreateCharge(metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, "k1"), req)
@@ -82,7 +83,7 @@ func TestRedaction(t *testing.T) {
 		resp.Header().Set("X-Charge-Token", "tok_secret")
 		resp.Header().Set("X-Region", "eu")
 		return resp, nil
-	}, newInterceptor(t, memory.New(), idemconnect.WithRedaction(redact), idemconnect.WithReplayedHeaders("X-Charge-Token", "X-Region")))
+	}, newInterceptor(t, single(t), idemconnect.WithRedaction(redact), idemconnect.WithReplayedHeaders("X-Charge-Token", "X-Region")))
 	client := newChargeClient(t, url)
 	req := &paymentsv1.CreateChargeRequest{Amount: 100, Description: "card 4242"}
 	first, err := call(t.Context(), client, "k1", req)
@@ -99,21 +100,35 @@ func TestRedaction(t *testing.T) {
 }
 
 // A redaction that panics records Internal in place of the reply: the
-// handler has run, so its key is not released.
+// handler has run, so its key is not released. The log says what failed,
+// and never quotes the panic's value, a string or an error, which may quote
+// the reply it was redacting.
 func TestRedactionThatPanics(t *testing.T) {
-	logger, logs := logtest.New()
+	logs := newLogBuffer()
 	runs := &counter{}
-	url := serve(t, runs.handle, newInterceptor(t, memory.New(), idemconnect.WithLogger(logger),
-		idemconnect.WithRedaction(func(context.Context, string, *idemconnect.Reply) { panic("redaction bug") })))
+	redact := func(_ context.Context, _ string, r *idemconnect.Reply) {
+		charge := r.Response.(*paymentsv1.Charge)
+		if charge.GetAmount() == 100 {
+			panic("cannot redact " + charge.GetDescription())
+		}
+		panic(errors.New("cannot redact " + charge.GetDescription()))
+	}
+	url := serve(t, runs.handle, newInterceptor(t, single(t, engine.WithLogger(logs.logger())), idemconnect.WithRedaction(redact)))
 	client := newChargeClient(t, url)
-	for range 2 {
-		if _, err := call(t.Context(), client, "k1", &paymentsv1.CreateChargeRequest{Amount: 100}); connect.CodeOf(err) != connect.CodeInternal {
-			t.Fatalf("got %v, want Internal", err)
+	for _, amount := range []int64{100, 200} { // a string, an error
+		for range 2 { // the call, and its retry, which gets the record
+			_, err := call(t.Context(), client, fmt.Sprint("k", amount), &paymentsv1.CreateChargeRequest{Amount: amount, Description: "card 4242"})
+			if connect.CodeOf(err) != connect.CodeInternal || strings.Contains(err.Error(), "4242") {
+				t.Fatalf("got %v, want Internal, not quoting the reply", err)
+			}
 		}
 	}
-	runs.wantRuns(t, 1)
+	runs.wantRuns(t, 2)
 	if !strings.Contains(logs.String(), "redaction function panicked") {
 		t.Fatalf("the log does not say what failed:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "4242") {
+		t.Fatalf("the log quotes the panic's value:\n%s", logs)
 	}
 }
 
@@ -122,8 +137,8 @@ func TestRedactionThatPanics(t *testing.T) {
 func TestUnopenedRecord(t *testing.T) {
 	st := memory.New()
 	runs := &counter{}
-	writer := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithSealer(testRing(t, 1)))))
-	reader := serve(t, runs.handle, newInterceptor(t, st, idemconnect.WithSealer(testRing(t, 2)), idemconnect.WithLogger(nil)))
+	writer := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(testRing(t, 1))))))
+	reader := serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(testRing(t, 2)), engine.WithLogger(nil))))
 	req := &paymentsv1.CreateChargeRequest{Amount: 100}
 	if _, err := call(t.Context(), writer, "k1", req); err != nil {
 		t.Fatal(err)

@@ -3,8 +3,10 @@ package idemconnect
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -16,30 +18,29 @@ import (
 )
 
 // NewServerInterceptor returns an interceptor for Connect handlers that runs
-// each covered unary call at most once per idempotency key on st, and
+// each covered unary call at most once per idempotency key on eng, and
 // replays its recorded outcome to every retry. Streaming calls, and calls of
-// clients, pass through untouched. Among opts are the settings every entry
-// point shares (tenant, key required, lease, retention, fail-open, record
-// size, logger, metrics).
+// clients, pass through untouched. eng holds the settings every entry point
+// shares (engine.New: the store, the tenant, leases, retention, sealing,
+// hooks, metrics); opts are the Connect adapter's own.
 //
-// It returns an error for mistakes to catch at start-up: WithAtomic or
-// WithAtomicProcedures on a store that does not implement store.Atomic, or
-// a procedure named in WithIncludedProcedures, WithExcludedProcedures or
-// WithAtomicProcedures that the protobuf registry does not know (or, for
-// WithAtomicProcedures, that is not covered).
-func NewServerInterceptor(st store.Store, opts ...Option) (connect.Interceptor, error) {
-	if st == nil {
-		return nil, errors.New("idemkey: NewServerInterceptor needs a store")
+// It returns an error for mistakes to catch at start-up: a nil eng, an
+// engine that cannot tell tenants apart (engine.WithTenant or
+// engine.WithSingleTenant), WithAtomic or WithAtomicProcedures on a store
+// that does not implement store.Atomic, or a procedure named in
+// WithIncludedProcedures, WithExcludedProcedures or WithAtomicProcedures
+// that the protobuf registry does not know (or, for WithAtomicProcedures,
+// that is not covered).
+func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Interceptor, error) {
+	if eng == nil {
+		return nil, errors.New("idemkey: NewServerInterceptor needs an engine: engine.New(store, engine.WithTenant(...))")
 	}
 	o := newOptions(opts)
 	if err := checkProcedures(o.coverage, o.atomic); err != nil {
 		return nil, err
 	}
-	eng := engine.New(st, o.engine...)
-	if o.atomicAll || len(o.atomic) > 0 {
-		if _, err := eng.Operation(engine.OperationSpec{Atomic: true}); err != nil {
-			return nil, err
-		}
+	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomicAll || len(o.atomic) > 0}); err != nil {
+		return nil, err
 	}
 	return &server{eng: eng, opts: o, procs: &procedures{cov: o.coverage, atomicAll: o.atomicAll, atomic: o.atomic, eng: eng}}, nil
 }
@@ -62,10 +63,9 @@ func (s *server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if !p.covered {
 			return next(ctx, req)
 		}
-		c := s.eng.Call(p.op)
-		resp, err := s.serve(ctx, req, p, next, &c)
-		c.End(ctx, int(codeOf(err)))
-		return resp, err
+		x := &exchange{s: s, ctx: ctx, req: req, p: p, next: next}
+		s.eng.Serve(ctx, p.op, x)
+		return x.resp, x.err
 	}
 }
 
@@ -85,82 +85,159 @@ func codeOf(err error) connect.Code {
 	return connect.Code(statusOf(err).Code)
 }
 
-// serve is the interceptor for a covered procedure; it sets c.Verdict to what
-// became of the call.
-func (s *server) serve(ctx context.Context, req connect.AnyRequest, p *procedure, next connect.UnaryFunc, c *engine.Call) (connect.AnyResponse, error) {
-	key, ok, kerr := requestKey(req, p)
-	if kerr != nil {
-		c.Verdict = engine.KeyInvalid
-		return nil, kerr
-	}
-	if !ok {
-		if s.eng.KeyRequired() {
-			c.Verdict = engine.KeyMissing
-			return nil, missingKeyError()
-		}
-		c.Verdict = engine.NoKey
-		return next(ctx, req)
-	}
-	firstSent, err := s.eng.FirstSent(req.Header()[idemkey.FirstSentHeader])
+// exchange is one covered call, as engine.Serve reads and answers it; resp
+// and err are its answer.
+type exchange struct {
+	s    *server
+	ctx  context.Context
+	req  connect.AnyRequest
+	p    *procedure
+	next connect.UnaryFunc
+
+	resp connect.AnyResponse
+	err  error
+}
+
+func (x *exchange) Key() (string, bool, error) {
+	key, ok, err := requestKey(x.req, x.p)
 	if err != nil {
-		c.Verdict = engine.FirstSentInvalid
-		return nil, firstSentInvalidError(err)
+		return "", false, err
 	}
+	return key, ok, nil // not a nil *connect.Error, which is a non-nil error
+}
+
+func (x *exchange) FirstSent() []string { return x.req.Header()[idemkey.FirstSentHeader] }
+
+func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.req.Header())} }
+
+func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
+	p := x.p
 	if p.output == nil {
-		return nil, internalError("idemkey: the procedure is not in the protobuf registry, so its replies cannot be replayed")
+		return store.Fingerprint{}, internalError("idemkey: the procedure is not in the protobuf registry, so its replies cannot be replayed")
 	}
-	msg, ok := req.Any().(proto.Message)
+	msg, ok := x.req.Any().(proto.Message)
 	if !ok {
-		return nil, internalError("idemkey: the request is not a protobuf message")
-	}
-	tenant, err := s.eng.Tenant(ctx)
-	if err != nil {
-		return nil, err
+		return store.Fingerprint{}, internalError("idemkey: the request is not a protobuf message")
 	}
 	var fp store.Fingerprint
-	if s.opts.fingerprint == nil {
+	var err error
+	if x.s.opts.fingerprint == nil {
 		fp, err = protokey.HashRequestWithout(p.name, msg, p.keyField)
 	} else {
-		fp, err = s.opts.fingerprint(p.name, msg)
+		fp, err = x.s.opts.fingerprint(p.name, msg)
 	}
 	if err != nil {
 		if ce := (*connect.Error)(nil); errors.As(err, &ce) {
-			return nil, err
+			return fp, err
 		}
-		c.Log(ctx, slog.LevelError, "fingerprint failed", err)
-		return nil, internalError("idemkey: the request could not be fingerprinted")
+		// The FingerprintFunc's own words may quote the request.
+		x.s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: fingerprint failed", slog.String("operation", p.name),
+			slog.String("error", fmt.Sprintf("an error of type %T (its words are not logged: they may quote the request)", err)))
+		return fp, internalError("idemkey: the request could not be fingerprinted")
 	}
-
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: retried(req.Header()), FirstSent: firstSent})
-	switch c.Verdict {
-	case engine.Executed:
-		return s.run(ctx, c, p, req, next)
-	case engine.FailedOpen:
-		return next(c.Context(ctx), req)
-	}
-	return s.answer(ctx, c, p, req)
+	return fp, nil
 }
 
-// answer answers a call that did not run the handler, as c.Verdict says.
-func (s *server) answer(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest) (connect.AnyResponse, error) {
-	switch c.Verdict {
+// Run runs the handler, keeping the allow-listed headers and trailers it
+// sets (WithReplayedHeaders), and encodes its result for the record.
+func (x *exchange) Run(ctx context.Context) engine.Outcome {
+	var k *kept
+	info, _ := connect.CallInfoForHandlerContext(ctx)
+	if len(x.s.opts.replayed) > 0 {
+		k = newKept(x.s.opts.replayed, info)
+	}
+	resp, err := x.next(ctx, x.req)
+	if k != nil {
+		if info != nil {
+			k.add(&k.header, info.ResponseHeader(), "h:")
+			k.add(&k.trailer, info.ResponseTrailer(), "t:")
+		}
+		if err == nil && resp != nil {
+			k.add(&k.header, resp.Header(), "")
+			k.add(&k.trailer, resp.Trailer(), "")
+		} else if ce := (*connect.Error)(nil); errors.As(err, &ce) && !connect.IsWireError(err) {
+			// gRPC sends an error's metadata as trailers; so does the record.
+			// Connect drops it from a wire error, and so does the record.
+			k.add(&k.trailer, ce.Meta(), "")
+		}
+	}
+	if err == nil && resp == nil {
+		err = internalError("idemkey: the handler returned no response and no error")
+	}
+	x.resp, x.err = resp, err
+	raw, record, encodeErr := encodeOutcome(x.ctx, x.p.name, resp, err, x.s.opts.recorded, k, x.s.opts.redact)
+	return engine.Outcome{Record: raw, Release: !record && encodeErr == nil, KeepWrites: err == nil, Unrecordable: encodeErr}
+}
+
+func (x *exchange) StandIn(why error) []byte {
+	switch {
+	case errors.Is(why, engine.ErrTooLarge):
+		return tooLarge
+	case errors.Is(why, store.ErrFull):
+		return noRoom
+	}
+	return unrecordable
+}
+
+func (x *exchange) Pass(ctx context.Context) int {
+	x.resp, x.err = x.next(ctx, x.req)
+	return int(codeOf(x.err))
+}
+
+func (x *exchange) Answer(_ context.Context, a engine.Answer) int {
+	x.resp, x.err = x.answer(a)
+	return int(codeOf(x.err))
+}
+
+// answer is the response and error of a.
+func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
+	ctx := x.ctx
+	switch a.Verdict {
+	case engine.Executed:
+		if a.StandIn != nil {
+			return nil, withExpires(standInError(a.StandIn), a.Expires)
+		}
+		tellExpires(ctx, a.Expires, x.resp, x.err)
+		return x.resp, x.err
 	case engine.Replayed:
-		return s.replay(ctx, c, p, req)
+		return x.replay(a)
 	case engine.InProgress:
-		return nil, withExpires(inProgressError(c.RetryAfter), c)
+		return nil, withExpires(inProgressError(a.RetryAfter), a.Expires)
 	case engine.Reused:
-		return nil, withExpires(reusedKeyError(), c)
+		return nil, withExpires(reusedKeyError(), a.Expires)
+	case engine.KeyMissing:
+		return nil, missingKeyError()
+	case engine.KeyInvalid:
+		return nil, a.Err // requestKey's, already a *connect.Error
+	case engine.Refused:
+		if engine.IsTenantError(a.Err) {
+			return nil, errors.Unwrap(a.Err) // the TenantFunc's own, unchanged
+		}
+		return nil, a.Err // the fingerprint's, already a *connect.Error
 	case engine.Expired:
 		return nil, keyExpiredError()
-	case engine.FirstSentInvalid: // Start's own check, which the one before it makes unlikely
-		return nil, firstSentInvalidError(&engine.FirstSentError{Problem: "it lies in the future, beyond the clock skew allowed"})
+	case engine.FirstSentInvalid:
+		return nil, firstSentInvalidError(a.Err)
 	case engine.StoreFull:
-		return nil, storeFullError(c.RetryAfter)
+		return nil, storeFullError(a.RetryAfter)
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, connect.NewError(connect.Code(statusOf(err).Code), err)
 	}
 	return nil, storeUnavailableError()
+}
+
+// standInError is the Internal answered with the stand-in recorded in
+// place of a reply that cannot be recorded (why: Exchange.StandIn's), with
+// the stand-in's message.
+func standInError(why error) *connect.Error {
+	switch {
+	case errors.Is(why, engine.ErrTooLarge):
+		return internalError(tooLargeMsg)
+	case errors.Is(why, store.ErrFull):
+		return internalError(noRoomMsg)
+	}
+	return internalError(unrecordableMsg)
 }
 
 // requestKey returns the call's idempotency key: from the header, or from
@@ -209,117 +286,49 @@ func retried(h http.Header) bool {
 	return len(v) > 0 && v[0] != "0"
 }
 
-// run runs the handler for an acquired key, then records its outcome or
-// releases the key. In atomic mode only a success keeps the handler's
-// writes: a recorded error, or a reply that could not be recorded, undoes
-// them.
-func (s *server) run(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest, next connect.UnaryFunc) (connect.AnyResponse, error) {
-	var k *kept
-	info, _ := connect.CallInfoForHandlerContext(ctx)
-	if len(s.opts.replayed) > 0 {
-		k = newKept(s.opts.replayed, info)
-	}
-	defer c.Abandon(ctx) // the handler panicked: let a retry run again
-	resp, err := next(c.Context(ctx), req)
-	if k != nil {
-		if info != nil {
-			k.add(&k.header, info.ResponseHeader(), "h:")
-			k.add(&k.trailer, info.ResponseTrailer(), "t:")
-		}
-		if err == nil && resp != nil {
-			k.add(&k.header, resp.Header(), "")
-			k.add(&k.trailer, resp.Trailer(), "")
-		} else if ce := (*connect.Error)(nil); errors.As(err, &ce) && !connect.IsWireError(err) {
-			// gRPC sends an error's metadata as trailers; so does the record.
-			// Connect drops it from a wire error, and so does the record.
-			k.add(&k.trailer, ce.Meta(), "")
-		}
-	}
-	if err == nil && resp == nil {
-		err = internalError("idemkey: the handler returned no response and no error")
-	}
-
-	outcome, record, encodeErr := encodeOutcome(ctx, req.Spec().Procedure, resp, err, s.opts.recorded, k, s.opts.redact)
-	if encodeErr != nil {
-		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead", encodeErr)
-		return s.recordInstead(ctx, c, p, req, unrecordable, unrecordableMsg)
-	}
-	if !record {
-		c.Release(ctx)
-		return resp, err
-	}
-	switch recErr := c.Record(ctx, outcome, err == nil); {
-	case errors.Is(recErr, engine.ErrTooLarge):
-		return s.recordInstead(ctx, c, p, req, tooLarge, tooLargeMsg)
-	case errors.Is(recErr, store.ErrFull):
-		return s.recordInstead(ctx, c, p, req, noRoom, noRoomMsg)
-	case errors.Is(recErr, engine.ErrSuperseded):
-		return s.answer(ctx, c, p, req)
-	case recErr != nil:
-		return nil, storeUnavailableError()
-	}
-	tellExpires(ctx, c, resp, err)
-	return resp, err
-}
-
 // tellExpires tells the client until when the key of a call whose reply the
 // handler made is honoured, once that reply is recorded: in the call's
 // response header with a reply, and its trailer with an error, where
 // withExpires puts it too. A handler's *connect.Error may be shared among
 // calls, so its metadata is left alone.
-func tellExpires(ctx context.Context, c *engine.Call, resp connect.AnyResponse, err error) {
+func tellExpires(ctx context.Context, expires time.Time, resp connect.AnyResponse, err error) {
 	info, ok := connect.CallInfoForHandlerContext(ctx)
 	switch {
 	case ok && err != nil:
-		setExpires(info.ResponseTrailer(), c)
+		setExpires(info.ResponseTrailer(), expires)
 	case ok:
-		setExpires(info.ResponseHeader(), c)
+		setExpires(info.ResponseHeader(), expires)
 	case err == nil:
-		setExpires(resp.Header(), c)
+		setExpires(resp.Header(), expires)
 	}
 }
 
-// setExpires sets idemkey.ExpiresHeader in h to the call's expiry, if the
-// store said.
-func setExpires(h http.Header, c *engine.Call) {
-	if !c.Expires.IsZero() {
-		h[idemkey.ExpiresHeader] = []string{idemkey.FormatDate(c.Expires)}
+// setExpires sets idemkey.ExpiresHeader in h to expires, until when the
+// call's key is honoured, if the store said.
+func setExpires(h http.Header, expires time.Time) {
+	if !expires.IsZero() {
+		h[idemkey.ExpiresHeader] = []string{idemkey.FormatDate(expires)}
 	}
 }
 
 // withExpires is err, one of idemkey's own, with the call's expiry in its
 // metadata: headers with Connect's protocol, trailers with gRPC's, as the
 // gRPC interceptor sends it.
-func withExpires(err *connect.Error, c *engine.Call) *connect.Error {
-	setExpires(err.Meta(), c)
+func withExpires(err *connect.Error, expires time.Time) *connect.Error {
+	setExpires(err.Meta(), expires)
 	return err
-}
-
-// recordInstead records a short Internal in place of a reply that cannot be
-// recorded: the handler has run, so its key must not be released. The caller
-// gets it too, as every retry will; if even it cannot be recorded, the key
-// stays in progress until its lease ends. Only in atomic mode, where a
-// failed commit undoes the handler's writes, is the answer Unavailable.
-func (s *server) recordInstead(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest, outcome []byte, msg string) (connect.AnyResponse, error) {
-	switch recErr := c.Record(ctx, outcome, false); {
-	case errors.Is(recErr, engine.ErrSuperseded):
-		return s.answer(ctx, c, p, req)
-	case recErr != nil && c.Atomic():
-		return nil, storeUnavailableError()
-	case recErr != nil:
-		return nil, internalError(msg)
-	}
-	return nil, withExpires(internalError(msg), c)
 }
 
 // replay answers a retry with the recorded outcome, marked replayed: a reply
 // by the header Idempotent-Replayed and, over gRPC and gRPC-Web, the trailer
 // too, where grpc-go clients look for it; an error by its metadata, which
 // Connect sends as headers with its own protocol and as trailers with gRPC's.
-func (s *server) replay(ctx context.Context, c *engine.Call, p *procedure, req connect.AnyRequest) (connect.AnyResponse, error) {
-	rec, err := decodeOutcome(c.Outcome, p.output)
+func (x *exchange) replay(a engine.Answer) (connect.AnyResponse, error) {
+	ctx, s, p := x.ctx, x.s, x.p
+	rec, err := decodeOutcome(a.Outcome, p.output)
 	if err != nil {
-		c.Log(ctx, slog.LevelError, "recorded outcome is corrupt", err)
+		s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome is corrupt",
+			slog.String("operation", p.name), slog.Any("error", err))
 		return nil, internalError("idemkey: the recorded outcome of this call cannot be read")
 	}
 	// The allow-list of today applies, not the one the record was made under.
@@ -331,14 +340,14 @@ func (s *server) replay(ctx context.Context, c *engine.Call, p *procedure, req c
 		}
 		addEntries(rec.err.Meta(), rec.trailer, s.opts.replayed)
 		rec.err.Meta()[idemkey.ReplayedHeader] = []string{"true"}
-		return nil, withExpires(rec.err, c)
+		return nil, withExpires(rec.err, a.Expires)
 	}
 	resp := connect.NewResponse(&replayedMessage{rec.resp})
 	addEntries(resp.Header(), rec.header, s.opts.replayed)
 	addEntries(resp.Trailer(), rec.trailer, s.opts.replayed)
 	resp.Header()[idemkey.ReplayedHeader] = []string{"true"}
-	setExpires(resp.Header(), c)
-	if protocol := req.Peer().Protocol; protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb {
+	setExpires(resp.Header(), a.Expires)
+	if protocol := x.req.Peer().Protocol; protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb {
 		resp.Trailer()[idemkey.ReplayedHeader] = []string{"true"}
 	}
 	return resp, nil

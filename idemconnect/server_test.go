@@ -15,8 +15,10 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -24,7 +26,7 @@ import (
 // and JSON after, and the reverse.
 func TestReplayAcrossCodecs(t *testing.T) {
 	runs := &counter{}
-	url := serve(t, runs.handle, newInterceptor(t, memory.New()))
+	url := serve(t, runs.handle, newInterceptor(t, single(t)))
 	binary, json := newChargeClient(t, url), newChargeClient(t, url, connect.WithProtoJSON())
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR", Description: "tea"}
 	for i, clients := range [][2]*connect.Client[paymentsv1.CreateChargeRequest, paymentsv1.Charge]{{binary, json}, {json, binary}} {
@@ -66,7 +68,7 @@ func (b *blocker) handle(ctx context.Context, req *chargeRequest) (*chargeRespon
 // seconds, rounded up) and the gRPC pushback; a plain HTTP client gets 409.
 func TestInProgressRetryAfter(t *testing.T) {
 	b := newBlocker()
-	url := serve(t, b.handle, newInterceptor(t, memory.New(), idemconnect.WithInProgressWait(0), idemconnect.WithMaxRetryAfter(1500*time.Millisecond)))
+	url := serve(t, b.handle, newInterceptor(t, single(t, engine.WithInProgressWait(0), engine.WithMaxRetryAfter(1500*time.Millisecond))))
 	client := newChargeClient(t, url)
 	req := &paymentsv1.CreateChargeRequest{Amount: 100}
 	done := make(chan error, 1)
@@ -138,8 +140,7 @@ func TestReplayedHeaders(t *testing.T) {
 		resp.Trailer().Set("X-Ledger", "L1")
 		return resp, nil
 	}
-	st := memory.New()
-	url := serve(t, handle, newInterceptor(t, st, idemconnect.WithReplayedHeaders("x-charge-version", "X-Via-Context", "x-sig-bin", "x-ledger")))
+	url := serve(t, handle, newInterceptor(t, single(t), idemconnect.WithReplayedHeaders("x-charge-version", "X-Via-Context", "x-sig-bin", "x-ledger")))
 	for _, opts := range [][]connect.ClientOption{nil, {connect.WithGRPC()}} {
 		client := newChargeClient(t, url, opts...)
 		key := idemkey.NewKey()
@@ -162,9 +163,11 @@ func TestReplayedHeaders(t *testing.T) {
 	}
 }
 
-// Option mistakes are errors at construction.
+// Option mistakes are errors at construction, and so is an engine that
+// cannot serve: none, or one that cannot tell tenants apart.
 func TestOptionErrors(t *testing.T) {
 	st := memory.New()
+	eng := newEngine(t, st, engine.WithSingleTenant())
 	for name, opts := range map[string][]idemconnect.Option{
 		"unknown procedure":    {idemconnect.WithIncludedProcedures("CreateCharge")},
 		"unknown excluded":     {idemconnect.WithExcludedProcedures("/x.Y/Z")},
@@ -172,16 +175,80 @@ func TestOptionErrors(t *testing.T) {
 		"atomic procedure":     {idemconnect.WithAtomicProcedures(createCharge)},
 		"atomic but uncovered": {idemconnect.WithAtomicProcedures(getCharge)},
 	} {
-		if _, err := idemconnect.NewServerInterceptor(st, opts...); err == nil {
+		if _, err := idemconnect.NewServerInterceptor(eng, opts...); err == nil {
 			t.Errorf("%s: no error", name)
 		}
 	}
-	if _, err := idemconnect.NewServerInterceptor(nil); err == nil {
-		t.Error("nil engine: no error")
+	if _, err := idemconnect.NewServerInterceptor(nil); err == nil || !strings.Contains(err.Error(), "engine.New") {
+		t.Errorf("nil engine: %v; want an error that says how to build one", err)
 	}
-	if _, err := idemconnect.NewServerInterceptor(st, idemconnect.WithIncludedProcedures(getCharge)); err != nil {
+	if _, err := idemconnect.NewServerInterceptor(newEngine(t, st)); err == nil ||
+		!strings.Contains(err.Error(), "WithTenant") || !strings.Contains(err.Error(), "WithSingleTenant") {
+		t.Errorf("an engine with neither WithTenant nor WithSingleTenant: %v; want an error naming both", err)
+	}
+	if _, err := idemconnect.NewServerInterceptor(eng, idemconnect.WithIncludedProcedures(getCharge)); err != nil {
 		t.Errorf("a known procedure: %v", err)
 	}
+}
+
+// The TenantFunc's refusal reaches the caller unchanged, and the handler
+// does not run.
+func TestTenantRefusal(t *testing.T) {
+	runs := &counter{}
+	refusal := connect.NewError(connect.CodePermissionDenied, errors.New("account suspended"))
+	refusal.Meta().Set("X-Account-State", "suspended")
+	tenant := func(ctx context.Context) (string, error) {
+		if _, err := bearerTenant(ctx); err != nil {
+			return "", err
+		}
+		return "", refusal
+	}
+	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, newEngine(t, memory.New(), engine.WithTenant(tenant)))))
+	req := &paymentsv1.CreateChargeRequest{Amount: 100}
+	_, err := call(t.Context(), client, "k1", req)
+	var ce *connect.Error
+	if !errors.As(err, &ce) || ce.Code() != connect.CodePermissionDenied || ce.Message() != "account suspended" ||
+		ce.Meta().Get("X-Account-State") != "suspended" || idemconnect.Reason(err) != "" {
+		t.Errorf("got %v, want the TenantFunc's PermissionDenied, whole", err)
+	}
+	// bearerTenant's own, for a call without credentials.
+	noAuth := connect.NewRequest(req)
+	noAuth.Header().Set(idemkey.KeyHeader, "k2")
+	if _, err := client.CallUnary(t.Context(), noAuth); connect.CodeOf(err) != connect.CodeUnauthenticated || !strings.Contains(err.Error(), "no tenant") {
+		t.Errorf("got %v, want bearerTenant's Unauthenticated", err)
+	}
+	runs.wantRuns(t, 0)
+}
+
+// A FingerprintFunc's *connect.Error reaches the caller as it is; any other
+// error is Internal, logged by its type alone: its words may quote the
+// request. The handler runs for neither.
+func TestFingerprintErrors(t *testing.T) {
+	logs := newLogBuffer()
+	runs := &counter{}
+	fingerprint := func(_ string, req proto.Message) (store.Fingerprint, error) {
+		desc := req.(*paymentsv1.CreateChargeRequest).GetDescription()
+		if desc == "refuse" {
+			return store.Fingerprint{}, connect.NewError(connect.CodeInvalidArgument, errors.New("amount missing"))
+		}
+		return store.Fingerprint{}, errors.New("cannot hash " + desc)
+	}
+	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, single(t, engine.WithLogger(logs.logger())), idemconnect.WithFingerprint(fingerprint))))
+	_, err := call(t.Context(), client, "k1", &paymentsv1.CreateChargeRequest{Description: "refuse"})
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "amount missing") {
+		t.Errorf("got %v, want the FingerprintFunc's InvalidArgument", err)
+	}
+	_, err = call(t.Context(), client, "k2", &paymentsv1.CreateChargeRequest{Description: "card 4242"})
+	if connect.CodeOf(err) != connect.CodeInternal || strings.Contains(err.Error(), "4242") {
+		t.Errorf("got %v, want Internal, not quoting the request", err)
+	}
+	if !strings.Contains(logs.String(), "fingerprint failed") || !strings.Contains(logs.String(), "*errors.errorString") {
+		t.Errorf("the log does not say what failed:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "4242") {
+		t.Errorf("the log quotes the FingerprintFunc's error:\n%s", logs)
+	}
+	runs.wantRuns(t, 0)
 }
 
 // A handler that panics leaves its key free: a retry runs it again.
@@ -201,7 +268,7 @@ func TestPanicReleasesKey(t *testing.T) {
 		connect.WithRecover(func(context.Context, connect.Spec, http.Header, any) error {
 			return connect.NewError(connect.CodeInternal, errors.New("panicked"))
 		}),
-		connect.WithInterceptors(newInterceptor(t, memory.New()))))
+		connect.WithInterceptors(newInterceptor(t, single(t)))))
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	client := connect.NewClient[paymentsv1.CreateChargeRequest, paymentsv1.Charge](srv.Client(), srv.URL+createCharge)
