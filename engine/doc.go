@@ -1,28 +1,32 @@
-// Package engine is idemkey's request path, written once for every entry
-// point: the gRPC interceptor, the Connect interceptor (idemconnect), the
-// net/http middleware (idemhttp) and message consumers are adapters that
-// translate into it and out of it. An adapter decides where the key comes
-// from, how the request is fingerprinted, how an outcome is encoded for the
-// store, and how each verdict is written back; the engine decides everything
-// else: the scope of a key, the reservation, waiting for a duplicate, the
-// lease, fail-open, atomic mode, recording and releasing, and the metrics.
+// Package engine is idemkey's request path, written once, and the settings
+// every entry point shares. Build one Engine from the store, and hand it to
+// every entry point that serves the store's keys: the gRPC interceptor
+// (interceptor), the Connect interceptor (idemconnect), the net/http
+// middleware (idemhttp) and message consumers (consumer):
+//
+//	eng, err := engine.New(st, engine.WithTenant(tenantOf))
+//	grpcIdem, err := interceptor.UnaryServerInterceptor(eng)
+//	httpIdem, err := idemhttp.Middleware(eng)
+//
+// Every shared setting is an Option of New, defined and checked once: the
+// tenant (WithTenant, or WithSingleTenant for a service whose callers are
+// one tenant: a shared key space is never the silent default), whether a key
+// is required, leases, retention, waits, sealing, hooks, metrics, logging,
+// fail-open. New returns an error that names the fix for a setting that
+// makes no sense. Entry points sharing one engine share its keys (a key
+// first used over gRPC replays over Connect), its bounds and its metrics.
 //
 // # One call
 //
-//	c := eng.Call(op) // op: eng.Operation, once per method or route
-//	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp})
-//	switch c.Verdict {
-//	case engine.Executed:
-//		defer c.Abandon(ctx) // a panic lets a retry run again
-//		result := handler(c.Context(ctx))
-//		if err := c.Record(ctx, encode(result), ok); err != nil { // or c.Release(ctx)
-//			// ErrTooLarge, store.ErrFull: record a short error instead
-//		}
-//	case engine.Replayed:
-//		write(decode(c.Outcome))
-//	case engine.InProgress: // and Reused, StoreFull, StoreUnavailable, FailedOpen, Expired
-//	}
-//	c.End(ctx, code) // the final status code, for idemkey.calls and the hooks
+// Each entry point only translates: it implements Exchange (where the key,
+// the first-sent time and the fingerprint come from, how the handler runs
+// and its result is encoded, how each answer is written) and calls Serve.
+// Serve decides everything else, in one place: the key's scope, whether a
+// key is required, the first-sent check, the reservation, waiting for a
+// duplicate, the lease, fail-open, atomic mode, recording and releasing,
+// the short error recorded in place of a result that cannot be, the
+// metrics and the hooks. Call is the lower-level protocol under Serve, which
+// message batches (StartBatch) still use.
 //
 // # A key's lifetime
 //
