@@ -105,21 +105,14 @@ func redactConformance(_ *http.Request, reply *idemhttp.Reply) {
 }
 
 func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context, adaptertest.Request) adaptertest.Reply {
-	opts := []idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithMaxRecordSize(cfg.MaxRecordSize),
-		idemhttp.WithInProgressWait(0), idemhttp.WithLogger(nil), idemhttp.WithHooks(cfg.Hooks)}
-	if cfg.KeyRequired {
-		opts = append(opts, idemhttp.WithKeyRequired())
-	}
+	var opts []idemhttp.Option
 	if cfg.Atomic {
 		opts = append(opts, idemhttp.WithAtomic())
-	}
-	if cfg.Sealer != nil {
-		opts = append(opts, idemhttp.WithSealer(cfg.Sealer))
 	}
 	if cfg.Redact {
 		opts = append(opts, idemhttp.WithRedaction(redactConformance))
 	}
-	mw, err := idemhttp.Middleware(cfg.Store, opts...)
+	mw, err := idemhttp.Middleware(cfg.Engine(t, tenantFromContext), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

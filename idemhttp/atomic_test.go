@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -29,7 +30,7 @@ func TestAtomicMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	mw, err := idemhttp.Middleware(st, idemhttp.WithTenant(tenantFromContext), idemhttp.WithLogger(nil), idemhttp.WithAtomic())
+	mw, err := idemhttp.Middleware(newEngine(t, st, engine.WithTenant(tenantFromContext), engine.WithLogger(nil)), idemhttp.WithAtomic())
 	if err != nil {
 		t.Fatal(err)
 	}

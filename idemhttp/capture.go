@@ -142,8 +142,9 @@ func encodeResponse(r *http.Request, c *capture, replayed map[string]bool, redac
 }
 
 // redacted is the Reply that redact leaves of a copy of the captured
-// response. A panic in redact is an error, so that the handler's key is not
-// released: the handler has run.
+// response. A panic in redact is an error, which names only the panic
+// value's type, so that the handler's key is not released: the handler has
+// run.
 func redacted(r *http.Request, c *capture, replayed map[string]bool, redact RedactFunc) (reply *Reply, err error) {
 	reply = &Reply{Status: c.status, Header: http.Header{}, Body: bytes.Clone(c.body.Bytes())}
 	for k, vs := range c.header {
@@ -153,7 +154,8 @@ func redacted(r *http.Request, c *capture, replayed map[string]bool, redact Reda
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			reply, err = nil, fmt.Errorf("the redaction function panicked: %v", p)
+			// Its value may quote the response it was redacting.
+			reply, err = nil, fmt.Errorf("the redaction function panicked with a value of type %T (its words are not logged: they may quote the response)", p)
 		}
 	}()
 	redact(r, reply)

@@ -3,11 +3,18 @@
 // recorded response, following draft-ietf-httpapi-idempotency-key-header-07.
 // It is an adapter over the engine (package engine), which decides the
 // rest: scope, reservation, leases, waiting for a duplicate, atomic mode,
-// metrics. It builds neither gRPC nor Connect.
+// metrics. The engine holds the settings every entry point shares (the
+// tenant, whether a key is required, leases, retention, sealing, hooks,
+// metrics, logging); the middleware's options are only its own. It builds
+// neither gRPC nor Connect.
 //
 // # Example
 //
-//	idem, err := idemhttp.Middleware(st, idemhttp.WithTenant(tenantFromContext), idemhttp.WithKeyRequired())
+//	eng, err := engine.New(st, engine.WithTenant(tenantOf), engine.WithKeyRequired())
+//	if err != nil {
+//		return err
+//	}
+//	idem, err := idemhttp.Middleware(eng)
 //	if err != nil {
 //		return err
 //	}
@@ -25,12 +32,15 @@
 //
 // POST and PATCH requests (WithMethods); other methods pass through
 // untouched, as do covered requests without a key unless one is required
-// (WithKeyRequired). A key is scoped by the tenant (WithTenant's
-// TenantFunc, which reads r.Context()) and the operation: by default the
-// ServeMux pattern that routed the request, so wrap each handler as you
-// register it (see DefaultOperation; WithOperation names operations
-// otherwise). The request's fingerprint covers its method, operation, path,
-// query, media type and body (HashRequest; WithFingerprint).
+// (engine.WithKeyRequired). A key is scoped by the tenant, which the
+// engine's TenantFunc (engine.WithTenant) reads from r.Context(), and the
+// operation: by default the ServeMux pattern that routed the request, so
+// wrap each handler as you register it (see DefaultOperation; WithOperation
+// names operations otherwise). Middleware refuses an engine that cannot
+// tell tenants apart, unless engine.WithSingleTenant says that every caller
+// shares one key space. The request's fingerprint covers its method,
+// operation, path, query, media type and body (HashRequest;
+// WithFingerprint).
 //
 // # Answers
 //
@@ -53,7 +63,9 @@
 //	500 RESPONSE_NOT_RECORDED          the handler ran, but its response could not be recorded
 //
 // Nothing is reserved before the key, the tenant and the body have been
-// read. No answer holds the key, the tenant or request data. WriteProblem
+// read. No answer holds the key, the tenant or request data, and no log
+// record does: a FingerprintFunc's error, and a RedactFunc's panic, are
+// logged by their type alone. WriteProblem
 // writes such a body for an application's own errors.
 //
 // # Expiry
@@ -70,10 +82,10 @@
 //
 //	Idempotency-First-Sent: Mon, 30 Nov 2026 20:05:37 GMT
 //
-// A request first sent longer ago than the retention (WithRetention, less
-// the clock skew of WithClockSkew) whose key has no record is answered 412
-// and not run: its record may have expired. A released key, a failed store
-// and a request without a key tell no expiry.
+// A request first sent longer ago than the retention (engine.WithRetention,
+// less the clock skew of engine.WithClockSkew) whose key has no record is
+// answered 412 and not run: its record may have expired. A released key, a
+// failed store and a request without a key tell no expiry.
 //
 // # Guarantees
 //
@@ -88,8 +100,8 @@
 // of the body, a header field removed): the first caller gets the whole
 // response, and every retry the redacted one.
 //
-// WithSealer seals each record at rest (package seal); a record that does
-// not open answers 503 (IDEMPOTENCY_STORE_UNAVAILABLE), is logged at Error,
+// engine.WithSealer seals each record at rest (package seal); a record that
+// does not open answers 503 (IDEMPOTENCY_STORE_UNAVAILABLE), is logged at Error,
 // and runs nothing again.
 //
 // Recorded (DefaultRecorded; WithRecordedStatuses): every status below 400,
@@ -98,15 +110,15 @@
 // 408, 409, 422, 425, 429, 502, 503 and 504. A handler that panics releases
 // the key; the panic goes on to net/http.
 //
-// WithHooks calls the application's hooks once per covered request, with
-// the operation, tenant, key, verdict, HTTP status and record size
+// engine.WithHooks calls the application's hooks once per covered request,
+// with the operation, tenant, key, verdict, HTTP status and record size
 // (engine.Event): OnExecute when the handler ran, OnReplay for a replay,
-// OnRefuse for a problem answered instead. A hook runs before the
-// middleware writes the status of its own answer, so that a client that
-// has the response knows the hook has returned; a response the handler
-// writes itself (no key, or failed open) is written before the hook runs. A
-// panic in a hook is logged, and changes neither the response nor the
-// record.
+// OnRefuse for a problem answered instead, or a 401 for a refused tenant.
+// A hook runs before the middleware writes the status of its own answer, so
+// that a client that has the response knows the hook has returned; a
+// response the handler writes itself (no key, or failed open) is written
+// before the hook runs. A panic in a hook is logged, and changes neither
+// the response nor the record.
 //
 // In atomic mode (WithAtomic; a store that implements store.Atomic, such as
 // store/postgres) the handler writes through the transaction in its
@@ -119,8 +131,8 @@
 //   - The request body is read whole, up to WithMaxBodySize (1 MiB), before
 //     anything is reserved; the handler reads the same bytes again.
 //   - The response is buffered whole, up to the engine's bound on a record
-//     (engine.WithMaxRecordSize, 4 MiB). A larger one is replaced, for the first
-//     caller and every retry, by a recorded 500 (RESPONSE_NOT_RECORDED), as
+//     (engine.WithMaxRecordSize, 4 MiB). A larger one is replaced, for the
+//     first caller and every retry, by a recorded 500 (RESPONSE_NOT_RECORDED), as
 //     the gRPC adapter records Internal. Keep large and streamed responses
 //     off covered routes.
 //   - Flush does nothing on a covered request: nothing is sent before the

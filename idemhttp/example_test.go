@@ -1,6 +1,8 @@
 package idemhttp_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -8,9 +10,30 @@ import (
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store/memory"
 )
+
+// callerKey is where the application's authentication puts the caller.
+type callerKey struct{}
+
+// signedIn stands for the application's authentication middleware, which
+// would check the request's credentials: every caller here is "acme".
+func signedIn(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callerKey{}, "acme")))
+	})
+}
+
+// tenantOf is the engine's TenantFunc: the caller the authentication found.
+func tenantOf(ctx context.Context) (string, error) {
+	caller, ok := ctx.Value(callerKey{}).(string)
+	if !ok {
+		return "", errors.New("not signed in")
+	}
+	return caller, nil
+}
 
 // A route whose first response to a key is recorded, and a retry with the
 // same key that gets it back without the handler running; the same key with
@@ -24,13 +47,17 @@ func ExampleMiddleware() {
 		io.WriteString(w, `{"id":"ch_1"}`)
 	})
 
-	idem, err := idemhttp.Middleware(memory.New(), idemhttp.WithKeyRequired())
+	eng, err := engine.New(memory.New(), engine.WithTenant(tenantOf), engine.WithKeyRequired())
+	if err != nil {
+		panic(err)
+	}
+	idem, err := idemhttp.Middleware(eng)
 	if err != nil {
 		panic(err)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", idem(createCharge)) // inside the route: r.Pattern names the operation
-	srv := httptest.NewServer(mux)
+	srv := httptest.NewServer(signedIn(mux))
 	defer srv.Close()
 
 	post := func(body string) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 )
 
@@ -15,7 +16,7 @@ import (
 // about a key until when it is honoured.
 func TestFirstSentAndExpiry(t *testing.T) {
 	const retention, skew = time.Hour, time.Minute
-	s := newServer(t, []idemhttp.Option{idemhttp.WithRetention(retention), idemhttp.WithClockSkew(skew)},
+	s := newServer(t, []engine.Option{engine.WithRetention(retention), engine.WithClockSkew(skew)}, nil,
 		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusCreated)

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 
@@ -25,25 +26,26 @@ import (
 )
 
 // Middleware returns net/http middleware that runs each covered request at
-// most once per idempotency key on st and replays its recorded response to
-// every retry. Among opts are the settings every entry point shares: the
-// tenant (its TenantFunc reads r.Context(), where an authentication
-// middleware put the caller's identity), whether a key is required, leases,
-// retention, metrics. See the package documentation for what is covered and
+// most once per idempotency key on eng, and replays its recorded response to
+// every retry. eng holds the settings every entry point shares (engine.New:
+// the store, the tenant, whether a key is required, leases, retention,
+// sealing, hooks, metrics); its TenantFunc reads r.Context(), where an
+// authentication middleware put the caller's identity. opts are the
+// middleware's own. See the package documentation for what is covered and
 // answered.
 //
-// It returns an error for a mistake to catch at start-up: WithAtomic on a
-// store that does not implement store.Atomic, or a header WithReplayedHeaders
-// may not replay.
-func Middleware(st store.Store, opts ...Option) (func(http.Handler) http.Handler, error) {
-	if st == nil {
-		return nil, errors.New("idemhttp: Middleware needs a store")
+// It returns an error for a mistake to catch at start-up: a nil eng, an
+// engine that cannot tell tenants apart (engine.WithTenant or
+// engine.WithSingleTenant), WithAtomic on a store that does not implement
+// store.Atomic, or a header WithReplayedHeaders may not replay.
+func Middleware(eng *engine.Engine, opts ...Option) (func(http.Handler) http.Handler, error) {
+	if eng == nil {
+		return nil, errors.New("idemhttp: Middleware needs an engine: engine.New(store, engine.WithTenant(...))")
 	}
 	o := newOptions(opts)
 	if o.err != nil {
 		return nil, o.err
 	}
-	eng := engine.New(st, o.engine...)
 	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomic}); err != nil {
 		return nil, err
 	}
@@ -86,7 +88,7 @@ func (m *middleware) operation(r *http.Request, name string) (op *engine.Operati
 	op, err := m.eng.Operation(engine.OperationSpec{Name: name, Atomic: m.opts.atomic,
 		Metrics: engine.MetricsSpec{Attributes: attrs, Status: statusAttr}})
 	if err != nil {
-		panic(err) // Middleware checked that the store serves this mode
+		panic(err) // Middleware checked that the engine serves this mode
 	}
 	if m.nops.Load() >= maxOperations {
 		return op, false
@@ -160,107 +162,190 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		return
 	}
 	op, kept := m.operation(r, name)
-	rec := &statusRecorder{ResponseWriter: w, call: m.eng.Call(op), ctx: r.Context()} // one allocation for both
-	c := &rec.call
 	if !kept {
 		m.warnOnce.Do(func() {
-			c.Log(r.Context(), slog.LevelWarn, "more than 1024 operation names: operations are no longer kept; WithOperation should name routes, never paths", nil)
+			m.eng.Logger().LogAttrs(r.Context(), slog.LevelWarn,
+				"idemkey: more than 1024 operation names: operations are no longer kept; WithOperation should name routes, never paths",
+				slog.String("operation", name))
 		})
 	}
-	m.handle(rec, r, name, next, c)
-	if rec.status == 0 {
-		rec.status = http.StatusOK
+	x := &exchange{m: m, r: r, w: w, next: next, name: name, rec: statusRecorder{ResponseWriter: w}}
+	m.eng.Serve(&nameContext{r.Context(), name}, op, x)
+	if x.send != nil { // the middleware's own answer, once the hooks have run
+		x.send(w)
 	}
-	rec.end()
 }
 
-// handle is serve for a covered request; it sets c.Verdict to what became of
-// the call.
-func (m *middleware) handle(w *statusRecorder, r *http.Request, name string, next http.Handler, c *engine.Call) {
-	ctx := r.Context()
-	key, ok, err := KeyFromHeader(r.Header)
-	if err != nil {
-		c.Verdict = engine.KeyInvalid
-		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonKeyInvalid, err.Error(), 0)
-		return
-	}
-	if !ok {
-		if m.eng.KeyRequired() {
-			c.Verdict = engine.KeyMissing
-			WriteProblem(w, http.StatusBadRequest, idemkey.ReasonKeyMissing, "this operation requires an Idempotency-Key header", 0)
-			return
-		}
-		c.Verdict = engine.NoKey
-		w.handlerWrites = true
-		next.ServeHTTP(w, r)
-		return
-	}
-	firstSent, err := m.eng.FirstSent(r.Header.Values(idemkey.FirstSentHeader))
-	if err != nil {
-		c.Verdict = engine.FirstSentInvalid
-		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid, err.Error(), 0)
-		return
-	}
-	tenant, err := m.eng.Tenant(ctx)
-	if err != nil {
-		WriteProblem(w, http.StatusUnauthorized, "", "the caller could not be authenticated", 0)
-		return
-	}
-	body, status, err := readBody(w, r, m.opts.maxBody)
+// exchange is one covered request, as engine.Serve reads and answers it.
+// The middleware's own answers (a recorded, replayed or problem response)
+// are prepared by Answer and sent, by send, only after Serve has run the
+// hooks, so that a client that has the answer knows they have returned; a
+// response the handler writes itself (Pass: no key, or failed open) goes
+// out as it writes it, through rec, before them.
+type exchange struct {
+	m    *middleware
+	r    *http.Request
+	w    http.ResponseWriter
+	next http.Handler
+	name string
+	rec  statusRecorder // the handler's writes, for Pass
+
+	body    []byte   // the request body, read for the fingerprint
+	read    bool     // body was read: the handler gets it, not r.Body
+	ran     bool     // the handler ran (Run)
+	cw      *capture // the handler's buffered response, for Run
+	standIn *capture // the 500 recorded in its place, if it could not be
+
+	send func(w http.ResponseWriter) // the answer Answer prepared
+}
+
+func (x *exchange) Key() (string, bool, error) { return KeyFromHeader(x.r.Header) }
+
+func (x *exchange) FirstSent() []string { return x.r.Header.Values(idemkey.FirstSentHeader) }
+
+// Attempt is the zero Attempt: HTTP does not say which attempt a request is.
+func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
+
+// Fingerprint reads the request body whole, up to WithMaxBodySize, and
+// fingerprints the request with it. Its error is a *refusal, which Answer
+// writes as its problem.
+func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
+	body, status, err := readBody(&x.rec, x.r, x.m.opts.maxBody)
 	if err != nil {
 		reason := ReasonRequestUnreadable
 		if status == http.StatusRequestEntityTooLarge {
 			reason = ReasonRequestTooLarge
 		}
-		WriteProblem(w, status, reason, err.Error(), 0)
-		return
+		return store.Fingerprint{}, &refusal{status: status, reason: reason, detail: err.Error()}
 	}
-	r = withBody(r.WithContext(&nameContext{ctx, name}), body) // for a fingerprint that reads it
-	fp, err := m.opts.fingerprint(r, body)
+	x.body, x.read = body, true
+	fp, err := x.m.opts.fingerprint(x.request(ctx), body)
 	if err != nil {
-		c.Log(ctx, slog.LevelWarn, "fingerprint refused the request", err)
-		WriteProblem(w, http.StatusBadRequest, ReasonRequestUnreadable, "the request could not be fingerprinted", 0)
-		return
+		// The FingerprintFunc's own words may quote the request.
+		x.m.eng.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: fingerprint refused the request", slog.String("operation", x.name),
+			slog.String("error", fmt.Sprintf("an error of type %T (its words are not logged: they may quote the request)", err)))
+		return store.Fingerprint{}, &refusal{status: http.StatusBadRequest, reason: ReasonRequestUnreadable, detail: "the request could not be fingerprinted"}
 	}
+	return fp, nil
+}
 
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: fp, FirstSent: firstSent})
-	switch c.Verdict {
+// Run runs the handler into a buffer (capture), so that the first caller
+// gets exactly what is recorded and replayed to every retry. In atomic mode
+// only a status below 400 keeps the handler's writes.
+func (x *exchange) Run(ctx context.Context) engine.Outcome {
+	x.ran = true
+	o := x.m.opts
+	x.cw = newCapture(x.w, x.m.eng.MaxRecordSize())
+	r := x.request(ctx)
+	x.next.ServeHTTP(x.cw, r)
+	x.cw.finish()
+	switch {
+	case x.cw.tooBig:
+		return engine.Outcome{Unrecordable: errResponseTooLarge}
+	case !o.recorded(x.cw.status):
+		return engine.Outcome{Release: true}
+	}
+	outcome, err := encodeResponse(r, x.cw, o.replayed, o.redact)
+	return engine.Outcome{Record: outcome, KeepWrites: x.cw.status < 400, Unrecordable: err}
+}
+
+func (x *exchange) StandIn(why error) []byte {
+	pw, outcome := x.m.standIn(x.w, why)
+	x.standIn = pw
+	return outcome
+}
+
+// Pass runs the handler unprotected, writing straight to the client, and
+// returns the status it wrote.
+func (x *exchange) Pass(ctx context.Context) int {
+	x.next.ServeHTTP(&x.rec, x.request(ctx))
+	if x.rec.status == 0 {
+		return http.StatusOK
+	}
+	return x.rec.status
+}
+
+// Answer prepares the answer a says, for serve to send once the hooks have
+// run, and returns its status.
+func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
+	status, send := x.answer(ctx, a)
+	x.send = send
+	return status
+}
+
+// answer is the status of a's answer, and how to send it.
+func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
+	switch a.Verdict {
 	case engine.Executed:
-		m.run(w, r, body, next, c)
-	case engine.FailedOpen:
-		w.handlerWrites = true
-		next.ServeHTTP(w, withBody(r.WithContext(c.Context(r.Context())), body))
-	default:
-		m.answer(w, r, c)
+		cw := x.cw
+		if a.StandIn != nil {
+			cw = x.standIn // StandIn made it
+		}
+		setExpires(cw.header, a.Expires) // after its record: the expiry is each answer's own
+		return cw.status, cw.send
+	case engine.Replayed:
+		return x.replay(ctx, a)
+	case engine.InProgress:
+		return problem(http.StatusConflict, idemkey.ReasonInProgress,
+			"a request with this Idempotency-Key is being processed; retry after the time given", a.RetryAfter, a.Expires)
+	case engine.Reused:
+		return problem(http.StatusUnprocessableEntity, idemkey.ReasonKeyReused,
+			"this Idempotency-Key was first used with another request", 0, a.Expires)
+	case engine.KeyMissing:
+		return problem(http.StatusBadRequest, idemkey.ReasonKeyMissing, "this operation requires an Idempotency-Key header", 0, time.Time{})
+	case engine.KeyInvalid:
+		return problem(http.StatusBadRequest, idemkey.ReasonKeyInvalid, a.Err.Error(), 0, time.Time{}) // never quotes the key
+	case engine.FirstSentInvalid:
+		return problem(http.StatusBadRequest, idemkey.ReasonFirstSentInvalid, a.Err.Error(), 0, time.Time{}) // never quotes the value
+	case engine.Expired:
+		return problem(http.StatusPreconditionFailed, idemkey.ReasonKeyExpired,
+			"the operation of this Idempotency-Key was first sent longer ago than keys are kept, and has no record; it was not run", 0, time.Time{})
+	case engine.StoreFull:
+		return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreFull,
+			"the idempotency store has no room for a new key; retry later", a.RetryAfter, time.Time{})
+	case engine.Refused:
+		var ref *refusal
+		switch {
+		case engine.IsTenantError(a.Err):
+			return problem(http.StatusUnauthorized, "", "the caller could not be authenticated", 0, time.Time{})
+		case errors.As(a.Err, &ref):
+			return problem(ref.status, ref.reason, ref.detail, 0, time.Time{})
+		}
+	}
+	if x.ran {
+		return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
+			"the idempotency store failed while recording the response; retry to learn the outcome", 0, time.Time{})
+	}
+	return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
+		"the idempotency store is unavailable; the request was not processed", 0, time.Time{})
+}
+
+// problem is the status of a problem answer (WriteProblem), and how to
+// send it, telling expires if it is not zero.
+func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, func(http.ResponseWriter)) {
+	return status, func(w http.ResponseWriter) {
+		setExpires(w.Header(), expires)
+		WriteProblem(w, status, reason, detail, retryAfter)
 	}
 }
 
-// answer answers a request that did not run the handler, as c.Verdict says.
-func (m *middleware) answer(w http.ResponseWriter, r *http.Request, c *engine.Call) {
-	switch c.Verdict {
-	case engine.Replayed:
-		m.replay(w, r, c)
-	case engine.InProgress:
-		setExpires(w.Header(), c)
-		WriteProblem(w, http.StatusConflict, idemkey.ReasonInProgress,
-			"a request with this Idempotency-Key is being processed; retry after the time given", c.RetryAfter)
-	case engine.Reused:
-		setExpires(w.Header(), c)
-		WriteProblem(w, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused,
-			"this Idempotency-Key was first used with another request", 0)
-	case engine.Expired:
-		WriteProblem(w, http.StatusPreconditionFailed, idemkey.ReasonKeyExpired,
-			"the operation of this Idempotency-Key was first sent longer ago than keys are kept, and has no record; it was not run", 0)
-	case engine.FirstSentInvalid: // Start's own check, which the one before it makes unlikely
-		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid,
-			"the Idempotency-First-Sent time lies in the future, beyond the clock skew allowed", 0)
-	case engine.StoreFull:
-		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreFull,
-			"the idempotency store has no room for a new key; retry later", c.RetryAfter)
-	default:
-		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
-			"the idempotency store is unavailable; the request was not processed", 0)
+// refusal is Fingerprint's error: a request refused before anything is
+// reserved, answered with the problem it names.
+type refusal struct {
+	status         int
+	reason, detail string
+}
+
+func (e *refusal) Error() string { return e.detail }
+
+// request is the request the handler and the fingerprint get: r with ctx,
+// and the body read for the fingerprint, if it was, to read again.
+func (x *exchange) request(ctx context.Context) *http.Request {
+	r := x.r.WithContext(ctx)
+	if x.read {
+		r = withBody(r, x.body)
 	}
+	return r
 }
 
 // readBody reads r's body whole, up to limit bytes. On an error, status is
@@ -293,146 +378,76 @@ func withBody(r *http.Request, body []byte) *http.Request {
 	return r
 }
 
-// run runs the handler for an acquired key, then records its response or
-// releases the key, and answers. The handler's response is buffered
-// (capture) and sent only once recorded: the first caller gets what every
-// retry will. In atomic mode only a status below 400 keeps the handler's
-// writes.
-func (m *middleware) run(w http.ResponseWriter, r *http.Request, body []byte, next http.Handler, c *engine.Call) {
-	ctx := r.Context()
-	cw := newCapture(w, m.eng.MaxRecordSize())
-	defer c.Abandon(ctx) // the handler panicked: let a retry run again
-	next.ServeHTTP(cw, withBody(r.WithContext(c.Context(ctx)), body))
-	cw.finish()
-
-	if cw.tooBig {
-		c.Log(ctx, slog.LevelError, "response cannot be recorded; a 500 is recorded instead", errResponseTooLarge)
-		m.recordInstead(w, r, c, "the response of this request is too large to record")
-		return
-	}
-	if !m.opts.recorded(cw.status) {
-		c.Release(ctx)
-		cw.send(w)
-		return
-	}
-	outcome, err := encodeResponse(r, cw, m.opts.replayed, m.opts.redact)
-	if err != nil {
-		c.Log(ctx, slog.LevelError, "response cannot be recorded; a 500 is recorded instead", err)
-		m.recordInstead(w, r, c, "the response of this request could not be recorded")
-		return
-	}
-	switch err := c.Record(ctx, outcome, cw.status < 400); {
-	case errors.Is(err, engine.ErrTooLarge):
-		m.recordInstead(w, r, c, detailTooLarge)
-	case errors.Is(err, store.ErrFull):
-		m.recordInstead(w, r, c, detailStoreFull)
-	case errors.Is(err, engine.ErrSuperseded):
-		m.answer(w, r, c)
-	case err != nil:
-		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
-			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
-	default:
-		setExpires(cw.header, c) // after its record: the expiry is each answer's own
-		cw.send(w)
-	}
-}
-
 // setExpires tells the client until when the call's key is honoured, if
 // the store said: on an answer about a recorded or reserved key, never on
 // one whose key was released or not reserved.
-func setExpires(h http.Header, c *engine.Call) {
-	if !c.Expires.IsZero() {
-		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(c.Expires))
+func setExpires(h http.Header, expires time.Time) {
+	if !expires.IsZero() {
+		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
 	}
 }
 
 // Details of the 500 that takes the place of a response that cannot be
 // recorded: short, so that the stand-in's record fits in store.SmallOutcome.
 const (
-	detailTooLarge  = "too large to record"
-	detailStoreFull = "the store is full"
+	detailTooLarge         = "too large to record"
+	detailResponseTooLarge = "the response of this request is too large to record"
+	detailStoreFull        = "the store is full"
+	detailUnrecordable     = "the response of this request could not be recorded"
 )
 
-// recordInstead records a short 500 in place of a response that cannot be
-// recorded: the handler has run, so its key must not be released. The caller
-// gets it too, as every retry will; if even it cannot be recorded, the key
-// stays in progress until its lease ends. Only in atomic mode, where a
-// failed commit undoes the handler's writes, is the answer a 503.
-func (m *middleware) recordInstead(w http.ResponseWriter, r *http.Request, c *engine.Call, detail string) {
-	pw, outcome, err := m.standIn(w, detail)
-	if err == nil {
-		err = c.Record(r.Context(), outcome, false)
-	}
-	if errors.Is(err, engine.ErrSuperseded) {
-		m.answer(w, r, c)
-		return
-	}
-	if err != nil && c.Atomic() {
-		WriteProblem(w, http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
-			"the idempotency store failed while recording the response; retry to learn the outcome", 0)
-		return
-	}
-	if err == nil {
-		setExpires(pw.header, c)
-	}
-	pw.send(w)
-}
-
 // standIn is the 500 that takes the place of a response that cannot be
-// recorded, and its record: with the header of the middleware before, not
-// the handler's.
-func (m *middleware) standIn(w http.ResponseWriter, detail string) (*capture, []byte, error) {
+// recorded (why: engine.ErrTooLarge, store.ErrFull, errResponseTooLarge, or
+// why encodeResponse failed), and its record: with the header of the
+// middleware before, not the handler's.
+func (m *middleware) standIn(w http.ResponseWriter, why error) (*capture, []byte) {
+	detail := detailUnrecordable
+	switch {
+	case errors.Is(why, engine.ErrTooLarge):
+		detail = detailTooLarge
+	case errors.Is(why, errResponseTooLarge):
+		detail = detailResponseTooLarge
+	case errors.Is(why, store.ErrFull):
+		detail = detailStoreFull
+	}
 	pw := newCapture(w, store.SmallOutcome)
 	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
 	outcome, err := encodeResponse(nil, pw, m.opts.replayed, nil) // idemkey's own, never redacted
-	return pw, outcome, err
-}
-
-// replay answers a retry with the recorded response.
-func (m *middleware) replay(w http.ResponseWriter, r *http.Request, c *engine.Call) {
-	resp, err := decodeResponse(c.Outcome)
 	if err != nil {
-		c.Log(r.Context(), slog.LevelError, "recorded outcome cannot be replayed", err)
-		WriteProblem(w, http.StatusInternalServerError, "", "the recorded response of this request cannot be read", 0)
-		return
+		// A header field of the middleware before whose name is not UTF-8:
+		// the problem alone, which always encodes.
+		outcome, _ = encodeResponse(nil, pw, nil, nil)
 	}
-	setExpires(w.Header(), c)
-	replayResponse(w, resp, m.opts.replayed)
+	return pw, outcome
 }
 
-// statusRecorder notes the status written, for the metrics, and ends the
-// call: as the middleware's own answer writes its status, before the status
-// goes out, so that the hooks run before the client has the answer; or,
-// when the handler writes the response (handlerWrites), once it has
-// returned. It unwraps, so that http.ResponseController reaches w's
-// features.
+// replay is the status of the recorded response a replays, and how to send
+// it, marked replayed.
+func (x *exchange) replay(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
+	resp, err := decodeResponse(a.Outcome)
+	if err != nil {
+		x.m.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome cannot be replayed",
+			slog.String("operation", x.name), slog.Any("error", err))
+		return problem(http.StatusInternalServerError, "", "the recorded response of this request cannot be read", 0, time.Time{})
+	}
+	return int(resp.GetStatus()), func(w http.ResponseWriter) {
+		setExpires(w.Header(), a.Expires)
+		replayResponse(w, resp, x.m.opts.replayed)
+	}
+}
+
+// statusRecorder notes the status the handler writes on Pass, for the
+// metrics and the hooks, which run once it has returned. It unwraps, so
+// that http.ResponseController reaches w's features.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
-
-	call          engine.Call
-	ctx           context.Context
-	ended         bool
-	handlerWrites bool // the handler answers: end the call after it
 }
 
-// written notes status as the response's, and ends the call before it goes
-// out if the middleware answers.
+// written notes status as the response's, if it is the first.
 func (s *statusRecorder) written(status int) {
-	if s.status != 0 {
-		return
-	}
-	s.status = status
-	if !s.handlerWrites {
-		s.end()
-	}
-}
-
-// end ends the call with the status written, once.
-func (s *statusRecorder) end() {
-	if !s.ended {
-		s.ended = true
-		s.call.End(s.ctx, s.status)
+	if s.status == 0 {
+		s.status = status
 	}
 }
 

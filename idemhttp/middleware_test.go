@@ -2,7 +2,9 @@ package idemhttp_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -17,6 +19,7 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/internal/logtest"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -30,11 +33,13 @@ type server struct {
 }
 
 // newServer serves mux, built by routes with the middleware mw, behind the
-// authentication middleware.
-func newServer(t *testing.T, opts []idemhttp.Option, routes func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux)) *server {
+// authentication middleware. The middleware has opts, on an engine on a
+// memory store with engOpts, after the tenant of the authentication, no
+// logger and no wait for a key in progress.
+func newServer(t *testing.T, engOpts []engine.Option, opts []idemhttp.Option, routes func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux)) *server {
 	t.Helper()
-	opts = append([]idemhttp.Option{idemhttp.WithTenant(tenantFromContext), idemhttp.WithLogger(nil), idemhttp.WithInProgressWait(0)}, opts...)
-	mw, err := idemhttp.Middleware(memory.New(), opts...)
+	engOpts = append([]engine.Option{engine.WithTenant(tenantFromContext), engine.WithLogger(nil), engine.WithInProgressWait(0)}, engOpts...)
+	mw, err := idemhttp.Middleware(newEngine(t, memory.New(), engOpts...), opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,6 +50,16 @@ func newServer(t *testing.T, opts []idemhttp.Option, routes func(s *server, mw f
 	t.Cleanup(srv.Close)
 	s.url = srv.URL
 	return s
+}
+
+// newEngine is the engine on st with opts.
+func newEngine(t *testing.T, st store.Store, opts ...engine.Option) *engine.Engine {
+	t.Helper()
+	eng, err := engine.New(st, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return eng
 }
 
 // handler counts its runs, then runs f.
@@ -110,7 +125,7 @@ func wantProblem(t *testing.T, resp *http.Response, raw []byte, status int, reas
 
 func TestReplayIsByteIdentical(t *testing.T) {
 	body := []byte("{\"id\": \"ch_1\",\n \"note\": \"\u00e9\"}\x00\xff")
-	s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			h := w.Header()
 			h.Set("Content-Type", "application/json; charset=utf-8")
@@ -165,7 +180,7 @@ func TestReplayIsByteIdentical(t *testing.T) {
 }
 
 func TestUncoveredMethodsPassThrough(t *testing.T) {
-	s := newServer(t, []idemhttp.Option{idemhttp.WithKeyRequired()}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, []engine.Option{engine.WithKeyRequired()}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("/v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.WriteString(w, r.Method)
 		})))
@@ -197,7 +212,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 	}
 	t.Run("per route", func(t *testing.T) {
 		names = nil
-		s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges/{id}/capture", mw(handler(s)))
 			mux.Handle("POST /v1/refunds", mw(handler(s)))
 		})
@@ -218,7 +233,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 	t.Run("around the mux", func(t *testing.T) {
 		names = nil
 		s := &server{t: t}
-		mw, err := idemhttp.Middleware(memory.New(), idemhttp.WithTenant(tenantFromContext))
+		mw, err := idemhttp.Middleware(newEngine(t, memory.New(), engine.WithTenant(tenantFromContext)))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -244,7 +259,7 @@ func TestOperationIsTheRoutePattern(t *testing.T) {
 
 func TestBodyTooLarge(t *testing.T) {
 	var got []byte
-	s := newServer(t, []idemhttp.Option{idemhttp.WithMaxBodySize(16)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithMaxBodySize(16)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			got, _ = io.ReadAll(r.Body)
 			w.WriteHeader(http.StatusCreated)
@@ -282,7 +297,7 @@ func TestBodyTooLarge(t *testing.T) {
 
 func TestPanicReleasesTheKey(t *testing.T) {
 	var calls atomic.Int64
-	s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			if calls.Add(1) == 1 {
 				_, _ = io.WriteString(w, "half a reply")
@@ -305,7 +320,7 @@ func TestPanicReleasesTheKey(t *testing.T) {
 }
 
 func TestRecordedAndReleasedStatuses(t *testing.T) {
-	s := newServer(t, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/status/{code}", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			code, _ := strconv.Atoi(r.PathValue("code"))
 			http.Error(w, "status", code)
@@ -327,7 +342,7 @@ func TestRecordedAndReleasedStatuses(t *testing.T) {
 }
 
 func TestResponseTooLargeRecordsAProblem(t *testing.T) {
-	s := newServer(t, []idemhttp.Option{idemhttp.WithMaxRecordSize(engine.MinRecordSize)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, []engine.Option{engine.WithMaxRecordSize(engine.MinRecordSize)}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Location", "/v1/charges/ch_1")
 			w.WriteHeader(http.StatusCreated)
@@ -351,7 +366,7 @@ func TestResponseTooLargeRecordsAProblem(t *testing.T) {
 
 func TestAnswers(t *testing.T) {
 	block, started := make(chan struct{}), make(chan struct{}, 1)
-	s := newServer(t, []idemhttp.Option{idemhttp.WithMaxRetryAfter(1500 * time.Millisecond)},
+	s := newServer(t, []engine.Option{engine.WithMaxRetryAfter(1500 * time.Millisecond)}, nil,
 		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 				if r.URL.Query().Get("block") != "" {
@@ -404,20 +419,30 @@ func TestAnswers(t *testing.T) {
 }
 
 func TestMiddlewareRefusesMistakes(t *testing.T) {
-	st := memory.New()
-	if _, err := idemhttp.Middleware(st, idemhttp.WithAtomic()); err == nil {
+	eng := newEngine(t, memory.New(), engine.WithSingleTenant())
+	if _, err := idemhttp.Middleware(eng, idemhttp.WithAtomic()); err == nil {
 		t.Error("WithAtomic on the memory store: no error")
 	}
 	for _, name := range []string{"Set-Cookie", "set-cookie", "Content-Length", "Idempotent-Replayed", "idempotency-key-expires", "bad name"} {
-		if _, err := idemhttp.Middleware(st, idemhttp.WithReplayedHeaders(name)); err == nil {
+		if _, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders(name)); err == nil {
 			t.Errorf("WithReplayedHeaders(%q): no error", name)
 		}
 	}
-	if _, err := idemhttp.Middleware(st, idemhttp.WithReplayedHeaders("ETag")); err != nil {
+	if _, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders("ETag")); err != nil {
 		t.Errorf("WithReplayedHeaders(ETag): %v", err)
 	}
-	if _, err := idemhttp.Middleware(nil); err == nil {
-		t.Error("no engine: no error")
+}
+
+// TestMiddlewareNeedsAnEngine checks that Middleware refuses, naming the
+// fix, no engine, and an engine that cannot tell tenants apart, whose
+// callers would all share one key space.
+func TestMiddlewareNeedsAnEngine(t *testing.T) {
+	if _, err := idemhttp.Middleware(nil); err == nil || !strings.Contains(err.Error(), "engine.New") {
+		t.Errorf("no engine: %v, want an error that names engine.New", err)
+	}
+	_, err := idemhttp.Middleware(newEngine(t, memory.New()))
+	if err == nil || !strings.Contains(err.Error(), "engine.WithTenant") {
+		t.Errorf("an engine with neither WithTenant nor WithSingleTenant: %v, want an error that names engine.WithTenant", err)
 	}
 }
 
@@ -460,7 +485,7 @@ func TestForeignRecordIsRefused(t *testing.T) {
 	const operation = "/payments.v1.PaymentService/CreateCharge"
 	fp := store.Fingerprint{1}
 	st := memory.New()
-	eng := engine.New(st, engine.WithLogger(nil)) // to write the records the middleware must refuse
+	eng := newEngine(t, st, engine.WithSingleTenant(), engine.WithLogger(nil)) // writes the records the middleware must refuse
 	for key, outcome := range map[string][]byte{
 		"grpc":    mustMarshal(t, &idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Response{Response: []byte{}}}),
 		"corrupt": {0xff, 0xff, 0xff},
@@ -479,7 +504,7 @@ func TestForeignRecordIsRefused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	mw, err := idemhttp.Middleware(st, idemhttp.WithLogger(nil),
+	mw, err := idemhttp.Middleware(eng,
 		idemhttp.WithOperation(func(*http.Request) string { return operation }),
 		idemhttp.WithFingerprint(func(*http.Request, []byte) (store.Fingerprint, error) { return fp, nil }))
 	if err != nil {
@@ -505,4 +530,95 @@ func mustMarshal(t *testing.T, m proto.Message) []byte {
 		t.Fatal(err)
 	}
 	return raw
+}
+
+// TestFingerprintErrorIsNotQuoted checks that a FingerprintFunc's error
+// answers 400 and is logged at Warn with its type, never its words, which
+// may quote the request.
+func TestFingerprintErrorIsNotQuoted(t *testing.T) {
+	logger, logs := logtest.New()
+	refuse := func(*http.Request, []byte) (store.Fingerprint, error) {
+		return store.Fingerprint{}, errors.New(`the field "card" holds 4242 4242 4242 4242`)
+	}
+	s := newServer(t, []engine.Option{engine.WithLogger(logger)}, []idemhttp.Option{idemhttp.WithFingerprint(refuse)},
+		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+			mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {})))
+		})
+	resp, raw := s.call("POST", "/v1/charges", `"k1"`, `{"card":"4242 4242 4242 4242"}`)
+	wantProblem(t, resp, raw, http.StatusBadRequest, idemhttp.ReasonRequestUnreadable)
+	s.wantRuns(0)
+	out := logs.String()
+	if strings.Contains(out, "4242") || strings.Contains(string(raw), "4242") {
+		t.Fatalf("the log or the answer quotes the fingerprint's error: %s %s", out, raw)
+	}
+	if !strings.Contains(out, "level=WARN") || !strings.Contains(out, "*errors.errorString") {
+		t.Fatalf("the log does not tell the fingerprint's refusal at Warn, by its type: %s", out)
+	}
+}
+
+// orderWriter notes, in the list the hooks add to, when the status is
+// written.
+type orderWriter struct {
+	*httptest.ResponseRecorder
+	events *[]string
+	wrote  bool
+}
+
+func (w *orderWriter) WriteHeader(status int) {
+	if !w.wrote {
+		w.wrote = true
+		*w.events = append(*w.events, "status "+strconv.Itoa(status))
+	}
+	w.ResponseRecorder.WriteHeader(status)
+}
+
+func (w *orderWriter) Write(p []byte) (int, error) {
+	if !w.wrote {
+		w.WriteHeader(http.StatusOK)
+	}
+	return w.ResponseRecorder.Write(p)
+}
+
+// TestHooksRunBeforeTheAnswer checks the hooks' order: before the
+// middleware writes the status of its own answer (a recorded, replayed or
+// problem response), so that a client that has it knows the hook has
+// returned; after a response the handler writes itself (no key).
+func TestHooksRunBeforeTheAnswer(t *testing.T) {
+	var events []string
+	note := func(_ context.Context, ev engine.Event) {
+		events = append(events, "hook "+ev.Verdict.String()+" "+strconv.Itoa(ev.Code))
+	}
+	eng := newEngine(t, memory.New(), engine.WithTenant(tenantFromContext), engine.WithLogger(nil),
+		engine.WithHooks(engine.Hooks{OnExecute: note, OnReplay: note, OnRefuse: note}))
+	mw, err := idemhttp.Middleware(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := authenticate(mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "ch_1")
+	})))
+	for _, tc := range []struct {
+		tenant, key, body string
+		want              string
+	}{
+		{"acme", "k1", "{}", "hook executed 201, status 201"},
+		{"acme", "k1", "{}", "hook replayed 201, status 201"},
+		{"acme", "k1", `{"other":1}`, "hook reused 422, status 422"},
+		{"", "k1", "{}", "hook refused 401, status 401"},
+		{"acme", "", "{}", "status 201, hook no_key 201"},
+	} {
+		events = nil
+		req := httptest.NewRequest("POST", "/v1/charges", strings.NewReader(tc.body))
+		if tc.tenant != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.tenant)
+		}
+		if tc.key != "" {
+			req.Header.Set(idemkey.KeyHeader, tc.key)
+		}
+		h.ServeHTTP(&orderWriter{ResponseRecorder: httptest.NewRecorder(), events: &events}, req)
+		if got := strings.Join(events, ", "); got != tc.want {
+			t.Errorf("tenant %q, key %q, body %s: %s; want %s", tc.tenant, tc.key, tc.body, got, tc.want)
+		}
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -21,7 +22,7 @@ import (
 
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
-	s := newServer(t, []idemhttp.Option{idemhttp.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))},
+	s := newServer(t, []engine.Option{engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, nil,
 		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 			mux.Handle("POST /v1/charges/{id}", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(http.StatusCreated)
@@ -69,7 +70,7 @@ func TestMetrics(t *testing.T) {
 // release must match requests read by the next.
 func TestFingerprintIsPinned(t *testing.T) {
 	var got store.Fingerprint
-	mw, err := idemhttp.Middleware(memory.New(), idemhttp.WithLogger(nil), idemhttp.WithFingerprint(func(r *http.Request, body []byte) (store.Fingerprint, error) {
+	mw, err := idemhttp.Middleware(newEngine(t, memory.New(), engine.WithSingleTenant(), engine.WithLogger(nil)), idemhttp.WithFingerprint(func(r *http.Request, body []byte) (store.Fingerprint, error) {
 		got, _ = idemhttp.HashRequest(r, body)
 		return got, errors.New("taken") // answers 400 before the store
 	}))

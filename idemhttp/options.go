@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"strings"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -13,16 +12,18 @@ import (
 // (WithMaxBodySize), in bytes.
 const DefaultMaxBodySize = 1 << 20
 
-// Option configures the middleware: its own settings, and those every entry
-// point shares (shared.go: the tenant, whether a key is required, leases,
-// retention, the record's bound, metrics).
+// Option configures the middleware: its own settings. Those every entry
+// point shares (the tenant, whether a key is required, leases, retention,
+// the record's bound, sealing, hooks, metrics, logging) are the engine's,
+// set once with engine.New.
 type Option func(*options)
 
 // FingerprintFunc returns the fingerprint of a request whose body is body (the
 // whole of it, which the handler gets too). A retry must fingerprint the
 // same; any other request with the same key, differently. An error answers
 // 400 (ReasonRequestUnreadable): the request cannot be read as its operation
-// expects. The error's text is logged, never sent.
+// expects. The error is never sent, and only its type is logged: its words
+// may quote the request.
 type FingerprintFunc func(r *http.Request, body []byte) (store.Fingerprint, error)
 
 type options struct {
@@ -34,8 +35,7 @@ type options struct {
 	fingerprint FingerprintFunc
 	atomic      bool
 	redact      RedactFunc
-	engine      []engine.Option // the settings the engine reads
-	err         error           // the first option refused
+	err         error // the first option refused
 }
 
 func newOptions(opts []Option) *options {
@@ -210,7 +210,8 @@ type RedactFunc func(r *http.Request, reply *Reply)
 // f runs synchronously, on a copy: it may keep nothing of reply. A panic in
 // f, or a status it leaves that is not final, records a 500 in place of the
 // response, which the caller gets too, as every retry will: the handler has
-// run, so its key is not released. The 500 that idemkey records in place of
+// run, so its key is not released. Such a panic is logged with its value's
+// type, never the value, which may quote the response. The 500 that idemkey records in place of
 // a response too large to record is never given to f.
 func WithRedaction(f RedactFunc) Option { return func(o *options) { o.redact = f } }
 
@@ -218,5 +219,6 @@ func WithRedaction(f RedactFunc) Option { return func(o *options) { o.redact = f
 // through the transaction its r.Context() carries (postgres.TxFromContext),
 // commit in one transaction with the key's reservation and record. A
 // recorded status of 400 or more (a 404, say) commits the record but undoes
-// the writes. The engine's store must implement store.Atomic.
+// the writes. The engine's store must implement store.Atomic: Middleware
+// refuses one that does not.
 func WithAtomic() Option { return func(o *options) { o.atomic = true } }

@@ -11,7 +11,9 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -40,7 +42,7 @@ func redactSecret(_ *http.Request, reply *idemhttp.Reply) {
 }
 
 func TestRedaction(t *testing.T) {
-	s := newServer(t, []idemhttp.Option{idemhttp.WithRedaction(redactSecret)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithRedaction(redactSecret)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("POST /v1/credentials", mw(credentials(s)))
 	})
 	first, body := s.call("POST", "/v1/credentials", "k1", `{}`)
@@ -68,7 +70,7 @@ func TestRedactionThatFails(t *testing.T) {
 		"out of bounds": func(_ *http.Request, r *idemhttp.Reply) { r.Status = 1000 },
 	} {
 		t.Run(name, func(t *testing.T) {
-			s := newServer(t, []idemhttp.Option{idemhttp.WithRedaction(redact)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+			s := newServer(t, nil, []idemhttp.Option{idemhttp.WithRedaction(redact)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 				mux.Handle("POST /v1/credentials", mw(credentials(s)))
 			})
 			for range 2 {
@@ -94,8 +96,8 @@ func TestSealedStandInIsSmall(t *testing.T) {
 		t.Fatal(err)
 	}
 	st := &sizes{Store: memory.New()}
-	mw, err := idemhttp.Middleware(st, idemhttp.WithSealer(ring), idemhttp.WithMaxRecordSize(1024), idemhttp.WithLogger(nil),
-		idemhttp.WithReplayedHeaders("X-Long-Header-Name-Replayed"))
+	eng := newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(ring), engine.WithMaxRecordSize(1024), engine.WithLogger(nil))
+	mw, err := idemhttp.Middleware(eng, idemhttp.WithReplayedHeaders("X-Long-Header-Name-Replayed"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -127,4 +129,31 @@ func (s *sizes) Complete(ctx context.Context, key store.Key, token store.Token, 
 	s.completed = append(s.completed, len(outcome))
 	s.mu.Unlock()
 	return s.Store.Complete(ctx, key, token, outcome)
+}
+
+// A redaction function's panic is logged with its value's type, never the
+// value, which may quote the response it was redacting; the response is
+// still replaced by a recorded 500, for the first caller and every retry.
+func TestRedactionPanicIsNotQuoted(t *testing.T) {
+	logger, logs := logtest.New()
+	redact := func(*http.Request, *idemhttp.Reply) { panic("cannot redact the card 4242 4242 4242 4242") }
+	s := newServer(t, []engine.Option{engine.WithLogger(logger)}, []idemhttp.Option{idemhttp.WithRedaction(redact)},
+		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+			mux.Handle("POST /v1/credentials", mw(credentials(s)))
+		})
+	first, firstBody := s.call("POST", "/v1/credentials", "k1", `{}`)
+	wantProblem(t, first, firstBody, http.StatusInternalServerError, idemhttp.ReasonResponseNotRecorded)
+	replay, replayBody := s.call("POST", "/v1/credentials", "k1", `{}`)
+	wantProblem(t, replay, replayBody, http.StatusInternalServerError, idemhttp.ReasonResponseNotRecorded)
+	if !bytes.Equal(firstBody, replayBody) || replay.Header.Get(idemkey.ReplayedHeader) != "true" {
+		t.Fatalf("replay %q, want the recorded 500 %q, marked replayed", replayBody, firstBody)
+	}
+	s.wantRuns(1)
+	out := logs.String()
+	if strings.Contains(out, "4242") {
+		t.Fatalf("the log quotes the redaction's panic: %s", out)
+	}
+	if !strings.Contains(out, "level=ERROR") || !strings.Contains(out, "redaction function panicked") || !strings.Contains(out, "type string") {
+		t.Fatalf("the log does not tell that the redaction function panicked, and with what type: %s", out)
+	}
 }
