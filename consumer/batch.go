@@ -2,9 +2,13 @@ package consumer
 
 import (
 	"context"
+	"crypto/sha256"
+	"errors"
+	"time"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
 )
 
 // BatchHandler processes message i of a batch (ProcessBatch). In atomic mode
@@ -92,7 +96,7 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 		reqs = append(reqs, d.request())
 		at = append(at, i)
 	}
-	sctx, cancel := c.timed(ctx) // as in attempt: it bounds the read, and sets the lease
+	sctx, cancel := c.timed(ctx) // as in Process: it bounds the read, and sets the lease
 	defer cancel()
 	b := c.eng.StartBatch(sctx, c.op, reqs)
 	defer b.Abandon(ctx) // a panic rolls the batch back, then propagates
@@ -108,26 +112,47 @@ func (c *Consumer) processBatch(ctx context.Context, ds []Delivery, results []Re
 		case call.Verdict == engine.Executed:
 			results[i], staged[j] = c.runInBatch(ctx, b, j, ds[i], one(i))
 		default:
-			results[i] = c.answer(ctx, call, ds[i])
+			results[i] = c.answer(ctx, ds[i], answerOf(call), Result{})
 		}
 	}
 	err := b.Commit(ctx)
 	for j, i := range at {
 		call, d := &b.Calls[j], ds[i]
 		switch {
-		case b.Alone(j):
-			results[i] = c.attempt(ctx, call, d, one(i))
+		case b.Alone(j), d.Last && results[i].Outcome == Busy:
+			// Decided on its own, as Process decides it, which counts it
+			// (the batch's call is not): a last delivery in progress
+			// elsewhere then waits for it.
+			results[i] = c.Process(ctx, d, one(i))
+			continue
 		case staged[j] && err != nil:
 			// The commit failed, or its fate is unknown. The redelivery
 			// finds out: a committed record drops it.
 			results[i] = Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
 		}
-		results[i] = c.end(ctx, call, d, one(i), results[i])
+		results[i] = c.lastDelivery(ctx, d, results[i])
+		call.End(ctx, int(results[i].Action))
 	}
 }
 
+// request is what the engine is asked for d, in a batch.
+func (d Delivery) request() engine.Request {
+	r := engine.Request{Tenant: d.Tenant, Key: d.ID, Fingerprint: sha256.Sum256(d.Body), Retried: d.Redelivered}
+	if !d.Sent.After(time.Now()) {
+		r.FirstSent = d.Sent
+	}
+	return r
+}
+
+// answerOf is the engine.Answer of a call of a batch that the batch
+// decided without running its handler, or whose record another call's
+// superseded.
+func answerOf(call *engine.Call) engine.Answer {
+	return engine.Answer{Verdict: call.Verdict, Outcome: call.Outcome, RetryAfter: call.RetryAfter, Expires: call.Expires}
+}
+
 // runInBatch runs h for message j of batch b, which holds its id, and ends
-// it by h's error, as run does one message: staged reports that its
+// it by h's error, as Process does one message: staged reports that its
 // outcome is to be recorded at the batch's commit.
 func (c *Consumer) runInBatch(ctx context.Context, b *engine.Batch, j int, d Delivery, h Handler) (res Result, staged bool) {
 	err := func() error {
@@ -135,27 +160,37 @@ func (c *Consumer) runInBatch(ctx context.Context, b *engine.Batch, j int, d Del
 		defer cancel()
 		return h(b.Context(hctx, j))
 	}()
-	if err != nil && !c.opts.final(err) {
+	res, out := c.ran(d, err)
+	if out.Release {
 		b.Release(ctx, j)
-		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}, false
+		return res, false
 	}
-	outcome, res := recordProcessed, Result{Outcome: Processed, Action: Ack}
-	if err != nil {
-		outcome = recordFailed
-		res = Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}
-	}
-	if rerr := b.Record(ctx, j, outcome, err == nil); rerr != nil {
+	if rerr := b.Record(ctx, j, out.Record, out.KeepWrites); rerr != nil {
 		b.Release(ctx, j) // a record too large leaves the message running
 		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: rerr}, false
 	}
 	return res, true
 }
 
-// runTimed runs h for a message whose id the call holds, as run does,
-// under the handler timeout, as attempt runs it: a message of a two-phase
-// batch, whose id the batch reserved.
+// runTimed runs h, under the handler timeout, for a message of a two-phase
+// batch whose id the batch reserved, and records or releases it by h's
+// error, as Process does.
 func (c *Consumer) runTimed(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
 	ctx, cancel := c.timed(ctx)
 	defer cancel()
-	return c.run(ctx, call, d, h)
+	defer call.Abandon(ctx) // a panic releases the id, then propagates
+	res, out := c.ran(d, h(call.Context(ctx)))
+	if out.Release {
+		call.Release(ctx)
+		return res
+	}
+	switch err := call.Record(ctx, out.Record, out.KeepWrites); {
+	case err == nil:
+	case errors.Is(err, store.ErrFull):
+		// As Process answers a stand-in: acknowledged all the same.
+		c.Warn(ctx, "no room to record a processed message; it is acknowledged all the same", err)
+	default: // ErrTooLarge, which a record of a few bytes never meets
+		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+	}
+	return res
 }

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -198,7 +199,7 @@ func TestBatchPanic(t *testing.T) {
 
 // atomicConsumer is a consumer in atomic mode on PostgreSQL, with a table
 // effects for its handlers' writes.
-func atomicConsumer(t *testing.T, opts ...consumer.Option) (*consumer.Consumer, *postgres.Store, *pgxpool.Pool, *logtest.Buffer) {
+func atomicConsumer(t *testing.T, eopts ...engine.Option) (*consumer.Consumer, *postgres.Store, *pgxpool.Pool, *logtest.Buffer) {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.Schema(t))
 	if err := postgres.Migrate(t.Context(), pool); err != nil {
@@ -212,11 +213,8 @@ func atomicConsumer(t *testing.T, opts ...consumer.Option) (*consumer.Consumer, 
 		t.Fatal(err)
 	}
 	logger, logs := logtest.New()
-	c, err := consumer.New(st, "charges", append([]consumer.Option{consumer.WithAtomic(), consumer.WithLogger(logger),
-		consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond)}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, st, append([]engine.Option{engine.WithLogger(logger)}, eopts...),
+		consumer.WithAtomic(), consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond))
 	t.Cleanup(func() {
 		for _, raw := range []string{"msg-secret-id", "tenant-secret", "body-secret"} {
 			if strings.Contains(logs.String(), raw) {
@@ -301,20 +299,14 @@ func TestBatchAtomicWrites(t *testing.T) {
 func TestBatchRace(t *testing.T) {
 	t.Run("atomic", func(t *testing.T) {
 		c, st, pool, _ := atomicConsumer(t)
-		other, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithLogger(nil))
-		if err != nil {
-			t.Fatal(err)
-		}
+		other := newConsumer(t, st, []engine.Option{engine.WithLogger(nil)}, consumer.WithAtomic())
 		testBatchRace(t, pool, c, other, func(ds []consumer.Delivery) consumer.BatchHandler { return writeEffect(ds, nil) })
 	})
 	t.Run("two-phase", func(t *testing.T) {
 		_, st, pool, _ := atomicConsumer(t)
 		var cs [2]*consumer.Consumer
 		for k := range cs {
-			var err error
-			if cs[k], err = consumer.New(st, "charges", consumer.WithLogger(nil)); err != nil {
-				t.Fatal(err)
-			}
+			cs[k] = newConsumer(t, st, []engine.Option{engine.WithLogger(nil)})
 		}
 		testBatchRace(t, pool, cs[0], cs[1], func(ds []consumer.Delivery) consumer.BatchHandler { return writeEffectAlone(pool, ds) })
 	})
@@ -420,13 +412,11 @@ func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 		t.Fatal(err)
 	}
 	events := &hooklog.Log{Operation: "charges"}
-	opts := []consumer.Option{consumer.WithSealer(ring), consumer.WithHooks(events.Hooks())}
-	c, st, pool, _ := atomicConsumer(t, opts...)
+	eopts := []engine.Option{engine.WithSealer(ring), engine.WithHooks(events.Hooks())}
+	c, st, pool, _ := atomicConsumer(t, eopts...)
 	h := writeEffect
 	if !atomic {
-		if c, err = consumer.New(st, "charges", append(opts, consumer.WithLogger(nil))...); err != nil {
-			t.Fatal(err)
-		}
+		c = newConsumer(t, st, append(eopts, engine.WithLogger(nil)))
 		h = func(ds []consumer.Delivery, _ map[string]error) consumer.BatchHandler {
 			return writeEffectAlone(pool, ds)
 		}
@@ -511,11 +501,8 @@ func TestBatchTwoPhase(t *testing.T) {
 			reader := sdkmetric.NewManualReader()
 			st, pool := pgStoreAndPool(t)
 			const timeout = 10 * time.Second
-			c, err := consumer.New(st, "charges", consumer.WithLogger(nil), consumer.WithHandlerTimeout(timeout),
-				consumer.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := newConsumer(t, st, []engine.Option{engine.WithLogger(nil),
+				engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, consumer.WithHandlerTimeout(timeout))
 			var leases []time.Duration // of the ids in progress, when the first handler runs
 			h := &batchCounter{ds: deliveries(1, ids...)}
 			rs := c.ProcessBatch(t.Context(), h.ds, func(ctx context.Context, i int) error {

@@ -28,15 +28,34 @@ type Consumer struct {
 	opts *options
 }
 
-// New returns a Consumer named name on st. The name scopes the message ids,
-// so two consumers of one stream each process every message once; it names
-// the consumer in metrics and logs too.
-func New(st store.Store, name string, opts ...Option) (*Consumer, error) {
+// New returns a Consumer named name on eng, the engine that holds the
+// settings every entry point shares (engine.New: the store, the retention,
+// leases, sealing, logging, hooks, metrics); opts are the consumer's own.
+// Give eng a retention that outlives the broker's redeliveries
+// (engine.WithRetention(RecommendedRetention)): the adapters check it. The
+// name scopes the message ids, so two consumers of one stream each process
+// every message once; it names the consumer in metrics and logs too.
+//
+// The tenant of a message is the adapter's (Delivery.Tenant), so eng needs
+// neither engine.WithTenant nor engine.WithSingleTenant, and a consumer
+// never reads them; nor engine.WithKeyRequired (an id is always required)
+// or engine.WithInProgressWait (a message in progress elsewhere is
+// negative-acknowledged at once, until that run's lease ends, whatever
+// engine.WithMaxRetryAfter says; its last delivery waits instead). A
+// consumer never runs a handler unprotected: on an engine with
+// engine.WithFailOpen its store failures are still answered
+// StoreUnavailable (counted failed_open).
+//
+// It returns an error for a nil eng, an empty name, or WithAtomic on a store
+// that does not implement store.Atomic.
+func New(eng *engine.Engine, name string, opts ...Option) (*Consumer, error) {
+	if eng == nil {
+		return nil, errors.New("idemkey/consumer: New needs an engine: engine.New(store, engine.WithRetention(consumer.RecommendedRetention))")
+	}
 	if name == "" {
 		return nil, errors.New("idemkey/consumer: the consumer needs a name, which scopes its message ids")
 	}
 	o := newOptions(opts)
-	eng := engine.New(st, o.engine...)
 	op, err := eng.Operation(engine.OperationSpec{
 		Name:   name,
 		Atomic: o.atomic,
@@ -44,6 +63,9 @@ func New(st store.Store, name string, opts ...Option) (*Consumer, error) {
 			attribute.String("messaging.system", o.system),
 			attribute.String("messaging.consumer.group.name", name),
 		}, Status: actionAttribute},
+		Tenant:      deliveryTenant,
+		KeyRequired: true,
+		Redelivers:  true,
 	})
 	if err != nil {
 		return nil, err
@@ -51,11 +73,22 @@ func New(st store.Store, name string, opts ...Option) (*Consumer, error) {
 	return &Consumer{eng: eng, op: op, opts: o}, nil
 }
 
+// tenantKey is the key under which Process puts its Delivery's tenant in
+// the context it serves the delivery with, for deliveryTenant.
+type tenantKey struct{}
+
+// deliveryTenant is the consumer's engine.TenantFunc: the tenant of the
+// delivery that Process serves with ctx ("" for a refusal, which has none).
+func deliveryTenant(ctx context.Context) (string, error) {
+	tenant, _ := ctx.Value(tenantKey{}).(string)
+	return tenant, nil
+}
+
 // Name is the consumer's name.
 func (c *Consumer) Name() string { return c.op.Name() }
 
-// Retention is how long a processed message's record is kept: a redelivery
-// after it runs the handler again.
+// Retention is how long a processed message's record is kept, its engine's
+// (engine.WithRetention): a redelivery after it runs the handler again.
 func (c *Consumer) Retention() time.Duration { return c.eng.Retention() }
 
 // Delivery is what an adapter read from one delivery of a message.
@@ -82,21 +115,12 @@ type Delivery struct {
 	Last bool
 	// Sent is when the message was first published, as the broker tells it
 	// (JetStream's stored time, AMQP's timestamp property), or zero. A
-	// message sent longer ago than the retention (less WithClockSkew)
+	// message sent longer ago than the retention (less engine.WithClockSkew)
 	// whose id has no record is refused with ErrExpired, not processed:
 	// its record may have been there, and expired. A Sent in the future
 	// counts as unknown: a publisher's clock that runs ahead refuses
 	// nothing.
 	Sent time.Time
-}
-
-// request is what the engine is asked for d.
-func (d Delivery) request() engine.Request {
-	r := engine.Request{Tenant: d.Tenant, Key: d.ID, Fingerprint: sha256.Sum256(d.Body), Retried: d.Redelivered}
-	if !d.Sent.After(time.Now()) {
-		r.FirstSent = d.Sent
-	}
-	return r
 }
 
 // Handler processes one message. In atomic mode ctx carries the store's
@@ -199,39 +223,28 @@ var (
 	recordFailed    = []byte("failed")
 )
 
+// errStillBusy is why a last delivery that stopped waiting, with its message
+// still in progress elsewhere, is dead-lettered.
+var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
+
+// errStoreUnavailable is the Err of a StoreUnavailable Result whose context
+// is not done.
+var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
+
 // Process decides what to do with one delivery, running h unless its id was
 // processed before or is in progress, and returns what the adapter tells the
 // broker. ctx bounds the store's operations and h; WithHandlerTimeout bounds
-// each run of h further and sets its lease.
+// them further, and sets h's lease.
 //
 // On a message's last delivery (Delivery.Last), Process does not return
 // while another run holds the id: it waits for that run to end, so as to
 // take the message over (see the package documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
-	call := c.eng.Call(c.op)
-	return c.end(ctx, &call, d, h, c.attempt(ctx, &call, d, h))
-}
-
-// end is the final Result of a delivery that res answers, on its last
-// delivery too, and ends its call.
-func (c *Consumer) end(ctx context.Context, call *engine.Call, d Delivery, h Handler, res Result) Result {
-	if d.Last && res.Outcome == Busy {
-		res = c.lastBusy(ctx, call, d, h, res)
-	}
-	if d.Last && res.Action == Nak {
-		res = c.lastDelivery(ctx, call, res)
-	}
-	call.End(ctx, int(res.Action))
-	return res
-}
-
-// attempt is process under the handler timeout, which starts anew with each
-// attempt: it bounds one run of h, and sets the lease of the reservation
-// that precedes it.
-func (c *Consumer) attempt(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
 	ctx, cancel := c.timed(ctx)
 	defer cancel()
-	return c.process(ctx, call, d, h)
+	x := &exchange{c: c, d: d, h: h}
+	c.eng.Serve(context.WithValue(ctx, tenantKey{}, d.Tenant), c.op, x)
+	return x.res
 }
 
 // timed is ctx bounded by the handler timeout (WithHandlerTimeout), if any.
@@ -242,158 +255,187 @@ func (c *Consumer) timed(ctx context.Context) (context.Context, context.CancelFu
 	return ctx, func() {}
 }
 
-// Polls of the last delivery of a message in progress elsewhere: the first
-// after lastBusyFirstPoll, each next one twice as late, at most
-// lastBusyMaxPoll apart, and never later than the other run's lease ends.
-const (
-	lastBusyFirstPoll = 50 * time.Millisecond
-	lastBusyMaxPoll   = time.Second
-)
+// exchange is one delivery, as engine.Serve reads and answers it; res is
+// its Result: the handler's, once Run has run it, then the answer's.
+type exchange struct {
+	c *Consumer
+	d Delivery
+	h Handler
+	// refused, if set, refuses the delivery before its id is looked up
+	// (Refuse): no message could be read.
+	refused error
 
-// lastBusyWait bounds the wait of a last delivery for the runs that hold its
-// id: no run holds it longer than a lease, at most engine.DefaultMaxLease
-// (a consumer sets no other maximum), so a wait this long means that other
-// runs took the id again and again.
-const lastBusyWait = engine.DefaultMaxLease
-
-// errStillBusy is why a last delivery that stopped waiting, with its message
-// still in progress elsewhere, is dead-lettered.
-var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
-
-// lastBusy is the Result of the last delivery of a message that res found
-// in progress elsewhere. The broker will not deliver it again, so it cannot
-// be left to the run that holds the id: if that run then failed for now, it
-// would release the id and negative-acknowledge a message that the broker
-// no longer redelivers, and the message would be lost. So the last delivery
-// waits for that run to end, polling the store (each poll a reservation,
-// which takes the id over once its lease has ended): a record ends it as a
-// Duplicate; a released id, or one whose lease ended, is run here, and
-// dead-lettered by lastDelivery if it fails for now again. If the wait ends
-// first (ctx is done, or lastBusyWait passed), the result stays Busy, and
-// lastDelivery dead-letters it: at least once, since the other run may yet
-// succeed.
-func (c *Consumer) lastBusy(ctx context.Context, call *engine.Call, d Delivery, h Handler, res Result) Result {
-	call.Log(ctx, slog.LevelWarn, "the last delivery of a message found it in progress elsewhere; it waits for that run to end", ErrLastDelivery)
-	end := time.Now().Add(lastBusyWait)
-	for poll := lastBusyFirstPoll; res.Outcome == Busy; poll = min(2*poll, lastBusyMaxPoll) {
-		left := time.Until(end)
-		if left <= 0 {
-			res.Err = errStillBusy
-			return res
-		}
-		select {
-		case <-ctx.Done():
-			res.Err = fmt.Errorf("%w: %w", errStillBusy, ctx.Err())
-			return res
-		case <-time.After(min(poll, res.Delay, left)): // res.Delay: the other run's lease left
-		}
-		res = c.attempt(ctx, call, d, h)
-	}
-	return res
+	res Result
 }
 
-// lastDelivery is the Result of a message that would be redelivered, on its
-// last delivery: one that failed for now, met a failing store, or was still
-// in progress elsewhere when lastBusy stopped waiting. It is dead-lettered
-// and acknowledged: the broker would drop it.
-func (c *Consumer) lastDelivery(ctx context.Context, call *engine.Call, res Result) Result {
+// Key is the message's id. A refusal says it has one, so that Serve goes
+// on to Fingerprint, which refuses it: its verdict is then Refused (an
+// adapter cannot read the message's tenant, or its id), not a malformed key.
+func (x *exchange) Key() (string, bool, error) {
+	switch id := x.d.ID; {
+	case x.refused != nil:
+		return "", true, nil
+	case id == "":
+		return "", false, nil // KeyMissing: answered with ErrNoID
+	case len(id) > idemkey.MaxKeyLen:
+		return "", false, ErrInvalidID
+	default:
+		return id, true, nil
+	}
+}
+
+// FirstSent is when the broker says the message was first published; none
+// if it does not say, or says a time in the future (a publisher's clock
+// that runs ahead refuses nothing).
+func (x *exchange) FirstSent() []string {
+	if sent := x.d.Sent; !sent.IsZero() && !sent.After(time.Now()) {
+		return []string{idemkey.FormatDate(sent)}
+	}
+	return nil
+}
+
+func (x *exchange) Attempt() engine.Attempt {
+	return engine.Attempt{Retried: x.d.Redelivered, Last: x.d.Last}
+}
+
+func (x *exchange) Fingerprint(context.Context) (store.Fingerprint, error) {
+	if x.refused != nil {
+		return store.Fingerprint{}, x.refused
+	}
+	return sha256.Sum256(x.d.Body), nil
+}
+
+func (x *exchange) Run(ctx context.Context) engine.Outcome {
+	var out engine.Outcome
+	x.res, out = x.c.ran(x.d, x.h(ctx))
+	return out
+}
+
+// StandIn is the record of a result the store had no room for
+// (store.ErrFull: a consumer's records, a few bytes, are far below any
+// engine.WithMaxRecordSize). In two-phase mode it is the result's own,
+// whose effects stand; in atomic mode, where they are undone, "failed".
+func (x *exchange) StandIn(error) []byte {
+	if x.c.op.Atomic() || x.res.Outcome != Processed {
+		return recordFailed
+	}
+	return recordProcessed
+}
+
+// Pass would run the handler unprotected; a consumer never does, not even
+// on an engine with engine.WithFailOpen (nor can a message lack a key): the
+// store failed, and the message is redelivered.
+func (x *exchange) Pass(ctx context.Context) int {
+	return x.Answer(ctx, engine.Answer{Verdict: engine.StoreUnavailable})
+}
+
+func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
+	x.res = x.c.lastDelivery(ctx, x.d, x.c.answer(ctx, x.d, a, x.res))
+	return int(x.res.Action)
+}
+
+// ran is the Result of a run of the handler that returned err, and what to
+// record of it: a transient error releases the id; a final one, or none,
+// is recorded.
+func (c *Consumer) ran(d Delivery, err error) (Result, engine.Outcome) {
+	switch {
+	case err != nil && !c.opts.final(err):
+		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}, engine.Outcome{Release: true}
+	case err != nil:
+		return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}, engine.Outcome{Record: recordFailed}
+	}
+	return Result{Outcome: Processed, Action: Ack}, engine.Outcome{Record: recordProcessed, KeepWrites: true}
+}
+
+// answer is the Result of d that a says; ran is the handler's, for
+// Executed.
+func (c *Consumer) answer(ctx context.Context, d Delivery, a engine.Answer, ran Result) Result {
+	switch a.Verdict {
+	case engine.Executed:
+		if a.StandIn == nil {
+			return ran
+		}
+		if c.op.Atomic() {
+			// Its writes were undone, and it is recorded as failed.
+			return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: a.StandIn}
+		}
+		// The handler's effects happened and its record may not have been
+		// written: acknowledging keeps them to one, and the id stays in
+		// progress until its lease ends, so a duplicate meanwhile is
+		// delayed.
+		c.Warn(ctx, "no room to record a processed message; it is acknowledged all the same", a.StandIn)
+		return ran
+	case engine.Replayed:
+		if string(a.Outcome) == string(recordFailed) {
+			return Result{Outcome: Duplicate, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: ErrFailedBefore}
+		}
+		return Result{Outcome: Duplicate, Action: Ack}
+	case engine.InProgress:
+		res := Result{Outcome: Busy, Action: Nak, Delay: a.RetryAfter}
+		if d.Last { // it waited, for as long as the engine lets it
+			res.Err = errStillBusy
+			if err := ctx.Err(); err != nil {
+				res.Err = fmt.Errorf("%w: %w", errStillBusy, err)
+			}
+		}
+		return res
+	case engine.KeyMissing:
+		return c.refuse(ctx, ErrNoID)
+	case engine.Reused:
+		return c.refuse(ctx, ErrReusedID)
+	case engine.Expired:
+		// Its age and the retention it outlived tell an operator why: a
+		// message moved back by hand from a dead-letter queue, say.
+		return c.refuse(ctx, ErrExpired, slog.Duration("age", time.Since(d.Sent).Round(time.Second)),
+			slog.Duration("retention", c.eng.Retention()))
+	case engine.KeyInvalid, engine.Refused, engine.FirstSentInvalid:
+		return c.refuse(ctx, a.Err)
+	case engine.StoreFull:
+		return Result{Outcome: StoreFull, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
+	}
+	// StoreUnavailable; a consumer never fails open.
+	err := ctx.Err()
+	if err == nil {
+		err = errStoreUnavailable
+	}
+	return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+}
+
+// lastDelivery is res, unless d is the message's last delivery and res
+// would have it redelivered: a message that failed for now, met a failing
+// store, or was still in progress elsewhere when the engine stopped waiting
+// for it. It is then dead-lettered and acknowledged: the broker would drop
+// it.
+func (c *Consumer) lastDelivery(ctx context.Context, d Delivery, res Result) Result {
+	if !d.Last || res.Action != Nak {
+		return res
+	}
 	msg := "the last delivery of a message failed for now; it is dead-lettered and acknowledged"
 	if res.Outcome == Busy {
 		msg = "the last delivery of a message stopped waiting for the run that holds it; it is dead-lettered and acknowledged"
 	}
-	call.Log(ctx, slog.LevelError, msg, ErrLastDelivery)
+	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: "+msg,
+		slog.String("operation", c.Name()), slog.Any("error", ErrLastDelivery))
 	res.Action, res.DeadLetter = Ack, true
 	res.Err = fmt.Errorf("%w: %w", ErrLastDelivery, res.Err)
 	return res
 }
 
-func (c *Consumer) process(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
-	switch {
-	case d.ID == "":
-		call.Verdict = engine.KeyMissing
-		return c.refuse(ctx, call, ErrNoID)
-	case len(d.ID) > idemkey.MaxKeyLen:
-		call.Verdict = engine.KeyInvalid
-		return c.refuse(ctx, call, ErrInvalidID)
-	}
-	call.Start(ctx, d.request())
-	if call.Verdict == engine.Executed {
-		return c.run(ctx, call, d, h)
-	}
-	return c.answer(ctx, call, d)
-}
-
-// answer is the Result of a message whose handler did not run, as
-// call.Verdict says.
-func (c *Consumer) answer(ctx context.Context, call *engine.Call, d Delivery) Result {
-	switch call.Verdict {
-	case engine.Replayed:
-		if string(call.Outcome) == string(recordFailed) {
-			return Result{Outcome: Duplicate, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: ErrFailedBefore}
-		}
-		return Result{Outcome: Duplicate, Action: Ack}
-	case engine.InProgress:
-		return Result{Outcome: Busy, Action: Nak, Delay: call.RetryAfter}
-	case engine.Reused:
-		return c.refuse(ctx, call, ErrReusedID)
-	case engine.Expired:
-		return c.refuse(ctx, call, ErrExpired)
-	case engine.StoreFull:
-		return Result{Outcome: StoreFull, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
-	default: // StoreUnavailable; a consumer never fails open
-		err := ctx.Err()
-		if err == nil {
-			err = errors.New("idemkey/consumer: the store is unavailable")
-		}
-		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
-	}
-}
-
-// run runs h for a message whose id the call holds, and records or releases
-// it by h's error.
-func (c *Consumer) run(ctx context.Context, call *engine.Call, d Delivery, h Handler) Result {
-	defer call.Abandon(ctx) // a panic releases the id, then propagates
-	err := h(call.Context(ctx))
-	if err != nil && !c.opts.final(err) {
-		call.Release(ctx)
-		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
-	}
-	outcome, res := recordProcessed, Result{Outcome: Processed, Action: Ack}
-	if err != nil {
-		outcome = recordFailed
-		res = Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}
-	}
-	switch rerr := call.Record(ctx, outcome, err == nil); {
-	case rerr == nil:
-	case errors.Is(rerr, engine.ErrSuperseded):
-		// Another run recorded the message first; this one's writes
-		// were rolled back.
-		return c.answer(ctx, call, d)
-	case errors.Is(rerr, store.ErrFull) && !call.Atomic():
-		// The handler's effects happened and no record could be written:
-		// acknowledging keeps them to one, and the key stays in progress
-		// until its lease ends, so a duplicate meanwhile is delayed.
-		call.Log(ctx, slog.LevelWarn, "no room to record a processed message; it is acknowledged all the same", rerr)
-	default:
-		// Atomic mode: the commit failed, or its fate is unknown. The
-		// redelivery finds out: a committed record drops it.
-		return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: rerr}
-	}
-	return res
-}
-
 // Refuse is the Result of a message the adapter refuses before Process: its
-// id or tenant could not be read (err says why). It is counted and logged
-// like the refusals of Process.
+// id or tenant could not be read (err says why). It is counted (verdict
+// Refused), logged and handed to the hooks like the refusals of Process.
 func (c *Consumer) Refuse(ctx context.Context, err error) Result {
-	call := c.eng.Call(c.op)
-	res := c.refuse(ctx, &call, err)
-	call.End(ctx, int(res.Action))
-	return res
+	x := &exchange{c: c, refused: err}
+	c.eng.Serve(ctx, c.op, x)
+	return x.res
 }
 
-func (c *Consumer) refuse(ctx context.Context, call *engine.Call, err error) Result {
-	call.Log(ctx, slog.LevelError, "message refused; it is terminated, or dead-lettered, without running", ownError(err))
+// refuse is the Result of a message refused for err, which it logs with
+// attrs.
+func (c *Consumer) refuse(ctx context.Context, err error, attrs ...slog.Attr) Result {
+	attrs = append([]slog.Attr{slog.String("operation", c.Name())}, attrs...)
+	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: message refused; it is terminated, or dead-lettered, without running",
+		append(attrs, slog.Any("error", ownError(err)))...)
 	return Result{Outcome: Refused, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
 }
 
@@ -476,15 +518,24 @@ func (c *Consumer) DeadLetter(ctx context.Context, res Result, hook func(ctx con
 	return res
 }
 
-// ownError is err, if it is this package's own, whose words hold nothing of
-// a message's; or else a stand-in that names only its type, since a
-// handler's, a hook's or an adapter function's error may quote the
-// message's id, tenant or body.
+// ownErrors are the errors a Result holds of this package's, and of the
+// engine's, whose words hold nothing of a message's: every one a consumer
+// answers with but the handler's.
+var ownErrors = []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrExpired, ErrLastDelivery,
+	errStillBusy, errStoreUnavailable, store.ErrFull}
+
+// ownError is err, if it is one of ownErrors or an engine.FirstSentError;
+// or else a stand-in that names only its type, since a handler's, a hook's
+// or an adapter function's error may quote the message's id, tenant or
+// body.
 func ownError(err error) error {
-	for _, own := range []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrLastDelivery, store.ErrFull} {
+	for _, own := range ownErrors {
 		if errors.Is(err, own) {
 			return own
 		}
+	}
+	if fse := new(engine.FirstSentError); errors.As(err, &fse) {
+		return fse
 	}
 	return fmt.Errorf("an error of type %T (its words are not logged: they may quote the message)", err)
 }

@@ -59,20 +59,41 @@ func pgStoreAndPool(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
 	return st, pool
 }
 
-// each runs f on every store, with a consumer built with opts and a logger
-// whose records f may check.
-func each(t *testing.T, f func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer), opts ...consumer.Option) {
+// newConsumer is a consumer named charges with opts, on an engine on st
+// with the retention a consumer's engine is given, then eopts.
+func newConsumer(t *testing.T, st store.Store, eopts []engine.Option, opts ...consumer.Option) *consumer.Consumer {
+	t.Helper()
+	eng, err := engine.New(st, append([]engine.Option{engine.WithRetention(consumer.RecommendedRetention)}, eopts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(eng, "charges", opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// each runs f on every store, with a consumer whose engine has eopts and a
+// logger whose records f may check.
+func each(t *testing.T, f func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer), eopts ...engine.Option) {
+	eachStore(t, false, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer, _ *busyStore) { f(t, c, logs) }, eopts...)
+}
+
+// eachStore is each, on a busyStore if busy is set.
+func eachStore(t *testing.T, busy bool, f func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer, st *busyStore), eopts ...engine.Option) {
 	for name, open := range stores(t) {
 		t.Run(name, func(t *testing.T) {
 			st, modeOpts := open(t)
-			logger, logs := logtest.New()
-			all := append([]consumer.Option{consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond),
-				consumer.WithLogger(logger)}, modeOpts...)
-			c, err := consumer.New(st, "charges", append(all, opts...)...)
-			if err != nil {
-				t.Fatal(err)
+			var bst *busyStore
+			if busy {
+				bst = newBusyStore(st)
+				st = bst
 			}
-			f(t, c, logs)
+			logger, logs := logtest.New()
+			c := newConsumer(t, st, append([]engine.Option{engine.WithLogger(logger)}, eopts...),
+				append([]consumer.Option{consumer.WithBackoff(10*time.Millisecond, 80*time.Millisecond)}, modeOpts...)...)
+			f(t, c, logs, bst)
 			for _, raw := range []string{"msg-secret-id", "tenant-secret", "body-secret"} {
 				if strings.Contains(logs.String(), raw) {
 					t.Errorf("the logs hold %q:\n%s", raw, logs)
@@ -80,6 +101,46 @@ func each(t *testing.T, f func(t *testing.T, c *consumer.Consumer, logs *logtest
 			}
 		})
 	}
+}
+
+// busyStore wraps a store so that a test of a message's last delivery
+// knows when it finds its message in progress elsewhere: Busy closes the
+// first time a reservation (Reserve, or Begin in atomic mode) finds its
+// key in progress.
+type busyStore struct {
+	store.Store
+	once sync.Once
+	busy chan struct{}
+}
+
+func newBusyStore(st store.Store) *busyStore { return &busyStore{Store: st, busy: make(chan struct{})} }
+
+// Busy is closed once a reservation has found its key in progress.
+func (s *busyStore) Busy() <-chan struct{} { return s.busy }
+
+func (s *busyStore) note(res store.Result, err error) {
+	if err == nil && res.State == store.InProgress {
+		s.once.Do(func() { close(s.busy) })
+	}
+}
+
+func (s *busyStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	s.note(res, err)
+	return res, err
+}
+
+// Begin is the wrapped store's (store.Atomic), for a consumer in atomic
+// mode, which only a store that implements it is given.
+func (s *busyStore) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+	res, tx, err := s.Store.(store.Atomic).Begin(ctx, r)
+	s.note(res, err)
+	return res, tx, err
+}
+
+// Find is the wrapped store's (store.Finder: memory and postgres are).
+func (s *busyStore) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+	return s.Store.(store.Finder).Find(ctx, key)
 }
 
 func delivery(id string, attempt int) consumer.Delivery {
@@ -98,6 +159,33 @@ func (h *counter) handle(context.Context) error {
 	defer h.mu.Unlock()
 	h.runs++
 	return h.err
+}
+
+// TestNew: a consumer needs an engine, and nothing of an engine's tenants:
+// the adapter reads a message's.
+func TestNew(t *testing.T) {
+	if _, err := consumer.New(nil, "charges"); err == nil || !strings.Contains(err.Error(), "engine.New(") {
+		t.Fatalf("New(nil) = %v, want an error that names engine.New", err)
+	}
+	eng, err := engine.New(memory.New(), engine.WithLogger(nil)) // neither WithTenant nor WithSingleTenant
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := consumer.New(eng, "charges")
+	if err != nil {
+		t.Fatalf("New on an engine without a tenant: %v", err)
+	}
+	d := delivery("msg-secret-id", 1)
+	if res := c.Process(t.Context(), d, (&counter{}).handle); res.Outcome != consumer.Processed {
+		t.Fatalf("%+v, want processed", res)
+	}
+	d.Tenant = "another tenant"
+	if res := c.Process(t.Context(), d, (&counter{}).handle); res.Outcome != consumer.Processed {
+		t.Fatalf("the same id of another tenant: %+v, want processed", res)
+	}
+	if _, err := consumer.New(eng, "charges", consumer.WithAtomic()); err == nil || !strings.Contains(err.Error(), "store.Atomic") {
+		t.Fatalf("New(WithAtomic) on memory = %v, want an error that names store.Atomic", err)
+	}
 }
 
 func TestProcessedOnce(t *testing.T) {
@@ -278,10 +366,7 @@ func TestPanicReleases(t *testing.T) {
 }
 
 func TestStoreFull(t *testing.T) {
-	c, err := consumer.New(memory.New(memory.WithMaxRecords(1)), "charges", consumer.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, memory.New(memory.WithMaxRecords(1)), []engine.Option{engine.WithLogger(nil)})
 	h := &counter{}
 	c.Process(t.Context(), delivery("one", 1), h.handle)
 	res := c.Process(t.Context(), delivery("two", 1), h.handle)
@@ -302,14 +387,11 @@ func TestStoreUnavailable(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, atomic := range []bool{false, true} {
-		opts := []consumer.Option{consumer.WithLogger(nil)}
+		var opts []consumer.Option
 		if atomic {
 			opts = append(opts, consumer.WithAtomic())
 		}
-		c, err := consumer.New(st, "charges", opts...)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := newConsumer(t, st, []engine.Option{engine.WithLogger(nil)}, opts...)
 		pool.Close()
 		h := &counter{}
 		res := c.Process(t.Context(), delivery("one", 1), h.handle)
@@ -333,10 +415,7 @@ func TestAtomicWrites(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, st, []engine.Option{engine.WithLogger(nil)}, consumer.WithAtomic())
 	write := func(id string, fail error) consumer.Handler {
 		return func(ctx context.Context) error {
 			tx, _ := postgres.TxFromContext(ctx)
@@ -369,7 +448,7 @@ func TestAtomicWrites(t *testing.T) {
 
 func TestCheckHorizon(t *testing.T) {
 	logger, logs := logtest.New()
-	c, _ := consumer.New(memory.New(), "charges", consumer.WithRetention(48*time.Hour))
+	c := newConsumer(t, memory.New(), []engine.Option{engine.WithRetention(48 * time.Hour)})
 	if c.Retention() != 48*time.Hour {
 		t.Fatalf("retention %s", c.Retention())
 	}
@@ -383,15 +462,15 @@ func TestCheckHorizon(t *testing.T) {
 			t.Fatalf("%+v: %v, want a HorizonError naming the retention and %q", h, err, h.Source)
 		}
 	}
-	c, _ = consumer.New(memory.New(), "charges", consumer.WithHorizonWarning(), consumer.WithLogger(logger))
+	c = newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(logger)}, consumer.WithHorizonWarning())
 	if err := c.CheckHorizon(t.Context(), consumer.Horizon{Unbounded: true, Source: "queue q has no x-message-ttl"}); err != nil {
 		t.Fatalf("with WithHorizonWarning: %v", err)
 	}
 	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "x-message-ttl") {
 		t.Fatalf("the warning was not logged at Error level:\n%s", logs)
 	}
-	if c.Retention() != consumer.DefaultRetention {
-		t.Fatalf("default retention %s, want %s", c.Retention(), consumer.DefaultRetention)
+	if c.Retention() != consumer.RecommendedRetention {
+		t.Fatalf("retention %s, want its engine's, %s", c.Retention(), consumer.RecommendedRetention)
 	}
 }
 
@@ -411,23 +490,18 @@ func TestLastDelivery(t *testing.T) {
 	})
 }
 
-// waiting is what a last delivery logs when it waits for another run.
-const waiting = "it waits for that run to end"
-
-// untilWaiting returns once the last delivery whose result comes on last
-// logs that it waits for the run that holds its message; it fails if the
-// delivery returns first.
-func untilWaiting(t *testing.T, logs *logtest.Buffer, last <-chan consumer.Result) {
+// untilBusy returns once the last delivery whose result comes on last has
+// found its message in progress elsewhere (st's Busy); it fails if the
+// delivery returns first. What the delivery then returns tells whether it
+// waited for the run that holds its message.
+func untilBusy(t *testing.T, st *busyStore, last <-chan consumer.Result) {
 	t.Helper()
-	for deadline := time.Now().Add(20 * time.Second); !strings.Contains(logs.String(), waiting); {
-		select {
-		case res := <-last:
-			t.Fatalf("the last delivery returned while another run held its message: %+v", res)
-		case <-time.After(5 * time.Millisecond):
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the last delivery did not wait within 20s:\n%s", logs)
-		}
+	select {
+	case <-st.Busy():
+	case res := <-last:
+		t.Fatalf("the last delivery returned before it found its message in progress: %+v", res)
+	case <-time.After(20 * time.Second):
+		t.Fatal("the last delivery did not find its message in progress within 20s")
 	}
 }
 
@@ -435,7 +509,7 @@ func untilWaiting(t *testing.T, logs *logtest.Buffer, last <-chan consumer.Resul
 // the message's last delivery, which finds it in progress; once the last
 // delivery waits for the first run, the first run's handler returns first.
 // It returns both results.
-func busyLast(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer, first error, last consumer.Handler) (consumer.Result, consumer.Result) {
+func busyLast(t *testing.T, c *consumer.Consumer, st *busyStore, first error, last consumer.Handler) (consumer.Result, consumer.Result) {
 	t.Helper()
 	started, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
@@ -454,7 +528,7 @@ func busyLast(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer, first er
 	d.Last = true
 	lastRes := make(chan consumer.Result, 1)
 	go func() { lastRes <- c.Process(t.Context(), d, last) }()
-	untilWaiting(t, logs, lastRes)
+	untilBusy(t, st, lastRes)
 	once.Do(func() { close(release) })
 	var r1, r2 consumer.Result
 	for range 2 {
@@ -491,9 +565,9 @@ func TestLastDeliveryBusy(t *testing.T) {
 		{"failed", declined, nil, consumer.Duplicate, consumer.ErrFailedBefore, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+			eachStore(t, true, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer, st *busyStore) {
 				h := &counter{err: tc.last}
-				first, res := busyLast(t, c, logs, tc.first, h.handle)
+				first, res := busyLast(t, c, st, tc.first, h.handle)
 				if tc.first != nil && !errors.Is(first.Err, tc.first) {
 					t.Fatalf("first run: %+v", first)
 				}
@@ -513,7 +587,7 @@ func TestLastDeliveryBusy(t *testing.T) {
 // context is done) while its message is still in progress elsewhere
 // dead-letters it, rather than leave it to a run that may fail for now.
 func TestLastDeliveryBusyGivesUp(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+	eachStore(t, true, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer, st *busyStore) {
 		ctx, cancel := context.WithCancel(t.Context())
 		defer cancel()
 		h := &counter{}
@@ -529,7 +603,7 @@ func TestLastDeliveryBusyGivesUp(t *testing.T) {
 		d.Last = true
 		lastRes := make(chan consumer.Result, 1)
 		go func() { lastRes <- c.Process(ctx, d, h.handle) }()
-		untilWaiting(t, logs, lastRes)
+		untilBusy(t, st, lastRes)
 		cancel()
 		res := <-lastRes
 		if res.Outcome != consumer.Busy || res.Action != consumer.Ack || !res.DeadLetter ||
@@ -546,11 +620,8 @@ func TestLastDeliveryBusyGivesUp(t *testing.T) {
 // other run's lease: a run that outlasts it is presumed dead, and the last
 // delivery runs the handler.
 func TestLastDeliveryBusyLeaseEnds(t *testing.T) {
-	logger, logs := logtest.New()
-	c, err := consumer.New(memory.New(), "charges", consumer.WithLease(300*time.Millisecond), consumer.WithLogger(logger))
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := newBusyStore(memory.New())
+	c := newConsumer(t, st, []engine.Option{engine.WithLease(300 * time.Millisecond), engine.WithLogger(nil)})
 	started, release := make(chan struct{}), make(chan struct{})
 	done := make(chan struct{})
 	go func() {
@@ -565,21 +636,48 @@ func TestLastDeliveryBusyLeaseEnds(t *testing.T) {
 	if res := c.Process(t.Context(), d, h.handle); res.Outcome != consumer.Processed || res.Action != consumer.Ack || h.runs != 1 {
 		t.Fatalf("last delivery after the other run's lease: %+v, %d runs; want it processed", res, h.runs)
 	}
-	if !strings.Contains(logs.String(), waiting) {
-		t.Fatalf("the last delivery did not wait:\n%s", logs)
+	select {
+	case <-st.Busy():
+	default:
+		t.Fatal("the last delivery did not find the message in progress, so did not wait")
 	}
 }
 
 // TestBackoffSaturates: a maximum too large to double to does not overflow.
 func TestBackoffSaturates(t *testing.T) {
-	c, err := consumer.New(memory.New(), "charges", consumer.WithBackoff(time.Second, math.MaxInt64), consumer.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(nil)}, consumer.WithBackoff(time.Second, math.MaxInt64))
 	for _, attempt := range []int{1, 2, 40, 1 << 20} {
 		res := c.Process(t.Context(), delivery(fmt.Sprint(attempt), attempt), func(context.Context) error { return errors.New("down") })
 		if res.Delay < time.Second*3/4 {
 			t.Fatalf("attempt %d: delay %s", attempt, res.Delay)
 		}
+	}
+}
+
+// TestLastDeliveryBusyHandlerTimeout: with WithHandlerTimeout, a last
+// delivery waits for the run that holds its message at most the timeout,
+// which bounds the whole of its Process, and then dead-letters it.
+func TestLastDeliveryBusyHandlerTimeout(t *testing.T) {
+	const timeout = 300 * time.Millisecond
+	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(nil)}, consumer.WithHandlerTimeout(timeout))
+	started, release := make(chan struct{}), make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error { close(started); <-release; return nil })
+	}()
+	defer func() { close(release); <-done }()
+	<-started
+	d := delivery("msg-secret-id", 3)
+	d.Last = true
+	h := &counter{}
+	start := time.Now()
+	res := c.Process(t.Context(), d, h.handle)
+	if took := time.Since(start); took > timeout+time.Second {
+		t.Errorf("the last delivery waited %v, want at most about the handler timeout, %v", took, timeout)
+	}
+	if res.Outcome != consumer.Busy || res.Action != consumer.Ack || !res.DeadLetter ||
+		!errors.Is(res.Err, consumer.ErrLastDelivery) || h.runs != 0 {
+		t.Fatalf("%+v (%v) after %d runs, want busy, dead-lettered and acknowledged, at the handler timeout", res, res.Err, h.runs)
 	}
 }

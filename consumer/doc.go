@@ -11,6 +11,18 @@
 // scoped by the consumer's name (two consumers of one stream each process
 // every message once) and by the tenant, if the adapter reads one.
 //
+// A consumer runs on an engine (package engine), which holds the settings
+// every entry point shares: the store, the retention, leases, sealing,
+// logging, hooks and metrics. Give a consumer's engine a retention of days
+// (RecommendedRetention; see below); it needs no tenant function, since the
+// adapter reads each message's:
+//
+//	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention))
+//	if err != nil { ... }
+//	core, err := consumer.New(eng, "billing", consumer.WithSystem("nats"), consumer.WithAtomic())
+//	if err != nil { ... }
+//	// then idemnats.New(ctx, core, ...) or idemamqp.New(core, ...)
+//
 // A broker may drop duplicates itself, before any consumer, and without a
 // tenant: JetStream drops a message whose Nats-Msg-Id it stored within the
 // stream's duplicate window, so a second tenant's message with a first one's
@@ -37,19 +49,22 @@
 //	StoreFull          nak, after a backoff           no room for a new record
 //
 // A message the broker stamps (Delivery.Sent: JetStream's stored time, an
-// AMQP timestamp) longer ago than the retention, less WithClockSkew, whose
+// AMQP timestamp) longer ago than the retention, less engine.WithClockSkew, whose
 // id has no record, is Refused with ErrExpired rather than processed: its
 // record may have been there and expired, so running it could apply it
 // twice (a message moved back by hand from a dead-letter queue days later).
-// A record still there drops it as a Duplicate, as ever.
+// A record still there drops it as a Duplicate, as ever. The refusal is
+// logged at Error level with ErrExpired, the message's age and the
+// retention.
 //
-// WithHooks runs one of the application's hooks for each delivery, before
+// The engine's hooks (engine.WithHooks) run one for each delivery, before
 // Process returns and so before the adapter acknowledges: OnExecute for
 // Processed, Failed and Retry (engine.Event.Recorded false for Retry),
 // OnReplay for a Duplicate, OnRefuse for the others. Each is told the
 // consumer's name, the tenant, the message id, the Action (Event.Code) and
 // the record's size: a message redelivered n times after it was processed
-// runs OnExecute once and OnReplay n times.
+// runs OnExecute once and OnReplay n times. A hook that panics is logged,
+// and changes neither the Result nor the record.
 //
 // On a message's last delivery (JetStream's max deliver, a quorum queue's
 // delivery limit), a message that would be redelivered after a failure is
@@ -71,18 +86,27 @@
 // That delivery cannot be left to the other run, as an earlier one is: the
 // run may yet fail for now, release the id and negative-acknowledge a
 // message that the broker no longer delivers. So Process waits for the
-// other run to end, polling the store (from 50ms, doubling to a second,
-// never past the other run's lease), and holds its worker meanwhile:
+// other run to end, polling the store (the engine's wait for a key in
+// progress: from 25ms, doubling to half a second, each poll a reservation,
+// which takes the id over once the other run's lease has ended), and holds
+// its worker meanwhile:
 //
 //   - the other run recorded the message: a Duplicate, acknowledged (and
 //     dead-lettered again if it failed for good);
 //   - it released the id (a transient failure), or its lease ended (it
 //     died): the last delivery runs the handler itself, and dead-letters a
 //     transient failure;
-//   - ctx is done first, or other runs hold the id for longer than any
-//     lease (engine.DefaultMaxLease): the message is dead-lettered, still
-//     Busy, with ErrLastDelivery, and acknowledged. The other run may still
-//     succeed: a dead letter is sent at least once.
+//   - ctx is done first, or other runs hold the id for longer than the
+//     longest lease (engine.WithMaxLease, ten minutes by default): the
+//     message is dead-lettered, still Busy, with ErrLastDelivery, and
+//     acknowledged. The other run may still succeed: a dead letter is sent
+//     at least once.
+//
+// WithHandlerTimeout bounds the whole of Process, this wait included: with
+// it, a last delivery waits at most the timeout, and a handler that then
+// takes the message over runs with what is left of it. Keep the timeout
+// above a handler's usual run, or a last delivery that finds its message in
+// progress may give up on it while the other run is about to end.
 //
 // The broker's ack wait may pass meanwhile: neither broker delivers the
 // message again, and the outcome stands. Two simpler designs hold no worker
@@ -135,7 +159,8 @@
 //
 // A record must outlive every redelivery of its message: a redelivery after
 // the record expired runs again. So records are kept for days
-// (DefaultRetention, seven), not the hours of an API's key, and the
+// (RecommendedRetention, seven, given to engine.WithRetention), not the
+// hours of an API's key (engine.DefaultRetention), and the
 // adapters read the broker's own bounds into a Horizon (JetStream: the
 // stream's max age, the consumer's ack wait times max deliver; RabbitMQ: the
 // queue's x-message-ttl) and refuse to start when records would expire first,
@@ -146,7 +171,7 @@
 // Two-phase (the default, any handler, any store): the id is reserved, the
 // handler runs, its outcome is recorded, then the message is acknowledged. A
 // consumer that dies after the handler's effects and before the record
-// leaves the id in progress until its lease ends (WithLease, or
+// leaves the id in progress until its lease ends (engine.WithLease, or
 // WithHandlerTimeout plus a few seconds); the redelivery after that runs the
 // handler again. One that dies after the record is dropped as a duplicate.
 // The lease is also how long a handler may run before a redelivery presumes
@@ -162,7 +187,7 @@
 // # Sealing
 //
 // A consumer records only whether a message was processed or failed, never
-// what the handler did, so there is nothing to redact. WithSealer seals that
+// what the handler did, so there is nothing to redact. engine.WithSealer seals that
 // record too (package seal), so that someone who can write the store cannot
 // turn a failed message into a processed one; a record the key ring cannot
 // open is answered StoreUnavailable (negative-acknowledged, dead-lettered on

@@ -2,6 +2,7 @@ package consumer_test
 
 import (
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ func TestExpired(t *testing.T) {
 		h := &counter{}
 		stale := func(id string) consumer.Delivery {
 			d := delivery(id, 2)
-			d.Sent = time.Now().Add(-consumer.DefaultRetention - time.Minute)
+			d.Sent = time.Now().Add(-consumer.RecommendedRetention - time.Minute)
 			return d
 		}
 		res := c.Process(t.Context(), stale("msg-secret-id"), h.handle)
@@ -47,6 +48,29 @@ func TestExpired(t *testing.T) {
 		}
 		if h.runs != 2 || len(b.runs) != 1 || b.runs[0] != "msg-batch-new" {
 			t.Errorf("handlers ran %d times and for %q, want 2 times and for msg-batch-new", h.runs, b.runs)
+		}
+	})
+}
+
+// TestExpiredLogged: the refusal of a stale message is logged as what it
+// is, with the message's age and the retention it outlived, so that an
+// operator can tell it from the refusal of a malformed message; never with
+// its id, tenant or body (each checks the logs).
+func TestExpiredLogged(t *testing.T) {
+	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+		d := delivery("msg-secret-id", 2)
+		d.Sent = time.Now().Add(-consumer.RecommendedRetention - 2*time.Hour)
+		if res := c.Process(t.Context(), d, (&counter{}).handle); !errors.Is(res.Err, consumer.ErrExpired) {
+			t.Fatalf("a stale message: %+v, want refused with ErrExpired", res)
+		}
+		l := logs.String()
+		for _, want := range []string{"message refused", consumer.ErrExpired.Error(), "age=170h", "retention=168h0m0s"} {
+			if !strings.Contains(l, want) {
+				t.Errorf("the log does not say %q:\n%s", want, l)
+			}
+		}
+		if strings.Contains(l, "an error of type") {
+			t.Errorf("the log hides the refusal's reason:\n%s", l)
 		}
 	})
 }

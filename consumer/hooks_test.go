@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
 )
@@ -63,7 +64,7 @@ func TestHooks(t *testing.T) {
 		close(release)
 		<-first
 		events.Want(t, "execute executed ack "+secret+"-3 9")
-	}, consumer.WithHooks(events.Hooks()))
+	}, engine.WithHooks(events.Hooks()))
 }
 
 // TestHookPanics: a hook that panics changes neither the Result nor the
@@ -87,5 +88,5 @@ func TestHookPanics(t *testing.T) {
 		if n := strings.Count(logs.String(), "hook panicked"); n != 2 {
 			t.Errorf("%d hook panics logged, want 2:\n%s", n, logs)
 		}
-	}, consumer.WithHooks(events.Hooks()))
+	}, engine.WithHooks(events.Hooks()))
 }

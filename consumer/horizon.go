@@ -43,7 +43,7 @@ func (e *HorizonError) Error() string {
 			e.Consumer, e.Retention, e.Horizon.Source, fix)
 	}
 	return fmt.Sprintf("idemkey/consumer: consumer %q keeps processed message ids for %s, but the broker may redeliver a message for %s (%s): "+
-		"keep ids at least that long (WithRetention), or %s; or accept that a message redelivered later runs again (WithHorizonWarning)",
+		"keep ids at least that long (engine.WithRetention), or %s; or accept that a message redelivered later runs again (WithHorizonWarning)",
 		e.Consumer, e.Retention, e.Horizon.Bound, e.Horizon.Source, fix)
 }
 

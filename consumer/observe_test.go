@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -20,11 +21,8 @@ import (
 // action "ack".
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
-	c, err := consumer.New(memory.New(), "charges", consumer.WithSystem("nats"),
-		consumer.WithLogger(nil), consumer.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(nil),
+		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, consumer.WithSystem("nats"))
 	ok := func(context.Context) error { return nil }
 	c.Process(t.Context(), delivery("a", 1), ok)
 	c.Process(t.Context(), delivery("a", 2), ok)

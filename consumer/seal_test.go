@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/seal"
 )
@@ -29,11 +30,7 @@ func TestSealedRecords(t *testing.T) {
 			st, modeOpts := open(t)
 			logger, logs := logtest.New()
 			build := func(ring *seal.KeyRing) *consumer.Consumer {
-				c, err := consumer.New(st, "charges", append([]consumer.Option{consumer.WithSealer(ring), consumer.WithLogger(logger)}, modeOpts...)...)
-				if err != nil {
-					t.Fatal(err)
-				}
-				return c
+				return newConsumer(t, st, []engine.Option{engine.WithSealer(ring), engine.WithLogger(logger)}, modeOpts...)
 			}
 			c := build(testRing(t, 1))
 			h := &counter{}

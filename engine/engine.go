@@ -104,7 +104,8 @@ type OperationSpec struct {
 	// answered InProgress (a broker): such a call is answered at once,
 	// rather than held for WithInProgressWait, and told to wait out what
 	// the other run's lease has left, rather than WithMaxRetryAfter; on its
-	// last delivery (Attempt.Last) it waits for the key instead.
+	// last delivery (Attempt.Last) it waits for the key instead. It never
+	// fails open (WithFailOpen): the store's failure is redelivered.
 	Redelivers bool
 }
 
@@ -613,8 +614,9 @@ func (c *Call) Log(ctx context.Context, level slog.Level, msg string, err error)
 }
 
 // failsOpen reports whether a store failure runs op's handler unprotected:
-// with WithFailOpen, except in atomic mode.
-func (e *Engine) failsOpen(op *Operation) bool { return e.opts.failOpen && !op.atomic }
+// with WithFailOpen, except in atomic mode and for a transport that
+// redelivers, which tries again later rather than run unprotected.
+func (e *Engine) failsOpen(op *Operation) bool { return e.opts.failOpen && !op.atomic && !op.redelivers }
 
 // Polls of a key in progress: the first after awaitFirstPoll, each next one
 // twice as late, at most awaitMaxPoll apart. A duplicate leaves awaitMargin of

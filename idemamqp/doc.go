@@ -16,9 +16,11 @@
 //
 // # Example
 //
-//	core, err := consumer.New(st, "billing", consumer.WithSystem("rabbitmq"))
+//	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention))
 //	if err != nil { ... }
-//	// Keep ids longer than the queue keeps its messages.
+//	core, err := consumer.New(eng, "billing", consumer.WithSystem("rabbitmq"))
+//	if err != nil { ... }
+//	// Keep ids longer than the queue keeps its messages: a day, within the week.
 //	args := amqp.Table{"x-message-ttl": int64((24 * time.Hour).Milliseconds())}
 //	if _, err := ch.QueueDeclare("invoices", true, false, false, false, args); err != nil { ... }
 //	c, err := idemamqp.New(core, "invoices", args, func(ctx context.Context, d amqp.Delivery) error {
@@ -65,10 +67,11 @@
 //
 // # Guarantees
 //
-//   - A message id's handler runs to success or final failure once
-//     while its record is kept (consumer.WithRetention): a redelivery, or
-//     the same message published again, is acknowledged without running it,
-//     even on another worker, channel or process that shares the store.
+//   - A message id's handler runs to success or final failure once while
+//     its record is kept (the engine's retention, engine.WithRetention): a
+//     redelivery, or the same message published again, is acknowledged
+//     without running it, even on another worker, channel or process that
+//     shares the store.
 //   - With consumer.WithAtomic on a store that supports it (store/postgres),
 //     the handler's writes through postgres.TxFromContext commit with the
 //     message's record, or not at all: each message has exactly one effect,
@@ -82,9 +85,9 @@
 //   - New refuses a queue whose messages may be redelivered after their
 //     record expires (RedeliveryHorizon): one without an x-message-ttl, or with one
 //     longer than the retention, unless core has consumer.WithHorizonWarning.
-//   - The hooks of core (consumer.WithHooks) run once per delivery, before
-//     Handle acknowledges it: one execution per message id, then a replay
-//     per redelivery or publish again.
+//   - The hooks of core's engine (engine.WithHooks) run once per delivery,
+//     before Handle acknowledges it: one execution per message id, then a
+//     replay per redelivery or publish again.
 //
 // # Caveats
 //
@@ -111,7 +114,8 @@
 //     acknowledged, rather than dropped by RabbitMQ. A last delivery that
 //     finds its message in progress elsewhere (a run whose channel closed
 //     under it, so that RabbitMQ requeued the message) waits in Handle for
-//     that run to end, holding its worker, and takes the message over if
+//     that run to end, holding its worker (at most the run's lease, and at
+//     most consumer.WithHandlerTimeout), and takes the message over if
 //     the run released it (see package consumer).
 //   - AMQP shows neither a queue's arguments nor its policies: New trusts
 //     the args it is given. A TTL that a policy sets is not seen; pass it in

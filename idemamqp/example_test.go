@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -32,7 +33,11 @@ func Example() {
 	if _, err := ch.QueueDeclare("invoices", true, false, false, false, args); err != nil {
 		log.Fatal(err)
 	}
-	core, err := consumer.New(memory.New(), "billing", consumer.WithSystem("rabbitmq"))
+	eng, err := engine.New(memory.New(), engine.WithRetention(consumer.RecommendedRetention))
+	if err != nil {
+		log.Fatal(err)
+	}
+	core, err := consumer.New(eng, "billing", consumer.WithSystem("rabbitmq"))
 	if err != nil {
 		log.Fatal(err)
 	}

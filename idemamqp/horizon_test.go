@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store/memory"
@@ -75,14 +76,19 @@ func TestNew(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			logger, logs := logtest.New()
-			opts := []consumer.Option{consumer.WithLogger(logger)}
+			eopts := []engine.Option{engine.WithLogger(logger), engine.WithRetention(consumer.RecommendedRetention)}
 			if tc.retention > 0 {
-				opts = append(opts, consumer.WithRetention(tc.retention))
+				eopts = append(eopts, engine.WithRetention(tc.retention))
 			}
+			var opts []consumer.Option
 			if tc.warn {
 				opts = append(opts, consumer.WithHorizonWarning())
 			}
-			core, err := consumer.New(memory.New(), "billing", opts...)
+			eng, err := engine.New(memory.New(), eopts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			core, err := consumer.New(eng, "billing", opts...)
 			if err != nil {
 				t.Fatal(err)
 			}

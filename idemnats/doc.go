@@ -34,7 +34,9 @@
 //
 // # Example
 //
-//	core, err := consumer.New(st, "billing", consumer.WithSystem("nats"), consumer.WithAtomic())
+//	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention))
+//	if err != nil { ... }
+//	core, err := consumer.New(eng, "billing", consumer.WithSystem("nats"), consumer.WithAtomic())
 //	if err != nil { ... }
 //	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 //		Name: "ORDERS", Subjects: []string{"orders.>"},
@@ -85,9 +87,10 @@
 // # Guarantees
 //
 //   - A message id's handler runs to success or final failure once while
-//     its record is kept (consumer.WithRetention): a redelivery, or a resend
-//     after JetStream's duplicate window, is acknowledged without running
-//     it, even on another worker or process that shares the store. (In
+//     its record is kept (the engine's retention, engine.WithRetention): a
+//     redelivery, or a resend after JetStream's duplicate window, is
+//     acknowledged without running it, even on another worker or process
+//     that shares the store. (In
 //     two-phase mode, a run that died or outlasted its lease runs again:
 //     see package consumer.)
 //   - With consumer.WithAtomic on store/postgres, the handler's writes
@@ -102,9 +105,9 @@
 //     whose messages may be redelivered after their record expires (RedeliveryHorizon),
 //     unless core has consumer.WithHorizonWarning, and one that scopes
 //     Nats-Msg-Id by tenant, unless WithMessageIDsUniqueAcrossTenants.
-//   - The hooks of core (consumer.WithHooks) run once per delivery, before
-//     Handle acknowledges it: one execution per message id, then a replay
-//     per redelivery or resend.
+//   - The hooks of core's engine (engine.WithHooks) run once per delivery,
+//     before Handle acknowledges it: one execution per message id, then a
+//     replay per redelivery or resend.
 //
 // # Caveats
 //
@@ -119,10 +122,10 @@
 //     that runs longer than the ack wait should call msg.InProgress, or the
 //     message is redelivered meanwhile.
 //   - The last delivery of a message in progress elsewhere waits in Handle
-//     for that run to end, holding its worker (at most the run's lease), and
-//     takes the message over if the run released it: a run that fails for
-//     now after JetStream's last delivery cannot have it redelivered (see
-//     package consumer).
+//     for that run to end, holding its worker (at most the run's lease, and
+//     at most consumer.WithHandlerTimeout), and takes the message over if
+//     the run released it: a run that fails for now after JetStream's last
+//     delivery cannot have it redelivered (see package consumer).
 //   - Handle acknowledges with Ack, which JetStream does not confirm: a lost
 //     acknowledgement means a redelivery after the ack wait, dropped as a
 //     duplicate.

@@ -28,8 +28,8 @@ type Log struct {
 	events []string
 }
 
-// Hooks are the hooks to give consumer.WithHooks.
-func (h *Log) Hooks() consumer.Hooks {
+// Hooks are the hooks to give engine.WithHooks, for a consumer's engine.
+func (h *Log) Hooks() engine.Hooks {
 	keep := func(hook string) func(context.Context, engine.Event) {
 		return func(_ context.Context, ev engine.Event) {
 			h.mu.Lock()
@@ -44,7 +44,7 @@ func (h *Log) Hooks() consumer.Hooks {
 			}
 		}
 	}
-	return consumer.Hooks{OnExecute: keep("execute"), OnReplay: keep("replay"), OnRefuse: keep("refuse")}
+	return engine.Hooks{OnExecute: keep("execute"), OnReplay: keep("replay"), OnRefuse: keep("refuse")}
 }
 
 // Want checks the events kept since the last Want, in order, and forgets

@@ -416,7 +416,7 @@ func TestNakCancelled(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	var runs atomic.Int32
-	c, err := idemamqp.New(f.core(memory.New(), consumer.WithBackoff(time.Minute, time.Minute)), f.queue, f.args, func(ctx context.Context, d amqp.Delivery) error {
+	c, err := idemamqp.New(f.core(memory.New(), nil, consumer.WithBackoff(time.Minute, time.Minute)), f.queue, f.args, func(ctx context.Context, d amqp.Delivery) error {
 		if runs.Add(1) == 1 {
 			return errors.New("the ledger is down")
 		}

@@ -30,7 +30,7 @@ func TestExpired(t *testing.T) {
 				return nil
 			}, idemamqp.WithDeadLetter(dead.deadLetter))
 			id, body := f.secret("id"), f.secret("body")
-			old := time.Now().Add(-consumer.DefaultRetention - time.Hour)
+			old := time.Now().Add(-consumer.RecommendedRetention - time.Hour)
 			f.publish("", amqp.Publishing{MessageId: id, Body: []byte(body), Timestamp: old})
 			f.publish("", amqp.Publishing{MessageId: id, Body: []byte(body), Timestamp: time.Now()})
 			f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(body)})

@@ -13,6 +13,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/logtest"
@@ -129,18 +130,22 @@ func (f *fixture) publish(queue string, p amqp.Publishing) {
 	}
 }
 
-// core returns a consumer core on st, with fast backoffs and the fixture's
-// logger, and opts.
-func (f *fixture) core(st store.Store, opts ...consumer.Option) *consumer.Consumer {
+// core returns a consumer core with fast backoffs, and opts, on an engine
+// on st with the retention consumers are given, the fixture's logger, and
+// eopts.
+func (f *fixture) core(st store.Store, eopts []engine.Option, opts ...consumer.Option) *consumer.Consumer {
 	f.t.Helper()
 	logger, logs := logtest.New()
 	f.logs = logs
+	eng, err := engine.New(st, append([]engine.Option{engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(logger)}, eopts...)...)
+	if err != nil {
+		f.t.Fatal(err)
+	}
 	opts = append([]consumer.Option{
 		consumer.WithSystem("rabbitmq"),
 		consumer.WithBackoff(10*time.Millisecond, 50*time.Millisecond),
-		consumer.WithLogger(logger), consumer.WithMaxRetryAfter(20 * time.Millisecond),
 	}, opts...)
-	c, err := consumer.New(st, "billing", opts...)
+	c, err := consumer.New(eng, "billing", opts...)
 	if err != nil {
 		f.t.Fatal(err)
 	}
@@ -150,7 +155,13 @@ func (f *fixture) core(st store.Store, opts ...consumer.Option) *consumer.Consum
 // consumer returns an idemamqp.Consumer of the fixture's queue on st.
 func (f *fixture) consumer(st store.Store, copts []consumer.Option, h idemamqp.Handler, opts ...idemamqp.Option) *idemamqp.Consumer {
 	f.t.Helper()
-	c, err := idemamqp.New(f.core(st, copts...), f.queue, f.args, h, opts...)
+	return f.consumerWith(st, nil, copts, h, opts...)
+}
+
+// consumerWith is consumer, on an engine with eopts.
+func (f *fixture) consumerWith(st store.Store, eopts []engine.Option, copts []consumer.Option, h idemamqp.Handler, opts ...idemamqp.Option) *idemamqp.Consumer {
+	f.t.Helper()
+	c, err := idemamqp.New(f.core(st, eopts, copts...), f.queue, f.args, h, opts...)
 	if err != nil {
 		f.t.Fatal(err)
 	}

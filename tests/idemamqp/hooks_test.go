@@ -9,6 +9,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/hooklog"
 )
@@ -25,7 +26,7 @@ func TestHooks(t *testing.T) {
 			st, copts := b.new(t)
 			var hooks hooklog.Log
 			var runs atomic.Int32
-			c := f.consumer(st, append(copts, consumer.WithHooks(hooks.Hooks())), func(context.Context, amqp.Delivery) error {
+			c := f.consumerWith(st, []engine.Option{engine.WithHooks(hooks.Hooks())}, copts, func(context.Context, amqp.Delivery) error {
 				runs.Add(1)
 				return nil
 			}, idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return d.AppId, nil }))

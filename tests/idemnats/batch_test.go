@@ -98,7 +98,7 @@ func TestBatch(t *testing.T) {
 					return errors.New("down")
 				}
 				return nil
-			}, copts, idemnats.WithMessageID(orderID))
+			}, nil, copts, idemnats.WithMessageID(orderID))
 			publish := func(name string) { r.publish("", "body of "+name, "order-id", name) }
 
 			it, err := r.cons.Messages(jetstream.PullMaxMessages(16))

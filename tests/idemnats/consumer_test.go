@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -49,7 +50,24 @@ type rig struct {
 	dead    []error
 }
 
-func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Handler, coreOpts []consumer.Option, opts ...idemnats.Option) *rig {
+// newCore is a consumer core named name with opts, on an engine on st with
+// the retention consumers are given, then eopts.
+func newCore(t *testing.T, st store.Store, name string, eopts []engine.Option, opts ...consumer.Option) *consumer.Consumer {
+	t.Helper()
+	eng, err := engine.New(st, append([]engine.Option{engine.WithRetention(consumer.RecommendedRetention)}, eopts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, err := consumer.New(eng, name, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return core
+}
+
+// newRig is a rig on st, whose core's engine has eopts, and the core
+// coreOpts.
+func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Handler, eopts []engine.Option, coreOpts []consumer.Option, opts ...idemnats.Option) *rig {
 	t.Helper()
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
 	name := natstest.Name("c")
@@ -57,10 +75,7 @@ func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Han
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(st, name, append([]consumer.Option{fast, consumer.WithSystem("nats")}, coreOpts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	core := newCore(t, st, name, eopts, append([]consumer.Option{fast, consumer.WithSystem("nats")}, coreOpts...)...)
 	r := &rig{t: t, js: js, stream: stream, cons: cons, runs: map[string]int{}, results: map[consumer.Outcome]int{}}
 	counted := func(ctx context.Context, msg jetstream.Msg) error {
 		r.mu.Lock()
@@ -180,7 +195,7 @@ func (r *rig) outcomes() map[consumer.Outcome]int {
 
 func TestDuplicateAfterWindowDropped(t *testing.T) {
 	_, js := natstest.Connect(t)
-	r := newRig(t, js, memory.New(), nil, nil)
+	r := newRig(t, js, memory.New(), nil, nil, nil)
 	r.publish("a", "charge 1")
 	r.publish("b", "charge 2")
 	r.consume(2)
@@ -199,7 +214,7 @@ func TestDuplicateAfterWindowDropped(t *testing.T) {
 func TestFinalFailureRecordedAndDeadLettered(t *testing.T) {
 	_, js := natstest.Connect(t)
 	declined := status.Error(codes.FailedPrecondition, "card declined")
-	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error { return declined }, nil)
+	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error { return declined }, nil, nil)
 	r.publish("a", "charge")
 	r.consume(1)
 	time.Sleep(150 * time.Millisecond)
@@ -225,7 +240,7 @@ func TestTransientFailureRedelivered(t *testing.T) {
 			return errors.New("ledger unreachable")
 		}
 		return nil
-	}, nil)
+	}, nil, nil)
 	r.publish("a", "charge")
 	r.consume(1)
 	if n := r.runsOf("a"); n != 3 {
@@ -259,7 +274,7 @@ func TestRefusedMessagesTerminated(t *testing.T) {
 		}
 		return "", fmt.Errorf("%w: no order-id header", consumer.ErrNoID)
 	})
-	r := newRig(t, js, memory.New(), nil, nil, tenants, orderID)
+	r := newRig(t, js, memory.New(), nil, nil, nil, tenants, orderID)
 	r.publish("", "no id", "tenant", "acme")
 	r.publish("", "no tenant", "order-id", "x")
 	r.publish("", "first body", "order-id", "a", "tenant", "acme")
@@ -285,7 +300,7 @@ func TestRedeliveryWhileRunning(t *testing.T) {
 	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
 		once.Do(func() { time.Sleep(2500 * time.Millisecond) }) // more than twice the ack wait
 		return nil
-	}, nil)
+	}, nil, nil)
 	r.publish("a", "charge")
 	var wg sync.WaitGroup
 	results := make(chan consumer.Result, 100)
@@ -357,7 +372,7 @@ func TestAtomicWritesCommitWithRecord(t *testing.T) {
 			return status.Error(codes.FailedPrecondition, "declined")
 		}
 		return nil
-	}, []consumer.Option{consumer.WithAtomic()})
+	}, nil, []consumer.Option{consumer.WithAtomic()})
 	r.publish("a", "ok")
 	r.publish("b", "declined")
 	r.consume(2)
@@ -389,7 +404,7 @@ func TestBrokerRestartMidStream(t *testing.T) {
 	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
 		time.Sleep(2 * time.Millisecond)
 		return nil
-	}, nil)
+	}, nil, nil)
 	const n = 300
 	for i := range n {
 		r.publish(fmt.Sprint(i), fmt.Sprint("charge ", i))
@@ -445,17 +460,17 @@ func TestNewChecksHorizon(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := func(context.Context, jetstream.Msg) error { return nil }
-	core, _ := consumer.New(memory.New(), "d")
+	core := newCore(t, memory.New(), "d", nil)
 	_, err = idemnats.New(t.Context(), core, stream, cons, h)
 	var herr *consumer.HorizonError
 	if !errors.As(err, &herr) || !herr.Horizon.Unbounded {
 		t.Fatalf("New on an unbounded consumer: %v, want a HorizonError", err)
 	}
-	core, _ = consumer.New(memory.New(), "d", consumer.WithHorizonWarning(), consumer.WithLogger(nil))
+	core = newCore(t, memory.New(), "d", []engine.Option{engine.WithLogger(nil)}, consumer.WithHorizonWarning())
 	if _, err := idemnats.New(t.Context(), core, stream, cons, h); err != nil {
 		t.Fatalf("New with WithHorizonWarning: %v", err)
 	}
-	core, _ = consumer.New(memory.New(), "d", consumer.WithRetention(time.Hour))
+	core = newCore(t, memory.New(), "d", []engine.Option{engine.WithRetention(time.Hour)})
 	short, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "e", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 100, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -476,10 +491,7 @@ func TestMaxDeliverExhausted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(memory.New(), name, fast, consumer.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	core := newCore(t, memory.New(), name, []engine.Option{engine.WithLogger(nil)}, fast)
 	var mu sync.Mutex
 	var runs int
 	var dead []error

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/tests/natstest"
 )
@@ -13,12 +14,13 @@ import (
 // TestExpired: a message that JetStream stored longer ago than the
 // consumer's retention, and whose id has no record, is dead-lettered with
 // consumer.ErrExpired and terminated without running. The retention is a
-// second, and the message is consumed after more than that.
+// second (and so is the longest lease, which the retention must outlast),
+// and the message is consumed after more than that.
 func TestExpired(t *testing.T) {
 	_, js := natstest.Connect(t)
 	const retention = time.Second
-	r := newRig(t, js, memory.New(), nil, []consumer.Option{consumer.WithRetention(retention),
-		consumer.WithClockSkew(0), consumer.WithHorizonWarning(), consumer.WithLogger(nil)})
+	r := newRig(t, js, memory.New(), nil, []engine.Option{engine.WithRetention(retention), engine.WithMaxLease(retention),
+		engine.WithClockSkew(0), engine.WithLogger(nil)}, []consumer.Option{consumer.WithHorizonWarning()})
 	r.publish("a", "charge 1")
 	time.Sleep(retention + 100*time.Millisecond) // JetStream's clock stamped it; both clocks are this machine's
 	r.consume(1)

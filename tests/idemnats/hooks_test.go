@@ -8,6 +8,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
@@ -44,11 +45,11 @@ func TestHooks(t *testing.T) {
 			_, js := natstest.Connect(t)
 			var hooks hooklog.Log
 			logger, logs := logtest.New()
-			opts := []consumer.Option{consumer.WithHooks(hooks.Hooks()), consumer.WithLogger(logger)}
+			var opts []consumer.Option
 			if tc.atomic {
 				opts = append(opts, consumer.WithAtomic())
 			}
-			r := newRig(t, js, tc.store(t), nil, opts, orderID, tenantHeader)
+			r := newRig(t, js, tc.store(t), nil, []engine.Option{engine.WithHooks(hooks.Hooks()), engine.WithLogger(logger)}, opts, orderID, tenantHeader)
 			for _, panics := range []bool{false, true} {
 				hooks.Panics.Store(panics)
 				id := fmt.Sprint("order-secret-", panics)

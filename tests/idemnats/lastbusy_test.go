@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store/memory"
@@ -47,12 +48,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 			}
 			st := busystore.New(memory.New())
 			logger, logs := logtest.New()
-			// The busy deliveries are redelivered at once, not at the end of
-			// the first run's lease (a minute): the test ends well before it.
-			core, err := consumer.New(st, name, fast, consumer.WithMaxRetryAfter(50*time.Millisecond), consumer.WithLogger(logger))
-			if err != nil {
-				t.Fatal(err)
-			}
+			core := newCore(t, st, name, []engine.Option{engine.WithLogger(logger)}, fast)
 			t.Cleanup(func() {
 				if t.Failed() {
 					t.Logf("the consumer's log:\n%s", logs)
@@ -105,7 +101,17 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 				if meta.NumDelivered >= maxDeliver {
 					ctx = busystore.LastDelivery(ctx)
 				}
-				workers.Go(func() { results <- handled{meta.NumDelivered, c.Handle(ctx, msg)} })
+				workers.Go(func() {
+					// The busy deliveries are redelivered at once, not at the
+					// end of the first run's lease (a minute): the test ends
+					// well before it.
+					res := c.Process(ctx, msg)
+					if res.Outcome == consumer.Busy {
+						res.Delay = min(res.Delay, 50*time.Millisecond)
+					}
+					c.Settle(ctx, msg, res)
+					results <- handled{meta.NumDelivered, res}
+				})
 			})
 			if err != nil {
 				t.Fatal(err)

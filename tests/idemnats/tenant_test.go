@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/tests/natstest"
@@ -75,10 +76,7 @@ func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	// WithHorizonWarning accepts a late redelivery, not this.
-	core, err := consumer.New(memory.New(), name, consumer.WithHorizonWarning(), consumer.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
+	core := newCore(t, memory.New(), name, []engine.Option{engine.WithLogger(nil)}, consumer.WithHorizonWarning())
 	h := func(context.Context, jetstream.Msg) error { return nil }
 	_, err = idemnats.New(t.Context(), core, stream, cons, h, tenantHeader)
 	var werr *idemnats.DuplicateWindowError
@@ -123,7 +121,7 @@ func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 // each; their resends are dropped.
 func TestTenantsWithUniqueMsgIDs(t *testing.T) {
 	_, js := natstest.Connect(t)
-	r := newRig(t, js, memory.New(), nil, nil, tenantHeader, idemnats.WithMessageIDsUniqueAcrossTenants())
+	r := newRig(t, js, memory.New(), nil, nil, nil, tenantHeader, idemnats.WithMessageIDsUniqueAcrossTenants())
 	for _, tenant := range []string{"acme", "globex"} {
 		if ack := publishAs(t, js, r.subject(), tenant, tenant+"/msg-X", tenant+"'s charge"); ack.Duplicate {
 			t.Fatalf("%s's message was taken for a duplicate", tenant)
@@ -154,10 +152,7 @@ func TestNewWithoutTenantUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(memory.New(), name)
-	if err != nil {
-		t.Fatal(err)
-	}
+	core := newCore(t, memory.New(), name, nil)
 	h := func(context.Context, jetstream.Msg) error { return nil }
 	for what, opts := range map[string][]idemnats.Option{
 		"no tenant function":                nil,
