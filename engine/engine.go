@@ -172,10 +172,11 @@ type Call struct {
 	// Expires is the instant until which the call's key is honoured, when
 	// Verdict is Executed, Replayed, InProgress or Reused: its record's creation
 	// plus the retention, on the store's clock, the same for every call of
-	// the key. For a key in progress whose record the store cannot read yet
-	// (an atomic call that has not committed) it is a lower bound: the
-	// retention less WithMaxLease from now. Adapters tell it to the client
-	// (idemkey.ExpiresHeader). Zero if the store does not say.
+	// the key: for an atomic call in flight too, whose record the store
+	// reads from the running call's start (store/postgres). Adapters tell it
+	// to the client (idemkey.ExpiresHeader). Zero if the store cannot say,
+	// as for a running atomic call whose session the store cannot read:
+	// then no expiry is told rather than a guessed one.
 	Expires time.Time
 
 	key         store.Key
@@ -358,10 +359,7 @@ func (c *Call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 // answer sets the verdict of a key that was not acquired: a replay of the
 // recorded outcome, or the key is in progress, or reused.
 func (c *Call) answer(fp store.Fingerprint, res store.Result) {
-	c.Expires = res.Expires
-	if c.Expires.IsZero() && res.State == store.InProgress {
-		c.Expires = time.Now().Add(max(c.e.opts.retention-c.e.opts.maxLease, 0))
-	}
+	c.Expires = res.Expires // zero when the store cannot tell: no expiry rather than a wrong one
 	switch {
 	case res.Fingerprint != fp: // checked first, in either state
 		c.Verdict = Reused
@@ -616,7 +614,9 @@ func (c *Call) Log(ctx context.Context, level slog.Level, msg string, err error)
 // failsOpen reports whether a store failure runs op's handler unprotected:
 // with WithFailOpen, except in atomic mode and for a transport that
 // redelivers, which tries again later rather than run unprotected.
-func (e *Engine) failsOpen(op *Operation) bool { return e.opts.failOpen && !op.atomic && !op.redelivers }
+func (e *Engine) failsOpen(op *Operation) bool {
+	return e.opts.failOpen && !op.atomic && !op.redelivers
+}
 
 // Polls of a key in progress: the first after awaitFirstPoll, each next one
 // twice as late, at most awaitMaxPoll apart. A duplicate leaves awaitMargin of

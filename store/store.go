@@ -138,8 +138,9 @@ type Result struct {
 	// on the store's clock), in every state: until then its key is honoured.
 	// It is the same for every answer about one record, so that every
 	// transport tells a client the same instant. A store may leave it zero
-	// for a key in progress whose record it cannot read yet (store/postgres:
-	// one held by an atomic call that has not committed).
+	// for a key in progress whose expiry it cannot know (store/postgres: one
+	// held by an atomic call whose session it cannot read); the entry points
+	// then tell no expiry rather than a guessed one.
 	Expires time.Time
 }
 
