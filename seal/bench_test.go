@@ -33,8 +33,11 @@ func BenchmarkSealedEngineCall(b *testing.B) {
 		op *engine.Operation
 	}
 	newSide := func(opts ...engine.Option) side {
-		e := engine.New(memory.New(memory.WithMaxRecords(1<<24), memory.WithMaxBytes(1<<40)),
-			append(opts, engine.WithLogger(nil), engine.WithMaxRecordSize(4096))...)
+		e, err := engine.New(memory.New(memory.WithMaxRecords(1<<24), memory.WithMaxBytes(1<<40)),
+			append(opts, engine.WithSingleTenant(), engine.WithLogger(nil), engine.WithMaxRecordSize(4096))...)
+		if err != nil {
+			b.Fatal(err)
+		}
 		op, err := e.Operation(engine.OperationSpec{Name: "/bench.v1.Payments/Charge"})
 		if err != nil {
 			b.Fatal(err)

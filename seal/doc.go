@@ -6,9 +6,9 @@
 // A KeyRing seals each outcome with AES-256-GCM (the standard library's,
 // with a random nonce) under its primary key, bound to the record's scope
 // hash (store.Key) as associated data, and opens records sealed with any of
-// its keys. Give it to an entry point with its WithSealer option
-// (engine.WithSealer underneath); the engine seals on the way to the store
-// and opens on the way back, on every store and in both modes.
+// its keys. Give it to the engine with engine.WithSealer; the engine seals on
+// the way to the store and opens on the way back, for every entry point
+// built on it, on every store and in both modes.
 //
 // # Example
 //
@@ -18,7 +18,9 @@
 //	if err != nil { ... }
 //	ring, err := seal.NewKeyRing(primary, seal.WithPreviousKeys(previous))
 //	if err != nil { ... }
-//	idem, err := interceptor.UnaryServerInterceptor(st, interceptor.WithSealer(ring), ...)
+//	eng, err := engine.New(st, engine.WithTenant(tenantOf), engine.WithSealer(ring))
+//	if err != nil { ... }
+//	idem, err := interceptor.UnaryServerInterceptor(eng)
 //
 // Make a key with `head -c 32 /dev/urandom > seal.key`, or `openssl rand
 // -hex 32 > seal.key`, readable by the server alone. ReadKeyFile (and
@@ -47,9 +49,9 @@
 //     (Unavailable, reason IDEMPOTENCY_STORE_UNAVAILABLE; HTTP 503; a
 //     consumer negative-acknowledges, and dead-letters on the last
 //     delivery), and logs at Error why, with the record's scope hash
-//     prefix, never the key or the tenant; even WithFailOpen does not run
-//     the handler. Unavailable rather than a final error, because the
-//     usual cause is a replica that lacks a key its peers already seal
+//     prefix, never the key or the tenant; even engine.WithFailOpen does
+//     not run the handler. Unavailable rather than a final error, because
+//     the usual cause is a replica that lacks a key its peers already seal
 //     with: a retry that reaches another replica gets the reply.
 //
 // # Rotating keys

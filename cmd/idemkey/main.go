@@ -18,10 +18,10 @@
 // The store keeps no raw key or tenant, only a SHA-256 of the scope: -tenant,
 // -method and -key hash it exactly as the interceptor does. -method is the
 // full method name, such as /example.payments.v1.PaymentService/CreateCharge;
-// a server configured with interceptor.WithScope(interceptor.ScopeTenant)
-// leaves the method out of the scope, and -method "" does the same. All three
-// flags must be given, even when empty, so that a forgotten one is not read
-// as an empty one.
+// a server whose engine has engine.WithScope(engine.ScopeTenant) leaves the
+// method out of the scope, and -method "" does the same. All three flags
+// must be given, even when empty, so that a forgotten one is not read as an
+// empty one.
 //
 // -hash selects by the hash instead: all 64 hex digits, or a prefix, such as
 // the 12 digits that the interceptor's and the store's log lines show as

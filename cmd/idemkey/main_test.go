@@ -23,6 +23,7 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/leakcheck"
@@ -170,7 +171,8 @@ func bearerTenant(ctx context.Context) (string, error) {
 // again.
 func TestRecordOfGRPCServer(t *testing.T) {
 	url, _, st := newStore(t)
-	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(bearerTenant), interceptor.WithKeyRequired()))
+	eng := grpctest.Must(engine.New(st, engine.WithTenant(bearerTenant), engine.WithKeyRequired()))
+	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(eng))
 	srv := grpc.NewServer(grpc.UnaryInterceptor(intercept))
 	svc := &chargeService{}
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)

@@ -66,7 +66,7 @@ func (s *selector) register(fs *flag.FlagSet) {
 		return nil
 	})
 	fs.StringVar(&s.tenant, "tenant", "", "the tenant, as the server's TenantFunc returns it")
-	fs.StringVar(&s.method, "method", "", `the full method, such as /pkg.Service/Method; "" for a key scoped to its tenant only (interceptor.ScopeTenant)`)
+	fs.StringVar(&s.method, "method", "", `the full method, such as /pkg.Service/Method; "" for a key scoped to its tenant only (engine.ScopeTenant)`)
 	fs.StringVar(&s.key, "key", "", "the idempotency key")
 	fs.StringVar(&s.hash, "hash", "", "instead of -tenant, -method and -key: the record's hash in hex, or a prefix of it such as the scope= of a log line")
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -70,7 +71,7 @@ func (w *writer) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeR
 	case "panic":
 		panic("handler panic")
 	case "huge":
-		return &paymentsv1.Charge{Id: idemkey.NewKey(), Description: strings.Repeat("x", interceptor.DefaultMaxRecordSize)}, nil
+		return &paymentsv1.Charge{Id: idemkey.NewKey(), Description: strings.Repeat("x", engine.DefaultMaxRecordSize)}, nil
 	case "lock_timeout": // the handler's own lock timeout
 		var v string
 		if err := tx.QueryRow(ctx, `SHOW lock_timeout`).Scan(&v); err != nil {
@@ -140,7 +141,7 @@ func newAtomicReplicas(t *testing.T, n int, opts []postgres.Option, configure ..
 		}
 		rs[i] = atomicReplica{replica: r, app: app, writer: &writer{}}
 		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics,
-			grpctest.Must(interceptor.UnaryServerInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), interceptor.WithLogger(nil)))))
+			serverInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), engine.WithLogger(nil))))
 		paymentsv1.RegisterPaymentServiceServer(srv, rs[i].writer)
 		rs[i].client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	}
@@ -481,7 +482,7 @@ func TestAtomicRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &writer{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic(), interceptor.WithLogger(nil)))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, interceptor.WithAtomic(), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, w)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	call := func(key string) {
@@ -540,7 +541,7 @@ func TestAtomicCommitLosesTheKey(t *testing.T) {
 	a.writer.waitWritten(t)
 
 	other := &chargeService{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(newStore(t, a.pool), interceptor.WithLogger(nil)))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(newStore(t, a.pool), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, other)
 	twoPhase := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "k")

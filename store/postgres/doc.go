@@ -8,8 +8,11 @@
 //	if err := postgres.Migrate(ctx, pool); err != nil { ... }
 //	st, err := postgres.New(pool)
 //	...
-//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
-//		interceptor.UnaryServerInterceptor(st, interceptor.WithTenant(tenantOf))))
+//	eng, err := engine.New(st, engine.WithTenant(tenantOf))
+//	...
+//	idem, err := interceptor.UnaryServerInterceptor(eng, interceptor.WithAtomic())
+//	...
+//	srv := grpc.NewServer(grpc.UnaryInterceptor(idem))
 //	go (&store.Janitor{Store: st, Interval: time.Minute}).Run(ctx)
 //
 // # Schema
@@ -144,7 +147,7 @@
 //     caller gets Unavailable, and the key is free.
 //   - A duplicate of a running call waits on nothing: Begin finds the
 //     key's lock taken and answers "in progress" at once (the
-//     interceptor then asks again while interceptor.WithInProgressWait
+//     interceptor then asks again while engine.WithInProgressWait
 //     lasts, and answers the replay once the first call has committed).
 //     Nothing in Begin sets a lock timeout, so a wait of the database's own
 //     (extending the table's file, a migration's lock) delays a call but

@@ -8,14 +8,15 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-// A server on PostgreSQL: create or upgrade the table at start-up, put the
-// store behind the interceptor, and sweep expired keys in a goroutine that
-// stops with the server.
+// A server on PostgreSQL: create or upgrade the table at start-up, build the
+// engine on the store and put it behind the interceptor, and sweep expired
+// keys in a goroutine that stops with the server.
 func Example() {
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -33,7 +34,13 @@ func Example() {
 	}
 	go (&store.Janitor{Store: st, Interval: time.Minute}).Run(ctx)
 
-	idem, err := interceptor.UnaryServerInterceptor(st)
+	// tenantOf reads the caller's tenant from the identity that the
+	// authentication interceptor verified.
+	eng, err := engine.New(st, engine.WithTenant(tenantOf))
+	if err != nil {
+		log.Fatal(err)
+	}
+	idem, err := interceptor.UnaryServerInterceptor(eng)
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
@@ -59,11 +60,11 @@ func TestTenantsNeverShareReplies(t *testing.T) {
 			svc := &echo{runs: map[string]int{}}
 			var clients []paymentsv1.PaymentServiceClient
 			for _, r := range rs {
-				opts := []interceptor.Option{interceptor.WithTenant(tenantOf), interceptor.WithLogger(nil)}
+				opts := []any{engine.WithTenant(tenantOf), engine.WithLogger(nil)}
 				if atomic {
 					opts = append(opts, interceptor.WithAtomic())
 				}
-				srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, opts...))))
+				srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, opts...)))
 				paymentsv1.RegisterPaymentServiceServer(srv, svc)
 				clients = append(clients, paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv))))
 			}
@@ -109,9 +110,9 @@ func TestNothingRawLeaks(t *testing.T) {
 	logger, logs := logtest.New()
 	r := newReplica(t)
 	svc := &blocking{started: make(chan struct{}, 1), proceed: make(chan struct{})}
-	serve := func(st *postgres.Store, opts ...interceptor.Option) paymentsv1.PaymentServiceClient {
-		srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
-			append(opts, interceptor.WithTenant(tenantOf), interceptor.WithLogger(logger))...))))
+	serve := func(st *postgres.Store, opts ...any) paymentsv1.PaymentServiceClient {
+		srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(st,
+			append(opts, engine.WithTenant(tenantOf), engine.WithLogger(logger))...)))
 		paymentsv1.RegisterPaymentServiceServer(srv, svc)
 		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	}

@@ -13,7 +13,11 @@
 //	client := goredis.NewClient(&goredis.Options{Addr: "127.0.0.1:6379"})
 //	st, err := redis.New(ctx, client, redis.WithReplicas(1))
 //	if err != nil { ... }
-//	srv := grpc.NewServer(grpc.UnaryInterceptor(interceptor.UnaryServerInterceptor(st)))
+//	eng, err := engine.New(st, engine.WithTenant(tenantOf))
+//	if err != nil { ... }
+//	idem, err := interceptor.UnaryServerInterceptor(eng)
+//	if err != nil { ... }
+//	srv := grpc.NewServer(grpc.UnaryInterceptor(idem))
 //
 // # Guarantees
 //
@@ -136,7 +140,7 @@
 // loss (flush, empty failover, evictions): fix its cause, then restart the
 // processes. A new Store accepts the loss: keys recorded before it run again
 // if they are retried. Until then every call with a key is answered
-// Unavailable; with the interceptor's WithFailOpen, handlers run unprotected
+// Unavailable; with engine.WithFailOpen, handlers run unprotected
 // instead, as for any store failure. A prefix taken out of use leaves its
 // markers behind: delete them with its records.
 //

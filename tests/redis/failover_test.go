@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -74,9 +75,10 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 		t.Fatal(err)
 	}
 	ledger := &chargeLedger{charges: map[string]int{}}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(func(context.Context) (string, error) { return "acme", nil }),
-		interceptor.WithLogger(slog.New(slog.DiscardHandler))))))
+	eng := grpctest.Must(engine.New(st,
+		engine.WithTenant(func(context.Context) (string, error) { return "acme", nil }),
+		engine.WithLogger(slog.New(slog.DiscardHandler))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
 	paymentsv1.RegisterPaymentServiceServer(srv, ledger)
 	lis := grpctest.Serve(t, srv)
 	conn := grpctest.Dial(t, lis, grpc.WithDefaultServiceConfig(retryPolicy))

@@ -86,9 +86,10 @@ func TestHooks(t *testing.T) {
 	t.Run("grpc", func(t *testing.T) {
 		var hooks hookLog
 		logger, logs := logtest.New()
-		srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(hooksStore(t),
-			interceptor.WithTenant(func(context.Context) (string, error) { return "acme", nil }),
-			interceptor.WithLogger(logger), interceptor.WithHooks(hooks.hooks())))))
+		eng := grpctest.Must(engine.New(hooksStore(t),
+			engine.WithTenant(func(context.Context) (string, error) { return "acme", nil }),
+			engine.WithLogger(logger), engine.WithHooks(hooks.hooks())))
+		srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
 		svc := &chargeLedger{charges: map[string]int{}}
 		paymentsv1.RegisterPaymentServiceServer(srv, svc)
 		payments := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDisableRetry()))
@@ -123,8 +124,9 @@ func TestHooks(t *testing.T) {
 	t.Run("http", func(t *testing.T) {
 		var hooks hookLog
 		logger, logs := logtest.New()
-		mw, err := idemhttp.Middleware(hooksStore(t), idemhttp.WithLogger(logger), idemhttp.WithHooks(hooks.hooks()),
-			idemhttp.WithTenant(func(context.Context) (string, error) { return "acme", nil }))
+		eng := grpctest.Must(engine.New(hooksStore(t), engine.WithLogger(logger), engine.WithHooks(hooks.hooks()),
+			engine.WithTenant(func(context.Context) (string, error) { return "acme", nil })))
+		mw, err := idemhttp.Middleware(eng)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -176,7 +178,8 @@ func TestHooks(t *testing.T) {
 	t.Run("consumer", func(t *testing.T) {
 		var hooks hookLog
 		logger, logs := logtest.New()
-		c, err := consumer.New(hooksStore(t), "charges", consumer.WithLogger(logger), consumer.WithHooks(hooks.hooks()))
+		eng := grpctest.Must(engine.New(hooksStore(t), engine.WithLogger(logger), engine.WithHooks(hooks.hooks())))
+		c, err := consumer.New(eng, "charges")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
@@ -55,9 +56,10 @@ func (l *heldLedger) CreateCharge(ctx context.Context, req *paymentsv1.CreateCha
 // log.
 func serveCharges(t *testing.T, st store.Store, svc paymentsv1.PaymentServiceServer) (paymentsv1.PaymentServiceClient, *logtest.Buffer) {
 	logger, logs := logtest.New()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(func(context.Context) (string, error) { return "acme", nil }),
-		interceptor.WithLogger(logger)))))
+	eng := grpctest.Must(engine.New(st,
+		engine.WithTenant(func(context.Context) (string, error) { return "acme", nil }),
+		engine.WithLogger(logger)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis, grpc.WithDisableRetry())), logs

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/engine"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 )
@@ -328,7 +328,7 @@ func (h *harness) longestDeadline(i int) (string, error) {
 			longest = max(longest, time.Nanosecond)
 			continue
 		}
-		if lease <= 0 || lease > interceptor.DefaultMaxLease {
+		if lease <= 0 || lease > engine.DefaultMaxLease {
 			return "", fmt.Errorf("a call with the longest deadline got a lease of %v", lease)
 		}
 		longest = max(longest, lease)
