@@ -69,12 +69,15 @@ const (
 // lock ($3, see lockID) without waiting: the lock is what a running atomic
 // call holds instead of a row, until its transaction ends. Begin runs it on
 // its own (autocommit) when every transaction slot is taken, to ask
-// whether the key is free, and lets the lock go at once; a batch runs it
-// over arrays in its transaction (batchProbeSQL), which keeps the locks.
+// whether the key is free, and lets the lock go at once. It tries the lock
+// in share mode, which conflicts with a running call's lock alone, so that
+// holdersSQL never takes a probe for the key's holder (a batch runs the
+// probe in its transaction too, batchProbeSQL, with exclusive locks that
+// it keeps).
 //
-// Result columns: kind, then the record's fingerprint, outcome and time left
-// on its lease (NULL without a record), and the expiry of the key's record
-// once recorded by this transaction (recordExpires, with the retention $4).
+// Result columns: kind, then the record's fingerprint, outcome, time left
+// on its lease and expiry (NULL without a record), and the statement's
+// now(), its transaction's start.
 func probeSQL(table string) string {
 	return fmt.Sprintf(`
 SELECT CASE
@@ -82,35 +85,60 @@ SELECT CASE
 		WHEN %[2]s THEN CASE WHEN %[8]s THEN %[5]d ELSE %[4]d END
 		WHEN c.state = 'completed' THEN %[6]d
 		ELSE %[7]d END,
-	c.fingerprint, c.outcome, c.lease_end - now(), %[9]s
+	c.fingerprint, c.outcome, c.lease_end - now(), c.expires_at, now()
 FROM (VALUES (1)) AS one (x) LEFT JOIN %[1]s AS c ON c.key = $1`,
-		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("$3", table),
-		recordExpires("c", takeable("c"), "$4"))
-}
-
-// recordExpires is the SQL of when the record of the key whose row is r (a
-// NULL row without one) expires, once the transaction records it: the
-// row's own expiry if it lives on, else now() plus the retention in
-// microseconds, as recordSQL and takeoverSQL write it. The transaction's
-// now() is its start, so every statement of it tells the same instant.
-func recordExpires(r, takeable, retention string) string {
-	return fmt.Sprintf(`CASE WHEN %[1]s.key IS NULL OR ((%[2]s) AND %[1]s.expires_at <= now())
-		THEN now() + %[3]s * interval '1 microsecond' ELSE %[1]s.expires_at END`, r, takeable, retention)
+		table, takeable("c"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("$3", table, true))
 }
 
 // lockSQL tries the key's advisory lock ($1, see lockID) without waiting:
 // the lock is what a running atomic call holds instead of a row, until its
-// transaction ends. It answers too when a record the transaction writes
-// expires, with the retention $2 (recordExpires).
+// transaction ends. It answers too when the transaction started (its
+// now()), for the expiry of the record it writes (expiresOnRecord).
 func lockSQL(table string) string {
-	return "SELECT " + tryLock("$1", table) + ", now() + $2 * interval '1 microsecond'"
+	return "SELECT " + tryLock("$1", table, false) + ", now()"
 }
 
 // tryLock is the SQL that tries, without waiting, the advisory lock of the
-// key whose lockID the expression id holds, on table: XORed with the
-// table's OID, so that two stores' tables never share a key's lock.
-func tryLock(id, table string) string {
-	return fmt.Sprintf(`pg_try_advisory_xact_lock(%s # '%s'::regclass::oid::bigint)`, id, table)
+// key whose lockID the expression id holds, on table (lockKey): exclusive,
+// or with shared in share mode.
+func tryLock(id, table string, shared bool) string {
+	if shared {
+		return "pg_try_advisory_xact_lock_shared(" + lockKey(id, table) + ")"
+	}
+	return "pg_try_advisory_xact_lock(" + lockKey(id, table) + ")"
+}
+
+// lockKey is the SQL of the advisory lock of the key whose lockID the
+// expression id holds, on table: XORed with the table's OID, so that two
+// stores' tables never share a key's lock.
+func lockKey(id, table string) string {
+	return fmt.Sprintf(`(%s # '%s'::regclass::oid::bigint)`, id, table)
+}
+
+// holdersSQL reads when the transactions that hold the locks of the keys
+// whose lockIDs are $1 started, of those that started before $2: rows of
+// lockID and pg_stat_activity's xact_start. A transaction's now() is its
+// start, so the record that such a transaction writes expires at that
+// instant plus the retention (recordSQL), which a duplicate can tell
+// before the record is written (expiresOnRecord).
+//
+// pg_locks shows an advisory lock of one bigint with its high half as
+// classid, its low half as objid, and objsubid 1. Only exclusive locks are
+// read: the probe's own are in share mode, and record nothing. $2 is when
+// the statement that found the locks held started: a transaction that
+// started later is not the one that held a lock then, but one that took it
+// since (or the holder's connection, in its next transaction), and is left
+// out. xact_start is NULL, and the row left out too, where the reader may
+// not see the holder's session: pg_stat_activity hides another role's
+// unless the reader has pg_read_all_stats.
+func holdersSQL(table string) string {
+	return fmt.Sprintf(`SELECT h.id, a.xact_start
+FROM (SELECT ((k.classid::bigint << 32) | k.objid::bigint) # '%s'::regclass::oid::bigint AS id, k.pid
+	FROM pg_locks AS k
+	WHERE k.locktype = 'advisory' AND k.mode = 'ExclusiveLock' AND k.granted AND k.objsubid = 1
+		AND k.database = (SELECT oid FROM pg_database WHERE datname = current_database())) AS h
+	JOIN pg_stat_activity AS a ON a.pid = h.pid
+WHERE h.id = ANY($1::bigint[]) AND a.xact_start < $2`, table)
 }
 
 // readSQL reads the key's record, in the statement after lockSQL's, so with
@@ -123,11 +151,10 @@ func tryLock(id, table string) string {
 // and the record's failure at commit settles it instead.
 //
 // Result columns: completed, fingerprint, outcome, time left on the lease,
-// takeable, and the record's expiry once this transaction records it, with
-// the retention $3 (recordExpires); no row without a record.
+// takeable and expiry; no row without a record.
 func readSQL(table string) string {
-	return fmt.Sprintf(`SELECT c.state = 'completed', c.fingerprint, c.outcome, c.lease_end - now(), %[2]s, %[3]s
-FROM %[1]s AS c WHERE c.key = $1`, table, takeable("c"), recordExpires("c", takeable("c"), "$3"))
+	return fmt.Sprintf(`SELECT c.state = 'completed', c.fingerprint, c.outcome, c.lease_end - now(), %[2]s, c.expires_at
+FROM %[1]s AS c WHERE c.key = $1`, table, takeable("c"))
 }
 
 // recordSQL inserts the completed record of an atomic call whose probe found
@@ -227,11 +254,11 @@ func (s *Store) freeSlot() { <-s.slots }
 // fresh connection if its own died (reconnect).
 func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, error) {
 	var (
-		res store.Result
+		p   probed
 		err error
 	)
 	for range maxAttempts {
-		res, _, err = scanProbe(s.pool.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key), retention(r)), r)
+		p, err = scanProbe(s.pool.QueryRow(ctx, s.probeSQL, r.Key[:], r.Fingerprint[:], lockID(r.Key)), r)
 		if !reconnect(err) {
 			break
 		}
@@ -239,33 +266,106 @@ func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, e
 	if err != nil {
 		return store.Result{}, s.translate(ctx, "begin", err)
 	}
-	return res, nil
+	ps := []probed{p}
+	s.tellHolders(ctx, []store.Reservation{r}, ps)
+	return ps[0].res, nil
+}
+
+// probed is how a probe, or Begin's lock and read, decided one key.
+type probed struct {
+	res      store.Result
+	takeover bool      // the key's record is taken over
+	busy     bool      // another transaction holds the key's lock: res.Expires is that transaction's (tellHolders)
+	recorded time.Time // the key's record's expiry; zero without one
+	started  time.Time // when the transaction that decided it started
 }
 
 // scanProbe reads the row of probeSQL for r.
-func scanProbe(row pgx.Row, r store.Reservation) (res store.Result, takeover bool, err error) {
+func scanProbe(row pgx.Row, r store.Reservation) (probed, error) {
 	var (
 		kind        int
 		fingerprint []byte
 		leaseLeft   pgtype.Interval
+		recorded    pgtype.Timestamptz
+		p           probed
 	)
-	if err := row.Scan(&kind, &fingerprint, &res.Outcome, &leaseLeft, &res.Expires); err != nil {
-		return store.Result{}, false, err
+	if err := row.Scan(&kind, &fingerprint, &p.res.Outcome, &leaseLeft, &recorded, &p.started); err != nil {
+		return probed{}, err
 	}
+	p.recorded = recorded.Time
 	switch kind {
 	case probeFree, probeTakeable:
-		return store.Result{State: store.Acquired, Expires: res.Expires}, kind == probeTakeable, nil
+		p.res = store.Result{State: store.Acquired, Expires: expiresOnRecord(r, p.started, p.recorded)}
+		p.takeover = kind == probeTakeable
+		return p, nil
 	case probeBusy:
 		// The running call's record is not written yet: its fingerprint
 		// cannot be read, and its lease is unknown.
-		return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, false, nil
+		p.res = store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}
+		p.busy = true
+		return p, nil
 	case probeCompleted:
-		res.State = store.Completed
+		p.res.State = store.Completed
 	default:
-		res.State, res.RetryAfter = store.InProgress, intervalDuration(leaseLeft)
+		p.res.State, p.res.RetryAfter = store.InProgress, intervalDuration(leaseLeft)
 	}
-	copy(res.Fingerprint[:], fingerprint)
-	return res, false, nil
+	copy(p.res.Fingerprint[:], fingerprint)
+	p.res.Expires = p.recorded
+	return p, nil
+}
+
+// expiresOnRecord is when the record of r's key expires once the
+// transaction that holds the key's lock, which started at started,
+// records it, as recordSQL and takeoverSQL write it: a record found
+// (recorded, its expiry; zero without one) that expires after started
+// keeps its expiry, else started plus the retention. Zero if started is
+// unknown.
+func expiresOnRecord(r store.Reservation, started, recorded time.Time) time.Time {
+	switch {
+	case started.IsZero():
+		return time.Time{}
+	case recorded.After(started):
+		return recorded
+	}
+	return started.Add(time.Duration(retention(r)) * time.Microsecond)
+}
+
+// tellHolders sets the expiry of each key of ps found busy (ps[i] decides
+// rs[i]): the expiry of the record that the transaction holding the key's
+// lock writes when it commits, from when it started, as holdersSQL reads it
+// on a connection of the pool. Only keys found busy cost the read, one
+// statement for all: a statement that reads pg_locks costs its executor's
+// start-up even in a branch never run, so the read is not part of the
+// statements that try the locks. Where the start cannot be read, the
+// expiry stays zero: the answer stands without it, and tells nothing
+// rather than a wrong instant.
+func (s *Store) tellHolders(ctx context.Context, rs []store.Reservation, ps []probed) {
+	var (
+		ids    []int64
+		before time.Time
+	)
+	for i, p := range ps {
+		if p.busy {
+			ids, before = append(ids, lockID(rs[i].Key)), p.started
+		}
+	}
+	if len(ids) == 0 {
+		return
+	}
+	started := make(map[int64]time.Time, len(ids))
+	rows, _ := s.pool.Query(ctx, s.holdersSQL, ids, before)
+	var (
+		id int64
+		at time.Time
+	)
+	if _, err := pgx.ForEachRow(rows, []any{&id, &at}, func() error { started[id] = at; return nil }); err != nil {
+		return
+	}
+	for i := range ps {
+		if ps[i].busy {
+			ps[i].res.Expires = expiresOnRecord(rs[i], started[lockID(rs[i].Key)], ps[i].recorded)
+		}
+	}
 }
 
 // keyRecord is the row of readSQL.
@@ -274,7 +374,7 @@ type keyRecord struct {
 	fingerprint         []byte
 	outcome             []byte
 	leaseLeft           pgtype.Interval
-	expires             time.Time // as recorded by the transaction (recordExpires)
+	expires             time.Time
 }
 
 // scan reads the row of readSQL; found is false without a record.
@@ -286,29 +386,31 @@ func (c *keyRecord) scan(row pgx.Row) (found bool, err error) {
 	return err == nil, err
 }
 
-// decide is Begin's answer for r, given whether it took the key's lock and
-// the key's record, if found: a live record answers the call; otherwise
-// the lock's holder runs it (takeover reports a record to take over), and
-// without the lock another call does: "in progress", with r's own
-// fingerprint, since the running call's record is not written yet, and a
-// lease and expiry unknown. expires is lockSQL's: when a new record of the
-// transaction's expires.
-func (c *keyRecord) decide(r store.Reservation, locked, found bool, expires time.Time) (res store.Result, takeover bool) {
+// decide is Begin's answer for r, given whether it took the key's lock,
+// when its transaction started (lockSQL's), and the key's record, if
+// found: a live record answers the call; otherwise the lock's holder runs
+// it (a record found is taken over), and without the lock another call
+// does: "in progress", with r's own fingerprint, since the running call's
+// record is not written yet, a lease unknown, and an expiry that
+// tellHolders reads.
+func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time.Time) probed {
+	p := probed{started: started}
+	if found {
+		p.recorded = c.expires
+	}
 	switch {
 	case found && !c.takeable && c.completed:
-		res = store.Result{State: store.Completed, Outcome: c.outcome, Expires: c.expires}
-		copy(res.Fingerprint[:], c.fingerprint)
-		return res, false
+		p.res = store.Result{State: store.Completed, Outcome: c.outcome, Expires: c.expires}
+		copy(p.res.Fingerprint[:], c.fingerprint)
 	case found && !c.takeable:
-		res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
-		copy(res.Fingerprint[:], c.fingerprint)
-		return res, false
-	case locked && found:
-		return store.Result{State: store.Acquired, Expires: c.expires}, true
+		p.res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
+		copy(p.res.Fingerprint[:], c.fingerprint)
 	case locked:
-		return store.Result{State: store.Acquired, Expires: expires}, false
+		p.res, p.takeover = store.Result{State: store.Acquired, Expires: expiresOnRecord(r, started, p.recorded)}, found
+	default:
+		p.res, p.busy = store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, true
 	}
-	return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, false
+	return p
 }
 
 // begin is Begin once it holds a slot. A connection that is lost takes the
@@ -322,7 +424,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		}
 		var (
 			locked, found bool
-			expires       time.Time
+			started       time.Time
 			rec           keyRecord
 			scanErr       error
 		)
@@ -330,8 +432,8 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		b.Queue("BEGIN")
 		// The scans' errors are kept apart, because pgx forgets the prepared
 		// statements of a batch that fails, and no row is no failure of theirs.
-		b.Queue(s.lockSQL, lockID(r.Key), retention(r)).QueryRow(func(row pgx.Row) error { scanErr = row.Scan(&locked, &expires); return nil })
-		b.Queue(s.readSQL, r.Key[:], r.Fingerprint[:], retention(r)).QueryRow(func(row pgx.Row) error {
+		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { scanErr = row.Scan(&locked, &started); return nil })
+		b.Queue(s.readSQL, r.Key[:], r.Fingerprint[:]).QueryRow(func(row pgx.Row) error {
 			var err error
 			found, err = rec.scan(row)
 			scanErr = cmp.Or(scanErr, err)
@@ -342,10 +444,10 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 		if err == nil {
 			err = scanErr
 		}
-		res, takeover := rec.decide(r, locked, found, expires)
+		p := rec.decide(r, locked, found, started)
 		switch {
-		case err == nil && res.State == store.Acquired:
-			return res, &atomicTx{store: s, conn: conn, r: r, takeover: takeover}, false, nil
+		case err == nil && p.res.State == store.Acquired:
+			return p.res, &atomicTx{store: s, conn: conn, r: r, takeover: p.takeover}, false, nil
 		case err == nil:
 			// The call wrote nothing, and a lock it took matters to no
 			// one (the key's record answers every other call): the answer
@@ -354,7 +456,9 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 				s.rollback(ctx, conn)
 				s.freeSlot()
 			}()
-			return res, nil, true, nil
+			ps := []probed{p}
+			s.tellHolders(ctx, []store.Reservation{r}, ps)
+			return ps[0].res, nil, true, nil
 		case serializationFailure(err):
 			// The ROLLBACK goes on its own, because pgx prepares anew the
 			// statements of a batch that failed, which PostgreSQL refuses

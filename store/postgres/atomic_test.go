@@ -1,7 +1,9 @@
 package postgres_test
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -558,8 +560,8 @@ func TestAtomicCommitLosesTheKey(t *testing.T) {
 }
 
 // TestAtomicExpires checks that Begin, BeginBatch and Find tell one expiry
-// for a key recorded in atomic mode: what the record holds. A key whose
-// running call has not committed has none the store can tell.
+// for a key recorded in atomic mode: what the record holds, and before it
+// commits, what it will hold.
 func TestAtomicExpires(t *testing.T) {
 	r := newReplica(t)
 	ctx := t.Context()
@@ -572,8 +574,8 @@ func TestAtomicExpires(t *testing.T) {
 	if d := time.Until(exp); d < retention-time.Minute || d > retention {
 		t.Fatalf("Begin: Expires %v from now, want about %v", d, retention)
 	}
-	if busy, _, err := r.store.Begin(ctx, res); err != nil || busy.State != store.InProgress || !busy.Expires.IsZero() {
-		t.Errorf("Begin of a key held uncommitted = %v, %v, Expires %v; want in progress, none", busy.State, err, busy.Expires)
+	if busy, _, err := r.store.Begin(ctx, res); err != nil || busy.State != store.InProgress || !busy.Expires.Equal(exp) {
+		t.Errorf("Begin of a key held uncommitted = %v, %v, Expires %v; want in progress, %v", busy.State, err, busy.Expires, exp)
 	}
 	if err := tx.Commit(ctx, []byte("reply"), true); err != nil {
 		t.Fatalf("Commit: %v", err)
@@ -597,4 +599,208 @@ func TestAtomicExpires(t *testing.T) {
 	if d := time.Until(batch[1].Expires); batch[1].State != store.Acquired || d < retention-time.Minute || d > retention {
 		t.Errorf("BeginBatch of a new key = %v, Expires %v from now; want acquired, about %v", batch[1].State, d, retention)
 	}
+}
+
+// A duplicate of an atomic call whose transaction has not committed is told
+// the expiry that the call's record gets when it commits, to the
+// microsecond, however long the call has run (here past its lease): by
+// Begin and BeginBatch, in a transaction of their own or, with every
+// transaction slot taken, by the probe on its own; of a call that Begin or
+// BeginBatch runs, on a new key or over an expired record.
+func TestAtomicDuplicateToldTheRecordsExpiry(t *testing.T) {
+	const lease = time.Second
+	for _, holder := range []string{"Begin", "BeginBatch"} {
+		for _, over := range []string{"new key", "expired record"} {
+			t.Run(holder+"/"+over, func(t *testing.T) {
+				t.Parallel()
+				r := newReplica(t)
+				ctx := t.Context()
+				res := store.Reservation{Key: store.ScopeKey("", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
+				if over == "expired record" {
+					if err := r.store.Complete(ctx, res.Key, acquire(t, r.store, res.Key), []byte("old")); err != nil {
+						t.Fatal(err)
+					}
+					r.advance(t, retention+time.Second)
+				}
+				full := newStore(t, r.pool, postgres.WithAtomicConns(1)) // the call takes its only slot
+				var (
+					exp    time.Time
+					commit func() error
+				)
+				if holder == "Begin" {
+					got, tx, err := full.Begin(ctx, res)
+					if err != nil || got.State != store.Acquired {
+						t.Fatalf("Begin = %v, %v; want acquired", got.State, err)
+					}
+					t.Cleanup(func() { tx.Rollback(context.Background()) }) // if the test ends first
+					exp, commit = got.Expires, func() error { return tx.Commit(ctx, []byte("reply"), true) }
+				} else {
+					got, tx, err := full.BeginBatch(ctx, []store.Reservation{res})
+					if err != nil || got[0].State != store.Acquired {
+						t.Fatalf("BeginBatch = %v, %v; want acquired", got, err)
+					}
+					t.Cleanup(func() { tx.Rollback(context.Background()) })
+					exp, commit = got[0].Expires, func() error {
+						tx.HandlerContext(ctx, 0)
+						return cmp.Or(tx.Record(ctx, 0, []byte("reply"), true), tx.Commit(ctx))
+					}
+				}
+				time.Sleep(lease + 200*time.Millisecond) // the call runs past its lease
+
+				for _, dup := range []struct {
+					how string
+					st  *postgres.Store
+				}{{"in a transaction", r.store}, {"by the probe", full}} {
+					got, tx, err := dup.st.Begin(ctx, res)
+					if tx != nil {
+						tx.Rollback(ctx)
+					}
+					if err != nil || got.State != store.InProgress || !got.Expires.Equal(exp) {
+						t.Errorf("Begin %s = %v, %v, Expires %v; want in progress, %v", dup.how, got.State, err, got.Expires, exp)
+					}
+					batch, btx, err := dup.st.BeginBatch(ctx, []store.Reservation{res})
+					if btx != nil {
+						btx.Rollback(ctx)
+					}
+					if err != nil {
+						t.Fatalf("BeginBatch %s: %v", dup.how, err)
+					}
+					if batch[0].State != store.InProgress || !batch[0].Expires.Equal(exp) {
+						t.Errorf("BeginBatch %s = %v, Expires %v; want in progress, %v", dup.how, batch[0].State, batch[0].Expires, exp)
+					}
+				}
+				if err := commit(); err != nil {
+					t.Fatalf("commit: %v", err)
+				}
+				if found, ok, err := r.store.Find(ctx, res.Key); err != nil || !ok || !found.Expires.Equal(exp) {
+					t.Errorf("Find after the commit = %v, %v, Expires %v; want found, %v", ok, err, found.Expires, exp)
+				}
+			})
+		}
+	}
+}
+
+// A duplicate of an atomic call that runs longer than the longest lease is
+// told, over gRPC, the instant that the call's reply and every replay tell
+// once it has committed.
+func TestAtomicDuplicateToldTheKeysExpiry(t *testing.T) {
+	r := newReplica(t)
+	if _, err := r.pool.Exec(context.Background(), `CREATE TABLE effects (id bigserial PRIMARY KEY, outcome text NOT NULL)`); err != nil {
+		t.Fatal(err)
+	}
+	w := &writer{}
+	release := w.hold(t)
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic(),
+		interceptor.WithMaxLease(time.Second), interceptor.WithInProgressWait(0), interceptor.WithLogger(nil)))))
+	paymentsv1.RegisterPaymentServiceServer(srv, w)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
+	call := func() (expires []string, err error) {
+		var trailer metadata.MD
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "k")
+		_, err = client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "ok", Amount: 1}, grpc.Trailer(&trailer))
+		return trailer.Get(idemkey.ExpiresMetadata), err
+	}
+	type answer struct {
+		expires []string
+		err     error
+	}
+	first := make(chan answer, 1)
+	go func() { expires, err := call(); first <- answer{expires, err} }()
+	w.waitWritten(t)
+	time.Sleep(2500 * time.Millisecond) // past the longest lease, by more than a second
+
+	dup, err := call()
+	if interceptor.Reason(err) != idemkey.ReasonInProgress {
+		t.Fatalf("duplicate while the first runs: %v, want %s", err, idemkey.ReasonInProgress)
+	}
+	release()
+	reply := <-first
+	if reply.err != nil || len(reply.expires) != 1 {
+		t.Fatalf("first call: %v, expires %q; want a reply that tells its expiry", reply.err, reply.expires)
+	}
+	replay, err := call()
+	if err != nil {
+		t.Fatalf("replay: %v", err)
+	}
+	if !slices.Equal(dup, reply.expires) || !slices.Equal(replay, reply.expires) {
+		t.Errorf("expires told: %q to the duplicate, %q with the reply, %q with the replay; want one instant", dup, reply.expires, replay)
+	}
+}
+
+// A duplicate is told no expiry, rather than a wrong one, when it cannot
+// read when the running call's transaction started: its role may not read
+// the other session (pg_stat_activity hides another role's sessions from a
+// role without pg_read_all_stats), or the key's lock is held only in share
+// mode, as the probe of a call waiting for a transaction slot holds it, by
+// a transaction that records nothing.
+func TestAtomicDuplicateToldNoExpiry(t *testing.T) {
+	r := newReplica(t)
+	ctx := t.Context()
+	res := store.Reservation{Key: store.ScopeKey("", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
+	t.Run("another role's call", func(t *testing.T) {
+		_, tx, err := r.store.Begin(ctx, res)
+		if err != nil || tx == nil {
+			t.Fatalf("Begin: %v, want acquired", err)
+		}
+		defer tx.Rollback(ctx)
+		other := newStore(t, unprivilegedPool(t, r.pool), postgres.WithoutSchemaCheck())
+		if got, _, err := other.Begin(ctx, res); err != nil || got.State != store.InProgress || !got.Expires.IsZero() {
+			t.Errorf("Begin as another role = %v, %v, Expires %v; want in progress, none", got.State, err, got.Expires)
+		}
+		got, _, err := other.BeginBatch(ctx, []store.Reservation{res})
+		if err != nil {
+			t.Fatalf("BeginBatch as another role: %v", err)
+		}
+		if got[0].State != store.InProgress || !got[0].Expires.IsZero() {
+			t.Errorf("BeginBatch as another role = %v, Expires %v; want in progress, none", got[0].State, got[0].Expires)
+		}
+	})
+	t.Run("a lock in share mode", func(t *testing.T) {
+		tx, err := r.pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer tx.Rollback(ctx)
+		// The key's lock (see "Atomic mode" in the package doc): its first 8
+		// bytes XOR the table's OID.
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(('x' || encode(substr($1::bytea, 1, 8), 'hex'))::bit(64)::bigint
+			# 'idempotency_keys'::regclass::oid::bigint)`, res.Key[:]); err != nil {
+			t.Fatal(err)
+		}
+		if got, _, err := r.store.Begin(ctx, res); err != nil || got.State != store.InProgress || !got.Expires.IsZero() {
+			t.Errorf("Begin = %v, %v, Expires %v; want in progress, none", got.State, err, got.Expires)
+		}
+	})
+}
+
+// unprivilegedPool returns a pool on pool's schema whose sessions act as a
+// role of their own, which may use the store's table and nothing more.
+func unprivilegedPool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.WithoutCancel(t.Context())
+	schema := schemaOf(t, pool)
+	role := "idemkey_test_role_" + strings.TrimPrefix(schema, "idemkey_test_")
+	for _, sql := range []string{
+		`CREATE ROLE ` + role,
+		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
+		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role,
+		`GRANT USAGE ON SEQUENCE idempotency_keys_token_seq TO ` + role,
+	} {
+		if _, err := pool.Exec(ctx, sql); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Cleanup(func() {
+		for _, sql := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
+			if _, err := pool.Exec(ctx, sql); err != nil {
+				t.Errorf("%s: %v", sql, err)
+			}
+		}
+	})
+	return pgtest.Pool(t, schema, func(c *pgxpool.Config) {
+		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+			_, err := conn.Exec(ctx, `SET ROLE `+role)
+			return err
+		}
+	})
 }

@@ -19,10 +19,11 @@ import (
 )
 
 // batchProbeSQL is probeSQL over a batch of keys: the arrays $1 (keys), $2
-// (fingerprints), $3 (lockID of each key) and $4 (retentions in
-// microseconds), one row per key in their
-// order, each decided as probeSQL decides one. The keys must be distinct:
-// a transaction that holds an advisory lock takes it again.
+// (fingerprints) and $3 (lockID of each key), one row per key in their
+// order, each decided as probeSQL decides one, with the locks tried
+// exclusive or, with shared, in share mode, as probeSQL tries them on its
+// own. The keys must be distinct: a transaction that holds an advisory lock
+// takes it again.
 //
 // Each key's record is read by a lateral subquery with a LIMIT, which the
 // planner cannot turn into a join of the whole table: a plain join, planned
@@ -30,22 +31,21 @@ import (
 // became a hash join over a scan of the table, kept by the connection's
 // cached plan while the table grew (a batch's probe took 1.4 times the time
 // of the batch's writes in BenchmarkBatchVsBaseline).
-func batchProbeSQL(table string) string {
+func batchProbeSQL(table string, shared bool) string {
 	return fmt.Sprintf(`
 SELECT CASE
 		WHEN c.key IS NULL THEN CASE WHEN %[8]s THEN %[3]d ELSE %[4]d END
 		WHEN %[2]s THEN CASE WHEN %[8]s THEN %[5]d ELSE %[4]d END
 		WHEN c.state = 'completed' THEN %[6]d
 		ELSE %[7]d END,
-	c.fingerprint, c.outcome, c.lease_end - now(), %[9]s
-FROM unnest($1::bytea[], $2::bytea[], $3::bigint[], $4::bigint[]) WITH ORDINALITY AS i (key, fingerprint, lock, retention, n)
+	c.fingerprint, c.outcome, c.lease_end - now(), c.expires_at, now()
+FROM unnest($1::bytea[], $2::bytea[], $3::bigint[]) WITH ORDINALITY AS i (key, fingerprint, lock, n)
 	LEFT JOIN LATERAL (
 		SELECT k.key, k.fingerprint, k.state, k.outcome, k.lease_end, k.expires_at
 		FROM %[1]s AS k WHERE k.key = i.key LIMIT 1
 	) AS c ON true
 ORDER BY i.n`,
-		table, takeableBy("c", "i.fingerprint"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("i.lock", table),
-		recordExpires("c", takeableBy("c", "i.fingerprint"), "i.retention"))
+		table, takeableBy("c", "i.fingerprint"), probeFree, probeBusy, probeTakeable, probeCompleted, probeHeld, tryLock("i.lock", table, shared))
 }
 
 // batchRecordSQL inserts, in one statement, the completed records of a
@@ -108,16 +108,16 @@ func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store
 
 // batchArgs are the probe's arrays for rs, whose keys must be distinct.
 func batchArgs(rs []store.Reservation) ([]any, error) {
-	keys, fingerprints, locks, retentions := make([][]byte, len(rs)), make([][]byte, len(rs)), make([]int64, len(rs)), make([]int64, len(rs))
+	keys, fingerprints, locks := make([][]byte, len(rs)), make([][]byte, len(rs)), make([]int64, len(rs))
 	seen := make(map[store.Key]struct{}, len(rs))
 	for i := range rs {
 		if _, ok := seen[rs[i].Key]; ok {
 			return nil, errors.New("idemkey postgres: begin: a batch holds one key twice; its reservations must have distinct keys")
 		}
 		seen[rs[i].Key] = struct{}{}
-		keys[i], fingerprints[i], locks[i], retentions[i] = rs[i].Key[:], rs[i].Fingerprint[:], lockID(rs[i].Key), retention(rs[i])
+		keys[i], fingerprints[i], locks[i] = rs[i].Key[:], rs[i].Fingerprint[:], lockID(rs[i].Key)
 	}
-	return []any{keys, fingerprints, locks, retentions}, nil
+	return []any{keys, fingerprints, locks}, nil
 }
 
 func anyAcquired(res []store.Result) bool {
@@ -130,15 +130,16 @@ func anyAcquired(res []store.Result) bool {
 }
 
 // probeBatch runs batchProbeSQL on its own, outside a transaction, so that
-// the locks it takes are let go at once: it only asks which keys are free.
+// the locks it takes, in share mode, are let go at once: it only asks which
+// keys are free.
 func (s *Store) probeBatch(ctx context.Context, rs []store.Reservation, args []any) ([]store.Result, error) {
 	var (
-		res []store.Result
+		ps  []probed
 		err error
 	)
 	for range maxAttempts {
-		rows, _ := s.pool.Query(ctx, s.batchProbeSQL, args...)
-		res, _, err = scanBatchProbe(rows, rs)
+		rows, _ := s.pool.Query(ctx, s.batchProbeAloneSQL, args...)
+		ps, err = scanBatchProbe(rows, rs)
 		if !reconnect(err) {
 			break
 		}
@@ -146,30 +147,42 @@ func (s *Store) probeBatch(ctx context.Context, rs []store.Reservation, args []a
 	if err != nil {
 		return nil, s.translate(ctx, "begin", err)
 	}
+	s.tellHolders(ctx, rs, ps)
+	res, _ := results(ps)
 	return res, nil
 }
 
 // scanBatchProbe reads the rows of batchProbeSQL for rs.
-func scanBatchProbe(rows pgx.Rows, rs []store.Reservation) (res []store.Result, takeover []bool, err error) {
+func scanBatchProbe(rows pgx.Rows, rs []store.Reservation) ([]probed, error) {
 	defer rows.Close()
-	res, takeover = make([]store.Result, len(rs)), make([]bool, len(rs))
+	ps := make([]probed, len(rs))
 	n := 0
 	for rows.Next() {
 		if n == len(rs) {
-			return nil, nil, errors.New("idemkey postgres: begin: the probe answered more rows than the batch has keys")
+			return nil, errors.New("idemkey postgres: begin: the probe answered more rows than the batch has keys")
 		}
-		if res[n], takeover[n], err = scanProbe(rows, rs[n]); err != nil {
-			return nil, nil, err
+		var err error
+		if ps[n], err = scanProbe(rows, rs[n]); err != nil {
+			return nil, err
 		}
 		n++
 	}
 	if err := rows.Err(); err != nil {
-		return nil, nil, err
+		return nil, err
 	}
 	if n != len(rs) {
-		return nil, nil, errors.New("idemkey postgres: begin: the probe answered fewer rows than the batch has keys")
+		return nil, errors.New("idemkey postgres: begin: the probe answered fewer rows than the batch has keys")
 	}
-	return res, takeover, nil
+	return ps, nil
+}
+
+// results are the answers of ps, and which of them take a record over.
+func results(ps []probed) (res []store.Result, takeover []bool) {
+	res, takeover = make([]store.Result, len(ps)), make([]bool, len(ps))
+	for i, p := range ps {
+		res[i], takeover[i] = p.res, p.takeover
+	}
+	return res, takeover
 }
 
 // beginBatch is BeginBatch once it holds a slot, as begin is Begin's.
@@ -180,19 +193,25 @@ func (s *Store) beginBatch(ctx context.Context, rs []store.Reservation, args []a
 			return nil, nil, false, s.translate(ctx, "begin", err)
 		}
 		var (
-			takeover []bool
-			scanErr  error
+			ps      []probed
+			scanErr error
 		)
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		b.Queue(s.batchProbeSQL, args...).Query(func(rows pgx.Rows) error {
-			res, takeover, scanErr = scanBatchProbe(rows, rs)
+			ps, scanErr = scanBatchProbe(rows, rs)
 			return nil
 		})
 		err = conn.SendBatch(ctx, b).Close()
 		if err == nil {
 			err = scanErr
 		}
+		if err == nil {
+			// On the pool, so that the batch's transaction, which keeps the
+			// keys it acquired, never runs a statement that could fail it.
+			s.tellHolders(ctx, rs, ps)
+		}
+		res, takeover := results(ps)
 		switch {
 		case err == nil && anyAcquired(res):
 			return res, newBatchTx(s, conn, rs, res, takeover), false, nil

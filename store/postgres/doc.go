@@ -152,6 +152,21 @@
 //     Nothing in Begin sets a lock timeout, so a wait of the database's own
 //     (extending the table's file, a migration's lock) delays a call but
 //     never turns a new key into "in progress".
+//   - A duplicate of a running call is told the instant its key expires,
+//     the one the first call's reply and every replay tell: the running
+//     call's record is not written yet, but it will expire at the start of
+//     the call's transaction (its now()) plus the retention, however long
+//     the handler runs. Begin reads that start, pg_stat_activity's
+//     xact_start of the session that holds the key's lock in pg_locks, in
+//     one more statement, sent only for a key found held (a statement that
+//     reads pg_locks costs even where it is never run). Where the start
+//     cannot be read, the duplicate is told no expiry (a zero
+//     store.Result.Expires), never a wrong one: the store's role may not
+//     see the holder's session (pg_stat_activity shows another role's
+//     sessions only to a role with pg_read_all_stats; replicas that log in
+//     as one role see each other's), or the holder ended, or let the lock
+//     go, before the read. Behind pgbouncer the holder is the server
+//     connection, which pg_stat_activity shows all the same.
 //   - Each running call holds one connection of the pool until it ends. At
 //     most WithAtomicConns calls hold one at once (three quarters of the
 //     pool's MaxConns by default). When all are taken, Begin runs a probe
@@ -159,10 +174,14 @@
 //     running call, is answered at once, without waiting for a transaction
 //     slot, and only a new key waits for one, within the store's timeout. So
 //     a flood of duplicates never takes the capacity that new keys and
-//     replays need. Size the pool for the atomic calls to run at once plus a
-//     quarter (pgxpool's default, max(4, cores), runs three). A handler that
-//     also takes another connection from the same pool needs a pool larger
-//     than that.
+//     replays need. The probe tries the key's lock in share mode, which
+//     only a running call's lock conflicts with: two probes of one key
+//     never find each other "in progress", and a duplicate that reads when
+//     the key's running call started (above) never reads a probe's
+//     instead. Size the pool for the atomic calls to run at once plus a
+//     quarter (pgxpool's default, max(4, cores), runs three). A handler
+//     that also takes another connection from the same pool needs a pool
+//     larger than that.
 //   - The transaction has the database's default isolation. Under REPEATABLE
 //     READ or SERIALIZABLE, a record that fails to serialize is taken as a
 //     lost race (above); a COMMIT that fails to serialize rolls back
@@ -226,7 +245,10 @@
 //     calls in one batch.
 //   - A batch holds one connection, and one WithAtomicConns slot, for its
 //     whole run, and the key of every call it acquired until it commits: a
-//     duplicate of any is "in progress" meanwhile. When every slot is taken,
+//     duplicate of any is "in progress" meanwhile, and is told the expiry
+//     of the key's record, from the batch's start, as a duplicate of a
+//     call of Begin's is (one read for all of a batch's keys found held,
+//     on another connection of the pool). When every slot is taken,
 //     BeginBatch runs the probe on its own first, as Begin does, and waits
 //     for a slot only if it acquires a key.
 //   - A failure that ends the transaction ends the batch, with nothing

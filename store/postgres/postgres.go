@@ -136,7 +136,8 @@ type Store struct {
 	sweepSQL                                                string
 	confirmSQL                                              string
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
-	batchProbeSQL, batchRecordSQL                           string        // atomic batches' (batch.go)
+	holdersSQL                                              string        // atomic mode's, for keys found busy
+	batchProbeSQL, batchProbeAloneSQL, batchRecordSQL       string        // atomic batches' (batch.go)
 	slots                                                   chan struct{} // one per open atomic transaction
 }
 
@@ -182,11 +183,13 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		readSQL:     readSQL(table),
 		recordSQL:   fmt.Sprintf(recordSQL, table),
 		takeoverSQL: takeoverSQL(table),
+		holdersSQL:  holdersSQL(table),
 		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
 
-		insertBatchSQL: insertBatchSQL(table, o.qualified(o.table+"_token_seq")),
-		batchProbeSQL:  batchProbeSQL(table),
-		batchRecordSQL: fmt.Sprintf(batchRecordSQL, table),
+		insertBatchSQL:     insertBatchSQL(table, o.qualified(o.table+"_token_seq")),
+		batchProbeSQL:      batchProbeSQL(table, false),
+		batchProbeAloneSQL: batchProbeSQL(table, true),
+		batchRecordSQL:     fmt.Sprintf(batchRecordSQL, table),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()

@@ -40,9 +40,9 @@ func BenchmarkStatements(b *testing.B) {
 		b.Fatal(err)
 	}
 	const (
-		// The lock, and when a record written now expires, as the store's
-		// lockSQL tells it.
-		plainLock   = `SELECT pg_try_advisory_xact_lock($1), now() + $2 * interval '1 microsecond'`
+		// The lock, and when the transaction that holds it started, as the
+		// store's lockSQL tells it.
+		plainLock   = `SELECT pg_try_advisory_xact_lock($1), now()`
 		plainRecord = `INSERT INTO idempotency_keys (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
 		VALUES ($1, $2, 'completed', 0, now(), now(), now() + $4 * interval '1 microsecond', $3)`
 	)
@@ -81,14 +81,13 @@ func BenchmarkStatements(b *testing.B) {
 		key := sha256.Sum256([]byte(id))
 		var (
 			locked  bool
-			expires time.Time
+			started time.Time
 		)
-		retention := int64(24 * time.Hour / time.Microsecond)
 		begin := &pgx.Batch{}
 		begin.Queue("BEGIN")
-		begin.Queue(v.lockSQL, lockID(key), retention).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &expires) })
+		begin.Queue(v.lockSQL, lockID(key)).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &started) })
 		if v.read {
-			begin.Queue(st.readSQL, key[:], fp, retention).QueryRow(func(row pgx.Row) error {
+			begin.Queue(st.readSQL, key[:], fp).QueryRow(func(row pgx.Row) error {
 				_, err := (&keyRecord{}).scan(row)
 				return err
 			})
