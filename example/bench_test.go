@@ -46,7 +46,7 @@ func BenchmarkCreateCharge(b *testing.B) {
 	clients := []paymentsv1.PaymentServiceClient{bare(), bare(inTransaction(pool))} // then atomic, two-phase
 	for _, atomic := range []bool{true, false} {
 		be := postgresBackend(b, pool, atomic)
-		srv, _, _ := example.NewServer(be.store, example.Config{Ledger: be.ledger, Atomic: atomic})
+		srv, _, _ := example.NewServer(grpctest.Must(example.NewEngine(be.store)), example.Config{Ledger: be.ledger, Atomic: atomic})
 		clients = append(clients, serve(srv))
 	}
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}

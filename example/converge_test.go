@@ -53,7 +53,7 @@ func TestDuplicateOfALongCallConverges(t *testing.T) {
 			t.Parallel()
 			be := b.open(t)
 			st := &readCounter{Store: be.store}
-			srv, _, _ := example.NewServer(st, example.Config{Ledger: be.ledger, Atomic: be.atomic, HandlerDelay: 10 * time.Second})
+			srv, _, _ := example.NewServer(grpctest.Must(example.NewEngine(st)), example.Config{Ledger: be.ledger, Atomic: be.atomic, HandlerDelay: 10 * time.Second})
 			lis := grpctest.Serve(t, srv)
 			plain := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis, grpc.WithDisableRetry()))
 			shipped := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,

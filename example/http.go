@@ -15,20 +15,20 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/store"
 )
 
 // NewHTTPHandler returns the payment service over HTTP, for an HTTP/1.1 and
 // h2c server:
 //   - through connect-go, in the Connect, gRPC and gRPC-Web protocols, behind
-//     idemconnect's interceptor on st: the same keys as NewServer's gRPC
-//     interceptor, since a procedure is named and fingerprinted as its gRPC
-//     method;
+//     idemconnect's interceptor on eng: the engine of NewServer's gRPC
+//     interceptor, so the same keys, since a procedure is named and
+//     fingerprinted as its gRPC method;
 //   - the plain route POST /v1/charges: CreateCharge with a JSON body of
 //     CreateChargeRequest's fields, the key in the Idempotency-Key header (or
 //     request_id), answered 201 with the charge as JSON, or an RFC 9457
@@ -37,29 +37,16 @@ import (
 //     Idempotency-First-Sent on, and the key's expiry back as
 //     Idempotency-Key-Expires.
 //
-// cfg.Ledger must be the ledger of the gRPC service, which it shares, and
-// cfg's shared settings its own.
-func NewHTTPHandler(st store.Store, cfg Config, conn grpc.ClientConnInterface) (http.Handler, error) {
+// cfg.Ledger must be the ledger of the gRPC service, which it shares.
+func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterface) (http.Handler, error) {
 	if cfg.Ledger == nil {
 		return nil, errors.New("example: NewHTTPHandler needs the gRPC service's ledger")
 	}
-	opts := []idemconnect.Option{
-		idemconnect.WithTenant(Tenant),
-		idemconnect.WithKeyRequired(),
-		idemconnect.WithKeyField("request_id"),
-		idemconnect.WithRetention(cfg.Retention),
-		idemconnect.WithMeterProvider(cfg.MeterProvider),
-	}
-	if cfg.Logger != nil {
-		opts = append(opts, idemconnect.WithLogger(cfg.Logger))
-	}
-	if cfg.Sealer != nil {
-		opts = append(opts, idemconnect.WithSealer(cfg.Sealer))
-	}
+	opts := []idemconnect.Option{idemconnect.WithKeyField("request_id")}
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomicProcedures(paymentsv1connect.PaymentServiceCreateChargeProcedure))
 	}
-	idem, err := idemconnect.NewServerInterceptor(st, opts...)
+	idem, err := idemconnect.NewServerInterceptor(eng, opts...)
 	if err != nil {
 		return nil, err
 	}

@@ -73,13 +73,13 @@ const insertTimeout = 5 * time.Second
 // idempotency lease: a handler still running when its lease ends may be run
 // again elsewhere, and charge twice.
 //
-// With the interceptor's defaults this holds. A call with a deadline holds
+// With the engine's defaults this holds. A call with a deadline holds
 // its lease until that deadline plus 5 s of grace, but for 10 minutes at most;
 // a call without one holds it for a minute. The insert ends by the earlier of
 // the call's deadline and insertTimeout after it starts, so it ends at least
 // 5 s before the lease does if it starts within 50 s of the call (this
 // handler starts it at once). A server that shortens the lease with
-// interceptor.WithLease must keep both of its values well above
+// engine.WithLease or engine.WithMaxLease must keep both well above
 // insertTimeout.
 func insertContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	deadline, ok := ctx.Deadline()

@@ -16,12 +16,10 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
-	"log/slog"
 	"regexp"
 	"strings"
 	"time"
 
-	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
@@ -31,6 +29,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -47,63 +46,54 @@ var ServiceConfig string
 // DeclinedCustomer is the customer whose card is always declined.
 const DeclinedCustomer = "cus_declined"
 
-// Config is how NewServer builds the service.
+// NewEngine returns the payment service's engine on st, to hand to every
+// entry point of one server process (NewServer, NewHTTPHandler), so that
+// they share its settings and a key first used over one replays over the
+// others: keys scoped to the tenant Authenticate found (Tenant) and required
+// on every call. opts add the process's own settings (retention, sealing,
+// logging, metrics); its error names the fix for a mistake in them.
+func NewEngine(st store.Store, opts ...engine.Option) (*engine.Engine, error) {
+	return engine.New(st, append([]engine.Option{engine.WithTenant(Tenant), engine.WithKeyRequired()}, opts...)...)
+}
+
+// Config is how NewServer and NewHTTPHandler build the service. The settings
+// every entry point shares are the engine's (NewEngine).
 type Config struct {
 	// HandlerDelay holds CreateCharge after it has written the charge, so a
 	// duplicate can arrive while the first call is in progress.
 	HandlerDelay time.Duration
-	// Options are added to the idemkey interceptor's.
+	// Options are added to the gRPC interceptor's.
 	Options []interceptor.Option
-	// Retention, Logger, MeterProvider and Sealer are the settings every
-	// entry point shares (the gRPC interceptor's and NewHTTPHandler's); zero
-	// values keep idemkey's defaults.
-	Retention     time.Duration
-	Logger        *slog.Logger
-	MeterProvider metric.MeterProvider
-	// Sealer, if not nil, seals the recorded replies of every entry point
-	// (a *seal.KeyRing): give them all the same one, since they share
-	// records.
-	Sealer interceptor.Sealer
 	// ServerOptions are added to the gRPC server's, after its interceptors:
 	// a stats handler, for instance.
 	ServerOptions []grpc.ServerOption
 	// Ledger keeps the charges; nil keeps them in memory.
 	Ledger Ledger
 	// Atomic runs CreateCharge in idemkey's atomic mode: the charge and the
-	// recorded reply commit in one transaction. The store must implement
-	// store.Atomic and the ledger must be a PostgresLedger on its database.
+	// recorded reply commit in one transaction. The engine's store must
+	// implement store.Atomic and the ledger must be a PostgresLedger on its
+	// database.
 	Atomic bool
 	// WithoutIdempotency leaves the idemkey interceptor out: the same
 	// service with no idempotency at all, the baseline that make load
-	// measures idemkey against. The store is then unused and may be nil.
+	// measures idemkey against. The engine is then unused and may be nil.
 	WithoutIdempotency bool
 }
 
 // NewServer returns a gRPC server with the payment service behind the
-// idemkey interceptor, plus the health and reflection services. Calls to the
-// payment service must authenticate: see Authenticate. Its error is a
-// mistake in cfg.Options.
-func NewServer(st store.Store, cfg Config) (*grpc.Server, *health.Server, error) {
-	opts := []interceptor.Option{
-		interceptor.WithTenant(Tenant),
-		interceptor.WithKeyRequired(),
-		interceptor.WithKeyField("request_id"), // AIP-155
-		interceptor.WithRetention(cfg.Retention),
-		interceptor.WithMeterProvider(cfg.MeterProvider),
-	}
-	if cfg.Logger != nil {
-		opts = append(opts, interceptor.WithLogger(cfg.Logger))
-	}
-	if cfg.Sealer != nil {
-		opts = append(opts, interceptor.WithSealer(cfg.Sealer))
-	}
+// idemkey interceptor on eng (NewEngine), plus the health and reflection
+// services. Calls to the payment service must authenticate: see
+// Authenticate. Its error is a mistake in cfg.Options, or atomic mode on a
+// store without it.
+func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, error) {
+	opts := []interceptor.Option{interceptor.WithKeyField("request_id")} // AIP-155
 	opts = append(opts, cfg.Options...)
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}
 	chain := []grpc.UnaryServerInterceptor{Authenticate}
 	if !cfg.WithoutIdempotency {
-		idem, err := interceptor.UnaryServerInterceptor(st, opts...)
+		idem, err := interceptor.UnaryServerInterceptor(eng, opts...)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -152,8 +142,8 @@ func ContextWithTenant(ctx context.Context, tenant string) context.Context {
 	return context.WithValue(ctx, tenantKey{}, tenant)
 }
 
-// Tenant returns the tenant Authenticate found; it is the idemkey
-// interceptor's TenantFunc.
+// Tenant returns the tenant Authenticate found; it is the engine's
+// TenantFunc (NewEngine).
 func Tenant(ctx context.Context) (string, error) {
 	tenant, ok := ctx.Value(tenantKey{}).(string)
 	if !ok {

@@ -53,7 +53,7 @@ func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 // client interceptor and the example's retry policy.
 func newClient(t *testing.T, b backend) (paymentsv1.PaymentServiceClient, *grpc.ClientConn) {
 	t.Helper()
-	srv, _, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, Atomic: b.atomic})
+	srv, _, _ := example.NewServer(grpctest.Must(example.NewEngine(b.store)), example.Config{Ledger: b.ledger, Atomic: b.atomic})
 	conn := grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDefaultServiceConfig(example.ServiceConfig),
 		grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor())))
 	return paymentsv1.NewPaymentServiceClient(conn), conn

@@ -55,7 +55,7 @@ func postgresBackend(t testing.TB, pool *pgxpool.Pool, atomic bool) backend {
 func replica(t *testing.T, schema, app string, atomic bool, delay time.Duration) (paymentsv1.PaymentServiceClient, func()) {
 	t.Helper()
 	b := postgresBackend(t, pgtest.Pool(t, schema, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app }), atomic)
-	srv, _, _ := example.NewServer(b.store, example.Config{Ledger: b.ledger, HandlerDelay: delay, Atomic: b.atomic})
+	srv, _, _ := example.NewServer(grpctest.Must(example.NewEngine(b.store)), example.Config{Ledger: b.ledger, HandlerDelay: delay, Atomic: b.atomic})
 	conn := grpctest.Dial(t, grpctest.Serve(t, srv))
 	return paymentsv1.NewPaymentServiceClient(conn), func() { conn.Close(); srv.Stop() }
 }

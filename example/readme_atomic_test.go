@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -20,14 +20,18 @@ import (
 
 // newAtomicServer runs CreateCharge in atomic mode on st, a PostgreSQL store.
 func newAtomicServer(st *postgres.Store) (*grpc.Server, error) {
-	idem, err := interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(example.Tenant),
-		interceptor.WithKeyRequired(), // a call without a key never reaches the handler
+	eng, err := engine.New(st,
+		engine.WithTenant(callerTenant),
+		engine.WithKeyRequired()) // a call without a key never reaches the handler
+	if err != nil {
+		return nil, err
+	}
+	idem, err := interceptor.UnaryServerInterceptor(eng,
 		interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(example.Authenticate, idem))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authInterceptor, idem))
 	paymentsv1.RegisterPaymentServiceServer(srv, &ledger{})
 	return srv, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -27,7 +28,11 @@ func consumeCharges(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStr
 	if err != nil {
 		return nil, err
 	}
-	core, err := consumer.New(st, "charges", consumer.WithAtomic(), consumer.WithSystem("nats"))
+	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention)) // 7 days
+	if err != nil {
+		return nil, err
+	}
+	core, err := consumer.New(eng, "charges", consumer.WithAtomic(), consumer.WithSystem("nats"))
 	if err != nil {
 		return nil, err
 	}

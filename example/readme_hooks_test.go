@@ -20,7 +20,6 @@ import (
 	"google.golang.org/grpc/metadata"
 
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/memory"
@@ -31,22 +30,24 @@ import (
 // client retried, then a replay per retry. The hook is your code: it sees
 // the raw key and tenant, which idemkey never logs, and runs before the
 // answer is sent.
-func audit(w io.Writer) interceptor.Hooks {
+func audit(w io.Writer) engine.Hooks {
 	line := func(ctx context.Context, ev engine.Event) {
 		fmt.Fprintf(w, "%-8s %s tenant=%s key=%s code=%v record=%dB\n",
 			ev.Verdict, ev.Operation, ev.Tenant, ev.Key, codes.Code(ev.Code), ev.Size)
 	}
-	return interceptor.Hooks{OnExecute: line, OnReplay: line, OnRefuse: line}
+	return engine.Hooks{OnExecute: line, OnReplay: line, OnRefuse: line}
 }
 
 func newAuditedServer(payments paymentsv1.PaymentServiceServer, w io.Writer) (*grpc.Server, error) {
-	idem, err := interceptor.UnaryServerInterceptor(memory.New(),
-		interceptor.WithTenant(example.Tenant),
-		interceptor.WithHooks(audit(w)))
+	eng, err := engine.New(memory.New(), engine.WithTenant(callerTenant), engine.WithHooks(audit(w)))
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(example.Authenticate, idem))
+	idem, err := interceptor.UnaryServerInterceptor(eng)
+	if err != nil {
+		return nil, err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authInterceptor, idem))
 	paymentsv1.RegisterPaymentServiceServer(srv, payments)
 	return srv, nil
 }
@@ -76,14 +77,19 @@ func Example_hooks() {
 	}
 	go srv.Serve(lis)
 	defer srv.Stop()
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	keys, err := interceptor.UnaryClientInterceptor() // reads UseKey
+	if err != nil {
+		panic(err)
+	}
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(keys))
 	if err != nil {
 		panic(err)
 	}
 	defer conn.Close()
 	client := paymentsv1.NewPaymentServiceClient(conn)
 
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer acme")
 	for _, amount := range []int64{1999, 1999, 1999, 2500} {
 		_, _ = client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: amount, Currency: "EUR"},
 			interceptor.UseKey("order-1001"))

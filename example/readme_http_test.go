@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -23,11 +24,15 @@ import (
 // recorded, and every retry gets it back with Idempotent-Replayed: true.
 // Serve it with http.ListenAndServe(addr, h).
 func newHTTPHandler() (http.Handler, error) {
-	idem, err := idemhttp.Middleware(memory.New(),
-		idemhttp.WithTenant(tenantOf), // reads the tenant back
-		idemhttp.WithKeyRequired())
+	eng, err := engine.New(memory.New(), // one per process, for every entry point
+		engine.WithTenant(tenantOf), // reads the tenant back
+		engine.WithKeyRequired())
 	if err != nil {
 		return nil, err // a mistake in the options
+	}
+	idem, err := idemhttp.Middleware(eng)
+	if err != nil {
+		return nil, err
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", idem(http.HandlerFunc(createCharge))) // the pattern scopes the key

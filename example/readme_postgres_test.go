@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 
-	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -35,14 +35,16 @@ func servePostgres(ctx context.Context, lis net.Listener, databaseURL string) er
 	}
 	go (&store.Janitor{Store: st}).Run(ctx) // deletes expired keys every minute
 
-	idem, err := interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(example.Tenant),
-		interceptor.WithKeyRequired())
+	eng, err := engine.New(st, engine.WithTenant(callerTenant), engine.WithKeyRequired())
 	if err != nil {
 		return err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(example.Authenticate, idem))
-	paymentsv1.RegisterPaymentServiceServer(srv, example.NewService(example.NewMemoryLedger(), 0))
+	idem, err := interceptor.UnaryServerInterceptor(eng)
+	if err != nil {
+		return err
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authInterceptor, idem))
+	paymentsv1.RegisterPaymentServiceServer(srv, payments{})
 	go func() { <-ctx.Done(); srv.GracefulStop() }()
 	return srv.Serve(lis)
 }

@@ -23,7 +23,7 @@ import (
 
 	"google.golang.org/grpc"
 
-	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/seal"
@@ -46,9 +46,13 @@ func newSealedServer(st store.Store, keyFile, oldKeyFile string) (*grpc.Server, 
 	if err != nil {
 		return nil, err
 	}
-	idem, err := interceptor.UnaryServerInterceptor(st,
-		interceptor.WithTenant(example.Tenant),
-		interceptor.WithSealer(ring), // AES-256-GCM, bound to each record's key
+	eng, err := engine.New(st,
+		engine.WithTenant(callerTenant),
+		engine.WithSealer(ring)) // AES-256-GCM, bound to each record's key
+	if err != nil {
+		return nil, err
+	}
+	idem, err := interceptor.UnaryServerInterceptor(eng,
 		interceptor.WithRedaction(func(_ context.Context, _ string, r *interceptor.Reply) {
 			if c, ok := r.Response.(*paymentsv1.Charge); ok {
 				c.CustomerId = "" // the first caller gets it; every retry gets the reply without it
@@ -57,8 +61,8 @@ func newSealedServer(st store.Store, keyFile, oldKeyFile string) (*grpc.Server, 
 	if err != nil {
 		return nil, err
 	}
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(example.Authenticate, idem))
-	paymentsv1.RegisterPaymentServiceServer(srv, example.NewService(example.NewMemoryLedger(), 0))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(authInterceptor, idem))
+	paymentsv1.RegisterPaymentServiceServer(srv, payments{})
 	return srv, nil
 }
 
@@ -82,7 +86,7 @@ func TestREADMESeal(t *testing.T) {
 	call := func(srv *grpc.Server, key string) (*paymentsv1.Charge, metadata.MD) {
 		t.Helper()
 		client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key)
+		ctx := metadata.AppendToOutgoingContext(t.Context(), "authorization", "Bearer acme", idemkey.KeyMetadata, key)
 		var trailer metadata.MD
 		c, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{CustomerId: "cus_alice", Amount: 1999, Currency: "EUR"}, grpc.Trailer(&trailer))
 		if err != nil {

@@ -114,11 +114,7 @@ func FirstSentInvalidError(problem string) error {
 		"idempotency first-sent time refused: "+problem)
 }
 
-// futureFirstSent is the problem of a first-sent time the engine found
-// later than the clock skew from now.
-const futureFirstSent = "it lies in the future, beyond the clock skew allowed"
-
-// firstSentError is an error of engine.FirstSent as a FirstSentInvalidError.
+// firstSentError is the engine's *engine.FirstSentError as a FirstSentInvalidError.
 func firstSentError(err error) error {
 	var fse *engine.FirstSentError
 	if errors.As(err, &fse) {

@@ -25,8 +25,8 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"google.golang.org/grpc"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store/memory"
@@ -41,9 +41,12 @@ func TestMain(m *testing.M) {
 // with the server's idemkey_calls_total counters, a row per outcome and code.
 func TestDemo(t *testing.T) {
 	meters, metricsURL := serveMetrics(t)
-	srv, _, _ := example.NewServer(memory.New(), example.Config{
+	eng, err := example.NewEngine(memory.New(), engine.WithMeterProvider(meters))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, _, _ := example.NewServer(eng, example.Config{
 		HandlerDelay:  time.Second,
-		Options:       []interceptor.Option{interceptor.WithMeterProvider(meters)},
 		ServerOptions: []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithMeterProvider(meters)))},
 	})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/idemnats"
@@ -208,11 +209,15 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			opts := []consumer.Option{consumer.WithLogger(logger)}
+			eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(logger))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var opts []consumer.Option
 			if v.mode == "atomic" {
 				opts = append(opts, consumer.WithAtomic())
 			}
-			if core, err = consumer.New(st, "charges", opts...); err != nil {
+			if core, err = consumer.New(eng, "charges", opts...); err != nil {
 				b.Fatal(err)
 			}
 		}

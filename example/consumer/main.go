@@ -54,6 +54,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/idemnats"
@@ -66,7 +67,7 @@ import (
 // MaxStreamAge is how long the stream or queue this command creates keeps a
 // message: JetStream's max age, RabbitMQ's x-message-ttl. It bounds how late
 // a message may be redelivered, which must be sooner than its record expires
-// (consumer.DefaultRetention).
+// (consumer.RecommendedRetention, the engine's retention here).
 const MaxStreamAge = 72 * time.Hour
 
 // config is what the flags set.
@@ -155,11 +156,17 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.amqpURL != "" {
 		system = "rabbitmq"
 	}
-	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithLogger(logger), consumer.WithHandlerTimeout(cfg.handlerTimeout)}
+	// A message's id is kept for days, past every redelivery of it: the
+	// adapters check the retention against the broker's horizon.
+	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithHandlerTimeout(cfg.handlerTimeout)}
 	if cfg.atomic {
 		opts = append(opts, consumer.WithAtomic())
 	}
-	core, err := consumer.New(st, cfg.name, opts...)
+	core, err := consumer.New(eng, cfg.name, opts...)
 	if err != nil {
 		return err
 	}

@@ -43,10 +43,10 @@
 // the PaymentService through connect-go (the Connect, gRPC and gRPC-Web
 // protocols) and the plain route POST /v1/charges, which takes a JSON body
 // of CreateChargeRequest's fields and answers 201 with the charge, or an
-// RFC 9457 problem (see example.NewHTTPHandler). All three entry points share
-// one store and one scope: a key first used over any of them replays the
-// same charge over the others. -http-addr-file is -addr-file's counterpart,
-// written before it.
+// RFC 9457 problem (see example.NewHTTPHandler). All three entry points run
+// on one engine (example.NewEngine), so they share its store, settings and
+// scope: a key first used over any of them replays the same charge over the
+// others. -http-addr-file is -addr-file's counterpart, written before it.
 //
 // With -seal-key the recorded replies are sealed at rest (package seal:
 // AES-256-GCM, bound to each record's key) with the key in FILE: 32 bytes,
@@ -57,6 +57,11 @@
 // record the server's keys cannot open is answered Unavailable
 // (IDEMPOTENCY_STORE_UNAVAILABLE) and logged at Error; nothing runs again.
 // The server logs the ids of its keys at start-up, never the keys.
+//
+// The server refuses to start, naming the flag, when a flag makes no sense:
+// a -ttl of zero or less, or shorter than the longest lease (10m); a
+// negative -handler-delay; a -memory-max-records or -memory-max-bytes below
+// 1.
 //
 // CreateCharge takes its key from the idempotency-key metadata (the
 // Idempotency-Key header over HTTP) or from the request's request_id
@@ -96,8 +101,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -110,11 +115,11 @@ func main() {
 	addrFile := flag.String("addr-file", "", "if set, write the address listened on to this file once serving, and remove it on exit")
 	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency keys and the charges; empty keeps both in memory")
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
-	ttl := flag.Duration("ttl", interceptor.DefaultRetention, "how long a recorded reply is replayed")
+	ttl := flag.Duration("ttl", engine.DefaultRetention, "how long a recorded reply is replayed; at least the longest lease, 10m")
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
 	idempotency := flag.Bool("idempotency", true, "false serves the same service with no idempotency interceptor or store, as a baseline")
-	maxRecords := flag.Int("memory-max-records", memory.DefaultMaxRecords, "without a database, the most idempotency records kept in memory")
-	maxBytes := flag.Int64("memory-max-bytes", memory.DefaultMaxBytes, "without a database, the most bytes of idempotency records kept in memory")
+	maxRecords := flag.Int("memory-max-records", memory.DefaultMaxRecords, "without a database, the most idempotency records kept in memory; at least 1")
+	maxBytes := flag.Int64("memory-max-bytes", memory.DefaultMaxBytes, "without a database, the most bytes of idempotency records kept in memory; at least 1")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
@@ -134,6 +139,12 @@ func main() {
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed}
+	if err := cfg.check(); err != nil {
+		logger.Error("server not started: a flag makes no sense", "error", err)
+		os.Exit(2)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if *pprofAddr != "" {
@@ -141,8 +152,7 @@ func main() {
 	}
 	lis, err := net.Listen("tcp", *addr)
 	if err == nil {
-		err = run(ctx, lis, config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
-			sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed}, logger)
+		err = run(ctx, lis, cfg, logger)
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -227,14 +237,14 @@ type httpServer struct {
 	once   sync.Once
 }
 
-// serveHTTP serves example.NewHTTPHandler on addr, over HTTP/1.1 and h2c, in
-// the background; its plain route calls the gRPC service at grpcAddr.
-func serveHTTP(addr string, st store.Store, cfg example.Config, grpcAddr string, logger *slog.Logger) (*httpServer, error) {
+// serveHTTP serves example.NewHTTPHandler on eng and addr, over HTTP/1.1 and
+// h2c, in the background; its plain route calls the gRPC service at grpcAddr.
+func serveHTTP(addr string, eng *engine.Engine, cfg example.Config, grpcAddr string, logger *slog.Logger) (*httpServer, error) {
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, fmt.Errorf("http: %w", err)
 	}
-	handler, err := example.NewHTTPHandler(st, cfg, conn)
+	handler, err := example.NewHTTPHandler(eng, cfg, conn)
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("http: %w", err)
@@ -297,6 +307,26 @@ type config struct {
 	sealKey        string
 	previousKeys   []string
 	acceptUnsealed bool
+}
+
+// check refuses the flags of cfg that make no sense, naming the flag, before
+// anything listens: a -ttl that engine.New refuses (zero or less, or shorter
+// than the longest lease, engine.DefaultMaxLease), a negative
+// -handler-delay, and memory bounds below 1, which the memory store would
+// silently take for its defaults.
+func (cfg config) check() error {
+	if _, err := engine.New(memory.New(), engine.WithRetention(cfg.ttl)); err != nil {
+		return fmt.Errorf("-ttl %v (it must be at least %v, the longest lease): %w", cfg.ttl, engine.DefaultMaxLease, err)
+	}
+	switch {
+	case cfg.delay < 0:
+		return fmt.Errorf("-handler-delay %v: a delay cannot be negative; 0 holds no call", cfg.delay)
+	case cfg.maxRecords < 1:
+		return fmt.Errorf("-memory-max-records %d: the memory store needs room for at least 1 record; leave the flag out for %d", cfg.maxRecords, memory.DefaultMaxRecords)
+	case cfg.maxBytes < 1:
+		return fmt.Errorf("-memory-max-bytes %d: the memory store needs room for at least 1 byte; leave the flag out for %d (64 MiB)", cfg.maxBytes, memory.DefaultMaxBytes)
+	}
+	return nil
 }
 
 // keyRing reads the key files of cfg: nil without -seal-key.
@@ -390,10 +420,12 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters})()
 	}
 
-	shared := example.Config{Retention: cfg.ttl, Logger: logger, MeterProvider: meters}
+	// One engine for every entry point: they share its settings, and a key
+	// first used over one replays over the others.
+	engOpts := []engine.Option{engine.WithRetention(cfg.ttl), engine.WithLogger(logger), engine.WithMeterProvider(meters)}
 	sealing := "off"
 	if ring != nil {
-		shared.Sealer = ring
+		engOpts = append(engOpts, engine.WithSealer(ring))
 		sealing = "key " + ring.PrimaryKeyID()
 		if ids := ring.KeyIDs(); len(ids) > 1 {
 			sealing += ", opening " + strings.Join(ids[1:], ", ") + " too"
@@ -402,10 +434,16 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			sealing += ", replaying unsealed records"
 		}
 	}
+	var eng *engine.Engine // nil with -idempotency=false
+	if !cfg.bare {
+		if eng, err = example.NewEngine(st, engOpts...); err != nil {
+			return err
+		}
+	}
+	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic}
 	grpcCfg := shared
-	grpcCfg.HandlerDelay, grpcCfg.Ledger, grpcCfg.Atomic = cfg.delay, ledger, cfg.atomic
 	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency = srvOpts, cfg.bare
-	srv, hs, err := example.NewServer(st, grpcCfg)
+	srv, hs, err := example.NewServer(eng, grpcCfg)
 	if err != nil {
 		return err
 	}
@@ -415,9 +453,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	var h *httpServer // nil without -http-addr
 	if cfg.httpAddr != "" {
 		var err error
-		httpCfg := shared
-		httpCfg.HandlerDelay, httpCfg.Ledger, httpCfg.Atomic = cfg.delay, ledger, cfg.atomic
-		h, err = serveHTTP(cfg.httpAddr, st, httpCfg, lis.Addr().String(), logger)
+		h, err = serveHTTP(cfg.httpAddr, eng, shared, lis.Addr().String(), logger)
 		if err != nil {
 			srv.Stop()
 			return err

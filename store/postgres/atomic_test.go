@@ -690,8 +690,8 @@ func TestAtomicDuplicateToldTheKeysExpiry(t *testing.T) {
 	}
 	w := &writer{}
 	release := w.hold(t)
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(r.store, interceptor.WithAtomic(),
-		interceptor.WithMaxLease(time.Second), interceptor.WithInProgressWait(0), interceptor.WithLogger(nil)))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, interceptor.WithAtomic(),
+		engine.WithMaxLease(time.Second), engine.WithInProgressWait(0), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, w)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	call := func() (expires []string, err error) {

@@ -1,0 +1,65 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/internal/servertest"
+)
+
+// A flag that makes no sense stops the server before it listens: the
+// process exits with a non-zero status and a message that names the flag,
+// and never serves.
+func TestBadFlagsRefused(t *testing.T) {
+	bin := servertest.Build(t)
+	// The address is one this test holds: a server that listened before it
+	// checked its flags would fail on it, and say so, rather than name the
+	// flag.
+	held, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	for _, tc := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"-ttl", "-1h"}, "-ttl"},
+		{[]string{"-ttl", "0"}, "-ttl"},
+		{[]string{"-ttl", "5m"}, "-ttl"}, // shorter than the longest lease, 10m
+		{[]string{"-ttl", "soon"}, "-ttl"},
+		{[]string{"-handler-delay", "-1s"}, "-handler-delay"},
+		{[]string{"-memory-max-bytes", "-1"}, "-memory-max-bytes"},
+		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},
+		{[]string{"-memory-max-records", "-1"}, "-memory-max-records"},
+		{[]string{"-memory-max-records", "0"}, "-memory-max-records"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			addrFile := filepath.Join(t.TempDir(), "addr")
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			args := append([]string{"-addr", held.Addr().String(), "-addr-file", addrFile, "-database-url="}, tc.args...)
+			out, err := exec.CommandContext(ctx, bin, args...).CombinedOutput()
+			var exit *exec.ExitError
+			if !errors.As(err, &exit) || exit.ExitCode() <= 0 {
+				t.Fatalf("the server ended with %v, want a non-zero exit status; it wrote:\n%s", err, out)
+			}
+			if !strings.Contains(string(out), tc.flag+" ") {
+				t.Errorf("the server's message does not name %s:\n%s", tc.flag, out)
+			}
+			if strings.Contains(string(out), "listening") || strings.Contains(string(out), "address already in use") {
+				t.Errorf("the server tried to listen before it refused %s:\n%s", tc.flag, out)
+			}
+			if _, err := os.Stat(addrFile); !os.IsNotExist(err) {
+				t.Errorf("the server wrote its address file: %v", err)
+			}
+		})
+	}
+}
