@@ -4,11 +4,15 @@
 // server interceptor runs a call at most once per key and answers every retry
 // with the first call's recorded reply.
 //
-//	idem, err := interceptor.UnaryServerInterceptor(st,
-//		interceptor.WithTenant(tenantOf),
-//		interceptor.WithKeyRequired())
+//	eng, err := engine.New(st, // the settings every entry point shares
+//		engine.WithTenant(tenantOf),
+//		engine.WithKeyRequired())
 //	if err != nil {
-//		return err // a mistake in the options, such as a misnamed method
+//		return err // a mistake in the options, named with its fix
+//	}
+//	idem, err := interceptor.UnaryServerInterceptor(eng)
+//	if err != nil {
+//		return err // such as a misnamed method, or atomic mode on a store without transactions
 //	}
 //	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(
 //		auth, // puts the caller's identity in the context
