@@ -34,6 +34,17 @@ import (
 // before do not know. Either way they fail closed. Markers come back only
 // through New: a store never writes one again by itself.
 //
+// Write counters. Beside each marker, with the same tag, a counter that
+// never expires (<prefix>:writes, or <prefix>:writes:{<tag>}) is raised by
+// every script that writes a reservation or a recorded outcome, in the same
+// script, which returns its new value. Each store keeps, per slot, the
+// highest value it has seen (New reads them, then each acknowledged write
+// raises it), and every script that writes, or finds no record, first checks
+// that the counter is not below it. Other stores' writes only raise the
+// counter; a server gone back to an older state (an older snapshot, a replica
+// that lagged) holds a lower one, though its markers are the same, and the
+// stores that saw a higher one fail closed.
+//
 // Servers. New reads each server's maxmemory_policy and evicted_keys, and
 // then the first operation after each check interval reads the primaries'
 // again (admit), before its own work: a policy that may evict fails the
@@ -91,17 +102,44 @@ func (s *Store) markerName(slot int) string {
 	return s.opts.prefix + ":epoch:{" + slotTags()[slot] + "}"
 }
 
-// keys returns the KEYS of a script on key's record, the record and its
-// marker, and the epoch the marker must hold.
-func (s *Store) keys(key store.Key) ([]string, string) {
+// counterName is the name of slot's write counter (of the one counter on one
+// server), in the slot of its marker.
+func (s *Store) counterName(slot int) string {
+	if s.cluster == nil {
+		return s.counter
+	}
+	return s.opts.prefix + ":writes:{" + slotTags()[slot] + "}"
+}
+
+// keys returns the KEYS of a script on key's record: the record, and its
+// slot's marker and write counter; and the slot's index in s.epochs and
+// s.seen (0 on one server).
+func (s *Store) keys(key store.Key) ([]string, int) {
 	p := s.opts.prefix
 	b := make([]byte, 0, len(p)+3+2*len(key))
 	name := string(append(hex.AppendEncode(append(b, p+":{"...), key[:]), '}'))
 	if s.cluster == nil {
-		return []string{name, s.marker}, s.epochs[0]
+		return []string{name, s.marker, s.counter}, 0
 	}
 	slot := slotOf(name[len(p)+2 : len(name)-1]) // the hash tag
-	return []string{name, s.markerName(slot)}, s.epochs[slot]
+	return []string{name, s.markerName(slot), s.counterName(slot)}, slot
+}
+
+// argv returns a script's ARGV on slot: the clock's offset, the epoch its
+// marker must hold and the highest write count seen there, then args.
+func (s *Store) argv(slot int, args ...any) []any {
+	return append([]any{s.offset(), s.epochs[slot], s.seen[slot].Load()}, args...)
+}
+
+// saw raises the highest write count seen on slot to n, if n is higher.
+func (s *Store) saw(slot int, n int64) {
+	seen := &s.seen[slot]
+	for {
+		old := seen.Load()
+		if n <= old || seen.CompareAndSwap(old, n) {
+			return
+		}
+	}
 }
 
 // markTimeout bounds mark, unless WithTimeout is longer: on a cluster it
@@ -109,10 +147,11 @@ func (s *Store) keys(key store.Key) ([]string, string) {
 // busy machine does in more than one operation's time.
 const markTimeout = 30 * time.Second
 
-// mark reads every marker, in one pipeline; writes the missing ones, if
-// any, with a new epoch (SET NX, then GET, in a second pipeline); and keeps
-// what each marker holds in s.epochs. A full server refuses the writes, not
-// the reads: a store starts there as long as its markers exist.
+// mark reads every marker and write counter, in one pipeline; writes the
+// missing markers, if any, with a new epoch (SET NX, then GET, in a second
+// pipeline); and keeps what each marker holds in s.epochs, and each counter
+// in s.seen. A full server refuses the writes, not the reads: a store starts
+// there as long as its markers exist.
 func (s *Store) mark(ctx context.Context) error {
 	// Up to 16,384 markers, once, in New: a bound of its own, not one
 	// operation's.
@@ -122,12 +161,14 @@ func (s *Store) mark(ctx context.Context) error {
 	if s.cluster != nil {
 		n = slots
 	}
-	got := make([]*goredis.StringCmd, n)
+	got, counts := make([]*goredis.StringCmd, n), make([]*goredis.StringCmd, n)
 	read := func(which []int, epoch string) error {
 		_, err := s.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
 			for _, i := range which {
 				if epoch != "" {
 					p.SetNX(ctx, s.markerName(i), epoch, 0)
+				} else {
+					counts[i] = p.Get(ctx, s.counterName(i))
 				}
 				got[i] = p.Get(ctx, s.markerName(i))
 			}
@@ -136,9 +177,11 @@ func (s *Store) mark(ctx context.Context) error {
 		if err == nil {
 			return nil
 		}
-		for _, i := range which { // a missing marker is no error
-			if err := got[i].Err(); err != nil && !errors.Is(err, goredis.Nil) {
-				return s.translate(ctx, "markers", err)
+		for _, i := range which { // a missing marker or counter is no error
+			for _, c := range []*goredis.StringCmd{got[i], counts[i]} {
+				if err := c.Err(); err != nil && !errors.Is(err, goredis.Nil) {
+					return s.translate(ctx, "markers", err)
+				}
 			}
 		}
 		return nil
@@ -165,6 +208,11 @@ func (s *Store) mark(ctx context.Context) error {
 			return err
 		}
 	}
+	s.seen = make([]atomic.Int64, n)
+	for i, c := range counts {
+		seen, _ := strconv.ParseInt(c.Val(), 10, 64) // none yet: 0
+		s.seen[i].Store(seen)
+	}
 	s.epochs = make([]string, n)
 	for i, c := range got {
 		s.epochs[i] = c.Val() // "" if flushed meanwhile: then the first call fails
@@ -185,20 +233,27 @@ func (s *Store) mark(ctx context.Context) error {
 	return nil
 }
 
-// markerLost is the cause of a script's IDEMKEY_DATALOST reply: "<marker>
-// missing" or "<marker> changed".
-func markerLost(reply string) error {
+// dataLost is the cause of a script's IDEMKEY_DATALOST reply: "<marker>
+// missing", "<marker> changed", or "<counter> behind <value> <seen>".
+func dataLost(reply string) error {
+	const after = "; every operation fails until this process restarts, which accepts that keys recorded before the loss may run again"
+	f := strings.Fields(reply)
+	if len(f) == 4 && f[1] == "behind" {
+		return fmt.Errorf("%w: the Redis store's data was lost: its write counter %s holds %s, below the %s this process saw, "+
+			"so the server went back to an older state (a restart from an older snapshot, RDB or AOF, or a failover to a replica that lagged) "+
+			"and records written since may be gone, so a missing record no longer means a new key"+after,
+			store.ErrDataLost, f[0], f[2], f[3])
+	}
 	marker, what := reply, "is gone"
-	if i := strings.LastIndexByte(reply, ' '); i >= 0 {
-		marker = reply[:i]
-		if reply[i+1:] == "changed" {
+	if len(f) == 2 {
+		marker = f[0]
+		if f[1] == "changed" {
 			what = "holds the epoch of a store started after the loss"
 		}
 	}
 	return fmt.Errorf("%w: the Redis store's data was lost: its marker key %s %s "+
 		"(FLUSHDB or FLUSHALL, a restart without the data, a failover to an empty replica, or eviction), "+
-		"so a missing record no longer means a new key; every operation fails until this process restarts, "+
-		"which accepts that keys recorded before the loss may run again", store.ErrDataLost, marker, what)
+		"so a missing record no longer means a new key"+after, store.ErrDataLost, marker, what)
 }
 
 // health is what the store knows of its servers.

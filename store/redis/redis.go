@@ -8,6 +8,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -121,7 +122,11 @@ type Store struct {
 	// hash slot of a cluster, or the one server's, whose name is marker.
 	epochs []string
 	marker string
-	health health
+	// seen holds the highest value of each slot's write counter (of the one
+	// server's, named counter) that New read or a write returned.
+	seen    []atomic.Int64
+	counter string
+	health  health
 }
 
 var (
@@ -134,10 +139,10 @@ var (
 // *goredis.ClusterClient. It checks, within ctx, that every server that can
 // hold its keys is configured with maxmemory-policy noeviction, and refuses
 // any other policy: an evicted record would run a call a second time. It
-// then reads the store's marker keys, and writes those that are missing
-// (see the package doc's "Data loss"), within ctx and at most 30 s (or
-// WithTimeout, if longer): one per hash slot on a cluster. It starts no
-// goroutine.
+// then reads the store's marker keys and write counters, and writes the
+// markers that are missing (see the package doc's "Data loss"), within ctx
+// and at most 30 s (or WithTimeout, if longer): one of each per hash slot on
+// a cluster. It starts no goroutine.
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout}
 	for _, opt := range opts {
@@ -158,7 +163,7 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 	if len(o.prefix) > 64 || strings.ContainsAny(o.prefix, "{}") || strings.IndexFunc(o.prefix, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
 		return nil, fmt.Errorf("idemkey redis: prefix %q: want 1 to 64 visible ASCII characters without braces", o.prefix)
 	}
-	s := &Store{client: client, opts: o, marker: o.prefix + ":epoch"}
+	s := &Store{client: client, opts: o, marker: o.prefix + ":epoch", counter: o.prefix + ":writes"}
 	switch c := client.(type) {
 	case nil:
 		return nil, errors.New("idemkey redis: New needs a client, not nil")
@@ -235,7 +240,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	}
 	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
-	v, err := s.run(ctx, "reserve", reserveScript, r.Key, acquired, args...)
+	v, err := s.run(ctx, "reserve", reserveScript, r.Key, counted(6), args...)
 	if err != nil {
 		if errors.Is(err, errNotReplicated) && acquired(v) {
 			// Free the key rather than leave it in progress for a lease.
@@ -250,7 +255,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 // parseReservation reads reserveScript's reply.
 func parseReservation(v any) (store.Result, error) {
 	a, ok := v.([]any)
-	if !ok || len(a) != 6 {
+	if !ok || len(a) != 7 {
 		return store.Result{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
 	}
 	kind, _ := a[0].(int64)
@@ -282,8 +287,8 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, er
 	if err := s.admit(ctx, "find"); err != nil {
 		return store.Result{}, false, err
 	}
-	keys, epoch := s.keys(key)
-	v, err := findScript.Run(ctx, s.client, keys, s.offset(), epoch).Result()
+	keys, slot := s.keys(key)
+	v, err := findScript.Run(ctx, s.client, keys, s.argv(slot)...).Result()
 	if errors.Is(err, goredis.Nil) {
 		return store.Result{}, false, nil
 	}
@@ -313,7 +318,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if err := s.admit(ctx, "complete"); err != nil {
 		return err
 	}
-	return s.write(ctx, "complete", completeScript, key, strconv.FormatInt(int64(token), 10), outcome)
+	return s.write(ctx, "complete", completeScript, key, counted(1), strconv.FormatInt(int64(token), 10), outcome)
 }
 
 // Release implements store.Store, detached from ctx's cancellation like
@@ -326,46 +331,65 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	if err := s.admit(ctx, "release"); err != nil {
 		return err
 	}
-	return s.write(ctx, "release", releaseScript, key, strconv.FormatInt(int64(token), 10))
+	return s.write(ctx, "release", releaseScript, key, func(any) int64 { return 0 }, strconv.FormatInt(int64(token), 10))
 }
 
-// write runs Complete's or Release's script, whose reply is 1 or 0.
-func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key store.Key, args ...any) error {
-	wait := func(any) bool { return op == "complete" }
-	v, err := s.run(ctx, op, sc, key, wait, args...)
+// write runs Complete's or Release's script, whose reply is {1, count}, or
+// {0, 0} if the lease was lost.
+func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key store.Key, count func(any) int64, args ...any) error {
+	v, err := s.run(ctx, op, sc, key, count, args...)
 	if err != nil {
 		return err
 	}
-	if v != int64(1) {
+	if a, _ := v.([]any); len(a) != 2 || a[0] != int64(1) {
 		return fmt.Errorf("idemkey redis: %s: %w", op, store.ErrLeaseLost)
 	}
 	return nil
+}
+
+// counted returns a function that reads the write counter's value at index
+// i of a script's reply: 0 if the script wrote nothing that counts.
+func counted(i int) func(any) int64 {
+	return func(v any) int64 {
+		a, _ := v.([]any)
+		if len(a) <= i {
+			return 0
+		}
+		n, _ := a[i].(int64)
+		return n
+	}
 }
 
 // errNotReplicated marks a write that fewer replicas than WithReplicas asked
 // for confirmed in time.
 var errNotReplicated = errors.New("not confirmed by the replicas in time")
 
-// run runs sc on key, with the ARGV args after the offset and the epoch.
-// With WithReplicas, when wrote says the reply means a write, it then sends
-// WAIT on the same connection to the key's primary, which WAIT requires; the
-// reply is returned with errNotReplicated (wrapped in store.ErrUnavailable)
-// if too few replicas confirmed it.
-func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key store.Key, wrote func(any) bool, args ...any) (any, error) {
-	keys, epoch := s.keys(key)
-	args = append([]any{s.offset(), epoch}, args...)
+// run runs sc on key, with the ARGV args after argv's. count reads the
+// write counter from the reply: a write, if above 0. With WithReplicas, a
+// write is then followed by WAIT on the same connection to the key's
+// primary, which WAIT requires; the reply is returned with errNotReplicated
+// (wrapped in store.ErrUnavailable) if too few replicas confirmed it. The
+// counter of a write that succeeded (and was confirmed) raises what the
+// store has seen of its slot; one not confirmed does not, so that a
+// failover that loses only it does not fail the store.
+func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key store.Key, count func(any) int64, args ...any) (any, error) {
+	keys, slot := s.keys(key)
+	args = s.argv(slot, args...)
 	if s.opts.replicas == 0 {
 		v, err := sc.Run(ctx, s.client, keys, args...).Result()
 		if err != nil {
 			return nil, s.translate(ctx, op, err)
 		}
+		s.saw(slot, count(v))
 		return v, nil
 	}
 	for attempt, wait := 1, 20*time.Millisecond; ; attempt, wait = attempt+1, min(2*wait, 250*time.Millisecond) {
-		v, err := s.runWaiting(ctx, sc, keys, wrote, args)
+		v, err := s.runWaiting(ctx, sc, keys, func(v any) bool { return count(v) > 0 }, args)
 		if err == nil || errors.Is(err, errNotReplicated) {
 			if err != nil {
 				err = fmt.Errorf("idemkey redis: %s: %w: %w", op, store.ErrUnavailable, err)
+			} else {
+				s.saw(slot, count(v))
 			}
 			return v, err
 		}
@@ -446,8 +470,8 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 	var redisErr goredis.Error
 	isRedisErr := errors.As(err, &redisErr) && !errors.Is(err, goredis.ErrClosed)
 	if isRedisErr {
-		if marker, ok := strings.CutPrefix(redisErr.Error(), "IDEMKEY_DATALOST "); ok {
-			return fmt.Errorf("idemkey redis: %s: %w", op, s.lose(ctx, markerLost(marker)))
+		if reply, ok := strings.CutPrefix(redisErr.Error(), "IDEMKEY_DATALOST "); ok {
+			return fmt.Errorf("idemkey redis: %s: %w", op, s.lose(ctx, dataLost(reply)))
 		}
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {

@@ -15,34 +15,53 @@ import goredis "github.com/redis/go-redis/v9"
 // expiry its reservation set, only so that its token is remembered: see
 // nextToken.
 //
-// Every script has KEYS: the record, then the marker of its hash slot (see
-// loss.go); and ARGV: the clock's offset, the marker's epoch as the store
-// read it in New, then its own. Before a script believes a record absent
+// Every script has KEYS: the record, then the marker and the write counter
+// of its hash slot (see loss.go); and ARGV: the clock's offset, the marker's
+// epoch as the store read it in New, the highest value of the counter the
+// store has seen, then its own. Before a script believes a record absent
 // (and acquires it, or answers that no record holds the token), it checks
-// with lost() that the marker still holds that epoch; otherwise it answers
-// the error IDEMKEY_DATALOST with the marker's name, having written nothing:
-// the record may have been lost, so its absence means nothing. A record that
-// is there needs no check, so that replays and the writes of a held lease
-// read no more than they did.
+// with lost() that the marker still holds that epoch and that the counter
+// is not below that value; before it writes a record, that the counter is
+// not below it (behind). Otherwise it answers the error IDEMKEY_DATALOST
+// with the marker's or counter's name, having written nothing: not even the
+// counter, which a detecting script would otherwise raise towards what
+// another process saw, hiding the loss from it. A record that is there and
+// is not written needs no check, so that replays read no more than they did.
+//
+// A script that writes a reservation or an outcome raises the counter
+// (INCR) and returns its new value, which the store keeps as the highest it
+// saw. Release does not raise it: a release lost in a restore or failover
+// leaves a key in progress, never runs one again (see Store.Release).
 //
 // Each script reads the server's clock with TIME and adds ARGV's offset, in
 // microseconds: zero but in this package's tests, which move time forward
 // without sleeping. Lua numbers are doubles, exact for integers below 2^53:
 // microseconds since 1970 stay below that until the year 2255, and Go clamps
-// leases and retentions to maxDuration so that sums stay below it too. %.0f
-// writes such a number whole (tostring would write 1.7e+15).
+// leases and retentions to maxDuration so that sums stay below it too; a
+// counter raised a million times a second, for 285 years. %.0f writes such a
+// number whole (tostring would write 1.7e+15).
 const prelude = `
 if redis.replicate_commands then redis.replicate_commands() end
--- lost: the error reply to return if the marker does not hold the epoch.
+local function num(x) return string.format('%.0f', x) end
+-- behind: the error reply to return if the write counter is below the
+-- highest value the store saw: the server went back to an older state.
+local function behind()
+	local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+	if n < tonumber(ARGV[3]) then
+		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[3] .. ' behind ' .. num(n) .. ' ' .. ARGV[3])
+	end
+end
+-- lost: the error reply to return if the marker does not hold the epoch,
+-- or the write counter is behind.
 local function lost()
 	local mark = redis.call('GET', KEYS[2])
 	if mark ~= ARGV[2] then
 		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[2] .. (mark and ' changed' or ' missing'))
 	end
+	return behind()
 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + tonumber(ARGV[1])
-local function num(x) return string.format('%.0f', x) end
 -- expireAt sets the key's native expiry at the logical time t, on the real
 -- clock, in whole milliseconds rounded up: the record never goes early.
 local function expireAt(t)
@@ -56,11 +75,12 @@ end
 `
 
 // reserveScript decides a reservation, as store.Store's Reserve describes.
-// ARGV: offset, epoch, fingerprint, lease, retention (microseconds).
-// Reply: {kind, token, fingerprint, outcome, lease left, expiry}: kind 1
-// acquired, with its token; 2 completed, with the record's fingerprint and
-// outcome; 3 in progress, with its fingerprint and the lease's time left;
-// each with the record's expiry (e).
+// ARGV: offset, epoch, count seen, fingerprint, lease, retention
+// (microseconds). Reply: {kind, token, fingerprint, outcome, lease left,
+// expiry, count}: kind 1 acquired, with its token and the write counter's
+// new value; 2 completed, with the record's fingerprint and outcome; 3 in
+// progress, with its fingerprint and the lease's time left; each with the
+// record's expiry (e), and a count of 0 when it wrote nothing.
 //
 // A new token is the server's time in microseconds, or one more than the
 // key's last token if that is larger. While the record (or its released
@@ -72,58 +92,67 @@ var reserveScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 't', 'o', 'l', 'e')
 local state, last, leaseEnd, expires = r[1], tonumber(r[3]), tonumber(r[5]), tonumber(r[6])
 local absent = not state or state == 'r' or (expires <= now and (state == 'c' or leaseEnd <= now))
+local gone
 if absent then
-	local gone = lost()
-	if gone then return gone end
+	gone = lost()
 else
-	if state == 'c' then return {2, 0, r[2], r[4], 0, expires} end
-	if leaseEnd > now or r[2] ~= ARGV[3] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0), expires} end
+	if state == 'c' then return {2, 0, r[2], r[4], 0, expires, 0} end
+	if leaseEnd > now or r[2] ~= ARGV[4] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0), expires, 0} end
+	gone = behind() -- a lease taken over
 end
+if gone then return gone end
 local token = now
 if last and last >= token then token = last + 1 end
-leaseEnd = now + tonumber(ARGV[4])
+leaseEnd = now + tonumber(ARGV[5])
 if absent then
-	expires = now + tonumber(ARGV[5])
+	expires = now + tonumber(ARGV[6])
 	redis.call('HSET', KEYS[1], 'c', num(now), 'e', num(expires))
 end
-redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[3], 't', num(token), 'l', num(leaseEnd))
+redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[4], 't', num(token), 'l', num(leaseEnd))
 redis.call('HDEL', KEYS[1], 'o')
 expireAt(math.max(expires, leaseEnd))
-return {1, token, '', '', 0, expires}
+return {1, token, '', '', 0, expires, redis.call('INCR', KEYS[3])}
 `)
 
-// completeScript records an outcome. ARGV: offset, epoch, token, outcome.
-// Reply: 1 recorded, 0 lease lost. A repeat of a Complete that took effect
-// (same token and outcome) answers 1 again: go-redis sends a command again
-// after a connection error, and a Complete whose replicas did not confirm in
-// time is tried again by the interceptor.
+// completeScript records an outcome. ARGV: offset, epoch, count seen,
+// token, outcome. Reply: {1, the write counter's new value} recorded, {0, 0}
+// lease lost. A repeat of a Complete that took effect (same token and
+// outcome) answers recorded again: go-redis sends a command again after a
+// connection error, and a Complete whose replicas did not confirm in time is
+// tried again by the interceptor. The repeat raises the counter too, so that
+// the WAIT after it (on this connection) covers the first's write.
 var completeScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
-if held(r, ARGV[3]) then
-	redis.call('HSET', KEYS[1], 's', 'c', 'o', ARGV[4])
+local holds = held(r, ARGV[4])
+if not holds and not (r[1] == 'c' and r[2] == ARGV[4] and tonumber(r[4]) > now and redis.call('HGET', KEYS[1], 'o') == ARGV[5]) then
+	return lost() or {0, 0}
+end
+local gone = behind()
+if gone then return gone end
+if holds then
+	redis.call('HSET', KEYS[1], 's', 'c', 'o', ARGV[5])
 	expireAt(tonumber(r[4]))
-	return 1
 end
-if r[1] == 'c' and r[2] == ARGV[3] and tonumber(r[4]) > now and redis.call('HGET', KEYS[1], 'o') == ARGV[4] then
-	return 1
-end
-return lost() or 0
+return {1, redis.call('INCR', KEYS[3])}
 `)
 
 // releaseScript releases a reservation, keeping the token: see reserveScript.
-// ARGV: offset, epoch, token. Reply: 1 released, 0 lease lost.
+// ARGV: offset, epoch, count seen, token. Reply: {1, 0} released, {0, 0}
+// lease lost.
 var releaseScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
-if held(r, ARGV[3]) then
+if held(r, ARGV[4]) then
+	local gone = behind()
+	if gone then return gone end
 	redis.call('HSET', KEYS[1], 's', 'r')
 	redis.call('HDEL', KEYS[1], 'f', 'o')
-	return 1
+	return {1, 0}
 end
-return lost() or 0
+return lost() or {0, 0}
 `)
 
 // findScript reads a completed record that has not expired. ARGV: offset,
-// epoch. Reply: {fingerprint, outcome, expiry}, or nil.
+// epoch, count seen. Reply: {fingerprint, outcome, expiry}, or nil.
 var findScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'e')
 if r[1] == 'c' and tonumber(r[4]) > now then return {r[2], r[3], tonumber(r[4])} end

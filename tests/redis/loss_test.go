@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -418,4 +419,149 @@ func infoValue(t *testing.T, c *goredis.Client, section, field string) string {
 	}
 	t.Fatalf("INFO %s has no %s", section, field)
 	return ""
+}
+
+// A server restarted from an older snapshot keeps the markers but loses the
+// records written since: the store notices by its write counter, which went
+// back below what it saw, and fails closed. The first call after the
+// restore, on a key recorded after the snapshot, answers store.ErrDataLost
+// rather than acquire it; so does every call after it, a replay of a key
+// the snapshot holds included: once a loss is seen, the store fails every
+// operation until the process restarts, as after a flush. Another store that
+// wrote in between does not upset either before the restore, and one started
+// after the later writes, idle since, notices as well. A store started
+// after the restore cannot tell (the package doc says so): it finds the
+// later keys new.
+func TestRestoreFromOlderSnapshotFailsClosed(t *testing.T) {
+	srv := redistest.Start(t) // save "": nothing is written to disk but by SAVE
+	client := srv.Client(t)
+	ctx := context.Background()
+	logger, logs := logtest.New()
+	st, err := redis.New(ctx, client, redis.WithLogger(logger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, err := redis.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after []store.Reservation
+	for i := range 5 {
+		before = append(before, record(t, st, "before-"+strconv.Itoa(i)))
+		record(t, other, "other-before-"+strconv.Itoa(i))
+	}
+	must(t, client.Save(ctx).Err())
+	for i := range 5 {
+		after = append(after, record(t, st, "after-"+strconv.Itoa(i)))
+		record(t, other, "other-after-"+strconv.Itoa(i))
+	}
+	idle, err := redis.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Killed, the server writes no snapshot of its own: it starts again from
+	// the one SAVE wrote, before the later keys.
+	srv.Kill()
+	srv.Restart(t)
+
+	var res store.Result
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		res, err = st.Reserve(ctx, after[0])
+		if !errors.Is(err, store.ErrUnavailable) || time.Now().After(deadline) {
+			break // else the client reconnects
+		}
+	}
+	if err == nil {
+		t.Fatalf("Reserve of a key recorded after the snapshot, after the restore = %v; want store.ErrDataLost", res.State)
+	}
+	wantDataLost(t, "Reserve of a key recorded after the snapshot", err, "data was lost", "write counter", "older snapshot", "restarts")
+	for _, r := range append(after[1:], before...) {
+		res, err := st.Reserve(ctx, r)
+		if err == nil {
+			t.Fatalf("Reserve after the store saw the restore = %v; want store.ErrDataLost for every key", res.State)
+		}
+		wantDataLost(t, "Reserve after the store saw the restore", err, "data was lost")
+	}
+	_, _, err = st.Find(ctx, before[0].Key)
+	wantDataLost(t, "Find after the store saw the restore", err, "data was lost")
+	wantErrorLine(t, "store", logs, []string{"data was lost", "write counter"}, "acme", "before-", "after-")
+
+	_, err = idle.Reserve(ctx, store.Reservation{Key: store.ScopeKey("acme", "/m", "new"), Lease: time.Minute, Retention: time.Hour})
+	wantDataLost(t, "Reserve of a new key on an idle store started before the restore", err, "write counter")
+
+	later, err := redis.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, found, err := later.Find(ctx, before[0].Key); err != nil || !found {
+		t.Errorf("Find of a key the snapshot holds, on a store started after the restore = %v, %v; want found", found, err)
+	}
+	if _, found, err := later.Find(ctx, after[0].Key); err != nil || found {
+		t.Errorf("Find of a key recorded after the snapshot, on a store started after the restore = %v, %v; want not found (the loss is invisible to it)", found, err)
+	}
+}
+
+// On a cluster, each hash slot keeps its own write counter beside its
+// records: one primary restarted from an older snapshot fails the store at
+// the first call on a key that it recorded there after the snapshot, and
+// every call after it.
+func TestClusterRestoreFromOlderSnapshotFailsClosed(t *testing.T) {
+	cluster := redistest.StartCluster(t, 5*time.Second) // restarted within it, the primary keeps its slots
+	client := cluster.Client(t)
+	ctx := context.Background()
+	p := prefix()
+	st, err := redis.New(ctx, client, redis.WithPrefix(p))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before, after []store.Reservation
+	for i := range 30 {
+		before = append(before, record(t, st, "cluster-before-"+strconv.Itoa(i)))
+	}
+	name := func(r store.Reservation) string { return p + ":{" + hex.EncodeToString(r.Key[:]) + "}" }
+	primary, err := client.MasterForKey(ctx, name(before[0]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	must(t, primary.Save(ctx).Err())
+	for i := range 30 {
+		after = append(after, record(t, st, "cluster-after-"+strconv.Itoa(i)))
+	}
+	var restored *redistest.Server
+	for _, n := range cluster.Nodes {
+		if n.Addr == primary.Options().Addr {
+			restored = n
+		}
+	}
+	restored.Kill()
+	restored.Restart(t)
+
+	// The first key recorded after the snapshot on the restored primary.
+	var first store.Reservation
+	for _, r := range after {
+		if c, err := client.MasterForKey(ctx, name(r)); err == nil && c.Options().Addr == restored.Addr {
+			first = r
+			break
+		}
+	}
+	if first.Key == (store.Key{}) {
+		t.Fatal("no key recorded after the snapshot is on the restored primary")
+	}
+	var res store.Result
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		res, err = st.Reserve(ctx, first)
+		if !errors.Is(err, store.ErrUnavailable) || time.Now().After(deadline) {
+			break // else the client reconnects
+		}
+	}
+	if err == nil {
+		t.Fatalf("Reserve of a key recorded after the snapshot on the restored primary = %v; want store.ErrDataLost", res.State)
+	}
+	wantDataLost(t, "Reserve of a key recorded after the snapshot on the restored primary", err, "write counter", p+":writes:{")
+	for _, r := range append(after, before...) {
+		if res, err := st.Reserve(ctx, r); err == nil {
+			t.Fatalf("Reserve after the store saw a primary's restore = %v; want store.ErrDataLost for every key", res.State)
+		}
+	}
 }

@@ -91,8 +91,8 @@ func TestRefusesEvictingServer(t *testing.T) {
 }
 
 // The records are in the key's own hash slot, under the prefix, with
-// nothing raw in them, beside the store's marker; and they expire natively,
-// with no sweeper.
+// nothing raw in them, beside the store's marker and write counter; and they
+// expire natively, with no sweeper.
 func TestRecordsExpireNatively(t *testing.T) {
 	client := redistest.Client(t)
 	p := prefix()
@@ -115,8 +115,8 @@ func TestRecordsExpireNatively(t *testing.T) {
 	}
 	want := p + ":{" + hex.EncodeToString(key[:]) + "}"
 	slices.Sort(names)
-	if len(names) != 2 || names[0] != p+":epoch" || names[1] != want {
-		t.Fatalf("keys written = %q, want only %q and the marker %q", names, want, p+":epoch")
+	if len(names) != 3 || names[0] != p+":epoch" || names[1] != p+":writes" || names[2] != want {
+		t.Fatalf("keys written = %q, want only %q, the marker %q and the counter %q", names, want, p+":epoch", p+":writes")
 	}
 	fields, _ := client.HGetAll(ctx, want).Result()
 	for _, v := range fields {
