@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -23,6 +24,7 @@ import (
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/tests/redistest"
 )
@@ -32,12 +34,14 @@ import (
 // have not reached it), and lets the replica take over. A CreateCharge like
 // the example's runs behind the interceptor on the Redis store, with the
 // charges in memory; every key is retried until it gets a reply, and then
-// sent once more after the failover. Counted: keys charged twice, and keys
-// whose acknowledged reply did not replay.
+// sent once more after the failover. Counted: keys charged twice, keys
+// whose acknowledged reply did not replay, and keys refused because the
+// store failed closed.
 //
-// Waiting for one replica (WithReplicas(1)): none of either. Without it,
-// the primary acknowledges what the replica never gets, and the count is
-// logged (RELIABILITY.md has a run's numbers).
+// Waiting for one replica (WithReplicas(1)): none of any. Without it, the
+// primary acknowledges what the replica never gets: the store sees its write
+// counters gone back on the lagging replica and fails closed (refusing every
+// key from then on), and still no key is charged twice.
 func TestFailover(t *testing.T) {
 	cluster := redistest.StartCluster(t, time.Second)
 	for _, tc := range []struct {
@@ -49,10 +53,16 @@ func TestFailover(t *testing.T) {
 				t.Skip("counts the loss without waiting for replicas: run with -failover-nowait")
 			}
 			r := failover(t, cluster, tc.replicas)
-			t.Logf("replicas waited for %d: %d keys acknowledged, %d calls, %d charged twice so far, %d acknowledged replies lost (replayed differently, or in progress again); writes the lagging replica never got: %d",
-				tc.replicas, r.keys, r.calls, r.doubles, r.lost, r.unreplicated)
-			if tc.replicas > 0 && (r.doubles > 0 || r.lost > 0) {
-				t.Errorf("waiting for a replica: %d keys charged twice and %d acknowledged replies lost; want 0 and 0", r.doubles, r.lost)
+			t.Logf("replicas waited for %d: %d keys acknowledged, %d calls, %d charged twice so far, %d acknowledged replies lost (replayed differently, or in progress again), %d refused by the store failed closed; writes the lagging replica never got: %d",
+				tc.replicas, r.keys, r.calls, r.doubles, r.lost, r.refused, r.unreplicated)
+			if r.doubles > 0 {
+				t.Errorf("%d keys charged twice; want 0", r.doubles)
+			}
+			switch {
+			case tc.replicas > 0 && (r.lost > 0 || r.failedClosed):
+				t.Errorf("waiting for a replica: %d acknowledged replies lost, store failed closed %v; want 0 and false", r.lost, r.failedClosed)
+			case tc.replicas == 0 && r.unreplicated > 0 && !r.failedClosed:
+				t.Errorf("without waiting: the replica that took over missed %d writes and the store served on; want it failed closed", r.unreplicated)
 			}
 			if r.keys < 100 {
 				t.Errorf("only %d keys got a reply: the load did not run", r.keys)
@@ -64,7 +74,8 @@ func TestFailover(t *testing.T) {
 var failoverNoWait = flag.Bool("failover-nowait", false, "TestFailover: also count what a failover loses without waiting for replicas (about 10s)")
 
 type failoverResult struct {
-	keys, calls, doubles, lost, unreplicated int
+	keys, calls, doubles, lost, refused, unreplicated int
+	failedClosed                                      bool
 }
 
 func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverResult {
@@ -84,7 +95,14 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 	conn := grpctest.Dial(t, lis, grpc.WithDefaultServiceConfig(retryPolicy))
 	payments := paymentsv1.NewPaymentServiceClient(conn)
 
-	// call sends key's request until it gets a reply, for up to 20s.
+	// failedClosed reports whether the store has seen its data lost: then
+	// it refuses every call for good.
+	failedClosed := func() bool {
+		_, _, err := st.Find(ctx, store.ScopeKey("acme", "/probe", "probe"))
+		return errors.Is(err, store.ErrDataLost)
+	}
+	// call sends key's request until it gets a reply, for up to 20s, or
+	// until the store has failed closed.
 	var calls atomic.Int64
 	call := func(key string) (*paymentsv1.Charge, error) {
 		ctx := metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
@@ -95,6 +113,9 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 			var c *paymentsv1.Charge
 			if c, err = payments.CreateCharge(ctx, req); err == nil {
 				return c, nil
+			}
+			if failedClosed() {
+				return nil, store.ErrDataLost
 			}
 		}
 		return nil, err
@@ -112,6 +133,9 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 			for !stop.Load() {
 				key := fmt.Sprintf("failover-%d-%d", w, n.Add(1))
 				c, err := call(key)
+				if errors.Is(err, store.ErrDataLost) {
+					return
+				}
 				if err != nil {
 					t.Errorf("key never got a reply: %v", err)
 					return
@@ -152,26 +176,28 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 	t.Logf("after the kill: the replica took over in %v, the restarted primary was its replica in %v, the load ended at %v",
 		tookOver.Round(10*time.Millisecond), synced.Round(10*time.Millisecond), time.Since(killed).Round(10*time.Millisecond))
 
-	r := failoverResult{keys: len(replies), unreplicated: max(unreplicated, 0)}
+	r := failoverResult{keys: len(replies), unreplicated: max(unreplicated, 0), failedClosed: failedClosed()}
 	// Each acknowledged key once more, without the retry policy: its reply
 	// must replay. A key found in progress lost its reply too, and runs
 	// again once its lease ends.
 	once := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis, grpc.WithDisableRetry()))
 	keys := make(chan string)
-	var lost, doubles atomic.Int64
+	var lost, refused, doubles atomic.Int64
 	for range 16 {
 		wg.Go(func() {
 			for key := range keys {
 				ctx := metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
 				req := &paymentsv1.CreateChargeRequest{CustomerId: key, Amount: 100, Currency: "EUR"}
 				c, err := once.CreateCharge(ctx, req)
-				for i := 0; status.Code(err) == codes.Unavailable && i < 100; i++ {
+				for i := 0; status.Code(err) == codes.Unavailable && !r.failedClosed && i < 100; i++ {
 					time.Sleep(100 * time.Millisecond)
 					c, err = once.CreateCharge(ctx, req)
 				}
 				switch {
 				case status.Code(err) == codes.Aborted || (err == nil && c.GetId() != replies[key]):
 					lost.Add(1)
+				case status.Code(err) == codes.Unavailable && r.failedClosed:
+					refused.Add(1)
 				case err != nil:
 					t.Errorf("replay after the failover: %v", err)
 				}
@@ -186,7 +212,7 @@ func failover(t *testing.T, cluster *redistest.Cluster, replicas int) failoverRe
 	}
 	close(keys)
 	wg.Wait()
-	r.lost, r.doubles, r.calls = int(lost.Load()), int(doubles.Load()), int(calls.Load())
+	r.lost, r.refused, r.doubles, r.calls = int(lost.Load()), int(refused.Load()), int(doubles.Load()), int(calls.Load())
 	return r
 }
 
