@@ -120,7 +120,7 @@ func TestRedactionRecordsAnError(t *testing.T) {
 // records Internal: the handler has run, so its key is not released.
 func TestRedactionThatFails(t *testing.T) {
 	for name, redact := range map[string]interceptor.RedactFunc{
-		"panics":           func(context.Context, string, *interceptor.Reply) { panic("redaction bug") },
+		"panics":           func(context.Context, string, *interceptor.Reply) { panic("cannot redact charge: card 4242") },
 		"no response":      func(_ context.Context, _ string, r *interceptor.Reply) { r.Response = nil },
 		"another type":     func(_ context.Context, _ string, r *interceptor.Reply) { r.Response = &emptypb.Empty{} },
 		"error to success": func(_ context.Context, _ string, r *interceptor.Reply) { r.Err = nil },
@@ -141,6 +141,9 @@ func TestRedactionThatFails(t *testing.T) {
 			wantRuns(t, d.svc, 1)
 			if !strings.Contains(logs.String(), "redaction function") {
 				t.Fatalf("the log does not say what failed:\n%s", logs)
+			}
+			if strings.Contains(logs.String(), "4242") {
+				t.Errorf("the log quotes the redaction function's panic, which holds what it was removing:\n%s", logs)
 			}
 		})
 	}
