@@ -1,14 +1,11 @@
 package idemconnect_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -109,32 +106,6 @@ func newInterceptor(t *testing.T, eng *engine.Engine, opts ...idemconnect.Option
 func single(t *testing.T, opts ...engine.Option) *engine.Engine {
 	t.Helper()
 	return newEngine(t, memory.New(), append([]engine.Option{engine.WithSingleTenant()}, opts...)...)
-}
-
-// logBuffer collects the text records of every level that its logger
-// writes, for tests that check what is logged and what never is.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func newLogBuffer() *logBuffer { return &logBuffer{} }
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// logger is a logger that writes to b.
-func (b *logBuffer) logger() *slog.Logger {
-	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
 
 // counter is a CreateCharge handler that counts its runs and stamps each

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/idemkey/idemkey/internal/logtest"
+
 	"connectrpc.com/connect"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -104,7 +106,7 @@ func TestRedaction(t *testing.T) {
 // and never quotes the panic's value, a string or an error, which may quote
 // the reply it was redacting.
 func TestRedactionThatPanics(t *testing.T) {
-	logs := newLogBuffer()
+	logger, logs := logtest.New()
 	runs := &counter{}
 	redact := func(_ context.Context, _ string, r *idemconnect.Reply) {
 		charge := r.Response.(*paymentsv1.Charge)
@@ -113,7 +115,7 @@ func TestRedactionThatPanics(t *testing.T) {
 		}
 		panic(errors.New("cannot redact " + charge.GetDescription()))
 	}
-	url := serve(t, runs.handle, newInterceptor(t, single(t, engine.WithLogger(logs.logger())), idemconnect.WithRedaction(redact)))
+	url := serve(t, runs.handle, newInterceptor(t, single(t, engine.WithLogger(logger)), idemconnect.WithRedaction(redact)))
 	client := newChargeClient(t, url)
 	for _, amount := range []int64{100, 200} { // a string, an error
 		for range 2 { // the call, and its retry, which gets the record

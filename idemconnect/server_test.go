@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/logtest"
+
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
 
@@ -224,7 +226,7 @@ func TestTenantRefusal(t *testing.T) {
 // error is Internal, logged by its type alone: its words may quote the
 // request. The handler runs for neither.
 func TestFingerprintErrors(t *testing.T) {
-	logs := newLogBuffer()
+	logger, logs := logtest.New()
 	runs := &counter{}
 	fingerprint := func(_ string, req proto.Message) (store.Fingerprint, error) {
 		desc := req.(*paymentsv1.CreateChargeRequest).GetDescription()
@@ -233,7 +235,7 @@ func TestFingerprintErrors(t *testing.T) {
 		}
 		return store.Fingerprint{}, errors.New("cannot hash " + desc)
 	}
-	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, single(t, engine.WithLogger(logs.logger())), idemconnect.WithFingerprint(fingerprint))))
+	client := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, single(t, engine.WithLogger(logger)), idemconnect.WithFingerprint(fingerprint))))
 	_, err := call(t.Context(), client, "k1", &paymentsv1.CreateChargeRequest{Description: "refuse"})
 	if connect.CodeOf(err) != connect.CodeInvalidArgument || !strings.Contains(err.Error(), "amount missing") {
 		t.Errorf("got %v, want the FingerprintFunc's InvalidArgument", err)

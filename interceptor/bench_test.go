@@ -31,11 +31,11 @@ func BenchmarkUnary(b *testing.B) {
 		benchmarkCalls(b, newBenchClient(b), func(i int) string { return "bare-" + strconv.Itoa(i) })
 	})
 	b.Run("call=first", func(b *testing.B) {
-		client := newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(memory.New())))
+		client := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(memory.New())))
 		benchmarkCalls(b, client, func(i int) string { return "first-" + strconv.Itoa(i) })
 	})
 	b.Run("call=replay", func(b *testing.B) {
-		client := newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(memory.New())))
+		client := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(memory.New())))
 		benchmarkCalls(b, client, func(int) string { return "replay" })
 	})
 }
@@ -45,7 +45,7 @@ func BenchmarkUnary(b *testing.B) {
 // and reports each one's time and its ratio to the bare call.
 func BenchmarkOverhead(b *testing.B) {
 	bare := newBenchClient(b)
-	guarded := newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(memory.New())))
+	guarded := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(memory.New())))
 	req := request(1999)
 	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")
 	if _, err := guarded.CreateCharge(replay, req); err != nil {
@@ -121,8 +121,8 @@ func newBenchClient(b *testing.B, opts ...grpc.ServerOption) paymentsv1.PaymentS
 func BenchmarkTelemetry(b *testing.B) {
 	tm := newTelemetry()
 	clients := [2]paymentsv1.PaymentServiceClient{
-		newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(memory.New()))),
-		newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(memory.New(), tm.options()...))),
+		newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(memory.New()))),
+		newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(memory.New(), tm.options()...))),
 	}
 	req := request(1999)
 	ctxs := make([]context.Context, b.N)
@@ -165,8 +165,8 @@ func BenchmarkSealedCall(b *testing.B) {
 	// Room for every first call of a long run: the default bounds fill up
 	// with the records of some 50,000 calls.
 	roomy := func() *memory.Store { return memory.New(memory.WithMaxRecords(1<<30), memory.WithMaxBytes(1<<40)) }
-	plain := newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(roomy())))
-	sealed := newBenchClient(b, grpc.UnaryInterceptor(serverInterceptor(roomy(), engine.WithSealer(ring))))
+	plain := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(roomy())))
+	sealed := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(roomy(), engine.WithSealer(ring))))
 	req := request(1999)
 	req.Description = strings.Repeat("d", 1024-52) // the Charge echoes it: a reply of 1 KiB
 	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")

@@ -119,7 +119,7 @@ func rawCall(t *testing.T, lis *bufconn.Listener, headers map[string]string, req
 func TestLeaseOfEveryGRPCTimeout(t *testing.T) {
 	st := &leaseStore{Store: memory.New()}
 	svc := newService()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(st, engine.WithTenant(tenantFromMetadata))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(st, engine.WithTenant(tenantFromMetadata))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 
@@ -194,7 +194,7 @@ func TestStoreFull(t *testing.T) {
 	const maxRecord = 8 << 10
 	// Room for the first small record and one of maxRecord, not two.
 	st := memory.New(memory.WithMaxBytes(2*maxRecord), memory.WithTenantShare(1))
-	d := &direct{intercept: serverInterceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithMaxRecordSize(maxRecord)), store: st, svc: newService()}
+	d := &direct{intercept: grpctest.Interceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithMaxRecordSize(maxRecord)), store: st, svc: newService()}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {
 		t.Fatal(err)
@@ -242,7 +242,7 @@ func TestStoreFullFloodOfLargeReplies(t *testing.T) {
 		return &paymentsv1.Charge{Id: "ch_" + strconv.FormatInt(req.GetAmount(), 10), Amount: req.GetAmount(), Description: reply}, nil
 	}
 	st := memory.New(memory.WithMaxBytes(maxBytes))
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(serverInterceptor(st,
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(grpctest.Interceptor(st,
 		engine.WithTenant(tenantFromMetadata), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDisableRetry()))
@@ -347,7 +347,7 @@ func TestCompleteRetriedInTheBackground(t *testing.T) {
 	st.failures.Store(3)
 	svc := newService()
 	logger, logs := logtest.New()
-	intercept := serverInterceptor(st, engine.WithLease(2*time.Second), engine.WithMaxLease(2*time.Second), engine.WithLogger(logger))
+	intercept := grpctest.Interceptor(st, engine.WithLease(2*time.Second), engine.WithMaxLease(2*time.Second), engine.WithLogger(logger))
 	d := &direct{intercept: intercept, svc: svc}
 	first, _, err := d.create(t, "key-1", request(1))
 	if err != nil {

@@ -200,7 +200,7 @@ func TestExpiryKeepsAnErrorRetryable(t *testing.T) {
 		return nil, status.Error(codes.Unavailable, "reply lost")
 	}
 	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply,
-		serverInterceptor(memory.New(), engine.WithTenant(tenantFromMetadata))))
+		grpctest.Interceptor(memory.New(), engine.WithTenant(tenantFromMetadata))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
 		grpc.WithDefaultServiceConfig(retryServiceConfig), grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))

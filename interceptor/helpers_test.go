@@ -126,30 +126,6 @@ func (ts *transportStream) SetTrailer(md metadata.MD) error {
 	return nil
 }
 
-// serverInterceptor is the server interceptor on st of the engine options
-// and the interceptor options among opts. Its engine serves one tenant
-// unless opts give engine.WithTenant.
-func serverInterceptor(st store.Store, opts ...any) grpc.UnaryServerInterceptor {
-	var eopts []engine.Option
-	var iopts []interceptor.Option
-	for _, o := range opts {
-		switch o := o.(type) {
-		case engine.Option:
-			eopts = append(eopts, o)
-		case interceptor.Option:
-			iopts = append(iopts, o)
-		default:
-			panic(fmt.Sprintf("serverInterceptor: %T is no option", o))
-		}
-	}
-	ic, err := interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, eopts...)), iopts...)
-	if err != nil && strings.Contains(err.Error(), "engine.WithSingleTenant") {
-		// No engine.WithTenant among opts: the tests' single tenant.
-		ic, err = interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, append(eopts, engine.WithSingleTenant())...)), iopts...)
-	}
-	return grpctest.Must(ic, err)
-}
-
 // direct calls an interceptor the way a gRPC server would, without one.
 type direct struct {
 	intercept grpc.UnaryServerInterceptor
@@ -162,7 +138,7 @@ func newDirect(t testing.TB, opts ...any) *direct {
 	t.Helper()
 	clock := storetest.NewClock()
 	st := memory.New(memory.WithClock(clock.Now))
-	return &direct{intercept: serverInterceptor(st, opts...), store: st, clock: clock, svc: newService()}
+	return &direct{intercept: grpctest.Interceptor(st, opts...), store: st, clock: clock, svc: newService()}
 }
 
 // call runs one call of method with the given metadata pairs and returns what
@@ -282,7 +258,7 @@ func newE2E(t *testing.T, opts ...any) *e2e {
 		return resp, err
 	}
 	opts = append([]any{engine.WithTenant(tenantFromMetadata)}, opts...)
-	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, serverInterceptor(e.store, opts...)))
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanic, observe, grpctest.Interceptor(e.store, opts...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, e.svc)
 	e.lis = grpctest.Serve(t, srv)
 	lis := e.lis

@@ -23,7 +23,7 @@ import (
 // the metadata, names one operation either way.
 func TestKeyField(t *testing.T) {
 	svc := newService()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(memory.New(),
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(memory.New(),
 		engine.WithTenant(tenantFromMetadata), interceptor.WithKeyField("request_id"), engine.WithKeyRequired())))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)

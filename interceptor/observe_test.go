@@ -115,7 +115,7 @@ func TestMetricsCountOutcomes(t *testing.T) {
 	st := memory.New(memory.WithMaxRecords(3), memory.WithTenantShare(1)) // three records, all acme's
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(tm.spanPerCall,
-			serverInterceptor(st, append(tm.options(),
+			grpctest.Interceptor(st, append(tm.options(),
 				engine.WithTenant(tenantFromMetadata), engine.WithKeyRequired(), engine.WithInProgressWait(0))...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
@@ -190,7 +190,7 @@ func TestMetricsCountStoreFailures(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			tm := newTelemetry()
-			intercept := serverInterceptor(failingStore{}, append(tm.options(), tc.opts...)...)
+			intercept := grpctest.Interceptor(failingStore{}, append(tm.options(), tc.opts...)...)
 			d := &direct{intercept: intercept, svc: newService()}
 			_, _, _ = d.create(t, "k1", request(1))
 			if got := calls(tm.collect(t)); got[tc.want] != 1 {
@@ -207,7 +207,7 @@ func TestNothingRawInTelemetry(t *testing.T) {
 	svc := newService()
 	srv := grpc.NewServer(
 		grpc.ChainUnaryInterceptor(tm.spanPerCall,
-			serverInterceptor(memory.New(), append(tm.options(), engine.WithTenant(tenantFromMetadata))...)))
+			grpctest.Interceptor(memory.New(), append(tm.options(), engine.WithTenant(tenantFromMetadata))...)))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	const key, tenant, customer = "secret-key-4242", "tenant-xyzzy", "cus_plugh"
@@ -274,7 +274,7 @@ func TestDebugLinePerCall(t *testing.T) {
 		}
 		logger := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: level}))
 		st := memory.New()
-		d := &direct{intercept: serverInterceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithLogger(logger)), store: st, svc: newService()}
+		d := &direct{intercept: grpctest.Interceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithLogger(logger)), store: st, svc: newService()}
 		for range 2 {
 			if _, _, err := d.create(t, "key-1", request(1)); err != nil {
 				t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/protokey"
@@ -106,7 +107,7 @@ func TestInProgress(t *testing.T) {
 func TestRetriedAttempt(t *testing.T) {
 	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
 	st := &countingStore{Store: d.store}
-	d.intercept = serverInterceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithInProgressWait(0))
+	d.intercept = grpctest.Interceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithInProgressWait(0))
 	attempt := func(n, key string, req *paymentsv1.CreateChargeRequest, wantFinds, wantReserves int32) (*paymentsv1.Charge, *transportStream, error) {
 		t.Helper()
 		resp, ts, err := d.call(context.Background(), createCharge, req,
@@ -363,13 +364,13 @@ func TestReplayedMetadataFollowsTodaysAllowList(t *testing.T) {
 	if _, _, err := d.create(t, "key-1", request(100)); err != nil {
 		t.Fatal(err)
 	}
-	d.intercept = serverInterceptor(d.store, engine.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region"))
+	d.intercept = grpctest.Interceptor(d.store, engine.WithTenant(tenantFromMetadata), interceptor.WithReplayedMetadata("x-charge-region"))
 	_, replay, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
 	}
 	wantMD(t, "header", replay.header, metadata.Pairs("x-charge-region", "eu-1"))
-	d.intercept = serverInterceptor(d.store, engine.WithTenant(tenantFromMetadata))
+	d.intercept = grpctest.Interceptor(d.store, engine.WithTenant(tenantFromMetadata))
 	_, replay, err = d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
@@ -575,7 +576,7 @@ func TestStoreUnavailable(t *testing.T) {
 		call := func(wantFinds, wantReserves int32, opts ...any) error {
 			t.Helper()
 			st := &countingStore{Store: failingStore{}}
-			intercept := serverInterceptor(st, append(opts, engine.WithLogger(logger), engine.WithTenant(tenantFromMetadata))...)
+			intercept := grpctest.Interceptor(st, append(opts, engine.WithLogger(logger), engine.WithTenant(tenantFromMetadata))...)
 			ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(pairs...))
 			_, err := intercept(ctx, request(100), &grpc.UnaryServerInfo{FullMethod: createCharge}, svc.handler())
 			if f, r := st.finds.Load(), st.reserves.Load(); f != wantFinds || r != wantReserves {
@@ -795,7 +796,7 @@ func TestNoSecretsInLogsOrErrors(t *testing.T) {
 // durations are refused by engine.New: see the engine's tests.)
 func TestNilLogger(t *testing.T) {
 	d := newDirect(t, engine.WithLogger(nil))
-	intercept := serverInterceptor(failingStore{}, engine.WithLogger(nil))
+	intercept := grpctest.Interceptor(failingStore{}, engine.WithLogger(nil))
 	ctx := metadata.NewIncomingContext(context.Background(), metadata.Pairs(idemkey.KeyMetadata, "k"))
 	_, err := intercept(ctx, request(1), &grpc.UnaryServerInfo{FullMethod: createCharge}, d.svc.handler())
 	wantReason(t, err, codes.Unavailable, idemkey.ReasonStoreUnavailable)

@@ -51,7 +51,7 @@ func (s seenService) GetCharge(ctx context.Context, req *paymentsv1.GetChargeReq
 // seenService; its clients are those of e2e.
 func newSeenE2E(t *testing.T) (seenService, paymentsv1.PaymentServiceClient, paymentsv1.PaymentServiceClient) {
 	svc := seenService{service: newService(), seen: make(chan metadata.MD, 100)}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(memory.New(), engine.WithTenant(tenantFromMetadata))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(memory.New(), engine.WithTenant(tenantFromMetadata))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	lis := grpctest.Serve(t, srv)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, lis,

@@ -4,12 +4,18 @@ package grpctest
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"strings"
 	"testing"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/test/bufconn"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/store"
 )
 
 // Serve starts srv on an in-memory listener and stops it when tb ends.
@@ -42,4 +48,28 @@ func Must[T any](v T, err error) T {
 		panic(err)
 	}
 	return v
+}
+
+// Interceptor is the server interceptor on an engine of st, given the
+// engine options and the interceptor options among opts; it panics on a
+// mistake. Its engine serves one tenant unless opts give engine.WithTenant.
+func Interceptor(st store.Store, opts ...any) grpc.UnaryServerInterceptor {
+	var eopts []engine.Option
+	var iopts []interceptor.Option
+	for _, o := range opts {
+		switch o := o.(type) {
+		case engine.Option:
+			eopts = append(eopts, o)
+		case interceptor.Option:
+			iopts = append(iopts, o)
+		default:
+			panic(fmt.Sprintf("grpctest.Interceptor: %T is no option", o))
+		}
+	}
+	ic, err := interceptor.UnaryServerInterceptor(Must(engine.New(st, eopts...)), iopts...)
+	if err != nil && strings.Contains(err.Error(), "engine.WithSingleTenant") {
+		// No engine.WithTenant among opts: the tests' single tenant.
+		ic, err = interceptor.UnaryServerInterceptor(Must(engine.New(st, append(eopts, engine.WithSingleTenant())...)), iopts...)
+	}
+	return Must(ic, err)
 }

@@ -143,7 +143,7 @@ func newAtomicReplicas(t *testing.T, n int, opts []postgres.Option, configure ..
 		}
 		rs[i] = atomicReplica{replica: r, app: app, writer: &writer{}}
 		srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recoverPanics,
-			serverInterceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), engine.WithLogger(nil))))
+			grpctest.Interceptor(newStore(t, r.pool, opts...), interceptor.WithAtomic(), engine.WithLogger(nil))))
 		paymentsv1.RegisterPaymentServiceServer(srv, rs[i].writer)
 		rs[i].client = paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	}
@@ -484,7 +484,7 @@ func TestAtomicRoundTrips(t *testing.T) {
 		t.Fatal(err)
 	}
 	w := &writer{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, interceptor.WithAtomic(), engine.WithLogger(nil))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store, interceptor.WithAtomic(), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, w)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	call := func(key string) {
@@ -543,7 +543,7 @@ func TestAtomicCommitLosesTheKey(t *testing.T) {
 	a.writer.waitWritten(t)
 
 	other := &chargeService{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(newStore(t, a.pool), engine.WithLogger(nil))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(newStore(t, a.pool), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, other)
 	twoPhase := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "k")
@@ -690,7 +690,7 @@ func TestAtomicDuplicateToldTheKeysExpiry(t *testing.T) {
 	}
 	w := &writer{}
 	release := w.hold(t)
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, interceptor.WithAtomic(),
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store, interceptor.WithAtomic(),
 		engine.WithMaxLease(time.Second), engine.WithInProgressWait(0), engine.WithLogger(nil))))
 	paymentsv1.RegisterPaymentServiceServer(srv, w)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))

@@ -288,8 +288,8 @@ func BenchmarkInterceptor(b *testing.B) {
 		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(b, grpctest.Serve(b, srv)))
 	}
 	bare := serve()
-	twoPhase := serve(serverInterceptor(st))
-	atomic := serve(serverInterceptor(st, interceptor.WithAtomic()))
+	twoPhase := serve(grpctest.Interceptor(st))
+	atomic := serve(grpctest.Interceptor(st, interceptor.WithAtomic()))
 	// call calls CreateCharge on client with the recorded key "replayed", or
 	// with a new key of its own if op names one, marked as a later attempt of
 	// gRPC's retry policy if retry is set (the interceptor then looks the

@@ -78,36 +78,12 @@ const retryUnavailable = `{"methodConfig": [{
   "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s", "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]}
 }]}`
 
-// serverInterceptor is the server interceptor on an engine of st, given the
-// engine options and the interceptor options among opts. Its engine serves
-// one tenant unless opts give engine.WithTenant.
-func serverInterceptor(st store.Store, opts ...any) grpc.UnaryServerInterceptor {
-	var eopts []engine.Option
-	var iopts []interceptor.Option
-	for _, o := range opts {
-		switch o := o.(type) {
-		case engine.Option:
-			eopts = append(eopts, o)
-		case interceptor.Option:
-			iopts = append(iopts, o)
-		default:
-			panic(fmt.Sprintf("serverInterceptor: %T is no option", o))
-		}
-	}
-	ic, err := interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, eopts...)), iopts...)
-	if err != nil && strings.Contains(err.Error(), "engine.WithSingleTenant") {
-		// No engine.WithTenant among opts: the tests' single tenant.
-		ic, err = interceptor.UnaryServerInterceptor(grpctest.Must(engine.New(st, append(eopts, engine.WithSingleTenant())...)), iopts...)
-	}
-	return grpctest.Must(ic, err)
-}
-
 // serveCharges serves chargeService behind the interceptor on st over
 // bufconn until the test ends, and returns a client.
 func serveCharges(t *testing.T, st store.Store) (paymentsv1.PaymentServiceClient, *chargeService) {
 	t.Helper()
 	svc := &chargeService{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(st)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(st)))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv))), svc
 }
@@ -181,7 +157,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 				firstAttemptTrips.Store(trips)
 				return nil, status.Error(codes.Unavailable, "reply lost")
 			}
-			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply, serverInterceptor(r.store, opts...)))
+			srv := grpc.NewServer(grpc.ChainUnaryInterceptor(loseFirstReply, grpctest.Interceptor(r.store, opts...)))
 			paymentsv1.RegisterPaymentServiceServer(srv, svc)
 			client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
 				grpc.WithDefaultServiceConfig(retryUnavailable)))
@@ -229,7 +205,7 @@ func TestDroppedTableFailsClosed(t *testing.T) {
 	}
 	logger, logs := logtest.New()
 	svc := &chargeService{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, engine.WithLogger(logger))))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store, engine.WithLogger(logger))))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	err := createCharge(client, "k")
@@ -270,7 +246,7 @@ func (slowAtomicService) CreateCharge(ctx context.Context, req *paymentsv1.Creat
 // first attempt and as a retry.
 func TestReplayWhileAtomicHandlersHoldThePool(t *testing.T) {
 	r := newReplica(t, func(c *pgxpool.Config) { c.MaxConns = 4 })
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, interceptor.WithAtomic())))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store, interceptor.WithAtomic())))
 	paymentsv1.RegisterPaymentServiceServer(srv, slowAtomicService{})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	create := func(ctx context.Context, key string, amount int64, pairs ...string) (*paymentsv1.Charge, metadata.MD, error) {
@@ -327,7 +303,7 @@ func TestIdleConnectionsTerminatedMidCalls(t *testing.T) {
 	app := "idemkey_test_idle_terminated"
 	r := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
 	admin := pgtest.Pool(t, schemaOf(t, r.pool))
-	srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store)))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store)))
 	paymentsv1.RegisterPaymentServiceServer(srv, slowService{})
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 

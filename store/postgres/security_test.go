@@ -64,7 +64,7 @@ func TestTenantsNeverShareReplies(t *testing.T) {
 				if atomic {
 					opts = append(opts, interceptor.WithAtomic())
 				}
-				srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(r.store, opts...)))
+				srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store, opts...)))
 				paymentsv1.RegisterPaymentServiceServer(srv, svc)
 				clients = append(clients, paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv))))
 			}
@@ -111,7 +111,7 @@ func TestNothingRawLeaks(t *testing.T) {
 	r := newReplica(t)
 	svc := &blocking{started: make(chan struct{}, 1), proceed: make(chan struct{})}
 	serve := func(st *postgres.Store, opts ...any) paymentsv1.PaymentServiceClient {
-		srv := grpc.NewServer(grpc.UnaryInterceptor(serverInterceptor(st,
+		srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(st,
 			append(opts, engine.WithTenant(tenantOf), engine.WithLogger(logger))...)))
 		paymentsv1.RegisterPaymentServiceServer(srv, svc)
 		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
