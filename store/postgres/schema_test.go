@@ -2,8 +2,6 @@ package postgres_test
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/internal/logtest"
@@ -173,33 +170,7 @@ func TestNewWithoutTheRightToReadVersions(t *testing.T) {
 	if err := postgres.Migrate(ctx, admin); err != nil {
 		t.Fatal(err)
 	}
-	var b [6]byte
-	rand.Read(b[:])
-	role := "idemkey_test_role_" + hex.EncodeToString(b[:])
-	for _, sql := range []string{
-		`CREATE ROLE ` + role,
-		`GRANT USAGE ON SCHEMA ` + schema + ` TO ` + role,
-		`GRANT SELECT, INSERT, UPDATE, DELETE ON idempotency_keys TO ` + role,
-		`GRANT USAGE ON SEQUENCE idempotency_keys_token_seq TO ` + role,
-	} {
-		if _, err := admin.Exec(ctx, sql); err != nil {
-			t.Fatal(err)
-		}
-	}
-	t.Cleanup(func() {
-		ctx := context.WithoutCancel(ctx)
-		for _, sql := range []string{`DROP OWNED BY ` + role, `DROP ROLE ` + role} {
-			if _, err := admin.Exec(ctx, sql); err != nil {
-				t.Errorf("%s: %v", sql, err)
-			}
-		}
-	})
-	app := pgtest.Pool(t, schema, func(c *pgxpool.Config) {
-		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
-			_, err := conn.Exec(ctx, `SET ROLE `+role)
-			return err
-		}
-	})
+	app := unprivilegedPool(t, admin)
 	logger, logs := logtest.New()
 	st, err := postgres.New(app, postgres.WithLogger(logger))
 	if err != nil {
