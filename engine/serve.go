@@ -84,9 +84,12 @@ type Answer struct {
 	// StoreFull, Expired, FirstSentInvalid or Refused.
 	Verdict Verdict
 	// Err is why the call was refused: Exchange.Key's or Fingerprint's
-	// error, a *FirstSentError, or the TenantFunc's error, to answer as the
-	// entry point answers its tenant's refusals.
+	// error, a *FirstSentError, or the TenantFunc's error (Tenant).
 	Err error
+	// Tenant is true when Err is the TenantFunc's refusal of the caller, to
+	// answer as the entry point answers those (gRPC and Connect: Err as it
+	// is; HTTP: 401), rather than one of the entry point's own.
+	Tenant bool
 	// Outcome is the record to replay, for Replayed. It must not be
 	// modified.
 	Outcome []byte
@@ -101,16 +104,6 @@ type Answer struct {
 	// zero sends no expiry.
 	Expires time.Time
 }
-
-// errTenant marks an Answer.Err that the TenantFunc returned.
-type tenantError struct{ error }
-
-func (e tenantError) Unwrap() error { return e.error }
-
-// IsTenantError reports whether err, an Answer.Err, is the TenantFunc's
-// refusal of the caller (to answer as Unauthenticated, or 401), rather than
-// one of the entry point's own.
-func IsTenantError(err error) bool { return errors.As(err, new(tenantError)) }
 
 // Serve runs one call of op through the request path: the key, whether one
 // is required, the first-sent time, the tenant, the fingerprint; the
@@ -144,7 +137,7 @@ func (c *Call) serve(ctx context.Context, x Exchange) int {
 	}
 	tenant, err := c.tenantOf(ctx)
 	if err != nil {
-		return x.Answer(ctx, Answer{Verdict: Refused, Err: tenantError{err}})
+		return x.Answer(ctx, Answer{Verdict: Refused, Err: err, Tenant: true})
 	}
 	fp, err := x.Fingerprint(ctx)
 	if err != nil {

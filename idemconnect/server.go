@@ -210,10 +210,7 @@ func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
 	case engine.KeyInvalid:
 		return nil, a.Err // requestKey's, already a *connect.Error
 	case engine.Refused:
-		if engine.IsTenantError(a.Err) {
-			return nil, errors.Unwrap(a.Err) // the TenantFunc's own, unchanged
-		}
-		return nil, a.Err // the fingerprint's, already a *connect.Error
+		return nil, a.Err // the TenantFunc's own, unchanged, or the fingerprint's, already a *connect.Error
 	case engine.Expired:
 		return nil, keyExpiredError()
 	case engine.FirstSentInvalid:

@@ -306,7 +306,7 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.
 	case engine.Refused:
 		var ref *refusal
 		switch {
-		case engine.IsTenantError(a.Err):
+		case a.Tenant:
 			return problem(http.StatusUnauthorized, "", "the caller could not be authenticated", 0, time.Time{})
 		case errors.As(a.Err, &ref):
 			return problem(ref.status, ref.reason, ref.detail, 0, time.Time{})
