@@ -4,7 +4,10 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/interceptor"
@@ -153,5 +157,77 @@ func (e *entryPoints) lifetime(t *testing.T, via, key, firstSent string, req *pa
 			a.err, a.reason = errors.New(resp.Status), idemhttp.ProblemReason(problem.Type)
 		}
 		return a
+	}
+}
+
+// While the first call of a key runs, a duplicate over each entry point is
+// told the same expiry as the first reply and every replay after it: one
+// instant for one key, on every store, in atomic mode too, where the record
+// is not committed until the call ends (the store reads the running
+// transaction's start). The first call runs longer than a duplicate waits
+// (engine.DefaultInProgressWait), so each is answered in progress.
+func TestInFlightExpiryOnEveryEntryPoint(t *testing.T) {
+	for name, open := range map[string]func(t *testing.T) config{
+		"memory": func(*testing.T) config { return config{} },
+		"postgres/atomic": func(t *testing.T) config {
+			return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true}
+		},
+		"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
+		"redis":            func(t *testing.T) config { return config{redisURL: "redis://" + redistest.Start(t).Addr} },
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cfg := open(t)
+			cfg.delay = 4 * engine.DefaultInProgressWait // twice as long as the duplicates wait, for a busy machine
+			metricsFile := filepath.Join(t.TempDir(), "metrics-addr")
+			cfg.metricsAddr, cfg.metricsAddrFile = "127.0.0.1:0", metricsFile
+			e := startEntryPoints(t, cfg)
+			addr, err := os.ReadFile(metricsFile) // written before the HTTP address, which startEntryPoints waited for
+			if err != nil {
+				t.Fatal(err)
+			}
+			metricsURL := "http://" + strings.TrimSpace(string(addr)) + "/metrics"
+			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+			key := idemkey.NewKey()
+			first := make(chan answer, 1)
+			go func() { first <- e.lifetime(t, "grpc", key, "", req) }()
+			// The first call holds the key once its reservation has ended.
+			waitUntil(t, "the first call holds its key", func() bool {
+				text := scrape(t, metricsURL)
+				return storeOps(t, text, "reserve")+storeOps(t, text, "begin") > 0
+			})
+			// The duplicates run at once, each waiting less than the first
+			// call has left.
+			vias := []string{"grpc", "connect", "http"}
+			dups := make([]answer, len(vias))
+			var wg sync.WaitGroup
+			for i, via := range vias {
+				wg.Go(func() { dups[i] = e.lifetime(t, via, key, "", req) })
+			}
+			wg.Wait()
+			var told []string
+			for i, a := range dups {
+				if a.reason != idemkey.ReasonInProgress || a.expires == "" {
+					t.Fatalf("%s while the first call runs: %+v, want in progress with an expiry", vias[i], a)
+				}
+				told = append(told, vias[i]+" "+a.expires)
+			}
+			a := <-first
+			if a.err != nil || a.expires == "" {
+				t.Fatalf("the first call: %+v", a)
+			}
+			for _, via := range []string{"grpc", "connect", "http"} {
+				r := e.lifetime(t, via, key, "", req)
+				if !r.replayed {
+					t.Fatalf("%s after the first call: %+v, want a replay", via, r)
+				}
+				told = append(told, via+" replay "+r.expires)
+			}
+			for _, got := range told {
+				if !strings.HasSuffix(got, " "+a.expires) {
+					t.Errorf("told %q, and the first reply %q: want one instant", got, a.expires)
+				}
+			}
+		})
 	}
 }

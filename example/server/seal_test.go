@@ -107,12 +107,18 @@ func TestSealKeyRefused(t *testing.T) {
 	if err := os.WriteFile(short, []byte("0123"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// A 32-character password is text, not a key, however long.
+	password := filepath.Join(t.TempDir(), "password.key")
+	if err := os.WriteFile(password, []byte("correct horse battery staple 42!"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	good, _ := keyFile(t, "good.key")
 	for _, tc := range []struct {
 		cfg  config
 		want string
 	}{
 		{config{sealKey: short}, "-seal-key"},
+		{config{sealKey: password}, "head -c 32 /dev/urandom"},
 		{config{sealKey: filepath.Join(t.TempDir(), "missing")}, "-seal-key"},
 		{config{sealKey: good, previousKeys: []string{short}}, "-seal-previous-key"},
 		{config{previousKeys: []string{good}}, "need -seal-key"},
