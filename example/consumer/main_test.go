@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -192,6 +193,40 @@ func TestRefused(t *testing.T) {
 		}
 		neverLogged(t, []*proc{p}, id, tenant)
 	})
+}
+
+// A message first published longer ago than the retention, whose id has no
+// record, is refused without a charge, and the consumer's log says why in
+// words an operator reads: ErrExpired, the message's age and the retention,
+// never its id or tenant. RabbitMQ carries the publisher's timestamp
+// (JetStream stamps its own, so no message there can be that old).
+func TestStaleMessageRefused(t *testing.T) {
+	b := newRabbitMQ(t)
+	schema := pgtest.Schema(t)
+	db := pgtest.Pool(t, schema)
+	p := start(t, "consumer", append(b.args(""), "-database-url", pgtest.SchemaURL(schema))...)
+
+	id, tenant := "id-"+schema, "acme"
+	msg := amqp.Publishing{MessageId: id, Body: body(1), DeliveryMode: amqp.Persistent, ContentType: "application/json",
+		Headers: amqp.Table{"tenant": tenant}, Timestamp: time.Now().Add(-8 * 24 * time.Hour)}
+	c, err := b.ch.PublishWithDeferredConfirmWithContext(t.Context(), "", b.queue, true, false, msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.WaitContext(t.Context()); err != nil || !ok {
+		t.Fatalf("RabbitMQ did not confirm the message: %v", err)
+	}
+	waitFor(t, 20*time.Second, "the stale message is refused", func() bool {
+		return p.count("outcome=refused") == 1
+	})
+	if n := p.count("sent longer ago than its id's record is kept", "age=192h", "retention=168h"); n != 1 {
+		t.Errorf("%d log lines say the message was refused as expired, with its age and the retention; want 1:\n%s", n, p.log())
+	}
+	b.settled(t, p)
+	if n := charges(t, db); n != 0 {
+		t.Errorf("%d charges, want none", n)
+	}
+	neverLogged(t, []*proc{p}, id)
 }
 
 // The acceptance test: -consumer-messages (2,000) messages with
