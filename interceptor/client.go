@@ -92,10 +92,10 @@ func withKey(ctx context.Context, m *method, req any) (context.Context, error) {
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, idemkey.FormatDate(time.Now()))
 	case 1:
 		if _, err := idemkey.ParseDate(sent[0]); err != nil {
-			return nil, FirstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
+			return nil, firstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
 		}
 	default:
-		return nil, FirstSentInvalidError("it was sent more than once")
+		return nil, firstSentInvalidError("it was sent more than once")
 	}
 	return ctx, nil
 }

@@ -162,27 +162,27 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 		return x.replay(a)
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
-		_ = grpc.SetTrailer(ctx, PushbackTrailer(a.RetryAfter))
+		_ = grpc.SetTrailer(ctx, pushbackTrailer(a.RetryAfter))
 		tellExpiry(ctx, a.Expires)
-		return nil, InProgressError(a.RetryAfter)
+		return nil, inProgressError(a.RetryAfter)
 	case engine.Reused:
 		tellExpiry(ctx, a.Expires)
-		return nil, ReusedKeyError()
+		return nil, reusedKeyError()
 	case engine.KeyMissing:
-		return nil, MissingKeyError()
+		return nil, missingKeyError()
 	case engine.KeyInvalid, engine.Refused:
 		return nil, a.Err // the key's, the tenant's or the fingerprint's, already a status
 	case engine.Expired:
-		return nil, KeyExpiredError()
+		return nil, keyExpiredError()
 	case engine.FirstSentInvalid:
 		return nil, firstSentError(a.Err)
 	case engine.StoreFull:
-		return nil, StoreFullError(a.RetryAfter)
+		return nil, storeFullError(a.RetryAfter)
 	}
 	if ctx.Err() != nil {
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
-	return nil, StoreUnavailableError()
+	return nil, storeUnavailableError()
 }
 
 // key returns the call's idempotency key: from the metadata, or from the
@@ -196,7 +196,7 @@ func (s *server) key(ctx context.Context, req any, m *method) (string, bool, err
 	msg, _ := req.(proto.Message)
 	key, ok, err = protokey.RequestKey(key, ok, msg, m.keyField)
 	if err != nil {
-		return "", false, InvalidKeyError(err.(*idemkey.KeyError).Problem)
+		return "", false, invalidKeyError(err.(*idemkey.KeyError).Problem)
 	}
 	return key, ok, nil
 }

@@ -30,7 +30,7 @@ const (
 
 // KeyFromMetadata returns the idempotency key carried by md. ok is false when
 // md carries none. A key that is malformed, sent more than once or sent as
-// binary metadata gives an InvalidKeyError; the error never quotes the key.
+// binary metadata gives an invalidKeyError; the error never quotes the key.
 func KeyFromMetadata(md metadata.MD) (key string, ok bool, err error) {
 	return parseKey(md[idemkey.KeyMetadata], len(md[idemkey.KeyMetadata+"-bin"]) > 0)
 }
@@ -44,7 +44,7 @@ func KeyFromIncomingContext(ctx context.Context) (key string, ok bool, err error
 
 func parseKey(values []string, binary bool) (string, bool, error) {
 	if binary {
-		return "", false, InvalidKeyError("it was sent as binary metadata")
+		return "", false, invalidKeyError("it was sent as binary metadata")
 	}
 	switch len(values) {
 	case 0:
@@ -52,97 +52,97 @@ func parseKey(values []string, binary bool) (string, bool, error) {
 	case 1:
 		key, err := idemkey.ParseKey(values[0])
 		if err != nil {
-			return "", false, InvalidKeyError(err.(*idemkey.KeyError).Problem)
+			return "", false, invalidKeyError(err.(*idemkey.KeyError).Problem)
 		}
 		return key, true, nil
 	default:
-		return "", false, InvalidKeyError("it was sent more than once")
+		return "", false, invalidKeyError("it was sent more than once")
 	}
 }
 
-// validateKey is idemkey.ValidateKey with its error as an InvalidKeyError.
+// validateKey is idemkey.ValidateKey with its error as an invalidKeyError.
 func validateKey(key string) error {
 	if err := idemkey.ValidateKey(key); err != nil {
-		return InvalidKeyError(err.(*idemkey.KeyError).Problem)
+		return invalidKeyError(err.(*idemkey.KeyError).Problem)
 	}
 	return nil
 }
 
-// MissingKeyError is the InvalidArgument status for a call that must carry an
+// missingKeyError is the InvalidArgument status for a call that must carry an
 // idempotency key and does not.
-func MissingKeyError() error {
+func missingKeyError() error {
 	return newError(codes.InvalidArgument, idemkey.ReasonKeyMissing,
 		"idempotency key required: set the "+idemkey.KeyMetadata+" metadata to one random key per operation")
 }
 
-// InvalidKeyError is the InvalidArgument status for a malformed key; problem
+// invalidKeyError is the InvalidArgument status for a malformed key; problem
 // says what is wrong with it and must not quote the key.
-func InvalidKeyError(problem string) error {
+func invalidKeyError(problem string) error {
 	return newError(codes.InvalidArgument, idemkey.ReasonKeyInvalid, "idempotency key malformed: "+problem)
 }
 
-// ReusedKeyError is the InvalidArgument status for a key that was first used
+// reusedKeyError is the InvalidArgument status for a key that was first used
 // with a different request.
-func ReusedKeyError() error {
+func reusedKeyError() error {
 	return newError(codes.InvalidArgument, idemkey.ReasonKeyReused,
 		"idempotency key already used with a different request")
 }
 
-// InProgressError is the Aborted status for a retry that arrives while the
+// inProgressError is the Aborted status for a retry that arrives while the
 // first call with its key is still running. It carries a google.rpc.RetryInfo
 // with retryAfter; the server also sends it as the PushbackMetadata trailer.
-func InProgressError(retryAfter time.Duration) error {
+func inProgressError(retryAfter time.Duration) error {
 	return newError(codes.Aborted, idemkey.ReasonInProgress,
 		"a call with this idempotency key is in progress; retry after "+retryAfter.String(),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 }
 
-// KeyExpiredError is the FailedPrecondition status for a call whose key's
+// keyExpiredError is the FailedPrecondition status for a call whose key's
 // operation was first sent (idemkey.FirstSentMetadata) longer ago than keys
 // are kept, and whose key has no record: its first call may have run and
 // its record expired, so it is not run again.
-func KeyExpiredError() error {
+func keyExpiredError() error {
 	return newError(codes.FailedPrecondition, idemkey.ReasonKeyExpired,
 		"idempotency key expired: its operation was first sent longer ago than keys are kept, and it has no record; the call was not run")
 }
 
-// FirstSentInvalidError is the InvalidArgument status for a first-sent time
+// firstSentInvalidError is the InvalidArgument status for a first-sent time
 // (idemkey.FirstSentMetadata) that is malformed, sent more than once, or in
 // the future; problem says which and must not quote the value.
-func FirstSentInvalidError(problem string) error {
+func firstSentInvalidError(problem string) error {
 	return newError(codes.InvalidArgument, idemkey.ReasonFirstSentInvalid,
 		"idempotency first-sent time refused: "+problem)
 }
 
-// firstSentError is the engine's *engine.FirstSentError as a FirstSentInvalidError.
+// firstSentError is the engine's *engine.FirstSentError as a firstSentInvalidError.
 func firstSentError(err error) error {
 	var fse *engine.FirstSentError
 	if errors.As(err, &fse) {
-		return FirstSentInvalidError(fse.Problem)
+		return firstSentInvalidError(fse.Problem)
 	}
-	return FirstSentInvalidError("it cannot be read")
+	return firstSentInvalidError("it cannot be read")
 }
 
-// StoreUnavailableError is the Unavailable status for a call whose key could
+// storeUnavailableError is the Unavailable status for a call whose key could
 // not be checked because the store failed; the handler did not run.
-func StoreUnavailableError() error {
+func storeUnavailableError() error {
 	return newError(codes.Unavailable, idemkey.ReasonStoreUnavailable,
 		"idempotency store unavailable; the call was not run")
 }
 
-// StoreFullError is the ResourceExhausted status for a new key that the store
+// storeFullError is the ResourceExhausted status for a new key that the store
 // has no room to reserve (store.ErrFull); the handler did not run, and
 // replays of recorded keys still work. It carries a google.rpc.RetryInfo with
 // retryAfter, the time until the store expects room.
-func StoreFullError(retryAfter time.Duration) error {
+func storeFullError(retryAfter time.Duration) error {
 	return newError(codes.ResourceExhausted, idemkey.ReasonStoreFull,
 		"idempotency store full; the call was not run; retry after "+retryAfter.String(),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
 }
 
-// PushbackTrailer is the trailer that carries retryAfter to gRPC's retry
+// pushbackTrailer is the trailer that carries retryAfter to gRPC's retry
 // policy, rounded up to whole milliseconds.
-func PushbackTrailer(retryAfter time.Duration) metadata.MD {
+func pushbackTrailer(retryAfter time.Duration) metadata.MD {
 	ms := retryAfter / time.Millisecond
 	if retryAfter%time.Millisecond > 0 { // rounded up without overflow
 		ms++

@@ -1,25 +1,24 @@
-package interceptor_test
+package interceptor
 
 import (
 	"fmt"
 	"time"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 )
 
 // A client tells idemkey's errors apart by their reason.
 func ExampleReason() {
 	for _, err := range []error{
-		interceptor.ReusedKeyError(),
-		interceptor.InProgressError(500 * time.Millisecond),
+		reusedKeyError(),
+		inProgressError(500 * time.Millisecond),
 		fmt.Errorf("card declined"),
 	} {
-		switch interceptor.Reason(err) {
+		switch Reason(err) {
 		case idemkey.ReasonKeyReused:
 			fmt.Println("bug: one key was used for two different requests")
 		case idemkey.ReasonInProgress:
-			delay, _ := interceptor.RetryDelay(err)
+			delay, _ := RetryDelay(err)
 			fmt.Println("still running; retry with the same key in", delay)
 		default:
 			fmt.Println("not an idemkey error:", err)

@@ -1,4 +1,4 @@
-package interceptor_test
+package interceptor
 
 import (
 	"fmt"
@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 )
 
 func TestStatuses(t *testing.T) {
@@ -21,33 +20,33 @@ func TestStatuses(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{interceptor.MissingKeyError(), codes.InvalidArgument, idemkey.ReasonKeyMissing},
-		{interceptor.InvalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
-		{interceptor.ReusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
-		{interceptor.InProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
-		{interceptor.StoreUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
-		{interceptor.StoreFullError(time.Second), codes.ResourceExhausted, idemkey.ReasonStoreFull},
+		{missingKeyError(), codes.InvalidArgument, idemkey.ReasonKeyMissing},
+		{invalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
+		{reusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
+		{inProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
+		{storeUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
+		{storeFullError(time.Second), codes.ResourceExhausted, idemkey.ReasonStoreFull},
 	} {
 		if got := status.Code(tc.err); got != tc.code {
 			t.Errorf("%v: code %v, want %v", tc.err, got, tc.code)
 		}
-		if got := interceptor.Reason(tc.err); got != tc.reason {
+		if got := Reason(tc.err); got != tc.reason {
 			t.Errorf("%v: reason %q, want %q", tc.err, got, tc.reason)
 		}
 		// Reason survives wrapping.
-		if got := interceptor.Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
+		if got := Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
 			t.Errorf("wrapped %v: reason %q, want %q", tc.err, got, tc.reason)
 		}
 	}
-	if d, ok := interceptor.RetryDelay(interceptor.InProgressError(1500 * time.Millisecond)); !ok || d != 1500*time.Millisecond {
-		t.Errorf("interceptor.RetryDelay = %v, %v; want 1.5s", d, ok)
+	if d, ok := RetryDelay(inProgressError(1500 * time.Millisecond)); !ok || d != 1500*time.Millisecond {
+		t.Errorf("RetryDelay = %v, %v; want 1.5s", d, ok)
 	}
-	if _, ok := interceptor.RetryDelay(interceptor.ReusedKeyError()); ok {
-		t.Error("interceptor.RetryDelay found a delay on a reused-key error")
+	if _, ok := RetryDelay(reusedKeyError()); ok {
+		t.Error("RetryDelay found a delay on a reused-key error")
 	}
 	for _, err := range []error{nil, fmt.Errorf("plain"), status.Error(codes.InvalidArgument, "other")} {
-		if got := interceptor.Reason(err); got != "" {
-			t.Errorf("interceptor.Reason(%v) = %q, want empty", err, got)
+		if got := Reason(err); got != "" {
+			t.Errorf("Reason(%v) = %q, want empty", err, got)
 		}
 	}
 }
@@ -62,28 +61,28 @@ func TestPushbackTrailer(t *testing.T) {
 		math.MaxInt64:                      "9223372036855",
 		math.MaxInt64 - time.Millisecond/2: "9223372036855",
 	} {
-		if got := interceptor.PushbackTrailer(d).Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != want {
-			t.Errorf("interceptor.PushbackTrailer(%v) = %q, want [%s]", d, got, want)
+		if got := pushbackTrailer(d).Get(PushbackMetadata); len(got) != 1 || got[0] != want {
+			t.Errorf("pushbackTrailer(%v) = %q, want [%s]", d, got, want)
 		}
 	}
 }
 
 func TestReplayed(t *testing.T) {
-	if !interceptor.Replayed(metadata.Pairs(idemkey.ReplayedMetadata, "true")) {
-		t.Error("interceptor.Replayed(true) = false")
+	if !Replayed(metadata.Pairs(idemkey.ReplayedMetadata, "true")) {
+		t.Error("Replayed(true) = false")
 	}
 	for _, md := range []metadata.MD{nil, metadata.Pairs(idemkey.ReplayedMetadata, "false"), metadata.Pairs("other", "true")} {
-		if interceptor.Replayed(md) {
-			t.Errorf("interceptor.Replayed(%v) = true", md)
+		if Replayed(md) {
+			t.Errorf("Replayed(%v) = true", md)
 		}
 	}
 }
 
 func TestKeyFromMetadata(t *testing.T) {
-	if key, ok, err := interceptor.KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
+	if key, ok, err := KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
 		t.Errorf("one key: %q, %v, %v", key, ok, err)
 	}
-	if key, ok, err := interceptor.KeyFromMetadata(nil); key != "" || ok || err != nil {
+	if key, ok, err := KeyFromMetadata(nil); key != "" || ok || err != nil {
 		t.Errorf("no key: %q, %v, %v; want absent without error", key, ok, err)
 	}
 }
@@ -104,7 +103,7 @@ var keyErrorMessages = func() map[string]bool {
 		{idemkey.KeyMetadata: {"a", "a"}},
 		{idemkey.KeyMetadata + "-bin": {"a"}},
 	} {
-		_, _, err := interceptor.KeyFromMetadata(md)
+		_, _, err := KeyFromMetadata(md)
 		msgs[status.Convert(err).Message()] = true
 	}
 	return msgs
@@ -127,12 +126,12 @@ func FuzzKeyFromMetadata(f *testing.F) {
 		if binary {
 			md[idemkey.KeyMetadata+"-bin"] = []string{key}
 		}
-		got, ok, err := interceptor.KeyFromMetadata(md)
+		got, ok, err := KeyFromMetadata(md)
 		if err != nil {
 			if ok || got != "" {
 				t.Fatalf("error %v with key %q, ok %v", err, got, ok)
 			}
-			if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyInvalid {
+			if status.Code(err) != codes.InvalidArgument || Reason(err) != idemkey.ReasonKeyInvalid {
 				t.Fatalf("error %v, want InvalidArgument %s", err, idemkey.ReasonKeyInvalid)
 			}
 			if !keyErrorMessages[status.Convert(err).Message()] {
@@ -152,7 +151,7 @@ func FuzzKeyFromMetadata(f *testing.F) {
 			}
 		}
 		// A client's value for the key reads back as the key.
-		if back, _, err := interceptor.KeyFromMetadata(metadata.MD{idemkey.KeyMetadata: {idemkey.FormatKey(got)}}); err != nil || back != got {
+		if back, _, err := KeyFromMetadata(metadata.MD{idemkey.KeyMetadata: {idemkey.FormatKey(got)}}); err != nil || back != got {
 			t.Fatalf("idemkey.FormatKey(%q) = %q reads back as %q, %v", got, idemkey.FormatKey(got), back, err)
 		}
 	})
