@@ -84,13 +84,6 @@ func deliveryTenant(ctx context.Context) (string, error) {
 	return tenant, nil
 }
 
-// Name is the consumer's name.
-func (c *Consumer) Name() string { return c.op.Name() }
-
-// Retention is how long a processed message's record is kept, its engine's
-// (engine.WithRetention): a redelivery after it runs the handler again.
-func (c *Consumer) Retention() time.Duration { return c.eng.Retention() }
-
 // Delivery is what an adapter read from one delivery of a message.
 type Delivery struct {
 	// ID is the producer-assigned message id: the key. Empty when the
@@ -415,7 +408,7 @@ func (c *Consumer) lastDelivery(ctx context.Context, d Delivery, res Result) Res
 		msg = "the last delivery of a message stopped waiting for the run that holds it; it is dead-lettered and acknowledged"
 	}
 	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: "+msg,
-		slog.String("operation", c.Name()), slog.Any("error", ErrLastDelivery))
+		slog.String("operation", c.op.Name()), slog.Any("error", ErrLastDelivery))
 	res.Action, res.DeadLetter = Ack, true
 	res.Err = fmt.Errorf("%w: %w", ErrLastDelivery, res.Err)
 	return res
@@ -433,7 +426,7 @@ func (c *Consumer) Refuse(ctx context.Context, err error) Result {
 // refuse is the Result of a message refused for err, which it logs with
 // attrs.
 func (c *Consumer) refuse(ctx context.Context, err error, attrs ...slog.Attr) Result {
-	attrs = append([]slog.Attr{slog.String("operation", c.Name())}, attrs...)
+	attrs = append([]slog.Attr{slog.String("operation", c.op.Name())}, attrs...)
 	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: message refused; it is terminated, or dead-lettered, without running",
 		append(attrs, slog.Any("error", ownError(err)))...)
 	return Result{Outcome: Refused, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
@@ -501,9 +494,6 @@ func (r Result) String() string {
 	return fmt.Sprintf("%s (%s)", r.Outcome, r.Action)
 }
 
-// Logger is the engine's logger (engine.WithLogger).
-func (c *Consumer) Logger() *slog.Logger { return c.eng.Logger() }
-
 // DeadLetter hands a Result that asks for it (Result.DeadLetter) to the
 // adapter's dead-letter hook, if there is one, with the reason: a hook that
 // fails turns the action into Nak, so that the redelivery tries it again.
@@ -545,7 +535,7 @@ func ownError(err error) error {
 // hold a message's id, tenant or body.
 func (c *Consumer) Warn(ctx context.Context, msg string, err error) {
 	c.eng.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
-		slog.String("operation", c.Name()), slog.Any("error", err))
+		slog.String("operation", c.op.Name()), slog.Any("error", err))
 }
 
 // MaxBackoff is the longest delay a negative acknowledgement asks for

@@ -52,13 +52,13 @@ func (e *HorizonError) Error() string {
 // *HorizonError, or, with WithHorizonWarning, logs it at Error level and
 // returns nil.
 func (c *Consumer) CheckHorizon(ctx context.Context, h Horizon) error {
-	if !h.Unbounded && h.Bound <= c.Retention() {
+	if !h.Unbounded && h.Bound <= c.eng.Retention() {
 		return nil
 	}
-	err := &HorizonError{Consumer: c.Name(), Retention: c.Retention(), Horizon: h}
+	err := &HorizonError{Consumer: c.op.Name(), Retention: c.eng.Retention(), Horizon: h}
 	if c.opts.warnHorizon {
 		c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a redelivered message may run again (WithHorizonWarning)",
-			slog.String("operation", c.Name()), slog.Any("error", err))
+			slog.String("operation", c.op.Name()), slog.Any("error", err))
 		return nil
 	}
 	return err

@@ -12,8 +12,8 @@ const RecommendedRetention = 7 * 24 * time.Hour
 
 // Defaults of a consumer, each changed by the option that names it.
 const (
-	DefaultFirstBackoff = time.Second // WithBackoff
-	DefaultMaxBackoff   = time.Minute // WithBackoff
+	defaultFirstBackoff = time.Second // WithBackoff
+	defaultMaxBackoff   = time.Minute // WithBackoff
 )
 
 // Option configures a Consumer.
@@ -33,8 +33,8 @@ func newOptions(opts []Option) *options {
 	o := &options{
 		system:       "unknown",
 		final:        IsFinal,
-		firstBackoff: DefaultFirstBackoff,
-		maxBackoff:   DefaultMaxBackoff,
+		firstBackoff: defaultFirstBackoff,
+		maxBackoff:   defaultMaxBackoff,
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -77,7 +77,7 @@ func WithClassifier(final func(error) bool) Option {
 
 // WithBackoff sets the delay before a message that failed for now is
 // redelivered: first after its first delivery, doubling with each delivery
-// the broker counts, at most max (DefaultFirstBackoff, DefaultMaxBackoff).
+// the broker counts, at most max (defaultFirstBackoff, defaultMaxBackoff).
 // Values of zero or less keep the defaults.
 func WithBackoff(first, most time.Duration) Option {
 	return func(o *options) {

@@ -17,12 +17,12 @@ import (
 // Header names beside idemkey.KeyHeader and idemkey.ReplayedHeader.
 // http.Header canonicalizes them; gRPC clients see them in lower case.
 const (
-	// RetryAfterHeader tells a client that finds its key in progress how
+	// retryAfterHeader tells a client that finds its key in progress how
 	// many seconds to wait.
-	RetryAfterHeader = "Retry-After"
-	// PushbackHeader tells gRPC's retry policy how many milliseconds to wait
+	retryAfterHeader = "Retry-After"
+	// pushbackHeader tells gRPC's retry policy how many milliseconds to wait
 	// (grpc-retry-pushback-ms).
-	PushbackHeader = "Grpc-Retry-Pushback-Ms"
+	pushbackHeader = "Grpc-Retry-Pushback-Ms"
 	// attemptsHeader counts the earlier attempts of a call that gRPC's retry
 	// policy sends again (grpc-previous-rpc-attempts).
 	attemptsHeader = "Grpc-Previous-Rpc-Attempts"
@@ -62,8 +62,8 @@ func inProgressError(retryAfter time.Duration) *connect.Error {
 	err := newError(connect.CodeAborted, idemkey.ReasonInProgress,
 		"a call with this idempotency key is in progress; retry after "+retryAfter.String(),
 		&errdetails.RetryInfo{RetryDelay: durationpb.New(retryAfter)})
-	err.Meta()[RetryAfterHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Second, 1), 10)}
-	err.Meta()[PushbackHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Millisecond, 0), 10)}
+	err.Meta()[retryAfterHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Second, 1), 10)}
+	err.Meta()[pushbackHeader] = []string{strconv.FormatInt(ceilDiv(retryAfter, time.Millisecond, 0), 10)}
 	return err
 }
 

@@ -45,8 +45,8 @@
 // # Answers
 //
 // The middleware's own answers are RFC 9457 application/problem+json bodies
-// {type, title, status, detail}, whose type names the reason (ProblemType:
-// https://idemkey.dev/problems/idempotency-key-reused for
+// {type, title, status, detail}, whose type names the reason
+// (https://idemkey.dev/problems/idempotency-key-reused for
 // IDEMPOTENCY_KEY_REUSED; ProblemReason reads it back):
 //
 //	400 IDEMPOTENCY_KEY_MISSING        no key, and one is required

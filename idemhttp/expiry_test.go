@@ -39,7 +39,7 @@ func TestFirstSentAndExpiry(t *testing.T) {
 	t.Run("first sent before the retention", func(t *testing.T) {
 		resp, raw := send(`"k1"`, idemkey.FormatDate(time.Now().Add(-retention-time.Minute)))
 		p := wantProblem(t, resp, raw, http.StatusPreconditionFailed, idemkey.ReasonKeyExpired)
-		if p.Type != idemhttp.ProblemTypeBase+"idempotency-key-expired" || !strings.Contains(p.Detail, "not run") {
+		if p.Type != "https://idemkey.dev/problems/idempotency-key-expired" || !strings.Contains(p.Detail, "not run") {
 			t.Fatalf("problem %+v", p)
 		}
 		if _, ok := idemhttp.KeyExpires(resp.Header); ok {

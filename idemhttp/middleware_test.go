@@ -467,8 +467,11 @@ func TestWriteProblem(t *testing.T) {
 		idemkey.ReasonKeyMissing: "https://idemkey.dev/problems/idempotency-key-missing",
 		"":                       "about:blank",
 	} {
-		if got := idemhttp.ProblemType(reason); got != typ {
-			t.Errorf("ProblemType(%q) = %q, want %q", reason, got, typ)
+		w := httptest.NewRecorder()
+		idemhttp.WriteProblem(w, http.StatusBadRequest, reason, "x", 0)
+		var p idemhttp.Problem
+		if err := json.Unmarshal(w.Body.Bytes(), &p); err != nil || p.Type != typ {
+			t.Errorf("a problem of reason %q has type %q (%v), want %q", reason, p.Type, err, typ)
 		}
 		if got := idemhttp.ProblemReason(typ); got != reason {
 			t.Errorf("ProblemReason(%q) = %q, want %q", typ, got, reason)

@@ -11,7 +11,7 @@ import (
 )
 
 // Reasons of the middleware's own answers, beside the engine's (idemkey.ReasonKeyMissing
-// and the others), each the end of a problem type (ProblemType).
+// and the others), each the end of a problem type (see problemTypeBase).
 const (
 	// ReasonRequestTooLarge: the request body is larger than WithMaxBodySize
 	// (413). Nothing was reserved.
@@ -25,29 +25,29 @@ const (
 	ReasonResponseNotRecorded = "RESPONSE_NOT_RECORDED"
 )
 
-// ProblemTypeBase is where the type of each of the middleware's problems
+// problemTypeBase is where the type of each of the middleware's problems
 // starts; the reason follows in lower case, words joined by hyphens:
 // https://idemkey.dev/problems/idempotency-key-reused for
 // IDEMPOTENCY_KEY_REUSED. The host is the domain of the gRPC adapter's
 // google.rpc.ErrorInfo, so that a reason reads the same over either.
-const ProblemTypeBase = "https://idemkey.dev/problems/"
+const problemTypeBase = "https://idemkey.dev/problems/"
 
 // ProblemContentType is the media type of a problem (RFC 9457).
 const ProblemContentType = "application/problem+json"
 
-// ProblemType returns the problem type URI of reason; "about:blank", the
+// problemType returns the problem type URI of reason; "about:blank", the
 // type of a problem that only its status describes, for "".
-func ProblemType(reason string) string {
+func problemType(reason string) string {
 	if reason == "" {
 		return "about:blank"
 	}
-	return ProblemTypeBase + strings.ToLower(strings.ReplaceAll(reason, "_", "-"))
+	return problemTypeBase + strings.ToLower(strings.ReplaceAll(reason, "_", "-"))
 }
 
-// ProblemReason returns the reason whose type is typ (ProblemType), or "" if
+// ProblemReason returns the reason whose problem type is typ, or "" if
 // typ is not one of idemkey's problem types.
 func ProblemReason(typ string) string {
-	slug, ok := strings.CutPrefix(typ, ProblemTypeBase)
+	slug, ok := strings.CutPrefix(typ, problemTypeBase)
 	if !ok || slug == "" {
 		return ""
 	}
@@ -84,7 +84,7 @@ var titles = map[string]string{
 }
 
 // WriteProblem answers with an RFC 9457 application/problem+json body:
-// {type, title, status, detail}. Its type is ProblemType(reason), its title
+// {type, title, status, detail}. Its type is problemType(reason), its title
 // the reason's (or, for another reason, the status text). status should be
 // a 4xx or 5xx code; any other is written as 500. A retryAfter above zero
 // adds Retry-After, in whole seconds rounded up. detail goes over the wire:
@@ -97,7 +97,7 @@ func WriteProblem(w http.ResponseWriter, status int, reason, detail string, retr
 	if !ok {
 		title = http.StatusText(status)
 	}
-	body, _ := json.Marshal(Problem{Type: ProblemType(reason), Title: title, Status: status, Detail: detail}) // never fails: strings and an int
+	body, _ := json.Marshal(Problem{Type: problemType(reason), Title: title, Status: status, Detail: detail}) // never fails: strings and an int
 	h := w.Header()
 	h.Set("Content-Type", ProblemContentType)
 	h.Set("Content-Length", strconv.Itoa(len(body)))
