@@ -77,7 +77,7 @@ func WithClassifier(final func(error) bool) Option {
 
 // WithBackoff sets the delay before a message that failed for now is
 // redelivered: first after its first delivery, doubling with each delivery
-// the broker counts, at most max (defaultFirstBackoff, defaultMaxBackoff).
+// the broker counts, at most most (by default 1s and 1m).
 // Values of zero or less keep the defaults.
 func WithBackoff(first, most time.Duration) Option {
 	return func(o *options) {
