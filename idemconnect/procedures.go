@@ -71,7 +71,7 @@ func (ps *procedures) describe(spec connect.Spec) *procedure {
 		p.op, _ = ps.eng.Operation(engine.OperationSpec{
 			Name:    spec.Procedure,
 			Atomic:  ps.atomicAll || ps.atomic[spec.Procedure],
-			Metrics: protokey.MetricsSpec("connectrpc", spec.Procedure),
+			Metrics: protokey.RPCMetrics("connectrpc", spec.Procedure),
 		})
 	}
 	return p

@@ -39,7 +39,7 @@
 // names operations otherwise). Middleware refuses an engine that cannot
 // tell tenants apart, unless engine.WithSingleTenant says that every caller
 // shares one key space. The request's fingerprint covers its method,
-// operation, path, query, media type and body (HashRequest;
+// operation, path, query, media type and body (DefaultFingerprint;
 // WithFingerprint).
 //
 // # Answers

@@ -132,13 +132,13 @@ func DefaultOperation(r *http.Request) string {
 	return r.Method
 }
 
-// HashRequest is the default fingerprint (WithFingerprint): the SHA-256 of
+// DefaultFingerprint is the default fingerprint (WithFingerprint): the SHA-256 of
 // "idemhttp v1", the method, the operation name, the escaped path, the raw
 // query, the media type of the Content-Type in lower case (without its
 // parameters) and the body, each with its length in front
 // (store.AppendParts). Two requests that differ in any of them differ; so do
 // one sent to an HTTP route and one to a gRPC method, whatever their names.
-func HashRequest(r *http.Request, body []byte) (store.Fingerprint, error) {
+func DefaultFingerprint(r *http.Request, body []byte) (store.Fingerprint, error) {
 	mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil {
 		mediaType = strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))

@@ -71,7 +71,7 @@ func TestMetrics(t *testing.T) {
 func TestFingerprintIsPinned(t *testing.T) {
 	var got store.Fingerprint
 	mw, err := idemhttp.Middleware(newEngine(t, memory.New(), engine.WithSingleTenant(), engine.WithLogger(nil)), idemhttp.WithFingerprint(func(r *http.Request, body []byte) (store.Fingerprint, error) {
-		got, _ = idemhttp.HashRequest(r, body)
+		got, _ = idemhttp.DefaultFingerprint(r, body)
 		return got, errors.New("taken") // answers 400 before the store
 	}))
 	if err != nil {

@@ -45,7 +45,7 @@ func newOptions(opts []Option) *options {
 		maxBody:     DefaultMaxBodySize,
 		recorded:    DefaultRecorded,
 		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
-		fingerprint: HashRequest,
+		fingerprint: DefaultFingerprint,
 	}
 	for _, opt := range opts {
 		opt(o)
@@ -170,7 +170,7 @@ func WithReplayedHeaders(names ...string) Option {
 }
 
 // WithFingerprint sets how a request is fingerprinted; the default is
-// HashRequest. A function that hashes less (leaving out a client timestamp,
+// DefaultFingerprint. A function that hashes less (leaving out a client timestamp,
 // say) lets requests that differ there share a key.
 func WithFingerprint(f FingerprintFunc) Option {
 	return func(o *options) {

@@ -59,7 +59,7 @@ func (ms *methods) describe(fullMethod string) *method {
 	if m.covered && ms.eng != nil {
 		// The server checked at construction that a method in atomic mode
 		// has a store for it, the one way this fails.
-		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic, Metrics: protokey.MetricsSpec("grpc", fullMethod)})
+		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic, Metrics: protokey.RPCMetrics("grpc", fullMethod)})
 	}
 	return m
 }

@@ -74,12 +74,12 @@ func Lookup(fullMethod string) protoreflect.MethodDescriptor {
 	return sd.Methods().ByName(protoreflect.Name(name))
 }
 
-// MetricsSpec labels a method's measurements with OpenTelemetry's RPC
+// RPCMetrics labels a method's measurements with OpenTelemetry's RPC
 // conventions, as otelgrpc labels its own: rpc.system.name system ("grpc",
 // "connectrpc"), rpc.service, rpc.method "package.Service/Method", and
 // rpc.response.status_code the code's canonical name ("OK",
 // "INVALID_ARGUMENT"); a code past Unauthenticated counts as Unknown.
-func MetricsSpec(system, fullMethod string) engine.MetricsSpec {
+func RPCMetrics(system, fullMethod string) engine.MetricsSpec {
 	method := strings.TrimPrefix(fullMethod, "/")
 	service, _, _ := strings.Cut(method, "/")
 	return engine.MetricsSpec{
