@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"reflect"
 	"time"
 
 	"go.opentelemetry.io/otel"
@@ -264,7 +265,12 @@ func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
 // in place of an outcome that cannot be (store.SmallOutcome before
 // sealing). A store with bounds sets that much aside when the key is
 // reserved: store.Reservation.MaxOutcome counts the overhead.
-func WithSealer(s Sealer) Option { return func(o *options) { o.sealer = s } }
+func WithSealer(s Sealer) Option {
+	if v := reflect.ValueOf(s); v.Kind() == reflect.Pointer && v.IsNil() {
+		s = nil // a nil *seal.KeyRing, say: none
+	}
+	return func(o *options) { o.sealer = s }
+}
 
 // WithLogger sets the logger for store failures and lost leases; the default
 // is slog.Default(), and nil discards the records. The engine's own log

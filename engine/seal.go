@@ -1,11 +1,12 @@
 package engine
 
 import (
+	"bytes"
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 
-	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -34,12 +35,25 @@ var errUnopened = errors.New("idemkey: the recorded outcome does not open, so it
 // unopened wraps the reason a record of a completed key does not open.
 func unopened(err error) error { return fmt.Errorf("%w: %w", errUnopened, err) }
 
-// sealer is the engine's Sealer, or nil; a nil *seal.KeyRing counts as none.
-func (e *Engine) sealer() Sealer {
-	if r, ok := e.opts.sealer.(*seal.KeyRing); ok && r == nil {
-		return nil
+// sealer is the engine's Sealer, or nil (WithSealer counts a nil pointer,
+// such as a nil *seal.KeyRing, as none).
+func (e *Engine) sealer() Sealer { return e.opts.sealer }
+
+// sealedPrefix starts every sealed record (package seal's envelope), and no
+// outcome an entry point encodes (see the package documentation); the key
+// id that sealed it follows the version byte after it.
+var sealedPrefix = []byte{0x00, 'i', 'k'}
+
+// sealedWith reports whether record is sealed, and the hex of the id of the
+// key that sealed it, for the log.
+func sealedWith(record []byte) (keyID string, sealed bool) {
+	if !bytes.HasPrefix(record, sealedPrefix) {
+		return "", false
 	}
-	return e.opts.sealer
+	if id := record[len(sealedPrefix):]; len(id) >= 5 {
+		return hex.EncodeToString(id[1:5]), true
+	}
+	return "00000000", true
 }
 
 // sealOutcome is what the store records of outcome for key.
@@ -66,7 +80,7 @@ func (e *Engine) opened(key store.Key, fp *store.Fingerprint, res store.Result) 
 	}
 	s := e.sealer()
 	if s == nil {
-		if id, sealed := seal.SealedWith(res.Outcome); sealed {
+		if id, sealed := sealedWith(res.Outcome); sealed {
 			return store.Result{}, unopened(fmt.Errorf("the record is sealed (key id %s), and this engine has no sealer (WithSealer)", id))
 		}
 		return res, nil

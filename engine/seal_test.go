@@ -75,7 +75,7 @@ func TestUnopenedRecordFailsClosed(t *testing.T) {
 		"unknown key":       {write: newTestRing(t, 1), read: newTestRing(t, 2), want: "key ring does not hold"},
 		"tampered":          {write: newTestRing(t, 1), read: newTestRing(t, 1), tamper: true, want: "altered"},
 		"not sealed":        {read: newTestRing(t, 1), want: "not sealed"},
-		"sealed, no sealer": {write: newTestRing(t, 1), want: "no sealer"},
+		"sealed, no sealer": {write: newTestRing(t, 1), want: "sealed (key id " + newTestRing(t, 1).PrimaryKeyID() + "), and this engine has no sealer"},
 	} {
 		for _, failOpen := range []bool{false, true} {
 			for _, retried := range []bool{false, true} {
