@@ -4,10 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"strings"
-
-	"github.com/idemkey/idemkey/store"
 )
 
 // KeyError is a malformed idempotency key. Problem says what is wrong with
@@ -121,8 +120,20 @@ func NewKey() string {
 // key or label derives another. In a handler, DerivedKey fills in the call's
 // own parts.
 func DeriveKey(tenant, operation, key, label string) string {
-	sum := sha256.Sum256(store.AppendParts(make([]byte, 0, 512), "idemkey derived key v1", tenant, operation, key, label))
+	sum := sha256.Sum256(appendParts(make([]byte, 0, 512), "idemkey derived key v1", tenant, operation, key, label))
 	return formatUUID([16]byte(sum[:16]), 8)
+}
+
+// appendParts appends each part with its length in front, as a big-endian
+// uint64, so that parts cannot run together: the encoding of
+// store.AppendParts, kept here so that this package imports nothing of the
+// module. A derived key leaves the process, so its encoding never changes.
+func appendParts(b []byte, parts ...string) []byte {
+	for _, p := range parts {
+		b = binary.BigEndian.AppendUint64(b, uint64(len(p)))
+		b = append(b, p...)
+	}
+	return b
 }
 
 // formatUUID sets the version and the RFC 9562 variant bits of u and formats

@@ -40,6 +40,11 @@ func TestDeriveKey(t *testing.T) {
 	if again := derive(base); again != k {
 		t.Errorf("DeriveKey is not stable: %q, then %q", k, again)
 	}
+	// A derived key leaves the process (a downstream API keeps it), so its
+	// value for given parts never changes between releases.
+	if want := "d9513693-a5e2-8b96-a6d3-c0b9a86178de"; k != want {
+		t.Errorf("DeriveKey(%q) = %q, the key earlier releases derived is %q", base, k, want)
+	}
 	seen := map[string]int{k: -1}
 	for i := range base {
 		p := base
