@@ -284,14 +284,18 @@ func TestReplayWhileAtomicHandlersHoldThePool(t *testing.T) {
 	}
 }
 
-// slowService answers CreateCharge after half a second, outside any
-// transaction: a two-phase handler that calls something slow.
-type slowService struct {
+// heldService answers CreateCharge once gate is closed, outside any
+// transaction: a two-phase handler that calls something slow. Each call
+// says on entered that it is in the handler.
+type heldService struct {
 	paymentsv1.UnimplementedPaymentServiceServer
+	entered chan struct{}
+	gate    chan struct{}
 }
 
-func (slowService) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-	time.Sleep(500 * time.Millisecond)
+func (s heldService) CreateCharge(_ context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
+	s.entered <- struct{}{}
+	<-s.gate
 	return &paymentsv1.Charge{Id: fmt.Sprint("ch_", req.GetAmount())}, nil
 }
 
@@ -304,10 +308,11 @@ func TestIdleConnectionsTerminatedMidCalls(t *testing.T) {
 	r := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
 	admin := pgtest.Pool(t, schemaOf(t, r.pool))
 	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(r.store)))
-	paymentsv1.RegisterPaymentServiceServer(srv, slowService{})
+	const calls = 20
+	svc := heldService{entered: make(chan struct{}, calls), gate: make(chan struct{})}
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 
-	const calls = 20
 	errs := make(chan error, calls)
 	for i := range calls {
 		go func() {
@@ -316,12 +321,15 @@ func TestIdleConnectionsTerminatedMidCalls(t *testing.T) {
 			errs <- err
 		}()
 	}
-	time.Sleep(250 * time.Millisecond) // every call is in its handler
+	for range calls { // every call is in its handler, its key reserved
+		<-svc.entered
+	}
 	var terminated int
 	if err := admin.QueryRow(context.Background(), `SELECT count(*) FILTER (WHERE pg_terminate_backend(pid))
 		FROM pg_stat_activity WHERE application_name = $1 AND state = 'idle'`, app).Scan(&terminated); err != nil {
 		t.Fatal(err)
 	}
+	close(svc.gate)
 	if terminated == 0 {
 		t.Fatal("no idle pooled connection to terminate")
 	}
