@@ -298,8 +298,8 @@ func (x *exchange) Fingerprint(context.Context) (store.Fingerprint, error) {
 	return sha256.Sum256(x.d.Body), nil
 }
 
-func (x *exchange) Run(ctx context.Context) engine.Outcome {
-	var out engine.Outcome
+func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
+	var out engine.HandlerResult
 	x.res, out = x.c.ran(x.d, x.h(ctx))
 	return out
 }
@@ -330,14 +330,14 @@ func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 // ran is the Result of a run of the handler that returned err, and what to
 // record of it: a transient error releases the id; a final one, or none,
 // is recorded.
-func (c *Consumer) ran(d Delivery, err error) (Result, engine.Outcome) {
+func (c *Consumer) ran(d Delivery, err error) (Result, engine.HandlerResult) {
 	switch {
 	case err != nil && !c.opts.final(err):
-		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}, engine.Outcome{Release: true}
+		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}, engine.HandlerResult{Release: true}
 	case err != nil:
-		return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}, engine.Outcome{Record: recordFailed}
+		return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}, engine.HandlerResult{Record: recordFailed}
 	}
-	return Result{Outcome: Processed, Action: Ack}, engine.Outcome{Record: recordProcessed, KeepWrites: true}
+	return Result{Outcome: Processed, Action: Ack}, engine.HandlerResult{Record: recordProcessed, KeepWrites: true}
 }
 
 // answer is the Result of d that a says; ran is the handler's, for

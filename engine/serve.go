@@ -34,10 +34,10 @@ type Exchange interface {
 	Fingerprint(ctx context.Context) (store.Fingerprint, error)
 	// Run runs the handler with ctx, whose key the call holds, and returns
 	// what to record of its result.
-	Run(ctx context.Context) Outcome
+	Run(ctx context.Context) HandlerResult
 	// StandIn is the short error recorded, and answered, in place of a
 	// result that cannot be recorded (why: ErrTooLarge, store.ErrFull, or
-	// Outcome.Unrecordable): at most store.SmallOutcome bytes.
+	// HandlerResult.Unrecordable): at most store.SmallOutcome bytes.
 	StandIn(why error) []byte
 	// Pass runs the handler with ctx unprotected (NoKey, FailedOpen),
 	// answers with its result, and returns the transport's code of it.
@@ -60,8 +60,8 @@ type Attempt struct {
 	Last bool
 }
 
-// Outcome is what Exchange.Run returns of the handler's result.
-type Outcome struct {
+// HandlerResult is what Exchange.Run returns of the handler's result.
+type HandlerResult struct {
 	// Record is the entry point's encoding of the result, recorded and
 	// replayed to every retry.
 	Record []byte

@@ -140,7 +140,7 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 
 // Run runs the handler, keeping the allow-listed headers and trailers it
 // sets (WithReplayedHeaders), and encodes its result for the record.
-func (x *exchange) Run(ctx context.Context) engine.Outcome {
+func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	var k *kept
 	info, _ := connect.CallInfoForHandlerContext(ctx)
 	if len(x.s.opts.replayed) > 0 {
@@ -166,7 +166,7 @@ func (x *exchange) Run(ctx context.Context) engine.Outcome {
 	}
 	x.resp, x.err = resp, err
 	raw, record, encodeErr := encodeOutcome(x.ctx, x.p.name, resp, err, x.s.opts.recorded, k, x.s.opts.redact)
-	return engine.Outcome{Record: raw, Release: !record && encodeErr == nil, KeepWrites: err == nil, Unrecordable: encodeErr}
+	return engine.HandlerResult{Record: raw, Release: !record && encodeErr == nil, KeepWrites: err == nil, Unrecordable: encodeErr}
 }
 
 func (x *exchange) StandIn(why error) []byte {

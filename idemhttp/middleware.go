@@ -232,7 +232,7 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 // Run runs the handler into a buffer (capture), so that the first caller
 // gets exactly what is recorded and replayed to every retry. In atomic mode
 // only a status below 400 keeps the handler's writes.
-func (x *exchange) Run(ctx context.Context) engine.Outcome {
+func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	x.ran = true
 	o := x.m.opts
 	x.cw = newCapture(x.w, x.m.eng.MaxRecordSize())
@@ -241,12 +241,12 @@ func (x *exchange) Run(ctx context.Context) engine.Outcome {
 	x.cw.finish()
 	switch {
 	case x.cw.tooBig:
-		return engine.Outcome{Unrecordable: errResponseTooLarge}
+		return engine.HandlerResult{Unrecordable: errResponseTooLarge}
 	case !o.recorded(x.cw.status):
-		return engine.Outcome{Release: true}
+		return engine.HandlerResult{Release: true}
 	}
 	outcome, err := encodeResponse(r, x.cw, o.replayed, o.redact)
-	return engine.Outcome{Record: outcome, KeepWrites: x.cw.status < 400, Unrecordable: err}
+	return engine.HandlerResult{Record: outcome, KeepWrites: x.cw.status < 400, Unrecordable: err}
 }
 
 func (x *exchange) StandIn(why error) []byte {

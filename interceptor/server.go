@@ -116,11 +116,11 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 	return fp, nil
 }
 
-func (x *exchange) Run(ctx context.Context) engine.Outcome {
+func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	ctx = x.handlerContext(ctx)
 	x.resp, x.err = x.handler(ctx, x.req)
 	raw, record, err := encodeOutcome(x.ctx, x.m.name, x.resp, x.err, x.s.opts.recorded, x.rec, x.s.opts.redact)
-	return engine.Outcome{Record: raw, Release: !record && err == nil, KeepWrites: x.err == nil, Unrecordable: err}
+	return engine.HandlerResult{Record: raw, Release: !record && err == nil, KeepWrites: x.err == nil, Unrecordable: err}
 }
 
 func (x *exchange) StandIn(why error) []byte {
