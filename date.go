@@ -29,7 +29,12 @@ func ParseDate(v string) (time.Time, error) {
 
 // ParseExpires reads the key's expiry from the values of an ExpiresHeader
 // or ExpiresMetadata field, as a client gets them: ok is false unless there
-// is exactly one, an HTTP date. Each entry point's KeyExpires calls it.
+// is exactly one, an HTTP date. Over HTTP and Connect, a client reads a
+// response's (or a Connect error's Meta()):
+//
+//	expires, ok := idemkey.ParseExpires(h.Values(idemkey.ExpiresHeader))
+//
+// over gRPC, interceptor.KeyExpiry or interceptor.KeyExpires.
 func ParseExpires(values []string) (t time.Time, ok bool) {
 	if len(values) != 1 {
 		return time.Time{}, false

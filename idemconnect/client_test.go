@@ -246,14 +246,14 @@ func TestKeyExpires(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			exp, ok := idemconnect.KeyExpires(resp.Header())
+			exp, ok := idemkey.ParseExpires(resp.Header().Values(idemkey.ExpiresHeader))
 			if d := exp.Sub(sent); !ok || d < retention-time.Second || d > retention+time.Second {
 				t.Fatalf("expiry %q, %v after the call; want the retention, %v", resp.Header().Get(idemkey.ExpiresHeader), d, retention)
 			}
 			// The replay tells the same expiry, and so does a duplicate
 			// answered in progress, in its error's metadata.
 			replay, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
-			if got, _ := idemconnect.KeyExpires(replay.Header()); err != nil || !got.Equal(exp) {
+			if got, _ := idemkey.ParseExpires(replay.Header().Values(idemkey.ExpiresHeader)); err != nil || !got.Equal(exp) {
 				t.Fatalf("replay: %v, expiry %v; want %v", err, got, exp)
 			}
 			done := make(chan error, 1)
@@ -268,7 +268,7 @@ func TestKeyExpires(t *testing.T) {
 			if !errors.As(err, &ce) || idemconnect.Reason(err) != idemkey.ReasonInProgress {
 				t.Fatalf("duplicate: %v, want in progress", err)
 			}
-			if got, ok := idemconnect.KeyExpires(ce.Meta()); !ok || got.Sub(exp) < 0 || got.Sub(exp) > time.Minute {
+			if got, ok := idemkey.ParseExpires(ce.Meta().Values(idemkey.ExpiresHeader)); !ok || got.Sub(exp) < 0 || got.Sub(exp) > time.Minute {
 				t.Fatalf("in progress told the expiry %q, want one from about when it was first sent", ce.Meta().Values(idemkey.ExpiresHeader))
 			}
 			gate <- struct{}{}
@@ -285,7 +285,7 @@ func TestKeyExpires(t *testing.T) {
 				t.Fatalf("stale retry: %v; want FailedPrecondition, IDEMPOTENCY_KEY_EXPIRED", err)
 			}
 			if errors.As(err, &ce) {
-				if _, ok := idemconnect.KeyExpires(ce.Meta()); ok {
+				if _, ok := idemkey.ParseExpires(ce.Meta().Values(idemkey.ExpiresHeader)); ok {
 					t.Fatalf("expiry %q for a key that has no record", ce.Meta().Values(idemkey.ExpiresHeader))
 				}
 			}

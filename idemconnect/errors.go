@@ -136,14 +136,6 @@ func Replayed(h http.Header) bool {
 	return len(v) == 1 && v[0] == "true"
 }
 
-// KeyExpires returns until when the server honours the call's key
-// (idemkey.ExpiresHeader), from a reply's Header() or an error's Meta(): a
-// retry after it may run again, or be refused with IDEMPOTENCY_KEY_EXPIRED.
-// ok is false if h does not say.
-func KeyExpires(h http.Header) (time.Time, bool) {
-	return idemkey.ParseExpires(h.Values(idemkey.ExpiresHeader))
-}
-
 // detail returns the first detail of err of type T.
 func detail[T proto.Message](err error) (T, bool) {
 	var zero T

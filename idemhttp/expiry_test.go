@@ -8,7 +8,6 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemhttp"
 )
 
 // A request tells when it was first sent; the middleware refuses one first
@@ -42,7 +41,7 @@ func TestFirstSentAndExpiry(t *testing.T) {
 		if p.Type != "https://idemkey.dev/problems/idempotency-key-expired" || !strings.Contains(p.Detail, "not run") {
 			t.Fatalf("problem %+v", p)
 		}
-		if _, ok := idemhttp.KeyExpires(resp.Header); ok {
+		if _, ok := idemkey.ParseExpires(resp.Header.Values(idemkey.ExpiresHeader)); ok {
 			t.Fatalf("expiry %q for a key that has no record", resp.Header.Get(idemkey.ExpiresHeader))
 		}
 		s.wantRuns(0)
@@ -61,7 +60,7 @@ func TestFirstSentAndExpiry(t *testing.T) {
 	t.Run("a recent call and its replay tell the expiry", func(t *testing.T) {
 		sent := time.Now()
 		resp, _ := send(`"k3"`, idemkey.FormatDate(sent.Add(skew/2))) // within the skew
-		exp, ok := idemhttp.KeyExpires(resp.Header)
+		exp, ok := idemkey.ParseExpires(resp.Header.Values(idemkey.ExpiresHeader))
 		if resp.StatusCode != http.StatusCreated || !ok {
 			t.Fatalf("got %d with expiry %q, want 201 with one", resp.StatusCode, resp.Header.Get(idemkey.ExpiresHeader))
 		}
@@ -70,7 +69,7 @@ func TestFirstSentAndExpiry(t *testing.T) {
 		}
 		// A stale retry of a key with a record replays it.
 		replay, _ := send(`"k3"`, idemkey.FormatDate(sent.Add(-retention-time.Minute)))
-		if got, _ := idemhttp.KeyExpires(replay.Header); replay.Header.Get(idemkey.ReplayedHeader) != "true" || !got.Equal(exp) {
+		if got, _ := idemkey.ParseExpires(replay.Header.Values(idemkey.ExpiresHeader)); replay.Header.Get(idemkey.ReplayedHeader) != "true" || !got.Equal(exp) {
 			t.Fatalf("retry: %d %v, want the replay with the expiry %v", replay.StatusCode, replay.Header, exp)
 		}
 		s.wantRuns(1)

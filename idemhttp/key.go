@@ -2,7 +2,6 @@ package idemhttp
 
 import (
 	"net/http"
-	"time"
 
 	"github.com/idemkey/idemkey"
 )
@@ -26,11 +25,4 @@ func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
 		return "", true, err
 	}
 	return key, true, nil
-}
-
-// KeyExpires returns, for a client, until when the server honours the key of
-// the response whose header is h (idemkey.ExpiresHeader): a retry after it
-// may run again, or be refused as expired. ok is false if h does not say.
-func KeyExpires(h http.Header) (time.Time, bool) {
-	return idemkey.ParseExpires(h.Values(idemkey.ExpiresHeader))
 }
