@@ -75,8 +75,8 @@
 //   - Every answer about a key with a record, or one in progress (a reply
 //     recorded, a replay, in progress, reused), tells until when the key is
 //     honoured: the header Idempotency-Key-Expires, an HTTP date, on a reply;
-//     in an error's metadata otherwise (trailers over gRPC). KeyExpires reads
-//     it from resp.Header() or the error's Meta(). The client interceptor
+//     in an error's metadata otherwise (trailers over gRPC).
+//     idemkey.ParseExpires reads it from resp.Header() or the error's Meta(). The client interceptor
 //     sends, with the key, when the operation was first sent
 //     (Idempotency-First-Sent): the time of ContextWithKeyFirstSent, else
 //     that of the first send of the *connect.Request. A call first sent

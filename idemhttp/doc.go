@@ -72,7 +72,7 @@
 //
 // Every answer about a key with a record, or one in progress (the response
 // recorded, a replay, 409, 422), tells until when the key is honoured, as
-// an HTTP date; KeyExpires reads it:
+// an HTTP date; idemkey.ParseExpires reads it:
 //
 //	Idempotency-Key-Expires: Tue, 01 Dec 2026 20:05:37 GMT
 //
