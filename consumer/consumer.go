@@ -63,9 +63,10 @@ func New(eng *engine.Engine, name string, opts ...Option) (*Consumer, error) {
 			attribute.String("messaging.system", o.system),
 			attribute.String("messaging.consumer.group.name", name),
 		}, Status: actionAttribute},
-		Tenant:      deliveryTenant,
-		KeyRequired: true,
-		Redelivers:  true,
+		Tenant:         deliveryTenant,
+		KeyRequired:    true,
+		Redelivers:     true,
+		HandlerTimeout: o.handlerTimeout,
 	})
 	if err != nil {
 		return nil, err
@@ -73,16 +74,9 @@ func New(eng *engine.Engine, name string, opts ...Option) (*Consumer, error) {
 	return &Consumer{eng: eng, op: op, opts: o}, nil
 }
 
-// tenantKey is the key under which Process puts its Delivery's tenant in
-// the context it serves the delivery with, for deliveryTenant.
-type tenantKey struct{}
-
-// deliveryTenant is the consumer's engine.TenantFunc: the tenant of the
-// delivery that Process serves with ctx ("" for a refusal, which has none).
-func deliveryTenant(ctx context.Context) (string, error) {
-	tenant, _ := ctx.Value(tenantKey{}).(string)
-	return tenant, nil
-}
+// deliveryTenant is the tenant of the delivery that x, one of the
+// consumer's exchanges, carries ("" for a refusal, which has none).
+func deliveryTenant(x engine.Exchange) string { return x.(*exchange).d.Tenant }
 
 // Delivery is what an adapter read from one delivery of a message.
 type Delivery struct {
@@ -227,25 +221,15 @@ var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable
 // Process decides what to do with one delivery, running h unless its id was
 // processed before or is in progress, and returns what the adapter tells the
 // broker. ctx bounds the store's operations and h; WithHandlerTimeout bounds
-// them further, and sets h's lease.
+// h further, and sets its lease.
 //
 // On a message's last delivery (Delivery.Last), Process does not return
 // while another run holds the id: it waits for that run to end, so as to
 // take the message over (see the package documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
-	ctx, cancel := c.timed(ctx)
-	defer cancel()
 	x := &exchange{c: c, d: d, h: h}
-	c.eng.Serve(context.WithValue(ctx, tenantKey{}, d.Tenant), c.op, x)
+	c.eng.Serve(ctx, c.op, x)
 	return x.res
-}
-
-// timed is ctx bounded by the handler timeout (WithHandlerTimeout), if any.
-func (c *Consumer) timed(ctx context.Context) (context.Context, context.CancelFunc) {
-	if c.opts.handlerTimeout > 0 {
-		return context.WithTimeout(ctx, c.opts.handlerTimeout)
-	}
-	return ctx, func() {}
 }
 
 // exchange is one delivery, as engine.Serve reads and answers it; res is

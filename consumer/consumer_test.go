@@ -634,22 +634,34 @@ func TestBackoffSaturates(t *testing.T) {
 	}
 }
 
-// TestLastDeliveryBusyHandlerTimeout: with WithHandlerTimeout, a last
-// delivery waits for the run that holds its message at most the timeout,
-// which bounds the whole of its Process, and then dead-letters it.
+// TestLastDeliveryBusyHandlerTimeout: with WithHandlerTimeout, the run
+// that holds a message has the timeout plus a grace as its lease, and a
+// last delivery waits it out and takes the message over, its handler with
+// the whole timeout, while the first run is still held (two-phase mode: a
+// run that outlasts its lease may run beside itself).
 func TestLastDeliveryBusyHandlerTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond
-	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(nil)}, consumer.WithHandlerTimeout(timeout))
+	st := newBusyStore(memory.New())
+	c := newConsumer(t, st, []engine.Option{engine.WithLogger(nil)}, consumer.WithHandlerTimeout(timeout))
 	defer hold(t, c, "msg-secret-id")()
 	d := delivery("msg-secret-id", 3)
 	d.Last = true
-	h := &counter{}
-	// The run that holds the message goes on until the test ends: an
-	// answer at all means the wait stopped at the timeout.
-	res := c.Process(t.Context(), d, h.handle)
-	if res.Outcome != consumer.Busy || res.Action != consumer.Ack || !res.DeadLetter ||
-		!errors.Is(res.Err, consumer.ErrLastDelivery) || h.runs != 0 {
-		t.Fatalf("%+v (%v) after %d runs, want busy, dead-lettered and acknowledged, at the handler timeout", res, res.Err, h.runs)
+	var deadline time.Duration
+	res := c.Process(t.Context(), d, func(ctx context.Context) error {
+		dl, _ := ctx.Deadline()
+		deadline = time.Until(dl)
+		return nil
+	})
+	if res.Outcome != consumer.Processed || res.Action != consumer.Ack {
+		t.Fatalf("%+v (%v), want the last delivery to take the message over once the other run's lease ended", res, res.Err)
+	}
+	if deadline <= 0 || deadline > timeout {
+		t.Errorf("the handler that took over had %v left, want its own handler timeout, %v at most", deadline, timeout)
+	}
+	select {
+	case <-st.Busy():
+	default:
+		t.Fatal("the last delivery did not find the message in progress, so did not wait")
 	}
 }
 

@@ -102,11 +102,10 @@
 //     acknowledged. The other run may still succeed: a dead letter is sent
 //     at least once.
 //
-// WithHandlerTimeout bounds the whole of Process, this wait included: with
-// it, a last delivery waits at most the timeout, and a handler that then
-// takes the message over runs with what is left of it. Keep the timeout
-// above a handler's usual run, or a last delivery that finds its message in
-// progress may give up on it while the other run is about to end.
+// WithHandlerTimeout bounds each run of the handler, not this wait: with it,
+// the other run's lease is the timeout plus a few seconds, after which the
+// last delivery takes the message over, and its handler has the whole
+// timeout.
 //
 // The broker's ack wait may pass meanwhile: neither broker delivers the
 // message again, and the outcome stands. Two simpler designs hold no worker

@@ -53,11 +53,9 @@ func WithSystem(name string) Option { return func(o *options) { o.system = name 
 // transaction in its context (postgres.TxFromContext).
 func WithAtomic() Option { return func(o *options) { o.atomic = true } }
 
-// WithHandlerTimeout bounds each delivery's Process: the store's operations,
-// the handler's run and, on a message's last delivery, the wait for another
-// run that holds its id (see the package documentation). Its lease, the
-// time before a redelivery may presume it dead, is then the timeout plus a
-// few seconds. Without it a handler runs unbounded under the engine's lease
+// WithHandlerTimeout bounds each run of the handler (engine.OperationSpec's
+// HandlerTimeout): its context ends after d. Its lease, the time before a
+// redelivery may presume it dead, is then the timeout plus a few seconds. Without it a handler runs unbounded under the engine's lease
 // (engine.WithLease, engine.DefaultLease by default), and one that outlasts
 // its lease may run again beside itself in two-phase mode.
 func WithHandlerTimeout(d time.Duration) Option {

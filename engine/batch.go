@@ -106,7 +106,7 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
 	rs := make([]store.Reservation, 0, min(len(reqs), MaxBatch))
 	seen := make(map[store.Key]struct{}, len(reqs))
-	lease := e.lease(ctx)
+	lease := e.lease(ctx, op)
 	b.lease = lease
 	for i, r := range reqs {
 		c := &b.Calls[i]

@@ -58,12 +58,13 @@ func (e *Engine) Logger() *slog.Logger { return e.opts.logger }
 // message consumer checks it against the broker's redelivery horizon.
 func (e *Engine) Retention() time.Duration { return e.opts.retention }
 
-// tenant returns the tenant of the call of ctx: the operation's TenantFunc,
-// else the engine's (WithTenant), else "" (WithSingleTenant).
-func (c *Call) tenantOf(ctx context.Context) (string, error) {
+// tenantOf returns the tenant of the call that x carries, whose context is
+// ctx: the operation's Tenant, else the engine's TenantFunc (WithTenant),
+// else "" (WithSingleTenant).
+func (c *Call) tenantOf(ctx context.Context, x Exchange) (string, error) {
 	switch {
 	case c.op.tenant != nil:
-		return c.op.tenant(ctx)
+		return c.op.tenant(x), nil
 	case c.e.opts.tenant != nil:
 		return c.e.opts.tenant(ctx)
 	}
@@ -77,7 +78,8 @@ type Operation struct {
 	atomic      bool
 	keyRequired bool
 	redelivers  bool
-	tenant      TenantFunc
+	tenant      func(Exchange) string
+	timeout     time.Duration // HandlerTimeout
 	metrics     *opMetrics
 }
 
@@ -93,10 +95,15 @@ type OperationSpec struct {
 	Atomic bool
 	// Metrics is the operation's metrics (see the package documentation).
 	Metrics MetricsSpec
-	// Tenant, if set, reads the tenant of the operation's calls in place of
-	// the engine's TenantFunc (WithTenant): a message consumer's, from the
-	// message.
-	Tenant TenantFunc
+	// Tenant, if set, reads the tenant of each of the operation's calls from
+	// the call's Exchange, in place of the engine's TenantFunc (WithTenant):
+	// a message consumer's, from the message.
+	Tenant func(Exchange) string
+	// HandlerTimeout, if positive, bounds each run of the handler (the
+	// context Exchange.Run gets ends after it) and sets the call's lease to
+	// it and a grace period, as a deadline that near would: a message
+	// consumer's (consumer.WithHandlerTimeout).
+	HandlerTimeout time.Duration
 	// KeyRequired refuses the operation's calls without a key
 	// (KeyMissing), whatever WithKeyRequired says: a message's id.
 	KeyRequired bool
@@ -121,7 +128,7 @@ func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 		return nil, errNoTenant
 	}
 	return &Operation{name: spec.Name, atomic: spec.Atomic, keyRequired: spec.KeyRequired || e.opts.keyRequired,
-		redelivers: spec.Redelivers, tenant: spec.Tenant, metrics: newOpMetrics(spec.Metrics)}, nil
+		redelivers: spec.Redelivers, tenant: spec.Tenant, timeout: max(spec.HandlerTimeout, 0), metrics: newOpMetrics(spec.Metrics)}, nil
 }
 
 var errNoTenant = errors.New("idemkey: the engine cannot tell callers apart, so every caller would share one key space: " +
@@ -242,7 +249,7 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	res := store.Reservation{
 		Key:         c.key,
 		Fingerprint: fp,
-		Lease:       e.lease(ctx),
+		Lease:       e.lease(ctx, op),
 		Retention:   e.opts.retention,
 		MaxOutcome:  e.opts.maxRecord,                // a store with bounds sets room aside for it
 		Partition:   store.TenantPartition(r.Tenant), // once per call, even when it waits and reserves again
@@ -405,6 +412,20 @@ func (c *Call) storeFailed(ctx context.Context, op string, err error) {
 // Atomic reports whether the call runs in a transaction of the store's
 // (atomic mode), whose failed commit undoes the handler's writes.
 func (c *Call) Atomic() bool { return c.tx != nil }
+
+// handlerContext is Context(ctx), ended after the operation's
+// HandlerTimeout, if it has one.
+func (c *Call) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return c.op.timed(c.Context(ctx))
+}
+
+// timed is ctx, ended after op's HandlerTimeout, if it has one.
+func (op *Operation) timed(ctx context.Context) (context.Context, context.CancelFunc) {
+	if op.timeout > 0 {
+		return context.WithTimeout(ctx, op.timeout)
+	}
+	return ctx, func() {}
+}
 
 // Context is ctx for the handler: it carries the call's parts for
 // idemkey.DerivedKey and, in atomic mode, the transaction.
@@ -661,16 +682,20 @@ func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Result
 	}
 }
 
-// lease is the call's remaining deadline plus a grace period, at most the
-// maximum lease; a call without a deadline gets the default lease. It
-// saturates: gRPC turns a grpc-timeout above about 2562047H into a deadline
-// math.MaxInt64 nanoseconds away, to which the grace cannot be added.
-func (e *Engine) lease(ctx context.Context) time.Duration {
+// lease is the time a call of op has left, its remaining deadline or op's
+// HandlerTimeout if that is sooner, plus a grace period, at most the maximum
+// lease; a call with neither gets the default lease. It saturates: gRPC
+// turns a grpc-timeout above about 2562047H into a deadline math.MaxInt64
+// nanoseconds away, to which the grace cannot be added.
+func (e *Engine) lease(ctx context.Context, op *Operation) time.Duration {
 	deadline, ok := ctx.Deadline()
+	left := max(time.Until(deadline), 0)
+	if t := op.timeout; t > 0 && (!ok || t < left) {
+		left, ok = t, true
+	}
 	if !ok {
 		return e.opts.lease
 	}
-	left := max(time.Until(deadline), 0)
 	if left > e.opts.maxLease-leaseGrace {
 		return e.opts.maxLease
 	}

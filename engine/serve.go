@@ -117,41 +117,58 @@ func (e *Engine) Serve(ctx context.Context, op *Operation, x Exchange) {
 
 // serve is Serve up to the code of the call's answer.
 func (c *Call) serve(ctx context.Context, x Exchange) int {
-	e := c.e
-	key, ok, err := x.Key()
-	switch {
-	case err != nil:
-		c.Verdict = KeyInvalid
-		return x.Answer(ctx, Answer{Verdict: KeyInvalid, Err: err})
-	case !ok && c.op.keyRequired:
-		c.Verdict = KeyMissing
-		return x.Answer(ctx, Answer{Verdict: KeyMissing})
-	case !ok:
-		c.Verdict = NoKey
-		return x.Pass(ctx)
+	r, code, ok := c.read(ctx, x)
+	if !ok {
+		return code
 	}
-	firstSent, err := e.firstSent(x.FirstSent())
-	if err != nil {
-		c.Verdict = FirstSentInvalid
-		return x.Answer(ctx, Answer{Verdict: FirstSentInvalid, Err: err})
-	}
-	tenant, err := c.tenantOf(ctx)
-	if err != nil {
-		return x.Answer(ctx, Answer{Verdict: Refused, Err: err, Tenant: true})
-	}
-	fp, err := x.Fingerprint(ctx)
-	if err != nil {
-		return x.Answer(ctx, Answer{Verdict: Refused, Err: err})
-	}
-	att := x.Attempt()
-	c.Start(ctx, Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last})
+	c.Start(ctx, r)
 	switch c.Verdict {
 	case Executed:
 		return c.run(ctx, x)
 	case FailedOpen:
-		return x.Pass(c.Context(ctx))
+		return c.pass(c.Context(ctx), x)
 	}
 	return x.Answer(ctx, c.answerOf())
+}
+
+// read reads the request of the call x carries. If ok is false, the call is
+// answered already, with code: it had no key (and ran unprotected, or was
+// refused), or its key, first-sent time, tenant or request was refused.
+func (c *Call) read(ctx context.Context, x Exchange) (r Request, code int, ok bool) {
+	key, ok, err := x.Key()
+	switch {
+	case err != nil:
+		c.Verdict = KeyInvalid
+		return r, x.Answer(ctx, Answer{Verdict: KeyInvalid, Err: err}), false
+	case !ok && c.op.keyRequired:
+		c.Verdict = KeyMissing
+		return r, x.Answer(ctx, Answer{Verdict: KeyMissing}), false
+	case !ok:
+		c.Verdict = NoKey
+		return r, c.pass(ctx, x), false
+	}
+	firstSent, err := c.e.firstSent(x.FirstSent())
+	if err != nil {
+		c.Verdict = FirstSentInvalid
+		return r, x.Answer(ctx, Answer{Verdict: FirstSentInvalid, Err: err}), false
+	}
+	tenant, err := c.tenantOf(ctx, x)
+	if err != nil {
+		return r, x.Answer(ctx, Answer{Verdict: Refused, Err: err, Tenant: true}), false
+	}
+	fp, err := x.Fingerprint(ctx)
+	if err != nil {
+		return r, x.Answer(ctx, Answer{Verdict: Refused, Err: err}), false
+	}
+	att := x.Attempt()
+	return Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last}, 0, true
+}
+
+// pass runs the handler unprotected, under the operation's HandlerTimeout.
+func (c *Call) pass(ctx context.Context, x Exchange) int {
+	ctx, cancel := c.op.timed(ctx)
+	defer cancel()
+	return x.Pass(ctx)
 }
 
 // answerOf is the Answer of the call's verdict, for a call whose handler
@@ -173,7 +190,7 @@ func (c *Call) answerOf() Answer {
 // recorded, undoes them.
 func (c *Call) run(ctx context.Context, x Exchange) int {
 	defer c.Abandon(ctx) // the handler panicked: let a retry run again; the panic goes on
-	out := x.Run(c.Context(ctx))
+	out := c.runHandler(ctx, x)
 	if out.Unrecordable != nil {
 		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", out.Unrecordable)
 		return c.recordInstead(ctx, x, out.Unrecordable)
@@ -193,6 +210,14 @@ func (c *Call) run(ctx context.Context, x Exchange) int {
 	return x.Answer(ctx, Answer{Verdict: Executed, Expires: c.Expires})
 }
 
+// runHandler is x.Run with the handler's context, under the operation's
+// HandlerTimeout.
+func (c *Call) runHandler(ctx context.Context, x Exchange) HandlerResult {
+	hctx, cancel := c.handlerContext(ctx)
+	defer cancel()
+	return x.Run(hctx)
+}
+
 // recordInstead records the stand-in of a result that cannot be recorded:
 // the handler has run, so its key must not be released. The caller gets it
 // too, as every retry will; if even it cannot be recorded, the key stays in
@@ -209,4 +234,109 @@ func (c *Call) recordInstead(ctx context.Context, x Exchange, why error) int {
 		a.Expires = c.Expires
 	}
 	return x.Answer(ctx, a)
+}
+
+// ServeBatch serves xs, calls of op, as Serve serves each, and decides them
+// together where the store can (CanBatch): a message consumer that takes
+// its messages in batches dedups a batch in one round trip of the store's,
+// and in atomic mode commits it with one commit (see Batch for what a
+// batch does differently). A call the batch cannot finish (a key an earlier
+// call of the batch has, one past MaxBatch, a two-phase call whose lease the
+// handlers before it used up, an atomic batch whose transaction failed, the
+// last attempt of a call found in progress elsewhere) is served on its own
+// after the batch, from Exchange.Key on: its Exchange may be asked twice. In
+// atomic mode no call is answered before the batch's commit has said how it
+// ends. ctx bounds the store's operations; each handler runs under the
+// operation's HandlerTimeout.
+func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
+	if !e.CanBatch(op) || len(xs) < 2 {
+		for _, x := range xs {
+			e.Serve(ctx, op, x)
+		}
+		return
+	}
+	for start := 0; start < len(xs); start += MaxBatch {
+		e.serveBatch(ctx, op, xs[start:min(start+MaxBatch, len(xs))])
+	}
+}
+
+// serveBatch is ServeBatch for at most MaxBatch calls.
+func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
+	reqs := make([]Request, 0, len(xs))
+	at := make([]Exchange, 0, len(xs)) // the exchange of each request
+	for _, x := range xs {
+		c := e.Call(op)
+		r, code, ok := c.read(ctx, x)
+		if !ok {
+			c.End(ctx, code)
+			continue
+		}
+		reqs, at = append(reqs, r), append(at, x)
+	}
+	b := e.StartBatch(ctx, op, reqs)
+	defer b.Abandon(ctx) // a panic rolls the batch back, then propagates
+	codes := make([]int, len(at))
+	pending := make([]*Answer, len(at)) // atomic: answered once the commit says
+	for j, x := range at {
+		c := &b.Calls[j]
+		switch {
+		case b.Alone(j), c.Verdict == InProgress && reqs[j].last:
+			// Decided on its own after the batch, which a last attempt in
+			// progress elsewhere waits in.
+		case c.Verdict == Executed && !op.atomic:
+			if b.Ready(ctx, j) {
+				codes[j] = c.run(ctx, x)
+			}
+		case c.Verdict == Executed:
+			pending[j] = b.run(ctx, j, x)
+		default:
+			codes[j] = x.Answer(ctx, c.answerOf())
+		}
+	}
+	err := b.Commit(ctx)
+	for j, x := range at {
+		c := &b.Calls[j]
+		switch {
+		case b.Alone(j), c.Verdict == InProgress && reqs[j].last:
+			e.Serve(ctx, op, x) // counted there: this call is not
+			continue
+		case pending[j] != nil && err != nil && b.state[j] == batchStaged:
+			// The commit failed, or its fate is unknown: a retry finds out.
+			codes[j] = x.Answer(ctx, Answer{Verdict: StoreUnavailable})
+		case pending[j] != nil:
+			codes[j] = x.Answer(ctx, *pending[j])
+		}
+		c.End(ctx, codes[j])
+	}
+}
+
+// run runs the handler of Executed call i of an atomic batch in the batch's
+// transaction, and stages its outcome for the commit, or undoes its writes:
+// it returns the call's answer once the commit has succeeded.
+func (b *Batch) run(ctx context.Context, i int, x Exchange) *Answer {
+	c := &b.Calls[i]
+	out := func() HandlerResult {
+		hctx, cancel := b.op.timed(ctx)
+		defer cancel()
+		return x.Run(b.Context(hctx, i))
+	}()
+	if out.Release {
+		b.Release(ctx, i)
+		return &Answer{Verdict: Executed}
+	}
+	record, why := out.Record, out.Unrecordable
+	if why != nil {
+		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", why)
+		record = x.StandIn(why)
+	}
+	err := b.Record(ctx, i, record, out.KeepWrites && why == nil)
+	if errors.Is(err, ErrTooLarge) && why == nil {
+		why = err // nothing was done: record the stand-in in its place
+		err = b.Record(ctx, i, x.StandIn(why), false)
+	}
+	if err != nil {
+		b.Release(ctx, i)
+		return &Answer{Verdict: StoreUnavailable}
+	}
+	return &Answer{Verdict: Executed, StandIn: why, Expires: c.Expires}
 }
