@@ -40,7 +40,7 @@ type BatchHandler func(ctx context.Context, i int) error
 // longer: once the handlers before a message have taken so long that less
 // of its lease is left than its handler may take (WithHandlerTimeout, plus
 // a little), its id is released and the message is processed on its own
-// after the others (engine.Batch.Ready). On another store each message is
+// after the others (engine.ServeBatch). On another store each message is
 // processed on its own, in order, as Process does.
 //
 // What a batch does differently:

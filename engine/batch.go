@@ -24,32 +24,32 @@ const MaxBatch = 64
 // and the store implements store.BatchReserver (store/postgres does both).
 // Otherwise every call of a batch is Alone, and an adapter decides each with
 // Start.
-func (e *Engine) CanBatch(op *Operation) bool {
+func (e *Engine) canBatch(op *Operation) bool {
 	if op.atomic {
-		return e.batch != nil
+		return e.batchStore != nil
 	}
-	return e.batchRv != nil
+	return e.batchReserver != nil
 }
 
-// Batch is a batch of calls of one operation, decided together (StartBatch):
+// batch is a batch of calls of one operation, decided together (StartBatch):
 // a message consumer that takes its messages in batches dedups each batch
 // in one round trip of the store's. In atomic mode the batch is one
 // transaction, which commits the records of its messages with one commit.
 //
-//	b := eng.StartBatch(ctx, op, reqs)
-//	defer b.Abandon(ctx) // a panic rolls the whole batch back
+//	b := eng.startBatch(ctx, op, reqs)
+//	defer b.abandon(ctx) // a panic rolls the whole batch back
 //	for i := range b.Calls {
 //		c := &b.Calls[i]
 //		switch {
-//		case b.Alone(i): // decided later, on its own
+//		case b.alone(i): // decided later, on its own
 //		case c.Verdict == engine.Executed:
-//			err := handler(b.Context(ctx, i))
-//			b.Record(ctx, i, encode(err), err == nil) // or b.Release(ctx, i)
+//			err := handler(b.contextFor(ctx, i))
+//			b.record(ctx, i, encode(err), err == nil) // or b.release(ctx, i)
 //		default: // as after Start: Replayed, InProgress, Reused, StoreUnavailable
 //		}
 //	}
-//	err := b.Commit(ctx) // nothing is durable before it returns nil
-//	// then each call i: if b.Alone(i), decide it with Start (its Call may
+//	err := b.commit(ctx) // nothing is durable before it returns nil
+//	// then each call i: if b.alone(i), decide it with Start (its call may
 //	// be reused); else answer as its Verdict, and for an Executed one, as
 //	// Record and Commit said. End every call.
 //
@@ -60,14 +60,14 @@ func (e *Engine) CanBatch(op *Operation) bool {
 // In two-phase mode the batch's keys are reserved in one round trip (its
 // records written in progress, each with its own token and a call's lease,
 // as Start sets it), and each Executed call then runs as after Start, with
-// its Call's own methods, once Ready has said it may: Context, the handler,
+// its call's own methods, once Ready has said it may: Context, the handler,
 // Record or Release, End. Its outcome is durable when Record returns, and
 // Commit does nothing.
-type Batch struct {
+type batch struct {
 	// Calls are the batch's calls, one per request, in order. StartBatch
 	// sets the Verdict of each as Start would, without waiting for a key in
 	// progress; that of a call that Alone reports is not set.
-	Calls []Call
+	Calls []call
 
 	e     *Engine
 	op    *Operation
@@ -101,8 +101,8 @@ const (
 //
 // ctx bounds the store's round trip, and sets the calls' lease, as Start's
 // does.
-func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) *Batch {
-	b := &Batch{Calls: make([]Call, len(reqs)), e: e, op: op, idx: make([]int, len(reqs)),
+func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) *batch {
+	b := &batch{Calls: make([]call, len(reqs)), e: e, op: op, idx: make([]int, len(reqs)),
 		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
 	rs := make([]store.Reservation, 0, min(len(reqs), MaxBatch))
 	seen := make(map[store.Key]struct{}, len(reqs))
@@ -110,13 +110,13 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 	b.lease = lease
 	for i, r := range reqs {
 		c := &b.Calls[i]
-		*c = e.Call(op)
+		*c = e.newCall(op)
 		fp := c.identify(r)
 		b.idx[i] = -1
 		if !c.checkFirstSent(r.FirstSent) {
 			continue
 		}
-		if _, repeated := seen[c.key]; repeated || len(rs) == MaxBatch || !e.CanBatch(op) {
+		if _, repeated := seen[c.key]; repeated || len(rs) == MaxBatch || !e.canBatch(op) {
 			b.state[i] = batchAlone
 			continue
 		}
@@ -167,7 +167,7 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 			c.Verdict = Expired
 		case res[j].State == store.Acquired && c.stale:
 			c.Verdict, c.token = Executed, res[j].Token
-			c.Release(ctx)
+			c.release(ctx)
 			c.Verdict = Expired
 		case res[j].State == store.Acquired:
 			c.Verdict, c.fingerprint, c.Expires, c.token = Executed, rs[j].Fingerprint, res[j].Expires, res[j].Token
@@ -180,7 +180,7 @@ func (e *Engine) StartBatch(ctx context.Context, op *Operation, reqs []Request) 
 
 // identify sets the call's key and parts for r, and returns the
 // fingerprint it reserves with.
-func (c *Call) identify(r Request) store.Fingerprint {
+func (c *call) identify(r request) store.Fingerprint {
 	scopeOp := c.op.name
 	if c.e.opts.scope == ScopeTenant {
 		scopeOp = ""
@@ -197,12 +197,12 @@ func (c *Call) identify(r Request) store.Fingerprint {
 }
 
 // Alone reports whether call i is to be decided on its own, with Start on
-// its Call, once the batch has been committed: StartBatch left it out of
+// its call, once the batch has been committed: StartBatch left it out of
 // the batch, or the batch could not finish it (its transaction failed
-// before the commit, or Commit returned ErrSuperseded). A call whose
+// before the commit, or Commit returned errSuperseded). A call whose
 // handler ran in the batch is then run again; nothing of its first run
 // was committed.
-func (b *Batch) Alone(i int) bool { return b.state[i] == batchAlone }
+func (b *batch) alone(i int) bool { return b.state[i] == batchAlone }
 
 // Ready reports whether the handler of Executed call i of a two-phase
 // batch may run now. Its key was reserved when the batch started, with a
@@ -212,13 +212,13 @@ func (b *Batch) Alone(i int) bool { return b.state[i] == batchAlone }
 // another run could take the key over while this one runs. Ready then
 // releases the key, and the call is Alone, to be decided again with Start.
 // In atomic mode it reports true: the batch's transaction holds its keys.
-func (b *Batch) Ready(ctx context.Context, i int) bool {
+func (b *batch) ready(ctx context.Context, i int) bool {
 	c := &b.Calls[i]
 	if b.op.atomic || c.Verdict != Executed || time.Until(c.leaseEnd) >= b.lease-min(leaseGrace, b.lease)/2 {
 		return true
 	}
-	c.Release(ctx)
-	*c = Call{e: c.e, op: c.op, start: c.start, Verdict: Refused} // for Start
+	c.release(ctx)
+	*c = call{e: c.e, op: c.op, began: c.began, Verdict: Refused} // for Start
 	b.state[i], b.idx[i] = batchAlone, -1
 	return false
 }
@@ -228,7 +228,7 @@ func (b *Batch) Ready(ctx context.Context, i int) bool {
 // transaction, in which the call's writes from now on are its own. Run the
 // calls' handlers one at a time: Context, the handler, then Record or
 // Release, before the next call's Context.
-func (b *Batch) Context(ctx context.Context, i int) context.Context {
+func (b *batch) contextFor(ctx context.Context, i int) context.Context {
 	c := &b.Calls[i]
 	ctx = idemkey.HandlerContext(ctx, c.tenant, b.op.name, c.userKey)
 	if b.tx == nil || b.done || c.Verdict != Executed || b.state[i] != batchIdle {
@@ -247,13 +247,13 @@ func (b *Batch) Context(ctx context.Context, i int) context.Context {
 //     undone (a handler that succeeded after a statement of its failed);
 //     answer "store unavailable". Or the batch's transaction failed, and
 //     Alone(i) now reports true.
-func (b *Batch) Record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
+func (b *batch) record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
 	c := &b.Calls[i]
 	if b.state[i] != batchRunning {
 		return errors.New("idemkey: Record of a call of a batch whose handler is not running")
 	}
 	if len(outcome) > b.e.opts.maxRecord {
-		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
+		c.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
 			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), b.e.opts.maxRecord))
 		return ErrTooLarge
 	}
@@ -261,7 +261,7 @@ func (b *Batch) Record(ctx context.Context, i int, outcome []byte, keepWrites bo
 	size := len(outcome)
 	outcome, err := b.e.sealOutcome(c.key, outcome)
 	if err != nil {
-		c.Log(ctx, slog.LevelError, "the call's writes were undone and nothing is recorded for it", err)
+		c.log(ctx, slog.LevelError, "the call's writes were undone and nothing is recorded for it", err)
 		if relErr := b.tx.Release(ctx, b.idx[i]); relErr != nil {
 			b.failed(ctx)
 		}
@@ -269,7 +269,7 @@ func (b *Batch) Record(ctx context.Context, i int, outcome []byte, keepWrites bo
 	}
 	if err := b.tx.Record(ctx, b.idx[i], outcome, keepWrites); err != nil {
 		if !b.failed(ctx) {
-			c.Log(ctx, slog.LevelError, "the call's writes were undone and nothing is recorded for it", err)
+			c.log(ctx, slog.LevelError, "the call's writes were undone and nothing is recorded for it", err)
 		}
 		return err
 	}
@@ -279,19 +279,19 @@ func (b *Batch) Record(ctx context.Context, i int, outcome []byte, keepWrites bo
 
 // Release ends call i, whose handler ran, with its writes undone and
 // nothing recorded: a retry runs it again.
-func (b *Batch) Release(ctx context.Context, i int) {
+func (b *batch) release(ctx context.Context, i int) {
 	if b.state[i] != batchRunning {
 		return
 	}
 	b.state[i] = batchEnded
 	if err := b.tx.Release(ctx, b.idx[i]); err != nil && !b.failed(ctx) {
-		b.Calls[i].Log(ctx, slog.LevelWarn, "undoing the call's writes failed", err)
+		b.Calls[i].log(ctx, slog.LevelWarn, "undoing the call's writes failed", err)
 	}
 }
 
 // failed reports whether the batch's transaction has failed; if it just
 // did, every call that holds its key in it is Alone from now on.
-func (b *Batch) failed(ctx context.Context) bool {
+func (b *batch) failed(ctx context.Context) bool {
 	err := b.tx.Err()
 	if err == nil {
 		return false
@@ -310,24 +310,24 @@ func (b *Batch) failed(ctx context.Context) bool {
 	return true
 }
 
-// ErrBatchFailed is Commit's answer when nothing of the batch was
+// errBatchFailed is Commit's answer when nothing of the batch was
 // committed, or it is unknown whether everything was: answer "store
 // unavailable" for every call that Record ended without an error, and a
 // retry finds out.
-var ErrBatchFailed = errors.New("idemkey: the batch's commit failed")
+var errBatchFailed = errors.New("idemkey: the batch's commit failed")
 
 // Commit records the outcome of every call that Record ended, in one
 // commit; nothing of the batch is durable before it returns. Its error:
 //   - nil: every such call's record, and its writes, are committed;
-//   - ErrSuperseded: another call recorded a key of the batch first, and
+//   - errSuperseded: another call recorded a key of the batch first, and
 //     nothing was committed: every such call is Alone now;
-//   - ErrBatchFailed: nothing was committed, or perhaps everything was;
+//   - errBatchFailed: nothing was committed, or perhaps everything was;
 //     answer "store unavailable" for every such call, and a retry finds
 //     out.
 //
 // Calls that were released, or whose Record failed, keep their answers.
 // Like Record, it ignores ctx's cancellation.
-func (b *Batch) Commit(ctx context.Context) error {
+func (b *batch) commit(ctx context.Context) error {
 	if b.done || b.tx == nil {
 		return nil
 	}
@@ -364,25 +364,25 @@ func (b *Batch) Commit(ctx context.Context) error {
 		}
 		b.e.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey: another call recorded a key of a batch first; nothing of the batch was committed, and each of its calls that ran is decided again on its own",
 			slog.String("operation", b.op.name), slog.Int("calls", n), slog.Any("error", err))
-		return ErrSuperseded
+		return errSuperseded
 	}
 	for i := range b.Calls {
 		if b.state[i] == batchStaged {
-			b.Calls[i].Log(ctx, slog.LevelError, "the batch's commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
+			b.Calls[i].log(ctx, slog.LevelError, "the batch's commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
 		}
 	}
-	return fmt.Errorf("%w: %w", ErrBatchFailed, err)
+	return fmt.Errorf("%w: %w", errBatchFailed, err)
 }
 
 // Abandon rolls the batch back if it was not committed: deferred, it
 // covers a handler that panics. Every key of the batch is free again. In
 // two-phase mode it releases the keys of the Executed calls that neither
 // recorded nor released.
-func (b *Batch) Abandon(ctx context.Context) {
+func (b *batch) abandon(ctx context.Context) {
 	if !b.op.atomic {
 		for i := range b.Calls {
 			if b.idx[i] >= 0 {
-				b.Calls[i].Abandon(ctx)
+				b.Calls[i].abandon(ctx)
 			}
 		}
 		return
@@ -401,14 +401,14 @@ func (b *Batch) Abandon(ctx context.Context) {
 
 func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, store.BatchTx, error) {
 	sctx, t := e.obs.startStore(ctx, opBeginBatch)
-	res, tx, err := e.batch.BeginBatch(sctx, rs)
+	res, tx, err := e.batchStore.BeginBatch(sctx, rs)
 	t.end(ctx, err)
 	return res, tx, err
 }
 
 func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, error) {
 	sctx, t := e.obs.startStore(ctx, opReserveBatch)
-	res, err := e.batchRv.ReserveBatch(sctx, rs)
+	res, err := e.batchReserver.ReserveBatch(sctx, rs)
 	t.end(ctx, err)
 	return res, err
 }

@@ -25,17 +25,15 @@
 // key is required, the first-sent check, the reservation, waiting for a
 // duplicate, the lease, fail-open, atomic mode, recording and releasing,
 // the short error recorded in place of a result that cannot be, the
-// metrics and the hooks. Call is the lower-level protocol under Serve, which
-// message batches (StartBatch) still use.
+// metrics and the hooks. ServeBatch does the same for a batch of calls.
 //
 // # A key's lifetime
 //
-// Every answer about a key tells until when it is honoured (Call.Expires:
+// Every answer about a key tells until when it is honoured (Answer.Expires:
 // its record's creation plus WithRetention, on the store's clock, the same
 // for every call of the key), which adapters send as
 // idemkey.ExpiresHeader or idemkey.ExpiresMetadata. A call may say when its
-// key's operation was first sent (Request.FirstSent, read with
-// Engine.FirstSent): one first sent longer ago than the retention, less
+// key's operation was first sent (Exchange.FirstSent): one first sent longer ago than the retention, less
 // WithClockSkew, whose key has no record, is answered Expired and never
 // runs, since its record may have been there and expired (OASIS Repeatable
 // Requests' Repeatability-First-Sent). One first sent in the future, beyond
@@ -43,15 +41,17 @@
 //
 // # Batches
 //
-// On a store that implements store.BatchAtomic (store/postgres), StartBatch
+// On a store that implements store.BatchAtomic (store/postgres), ServeBatch
 // decides the calls of a batch of one atomic operation together, in one
-// transaction, and Batch runs their handlers in it one after another,
-// records each call's outcome, and commits them at once (see Batch): a
-// message consumer that takes its messages in batches dedups a batch in one
-// round trip and commits it with one commit. On a store that implements
-// store.BatchReserver (store/postgres), StartBatch reserves the keys of a
-// batch of one two-phase operation in one round trip, and each call then
-// runs as after Start, once Batch.Ready says its lease is still long enough.
+// transaction, runs their handlers in it one after another, records each
+// call's outcome, and commits them at once: a message consumer that takes
+// its messages in batches dedups a batch in one round trip and commits it
+// with one commit. On a store that implements store.BatchReserver
+// (store/postgres), ServeBatch reserves the keys of a batch of one
+// two-phase operation in one round trip, and each call then runs as Serve
+// runs it, while its lease is still long enough (each key has one call's
+// lease; a call the handlers before it left too little is served on its
+// own after the batch).
 //
 // # Sharing keys between entry points
 //

@@ -22,8 +22,8 @@ type Engine struct {
 	opts   *options
 	obs    *observer
 
-	batch   store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
-	batchRv store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
+	batchStore    store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
+	batchReserver store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
 }
 
 // New returns an Engine on st, to hand to every entry point that serves
@@ -42,8 +42,8 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	e := &Engine{store: st, opts: o, obs: newObserver(o)}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
-	e.batch, _ = st.(store.BatchAtomic)
-	e.batchRv, _ = st.(store.BatchReserver)
+	e.batchStore, _ = st.(store.BatchAtomic)
+	e.batchReserver, _ = st.(store.BatchReserver)
 	return e, nil
 }
 
@@ -61,7 +61,7 @@ func (e *Engine) Retention() time.Duration { return e.opts.retention }
 // tenantOf returns the tenant of the call that x carries, whose context is
 // ctx: the operation's Tenant, else the engine's TenantFunc (WithTenant),
 // else "" (WithSingleTenant).
-func (c *Call) tenantOf(ctx context.Context, x Exchange) (string, error) {
+func (c *call) tenantOf(ctx context.Context, x Exchange) (string, error) {
 	switch {
 	case c.op.tenant != nil:
 		return c.op.tenant(x), nil
@@ -140,8 +140,8 @@ func (op *Operation) Name() string { return op.name }
 // Atomic reports whether the operation runs in atomic mode.
 func (op *Operation) Atomic() bool { return op.atomic }
 
-// Request is what an adapter read from one call with a key.
-type Request struct {
+// request is what an adapter read from one call with a key.
+type request struct {
 	Tenant      string
 	Key         string // checked with idemkey.ValidateKey
 	Fingerprint store.Fingerprint
@@ -159,12 +159,12 @@ type Request struct {
 	last bool // Attempt.Last
 }
 
-// Call is one call of an operation, from its start to its answer. Its zero
+// call is one call of an operation, from its start to its answer. Its zero
 // value is not usable: get one from Engine.Call, and end it with End.
-type Call struct {
+type call struct {
 	e     *Engine
 	op    *Operation
-	start time.Time
+	began time.Time
 
 	// Verdict is what became of the call. Start sets it; an adapter that
 	// answers before Start (no key, a malformed one, a refused request) sets
@@ -201,9 +201,9 @@ type Call struct {
 	recordedSize int
 }
 
-// Call starts timing a call of op.
-func (e *Engine) Call(op *Operation) Call {
-	return Call{e: e, op: op, start: time.Now(), Verdict: Refused}
+// call starts timing a call of op.
+func (e *Engine) newCall(op *Operation) call {
+	return call{e: e, op: op, began: time.Now(), Verdict: Refused}
 }
 
 // Start decides what the call does, and sets Verdict:
@@ -226,7 +226,7 @@ func (e *Engine) Call(op *Operation) Call {
 // A call answered InProgress may Start again with the same request, to wait
 // for the key within the one call, which End counts once: a message's last
 // delivery does, since no retry will come.
-func (c *Call) Start(ctx context.Context, r Request) {
+func (c *call) start(ctx context.Context, r request) {
 	e, op := c.e, c.op
 	fp := c.identify(r)
 	if !c.checkFirstSent(r.FirstSent) {
@@ -267,10 +267,10 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	switch {
 	case errors.Is(err, store.ErrFull):
 		c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
-		c.Log(ctx, slog.LevelWarn, "reserve refused: the store is full", err)
+		c.log(ctx, slog.LevelWarn, "reserve refused: the store is full", err)
 	case err != nil && e.failsOpen(op) && !c.stale && ctx.Err() == nil && !errors.Is(err, errUnopened):
 		c.Verdict = FailedOpen
-		c.Log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", err)
+		c.log(ctx, slog.LevelError, "reserve failed; the handler runs unprotected (WithFailOpen)", err)
 	case err != nil:
 		c.storeFailed(ctx, "reserve", err)
 	case got.State != store.Acquired:
@@ -278,7 +278,7 @@ func (c *Call) Start(ctx context.Context, r Request) {
 	default:
 		c.Verdict, c.token, c.Expires = Executed, got.Token, got.Expires
 		if c.stale {
-			c.Release(ctx)
+			c.release(ctx)
 			c.Verdict, c.Expires = Expired, time.Time{}
 		}
 	}
@@ -320,7 +320,7 @@ func (e *Engine) firstSent(values []string) (time.Time, error) {
 // checkFirstSent sets c.stale for a call first sent at t (zero: unknown),
 // and returns false, with the verdict FirstSentInvalid, for a t in the
 // future beyond the clock skew.
-func (c *Call) checkFirstSent(t time.Time) bool {
+func (c *call) checkFirstSent(t time.Time) bool {
 	if t.IsZero() {
 		return true
 	}
@@ -339,7 +339,7 @@ func (c *Call) checkFirstSent(t time.Time) bool {
 // running call (store/postgres: in one round trip, on a connection that no
 // new key is waiting for), and acquires the key if the first call rolls
 // back meanwhile.
-func (c *Call) begin(ctx context.Context, r store.Reservation, wait time.Duration) {
+func (c *call) begin(ctx context.Context, r store.Reservation, wait time.Duration) {
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
 	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint {
@@ -357,7 +357,7 @@ func (c *Call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 	default:
 		c.Verdict, c.tx, c.fingerprint, c.Expires = Executed, tx, r.Fingerprint, res.Expires
 		if c.stale {
-			c.Release(ctx)
+			c.release(ctx)
 			c.Verdict, c.Expires = Expired, time.Time{}
 		}
 	}
@@ -365,7 +365,7 @@ func (c *Call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 
 // answer sets the verdict of a key that was not acquired: a replay of the
 // recorded outcome, or the key is in progress, or reused.
-func (c *Call) answer(fp store.Fingerprint, res store.Result) {
+func (c *call) answer(fp store.Fingerprint, res store.Result) {
 	c.Expires = res.Expires // zero when the store cannot tell: no expiry rather than a wrong one
 	switch {
 	case res.Fingerprint != fp: // checked first, in either state
@@ -381,7 +381,7 @@ func (c *Call) answer(fp store.Fingerprint, res store.Result) {
 // maxRetryAfter bounds the wait asked of a retry: WithMaxRetryAfter, or for
 // an operation whose transport redelivers, the longest lease, so that a
 // redelivery waits out the other run's.
-func (c *Call) maxRetryAfter() time.Duration {
+func (c *call) maxRetryAfter() time.Duration {
 	if c.op.redelivers {
 		return c.e.opts.maxLease
 	}
@@ -392,7 +392,7 @@ func (c *Call) maxRetryAfter() time.Duration {
 // WithInProgressWait; none for a transport that redelivers, except on a
 // call's last attempt, which waits as long as the longest lease, since no
 // retry will come to take the key over.
-func (c *Call) wait(r Request) time.Duration {
+func (c *call) wait(r request) time.Duration {
 	switch {
 	case r.last:
 		return c.e.opts.maxLease
@@ -402,21 +402,21 @@ func (c *Call) wait(r Request) time.Duration {
 	return c.e.opts.inProgress
 }
 
-func (c *Call) storeFailed(ctx context.Context, op string, err error) {
+func (c *call) storeFailed(ctx context.Context, op string, err error) {
 	c.Verdict = StoreUnavailable
 	if ctx.Err() == nil {
-		c.Log(ctx, slog.LevelError, op+" failed", err)
+		c.log(ctx, slog.LevelError, op+" failed", err)
 	}
 }
 
 // Atomic reports whether the call runs in a transaction of the store's
 // (atomic mode), whose failed commit undoes the handler's writes.
-func (c *Call) Atomic() bool { return c.tx != nil }
+func (c *call) inTx() bool { return c.tx != nil }
 
 // handlerContext is Context(ctx), ended after the operation's
 // HandlerTimeout, if it has one.
-func (c *Call) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
-	return c.op.timed(c.Context(ctx))
+func (c *call) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	return c.op.timed(c.contextFor(ctx))
 }
 
 // timed is ctx, ended after op's HandlerTimeout, if it has one.
@@ -429,7 +429,7 @@ func (op *Operation) timed(ctx context.Context) (context.Context, context.Cancel
 
 // Context is ctx for the handler: it carries the call's parts for
 // idemkey.DerivedKey and, in atomic mode, the transaction.
-func (c *Call) Context(ctx context.Context) context.Context {
+func (c *call) contextFor(ctx context.Context) context.Context {
 	ctx = idemkey.HandlerContext(ctx, c.tenant, c.op.name, c.userKey)
 	if c.tx != nil {
 		ctx = c.tx.HandlerContext(ctx)
@@ -453,7 +453,7 @@ var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 //     set none aside when the key was reserved: store/redis out of memory):
 //     nothing was written; Record a short error (at most store.SmallOutcome
 //     bytes) in its place, and answer it.
-//   - ErrSuperseded (atomic mode): another call recorded the key first, and
+//   - errSuperseded (atomic mode): another call recorded the key first, and
 //     nothing of this one committed; answer as Verdict now says.
 //   - any other error (atomic mode): nothing, or perhaps everything,
 //     committed; answer "store unavailable", and a retry finds out.
@@ -465,7 +465,7 @@ var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 // Record is called in two-phase mode, the key is never released: if even the
 // short error cannot be recorded, the key stays in progress until its lease
 // ends, and the adapter still answers that error.
-func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) error {
+func (c *call) record(ctx context.Context, outcome []byte, keepWrites bool) error {
 	e := c.e
 	if c.tx == nil {
 		// The handler has run: from here on the key is never released, even
@@ -474,7 +474,7 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 		c.ended = true
 	}
 	if len(outcome) > e.opts.maxRecord {
-		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
+		c.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
 			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), e.opts.maxRecord))
 		return ErrTooLarge
 	}
@@ -485,7 +485,7 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 			return c.superseded(ctx)
 		}
 		if err != nil {
-			c.Log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
+			c.log(ctx, slog.LevelError, "commit failed; the call's writes and record were rolled back, or their fate is unknown, and a retry finds out", err)
 			return err
 		}
 		e.obs.recorded(ctx, c.op, len(outcome))
@@ -506,23 +506,23 @@ func (c *Call) Record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	case errors.Is(err, store.ErrLeaseLost), errors.Is(err, store.ErrDataLost):
 		c.logWriteFailure(ctx, "complete", err)
 	default:
-		c.Log(ctx, slog.LevelError, "complete failed; it is tried again in the background until shortly before the lease ends", err)
+		c.log(ctx, slog.LevelError, "complete failed; it is tried again in the background until shortly before the lease ends", err)
 		later := *c // a copy, so that c itself stays on its caller's stack
 		go later.completeLater(ctx, outcome)
 	}
 	return nil
 }
 
-// ErrSuperseded is Record's answer, in atomic mode, when another call of the
+// errSuperseded is Record's answer, in atomic mode, when another call of the
 // key recorded its outcome first (one that committed just as this call
 // began): this call's writes were rolled back, nothing of it was recorded,
 // and Verdict now says how to answer instead, as after Start: Replayed with
 // the other call's Outcome, Reused, InProgress or StoreUnavailable.
-var ErrSuperseded = errors.New("idemkey: another call recorded the key first")
+var errSuperseded = errors.New("idemkey: another call recorded the key first")
 
 // superseded reads the record of a call whose commit lost the key to another
-// call, and sets the verdict Record's ErrSuperseded promises.
-func (c *Call) superseded(ctx context.Context) error {
+// call, and sets the verdict Record's errSuperseded promises.
+func (c *call) superseded(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	c.Verdict = InProgress
 	res := store.Result{State: store.InProgress, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
@@ -531,26 +531,26 @@ func (c *Call) superseded(ctx context.Context) error {
 		switch {
 		case err != nil:
 			c.storeFailed(ctx, "find", err)
-			return ErrSuperseded
+			return errSuperseded
 		case ok:
 			res = found
 		}
 	}
 	c.answer(c.fingerprint, res)
-	return ErrSuperseded
+	return errSuperseded
 }
 
 // Release gives up the key of an Executed call, so that a retry runs the
 // handler again: the record is deleted, or in atomic mode the transaction
 // with the handler's writes rolls back.
-func (c *Call) Release(ctx context.Context) {
+func (c *call) release(ctx context.Context) {
 	if c.ended {
 		return
 	}
 	c.ended = true
 	if c.tx != nil {
 		if err := c.tx.Rollback(ctx); err != nil {
-			c.Log(ctx, slog.LevelWarn, "rollback failed; the database rolls back when it closes the connection", err)
+			c.log(ctx, slog.LevelWarn, "rollback failed; the database rolls back when it closes the connection", err)
 		}
 		return
 	}
@@ -561,18 +561,18 @@ func (c *Call) Release(ctx context.Context) {
 
 // Abandon releases the key of an Executed call that was neither recorded nor
 // released: deferred, it covers a handler that panics.
-func (c *Call) Abandon(ctx context.Context) {
+func (c *call) abandon(ctx context.Context) {
 	if c.Verdict == Executed && !c.ended {
-		c.Release(ctx)
+		c.release(ctx)
 	}
 }
 
 // End measures the call: the idemkey.calls counter with its verdict and
 // code (the transport's status, which the operation's MetricsSpec names),
 // an event on the call's span, and a Debug log line; then it runs the hook
-// of its verdict (WithHooks). Call it once, when the verdict and the code
+// of its verdict (WithHooks). call it once, when the verdict and the code
 // are final, before the answer is handed over.
-func (c *Call) End(ctx context.Context, code int) {
+func (c *call) end(ctx context.Context, code int) {
 	c.e.obs.callEnded(ctx, c, code)
 	c.runHooks(ctx, code)
 }
@@ -587,7 +587,7 @@ const (
 // (a quarter of it before, at most a second), and logs how that ended. Past
 // that point a retry may take the key over, and the record would be refused
 // anyway.
-func (c *Call) completeLater(ctx context.Context, outcome []byte) {
+func (c *call) completeLater(ctx context.Context, outcome []byte) {
 	e := c.e
 	until := c.leaseEnd.Add(-min(max(time.Until(c.leaseEnd), 0)/4, time.Second))
 	err := errors.New("no time was left before the lease ends")
@@ -606,25 +606,25 @@ func (c *Call) completeLater(ctx context.Context, outcome []byte) {
 			return
 		}
 	}
-	c.Log(ctx, slog.LevelError, "complete failed until shortly before the lease ends; a retry after it runs the handler again", err)
+	c.log(ctx, slog.LevelError, "complete failed until shortly before the lease ends; a retry after it runs the handler again", err)
 }
 
-func (c *Call) logWriteFailure(ctx context.Context, op string, err error) {
+func (c *call) logWriteFailure(ctx context.Context, op string, err error) {
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):
-		c.Log(ctx, slog.LevelWarn, op+" refused: the lease was taken over, so another run of the handler may have happened", err)
+		c.log(ctx, slog.LevelWarn, op+" refused: the lease was taken over, so another run of the handler may have happened", err)
 	case errors.Is(err, store.ErrFull):
-		c.Log(ctx, slog.LevelError, op+" refused: the store is full; Internal is recorded instead of the reply", err)
+		c.log(ctx, slog.LevelError, op+" refused: the store is full; Internal is recorded instead of the reply", err)
 	case errors.Is(err, store.ErrDataLost):
-		c.Log(ctx, slog.LevelError, op+" refused: the store lost its data, and fails every call until it is fixed", err)
+		c.log(ctx, slog.LevelError, op+" refused: the store lost its data, and fails every call until it is fixed", err)
 	default:
-		c.Log(ctx, slog.LevelError, op+" failed; the key stays in progress until its lease ends", err)
+		c.log(ctx, slog.LevelError, op+" failed; the key stays in progress until its lease ends", err)
 	}
 }
 
 // Log logs msg about the call at level, with its operation, its scope (a
 // prefix of the key's hash, never the key) and err.
-func (c *Call) Log(ctx context.Context, level slog.Level, msg string, err error) {
+func (c *call) log(ctx context.Context, level slog.Level, msg string, err error) {
 	attrs := []slog.Attr{slog.String("operation", c.op.name)}
 	if c.started {
 		attrs = append(attrs, slog.String("scope", c.key.String()))

@@ -1,4 +1,4 @@
-package engine_test
+package engine
 
 import (
 	"bytes"
@@ -14,7 +14,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store"
@@ -347,22 +346,22 @@ const opName = "/test.v1.Payments/Charge"
 // log of every level.
 type harness struct {
 	st     *fakeStore
-	e      *engine.Engine
-	op     *engine.Operation // two-phase
-	atomic *engine.Operation // atomic mode
+	e      *Engine
+	op     *Operation // two-phase
+	atomic *Operation // atomic mode
 	logs   *logtest.Buffer
 }
 
-func newHarness(t *testing.T, opts ...engine.Option) *harness {
+func newHarness(t *testing.T, opts ...Option) *harness {
 	t.Helper()
 	h := &harness{st: newFakeStore()}
 	logger := newLogger(t, &h.logs)
-	h.e = mustEngine(t, h.st, append([]engine.Option{engine.WithLogger(logger)}, opts...)...)
+	h.e = mustEngine(t, h.st, append([]Option{WithLogger(logger)}, opts...)...)
 	var err error
-	if h.op, err = h.e.Operation(engine.OperationSpec{Name: opName}); err != nil {
+	if h.op, err = h.e.Operation(OperationSpec{Name: opName}); err != nil {
 		t.Fatalf("Operation: %v", err)
 	}
-	if h.atomic, err = h.e.Operation(engine.OperationSpec{Name: opName, Atomic: true}); err != nil {
+	if h.atomic, err = h.e.Operation(OperationSpec{Name: opName, Atomic: true}); err != nil {
 		t.Fatalf("Operation(Atomic): %v", err)
 	}
 	return h
@@ -382,28 +381,28 @@ func newLogger(t *testing.T, buf **logtest.Buffer) *slog.Logger {
 }
 
 // start starts a call of op with r.
-func (h *harness) start(ctx context.Context, op *engine.Operation, r engine.Request) *engine.Call {
-	c := h.e.Call(op)
-	c.Start(ctx, r)
+func (h *harness) start(ctx context.Context, op *Operation, r request) *call {
+	c := h.e.newCall(op)
+	c.start(ctx, r)
 	return &c
 }
 
 // executed starts a call of op with r and fails the test unless it holds the
 // key.
-func (h *harness) executed(t *testing.T, op *engine.Operation, r engine.Request) *engine.Call {
+func (h *harness) executed(t *testing.T, op *Operation, r request) *call {
 	t.Helper()
 	c := h.start(t.Context(), op, r)
-	if c.Verdict != engine.Executed {
+	if c.Verdict != Executed {
 		t.Fatalf("first call: verdict %v, want executed", c.Verdict)
 	}
 	return c
 }
 
 // recorded runs a call of op with r that records outcome.
-func (h *harness) recorded(t *testing.T, op *engine.Operation, r engine.Request, outcome string) {
+func (h *harness) recorded(t *testing.T, op *Operation, r request, outcome string) {
 	t.Helper()
 	c := h.executed(t, op, r)
-	if err := c.Record(t.Context(), []byte(outcome), true); err != nil {
+	if err := c.record(t.Context(), []byte(outcome), true); err != nil {
 		t.Fatalf("Record: %v", err)
 	}
 }
@@ -412,8 +411,8 @@ func fingerprint(request string) store.Fingerprint { return sha256.Sum256([]byte
 
 // req is a request with a key; other is the same key with another request.
 var (
-	req   = engine.Request{Tenant: "tenant-a", Key: "key-1", Fingerprint: fingerprint("request-1")}
-	other = engine.Request{Tenant: "tenant-a", Key: "key-1", Fingerprint: fingerprint("request-2")}
+	req   = request{Tenant: "tenant-a", Key: "key-1", Fingerprint: fingerprint("request-1")}
+	other = request{Tenant: "tenant-a", Key: "key-1", Fingerprint: fingerprint("request-2")}
 )
 
 // eventually waits, generously, until cond holds.
@@ -427,7 +426,7 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // receive waits, generously, for the call that ch delivers.
-func receive(t *testing.T, ch <-chan *engine.Call) *engine.Call {
+func receive(t *testing.T, ch <-chan *call) *call {
 	t.Helper()
 	select {
 	case c := <-ch:
@@ -461,37 +460,37 @@ func TestStartVerdicts(t *testing.T) {
 	fullErr := fmt.Errorf("fake store: reserve: %w", store.ErrFull)
 	tests := []struct {
 		name     string
-		opts     []engine.Option
+		opts     []Option
 		atomic   bool
-		canceled bool                                           // the call's context is done
-		before   func(t *testing.T, h *harness)                 // the key's state, or a failure
-		req      engine.Request                                 // req if zero
-		want     engine.Verdict                                 // Start's verdict
-		check    func(t *testing.T, h *harness, c *engine.Call) // more, with the counts since before
+		canceled bool                                    // the call's context is done
+		before   func(t *testing.T, h *harness)          // the key's state, or a failure
+		req      request                                 // req if zero
+		want     Verdict                                 // Start's verdict
+		check    func(t *testing.T, h *harness, c *call) // more, with the counts since before
 	}{{
 		name: "a new key is executed",
-		want: engine.Executed,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want: Executed,
+		check: func(t *testing.T, h *harness, c *call) {
 			wantCount(t, h.st, mReserve, 1)
-			if c.Atomic() {
+			if c.inTx() {
 				t.Error("a two-phase call reports Atomic")
 			}
 		},
 	}, {
 		name:   "a recorded key with the same fingerprint is replayed",
 		before: func(t *testing.T, h *harness) { h.recorded(t, h.op, req, "outcome-1") },
-		want:   engine.Replayed,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   Replayed,
+		check: func(t *testing.T, h *harness, c *call) {
 			if string(c.Outcome) != "outcome-1" {
 				t.Errorf("Outcome = %q, want the recorded outcome-1", c.Outcome)
 			}
 		},
 	}, {
 		name:   "a key in progress with the same fingerprint is answered at once with WithInProgressWait(0)",
-		opts:   []engine.Option{engine.WithInProgressWait(0), engine.WithMaxRetryAfter(250 * time.Millisecond)},
+		opts:   []Option{WithInProgressWait(0), WithMaxRetryAfter(250 * time.Millisecond)},
 		before: func(t *testing.T, h *harness) { h.executed(t, h.op, req) },
-		want:   engine.InProgress,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   InProgress,
+		check: func(t *testing.T, h *harness, c *call) {
 			wantCount(t, h.st, mReserve, 1) // no poll
 			if c.RetryAfter != 250*time.Millisecond {
 				t.Errorf("RetryAfter = %v with a minute of lease left; want WithMaxRetryAfter's 250ms", c.RetryAfter)
@@ -499,20 +498,20 @@ func TestStartVerdicts(t *testing.T) {
 		},
 	}, {
 		name:   "RetryAfter of a key in progress is at most the lease left",
-		opts:   []engine.Option{engine.WithInProgressWait(0), engine.WithLease(3 * time.Second), engine.WithMaxRetryAfter(time.Hour)},
+		opts:   []Option{WithInProgressWait(0), WithLease(3 * time.Second), WithMaxRetryAfter(time.Hour)},
 		before: func(t *testing.T, h *harness) { h.executed(t, h.op, req) },
-		want:   engine.InProgress,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   InProgress,
+		check: func(t *testing.T, h *harness, c *call) {
 			if c.RetryAfter < time.Millisecond || c.RetryAfter > 3*time.Second {
 				t.Errorf("RetryAfter = %v, want within [1ms, 3s], the lease", c.RetryAfter)
 			}
 		},
 	}, {
 		name:   "RetryAfter of a key in progress is at least a millisecond",
-		opts:   []engine.Option{engine.WithInProgressWait(0), engine.WithMaxRetryAfter(time.Nanosecond)},
+		opts:   []Option{WithInProgressWait(0), WithMaxRetryAfter(time.Nanosecond)},
 		before: func(t *testing.T, h *harness) { h.executed(t, h.op, req) },
-		want:   engine.InProgress,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   InProgress,
+		check: func(t *testing.T, h *harness, c *call) {
 			if c.RetryAfter != time.Millisecond {
 				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(1ns), want 1ms", c.RetryAfter)
 			}
@@ -521,35 +520,35 @@ func TestStartVerdicts(t *testing.T) {
 		name:   "a recorded key with another fingerprint is reused",
 		before: func(t *testing.T, h *harness) { h.recorded(t, h.op, req, "outcome-1") },
 		req:    other,
-		want:   engine.Reused,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   Reused,
+		check: func(t *testing.T, h *harness, c *call) {
 			if c.Outcome != nil {
 				t.Errorf("a reused key got Outcome %q", c.Outcome)
 			}
 		},
 	}, {
 		name:   "a key in progress with another fingerprint is reused, without waiting",
-		opts:   []engine.Option{engine.WithInProgressWait(time.Second)},
+		opts:   []Option{WithInProgressWait(time.Second)},
 		before: func(t *testing.T, h *harness) { h.executed(t, h.op, req) },
 		req:    other,
-		want:   engine.Reused,
-		check:  func(t *testing.T, h *harness, c *engine.Call) { wantCount(t, h.st, mReserve, 1) },
+		want:   Reused,
+		check:  func(t *testing.T, h *harness, c *call) { wantCount(t, h.st, mReserve, 1) },
 	}, {
 		name:   "a failing store is unavailable",
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, errDown, forever) },
-		want:   engine.StoreUnavailable,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   StoreUnavailable,
+		check: func(t *testing.T, h *harness, c *call) {
 			if !strings.Contains(h.logs.String(), "reserve failed") {
 				t.Error("the failure was not logged")
 			}
 		},
 	}, {
 		name:     "a failing store with the call's context done is unavailable, not logged, even with WithFailOpen",
-		opts:     []engine.Option{engine.WithFailOpen()},
+		opts:     []Option{WithFailOpen()},
 		canceled: true,
 		before:   func(t *testing.T, h *harness) { h.st.fail(mReserve, context.Canceled, forever) },
-		want:     engine.StoreUnavailable,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:     StoreUnavailable,
+		check: func(t *testing.T, h *harness, c *call) {
 			if strings.Contains(h.logs.String(), "failed") {
 				t.Error("the failure of a call that was canceled was logged")
 			}
@@ -557,62 +556,62 @@ func TestStartVerdicts(t *testing.T) {
 	}, {
 		name:   "a full store refuses a new key, with RetryAfter",
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, fullErr, forever) },
-		want:   engine.StoreFull,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
-			if c.RetryAfter != engine.DefaultMaxRetryAfter {
+		want:   StoreFull,
+		check: func(t *testing.T, h *harness, c *call) {
+			if c.RetryAfter != DefaultMaxRetryAfter {
 				t.Errorf("RetryAfter = %v, want DefaultMaxRetryAfter", c.RetryAfter)
 			}
 		},
 	}, {
 		name:   "a full store refuses a new key even with WithFailOpen, with WithMaxRetryAfter's RetryAfter",
-		opts:   []engine.Option{engine.WithFailOpen(), engine.WithMaxRetryAfter(3 * time.Second)},
+		opts:   []Option{WithFailOpen(), WithMaxRetryAfter(3 * time.Second)},
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, fullErr, forever) },
-		want:   engine.StoreFull,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   StoreFull,
+		check: func(t *testing.T, h *harness, c *call) {
 			if c.RetryAfter != 3*time.Second {
 				t.Errorf("RetryAfter = %v, want WithMaxRetryAfter's 3s", c.RetryAfter)
 			}
 		},
 	}, {
 		name:   "RetryAfter of a full store is at least a millisecond",
-		opts:   []engine.Option{engine.WithMaxRetryAfter(time.Nanosecond)},
+		opts:   []Option{WithMaxRetryAfter(time.Nanosecond)},
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, fullErr, forever) },
-		want:   engine.StoreFull,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   StoreFull,
+		check: func(t *testing.T, h *harness, c *call) {
 			if c.RetryAfter != time.Millisecond {
 				t.Errorf("RetryAfter = %v with WithMaxRetryAfter(1ns), want 1ms", c.RetryAfter)
 			}
 		},
 	}, {
 		name:   "a failing store with WithFailOpen fails open",
-		opts:   []engine.Option{engine.WithFailOpen()},
+		opts:   []Option{WithFailOpen()},
 		before: func(t *testing.T, h *harness) { h.st.fail(mReserve, errDown, forever) },
-		want:   engine.FailedOpen,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   FailedOpen,
+		check: func(t *testing.T, h *harness, c *call) {
 			if !strings.Contains(h.logs.String(), "unprotected") {
 				t.Error("failing open was not logged")
 			}
-			c.Abandon(t.Context()) // neither recorded nor released
+			c.abandon(t.Context()) // neither recorded nor released
 			wantCount(t, h.st, mRelease, 0)
 		},
 	}, {
 		name:   "an atomic call holds the key in a transaction",
 		atomic: true,
-		want:   engine.Executed,
-		check: func(t *testing.T, h *harness, c *engine.Call) {
+		want:   Executed,
+		check: func(t *testing.T, h *harness, c *call) {
 			wantCount(t, h.st, mBegin, 1)
 			wantCount(t, h.st, mReserve, 0)
-			if !c.Atomic() {
+			if !c.inTx() {
 				t.Error("an atomic call does not report Atomic")
 			}
-			c.Release(t.Context())
+			c.release(t.Context())
 		},
 	}, {
 		name:   "an atomic call fails closed even with WithFailOpen",
-		opts:   []engine.Option{engine.WithFailOpen()},
+		opts:   []Option{WithFailOpen()},
 		atomic: true,
 		before: func(t *testing.T, h *harness) { h.st.fail(mBegin, errDown, forever) },
-		want:   engine.StoreUnavailable,
+		want:   StoreUnavailable,
 	}}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -625,7 +624,7 @@ func TestStartVerdicts(t *testing.T) {
 			if tt.atomic {
 				op = h.atomic
 			}
-			if r == (engine.Request{}) {
+			if r == (request{}) {
 				r = req
 			}
 			ctx, cancel := context.WithCancel(t.Context())
@@ -649,22 +648,22 @@ func TestStartVerdicts(t *testing.T) {
 func TestInProgressWait(t *testing.T) {
 	// duplicate starts a call of op with req in a goroutine, and returns the
 	// channel that delivers the call once Start returns.
-	duplicate := func(ctx context.Context, h *harness, op *engine.Operation) <-chan *engine.Call {
-		done := make(chan *engine.Call, 1)
+	duplicate := func(ctx context.Context, h *harness, op *Operation) <-chan *call {
+		done := make(chan *call, 1)
 		go func() { done <- h.start(ctx, op, req) }()
 		return done
 	}
 
 	t.Run("replayed when the first call records meanwhile", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Minute))
+		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.op, req)
 		done := duplicate(t.Context(), h, h.op)
 		eventually(t, "the duplicate's reservation", func() bool { return h.st.count(mReserve) >= 2 })
-		if err := first.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+		if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
 		}
 		dup := receive(t, done)
-		if dup.Verdict != engine.Replayed || string(dup.Outcome) != "outcome-1" {
+		if dup.Verdict != Replayed || string(dup.Outcome) != "outcome-1" {
 			t.Fatalf("duplicate: verdict %v, Outcome %q; want replayed outcome-1", dup.Verdict, dup.Outcome)
 		}
 		if n := h.st.count(mReserve); n < 3 {
@@ -673,16 +672,16 @@ func TestInProgressWait(t *testing.T) {
 	})
 
 	t.Run("executed when the first call releases meanwhile", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Minute))
+		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.op, req)
 		done := duplicate(t.Context(), h, h.op)
 		eventually(t, "the duplicate's reservation", func() bool { return h.st.count(mReserve) >= 2 })
-		first.Release(t.Context())
+		first.release(t.Context())
 		dup := receive(t, done)
-		if dup.Verdict != engine.Executed {
+		if dup.Verdict != Executed {
 			t.Fatalf("duplicate: verdict %v, want executed", dup.Verdict)
 		}
-		if err := dup.Record(t.Context(), []byte("outcome-2"), true); err != nil {
+		if err := dup.record(t.Context(), []byte("outcome-2"), true); err != nil {
 			t.Fatalf("the duplicate's Record: %v", err)
 		}
 		if got, _ := h.st.outcome(h.st.lastReceived(t).Key); string(got) != "outcome-2" {
@@ -691,14 +690,14 @@ func TestInProgressWait(t *testing.T) {
 	})
 
 	t.Run("no longer than its own deadline", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Hour))
+		h := newHarness(t, WithInProgressWait(time.Hour))
 		h.executed(t, h.op, req)
 		h.st.resetCounts()
 		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
 		defer cancel()
 		began := time.Now()
 		dup := h.start(ctx, h.op, req)
-		if dup.Verdict != engine.InProgress {
+		if dup.Verdict != InProgress {
 			t.Fatalf("duplicate: verdict %v, want in progress", dup.Verdict)
 		}
 		if took := time.Since(began); took > 30*time.Second {
@@ -711,81 +710,81 @@ func TestInProgressWait(t *testing.T) {
 	})
 
 	t.Run("not at all with a deadline too short to wait", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Hour))
+		h := newHarness(t, WithInProgressWait(time.Hour))
 		h.executed(t, h.op, req)
 		h.st.resetCounts()
 		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
 		defer cancel()
 		dup := h.start(ctx, h.op, req)
-		if dup.Verdict != engine.InProgress {
+		if dup.Verdict != InProgress {
 			t.Fatalf("duplicate: verdict %v, want in progress", dup.Verdict)
 		}
 		wantCount(t, h.st, mReserve, 1)
 	})
 
 	t.Run("bounded by the deadline itself, not only by its cancellation", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Hour))
+		h := newHarness(t, WithInProgressWait(time.Hour))
 		h.executed(t, h.op, req)
 		h.st.resetCounts()
 		// A deadline 20ms away, whose Done never fires: only the engine's
 		// reading of the deadline (less a margin for the answer) ends the wait.
 		ctx := deadlineOnly{t.Context(), time.Now().Add(20 * time.Millisecond)}
 		dup := receive(t, duplicate(ctx, h, h.op))
-		if dup.Verdict != engine.InProgress {
+		if dup.Verdict != InProgress {
 			t.Fatalf("duplicate: verdict %v, want in progress", dup.Verdict)
 		}
 		wantCount(t, h.st, mReserve, 1)
 	})
 
 	t.Run("atomic: polled with Begin, replayed when the first call commits", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Minute))
+		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.atomic, req)
 		done := duplicate(t.Context(), h, h.atomic)
 		eventually(t, "the duplicate's second Begin", func() bool { return h.st.count(mBegin) >= 3 })
-		if err := first.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+		if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
 		}
 		dup := receive(t, done)
-		if dup.Verdict != engine.Replayed || string(dup.Outcome) != "outcome-1" {
+		if dup.Verdict != Replayed || string(dup.Outcome) != "outcome-1" {
 			t.Fatalf("duplicate: verdict %v, Outcome %q; want replayed outcome-1", dup.Verdict, dup.Outcome)
 		}
 	})
 
 	t.Run("atomic: acquired within the wait when the first call rolls back", func(t *testing.T) {
-		h := newHarness(t, engine.WithInProgressWait(time.Minute))
+		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.atomic, req)
 		done := duplicate(t.Context(), h, h.atomic)
 		eventually(t, "the duplicate's second Begin", func() bool { return h.st.count(mBegin) >= 3 })
-		first.Release(t.Context())
+		first.release(t.Context())
 		dup := receive(t, done)
-		if dup.Verdict != engine.Executed || !dup.Atomic() {
-			t.Fatalf("duplicate: verdict %v (atomic %v), want executed in a transaction", dup.Verdict, dup.Atomic())
+		if dup.Verdict != Executed || !dup.inTx() {
+			t.Fatalf("duplicate: verdict %v (atomic %v), want executed in a transaction", dup.Verdict, dup.inTx())
 		}
-		dup.Abandon(t.Context())
+		dup.abandon(t.Context())
 	})
 }
 
 // TestStartAgain: a call answered InProgress may Start again, and holds the
 // key once the first call released it, in either mode.
 func TestStartAgain(t *testing.T) {
-	h := newHarness(t, engine.WithInProgressWait(0))
-	for _, op := range []*engine.Operation{h.op, h.atomic} {
+	h := newHarness(t, WithInProgressWait(0))
+	for _, op := range []*Operation{h.op, h.atomic} {
 		r := req
 		r.Key = op.Name() + fmt.Sprint(op == h.atomic)
 		first := h.executed(t, op, r)
 		again := h.start(t.Context(), op, r)
-		if again.Verdict != engine.InProgress {
+		if again.Verdict != InProgress {
 			t.Fatalf("atomic %v: verdict %v while the first call holds the key, want in progress", op == h.atomic, again.Verdict)
 		}
-		first.Release(t.Context())
-		again.Start(t.Context(), r)
-		if again.Verdict != engine.Executed {
+		first.release(t.Context())
+		again.start(t.Context(), r)
+		if again.Verdict != Executed {
 			t.Fatalf("atomic %v: verdict %v once the first call released the key, want executed", op == h.atomic, again.Verdict)
 		}
-		if err := again.Record(t.Context(), []byte("outcome-2"), true); err != nil {
+		if err := again.record(t.Context(), []byte("outcome-2"), true); err != nil {
 			t.Fatalf("atomic %v: Record: %v", op == h.atomic, err)
 		}
-		if replay := h.start(t.Context(), op, r); replay.Verdict != engine.Replayed || string(replay.Outcome) != "outcome-2" {
+		if replay := h.start(t.Context(), op, r); replay.Verdict != Replayed || string(replay.Outcome) != "outcome-2" {
 			t.Fatalf("atomic %v: then verdict %v, Outcome %q; want replayed outcome-2", op == h.atomic, replay.Verdict, replay.Outcome)
 		}
 	}
@@ -797,30 +796,30 @@ func TestRecord(t *testing.T) {
 	t.Run("the outcome replays", func(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
-		if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+		if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
 		}
 		wantCount(t, h.st, mComplete, 1)
-		c.Release(t.Context()) // a recorded key stays recorded
+		c.release(t.Context()) // a recorded key stays recorded
 		wantCount(t, h.st, mRelease, 0)
 		again := h.start(t.Context(), h.op, req)
-		if again.Verdict != engine.Replayed || string(again.Outcome) != "outcome-1" {
+		if again.Verdict != Replayed || string(again.Outcome) != "outcome-1" {
 			t.Fatalf("later call: verdict %v, Outcome %q; want replayed outcome-1", again.Verdict, again.Outcome)
 		}
 	})
 
 	t.Run("an outcome larger than WithMaxRecordSize is refused, and nothing written", func(t *testing.T) {
-		h := newHarness(t, engine.WithMaxRecordSize(2048))
+		h := newHarness(t, WithMaxRecordSize(2048))
 		c := h.executed(t, h.op, req)
 		key := h.st.lastReceived(t).Key
-		if err := c.Record(t.Context(), bytes.Repeat([]byte("x"), 2049), true); !errors.Is(err, engine.ErrTooLarge) {
+		if err := c.record(t.Context(), bytes.Repeat([]byte("x"), 2049), true); !errors.Is(err, ErrTooLarge) {
 			t.Fatalf("Record of 2049 bytes: %v, want ErrTooLarge", err)
 		}
 		wantCount(t, h.st, mComplete, 0)
 		if _, ok := h.st.outcome(key); ok {
 			t.Fatal("an outcome too large was recorded")
 		}
-		if err := c.Record(t.Context(), []byte("short error"), false); err != nil {
+		if err := c.record(t.Context(), []byte("short error"), false); err != nil {
 			t.Fatalf("Record of the short error in its place: %v", err)
 		}
 		if got, _ := h.st.outcome(key); string(got) != "short error" {
@@ -828,8 +827,8 @@ func TestRecord(t *testing.T) {
 		}
 
 		// The bound itself fits.
-		c = h.executed(t, h.op, engine.Request{Key: "key-2", Fingerprint: fingerprint("request-1")})
-		if err := c.Record(t.Context(), bytes.Repeat([]byte("x"), 2048), true); err != nil {
+		c = h.executed(t, h.op, request{Key: "key-2", Fingerprint: fingerprint("request-1")})
+		if err := c.record(t.Context(), bytes.Repeat([]byte("x"), 2048), true); err != nil {
 			t.Errorf("Record of 2048 bytes, the bound: %v", err)
 		}
 	})
@@ -838,10 +837,10 @@ func TestRecord(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
 		h.st.fail(mComplete, fmt.Errorf("fake store: complete: %w", store.ErrFull), 1)
-		if err := c.Record(t.Context(), []byte("a large reply"), true); !errors.Is(err, store.ErrFull) {
+		if err := c.record(t.Context(), []byte("a large reply"), true); !errors.Is(err, store.ErrFull) {
 			t.Fatalf("Record: %v, want store.ErrFull", err)
 		}
-		if err := c.Record(t.Context(), []byte("short error"), false); err != nil {
+		if err := c.record(t.Context(), []byte("short error"), false); err != nil {
 			t.Fatalf("Record of the short error in its place: %v", err)
 		}
 		if got, _ := h.st.outcome(h.st.lastReceived(t).Key); string(got) != "short error" {
@@ -854,7 +853,7 @@ func TestRecord(t *testing.T) {
 		c := h.executed(t, h.op, req)
 		key := h.st.lastReceived(t).Key
 		h.st.fail(mComplete, errDown, 1)
-		if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+		if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v, want nil: the handler has run", err)
 		}
 		eventually(t, "the record, written in the background", func() bool {
@@ -871,7 +870,7 @@ func TestRecord(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
 		h.st.fail(mComplete, fmt.Errorf("fake store: %w", store.ErrLeaseLost), 1)
-		if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+		if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v, want nil", err)
 		}
 		if logs := h.logs.String(); !strings.Contains(logs, "level=WARN") || !strings.Contains(logs, "lease was taken over") {
@@ -884,7 +883,7 @@ func TestRecord(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
 		h.st.fail(mComplete, fmt.Errorf("fake store: %w: flushed", store.ErrDataLost), 1)
-		if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+		if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v, want nil: the handler has run", err)
 		}
 		if logs := h.logs.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "the store lost its data") || strings.Contains(logs, "background") {
@@ -902,13 +901,13 @@ func TestReleaseAndAbandon(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
 		key := h.st.lastReceived(t).Key
-		c.Release(t.Context())
+		c.release(t.Context())
 		wantCount(t, h.st, mRelease, 1)
 		if h.st.has(key) {
 			t.Fatal("the key still has a record")
 		}
 		h.executed(t, h.op, req)
-		c.Release(t.Context()) // once only
+		c.release(t.Context()) // once only
 		wantCount(t, h.st, mRelease, 1)
 	})
 
@@ -916,7 +915,7 @@ func TestReleaseAndAbandon(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
 		h.st.fail(mRelease, errDown, 1)
-		c.Release(t.Context())
+		c.release(t.Context())
 		if !strings.Contains(h.logs.String(), "release failed") {
 			t.Error("the failure was not logged")
 		}
@@ -924,15 +923,15 @@ func TestReleaseAndAbandon(t *testing.T) {
 
 	tests := []struct {
 		name        string
-		run         func(t *testing.T, h *harness) *engine.Call // the call to Abandon
+		run         func(t *testing.T, h *harness) *call // the call to Abandon
 		wantRelease int
 	}{{
 		name: "after a panic",
-		run: func(t *testing.T, h *harness) *engine.Call {
+		run: func(t *testing.T, h *harness) *call {
 			c := h.executed(t, h.op, req)
 			func() {
 				defer func() { _ = recover() }()
-				defer c.Abandon(t.Context())
+				defer c.abandon(t.Context())
 				panic("the handler panics")
 			}()
 			return c
@@ -940,48 +939,48 @@ func TestReleaseAndAbandon(t *testing.T) {
 		wantRelease: 1,
 	}, {
 		name: "after Record",
-		run: func(t *testing.T, h *harness) *engine.Call {
+		run: func(t *testing.T, h *harness) *call {
 			c := h.executed(t, h.op, req)
-			if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+			if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 				t.Fatalf("Record: %v", err)
 			}
 			return c
 		},
 	}, {
 		name: "after a Record refused as too large",
-		run: func(t *testing.T, h *harness) *engine.Call {
+		run: func(t *testing.T, h *harness) *call {
 			c := h.executed(t, h.op, req)
-			if err := c.Record(t.Context(), bytes.Repeat([]byte("x"), engine.DefaultMaxRecordSize+1), true); !errors.Is(err, engine.ErrTooLarge) {
+			if err := c.record(t.Context(), bytes.Repeat([]byte("x"), DefaultMaxRecordSize+1), true); !errors.Is(err, ErrTooLarge) {
 				t.Fatalf("Record: %v, want ErrTooLarge", err)
 			}
 			return c
 		},
 	}, {
 		name: "after Release",
-		run: func(t *testing.T, h *harness) *engine.Call {
+		run: func(t *testing.T, h *harness) *call {
 			c := h.executed(t, h.op, req)
-			c.Release(t.Context())
+			c.release(t.Context())
 			return c
 		},
 		wantRelease: 1, // Release's own
 	}, {
 		name: "of a replayed call",
-		run: func(t *testing.T, h *harness) *engine.Call {
+		run: func(t *testing.T, h *harness) *call {
 			h.recorded(t, h.op, req, "outcome-1")
 			return h.start(t.Context(), h.op, req)
 		},
 	}, {
 		name: "of a call in progress",
-		run: func(t *testing.T, h *harness) *engine.Call {
+		run: func(t *testing.T, h *harness) *call {
 			h.executed(t, h.op, req)
 			return h.start(t.Context(), h.op, req)
 		},
 	}}
 	for _, tt := range tests {
 		t.Run("Abandon "+tt.name, func(t *testing.T) {
-			h := newHarness(t, engine.WithInProgressWait(0))
+			h := newHarness(t, WithInProgressWait(0))
 			c := tt.run(t, h)
-			c.Abandon(t.Context())
+			c.abandon(t.Context())
 			wantCount(t, h.st, mRelease, tt.wantRelease)
 			if tt.wantRelease == 1 {
 				h.executed(t, h.op, req) // the key is free
@@ -997,11 +996,11 @@ func TestAtomic(t *testing.T) {
 	callerCtx := func(t *testing.T) context.Context { return context.WithValue(t.Context(), ctxKey{}, "caller's") }
 
 	t.Run("needs a store that implements store.Atomic", func(t *testing.T) {
-		e := mustEngine(t, plainStore{newFakeStore()}, engine.WithLogger(nil))
-		if op, err := e.Operation(engine.OperationSpec{Name: opName, Atomic: true}); err == nil || op != nil {
+		e := mustEngine(t, plainStore{newFakeStore()}, WithLogger(nil))
+		if op, err := e.Operation(OperationSpec{Name: opName, Atomic: true}); err == nil || op != nil {
 			t.Fatalf("Operation(Atomic) on a store without store.Atomic: %v, %v; want an error", op, err)
 		}
-		if _, err := e.Operation(engine.OperationSpec{Name: opName}); err != nil {
+		if _, err := e.Operation(OperationSpec{Name: opName}); err != nil {
 			t.Fatalf("two-phase Operation: %v", err)
 		}
 	})
@@ -1009,14 +1008,14 @@ func TestAtomic(t *testing.T) {
 	t.Run("a two-phase handler gets no transaction", func(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.op, req)
-		hctx := c.Context(callerCtx(t))
+		hctx := c.contextFor(callerCtx(t))
 		if write(hctx, "row") {
 			t.Error("a two-phase handler's context carries a transaction")
 		}
 		if hctx.Value(ctxKey{}) != "caller's" {
 			t.Error("the handler's context lost the caller's values")
 		}
-		c.Release(t.Context())
+		c.release(t.Context())
 	})
 
 	tests := []struct {
@@ -1036,7 +1035,7 @@ func TestAtomic(t *testing.T) {
 			h := newHarness(t)
 			c := h.executed(t, h.atomic, req)
 			key := h.st.lastReceived(t).Key
-			hctx := c.Context(callerCtx(t))
+			hctx := c.contextFor(callerCtx(t))
 			if !write(hctx, "charge-1") {
 				t.Fatal("the handler's context carries no transaction")
 			}
@@ -1046,12 +1045,12 @@ func TestAtomic(t *testing.T) {
 			if tt.failCommit {
 				h.st.fail(mCommit, errDown, 1)
 			}
-			if err := c.Record(t.Context(), []byte("outcome-1"), tt.keepWrites); !errors.Is(err, tt.wantErr) {
+			if err := c.record(t.Context(), []byte("outcome-1"), tt.keepWrites); !errors.Is(err, tt.wantErr) {
 				t.Fatalf("Record: %v, want %v", err, tt.wantErr)
 			}
 			wantCount(t, h.st, mCommit, 1)
 			wantCount(t, h.st, mComplete, 0)
-			c.Abandon(t.Context()) // ended: nothing to roll back
+			c.abandon(t.Context()) // ended: nothing to roll back
 			wantCount(t, h.st, mRollback, 0)
 			if got := h.st.committedWrites(); !slices.Equal(got, tt.wantWrites) {
 				t.Errorf("committed writes %q, want %q", got, tt.wantWrites)
@@ -1060,27 +1059,27 @@ func TestAtomic(t *testing.T) {
 			if ok != tt.wantRecord || (ok && string(got) != "outcome-1") {
 				t.Errorf("record %q (%v), want outcome-1 (%v)", got, ok, tt.wantRecord)
 			}
-			want := engine.Executed // the key is free
+			want := Executed // the key is free
 			if tt.wantRecord {
-				want = engine.Replayed
+				want = Replayed
 			}
 			next := h.start(t.Context(), h.atomic, req)
 			if next.Verdict != want {
 				t.Errorf("next call: verdict %v, want %v", next.Verdict, want)
 			}
-			next.Abandon(t.Context())
+			next.abandon(t.Context())
 		})
 	}
 
 	t.Run("a commit that lost the key answers as the other call's record says", func(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.atomic, req)
-		write(c.Context(t.Context()), "charge-1")
+		write(c.contextFor(t.Context()), "charge-1")
 		h.st.fail(mCommit, fmt.Errorf("fake store: %w", store.ErrLeaseLost), 1)
-		if err := c.Record(t.Context(), []byte("outcome-1"), true); !errors.Is(err, engine.ErrSuperseded) {
-			t.Fatalf("Record: %v, want ErrSuperseded", err)
+		if err := c.record(t.Context(), []byte("outcome-1"), true); !errors.Is(err, errSuperseded) {
+			t.Fatalf("Record: %v, want errSuperseded", err)
 		}
-		if c.Verdict != engine.Replayed || string(c.Outcome) != otherOutcome {
+		if c.Verdict != Replayed || string(c.Outcome) != otherOutcome {
 			t.Errorf("verdict %v, Outcome %q; want replayed %q", c.Verdict, c.Outcome, otherOutcome)
 		}
 		if got := h.st.committedWrites(); len(got) != 0 {
@@ -1092,14 +1091,14 @@ func TestAtomic(t *testing.T) {
 		h := newHarness(t)
 		c := h.executed(t, h.atomic, req)
 		key := h.st.lastReceived(t).Key
-		write(c.Context(t.Context()), "charge-1")
-		c.Release(t.Context())
+		write(c.contextFor(t.Context()), "charge-1")
+		c.release(t.Context())
 		wantCount(t, h.st, mRollback, 1)
 		wantCount(t, h.st, mRelease, 0)
 		if h.st.has(key) || len(h.st.committedWrites()) != 0 {
 			t.Fatal("a rolled back call left a record or writes")
 		}
-		h.executed(t, h.atomic, req).Abandon(t.Context()) // the key is free
+		h.executed(t, h.atomic, req).abandon(t.Context()) // the key is free
 		wantCount(t, h.st, mRollback, 2)
 	})
 }
@@ -1113,52 +1112,52 @@ func TestRetriedReadsFirst(t *testing.T) {
 	otherRetried.Retried = true
 	tests := []struct {
 		name    string
-		opts    []engine.Option
+		opts    []Option
 		plain   bool // a store without store.Finder
 		atomic  bool
 		record  bool  // the key is recorded first
 		findErr error // Find fails
-		req     engine.Request
-		want    engine.Verdict
+		req     request
+		want    Verdict
 		finds   int
 		reserve int // Reserve, or Begin for atomic
 	}{
-		{name: "a recorded key replays with a read alone", record: true, req: retried, want: engine.Replayed, finds: 1},
-		{name: "a recorded key with another request is reused with a read alone", record: true, req: otherRetried, want: engine.Reused, finds: 1},
-		{name: "a new key is read, then reserved", req: retried, want: engine.Executed, finds: 1, reserve: 1},
-		{name: "a call not retried is not read first", record: true, req: req, want: engine.Replayed, reserve: 1},
-		{name: "a failing read answers without a reservation", req: retried, findErr: errDown, want: engine.StoreUnavailable, finds: 1},
-		{name: "a failing read with WithFailOpen still reserves", opts: []engine.Option{engine.WithFailOpen()}, req: retried, findErr: errDown, want: engine.Executed, finds: 1, reserve: 1},
-		{name: "a store without store.Finder reserves", plain: true, record: true, req: retried, want: engine.Replayed, reserve: 1},
-		{name: "atomic: a recorded key replays without a transaction", atomic: true, record: true, req: retried, want: engine.Replayed, finds: 1},
-		{name: "atomic: a failing read answers without a transaction, even with WithFailOpen", opts: []engine.Option{engine.WithFailOpen()}, atomic: true, req: retried, findErr: errDown, want: engine.StoreUnavailable, finds: 1},
+		{name: "a recorded key replays with a read alone", record: true, req: retried, want: Replayed, finds: 1},
+		{name: "a recorded key with another request is reused with a read alone", record: true, req: otherRetried, want: Reused, finds: 1},
+		{name: "a new key is read, then reserved", req: retried, want: Executed, finds: 1, reserve: 1},
+		{name: "a call not retried is not read first", record: true, req: req, want: Replayed, reserve: 1},
+		{name: "a failing read answers without a reservation", req: retried, findErr: errDown, want: StoreUnavailable, finds: 1},
+		{name: "a failing read with WithFailOpen still reserves", opts: []Option{WithFailOpen()}, req: retried, findErr: errDown, want: Executed, finds: 1, reserve: 1},
+		{name: "a store without store.Finder reserves", plain: true, record: true, req: retried, want: Replayed, reserve: 1},
+		{name: "atomic: a recorded key replays without a transaction", atomic: true, record: true, req: retried, want: Replayed, finds: 1},
+		{name: "atomic: a failing read answers without a transaction, even with WithFailOpen", opts: []Option{WithFailOpen()}, atomic: true, req: retried, findErr: errDown, want: StoreUnavailable, finds: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h := newHarness(t, tt.opts...)
 			e, op := h.e, h.op
 			if tt.plain {
-				e = mustEngine(t, plainStore{h.st}, engine.WithLogger(nil))
-				op, _ = e.Operation(engine.OperationSpec{Name: opName})
+				e = mustEngine(t, plainStore{h.st}, WithLogger(nil))
+				op, _ = e.Operation(OperationSpec{Name: opName})
 			}
 			if tt.atomic {
 				op = h.atomic
 			}
 			if tt.record {
-				c := e.Call(op)
-				c.Start(t.Context(), req)
-				if err := c.Record(t.Context(), []byte("outcome-1"), true); c.Verdict != engine.Executed || err != nil {
+				c := e.newCall(op)
+				c.start(t.Context(), req)
+				if err := c.record(t.Context(), []byte("outcome-1"), true); c.Verdict != Executed || err != nil {
 					t.Fatalf("first call: %v, %v", c.Verdict, err)
 				}
 			}
 			h.st.fail(mFind, tt.findErr, 1)
 			h.st.resetCounts()
-			c := e.Call(op)
-			c.Start(t.Context(), tt.req)
+			c := e.newCall(op)
+			c.start(t.Context(), tt.req)
 			if c.Verdict != tt.want {
 				t.Fatalf("verdict %v, want %v", c.Verdict, tt.want)
 			}
-			if c.Verdict == engine.Replayed && string(c.Outcome) != "outcome-1" {
+			if c.Verdict == Replayed && string(c.Outcome) != "outcome-1" {
 				t.Errorf("Outcome = %q, want outcome-1", c.Outcome)
 			}
 			wantCount(t, h.st, mFind, tt.finds)
@@ -1167,7 +1166,7 @@ func TestRetriedReadsFirst(t *testing.T) {
 				reserve = mBegin
 			}
 			wantCount(t, h.st, reserve, tt.reserve)
-			c.Abandon(t.Context())
+			c.abandon(t.Context())
 		})
 	}
 }
@@ -1182,23 +1181,23 @@ func TestLease(t *testing.T) {
 	}
 	tests := []struct {
 		name    string
-		opts    []engine.Option
+		opts    []Option
 		timeout time.Duration // of the call's context; none if 0
 		want    func(lease, before, after time.Duration) bool
 	}{{
 		name: "no deadline: DefaultLease",
-		want: func(l, _, _ time.Duration) bool { return l == engine.DefaultLease },
+		want: func(l, _, _ time.Duration) bool { return l == DefaultLease },
 	}, {
 		name: "no deadline: WithLease",
-		opts: []engine.Option{engine.WithLease(42 * time.Second)},
+		opts: []Option{WithLease(42 * time.Second)},
 		want: func(l, _, _ time.Duration) bool { return l == 42*time.Second },
 	}, {
 		name: "no deadline: WithLease at most DefaultMaxLease",
-		opts: []engine.Option{engine.WithLease(time.Hour)},
-		want: func(l, _, _ time.Duration) bool { return l == engine.DefaultMaxLease },
+		opts: []Option{WithLease(time.Hour)},
+		want: func(l, _, _ time.Duration) bool { return l == DefaultMaxLease },
 	}, {
 		name: "no deadline: WithLease at most WithMaxLease",
-		opts: []engine.Option{engine.WithLease(2 * time.Minute), engine.WithMaxLease(time.Minute)},
+		opts: []Option{WithLease(2 * time.Minute), WithMaxLease(time.Minute)},
 		want: func(l, _, _ time.Duration) bool { return l == time.Minute },
 	}, {
 		name:    "a deadline: the time left plus the grace",
@@ -1206,16 +1205,16 @@ func TestLease(t *testing.T) {
 		want:    near,
 	}, {
 		name:    "a deadline: the time left plus the grace, WithLease aside",
-		opts:    []engine.Option{engine.WithLease(time.Second)},
+		opts:    []Option{WithLease(time.Second)},
 		timeout: 30 * time.Second,
 		want:    near,
 	}, {
 		name:    "a deadline: at most DefaultMaxLease",
 		timeout: time.Hour,
-		want:    func(l, _, _ time.Duration) bool { return l == engine.DefaultMaxLease },
+		want:    func(l, _, _ time.Duration) bool { return l == DefaultMaxLease },
 	}, {
 		name:    "a deadline: at most WithMaxLease, grace included",
-		opts:    []engine.Option{engine.WithMaxLease(time.Minute)},
+		opts:    []Option{WithMaxLease(time.Minute)},
 		timeout: time.Minute - time.Second,
 		want:    func(l, _, _ time.Duration) bool { return l == time.Minute },
 	}, {
@@ -1225,10 +1224,10 @@ func TestLease(t *testing.T) {
 	}, {
 		name:    "the largest deadline: DefaultMaxLease",
 		timeout: math.MaxInt64,
-		want:    func(l, _, _ time.Duration) bool { return l == engine.DefaultMaxLease },
+		want:    func(l, _, _ time.Duration) bool { return l == DefaultMaxLease },
 	}, {
 		name:    "the largest deadline with the largest WithMaxLease: no overflow",
-		opts:    []engine.Option{engine.WithMaxLease(math.MaxInt64), engine.WithRetention(math.MaxInt64)},
+		opts:    []Option{WithMaxLease(math.MaxInt64), WithRetention(math.MaxInt64)},
 		timeout: math.MaxInt64,
 		want:    func(l, _, _ time.Duration) bool { return l == math.MaxInt64 },
 	}}
@@ -1263,8 +1262,8 @@ func TestLease(t *testing.T) {
 // and operation; with ScopeTenant those of one tenant, and a key used on a
 // second operation is reused.
 func TestScope(t *testing.T) {
-	newOp := func(t *testing.T, e *engine.Engine, name string) *engine.Operation {
-		op, err := e.Operation(engine.OperationSpec{Name: name})
+	newOp := func(t *testing.T, e *Engine, name string) *Operation {
+		op, err := e.Operation(OperationSpec{Name: name})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1274,18 +1273,18 @@ func TestScope(t *testing.T) {
 	refund := newOp(t, h.e, "/test.v1.Payments/Refund")
 	h.recorded(t, h.op, req, "outcome-1")
 	h.executed(t, refund, req)
-	h.executed(t, h.op, engine.Request{Tenant: "tenant-b", Key: req.Key, Fingerprint: req.Fingerprint})
+	h.executed(t, h.op, request{Tenant: "tenant-b", Key: req.Key, Fingerprint: req.Fingerprint})
 
-	h = newHarness(t, engine.WithScope(engine.ScopeTenant))
+	h = newHarness(t, WithScope(ScopeTenant))
 	refund = newOp(t, h.e, "/test.v1.Payments/Refund")
 	h.recorded(t, h.op, req, "outcome-1")
-	if c := h.start(t.Context(), refund, req); c.Verdict != engine.Reused {
+	if c := h.start(t.Context(), refund, req); c.Verdict != Reused {
 		t.Errorf("ScopeTenant, the key on a second operation: verdict %v, want reused", c.Verdict)
 	}
-	if c := h.start(t.Context(), h.op, req); c.Verdict != engine.Replayed {
+	if c := h.start(t.Context(), h.op, req); c.Verdict != Replayed {
 		t.Errorf("ScopeTenant, the key on its operation: verdict %v, want replayed", c.Verdict)
 	}
-	h.executed(t, refund, engine.Request{Tenant: "tenant-b", Key: req.Key, Fingerprint: req.Fingerprint})
+	h.executed(t, refund, request{Tenant: "tenant-b", Key: req.Key, Fingerprint: req.Fingerprint})
 }
 
 // TestReservationBounds checks that every reservation says how large its
@@ -1295,18 +1294,18 @@ func TestScope(t *testing.T) {
 func TestReservationBounds(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		opts []engine.Option
+		opts []Option
 		want int
 	}{
-		{"default", nil, engine.DefaultMaxRecordSize},
-		{"WithMaxRecordSize", []engine.Option{engine.WithMaxRecordSize(64 << 10)}, 64 << 10},
+		{"default", nil, DefaultMaxRecordSize},
+		{"WithMaxRecordSize", []Option{WithMaxRecordSize(64 << 10)}, 64 << 10},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := newHarness(t, append(tc.opts, engine.WithInProgressWait(100*time.Millisecond))...)
+			h := newHarness(t, append(tc.opts, WithInProgressWait(100*time.Millisecond))...)
 			h.executed(t, h.op, req)
 			h.start(t.Context(), h.op, req) // waits, reserving again
-			h.start(t.Context(), h.atomic, engine.Request{Tenant: req.Tenant, Key: "key-2", Fingerprint: req.Fingerprint}).Release(t.Context())
-			h.executed(t, h.op, engine.Request{Key: "key-3", Fingerprint: req.Fingerprint})
+			h.start(t.Context(), h.atomic, request{Tenant: req.Tenant, Key: "key-2", Fingerprint: req.Fingerprint}).release(t.Context())
+			h.executed(t, h.op, request{Key: "key-3", Fingerprint: req.Fingerprint})
 			h.st.mu.Lock()
 			received := slices.Clone(h.st.received)
 			h.st.mu.Unlock()
@@ -1341,11 +1340,11 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 	ctx := t.Context()
 	n := 0
 	// call starts a call with a key of its own on a new engine, and ends it.
-	call := func(t *testing.T, atomic bool, prepare func(st *fakeStore), run func(c *engine.Call), opts ...engine.Option) *fakeStore {
+	serveOne := func(t *testing.T, atomic bool, prepare func(st *fakeStore), run func(c *call), opts ...Option) *fakeStore {
 		t.Helper()
 		st := newFakeStore()
-		e := mustEngine(t, st, append([]engine.Option{engine.WithLogger(logger)}, opts...)...)
-		op, err := e.Operation(engine.OperationSpec{Name: opName, Atomic: atomic})
+		e := mustEngine(t, st, append([]Option{WithLogger(logger)}, opts...)...)
+		op, err := e.Operation(OperationSpec{Name: opName, Atomic: atomic})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -1353,16 +1352,16 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 			prepare(st)
 		}
 		n++
-		c := e.Call(op)
-		c.Start(ctx, engine.Request{Tenant: rawTenant, Key: fmt.Sprintf("%s-%d", rawKey, n), Fingerprint: fingerprint("request-1"), Retried: true})
+		c := e.newCall(op)
+		c.start(ctx, request{Tenant: rawTenant, Key: fmt.Sprintf("%s-%d", rawKey, n), Fingerprint: fingerprint("request-1"), Retried: true})
 		if run != nil {
 			run(&c)
 		}
-		c.End(ctx, 0)
+		c.end(ctx, 0)
 		return st
 	}
-	record := func(outcome []byte) func(c *engine.Call) {
-		return func(c *engine.Call) { _ = c.Record(ctx, outcome, true) }
+	record := func(outcome []byte) func(c *call) {
+		return func(c *call) { _ = c.record(ctx, outcome, true) }
 	}
 	failing := func(method string, err error) func(st *fakeStore) {
 		return func(st *fakeStore) { st.fail(method, err, 1) }
@@ -1370,18 +1369,18 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 	full := fmt.Errorf("fake store: %w", store.ErrFull)
 	lost := fmt.Errorf("fake store: %w", store.ErrLeaseLost)
 
-	call(t, false, nil, record([]byte("outcome")))
-	call(t, false, failing(mFind, errDown), nil)
-	call(t, false, failing(mReserve, errDown), nil)
-	call(t, false, failing(mReserve, errDown), nil, engine.WithFailOpen())
-	call(t, false, failing(mReserve, full), nil)
-	call(t, false, nil, record(bytes.Repeat([]byte("x"), 2049)), engine.WithMaxRecordSize(2048))
-	call(t, false, failing(mComplete, full), record([]byte("outcome")))
-	call(t, false, failing(mComplete, lost), record([]byte("outcome")))
-	call(t, false, failing(mRelease, errDown), func(c *engine.Call) { c.Release(ctx) })
-	call(t, true, failing(mCommit, errDown), record([]byte("outcome")))
-	call(t, true, failing(mRollback, errDown), func(c *engine.Call) { c.Release(ctx) })
-	background := call(t, false, failing(mComplete, errDown), record([]byte("outcome")))
+	serveOne(t, false, nil, record([]byte("outcome")))
+	serveOne(t, false, failing(mFind, errDown), nil)
+	serveOne(t, false, failing(mReserve, errDown), nil)
+	serveOne(t, false, failing(mReserve, errDown), nil, WithFailOpen())
+	serveOne(t, false, failing(mReserve, full), nil)
+	serveOne(t, false, nil, record(bytes.Repeat([]byte("x"), 2049)), WithMaxRecordSize(2048))
+	serveOne(t, false, failing(mComplete, full), record([]byte("outcome")))
+	serveOne(t, false, failing(mComplete, lost), record([]byte("outcome")))
+	serveOne(t, false, failing(mRelease, errDown), func(c *call) { c.release(ctx) })
+	serveOne(t, true, failing(mCommit, errDown), record([]byte("outcome")))
+	serveOne(t, true, failing(mRollback, errDown), func(c *call) { c.release(ctx) })
+	background := serveOne(t, false, failing(mComplete, errDown), record([]byte("outcome")))
 	eventually(t, "the background record", func() bool {
 		return background.count(mComplete) >= 2 && strings.Contains(logs.String(), "in the background")
 	})
@@ -1403,10 +1402,10 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 	}
 }
 
-// mustEngine is engine.New on st with opts, for one tenant.
-func mustEngine(t testing.TB, st store.Store, opts ...engine.Option) *engine.Engine {
+// mustEngine is New on st with opts, for one tenant.
+func mustEngine(t testing.TB, st store.Store, opts ...Option) *Engine {
 	t.Helper()
-	e, err := engine.New(st, append([]engine.Option{engine.WithSingleTenant()}, opts...)...)
+	e, err := New(st, append([]Option{WithSingleTenant()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1418,37 +1417,37 @@ func mustEngine(t testing.TB, st store.Store, opts ...engine.Option) *engine.Eng
 func TestNewRefusesMistakes(t *testing.T) {
 	for name, tc := range map[string]struct {
 		st   store.Store
-		opts []engine.Option
+		opts []Option
 		want string
 	}{
 		"nil store":                 {nil, nil, "needs a store"},
-		"negative lease":            {newFakeStore(), []engine.Option{engine.WithLease(-time.Second)}, "WithLease(-1s): the duration must be positive"},
-		"zero lease":                {newFakeStore(), []engine.Option{engine.WithLease(0)}, "WithLease(0s)"},
-		"zero maximum lease":        {newFakeStore(), []engine.Option{engine.WithMaxLease(0)}, "WithMaxLease(0s)"},
-		"negative retention":        {newFakeStore(), []engine.Option{engine.WithRetention(-1)}, "WithRetention(-1ns)"},
-		"zero retention":            {newFakeStore(), []engine.Option{engine.WithRetention(0)}, "WithRetention(0s)"},
-		"zero retry after":          {newFakeStore(), []engine.Option{engine.WithMaxRetryAfter(0)}, "WithMaxRetryAfter(0s)"},
-		"negative in-progress wait": {newFakeStore(), []engine.Option{engine.WithInProgressWait(-time.Second)}, "WithInProgressWait(-1s)"},
-		"negative clock skew":       {newFakeStore(), []engine.Option{engine.WithClockSkew(-time.Second)}, "WithClockSkew(-1s)"},
-		"record size below a reply": {newFakeStore(), []engine.Option{engine.WithMaxRecordSize(10)}, "MinRecordSize"},
-		"retention under the lease": {newFakeStore(), []engine.Option{engine.WithRetention(time.Minute), engine.WithMaxLease(time.Hour)}, "shorter than the longest lease"},
-		"nil tenant function":       {newFakeStore(), []engine.Option{engine.WithTenant(nil)}, "WithTenant(nil)"},
-		"one tenant and many":       {newFakeStore(), []engine.Option{engine.WithTenant(func(context.Context) (string, error) { return "", nil }), engine.WithSingleTenant()}, "contradict"},
+		"negative lease":            {newFakeStore(), []Option{WithLease(-time.Second)}, "WithLease(-1s): the duration must be positive"},
+		"zero lease":                {newFakeStore(), []Option{WithLease(0)}, "WithLease(0s)"},
+		"zero maximum lease":        {newFakeStore(), []Option{WithMaxLease(0)}, "WithMaxLease(0s)"},
+		"negative retention":        {newFakeStore(), []Option{WithRetention(-1)}, "WithRetention(-1ns)"},
+		"zero retention":            {newFakeStore(), []Option{WithRetention(0)}, "WithRetention(0s)"},
+		"zero retry after":          {newFakeStore(), []Option{WithMaxRetryAfter(0)}, "WithMaxRetryAfter(0s)"},
+		"negative in-progress wait": {newFakeStore(), []Option{WithInProgressWait(-time.Second)}, "WithInProgressWait(-1s)"},
+		"negative clock skew":       {newFakeStore(), []Option{WithClockSkew(-time.Second)}, "WithClockSkew(-1s)"},
+		"record size below a reply": {newFakeStore(), []Option{WithMaxRecordSize(10)}, "MinRecordSize"},
+		"retention under the lease": {newFakeStore(), []Option{WithRetention(time.Minute), WithMaxLease(time.Hour)}, "shorter than the longest lease"},
+		"nil tenant function":       {newFakeStore(), []Option{WithTenant(nil)}, "WithTenant(nil)"},
+		"one tenant and many":       {newFakeStore(), []Option{WithTenant(func(context.Context) (string, error) { return "", nil }), WithSingleTenant()}, "contradict"},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if e, err := engine.New(tc.st, tc.opts...); e != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
+			if e, err := New(tc.st, tc.opts...); e != nil || err == nil || !strings.Contains(err.Error(), tc.want) {
 				t.Errorf("New: %v, %v; want an error naming %q", e, err, tc.want)
 			}
 		})
 	}
-	e, err := engine.New(newFakeStore())
+	e, err := New(newFakeStore())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Operation(engine.OperationSpec{Name: opName}); err == nil || !strings.Contains(err.Error(), "engine.WithSingleTenant") {
+	if _, err := e.Operation(OperationSpec{Name: opName}); err == nil || !strings.Contains(err.Error(), "engine.WithSingleTenant") {
 		t.Errorf("an operation of an engine with no tenant: %v, want an error naming engine.WithTenant and engine.WithSingleTenant", err)
 	}
-	if _, err := e.Operation(engine.OperationSpec{Name: opName, Tenant: func(engine.Exchange) string { return "" }}); err != nil {
+	if _, err := e.Operation(OperationSpec{Name: opName, Tenant: func(Exchange) string { return "" }}); err != nil {
 		t.Errorf("an operation that reads its own tenant: %v", err)
 	}
 }

@@ -1,10 +1,9 @@
-package engine_test
+package engine
 
 import (
 	"testing"
 	"time"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -14,14 +13,14 @@ import (
 // refused as invalid when it lies in the future.
 func TestFirstSent(t *testing.T) {
 	const retention, skew = time.Hour, time.Minute
-	at := func(age time.Duration) engine.Request {
+	at := func(age time.Duration) request {
 		r := req
 		r.FirstSent = time.Now().Add(-age)
 		return r
 	}
 	for _, mode := range []string{"two-phase", "atomic"} {
 		t.Run(mode, func(t *testing.T) {
-			h := newHarness(t, engine.WithRetention(retention), engine.WithClockSkew(skew))
+			h := newHarness(t, WithRetention(retention), WithClockSkew(skew))
 			op := h.op
 			if mode == "atomic" {
 				op = h.atomic
@@ -29,11 +28,11 @@ func TestFirstSent(t *testing.T) {
 			for _, tc := range []struct {
 				name string
 				age  time.Duration
-				want engine.Verdict
+				want Verdict
 			}{
-				{"older than the retention", retention + time.Second, engine.Expired},
-				{"within the skew of the retention", retention - skew/2, engine.Expired},
-				{"in the future beyond the skew", -2 * skew, engine.FirstSentInvalid},
+				{"older than the retention", retention + time.Second, Expired},
+				{"within the skew of the retention", retention - skew/2, Expired},
+				{"in the future beyond the skew", -2 * skew, FirstSentInvalid},
 			} {
 				if c := h.start(t.Context(), op, at(tc.age)); c.Verdict != tc.want {
 					t.Errorf("first sent %s: verdict %v, want %v", tc.name, c.Verdict, tc.want)
@@ -43,10 +42,10 @@ func TestFirstSent(t *testing.T) {
 			// otherwise): a recent call runs, and a stale retry of it then
 			// replays.
 			c := h.executed(t, op, at(retention-2*skew))
-			if err := c.Record(t.Context(), []byte("reply"), true); err != nil {
+			if err := c.record(t.Context(), []byte("reply"), true); err != nil {
 				t.Fatalf("Record: %v", err)
 			}
-			if c := h.start(t.Context(), op, at(2*retention)); c.Verdict != engine.Replayed || string(c.Outcome) != "reply" {
+			if c := h.start(t.Context(), op, at(2*retention)); c.Verdict != Replayed || string(c.Outcome) != "reply" {
 				t.Errorf("a stale retry of a recorded key: verdict %v with %q, want replayed", c.Verdict, c.Outcome)
 			}
 		})
@@ -56,35 +55,35 @@ func TestFirstSent(t *testing.T) {
 // TestExpires checks that every answer about a key tells the same expiry,
 // its record's creation plus the retention, on a real store.
 func TestExpires(t *testing.T) {
-	e := mustEngine(t, memory.New(), engine.WithRetention(time.Hour))
-	op, err := e.Operation(engine.OperationSpec{Name: opName})
+	e := mustEngine(t, memory.New(), WithRetention(time.Hour))
+	op, err := e.Operation(OperationSpec{Name: opName})
 	if err != nil {
 		t.Fatal(err)
 	}
 	before := time.Now()
-	first := e.Call(op)
-	first.Start(t.Context(), req)
-	if first.Verdict != engine.Executed {
+	first := e.newCall(op)
+	first.start(t.Context(), req)
+	if first.Verdict != Executed {
 		t.Fatalf("first call: %v", first.Verdict)
 	}
 	exp := first.Expires
 	if exp.Before(before.Add(time.Hour)) || exp.After(time.Now().Add(time.Hour)) {
 		t.Fatalf("first call: Expires %v, want its start plus an hour", exp)
 	}
-	dup := e.Call(op)
-	dup.Start(t.Context(), other) // another request: answered at once
-	if dup.Verdict != engine.Reused || !dup.Expires.Equal(exp) {
+	dup := e.newCall(op)
+	dup.start(t.Context(), other) // another request: answered at once
+	if dup.Verdict != Reused || !dup.Expires.Equal(exp) {
 		t.Errorf("reused key: %v, Expires %v; want %v", dup.Verdict, dup.Expires, exp)
 	}
-	if err := first.Record(t.Context(), []byte("reply"), true); err != nil {
+	if err := first.record(t.Context(), []byte("reply"), true); err != nil {
 		t.Fatal(err)
 	}
 	for _, retried := range []bool{false, true} { // by Reserve, and by Find
 		r := req
 		r.Retried = retried
-		replay := e.Call(op)
-		replay.Start(t.Context(), r)
-		if replay.Verdict != engine.Replayed || !replay.Expires.Equal(exp) {
+		replay := e.newCall(op)
+		replay.start(t.Context(), r)
+		if replay.Verdict != Replayed || !replay.Expires.Equal(exp) {
 			t.Errorf("replay (retried %v): %v, Expires %v; want replayed, %v", retried, replay.Verdict, replay.Expires, exp)
 		}
 	}

@@ -26,7 +26,7 @@ type Hooks struct {
 	OnExecute func(ctx context.Context, ev Event)
 	// OnReplay: the call got the key's recorded outcome without running the
 	// handler (Verdict Replayed); or, in atomic mode, its handler ran but
-	// another call recorded the key first (Call.Record's ErrSuperseded), so
+	// another call recorded the key first (a rare race), so
 	// its writes were rolled back and it answers with that call's record.
 	// Such a call that is answered otherwise (in progress, reused, store
 	// unavailable) runs OnRefuse: a call reports the verdict it is answered
@@ -65,7 +65,7 @@ type Event struct {
 	// Recorded is true for an Executed call whose outcome was recorded: the
 	// handler's, or the short error recorded in place of one too large to
 	// record. In two-phase mode that includes a write that failed and is
-	// retried in the background (Call.Record): the caller got the outcome.
+	// retried in the background: the caller got the outcome.
 	// It is false when the key was released (a released code), or the
 	// record was refused (a lost lease, a full store, a failed commit in
 	// atomic mode).
@@ -115,7 +115,7 @@ func WithHooks(h Hooks) Option {
 // noteWrite notes, for the hooks, how a write of a record of size bytes
 // ended (err is the store's answer): recorded, or about to be retried in the
 // background by Record, in two-phase mode, for any error but a refusal.
-func (c *Call) noteWrite(size int, err error) {
+func (c *call) noteWrite(size int, err error) {
 	if err != nil && (c.tx != nil || errors.Is(err, store.ErrFull) || errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrDataLost)) {
 		return
 	}
@@ -123,7 +123,7 @@ func (c *Call) noteWrite(size int, err error) {
 }
 
 // runHooks runs the hook of c's verdict, if one is set.
-func (c *Call) runHooks(ctx context.Context, code int) {
+func (c *call) runHooks(ctx context.Context, code int) {
 	h := c.e.opts.hooks
 	if h == nil {
 		return
@@ -151,7 +151,7 @@ func (c *Call) runHooks(ctx context.Context, code int) {
 }
 
 // callHook calls hook, and logs a panic of its instead of letting it go on.
-func (c *Call) callHook(ctx context.Context, name string, hook func(context.Context, Event), ev Event) {
+func (c *call) callHook(ctx context.Context, name string, hook func(context.Context, Event), ev Event) {
 	defer func() {
 		p := recover()
 		if p == nil {

@@ -1,4 +1,4 @@
-package engine_test
+package engine
 
 import (
 	"context"
@@ -8,7 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -16,32 +15,32 @@ import (
 type hookLog struct {
 	mu     sync.Mutex
 	events []string
-	last   engine.Event
+	last   Event
 }
 
-func (l *hookLog) hooks() engine.Hooks {
-	note := func(name string) func(context.Context, engine.Event) {
-		return func(_ context.Context, ev engine.Event) {
+func (l *hookLog) hooks() Hooks {
+	note := func(name string) func(context.Context, Event) {
+		return func(_ context.Context, ev Event) {
 			l.mu.Lock()
 			defer l.mu.Unlock()
 			l.events = append(l.events, name+" "+ev.Verdict.String())
 			l.last = ev
 		}
 	}
-	return engine.Hooks{OnExecute: note("execute"), OnReplay: note("replay"), OnRefuse: note("refuse")}
+	return Hooks{OnExecute: note("execute"), OnReplay: note("replay"), OnRefuse: note("refuse")}
 }
 
-func (l *hookLog) take() ([]string, engine.Event) {
+func (l *hookLog) take() ([]string, Event) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	events, last := l.events, l.last
-	l.events, l.last = nil, engine.Event{}
+	l.events, l.last = nil, Event{}
 	return events, last
 }
 
 // want checks that the calls since the last check ran exactly the hooks of
 // want, and that the last had the event ev.
-func (l *hookLog) want(t *testing.T, ev engine.Event, want ...string) {
+func (l *hookLog) want(t *testing.T, ev Event, want ...string) {
 	t.Helper()
 	got, last := l.take()
 	if strings.Join(got, ", ") != strings.Join(want, ", ") {
@@ -56,155 +55,155 @@ func (l *hookLog) want(t *testing.T, ev engine.Event, want ...string) {
 // and what the hook is told.
 func TestHooks(t *testing.T) {
 	full := fmt.Errorf("fake store: %w", store.ErrFull)
-	ev := func(v engine.Verdict, code, size int, recorded bool) engine.Event {
-		return engine.Event{Operation: opName, Tenant: req.Tenant, Key: req.Key, Verdict: v, Code: code, Size: size, Recorded: recorded}
+	ev := func(v Verdict, code, size int, recorded bool) Event {
+		return Event{Operation: opName, Tenant: req.Tenant, Key: req.Key, Verdict: v, Code: code, Size: size, Recorded: recorded}
 	}
 	tests := []struct {
 		name   string
-		opts   []engine.Option
+		opts   []Option
 		atomic bool
-		run    func(t *testing.T, h *harness, c *engine.Call) // after Start, before End
-		before func(h *harness)                               // before Start
-		want   engine.Event
+		run    func(t *testing.T, h *harness, c *call) // after Start, before End
+		before func(h *harness)                        // before Start
+		want   Event
 		hook   string
 	}{
 		{
 			name: "executed and recorded",
-			run: func(t *testing.T, h *harness, c *engine.Call) {
-				if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+			run: func(t *testing.T, h *harness, c *call) {
+				if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 					t.Fatal(err)
 				}
 			},
-			want: ev(engine.Executed, 0, len("outcome-1"), true), hook: "execute executed",
+			want: ev(Executed, 0, len("outcome-1"), true), hook: "execute executed",
 		},
 		{
 			name: "executed and released",
-			run:  func(t *testing.T, h *harness, c *engine.Call) { c.Release(t.Context()) },
-			want: ev(engine.Executed, 14, 0, false), hook: "execute executed",
+			run:  func(t *testing.T, h *harness, c *call) { c.release(t.Context()) },
+			want: ev(Executed, 14, 0, false), hook: "execute executed",
 		},
 		{
 			name:   "executed in atomic mode",
 			atomic: true,
-			run: func(t *testing.T, h *harness, c *engine.Call) {
-				if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+			run: func(t *testing.T, h *harness, c *call) {
+				if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 					t.Fatal(err)
 				}
 			},
-			want: ev(engine.Executed, 0, len("outcome-1"), true), hook: "execute executed",
+			want: ev(Executed, 0, len("outcome-1"), true), hook: "execute executed",
 		},
 		{
 			name:   "executed in atomic mode, and the commit failed",
 			atomic: true,
-			run: func(t *testing.T, h *harness, c *engine.Call) {
+			run: func(t *testing.T, h *harness, c *call) {
 				h.st.fail(mCommit, errDown, 1)
-				if err := c.Record(t.Context(), []byte("outcome-1"), true); err == nil {
+				if err := c.record(t.Context(), []byte("outcome-1"), true); err == nil {
 					t.Fatal("Record: nil, want the commit's error")
 				}
 			},
-			want: ev(engine.Executed, 14, 0, false), hook: "execute executed",
+			want: ev(Executed, 14, 0, false), hook: "execute executed",
 		},
 		{
 			name:   "executed in atomic mode, and another call recorded the key first",
 			atomic: true,
-			run: func(t *testing.T, h *harness, c *engine.Call) {
+			run: func(t *testing.T, h *harness, c *call) {
 				h.st.fail(mCommit, fmt.Errorf("fake store: %w", store.ErrLeaseLost), 1)
-				if err := c.Record(t.Context(), []byte("outcome-1"), true); !errors.Is(err, engine.ErrSuperseded) {
-					t.Fatalf("Record: %v, want ErrSuperseded", err)
+				if err := c.record(t.Context(), []byte("outcome-1"), true); !errors.Is(err, errSuperseded) {
+					t.Fatalf("Record: %v, want errSuperseded", err)
 				}
 			},
 			// Its writes were rolled back, and it answers with the other
 			// call's record: a replay, not a second execution.
-			want: ev(engine.Replayed, 0, len(otherOutcome), false), hook: "replay replayed",
+			want: ev(Replayed, 0, len(otherOutcome), false), hook: "replay replayed",
 		},
 		{
 			name: "executed, and the reply took a short error's place",
-			opts: []engine.Option{engine.WithMaxRecordSize(1024)},
-			run: func(t *testing.T, h *harness, c *engine.Call) {
-				if err := c.Record(t.Context(), make([]byte, 2048), true); !errors.Is(err, engine.ErrTooLarge) {
+			opts: []Option{WithMaxRecordSize(1024)},
+			run: func(t *testing.T, h *harness, c *call) {
+				if err := c.record(t.Context(), make([]byte, 2048), true); !errors.Is(err, ErrTooLarge) {
 					t.Fatalf("Record: %v, want ErrTooLarge", err)
 				}
-				if err := c.Record(t.Context(), []byte("too large"), false); err != nil {
+				if err := c.record(t.Context(), []byte("too large"), false); err != nil {
 					t.Fatal(err)
 				}
 			},
-			want: ev(engine.Executed, 13, len("too large"), true), hook: "execute executed",
+			want: ev(Executed, 13, len("too large"), true), hook: "execute executed",
 		},
 		{
 			name: "executed, and the store had no room",
-			run: func(t *testing.T, h *harness, c *engine.Call) {
+			run: func(t *testing.T, h *harness, c *call) {
 				h.st.fail(mComplete, full, forever)
-				_ = c.Record(t.Context(), []byte("outcome-1"), true)
-				_ = c.Record(t.Context(), []byte("no room"), false)
+				_ = c.record(t.Context(), []byte("outcome-1"), true)
+				_ = c.record(t.Context(), []byte("no room"), false)
 			},
-			want: ev(engine.Executed, 13, 0, false), hook: "execute executed",
+			want: ev(Executed, 13, 0, false), hook: "execute executed",
 		},
 		{
 			name: "executed, and the record is written in the background",
-			run: func(t *testing.T, h *harness, c *engine.Call) {
+			run: func(t *testing.T, h *harness, c *call) {
 				h.st.fail(mComplete, errDown, 1)
-				if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+				if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 					t.Fatal(err)
 				}
 				eventually(t, "the record, written in the background", func() bool { return h.st.count(mComplete) == 2 })
 			},
-			want: ev(engine.Executed, 0, len("outcome-1"), true), hook: "execute executed",
+			want: ev(Executed, 0, len("outcome-1"), true), hook: "execute executed",
 		},
 		{
 			name: "executed, and the lease was lost",
-			run: func(t *testing.T, h *harness, c *engine.Call) {
+			run: func(t *testing.T, h *harness, c *call) {
 				h.st.fail(mComplete, fmt.Errorf("fake store: %w", store.ErrLeaseLost), 1)
-				_ = c.Record(t.Context(), []byte("outcome-1"), true)
+				_ = c.record(t.Context(), []byte("outcome-1"), true)
 			},
-			want: ev(engine.Executed, 0, 0, false), hook: "execute executed",
+			want: ev(Executed, 0, 0, false), hook: "execute executed",
 		},
 		{
 			name: "replayed",
 			before: func(h *harness) {
-				c := h.e.Call(h.op)
-				c.Start(context.Background(), req)
-				_ = c.Record(context.Background(), []byte("outcome-1"), true)
+				c := h.e.newCall(h.op)
+				c.start(context.Background(), req)
+				_ = c.record(context.Background(), []byte("outcome-1"), true)
 			},
-			want: ev(engine.Replayed, 0, len("outcome-1"), false), hook: "replay replayed",
+			want: ev(Replayed, 0, len("outcome-1"), false), hook: "replay replayed",
 		},
 		{
 			name: "reused",
 			before: func(h *harness) {
-				c := h.e.Call(h.op)
-				c.Start(context.Background(), other)
-				_ = c.Record(context.Background(), []byte("outcome-1"), true)
+				c := h.e.newCall(h.op)
+				c.start(context.Background(), other)
+				_ = c.record(context.Background(), []byte("outcome-1"), true)
 			},
-			want: ev(engine.Reused, 3, 0, false), hook: "refuse reused",
+			want: ev(Reused, 3, 0, false), hook: "refuse reused",
 		},
 		{
 			name: "in progress",
-			opts: []engine.Option{engine.WithInProgressWait(0)},
+			opts: []Option{WithInProgressWait(0)},
 			before: func(h *harness) {
-				c := h.e.Call(h.op)
-				c.Start(context.Background(), req)
+				c := h.e.newCall(h.op)
+				c.start(context.Background(), req)
 			},
-			want: ev(engine.InProgress, 10, 0, false), hook: "refuse in_progress",
+			want: ev(InProgress, 10, 0, false), hook: "refuse in_progress",
 		},
 		{
 			name:   "store unavailable",
 			before: func(h *harness) { h.st.fail(mReserve, errDown, forever) },
-			want:   ev(engine.StoreUnavailable, 14, 0, false), hook: "refuse store_unavailable",
+			want:   ev(StoreUnavailable, 14, 0, false), hook: "refuse store_unavailable",
 		},
 		{
 			name:   "store full",
 			before: func(h *harness) { h.st.fail(mReserve, full, forever) },
-			want:   ev(engine.StoreFull, 8, 0, false), hook: "refuse store_full",
+			want:   ev(StoreFull, 8, 0, false), hook: "refuse store_full",
 		},
 		{
 			name:   "failed open",
-			opts:   []engine.Option{engine.WithFailOpen()},
+			opts:   []Option{WithFailOpen()},
 			before: func(h *harness) { h.st.fail(mReserve, errDown, forever) },
-			want:   ev(engine.FailedOpen, 0, 0, false), hook: "execute failed_open",
+			want:   ev(FailedOpen, 0, 0, false), hook: "execute failed_open",
 		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			var hooks hookLog
-			h := newHarness(t, append([]engine.Option{engine.WithHooks(hooks.hooks())}, tc.opts...)...)
+			h := newHarness(t, append([]Option{WithHooks(hooks.hooks())}, tc.opts...)...)
 			op := h.op
 			if tc.atomic {
 				op = h.atomic
@@ -217,28 +216,28 @@ func TestHooks(t *testing.T) {
 			if tc.run != nil {
 				tc.run(t, h, c)
 			}
-			hooks.want(t, engine.Event{}) // nothing before End
-			c.End(t.Context(), tc.want.Code)
+			hooks.want(t, Event{}) // nothing before End
+			c.end(t.Context(), tc.want.Code)
 			hooks.want(t, tc.want, tc.hook)
 		})
 	}
 
 	// An adapter sets the verdicts of calls it answers before Start: it read
 	// no key, or no valid one, or refused the tenant or the request.
-	for _, v := range []engine.Verdict{engine.NoKey, engine.KeyMissing, engine.KeyInvalid, engine.Refused} {
+	for _, v := range []Verdict{NoKey, KeyMissing, KeyInvalid, Refused} {
 		t.Run(v.String(), func(t *testing.T) {
 			var hooks hookLog
-			h := newHarness(t, engine.WithHooks(hooks.hooks()))
-			c := h.e.Call(h.op)
-			if v != engine.Refused {
+			h := newHarness(t, WithHooks(hooks.hooks()))
+			c := h.e.newCall(h.op)
+			if v != Refused {
 				c.Verdict = v // Refused is the verdict of a call that never started
 			}
-			c.End(t.Context(), 3)
+			c.end(t.Context(), 3)
 			hook := "refuse "
-			if v == engine.NoKey {
+			if v == NoKey {
 				hook = "execute "
 			}
-			hooks.want(t, engine.Event{Operation: opName, Verdict: v, Code: 3}, hook+v.String())
+			hooks.want(t, Event{Operation: opName, Verdict: v, Code: 3}, hook+v.String())
 		})
 	}
 }
@@ -249,21 +248,21 @@ func TestHooksOnRetries(t *testing.T) {
 	for _, atomic := range []bool{false, true} {
 		t.Run(fmt.Sprintf("atomic=%v", atomic), func(t *testing.T) {
 			var hooks hookLog
-			h := newHarness(t, engine.WithHooks(hooks.hooks()))
+			h := newHarness(t, WithHooks(hooks.hooks()))
 			op := h.op
 			if atomic {
 				op = h.atomic
 			}
 			const n = 5
 			for i := range n {
-				c := h.e.Call(op)
-				c.Start(t.Context(), engine.Request{Tenant: req.Tenant, Key: req.Key, Fingerprint: req.Fingerprint, Retried: i > 0})
-				if c.Verdict == engine.Executed {
-					if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+				c := h.e.newCall(op)
+				c.start(t.Context(), request{Tenant: req.Tenant, Key: req.Key, Fingerprint: req.Fingerprint, Retried: i > 0})
+				if c.Verdict == Executed {
+					if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 						t.Fatal(err)
 					}
 				}
-				c.End(t.Context(), 0)
+				c.end(t.Context(), 0)
 			}
 			got, _ := hooks.take()
 			want := []string{"execute executed"}
@@ -283,14 +282,14 @@ type ctxKey struct{}
 // cancellation: a caller who hung up does not cancel the hook's work.
 func TestHookContext(t *testing.T) {
 	var got context.Context
-	h := newHarness(t, engine.WithHooks(engine.Hooks{OnExecute: func(ctx context.Context, _ engine.Event) { got = ctx }}))
+	h := newHarness(t, WithHooks(Hooks{OnExecute: func(ctx context.Context, _ Event) { got = ctx }}))
 	ctx, cancel := context.WithCancel(context.WithValue(t.Context(), ctxKey{}, "identity"))
 	c := h.start(ctx, h.op, req)
 	cancel() // the caller hangs up while the handler runs
-	if err := c.Record(ctx, []byte("outcome-1"), true); err != nil {
+	if err := c.record(ctx, []byte("outcome-1"), true); err != nil {
 		t.Fatal(err)
 	}
-	c.End(ctx, 0)
+	c.end(ctx, 0)
 	if got == nil {
 		t.Fatal("the hook did not run")
 	}
@@ -310,43 +309,43 @@ func TestHookContext(t *testing.T) {
 // or tenant, with the runtime's own words only.
 func TestHookPanics(t *testing.T) {
 	const rawKey, rawTenant = "KEY-marmot-5521", "TENANT-heron-0904"
-	r := engine.Request{Tenant: rawTenant, Key: rawKey, Fingerprint: fingerprint("request-1")}
+	r := request{Tenant: rawTenant, Key: rawKey, Fingerprint: fingerprint("request-1")}
 	var replays int
-	h := newHarness(t, engine.WithHooks(engine.Hooks{
-		OnExecute: func(_ context.Context, ev engine.Event) {
+	h := newHarness(t, WithHooks(Hooks{
+		OnExecute: func(_ context.Context, ev Event) {
 			panic("audit failed for " + ev.Tenant + "/" + ev.Key)
 		},
-		OnReplay: func(_ context.Context, ev engine.Event) {
+		OnReplay: func(_ context.Context, ev Event) {
 			replays++
 			var seen []string
 			_ = seen[len(ev.Key)] // a runtime error
 		},
-		OnRefuse: func(_ context.Context, ev engine.Event) {
+		OnRefuse: func(_ context.Context, ev Event) {
 			panic(fmt.Errorf("refused %s", ev.Key))
 		},
 	}))
 	c := h.start(t.Context(), h.op, r)
-	if err := c.Record(t.Context(), []byte("outcome-1"), true); err != nil {
+	if err := c.record(t.Context(), []byte("outcome-1"), true); err != nil {
 		t.Fatal(err)
 	}
-	c.End(t.Context(), 0) // must not panic
+	c.end(t.Context(), 0) // must not panic
 
 	again := h.start(t.Context(), h.op, r)
-	if again.Verdict != engine.Replayed || string(again.Outcome) != "outcome-1" {
+	if again.Verdict != Replayed || string(again.Outcome) != "outcome-1" {
 		t.Fatalf("after a panicking hook: verdict %v, outcome %q; want the record replayed", again.Verdict, again.Outcome)
 	}
-	again.End(t.Context(), 0)
+	again.end(t.Context(), 0)
 	if replays != 1 {
 		t.Errorf("OnReplay ran %d times, want 1", replays)
 	}
-	reused := h.start(t.Context(), h.op, engine.Request{Tenant: rawTenant, Key: rawKey, Fingerprint: fingerprint("request-2")})
-	reused.End(t.Context(), 3)
+	reused := h.start(t.Context(), h.op, request{Tenant: rawTenant, Key: rawKey, Fingerprint: fingerprint("request-2")})
+	reused.end(t.Context(), 3)
 
 	logs := h.logs.String()
 	for _, want := range []string{
 		"the OnExecute hook panicked", "the OnReplay hook panicked", "the OnRefuse hook panicked",
 		"level=ERROR", "a panic with a value of type string", "a panic with a value of type *errors.errorString",
-		"runtime error: index out of range", "stack=", "engine_test.TestHookPanics.func1", "hooks_test.go:", "scope=", opName,
+		"runtime error: index out of range", "stack=", "engine.TestHookPanics.func1", "hooks_test.go:", "scope=", opName,
 	} {
 		if !strings.Contains(logs, want) {
 			t.Errorf("the log holds no %q", want)
@@ -363,10 +362,10 @@ func TestHookPanics(t *testing.T) {
 // and empty Hooks run nothing.
 func TestWithHooksReplaces(t *testing.T) {
 	var first, second hookLog
-	h := newHarness(t, engine.WithHooks(first.hooks()), engine.WithHooks(engine.Hooks{OnReplay: second.hooks().OnReplay}))
+	h := newHarness(t, WithHooks(first.hooks()), WithHooks(Hooks{OnReplay: second.hooks().OnReplay}))
 	h.recorded(t, h.op, req, "outcome-1")
 	c := h.start(t.Context(), h.op, req)
-	c.End(t.Context(), 0)
+	c.end(t.Context(), 0)
 	if got, _ := first.take(); len(got) != 0 {
 		t.Errorf("the replaced hooks ran: %q", got)
 	}
@@ -374,9 +373,9 @@ func TestWithHooksReplaces(t *testing.T) {
 		t.Errorf("the later hooks ran %q, want one replay", got)
 	}
 
-	h = newHarness(t, engine.WithHooks(first.hooks()), engine.WithHooks(engine.Hooks{}))
+	h = newHarness(t, WithHooks(first.hooks()), WithHooks(Hooks{}))
 	c = h.start(t.Context(), h.op, req)
-	c.End(t.Context(), 0)
+	c.end(t.Context(), 0)
 	if got, _ := first.take(); len(got) != 0 {
 		t.Errorf("hooks ran after WithHooks(Hooks{}): %q", got)
 	}

@@ -164,7 +164,7 @@ func (mm *opMetrics) callOption(v Verdict, code int) metric.AddOption {
 
 // callEnded records how a call ended: its counter, the attributes and an
 // event on the call's span (otelgrpc's, if any), and a Debug line.
-func (obs *observer) callEnded(ctx context.Context, c *Call, code int) {
+func (obs *observer) callEnded(ctx context.Context, c *call, code int) {
 	if obs.calls.Enabled(ctx) {
 		obs.calls.Add(ctx, 1, c.op.metrics.callOption(c.Verdict, code))
 	}
@@ -177,7 +177,7 @@ func (obs *observer) callEnded(ctx context.Context, c *Call, code int) {
 		if c.op.metrics.spec.Status != nil {
 			attrs = append(attrs, slog.String("code", c.op.metrics.spec.Status(code).Value.String()))
 		}
-		attrs = append(attrs, slog.Duration("took", time.Since(c.start)))
+		attrs = append(attrs, slog.Duration("took", time.Since(c.began)))
 		if c.started {
 			attrs = append(attrs, slog.String("scope", c.key.String()))
 		}
@@ -283,7 +283,7 @@ func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Result, 
 }
 
 // commit seals the outcome in c.tx's Commit (sealingTx), whose time it counts.
-func (e *Engine) commit(ctx context.Context, c *Call, outcome []byte, keepWrites bool) error {
+func (e *Engine) commit(ctx context.Context, c *call, outcome []byte, keepWrites bool) error {
 	sctx, t := e.obs.startStore(ctx, opCommit)
 	err := c.tx.Commit(sctx, outcome, keepWrites)
 	t.end(ctx, err)
@@ -292,9 +292,9 @@ func (e *Engine) commit(ctx context.Context, c *Call, outcome []byte, keepWrites
 }
 
 // complete and storeRelease detach the write from the caller's cancellation
-// (see Call.Record), after the span lookup, which costs an allocation on a
+// (see call.Record), after the span lookup, which costs an allocation on a
 // detached context.
-func (e *Engine) complete(ctx context.Context, c *Call, outcome []byte) error {
+func (e *Engine) complete(ctx context.Context, c *call, outcome []byte) error {
 	size := len(outcome) // for the hooks: the adapter's encoding, as replays get it
 	outcome, err := e.sealOutcome(c.key, outcome)
 	if err == nil {
@@ -306,7 +306,7 @@ func (e *Engine) complete(ctx context.Context, c *Call, outcome []byte) error {
 	return err
 }
 
-func (e *Engine) storeRelease(ctx context.Context, c *Call) error {
+func (e *Engine) storeRelease(ctx context.Context, c *call) error {
 	sctx, t := e.obs.startStore(ctx, opRelease)
 	err := e.store.Release(context.WithoutCancel(sctx), c.key, c.token)
 	t.end(ctx, err)

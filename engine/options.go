@@ -182,7 +182,7 @@ func WithRetention(d time.Duration) Option {
 
 // WithClockSkew sets how far apart a client's clock and the store's may be
 // (DefaultClockSkew), for a call that tells when its key's operation was
-// first sent (Request.FirstSent): a call first sent longer ago than the
+// first sent (request.FirstSent): a call first sent longer ago than the
 // retention less the skew (or less half the retention, if that is less),
 // whose key has no record, is answered Expired without running, since its
 // record may have been there and expired; one first sent later than the

@@ -1,4 +1,4 @@
-package engine_test
+package engine
 
 import (
 	"bytes"
@@ -7,7 +7,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 )
@@ -40,7 +39,7 @@ func (h *harness) wantNoRaw(t *testing.T) {
 func TestSealedOutcomeReplays(t *testing.T) {
 	for _, mode := range []string{"two-phase", "atomic"} {
 		t.Run(mode, func(t *testing.T) {
-			h := newHarness(t, engine.WithSealer(newTestRing(t, 1)))
+			h := newHarness(t, WithSealer(newTestRing(t, 1)))
 			op := h.op
 			if mode == "atomic" {
 				op = h.atomic
@@ -53,9 +52,9 @@ func TestSealedOutcomeReplays(t *testing.T) {
 			if _, sealed := seal.SealedWith(stored); !sealed {
 				t.Fatalf("the store holds %x, which is not sealed", stored)
 			}
-			for _, r := range []engine.Request{req, {Tenant: req.Tenant, Key: req.Key, Fingerprint: req.Fingerprint, Retried: true}} {
+			for _, r := range []request{req, {Tenant: req.Tenant, Key: req.Key, Fingerprint: req.Fingerprint, Retried: true}} {
 				c := h.start(t.Context(), op, r)
-				if c.Verdict != engine.Replayed || string(c.Outcome) != secretReply {
+				if c.Verdict != Replayed || string(c.Outcome) != secretReply {
 					t.Fatalf("retry (Retried %v): %v %q, want the reply replayed", r.Retried, c.Verdict, c.Outcome)
 				}
 			}
@@ -80,24 +79,24 @@ func TestUnopenedRecordFailsClosed(t *testing.T) {
 		for _, failOpen := range []bool{false, true} {
 			for _, retried := range []bool{false, true} {
 				t.Run(fmt.Sprintf("%s/failopen=%v/retried=%v", name, failOpen, retried), func(t *testing.T) {
-					h := newHarness(t, engine.WithSealer(tc.write))
+					h := newHarness(t, WithSealer(tc.write))
 					h.recorded(t, h.op, req, secretReply)
 					if tc.tamper {
 						h.st.mu.Lock()
 						h.st.records[reqKey].outcome[len(secretReply)/2] ^= 1
 						h.st.mu.Unlock()
 					}
-					opts := []engine.Option{engine.WithSealer(tc.read), engine.WithLogger(h.e.Logger())}
+					opts := []Option{WithSealer(tc.read), WithLogger(h.e.Logger())}
 					if failOpen {
-						opts = append(opts, engine.WithFailOpen())
+						opts = append(opts, WithFailOpen())
 					}
 					e := mustEngine(t, h.st, opts...)
-					op, _ := e.Operation(engine.OperationSpec{Name: opName})
-					c := e.Call(op)
+					op, _ := e.Operation(OperationSpec{Name: opName})
+					c := e.newCall(op)
 					r := req
 					r.Retried = retried
-					c.Start(t.Context(), r)
-					if c.Verdict != engine.StoreUnavailable {
+					c.start(t.Context(), r)
+					if c.Verdict != StoreUnavailable {
 						t.Fatalf("fail-open %v, retried %v: verdict %v, want store_unavailable", failOpen, retried, c.Verdict)
 					}
 					if logs := h.logs.String(); !strings.Contains(logs, "level=ERROR") || !strings.Contains(logs, "does not open") || !strings.Contains(logs, tc.want) {
@@ -113,22 +112,22 @@ func TestUnopenedRecordFailsClosed(t *testing.T) {
 // A record sealed with a previous key replays; a new one is sealed with the
 // primary key.
 func TestSealRotation(t *testing.T) {
-	h := newHarness(t, engine.WithSealer(newTestRing(t, 1)))
+	h := newHarness(t, WithSealer(newTestRing(t, 1)))
 	h.recorded(t, h.op, req, secretReply)
-	e := mustEngine(t, h.st, engine.WithSealer(newTestRing(t, 2, 1)), engine.WithLogger(h.e.Logger()))
-	op, _ := e.Operation(engine.OperationSpec{Name: opName})
-	c := e.Call(op)
-	c.Start(t.Context(), req)
-	if c.Verdict != engine.Replayed || string(c.Outcome) != secretReply {
+	e := mustEngine(t, h.st, WithSealer(newTestRing(t, 2, 1)), WithLogger(h.e.Logger()))
+	op, _ := e.Operation(OperationSpec{Name: opName})
+	c := e.newCall(op)
+	c.start(t.Context(), req)
+	if c.Verdict != Replayed || string(c.Outcome) != secretReply {
 		t.Fatalf("after rotation: %v %q, want the old record replayed", c.Verdict, c.Outcome)
 	}
-	r2 := engine.Request{Tenant: req.Tenant, Key: "key-2", Fingerprint: req.Fingerprint}
-	c = e.Call(op)
-	c.Start(t.Context(), r2)
-	if c.Verdict != engine.Executed {
+	r2 := request{Tenant: req.Tenant, Key: "key-2", Fingerprint: req.Fingerprint}
+	c = e.newCall(op)
+	c.start(t.Context(), r2)
+	if c.Verdict != Executed {
 		t.Fatalf("a new key: %v", c.Verdict)
 	}
-	if err := c.Record(t.Context(), []byte("new"), true); err != nil {
+	if err := c.record(t.Context(), []byte("new"), true); err != nil {
 		t.Fatal(err)
 	}
 	stored, _ := h.st.outcome(store.ScopeKey(r2.Tenant, opName, r2.Key))
@@ -140,13 +139,13 @@ func TestSealRotation(t *testing.T) {
 // A key reused with another request is refused as reused, whether or not
 // its record would open: its outcome is never read.
 func TestReusedKeyOfUnopenedRecord(t *testing.T) {
-	h := newHarness(t, engine.WithSealer(newTestRing(t, 1)))
+	h := newHarness(t, WithSealer(newTestRing(t, 1)))
 	h.recorded(t, h.op, req, secretReply)
-	e := mustEngine(t, h.st, engine.WithSealer(newTestRing(t, 2)), engine.WithLogger(h.e.Logger()))
-	op, _ := e.Operation(engine.OperationSpec{Name: opName})
-	c := e.Call(op)
-	c.Start(t.Context(), other)
-	if c.Verdict != engine.Reused {
+	e := mustEngine(t, h.st, WithSealer(newTestRing(t, 2)), WithLogger(h.e.Logger()))
+	op, _ := e.Operation(OperationSpec{Name: opName})
+	c := e.newCall(op)
+	c.start(t.Context(), other)
+	if c.Verdict != Reused {
 		t.Fatalf("verdict %v, want reused", c.Verdict)
 	}
 }
@@ -154,12 +153,12 @@ func TestReusedKeyOfUnopenedRecord(t *testing.T) {
 // A store with bounds sets room aside for the sealed outcome, which is
 // larger than the engine's bound on the outcome.
 func TestSealedReservationRoom(t *testing.T) {
-	h := newHarness(t, engine.WithSealer(newTestRing(t, 1)), engine.WithMaxRecordSize(4096))
-	h.executed(t, h.op, req).Release(t.Context())
+	h := newHarness(t, WithSealer(newTestRing(t, 1)), WithMaxRecordSize(4096))
+	h.executed(t, h.op, req).release(t.Context())
 	if got := h.st.lastReceived(t).MaxOutcome; got != 4096+seal.Overhead {
 		t.Fatalf("MaxOutcome %d, want %d", got, 4096+seal.Overhead)
 	}
-	h.executed(t, h.atomic, other).Release(t.Context())
+	h.executed(t, h.atomic, other).release(t.Context())
 	if got := h.st.lastReceived(t).MaxOutcome; got != 4096+seal.Overhead {
 		t.Fatalf("atomic: MaxOutcome %d, want %d", got, 4096+seal.Overhead)
 	}
@@ -168,7 +167,7 @@ func TestSealedReservationRoom(t *testing.T) {
 // A nil *seal.KeyRing seals nothing, as no sealer does.
 func TestNilKeyRing(t *testing.T) {
 	var ring *seal.KeyRing
-	h := newHarness(t, engine.WithSealer(ring))
+	h := newHarness(t, WithSealer(ring))
 	h.recorded(t, h.op, req, "plain")
 	if stored, _ := h.st.outcome(reqKey); string(stored) != "plain" {
 		t.Fatalf("stored %q", stored)
@@ -184,12 +183,12 @@ func (failingSealer) Seal(store.Key, []byte) ([]byte, error) { return nil, errSe
 // A sealer that fails to seal in atomic mode commits nothing: the call's
 // writes roll back with its reservation.
 func TestSealFailureInAtomicMode(t *testing.T) {
-	h := newHarness(t, engine.WithSealer(failingSealer{newTestRing(t, 1)}))
+	h := newHarness(t, WithSealer(failingSealer{newTestRing(t, 1)}))
 	c := h.executed(t, h.atomic, req)
-	if !write(c.Context(t.Context()), "charge") {
+	if !write(c.contextFor(t.Context()), "charge") {
 		t.Fatal("no transaction in the handler's context")
 	}
-	if err := c.Record(t.Context(), []byte(secretReply), true); !errors.Is(err, errSealer) {
+	if err := c.record(t.Context(), []byte(secretReply), true); !errors.Is(err, errSealer) {
 		t.Fatalf("Record: %v, want the sealer's error", err)
 	}
 	if h.st.has(reqKey) || len(h.st.committedWrites()) > 0 || h.st.count(mRollback) != 1 {

@@ -100,7 +100,7 @@ type Answer struct {
 	// RetryAfter is how long to wait before a retry, for InProgress and
 	// StoreFull.
 	RetryAfter time.Duration
-	// Expires is until when the call's key is honoured (see Call.Expires);
+	// Expires is until when the call's key is honoured (see call.Expires);
 	// zero sends no expiry.
 	Expires time.Time
 }
@@ -111,22 +111,22 @@ type Answer struct {
 // or the stand-in of a result that cannot be recorded; the answer, and then
 // the metrics and hooks. Every entry point serves its calls with it.
 func (e *Engine) Serve(ctx context.Context, op *Operation, x Exchange) {
-	c := e.Call(op)
-	c.End(ctx, c.serve(ctx, x))
+	c := e.newCall(op)
+	c.end(ctx, c.serve(ctx, x))
 }
 
 // serve is Serve up to the code of the call's answer.
-func (c *Call) serve(ctx context.Context, x Exchange) int {
+func (c *call) serve(ctx context.Context, x Exchange) int {
 	r, code, ok := c.read(ctx, x)
 	if !ok {
 		return code
 	}
-	c.Start(ctx, r)
+	c.start(ctx, r)
 	switch c.Verdict {
 	case Executed:
 		return c.run(ctx, x)
 	case FailedOpen:
-		return c.pass(c.Context(ctx), x)
+		return c.pass(c.contextFor(ctx), x)
 	}
 	return x.Answer(ctx, c.answerOf())
 }
@@ -134,7 +134,7 @@ func (c *Call) serve(ctx context.Context, x Exchange) int {
 // read reads the request of the call x carries. If ok is false, the call is
 // answered already, with code: it had no key (and ran unprotected, or was
 // refused), or its key, first-sent time, tenant or request was refused.
-func (c *Call) read(ctx context.Context, x Exchange) (r Request, code int, ok bool) {
+func (c *call) read(ctx context.Context, x Exchange) (r request, code int, ok bool) {
 	key, ok, err := x.Key()
 	switch {
 	case err != nil:
@@ -161,11 +161,11 @@ func (c *Call) read(ctx context.Context, x Exchange) (r Request, code int, ok bo
 		return r, x.Answer(ctx, Answer{Verdict: Refused, Err: err}), false
 	}
 	att := x.Attempt()
-	return Request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last}, 0, true
+	return request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last}, 0, true
 }
 
 // pass runs the handler unprotected, under the operation's HandlerTimeout.
-func (c *Call) pass(ctx context.Context, x Exchange) int {
+func (c *call) pass(ctx context.Context, x Exchange) int {
 	ctx, cancel := c.op.timed(ctx)
 	defer cancel()
 	return x.Pass(ctx)
@@ -173,7 +173,7 @@ func (c *Call) pass(ctx context.Context, x Exchange) int {
 
 // answerOf is the Answer of the call's verdict, for a call whose handler
 // did not run, or whose record another call's superseded.
-func (c *Call) answerOf() Answer {
+func (c *call) answerOf() Answer {
 	a := Answer{Verdict: c.Verdict, RetryAfter: c.RetryAfter, Expires: c.Expires}
 	if c.Verdict == Replayed {
 		a.Outcome = c.Outcome
@@ -188,21 +188,21 @@ func (c *Call) answerOf() Answer {
 // or releases the key, and answers. In atomic mode only a success keeps the
 // handler's writes: a recorded error, or a result that could not be
 // recorded, undoes them.
-func (c *Call) run(ctx context.Context, x Exchange) int {
-	defer c.Abandon(ctx) // the handler panicked: let a retry run again; the panic goes on
+func (c *call) run(ctx context.Context, x Exchange) int {
+	defer c.abandon(ctx) // the handler panicked: let a retry run again; the panic goes on
 	out := c.runHandler(ctx, x)
 	if out.Unrecordable != nil {
-		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", out.Unrecordable)
+		c.log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", out.Unrecordable)
 		return c.recordInstead(ctx, x, out.Unrecordable)
 	}
 	if out.Release {
-		c.Release(ctx)
+		c.release(ctx)
 		return x.Answer(ctx, Answer{Verdict: Executed})
 	}
-	switch err := c.Record(ctx, out.Record, out.KeepWrites); {
+	switch err := c.record(ctx, out.Record, out.KeepWrites); {
 	case errors.Is(err, ErrTooLarge), errors.Is(err, store.ErrFull):
 		return c.recordInstead(ctx, x, err)
-	case errors.Is(err, ErrSuperseded):
+	case errors.Is(err, errSuperseded):
 		return x.Answer(ctx, c.answerOf())
 	case err != nil:
 		return x.Answer(ctx, Answer{Verdict: StoreUnavailable})
@@ -212,7 +212,7 @@ func (c *Call) run(ctx context.Context, x Exchange) int {
 
 // runHandler is x.Run with the handler's context, under the operation's
 // HandlerTimeout.
-func (c *Call) runHandler(ctx context.Context, x Exchange) HandlerResult {
+func (c *call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 	hctx, cancel := c.handlerContext(ctx)
 	defer cancel()
 	return x.Run(hctx)
@@ -223,12 +223,12 @@ func (c *Call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 // too, as every retry will; if even it cannot be recorded, the key stays in
 // progress until its lease ends. Only in atomic mode, where a failed commit
 // undoes the handler's writes, is the answer StoreUnavailable.
-func (c *Call) recordInstead(ctx context.Context, x Exchange, why error) int {
+func (c *call) recordInstead(ctx context.Context, x Exchange, why error) int {
 	a := Answer{Verdict: Executed, StandIn: why}
-	switch err := c.Record(ctx, x.StandIn(why), false); {
-	case errors.Is(err, ErrSuperseded):
+	switch err := c.record(ctx, x.StandIn(why), false); {
+	case errors.Is(err, errSuperseded):
 		return x.Answer(ctx, c.answerOf())
-	case err != nil && c.Atomic():
+	case err != nil && c.inTx():
 		return x.Answer(ctx, Answer{Verdict: StoreUnavailable})
 	case err == nil:
 		a.Expires = c.Expires
@@ -239,7 +239,7 @@ func (c *Call) recordInstead(ctx context.Context, x Exchange, why error) int {
 // ServeBatch serves xs, calls of op, as Serve serves each, and decides them
 // together where the store can (CanBatch): a message consumer that takes
 // its messages in batches dedups a batch in one round trip of the store's,
-// and in atomic mode commits it with one commit (see Batch for what a
+// and in atomic mode commits it with one commit (see batch for what a
 // batch does differently). A call the batch cannot finish (a key an earlier
 // call of the batch has, one past MaxBatch, a two-phase call whose lease the
 // handlers before it used up, an atomic batch whose transaction failed, the
@@ -249,7 +249,7 @@ func (c *Call) recordInstead(ctx context.Context, x Exchange, why error) int {
 // ends. ctx bounds the store's operations; each handler runs under the
 // operation's HandlerTimeout.
 func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
-	if !e.CanBatch(op) || len(xs) < 2 {
+	if !e.canBatch(op) || len(xs) < 2 {
 		for _, x := range xs {
 			e.Serve(ctx, op, x)
 		}
@@ -262,29 +262,29 @@ func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
 
 // serveBatch is ServeBatch for at most MaxBatch calls.
 func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
-	reqs := make([]Request, 0, len(xs))
+	reqs := make([]request, 0, len(xs))
 	at := make([]Exchange, 0, len(xs)) // the exchange of each request
 	for _, x := range xs {
-		c := e.Call(op)
+		c := e.newCall(op)
 		r, code, ok := c.read(ctx, x)
 		if !ok {
-			c.End(ctx, code)
+			c.end(ctx, code)
 			continue
 		}
 		reqs, at = append(reqs, r), append(at, x)
 	}
-	b := e.StartBatch(ctx, op, reqs)
-	defer b.Abandon(ctx) // a panic rolls the batch back, then propagates
+	b := e.startBatch(ctx, op, reqs)
+	defer b.abandon(ctx) // a panic rolls the batch back, then propagates
 	codes := make([]int, len(at))
 	pending := make([]*Answer, len(at)) // atomic: answered once the commit says
 	for j, x := range at {
 		c := &b.Calls[j]
 		switch {
-		case b.Alone(j), c.Verdict == InProgress && reqs[j].last:
+		case b.alone(j), c.Verdict == InProgress && reqs[j].last:
 			// Decided on its own after the batch, which a last attempt in
 			// progress elsewhere waits in.
 		case c.Verdict == Executed && !op.atomic:
-			if b.Ready(ctx, j) {
+			if b.ready(ctx, j) {
 				codes[j] = c.run(ctx, x)
 			}
 		case c.Verdict == Executed:
@@ -293,11 +293,11 @@ func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 			codes[j] = x.Answer(ctx, c.answerOf())
 		}
 	}
-	err := b.Commit(ctx)
+	err := b.commit(ctx)
 	for j, x := range at {
 		c := &b.Calls[j]
 		switch {
-		case b.Alone(j), c.Verdict == InProgress && reqs[j].last:
+		case b.alone(j), c.Verdict == InProgress && reqs[j].last:
 			e.Serve(ctx, op, x) // counted there: this call is not
 			continue
 		case pending[j] != nil && err != nil && b.state[j] == batchStaged:
@@ -306,36 +306,36 @@ func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 		case pending[j] != nil:
 			codes[j] = x.Answer(ctx, *pending[j])
 		}
-		c.End(ctx, codes[j])
+		c.end(ctx, codes[j])
 	}
 }
 
 // run runs the handler of Executed call i of an atomic batch in the batch's
 // transaction, and stages its outcome for the commit, or undoes its writes:
 // it returns the call's answer once the commit has succeeded.
-func (b *Batch) run(ctx context.Context, i int, x Exchange) *Answer {
+func (b *batch) run(ctx context.Context, i int, x Exchange) *Answer {
 	c := &b.Calls[i]
 	out := func() HandlerResult {
 		hctx, cancel := b.op.timed(ctx)
 		defer cancel()
-		return x.Run(b.Context(hctx, i))
+		return x.Run(b.contextFor(hctx, i))
 	}()
 	if out.Release {
-		b.Release(ctx, i)
+		b.release(ctx, i)
 		return &Answer{Verdict: Executed}
 	}
 	record, why := out.Record, out.Unrecordable
 	if why != nil {
-		c.Log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", why)
+		c.log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", why)
 		record = x.StandIn(why)
 	}
-	err := b.Record(ctx, i, record, out.KeepWrites && why == nil)
+	err := b.record(ctx, i, record, out.KeepWrites && why == nil)
 	if errors.Is(err, ErrTooLarge) && why == nil {
 		why = err // nothing was done: record the stand-in in its place
-		err = b.Record(ctx, i, x.StandIn(why), false)
+		err = b.record(ctx, i, x.StandIn(why), false)
 	}
 	if err != nil {
-		b.Release(ctx, i)
+		b.release(ctx, i)
 		return &Answer{Verdict: StoreUnavailable}
 	}
 	return &Answer{Verdict: Executed, StandIn: why, Expires: c.Expires}

@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/enginetest"
+
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
@@ -486,7 +488,7 @@ func TestWriteProblem(t *testing.T) {
 // replay (another transport's, or a corrupt one) answers a clean 500.
 func TestForeignRecordIsRefused(t *testing.T) {
 	const operation = "/payments.v1.PaymentService/CreateCharge"
-	fp := store.Fingerprint{1}
+	fp := store.Fingerprint{1} // enginetest's
 	st := memory.New()
 	eng := newEngine(t, st, engine.WithSingleTenant(), engine.WithLogger(nil)) // writes the records the middleware must refuse
 	for key, outcome := range map[string][]byte{
@@ -498,13 +500,8 @@ func TestForeignRecordIsRefused(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := eng.Call(op)
-		c.Start(t.Context(), engine.Request{Key: key, Fingerprint: fp})
-		if c.Verdict != engine.Executed {
-			t.Fatalf("verdict %v", c.Verdict)
-		}
-		if err := c.Record(t.Context(), outcome, true); err != nil {
-			t.Fatal(err)
+		if c := enginetest.Serve(t.Context(), eng, op, key, outcome); !c.Ran || c.Answered.Verdict != engine.Executed {
+			t.Fatalf("recording the %s record: %+v", key, c.Answered)
 		}
 	}
 	mw, err := idemhttp.Middleware(eng,

@@ -9,10 +9,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/enginetest"
+
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/seal"
-	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -34,7 +35,7 @@ func BenchmarkSealedEngineCall(b *testing.B) {
 	}
 	newSide := func(opts ...engine.Option) side {
 		e, err := engine.New(memory.New(memory.WithMaxRecords(1<<24), memory.WithMaxBytes(1<<40)),
-			append(opts, engine.WithSingleTenant(), engine.WithLogger(nil), engine.WithMaxRecordSize(4096))...)
+			append(opts, engine.WithTenant(func(context.Context) (string, error) { return "acme", nil }), engine.WithLogger(nil), engine.WithMaxRecordSize(4096))...)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -47,19 +48,18 @@ func BenchmarkSealedEngineCall(b *testing.B) {
 	plain, sealed := newSide(), newSide(engine.WithSealer(ring))
 	ctx := context.Background()
 	call := func(s side, key string) error {
-		c := s.e.Call(s.op)
-		c.Start(ctx, engine.Request{Tenant: "acme", Key: key, Fingerprint: store.Fingerprint{1}})
-		defer c.End(ctx, 0)
-		switch c.Verdict {
-		case engine.Executed:
-			return c.Record(ctx, bytes.Clone(reply), true) // an adapter encodes each reply anew
-		case engine.Replayed:
-			if len(c.Outcome) != len(reply) {
-				return fmt.Errorf("replayed %d bytes", len(c.Outcome))
+		c := enginetest.Serve(ctx, s.e, s.op, key, bytes.Clone(reply)) // an adapter encodes each reply anew
+		switch a := c.Answered; {
+		case a.Verdict == engine.Executed && a.StandIn == nil:
+			return nil
+		case a.Verdict == engine.Replayed:
+			if len(a.Outcome) != len(reply) {
+				return fmt.Errorf("replayed %d bytes", len(a.Outcome))
 			}
 			return nil
+		default:
+			return fmt.Errorf("verdict %v", a.Verdict)
 		}
-		return fmt.Errorf("verdict %v", c.Verdict)
 	}
 	for _, s := range []side{plain, sealed} {
 		if err := call(s, "replay"); err != nil {

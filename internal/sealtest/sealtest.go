@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/enginetest"
+
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/seal"
@@ -112,7 +114,7 @@ type harness struct {
 
 func (h *harness) engine(ring engine.Sealer, opts ...engine.Option) (*engine.Engine, *engine.Operation) {
 	h.t.Helper()
-	e, err := engine.New(h.st, append([]engine.Option{engine.WithSingleTenant(), engine.WithSealer(ring), engine.WithLogger(h.logger)}, opts...)...)
+	e, err := engine.New(h.st, append([]engine.Option{engine.WithTenant(func(context.Context) (string, error) { return tenant, nil }), engine.WithSealer(ring), engine.WithLogger(h.logger)}, opts...)...)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -130,20 +132,11 @@ func (h *harness) call(e *engine.Engine, op *engine.Operation, key, reply string
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(h.t.Context(), 30*time.Second)
 	defer cancel()
-	c := e.Call(op)
-	defer c.End(ctx, 0)
-	c.Start(ctx, engine.Request{Tenant: tenant, Key: key, Fingerprint: store.Fingerprint{1}})
-	switch c.Verdict {
-	case engine.Executed:
+	c := enginetest.Serve(ctx, e, op, key, []byte(reply))
+	if c.Ran {
 		h.runs++
-		if err := c.Record(ctx, []byte(reply), true); err != nil {
-			h.t.Fatalf("Record: %v", err)
-		}
-		return c.Verdict, reply
-	case engine.Replayed:
-		return c.Verdict, string(c.Outcome)
 	}
-	return c.Verdict, ""
+	return c.Answered.Verdict, string(c.Got())
 }
 
 func scope(key string) store.Key { return store.ScopeKey(tenant, operation, key) }
