@@ -37,14 +37,17 @@ check-generate: generate ## fail if generated code or a go.mod is out of date (e
 	@test -z "$$(git status --porcelain -- proto example/paymentsv1connect)" || (git status --porcelain -- proto example/paymentsv1connect && echo "make generate made new files: commit them" && exit 1)
 	./scripts/check-deps
 
-lint: ## gofmt, go vet, staticcheck, buf lint and buf format
+lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size (tests/apisize)
 	@test -z "$$(gofmt -l .)" || (gofmt -l . && echo "gofmt would change these files" && exit 1)
 	$(GO) vet $(PKGS)
 	@echo "lint: staticcheck and buf run with go tool; the first run downloads and builds them (tools/go.mod), a few minutes"
 	@for m in $(MODULES); do echo "staticcheck in $$m (GOWORK=off)"; (cd $$m && $(TOOL) staticcheck ./...) || exit 1; done
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
-	$(GO) run ./tests/apisize -root .
+	@# The entry packages' names and the re-exports are held at their targets; the
+	@# published total and the names shared between packages at today's figures,
+	@# so that they only go down (their targets: 380 and 25).
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 393 -max-shared 36
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
