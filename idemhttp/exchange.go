@@ -1,0 +1,276 @@
+package idemhttp
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
+)
+
+// exchange is one covered request, as engine.Serve reads and answers it.
+// The middleware's own answers (a recorded, replayed or problem response)
+// are prepared by Answer and sent, by send, only after Serve has run the
+// hooks, so that a client that has the answer knows they have returned; a
+// response the handler writes itself (Pass: no key, or failed open) goes
+// out as it writes it, through rec, before them.
+type exchange struct {
+	m    *middleware
+	r    *http.Request
+	w    http.ResponseWriter
+	next http.Handler
+	name string
+	rec  statusRecorder // the handler's writes, for Pass
+
+	body    []byte   // the request body, read for the fingerprint
+	read    bool     // body was read: the handler gets it, not r.Body
+	ran     bool     // the handler ran (Run)
+	cw      *capture // the handler's buffered response, for Run
+	standIn *capture // the 500 recorded in its place, if it could not be
+
+	send func(w http.ResponseWriter) // the answer Answer prepared
+}
+
+func (x *exchange) Key() (string, bool, error) { return KeyFromHeader(x.r.Header) }
+
+func (x *exchange) FirstSent() []string { return x.r.Header.Values(idemkey.FirstSentHeader) }
+
+// Attempt is the zero Attempt: HTTP does not say which attempt a request is.
+func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
+
+// Fingerprint reads the request body whole, up to WithMaxBodySize, and
+// fingerprints the request with it. Its error is a *refusal, which Answer
+// writes as its problem.
+func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
+	body, status, err := readBody(&x.rec, x.r, x.m.opts.maxBody)
+	if err != nil {
+		reason := ReasonRequestUnreadable
+		if status == http.StatusRequestEntityTooLarge {
+			reason = ReasonRequestTooLarge
+		}
+		return store.Fingerprint{}, &refusal{status: status, reason: reason, detail: err.Error()}
+	}
+	x.body, x.read = body, true
+	fp, err := x.m.opts.fingerprint(x.request(ctx), body)
+	if err != nil {
+		// The FingerprintFunc's own words may quote the request.
+		x.m.eng.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: fingerprint refused the request", slog.String("operation", x.name),
+			slog.String("error", fmt.Sprintf("an error of type %T (its words are not logged: they may quote the request)", err)))
+		return store.Fingerprint{}, &refusal{status: http.StatusBadRequest, reason: ReasonRequestUnreadable, detail: "the request could not be fingerprinted"}
+	}
+	return fp, nil
+}
+
+// Run runs the handler into a buffer (capture), so that the first caller
+// gets exactly what is recorded and replayed to every retry. In atomic mode
+// only a status below 400 keeps the handler's writes.
+func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
+	x.ran = true
+	o := x.m.opts
+	x.cw = newCapture(x.w, x.m.eng.MaxRecordSize())
+	r := x.request(ctx)
+	x.next.ServeHTTP(x.cw, r)
+	x.cw.finish()
+	switch {
+	case x.cw.tooBig:
+		return engine.HandlerResult{Unrecordable: errResponseTooLarge}
+	case !o.recorded(x.cw.status):
+		return engine.HandlerResult{Release: true}
+	}
+	outcome, err := encodeResponse(r, x.cw, o.replayed, o.redact)
+	return engine.HandlerResult{Record: outcome, KeepWrites: x.cw.status < 400, Unrecordable: err}
+}
+
+func (x *exchange) StandIn(why error) []byte {
+	pw, outcome := x.m.standIn(x.w, why)
+	x.standIn = pw
+	return outcome
+}
+
+// Pass runs the handler unprotected, writing straight to the client, and
+// returns the status it wrote.
+func (x *exchange) Pass(ctx context.Context) int {
+	x.next.ServeHTTP(&x.rec, x.request(ctx))
+	if x.rec.status == 0 {
+		return http.StatusOK
+	}
+	return x.rec.status
+}
+
+// Answer prepares the answer a says, for serve to send once the hooks have
+// run, and returns its status.
+func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
+	status, send := x.answer(ctx, a)
+	x.send = send
+	return status
+}
+
+// answer is the status of a's answer, and how to send it.
+func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
+	switch a.Verdict {
+	case engine.Executed:
+		cw := x.cw
+		if a.StandIn != nil {
+			cw = x.standIn // StandIn made it
+		}
+		setExpires(cw.header, a.Expires) // after its record: the expiry is each answer's own
+		return cw.status, cw.send
+	case engine.Replayed:
+		return x.replay(ctx, a)
+	case engine.InProgress:
+		return problem(http.StatusConflict, idemkey.ReasonInProgress,
+			"a request with this Idempotency-Key is being processed; retry after the time given", a.RetryAfter, a.Expires)
+	case engine.Reused:
+		return problem(http.StatusUnprocessableEntity, idemkey.ReasonKeyReused,
+			"this Idempotency-Key was first used with another request", 0, a.Expires)
+	case engine.KeyMissing:
+		return problem(http.StatusBadRequest, idemkey.ReasonKeyMissing, "this operation requires an Idempotency-Key header", 0, time.Time{})
+	case engine.KeyInvalid:
+		return problem(http.StatusBadRequest, idemkey.ReasonKeyInvalid, a.Err.Error(), 0, time.Time{}) // never quotes the key
+	case engine.FirstSentInvalid:
+		return problem(http.StatusBadRequest, idemkey.ReasonFirstSentInvalid, a.Err.Error(), 0, time.Time{}) // never quotes the value
+	case engine.Expired:
+		return problem(http.StatusPreconditionFailed, idemkey.ReasonKeyExpired,
+			"the operation of this Idempotency-Key was first sent longer ago than keys are kept, and has no record; it was not run", 0, time.Time{})
+	case engine.StoreFull:
+		return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreFull,
+			"the idempotency store has no room for a new key; retry later", a.RetryAfter, time.Time{})
+	case engine.Refused:
+		var ref *refusal
+		switch {
+		case a.Tenant:
+			return problem(http.StatusUnauthorized, "", "the caller could not be authenticated", 0, time.Time{})
+		case errors.As(a.Err, &ref):
+			return problem(ref.status, ref.reason, ref.detail, 0, time.Time{})
+		}
+	}
+	if x.ran {
+		return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
+			"the idempotency store failed while recording the response; retry to learn the outcome", 0, time.Time{})
+	}
+	return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreUnavailable,
+		"the idempotency store is unavailable; the request was not processed", 0, time.Time{})
+}
+
+// problem is the status of a problem answer (WriteProblem), and how to
+// send it, telling expires if it is not zero.
+func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, func(http.ResponseWriter)) {
+	return status, func(w http.ResponseWriter) {
+		setExpires(w.Header(), expires)
+		WriteProblem(w, status, reason, detail, retryAfter)
+	}
+}
+
+// refusal is Fingerprint's error: a request refused before anything is
+// reserved, answered with the problem it names.
+type refusal struct {
+	status         int
+	reason, detail string
+}
+
+func (e *refusal) Error() string { return e.detail }
+
+// request is the request the handler and the fingerprint get: r with ctx,
+// and the body read for the fingerprint, if it was, to read again.
+func (x *exchange) request(ctx context.Context) *http.Request {
+	r := x.r.WithContext(ctx)
+	if x.read {
+		r = withBody(r, x.body)
+	}
+	return r
+}
+
+// readBody reads r's body whole, up to limit bytes. On an error, status is
+// the answer: 413 past the limit, else 400.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, status int, err error) {
+	if r.ContentLength > limit {
+		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, 0, nil
+	}
+	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	var tooLarge *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooLarge):
+		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
+	case err != nil:
+		return nil, http.StatusBadRequest, errors.New("the request body could not be read")
+	}
+	return body, 0, nil
+}
+
+func errTooLarge(limit int64) error {
+	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
+}
+
+// withBody is r with body to read again.
+func withBody(r *http.Request, body []byte) *http.Request {
+	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
+	return r
+}
+
+// setExpires tells the client until when the call's key is honoured, if
+// the store said: on an answer about a recorded or reserved key, never on
+// one whose key was released or not reserved.
+func setExpires(h http.Header, expires time.Time) {
+	if !expires.IsZero() {
+		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
+	}
+}
+
+// Details of the 500 that takes the place of a response that cannot be
+// recorded: short, so that the stand-in's record fits in store.SmallOutcome.
+const (
+	detailTooLarge         = "too large to record"
+	detailResponseTooLarge = "the response of this request is too large to record"
+	detailStoreFull        = "the store is full"
+	detailUnrecordable     = "the response of this request could not be recorded"
+)
+
+// standIn is the 500 that takes the place of a response that cannot be
+// recorded (why: engine.ErrTooLarge, store.ErrFull, errResponseTooLarge, or
+// why encodeResponse failed), and its record: with the header of the
+// middleware before, not the handler's.
+func (m *middleware) standIn(w http.ResponseWriter, why error) (*capture, []byte) {
+	detail := detailUnrecordable
+	switch {
+	case errors.Is(why, engine.ErrTooLarge):
+		detail = detailTooLarge
+	case errors.Is(why, errResponseTooLarge):
+		detail = detailResponseTooLarge
+	case errors.Is(why, store.ErrFull):
+		detail = detailStoreFull
+	}
+	pw := newCapture(w, store.SmallOutcome)
+	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
+	outcome, err := encodeResponse(nil, pw, m.opts.replayed, nil) // idemkey's own, never redacted
+	if err != nil {
+		// A header field of the middleware before whose name is not UTF-8:
+		// the problem alone, which always encodes.
+		outcome, _ = encodeResponse(nil, pw, nil, nil)
+	}
+	return pw, outcome
+}
+
+// replay is the status of the recorded response a replays, and how to send
+// it, marked replayed.
+func (x *exchange) replay(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
+	resp, err := decodeResponse(a.Outcome)
+	if err != nil {
+		x.m.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome cannot be replayed",
+			slog.String("operation", x.name), slog.Any("error", err))
+		return problem(http.StatusInternalServerError, "", "the recorded response of this request cannot be read", 0, time.Time{})
+	}
+	return int(resp.GetStatus()), func(w http.ResponseWriter) {
+		setExpires(w.Header(), a.Expires)
+		replayResponse(w, resp, x.m.opts.replayed)
+	}
+}
