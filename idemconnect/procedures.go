@@ -68,10 +68,11 @@ func (ps *procedures) describe(spec connect.Spec) *procedure {
 		// NewServerInterceptor checked that the engine can serve it (a
 		// store for atomic mode, a way to tell tenants apart), the only
 		// ways this fails.
+		attrs, status := protokey.RPCMetrics("connectrpc", spec.Procedure)
 		p.op, _ = ps.eng.Operation(engine.OperationSpec{
 			Name:    spec.Procedure,
 			Atomic:  ps.atomicAll || ps.atomic[spec.Procedure],
-			Metrics: protokey.RPCMetrics("connectrpc", spec.Procedure),
+			Metrics: engine.MetricsSpec{Attributes: attrs, Status: status},
 		})
 	}
 	return p

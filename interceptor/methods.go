@@ -57,9 +57,12 @@ func (ms *methods) describe(fullMethod string) *method {
 	}
 	m.atomic = ms.opts.atomicAll || ms.opts.atomic[fullMethod]
 	if m.covered && ms.eng != nil {
-		// The server checked at construction that a method in atomic mode
-		// has a store for it, the one way this fails.
-		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic, Metrics: protokey.RPCMetrics("grpc", fullMethod)})
+		// The server checked at construction that the engine can serve it
+		// (a store for atomic mode, a way to tell tenants apart), the only
+		// ways this fails.
+		attrs, status := protokey.RPCMetrics("grpc", fullMethod)
+		m.op, _ = ms.eng.Operation(engine.OperationSpec{Name: fullMethod, Atomic: m.atomic,
+			Metrics: engine.MetricsSpec{Attributes: attrs, Status: status}})
 	}
 	return m
 }

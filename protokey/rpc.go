@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/reflect/protoregistry"
 	"google.golang.org/protobuf/types/descriptorpb"
 
-	"github.com/idemkey/idemkey/engine"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 )
 
@@ -75,21 +74,19 @@ func Lookup(fullMethod string) protoreflect.MethodDescriptor {
 }
 
 // RPCMetrics labels a method's measurements with OpenTelemetry's RPC
-// conventions, as otelgrpc labels its own: rpc.system.name system ("grpc",
-// "connectrpc"), rpc.service, rpc.method "package.Service/Method", and
-// rpc.response.status_code the code's canonical name ("OK",
-// "INVALID_ARGUMENT"); a code past Unauthenticated counts as Unknown.
-func RPCMetrics(system, fullMethod string) engine.MetricsSpec {
+// conventions, as otelgrpc labels its own, for an engine.MetricsSpec:
+// attrs are rpc.system.name system ("grpc", "connectrpc"), rpc.service and
+// rpc.method "package.Service/Method"; status is rpc.response.status_code,
+// the code's canonical name ("OK", "INVALID_ARGUMENT"), a code past
+// Unauthenticated counting as Unknown.
+func RPCMetrics(system, fullMethod string) (attrs []attribute.KeyValue, status func(code int) attribute.KeyValue) {
 	method := strings.TrimPrefix(fullMethod, "/")
 	service, _, _ := strings.Cut(method, "/")
-	return engine.MetricsSpec{
-		Attributes: []attribute.KeyValue{
-			attribute.String("rpc.system.name", system),
-			attribute.String("rpc.service", service),
-			attribute.String("rpc.method", method),
-		},
-		Status: statusCodeAttr,
-	}
+	return []attribute.KeyValue{
+		attribute.String("rpc.system.name", system),
+		attribute.String("rpc.service", service),
+		attribute.String("rpc.method", method),
+	}, statusCodeAttr
 }
 
 func statusCodeAttr(code int) attribute.KeyValue {
