@@ -47,7 +47,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# The entry packages' names and the re-exports are held at their targets; the
 	@# published total and the names shared between packages at today's figures,
 	@# so that they only go down (their targets: 380 and 25).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 393 -max-shared 36
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 393 -max-shared 35
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a

@@ -119,7 +119,7 @@ func newBusyStore(st store.Store) *busyStore { return &busyStore{Store: st, busy
 func (s *busyStore) Busy() <-chan struct{} { return s.busy }
 
 func (s *busyStore) note(res store.Result, err error) {
-	if err == nil && res.State == store.InProgress {
+	if err == nil && res.State == store.Held {
 		s.once.Do(func() { close(s.busy) })
 	}
 }

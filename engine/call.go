@@ -134,7 +134,7 @@ func (c *call) start(ctx context.Context, r request) {
 	}
 
 	got, err := e.reserve(ctx, res)
-	if err == nil && got.State == store.InProgress && got.Fingerprint == fp {
+	if err == nil && got.State == store.Held && got.Fingerprint == fp {
 		got, err = e.await(ctx, c.wait(r), got, func(ctx context.Context) (store.Result, error) { return e.reserve(ctx, res) })
 	}
 	switch {
@@ -215,7 +215,7 @@ func (c *call) checkFirstSent(t time.Time) bool {
 func (c *call) begin(ctx context.Context, r store.Reservation, wait time.Duration) {
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
-	if err == nil && res.State == store.InProgress && res.Fingerprint == r.Fingerprint {
+	if err == nil && res.State == store.Held && res.Fingerprint == r.Fingerprint {
 		res, err = e.await(ctx, wait, res, func(ctx context.Context) (store.Result, error) {
 			res, t, err := e.begin(ctx, r)
 			tx = t
@@ -398,7 +398,7 @@ var errSuperseded = errors.New("idemkey: another call recorded the key first")
 func (c *call) superseded(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	c.Verdict = InProgress
-	res := store.Result{State: store.InProgress, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
+	res := store.Result{State: store.Held, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
 	if c.e.finder != nil {
 		found, ok, err := c.e.find(ctx, c.key)
 		switch {
@@ -543,7 +543,7 @@ func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Result
 		case <-timer.C:
 		}
 		next, err := poll(ctx)
-		if err != nil || next.State != store.InProgress {
+		if err != nil || next.State != store.Held {
 			return next, err
 		}
 		res = next

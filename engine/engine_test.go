@@ -126,9 +126,9 @@ func (s *fakeStore) decideLocked(r store.Reservation) (store.Result, *fakeRecord
 	case rec.completed:
 		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
 	case rec.tx != nil:
-		return store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil
+		return store.Result{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Result{State: store.InProgress, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
+		return store.Result{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
 	}
 	s.lastToken++
 	rec.token, rec.leaseEnd = s.lastToken, now.Add(r.Lease)

@@ -62,8 +62,9 @@ const (
 	Acquired State = iota + 1
 	// Completed: an outcome is recorded; Result.Outcome holds it.
 	Completed
-	// InProgress: another caller holds a live lease on the key.
-	InProgress
+	// Held: another caller holds a live lease on the key (the key is in
+	// progress).
+	Held
 )
 
 func (s State) String() string {
@@ -72,7 +73,7 @@ func (s State) String() string {
 		return "acquired"
 	case Completed:
 		return "completed"
-	case InProgress:
+	case Held:
 		return "in progress"
 	}
 	return "unknown"
@@ -126,13 +127,13 @@ type Result struct {
 	// Token fences Complete and Release. Set when State is Acquired.
 	Token Token
 	// Fingerprint of the request that created the record. Set when State is
-	// Completed or InProgress, so the caller can refuse a reused key.
+	// Completed or Held, so the caller can refuse a reused key.
 	Fingerprint Fingerprint
 	// Outcome is the recorded outcome when State is Completed. The caller must
 	// not modify it.
 	Outcome []byte
 	// RetryAfter is how long the current lease has left when State is
-	// InProgress.
+	// Held.
 	RetryAfter time.Duration
 	// Expires is when the record expires (its creation plus its retention,
 	// on the store's clock), in every state: until then its key is honoured.
@@ -195,11 +196,11 @@ type Store interface {
 	//   - no record, or an expired one: insert it in progress with a new token
 	//     and the lease r.Lease; Acquired.
 	//   - a completed record: Completed, with its outcome and fingerprint.
-	//   - an in-progress record whose lease has not ended: InProgress, with its
+	//   - an in-progress record whose lease has not ended: Held, with its
 	//     fingerprint and the lease time left.
 	//   - an in-progress record whose lease has ended: if its fingerprint is
 	//     r.Fingerprint, take it over with a new token and lease (Acquired);
-	//     otherwise InProgress, so the caller refuses the reused key.
+	//     otherwise Held, so the caller refuses the reused key.
 	// A retention that has passed counts as absent even when the record was
 	// created with a different fingerprint. A store with bounds returns
 	// ErrFull rather than insert a record past them, or acquire a key, new or
@@ -276,7 +277,7 @@ type Atomic interface {
 	// Rollback. Otherwise tx is nil and no transaction is left open.
 	//
 	// Another caller may hold the key in a transaction that has not
-	// committed yet. Begin does not wait for it: the result is InProgress
+	// committed yet. Begin does not wait for it: the result is Held
 	// with r's own Fingerprint, because an uncommitted record's fingerprint
 	// cannot be read, and a RetryAfter of r.Lease; a later Begin decides on
 	// its record once it has committed, or acquires if it rolled back.

@@ -296,7 +296,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	case rec.completed:
 		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, nil
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Result{State: store.InProgress, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, nil
+		return store.Result{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, nil
 	default:
 		// The lease has ended: its holder is presumed dead. The new holder
 		// needs room for its own largest outcome; what the old one set aside

@@ -301,13 +301,13 @@ func scanProbe(row pgx.Row, r store.Reservation) (probed, error) {
 	case probeBusy:
 		// The running call's record is not written yet: its fingerprint
 		// cannot be read, and its lease is unknown.
-		p.res = store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}
+		p.res = store.Result{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}
 		p.busy = true
 		return p, nil
 	case probeCompleted:
 		p.res.State = store.Completed
 	default:
-		p.res.State, p.res.RetryAfter = store.InProgress, intervalDuration(leaseLeft)
+		p.res.State, p.res.RetryAfter = store.Held, intervalDuration(leaseLeft)
 	}
 	copy(p.res.Fingerprint[:], fingerprint)
 	p.res.Expires = p.recorded
@@ -403,12 +403,12 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 		p.res = store.Result{State: store.Completed, Outcome: c.outcome, Expires: c.expires}
 		copy(p.res.Fingerprint[:], c.fingerprint)
 	case found && !c.takeable:
-		p.res = store.Result{State: store.InProgress, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
+		p.res = store.Result{State: store.Held, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
 		copy(p.res.Fingerprint[:], c.fingerprint)
 	case locked:
 		p.res, p.takeover = store.Result{State: store.Acquired, Expires: expiresOnRecord(r, started, p.recorded)}, found
 	default:
-		p.res, p.busy = store.Result{State: store.InProgress, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, true
+		p.res, p.busy = store.Result{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, true
 	}
 	return p
 }

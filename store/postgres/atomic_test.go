@@ -574,7 +574,7 @@ func TestAtomicExpires(t *testing.T) {
 	if d := time.Until(exp); d < retention-time.Minute || d > retention {
 		t.Fatalf("Begin: Expires %v from now, want about %v", d, retention)
 	}
-	if busy, _, err := r.store.Begin(ctx, res); err != nil || busy.State != store.InProgress || !busy.Expires.Equal(exp) {
+	if busy, _, err := r.store.Begin(ctx, res); err != nil || busy.State != store.Held || !busy.Expires.Equal(exp) {
 		t.Errorf("Begin of a key held uncommitted = %v, %v, Expires %v; want in progress, %v", busy.State, err, busy.Expires, exp)
 	}
 	if err := tx.Commit(ctx, []byte("reply"), true); err != nil {
@@ -655,7 +655,7 @@ func TestAtomicDuplicateToldTheRecordsExpiry(t *testing.T) {
 					if tx != nil {
 						tx.Rollback(ctx)
 					}
-					if err != nil || got.State != store.InProgress || !got.Expires.Equal(exp) {
+					if err != nil || got.State != store.Held || !got.Expires.Equal(exp) {
 						t.Errorf("Begin %s = %v, %v, Expires %v; want in progress, %v", dup.how, got.State, err, got.Expires, exp)
 					}
 					batch, btx, err := dup.st.BeginBatch(ctx, []store.Reservation{res})
@@ -665,7 +665,7 @@ func TestAtomicDuplicateToldTheRecordsExpiry(t *testing.T) {
 					if err != nil {
 						t.Fatalf("BeginBatch %s: %v", dup.how, err)
 					}
-					if batch[0].State != store.InProgress || !batch[0].Expires.Equal(exp) {
+					if batch[0].State != store.Held || !batch[0].Expires.Equal(exp) {
 						t.Errorf("BeginBatch %s = %v, Expires %v; want in progress, %v", dup.how, batch[0].State, batch[0].Expires, exp)
 					}
 				}
@@ -744,14 +744,14 @@ func TestAtomicDuplicateToldNoExpiry(t *testing.T) {
 		}
 		defer tx.Rollback(ctx)
 		other := newStore(t, unprivilegedPool(t, r.pool), postgres.WithoutSchemaCheck())
-		if got, _, err := other.Begin(ctx, res); err != nil || got.State != store.InProgress || !got.Expires.IsZero() {
+		if got, _, err := other.Begin(ctx, res); err != nil || got.State != store.Held || !got.Expires.IsZero() {
 			t.Errorf("Begin as another role = %v, %v, Expires %v; want in progress, none", got.State, err, got.Expires)
 		}
 		got, _, err := other.BeginBatch(ctx, []store.Reservation{res})
 		if err != nil {
 			t.Fatalf("BeginBatch as another role: %v", err)
 		}
-		if got[0].State != store.InProgress || !got[0].Expires.IsZero() {
+		if got[0].State != store.Held || !got[0].Expires.IsZero() {
 			t.Errorf("BeginBatch as another role = %v, Expires %v; want in progress, none", got[0].State, got[0].Expires)
 		}
 	})
@@ -767,7 +767,7 @@ func TestAtomicDuplicateToldNoExpiry(t *testing.T) {
 			# 'idempotency_keys'::regclass::oid::bigint)`, res.Key[:]); err != nil {
 			t.Fatal(err)
 		}
-		if got, _, err := r.store.Begin(ctx, res); err != nil || got.State != store.InProgress || !got.Expires.IsZero() {
+		if got, _, err := r.store.Begin(ctx, res); err != nil || got.State != store.Held || !got.Expires.IsZero() {
 			t.Errorf("Begin = %v, %v, Expires %v; want in progress, none", got.State, err, got.Expires)
 		}
 	})

@@ -101,7 +101,7 @@ func TestBatchDecisions(t *testing.T) {
 	for i, res := range results {
 		states[i] = res.State
 	}
-	if want := []store.State{store.Acquired, store.Completed, store.InProgress, store.InProgress, store.Acquired}; !slices.Equal(states, want) {
+	if want := []store.State{store.Acquired, store.Completed, store.Held, store.Held, store.Acquired}; !slices.Equal(states, want) {
 		t.Fatalf("states %v, want %v", states, want)
 	}
 	if string(results[1].Outcome) != "recorded outcome" || results[1].Fingerprint != fpA {
@@ -513,7 +513,7 @@ func TestBatchSlots(t *testing.T) {
 		t.Fatal(err)
 	}
 	results, btx, err := st.BeginBatch(ctx, reservations("recorded", "running"))
-	if err != nil || btx != nil || results[0].State != store.Completed || results[1].State != store.InProgress {
+	if err != nil || btx != nil || results[0].State != store.Completed || results[1].State != store.Held {
 		t.Fatalf("with no slot free: %+v, %v, %v; want answered at once", results, btx, err)
 	}
 	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)

@@ -310,7 +310,7 @@ func scanReservation(row pgx.Row) (store.Result, error) {
 	case 2:
 		res.State = store.Completed
 	default:
-		res.State, res.RetryAfter = store.InProgress, intervalDuration(leaseLeft)
+		res.State, res.RetryAfter = store.Held, intervalDuration(leaseLeft)
 	}
 	copy(res.Fingerprint[:], fingerprint)
 	return res, nil

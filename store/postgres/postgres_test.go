@@ -163,7 +163,7 @@ func TestReplicasRace(t *testing.T) {
 	}
 	close(start)
 	wg.Wait()
-	if states[store.Acquired] != 1 || states[store.InProgress] != callers-1 {
+	if states[store.Acquired] != 1 || states[store.Held] != callers-1 {
 		t.Errorf("50 reserves of one key over 4 replicas: %v; want 1 acquired, 49 in progress", states)
 	}
 }

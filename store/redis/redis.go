@@ -271,7 +271,7 @@ func parseReservation(v any) (store.Result, error) {
 	case 2:
 		res.State, res.Outcome = store.Completed, []byte(outcome)
 	case 3:
-		res.State, res.RetryAfter = store.InProgress, time.Duration(left)*time.Microsecond // below maxDuration
+		res.State, res.RetryAfter = store.Held, time.Duration(left)*time.Microsecond // below maxDuration
 	default:
 		return store.Result{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
 	}

@@ -176,7 +176,7 @@ func testInProgress(t *testing.T, h Harness) {
 	mustAcquire(t, h.Store, key, fpA)
 	for _, fp := range []store.Fingerprint{fpA, fpB} {
 		res := reserve(t, h.Store, key, fp)
-		wantState(t, res, store.InProgress)
+		wantState(t, res, store.Held)
 		if res.Fingerprint != fpA {
 			t.Errorf("in-progress fingerprint = %x, want %x", res.Fingerprint[:4], fpA[:4])
 		}
@@ -195,7 +195,7 @@ func testLeaseTakeover(t *testing.T, h Harness) {
 	if second == first {
 		t.Fatalf("takeover kept token %d; want a new one", first)
 	}
-	wantState(t, reserve(t, h.Store, key, fpA), store.InProgress)
+	wantState(t, reserve(t, h.Store, key, fpA), store.Held)
 	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), key, first, []byte("stale")))
 	complete(t, h.Store, key, second, []byte("fresh"))
 	if res := reserve(t, h.Store, key, fpA); string(res.Outcome) != "fresh" {
@@ -209,7 +209,7 @@ func testNoTakeoverForOtherRequest(t *testing.T, h Harness) {
 	h.Advance(t, lease+time.Second)
 
 	res := reserve(t, h.Store, key, fpB)
-	wantState(t, res, store.InProgress)
+	wantState(t, res, store.Held)
 	if res.Fingerprint != fpA {
 		t.Errorf("fingerprint = %x, want the first request's %x", res.Fingerprint[:4], fpA[:4])
 	}
@@ -222,7 +222,7 @@ func testStaleToken(t *testing.T, h Harness) {
 	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), key, token+1, []byte("x")))
 	wantLeaseLost(t, "Release", h.Store.Release(context.Background(), key, token+1))
 	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), newKey(t, "absent"), token, []byte("x")))
-	wantState(t, reserve(t, h.Store, key, fpA), store.InProgress)
+	wantState(t, reserve(t, h.Store, key, fpA), store.Held)
 }
 
 func testRelease(t *testing.T, h Harness) {
@@ -262,7 +262,7 @@ func testExpiredTakeover(t *testing.T, h Harness) {
 	if second == first {
 		t.Errorf("expired takeover kept token %d", first)
 	}
-	wantState(t, reserve(t, h.Store, key, fpB), store.InProgress)
+	wantState(t, reserve(t, h.Store, key, fpB), store.Held)
 }
 
 // A holder whose lease and retention have both passed holds nothing: the
@@ -297,9 +297,9 @@ func testExpiry(t *testing.T, h Harness) {
 	// At 62: done-old and dead-old are gone, so another request acquires them.
 	wantState(t, reserve(t, h.Store, doneOld, fpB), store.Acquired)
 	wantState(t, reserve(t, h.Store, deadOld, fpB), store.Acquired)
-	wantState(t, reserve(t, h.Store, liveOld, fpB), store.InProgress)
+	wantState(t, reserve(t, h.Store, liveOld, fpB), store.Held)
 	wantState(t, reserve(t, h.Store, doneNew, fpB), store.Completed)
-	wantState(t, reserve(t, h.Store, liveNew, fpB), store.InProgress)
+	wantState(t, reserve(t, h.Store, liveNew, fpB), store.Held)
 }
 
 func testSweep(t *testing.T, h Harness) {
@@ -326,9 +326,9 @@ func testSweep(t *testing.T, h Harness) {
 	if deleted != 2 {
 		t.Errorf("Sweep deleted %d records, want 2 (the expired completed one and the expired one whose lease ended)", deleted)
 	}
-	wantState(t, reserve(t, h.Store, liveOld, fpA), store.InProgress)
+	wantState(t, reserve(t, h.Store, liveOld, fpA), store.Held)
 	wantState(t, reserve(t, h.Store, doneNew, fpA), store.Completed)
-	wantState(t, reserve(t, h.Store, liveNew, fpA), store.InProgress)
+	wantState(t, reserve(t, h.Store, liveNew, fpA), store.Held)
 	if deleted, err := sweeper.Sweep(ctx, 100); err != nil || deleted != 0 {
 		t.Errorf("second Sweep = %d, %v; want 0, nil", deleted, err)
 	}
@@ -400,7 +400,7 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 	for s := range states {
 		count[s]++
 	}
-	if count[store.Acquired] != 1 || count[store.InProgress] != callers-1 {
+	if count[store.Acquired] != 1 || count[store.Held] != callers-1 {
 		t.Errorf("%d concurrent reserves gave %v; want exactly one acquired and the rest in progress", callers, count)
 	}
 }
@@ -515,9 +515,9 @@ func testReserveBatch(t *testing.T, h Harness) {
 	}{
 		{"new", fpA, store.Acquired},
 		{"done", fpB, store.Completed}, // the caller tells a reused key by the fingerprint
-		{"running", fpA, store.InProgress},
+		{"running", fpA, store.Held},
 		{"dead", fpA, store.Acquired}, // taken over by the same request
-		{"dead-other", fpB, store.InProgress},
+		{"dead-other", fpB, store.Held},
 		{"old", fpB, store.Acquired},
 		{"released", fpB, store.Acquired},
 	}
@@ -552,7 +552,7 @@ func testReserveBatch(t *testing.T, h Harness) {
 			if r.Fingerprint != fpA || string(r.Outcome) != "reply" {
 				t.Errorf("%s: fingerprint %x, outcome %q; want %x, %q", c.name, r.Fingerprint[:4], r.Outcome, fpA[:4], "reply")
 			}
-		case store.InProgress:
+		case store.Held:
 			if r.Fingerprint != fpA || (c.name == "running" && r.RetryAfter <= 0) {
 				t.Errorf("%s: fingerprint %x, retry after %v; want %x (and the lease left, if live)", c.name, r.Fingerprint[:4], r.RetryAfter, fpA[:4])
 			}
@@ -560,7 +560,7 @@ func testReserveBatch(t *testing.T, h Harness) {
 	}
 	// What the batch acquired is held: in progress to anyone else, and
 	// recorded or released with its token.
-	wantState(t, reserve(t, h.Store, keys["new"], fpA), store.InProgress)
+	wantState(t, reserve(t, h.Store, keys["new"], fpA), store.Held)
 	complete(t, h.Store, keys["new"], res[0].Token, []byte("batched"))
 	if r := reserve(t, h.Store, keys["new"], fpA); r.State != store.Completed || string(r.Outcome) != "batched" {
 		t.Errorf("after Complete: %v %q, want the batch's outcome", r.State, r.Outcome)

@@ -35,7 +35,7 @@ func LastDelivery(ctx context.Context) context.Context {
 // Reserve is the wrapped store's, closing Busy as Store says.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
 	res, err := s.Store.Reserve(ctx, r)
-	if err == nil && res.State == store.InProgress && ctx.Value(lastDelivery{}) != nil {
+	if err == nil && res.State == store.Held && ctx.Value(lastDelivery{}) != nil {
 		s.once.Do(func() { close(s.busy) })
 	}
 	return res, err
