@@ -11,12 +11,12 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// MaxBatch is the most calls StartBatch decides together; it decides the
-// rest of a larger batch as Alone. Each call of a batch that writes takes a
-// subtransaction (its savepoint), and PostgreSQL keeps the subtransactions
-// of a transaction in shared memory up to 64: past that, every other
-// session's snapshot must look them up on disk (a subtransaction overflow),
-// which slows the whole database down.
+// MaxBatch is the most calls ServeBatch decides together; it serves a
+// larger batch in parts of at most MaxBatch. Each call of a batch that
+// writes takes a subtransaction (its savepoint), and PostgreSQL keeps the
+// subtransactions of a transaction in shared memory up to 64: past that,
+// every other session's snapshot must look them up on disk (a
+// subtransaction overflow), which slows the whole database down.
 const MaxBatch = 64
 
 // CanBatch reports whether StartBatch decides calls of op together: op is

@@ -100,8 +100,9 @@ type Answer struct {
 	// RetryAfter is how long to wait before a retry, for InProgress and
 	// StoreFull.
 	RetryAfter time.Duration
-	// Expires is until when the call's key is honoured (see call.Expires);
-	// zero sends no expiry.
+	// Expires is until when the call's key is honoured: its record's
+	// creation plus the retention, on the store's clock, the same for every
+	// answer about the key; zero (the store cannot say) sends no expiry.
 	Expires time.Time
 }
 
@@ -237,10 +238,11 @@ func (c *call) recordInstead(ctx context.Context, x Exchange, why error) int {
 }
 
 // ServeBatch serves xs, calls of op, as Serve serves each, and decides them
-// together where the store can (CanBatch): a message consumer that takes
+// together where the store can (store.BatchAtomic for an atomic operation,
+// store.BatchReserver for a two-phase one): a message consumer that takes
 // its messages in batches dedups a batch in one round trip of the store's,
-// and in atomic mode commits it with one commit (see batch for what a
-// batch does differently). A call the batch cannot finish (a key an earlier
+// and in atomic mode commits it with one commit (consumer.ProcessBatch
+// lists what a batch does differently). A call the batch cannot finish (a key an earlier
 // call of the batch has, one past MaxBatch, a two-phase call whose lease the
 // handlers before it used up, an atomic batch whose transaction failed, the
 // last attempt of a call found in progress elsewhere) is served on its own
