@@ -44,10 +44,10 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@for m in $(MODULES); do echo "staticcheck in $$m (GOWORK=off)"; (cd $$m && $(TOOL) staticcheck ./...) || exit 1; done
 	$(TOOL) buf lint
 	$(TOOL) buf format -d --exit-code
-	@# The entry packages' names and the re-exports are held at their targets; the
-	@# published total and the names shared between packages at today's figures,
-	@# so that they only go down (their targets: 380 and 25).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 393 -max-shared 35
+	@# The published API's size, held at the targets of the one-engine step:
+	@# names in the entry packages, re-exports, the published total, and names
+	@# defined in more than one package.
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 380 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a

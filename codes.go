@@ -3,6 +3,15 @@ package idemkey
 // MaxKeyLen is the longest idempotency key accepted, in bytes.
 const MaxKeyLen = 255
 
+// ParseReplayed reports whether values, those of a reply's ReplayedMetadata
+// trailer or ReplayedHeader header, mark it replayed from the record of an
+// earlier call rather than produced by running the handler (a Connect
+// error carries it in its Meta()):
+//
+//	replayed := idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata))    // gRPC
+//	replayed := idemkey.ParseReplayed(res.Header().Values(idemkey.ReplayedHeader)) // HTTP, Connect
+func ParseReplayed(values []string) bool { return len(values) == 1 && values[0] == "true" }
+
 // Names on the wire. gRPC metadata keys are lower case; HTTP and Connect
 // header names are case-insensitive.
 const (

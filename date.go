@@ -34,7 +34,9 @@ func ParseDate(v string) (time.Time, error) {
 //
 //	expires, ok := idemkey.ParseExpires(h.Values(idemkey.ExpiresHeader))
 //
-// over gRPC, interceptor.KeyExpiry or interceptor.KeyExpires.
+// over gRPC, interceptor.KeyExpiry, or from a trailer of the caller's own:
+//
+//	expires, ok := idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata))
 func ParseExpires(values []string) (t time.Time, ok bool) {
 	if len(values) != 1 {
 		return time.Time{}, false

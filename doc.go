@@ -9,15 +9,17 @@
 //
 // # Entry points
 //
-//	gRPC, server and client    package interceptor  UnaryServerInterceptor(store, ...Option), UnaryClientInterceptor(...ClientOption)
-//	Connect, server and client package idemconnect  NewServerInterceptor(store, ...Option), NewClientInterceptor(...ClientOption)
-//	net/http (IETF draft)      package idemhttp     Middleware(store, ...Option)
-//	message consumers          package consumer     New(store, name, ...Option), with idemnats (JetStream) or idemamqp (RabbitMQ)
+//	gRPC, server and client    package interceptor  UnaryServerInterceptor(eng, ...Option), UnaryClientInterceptor(...MethodOption)
+//	Connect, server and client package idemconnect  NewServerInterceptor(eng, ...Option), NewClientInterceptor(...ProcedureOption)
+//	net/http (IETF draft)      package idemhttp     Middleware(eng, ...Option)
+//	message consumers          package consumer     New(eng, name, ...Option), with idemnats (JetStream) or idemamqp (RabbitMQ)
 //
 // A constructor whose configuration can be wrong returns the mistake as an
-// error; none panics. The transport-neutral request path behind them all is
-// package engine; the records live in a store: store/memory,
-// store/postgres (two-phase or atomic), store/redis.
+// error; none panics. eng is the one *engine.Engine that engine.New builds
+// from a store and every setting the entry points share; hand the same one
+// to each, so that a key means one operation over all of them. The records
+// live in a store: store/memory, store/postgres (two-phase or atomic),
+// store/redis.
 //
 // # Vocabulary
 //

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"strings"
+	"time"
 )
 
 // KeyError is a malformed idempotency key. Problem says what is wrong with
@@ -110,6 +111,44 @@ func NewKey() string {
 	var u [16]byte
 	rand.Read(u[:])
 	return formatUUID(u, 4)
+}
+
+// ContextWithKey returns a context whose calls carry key as their
+// idempotency key, for example a key saved with the business record so that
+// a restarted process retries the same operation. idemkey's client
+// interceptors (interceptor.UnaryClientInterceptor,
+// idemconnect.NewClientInterceptor) read it, check it before a call goes out,
+// and send it only to the methods they cover; without one, nothing sends
+// it. A key the call itself carries (in its metadata or header, in the
+// request's key field, or gRPC's interceptor.UseKey) wins. Every covered
+// call made with the context carries it, so use one context per operation.
+func ContextWithKey(ctx context.Context, key string) context.Context {
+	return context.WithValue(ctx, clientKey{}, clientContext{key: key})
+}
+
+// ContextWithKeyFirstSent is ContextWithKey for a key whose operation was
+// first sent at firstSent, which its calls send with the key
+// (FirstSentMetadata, FirstSentHeader): a restarted process that saved both
+// retries as the first process would have, and the server refuses the retry
+// (ReasonKeyExpired) rather than run it again if the key's record may have
+// expired. A zero firstSent sends the time of each call.
+func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Time) context.Context {
+	return context.WithValue(ctx, clientKey{}, clientContext{key: key, firstSent: firstSent})
+}
+
+// KeyFromContext returns the key, and the first-sent time, that
+// ContextWithKey or ContextWithKeyFirstSent put in ctx, for a client
+// interceptor. firstSent is zero unless ContextWithKeyFirstSent gave one.
+func KeyFromContext(ctx context.Context) (key string, firstSent time.Time, ok bool) {
+	c, ok := ctx.Value(clientKey{}).(clientContext)
+	return c.key, c.firstSent, ok
+}
+
+type clientKey struct{}
+
+type clientContext struct {
+	key       string
+	firstSent time.Time
 }
 
 // DeriveKey returns the key for a call that one operation makes to another

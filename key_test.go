@@ -80,3 +80,14 @@ func TestFormatKey(t *testing.T) {
 		}
 	}
 }
+
+func TestParseReplayed(t *testing.T) {
+	if !idemkey.ParseReplayed([]string{"true"}) {
+		t.Error(`ParseReplayed(["true"]) = false`)
+	}
+	for _, vs := range [][]string{nil, {"false"}, {"TRUE"}, {"true", "true"}, {""}} {
+		if idemkey.ParseReplayed(vs) {
+			t.Errorf("ParseReplayed(%q) = true", vs)
+		}
+	}
+}

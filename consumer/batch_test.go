@@ -108,7 +108,7 @@ func TestBatchRepeatedID(t *testing.T) {
 		ds[4].Body = []byte("body-secret another")
 		h := &batchCounter{ds: ds}
 		rs := c.ProcessBatch(t.Context(), ds, h.handle)
-		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Processed, consumer.Duplicate, consumer.Processed, consumer.Refused)
+		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Processed, consumer.Duplicate, consumer.Processed, consumer.Rejected)
 		if !errors.Is(rs[4].Err, consumer.ErrReusedID) || rs[4].Action != consumer.Reject {
 			t.Fatalf("the id with another body: %+v, want refused as reused", rs[4])
 		}
@@ -130,7 +130,7 @@ func TestBatchMixed(t *testing.T) {
 		ds := deliveries(2, "msg-secret-id-new", "msg-secret-id-old", "", "msg-secret-id-poison", "msg-secret-id-new2")
 		b := &batchCounter{ds: ds}
 		rs := c.ProcessBatch(t.Context(), ds, b.handle)
-		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Duplicate, consumer.Refused, consumer.Duplicate, consumer.Processed)
+		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Duplicate, consumer.Rejected, consumer.Duplicate, consumer.Processed)
 		if !rs[3].DeadLetter || !errors.Is(rs[3].Err, consumer.ErrFailedBefore) || rs[1].DeadLetter {
 			t.Fatalf("the duplicates: %+v and %+v; want the failed one dead-lettered again", rs[1], rs[3])
 		}
@@ -281,7 +281,7 @@ func TestBatchAtomicWrites(t *testing.T) {
 		tx.Exec(ctx, `INSERT INTO effects (id) VALUES (NULL)`)
 		return nil
 	})
-	wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Failed, consumer.Processed, consumer.Retry, consumer.StoreUnavailable, consumer.Processed)
+	wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Failed, consumer.Processed, consumer.Retry, consumer.StoreFailed, consumer.Processed)
 	if got, want := effects(t, pool), []string{"msg-secret-id-1", "msg-secret-id-2", "msg-secret-id-3"}; !slices.Equal(got, want) {
 		t.Fatalf("effects %v, want %v", got, want)
 	}

@@ -44,7 +44,7 @@ type Consumer struct {
 // engine.WithMaxRetryAfter says; its last delivery waits instead). A
 // consumer never runs a handler unprotected: on an engine with
 // engine.WithFailOpen its store failures are still answered
-// StoreUnavailable (counted failed_open).
+// StoreFailed (counted failed_open).
 //
 // It returns an error for a nil eng, an empty name, or WithAtomic on a store
 // that does not implement store.Atomic.
@@ -124,18 +124,17 @@ type Handler func(ctx context.Context) error
 type Outcome uint8
 
 const (
-	_                Outcome = iota // the zero Outcome is none of these
-	Processed                       // the handler ran and succeeded; recorded
-	Failed                          // the handler failed for good; recorded
-	Retry                           // the handler failed for now; released
-	Duplicate                       // processed before: dropped without running
-	Busy                            // in progress elsewhere: redelivered later
-	Refused                         // no id, a malformed or reused one, a refused tenant, or sent before the retention: never runs
-	StoreUnavailable                // the store failed: redelivered later
-	StoreFull                       // no room for a new record: redelivered later
+	_           Outcome = iota // the zero Outcome is none of these
+	Processed                  // the handler ran and succeeded; recorded
+	Failed                     // the handler failed for good; recorded
+	Retry                      // the handler failed for now; released
+	Duplicate                  // processed before: dropped without running
+	Busy                       // in progress elsewhere: redelivered later
+	Rejected                   // no id, a malformed or reused one, a refused tenant, or sent before the retention: never runs
+	StoreFailed                // the store failed, or had no room for a new record (Err is store.ErrFull): redelivered later
 )
 
-var outcomeNames = [...]string{"unknown", "processed", "failed", "retry", "duplicate", "busy", "refused", "store_unavailable", "store_full"}
+var outcomeNames = [...]string{"unknown", "processed", "failed", "retry", "duplicate", "busy", "rejected", "store_failed"}
 
 func (o Outcome) String() string {
 	if int(o) >= len(outcomeNames) {
@@ -177,7 +176,7 @@ type Result struct {
 	// Action is Nak.
 	Delay time.Duration
 	// DeadLetter is true when the message ended in a final failure (Failed,
-	// or a Duplicate of a message that failed), was Refused, or, on its last
+	// or a Duplicate of a message that failed), was Rejected, or, on its last
 	// delivery, failed for now or was still in progress elsewhere when the
 	// delivery stopped waiting: the adapter hands it to its dead-letter hook
 	// before it acts, and on the hook's error negative-acknowledges it
@@ -185,7 +184,7 @@ type Result struct {
 	// redelivery of a message whose failure was recorded, as long as the
 	// broker redelivers: a hook that fails on the last delivery loses it.
 	DeadLetter bool
-	// Err says why, for Failed, Retry, Refused, the store's outcomes and a
+	// Err says why, for Failed, Retry, Rejected, the store's outcomes and a
 	// dead-lettered Busy: the handler's error, or one of this package's.
 	// This package logs only its own errors, never the handler's or an
 	// adapter function's, which may hold what the message held.
@@ -214,7 +213,7 @@ var (
 // still in progress elsewhere, is dead-lettered.
 var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
 
-// errStoreUnavailable is the Err of a StoreUnavailable Result whose context
+// errStoreUnavailable is the Err of a StoreFailed Result whose context
 // is not done.
 var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
 
@@ -246,7 +245,7 @@ type exchange struct {
 }
 
 // Key is the message's id. A refusal says it has one, so that Serve goes
-// on to Fingerprint, which refuses it: its verdict is then Refused (an
+// on to Fingerprint, which refuses it: its verdict is then engine.Refused (an
 // adapter cannot read the message's tenant, or its id), not a malformed key.
 func (x *exchange) Key() (string, bool, error) {
 	switch id := x.d.ID; {
@@ -368,14 +367,14 @@ func (c *Consumer) answer(ctx context.Context, d Delivery, a engine.Answer, ran 
 	case engine.KeyInvalid, engine.Refused, engine.FirstSentInvalid:
 		return c.refuse(ctx, a.Err)
 	case engine.StoreFull:
-		return Result{Outcome: StoreFull, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
+		return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
 	}
-	// StoreUnavailable; a consumer never fails open.
+	// StoreFailed; a consumer never fails open.
 	err := ctx.Err()
 	if err == nil {
 		err = errStoreUnavailable
 	}
-	return Result{Outcome: StoreUnavailable, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+	return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
 }
 
 // lastDelivery is res, unless d is the message's last delivery and res
@@ -400,7 +399,7 @@ func (c *Consumer) lastDelivery(ctx context.Context, d Delivery, res Result) Res
 
 // Refuse is the Result of a message the adapter refuses before Process: its
 // id or tenant could not be read (err says why). It is counted (verdict
-// Refused), logged and handed to the hooks like the refusals of Process.
+// Rejected), logged and handed to the hooks like the refusals of Process.
 func (c *Consumer) Refuse(ctx context.Context, err error) Result {
 	x := &exchange{c: c, refused: err}
 	c.eng.Serve(ctx, c.op, x)
@@ -413,7 +412,7 @@ func (c *Consumer) refuse(ctx context.Context, err error, attrs ...slog.Attr) Re
 	attrs = append([]slog.Attr{slog.String("operation", c.op.Name())}, attrs...)
 	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: message refused; it is terminated, or dead-lettered, without running",
 		append(attrs, slog.Any("error", ownError(err)))...)
-	return Result{Outcome: Refused, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
+	return Result{Outcome: Rejected, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
 }
 
 // backoff is the delay before the attempt-th delivery's next one: the first

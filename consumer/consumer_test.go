@@ -118,13 +118,13 @@ func newBusyStore(st store.Store) *busyStore { return &busyStore{Store: st, busy
 // Busy is closed once a reservation has found its key in progress.
 func (s *busyStore) Busy() <-chan struct{} { return s.busy }
 
-func (s *busyStore) note(res store.Result, err error) {
+func (s *busyStore) note(res store.Entry, err error) {
 	if err == nil && res.State == store.Held {
 		s.once.Do(func() { close(s.busy) })
 	}
 }
 
-func (s *busyStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *busyStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	res, err := s.Store.Reserve(ctx, r)
 	s.note(res, err)
 	return res, err
@@ -132,14 +132,14 @@ func (s *busyStore) Reserve(ctx context.Context, r store.Reservation) (store.Res
 
 // Begin is the wrapped store's (store.Atomic), for a consumer in atomic
 // mode, which only a store that implements it is given.
-func (s *busyStore) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+func (s *busyStore) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	res, tx, err := s.Store.(store.Atomic).Begin(ctx, r)
 	s.note(res, err)
 	return res, tx, err
 }
 
 // Find is the wrapped store's (store.Finder: memory and postgres are).
-func (s *busyStore) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (s *busyStore) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	return s.Store.(store.Finder).Find(ctx, key)
 }
 
@@ -288,19 +288,19 @@ func TestRefused(t *testing.T) {
 			{delivery(strings.Repeat("x", 256), 1), consumer.ErrInvalidID},
 		} {
 			res := c.Process(t.Context(), tc.d, h.handle)
-			if res.Outcome != consumer.Refused || res.Action != consumer.Reject || !res.DeadLetter || !errors.Is(res.Err, tc.want) {
+			if res.Outcome != consumer.Rejected || res.Action != consumer.Reject || !res.DeadLetter || !errors.Is(res.Err, tc.want) {
 				t.Fatalf("%+v, want refused with %v", res, tc.want)
 			}
 		}
 		c.Process(t.Context(), delivery("msg-secret-id", 1), h.handle)
 		reused := delivery("msg-secret-id", 1)
 		reused.Body = []byte("another body")
-		if res := c.Process(t.Context(), reused, h.handle); res.Outcome != consumer.Refused || !errors.Is(res.Err, consumer.ErrReusedID) {
+		if res := c.Process(t.Context(), reused, h.handle); res.Outcome != consumer.Rejected || !errors.Is(res.Err, consumer.ErrReusedID) {
 			t.Fatalf("reused id: %+v, want refused", res)
 		}
 		// An adapter function's error may quote the message: its words are
 		// not logged (each checks the logs for "tenant-secret").
-		if res := c.Refuse(t.Context(), errors.New("unknown tenant tenant-secret")); res.Outcome != consumer.Refused || res.Action != consumer.Reject {
+		if res := c.Refuse(t.Context(), errors.New("unknown tenant tenant-secret")); res.Outcome != consumer.Rejected || res.Action != consumer.Reject {
 			t.Fatalf("Refuse: %+v", res)
 		}
 		if h.runs != 1 {
@@ -370,7 +370,7 @@ func TestStoreFull(t *testing.T) {
 	h := &counter{}
 	c.Process(t.Context(), delivery("one", 1), h.handle)
 	res := c.Process(t.Context(), delivery("two", 1), h.handle)
-	if res.Outcome != consumer.StoreFull || res.Action != consumer.Nak || res.Delay <= 0 || h.runs != 1 {
+	if res.Outcome != consumer.StoreFailed || res.Action != consumer.Nak || res.Delay <= 0 || h.runs != 1 {
 		t.Fatalf("%+v after %d runs, want store full, nak with a delay, the handler not run", res, h.runs)
 	}
 }
@@ -395,7 +395,7 @@ func TestStoreUnavailable(t *testing.T) {
 		pool.Close()
 		h := &counter{}
 		res := c.Process(t.Context(), delivery("one", 1), h.handle)
-		if res.Outcome != consumer.StoreUnavailable || res.Action != consumer.Nak || h.runs != 0 {
+		if res.Outcome != consumer.StoreFailed || res.Action != consumer.Nak || h.runs != 0 {
 			t.Fatalf("atomic %v: %+v after %d runs, want store unavailable, a nak, the handler not run", atomic, res, h.runs)
 		}
 	}

@@ -42,15 +42,16 @@
 //	                                                  the last delivery: waited for, below)
 //	Retry              nak, after a backoff           a transient error: the id is released
 //	Failed             ack, and the dead-letter hook  a final error: recorded, undoing atomic writes
-//	Refused            reject (terminate), and the hook
+//	Rejected           reject (terminate), and the hook
 //	                                                  no id, a reused id, a refused tenant, or
 //	                                                  sent before the retention (ErrExpired)
-//	StoreUnavailable   nak, after a backoff           the store failed; a consumer never runs unprotected
-//	StoreFull          nak, after a backoff           no room for a new record
+//	StoreFailed        nak, after a backoff           the store failed, or had no room for a new
+//	                                                  record (Err is store.ErrFull); a consumer
+//	                                                  never runs unprotected
 //
 // A message the broker stamps (Delivery.Sent: JetStream's stored time, an
 // AMQP timestamp) longer ago than the retention, less engine.WithClockSkew, whose
-// id has no record, is Refused with ErrExpired rather than processed: its
+// id has no record, is Rejected with ErrExpired rather than processed: its
 // record may have been there and expired, so running it could apply it
 // twice (a message moved back by hand from a dead-letter queue days later).
 // A record still there drops it as a Duplicate, as ever. The refusal is
@@ -189,6 +190,6 @@
 // what the handler did, so there is nothing to redact. engine.WithSealer seals that
 // record too (package seal), so that someone who can write the store cannot
 // turn a failed message into a processed one; a record the key ring cannot
-// open is answered StoreUnavailable (negative-acknowledged, dead-lettered on
+// open is answered StoreFailed (negative-acknowledged, dead-lettered on
 // the last delivery) and never processed again.
 package consumer

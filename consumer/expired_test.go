@@ -22,7 +22,7 @@ func TestExpired(t *testing.T) {
 			return d
 		}
 		res := c.Process(t.Context(), stale("msg-secret-id"), h.handle)
-		if res.Outcome != consumer.Refused || res.Action != consumer.Reject || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrExpired) {
+		if res.Outcome != consumer.Rejected || res.Action != consumer.Reject || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrExpired) {
 			t.Fatalf("a stale message: %+v, want refused, rejected and dead-lettered with ErrExpired", res)
 		}
 		recent := delivery("msg-secret-id", 1)
@@ -42,7 +42,7 @@ func TestExpired(t *testing.T) {
 		ds := []consumer.Delivery{stale("msg-batch-stale"), delivery("msg-batch-new", 1), stale("msg-secret-id")}
 		b := &batchCounter{ds: ds}
 		results := c.ProcessBatch(t.Context(), ds, b.handle)
-		wantOutcomes(t, "a batch", results, consumer.Refused, consumer.Processed, consumer.Duplicate)
+		wantOutcomes(t, "a batch", results, consumer.Rejected, consumer.Processed, consumer.Duplicate)
 		if !errors.Is(results[0].Err, consumer.ErrExpired) || !results[0].DeadLetter {
 			t.Errorf("the batch's stale message: %+v, want dead-lettered with ErrExpired", results[0])
 		}

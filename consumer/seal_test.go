@@ -48,7 +48,7 @@ func TestSealedRecords(t *testing.T) {
 
 			other := build(testRing(t, 2))
 			res := other.Process(t.Context(), delivery("msg-secret-id", 3), h.handle)
-			if res.Outcome != consumer.StoreUnavailable || res.Action != consumer.Nak {
+			if res.Outcome != consumer.StoreFailed || res.Action != consumer.Nak {
 				t.Fatalf("a record the ring cannot open: %+v, want store unavailable and a nak", res)
 			}
 			last := delivery("msg-secret-id", 4)

@@ -136,7 +136,7 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 		return b
 	}
 	var (
-		res []store.Result
+		res []store.Entry
 		err error
 	)
 	if op.atomic {
@@ -399,14 +399,14 @@ func (b *batch) abandon(ctx context.Context) {
 
 // The batch's store calls, each measured.
 
-func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, store.BatchTx, error) {
+func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
 	sctx, t := e.obs.startStore(ctx, opBeginBatch)
 	res, tx, err := e.batchStore.BeginBatch(sctx, rs)
 	t.end(ctx, err)
 	return res, tx, err
 }
 
-func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, error) {
+func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
 	sctx, t := e.obs.startStore(ctx, opReserveBatch)
 	res, err := e.batchReserver.ReserveBatch(sctx, rs)
 	t.end(ctx, err)

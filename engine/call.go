@@ -135,7 +135,7 @@ func (c *call) start(ctx context.Context, r request) {
 
 	got, err := e.reserve(ctx, res)
 	if err == nil && got.State == store.Held && got.Fingerprint == fp {
-		got, err = e.await(ctx, c.wait(r), got, func(ctx context.Context) (store.Result, error) { return e.reserve(ctx, res) })
+		got, err = e.await(ctx, c.wait(r), got, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, res) })
 	}
 	switch {
 	case errors.Is(err, store.ErrFull):
@@ -216,7 +216,7 @@ func (c *call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
 	if err == nil && res.State == store.Held && res.Fingerprint == r.Fingerprint {
-		res, err = e.await(ctx, wait, res, func(ctx context.Context) (store.Result, error) {
+		res, err = e.await(ctx, wait, res, func(ctx context.Context) (store.Entry, error) {
 			res, t, err := e.begin(ctx, r)
 			tx = t
 			return res, err
@@ -238,7 +238,7 @@ func (c *call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 
 // answer sets the verdict of a key that was not acquired: a replay of the
 // recorded outcome, or the key is in progress, or reused.
-func (c *call) answer(fp store.Fingerprint, res store.Result) {
+func (c *call) answer(fp store.Fingerprint, res store.Entry) {
 	c.Expires = res.Expires // zero when the store cannot tell: no expiry rather than a wrong one
 	switch {
 	case res.Fingerprint != fp: // checked first, in either state
@@ -398,7 +398,7 @@ var errSuperseded = errors.New("idemkey: another call recorded the key first")
 func (c *call) superseded(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	c.Verdict = InProgress
-	res := store.Result{State: store.Held, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
+	res := store.Entry{State: store.Held, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
 	if c.e.finder != nil {
 		found, ok, err := c.e.find(ctx, c.key)
 		switch {
@@ -526,7 +526,7 @@ const (
 // deadline. It returns the first result that is not InProgress, or
 // the last one when the wait runs out. A wait of w costs at most
 // 5 + w/awaitMaxPoll polls.
-func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Result, poll func(context.Context) (store.Result, error)) (store.Result, error) {
+func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Entry, poll func(context.Context) (store.Entry, error)) (store.Entry, error) {
 	if deadline, ok := ctx.Deadline(); ok {
 		wait = min(wait, max(time.Until(deadline), 0)-awaitMargin)
 	}

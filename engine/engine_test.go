@@ -116,7 +116,7 @@ func (s *fakeStore) enterLocked(method string) error {
 // decideLocked is Reserve's decision on r (see store.Store). A record held by
 // an open transaction is in progress with r's own fingerprint, as Begin
 // answers when its bound passes.
-func (s *fakeStore) decideLocked(r store.Reservation) (store.Result, *fakeRecord) {
+func (s *fakeStore) decideLocked(r store.Reservation) (store.Entry, *fakeRecord) {
 	now := time.Now()
 	rec, ok := s.records[r.Key]
 	switch {
@@ -124,23 +124,23 @@ func (s *fakeStore) decideLocked(r store.Reservation) (store.Result, *fakeRecord
 		rec = &fakeRecord{fingerprint: r.Fingerprint}
 		s.records[r.Key] = rec
 	case rec.completed:
-		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
+		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, nil
 	case rec.tx != nil:
-		return store.Result{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil
+		return store.Entry{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, nil
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Result{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
+		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0)}, nil
 	}
 	s.lastToken++
 	rec.token, rec.leaseEnd = s.lastToken, now.Add(r.Lease)
-	return store.Result{State: store.Acquired, Token: rec.token}, rec
+	return store.Entry{State: store.Acquired, Token: rec.token}, rec
 }
 
-func (s *fakeStore) Reserve(_ context.Context, r store.Reservation) (store.Result, error) {
+func (s *fakeStore) Reserve(_ context.Context, r store.Reservation) (store.Entry, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.received = append(s.received, r)
 	if err := s.enterLocked(mReserve); err != nil {
-		return store.Result{}, err
+		return store.Entry{}, err
 	}
 	res, _ := s.decideLocked(r)
 	return res, nil
@@ -182,27 +182,27 @@ func (s *fakeStore) Release(_ context.Context, key store.Key, token store.Token)
 	return nil
 }
 
-func (s *fakeStore) Find(_ context.Context, key store.Key) (store.Result, bool, error) {
+func (s *fakeStore) Find(_ context.Context, key store.Key) (store.Entry, bool, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if err := s.enterLocked(mFind); err != nil {
-		return store.Result{}, false, err
+		return store.Entry{}, false, err
 	}
 	rec, ok := s.records[key]
 	if !ok || !rec.completed {
-		return store.Result{}, false, nil
+		return store.Entry{}, false, nil
 	}
-	return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, true, nil
+	return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, true, nil
 }
 
 // Begin reserves r in a transaction. The fake does not mix modes: a key is
 // used either in two-phase mode or in atomic mode, never both.
-func (s *fakeStore) Begin(_ context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+func (s *fakeStore) Begin(_ context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.received = append(s.received, r)
 	if err := s.enterLocked(mBegin); err != nil {
-		return store.Result{}, nil, err
+		return store.Entry{}, nil, err
 	}
 	res, rec := s.decideLocked(r)
 	if res.State != store.Acquired {

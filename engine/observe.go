@@ -245,7 +245,7 @@ func storeErrorKind(err error) string {
 // outcomes they write are sealed and those they read opened (seal.go); the
 // time measured is the store's alone.
 
-func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	r = e.roomFor(r)
 	sctx, t := e.obs.startStore(ctx, opReserve)
 	res, err := e.store.Reserve(sctx, r)
@@ -256,7 +256,7 @@ func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Result
 	return e.opened(r.Key, &r.Fingerprint, res)
 }
 
-func (e *Engine) find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (e *Engine) find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	sctx, t := e.obs.startStore(ctx, opFind)
 	res, found, err := e.finder.Find(sctx, key)
 	t.end(ctx, err)
@@ -267,7 +267,7 @@ func (e *Engine) find(ctx context.Context, key store.Key) (store.Result, bool, e
 	return res, err == nil, err
 }
 
-func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	r = e.roomFor(r)
 	sctx, t := e.obs.startStore(ctx, opBegin)
 	res, tx, err := e.atomic.Begin(sctx, r)

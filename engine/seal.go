@@ -74,20 +74,20 @@ func (e *Engine) sealOutcome(key store.Key, outcome []byte) ([]byte, error) {
 // and its outcome never read, so it is left as it is). A record that does
 // not open is an error (errUnopened), and so is a sealed one read by an
 // engine without a sealer.
-func (e *Engine) opened(key store.Key, fp *store.Fingerprint, res store.Result) (store.Result, error) {
+func (e *Engine) opened(key store.Key, fp *store.Fingerprint, res store.Entry) (store.Entry, error) {
 	if res.State != store.Completed || (fp != nil && res.Fingerprint != *fp) {
 		return res, nil
 	}
 	s := e.sealer()
 	if s == nil {
 		if id, sealed := sealedWith(res.Outcome); sealed {
-			return store.Result{}, unopened(fmt.Errorf("the record is sealed (key id %s), and this engine has no sealer (WithSealer)", id))
+			return store.Entry{}, unopened(fmt.Errorf("the record is sealed (key id %s), and this engine has no sealer (WithSealer)", id))
 		}
 		return res, nil
 	}
 	outcome, err := s.Open(key, res.Outcome)
 	if err != nil {
-		return store.Result{}, unopened(err)
+		return store.Entry{}, unopened(err)
 	}
 	res.Outcome = outcome
 	return res, nil

@@ -25,17 +25,17 @@ type readCounter struct {
 	n atomic.Int32
 }
 
-func (c *readCounter) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (c *readCounter) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	c.n.Add(1)
 	return c.Store.Reserve(ctx, r)
 }
 
-func (c *readCounter) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (c *readCounter) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	c.n.Add(1)
 	return c.Store.(store.Finder).Find(ctx, key)
 }
 
-func (c *readCounter) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+func (c *readCounter) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	c.n.Add(1)
 	return c.Store.(store.Atomic).Begin(ctx, r)
 }
@@ -77,8 +77,8 @@ func TestDuplicateOfALongCallConverges(t *testing.T) {
 			if err != nil {
 				t.Fatalf("duplicate: %v, want the first call's reply", err)
 			}
-			if want := <-first; !proto.Equal(dup, want) || !interceptor.Replayed(trailer) {
-				t.Errorf("duplicate: %v (replayed %v), want the first call's %v, replayed", dup, interceptor.Replayed(trailer), want)
+			if want := <-first; !proto.Equal(dup, want) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+				t.Errorf("duplicate: %v (replayed %v), want the first call's %v, replayed", dup, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), want)
 			}
 			// Per attempt: a read before reserving, the reservation, and at
 			// most 5 + 2s/500ms polls while the server holds the duplicate.

@@ -149,10 +149,10 @@ func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	var header, trailer metadata.MD
 	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Header(&header), grpc.Trailer(&trailer))
-	if interceptor.Replayed(trailer) {
+	if idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 		w.Header().Set(idemkey.ReplayedHeader, "true")
 	}
-	if expires, ok := interceptor.KeyExpires(header, trailer); ok {
+	if expires, ok := idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata)); ok {
 		w.Header().Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
 	}
 	if err != nil {

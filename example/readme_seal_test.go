@@ -111,7 +111,7 @@ func TestREADMESeal(t *testing.T) {
 		t.Fatal(err)
 	}
 	replay, trailer := call(after, "order-1")
-	if replay.GetId() != first.GetId() || replay.GetCustomerId() != "" || !interceptor.Replayed(trailer) {
+	if replay.GetId() != first.GetId() || replay.GetCustomerId() != "" || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Fatalf("replay after the rotation: %v, want %s without its customer id, replayed", replay, first.GetId())
 	}
 }

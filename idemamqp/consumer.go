@@ -30,8 +30,11 @@ type Consumer struct {
 // idempotency of core. args are the arguments the queue was declared with,
 // which AMQP cannot read back: New refuses (a *consumer.HorizonError) when
 // core's records would expire while RabbitMQ may still redeliver a message
-// (see RedeliveryHorizon), unless core was built with consumer.WithHorizonWarning, and
-// refuses an x-message-ttl that is not a non-negative integer.
+// (for up to the queue's x-message-ttl; without one, for as long as it
+// takes), unless core was built with consumer.WithHorizonWarning, and
+// refuses an x-message-ttl that is not a non-negative integer. A TTL set by
+// a policy is not visible over AMQP: pass it in args as x-message-ttl, or
+// build core with consumer.WithHorizonWarning.
 //
 // It starts nothing: call Handle for each delivery of a Consume with
 // autoAck false.
@@ -39,7 +42,7 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 	if _, _, err := messageTTL(args); err != nil {
 		return nil, fmt.Errorf("idemamqp: queue %q: %w", queue, err)
 	}
-	if err := core.CheckHorizon(context.Background(), RedeliveryHorizon(queue, args)); err != nil {
+	if err := core.CheckHorizon(context.Background(), redeliveryHorizon(queue, args)); err != nil {
 		return nil, err
 	}
 	limit, ok := integer(args["x-delivery-limit"])
@@ -49,7 +52,7 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 	return &Consumer{core: core, h: h, opts: newOptions(opts), deliveryLimit: limit}, nil
 }
 
-// RedeliveryHorizon is how long RabbitMQ may redeliver a message of queue, declared
+// redeliveryHorizon is how long RabbitMQ may redeliver a message of queue, declared
 // with args: at most its x-message-ttl, after which the message is gone,
 // however often it was requeued (a requeued message keeps its expiry).
 // Unbounded without one: RabbitMQ keeps an unacknowledged message, and
@@ -61,7 +64,7 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 // A TTL set by a policy, rather than by the queue's arguments, is not
 // visible over AMQP: with such a policy, pass its TTL in args as
 // x-message-ttl, or build core with consumer.WithHorizonWarning.
-func RedeliveryHorizon(queue string, args amqp.Table) consumer.Horizon {
+func redeliveryHorizon(queue string, args amqp.Table) consumer.Horizon {
 	ttl, ok, err := messageTTL(args)
 	switch {
 	case err != nil:

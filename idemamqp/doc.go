@@ -83,8 +83,8 @@
 //     delivery of it goes to the WithDeadLetter hook, a redelivery too, so
 //     that the dead letter is sent at least once.
 //   - New refuses a queue whose messages may be redelivered after their
-//     record expires (RedeliveryHorizon): one without an x-message-ttl, or with one
-//     longer than the retention, unless core has consumer.WithHorizonWarning.
+//     record expires: one without an x-message-ttl, or with one longer
+//     than the retention, unless core has consumer.WithHorizonWarning.
 //   - The hooks of core's engine (engine.WithHooks) run once per delivery,
 //     before Handle acknowledges it: one execution per message id, then a
 //     replay per redelivery or publish again.

@@ -1,4 +1,4 @@
-package idemamqp_test
+package idemamqp
 
 import (
 	"context"
@@ -12,7 +12,6 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -44,7 +43,7 @@ func TestHorizon(t *testing.T) {
 		{"negative", amqp.Table{"x-message-ttl": -1}, consumer.Horizon{Unbounded: true, Source: "queue q: x-message-ttl is negative"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got := idemamqp.RedeliveryHorizon("q", tc.args)
+			got := redeliveryHorizon("q", tc.args)
 			if !strings.Contains(got.Fix, "x-message-ttl") {
 				t.Errorf("Horizon's Fix %q does not say what bounds it", got.Fix)
 			}
@@ -92,7 +91,7 @@ func TestNew(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			c, err := idemamqp.New(core, "invoices", tc.args, handler)
+			c, err := New(core, "invoices", tc.args, handler)
 			var herr *consumer.HorizonError
 			switch {
 			case tc.malformed != "":
@@ -125,14 +124,14 @@ func TestID(t *testing.T) {
 		noID   bool   // want consumer.ErrNoID
 		errSay string // want another error, that says this
 	}{
-		{name: "message-id", id: idemamqp.MessageID, d: amqp.Delivery{MessageId: "m1"}, want: "m1"},
-		{name: "no message-id", id: idemamqp.MessageID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "c1"}}, noID: true},
-		{name: "cloudEvents:id", id: idemamqp.CloudEventsID, d: amqp.Delivery{MessageId: "m1", Headers: amqp.Table{"cloudEvents:id": "c1"}}, want: "c1"},
-		{name: "cloudEvents_id", id: idemamqp.CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents_id": "c1"}}, want: "c1"},
-		{name: "both, equal", id: idemamqp.CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "c1", "cloudEvents_id": "c1"}}, want: "c1"},
-		{name: "both, different", id: idemamqp.CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "c1", "cloudEvents_id": "c2"}}, errSay: "differ"},
-		{name: "not a string", id: idemamqp.CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": int64(7)}}, errSay: "cloudEvents:id header is a int64"},
-		{name: "no cloudEvents:id", id: idemamqp.CloudEventsID, d: amqp.Delivery{MessageId: "m1"}, noID: true},
+		{name: "message-id", id: MessageID, d: amqp.Delivery{MessageId: "m1"}, want: "m1"},
+		{name: "no message-id", id: MessageID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "c1"}}, noID: true},
+		{name: "cloudEvents:id", id: CloudEventsID, d: amqp.Delivery{MessageId: "m1", Headers: amqp.Table{"cloudEvents:id": "c1"}}, want: "c1"},
+		{name: "cloudEvents_id", id: CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents_id": "c1"}}, want: "c1"},
+		{name: "both, equal", id: CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "c1", "cloudEvents_id": "c1"}}, want: "c1"},
+		{name: "both, different", id: CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": "c1", "cloudEvents_id": "c2"}}, errSay: "differ"},
+		{name: "not a string", id: CloudEventsID, d: amqp.Delivery{Headers: amqp.Table{"cloudEvents:id": int64(7)}}, errSay: "cloudEvents:id header is a int64"},
+		{name: "no cloudEvents:id", id: CloudEventsID, d: amqp.Delivery{MessageId: "m1"}, noID: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := tc.id(tc.d)

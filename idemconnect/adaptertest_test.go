@@ -107,13 +107,13 @@ func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connec
 			reply := adaptertest.Reply{Status: int(connect.CodeOf(err)), Reason: idemconnect.Reason(err)}
 			var ce *connect.Error
 			if errors.As(err, &ce) {
-				reply.Body, reply.Replayed = ce.Message(), idemconnect.Replayed(ce.Meta())
+				reply.Body, reply.Replayed = ce.Message(), idemkey.ParseReplayed(ce.Meta().Values(idemkey.ReplayedHeader))
 				reply.Expires = strings.Join(ce.Meta().Values(idemkey.ExpiresHeader), ",")
 			}
 			reply.RetryAfter, _ = idemconnect.RetryDelay(err)
 			return reply
 		}
-		return adaptertest.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemconnect.Replayed(resp.Header()),
+		return adaptertest.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)),
 			Expires: strings.Join(resp.Header().Values(idemkey.ExpiresHeader), ",")}
 	}
 }

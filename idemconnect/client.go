@@ -16,9 +16,9 @@ import (
 // NewClientInterceptor returns an interceptor for Connect clients that
 // attaches an idempotency key to every call of a covered procedure: the one
 // already in the request's Idempotency-Key header, else the one of
-// ContextWithKey, else a fresh idemkey.NewKey. Beside it goes when the
+// idemkey.ContextWithKey, else a fresh idemkey.NewKey. Beside it goes when the
 // operation was first sent (Idempotency-First-Sent), unless the request has
-// it: the time of ContextWithKeyFirstSent, else now. Both go in the
+// it: the time of idemkey.ContextWithKeyFirstSent, else now. Both go in the
 // request's header, so a retry that sends the same *connect.Request again
 // carries the same key and the same first-sent time: use one Request per
 // operation. A caller's key or first-sent time that is malformed fails the
@@ -29,7 +29,7 @@ import (
 // A procedure named in WithIncludedProcedures or WithExcludedProcedures that
 // the protobuf registry does not know fails every call with Internal, naming
 // it: a typo would otherwise leave the procedure's calls without keys.
-func NewClientInterceptor(opts ...ClientOption) connect.Interceptor {
+func NewClientInterceptor(opts ...ProcedureOption) connect.Interceptor {
 	o := newClientOptions(opts)
 	return &client{procs: &procedures{cov: o.coverage}, err: checkProcedures(o.coverage, nil)}
 }
@@ -57,8 +57,7 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			if msg, ok := req.Any().(proto.Message); ok && p.keyField != nil && protokey.KeyFromField(msg, p.keyField) != "" {
 				break // the request carries its own key
 			}
-			kc, ok := ctx.Value(contextKey{}).(keyContext)
-			key := kc.key
+			key, _, ok := idemkey.KeyFromContext(ctx)
 			if !ok {
 				key = idemkey.NewKey()
 			} else if err := checkKey(key); err != nil {
@@ -80,13 +79,12 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 }
 
 // setFirstSent sets idemkey.FirstSentHeader in h, unless h has it: to the
-// time of ContextWithKeyFirstSent, else now. One it has that is not an HTTP
+// time of idemkey.ContextWithKeyFirstSent, else now. One it has that is not an HTTP
 // date, or that is sent twice, fails the call before it is sent.
 func setFirstSent(ctx context.Context, h http.Header) *connect.Error {
 	switch vs := h[idemkey.FirstSentHeader]; len(vs) {
 	case 0:
-		kc, _ := ctx.Value(contextKey{}).(keyContext)
-		t := kc.firstSent
+		_, t, _ := idemkey.KeyFromContext(ctx)
 		if t.IsZero() {
 			t = time.Now()
 		}
@@ -107,33 +105,4 @@ func (cl *client) WrapStreamingClient(next connect.StreamingClientFunc) connect.
 
 func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
-}
-
-type contextKey struct{}
-
-// keyContext is what ContextWithKey and ContextWithKeyFirstSent put in a
-// context.
-type keyContext struct {
-	key       string
-	firstSent time.Time
-}
-
-// ContextWithKey returns a context whose calls through NewClientInterceptor
-// carry key as their idempotency key, for example a key saved with the
-// business record so that a restarted process retries the same operation.
-// A key already in a request's header wins. Every call of a covered
-// procedure made with the context carries it, so use one context per
-// operation.
-func ContextWithKey(ctx context.Context, key string) context.Context {
-	return context.WithValue(ctx, contextKey{}, keyContext{key: key})
-}
-
-// ContextWithKeyFirstSent is ContextWithKey for a key whose operation was
-// first sent at firstSent, which its calls send as Idempotency-First-Sent:
-// a restarted process that saved both retries as the first process would
-// have, and the server refuses the retry (IDEMPOTENCY_KEY_EXPIRED) rather
-// than run it again if the key's record may have expired. A zero firstSent
-// sends the time of each call.
-func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Time) context.Context {
-	return context.WithValue(ctx, contextKey{}, keyContext{key: key, firstSent: firstSent})
 }

@@ -81,10 +81,10 @@ func TestClientInterceptor(t *testing.T) {
 	t.Run("the caller's key", func(t *testing.T) {
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100})
 		req.Header().Set(idemkey.KeyHeader, "from-header")
-		if err := send(idemconnect.ContextWithKey(ctx, "from-context"), req); err != nil {
+		if err := send(idemkey.ContextWithKey(ctx, "from-context"), req); err != nil {
 			t.Fatal(err)
 		}
-		if err := send(idemconnect.ContextWithKey(ctx, "from-context"), connect.NewRequest(&paymentsv1.CreateChargeRequest{})); err != nil {
+		if err := send(idemkey.ContextWithKey(ctx, "from-context"), connect.NewRequest(&paymentsv1.CreateChargeRequest{})); err != nil {
 			t.Fatal(err)
 		}
 		if keys := rec.take(); len(keys) != 2 || strings.Join(keys[0], ",") != "from-header" || strings.Join(keys[1], ",") != "from-context" {
@@ -101,7 +101,7 @@ func TestClientInterceptor(t *testing.T) {
 			ctx context.Context
 			req *chargeRequest
 		}{
-			{idemconnect.ContextWithKey(ctx, strings.Repeat("k", idemkey.MaxKeyLen+1)), connect.NewRequest(&paymentsv1.CreateChargeRequest{})},
+			{idemkey.ContextWithKey(ctx, strings.Repeat("k", idemkey.MaxKeyLen+1)), connect.NewRequest(&paymentsv1.CreateChargeRequest{})},
 			{ctx, twice},
 			{ctx, spaced},
 		} {
@@ -118,7 +118,7 @@ func TestClientInterceptor(t *testing.T) {
 	t.Run("uncovered procedures get no key", func(t *testing.T) {
 		// GetCharge is NO_SIDE_EFFECTS in the proto; the recorder sees its call too.
 		get := connect.NewClient[paymentsv1.GetChargeRequest, paymentsv1.Charge](h2c(t), url+getCharge, opt)
-		if _, err := get.CallUnary(idemconnect.ContextWithKey(ctx, "k"), connect.NewRequest(&paymentsv1.GetChargeRequest{Id: "ch_1"})); err != nil {
+		if _, err := get.CallUnary(idemkey.ContextWithKey(ctx, "k"), connect.NewRequest(&paymentsv1.GetChargeRequest{Id: "ch_1"})); err != nil {
 			t.Fatal(err)
 		}
 		if keys := rec.take(); len(keys) != 1 || len(keys[0]) != 0 {
@@ -146,7 +146,7 @@ func TestClientAndServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	retry, err := client.CallUnary(t.Context(), req)
-	if err != nil || retry.Msg.GetId() != first.Msg.GetId() || !idemconnect.Replayed(retry.Header()) {
+	if err != nil || retry.Msg.GetId() != first.Msg.GetId() || !idemkey.ParseReplayed(retry.Header().Values(idemkey.ReplayedHeader)) {
 		t.Fatalf("retry: %v, %v; want the replay of %v", retry, err, first.Msg)
 	}
 	runs.wantRuns(t, 1)
@@ -172,7 +172,7 @@ func TestClientFirstSent(t *testing.T) {
 			t.Fatal(err)
 		}
 		// The retry's context has another time; the Request's own wins.
-		if err := send(idemconnect.ContextWithKeyFirstSent(ctx, "other", before.Add(-time.Hour)), req); err != nil {
+		if err := send(idemkey.ContextWithKeyFirstSent(ctx, "other", before.Add(-time.Hour)), req); err != nil {
 			t.Fatal(err)
 		}
 		sent := rec.takeValues(idemkey.FirstSentHeader)
@@ -185,7 +185,7 @@ func TestClientFirstSent(t *testing.T) {
 	})
 	t.Run("the context's time", func(t *testing.T) {
 		at := time.Now().Add(-time.Hour)
-		if err := send(idemconnect.ContextWithKeyFirstSent(ctx, "saved-key", at), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 200})); err != nil {
+		if err := send(idemkey.ContextWithKeyFirstSent(ctx, "saved-key", at), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 200})); err != nil {
 			t.Fatal(err)
 		}
 		h := rec.takeValues(idemkey.FirstSentHeader)
@@ -242,7 +242,7 @@ func TestKeyExpires(t *testing.T) {
 			key := p.name + "-k1"
 
 			sent := time.Now()
-			resp, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
+			resp, err := client.CallUnary(idemkey.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -252,18 +252,18 @@ func TestKeyExpires(t *testing.T) {
 			}
 			// The replay tells the same expiry, and so does a duplicate
 			// answered in progress, in its error's metadata.
-			replay, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
+			replay, err := client.CallUnary(idemkey.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
 			if got, _ := idemkey.ParseExpires(replay.Header().Values(idemkey.ExpiresHeader)); err != nil || !got.Equal(exp) {
 				t.Fatalf("replay: %v, expiry %v; want %v", err, got, exp)
 			}
 			done := make(chan error, 1)
 			blocked := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 300, Description: "block"})
 			go func() {
-				_, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key+"-blocked"), blocked)
+				_, err := client.CallUnary(idemkey.ContextWithKey(ctx, key+"-blocked"), blocked)
 				done <- err
 			}()
 			<-started
-			_, err = client.CallUnary(idemconnect.ContextWithKey(ctx, key+"-blocked"), connect.NewRequest(blocked.Msg))
+			_, err = client.CallUnary(idemkey.ContextWithKey(ctx, key+"-blocked"), connect.NewRequest(blocked.Msg))
 			ce := (*connect.Error)(nil)
 			if !errors.As(err, &ce) || idemconnect.Reason(err) != idemkey.ReasonInProgress {
 				t.Fatalf("duplicate: %v, want in progress", err)
@@ -279,7 +279,7 @@ func TestKeyExpires(t *testing.T) {
 
 			// A restarted process retries a key it saved two hours ago, which
 			// has no record: refused, not run.
-			_, err = client.CallUnary(idemconnect.ContextWithKeyFirstSent(ctx, key+"-stale", time.Now().Add(-2*retention)),
+			_, err = client.CallUnary(idemkey.ContextWithKeyFirstSent(ctx, key+"-stale", time.Now().Add(-2*retention)),
 				connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
 			if connect.CodeOf(err) != connect.CodeFailedPrecondition || idemconnect.Reason(err) != idemkey.ReasonKeyExpired {
 				t.Fatalf("stale retry: %v; want FailedPrecondition, IDEMPOTENCY_KEY_EXPIRED", err)

@@ -68,8 +68,8 @@ func TestCrossTransport(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !proto.Equal(first, replay.Msg) || !idemconnect.Replayed(replay.Header()) {
-				t.Fatalf("Connect got %v (replayed %v), want the gRPC reply %v marked replayed", replay.Msg, idemconnect.Replayed(replay.Header()), first)
+			if !proto.Equal(first, replay.Msg) || !idemkey.ParseReplayed(replay.Header().Values(idemkey.ReplayedHeader)) {
+				t.Fatalf("Connect got %v (replayed %v), want the gRPC reply %v marked replayed", replay.Msg, idemkey.ParseReplayed(replay.Header().Values(idemkey.ReplayedHeader)), first)
 			}
 		}
 		runs.wantRuns(t, 1)
@@ -84,7 +84,7 @@ func TestCrossTransport(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !proto.Equal(first.Msg, replay) || !interceptor.Replayed(trailer) {
+		if !proto.Equal(first.Msg, replay) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 			t.Fatalf("gRPC got %v (trailer %v), want the Connect reply %v marked replayed", replay, trailer, first.Msg)
 		}
 		runs.wantRuns(t, 2)
@@ -94,7 +94,7 @@ func TestCrossTransport(t *testing.T) {
 		_, first := grpcClient.CreateCharge(withKey("k3"), decline)
 		_, replay := call(ctx, connectClient, "k3", decline)
 		wantSameError(t, status.Convert(first), replay)
-		if ce := (*connect.Error)(nil); !errors.As(replay, &ce) || !idemconnect.Replayed(ce.Meta()) {
+		if ce := (*connect.Error)(nil); !errors.As(replay, &ce) || !idemkey.ParseReplayed(ce.Meta().Values(idemkey.ReplayedHeader)) {
 			t.Errorf("Connect replay %v is not marked replayed", replay)
 		}
 		runs.wantRuns(t, 3)
@@ -104,7 +104,7 @@ func TestCrossTransport(t *testing.T) {
 		var trailer metadata.MD
 		_, replay := grpcClient.CreateCharge(withKey("k4"), decline, grpc.Trailer(&trailer))
 		wantSameError(t, status.Convert(replay), first)
-		if !interceptor.Replayed(trailer) {
+		if !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 			t.Errorf("gRPC replay's trailer %v is not marked replayed", trailer)
 		}
 		runs.wantRuns(t, 4)

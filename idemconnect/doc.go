@@ -62,7 +62,7 @@
 //     idempotent-replayed: true too, where grpc-go clients look for it (as
 //     they do with the gRPC interceptor). A replayed error carries it in its
 //     metadata (connect.Error.Meta on the client): Connect sends that as
-//     headers with its own protocol, as trailers with gRPC's. Replayed reads
+//     headers with its own protocol, as trailers with gRPC's. idemkey.ParseReplayed reads
 //     it.
 //   - Answers of idemkey's own are the gRPC interceptor's, with a
 //     google.rpc.ErrorInfo of domain idemkey.dev (Reason reads it): a key
@@ -78,7 +78,7 @@
 //     in an error's metadata otherwise (trailers over gRPC).
 //     idemkey.ParseExpires reads it from resp.Header() or the error's Meta(). The client interceptor
 //     sends, with the key, when the operation was first sent
-//     (Idempotency-First-Sent): the time of ContextWithKeyFirstSent, else
+//     (Idempotency-First-Sent): the time of idemkey.ContextWithKeyFirstSent, else
 //     that of the first send of the *connect.Request. A call first sent
 //     longer ago than the retention (less engine.WithClockSkew) whose key
 //     has no record is FailedPrecondition with reason

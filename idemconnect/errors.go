@@ -2,7 +2,6 @@ package idemconnect
 
 import (
 	"errors"
-	"net/http"
 	"strconv"
 	"time"
 
@@ -125,15 +124,6 @@ func RetryDelay(err error) (time.Duration, bool) {
 		return ri.GetRetryDelay().AsDuration(), true
 	}
 	return 0, false
-}
-
-// Replayed reports whether h marks a reply replayed from the record of an
-// earlier call rather than produced by running the handler. Look in the
-// response's Header() for a reply, or in the error's Meta() for an error
-// (see the package documentation).
-func Replayed(h http.Header) bool {
-	v := h.Values(idemkey.ReplayedHeader)
-	return len(v) == 1 && v[0] == "true"
 }
 
 // detail returns the first detail of err of type T.

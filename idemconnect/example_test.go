@@ -8,6 +8,7 @@ import (
 
 	"connectrpc.com/connect"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemconnect"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -46,7 +47,7 @@ func ExampleNewServerInterceptor() {
 		if err != nil {
 			panic(err)
 		}
-		fmt.Println(resp.Msg.GetId(), "replayed:", idemconnect.Replayed(resp.Header()))
+		fmt.Println(resp.Msg.GetId(), "replayed:", idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)))
 	}
 	fmt.Println("runs:", runs)
 	// Output:

@@ -82,12 +82,12 @@ func TestGRPCClientOfConnectServer(t *testing.T) {
 
 	close(b.release)
 	r := <-first
-	if r.err != nil || interceptor.Replayed(r.trailer) {
+	if r.err != nil || idemkey.ParseReplayed(r.trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Fatalf("first call: %v, trailer %v", r.err, r.trailer)
 	}
 	var replayTrailer metadata.MD
 	replay, err := plain.CreateCharge(ctx, req, grpc.Trailer(&replayTrailer))
-	if err != nil || !proto.Equal(replay, r.charge) || !interceptor.Replayed(replayTrailer) {
+	if err != nil || !proto.Equal(replay, r.charge) || !idemkey.ParseReplayed(replayTrailer.Get(idemkey.ReplayedMetadata)) {
 		t.Fatalf("replay %v, %v, trailer %v; want %v marked replayed", replay, err, replayTrailer, r.charge)
 	}
 }

@@ -17,13 +17,11 @@ import (
 // with engine.New.
 type Option interface{ applyServer(*options) }
 
-// ClientOption configures the client interceptor.
-type ClientOption interface{ applyClient(*clientOptions) }
-
-// ProcedureOption configures both interceptors: which procedures are covered.
+// ProcedureOption configures both interceptors: which procedures are
+// covered. The client interceptor takes only these.
 type ProcedureOption interface {
 	Option
-	ClientOption
+	applyClient(*clientOptions)
 }
 
 // FingerprintFunc hashes the parts of a request that make it "the same
@@ -70,7 +68,7 @@ func newOptions(opts []Option) *options {
 	return o
 }
 
-func newClientOptions(opts []ClientOption) *clientOptions {
+func newClientOptions(opts []ProcedureOption) *clientOptions {
 	o := &clientOptions{}
 	for _, opt := range opts {
 		opt.applyClient(o)

@@ -57,7 +57,7 @@ func TestSealedCrossTransport(t *testing.T) {
 		t.Fatalf("the record holds the reply in the clear")
 	}
 	replay, err := call(t.Context(), connectClient, "k1", req)
-	if err != nil || !proto.Equal(first, replay.Msg) || !idemconnect.Replayed(replay.Header()) {
+	if err != nil || !proto.Equal(first, replay.Msg) || !idemkey.ParseReplayed(replay.Header().Values(idemkey.ReplayedHeader)) {
 		t.Fatalf("Connect replay %v, %v; want the gRPC reply %v", replay, err, first)
 	}
 	again, err := call(t.Context(), connectClient, "k2", req)
@@ -66,7 +66,7 @@ func TestSealedCrossTransport(t *testing.T) {
 	}
 	var trailer metadata.MD
 	grpcReplay, err := grpcClient.CreateCharge(metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, "k2"), req, grpc.Trailer(&trailer))
-	if err != nil || !proto.Equal(again.Msg, grpcReplay) || !interceptor.Replayed(trailer) {
+	if err != nil || !proto.Equal(again.Msg, grpcReplay) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Fatalf("gRPC replay %v, %v; want the Connect reply %v", grpcReplay, err, again.Msg)
 	}
 	runs.wantRuns(t, 2)
@@ -96,7 +96,7 @@ func TestRedaction(t *testing.T) {
 	if err != nil || replay.Msg.GetDescription() != "" || replay.Msg.GetId() != "ch_1" {
 		t.Fatalf("replay %v, %v; want the redacted reply", replay, err)
 	}
-	if h := replay.Header(); h.Get("X-Charge-Token") != "" || h.Get("X-Region") != "eu" || !idemconnect.Replayed(h) {
+	if h := replay.Header(); h.Get("X-Charge-Token") != "" || h.Get("X-Region") != "eu" || !idemkey.ParseReplayed(h.Values(idemkey.ReplayedHeader)) {
 		t.Fatalf("replayed header %v, want X-Region alone, marked replayed", h)
 	}
 }
@@ -151,7 +151,7 @@ func TestUnopenedRecord(t *testing.T) {
 			t.Fatalf("got %v (reason %q), want Unavailable, %s", err, idemconnect.Reason(err), idemkey.ReasonStoreUnavailable)
 		}
 		var ce *connect.Error
-		if errors.As(err, &ce) && idemconnect.Replayed(ce.Meta()) {
+		if errors.As(err, &ce) && idemkey.ParseReplayed(ce.Meta().Values(idemkey.ReplayedHeader)) {
 			t.Fatal("the refusal is marked replayed")
 		}
 	}

@@ -41,8 +41,8 @@ func TestReplayAcrossCodecs(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !proto.Equal(first.Msg, replay.Msg) || !idemconnect.Replayed(replay.Header()) || idemconnect.Replayed(first.Header()) {
-			t.Errorf("%s: first %v, replay %v (replayed %v); want the same message, only the replay marked", key, first.Msg, replay.Msg, idemconnect.Replayed(replay.Header()))
+		if !proto.Equal(first.Msg, replay.Msg) || !idemkey.ParseReplayed(replay.Header().Values(idemkey.ReplayedHeader)) || idemkey.ParseReplayed(first.Header().Values(idemkey.ReplayedHeader)) {
+			t.Errorf("%s: first %v, replay %v (replayed %v); want the same message, only the replay marked", key, first.Msg, replay.Msg, idemkey.ParseReplayed(replay.Header().Values(idemkey.ReplayedHeader)))
 		}
 	}
 	runs.wantRuns(t, 2)
@@ -115,7 +115,7 @@ func TestInProgressRetryAfter(t *testing.T) {
 		t.Fatal(err)
 	}
 	replay, err := call(t.Context(), client, "k1", req)
-	if err != nil || !idemconnect.Replayed(replay.Header()) {
+	if err != nil || !idemkey.ParseReplayed(replay.Header().Values(idemkey.ReplayedHeader)) {
 		t.Fatalf("after the first call: %v, %v; want the replay", replay, err)
 	}
 }
@@ -159,7 +159,7 @@ func TestReplayedHeaders(t *testing.T) {
 			t.Errorf("%v: replay header %v, trailer %v", opts, h, tr)
 		}
 		grpc := len(opts) > 0
-		if !idemconnect.Replayed(h) || idemconnect.Replayed(tr) != grpc {
+		if !idemkey.ParseReplayed(h.Values(idemkey.ReplayedHeader)) || idemkey.ParseReplayed(tr.Values(idemkey.ReplayedHeader)) != grpc {
 			t.Errorf("%v: replay header %v, trailer %v: want the marker in the header, and in the trailer only over gRPC", opts, h, tr)
 		}
 	}
@@ -279,7 +279,7 @@ func TestPanicReleasesKey(t *testing.T) {
 		t.Fatalf("first call: %v; want the recovered panic", err)
 	}
 	resp, err := call(t.Context(), client, "k1", req)
-	if err != nil || idemconnect.Replayed(resp.Header()) {
+	if err != nil || idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)) {
 		t.Fatalf("retry: %v, %v; want a fresh run", resp, err)
 	}
 	runs.wantRuns(t, 2)

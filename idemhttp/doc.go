@@ -104,7 +104,7 @@
 // does not open answers 503 (IDEMPOTENCY_STORE_UNAVAILABLE), is logged at Error,
 // and runs nothing again.
 //
-// Recorded (DefaultRecorded; WithRecordedStatuses): every status below 400,
+// Recorded (unless WithRecordedStatuses says otherwise): every status below 400,
 // and 404, 410, 412, 500 and 501, the final answers. Released, so that a
 // retry runs the handler again: every other status, such as 400, 401, 403,
 // 408, 409, 422, 425, 429, 502, 503 and 504. A handler that panics releases

@@ -8,9 +8,9 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// DefaultMaxBodySize bounds the request body read for the fingerprint
-// (WithMaxBodySize), in bytes.
-const DefaultMaxBodySize = 1 << 20
+// defaultMaxBodySize bounds the request body read for the fingerprint
+// unless WithMaxBodySize sets another, in bytes.
+const defaultMaxBodySize = 1 << 20
 
 // Option configures the middleware: its own settings. Those every entry
 // point shares (the tenant, whether a key is required, leases, retention,
@@ -42,8 +42,8 @@ func newOptions(opts []Option) *options {
 	o := &options{
 		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
 		operation:   DefaultOperation,
-		maxBody:     DefaultMaxBodySize,
-		recorded:    DefaultRecorded,
+		maxBody:     defaultMaxBodySize,
+		recorded:    defaultRecorded,
 		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
 		fingerprint: DefaultFingerprint,
 	}
@@ -93,14 +93,13 @@ func WithOperation(f func(r *http.Request) string) Option {
 	}
 }
 
-// WithMaxBodySize bounds the request body read (DefaultMaxBodySize, 1 MiB,
-// if n < 1): the body is read whole before the key is reserved, for the
+// WithMaxBodySize bounds the request body read (1 MiB if n < 1): the body is read whole before the key is reserved, for the
 // fingerprint. A larger body, or a Content-Length that announces one, is
 // answered 413 (ReasonRequestTooLarge) and nothing is reserved.
 func WithMaxBodySize(n int64) Option {
 	return func(o *options) {
 		if n < 1 {
-			n = DefaultMaxBodySize
+			n = defaultMaxBodySize
 		}
 		o.maxBody = n
 	}
@@ -108,7 +107,13 @@ func WithMaxBodySize(n int64) Option {
 
 // WithRecordedStatuses sets the status codes whose responses are recorded and
 // replayed to retries; a response with any other status releases the key, so
-// that a retry runs the handler again. The default is DefaultRecorded.
+// that a retry runs the handler again. By default every status below 400 is
+// recorded, and the final answers 404 Not Found, 410 Gone, 412 Precondition
+// Failed, 500 Internal Server Error and 501 Not Implemented, as the gRPC
+// adapter records NotFound, FailedPrecondition, Internal and Unimplemented.
+// Every other status releases the key: one that the caller corrects and
+// retries (400, 401, 403, 409, 413, 415, 422), and one that says "not now"
+// (408, 425, 429, 502, 503, 504).
 func WithRecordedStatuses(statuses ...int) Option {
 	set := make(map[int]bool, len(statuses))
 	for _, s := range statuses {
@@ -117,14 +122,9 @@ func WithRecordedStatuses(statuses ...int) Option {
 	return func(o *options) { o.recorded = func(status int) bool { return set[status] } }
 }
 
-// DefaultRecorded reports whether a response with status is recorded by
-// default: every status below 400, and the final answers 404 Not Found, 410
-// Gone, 412 Precondition Failed, 500 Internal Server Error and 501 Not
-// Implemented, as the gRPC adapter records NotFound, FailedPrecondition,
-// Internal and Unimplemented. Every other status releases the key: one that
-// the caller corrects and retries (400, 401, 403, 409, 413, 415, 422), and
-// one that says "not now" (408, 425, 429, 502, 503, 504).
-func DefaultRecorded(status int) bool {
+// defaultRecorded reports whether a response with status is recorded when
+// WithRecordedStatuses does not say.
+func defaultRecorded(status int) bool {
 	switch {
 	case status < 400:
 		return true

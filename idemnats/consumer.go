@@ -31,8 +31,10 @@ type Consumer struct {
 // New returns a Consumer that runs h for the messages of cons, a consumer of
 // stream, with the idempotency of core. It reads both configurations and
 // refuses (a *consumer.HorizonError) when core's records would expire while
-// JetStream may still redeliver a message (see RedeliveryHorizon), unless core was
-// built with consumer.WithHorizonWarning. It refuses (a *DuplicateWindowError)
+// JetStream may still redeliver a message (for up to the stream's max age,
+// and, while consumers run, up to max deliver times the longest wait between
+// two deliveries; without either, for ever), unless core was built with
+// consumer.WithHorizonWarning. It refuses (a *DuplicateWindowError)
 // a tenant function (WithMessageTenant) with ids read from the Nats-Msg-Id
 // header (MessageID), which JetStream deduplicates across tenants, unless
 // WithMessageIDsUniqueAcrossTenants says that the producers keep them apart.
@@ -53,7 +55,7 @@ func New(ctx context.Context, core *consumer.Consumer, stream jetstream.Stream, 
 	}
 	cfg := ci.Config
 	cfg.Durable = ci.Name // named in the horizon, ephemeral ones too
-	if err := core.CheckHorizon(ctx, RedeliveryHorizon(si.Config, cfg, core.MaxBackoff())); err != nil {
+	if err := core.CheckHorizon(ctx, redeliveryHorizon(si.Config, cfg, core.MaxBackoff())); err != nil {
 		return nil, err
 	}
 	o := newOptions(opts)
@@ -108,13 +110,13 @@ func (o *options) checkDuplicateWindow(stream jetstream.StreamConfig, cons strin
 	return &DuplicateWindowError{Consumer: cons, Stream: stream.Name, Window: stream.Duplicates}
 }
 
-// RedeliveryHorizon is how long JetStream may redeliver a message of stream to cons:
+// redeliveryHorizon is how long JetStream may redeliver a message of stream to cons:
 // at most the stream's max age, after which the message is gone, and, while
 // consumers run, at most max deliver times the longest wait between two
 // deliveries (the ack wait or its back-off, or a negative acknowledgement's
 // delay of up to maxBackoff). Unbounded when neither is set: a stream
 // without a max age and a consumer with an unlimited max deliver.
-func RedeliveryHorizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBackoff time.Duration) consumer.Horizon {
+func redeliveryHorizon(stream jetstream.StreamConfig, cons jetstream.ConsumerConfig, maxBackoff time.Duration) consumer.Horizon {
 	h := consumer.Horizon{Unbounded: true}
 	if stream.MaxAge > 0 {
 		h = consumer.Horizon{Bound: stream.MaxAge, Source: fmt.Sprintf("stream %s: max age", stream.Name)}

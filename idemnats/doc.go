@@ -102,8 +102,9 @@
 //     delivery of it goes to the WithDeadLetter hook, so that the dead letter
 //     is sent at least once.
 //   - New refuses a consumer that does not acknowledge explicitly, one
-//     whose messages may be redelivered after their record expires (RedeliveryHorizon),
-//     unless core has consumer.WithHorizonWarning, and one that scopes
+//     whose messages may be redelivered after their record expires (for
+//     up to the stream's max age, and up to max deliver times the longest
+//     wait between two deliveries; without either, for ever), unless core has consumer.WithHorizonWarning, and one that scopes
 //     Nats-Msg-Id by tenant, unless WithMessageIDsUniqueAcrossTenants.
 //   - The hooks of core's engine (engine.WithHooks) run once per delivery,
 //     before Handle acknowledges it: one execution per message id, then a

@@ -1,12 +1,10 @@
-package idemnats_test
+package idemnats
 
 import (
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
-
-	"github.com/idemkey/idemkey/idemnats"
 )
 
 func TestHorizon(t *testing.T) {
@@ -26,7 +24,7 @@ func TestHorizon(t *testing.T) {
 		{"the shorter", jetstream.StreamConfig{MaxAge: time.Hour}, jetstream.ConsumerConfig{MaxDeliver: 1000, AckWait: time.Minute}, false, time.Hour},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			h := idemnats.RedeliveryHorizon(tc.stream, tc.cons, time.Minute)
+			h := redeliveryHorizon(tc.stream, tc.cons, time.Minute)
 			if h.Unbounded != tc.unbounded || h.Bound != tc.bound {
 				t.Fatalf("horizon %+v, want unbounded %v, bound %s", h, tc.unbounded, tc.bound)
 			}

@@ -15,29 +15,29 @@ import (
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
 // idempotency key to every call of a covered method that carries none: the
-// caller's own (UseKey, ContextWithKey, or the metadata itself) or else a
+// caller's own (UseKey, idemkey.ContextWithKey, or the metadata itself) or else a
 // fresh idemkey.NewKey. A caller's key that is malformed fails the call with
 // InvalidArgument before it is sent. UseKey wins over a key in the context.
 //
 // With the key it sends when the key's operation was first sent
 // (idemkey.FirstSentMetadata), so that a server can refuse a retry that
 // comes after the key's record may have expired rather than run it again:
-// the time UseKeyFirstSent or ContextWithKeyFirstSent gave, or one already
+// the time UseKeyFirstSent or idemkey.ContextWithKeyFirstSent gave, or one already
 // in the metadata (checked like a key), or else now.
 //
 // gRPC runs the retries of its service-config retry policy below all
 // interceptors, so every attempt of one call carries the same key and
 // first-sent time. A retry loop of your own must run inside this interceptor
 // (a retry interceptor chained after it), or reuse one key through UseKey or
-// ContextWithKey; otherwise each attempt gets a key of its own. Such a loop,
+// idemkey.ContextWithKey; otherwise each attempt gets a key of its own. Such a loop,
 // or a process that retries after a restart, should also store the first
 // attempt's time with the key and pass it with UseKeyFirstSent or
-// ContextWithKeyFirstSent: otherwise each call sends its own time, and a
+// idemkey.ContextWithKeyFirstSent: otherwise each call sends its own time, and a
 // retry too late to be safe is run rather than refused.
 //
 // Like UnaryServerInterceptor, it returns an error if WithIncludedMethods or
 // WithExcludedMethods names a method the protobuf registry does not know.
-func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, error) {
+func UnaryClientInterceptor(opts ...MethodOption) (grpc.UnaryClientInterceptor, error) {
 	o := newClientOptions(opts)
 	if err := checkMethods(o); err != nil {
 		return nil, err
@@ -47,10 +47,7 @@ func UnaryClientInterceptor(opts ...ClientOption) (grpc.UnaryClientInterceptor, 
 		expiry, callOpts := keyExpiry(callOpts)
 		use, callOpts, used := lastOption[keyOption](callOpts)
 		m := ms.get(fullMethod)
-		if !m.covered { // UseKey's and ContextWithKey's keys are for covered methods
-			if ctx.Value(contextKeyMarker{}) != nil {
-				ctx = withoutKey(ctx)
-			}
+		if !m.covered { // UseKey's and idemkey.ContextWithKey's keys are for covered methods
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
 		var err error
@@ -77,19 +74,28 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 }
 
 // withKey is ctx with the call's key and first-sent time in its outgoing
-// metadata: those already there, checked, or else a new key and now.
+// metadata: those already there, checked, or else those of
+// idemkey.ContextWithKey, or else a new key and now.
 func withKey(ctx context.Context, m *method, req any) (context.Context, error) {
 	md, _ := metadata.FromOutgoingContext(ctx)
-	if keys := md[idemkey.KeyMetadata]; len(keys) > 0 || carriesKey(m, req) {
-		if _, _, err := KeyFromMetadata(md); err != nil {
+	key, firstSent, fromContext := idemkey.KeyFromContext(ctx)
+	switch {
+	case len(md[idemkey.KeyMetadata]) > 0 || carriesKey(m, req):
+		if _, _, err := keyFromMetadata(md); err != nil {
 			return nil, err
 		}
-	} else {
+		firstSent = time.Time{} // the context's time is for the context's key
+	case fromContext:
+		if err := validateKey(key); err != nil {
+			return nil, err
+		}
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.FormatKey(key))
+	default:
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
 	}
 	switch sent := md[idemkey.FirstSentMetadata]; len(sent) {
 	case 0:
-		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, idemkey.FormatDate(time.Now()))
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, formatFirstSent(firstSent))
 	case 1:
 		if _, err := idemkey.ParseDate(sent[0]); err != nil {
 			return nil, firstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
@@ -115,7 +121,8 @@ func carriesKey(m *method, req any) bool {
 // it sends none to a method it does not cover. It needs the interceptor: on
 // a connection without it, gRPC ignores the option and the call goes out
 // with no key, silently, so that the server runs it unprotected or refuses
-// it (WithKeyRequired). Use ContextWithKey there.
+// it (WithKeyRequired). Put the key in the outgoing metadata there
+// (idemkey.KeyMetadata, idemkey.FormatKey).
 //
 // The interceptor sends now as the key's first-sent time: a retry of an
 // operation sent before should use UseKeyFirstSent.
@@ -168,24 +175,6 @@ func lastOption[T grpc.CallOption](callOpts []grpc.CallOption) (last T, rest []g
 	return last, rest, true
 }
 
-type contextKeyMarker struct{}
-
-// ContextWithKey returns a context whose calls carry key as their
-// idempotency key. It puts the key in the outgoing metadata, so that it
-// reaches the server with or without UnaryClientInterceptor; the interceptor
-// sends it only to covered methods. Every call made with the context carries
-// it, so use one context per operation.
-func ContextWithKey(ctx context.Context, key string) context.Context {
-	return metadata.AppendToOutgoingContext(context.WithValue(ctx, contextKeyMarker{}, true), idemkey.KeyMetadata, idemkey.FormatKey(key))
-}
-
-// ContextWithKeyFirstSent is ContextWithKey for a key whose operation was
-// first sent at firstSent (see UseKeyFirstSent): it puts both in the
-// outgoing metadata. A zero firstSent is now.
-func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Time) context.Context {
-	return metadata.AppendToOutgoingContext(ContextWithKey(ctx, key), idemkey.FirstSentMetadata, formatFirstSent(firstSent))
-}
-
 // withoutKey is ctx with no idempotency key, nor first-sent time, in its
 // outgoing metadata.
 func withoutKey(ctx context.Context) context.Context {
@@ -231,15 +220,14 @@ func (e expiryOption) invoke(ctx context.Context, fullMethod string, req, reply 
 	}
 	var header, trailer metadata.MD
 	err := invoker(ctx, fullMethod, req, reply, cc, append(callOpts, grpc.Header(&header), grpc.Trailer(&trailer))...)
-	*e.dst, _ = KeyExpires(header, trailer)
+	*e.dst, _ = keyExpires(header, trailer)
 	return err
 }
 
-// KeyExpires returns the key's expiry that a server sent in mds (a call's
-// header and trailer: idemkey.ExpiresMetadata), for callers that read the
-// metadata themselves; see KeyExpiry. The first of mds that carries the
-// field decides: ok is false unless it is one HTTP date.
-func KeyExpires(mds ...metadata.MD) (expires time.Time, ok bool) {
+// keyExpires returns the key's expiry that a server sent in mds (a call's
+// header and trailer: idemkey.ExpiresMetadata). The first of mds that
+// carries the field decides: ok is false unless it is one HTTP date.
+func keyExpires(mds ...metadata.MD) (expires time.Time, ok bool) {
 	for _, md := range mds {
 		if v := md.Get(idemkey.ExpiresMetadata); len(v) > 0 {
 			return idemkey.ParseExpires(v)

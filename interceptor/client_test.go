@@ -25,11 +25,11 @@ func TestClientCallerKeys(t *testing.T) {
 			return err
 		}, "order-1"},
 		{"ContextWithKey", func() error {
-			_, err := e.client.CreateCharge(interceptor.ContextWithKey(ctx, "order-2"), request(1))
+			_, err := e.client.CreateCharge(idemkey.ContextWithKey(ctx, "order-2"), request(1))
 			return err
 		}, "order-2"},
 		{"UseKey wins over the context", func() error {
-			_, err := e.client.CreateCharge(interceptor.ContextWithKey(ctx, "ctx"), request(1), interceptor.UseKey("order-3"))
+			_, err := e.client.CreateCharge(idemkey.ContextWithKey(ctx, "ctx"), request(1), interceptor.UseKey("order-3"))
 			return err
 		}, "order-3"},
 		{"metadata set by the caller is kept", func() error {
@@ -61,7 +61,7 @@ func TestClientRefusesBadKey(t *testing.T) {
 
 func TestClientLeavesUncoveredMethods(t *testing.T) {
 	e := newE2E(t)
-	ctx := interceptor.ContextWithKey(metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme"), "order-1")
+	ctx := idemkey.ContextWithKey(metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme"), "order-1")
 	if _, err := e.client.GetCharge(ctx, &paymentsv1.GetChargeRequest{Id: "ch_1"}); err != nil {
 		t.Fatal(err)
 	}

@@ -26,8 +26,8 @@
 //		grpc.WithDefaultServiceConfig(serviceConfig), // retries ABORTED and UNAVAILABLE
 //		grpc.WithUnaryInterceptor(keys))
 //
-// The server takes Options, the client ClientOptions; MethodOptions (which
-// methods are covered, where a request carries its key) serve both. Like
+// The server takes Options; MethodOptions (which methods are covered, where a
+// request carries its key) serve both, and are all the client takes. Like
 // every idemkey entry point, each constructor returns a mistake in its
 // options as an error and never panics.
 //
@@ -87,13 +87,13 @@
 // header would stop gRPC's retry policy from retrying an error that an
 // interceptor outside idemkey puts in the reply's place. A released key, a
 // failed store, no key or a malformed one tell none. On the client,
-// KeyExpiry(&t) sets t from it, and KeyExpires reads it from metadata of
-// your own.
+// KeyExpiry(&t) sets t from it; from a trailer of your own,
+// idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata)) reads it.
 //
 // The client interceptor also sends, with the key, when the key's operation
 // was first sent (idemkey.FirstSentMetadata, idempotency-first-sent, an
 // HTTP date): now, once per call, so every attempt of gRPC's retry policy
-// carries the same; or the time UseKeyFirstSent or ContextWithKeyFirstSent
+// carries the same; or the time UseKeyFirstSent or idemkey.ContextWithKeyFirstSent
 // give, for a retry that a loop of your own, or a restarted process, makes
 // of an operation it stored. A value already in the metadata is checked,
 // and a malformed one fails the call before it is sent. The server refuses
@@ -312,13 +312,14 @@
 //     another field, is refused as reused.
 //   - A retry loop of your own must run inside the client interceptor (a
 //     retry interceptor chained after it), or reuse one key through UseKey or
-//     ContextWithKey: a key made per attempt defeats the scheme. gRPC's
+//     idemkey.ContextWithKey: a key made per attempt defeats the scheme. gRPC's
 //     service-config retries run below all interceptors and resend the same
 //     key.
 //   - UseKey and UseKeyFirstSent are read by the client interceptor alone:
 //     on a connection without it, gRPC ignores them and the call goes out
-//     with no key, silently. ContextWithKey puts its key in the metadata,
-//     which reaches the server either way.
+//     with no key, silently, and so is idemkey.ContextWithKey. Without the
+//     interceptor, put the key in the outgoing metadata yourself
+//     (idemkey.KeyMetadata).
 //   - The in-progress answer is trailers-only only if nothing before idemkey
 //     set header metadata: an interceptor outside it that calls grpc.SetHeader
 //     stops gRPC's retry policy from retrying that answer.

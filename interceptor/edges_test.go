@@ -42,7 +42,7 @@ type leaseStore struct {
 	leases []time.Duration
 }
 
-func (s *leaseStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *leaseStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	s.mu.Lock()
 	s.leases = append(s.leases, r.Lease)
 	s.mu.Unlock()
@@ -207,8 +207,8 @@ func TestStoreFull(t *testing.T) {
 		t.Fatalf("a large reply to a key the store let in: %v, %v; want it whole", big, err)
 	}
 	replay, ts, err := d.create(t, "key-2", request(2))
-	if err != nil || !proto.Equal(replay, big) || !interceptor.Replayed(ts.trailer) {
-		t.Fatalf("retry of the large reply: %v (replayed %v), want it replayed whole", err, interceptor.Replayed(ts.trailer))
+	if err != nil || !proto.Equal(replay, big) || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Fatalf("retry of the large reply: %v (replayed %v), want it replayed whole", err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	_, _, err = d.create(t, "key-3", request(3))
 	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
@@ -216,7 +216,7 @@ func TestStoreFull(t *testing.T) {
 		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, engine.DefaultMaxRetryAfter)
 	}
 	replay, ts, err = d.create(t, "key-1", request(1))
-	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
+	if err != nil || !proto.Equal(replay, first) || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Errorf("replay in a full store: %v, %v; want %v, replayed", replay, err, first)
 	}
 	wantRuns(t, d.svc, 2)
@@ -250,7 +250,7 @@ func TestStoreFullFloodOfLargeReplies(t *testing.T) {
 		ctx := metadata.AppendToOutgoingContext(t.Context(), idemkey.KeyMetadata, key, "tenant", tenant)
 		var trailer metadata.MD
 		charge, err := client.CreateCharge(ctx, request(amount), grpc.Trailer(&trailer))
-		return charge, interceptor.Replayed(trailer), err
+		return charge, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), err
 	}
 	// refused reports whether err is the store's refusal; any other error
 	// fails the test.
@@ -360,8 +360,8 @@ func TestCompleteRetriedInTheBackground(t *testing.T) {
 	}
 	clock.Advance(t, 3*time.Second) // the lease has ended
 	replay, ts, err := d.create(t, "key-1", request(1))
-	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
-		t.Fatalf("retry after the lease: %v, %v (replayed %v); want the first reply, replayed", replay, err, interceptor.Replayed(ts.trailer))
+	if err != nil || !proto.Equal(replay, first) || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Fatalf("retry after the lease: %v, %v (replayed %v); want the first reply, replayed", replay, err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	wantRuns(t, svc, 1)
 	// The goroutine logs once its write has returned, which may be after

@@ -64,7 +64,7 @@ func Example() {
 	for range 2 {
 		var trailer metadata.MD
 		charge, err := client.CreateCharge(context.Background(), req, interceptor.UseKey(key), grpc.Trailer(&trailer))
-		fmt.Println(charge.GetAmount(), err, "replayed:", interceptor.Replayed(trailer))
+		fmt.Println(charge.GetAmount(), err, "replayed:", idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	fmt.Println("handler runs:", svc.runs.Load())
 	// Output:

@@ -63,19 +63,25 @@ func TestClientFirstSentGiven(t *testing.T) {
 			return err
 		}, want},
 		{"ContextWithKeyFirstSent", func() error {
-			_, err := e.client.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "order-3", at), request(1))
+			_, err := e.client.CreateCharge(idemkey.ContextWithKeyFirstSent(ctx, "order-3", at), request(1))
 			return err
 		}, want},
-		{"ContextWithKeyFirstSent without the interceptor", func() error {
-			_, err := e.plain.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "order-4", at), request(1))
+		{"the caller's metadata without the interceptor", func() error {
+			md := metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "order-4", idemkey.FirstSentMetadata, want)
+			_, err := e.plain.CreateCharge(md, request(1))
 			return err
 		}, want},
+		{"the caller's key wins over the context's, and the context's time", func() error {
+			md := metadata.AppendToOutgoingContext(idemkey.ContextWithKeyFirstSent(ctx, "ctx-2", at), idemkey.KeyMetadata, "order-6")
+			_, err := e.client.CreateCharge(md, request(1))
+			return err
+		}, ""},
 		{"metadata set by the caller is kept", func() error {
 			_, err := e.client.CreateCharge(metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, want), request(1))
 			return err
 		}, want},
 		{"UseKey wins over the context, with its own time", func() error {
-			_, err := e.client.CreateCharge(interceptor.ContextWithKeyFirstSent(ctx, "ctx", at), request(1), interceptor.UseKey("order-5"))
+			_, err := e.client.CreateCharge(idemkey.ContextWithKeyFirstSent(ctx, "ctx", at), request(1), interceptor.UseKey("order-5"))
 			return err
 		}, ""},
 	} {
@@ -141,11 +147,11 @@ func TestClientKeyExpiry(t *testing.T) {
 		grpc.Header(&header), interceptor.KeyExpiry(&replay), grpc.Trailer(&trailer)); err != nil {
 		t.Fatal(err)
 	}
-	if !interceptor.Replayed(trailer) || !replay.Equal(first) {
-		t.Errorf("replay told the expiry %v (replayed: %v), want the first reply's %v", replay, interceptor.Replayed(trailer), first)
+	if !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) || !replay.Equal(first) {
+		t.Errorf("replay told the expiry %v (replayed: %v), want the first reply's %v", replay, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), first)
 	}
-	if got, ok := interceptor.KeyExpires(header, trailer); !ok || !got.Equal(first) {
-		t.Errorf("the caller's own header %v has the expiry %v, want %v", header, got, first)
+	if got, ok := idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata)); !ok || !got.Equal(first) {
+		t.Errorf("the caller's own trailer %v has the expiry %v, want %v", trailer, got, first)
 	}
 	// An error about the key tells it in the trailer.
 	var reused time.Time
@@ -162,26 +168,6 @@ func TestClientKeyExpiry(t *testing.T) {
 	_, err = e.client.CreateCharge(ctx, request(100), interceptor.UseKey("order-2"), interceptor.KeyExpiry(&released))
 	if status.Code(err) != codes.PermissionDenied || !released.IsZero() {
 		t.Errorf("a released key: %v, expiry %v; want PermissionDenied and none", err, released)
-	}
-}
-
-func TestKeyExpires(t *testing.T) {
-	at := time.Date(2026, 12, 1, 20, 5, 37, 0, time.UTC)
-	for _, tc := range []struct {
-		name string
-		mds  []metadata.MD
-		ok   bool
-	}{
-		{"none", []metadata.MD{nil, {}}, false},
-		{"header", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at)), nil}, true},
-		{"trailer", []metadata.MD{nil, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at))}, true},
-		{"malformed", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, "tomorrow")}, false},
-		{"twice", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at), idemkey.ExpiresMetadata, idemkey.FormatDate(at))}, false},
-	} {
-		got, ok := interceptor.KeyExpires(tc.mds...)
-		if ok != tc.ok || ok && !got.Equal(at) || !ok && !got.IsZero() {
-			t.Errorf("%s: got %v, %v; want ok %v", tc.name, got, ok, tc.ok)
-		}
 	}
 }
 
@@ -213,7 +199,7 @@ func TestExpiryKeepsAnErrorRetryable(t *testing.T) {
 		t.Fatalf("call with the first reply lost: %v, want the replay", err)
 	}
 	wantRuns(t, svc, 1)
-	if !interceptor.Replayed(trailer) || expires.IsZero() || len(header.Get(idemkey.ExpiresMetadata)) != 0 {
+	if !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) || expires.IsZero() || len(header.Get(idemkey.ExpiresMetadata)) != 0 {
 		t.Errorf("header %v, trailer %v; want the replay, with the expiry in the trailer", header, trailer)
 	}
 }

@@ -187,11 +187,11 @@ type failingStore struct{}
 
 var errDown = fmt.Errorf("connection refused: %w", store.ErrUnavailable)
 
-func (failingStore) Find(context.Context, store.Key) (store.Result, bool, error) {
-	return store.Result{}, false, errDown
+func (failingStore) Find(context.Context, store.Key) (store.Entry, bool, error) {
+	return store.Entry{}, false, errDown
 }
-func (failingStore) Reserve(context.Context, store.Reservation) (store.Result, error) {
-	return store.Result{}, errDown
+func (failingStore) Reserve(context.Context, store.Reservation) (store.Entry, error) {
+	return store.Entry{}, errDown
 }
 func (failingStore) Complete(context.Context, store.Key, store.Token, []byte) error { return errDown }
 func (failingStore) Release(context.Context, store.Key, store.Token) error          { return errDown }
@@ -204,12 +204,12 @@ type countingStore struct {
 	finds, reserves atomic.Int32
 }
 
-func (s *countingStore) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (s *countingStore) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	s.finds.Add(1)
 	return s.Store.(store.Finder).Find(ctx, key)
 }
 
-func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	s.reserves.Add(1)
 	return s.Store.Reserve(ctx, r)
 }

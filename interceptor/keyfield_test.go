@@ -41,7 +41,7 @@ func TestKeyField(t *testing.T) {
 	create := func(c paymentsv1.PaymentServiceClient, ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
 		var trailer metadata.MD
 		charge, err := c.CreateCharge(ctx, req, grpc.Trailer(&trailer))
-		return charge, interceptor.Replayed(trailer), err
+		return charge, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), err
 	}
 
 	first, replayed, err := create(client, ctx, withID(100, "8c0a4f9e-3b0e-4a8c-9a51-1f0c2b7d6e11"))

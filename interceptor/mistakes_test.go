@@ -23,7 +23,7 @@ import (
 func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
 	for name, tc := range map[string]struct {
 		opts   []any
-		client []interceptor.ClientOption // the same mistake made on the client, if it can be
+		client []interceptor.MethodOption // the same mistake made on the client, if it can be
 		want   string
 	}{
 		"bare atomic name":     {[]any{interceptor.WithAtomicMethods("CreateCharge")}, nil, `WithAtomicMethods("CreateCharge")`},
@@ -32,10 +32,10 @@ func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
 		"atomic, but excluded": {[]any{interceptor.WithAtomicMethods(createCharge), interceptor.WithExcludedMethods(createCharge)}, nil, "not covered"},
 		"included typo": {
 			[]any{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")},
-			[]interceptor.ClientOption{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")}, "WithIncludedMethods"},
+			[]interceptor.MethodOption{interceptor.WithIncludedMethods("/example.payments.v1.PaymentService/GetCharges")}, "WithIncludedMethods"},
 		"excluded, no such method": {
 			[]any{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")},
-			[]interceptor.ClientOption{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")}, "WithExcludedMethods"},
+			[]interceptor.MethodOption{interceptor.WithExcludedMethods("/nope.v1.Nope/Nope")}, "WithExcludedMethods"},
 		"atomic on a store without transactions": {[]any{interceptor.WithAtomic()}, nil, "store.Atomic"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -52,15 +52,22 @@ func TestMisnamedMethodsFailAtStartUp(t *testing.T) {
 	}
 }
 
-// ContextWithKey's key reaches the server even on a connection without the
-// client interceptor, as UseKey's does not (TestUseKeyWithoutKeyedCall): two
-// calls with one key run the handler once.
+// Without the client interceptor, a key the caller puts in the outgoing
+// metadata reaches the server, and idemkey.ContextWithKey's, like UseKey's
+// (TestUseKeyWithoutKeyedCall), does not: two calls with one key in the
+// metadata run the handler once.
 func TestCallerKeyWithoutClientInterceptor(t *testing.T) {
 	e := newE2E(t)
 	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	if _, err := e.plain.CreateCharge(idemkey.ContextWithKey(ctx, idemkey.NewKey()), request(1)); err != nil {
+		t.Fatal(err)
+	}
+	if got := drain(e.keys); len(got) != 0 {
+		t.Errorf("ContextWithKey without the interceptor: the server saw keys %q, want none", got)
+	}
 	for name, call := range map[string]func(key string) (*paymentsv1.Charge, error){
-		"ContextWithKey": func(key string) (*paymentsv1.Charge, error) {
-			return e.plain.CreateCharge(interceptor.ContextWithKey(ctx, key), request(1))
+		"metadata": func(key string) (*paymentsv1.Charge, error) {
+			return e.plain.CreateCharge(metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key), request(1))
 		},
 	} {
 		key := idemkey.NewKey()

@@ -17,14 +17,11 @@ import (
 // with engine.New.
 type Option interface{ applyServer(*options) }
 
-// ClientOption configures the client interceptor.
-type ClientOption interface{ applyClient(*coverage) }
-
 // MethodOption configures both interceptors: which methods are covered, and
-// where a request carries its key.
+// where a request carries its key. The client interceptor takes only these.
 type MethodOption interface {
 	Option
-	ClientOption
+	applyClient(*coverage)
 }
 
 type serverOption func(*options)
@@ -76,7 +73,7 @@ func newOptions(opts []Option) *options {
 	return o
 }
 
-func newClientOptions(opts []ClientOption) *options {
+func newClientOptions(opts []MethodOption) *options {
 	o := &options{}
 	for _, opt := range opts {
 		opt.applyClient(&o.coverage)

@@ -110,7 +110,7 @@ func TestRedactionRecordsAnError(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, ts, err := d.create(t, "k1", request(100))
-	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "credentials already issued" || !interceptor.Replayed(ts.trailer) {
+	if status.Code(err) != codes.FailedPrecondition || status.Convert(err).Message() != "credentials already issued" || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Fatalf("replay: %v, trailer %v", err, ts.trailer)
 	}
 	wantRuns(t, d.svc, 1)

@@ -33,7 +33,7 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if interceptor.Replayed(ts.trailer) {
+	if idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Error("the first reply is marked replayed")
 	}
 	expires := ts.trailer.Get(idemkey.ExpiresMetadata)
@@ -94,8 +94,8 @@ func TestInProgress(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if _, ts, err := d.create(t, "key-1", request(100)); err != nil || !interceptor.Replayed(ts.trailer) {
-		t.Errorf("after the first call ended: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
+	if _, ts, err := d.create(t, "key-1", request(100)); err != nil || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("after the first call ended: err %v, replayed %v; want a replay", err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	wantRuns(t, d.svc, 1)
 }
@@ -123,8 +123,8 @@ func TestRetriedAttempt(t *testing.T) {
 		t.Fatal(err)
 	}
 	replay, ts, err := attempt("1", "done", request(100), 1, 0)
-	if err != nil || !proto.Equal(replay, first) || !interceptor.Replayed(ts.trailer) {
-		t.Errorf("retry of a recorded call: %v, %v, replayed %v; want the replay of %v", replay, err, interceptor.Replayed(ts.trailer), first)
+	if err != nil || !proto.Equal(replay, first) || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("retry of a recorded call: %v, %v, replayed %v; want the replay of %v", replay, err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)), first)
 	}
 	_, _, err = attempt("2", "done", request(999), 1, 0)
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
@@ -171,7 +171,7 @@ func TestRecordedAndReleasedCodes(t *testing.T) {
 			}
 			if recordedCodes[code] {
 				wantRuns(t, d.svc, 1)
-				if !interceptor.Replayed(ts.trailer) {
+				if !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
 					t.Error("recorded error replayed without the replayed trailer")
 				}
 			} else {
@@ -253,7 +253,7 @@ func TestReplyTooLarge(t *testing.T) {
 				if status.Code(err) != codes.Internal || !strings.Contains(err.Error(), "too large") {
 					t.Errorf("attempt %d of a reply over the cap: %v, want Internal, too large to record", attempt, err)
 				}
-				if replayed := interceptor.Replayed(ts.trailer); replayed != (attempt > 0) {
+				if replayed := idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)); replayed != (attempt > 0) {
 					t.Errorf("attempt %d: replayed %v", attempt, replayed)
 				}
 			}
@@ -449,8 +449,8 @@ func TestMethodCoverage(t *testing.T) {
 	// GetCharge is NO_SIDE_EFFECTS: untouched, even with a key.
 	d := newDirect(t, engine.WithKeyRequired())
 	for range 2 {
-		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || interceptor.Replayed(ts.trailer) {
-			t.Fatalf("GetCharge: err %v, replayed %v", err, interceptor.Replayed(ts.trailer))
+		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+			t.Fatalf("GetCharge: err %v, replayed %v", err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
 		}
 	}
 	wantRuns(t, d.svc, 2)
@@ -458,7 +458,7 @@ func TestMethodCoverage(t *testing.T) {
 	// Included by name, it is covered.
 	d = newDirect(t, interceptor.WithIncludedMethods(getCharge))
 	d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k")
-	if _, ts, _ := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); !interceptor.Replayed(ts.trailer) {
+	if _, ts, _ := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Error("an included method was not replayed")
 	}
 	wantRuns(t, d.svc, 1)
@@ -543,8 +543,8 @@ func TestCustomFingerprint(t *testing.T) {
 	a, b := request(100), request(100)
 	a.Description, b.Description = "sent at 10:00", "sent at 10:01"
 	d.call(context.Background(), createCharge, a, idemkey.KeyMetadata, "k")
-	if _, ts, err := d.call(context.Background(), createCharge, b, idemkey.KeyMetadata, "k"); err != nil || !interceptor.Replayed(ts.trailer) {
-		t.Errorf("second attempt: err %v, replayed %v; want a replay", err, interceptor.Replayed(ts.trailer))
+	if _, ts, err := d.call(context.Background(), createCharge, b, idemkey.KeyMetadata, "k"); err != nil || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("second attempt: err %v, replayed %v; want a replay", err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	c := request(200)
 	_, _, err := d.call(context.Background(), createCharge, c, idemkey.KeyMetadata, "k")
@@ -621,8 +621,8 @@ func TestCanceledCallStillRecords(t *testing.T) {
 	if _, _, err := d.call(ctx, createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil {
 		t.Fatal(err)
 	}
-	if _, ts, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil || !interceptor.Replayed(ts.trailer) {
-		t.Errorf("retry: err %v, replayed %v; want the recorded reply", err, interceptor.Replayed(ts.trailer))
+	if _, ts, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k"); err != nil || !idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("retry: err %v, replayed %v; want the recorded reply", err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	wantRuns(t, d.svc, 1)
 }

@@ -28,15 +28,17 @@ const (
 	AttemptsMetadata = "grpc-previous-rpc-attempts"
 )
 
-// KeyFromMetadata returns the idempotency key carried by md. ok is false when
-// md carries none. A key that is malformed, sent more than once or sent as
-// binary metadata gives an invalidKeyError; the error never quotes the key.
-func KeyFromMetadata(md metadata.MD) (key string, ok bool, err error) {
+// keyFromMetadata returns the idempotency key carried by md, as
+// KeyFromIncomingContext does.
+func keyFromMetadata(md metadata.MD) (key string, ok bool, err error) {
 	return parseKey(md[idemkey.KeyMetadata], len(md[idemkey.KeyMetadata+"-bin"]) > 0)
 }
 
-// KeyFromIncomingContext is KeyFromMetadata for the metadata of the call a
-// server handles, without copying the rest of it.
+// KeyFromIncomingContext returns the idempotency key of the call a server
+// handles, read from its metadata without copying the rest of it. ok is
+// false when the call carries none. A key that is malformed, sent more than
+// once or sent as binary metadata gives an InvalidArgument error
+// (idemkey.ReasonKeyInvalid) that never quotes the key.
 func KeyFromIncomingContext(ctx context.Context) (key string, ok bool, err error) {
 	return parseKey(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata),
 		len(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata+"-bin")) > 0)
@@ -171,13 +173,6 @@ func RetryDelay(err error) (time.Duration, bool) {
 		}
 	}
 	return 0, false
-}
-
-// Replayed reports whether trailer marks a reply replayed from the record of
-// an earlier call rather than produced by running the handler.
-func Replayed(trailer metadata.MD) bool {
-	v := trailer.Get(idemkey.ReplayedMetadata)
-	return len(v) == 1 && v[0] == "true"
 }
 
 func errorInfo(err error) *errdetails.ErrorInfo {

@@ -67,22 +67,11 @@ func TestPushbackTrailer(t *testing.T) {
 	}
 }
 
-func TestReplayed(t *testing.T) {
-	if !Replayed(metadata.Pairs(idemkey.ReplayedMetadata, "true")) {
-		t.Error("Replayed(true) = false")
-	}
-	for _, md := range []metadata.MD{nil, metadata.Pairs(idemkey.ReplayedMetadata, "false"), metadata.Pairs("other", "true")} {
-		if Replayed(md) {
-			t.Errorf("Replayed(%v) = true", md)
-		}
-	}
-}
-
 func TestKeyFromMetadata(t *testing.T) {
-	if key, ok, err := KeyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
+	if key, ok, err := keyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "k-1")); key != "k-1" || !ok || err != nil {
 		t.Errorf("one key: %q, %v, %v", key, ok, err)
 	}
-	if key, ok, err := KeyFromMetadata(nil); key != "" || ok || err != nil {
+	if key, ok, err := keyFromMetadata(nil); key != "" || ok || err != nil {
 		t.Errorf("no key: %q, %v, %v; want absent without error", key, ok, err)
 	}
 }
@@ -103,7 +92,7 @@ var keyErrorMessages = func() map[string]bool {
 		{idemkey.KeyMetadata: {"a", "a"}},
 		{idemkey.KeyMetadata + "-bin": {"a"}},
 	} {
-		_, _, err := KeyFromMetadata(md)
+		_, _, err := keyFromMetadata(md)
 		msgs[status.Convert(err).Message()] = true
 	}
 	return msgs
@@ -126,7 +115,7 @@ func FuzzKeyFromMetadata(f *testing.F) {
 		if binary {
 			md[idemkey.KeyMetadata+"-bin"] = []string{key}
 		}
-		got, ok, err := KeyFromMetadata(md)
+		got, ok, err := keyFromMetadata(md)
 		if err != nil {
 			if ok || got != "" {
 				t.Fatalf("error %v with key %q, ok %v", err, got, ok)
@@ -151,8 +140,28 @@ func FuzzKeyFromMetadata(f *testing.F) {
 			}
 		}
 		// A client's value for the key reads back as the key.
-		if back, _, err := KeyFromMetadata(metadata.MD{idemkey.KeyMetadata: {idemkey.FormatKey(got)}}); err != nil || back != got {
+		if back, _, err := keyFromMetadata(metadata.MD{idemkey.KeyMetadata: {idemkey.FormatKey(got)}}); err != nil || back != got {
 			t.Fatalf("idemkey.FormatKey(%q) = %q reads back as %q, %v", got, idemkey.FormatKey(got), back, err)
 		}
 	})
+}
+
+func TestKeyExpires(t *testing.T) {
+	at := time.Date(2026, 12, 1, 20, 5, 37, 0, time.UTC)
+	for _, tc := range []struct {
+		name string
+		mds  []metadata.MD
+		ok   bool
+	}{
+		{"none", []metadata.MD{nil, {}}, false},
+		{"header", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at)), nil}, true},
+		{"trailer", []metadata.MD{nil, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at))}, true},
+		{"malformed", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, "tomorrow")}, false},
+		{"twice", []metadata.MD{metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(at), idemkey.ExpiresMetadata, idemkey.FormatDate(at))}, false},
+	} {
+		got, ok := keyExpires(tc.mds...)
+		if ok != tc.ok || ok && !got.Equal(at) || !ok && !got.IsZero() {
+			t.Errorf("%s: got %v, %v; want ok %v", tc.name, got, ok, tc.ok)
+		}
+	}
 }

@@ -104,9 +104,9 @@ func TestUseKeyBesideCallerCredentials(t *testing.T) {
 			}
 			var trailer metadata.MD
 			again, err := client.CreateCharge(context.Background(), request(1), append(tc.opts, grpc.Trailer(&trailer))...)
-			if err != nil || again.GetId() != first.GetId() || !interceptor.Replayed(trailer) {
+			if err != nil || again.GetId() != first.GetId() || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 				t.Errorf("the call made again with its key: %v, %v (replayed %v); want the first reply %v, replayed",
-					again, err, interceptor.Replayed(trailer), first)
+					again, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), first)
 			}
 			wantRuns(t, svc.service, 2) // Unavailable, then the reply
 

@@ -17,8 +17,8 @@ import (
 // postgres store's default timeout.
 var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
 
-// DefaultSweepInterval is how often a Janitor sweeps unless told otherwise.
-const DefaultSweepInterval = time.Minute
+// defaultSweepInterval is how often a Janitor sweeps unless told otherwise.
+const defaultSweepInterval = time.Minute
 
 // Janitor deletes expired records by calling the store's Sweep periodically,
 // for a store that implements Sweeper. It starts nothing on its own: run it in
@@ -28,7 +28,7 @@ const DefaultSweepInterval = time.Minute
 //	go j.Run(ctx)
 type Janitor struct {
 	Store Store
-	// Interval between sweeps; DefaultSweepInterval if zero.
+	// Interval between sweeps; a minute if zero.
 	Interval time.Duration
 	// BatchSize is passed to Sweep; DefaultSweepBatch if zero.
 	BatchSize int
@@ -50,7 +50,7 @@ type Janitor struct {
 func (j *Janitor) Run(ctx context.Context) error {
 	interval := j.Interval
 	if interval <= 0 {
-		interval = DefaultSweepInterval
+		interval = defaultSweepInterval
 	}
 	logger := j.Logger
 	if logger == nil {

@@ -58,9 +58,9 @@ type State int
 
 const (
 	// Acquired: the caller holds the key and must run the handler, then call
-	// Complete or Release with Result.Token.
+	// Complete or Release with Entry.Token.
 	Acquired State = iota + 1
-	// Completed: an outcome is recorded; Result.Outcome holds it.
+	// Completed: an outcome is recorded; Entry.Outcome holds it.
 	Completed
 	// Held: another caller holds a live lease on the key (the key is in
 	// progress).
@@ -121,8 +121,9 @@ type Reservation struct {
 	Partition Partition
 }
 
-// Result is Reserve's answer.
-type Result struct {
+// Entry is what a store reports of a key: its record as Reserve, Find or
+// Begin finds or makes it.
+type Entry struct {
 	State State
 	// Token fences Complete and Release. Set when State is Acquired.
 	Token Token
@@ -206,7 +207,7 @@ type Store interface {
 	// ErrFull rather than insert a record past them, or acquire a key, new or
 	// taken over, without room for a record of r.MaxOutcome bytes (see
 	// Reservation).
-	Reserve(ctx context.Context, r Reservation) (Result, error)
+	Reserve(ctx context.Context, r Reservation) (Entry, error)
 
 	// Complete records outcome for the key held by token, which then replays
 	// until the record expires. It returns ErrLeaseLost if token no longer
@@ -247,7 +248,7 @@ type BatchReserver interface {
 	// result is returned, and a key the batch may have acquired before it
 	// failed stays in progress until its lease ends, as after a Reserve
 	// whose answer was lost.
-	ReserveBatch(ctx context.Context, rs []Reservation) (res []Result, err error)
+	ReserveBatch(ctx context.Context, rs []Reservation) (res []Entry, err error)
 }
 
 // Finder is implemented by stores that can read a completed record more
@@ -263,7 +264,7 @@ type Finder interface {
 	// or none, ok is false and the caller reserves as usual. Find never
 	// writes, and decides nothing Reserve would not: a completed record stays
 	// as it is until it expires.
-	Find(ctx context.Context, key Key) (res Result, ok bool, err error)
+	Find(ctx context.Context, key Key) (res Entry, ok bool, err error)
 }
 
 // Atomic is implemented by stores that can commit a handler's own writes and
@@ -281,7 +282,7 @@ type Atomic interface {
 	// with r's own Fingerprint, because an uncommitted record's fingerprint
 	// cannot be read, and a RetryAfter of r.Lease; a later Begin decides on
 	// its record once it has committed, or acquires if it rolled back.
-	Begin(ctx context.Context, r Reservation) (res Result, tx Tx, err error)
+	Begin(ctx context.Context, r Reservation) (res Entry, tx Tx, err error)
 }
 
 // Tx is an acquired key of an atomic call: an open transaction that holds the
@@ -319,7 +320,7 @@ type BatchAtomic interface {
 	// distinct. When any is Acquired, tx holds the open transaction, and the
 	// caller must end it with exactly one of Commit or Rollback. Otherwise
 	// tx is nil and no transaction is left open.
-	BeginBatch(ctx context.Context, rs []Reservation) (res []Result, tx BatchTx, err error)
+	BeginBatch(ctx context.Context, rs []Reservation) (res []Entry, tx BatchTx, err error)
 }
 
 // BatchTx is the transaction of a batch of atomic calls (BeginBatch): the

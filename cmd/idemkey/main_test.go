@@ -192,7 +192,7 @@ func TestRecordOfGRPCServer(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateCharge: %v", err)
 		}
-		return charge, interceptor.Replayed(trailer)
+		return charge, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata))
 	}
 	first, _ := call()
 	if again, replayed := call(); !replayed || again.GetId() != first.GetId() {

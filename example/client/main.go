@@ -226,7 +226,7 @@ func (d *demo) create() error {
 	if err := expect(!d.expires.IsZero(), "the reply did not tell the key's expiry"); err != nil {
 		return err
 	}
-	return expect(!interceptor.Replayed(trailer), "the first reply is marked replayed")
+	return expect(!idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), "the first reply is marked replayed")
 }
 
 func (d *demo) retry() error {
@@ -241,7 +241,7 @@ func (d *demo) retry() error {
 	if err := expect(expires.Equal(d.expires), "the replay told another expiry than the first reply"); err != nil {
 		return err
 	}
-	return expect(charge.GetId() == d.charge.GetId() && interceptor.Replayed(trailer), "the retry was not a replay of the first charge")
+	return expect(charge.GetId() == d.charge.GetId() && idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), "the retry was not a replay of the first charge")
 }
 
 func (d *demo) reuse() error {
@@ -292,7 +292,7 @@ func (d *demo) duplicate() error {
 	}
 	// The narration follows what the traces show.
 	switch id := b.charge.GetId(); {
-	case len(dupTrace.lines()) == 1 && interceptor.Replayed(b.trailer):
+	case len(dupTrace.lines()) == 1 && idemkey.ParseReplayed(b.trailer.Get(idemkey.ReplayedMetadata)):
 		d.say("   -> the server held the duplicate until the first call finished, then replayed its charge %s", id)
 	case len(dupTrace.lines()) > 1:
 		d.say("   -> both calls got charge %s: the server answered the duplicate Aborted while the first call ran, and gRPC's retry policy resent the same key until it finished", id)
@@ -313,7 +313,7 @@ func (d *demo) declined() error {
 	if err := expectReason(first, codes.FailedPrecondition, ""); err != nil {
 		return err
 	}
-	return expect(status.Code(retry) == codes.FailedPrecondition && interceptor.Replayed(trailer), "the decline was not replayed")
+	return expect(status.Code(retry) == codes.FailedPrecondition && idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), "the decline was not replayed")
 }
 
 func (d *demo) sameReference() error {
@@ -360,7 +360,7 @@ func clone(req *paymentsv1.CreateChargeRequest) *paymentsv1.CreateChargeRequest 
 }
 
 func replayedNote(trailer metadata.MD) string {
-	if interceptor.Replayed(trailer) {
+	if idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 		return " [" + idemkey.ReplayedMetadata + ": true]"
 	}
 	return ""

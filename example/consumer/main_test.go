@@ -179,12 +179,12 @@ func TestRefused(t *testing.T) {
 		send(t, b, "", "acme", body(1))
 		send(t, b, id, tenant, body(2))
 		waitFor(t, 20*time.Second, "both messages are refused", func() bool {
-			return p.count("msg=message", "outcome=refused", "action=reject") == 2
+			return p.count("msg=message", "outcome=rejected", "action=reject") == 2
 		})
-		if n := p.count("outcome=refused", "reason=", "no id"); n != 1 {
+		if n := p.count("outcome=rejected", "reason=", "no id"); n != 1 {
 			t.Errorf("%d refusals say the message has no id; want 1", n)
 		}
-		if n := p.count("outcome=refused", "reason=", "tenant"); n != 1 {
+		if n := p.count("outcome=rejected", "reason=", "tenant"); n != 1 {
 			t.Errorf("%d refusals name the tenant header; want 1", n)
 		}
 		b.settled(t, p)
@@ -217,7 +217,7 @@ func TestStaleMessageRefused(t *testing.T) {
 		t.Fatalf("RabbitMQ did not confirm the message: %v", err)
 	}
 	waitFor(t, 20*time.Second, "the stale message is refused", func() bool {
-		return p.count("outcome=refused") == 1
+		return p.count("outcome=rejected") == 1
 	})
 	if n := p.count("sent longer ago than its id's record is kept", "age=192h", "retention=168h"); n != 1 {
 		t.Errorf("%d log lines say the message was refused as expired, with its age and the retention; want 1:\n%s", n, p.log())
@@ -362,7 +362,7 @@ func testKilledMidStream(t *testing.T, b broker, atomic bool, batch int) {
 	if duplicates == 0 {
 		t.Errorf("no message was dropped as a duplicate; %d were published again", dups)
 	}
-	if n := countAll(procs, "outcome=refused"); n != 0 {
+	if n := countAll(procs, "outcome=rejected"); n != 0 {
 		t.Errorf("%d messages refused; want none", n)
 	}
 	neverLogged(t, procs, prefix)

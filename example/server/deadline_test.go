@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -64,8 +63,8 @@ func TestDeadlinesAtTheEdges(t *testing.T) {
 					t.Fatalf("deadline %v, retry: %v", timeout, err)
 				}
 				again, trailer, err := call(key, 0, int64(i+1))
-				if err != nil || again.GetId() != first.GetId() || !interceptor.Replayed(trailer) {
-					t.Errorf("deadline %v, second retry: %v, %v (replayed %v); want %s replayed", timeout, again.GetId(), err, interceptor.Replayed(trailer), first.GetId())
+				if err != nil || again.GetId() != first.GetId() || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+					t.Errorf("deadline %v, second retry: %v, %v (replayed %v); want %s replayed", timeout, again.GetId(), err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), first.GetId())
 				}
 			}
 			// A duplicate of a call with the largest deadline, while it runs.
@@ -79,8 +78,8 @@ func TestDeadlinesAtTheEdges(t *testing.T) {
 			if err := <-done; err != nil {
 				t.Errorf("the call with the largest deadline: %v", err)
 			}
-			if _, trailer, err := call(key, 0, 99); err != nil || !interceptor.Replayed(trailer) {
-				t.Errorf("retry after the call with the largest deadline: %v (replayed %v)", err, interceptor.Replayed(trailer))
+			if _, trailer, err := call(key, 0, 99); err != nil || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+				t.Errorf("retry after the call with the largest deadline: %v (replayed %v)", err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 			}
 		})
 	}

@@ -25,7 +25,6 @@ import (
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
@@ -82,7 +81,7 @@ func (e *entryPoints) viaGRPC(t *testing.T, key string, req *paymentsv1.CreateCh
 	}
 	var trailer metadata.MD
 	charge, err := e.grpc.CreateCharge(ctx, req, grpc.Trailer(&trailer))
-	return charge, interceptor.Replayed(trailer), err
+	return charge, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), err
 }
 
 // viaConnect sends CreateCharge over the Connect protocol, in JSON.
@@ -97,7 +96,7 @@ func (e *entryPoints) viaConnect(t *testing.T, key string, req *paymentsv1.Creat
 	if err != nil {
 		return nil, false, err
 	}
-	return resp.Msg, idemconnect.Replayed(resp.Header()), nil
+	return resp.Msg, idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)), nil
 }
 
 // viaHTTP sends POST /v1/charges as curl would; it returns the status, the
@@ -250,7 +249,7 @@ func TestOneValueOneKeyOnEveryEntryPoint(t *testing.T) {
 			if err != nil {
 				return nil, false, err
 			}
-			return resp.Msg, idemconnect.Replayed(resp.Header()) || idemconnect.Replayed(resp.Trailer()), nil
+			return resp.Msg, idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)) || idemkey.ParseReplayed(resp.Trailer().Values(idemkey.ReplayedHeader)), nil
 		}
 	}
 	entryPoints := []struct {

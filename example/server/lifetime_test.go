@@ -117,7 +117,7 @@ func (e *entryPoints) lifetime(t *testing.T, via, key, firstSent string, req *pa
 		}
 		var header, trailer metadata.MD
 		_, err := e.grpc.CreateCharge(ctx, req, grpc.Header(&header), grpc.Trailer(&trailer))
-		a := answer{err: err, replayed: interceptor.Replayed(trailer), code: int(status.Code(err)), reason: interceptor.Reason(err)}
+		a := answer{err: err, replayed: idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), code: int(status.Code(err)), reason: interceptor.Reason(err)}
 		a.expires = strings.Join(append(header.Get(idemkey.ExpiresMetadata), trailer.Get(idemkey.ExpiresMetadata)...), ",")
 		return a
 	case "connect":
@@ -134,7 +134,7 @@ func (e *entryPoints) lifetime(t *testing.T, via, key, firstSent string, req *pa
 		} else if err != nil {
 			t.Fatal(err)
 		}
-		return answer{replayed: idemconnect.Replayed(resp.Header()), expires: resp.Header().Get(idemkey.ExpiresHeader)}
+		return answer{replayed: idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)), expires: resp.Header().Get(idemkey.ExpiresHeader)}
 	default:
 		hreq, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.http+"/v1/charges", strings.NewReader(jsonOf(t, req)))
 		if err != nil {

@@ -117,12 +117,12 @@ func testRunOnPostgres(t *testing.T, url string, atomic bool) {
 		return charge, trailer
 	}
 	first, trailer := call()
-	if interceptor.Replayed(trailer) {
+	if idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 		t.Fatal("the first call was replayed")
 	}
 	again, trailer := call()
-	if !proto.Equal(first, again) || !interceptor.Replayed(trailer) {
-		t.Errorf("after a restart: %v (replayed %v), want the first run's %v, replayed", again, interceptor.Replayed(trailer), first)
+	if !proto.Equal(first, again) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("after a restart: %v (replayed %v), want the first run's %v, replayed", again, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), first)
 	}
 }
 
@@ -140,7 +140,7 @@ func TestWithoutIdempotency(t *testing.T) {
 		if err != nil {
 			t.Fatalf("CreateCharge: %v", err)
 		}
-		if interceptor.Replayed(trailer) {
+		if idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
 			t.Error("a reply of the bare server is marked replayed")
 		}
 		ids = append(ids, charge.GetId())
@@ -216,8 +216,8 @@ func TestProcessesOnOneDatabase(t *testing.T) {
 	wantReplay := func(s *servertest.Server, who string) {
 		t.Helper()
 		got, trailer, err := create(s, key, req)
-		if err != nil || !proto.Equal(got, want) || !interceptor.Replayed(trailer) {
-			t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, interceptor.Replayed(trailer))
+		if err != nil || !proto.Equal(got, want) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+			t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 		}
 	}
 	wantReplay(b, "B")
@@ -274,12 +274,12 @@ func TestAtomicProcessKilled(t *testing.T) {
 
 	b := servertest.Start(t, bin, "-database-url", pgtest.SchemaURL(schema))
 	charge, trailer, err := create(b, key, req)
-	if err != nil || interceptor.Replayed(trailer) {
-		t.Fatalf("retry on a restarted process: %v (replayed %v), want a fresh run", err, interceptor.Replayed(trailer))
+	if err != nil || idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Fatalf("retry on a restarted process: %v (replayed %v), want a fresh run", err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	again, trailer, err := create(b, key, req)
-	if err != nil || !proto.Equal(again, charge) || !interceptor.Replayed(trailer) {
-		t.Errorf("second retry: %v, %v (replayed %v); want the replay", again, err, interceptor.Replayed(trailer))
+	if err != nil || !proto.Equal(again, charge) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("second retry: %v, %v (replayed %v); want the replay", again, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	if n := count(t, pool, "charges"); n != 1 {
 		t.Errorf("%d charges, want 1", n)
@@ -350,8 +350,8 @@ func TestMemoryStoreBounds(t *testing.T) {
 	if full == 0 {
 		t.Error("no new key was refused at the bound")
 	}
-	if _, trailer, err := create(s, first, req); err != nil || !interceptor.Replayed(trailer) {
-		t.Errorf("replay in a full store: %v (replayed %v)", err, interceptor.Replayed(trailer))
+	if _, trailer, err := create(s, first, req); err != nil || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("replay in a full store: %v (replayed %v)", err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	grown := residentBytes(t, s.Pid()) - before
 	t.Logf("resident memory grew %d MiB for a bound of %d MiB; %d of 300 new keys refused", grown>>20, maxBytes>>20, full)
@@ -399,8 +399,8 @@ func TestMemoryStoreFloodOfLargeReplies(t *testing.T) {
 		case err == nil:
 			ok++
 			got, trailer, err := create(s, keys[i], charge(i+1))
-			if err != nil || !interceptor.Replayed(trailer) || got.GetAmount() != int64(i+1) || len(got.GetDescription()) != replySize {
-				t.Errorf("retry of call %d: %v (replayed %v); want its reply replayed", i, err, interceptor.Replayed(trailer))
+			if err != nil || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) || got.GetAmount() != int64(i+1) || len(got.GetDescription()) != replySize {
+				t.Errorf("retry of call %d: %v (replayed %v); want its reply replayed", i, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 			}
 		case storeFull(err):
 			full++

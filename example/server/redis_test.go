@@ -65,8 +65,8 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 			wantReplay := func(s *servertest.Server, who string) {
 				t.Helper()
 				got, trailer, err := create(s, key, req)
-				if err != nil || !proto.Equal(got, want) || !interceptor.Replayed(trailer) {
-					t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, interceptor.Replayed(trailer))
+				if err != nil || !proto.Equal(got, want) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+					t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 				}
 			}
 			wantReplay(b, "B")

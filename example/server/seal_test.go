@@ -75,8 +75,8 @@ func TestSealedReplies(t *testing.T) {
 
 			rotated := servertest.Start(t, bin, "-database-url", url, atomic, "-seal-key", newKey, "-seal-previous-key", oldKey)
 			again, trailer, err := create(rotated, key, req)
-			if err != nil || !proto.Equal(again, first) || !interceptor.Replayed(trailer) {
-				t.Fatalf("after the rotation: %v, %v (replayed %v); want the first reply replayed", again, err, interceptor.Replayed(trailer))
+			if err != nil || !proto.Equal(again, first) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+				t.Fatalf("after the rotation: %v, %v (replayed %v); want the first reply replayed", again, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 			}
 			if !strings.Contains(rotated.Logs(), "sealing=\"key "+newID+", opening "+oldID+" too\"") {
 				t.Errorf("the server does not log its key ids:\n%s", rotated.Logs())

@@ -686,7 +686,7 @@ func Tampering(st store.Store) store.Store {
 
 type tampering struct{ store.Store }
 
-func tamper(res store.Result) store.Result {
+func tamper(res store.Entry) store.Entry {
 	if res.State == store.Completed && len(res.Outcome) > 0 {
 		res.Outcome = bytes.Clone(res.Outcome)
 		res.Outcome[len(res.Outcome)-1] ^= 1
@@ -694,15 +694,15 @@ func tamper(res store.Result) store.Result {
 	return res
 }
 
-func (t tampering) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (t tampering) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	res, err := t.Store.Reserve(ctx, r)
 	return tamper(res), err
 }
 
-func (t tampering) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (t tampering) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	f, ok := t.Store.(store.Finder)
 	if !ok {
-		return store.Result{}, false, nil
+		return store.Entry{}, false, nil
 	}
 	res, found, err := f.Find(ctx, key)
 	return tamper(res), found, err
@@ -710,7 +710,7 @@ func (t tampering) Find(ctx context.Context, key store.Key) (store.Result, bool,
 
 type tamperingAtomic struct{ tampering }
 
-func (t tamperingAtomic) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+func (t tamperingAtomic) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	res, tx, err := t.Store.(store.Atomic).Begin(ctx, r)
 	return tamper(res), tx, err
 }

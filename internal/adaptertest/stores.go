@@ -52,8 +52,8 @@ func downPostgres(t *testing.T) store.Store {
 // has no server to lose.
 type down struct{}
 
-func (down) Reserve(context.Context, store.Reservation) (store.Result, error) {
-	return store.Result{}, ErrDown
+func (down) Reserve(context.Context, store.Reservation) (store.Entry, error) {
+	return store.Entry{}, ErrDown
 }
 func (down) Complete(context.Context, store.Key, store.Token, []byte) error { return ErrDown }
 func (down) Release(context.Context, store.Key, store.Token) error          { return ErrDown }

@@ -260,9 +260,9 @@ var (
 )
 
 // Reserve implements store.Store.
-func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	if err := ctx.Err(); err != nil {
-		return store.Result{}, err
+		return store.Entry{}, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -278,7 +278,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 	case !ok:
 		c := s.reservedCost(r)
 		if full := s.roomLocked(now, r.Partition, 1, c); full != "" {
-			return store.Result{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
+			return store.Entry{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
 		}
 		s.lastToken++
 		rec = &record{
@@ -294,16 +294,16 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		s.countLocked(rec.partition, 1, c)
 		heap.Push(&s.byExpiry, rec)
 	case rec.completed:
-		return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, nil
+		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, nil
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Result{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, nil
+		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, nil
 	default:
 		// The lease has ended: its holder is presumed dead. The new holder
 		// needs room for its own largest outcome; what the old one set aside
 		// stays set aside.
 		if c := s.reservedCost(r); c > rec.cost {
 			if full := s.resizeLocked(now, rec, c); full != "" {
-				return store.Result{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
+				return store.Entry{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
 			}
 		}
 		s.lastToken++
@@ -311,21 +311,21 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		rec.leaseEnd = now.Add(max(r.Lease, 0))
 		heap.Fix(&s.byExpiry, rec.index)
 	}
-	return store.Result{State: store.Acquired, Token: rec.token, Expires: rec.expiresAt}, nil
+	return store.Entry{State: store.Acquired, Token: rec.token, Expires: rec.expiresAt}, nil
 }
 
 // Find implements store.Finder.
-func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	if err := ctx.Err(); err != nil {
-		return store.Result{}, false, err
+		return store.Entry{}, false, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	rec, ok := s.records[key]
 	if !ok || !rec.completed || !s.now().Before(rec.removableAt()) {
-		return store.Result{}, false, nil
+		return store.Entry{}, false, nil
 	}
-	return store.Result{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true, nil
+	return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true, nil
 }
 
 // Complete implements store.Store.

@@ -61,7 +61,7 @@ func TestMaxRecords(t *testing.T) {
 	c := storetest.NewClock()
 	st := memory.New(memory.WithClock(c.Now), memory.WithMaxRecords(3))
 	ctx := context.Background()
-	reserve := func(k string) (store.Result, error) {
+	reserve := func(k string) (store.Entry, error) {
 		return st.Reserve(ctx, store.Reservation{Key: store.ScopeKey("t", "/m", k), Lease: time.Second, Retention: time.Minute})
 	}
 	for _, k := range []string{"a", "b", "c"} {

@@ -216,7 +216,7 @@ var _ store.Atomic = (*Store)(nil)
 // a connection the transactions leave free: a replay, or a duplicate of a
 // running call, is answered from it at once, and only a key that is free
 // waits for a transaction to end.
-func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, store.Tx, error) {
+func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if !s.takeSlot() {
@@ -227,7 +227,7 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Result, s
 		select {
 		case s.slots <- struct{}{}:
 		case <-ctx.Done():
-			return store.Result{}, nil, s.translate(ctx, "begin", ctx.Err())
+			return store.Entry{}, nil, s.translate(ctx, "begin", ctx.Err())
 		}
 	}
 	res, tx, ending, err := s.begin(ctx, r)
@@ -252,7 +252,7 @@ func (s *Store) freeSlot() { <-s.slots }
 
 // probe runs probeSQL for r on its own (autocommit), running it again on a
 // fresh connection if its own died (reconnect).
-func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	var (
 		p   probed
 		err error
@@ -264,7 +264,7 @@ func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, e
 		}
 	}
 	if err != nil {
-		return store.Result{}, s.translate(ctx, "begin", err)
+		return store.Entry{}, s.translate(ctx, "begin", err)
 	}
 	ps := []probed{p}
 	s.tellHolders(ctx, []store.Reservation{r}, ps)
@@ -273,7 +273,7 @@ func (s *Store) probe(ctx context.Context, r store.Reservation) (store.Result, e
 
 // probed is how a probe, or Begin's lock and read, decided one key.
 type probed struct {
-	res      store.Result
+	res      store.Entry
 	takeover bool      // the key's record is taken over
 	busy     bool      // another transaction holds the key's lock: res.Expires is that transaction's (tellHolders)
 	recorded time.Time // the key's record's expiry; zero without one
@@ -295,13 +295,13 @@ func scanProbe(row pgx.Row, r store.Reservation) (probed, error) {
 	p.recorded = recorded.Time
 	switch kind {
 	case probeFree, probeTakeable:
-		p.res = store.Result{State: store.Acquired, Expires: expiresOnRecord(r, p.started, p.recorded)}
+		p.res = store.Entry{State: store.Acquired, Expires: expiresOnRecord(r, p.started, p.recorded)}
 		p.takeover = kind == probeTakeable
 		return p, nil
 	case probeBusy:
 		// The running call's record is not written yet: its fingerprint
 		// cannot be read, and its lease is unknown.
-		p.res = store.Result{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}
+		p.res = store.Entry{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}
 		p.busy = true
 		return p, nil
 	case probeCompleted:
@@ -400,15 +400,15 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 	}
 	switch {
 	case found && !c.takeable && c.completed:
-		p.res = store.Result{State: store.Completed, Outcome: c.outcome, Expires: c.expires}
+		p.res = store.Entry{State: store.Completed, Outcome: c.outcome, Expires: c.expires}
 		copy(p.res.Fingerprint[:], c.fingerprint)
 	case found && !c.takeable:
-		p.res = store.Result{State: store.Held, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
+		p.res = store.Entry{State: store.Held, RetryAfter: intervalDuration(c.leaseLeft), Expires: c.expires}
 		copy(p.res.Fingerprint[:], c.fingerprint)
 	case locked:
-		p.res, p.takeover = store.Result{State: store.Acquired, Expires: expiresOnRecord(r, started, p.recorded)}, found
+		p.res, p.takeover = store.Entry{State: store.Acquired, Expires: expiresOnRecord(r, started, p.recorded)}, found
 	default:
-		p.res, p.busy = store.Result{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, true
+		p.res, p.busy = store.Entry{State: store.Held, Fingerprint: r.Fingerprint, RetryAfter: r.Lease}, true
 	}
 	return p
 }
@@ -416,11 +416,11 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 // begin is Begin once it holds a slot. A connection that is lost takes the
 // transaction with it, so Begin starts again on another. ending reports that
 // a goroutine is ending the transaction and frees the slot itself.
-func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Result, tx store.Tx, ending bool, err error) {
+func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Entry, tx store.Tx, ending bool, err error) {
 	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
-			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
+			return store.Entry{}, nil, false, s.translate(ctx, "begin", err)
 		}
 		var (
 			locked, found bool
@@ -464,16 +464,16 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Resul
 			// statements of a batch that failed, which PostgreSQL refuses
 			// inside a failed transaction.
 			if err := s.rollback(ctx, conn); err != nil {
-				return store.Result{}, nil, false, err
+				return store.Entry{}, nil, false, err
 			}
 		case reconnect(err):
 			conn.Release() // the pool closes it; the transaction died with it
 		default:
 			s.rollback(ctx, conn)
-			return store.Result{}, nil, false, s.translate(ctx, "begin", err)
+			return store.Entry{}, nil, false, s.translate(ctx, "begin", err)
 		}
 	}
-	return store.Result{}, nil, false, fmt.Errorf("idemkey postgres: begin: %w: the connection died, or the transaction failed to serialize, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
+	return store.Entry{}, nil, false, fmt.Errorf("idemkey postgres: begin: %w: the connection died, or the transaction failed to serialize, in %d attempts in a row", store.ErrUnavailable, maxAttempts)
 }
 
 // rollback ends conn's transaction, if any, and returns conn to the pool. A

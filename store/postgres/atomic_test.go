@@ -551,8 +551,8 @@ func TestAtomicCommitLosesTheKey(t *testing.T) {
 		t.Fatalf("the two-phase call: %v", err)
 	}
 	release()
-	if err := <-first; err != nil || got.GetId() != "ch_1" || !interceptor.Replayed(trailer) {
-		t.Fatalf("the atomic call: %v, %v (replayed %v); want the two-phase call's ch_1, replayed", got, err, interceptor.Replayed(trailer))
+	if err := <-first; err != nil || got.GetId() != "ch_1" || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Fatalf("the atomic call: %v, %v (replayed %v); want the two-phase call's ch_1, replayed", got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 	}
 	if n := a.effects(t); n != 0 || other.runs.Load() != 1 {
 		t.Errorf("%d effects of the atomic call, %d runs of the two-phase one; want 0 and 1", n, other.runs.Load())

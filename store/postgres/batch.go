@@ -67,7 +67,7 @@ var _ store.BatchAtomic = (*Store)(nil)
 // multi-row INSERT (and a guarded upsert for each key taken over), with
 // COMMIT, in one more: a batch of n calls costs n+2 round trips and one
 // commit, where n calls one at a time cost 3n round trips and n commits.
-func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, store.BatchTx, error) {
+func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
 	if len(rs) == 0 {
 		return nil, nil, nil
 	}
@@ -112,7 +112,7 @@ func batchArgs(rs []store.Reservation) ([]any, error) {
 	return []any{keys, fingerprints, locks}, nil
 }
 
-func anyAcquired(res []store.Result) bool {
+func anyAcquired(res []store.Entry) bool {
 	for _, r := range res {
 		if r.State == store.Acquired {
 			return true
@@ -124,7 +124,7 @@ func anyAcquired(res []store.Result) bool {
 // probeBatch runs batchProbeSQL on its own, outside a transaction, so that
 // the locks it takes, in share mode, are let go at once: it only asks which
 // keys are free.
-func (s *Store) probeBatch(ctx context.Context, rs []store.Reservation, args []any) ([]store.Result, error) {
+func (s *Store) probeBatch(ctx context.Context, rs []store.Reservation, args []any) ([]store.Entry, error) {
 	var (
 		ps  []probed
 		err error
@@ -169,8 +169,8 @@ func scanBatchProbe(rows pgx.Rows, rs []store.Reservation) ([]probed, error) {
 }
 
 // results are the answers of ps, and which of them take a record over.
-func results(ps []probed) (res []store.Result, takeover []bool) {
-	res, takeover = make([]store.Result, len(ps)), make([]bool, len(ps))
+func results(ps []probed) (res []store.Entry, takeover []bool) {
+	res, takeover = make([]store.Entry, len(ps)), make([]bool, len(ps))
 	for i, p := range ps {
 		res[i], takeover[i] = p.res, p.takeover
 	}
@@ -178,7 +178,7 @@ func results(ps []probed) (res []store.Result, takeover []bool) {
 }
 
 // beginBatch is BeginBatch once it holds a slot, as begin is Begin's.
-func (s *Store) beginBatch(ctx context.Context, rs []store.Reservation, args []any) (res []store.Result, tx *batchTx, ending bool, err error) {
+func (s *Store) beginBatch(ctx context.Context, rs []store.Reservation, args []any) (res []store.Entry, tx *batchTx, ending bool, err error) {
 	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {

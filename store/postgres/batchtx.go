@@ -38,7 +38,7 @@ type batchTx struct {
 	err       error       // what ended the transaction before Commit
 }
 
-func newBatchTx(s *Store, conn *pgxpool.Conn, rs []store.Reservation, res []store.Result, takeover []bool) *batchTx {
+func newBatchTx(s *Store, conn *pgxpool.Conn, rs []store.Reservation, res []store.Entry, takeover []bool) *batchTx {
 	t := &batchTx{store: s, conn: conn, rs: rs, takeover: takeover, cur: -1,
 		acquired: make([]bool, len(rs)), outcomes: make([][]byte, len(rs)), ended: make([]bool, len(rs))}
 	for i, r := range res {

@@ -209,7 +209,7 @@ func BenchmarkReserveScale(b *testing.B) {
 	}
 	ctx := context.Background()
 	fp := store.Fingerprint{1}
-	reserve := func(st *postgres.Store, key store.Key, want store.State) (store.Result, error) {
+	reserve := func(st *postgres.Store, key store.Key, want store.State) (store.Entry, error) {
 		res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: time.Minute, Retention: 24 * time.Hour})
 		if err == nil && res.State != want {
 			err = fmt.Errorf("reserve: %v, want %v", res.State, want)
@@ -311,8 +311,8 @@ func BenchmarkInterceptor(b *testing.B) {
 			if _, err := client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: 1}, grpc.Trailer(&trailer)); err != nil {
 				return err
 			}
-			if client != bare && interceptor.Replayed(trailer) != (op == "") {
-				return fmt.Errorf("key %q: replayed %v", key, interceptor.Replayed(trailer))
+			if client != bare && idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) != (op == "") {
+				return fmt.Errorf("key %q: replayed %v", key, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
 			}
 			return nil
 		}

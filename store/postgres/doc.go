@@ -161,7 +161,7 @@
 //     one more statement, sent only for a key found held (a statement that
 //     reads pg_locks costs even where it is never run). Where the start
 //     cannot be read, the duplicate is told no expiry (a zero
-//     store.Result.Expires), never a wrong one: the store's role may not
+//     store.Entry.Expires), never a wrong one: the store's role may not
 //     see the holder's session (pg_stat_activity shows another role's
 //     sessions only to a role with pg_read_all_stats; replicas that log in
 //     as one role see each other's), or the holder ended, or let the lock

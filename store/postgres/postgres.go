@@ -26,8 +26,8 @@ import (
 // WithTable names another.
 const DefaultTable = "idempotency_keys"
 
-// DefaultTimeout bounds each store operation unless WithTimeout sets another.
-const DefaultTimeout = 5 * time.Second
+// defaultTimeout bounds each store operation unless WithTimeout sets another.
+const defaultTimeout = 5 * time.Second
 
 // maxAttempts bounds how often a statement runs again when the row changed
 // under it: "conflict, then the row is gone" in Reserve, or a serialization
@@ -64,7 +64,7 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// WithTimeout bounds each operation (DefaultTimeout if d <= 0). A caller's
+// WithTimeout bounds each operation (five seconds if d <= 0). A caller's
 // earlier deadline still applies to Reserve and Sweep; Complete and Release
 // ignore the caller's cancellation and deadline and use only this bound.
 func WithTimeout(d time.Duration) Option {
@@ -96,7 +96,7 @@ func WithoutSchemaCheck() Option {
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
 
 func newOptions(opts []Option) (options, error) {
-	o := options{name: DefaultTable, timeout: DefaultTimeout}
+	o := options{name: DefaultTable, timeout: defaultTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -104,7 +104,7 @@ func newOptions(opts []Option) (options, error) {
 		o.logger = slog.New(slog.DiscardHandler)
 	}
 	if o.timeout <= 0 {
-		o.timeout = DefaultTimeout
+		o.timeout = defaultTimeout
 	}
 	if !tableName.MatchString(o.name) {
 		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.name)
@@ -290,23 +290,23 @@ FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)`, table, seque
 }
 
 // scanReservation reads the row of reserveSQL.
-func scanReservation(row pgx.Row) (store.Result, error) {
+func scanReservation(row pgx.Row) (store.Entry, error) {
 	var (
 		kind        int
-		res         store.Result
+		res         store.Entry
 		fingerprint []byte
 		leaseLeft   pgtype.Interval
 	)
 	if err := row.Scan(&kind, &res.Token, &fingerprint, &res.Outcome, &leaseLeft, &res.Expires); err != nil {
-		return store.Result{}, err
+		return store.Entry{}, err
 	}
 	switch kind {
 	case 1:
 		res.State = store.Acquired
 	case 4:
-		return store.Result{}, errTakeable
+		return store.Entry{}, errTakeable
 	case 0:
-		return store.Result{}, errChanged
+		return store.Entry{}, errChanged
 	case 2:
 		res.State = store.Completed
 	default:
@@ -374,13 +374,13 @@ var errChanged = errors.New("idemkey postgres: the record changed under the stat
 // So it does when its connection died (reconnect): a reservation that took
 // effect unseen makes the retry find the key in progress, as a client's own
 // retry would, which delays the call but never runs it twice.
-func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	lease, retention := max(r.Lease, 0).Microseconds(), max(r.Retention, 0).Microseconds()
 	var err error
 	for range maxAttempts {
-		var res store.Result
+		var res store.Entry
 		sql := s.insertSQL
 		if errors.Is(err, errTakeable) {
 			sql = s.reserveSQL
@@ -397,27 +397,27 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 		break
 	}
 	if errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) {
-		return store.Result{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
+		return store.Entry{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)
 	}
-	return store.Result{}, s.translate(ctx, "reserve", err)
+	return store.Entry{}, s.translate(ctx, "reserve", err)
 }
 
 // Find implements store.Finder with one plain SELECT by key, run again after
 // a serialization failure or on a fresh connection (reconnect).
-func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	res := store.Result{State: store.Completed}
+	res := store.Entry{State: store.Completed}
 	var fingerprint []byte
 	err := s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome, &res.Expires)
 	for attempt := 1; attempt < maxAttempts && (serializationFailure(err) || reconnect(err)); attempt++ {
 		err = s.pool.QueryRow(ctx, s.findSQL, key[:]).Scan(&fingerprint, &res.Outcome, &res.Expires)
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
-		return store.Result{}, false, nil
+		return store.Entry{}, false, nil
 	}
 	if err != nil {
-		return store.Result{}, false, s.translate(ctx, "find", err)
+		return store.Entry{}, false, s.translate(ctx, "find", err)
 	}
 	copy(res.Fingerprint[:], fingerprint)
 	return res, true, nil

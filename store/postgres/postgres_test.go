@@ -112,7 +112,7 @@ func (r replica) count(t *testing.T, where string) int {
 	return n
 }
 
-func reserve(t *testing.T, st *postgres.Store, key store.Key, fp store.Fingerprint) store.Result {
+func reserve(t *testing.T, st *postgres.Store, key store.Key, fp store.Fingerprint) store.Entry {
 	t.Helper()
 	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
 	if err != nil {
@@ -417,7 +417,7 @@ func TestTerminatedBackend(t *testing.T) {
 			}
 
 			type result struct {
-				res store.Result
+				res store.Entry
 				err error
 			}
 			done := make(chan result, 1)

@@ -55,7 +55,7 @@ var _ store.BatchReserver = (*Store)(nil)
 // by another call while the statement ran, is decided with Reserve, one
 // more round trip for each such key. Statements are run again on a fresh
 // connection (reconnect), as Reserve's are.
-func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Result, error) {
+func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
 	if len(rs) == 0 {
 		return nil, nil
 	}
@@ -66,7 +66,7 @@ func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]sto
 	bctx, cancel := s.bound(ctx)
 	defer cancel()
 	var (
-		res   []store.Result
+		res   []store.Entry
 		again []int // the reservations to decide on their own
 	)
 	for range maxAttempts {
@@ -110,9 +110,9 @@ func reserveBatchArgs(rs []store.Reservation) (order []int, args []any, err erro
 // scanReserveBatch reads the rows of insertBatchSQL, whose n-th key is
 // that of reservation order[n-1]: each one's result, and the reservations
 // it left to decide on their own.
-func scanReserveBatch(rows pgx.Rows, order []int) (res []store.Result, again []int, err error) {
+func scanReserveBatch(rows pgx.Rows, order []int) (res []store.Entry, again []int, err error) {
 	defer rows.Close()
-	res = make([]store.Result, len(order))
+	res = make([]store.Entry, len(order))
 	seen := 0
 	for rows.Next() {
 		var n int64

@@ -204,7 +204,7 @@
 //
 // # Timeouts
 //
-// WithTimeout bounds each operation, DefaultTimeout by default. Complete and
+// WithTimeout bounds each operation, five seconds by default. Complete and
 // Release ignore the caller's cancellation, so that a client that hangs up
 // does not leave its key in progress. go-redis retries a command after a
 // connection error; the scripts are safe to run again: a repeated Complete

@@ -20,13 +20,13 @@ import (
 // WithPrefix sets another.
 const DefaultPrefix = "idemkey"
 
-// DefaultTimeout bounds each store operation unless WithTimeout sets another.
-const DefaultTimeout = 5 * time.Second
+// defaultTimeout bounds each store operation unless WithTimeout sets another.
+const defaultTimeout = 5 * time.Second
 
-// DefaultCheckInterval is how often the store reads its servers'
+// defaultCheckInterval is how often the store reads its servers'
 // maxmemory-policy and evicted keys again, unless WithCheckInterval sets
 // another.
-const DefaultCheckInterval = time.Second
+const defaultCheckInterval = time.Second
 
 // maxDuration bounds leases and retentions, so that the scripts' sums of
 // microseconds stay exact in Lua's doubles (see scripts.go): 100 years.
@@ -56,7 +56,7 @@ func WithPrefix(p string) Option {
 }
 
 // WithTimeout bounds each operation, the wait for replicas included
-// (DefaultTimeout if d <= 0). A caller's earlier deadline still applies to
+// (five seconds if d <= 0). A caller's earlier deadline still applies to
 // Reserve and Find; Complete and Release ignore the caller's cancellation
 // and deadline and use only this bound. go-redis applies a context's
 // deadline to its socket reads only with ContextTimeoutEnabled; otherwise its
@@ -93,7 +93,7 @@ func WithClockOffset(offset func() time.Duration) Option {
 }
 
 // WithCheckInterval sets how often the store reads every primary's
-// maxmemory-policy and evicted_keys again (DefaultCheckInterval if d <= 0):
+// maxmemory-policy and evicted_keys again (a second if d <= 0):
 // the first operation after each interval does so before its own work, in
 // one INFO round trip to each primary, in parallel. A server that may evict
 // fails the store (see the package doc's "Data loss"); a shorter interval
@@ -143,7 +143,7 @@ var (
 // and at most 30 s (or WithTimeout, if longer): one of each per hash slot on
 // a cluster. It starts no goroutine.
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
-	o := options{prefix: DefaultPrefix, timeout: DefaultTimeout}
+	o := options{prefix: DefaultPrefix, timeout: defaultTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -151,10 +151,10 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 		o.logger = slog.New(slog.DiscardHandler)
 	}
 	if o.timeout <= 0 {
-		o.timeout = DefaultTimeout
+		o.timeout = defaultTimeout
 	}
 	if o.checkInterval <= 0 {
-		o.checkInterval = DefaultCheckInterval
+		o.checkInterval = defaultCheckInterval
 	}
 	if o.prefix == "" {
 		o.prefix = DefaultPrefix
@@ -231,11 +231,11 @@ func micros(d time.Duration) int64 { return min(max(d, 0), maxDuration).Microsec
 
 // Reserve implements store.Store with one script; with WithReplicas, an
 // acquired reservation then waits for the replicas (see WithReplicas).
-func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if err := s.admit(ctx, "reserve"); err != nil {
-		return store.Result{}, err
+		return store.Entry{}, err
 	}
 	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
@@ -246,16 +246,16 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result,
 			a := v.([]any)
 			_ = s.Release(ctx, r.Key, store.Token(a[1].(int64)))
 		}
-		return store.Result{}, err
+		return store.Entry{}, err
 	}
 	return parseReservation(v)
 }
 
 // parseReservation reads reserveScript's reply.
-func parseReservation(v any) (store.Result, error) {
+func parseReservation(v any) (store.Entry, error) {
 	a, ok := v.([]any)
 	if !ok || len(a) != 7 {
-		return store.Result{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
+		return store.Entry{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
 	}
 	kind, _ := a[0].(int64)
 	token, _ := a[1].(int64)
@@ -263,7 +263,7 @@ func parseReservation(v any) (store.Result, error) {
 	outcome, _ := a[3].(string)
 	left, _ := a[4].(int64)
 	expires, _ := a[5].(int64)
-	res := store.Result{Expires: time.UnixMicro(expires)}
+	res := store.Entry{Expires: time.UnixMicro(expires)}
 	switch kind {
 	case 1:
 		res.State, res.Token = store.Acquired, store.Token(token)
@@ -273,35 +273,35 @@ func parseReservation(v any) (store.Result, error) {
 	case 3:
 		res.State, res.RetryAfter = store.Held, time.Duration(left)*time.Microsecond // below maxDuration
 	default:
-		return store.Result{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
+		return store.Entry{}, errors.New("idemkey redis: reserve: the script's reply has an unexpected shape")
 	}
 	copy(res.Fingerprint[:], fp)
 	return res, nil
 }
 
 // Find implements store.Finder with one read-only script.
-func (s *Store) Find(ctx context.Context, key store.Key) (store.Result, bool, error) {
+func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	if err := s.admit(ctx, "find"); err != nil {
-		return store.Result{}, false, err
+		return store.Entry{}, false, err
 	}
 	keys, slot := s.keys(key)
 	v, err := findScript.Run(ctx, s.client, keys, s.argv(slot)...).Result()
 	if errors.Is(err, goredis.Nil) {
-		return store.Result{}, false, nil
+		return store.Entry{}, false, nil
 	}
 	if err != nil {
-		return store.Result{}, false, s.translate(ctx, "find", err)
+		return store.Entry{}, false, s.translate(ctx, "find", err)
 	}
 	a, ok := v.([]any)
 	if !ok || len(a) != 3 {
-		return store.Result{}, false, errors.New("idemkey redis: find: the script's reply has an unexpected shape")
+		return store.Entry{}, false, errors.New("idemkey redis: find: the script's reply has an unexpected shape")
 	}
 	fp, _ := a[0].(string)
 	outcome, _ := a[1].(string)
 	expires, _ := a[2].(int64)
-	res := store.Result{State: store.Completed, Outcome: []byte(outcome), Expires: time.UnixMicro(expires)}
+	res := store.Entry{State: store.Completed, Outcome: []byte(outcome), Expires: time.UnixMicro(expires)}
 	copy(res.Fingerprint[:], fp)
 	return res, true, nil
 }

@@ -89,12 +89,12 @@ func newKey(t *testing.T, name string) store.Key {
 	return store.ScopeKey(tenant, "/storetest.v1.Service/Method", t.Name()+"/"+name)
 }
 
-func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Result {
+func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) store.Entry {
 	t.Helper()
 	return reserveFor(t, st, key, fp, lease, retention)
 }
 
-func reserveFor(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint, lease, retention time.Duration) store.Result {
+func reserveFor(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint, lease, retention time.Duration) store.Entry {
 	t.Helper()
 	res, err := st.Reserve(context.Background(), reservation(key, fp, lease, retention))
 	if err != nil {
@@ -125,7 +125,7 @@ func complete(t *testing.T, st store.Store, key store.Key, token store.Token, ou
 	}
 }
 
-func wantState(t *testing.T, res store.Result, want store.State) {
+func wantState(t *testing.T, res store.Entry, want store.State) {
 	t.Helper()
 	if res.State != want {
 		t.Fatalf("Reserve state = %v, want %v", res.State, want)
@@ -409,7 +409,7 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 // completed record, and nothing for any other.
 func testFind(t *testing.T, h Harness) {
 	finder := need[store.Finder](t, h)
-	find := func(key store.Key) (store.Result, bool) {
+	find := func(key store.Key) (store.Entry, bool) {
 		t.Helper()
 		res, found, err := finder.Find(context.Background(), key)
 		if err != nil {
@@ -457,7 +457,7 @@ func testExpires(t *testing.T, h Harness) {
 			exp = exp.Add(-d)
 		}
 	}
-	same := func(what string, res store.Result) {
+	same := func(what string, res store.Entry) {
 		t.Helper()
 		if !res.Expires.Equal(exp) {
 			t.Errorf("%s: Expires = %v, want %v as Acquired told", what, res.Expires, exp)
@@ -597,7 +597,7 @@ func testConcurrentReserveBatch(t *testing.T, h Harness) {
 			acquired = map[store.Key]int{}
 			start    = make(chan struct{})
 		)
-		note := func(key store.Key, res store.Result) {
+		note := func(key store.Key, res store.Entry) {
 			mu.Lock()
 			defer mu.Unlock()
 			if res.State == store.Acquired {

@@ -33,7 +33,7 @@ func LastDelivery(ctx context.Context) context.Context {
 }
 
 // Reserve is the wrapped store's, closing Busy as Store says.
-func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Result, error) {
+func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	res, err := s.Store.Reserve(ctx, r)
 	if err == nil && res.State == store.Held && ctx.Value(lastDelivery{}) != nil {
 		s.once.Do(func() { close(s.busy) })

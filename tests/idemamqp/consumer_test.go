@@ -203,7 +203,7 @@ func TestRefused(t *testing.T) {
 			}
 			refused := tc.refused(p)
 			f.publish("", refused)
-			res := handle(t, c, next(t, ds), consumer.Refused, consumer.Reject)
+			res := handle(t, c, next(t, ds), consumer.Rejected, consumer.Reject)
 			if !errors.Is(res.Err, tc.want) || !res.DeadLetter {
 				t.Errorf("Result = %+v; want a dead letter for %v", res, tc.want)
 			}

@@ -35,7 +35,7 @@ func TestExpired(t *testing.T) {
 			f.publish("", amqp.Publishing{MessageId: id, Body: []byte(body), Timestamp: time.Now()})
 			f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(body)})
 			_, ds := f.consume("", 3)
-			res := handle(t, c, next(t, ds), consumer.Refused, consumer.Reject)
+			res := handle(t, c, next(t, ds), consumer.Rejected, consumer.Reject)
 			if !errors.Is(res.Err, consumer.ErrExpired) || len(dead.errs) != 1 || !errors.Is(dead.errs[0], consumer.ErrExpired) {
 				t.Fatalf("the stale message: %v, dead letters %v; want one, with ErrExpired", res.Err, dead.errs)
 			}

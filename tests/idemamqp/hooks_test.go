@@ -42,7 +42,7 @@ func TestHooks(t *testing.T) {
 				handle(t, c, next(t, ds), consumer.Processed, consumer.Ack)
 				handle(t, c, next(t, ds), consumer.Duplicate, consumer.Ack)
 				handle(t, c, next(t, ds), consumer.Duplicate, consumer.Ack)
-				handle(t, c, next(t, ds), consumer.Refused, consumer.Reject)
+				handle(t, c, next(t, ds), consumer.Rejected, consumer.Reject)
 				hooks.Want(t,
 					"execute executed ack "+tenant+"/"+id+" 9",
 					"replay replayed ack "+tenant+"/"+id+" 9",

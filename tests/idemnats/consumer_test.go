@@ -282,8 +282,8 @@ func TestRefusedMessagesTerminated(t *testing.T) {
 	r.consume(4)
 	r.publish("", "same id, other body", "order-id", "a", "tenant", "acme")
 	r.consume(1)
-	if got := r.outcomes(); got[consumer.Refused] != 3 || got[consumer.Processed] != 2 {
-		t.Fatalf("outcomes %v, want 3 refused (no id, no tenant, reused id) and 2 processed", got)
+	if got := r.outcomes(); got[consumer.Rejected] != 3 || got[consumer.Processed] != 2 {
+		t.Fatalf("outcomes %v, want 3 rejected (no id, no tenant, reused id) and 2 processed", got)
 	}
 	if len(r.dead) != 3 || !errors.Is(r.dead[0], consumer.ErrNoID) || !errors.Is(r.dead[2], consumer.ErrReusedID) {
 		t.Fatalf("dead letters %v", r.dead)

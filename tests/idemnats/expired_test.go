@@ -24,7 +24,7 @@ func TestExpired(t *testing.T) {
 	r.publish("a", "charge 1")
 	time.Sleep(retention + 100*time.Millisecond) // JetStream's clock stamped it; both clocks are this machine's
 	r.consume(1)
-	if got := r.outcomes(); got[consumer.Refused] != 1 || r.runsOf("a") != 0 {
+	if got := r.outcomes(); got[consumer.Rejected] != 1 || r.runsOf("a") != 0 {
 		t.Fatalf("outcomes %v and %d runs; want 1 refused and none", got, r.runsOf("a"))
 	}
 	if len(r.dead) != 1 || !errors.Is(r.dead[0], consumer.ErrExpired) {

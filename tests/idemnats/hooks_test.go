@@ -65,7 +65,7 @@ func TestHooks(t *testing.T) {
 					"replay replayed ack tenant-secret/"+id+" 9",
 					"refuse reused reject tenant-secret/"+id+" 0")
 			}
-			if got := r.outcomes(); got[consumer.Processed] != 2 || got[consumer.Duplicate] != 4 || got[consumer.Refused] != 2 {
+			if got := r.outcomes(); got[consumer.Processed] != 2 || got[consumer.Duplicate] != 4 || got[consumer.Rejected] != 2 {
 				t.Errorf("outcomes %v, want 2 processed, 4 duplicates and 2 refused, with a panicking hook or not", got)
 			}
 			if n := r.runsOf(""); n != 2 {

@@ -195,7 +195,7 @@ func TestHooks(t *testing.T) {
 				}
 			}
 			reused := consumer.Delivery{ID: id, Tenant: "acme", Body: []byte("charge 200"), Attempt: 1}
-			if res := c.Process(t.Context(), reused, handler); res.Outcome != consumer.Refused {
+			if res := c.Process(t.Context(), reused, handler); res.Outcome != consumer.Rejected {
 				t.Fatalf("reused id: %v, want refused", res)
 			}
 			ack, reject := int(consumer.Ack), int(consumer.Reject)

@@ -465,7 +465,7 @@ func TestRestoreFromOlderSnapshotFailsClosed(t *testing.T) {
 	srv.Kill()
 	srv.Restart(t)
 
-	var res store.Result
+	var res store.Entry
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		res, err = st.Reserve(ctx, after[0])
 		if !errors.Is(err, store.ErrUnavailable) || time.Now().After(deadline) {
@@ -548,7 +548,7 @@ func TestClusterRestoreFromOlderSnapshotFailsClosed(t *testing.T) {
 	if first.Key == (store.Key{}) {
 		t.Fatal("no key recorded after the snapshot is on the restored primary")
 	}
-	var res store.Result
+	var res store.Entry
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		res, err = st.Reserve(ctx, first)
 		if !errors.Is(err, store.ErrUnavailable) || time.Now().After(deadline) {
