@@ -25,13 +25,14 @@
 //
 // This package holds what every entry point means by a key and an answer:
 // the rules for a key (ValidateKey, MaxKeyLen; ParseKey, the one reading of a
-// key's header or metadata value on every entry point, and FormatKey, a
-// client's value for a key), the names on the wire (KeyMetadata, KeyHeader,
-// ReplayedMetadata, ReplayedHeader), the reasons idemkey gives when it
-// answers instead of the handler (the Reason constants, with the gRPC code
-// and HTTP status beside each; ErrorDomain), and the keys a program makes:
-// NewKey for a new operation, DeriveKey and DerivedKey for the calls an
-// operation makes to other idempotent APIs.
+// key's header or metadata value on every entry point, and FormatKey, an
+// HTTP or Connect client's value for a key: an RFC 8941 string), the names
+// on the wire (KeyMetadata, KeyHeader, ReplayedMetadata, ReplayedHeader),
+// the reasons idemkey gives when it answers instead of the handler (the
+// Reason constants, with the gRPC code and HTTP status beside each;
+// ErrorDomain), and the keys a program makes: NewKey for a new operation,
+// DeriveKey and DerivedKey for the calls an operation makes to other
+// idempotent APIs.
 //
 //	situation                             code               reason (HTTP in the IETF draft)
 //	key required but missing              InvalidArgument    IDEMPOTENCY_KEY_MISSING (400)

@@ -83,14 +83,18 @@ func ParseKey(v string) (string, error) {
 	return "", &KeyError{Problem: "its string has no closing double quote"}
 }
 
-// FormatKey returns the value that carries key in a header or metadata, for
-// a client: the key itself when ParseKey reads it back unchanged (as it does
-// every key NewKey makes), else the key as an sf-string, in double quotes
-// with " and \ escaped. key should pass ValidateKey.
+// FormatKey returns the value that carries key in an Idempotency-Key
+// header, for a client over HTTP or Connect: the key as an RFC 8941
+// sf-string, in double quotes with " and \ escaped, such as
+// "8e03978e-40d5-43e8-bc93-6894a57f9324" with its quotes, the form
+// draft-ietf-httpapi-idempotency-key-header-07 gives the field. A server
+// that reads the field strictly refuses most keys sent bare (a UUID that
+// starts with a digit), or reads them as another type (a token, an
+// integer); ParseKey, on every entry point, reads either form as the same
+// key. In gRPC metadata, where gRPC clients send keys bare, the gRPC client
+// interceptor sends a key bare unless ParseKey would read it otherwise. key
+// should pass ValidateKey.
 func FormatKey(key string) string {
-	if v, err := ParseKey(key); err == nil && v == key {
-		return key
-	}
 	var b strings.Builder
 	b.Grow(len(key) + 2)
 	b.WriteByte('"')

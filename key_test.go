@@ -59,12 +59,14 @@ func TestDeriveKey(t *testing.T) {
 	}
 }
 
-// A client's value for a key reads back as the key on every entry point:
-// bare when it can be, else quoted with " and \ escaped.
+// A client's value for a key is the key as an RFC 8941 string, with " and
+// \ escaped, even where a bare key would read back too, and reads back as
+// the key on every entry point.
 func TestFormatKey(t *testing.T) {
 	for key, want := range map[string]string{
-		"k1":                                   "k1",
-		"8e03978e-40d5-43e8-bc93-6894a57f9324": "8e03978e-40d5-43e8-bc93-6894a57f9324",
+		"k1":                                   `"k1"`,
+		"42":                                   `"42"`,
+		"8e03978e-40d5-43e8-bc93-6894a57f9324": `"8e03978e-40d5-43e8-bc93-6894a57f9324"`,
 		`a"b\c`:                                `"a\"b\\c"`,
 		`a"b`:                                  `"a\"b"`,
 		`"quoted"`:                             `"\"quoted\""`,

@@ -179,7 +179,7 @@ func (e *Engine) firstSent(values []string) (time.Time, error) {
 	}
 	t, err := idemkey.ParseDate(strings.Trim(values[0], " \t"))
 	if err != nil {
-		return time.Time{}, &FirstSentError{"it is not an HTTP date (IMF-fixdate), such as " + idemkey.FormatDate(time.Now())}
+		return time.Time{}, &FirstSentError{"it is not an HTTP date, such as " + idemkey.FormatDate(time.Now())}
 	}
 	if time.Until(t) > e.opts.clockSkew {
 		return time.Time{}, &FirstSentError{"it lies in the future, beyond the clock skew allowed"}

@@ -21,7 +21,12 @@ import (
 // it: the time of idemkey.ContextWithKeyFirstSent, else now. Both go in the
 // request's header, so a retry that sends the same *connect.Request again
 // carries the same key and the same first-sent time: use one Request per
-// operation. A caller's key or first-sent time that is malformed fails the
+// operation. Both go in the strict forms of
+// draft-ietf-httpapi-idempotency-key-header-07, which a strict server
+// reads: the key as an RFC 8941 string (idemkey.FormatKey, in double
+// quotes), the time as an IMF-fixdate (idemkey.FormatDate); a key or time
+// already in the header in another form, such as a bare key, is rewritten
+// to the same key or time in those. A caller's key or first-sent time that is malformed fails the
 // call with InvalidArgument (reason IDEMPOTENCY_KEY_INVALID or
 // IDEMPOTENCY_FIRST_SENT_INVALID) before it is sent. Streaming calls, and
 // calls of handlers, pass through untouched.
@@ -65,9 +70,11 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			}
 			h[idemkey.KeyHeader] = []string{idemkey.FormatKey(key)}
 		case 1:
-			if _, err := idemkey.ParseKey(vs[0]); err != nil {
+			key, err := idemkey.ParseKey(vs[0])
+			if err != nil {
 				return nil, invalidKeyError(err.(*idemkey.KeyError).Problem)
 			}
+			vs[0] = idemkey.FormatKey(key) // the same key, as the strict form
 		default:
 			return nil, invalidKeyError("it was sent more than once")
 		}
@@ -79,8 +86,9 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 }
 
 // setFirstSent sets idemkey.FirstSentHeader in h, unless h has it: to the
-// time of idemkey.ContextWithKeyFirstSent, else now. One it has that is not an HTTP
-// date, or that is sent twice, fails the call before it is sent.
+// time of idemkey.ContextWithKeyFirstSent, else now. One it has is sent as the
+// IMF-fixdate of its time; one that is not an HTTP date, or that is sent
+// twice, fails the call before it is sent.
 func setFirstSent(ctx context.Context, h http.Header) *connect.Error {
 	switch vs := h[idemkey.FirstSentHeader]; len(vs) {
 	case 0:
@@ -90,9 +98,11 @@ func setFirstSent(ctx context.Context, h http.Header) *connect.Error {
 		}
 		h[idemkey.FirstSentHeader] = []string{idemkey.FormatDate(t)}
 	case 1:
-		if _, err := idemkey.ParseDate(vs[0]); err != nil {
-			return firstSentInvalidError(&engine.FirstSentError{Problem: "it is not an HTTP date (IMF-fixdate)"})
+		t, err := idemkey.ParseDate(vs[0])
+		if err != nil {
+			return firstSentInvalidError(&engine.FirstSentError{Problem: "it is not an HTTP date"})
 		}
+		vs[0] = idemkey.FormatDate(t) // the same time, as an IMF-fixdate
 	default:
 		return firstSentInvalidError(&engine.FirstSentError{Problem: "it was sent more than once"})
 	}

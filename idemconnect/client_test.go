@@ -74,21 +74,28 @@ func TestClientInterceptor(t *testing.T) {
 			strings.Join(keys[0], ",") != strings.Join(keys[1], ",") || keys[0][0] == keys[2][0] {
 			t.Fatalf("keys sent: %q; want one key for a and its retry, another for b", keys)
 		}
-		if err := idemkey.ValidateKey(keys[0][0]); err != nil {
-			t.Fatal(err)
+		// Sent as an RFC 8941 string, which a strict server reads.
+		if key, err := idemkey.ParseKey(keys[0][0]); err != nil || keys[0][0] != idemkey.FormatKey(key) || keys[0][0][0] != '"' {
+			t.Fatalf("sent %s (%v); want a key in double quotes", keys[0][0], err)
 		}
 	})
 	t.Run("the caller's key", func(t *testing.T) {
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100})
-		req.Header().Set(idemkey.KeyHeader, "from-header")
+		req.Header().Set(idemkey.KeyHeader, "from-header") // bare: sent as the same key, quoted
 		if err := send(idemkey.ContextWithKey(ctx, "from-context"), req); err != nil {
 			t.Fatal(err)
 		}
-		if err := send(idemkey.ContextWithKey(ctx, "from-context"), connect.NewRequest(&paymentsv1.CreateChargeRequest{})); err != nil {
+		if err := send(idemkey.ContextWithKey(ctx, `a"b`), connect.NewRequest(&paymentsv1.CreateChargeRequest{})); err != nil {
 			t.Fatal(err)
 		}
-		if keys := rec.take(); len(keys) != 2 || strings.Join(keys[0], ",") != "from-header" || strings.Join(keys[1], ",") != "from-context" {
-			t.Fatalf("keys sent: %q; want the header's, then the context's", keys)
+		quoted := connect.NewRequest(&paymentsv1.CreateChargeRequest{})
+		quoted.Header().Set(idemkey.KeyHeader, `"from-header"`)
+		if err := send(ctx, quoted); err != nil {
+			t.Fatal(err)
+		}
+		if keys := rec.take(); len(keys) != 3 || strings.Join(keys[0], ",") != `"from-header"` || strings.Join(keys[1], ",") != `"a\"b"` ||
+			strings.Join(keys[2], ",") != `"from-header"` {
+			t.Fatalf("keys sent: %q; want the header's, then the context's, then the header's, each an RFC 8941 string", keys)
 		}
 	})
 	t.Run("a malformed key fails before it is sent", func(t *testing.T) {
@@ -193,6 +200,17 @@ func TestClientFirstSent(t *testing.T) {
 			t.Fatalf("first-sent times sent: %q; want %s", h, idemkey.FormatDate(at))
 		}
 	})
+	t.Run("an obsolete form in the header goes as an IMF-fixdate", func(t *testing.T) {
+		at := time.Now().Add(-time.Hour)
+		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 300})
+		req.Header().Set(idemkey.FirstSentHeader, at.UTC().Format("Monday, 02-Jan-06 15:04:05 GMT")) // RFC 850
+		if err := send(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+		if h := rec.takeValues(idemkey.FirstSentHeader); len(h) != 1 || strings.Join(h[0], ",") != idemkey.FormatDate(at) {
+			t.Fatalf("first-sent times sent: %q; want %s", h, idemkey.FormatDate(at))
+		}
+	})
 	t.Run("a malformed one fails before it is sent", func(t *testing.T) {
 		bad := connect.NewRequest(&paymentsv1.CreateChargeRequest{})
 		bad.Header().Set(idemkey.FirstSentHeader, "secret-yesterday")
@@ -210,7 +228,7 @@ func TestClientFirstSent(t *testing.T) {
 			t.Fatalf("sent %d calls", len(sent))
 		}
 	})
-	runs.wantRuns(t, 2)
+	runs.wantRuns(t, 3)
 }
 
 // KeyExpires reads until when the server honours a key, from a reply and

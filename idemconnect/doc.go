@@ -2,8 +2,9 @@
 // connect-go (connectrpc.com/connect): the gRPC interceptor's behaviour, for
 // handlers served over Connect's three protocols (Connect, gRPC, gRPC-Web).
 //
-// The client interceptor attaches one idempotency key to each call; the
-// server interceptor runs a call at most once per key, on an engine
+// The client interceptor attaches one idempotency key to each call, as the
+// RFC 8941 string that draft-ietf-httpapi-idempotency-key-header-07 makes
+// the field, which a strict server reads too; the server interceptor runs a call at most once per key, on an engine
 // (package engine: the store, and the settings every entry point shares),
 // and answers every retry with the first call's recorded reply. It does not
 // import google.golang.org/grpc.

@@ -22,8 +22,10 @@
 //	mux.Handle("POST /v1/charges", idem(createCharge)) // r.Pattern names the operation
 //	http.ListenAndServe(addr, authenticate(mux))       // authenticate puts the caller in r.Context()
 //
-// A client sends the key as an RFC 8941 string, or bare; idemkey.ParseKey
-// reads it, as every entry point does, so one value names one key over HTTP,
+// A client should send the key as an RFC 8941 string (idemkey.FormatKey),
+// the form the draft gives the field, which strict servers require; the
+// middleware is lenient and reads a bare key too. idemkey.ParseKey reads
+// it, as every entry point does, so one value names one key over HTTP,
 // Connect and gRPC alike:
 //
 //	Idempotency-Key: "8e03978e-40d5-43e8-bc93-6894a57f9324"

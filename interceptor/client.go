@@ -69,39 +69,48 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 	if err := validateKey(use.key); err != nil {
 		return nil, err
 	}
-	return metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, idemkey.FormatKey(use.key),
+	return metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, metadataKey(use.key),
 		idemkey.FirstSentMetadata, formatFirstSent(use.firstSent)), nil
 }
 
 // withKey is ctx with the call's key and first-sent time in its outgoing
 // metadata: those already there, checked, or else those of
-// idemkey.ContextWithKey, or else a new key and now.
+// idemkey.ContextWithKey, or else a new key and now. A first-sent time there
+// in an obsolete form of HTTP date goes as the IMF-fixdate of its time.
 func withKey(ctx context.Context, m *method, req any) (context.Context, error) {
-	md, _ := metadata.FromOutgoingContext(ctx)
+	md, _ := metadata.FromOutgoingContext(ctx) // a copy
 	key, firstSent, fromContext := idemkey.KeyFromContext(ctx)
 	switch {
 	case len(md[idemkey.KeyMetadata]) > 0 || carriesKey(m, req):
 		if _, _, err := keyFromMetadata(md); err != nil {
 			return nil, err
 		}
-		firstSent = time.Time{} // the context's time is for the context's key
+		key, firstSent = "", time.Time{} // the context's time is for the context's key
 	case fromContext:
 		if err := validateKey(key); err != nil {
 			return nil, err
 		}
-		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.FormatKey(key))
+		key = metadataKey(key)
 	default:
-		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, idemkey.NewKey())
+		key = idemkey.NewKey()
 	}
 	switch sent := md[idemkey.FirstSentMetadata]; len(sent) {
 	case 0:
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, formatFirstSent(firstSent))
 	case 1:
-		if _, err := idemkey.ParseDate(sent[0]); err != nil {
-			return nil, firstSentInvalidError("it is not an HTTP date (IMF-fixdate)")
+		t, err := idemkey.ParseDate(sent[0])
+		if err != nil {
+			return nil, firstSentInvalidError("it is not an HTTP date")
+		}
+		if v := idemkey.FormatDate(t); v != sent[0] {
+			md.Set(idemkey.FirstSentMetadata, v)
+			ctx = metadata.NewOutgoingContext(ctx, md)
 		}
 	default:
 		return nil, firstSentInvalidError("it was sent more than once")
+	}
+	if key != "" { // after the metadata is replaced, if it was
+		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
 	}
 	return ctx, nil
 }
@@ -173,6 +182,17 @@ func lastOption[T grpc.CallOption](callOpts []grpc.CallOption) (last T, rest []g
 		rest = append(rest, o)
 	}
 	return last, rest, true
+}
+
+// metadataKey is the value that carries key in gRPC metadata: the key
+// itself, as gRPC clients send keys, when idemkey.ParseKey reads it back
+// unchanged (as it does every key idemkey.NewKey makes), else the
+// sf-string of idemkey.FormatKey.
+func metadataKey(key string) string {
+	if v, err := idemkey.ParseKey(key); err == nil && v == key {
+		return key
+	}
+	return idemkey.FormatKey(key)
 }
 
 // withoutKey is ctx with no idempotency key, nor first-sent time, in its

@@ -36,6 +36,16 @@ func TestClientCallerKeys(t *testing.T) {
 			_, err := e.client.CreateCharge(metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "order-4"), request(1))
 			return err
 		}, "order-4"},
+		// Metadata carries a key bare, as gRPC clients send keys, unless
+		// the server would read it otherwise.
+		{"UseKey of a key that needs quoting", func() error {
+			_, err := e.client.CreateCharge(ctx, request(1), interceptor.UseKey(`a"b`))
+			return err
+		}, `"a\"b"`},
+		{"ContextWithKey of a key that needs quoting", func() error {
+			_, err := e.client.CreateCharge(idemkey.ContextWithKey(ctx, "a,b"), request(1))
+			return err
+		}, `"a,b"`},
 	} {
 		if err := tc.call(); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)

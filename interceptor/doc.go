@@ -53,7 +53,8 @@
 //     RFC 8941 string in double quotes: "k" and k name one key), of 1 to
 //     255 bytes of visible ASCII, else InvalidArgument. A call without a
 //     key runs unprotected, or is refused if WithKeyRequired. The client
-//     interceptor sends idemkey.FormatKey of a key, which reads back as it;
+//     interceptor sends a key bare, as gRPC clients do, or quoted if
+//     idemkey.ParseKey would read it otherwise, so that it reads back as it;
 //  2. scopes the key to the tenant (WithTenant) and method (WithScope), and
 //     fingerprints the request (Fingerprint, or WithFingerprint);
 //  3. reserves the key in the store before running anything. A recorded key

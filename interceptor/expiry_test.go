@@ -80,6 +80,11 @@ func TestClientFirstSentGiven(t *testing.T) {
 			_, err := e.client.CreateCharge(metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, want), request(1))
 			return err
 		}, want},
+		{"an obsolete form set by the caller goes as an IMF-fixdate", func() error {
+			asctime := at.UTC().Format("Mon Jan _2 15:04:05 2006")
+			_, err := e.client.CreateCharge(metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, asctime), request(1))
+			return err
+		}, want},
 		{"UseKey wins over the context, with its own time", func() error {
 			_, err := e.client.CreateCharge(idemkey.ContextWithKeyFirstSent(ctx, "ctx", at), request(1), interceptor.UseKey("order-5"))
 			return err
@@ -92,7 +97,9 @@ func TestClientFirstSentGiven(t *testing.T) {
 		if len(sent) != 1 || tc.want != "" && sent[0] != tc.want || tc.want == "" && sent[0] == want {
 			t.Errorf("%s: the server saw first-sent %q, want one (%s)", tc.name, sent, cmp.Or(tc.want, "now"))
 		}
-		drain(e.keys)
+		if keys := drain(e.keys); len(keys) != 1 {
+			t.Errorf("%s: the server saw keys %q, want one", tc.name, keys)
+		}
 	}
 }
 

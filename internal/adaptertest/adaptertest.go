@@ -356,11 +356,17 @@ var cases = []testCase{
 		s.wantRuns(4)
 	}, hooks: []string{"execute executed", "replay replayed", "refuse reused", "execute executed", "execute executed unrecorded", "execute no_key"}},
 	{name: "a retry first sent before the retention is refused", run: func(t *testing.T, s *suite) {
-		old := idemkey.FormatDate(time.Now().Add(-engine.DefaultRetention - time.Minute))
+		oldAt := time.Now().Add(-engine.DefaultRetention - time.Minute).UTC()
+		old := idemkey.FormatDate(oldAt)
 		refused := s.do(Request{Key: "k1", Amount: 100, FirstSent: old})
 		s.wantReason(refused, idemkey.ReasonKeyExpired)
 		if refused.Expires != "" {
 			t.Errorf("got %+v, want no expiry for a key that has no record", refused)
+		}
+		// The obsolete forms of an HTTP date, RFC 850 and asctime, which
+		// RFC 9110 has a recipient accept, name the same time.
+		for _, layout := range []string{"Monday, 02-Jan-06 15:04:05 GMT", "Mon Jan _2 15:04:05 2006"} {
+			s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: oldAt.Format(layout)}), idemkey.ReasonKeyExpired)
 		}
 		// The oldest date there is, the zero time.Time, is as stale.
 		s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: "Mon, 01 Jan 0001 00:00:00 GMT"}), idemkey.ReasonKeyExpired)
@@ -376,7 +382,7 @@ var cases = []testCase{
 		}
 		s.wantSame(first, s.do(Request{Key: "k1", Amount: 100, FirstSent: old}))
 		s.wantRuns(1)
-	}, hooks: []string{"refuse key_expired", "refuse key_expired", "refuse key_expired", "execute executed", "replay replayed"}},
+	}, hooks: []string{"refuse key_expired", "refuse key_expired", "refuse key_expired", "refuse key_expired", "refuse key_expired", "execute executed", "replay replayed"}},
 	{name: "a malformed or future first-sent time is refused", run: func(t *testing.T, s *suite) {
 		for _, v := range []string{"yesterday", idemkey.FormatDate(time.Now().Add(time.Hour)), "Tue, 01 Dec 2026 20:05:37 +0000"} {
 			s.wantReason(s.do(Request{Key: "k1", Amount: 100, FirstSent: v}), idemkey.ReasonFirstSentInvalid)
