@@ -8,11 +8,16 @@ replace github.com/idemkey/idemkey/idemnats => ../idemnats
 
 replace github.com/idemkey/idemkey/idemamqp => ../idemamqp
 
+replace github.com/idemkey/idemkey/idemconnect => ../idemconnect
+
 replace github.com/idemkey/idemkey/store/redis => ../store/redis
 
 require (
+	connectrpc.com/connect v1.21.1
+	github.com/dunglas/httpsfv v1.1.2
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemamqp v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/idemconnect v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemnats v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
