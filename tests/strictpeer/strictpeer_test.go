@@ -188,13 +188,13 @@ func (s *server) postHTTP(ctx context.Context, key string) error {
 }
 
 // connectCall returns a sender that calls CreateCharge with key through
-// idemconnect's client interceptor (idemconnect.ContextWithKey), over the
+// idemconnect's client interceptor (idemkey.ContextWithKey), over the
 // protocol of opts.
 func (s *server) connectCall(opts ...connect.ClientOption) func(ctx context.Context, key string) error {
 	client := connect.NewClient[paymentsv1.CreateChargeRequest, paymentsv1.Charge](s.client, s.url+createCharge,
 		append(opts, connect.WithInterceptors(idemconnect.NewClientInterceptor()))...)
 	return func(ctx context.Context, key string) error {
-		_, err := client.CallUnary(idemconnect.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
+		_, err := client.CallUnary(idemkey.ContextWithKey(ctx, key), connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
 		return err
 	}
 }
