@@ -30,7 +30,7 @@ var ErrDate = errors.New("idemkey: not an HTTP date (such as \"Tue, 01 Dec 2026 
 // name is not checked against the date, as net/http does not check it.
 func ParseDate(v string) (time.Time, error) {
 	for i := range dateForms {
-		if t, ok := dateForms[i].parse(v, time.Now()); ok {
+		if t, ok := dateForms[i].parse(v); ok {
 			return t, nil
 		}
 	}
@@ -61,9 +61,9 @@ var (
 
 // parse reads v in form f, and ok is false unless v is written as f writes
 // it: time.Parse alone would take other case, one-digit hours or fractions
-// of a second, so what it read must format back to v. now places a
-// two-digit year.
-func (f *dateForm) parse(v string, now time.Time) (t time.Time, ok bool) {
+// of a second, so what it read must format back to v. A two-digit year is
+// placed by the clock, read only then.
+func (f *dateForm) parse(v string) (t time.Time, ok bool) {
 	day, rest, ok := strings.Cut(v, f.sep)
 	if !ok || !slices.Contains(f.days, day) {
 		return time.Time{}, false
@@ -73,7 +73,7 @@ func (f *dateForm) parse(v string, now time.Time) (t time.Time, ok bool) {
 		return time.Time{}, false
 	}
 	if f.century {
-		return nearestCentury(t, now)
+		return nearestCentury(t, time.Now())
 	}
 	return t, true
 }
