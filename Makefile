@@ -8,7 +8,7 @@ GO          ?= go
 TOOL        := env GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
 # The modules of the workspace, each checked on its own (GOWORK=off) as a
 # user gets it; scripts/release lists the ones it publishes.
-MODULES     := . idemconnect idemnats idemamqp store/redis tests example
+MODULES     := . idemconnect idemgateway idemnats idemamqp store/redis tests example
 # Every package of every module of the workspace.
 PKGS        := github.com/idemkey/idemkey/...
 BENCH_COUNT ?= 10
@@ -33,8 +33,8 @@ generate: ## regenerate the Go code of the protos with buf
 
 check-generate: generate ## fail if generated code or a go.mod is out of date (each module on its own), or a scratch user module gets more than it imports
 	@for m in $(MODULES) tools tools/ghz; do echo "go mod tidy -diff in $$m"; (cd $$m && GOWORK=off $(GO) mod tidy -diff) || exit 1; done
-	@git diff --exit-code -- proto example/paymentsv1connect || (echo "generated code is stale: run make generate and commit" && exit 1)
-	@test -z "$$(git status --porcelain -- proto example/paymentsv1connect)" || (git status --porcelain -- proto example/paymentsv1connect && echo "make generate made new files: commit them" && exit 1)
+	@git diff --exit-code -- proto example/paymentsv1connect example/paymentsv1gw || (echo "generated code is stale: run make generate and commit" && exit 1)
+	@test -z "$$(git status --porcelain -- proto example/paymentsv1connect example/paymentsv1gw)" || (git status --porcelain -- proto example/paymentsv1connect example/paymentsv1gw && echo "make generate made new files: commit them" && exit 1)
 	./scripts/check-deps
 
 lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size (tests/apisize)
@@ -46,8 +46,10 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	$(TOOL) buf format -d --exit-code
 	@# The published API's size, held at the targets of the one-engine step:
 	@# names in the entry packages, re-exports, the published total, and names
-	@# defined in more than one package.
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 380 -max-shared 25
+	@# defined in more than one package. The total was the step's 380 (378
+	@# used); each package added since raises it by no more than its names:
+	@# idemgateway, 4 names, to 382.
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 382 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a

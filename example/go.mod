@@ -16,9 +16,11 @@ replace github.com/idemkey/idemkey/tests => ../tests
 
 require (
 	connectrpc.com/connect v1.21.1
+	github.com/grpc-ecosystem/grpc-gateway/v2 v2.34.0
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemamqp v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemconnect v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/idemgateway v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemnats v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/tests v0.0.0-00010101000000-000000000000
@@ -62,8 +64,10 @@ require (
 	go.uber.org/atomic v1.12.0 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/net v0.62.0 // indirect
-	golang.org/x/sync v0.24.0 // indirect
+	golang.org/x/sync v0.25.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
-	golang.org/x/text v0.43.0 // indirect
+	golang.org/x/text v0.44.0 // indirect
 	google.golang.org/genproto/googleapis/api v0.0.0-20261110000943-09e21b237f2c // indirect
 )
+
+replace github.com/idemkey/idemkey/idemgateway => ../idemgateway

@@ -3,23 +3,22 @@ package example
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
 	"strings"
 
 	"connectrpc.com/connect"
+	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
-	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
+	paymentsv1gw "github.com/idemkey/idemkey/example/paymentsv1gw"
 	"github.com/idemkey/idemkey/idemconnect"
+	"github.com/idemkey/idemkey/idemgateway"
 	"github.com/idemkey/idemkey/idemhttp"
-	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
 
@@ -29,13 +28,15 @@ import (
 //     idemconnect's interceptor on eng: the engine of NewServer's gRPC
 //     interceptor, so the same keys, since a procedure is named and
 //     fingerprinted as its gRPC method;
-//   - the plain route POST /v1/charges: CreateCharge with a JSON body of
-//     CreateChargeRequest's fields, the key in the Idempotency-Key header (or
-//     request_id), answered 201 with the charge as JSON, or an RFC 9457
-//     problem. It is a gateway to conn, the gRPC service itself, so a key
-//     shares its record with the other two entry points; it passes
-//     Idempotency-First-Sent on, and the key's expiry back as
-//     Idempotency-Key-Expires.
+//   - the HTTP API under /v1/, through grpc-gateway (newGateway): POST
+//     /v1/charges is CreateCharge with a JSON body of CreateChargeRequest's
+//     fields, the key in the Idempotency-Key header (or request_id),
+//     answered 201 with the charge as JSON, or an RFC 9457 problem; GET
+//     /v1/charges/{id} and GET /v1/customers/{customer_id}/charges are
+//     GetCharge and ListCharges. It is a gateway to conn, the gRPC service
+//     itself, so a key shares its record with the other entry points; it
+//     passes Idempotency-First-Sent on, and tells the replay marker and the
+//     key's expiry (Idempotency-Key-Expires) as headers.
 //
 // cfg.Ledger must be the ledger of the gRPC service, which it shares.
 func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterface) (http.Handler, error) {
@@ -53,7 +54,11 @@ func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterfac
 	mux := http.NewServeMux()
 	mux.Handle(paymentsv1connect.NewPaymentServiceHandler(connectService{NewService(cfg.Ledger, cfg.HandlerDelay)},
 		connect.WithInterceptors(connectAuth{}, idem)))
-	mux.Handle("POST /v1/charges", chargesRoute{paymentsv1.NewPaymentServiceClient(conn)})
+	gw, err := newGateway(conn)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle("/v1/", gw)
 	return mux, nil
 }
 
@@ -112,116 +117,46 @@ func (connectAuth) WrapStreamingHandler(next connect.StreamingHandlerFunc) conne
 	return next
 }
 
-// maxChargeBody bounds the JSON body of POST /v1/charges.
-const maxChargeBody = 64 << 10
+// maxGatewayBody bounds the JSON body of a request to the HTTP API.
+const maxGatewayBody = 64 << 10
 
-// chargesRoute is POST /v1/charges, a gateway to the gRPC CreateCharge.
-type chargesRoute struct {
-	client paymentsv1.PaymentServiceClient
+// newGateway is the service's HTTP API (payments_http.yaml) through
+// grpc-gateway, in front of conn, the gRPC service itself, with idemkey's
+// headers and statuses (idemgateway), and the service's own errors as
+// problems too (writeProblem). A charge is answered 201 Created
+// with its Location, as a replay of it is.
+func newGateway(conn grpc.ClientConnInterface) (http.Handler, error) {
+	mux := runtime.NewServeMux(append(idemgateway.ServeMuxOptions(idemgateway.WithErrorHandler(writeProblem)),
+		runtime.WithForwardResponseOption(created))...)
+	if err := paymentsv1gw.RegisterPaymentServiceHandlerClient(context.Background(), mux, paymentsv1.NewPaymentServiceClient(conn)); err != nil {
+		return nil, err
+	}
+	return http.MaxBytesHandler(mux, maxGatewayBody), nil
 }
 
-func (g chargesRoute) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxChargeBody))
-	if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
-		idemhttp.WriteProblem(w, http.StatusRequestEntityTooLarge, "", "the body is larger than 64 KiB", 0)
-		return
+// created answers a charge that CreateCharge made 201, at its Location.
+func created(ctx context.Context, w http.ResponseWriter, m proto.Message) error {
+	charge, ok := m.(*paymentsv1.Charge)
+	if method, _ := runtime.RPCMethod(ctx); !ok || method != paymentsv1.PaymentService_CreateCharge_FullMethodName {
+		return nil
 	}
-	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, "", "the body could not be read", 0)
-		return
-	}
-	req := &paymentsv1.CreateChargeRequest{}
-	if err := protojson.Unmarshal(body, req); err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, "", "the body is not a JSON CreateChargeRequest", 0)
-		return
-	}
-	md := metadata.MD{"authorization": r.Header.Values("Authorization")}
-	key, ok, err := idemhttp.KeyFromHeader(r.Header)
-	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusBadRequest, idemkey.ReasonKeyInvalid, err.Error(), 0)
-		return
-	}
-	if ok {
-		md.Set(idemkey.KeyMetadata, idemkey.FormatKey(key))
-	}
-	if sent := r.Header.Values(idemkey.FirstSentHeader); len(sent) > 0 {
-		md.Set(idemkey.FirstSentMetadata, sent...) // the interceptor checks them
-	}
-	var header, trailer metadata.MD
-	charge, err := g.client.CreateCharge(metadata.NewOutgoingContext(r.Context(), md), req, grpc.Header(&header), grpc.Trailer(&trailer))
-	if idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
-		w.Header().Set(idemkey.ReplayedHeader, "true")
-	}
-	if expires, ok := idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata)); ok {
-		w.Header().Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
-	}
-	if err != nil {
-		writeStatus(w, err)
-		return
-	}
-	out, err := protojson.Marshal(charge)
-	if err != nil {
-		idemhttp.WriteProblem(w, http.StatusInternalServerError, "", "the charge could not be encoded", 0)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Location", "/v1/charges/"+charge.GetId())
 	w.WriteHeader(http.StatusCreated)
-	_, _ = w.Write(out)
+	return nil
 }
 
-// writeStatus answers a gRPC error as a problem: idemkey's with the status
-// the Idempotency-Key draft gives its reason, any other with the status
-// that corresponds to its code.
-func writeStatus(w http.ResponseWriter, err error) {
+// writeProblem answers an error of the service itself as an RFC 9457
+// problem, as idemgateway answers idemkey's refusals, at grpc-gateway's
+// status for its code. An error the gateway made before any call (it has
+// no reply metadata), such as a body that is not the method's JSON, gets a
+// detail of its own: grpc-gateway's quotes the request.
+func writeProblem(ctx context.Context, _ *runtime.ServeMux, _ runtime.Marshaler, w http.ResponseWriter, _ *http.Request, err error) {
 	st := status.Convert(err)
-	reason := interceptor.Reason(err)
-	code, ok := reasonStatus[reason]
-	if !ok {
-		reason, code = "", codeStatus(st.Code())
-	}
 	detail := st.Message()
-	if reason == idemkey.ReasonKeyMissing {
-		detail = "idempotency key required: set the Idempotency-Key header, or request_id, to one random key per operation"
+	if md, _ := runtime.ServerMetadataFromContext(ctx); st.Code() == codes.InvalidArgument && md.HeaderMD == nil && md.TrailerMD == nil {
+		detail = "the request is not the method's JSON message"
 	}
-	retryAfter, _ := interceptor.RetryDelay(err)
-	idemhttp.WriteProblem(w, code, reason, detail, retryAfter)
-}
-
-var reasonStatus = map[string]int{
-	idemkey.ReasonKeyMissing:       http.StatusBadRequest,
-	idemkey.ReasonKeyInvalid:       http.StatusBadRequest,
-	idemkey.ReasonKeyReused:        http.StatusUnprocessableEntity,
-	idemkey.ReasonInProgress:       http.StatusConflict,
-	idemkey.ReasonStoreUnavailable: http.StatusServiceUnavailable,
-	idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
-	idemkey.ReasonKeyExpired:       http.StatusPreconditionFailed,
-	idemkey.ReasonFirstSentInvalid: http.StatusBadRequest,
-}
-
-// codeStatus is the HTTP status of a gRPC code, as Connect maps them.
-func codeStatus(c codes.Code) int {
-	switch c {
-	case codes.InvalidArgument, codes.FailedPrecondition, codes.OutOfRange:
-		return http.StatusBadRequest
-	case codes.Unauthenticated:
-		return http.StatusUnauthorized
-	case codes.PermissionDenied:
-		return http.StatusForbidden
-	case codes.NotFound:
-		return http.StatusNotFound
-	case codes.AlreadyExists, codes.Aborted:
-		return http.StatusConflict
-	case codes.ResourceExhausted:
-		return http.StatusTooManyRequests
-	case codes.Unimplemented:
-		return http.StatusNotImplemented
-	case codes.Unavailable:
-		return http.StatusServiceUnavailable
-	case codes.DeadlineExceeded:
-		return http.StatusGatewayTimeout
-	}
-	return http.StatusInternalServerError
+	idemhttp.WriteProblem(w, runtime.HTTPStatusFromCode(st.Code()), "", detail, 0)
 }
 
 // tenantOfBearer is the tenant of the one Authorization value

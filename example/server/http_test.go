@@ -99,9 +99,10 @@ func (e *entryPoints) viaConnect(t *testing.T, key string, req *paymentsv1.Creat
 	return resp.Msg, idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)), nil
 }
 
-// viaHTTP sends POST /v1/charges as curl would; it returns the status, the
-// charge of a 201, the problem of any other, and whether it was replayed.
-func (e *entryPoints) viaHTTP(t *testing.T, key string, body string) (int, *paymentsv1.Charge, idemhttp.Problem, http.Header) {
+// viaHTTP sends POST /v1/charges as curl would, with the headers (in pairs,
+// an empty value sends none); it returns the status, the charge of a 201,
+// the problem of any other, and its headers.
+func (e *entryPoints) viaHTTP(t *testing.T, key string, body string, headers ...string) (int, *paymentsv1.Charge, idemhttp.Problem, http.Header) {
 	t.Helper()
 	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.http+"/v1/charges", strings.NewReader(body))
 	if err != nil {
@@ -110,6 +111,11 @@ func (e *entryPoints) viaHTTP(t *testing.T, key string, body string) (int, *paym
 	req.Header.Set("Authorization", "Bearer sk_test_acme")
 	if key != "" {
 		req.Header.Set(idemkey.KeyHeader, key)
+	}
+	for i := 0; i+1 < len(headers); i += 2 {
+		if headers[i+1] != "" {
+			req.Header.Add(headers[i], headers[i+1])
+		}
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -146,13 +152,7 @@ func jsonOf(t *testing.T, req *paymentsv1.CreateChargeRequest) string {
 // replays the same charge over the others for the same request, and is
 // refused as reused for another; on memory, and on PostgreSQL in both modes.
 func TestEntryPointsShareKeys(t *testing.T) {
-	for name, cfg := range map[string]func(t *testing.T) config{
-		"memory": func(*testing.T) config { return config{} },
-		"postgres/atomic": func(t *testing.T) config {
-			return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true}
-		},
-		"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
-	} {
+	for name, cfg := range storeConfigs {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			e := startEntryPoints(t, cfg(t))
@@ -232,12 +232,31 @@ func TestEntryPointsShareKeys(t *testing.T) {
 
 // One header value names one key on every entry point: sent bare, quoted
 // (the IETF draft's sf-string) or quoted with escapes, the same value over
-// gRPC, Connect (JSON and proto), gRPC-Web and POST /v1/charges runs the
-// charge once, and every other entry point replays that charge. Each form
-// is also read as the key it names: the bare and the quoted form of one key
-// are one key.
+// gRPC, Connect (JSON and proto), gRPC-Web and grpc-gateway (POST
+// /v1/charges) runs the charge once, and every other entry point replays
+// that charge. Each form is also read as the key it names: the bare and the
+// quoted form of one key are one key. On memory, and on PostgreSQL in both
+// modes.
 func TestOneValueOneKeyOnEveryEntryPoint(t *testing.T) {
-	e := startEntryPoints(t, config{})
+	for name, cfg := range storeConfigs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			oneValueOneKey(t, startEntryPoints(t, cfg(t)))
+		})
+	}
+}
+
+// storeConfigs are the example server on memory, and on PostgreSQL in both
+// modes.
+var storeConfigs = map[string]func(t *testing.T) config{
+	"memory": func(*testing.T) config { return config{} },
+	"postgres/atomic": func(t *testing.T) config {
+		return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t)), atomic: true}
+	},
+	"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
+}
+
+func oneValueOneKey(t *testing.T, e *entryPoints) {
 	ctx := t.Context()
 	connectClient := func(opts ...connect.ClientOption) func(string, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
 		c := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, e.http, opts...)
@@ -262,7 +281,7 @@ func TestOneValueOneKeyOnEveryEntryPoint(t *testing.T) {
 		{"Connect JSON", connectClient(connect.WithProtoJSON())},
 		{"Connect proto", connectClient()},
 		{"gRPC-Web", connectClient(connect.WithGRPCWeb())},
-		{"POST /v1/charges", func(value string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
+		{"grpc-gateway", func(value string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
 			code, charge, problem, h := e.viaHTTP(t, value, jsonOf(t, req))
 			if code != http.StatusCreated {
 				return nil, false, fmt.Errorf("%d %+v", code, problem)
@@ -315,29 +334,51 @@ func TestOneValueOneKeyOnEveryEntryPoint(t *testing.T) {
 	}
 }
 
-// POST /v1/charges answers as draft-ietf-httpapi-idempotency-key-header-07
-// says: 400 for a missing or malformed key, 409 with Retry-After while the
-// first request runs; the charge's own errors are problems too.
-func TestChargesRouteProblems(t *testing.T) {
+// POST /v1/charges, through grpc-gateway, answers as
+// draft-ietf-httpapi-idempotency-key-header-07 says and as the table of
+// docs/http.md lists: 400 for a missing or malformed key or first-sent
+// time, 422 for a key reused with another request, 412 for a stale
+// first-sent time without a record, 409 with Retry-After while the first
+// request runs, 503 with Retry-After when the store is full; the charge's
+// own errors are problems too.
+func TestGatewayDraftStatuses(t *testing.T) {
 	e := startEntryPoints(t, config{delay: 3 * time.Second})
 	body := `{"customer_id":"cus_1","amount":"100","currency":"EUR"}`
+	reused := idemkey.NewKey()
+	if code, _, problem, _ := e.viaHTTP(t, reused, body); code != http.StatusCreated {
+		t.Fatalf("a first charge: %d %+v", code, problem)
+	}
+	stale := "Sunday, 06-Nov-94 08:49:37 GMT" // RFC 850, a form a recipient must read
 	for _, tc := range []struct {
-		name, key, body string
-		status          int
-		reason          string
+		name, key, firstSent, body string
+		status                     int
+		reason                     string
 	}{
-		{"no key", "", body, http.StatusBadRequest, idemkey.ReasonKeyMissing},
-		{"malformed key", `"a key"`, body, http.StatusBadRequest, idemkey.ReasonKeyInvalid},
-		{"not JSON", idemkey.NewKey(), `{"amount":`, http.StatusBadRequest, ""},
-		{"invalid request", idemkey.NewKey(), `{"customer_id":"cus_1","amount":"-1","currency":"EUR"}`, http.StatusBadRequest, ""},
+		{"no key", "", "", body, http.StatusBadRequest, idemkey.ReasonKeyMissing},
+		{"malformed key", `"a key"`, "", body, http.StatusBadRequest, idemkey.ReasonKeyInvalid},
+		{"reused key", reused, "", `{"customer_id":"cus_1","amount":"200","currency":"EUR"}`, http.StatusUnprocessableEntity, idemkey.ReasonKeyReused},
+		{"malformed first-sent", idemkey.NewKey(), "yesterday", body, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid},
+		{"stale first-sent", idemkey.NewKey(), stale, body, http.StatusPreconditionFailed, idemkey.ReasonKeyExpired},
+		{"not JSON", idemkey.NewKey(), "", `{"amount":`, http.StatusBadRequest, ""},
+		{"invalid request", idemkey.NewKey(), "", `{"customer_id":"cus_1","amount":"-1","currency":"EUR"}`, http.StatusBadRequest, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			code, _, problem, _ := e.viaHTTP(t, tc.key, tc.body)
+			code, _, problem, _ := e.viaHTTP(t, tc.key, tc.body, idemkey.FirstSentHeader, tc.firstSent)
 			if code != tc.status || idemhttp.ProblemReason(problem.Type) != tc.reason || problem.Status != tc.status {
 				t.Fatalf("got %d %+v, want %d with reason %q", code, problem, tc.status, tc.reason)
 			}
 		})
 	}
+	t.Run("store full", func(t *testing.T) {
+		full := startEntryPoints(t, config{maxRecords: 1})
+		if code, _, problem, _ := full.viaHTTP(t, idemkey.NewKey(), body); code != http.StatusCreated {
+			t.Fatalf("the one record: %d %+v", code, problem)
+		}
+		code, _, problem, h := full.viaHTTP(t, idemkey.NewKey(), body)
+		if code != http.StatusServiceUnavailable || idemhttp.ProblemReason(problem.Type) != idemkey.ReasonStoreFull || h.Get("Retry-After") == "" {
+			t.Fatalf("a key past the store's room: %d %+v Retry-After %q, want 503 %s with Retry-After", code, problem, h.Get("Retry-After"), idemkey.ReasonStoreFull)
+		}
+	})
 	t.Run("in progress", func(t *testing.T) {
 		key := idemkey.NewKey()
 		first := make(chan int, 1)

@@ -41,9 +41,11 @@
 //
 // With -http-addr the server also serves HTTP/1.1 and h2c on that address:
 // the PaymentService through connect-go (the Connect, gRPC and gRPC-Web
-// protocols) and the plain route POST /v1/charges, which takes a JSON body
-// of CreateChargeRequest's fields and answers 201 with the charge, or an
-// RFC 9457 problem (see example.NewHTTPHandler). All three entry points run
+// protocols) and its HTTP API through grpc-gateway: POST /v1/charges, which
+// takes a JSON body of CreateChargeRequest's fields and answers 201 with the
+// charge, or an RFC 9457 problem, GET /v1/charges/{id} and GET
+// /v1/customers/{customer_id}/charges (see example.NewHTTPHandler). All the
+// entry points run
 // on one engine (example.NewEngine), so they share its store, settings and
 // scope: a key first used over any of them replays the same charge over the
 // others. -http-addr-file is -addr-file's counterpart, written before it.
@@ -125,7 +127,7 @@ func main() {
 	pprofAddr := flag.String("pprof-addr", "", "if set, serve net/http/pprof's profiles on this address, for make load")
 	metricsAddr := flag.String("metrics-addr", "", "if set, serve the metrics in the Prometheus text format on http://ADDR/metrics; port 0 picks a free port")
 	metricsAddrFile := flag.String("metrics-addr-file", "", "with -metrics-addr, write the metrics address listened on to this file once serving, and remove it on exit")
-	httpAddr := flag.String("http-addr", "", "if set, also serve the service over HTTP on this address: Connect, gRPC-Web and POST /v1/charges; port 0 picks a free port")
+	httpAddr := flag.String("http-addr", "", "if set, also serve the service over HTTP on this address: Connect, gRPC-Web and the HTTP API (POST /v1/charges, through grpc-gateway); port 0 picks a free port")
 	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
 	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
 	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")

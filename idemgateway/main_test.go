@@ -1,0 +1,9 @@
+package idemgateway_test
+
+import (
+	"testing"
+
+	"github.com/idemkey/idemkey/internal/leakcheck"
+)
+
+func TestMain(m *testing.M) { leakcheck.Main(m) }
