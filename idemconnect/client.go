@@ -21,7 +21,10 @@ import (
 // it: the time of idemkey.ContextWithKeyFirstSent, else now. Both go in the
 // request's header, so a retry that sends the same *connect.Request again
 // carries the same key and the same first-sent time: use one Request per
-// operation. Both go in the strict forms of
+// operation. The context's first-sent time goes only with the context's
+// key: a request that carries its own key in the header or the key field
+// is sent now as its first time, unless its header says otherwise. Both go
+// in the strict forms of
 // draft-ietf-httpapi-idempotency-key-header-07, which a strict server
 // reads: the key as an RFC 8941 string (idemkey.FormatKey, in double
 // quotes), the time as an IMF-fixdate (idemkey.FormatDate); a key or time
@@ -57,12 +60,14 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			return next(ctx, req)
 		}
 		h := req.Header()
+		var ctxSent time.Time // the context's first-sent time, sent only with its key
 		switch vs := h[idemkey.KeyHeader]; len(vs) {
 		case 0:
 			if msg, ok := req.Any().(proto.Message); ok && p.keyField != nil && protokey.KeyFromField(msg, p.keyField) != "" {
 				break // the request carries its own key
 			}
-			key, _, ok := idemkey.KeyFromContext(ctx)
+			key, sent, ok := idemkey.KeyFromContext(ctx)
+			ctxSent = sent
 			if !ok {
 				key = idemkey.NewKey()
 			} else if err := checkKey(key); err != nil {
@@ -78,21 +83,22 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		default:
 			return nil, invalidKeyError("it was sent more than once")
 		}
-		if err := setFirstSent(ctx, h); err != nil {
+		if err := setFirstSent(h, ctxSent); err != nil {
 			return nil, err
 		}
 		return next(ctx, req)
 	}
 }
 
-// setFirstSent sets idemkey.FirstSentHeader in h, unless h has it: to the
-// time of idemkey.ContextWithKeyFirstSent, else now. One it has is sent as the
-// IMF-fixdate of its time; one that is not an HTTP date, or that is sent
-// twice, fails the call before it is sent.
-func setFirstSent(ctx context.Context, h http.Header) *connect.Error {
+// setFirstSent sets idemkey.FirstSentHeader in h, unless h has it: to
+// ctxSent, the time of idemkey.ContextWithKeyFirstSent when the call sends
+// that context's key, else now. One h has is sent as the IMF-fixdate of its
+// time; one that is not an HTTP date, or that is sent twice, fails the call
+// before it is sent.
+func setFirstSent(h http.Header, ctxSent time.Time) *connect.Error {
 	switch vs := h[idemkey.FirstSentHeader]; len(vs) {
 	case 0:
-		_, t, _ := idemkey.KeyFromContext(ctx)
+		t := ctxSent
 		if t.IsZero() {
 			t = time.Now()
 		}

@@ -200,6 +200,21 @@ func TestClientFirstSent(t *testing.T) {
 			t.Fatalf("first-sent times sent: %q; want %s", h, idemkey.FormatDate(at))
 		}
 	})
+	t.Run("the context's time goes only with the context's key", func(t *testing.T) {
+		before := time.Now().Truncate(time.Second)
+		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 250})
+		req.Header().Set(idemkey.KeyHeader, "own-key")
+		if err := send(idemkey.ContextWithKeyFirstSent(ctx, "saved-key", before.Add(-time.Hour)), req); err != nil {
+			t.Fatal(err)
+		}
+		h := rec.takeValues(idemkey.FirstSentHeader)
+		if len(h) != 1 || len(h[0]) != 1 {
+			t.Fatalf("first-sent times sent: %q; want one", h)
+		}
+		if at, err := idemkey.ParseDate(h[0][0]); err != nil || at.Before(before) {
+			t.Fatalf("first sent %q with the request's own key; want now, not the context's time for another key", h[0][0])
+		}
+	})
 	t.Run("an obsolete form in the header goes as an IMF-fixdate", func(t *testing.T) {
 		at := time.Now().Add(-time.Hour)
 		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 300})
@@ -228,7 +243,7 @@ func TestClientFirstSent(t *testing.T) {
 			t.Fatalf("sent %d calls", len(sent))
 		}
 	})
-	runs.wantRuns(t, 3)
+	runs.wantRuns(t, 4)
 }
 
 // KeyExpires reads until when the server honours a key, from a reply and
