@@ -1,0 +1,111 @@
+package idemtest_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/idemtest"
+	"github.com/idemkey/idemkey/internal/grpctest"
+)
+
+// httpServer serves b.charge as POST /v1/charges behind idemhttp's
+// middleware: 201 and the charge, or 412 for a declined card (recorded, as gRPC records FailedPrecondition).
+func httpServer(t *testing.T, b *backend, m mistake) *httptest.Server {
+	t.Helper()
+	eng := grpctest.Must(engine.New(b.store, engine.WithSingleTenant(), engine.WithLogger(nil)))
+	var opts []idemhttp.Option
+	if b.atomic {
+		opts = append(opts, idemhttp.WithAtomic())
+	}
+	mw := grpctest.Must(idemhttp.Middleware(eng, opts...))
+	mux := http.NewServeMux()
+	mux.Handle("POST /v1/charges", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var req struct{ Customer string }
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			http.Error(w, "bad body", http.StatusBadRequest)
+			return
+		}
+		id, err := b.charge(r.Context(), req.Customer, m, nil)
+		if err != nil {
+			w.WriteHeader(http.StatusPreconditionFailed)
+			w.Write([]byte(status.Convert(err).Message()))
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		json.NewEncoder(w).Encode(map[string]string{"id": id})
+	})))
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// postCharge is an HTTP client that retries a request that got no
+// response, with the key it made once for the operation, or with a new key
+// per attempt.
+func postCharge(ctx context.Context, client *http.Client, url, customer string, keyPerAttempt bool) (int, error) {
+	key := idemkey.NewKey()
+	var err error
+	for range 3 {
+		if keyPerAttempt {
+			key = idemkey.NewKey()
+		}
+		var req *http.Request
+		req, err = http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/charges", strings.NewReader(`{"customer": "`+customer+`"}`))
+		if err != nil {
+			return 0, err
+		}
+		req.Header.Set(idemkey.KeyHeader, idemkey.FormatKey(key))
+		var resp *http.Response
+		resp, err = client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			return resp.StatusCode, nil
+		}
+	}
+	return 0, err
+}
+
+// Over HTTP the kit passes a correct handler and client on every store,
+// and catches a key made per attempt and a side effect before a recorded
+// error.
+func TestHTTP(t *testing.T) {
+	for _, kind := range backendKinds {
+		t.Run(kind, func(t *testing.T) {
+			b := openBackend(t, kind)
+			r := &recorder{TB: t}
+			srv := httpServer(t, b, none)
+			client := &http.Client{Transport: idemtest.New(r, allChaos(b)).RoundTripper(srv.Client().Transport)}
+			if code, err := postCharge(t.Context(), client, srv.URL, "cus_1", false); code != http.StatusCreated {
+				t.Errorf("charge: %d, %v; want 201", code, err)
+			}
+			if code, err := postCharge(t.Context(), client, srv.URL, declined, false); code != http.StatusPreconditionFailed {
+				t.Errorf("declined charge: %d, %v; want 412", code, err)
+			}
+			wantPass(t, r)
+
+			r = &recorder{TB: t}
+			client = &http.Client{Transport: idemtest.New(r, idemtest.Chaos{LoseReply: true, Effects: b.effects}).RoundTripper(srv.Client().Transport)}
+			postCharge(t.Context(), client, srv.URL, "cus_1", true)
+			wantFailure(t, r, "a key made per attempt", "once per operation", "Idempotency-Key header")
+
+			r = &recorder{TB: t}
+			srv = httpServer(t, b, effectBeforeError)
+			client = &http.Client{Transport: idemtest.New(r, idemtest.Chaos{Duplicates: 2, DropReply: true, Effects: b.effects}).RoundTripper(srv.Client().Transport)}
+			postCharge(t.Context(), client, srv.URL, declined, false)
+			if b.atomic {
+				wantPass(t, r)
+				return
+			}
+			wantFailure(t, r, "answered 412, yet left 1 effect(s): a side effect before an error")
+		})
+	}
+}
