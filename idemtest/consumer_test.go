@@ -11,6 +11,7 @@ import (
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemtest"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/tbtest"
 )
 
 // deliveries are three charge messages, the last of a declined customer.
@@ -35,7 +36,7 @@ func TestConsumer(t *testing.T) {
 					opts = append(opts, consumer.WithAtomic())
 				}
 				core := grpctest.Must(consumer.New(eng, "charges", opts...))
-				r := &recorder{TB: t}
+				r := tbtest.New(t)
 				kit := idemtest.New(r, idemtest.Chaos{Effects: b.effects})
 				results := kit.Process(t.Context(), core, deliveries(), func(ctx context.Context, d consumer.Delivery) error {
 					_, err := b.charge(ctx, string(d.Body), m, nil)
@@ -50,10 +51,10 @@ func TestConsumer(t *testing.T) {
 					}
 				}
 				if m == none || b.atomic {
-					wantPass(t, r)
+					tbtest.WantPass(t, r)
 					return
 				}
-				wantFailure(t, r, "message 3 of 3: the message ended failed, yet left 1 effect(s): a side effect before an error", "In two-phase mode")
+				tbtest.WantFailure(t, r, "message 3 of 3: the message ended failed, yet left 1 effect(s): a side effect before an error", "In two-phase mode")
 			})
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/idemtest"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/tbtest"
 )
 
 // httpServer serves b.charge as POST /v1/charges behind idemhttp's
@@ -81,7 +82,7 @@ func TestHTTP(t *testing.T) {
 	for _, kind := range backendKinds {
 		t.Run(kind, func(t *testing.T) {
 			b := openBackend(t, kind)
-			r := &recorder{TB: t}
+			r := tbtest.New(t)
 			srv := httpServer(t, b, none)
 			client := &http.Client{Transport: idemtest.New(r, allChaos(b)).RoundTripper(srv.Client().Transport)}
 			if code, err := postCharge(t.Context(), client, srv.URL, "cus_1", false); code != http.StatusCreated {
@@ -90,22 +91,22 @@ func TestHTTP(t *testing.T) {
 			if code, err := postCharge(t.Context(), client, srv.URL, declined, false); code != http.StatusPreconditionFailed {
 				t.Errorf("declined charge: %d, %v; want 412", code, err)
 			}
-			wantPass(t, r)
+			tbtest.WantPass(t, r)
 
-			r = &recorder{TB: t}
+			r = tbtest.New(t)
 			client = &http.Client{Transport: idemtest.New(r, idemtest.Chaos{LoseReply: true, Effects: b.effects}).RoundTripper(srv.Client().Transport)}
 			postCharge(t.Context(), client, srv.URL, "cus_1", true)
-			wantFailure(t, r, "a key made per attempt", "once per operation", "Idempotency-Key header")
+			tbtest.WantFailure(t, r, "a key made per attempt", "once per operation", "Idempotency-Key header")
 
-			r = &recorder{TB: t}
+			r = tbtest.New(t)
 			srv = httpServer(t, b, effectBeforeError)
 			client = &http.Client{Transport: idemtest.New(r, idemtest.Chaos{Duplicates: 2, DropReply: true, Effects: b.effects}).RoundTripper(srv.Client().Transport)}
 			postCharge(t.Context(), client, srv.URL, declined, false)
 			if b.atomic {
-				wantPass(t, r)
+				tbtest.WantPass(t, r)
 				return
 			}
-			wantFailure(t, r, "answered 412, yet left 1 effect(s): a side effect before an error")
+			tbtest.WantFailure(t, r, "answered 412, yet left 1 effect(s): a side effect before an error")
 		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -19,6 +18,7 @@ import (
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/internal/tbtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -26,93 +26,6 @@ import (
 )
 
 func TestMain(m *testing.M) { leakcheck.Main(m) }
-
-// recorder is a testing.TB that keeps what the kit reports, so that a test
-// can assert the kit's failure text; the rest goes to the real test.
-type recorder struct {
-	testing.TB
-	mu       sync.Mutex
-	failures []string
-	logs     []string
-	cleanups []func()
-}
-
-// fatal is the panic of recorder.Fatalf, which stops the kit's call.
-type fatal struct{}
-
-func (r *recorder) Errorf(format string, args ...any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.failures = append(r.failures, fmt.Sprintf(format, args...))
-}
-
-func (r *recorder) Fatalf(format string, args ...any) {
-	r.Errorf(format, args...)
-	panic(fatal{})
-}
-
-func (r *recorder) Logf(format string, args ...any) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.logs = append(r.logs, fmt.Sprintf(format, args...))
-}
-
-func (r *recorder) Cleanup(f func()) { r.cleanups = append(r.cleanups, f) }
-
-// end runs the kit's cleanups, as the end of a test does, shows what the
-// kit logged (go test -v), and returns all it reported as failures.
-func (r *recorder) end() string {
-	r.TB.Helper()
-	for i := len(r.cleanups) - 1; i >= 0; i-- {
-		r.cleanups[i]()
-	}
-	r.cleanups = nil
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for _, l := range r.logs {
-		r.TB.Logf("the kit logged: %s", l)
-	}
-	failures := strings.Join(r.failures, "\n")
-	if failures != "" {
-		r.TB.Logf("the kit failed the test:\n%s", failures)
-	}
-	return failures
-}
-
-func (r *recorder) failed() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return strings.Join(r.failures, "\n")
-}
-
-func (r *recorder) logged() string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return strings.Join(r.logs, "\n")
-}
-
-// wantPass fails t if the kit reported a failure to r.
-func wantPass(t *testing.T, r *recorder) {
-	t.Helper()
-	if got := r.end(); got != "" {
-		t.Errorf("the kit failed a correct handler and client:\n%s", got)
-	}
-}
-
-// wantFailure fails t unless the kit reported a failure to r that holds
-// every one of words: the mistake and its fix.
-func wantFailure(t *testing.T, r *recorder, words ...string) {
-	t.Helper()
-	got := r.end()
-	if got == "" {
-		t.Fatalf("the kit passed; want a failure that says %q", words)
-	}
-	for _, w := range words {
-		if !strings.Contains(got, w) {
-			t.Errorf("the kit's failure does not say %q:\n%s", w, got)
-		}
-	}
-}
 
 // mistake is a deliberate error of a handler under test.
 type mistake int
@@ -265,7 +178,7 @@ func TestGRPCCorrect(t *testing.T) {
 	for _, kind := range backendKinds {
 		t.Run(kind, func(t *testing.T) {
 			b := openBackend(t, kind)
-			r := &recorder{TB: t}
+			r := tbtest.New(t)
 			client := grpcClient(t, &service{b: b}, idemtest.New(r, allChaos(b)))
 			if err := createCharge(t.Context(), client, "cus_1", false); err != nil {
 				t.Errorf("charge: %v", err)
@@ -273,7 +186,7 @@ func TestGRPCCorrect(t *testing.T) {
 			if err := createCharge(t.Context(), client, declined, false); status.Code(err) != codes.FailedPrecondition {
 				t.Errorf("declined charge: %v, want FailedPrecondition", err)
 			}
-			wantPass(t, r)
+			tbtest.WantPass(t, r)
 		})
 	}
 }
@@ -282,12 +195,12 @@ func TestGRPCCorrect(t *testing.T) {
 // lost reply carries another key, with the fix named.
 func TestKeyPerAttempt(t *testing.T) {
 	b := openBackend(t, "memory")
-	r := &recorder{TB: t}
+	r := tbtest.New(t)
 	client := grpcClient(t, &service{b: b}, idemtest.New(r, idemtest.Chaos{LoseReply: true, Effects: b.effects}))
 	if err := createCharge(t.Context(), client, "cus_1", true); err != nil {
 		t.Errorf("charge: %v", err)
 	}
-	wantFailure(t, r, "a key made per attempt", "once per operation", "interceptor.UseKey", "2 effects")
+	tbtest.WantFailure(t, r, "a key made per attempt", "once per operation", "interceptor.UseKey", "2 effects")
 }
 
 // A handler that makes its effect and then answers a recorded error is
@@ -297,16 +210,16 @@ func TestEffectBeforeRecordedError(t *testing.T) {
 	for _, kind := range backendKinds {
 		t.Run(kind, func(t *testing.T) {
 			b := openBackend(t, kind)
-			r := &recorder{TB: t}
+			r := tbtest.New(t)
 			client := grpcClient(t, &service{b: b, mistake: effectBeforeError}, idemtest.New(r, idemtest.Chaos{DropReply: true, Duplicates: 2, Effects: b.effects}))
 			if err := createCharge(t.Context(), client, declined, false); status.Code(err) != codes.FailedPrecondition {
 				t.Errorf("declined charge: %v, want FailedPrecondition", err)
 			}
 			if b.atomic {
-				wantPass(t, r)
+				tbtest.WantPass(t, r)
 				return
 			}
-			wantFailure(t, r, "answered FailedPrecondition, yet left 1 effect(s): a side effect before an error", "In two-phase mode")
+			tbtest.WantFailure(t, r, "answered FailedPrecondition, yet left 1 effect(s): a side effect before an error", "In two-phase mode")
 		})
 	}
 }
@@ -320,21 +233,21 @@ func TestCancelMidHandler(t *testing.T) {
 		for _, m := range []mistake{none, effectThenCancelled} {
 			t.Run(fmt.Sprintf("%s/mistake=%v", kind, m != none), func(t *testing.T) {
 				b := openBackend(t, kind)
-				r := &recorder{TB: t}
+				r := tbtest.New(t)
 				hold := new(atomic.Bool)
 				hold.Store(true)
 				client := grpcClient(t, &service{b: b, mistake: m, hold: hold}, idemtest.New(r, idemtest.Chaos{Cancel: true, Effects: b.effects}))
 				if err := createCharge(t.Context(), client, "cus_1", false); err != nil {
 					t.Errorf("charge: %v", err)
 				}
-				if !strings.Contains(r.logged(), "cancelled mid-handler") && !strings.Contains(r.failed(), "cancelled mid-handler") {
-					t.Errorf("the kit did not cancel the first attempt in its handler:\n%s%s", r.logged(), r.failed())
+				if !strings.Contains(r.Logs(), "cancelled mid-handler") && !strings.Contains(r.Failures(), "cancelled mid-handler") {
+					t.Errorf("the kit did not cancel the first attempt in its handler:\n%s%s", r.Logs(), r.Failures())
 				}
 				if m == none || b.atomic {
-					wantPass(t, r)
+					tbtest.WantPass(t, r)
 					return
 				}
-				wantFailure(t, r, "one key, 2 effects", "took effect more than once")
+				tbtest.WantFailure(t, r, "one key, 2 effects", "took effect more than once")
 			})
 		}
 	}
