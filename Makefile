@@ -46,8 +46,11 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	$(TOOL) buf format -d --exit-code
 	@# The published API's size, held at the targets of the one-engine step:
 	@# names in the entry packages, re-exports, the published total, and names
-	@# defined in more than one package.
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 380 -max-shared 25
+	@# defined in more than one package. The total rose from 380 to 388 for
+	@# the test kit of issue 36, 10 names on the 378 before it: idemtest's 9
+	@# (Kit, New, Chaos, Try, and the Kit's Call, UnaryClientInterceptor,
+	@# RoundTripper, Process and CheckAtomic) and idemconnecttest.Interceptor.
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 388 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a

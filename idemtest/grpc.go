@@ -46,7 +46,7 @@ func (k *Kit) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 			mu   sync.Mutex
 			sent = make(map[int]*grpcAttempt)
 		)
-		n, lost := k.Call(ctx, key, func(ctx context.Context, n int) Attempt {
+		n, lost := k.Call(ctx, key, func(ctx context.Context, n int) Try {
 			a := &grpcAttempt{reply: msg.ProtoReflect().New().Interface()}
 			a.err = invoker(ctx, method, req, a.reply, cc,
 				append(own[:len(own):len(own)], grpc.Header(&a.header), grpc.Trailer(&a.trailer), grpc.Peer(&a.peer))...)
@@ -78,9 +78,9 @@ type grpcAttempt struct {
 	peer            peer.Peer
 }
 
-func (a *grpcAttempt) read(ctx context.Context) Attempt {
+func (a *grpcAttempt) read(ctx context.Context) Try {
 	st := status.Convert(a.err)
-	out := Attempt{
+	out := Try{
 		Code:     st.Code().String(),
 		Failed:   a.err != nil,
 		Reply:    st.Message(),

@@ -61,7 +61,7 @@ func (rt *roundTripper) RoundTrip(req *http.Request) (*http.Response, error) {
 		mu   sync.Mutex
 		sent = make(map[int]*httpAttempt)
 	)
-	n, lost := rt.k.Call(req.Context(), key, func(ctx context.Context, n int) Attempt {
+	n, lost := rt.k.Call(req.Context(), key, func(ctx context.Context, n int) Try {
 		r := req.Clone(ctx)
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
@@ -96,12 +96,12 @@ type httpAttempt struct {
 	err  error
 }
 
-func (a *httpAttempt) read() Attempt {
+func (a *httpAttempt) read() Try {
 	if a.err != nil {
-		return Attempt{Code: "no response", Reply: a.err.Error(), Failed: true, NoAnswer: true}
+		return Try{Code: "no response", Reply: a.err.Error(), Failed: true, NoAnswer: true}
 	}
 	code := a.resp.StatusCode
-	out := Attempt{
+	out := Try{
 		Code:     strconv.Itoa(code),
 		Failed:   code >= 400,
 		Reply:    string(a.body),

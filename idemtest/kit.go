@@ -81,11 +81,11 @@ func (k *Kit) finish() {
 	}
 }
 
-// Attempt is what one attempt of a call got, as a transport's adapter
-// reads it for Call; the Kit adds Role and Ran.
-type Attempt struct {
+// Try is what one attempt of a call got, as a transport's adapter
+// reads it for Call; the Kit sets Role.
+type Try struct {
 	// Code is the transport's code of the answer: "OK" or "NotFound" for
-	// gRPC and Connect, "201" or "409" for HTTP.
+	// gRPC, "ok" or "not_found" for Connect, "201" or "409" for HTTP.
 	Code string
 	// Failed is true for an error answer.
 	Failed bool
@@ -113,12 +113,12 @@ type call struct {
 	before   int  // Effects before the first attempt
 	counted  bool // before was read
 	lost     bool // its first reply was lost (Chaos.LoseReply); its retry follows
-	attempts []Attempt
+	attempts []Try
 	mu       sync.Mutex // attempts, from concurrent duplicates
 	notes    []string
 }
 
-func (c *call) add(a Attempt) {
+func (c *call) add(a Try) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.attempts = append(c.attempts, a)
@@ -137,7 +137,7 @@ func (c *call) table() string {
 }
 
 // describe is one attempt's answer, in a few words and its reply.
-func describe(a Attempt) string {
+func describe(a Try) string {
 	switch {
 	case a.NoAnswer:
 		return "no answer: " + shorten(a.Reply)
@@ -178,7 +178,7 @@ const (
 //
 // The adapters of this package and idemconnecttest are built on it; an
 // adapter for another transport reads its answers into Attempts.
-func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Context, n int) Attempt) (n int, lost bool) {
+func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Context, n int) Try) (n int, lost bool) {
 	k.t.Helper()
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -210,7 +210,7 @@ func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Contex
 type run struct {
 	k    *Kit
 	c    *call
-	send func(ctx context.Context, n int) Attempt
+	send func(ctx context.Context, n int) Try
 	next atomic.Int32
 }
 
@@ -273,7 +273,7 @@ func (r *run) attempt(ctx context.Context, role string) int {
 func (r *run) cancelFirst(ctx context.Context) {
 	first, cancel := context.WithCancel(ctx)
 	defer cancel()
-	done := make(chan Attempt, 1)
+	done := make(chan Try, 1)
 	go func() {
 		n := int(r.next.Add(1)) - 1
 		done <- r.send(first, n)
@@ -347,7 +347,7 @@ func (k *Kit) check(ctx context.Context, c *call) {
 	if len(answered) == 0 {
 		problems = append(problems, "no attempt of the call got an answer")
 	}
-	var ref Attempt
+	var ref Try
 	if len(answered) > 0 {
 		ref = c.attempts[answered[0]]
 	}
@@ -382,7 +382,7 @@ func (k *Kit) check(ctx context.Context, c *call) {
 }
 
 // differ says how attempt j's answer b differs from attempt i's a.
-func differ(i int, a Attempt, j int, b Attempt) string {
+func differ(i int, a Try, j int, b Try) string {
 	why := "the handler ran again and answered otherwise (its reply depends on more than the request), or the server does not record replies"
 	if b.Replayed {
 		why = "a replay differs from the answer it replays"
@@ -396,7 +396,7 @@ func differ(i int, a Attempt, j int, b Attempt) string {
 
 // effectProblems says what is wrong with n effects of a call answered ref:
 // a success makes one, an error none.
-func effectProblems(ref Attempt, n int) []string {
+func effectProblems(ref Try, n int) []string {
 	switch {
 	case ref.NoAnswer:
 		return nil

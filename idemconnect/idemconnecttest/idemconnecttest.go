@@ -50,7 +50,7 @@ func Interceptor(kit *idemtest.Kit) connect.Interceptor {
 				mu   sync.Mutex
 				sent = make(map[int]answer)
 			)
-			n, lost := kit.Call(ctx, key, func(ctx context.Context, n int) idemtest.Attempt {
+			n, lost := kit.Call(ctx, key, func(ctx context.Context, n int) idemtest.Try {
 				var a answer
 				a.resp, a.err = next(ctx, copyRequest(req))
 				mu.Lock()
@@ -74,13 +74,13 @@ type answer struct {
 	err  error
 }
 
-func (a answer) read(ctx context.Context) idemtest.Attempt {
+func (a answer) read(ctx context.Context) idemtest.Try {
 	if a.err != nil {
 		var meta []string
 		if ce := new(connect.Error); errors.As(a.err, &ce) {
 			meta = ce.Meta().Values(idemkey.ReplayedHeader)
 		}
-		out := idemtest.Attempt{
+		out := idemtest.Try{
 			Code:     connect.CodeOf(a.err).String(),
 			Failed:   true,
 			Reply:    a.err.Error(),
@@ -93,7 +93,7 @@ func (a answer) read(ctx context.Context) idemtest.Attempt {
 		}
 		return out
 	}
-	out := idemtest.Attempt{Code: "ok", Replayed: idemkey.ParseReplayed(a.resp.Header().Values(idemkey.ReplayedHeader))}
+	out := idemtest.Try{Code: "ok", Replayed: idemkey.ParseReplayed(a.resp.Header().Values(idemkey.ReplayedHeader))}
 	if msg, ok := a.resp.Any().(proto.Message); ok {
 		out.Reply = prototext.Format(msg)
 	}
