@@ -110,3 +110,48 @@ func TestHTTP(t *testing.T) {
 		})
 	}
 }
+
+// Against a server without idemkey, the kit reports that a retry ran the
+// handler again and answered otherwise; a kit through which no request
+// carried a key fails, since it checked nothing; and a lost reply that the
+// caller never retries fails too.
+func TestHTTPMisuse(t *testing.T) {
+	b := openBackend(t, "memory")
+	bare := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b.effect(r.Context(), none)
+		w.WriteHeader(http.StatusCreated)
+		w.Write([]byte(`{"id": "ch_` + idemkey.NewKey() + `"}`))
+	}))
+	t.Cleanup(bare.Close)
+
+	r := tbtest.New(t)
+	client := &http.Client{Transport: idemtest.New(r, idemtest.Chaos{DropReply: true, Effects: b.effects}).RoundTripper(nil)}
+	postCharge(t.Context(), client, bare.URL, "cus_1", false)
+	tbtest.WantFailure(t, r, "attempt 2 got another reply than attempt 1 (both 201)", "2 attempts with one key got a reply not marked replayed", "one key, 2 effects")
+
+	r = tbtest.New(t)
+	client = &http.Client{Transport: idemtest.New(r, idemtest.Chaos{DropReply: true}).RoundTripper(nil)}
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, bare.URL, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req) // no key
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	tbtest.WantFailure(t, r, "no call through the kit carried an idempotency key", "chain the kit after the client's key interceptor")
+
+	r = tbtest.New(t)
+	srv := httpServer(t, b, none)
+	client = &http.Client{Transport: idemtest.New(r, idemtest.Chaos{LoseReply: true}).RoundTripper(srv.Client().Transport)}
+	req, err = http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+"/v1/charges", strings.NewReader(`{"customer": "cus_1"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set(idemkey.KeyHeader, idemkey.FormatKey(idemkey.NewKey()))
+	if _, err := client.Do(req); err == nil {
+		t.Error("the lost reply reached the caller")
+	}
+	tbtest.WantFailure(t, r, "the caller never retried the call whose reply was lost")
+}
