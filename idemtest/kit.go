@@ -177,7 +177,7 @@ const (
 // before Call returns, or, for a lost reply, with its retry.
 //
 // The adapters of this package and idemconnecttest are built on it; an
-// adapter for another transport reads its answers into Attempts.
+// adapter for another transport reads each answer into a Try.
 func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Context, n int) Try) (n int, lost bool) {
 	k.t.Helper()
 	k.mu.Lock()
@@ -222,12 +222,12 @@ func (r *run) attempts(ctx context.Context, first bool) int {
 	if !first {
 		return r.attempt(ctx, "the caller's retry after the lost reply")
 	}
-	if ch.Cancel {
-		r.cancelFirst(ctx)
-	}
 	role := "first"
 	if ch.Cancel {
-		role = "retry after the cancelled attempt"
+		role = "retry after the first attempt"
+		if r.cancelFirst(ctx) {
+			role = "retry after the cancelled attempt"
+		}
 	}
 	ns := make([]int, 1+ch.Duplicates)
 	var wg sync.WaitGroup
@@ -269,8 +269,9 @@ func (r *run) attempt(ctx context.Context, role string) int {
 
 // cancelFirst sends a first attempt and cancels it once the server holds
 // its key: once Effects counts more than before, or a probe (an attempt
-// with a short deadline) hears that the key is in progress.
-func (r *run) cancelFirst(ctx context.Context) {
+// with a short deadline) hears that the key is in progress. It reports
+// whether it cancelled the attempt before it ended.
+func (r *run) cancelFirst(ctx context.Context) bool {
 	first, cancel := context.WithCancel(ctx)
 	defer cancel()
 	done := make(chan Try, 1)
@@ -283,16 +284,15 @@ func (r *run) cancelFirst(ctx context.Context) {
 		case a := <-done:
 			a.Role = "first, ended before it could be cancelled"
 			r.c.add(a)
-			return
+			return false
 		case <-time.After(interval):
 		}
 		if r.holding(ctx) {
 			cancel()
 			a := <-done
 			a.Role = "cancelled mid-handler"
-			a.NoAnswer = a.NoAnswer || first.Err() != nil
 			r.c.add(a)
-			return
+			return true
 		}
 	}
 }
