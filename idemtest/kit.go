@@ -165,7 +165,12 @@ func shorten(s string) string {
 const (
 	inProgressTries = 40
 	maxInProgress   = time.Second
-	probeTimeout    = 100 * time.Millisecond
+	// A probe's deadline starts short, so that the server answers "in
+	// progress" at once rather than hold it, and doubles after each probe
+	// that got no answer in time (a busy machine), up to more than the
+	// engine's longest hold of a duplicate.
+	firstProbeTimeout = 100 * time.Millisecond
+	maxProbeTimeout   = 5 * time.Second
 )
 
 // Call makes one call of the operation under the Kit's Chaos: key is the
@@ -208,10 +213,11 @@ func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Contex
 
 // run is one Call's sending: its call, and the numbers of its sends.
 type run struct {
-	k    *Kit
-	c    *call
-	send func(ctx context.Context, n int) Try
-	next atomic.Int32
+	k     *Kit
+	c     *call
+	send  func(ctx context.Context, n int) Try
+	next  atomic.Int32
+	probe time.Duration // the next probe's deadline; 0: the first's
 }
 
 // attempts sends the attempts the Chaos asks for, and returns the number of
@@ -305,14 +311,19 @@ func (r *run) holding(ctx context.Context) bool {
 			return true
 		}
 	}
-	probe, cancel := context.WithTimeout(ctx, probeTimeout)
+	if r.probe == 0 {
+		r.probe = firstProbeTimeout
+	}
+	probe, cancel := context.WithTimeout(ctx, r.probe)
 	defer cancel()
 	n := int(r.next.Add(1)) - 1
 	a := r.send(probe, n)
-	if a.InProgress {
+	switch {
+	case a.InProgress:
 		return true
-	}
-	if !a.NoAnswer {
+	case a.NoAnswer:
+		r.probe = min(2*r.probe, maxProbeTimeout)
+	default:
 		a.Role = "probe"
 		r.c.add(a)
 	}
