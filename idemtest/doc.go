@@ -85,8 +85,10 @@
 // first attempt is cancelled "in its handler" once Effects counts its
 // effect or a probe (an attempt with a deadline of 100ms, longer on a busy
 // machine) hears that its key is in progress; a fast handler may end
-// first, and over HTTP, where a deadline does not reach the server, only
-// Effects tells, so the report says whether the attempt was cancelled. The retry after a lost reply is
+// first, and over HTTP, where a deadline does not reach the server, a probe
+// hears it only after the server's in-progress wait
+// (engine.WithInProgressWait), so the report says whether the attempt was
+// cancelled. The retry after a lost reply is
 // the caller's next call through the Kit, whichever it is. Reports quote
 // replies and codes, never a key.
 package idemtest
