@@ -252,3 +252,27 @@ func TestCancelMidHandler(t *testing.T) {
 		}
 	}
 }
+
+// A retry interceptor chained outside the key interceptor makes a key per
+// attempt: its retry after the lost reply is caught, and the fix named.
+func TestRetryOutsideKeys(t *testing.T) {
+	b := openBackend(t, "memory")
+	r := tbtest.New(t)
+	kit := idemtest.New(r, idemtest.Chaos{LoseReply: true, Effects: b.effects})
+	retry := func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		for try := 1; try < 3 && status.Code(err) == codes.Unavailable; try++ {
+			err = invoker(ctx, method, req, reply, cc, opts...)
+		}
+		return err
+	}
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(b.store)))
+	paymentsv1.RegisterPaymentServiceServer(srv, &service{b: b})
+	conn := grpctest.Dial(t, grpctest.Serve(t, srv),
+		grpc.WithChainUnaryInterceptor(retry, grpctest.Must(interceptor.UnaryClientInterceptor()), kit.UnaryClientInterceptor()))
+	_, err := paymentsv1.NewPaymentServiceClient(conn).CreateCharge(t.Context(), &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"})
+	if err != nil {
+		t.Errorf("charge: %v", err)
+	}
+	tbtest.WantFailure(t, r, "a key made per attempt", "chain a retry interceptor inside the key interceptor")
+}
