@@ -46,10 +46,13 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	$(TOOL) buf format -d --exit-code
 	@# The published API's size, held at the targets of the one-engine step:
 	@# names in the entry packages, re-exports, the published total, and names
-	@# defined in more than one package. The total was the step's 380 (378
-	@# used); each package added since raises it by no more than its names:
-	@# idemgateway, 4 names, to 382.
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 382 -max-shared 25
+	@# defined in more than one package. The total was the one-engine step's
+	@# 380 (378 used); each package added since raises it by its names: the
+	@# test kit of issue 36, 10 (idemtest's Kit, New, Chaos, Try, and the
+	@# Kit's Call, UnaryClientInterceptor, RoundTripper, Process and
+	@# CheckAtomic; idemconnecttest.Interceptor), and idemgateway, 4
+	@# (ServeMuxOptions, Option, WithHeaderMatcher, WithErrorHandler).
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 392 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a

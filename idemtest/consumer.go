@@ -1,0 +1,161 @@
+package idemtest
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"github.com/idemkey/idemkey/consumer"
+)
+
+// Process delivers ds to c as an at-least-once broker may: every message
+// twice, the batch out of order (the first deliveries last message first,
+// the second deliveries in order), and each once more after its handler's
+// effect but before its acknowledgement (while the first run's handler
+// returns). h is the consumer's handler of one delivery, as the broker's
+// adapter runs it (idemnats and idemamqp call c.Process for each message,
+// so this serves every broker).
+//
+// It fails the test unless each message ran its handler once: the
+// redelivery during its run is Busy, the later one a Duplicate, and, with
+// Chaos.Effects, a processed message left one effect and any other none
+// (a side effect before a recorded failure stands while the message is
+// dead-lettered). It returns the Results of the first deliveries, in the
+// order of ds. The other faults of Chaos are for calls and do not apply.
+func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.Delivery, h func(ctx context.Context, d consumer.Delivery) error) []consumer.Result {
+	k.t.Helper()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.calls += len(ds)
+	msgs := make([]*message, len(ds))
+	for i := len(ds) - 1; i >= 0; i-- {
+		msgs[i] = k.deliverFirst(ctx, c, ds[i], h)
+	}
+	for _, m := range msgs {
+		before, _ := k.effects(ctx)
+		m.deliver(ctx, c, redelivery(m.d, m.d.Last), "redelivered after it was acknowledged", h)
+		if after, ok := k.effects(ctx); ok && m.counted {
+			m.effects += after - before
+		}
+	}
+	results := make([]consumer.Result, len(ds))
+	for i, m := range msgs {
+		results[i] = m.deliveries[0].res
+		if problems := m.problems(); len(problems) > 0 {
+			k.t.Errorf("idemtest: message %d of %d: %s\n%s", i+1, len(ds), strings.Join(problems, "\nidemtest: "), m.table())
+		} else {
+			k.t.Logf("idemtest: message %d of %d ran once in %d deliveries\n%s", i+1, len(ds), len(m.deliveries), m.table())
+		}
+	}
+	return results
+}
+
+// message is one message's deliveries under Process, and its effects.
+type message struct {
+	d          consumer.Delivery
+	counted    bool // Chaos.Effects counted effects
+	effects    int
+	during     int // the index of the delivery during the first run's handler; 0: none
+	deliveries []delivery
+}
+
+// delivery is one delivery of a message: what it was, what became of it,
+// and whether it ran the handler.
+type delivery struct {
+	role string
+	res  consumer.Result
+	ran  bool
+}
+
+// deliverFirst delivers d, and delivers it again while its handler
+// returns, after the handler's effect and before the acknowledgement.
+func (k *Kit) deliverFirst(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) *message {
+	m := &message{d: d}
+	var before int
+	before, m.counted = k.effects(ctx)
+	m.deliveries = append(m.deliveries, delivery{role: "first delivery"})
+	m.deliveries[0].res = c.Process(ctx, d, func(hctx context.Context) error {
+		m.deliveries[0].ran = true
+		err := h(hctx, d)
+		// Not the last delivery: that one would wait for this run, which
+		// waits for it.
+		m.during = len(m.deliveries)
+		m.deliver(ctx, c, redelivery(d, false), "redelivered during its handler, before its ack", h)
+		return err
+	})
+	if after, ok := k.effects(ctx); ok && m.counted {
+		m.effects = after - before
+	}
+	return m
+}
+
+// deliver delivers d as role, and records what became of it.
+func (m *message) deliver(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, role string, h func(context.Context, consumer.Delivery) error) {
+	i := len(m.deliveries)
+	m.deliveries = append(m.deliveries, delivery{role: role})
+	res := c.Process(ctx, d, func(hctx context.Context) error {
+		m.deliveries[i].ran = true
+		return h(hctx, d)
+	})
+	m.deliveries[i].res = res
+}
+
+// redelivery is d as the broker delivers it again.
+func redelivery(d consumer.Delivery, last bool) consumer.Delivery {
+	d.Redelivered, d.Last = true, last
+	if d.Attempt > 0 {
+		d.Attempt++
+	}
+	return d
+}
+
+// problems says what is wrong with m's deliveries and effects.
+func (m *message) problems() []string {
+	var out []string
+	ran, processed := 0, false
+	for _, d := range m.deliveries {
+		if d.ran {
+			ran++
+		}
+		processed = processed || d.res.Outcome == consumer.Processed
+	}
+	first := m.deliveries[0].res
+	retried := first.Outcome == consumer.Retry // a redelivery runs it again, as it should
+	if ran > 1 && !retried {
+		out = append(out, fmt.Sprintf("the handler ran %d times: a redelivery ran it again where it should have been Busy (during the first run) or a Duplicate (after it)", ran))
+	}
+	switch {
+	case m.during == 0:
+		out = append(out, fmt.Sprintf("the first delivery did not run the handler: it was %s", first.Outcome))
+	case !retried && m.deliveries[m.during].res.Outcome != consumer.Busy:
+		out = append(out, fmt.Sprintf("the redelivery during the first run's handler was %s, not busy: the first run did not hold the message's id", m.deliveries[m.during].res.Outcome))
+	}
+	if !m.counted {
+		return out
+	}
+	switch {
+	case processed && m.effects == 0:
+		out = append(out, "the message was processed, yet Chaos.Effects counted no effect: does it count this handler's effects?")
+	case processed && m.effects > 1:
+		out = append(out, fmt.Sprintf("one message, %d effects: it took effect more than once", m.effects))
+	case !processed && m.effects > 0:
+		out = append(out, fmt.Sprintf("the message ended %s, yet left %d effect(s): a side effect before an error. A final error is recorded (the message is dead-lettered) while its effect stands, and a transient one makes a redelivery run it again. In two-phase mode, return nil once the effect is made (or undo it before failing); in atomic mode, write through postgres.TxFromContext, whose writes an error rolls back", first.Outcome, m.effects))
+	}
+	return out
+}
+
+// table is the report of m's deliveries, one line each.
+func (m *message) table() string {
+	var b strings.Builder
+	for i, d := range m.deliveries {
+		ran := "did not run the handler"
+		if d.ran {
+			ran = "ran the handler"
+		}
+		fmt.Fprintf(&b, "\tdelivery %d (%s): %s, %s, %s\n", i+1, d.role, d.res.Outcome, d.res.Action, ran)
+	}
+	if m.counted {
+		fmt.Fprintf(&b, "\teffects counted: %d\n", m.effects)
+	}
+	return b.String()
+}
