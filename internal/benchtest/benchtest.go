@@ -5,6 +5,7 @@
 package benchtest
 
 import (
+	"runtime"
 	"testing"
 	"time"
 )
@@ -39,4 +40,29 @@ func Interleave(b *testing.B, ops ...Op) []float64 {
 		b.ReportMetric(means[i], op.Name+"-ns/op")
 	}
 	return means
+}
+
+// Allocs runs each of ops runs times, one op after the other rather than
+// interleaved, and returns each one's mean allocations per run, counted as
+// -benchmem counts them (every allocation of the process while it runs, a
+// server's goroutines' too), in the order of ops. Counts do not suffer from
+// noise as times do, and reading them costs a stop of the world, so they are
+// counted apart from Interleave's times. Run is called with 0 to runs-1: an
+// op whose runs must differ from Interleave's (a new key each) keeps its own
+// count.
+func Allocs(b *testing.B, runs int, ops ...Op) []float64 {
+	b.Helper()
+	allocs := make([]float64, len(ops))
+	var before, after runtime.MemStats
+	for k, op := range ops {
+		runtime.ReadMemStats(&before)
+		for i := range runs {
+			if err := op.Run(i); err != nil {
+				b.Fatalf("%s: %v", op.Name, err)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		allocs[k] = float64(after.Mallocs-before.Mallocs) / float64(runs)
+	}
+	return allocs
 }
