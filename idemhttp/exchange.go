@@ -35,8 +35,18 @@ type exchange struct {
 	cw      *capture // the handler's buffered response, for Run
 	standIn *capture // the 500 recorded in its place, if it could not be
 
-	send func(w http.ResponseWriter) // the answer Answer prepared
+	send   sender       // the answer Answer prepared
+	replay replayAnswer // the replay send is, if Answer prepared one
 }
+
+// sender sends an answer Answer prepared: a captured response (*capture), a
+// replay, or a problem.
+type sender interface{ send(w http.ResponseWriter) }
+
+// sendFunc is a sender that is a function.
+type sendFunc func(w http.ResponseWriter)
+
+func (f sendFunc) send(w http.ResponseWriter) { f(w) }
 
 func (x *exchange) Key() (string, bool, error) { return KeyFromHeader(x.r.Header) }
 
@@ -84,7 +94,7 @@ func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	case !o.recorded(x.cw.status):
 		return engine.HandlerResult{Release: true}
 	}
-	outcome, err := encodeResponse(r, x.cw, o.replayed, o.redact)
+	outcome, err := encodeResponse(r, x.cw, o, o.redact)
 	return engine.HandlerResult{Record: outcome, KeepWrites: x.cw.status < 400, Unrecordable: err}
 }
 
@@ -113,7 +123,7 @@ func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 }
 
 // answer is the status of a's answer, and how to send it.
-func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
+func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, sender) {
 	switch a.Verdict {
 	case engine.Executed:
 		cw := x.cw
@@ -121,9 +131,9 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.
 			cw = x.standIn // StandIn made it
 		}
 		setExpires(cw.header, a.Expires) // after its record: the expiry is each answer's own
-		return cw.status, cw.send
+		return cw.status, cw
 	case engine.Replayed:
-		return x.replay(ctx, a)
+		return x.replayed(ctx, a)
 	case engine.InProgress:
 		return problem(http.StatusConflict, idemkey.ReasonInProgress,
 			"a request with this Idempotency-Key is being processed; retry after the time given", a.RetryAfter, a.Expires)
@@ -161,11 +171,11 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.
 
 // problem is the status of a problem answer (WriteProblem), and how to
 // send it, telling expires if it is not zero.
-func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, func(http.ResponseWriter)) {
-	return status, func(w http.ResponseWriter) {
+func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, sender) {
+	return status, sendFunc(func(w http.ResponseWriter) {
 		setExpires(w.Header(), expires)
 		WriteProblem(w, status, reason, detail, retryAfter)
-	}
+	})
 }
 
 // refusal is Fingerprint's error: a request refused before anything is
@@ -251,26 +261,36 @@ func (m *middleware) standIn(w http.ResponseWriter, why error) (*capture, []byte
 	}
 	pw := newCapture(w, store.SmallOutcome)
 	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
-	outcome, err := encodeResponse(nil, pw, m.opts.replayed, nil) // idemkey's own, never redacted
+	outcome, err := encodeResponse(nil, pw, m.opts, nil) // idemkey's own, never redacted
 	if err != nil {
 		// A header field of the middleware before whose name is not UTF-8:
 		// the problem alone, which always encodes.
-		outcome, _ = encodeResponse(nil, pw, nil, nil)
+		outcome, _ = encodeRecord(pw.status, nil, pw.body.Bytes(), nil)
 	}
 	return pw, outcome
 }
 
-// replay is the status of the recorded response a replays, and how to send
-// it, marked replayed.
-func (x *exchange) replay(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
-	resp, err := decodeResponse(a.Outcome)
+// replayed is the status of the recorded response a replays, and how to
+// send it, marked replayed.
+func (x *exchange) replayed(ctx context.Context, a engine.Answer) (int, sender) {
+	resp, err := decodeRecord(a.Outcome)
 	if err != nil {
 		x.m.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome cannot be replayed",
 			slog.String("operation", x.name), slog.Any("error", err))
 		return problem(http.StatusInternalServerError, "", "the recorded response of this request cannot be read", 0, time.Time{})
 	}
-	return int(resp.GetStatus()), func(w http.ResponseWriter) {
-		setExpires(w.Header(), a.Expires)
-		replayResponse(w, resp, x.m.opts.replayed)
-	}
+	x.replay = replayAnswer{resp: resp, expires: a.Expires, opts: x.m.opts}
+	return resp.status, &x.replay
+}
+
+// replayAnswer is a replay of a recorded response, to send.
+type replayAnswer struct {
+	resp    recordedResponse
+	expires time.Time
+	opts    *options
+}
+
+func (r *replayAnswer) send(w http.ResponseWriter) {
+	setExpires(w.Header(), r.expires)
+	replayResponse(w, &r.resp, r.opts)
 }

@@ -167,7 +167,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	x := &exchange{m: m, r: r, w: w, next: next, name: name, rec: statusRecorder{ResponseWriter: w}}
 	m.eng.Serve(&nameContext{r.Context(), name}, op, x)
 	if x.send != nil { // the middleware's own answer, once the hooks have run
-		x.send(w)
+		x.send.send(w)
 	}
 }
 
