@@ -32,11 +32,18 @@ type capture struct {
 }
 
 func newCapture(w http.ResponseWriter, limit int) *capture {
+	c := new(capture)
+	c.reset(w, limit)
+	return c
+}
+
+// reset makes c a new capture of a response to w of at most limit bytes.
+func (c *capture) reset(w http.ResponseWriter, limit int) {
 	h := w.Header().Clone()
 	if h == nil {
 		h = http.Header{}
 	}
-	return &capture{w: w, header: h, limit: limit}
+	*c = capture{w: w, header: h, limit: limit}
 }
 
 func (c *capture) Header() http.Header { return c.header }
@@ -54,17 +61,35 @@ func (c *capture) WriteHeader(status int) {
 }
 
 func (c *capture) Write(p []byte) (int, error) {
+	if err := c.admit(len(p)); err != nil {
+		return 0, err
+	}
+	return c.body.Write(p)
+}
+
+// WriteString is Write of s, without a copy of it: io.WriteString, which
+// handlers call, looks for it.
+func (c *capture) WriteString(s string) (int, error) {
+	if err := c.admit(len(s)); err != nil {
+		return 0, err
+	}
+	return c.body.WriteString(s)
+}
+
+// admit is the error of a write of n bytes of the body, if it may not be
+// buffered: a status without a body, or past the bound on a record.
+func (c *capture) admit(n int) error {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
 	if !bodyAllowed(c.status) {
-		return 0, http.ErrBodyNotAllowed
+		return http.ErrBodyNotAllowed
 	}
-	if c.tooBig || c.body.Len()+len(p) > c.limit {
+	if c.tooBig || c.body.Len()+n > c.limit {
 		c.tooBig = true
-		return 0, errResponseTooLarge
+		return errResponseTooLarge
 	}
-	return c.body.Write(p)
+	return nil
 }
 
 // Flush does nothing: the response is sent whole once recorded.

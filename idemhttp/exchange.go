@@ -29,11 +29,14 @@ type exchange struct {
 	name string
 	rec  statusRecorder // the handler's writes, for Pass
 
-	body    []byte   // the request body, read for the fingerprint
-	read    bool     // body was read: the handler gets it, not r.Body
-	ran     bool     // the handler ran (Run)
-	cw      *capture // the handler's buffered response, for Run
-	standIn *capture // the 500 recorded in its place, if it could not be
+	ctx      nameContext // the request's context, with the operation name
+	body     []byte      // the request body, read for the fingerprint
+	read     bool        // body was read: the handler gets it, not r.Body
+	bodyRead bodyReader  // reads body again, for the fingerprint and then the handler
+	ran      bool        // the handler ran (Run)
+	cw       *capture    // the handler's buffered response, for Run: &captured
+	captured capture
+	standIn  *capture // the 500 recorded in its place, if it could not be
 
 	send   sender       // the answer Answer prepared
 	replay replayAnswer // the replay send is, if Answer prepared one
@@ -84,7 +87,8 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	x.ran = true
 	o := x.m.opts
-	x.cw = newCapture(x.w, x.m.eng.MaxRecordSize())
+	x.captured.reset(x.w, x.m.eng.MaxRecordSize())
+	x.cw = &x.captured
 	r := x.request(ctx)
 	x.next.ServeHTTP(x.cw, r)
 	x.cw.finish()
@@ -188,14 +192,22 @@ type refusal struct {
 func (e *refusal) Error() string { return e.detail }
 
 // request is the request the handler and the fingerprint get: r with ctx,
-// and the body read for the fingerprint, if it was, to read again.
+// and the body read for the fingerprint, if it was, to read again. Only one
+// such request may read its body at a time: the fingerprint's, then the
+// handler's.
 func (x *exchange) request(ctx context.Context) *http.Request {
 	r := x.r.WithContext(ctx)
 	if x.read {
-		r = withBody(r, x.body)
+		x.bodyRead.Reset(x.body)
+		r.Body, r.ContentLength = &x.bodyRead, int64(len(x.body))
 	}
 	return r
 }
+
+// bodyReader reads a request's body again.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
 
 // readBody reads r's body whole, up to limit bytes. On an error, status is
 // the answer: 413 past the limit, else 400.
@@ -206,25 +218,42 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte,
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, nil
 	}
-	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
-	case err != nil:
+	body, err = readAll(http.MaxBytesReader(w, r.Body, limit), r.ContentLength)
+	if err != nil {
+		var tooLarge *http.MaxBytesError
+		if errors.As(err, &tooLarge) {
+			return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
+		}
 		return nil, http.StatusBadRequest, errors.New("the request body could not be read")
 	}
 	return body, 0, nil
 }
 
-func errTooLarge(limit int64) error {
-	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
+// readAll is io.ReadAll of a body of size bytes (-1: unknown), read into a
+// buffer of that size and one byte more, to see the end, rather than grown
+// from 512 bytes.
+func readAll(r io.Reader, size int64) ([]byte, error) {
+	if size < 0 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, 0, size+1)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		switch {
+		case err == io.EOF:
+			return b, nil
+		case err != nil:
+			return b, err
+		case len(b) == cap(b): // longer than it said: read on as io.ReadAll does
+			rest, err := io.ReadAll(r)
+			return append(b, rest...), err
+		}
+	}
 }
 
-// withBody is r with body to read again.
-func withBody(r *http.Request, body []byte) *http.Request {
-	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	return r
+func errTooLarge(limit int64) error {
+	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
 }
 
 // setExpires tells the client until when the call's key is honoured, if
