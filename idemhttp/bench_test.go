@@ -27,41 +27,34 @@ import (
 func BenchmarkHTTPOverhead(b *testing.B) {
 	bare, guarded := benchMux(b, false), benchMux(b, true)
 	const body = `{"customer_id":"cus_0123456789","amount":1999,"currency":"usd","description":"a charge"}`
-	call := func(h http.Handler, key string) error {
-		r := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
-		r.Header.Set("Content-Type", "application/json")
-		r.Header.Set(idemkey.KeyHeader, idemkey.FormatKey(key))
+	// The request of each call, made before it is timed: a new key for
+	// every first call, of Interleave's and Allocs' runs alike.
+	var req *http.Request
+	firsts := 0
+	request := func(key string) {
+		req = httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set(idemkey.KeyHeader, idemkey.FormatKey(key))
+	}
+	call := func(h http.Handler) error {
 		w := httptest.NewRecorder()
-		h.ServeHTTP(w, r)
+		h.ServeHTTP(w, req)
 		if w.Code != http.StatusCreated {
 			return fmt.Errorf("status %d: %s", w.Code, w.Body)
 		}
 		return nil
 	}
-	if err := call(guarded, "replay"); err != nil {
+	request("replay")
+	if err := call(guarded); err != nil {
 		b.Fatal(err)
 	}
-	var firsts int // a new key for every first call, of Interleave's and Allocs' runs alike
 	ops := []benchtest.Op{
-		{Name: "bare", Run: func(int) error { return call(bare, "bare") }},
-		{Name: "first", Run: func(int) error { firsts++; return call(guarded, "first-"+strconv.Itoa(firsts)) }},
-		{Name: "replay", Run: func(int) error { return call(guarded, "replay") }},
+		{Name: "bare", Run: func(int) error { return call(bare) }, Before: func(int) { request("bare") }},
+		{Name: "first", Run: func(int) error { return call(guarded) }, Before: func(int) { firsts++; request("first-" + strconv.Itoa(firsts)) }},
+		{Name: "replay", Run: func(int) error { return call(guarded) }, Before: func(int) { request("replay") }},
 	}
 	ns := benchtest.Interleave(b, ops...)
-	allocs := benchtest.Allocs(b, 1000, ops...)
-	reportOverhead(b, ns, allocs)
-}
-
-// reportOverhead reports the ratios of the first call's and the replay's
-// times to the bare call's (ns, as Interleave returns them), and the
-// microseconds and allocations each adds to it.
-func reportOverhead(b *testing.B, ns, allocs []float64) {
-	b.ReportMetric(ns[1]/ns[0], "first/bare")
-	b.ReportMetric(ns[2]/ns[0], "replay/bare")
-	b.ReportMetric((ns[1]-ns[0])/1e3, "first-added-µs")
-	b.ReportMetric((ns[2]-ns[0])/1e3, "replay-added-µs")
-	b.ReportMetric(allocs[1]-allocs[0], "first-added-allocs")
-	b.ReportMetric(allocs[2]-allocs[0], "replay-added-allocs")
+	benchtest.ReportAdded(b, ops, ns, benchtest.Allocs(b, 1000, ops...))
 }
 
 // benchMux is a ServeMux with the benchmark's create route, behind the
