@@ -236,8 +236,12 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 	if md := allowed(rec.trailer, s.opts.replayed); len(md) > 0 {
 		_ = grpc.SetTrailer(ctx, md)
 	}
-	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
-	tellExpiry(ctx, a.Expires)
+	// One trailer with both: gRPC joins each trailer it is set into a copy.
+	md := metadata.MD{idemkey.ReplayedMetadata: replayedValue}
+	if !a.Expires.IsZero() {
+		md[idemkey.ExpiresMetadata] = []string{idemkey.FormatDate(a.Expires)}
+	}
+	_ = grpc.SetTrailer(ctx, md)
 	return rec.resp, rec.err
 }
 
@@ -248,11 +252,13 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 // retry.
 func tellExpiry(ctx context.Context, expires time.Time) {
 	if !expires.IsZero() {
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(expires)))
+		_ = grpc.SetTrailer(ctx, metadata.MD{idemkey.ExpiresMetadata: {idemkey.FormatDate(expires)}})
 	}
 }
 
-var replayedTrailer = metadata.Pairs(idemkey.ReplayedMetadata, "true")
+// replayedValue is the value of idemkey.ReplayedMetadata. gRPC copies a
+// trailer's values; it is never modified.
+var replayedValue = []string{"true"}
 
 // allowed is the part of md whose keys are in keys; md itself if all are.
 func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
