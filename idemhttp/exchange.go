@@ -71,6 +71,11 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 		return store.Fingerprint{}, &refusal{status: status, reason: reason, detail: err.Error()}
 	}
 	x.body, x.read = body, true
+	if x.m.opts.fingerprint == nil {
+		// DefaultFingerprint's, of r itself rather than a copy with ctx and
+		// the body, which it does not read.
+		return fingerprint(x.r, x.name, body), nil
+	}
 	fp, err := x.m.opts.fingerprint(x.request(ctx), body)
 	if err != nil {
 		// The FingerprintFunc's own words may quote the request.

@@ -134,6 +134,11 @@ func DefaultOperation(r *http.Request) string {
 // (store.AppendParts). Two requests that differ in any of them differ; so do
 // one sent to an HTTP route and one to a gRPC method, whatever their names.
 func DefaultFingerprint(r *http.Request, body []byte) (store.Fingerprint, error) {
+	return fingerprint(r, OperationName(r.Context()), body), nil
+}
+
+// fingerprint is DefaultFingerprint's of a request of the operation name.
+func fingerprint(r *http.Request, name string, body []byte) store.Fingerprint {
 	contentType := r.Header.Get("Content-Type")
 	// What mime.ParseMediaType returns of a type without parameters, or
 	// what is used when it fails, without the map of its parameters.
@@ -144,13 +149,13 @@ func DefaultFingerprint(r *http.Request, body []byte) (store.Fingerprint, error)
 		}
 	}
 	h := sha256.New()
-	parts := store.AppendParts(make([]byte, 0, 256), "idemhttp v1", r.Method, OperationName(r.Context()),
+	parts := store.AppendParts(make([]byte, 0, 256), "idemhttp v1", r.Method, name,
 		r.URL.EscapedPath(), r.URL.RawQuery, mediaType)
 	h.Write(binary.BigEndian.AppendUint64(parts, uint64(len(body)))) // store.AppendParts, for bytes
 	h.Write(body)
 	var fp store.Fingerprint
 	h.Sum(fp[:0])
-	return fp, nil
+	return fp
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {

@@ -38,7 +38,7 @@ type options struct {
 	// hold, for a record's encoding and its replay (record.go).
 	replayList   []replayedName
 	replayedWire map[string]string // lower-case name -> canonical name
-	fingerprint  FingerprintFunc
+	fingerprint  FingerprintFunc   // nil: DefaultFingerprint's
 	atomic       bool
 	redact       RedactFunc
 	err          error // the first option refused
@@ -46,12 +46,11 @@ type options struct {
 
 func newOptions(opts []Option) *options {
 	o := &options{
-		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		operation:   DefaultOperation,
-		maxBody:     defaultMaxBodySize,
-		recorded:    defaultRecorded,
-		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
-		fingerprint: DefaultFingerprint,
+		methods:   map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		operation: DefaultOperation,
+		maxBody:   defaultMaxBodySize,
+		recorded:  defaultRecorded,
+		replayed:  map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
 	}
 	for _, opt := range opts {
 		opt(o)
