@@ -251,6 +251,23 @@ type BatchReserver interface {
 	ReserveBatch(ctx context.Context, rs []Reservation) (res []Entry, err error)
 }
 
+// Watcher is implemented by stores that can tell a duplicate when the call
+// that holds its key has recorded or released it (store/memory: from its own
+// Complete and Release), so that the duplicate the engine holds for the key
+// (engine.WithInProgressWait) reads it again at once rather than at its next
+// poll. The engine polls all the same, on the same schedule, for what a
+// store cannot tell (a lease that ends, another process's write).
+type Watcher interface {
+	// Watch returns a channel that is closed once the record of key, which
+	// another call holds, is completed, released or deleted, and stop, to
+	// call once the channel is no longer read. It never blocks on the
+	// store's storage. If the record is not held when Watch is called
+	// (completed, released, or its lease ended), changed is closed already,
+	// so that a change between the caller's Reserve and its Watch is not
+	// missed.
+	Watch(key Key) (changed <-chan struct{}, stop func())
+}
+
 // Finder is implemented by stores that can read a completed record more
 // cheaply than Reserve decides (store/postgres: a plain SELECT, and in atomic
 // mode no transaction). The interceptor asks it first for a call that gRPC
