@@ -3,7 +3,8 @@
 //
 // It is safe for concurrent use. Every Reserve deletes a few expired records,
 // and Sweep deletes the rest on demand, so no goroutine runs in the
-// background.
+// background. It tells a duplicate that waits for a key (store.Watcher) the
+// moment the key's record is completed or released.
 //
 // # Bounds
 //
