@@ -196,9 +196,7 @@ func replayResponse(w http.ResponseWriter, resp *recordedResponse, o *options) {
 				return
 			}
 		}
-		n := 0
-		eachValue(entry, func([]byte) { n++ })
-		values := make([]string, 0, n)
+		values := make([]string, 0, 1) // most fields have one value
 		eachValue(entry, func(v []byte) { values = append(values, string(v)) })
 		h[k] = values
 	})

@@ -102,10 +102,16 @@ func entrySize(key string, values []string) int {
 type recordedResponse struct {
 	status int
 	body   []byte
-	// header holds the record from the first HTTPResponse field of the
-	// response on: its header entries are read from there by eachField.
-	header []byte
+	// The header entries, in the record's order: the first few here, the
+	// rest in more.
+	header  [4]headerEntry // as many as the default replay list names
+	nHeader int
+	more    []headerEntry
 }
+
+// headerEntry is a MetadataEntry of a response's header: its key, and the
+// message, whose values eachValue reads.
+type headerEntry struct{ key, entry []byte }
 
 var errCorrupt = errors.New("the record is not a well-formed protobuf message")
 
@@ -114,7 +120,7 @@ var errCorrupt = errors.New("the record is not a well-formed protobuf message")
 func decodeRecord(raw []byte) (recordedResponse, error) {
 	var resp recordedResponse
 	isHTTP := false
-	for b, at := raw, 0; len(b) > 0; {
+	for b := raw; len(b) > 0; {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
 			return recordedResponse{}, errCorrupt
@@ -130,7 +136,7 @@ func decodeRecord(raw []byte) (recordedResponse, error) {
 			switch num {
 			case outcomeHTTP:
 				if !isHTTP { // a new response: the oneof held none, or another member
-					resp, isHTTP = recordedResponse{header: raw[at:]}, true
+					resp, isHTTP = recordedResponse{}, true
 				}
 				if err := resp.merge(value); err != nil {
 					return recordedResponse{}, err
@@ -143,7 +149,7 @@ func decodeRecord(raw []byte) (recordedResponse, error) {
 				}
 			}
 		}
-		b, at = field[m:], at+n+m
+		b = field[m:]
 	}
 	switch {
 	case !isHTTP:
@@ -166,8 +172,15 @@ func (r *recordedResponse) merge(msg []byte) error {
 			r.body, _ = protowire.ConsumeBytes(value)
 		case num == responseHeader && typ == protowire.BytesType:
 			entry, _ := protowire.ConsumeBytes(value)
-			if _, err := readEntry(entry, nil); err != nil {
+			key, err := readEntry(entry, nil)
+			if err != nil {
 				return err
+			}
+			if e := (headerEntry{key, entry}); r.nHeader < len(r.header) {
+				r.header[r.nHeader] = e
+				r.nHeader++
+			} else {
+				r.more = append(r.more, e)
 			}
 		}
 		return nil
@@ -175,23 +188,14 @@ func (r *recordedResponse) merge(msg []byte) error {
 }
 
 // eachHeader calls f with the key and the message of each header entry of
-// r's response, in the record's order (eachValue reads its values). Both
-// alias the record.
+// r's response, in the record's order (eachValue reads its values).
 func (r *recordedResponse) eachHeader(f func(key, entry []byte)) {
-	_ = eachField(r.header, func(num protowire.Number, typ protowire.Type, value []byte) error {
-		if num != outcomeHTTP || typ != protowire.BytesType {
-			return nil // the record's other fields; no other member of the oneof follows (decodeRecord)
-		}
-		msg, _ := protowire.ConsumeBytes(value)
-		return eachField(msg, func(num protowire.Number, typ protowire.Type, value []byte) error {
-			if num == responseHeader && typ == protowire.BytesType {
-				entry, _ := protowire.ConsumeBytes(value)
-				key, _ := readEntry(entry, nil)
-				f(key, entry)
-			}
-			return nil
-		})
-	})
+	for _, e := range r.header[:r.nHeader] {
+		f(e.key, e.entry)
+	}
+	for _, e := range r.more {
+		f(e.key, e.entry)
+	}
 }
 
 // eachValue calls f with each value of a header entry that decodeRecord
