@@ -16,7 +16,9 @@
 //
 // A store that implements Atomic as well (store/postgres) can also commit the
 // handler's own writes together with the record, in one transaction; one that
-// implements Finder can replay a retried call with a read alone.
+// implements Finder can replay a retried call with a read alone; one that
+// implements Watcher (store/memory) tells a waiting duplicate the moment the
+// key it waits for is recorded.
 //
 // Every implementation passes the conformance suite in package storetest:
 // store/memory (one process), store/postgres (any number of processes on
