@@ -62,7 +62,7 @@ func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
 // fingerprints the request with it. Its error is a *refusal, which Answer
 // writes as its problem.
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
-	body, status, err := readBody(&x.rec, x.r, x.m.opts.maxBody)
+	body, status, err := readBody(x.r, x.m.opts.maxBody)
 	if err != nil {
 		reason := ReasonRequestUnreadable
 		if status == http.StatusRequestEntityTooLarge {
@@ -216,43 +216,46 @@ func (*bodyReader) Close() error { return nil }
 
 // readBody reads r's body whole, up to limit bytes. On an error, status is
 // the answer: 413 past the limit, else 400.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, status int, err error) {
+func readBody(r *http.Request, limit int64) (body []byte, status int, err error) {
 	if r.ContentLength > limit {
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, nil
 	}
-	body, err = readAll(http.MaxBytesReader(w, r.Body, limit), r.ContentLength)
-	if err != nil {
-		var tooLarge *http.MaxBytesError
-		if errors.As(err, &tooLarge) {
-			return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
-		}
+	body, tooLarge, err := readAll(r.Body, r.ContentLength, limit)
+	switch {
+	case tooLarge:
+		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
+	case err != nil:
 		return nil, http.StatusBadRequest, errors.New("the request body could not be read")
 	}
 	return body, 0, nil
 }
 
-// readAll is io.ReadAll of a body of size bytes (-1: unknown), read into a
-// buffer of that size and one byte more, to see the end, rather than grown
-// from 512 bytes.
-func readAll(r io.Reader, size int64) ([]byte, error) {
+// readAll reads r to its end, as io.ReadAll does, or until it has read more
+// than limit bytes (tooLarge), as http.MaxBytesReader would refuse them,
+// without a reader around r. A body of size bytes (-1: unknown) is read into
+// a buffer of that size and one byte more, to see the end, rather than
+// grown from 512 bytes.
+func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error) {
 	if size < 0 {
-		return io.ReadAll(r)
+		size = 511
 	}
-	b := make([]byte, 0, size+1)
+	b = make([]byte, 0, min(size, limit)+1)
 	for {
-		n, err := r.Read(b[len(b):cap(b)])
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // room for more, as io.ReadAll makes it
+		}
+		n, err := r.Read(b[len(b):min(int64(cap(b)), limit+1)])
 		b = b[:len(b)+n]
 		switch {
+		case int64(len(b)) > limit:
+			return nil, true, nil
 		case err == io.EOF:
-			return b, nil
+			return b, false, nil
 		case err != nil:
-			return b, err
-		case len(b) == cap(b): // longer than it said: read on as io.ReadAll does
-			rest, err := io.ReadAll(r)
-			return append(b, rest...), err
+			return nil, false, err
 		}
 	}
 }
