@@ -35,11 +35,11 @@ type exchange struct {
 	bodyRead bodyReader  // reads body again, for the fingerprint and then the handler
 	ran      bool        // the handler ran (Run)
 	cw       *capture    // the handler's buffered response, for Run: &captured
-	captured capture
-	standIn  *capture // the 500 recorded in its place, if it could not be
+	captured capture     // the capture cw points to
+	standIn  *capture    // the 500 recorded in its place, if it could not be
 
 	send   sender       // the answer Answer prepared
-	replay replayAnswer // the replay send is, if Answer prepared one
+	replay replayAnswer // the replay that send is, if Answer prepared one
 }
 
 // sender sends an answer Answer prepared: a captured response (*capture), a
