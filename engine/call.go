@@ -540,20 +540,26 @@ func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, r
 	end := time.Now().Add(wait)
 	timer := time.NewTimer(e.firstPoll)
 	defer timer.Stop()
+	// Each poll is made under a Watch taken before it, so that a change
+	// after the poll is told, whenever it lands.
 	var changed <-chan struct{} // nil, which never fires, without a Watcher
 	stop := func() {}
 	defer func() { stop() }()
-	for interval := e.firstPoll; ; interval = min(2*interval, awaitMaxPoll) {
+	watch := func() {
 		if e.watcher != nil {
 			stop()
 			changed, stop = e.watcher.Watch(key)
 		}
+	}
+	watch()
+	for interval := e.firstPoll; ; interval = min(2*interval, awaitMaxPoll) {
 		select {
 		case <-ctx.Done():
 			return res, nil
 		case <-timer.C:
 		case <-changed:
 		}
+		watch()
 		next, err := poll(ctx)
 		if err != nil || next.State != store.Held {
 			return next, err

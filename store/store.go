@@ -263,10 +263,13 @@ type Watcher interface {
 	// Watch returns a channel that is closed once the record of key, which
 	// another call holds, is completed, released or deleted, and stop, to
 	// call once the channel is no longer read. It never blocks on the
-	// store's storage. If the record is not held when Watch is called
-	// (completed, released, or its lease ended), changed is closed already,
-	// so that a change between the caller's Reserve and its Watch is not
-	// missed.
+	// store's storage. The engine takes a Watch before each read of the key
+	// it waits for, so that a change after the read is told. If the record
+	// is not held when Watch is called (completed, released, or its lease
+	// ended), changed is closed already, so that a change between the
+	// call's Reserve and its first Watch is not missed either; a store that
+	// cannot tell without reading its storage leaves it open, and the
+	// engine's first poll finds the change.
 	Watch(key Key) (changed <-chan struct{}, stop func())
 }
 
