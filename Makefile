@@ -50,9 +50,11 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# 380 (378 used); each package added since raises it by its names: the
 	@# test kit of issue 36, 10 (idemtest's Kit, New, Chaos, Try, and the
 	@# Kit's Call, UnaryClientInterceptor, RoundTripper, Process and
-	@# CheckAtomic; idemconnecttest.Interceptor), and idemgateway, 4
-	@# (ServeMuxOptions, Option, WithHeaderMatcher, WithErrorHandler).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 392 -max-shared 25
+	@# CheckAtomic; idemconnecttest.Interceptor), idemgateway, 4
+	@# (ServeMuxOptions, Option, WithHeaderMatcher, WithErrorHandler), and
+	@# the duplicate's wake-up of round four, 2 (store.Watcher,
+	@# memory.Store.Watch).
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 394 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
@@ -63,20 +65,23 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzFingerprint$$' -fuzztime=$(FUZZ_EXECS)x ./protokey/
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
+	$(GO) test -run='^$$' -fuzz='^FuzzRecord$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	$(GO) test -run='^$$' -fuzz='^FuzzOpen$$' -fuzztime=$(FUZZ_EXECS)x ./seal/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
 	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
 		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
-bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
+bench: ## benchmark the interceptor and the HTTP middleware against the bare call, a duplicate's answer after the record, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
-	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./seal/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
+	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./idemhttp/ ./engine/ ./protokey/ ./seal/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	./scripts/with-postgres $(GO) test -run='^$$' -bench='^BenchmarkAtomicNewKeys$$' -benchtime=100000x -count=1 ./store/postgres/ > bin/newkeys.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
-	@echo "== the same calls interleaved, so noise hits all alike: time as a ratio to the bare call"
-	@$(TOOL) benchstat -filter '.name:Overhead .unit:/^(first|replay)\/bare$$/' bin/bench.txt
+	@echo "== the same calls interleaved, so noise hits all alike, over gRPC (bufconn) and net/http (in process): time as a ratio to the bare call, and the µs and allocations a first call and a replay add to it"
+	@$(TOOL) benchstat -filter '.name:/^(HTTP)?Overhead$$/ .unit:/^(first|replay)(\/bare|-added-µs|-added-allocs)$$/' bin/bench.txt
+	@echo "== a duplicate held for a running call: how long after the call's record it has its answer, told by the memory store (store.Watcher) and polled, interleaved"
+	@$(TOOL) benchstat -filter '.name:DuplicateAnswered' bin/bench.txt
 	@echo "== the Postgres store against hand-written pgx doing the same design's minimal SQL, interleaved"
 	@$(TOOL) benchstat -filter '.name:StoreVsBaseline .unit:/(ns\/op|\/baseline)$$/' bin/bench.txt
 	@echo "== Reserve's median latency on tables of 10^4, 10^6 and 10^7 rows, interleaved"

@@ -13,7 +13,42 @@ const dateLayout = "Mon, 02 Jan 2006 15:04:05 GMT"
 // FormatDate returns t as an HTTP date (IMF-fixdate), the form of
 // ExpiresHeader and FirstSentHeader on every transport, such as
 // "Tue, 01 Dec 2026 20:05:37 GMT". It has whole seconds: t is truncated.
-func FormatDate(t time.Time) string { return t.UTC().Format(dateLayout) }
+func FormatDate(t time.Time) string {
+	t = t.UTC()
+	year, month, day := t.Date()
+	if year < 0 || year > 9999 {
+		return t.Format(dateLayout) // its own way with years of other than four digits
+	}
+	// What t.Format(dateLayout) writes, without reading the layout: every
+	// answer about a key tells its expiry.
+	hour, minute, sec := t.Clock()
+	b := make([]byte, 0, len(dateLayout))
+	b = append(b, t.Weekday().String()[:3]...)
+	b = append(b, ", "...)
+	b = appendDigits(b, day, 2)
+	b = append(b, ' ')
+	b = append(b, month.String()[:3]...)
+	b = append(b, ' ')
+	b = appendDigits(b, year, 4)
+	b = append(b, ' ')
+	b = appendDigits(b, hour, 2)
+	b = append(b, ':')
+	b = appendDigits(b, minute, 2)
+	b = append(b, ':')
+	b = appendDigits(b, sec, 2)
+	b = append(b, " GMT"...)
+	return string(b)
+}
+
+// appendDigits appends n, which is at least 0, in width decimal digits.
+func appendDigits(b []byte, n, width int) []byte {
+	var d [4]byte
+	for i := width - 1; i >= 0; i-- {
+		d[i] = byte('0' + n%10)
+		n /= 10
+	}
+	return append(b, d[:width]...)
+}
 
 // ErrDate is ParseDate's error: the value is an HTTP date in none of its
 // three forms.

@@ -18,6 +18,27 @@ const (
 
 // RFC 9110's own example of one instant in the three forms reads as that
 // instant in each, which FormatDate writes as the IMF-fixdate.
+// TestFormatDate: FormatDate writes what time.Format writes with the
+// IMF-fixdate's layout, in UTC, for instants of every part of the calendar
+// and zone, and its four-digit years' edges.
+func TestFormatDate(t *testing.T) {
+	want := func(at time.Time) string { return at.UTC().Format("Mon, 02 Jan 2006 15:04:05 GMT") }
+	times := []time.Time{
+		{}, time.Unix(0, 0), time.Unix(-1, 999_999_999),
+		time.Date(0, 1, 1, 0, 0, 0, 0, time.UTC), time.Date(-1, 12, 31, 23, 59, 59, 0, time.UTC),
+		time.Date(9999, 12, 31, 23, 59, 59, 999_999_999, time.UTC), time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC),
+		time.Date(2026, 12, 1, 20, 5, 37, 0, time.FixedZone("", -8*3600)),
+	}
+	for at := time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC); at.Year() < 2101; at = at.Add(37*time.Hour + 61*time.Minute + 7*time.Second + 13) {
+		times = append(times, at)
+	}
+	for _, at := range times {
+		if got := idemkey.FormatDate(at); got != want(at) {
+			t.Fatalf("FormatDate(%v) = %q, want %q", at, got, want(at))
+		}
+	}
+}
+
 func TestParseDateForms(t *testing.T) {
 	for _, v := range []string{
 		"Sun, 06 Nov 1994 08:49:37 GMT",

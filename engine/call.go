@@ -135,7 +135,7 @@ func (c *call) start(ctx context.Context, r request) {
 
 	got, err := e.reserve(ctx, res)
 	if err == nil && got.State == store.Held && got.Fingerprint == fp {
-		got, err = e.await(ctx, c.wait(r), got, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, res) })
+		got, err = e.await(ctx, c.key, c.wait(r), got, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, res) })
 	}
 	switch {
 	case errors.Is(err, store.ErrFull):
@@ -216,7 +216,7 @@ func (c *call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
 	if err == nil && res.State == store.Held && res.Fingerprint == r.Fingerprint {
-		res, err = e.await(ctx, wait, res, func(ctx context.Context) (store.Entry, error) {
+		res, err = e.await(ctx, r.Key, wait, res, func(ctx context.Context) (store.Entry, error) {
 			res, t, err := e.begin(ctx, r)
 			tx = t
 			return res, err
@@ -521,12 +521,16 @@ const (
 	awaitMargin    = 50 * time.Millisecond
 )
 
-// await waits for a key that res found in progress to be recorded (or
+// await waits for key, which res found in progress, to be recorded (or
 // released), polling the store with poll, for at most wait and the call's
 // deadline. It returns the first result that is not InProgress, or
 // the last one when the wait runs out. A wait of w costs at most
-// 5 + w/awaitMaxPoll polls.
-func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Entry, poll func(context.Context) (store.Entry, error)) (store.Entry, error) {
+// 5 + w/awaitMaxPoll polls. On a store that implements store.Watcher, a
+// poll is also made as soon as the store tells that the key's record
+// changed, in place of the one due next (the schedule moves on as after
+// it): a duplicate has its answer the moment the first call records, at no
+// more polls.
+func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, res store.Entry, poll func(context.Context) (store.Entry, error)) (store.Entry, error) {
 	if deadline, ok := ctx.Deadline(); ok {
 		wait = min(wait, max(time.Until(deadline), 0)-awaitMargin)
 	}
@@ -534,14 +538,28 @@ func (e *Engine) await(ctx context.Context, wait time.Duration, res store.Entry,
 		return res, nil
 	}
 	end := time.Now().Add(wait)
-	timer := time.NewTimer(awaitFirstPoll)
+	timer := time.NewTimer(e.firstPoll)
 	defer timer.Stop()
-	for interval := awaitFirstPoll; ; interval = min(2*interval, awaitMaxPoll) {
+	// Each poll is made under a Watch taken before it, so that a change
+	// after the poll is told, whenever it lands.
+	var changed <-chan struct{} // nil, which never fires, without a Watcher
+	stop := func() {}
+	defer func() { stop() }()
+	watch := func() {
+		if e.watcher != nil {
+			stop()
+			changed, stop = e.watcher.Watch(key)
+		}
+	}
+	watch()
+	for interval := e.firstPoll; ; interval = min(2*interval, awaitMaxPoll) {
 		select {
 		case <-ctx.Done():
 			return res, nil
 		case <-timer.C:
+		case <-changed:
 		}
+		watch()
 		next, err := poll(ctx)
 		if err != nil || next.State != store.Held {
 			return next, err

@@ -13,11 +13,14 @@ import (
 // Engine runs calls at most once per idempotency key on one store. It is safe
 // for concurrent use; adapters build one and share it among their calls.
 type Engine struct {
-	store  store.Store
-	atomic store.Atomic // store, if it implements store.Atomic
-	finder store.Finder // store, if it implements store.Finder
-	opts   *options
-	obs    *observer
+	store   store.Store
+	atomic  store.Atomic  // store, if it implements store.Atomic
+	finder  store.Finder  // store, if it implements store.Finder
+	watcher store.Watcher // store, if it implements store.Watcher
+	opts    *options
+	obs     *observer
+
+	firstPoll time.Duration // awaitFirstPoll; a test of a Watcher makes it long
 
 	batchStore    store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
 	batchReserver store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
@@ -26,7 +29,7 @@ type Engine struct {
 // New returns an Engine on st, to hand to every entry point that serves
 // the store's keys: its settings apply to each, and a key first used over
 // one replays over another. Optional store features (store.Atomic,
-// store.Finder) are detected here, once. It returns an error that names the
+// store.Finder, store.Watcher) are detected here, once. It returns an error that names the
 // fix for a mistake in opts (see each Option), or a nil st.
 func New(st store.Store, opts ...Option) (*Engine, error) {
 	if st == nil {
@@ -36,9 +39,10 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{store: st, opts: o, obs: newObserver(o)}
+	e := &Engine{store: st, opts: o, obs: newObserver(o), firstPoll: awaitFirstPoll}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
+	e.watcher, _ = st.(store.Watcher)
 	e.batchStore, _ = st.(store.BatchAtomic)
 	e.batchReserver, _ = st.(store.BatchReserver)
 	return e, nil

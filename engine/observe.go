@@ -201,9 +201,13 @@ type storeTimer struct {
 	span  trace.Span // nil if not traced
 }
 
-// startStore starts measuring op; ctx is what the store call gets.
+// startStore starts measuring op; ctx is what the store call gets. It
+// reads the clock only for a histogram that records (an SDK's).
 func (obs *observer) startStore(ctx context.Context, op storeOp) (context.Context, storeTimer) {
-	t := storeTimer{obs: obs, op: op, start: time.Now()}
+	t := storeTimer{obs: obs, op: op}
+	if obs.storeTime.Enabled(ctx) {
+		t.start = time.Now()
+	}
 	if trace.SpanFromContext(ctx).IsRecording() {
 		ctx, t.span = obs.tracer.Start(ctx, "idemkey.store."+storeOpNames[op], trace.WithSpanKind(trace.SpanKindInternal))
 	}
@@ -217,7 +221,7 @@ func (t storeTimer) end(ctx context.Context, err error) {
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrFull) {
 		failed = 1
 	}
-	if t.obs.storeTime.Enabled(ctx) {
+	if !t.start.IsZero() && t.obs.storeTime.Enabled(ctx) {
 		t.obs.storeTime.Record(ctx, time.Since(t.start).Seconds(), t.obs.storeOpts[t.op][failed])
 	}
 	if t.span != nil {

@@ -214,7 +214,10 @@ func WithMaxRetryAfter(d time.Duration) Option {
 // first call's recorded reply, or, if the first call released its key, with a
 // run of the handler; it never outlasts the duplicate's own deadline.
 // Meanwhile the store is polled with a growing interval (25ms, doubling to
-// 500ms): for the default, at most 9 reads. In atomic mode the polls are
+// 500ms): for the default, at most 9 reads. On a store that tells when the
+// first call records or releases its key (store.Watcher: store/memory), the
+// duplicate reads it at once, in place of the poll due next, so that it has
+// its answer the moment the record lands, at no more reads. In atomic mode the polls are
 // reads (store.Finder), so a waiting duplicate holds no connection. New
 // refuses a d below zero.
 func WithInProgressWait(d time.Duration) Option {

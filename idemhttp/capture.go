@@ -7,13 +7,9 @@ import (
 	"maps"
 	"net/http"
 	"slices"
-	"strings"
 	"time"
 
-	"google.golang.org/protobuf/proto"
-
 	"github.com/idemkey/idemkey"
-	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 )
 
 // errResponseTooLarge is what Write returns past the engine's bound on a record.
@@ -36,11 +32,18 @@ type capture struct {
 }
 
 func newCapture(w http.ResponseWriter, limit int) *capture {
+	c := new(capture)
+	c.reset(w, limit)
+	return c
+}
+
+// reset makes c a new capture of a response to w of at most limit bytes.
+func (c *capture) reset(w http.ResponseWriter, limit int) {
 	h := w.Header().Clone()
 	if h == nil {
 		h = http.Header{}
 	}
-	return &capture{w: w, header: h, limit: limit}
+	*c = capture{w: w, header: h, limit: limit}
 }
 
 func (c *capture) Header() http.Header { return c.header }
@@ -58,17 +61,35 @@ func (c *capture) WriteHeader(status int) {
 }
 
 func (c *capture) Write(p []byte) (int, error) {
+	if err := c.admit(len(p)); err != nil {
+		return 0, err
+	}
+	return c.body.Write(p)
+}
+
+// WriteString is Write of s, without a copy of it: io.WriteString, which
+// handlers call, looks for it.
+func (c *capture) WriteString(s string) (int, error) {
+	if err := c.admit(len(s)); err != nil {
+		return 0, err
+	}
+	return c.body.WriteString(s)
+}
+
+// admit is the error of a write of n bytes of the body, if it may not be
+// buffered: a status without a body, or past the bound on a record.
+func (c *capture) admit(n int) error {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
 	}
 	if !bodyAllowed(c.status) {
-		return 0, http.ErrBodyNotAllowed
+		return http.ErrBodyNotAllowed
 	}
-	if c.tooBig || c.body.Len()+len(p) > c.limit {
+	if c.tooBig || c.body.Len()+n > c.limit {
 		c.tooBig = true
-		return 0, errResponseTooLarge
+		return errResponseTooLarge
 	}
-	return c.body.Write(p)
+	return nil
 }
 
 // Flush does nothing: the response is sent whole once recorded.
@@ -118,27 +139,16 @@ func bodyAllowed(status int) bool {
 // encodeResponse is the record of a captured response: its status, the
 // header fields on the replay list and its body; with redact, as redact
 // left a copy of them.
-func encodeResponse(r *http.Request, c *capture, replayed map[string]bool, redact RedactFunc) ([]byte, error) {
+func encodeResponse(r *http.Request, c *capture, o *options, redact RedactFunc) ([]byte, error) {
 	status, header, body := c.status, c.header, c.body.Bytes()
 	if redact != nil {
-		reply, err := redacted(r, c, replayed, redact)
+		reply, err := redacted(r, c, o.replayed, redact)
 		if err != nil {
 			return nil, err
 		}
 		status, header, body = reply.Status, reply.Header, reply.Body
 	}
-	resp := &idemkeyv1.HTTPResponse{Status: int32(status), Body: body}
-	for _, k := range slices.Sorted(maps.Keys(header)) {
-		if !replayed[k] || len(header[k]) == 0 {
-			continue
-		}
-		values := make([][]byte, len(header[k]))
-		for i, v := range header[k] {
-			values[i] = []byte(v)
-		}
-		resp.Header = append(resp.Header, &idemkeyv1.MetadataEntry{Key: strings.ToLower(k), Values: values})
-	}
-	return proto.Marshal(&idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Http{Http: resp}})
+	return encodeRecord(status, header, body, o.replayList)
 }
 
 // redacted is the Reply that redact leaves of a copy of the captured
@@ -175,41 +185,24 @@ func redacted(r *http.Request, c *capture, replayed map[string]bool, redact Reda
 	return reply, nil
 }
 
-// decodeResponse reads a record back; an error if it is not an HTTP
-// response's (a gRPC call's, say) or is corrupt. It never panics.
-func decodeResponse(raw []byte) (*idemkeyv1.HTTPResponse, error) {
-	var out idemkeyv1.Outcome
-	if err := proto.Unmarshal(raw, &out); err != nil {
-		return nil, err
-	}
-	resp := out.GetHttp()
-	if resp == nil {
-		return nil, errors.New("the record holds no HTTP response: another transport recorded it")
-	}
-	if resp.GetStatus() < 200 || resp.GetStatus() > 999 {
-		return nil, fmt.Errorf("the recorded status %d is not a final status", resp.GetStatus())
-	}
-	return resp, nil
-}
-
 // replayResponse writes a recorded response to w, with the header fields on
 // today's replay list, marked replayed.
-func replayResponse(w http.ResponseWriter, resp *idemkeyv1.HTTPResponse, replayed map[string]bool) {
+func replayResponse(w http.ResponseWriter, resp *recordedResponse, o *options) {
 	h := w.Header()
-	for _, e := range resp.GetHeader() {
-		k := http.CanonicalHeaderKey(e.GetKey())
-		if !replayed[k] {
-			continue
+	resp.eachHeader(func(key, entry []byte) {
+		k, ok := o.replayedWire[string(key)]
+		if !ok { // a name not in lower case, which no record of the middleware's holds
+			if k = http.CanonicalHeaderKey(string(key)); !o.replayed[k] {
+				return
+			}
 		}
-		values := make([]string, len(e.GetValues()))
-		for i, v := range e.GetValues() {
-			values[i] = string(v)
-		}
+		values := make([]string, 0, 1) // most fields have one value
+		eachValue(entry, func(v []byte) { values = append(values, string(v)) })
 		h[k] = values
-	}
+	})
 	h.Set(idemkey.ReplayedHeader, "true")
-	w.WriteHeader(int(resp.GetStatus()))
-	if len(resp.GetBody()) > 0 && bodyAllowed(int(resp.GetStatus())) {
-		_, _ = w.Write(resp.GetBody())
+	w.WriteHeader(resp.status)
+	if len(resp.body) > 0 && bodyAllowed(resp.status) {
+		_, _ = w.Write(resp.body)
 	}
 }

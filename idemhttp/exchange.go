@@ -29,14 +29,27 @@ type exchange struct {
 	name string
 	rec  statusRecorder // the handler's writes, for Pass
 
-	body    []byte   // the request body, read for the fingerprint
-	read    bool     // body was read: the handler gets it, not r.Body
-	ran     bool     // the handler ran (Run)
-	cw      *capture // the handler's buffered response, for Run
-	standIn *capture // the 500 recorded in its place, if it could not be
+	ctx      nameContext // the request's context, with the operation name
+	body     []byte      // the request body, read for the fingerprint
+	read     bool        // body was read: the handler gets it, not r.Body
+	bodyRead bodyReader  // reads body again, for the fingerprint and then the handler
+	ran      bool        // the handler ran (Run)
+	cw       *capture    // the handler's buffered response, for Run: &captured
+	captured capture     // the capture cw points to
+	standIn  *capture    // the 500 recorded in its place, if it could not be
 
-	send func(w http.ResponseWriter) // the answer Answer prepared
+	send   sender       // the answer Answer prepared
+	replay replayAnswer // the replay that send is, if Answer prepared one
 }
+
+// sender sends an answer Answer prepared: a captured response (*capture), a
+// replay, or a problem.
+type sender interface{ send(w http.ResponseWriter) }
+
+// sendFunc is a sender that is a function.
+type sendFunc func(w http.ResponseWriter)
+
+func (f sendFunc) send(w http.ResponseWriter) { f(w) }
 
 func (x *exchange) Key() (string, bool, error) { return KeyFromHeader(x.r.Header) }
 
@@ -49,7 +62,7 @@ func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
 // fingerprints the request with it. Its error is a *refusal, which Answer
 // writes as its problem.
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
-	body, status, err := readBody(&x.rec, x.r, x.m.opts.maxBody)
+	body, status, err := readBody(x.r, x.m.opts.maxBody)
 	if err != nil {
 		reason := ReasonRequestUnreadable
 		if status == http.StatusRequestEntityTooLarge {
@@ -58,6 +71,11 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 		return store.Fingerprint{}, &refusal{status: status, reason: reason, detail: err.Error()}
 	}
 	x.body, x.read = body, true
+	if x.m.opts.fingerprint == nil {
+		// DefaultFingerprint's, of r itself rather than a copy with ctx and
+		// the body, which it does not read.
+		return fingerprint(x.r, x.name, body), nil
+	}
 	fp, err := x.m.opts.fingerprint(x.request(ctx), body)
 	if err != nil {
 		// The FingerprintFunc's own words may quote the request.
@@ -74,7 +92,8 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	x.ran = true
 	o := x.m.opts
-	x.cw = newCapture(x.w, x.m.eng.MaxRecordSize())
+	x.captured.reset(x.w, x.m.eng.MaxRecordSize())
+	x.cw = &x.captured
 	r := x.request(ctx)
 	x.next.ServeHTTP(x.cw, r)
 	x.cw.finish()
@@ -84,7 +103,7 @@ func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	case !o.recorded(x.cw.status):
 		return engine.HandlerResult{Release: true}
 	}
-	outcome, err := encodeResponse(r, x.cw, o.replayed, o.redact)
+	outcome, err := encodeResponse(r, x.cw, o, o.redact)
 	return engine.HandlerResult{Record: outcome, KeepWrites: x.cw.status < 400, Unrecordable: err}
 }
 
@@ -113,7 +132,7 @@ func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 }
 
 // answer is the status of a's answer, and how to send it.
-func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
+func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, sender) {
 	switch a.Verdict {
 	case engine.Executed:
 		cw := x.cw
@@ -121,9 +140,9 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.
 			cw = x.standIn // StandIn made it
 		}
 		setExpires(cw.header, a.Expires) // after its record: the expiry is each answer's own
-		return cw.status, cw.send
+		return cw.status, cw
 	case engine.Replayed:
-		return x.replay(ctx, a)
+		return x.replayed(ctx, a)
 	case engine.InProgress:
 		return problem(http.StatusConflict, idemkey.ReasonInProgress,
 			"a request with this Idempotency-Key is being processed; retry after the time given", a.RetryAfter, a.Expires)
@@ -161,11 +180,11 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, func(http.
 
 // problem is the status of a problem answer (WriteProblem), and how to
 // send it, telling expires if it is not zero.
-func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, func(http.ResponseWriter)) {
-	return status, func(w http.ResponseWriter) {
+func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, sender) {
+	return status, sendFunc(func(w http.ResponseWriter) {
 		setExpires(w.Header(), expires)
 		WriteProblem(w, status, reason, detail, retryAfter)
-	}
+	})
 }
 
 // refusal is Fingerprint's error: a request refused before anything is
@@ -178,28 +197,35 @@ type refusal struct {
 func (e *refusal) Error() string { return e.detail }
 
 // request is the request the handler and the fingerprint get: r with ctx,
-// and the body read for the fingerprint, if it was, to read again.
+// and the body read for the fingerprint, if it was, to read again. Only one
+// such request may read its body at a time: the fingerprint's, then the
+// handler's.
 func (x *exchange) request(ctx context.Context) *http.Request {
 	r := x.r.WithContext(ctx)
 	if x.read {
-		r = withBody(r, x.body)
+		x.bodyRead.Reset(x.body)
+		r.Body, r.ContentLength = &x.bodyRead, int64(len(x.body))
 	}
 	return r
 }
 
+// bodyReader reads a request's body again.
+type bodyReader struct{ bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
 // readBody reads r's body whole, up to limit bytes. On an error, status is
 // the answer: 413 past the limit, else 400.
-func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte, status int, err error) {
+func readBody(r *http.Request, limit int64) (body []byte, status int, err error) {
 	if r.ContentLength > limit {
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, nil
 	}
-	body, err = io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	var tooLarge *http.MaxBytesError
+	body, tooLarge, err := readAll(r.Body, r.ContentLength, limit)
 	switch {
-	case errors.As(err, &tooLarge):
+	case tooLarge:
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
 	case err != nil:
 		return nil, http.StatusBadRequest, errors.New("the request body could not be read")
@@ -207,14 +233,35 @@ func readBody(w http.ResponseWriter, r *http.Request, limit int64) (body []byte,
 	return body, 0, nil
 }
 
-func errTooLarge(limit int64) error {
-	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
+// readAll reads r to its end, as io.ReadAll does, or until it has read more
+// than limit bytes (tooLarge), as http.MaxBytesReader would refuse them,
+// without a reader around r. A body of size bytes (-1: unknown) is read into
+// a buffer of that size and one byte more, to see the end, rather than
+// grown from 512 bytes.
+func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error) {
+	if size < 0 {
+		size = 511
+	}
+	b = make([]byte, 0, min(size, limit)+1)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)] // room for more, as io.ReadAll makes it
+		}
+		n, err := r.Read(b[len(b):min(int64(cap(b)), limit+1)])
+		b = b[:len(b)+n]
+		switch {
+		case int64(len(b)) > limit:
+			return nil, true, nil
+		case err == io.EOF:
+			return b, false, nil
+		case err != nil:
+			return nil, false, err
+		}
+	}
 }
 
-// withBody is r with body to read again.
-func withBody(r *http.Request, body []byte) *http.Request {
-	r.Body, r.ContentLength = io.NopCloser(bytes.NewReader(body)), int64(len(body))
-	return r
+func errTooLarge(limit int64) error {
+	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
 }
 
 // setExpires tells the client until when the call's key is honoured, if
@@ -251,26 +298,36 @@ func (m *middleware) standIn(w http.ResponseWriter, why error) (*capture, []byte
 	}
 	pw := newCapture(w, store.SmallOutcome)
 	WriteProblem(pw, http.StatusInternalServerError, ReasonResponseNotRecorded, detail, 0)
-	outcome, err := encodeResponse(nil, pw, m.opts.replayed, nil) // idemkey's own, never redacted
+	outcome, err := encodeResponse(nil, pw, m.opts, nil) // idemkey's own, never redacted
 	if err != nil {
 		// A header field of the middleware before whose name is not UTF-8:
 		// the problem alone, which always encodes.
-		outcome, _ = encodeResponse(nil, pw, nil, nil)
+		outcome, _ = encodeRecord(pw.status, nil, pw.body.Bytes(), nil)
 	}
 	return pw, outcome
 }
 
-// replay is the status of the recorded response a replays, and how to send
-// it, marked replayed.
-func (x *exchange) replay(ctx context.Context, a engine.Answer) (int, func(http.ResponseWriter)) {
-	resp, err := decodeResponse(a.Outcome)
+// replayed is the status of the recorded response a replays, and how to
+// send it, marked replayed.
+func (x *exchange) replayed(ctx context.Context, a engine.Answer) (int, sender) {
+	resp, err := decodeRecord(a.Outcome)
 	if err != nil {
 		x.m.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome cannot be replayed",
 			slog.String("operation", x.name), slog.Any("error", err))
 		return problem(http.StatusInternalServerError, "", "the recorded response of this request cannot be read", 0, time.Time{})
 	}
-	return int(resp.GetStatus()), func(w http.ResponseWriter) {
-		setExpires(w.Header(), a.Expires)
-		replayResponse(w, resp, x.m.opts.replayed)
-	}
+	x.replay = replayAnswer{resp: resp, expires: a.Expires, opts: x.m.opts}
+	return resp.status, &x.replay
+}
+
+// replayAnswer is a replay of a recorded response, to send.
+type replayAnswer struct {
+	resp    recordedResponse
+	expires time.Time
+	opts    *options
+}
+
+func (r *replayAnswer) send(w http.ResponseWriter) {
+	setExpires(w.Header(), r.expires)
+	replayResponse(w, &r.resp, r.opts)
 }

@@ -134,16 +134,28 @@ func DefaultOperation(r *http.Request) string {
 // (store.AppendParts). Two requests that differ in any of them differ; so do
 // one sent to an HTTP route and one to a gRPC method, whatever their names.
 func DefaultFingerprint(r *http.Request, body []byte) (store.Fingerprint, error) {
-	mediaType, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
-	if err != nil {
-		mediaType = strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))
+	return fingerprint(r, OperationName(r.Context()), body), nil
+}
+
+// fingerprint is DefaultFingerprint's of a request of the operation name.
+func fingerprint(r *http.Request, name string, body []byte) store.Fingerprint {
+	contentType := r.Header.Get("Content-Type")
+	// What mime.ParseMediaType returns of a type without parameters, or
+	// what is used when it fails, without the map of its parameters.
+	mediaType := strings.ToLower(strings.TrimSpace(contentType))
+	if strings.Contains(contentType, ";") {
+		if mt, _, err := mime.ParseMediaType(contentType); err == nil {
+			mediaType = mt
+		}
 	}
 	h := sha256.New()
-	h.Write(store.AppendParts(make([]byte, 0, 256), "idemhttp v1", r.Method, OperationName(r.Context()),
-		r.URL.EscapedPath(), r.URL.RawQuery, mediaType))
-	h.Write(binary.BigEndian.AppendUint64(nil, uint64(len(body)))) // store.AppendParts, for bytes
+	parts := store.AppendParts(make([]byte, 0, 256), "idemhttp v1", r.Method, name,
+		r.URL.EscapedPath(), r.URL.RawQuery, mediaType)
+	h.Write(binary.BigEndian.AppendUint64(parts, uint64(len(body)))) // store.AppendParts, for bytes
 	h.Write(body)
-	return store.Fingerprint(h.Sum(nil)), nil
+	var fp store.Fingerprint
+	h.Sum(fp[:0])
+	return fp
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
@@ -165,9 +177,10 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 		})
 	}
 	x := &exchange{m: m, r: r, w: w, next: next, name: name, rec: statusRecorder{ResponseWriter: w}}
-	m.eng.Serve(&nameContext{r.Context(), name}, op, x)
+	x.ctx = nameContext{r.Context(), name}
+	m.eng.Serve(&x.ctx, op, x)
 	if x.send != nil { // the middleware's own answer, once the hooks have run
-		x.send(w)
+		x.send.send(w)
 	}
 }
 

@@ -297,6 +297,41 @@ func TestBodyTooLarge(t *testing.T) {
 	}
 }
 
+// TestBodyReadAgain: the fingerprint function and then the handler each
+// read the whole body from the request they get, whether the client sent
+// its length or not, and whatever its size.
+func TestBodyReadAgain(t *testing.T) {
+	var fingerprinted, handled []byte
+	fingerprint := func(r *http.Request, body []byte) (store.Fingerprint, error) {
+		fingerprinted, _ = io.ReadAll(r.Body)
+		return idemhttp.DefaultFingerprint(r, body)
+	}
+	s := newServer(t, nil, []idemhttp.Option{idemhttp.WithFingerprint(fingerprint)}, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			handled, _ = io.ReadAll(r.Body)
+			w.WriteHeader(http.StatusCreated)
+		})))
+	})
+	for i, body := range []string{"", "{}", strings.Repeat("0123456789", 100)} {
+		for _, chunked := range []bool{false, true} {
+			var from io.Reader = strings.NewReader(body)
+			if chunked {
+				from = io.MultiReader(from) // no length
+			}
+			req, _ := http.NewRequest("POST", s.url+"/v1/charges", from)
+			req.Header.Set("Authorization", "Bearer acme")
+			req.Header.Set(idemkey.KeyHeader, idemkey.FormatKey("k"+strconv.Itoa(i)+strconv.FormatBool(chunked)))
+			if resp, raw := s.do(req); resp.StatusCode != http.StatusCreated {
+				t.Fatalf("%d %q", resp.StatusCode, raw)
+			}
+			if string(fingerprinted) != body || string(handled) != body {
+				t.Fatalf("a body of %d bytes (chunked: %v): the fingerprint read %d bytes, the handler %d", len(body), chunked, len(fingerprinted), len(handled))
+			}
+		}
+	}
+	s.wantRuns(6)
+}
+
 func TestPanicReleasesTheKey(t *testing.T) {
 	var calls atomic.Int64
 	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {

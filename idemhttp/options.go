@@ -2,7 +2,9 @@ package idemhttp
 
 import (
 	"fmt"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/idemkey/idemkey/store"
@@ -27,28 +29,37 @@ type Option func(*options)
 type FingerprintFunc func(r *http.Request, body []byte) (store.Fingerprint, error)
 
 type options struct {
-	methods     map[string]bool
-	operation   func(r *http.Request) string
-	maxBody     int64
-	recorded    func(status int) bool
-	replayed    map[string]bool // canonical header names
-	fingerprint FingerprintFunc
-	atomic      bool
-	redact      RedactFunc
-	err         error // the first option refused
+	methods   map[string]bool
+	operation func(r *http.Request) string
+	maxBody   int64
+	recorded  func(status int) bool
+	replayed  map[string]bool // canonical header names
+	// The replay list, sorted by name, and by the lower-case names records
+	// hold, for a record's encoding and its replay (record.go).
+	replayList   []replayedName
+	replayedWire map[string]string // lower-case name -> canonical name
+	fingerprint  FingerprintFunc   // nil: DefaultFingerprint's
+	atomic       bool
+	redact       RedactFunc
+	err          error // the first option refused
 }
 
 func newOptions(opts []Option) *options {
 	o := &options{
-		methods:     map[string]bool{http.MethodPost: true, http.MethodPatch: true},
-		operation:   DefaultOperation,
-		maxBody:     defaultMaxBodySize,
-		recorded:    defaultRecorded,
-		replayed:    map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
-		fingerprint: DefaultFingerprint,
+		methods:   map[string]bool{http.MethodPost: true, http.MethodPatch: true},
+		operation: DefaultOperation,
+		maxBody:   defaultMaxBodySize,
+		recorded:  defaultRecorded,
+		replayed:  map[string]bool{"Content-Type": true, "Content-Encoding": true, "Content-Language": true, "Location": true},
 	}
 	for _, opt := range opts {
 		opt(o)
+	}
+	o.replayedWire = make(map[string]string, len(o.replayed))
+	for _, c := range slices.Sorted(maps.Keys(o.replayed)) {
+		n := replayedName{canonical: c, wire: strings.ToLower(c)}
+		o.replayList = append(o.replayList, n)
+		o.replayedWire[n.wire] = c
 	}
 	return o
 }

@@ -42,45 +42,36 @@ func BenchmarkUnary(b *testing.B) {
 
 // BenchmarkOverhead makes the same three calls interleaved, one of each per
 // iteration in rotating order, so that a noisy machine slows all three alike,
-// and reports each one's time and its ratio to the bare call.
+// and reports each one's time, its ratio to the bare call's, and the time
+// and the allocations (counted apart, see benchtest.Allocs) it adds to it.
 func BenchmarkOverhead(b *testing.B) {
 	bare := newBenchClient(b)
-	guarded := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(memory.New())))
+	// Room for every first call of a long run: the default bounds fill up
+	// with the records of some 100,000 calls.
+	st := memory.New(memory.WithMaxRecords(1<<30), memory.WithMaxBytes(1<<40))
+	guarded := newBenchClient(b, grpc.UnaryInterceptor(grpctest.Interceptor(st)))
 	req := request(1999)
 	replay := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "replay")
 	if _, err := guarded.CreateCharge(replay, req); err != nil {
 		b.Fatal(err)
 	}
-	firsts := make([]context.Context, b.N)
-	for i := range firsts {
-		firsts[i] = metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "first-"+strconv.Itoa(i))
-	}
 	bareCtx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "bare")
-	var spent [3]time.Duration // bare, first, replay
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
-		for j := range 3 {
-			path := (i + j) % 3
-			client, ctx := guarded, replay
-			switch path {
-			case 0:
-				client, ctx = bare, bareCtx
-			case 1:
-				ctx = firsts[i]
-			}
-			start := time.Now()
-			if _, err := client.CreateCharge(ctx, req); err != nil {
-				b.Fatal(err)
-			}
-			spent[path] += time.Since(start)
-		}
+	call := func(c paymentsv1.PaymentServiceClient, ctx context.Context) error {
+		_, err := c.CreateCharge(ctx, req)
+		return err
 	}
-	perCall := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N) }
-	b.ReportMetric(perCall(spent[0]), "bare-ns/call")
-	b.ReportMetric(perCall(spent[1]), "first-ns/call")
-	b.ReportMetric(perCall(spent[2]), "replay-ns/call")
-	b.ReportMetric(perCall(spent[1])/perCall(spent[0]), "first/bare")
-	b.ReportMetric(perCall(spent[2])/perCall(spent[0]), "replay/bare")
+	var firsts int            // a new key for every first call, of Interleave's and Allocs' runs alike
+	var first context.Context // its metadata, made before it is timed
+	ops := []benchtest.Op{
+		{Name: "bare", Run: func(int) error { return call(bare, bareCtx) }},
+		{Name: "first", Run: func(int) error { return call(guarded, first) }, Before: func(int) {
+			firsts++
+			first = metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, "first-"+strconv.Itoa(firsts))
+		}},
+		{Name: "replay", Run: func(int) error { return call(guarded, replay) }},
+	}
+	ns := benchtest.Interleave(b, ops...)
+	benchtest.ReportAdded(b, ops, ns, benchtest.Allocs(b, 1000, ops...))
 }
 
 func benchmarkCalls(b *testing.B, client paymentsv1.PaymentServiceClient, key func(i int) string) {

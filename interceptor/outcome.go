@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
@@ -126,6 +127,13 @@ type recorded struct {
 // output. An error means the record cannot be read; a corrupt record never
 // panics.
 func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error) {
+	if b, ok := responseAlone(raw); ok {
+		resp := output.New().Interface()
+		if err := proto.Unmarshal(b, resp); err != nil {
+			return recorded{}, err
+		}
+		return recorded{resp: resp}, nil
+	}
 	out, resp, err := protokey.DecodeOutcome(raw, output)
 	if err != nil {
 		return recorded{}, err
@@ -135,6 +143,22 @@ func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error
 		rec.err = status.ErrorProto(&spb.Status{Code: st.GetCode(), Message: string(st.GetMessage()), Details: st.GetDetails()})
 	}
 	return rec, nil
+}
+
+// outcomeResponse is the field number of Outcome.response.
+const outcomeResponse protowire.Number = 1
+
+// responseAlone returns the response of a record that holds a response and
+// nothing else (no metadata: most records), to read without the Outcome
+// around it, as protokey.DecodeOutcome would read it; ok is false for any
+// other record.
+func responseAlone(raw []byte) (resp []byte, ok bool) {
+	num, typ, n := protowire.ConsumeTag(raw)
+	if n < 0 || num != outcomeResponse || typ != protowire.BytesType {
+		return nil, false
+	}
+	resp, m := protowire.ConsumeBytes(raw[n:])
+	return resp, m >= 0 && n+m == len(raw)
 }
 
 func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {

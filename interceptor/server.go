@@ -75,6 +75,7 @@ type exchange struct {
 	m       *method
 	handler grpc.UnaryHandler
 	rec     *recorder // the metadata the handler set, when some is replayed
+	expires [1]string // the value of the expiry's trailer (expiry)
 
 	resp any
 	err  error
@@ -148,7 +149,7 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 	ctx := x.ctx
 	switch a.Verdict {
 	case engine.Executed:
-		tellExpiry(ctx, a.Expires)
+		x.tellExpiry(a.Expires)
 		switch {
 		case errors.Is(a.StandIn, engine.ErrTooLarge):
 			return nil, tooLargeErr
@@ -163,10 +164,10 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
 		_ = grpc.SetTrailer(ctx, pushbackTrailer(a.RetryAfter))
-		tellExpiry(ctx, a.Expires)
+		x.tellExpiry(a.Expires)
 		return nil, inProgressError(a.RetryAfter)
 	case engine.Reused:
-		tellExpiry(ctx, a.Expires)
+		x.tellExpiry(a.Expires)
 		return nil, reusedKeyError()
 	case engine.KeyMissing:
 		return nil, missingKeyError()
@@ -236,8 +237,12 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 	if md := allowed(rec.trailer, s.opts.replayed); len(md) > 0 {
 		_ = grpc.SetTrailer(ctx, md)
 	}
-	_ = grpc.SetTrailer(ctx, replayedTrailer) // gRPC copies it; it is never modified
-	tellExpiry(ctx, a.Expires)
+	// One trailer with both: gRPC joins each trailer it is set into a copy.
+	md := metadata.MD{idemkey.ReplayedMetadata: replayedValue}
+	if !a.Expires.IsZero() {
+		md[idemkey.ExpiresMetadata] = x.expiry(a.Expires)
+	}
+	_ = grpc.SetTrailer(ctx, md)
 	return rec.resp, rec.err
 }
 
@@ -246,13 +251,21 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 // of a reply: a header would make an error that an interceptor outside
 // idemkey puts in the reply's place one that gRPC's retry policy does not
 // retry.
-func tellExpiry(ctx context.Context, expires time.Time) {
+func (x *exchange) tellExpiry(expires time.Time) {
 	if !expires.IsZero() {
-		_ = grpc.SetTrailer(ctx, metadata.Pairs(idemkey.ExpiresMetadata, idemkey.FormatDate(expires)))
+		_ = grpc.SetTrailer(x.ctx, metadata.MD{idemkey.ExpiresMetadata: x.expiry(expires)})
 	}
 }
 
-var replayedTrailer = metadata.Pairs(idemkey.ReplayedMetadata, "true")
+// expiry is the value of the expiry's trailer: gRPC copies it.
+func (x *exchange) expiry(expires time.Time) []string {
+	x.expires[0] = idemkey.FormatDate(expires)
+	return x.expires[:]
+}
+
+// replayedValue is the value of idemkey.ReplayedMetadata. gRPC copies a
+// trailer's values; it is never modified.
+var replayedValue = []string{"true"}
 
 // allowed is the part of md whose keys are in keys; md itself if all are.
 func allowed(md metadata.MD, keys map[string]bool) metadata.MD {

@@ -16,7 +16,9 @@
 //
 // A store that implements Atomic as well (store/postgres) can also commit the
 // handler's own writes together with the record, in one transaction; one that
-// implements Finder can replay a retried call with a read alone.
+// implements Finder can replay a retried call with a read alone; one that
+// implements Watcher (store/memory) tells a waiting duplicate the moment the
+// key it waits for is recorded.
 //
 // Every implementation passes the conformance suite in package storetest:
 // store/memory (one process), store/postgres (any number of processes on
@@ -249,6 +251,26 @@ type BatchReserver interface {
 	// failed stays in progress until its lease ends, as after a Reserve
 	// whose answer was lost.
 	ReserveBatch(ctx context.Context, rs []Reservation) (res []Entry, err error)
+}
+
+// Watcher is implemented by stores that can tell a duplicate when the call
+// that holds its key has recorded or released it (store/memory: from its own
+// Complete and Release), so that the duplicate the engine holds for the key
+// (engine.WithInProgressWait) reads it again at once rather than at its next
+// poll. The engine polls all the same, on the same schedule, for what a
+// store cannot tell (a lease that ends, another process's write).
+type Watcher interface {
+	// Watch returns a channel that is closed once the record of key, which
+	// another call holds, is completed, released or deleted, and stop, to
+	// call once the channel is no longer read. It never blocks on the
+	// store's storage. The engine takes a Watch before each read of the key
+	// it waits for, so that a change after the read is told. If the record
+	// is not held when Watch is called (completed, released, or its lease
+	// ended), changed is closed already, so that a change between the
+	// call's Reserve and its first Watch is not missed either; a store that
+	// cannot tell without reading its storage leaves it open, and the
+	// engine's first poll finds the change.
+	Watch(key Key) (changed <-chan struct{}, stop func())
 }
 
 // Finder is implemented by stores that can read a completed record more

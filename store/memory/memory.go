@@ -3,7 +3,8 @@
 //
 // It is safe for concurrent use. Every Reserve deletes a few expired records,
 // and Sweep deletes the rest on demand, so no goroutine runs in the
-// background.
+// background. It tells a duplicate that waits for a key (store.Watcher) the
+// moment the key's record is completed or released.
 //
 // # Bounds
 //
@@ -91,6 +92,14 @@ type Store struct {
 	total     usage
 	parts     map[store.Partition]*usage // of each partition holding records, but the zero one
 	lastToken store.Token
+	waiters   map[store.Key]*waiters // keys held by a call, that duplicates wait for (Watch)
+}
+
+// waiters are the duplicates waiting for one key: ch is closed once its
+// record is completed, released or deleted.
+type waiters struct {
+	ch chan struct{}
+	n  int // Watches not yet stopped
 }
 
 // usage is what records hold: how many, and how many bytes they count.
@@ -155,7 +164,8 @@ func WithTenantShare(fraction float64) Option {
 
 // New returns an empty store.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, records: make(map[store.Key]*record), parts: make(map[store.Partition]*usage)}
+	s := &Store{now: time.Now, records: make(map[store.Key]*record), parts: make(map[store.Partition]*usage),
+		waiters: make(map[store.Key]*waiters)}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -257,6 +267,7 @@ var (
 	_ store.Store   = (*Store)(nil)
 	_ store.Finder  = (*Store)(nil)
 	_ store.Sweeper = (*Store)(nil)
+	_ store.Watcher = (*Store)(nil)
 )
 
 // Reserve implements store.Store.
@@ -346,7 +357,50 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	rec.completed = true
 	rec.outcome = outcome
 	heap.Fix(&s.byExpiry, rec.index)
+	s.wakeLocked(key)
 	return nil
+}
+
+// Watch implements store.Watcher: Complete, Release and the deletion of an
+// expired record close the channel of the key's duplicates.
+func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	rec, ok := s.records[key]
+	if !ok || rec.completed || !s.now().Before(rec.leaseEnd) {
+		return closedChan, func() {}
+	}
+	w := s.waiters[key]
+	if w == nil {
+		w = &waiters{ch: make(chan struct{})}
+		s.waiters[key] = w
+	}
+	w.n++
+	return w.ch, func() {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		if w.n--; w.n == 0 && s.waiters[key] == w {
+			delete(s.waiters, key)
+		}
+	}
+}
+
+// closedChan is Watch's answer for a record that is not held.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// wakeLocked wakes the duplicates waiting for key, whose record changed.
+func (s *Store) wakeLocked(key store.Key) {
+	if len(s.waiters) == 0 {
+		return
+	}
+	if w := s.waiters[key]; w != nil {
+		close(w.ch)
+		delete(s.waiters, key)
+	}
 }
 
 // Release implements store.Store.
@@ -423,6 +477,7 @@ func (s *Store) deleteLocked(rec *record) {
 	heap.Remove(&s.byExpiry, rec.index)
 	delete(s.records, rec.key)
 	s.countLocked(rec.partition, -1, -rec.cost)
+	s.wakeLocked(rec.key)
 }
 
 // expiryHeap orders records by removableAt; it implements heap.Interface.

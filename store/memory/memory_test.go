@@ -456,3 +456,50 @@ func TestRoomAccountingUnderConcurrency(t *testing.T) {
 		t.Errorf("after every record expired and was swept: %d records, %d bytes counted; want none", n, b)
 	}
 }
+
+// TestWatchKeepsNothing: the store keeps nothing of a Watch once it is
+// stopped, or once its key is completed, released or swept.
+func TestWatchKeepsNothing(t *testing.T) {
+	c := storetest.NewClock()
+	st := memory.New(memory.WithClock(c.Now))
+	ctx := context.Background()
+	acquire := func(name string, lease time.Duration) (store.Key, store.Token) {
+		key := store.ScopeKey("t", "/m", name)
+		res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: lease, Retention: time.Minute})
+		if err != nil || res.State != store.Acquired {
+			t.Fatalf("Reserve = %v, %v", res.State, err)
+		}
+		return key, res.Token
+	}
+	stopped, _ := acquire("stopped", time.Minute)
+	var stops []func()
+	for range 3 {
+		_, stop := st.Watch(stopped)
+		stops = append(stops, stop)
+	}
+	for _, stop := range stops {
+		stop()
+	}
+	completed, token := acquire("completed", time.Minute)
+	st.Watch(completed)
+	released, releasedToken := acquire("released", time.Minute)
+	st.Watch(released)
+	swept, _ := acquire("swept", time.Second)
+	st.Watch(swept)
+	if n := st.Watched(); n != 3 {
+		t.Fatalf("%d keys watched, want 3: all but the one whose Watches stopped", n)
+	}
+	if err := st.Complete(ctx, completed, token, []byte("ok")); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Release(ctx, released, releasedToken); err != nil {
+		t.Fatal(err)
+	}
+	c.Advance(t, 2*time.Minute) // past the swept key's retention and lease, and the others'
+	if _, err := st.Sweep(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Watched(); n != 0 {
+		t.Fatalf("%d keys watched after their records were completed, released, swept or their Watches stopped, want 0", n)
+	}
+}

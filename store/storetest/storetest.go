@@ -1,5 +1,5 @@
 // Package storetest is the conformance suite for store.Store, and for
-// store.Finder, store.Sweeper and store.BatchReserver where a store
+// store.Finder, store.Sweeper, store.BatchReserver and store.Watcher where a store
 // implements them. Expiry is
 // checked through Reserve and Find for every store; sweeping only for a
 // Sweeper. Every store runs it from its own
@@ -77,6 +77,7 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"Expires", testExpires},
 		{"ReserveBatch", testReserveBatch},
 		{"ConcurrentReserveBatch", testConcurrentReserveBatch},
+		{"Watch", testWatch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -643,4 +644,62 @@ func testConcurrentReserveBatch(t *testing.T, h Harness) {
 			}
 		}
 	}
+}
+
+// testWatch: a Watch of a key another call holds is told when the key is
+// completed or released, and not by another key's change; one of a key no
+// call holds (none, completed, or its lease ended) is told at once.
+func testWatch(t *testing.T, h Harness) {
+	w := need[store.Watcher](t, h)
+	ctx := context.Background()
+	wantClosed := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(30 * time.Second): // a store that hears of the change later (pub/sub) has ample time
+			t.Fatalf("Watch of %s: not told", what)
+		}
+	}
+	wantOpen := func(what string, ch <-chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+			t.Fatalf("Watch of %s: told of a change", what)
+		default:
+		}
+	}
+	absent, stop := w.Watch(newKey(t, "absent"))
+	wantClosed("a key no call holds", absent)
+	stop()
+
+	key, other := newKey(t, "k"), newKey(t, "other")
+	token, otherToken := mustAcquire(t, h.Store, key, fpA), mustAcquire(t, h.Store, other, fpA)
+	first, stopFirst := w.Watch(key)
+	_, stopSecond := w.Watch(key)
+	wantOpen("a key held", first)
+	stopSecond() // the other Watch of the key goes on
+	complete(t, h.Store, other, otherToken, []byte("other"))
+	wantOpen("a key held, once another key is completed", first)
+	complete(t, h.Store, key, token, []byte("done"))
+	wantClosed("a key held, once it is completed", first)
+	stopFirst()
+	done, stop := w.Watch(key)
+	wantClosed("a completed key", done)
+	stop()
+
+	released := newKey(t, "released")
+	token = mustAcquire(t, h.Store, released, fpA)
+	ch, stop := w.Watch(released)
+	if err := h.Store.Release(ctx, released, token); err != nil {
+		t.Fatalf("Release: %v", err)
+	}
+	wantClosed("a key held, once it is released", ch)
+	stop()
+
+	ended := newKey(t, "ended")
+	reserveFor(t, h.Store, ended, fpA, time.Second, retention)
+	h.Advance(t, 2*time.Second)
+	ch, stop = w.Watch(ended)
+	wantClosed("a key whose lease ended", ch)
+	stop()
 }
