@@ -237,12 +237,15 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, err error)
 // than limit bytes (tooLarge), as http.MaxBytesReader would refuse them,
 // without a reader around r. A body of size bytes (-1: unknown) is read into
 // a buffer of that size and one byte more, to see the end, rather than
-// grown from 512 bytes.
+// grown from 512 bytes; but no more than preallocMax is made before the
+// bytes arrive, since size is the client's word: a flood of requests that
+// claim a large Content-Length and send nothing costs no more than one
+// that sends its bytes.
 func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error) {
 	if size < 0 {
 		size = 511
 	}
-	b = make([]byte, 0, min(size, limit)+1)
+	b = make([]byte, 0, min(size, limit, preallocMax)+1)
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)] // room for more, as io.ReadAll makes it
@@ -259,6 +262,10 @@ func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error
 		}
 	}
 }
+
+// preallocMax is the most readAll makes room for before a body's bytes
+// arrive.
+const preallocMax = 64 << 10
 
 func errTooLarge(limit int64) error {
 	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
