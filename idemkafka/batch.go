@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkey/idemkey/consumer"
@@ -179,7 +180,30 @@ func (c *Consumer) SettleBatch(ctx context.Context, rs []*kgo.Record, results []
 	if len(commit) == 0 {
 		return
 	}
-	if err := c.cl.CommitRecords(ctx, commit...); err != nil {
-		c.core.Warn(ctx, "committing offsets failed (was the partition revoked?); the records are delivered again and dropped as duplicates", err)
+	err := c.cl.CommitRecords(ctx, commit...)
+	if err == nil {
+		return
 	}
+	c.core.Warn(ctx, "committing offsets failed; the records are delivered again and dropped as duplicates", err)
+	if !lostMembership(err) {
+		return
+	}
+	// The group moved on without this member: its partitions are another's,
+	// and the records after these are skipped, until a later assignment
+	// fetches them again, from the offsets committed.
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, r := range commit {
+		tp := topicPartition{r.Topic, r.Partition}
+		if at, ok := c.rewound[tp]; !ok || r.Offset < at {
+			c.rewound[tp] = r.Offset
+		}
+	}
+}
+
+// lostMembership says whether err, a commit's, is the group coordinator's
+// refusal of a member that is no longer in the group's generation.
+func lostMembership(err error) bool {
+	return errors.Is(err, kerr.UnknownMemberID) || errors.Is(err, kerr.IllegalGeneration) ||
+		errors.Is(err, kerr.FencedInstanceID) || errors.Is(err, kerr.RebalanceInProgress)
 }

@@ -27,8 +27,10 @@ type Consumer struct {
 
 	mu sync.Mutex
 	// rewound holds, for each partition set back to a record that was not
-	// settled (Settle of a Nak), the offset it was set back to: the records
-	// after it that a poll returned are skipped until it comes again.
+	// settled (Settle of a Nak), the offset it was set back to, and for each
+	// partition whose commit the group refused, the offset of its first
+	// record refused: the records after it that a poll returned are skipped
+	// until it comes again.
 	rewound map[topicPartition]int64
 }
 
@@ -39,8 +41,11 @@ type topicPartition struct {
 
 // ErrRewound is the Err of a record that Process skipped without running:
 // an earlier record of its partition was not settled, so its partition was
-// set back to that record (Settle), and this one comes again after it.
-var ErrRewound = errors.New("idemkafka: an earlier record of the partition was not settled; the record is fetched again after it")
+// set back to that record (Settle), and this one comes again after it; or
+// the commit of an earlier one was refused because this member had left
+// the group's generation (its rebalance timeout passed), and the partition
+// is another member's.
+var ErrRewound = errors.New("idemkafka: an earlier record of the partition was not settled, or not committed; the record is fetched again after it")
 
 // New returns a Consumer that runs h for the records cl polls, with the
 // idempotency of core. cl must consume a group (kgo.ConsumerGroup) of named

@@ -31,6 +31,7 @@ var fast = consumer.WithBackoff(20*time.Millisecond, 100*time.Millisecond)
 type rig struct {
 	t       *testing.T
 	brokers []string
+	st      store.Store
 	topic   string
 	group   string
 	prod    *kgo.Client
@@ -63,7 +64,7 @@ func newCore(t *testing.T, st store.Store, name string, eopts []engine.Option, o
 func newRig(t *testing.T, st store.Store, h idemkafka.Handler, eopts []engine.Option, coreOpts []consumer.Option, opts ...idemkafka.Option) *rig {
 	t.Helper()
 	brokers := kafkatest.Brokers(t)
-	r := &rig{t: t, brokers: brokers, topic: kafkatest.Topic(t, brokers, "charges", 1, nil), group: kafkatest.Name("g"),
+	r := &rig{t: t, brokers: brokers, st: st, topic: kafkatest.Topic(t, brokers, "charges", 1, nil), group: kafkatest.Name("g"),
 		runs: map[string]int{}, results: map[consumer.Outcome]int{}}
 	r.prod = kafkatest.Client(t, brokers)
 	r.cl = kafkatest.GroupClient(t, brokers, r.group, []string{r.topic})
