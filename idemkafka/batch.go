@@ -12,39 +12,68 @@ import (
 )
 
 // NextBatch polls the client for the next batch of at most n records
-// (cl.PollRecords): those it has buffered, or else the first fetch that
-// returns any, waiting until ctx is done. Its error is kgo.ErrClientClosed
-// once the client is closed, or ctx's; a fetch's other errors (which kgo
-// retries) are logged.
+// (cl.PollRecords): it waits for the first until ctx is done, then takes the
+// records the client holds, and those that arrive within maxWait of the
+// first, up to n. It never waits longer for a full batch: a batch is what
+// is there. Its error is kgo.ErrClientClosed once the client is closed, or
+// ctx's; a fetch's other errors (which kgo retries) are logged.
 //
 // A poll holds the group's rebalances (kgo.BlockRebalanceOnPoll) until
-// cl.AllowRebalance: call it after the batch is settled.
+// cl.AllowRebalance: call it after the batch is settled, and close the
+// client with cl.CloseAllowingRebalance.
 //
 //	for {
-//		rs, err := c.NextBatch(ctx, 32)
+//		rs, err := c.NextBatch(ctx, 32, 5*time.Millisecond)
 //		if err != nil {
 //			break
 //		}
 //		c.HandleBatch(ctx, rs)
 //		cl.AllowRebalance()
 //	}
-func (c *Consumer) NextBatch(ctx context.Context, n int) ([]*kgo.Record, error) {
-	for {
-		fetches := c.cl.PollRecords(ctx, max(n, 1))
-		if fetches.IsClientClosed() {
-			return nil, kgo.ErrClientClosed
-		}
-		if err := ctx.Err(); err != nil {
+func (c *Consumer) NextBatch(ctx context.Context, n int, maxWait time.Duration) ([]*kgo.Record, error) {
+	n = max(n, 1)
+	var rs []*kgo.Record
+	for len(rs) == 0 {
+		more, err := c.poll(ctx, n)
+		if err != nil {
 			return nil, err
 		}
-		fetches.EachError(func(topic string, partition int32, err error) {
-			c.core.Warn(ctx, "fetching records failed; the client fetches them again", err)
-		})
-		if rs := fetches.Records(); len(rs) > 0 {
-			return rs, nil
+		rs = more
+		if len(rs) == 0 {
+			c.cl.AllowRebalance() // nothing was polled that a rebalance could take
 		}
-		c.cl.AllowRebalance() // nothing was polled that a rebalance could take
 	}
+	if len(rs) >= n || maxWait <= 0 {
+		return rs, nil
+	}
+	wait, cancel := context.WithTimeout(ctx, maxWait)
+	defer cancel()
+	for len(rs) < n && wait.Err() == nil {
+		more, err := c.poll(wait, n-len(rs))
+		if err != nil {
+			break // the wait ended, or the client closed: the next call says so
+		}
+		rs = append(rs, more...)
+	}
+	return rs, nil
+}
+
+// poll polls up to n records; its error is ctx's, or kgo.ErrClientClosed.
+func (c *Consumer) poll(ctx context.Context, n int) ([]*kgo.Record, error) {
+	fetches := c.cl.PollRecords(ctx, n)
+	if fetches.IsClientClosed() {
+		return nil, kgo.ErrClientClosed
+	}
+	rs := fetches.Records()
+	if err := ctx.Err(); err != nil && len(rs) == 0 {
+		return nil, err
+	}
+	fetches.EachError(func(_ string, _ int32, err error) {
+		if !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded) {
+			c.core.Warn(ctx, "fetching records failed; the client fetches them again", err)
+		}
+	})
+	return rs, nil
 }
 
 // HandleBatch processes rs together and commits their offsets in one

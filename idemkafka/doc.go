@@ -58,13 +58,13 @@
 //		kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders"),
 //		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll())
 //	if err != nil { ... }
-//	defer cl.Close()
+//	defer cl.CloseAllowingRebalance() // a poll holds rebalances, and so Close
 //	c, err := idemkafka.New(ctx, core, cl, func(ctx context.Context, r *kgo.Record) error {
 //		return bill(ctx, r.Value) // writes through postgres.TxFromContext(ctx)
 //	}, idemkafka.WithDeadLetterTopic("orders-dlq"))
 //	if err != nil { ... } // a *consumer.HorizonError, say
 //	for {
-//		rs, err := c.NextBatch(ctx, 32)
+//		rs, err := c.NextBatch(ctx, 32, 5*time.Millisecond)
 //		if err != nil {
 //			break // ctx done, or the client closed
 //		}

@@ -123,7 +123,7 @@ func TestMaxAttemptsToDeadLetterTopic(t *testing.T) {
 	defer cancel()
 	var results []consumer.Result
 	for len(results) < 3 {
-		rs, err := c.NextBatch(ctx, 10)
+		rs, err := c.NextBatch(ctx, 10, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -267,7 +267,7 @@ func TestUnsettledRecordRewinds(t *testing.T) {
 	defer cancel()
 	var rs []*kgo.Record
 	for len(rs) < 3 {
-		more, err := r.c.NextBatch(ctx, 3)
+		more, err := r.c.NextBatch(ctx, 3, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -294,7 +294,7 @@ func TestUnsettledRecordRewinds(t *testing.T) {
 	mu.Lock()
 	fail = false
 	mu.Unlock()
-	again, err := r.c.NextBatch(ctx, 10)
+	again, err := r.c.NextBatch(ctx, 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -76,7 +76,7 @@ func TestRevokedPartitionNotCommitted(t *testing.T) {
 	go func() {
 		var rs []*kgo.Record
 		for len(rs) < 3 {
-			more, err := a.NextBatch(ctx, 10)
+			more, err := a.NextBatch(ctx, 10, 0)
 			if err != nil {
 				resA <- nil
 				return
@@ -123,7 +123,7 @@ func TestRevokedPartitionNotCommitted(t *testing.T) {
 	// Member b now takes the held record and the one after it.
 	var got []string
 	for len(got) < 2 {
-		rs, err := b.NextBatch(ctx, 10)
+		rs, err := b.NextBatch(ctx, 10, 0)
 		if err != nil {
 			t.Fatalf("member b: %v (took %v)", err, got)
 		}

@@ -119,7 +119,7 @@ func (r *rig) consume(want int) {
 	ctx, cancel := context.WithTimeout(r.t.Context(), 20*time.Second)
 	defer cancel()
 	for ended := 0; ended < want; {
-		rs, err := r.c.NextBatch(ctx, 100)
+		rs, err := r.c.NextBatch(ctx, 100, 0)
 		if err != nil {
 			r.t.Fatalf("only %d of %d records handled: %v; outcomes %v", ended, want, err, r.outcomes())
 		}

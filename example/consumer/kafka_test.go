@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	"github.com/idemkey/idemkey/tests/kafkatest"
+)
+
+// kafkaBroker is a Kafka cluster (kfake in this test's process, or
+// IDEMKEY_TEST_KAFKA's), with a topic and a group of the test's own: the
+// consumer processes are killed and restarted against it, never the
+// broker.
+type kafkaBroker struct {
+	brokers      []string
+	topic, group string
+	prod         *kgo.Client
+	adm          *kadm.Client
+
+	mu      sync.Mutex
+	pending []*kgo.Record
+	errs    []error
+}
+
+// newKafka makes a topic of kafkaPartitions partitions, kept MaxStreamAge,
+// for the consumers' group.
+func newKafka(t *testing.T) *kafkaBroker {
+	t.Helper()
+	brokers := kafkatest.Brokers(t)
+	b := &kafkaBroker{brokers: brokers, group: kafkatest.Name("charges"),
+		topic: kafkatest.Topic(t, brokers, "payments", kafkaPartitions, kafkatest.Retention(MaxStreamAge, kafkaSegment))}
+	b.prod = kafkatest.Client(t, brokers)
+	b.adm = kadm.NewClient(kafkatest.Client(t, brokers))
+	return b
+}
+
+// args: a dead consumer's partitions move to the others after a session
+// timeout of 3s, not kgo's 45s, which keeps the tests short.
+func (b *kafkaBroker) args(string) []string {
+	return []string{"-kafka-brokers", strings.Join(b.brokers, ","), "-topic", b.topic, "-name", b.group, "-kafka-session-timeout", "3s"}
+}
+
+func (b *kafkaBroker) publish(ctx context.Context, id, tenant string, body []byte) error {
+	r := &kgo.Record{Topic: b.topic, Value: body}
+	if id != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: "message-id", Value: []byte(id)})
+	}
+	if tenant != "" {
+		r.Headers = append(r.Headers, kgo.RecordHeader{Key: "tenant", Value: []byte(tenant)})
+	}
+	b.prod.Produce(ctx, r, func(_ *kgo.Record, err error) {
+		if err != nil {
+			b.mu.Lock()
+			b.errs = append(b.errs, err)
+			b.mu.Unlock()
+		}
+	})
+	return nil
+}
+
+func (b *kafkaBroker) flush(ctx context.Context) error {
+	if err := b.prod.Flush(ctx); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(b.errs) > 0 {
+		return fmt.Errorf("%d records not produced: %v", len(b.errs), b.errs[0])
+	}
+	return nil
+}
+
+// ready counts the records the group has not committed.
+func (b *kafkaBroker) ready(t *testing.T) int {
+	t.Helper()
+	ends, err := b.adm.ListEndOffsets(t.Context(), b.topic)
+	if err != nil {
+		t.Fatalf("end offsets: %v", err)
+	}
+	committed, err := b.adm.FetchOffsets(t.Context(), b.group)
+	if err != nil {
+		t.Fatalf("committed offsets: %v", err)
+	}
+	var lag int64
+	ends.Each(func(o kadm.ListedOffset) {
+		at := int64(0)
+		if c, ok := committed.Lookup(b.topic, o.Partition); ok {
+			at = c.At
+		}
+		lag += o.Offset - at
+	})
+	return int(lag)
+}
+
+// settled waits until the group has committed every record, then stops
+// procs.
+func (b *kafkaBroker) settled(t *testing.T, procs ...*proc) {
+	t.Helper()
+	// Two minutes: a record whose run was killed, in two-phase mode, waits
+	// for its lease (a minute) to end.
+	waitFor(t, 2*time.Minute, "the group has committed every record", func() bool { return b.ready(t) == 0 })
+	for _, p := range procs {
+		p.stop(t)
+	}
+}
