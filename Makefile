@@ -8,7 +8,7 @@ GO          ?= go
 TOOL        := env GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
 # The modules of the workspace, each checked on its own (GOWORK=off) as a
 # user gets it; scripts/release lists the ones it publishes.
-MODULES     := . idemconnect idemnats idemamqp store/redis tests example
+MODULES     := . idemconnect idemnats idemamqp idemkafka store/redis tests example
 # Every package of every module of the workspace.
 PKGS        := github.com/idemkey/idemkey/...
 BENCH_COUNT ?= 10
@@ -46,8 +46,10 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	$(TOOL) buf format -d --exit-code
 	@# The published API's size, held at the targets of the one-engine step:
 	@# names in the entry packages, re-exports, the published total, and names
-	@# defined in more than one package.
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 380 -max-shared 25
+	@# defined in more than one package. The total is 380 and the 19 names of
+	@# idemkafka (issue 35), a module of its own like idemnats and idemamqp,
+	@# whose names are theirs (shared ones stay 25).
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 397 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
@@ -63,7 +65,7 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
 		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
-bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ) in both modes against the bare service; benchstat summarises
+bench: ## benchmark the interceptor against the bare call, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ, Kafka on kfake) in both modes against the bare service; benchstat summarises
 	@mkdir -p bin
 	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./protokey/ ./seal/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
@@ -82,7 +84,7 @@ bench: ## benchmark the interceptor against the bare call, the Postgres store ag
 	@$(TOOL) benchstat -filter '.name:Interceptor .unit:/(-ns\/op|\/bare)$$/' bin/bench.txt
 	@echo "== CreateCharge on PostgreSQL over bufconn, interleaved: atomic and two-phase against the service without idempotency"
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
-	@echo "== the example consumer on NATS JetStream and RabbitMQ, interleaved: messages per second, atomic and two-phase, one at a time and in batches of 32, against the consumer without idemkey"
+	@echo "== the example consumer on NATS JetStream, RabbitMQ and Kafka (kfake), interleaved: messages per second, atomic and two-phase, one at a time and in batches of 32, against the consumer without idemkey"
 	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare|\/bare-batch)$$/' bin/bench.txt
 	@echo "== the store against each design's hand-written SQL, 16 workers on a pool of 20, interleaved: throughput, PostgreSQL's CPU and WAL per call as ratios"
 	@$(TOOL) benchstat -filter '.name:Designs .unit:/(throughput|cpu|wal)$$/' bin/bench.txt
@@ -116,7 +118,7 @@ failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times 
 	$(GO) test -count=1 -timeout=0 -run='^TestFailover$$' ./tests/reliability/ -failovers=$(FAILOVERS) -failover-report=$(CURDIR)/bin/failover.md
 	@cat bin/failover.md
 
-consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS and from RabbitMQ on PostgreSQL, atomic and two-phase, one at a time and in batches of 32; prints the charges, and the double charges of two-phase
+consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS, RabbitMQ and Kafka (kfake; and two consumers join and leave the group) on PostgreSQL, atomic and two-phase, one at a time and in batches of 32; prints the charges, and the double charges of two-phase
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,atomic-batch,two-phase,two-phase-batch
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by

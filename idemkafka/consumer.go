@@ -186,13 +186,9 @@ func (c *Consumer) skipped(r *kgo.Record) bool {
 	return false
 }
 
-// MessageIDHeader is the header MessageID reads: the producer sets it to
-// the message's id, the same on every resend.
-const MessageIDHeader = "message-id"
-
-// MessageID is the default id of a record: its message-id header
-// (MessageIDHeader), which the producer sets.
-func MessageID(r *kgo.Record) (string, error) { return header(r, MessageIDHeader) }
+// MessageID is the default id of a record: its message-id header, which the
+// producer sets to the message's id, the same on every resend.
+func MessageID(r *kgo.Record) (string, error) { return header(r, "message-id") }
 
 // CloudEventsID is the id of a CloudEvent in Kafka's binary content mode:
 // its ce_id header (WithMessageID(CloudEventsID)).

@@ -14,19 +14,20 @@ import (
 )
 
 // The headers a dead letter written by WithDeadLetterTopic carries besides
-// the record's own: why, and where the record was.
+// the record's own: why, and where the record was (named in its doc, not
+// exported: a reader of the topic need not import this package).
 const (
-	HeaderError     = "idemkey-error"     // why: never the record's id, tenant or body
-	HeaderTopic     = "idemkey-topic"     // the record's topic
-	HeaderPartition = "idemkey-partition" // its partition, in decimal
-	HeaderOffset    = "idemkey-offset"    // its offset, in decimal
+	headerError     = "idemkey-error"     // why: never the record's id, tenant or body
+	headerTopic     = "idemkey-topic"     // the record's topic
+	headerPartition = "idemkey-partition" // its partition, in decimal
+	headerOffset    = "idemkey-offset"    // its offset, in decimal
 )
 
 // WithDeadLetterTopic sets a dead-letter hook (WithDeadLetter) that writes
 // the record, its key, value and headers, to topic with the consumer's
 // client, and waits until Kafka has it; the cause and where the record was
-// are in the headers HeaderError, HeaderTopic, HeaderPartition and
-// HeaderOffset. HeaderError names idemkey's reason, or the handler's gRPC
+// are in the headers idemkey-error, idemkey-topic, idemkey-partition and
+// idemkey-offset (decimal). idemkey-error names idemkey's reason, or the handler's gRPC
 // code, or only its error's type: a handler's words may quote the record,
 // and the dead letter is read by others. A write that fails leaves the
 // record uncommitted, processed again.
@@ -38,10 +39,10 @@ func WithDeadLetterTopic(topic string) Option {
 func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, err error) error {
 	headers := append(make([]kgo.RecordHeader, 0, len(r.Headers)+4), r.Headers...)
 	headers = append(headers,
-		kgo.RecordHeader{Key: HeaderError, Value: []byte(cause(err))},
-		kgo.RecordHeader{Key: HeaderTopic, Value: []byte(r.Topic)},
-		kgo.RecordHeader{Key: HeaderPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
-		kgo.RecordHeader{Key: HeaderOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
+		kgo.RecordHeader{Key: headerError, Value: []byte(cause(err))},
+		kgo.RecordHeader{Key: headerTopic, Value: []byte(r.Topic)},
+		kgo.RecordHeader{Key: headerPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
+		kgo.RecordHeader{Key: headerOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
 	dead := &kgo.Record{Topic: c.opts.deadLetterTopic, Key: r.Key, Value: r.Value, Headers: headers}
 	if err := c.cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
@@ -55,7 +56,7 @@ func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, err error
 var reasons = []error{consumer.ErrNoID, consumer.ErrInvalidID, consumer.ErrReusedID, consumer.ErrFailedBefore,
 	consumer.ErrExpired, store.ErrFull}
 
-// cause describes err, a Result's, for a dead letter's HeaderError: in
+// cause describes err, a Result's, for a dead letter's idemkey-error header: in
 // idemkey's words, never in the handler's.
 func cause(err error) string {
 	prefix := ""

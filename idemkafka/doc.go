@@ -88,9 +88,10 @@
 //
 // WithDeadLetterTopic writes a record that failed for good, was refused or
 // ran out of attempts to a topic, with its key, value and headers, and the
-// headers HeaderError (why, in idemkey's words or the handler's gRPC code,
-// never the handler's own words, which may quote the record), HeaderTopic,
-// HeaderPartition and HeaderOffset, before its offset is committed.
+// headers idemkey-error (why, in idemkey's words or the handler's gRPC
+// code, never the handler's own words, which may quote the record),
+// idemkey-topic, idemkey-partition and idemkey-offset, before its offset is
+// committed.
 // WithDeadLetter is a hook of one's own. Either way, a dead letter that
 // fails to be written leaves the record uncommitted: it is processed again,
 // never skipped in silence. A dead letter is written at least once.

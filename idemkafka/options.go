@@ -6,9 +6,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// DefaultMaxAttempts is how many times a record that fails for now is
+// defaultMaxAttempts is how many times a record that fails for now is
 // processed before it is dead-lettered (WithMaxAttempts).
-const DefaultMaxAttempts = 5
+const defaultMaxAttempts = 5
 
 // Option configures a Consumer.
 type Option func(*options)
@@ -24,7 +24,7 @@ type options struct {
 }
 
 func newOptions(opts []Option) *options {
-	o := &options{id: MessageID, maxAttempts: DefaultMaxAttempts}
+	o := &options{id: MessageID, maxAttempts: defaultMaxAttempts}
 	for _, opt := range opts {
 		opt(o)
 	}
@@ -63,7 +63,7 @@ func WithDeadLetter(f func(ctx context.Context, r *kgo.Record, err error) error)
 // WithMaxAttempts sets how many times a record that fails for now (the
 // handler's transient error, the store failing, its id in progress
 // elsewhere) is processed, each after the backoff of consumer.WithBackoff,
-// before its last attempt dead-letters it (DefaultMaxAttempts, 5). Values
+// before its last attempt dead-letters it (5 by default). Values
 // below 1 keep the default.
 func WithMaxAttempts(n int) Option {
 	return func(o *options) {

@@ -163,12 +163,12 @@ func TestMaxAttemptsToDeadLetterTopic(t *testing.T) {
 		for _, kv := range d.Headers {
 			h[kv.Key] = string(kv.Value)
 		}
-		if string(d.Value) != want[i].value || !strings.HasPrefix(h[idemkafka.HeaderError], want[i].cause) ||
-			h[idemkafka.HeaderTopic] != topic || h[idemkafka.HeaderPartition] != "0" || h[idemkafka.HeaderOffset] != fmt.Sprint(i) {
+		if string(d.Value) != want[i].value || !strings.HasPrefix(h["idemkey-error"], want[i].cause) ||
+			h["idemkey-topic"] != topic || h["idemkey-partition"] != "0" || h["idemkey-offset"] != fmt.Sprint(i) {
 			t.Errorf("dead letter %d: %q with headers %v; want %q, cause %q, at %s/0/%d", i, d.Value, h, want[i].value, want[i].cause, topic, i)
 		}
-		if strings.Contains(h[idemkafka.HeaderError], "secret") {
-			t.Errorf("dead letter %d's cause %q quotes the record", i, h[idemkafka.HeaderError])
+		if strings.Contains(h["idemkey-error"], "secret") {
+			t.Errorf("dead letter %d's cause %q quotes the record", i, h["idemkey-error"])
 		}
 	}
 	if string(dead[0].Key) != "k1" || dead[0].Headers[0].Key != "message-id" {

@@ -63,7 +63,7 @@ func TestRevokedPartitionNotCommitted(t *testing.T) {
 	}
 	prod := kafkatest.Client(t, brokers)
 	for _, v := range []string{"before", "held", "after"} {
-		rec := &kgo.Record{Topic: topic, Value: []byte(v), Headers: []kgo.RecordHeader{{Key: idemkafka.MessageIDHeader, Value: []byte(v)}}}
+		rec := &kgo.Record{Topic: topic, Value: []byte(v), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte(v)}}}
 		if err := prod.ProduceSync(t.Context(), rec).FirstErr(); err != nil {
 			t.Fatal(err)
 		}

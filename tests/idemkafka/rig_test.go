@@ -97,7 +97,7 @@ func newRig(t *testing.T, st store.Store, h idemkafka.Handler, eopts []engine.Op
 func (r *rig) record(id, body string, headers ...string) *kgo.Record {
 	rec := &kgo.Record{Topic: r.topic, Value: []byte(body)}
 	if id != "" {
-		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: idemkafka.MessageIDHeader, Value: []byte(id)})
+		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: "message-id", Value: []byte(id)})
 	}
 	for i := 0; i+1 < len(headers); i += 2 {
 		rec.Headers = append(rec.Headers, kgo.RecordHeader{Key: headers[i], Value: []byte(headers[i+1])})
