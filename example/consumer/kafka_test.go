@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkey/idemkey/tests/kafkatest"
@@ -22,7 +21,6 @@ type kafkaBroker struct {
 	brokers      []string
 	topic, group string
 	prod         *kgo.Client
-	adm          *kadm.Client
 
 	mu      sync.Mutex
 	pending []*kgo.Record
@@ -37,7 +35,6 @@ func newKafka(t *testing.T) *kafkaBroker {
 	b := &kafkaBroker{brokers: brokers, group: kafkatest.Name("charges"),
 		topic: kafkatest.Topic(t, brokers, "payments", kafkaPartitions, kafkatest.Retention(MaxStreamAge, kafkaSegment))}
 	b.prod = kafkatest.Client(t, brokers)
-	b.adm = kadm.NewClient(kafkatest.Client(t, brokers))
 	return b
 }
 
@@ -80,23 +77,7 @@ func (b *kafkaBroker) flush(ctx context.Context) error {
 // ready counts the records the group has not committed.
 func (b *kafkaBroker) ready(t *testing.T) int {
 	t.Helper()
-	ends, err := b.adm.ListEndOffsets(t.Context(), b.topic)
-	if err != nil {
-		t.Fatalf("end offsets: %v", err)
-	}
-	committed, err := b.adm.FetchOffsets(t.Context(), b.group)
-	if err != nil {
-		t.Fatalf("committed offsets: %v", err)
-	}
-	var lag int64
-	ends.Each(func(o kadm.ListedOffset) {
-		at := int64(0)
-		if c, ok := committed.Lookup(b.topic, o.Partition); ok {
-			at = c.At
-		}
-		lag += o.Offset - at
-	})
-	return int(lag)
+	return int(kafkatest.Lag(t, b.brokers, b.group, b.topic))
 }
 
 // settled waits until the group has committed every record, then stops

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kadm"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkey/idemkey/consumer"
@@ -154,25 +153,7 @@ func settled(t *testing.T, brokers []string, group, topic string) {
 
 // groupLag counts the records of topic that group has not committed.
 func groupLag(t *testing.T, brokers []string, group, topic string) int64 {
-	t.Helper()
-	adm := kadm.NewClient(kafkatest.Client(t, brokers))
-	ends, err := adm.ListEndOffsets(t.Context(), topic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	committed, err := adm.FetchOffsets(t.Context(), group)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var lag int64
-	ends.Each(func(o kadm.ListedOffset) {
-		at := int64(0)
-		if c, ok := committed.Lookup(topic, o.Partition); ok {
-			at = c.At
-		}
-		lag += o.Offset - at
-	})
-	return lag
+	return kafkatest.Lag(t, brokers, group, topic)
 }
 
 func (r *rig) runsOf(id string) int {

@@ -10,6 +10,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"strconv"
 	"strings"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kfake"
 	"github.com/twmb/franz-go/pkg/kgo"
 )
@@ -73,10 +75,17 @@ func GroupClient(t testing.TB, brokers []string, group string, topics []string, 
 // time) of two days, within any consumer's retention of days.
 func Topic(t testing.TB, brokers []string, prefix string, partitions int32, configs map[string]*string) string {
 	t.Helper()
+	name := Name(prefix)
+	TopicNamed(t, brokers, name, partitions, configs)
+	return name
+}
+
+// TopicNamed creates topic name, as Topic does.
+func TopicNamed(t testing.TB, brokers []string, name string, partitions int32, configs map[string]*string) {
+	t.Helper()
 	if configs == nil {
 		configs = Retention(24*time.Hour, 24*time.Hour)
 	}
-	name := Name(prefix)
 	adm := kadm.NewClient(Client(t, brokers))
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -90,7 +99,54 @@ func Topic(t testing.TB, brokers []string, prefix string, partitions int32, conf
 			t.Logf("delete topic %s: %v", name, err)
 		}
 	})
-	return name
+}
+
+// Lag counts the records of topic that group has not committed.
+func Lag(t testing.TB, brokers []string, group, topic string) int64 {
+	t.Helper()
+	ends, committed := offsets(t, brokers, group, topic)
+	var lag int64
+	for p, end := range ends {
+		lag += end - committed[p]
+	}
+	return lag
+}
+
+// Committed counts the records of topic that group has committed.
+func Committed(t testing.TB, brokers []string, group, topic string) int64 {
+	t.Helper()
+	_, committed := offsets(t, brokers, group, topic)
+	var n int64
+	for _, at := range committed {
+		n += at
+	}
+	return n
+}
+
+// offsets returns the end offset of each partition of topic, and the offset
+// group committed for it (0 for none).
+func offsets(t testing.TB, brokers []string, group, topic string) (ends, committed map[int32]int64) {
+	t.Helper()
+	adm := kadm.NewClient(Client(t, brokers))
+	listed, err := adm.ListEndOffsets(context.Background(), topic)
+	if err != nil {
+		t.Fatalf("end offsets of %s: %v", topic, err)
+	}
+	fetched, err := adm.FetchOffsets(context.Background(), group)
+	if errors.Is(err, kerr.GroupIDNotFound) { // it has committed nothing yet
+		fetched, err = nil, nil
+	}
+	if err != nil {
+		t.Fatalf("offsets of group %s: %v", group, err)
+	}
+	ends, committed = map[int32]int64{}, map[int32]int64{}
+	listed.Each(func(o kadm.ListedOffset) {
+		ends[o.Partition] = o.Offset
+		if c, ok := fetched.Lookup(topic, o.Partition); ok {
+			committed[o.Partition] = c.At
+		}
+	})
+	return ends, committed
 }
 
 // Retention is the configuration of a topic that keeps records for
