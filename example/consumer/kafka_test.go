@@ -39,9 +39,14 @@ func newKafka(t *testing.T) *kafkaBroker {
 }
 
 // args: a dead consumer's partitions move to the others after a session
-// timeout of 3s, not kgo's 45s, which keeps the tests short.
+// timeout of 3s, not kgo's 45s, which keeps the tests short. A handler
+// timeout of 5s bounds the lease of a killed run's record (a minute by
+// default): its next delivery, busy until then, holds its partition and
+// the poll while it waits, which must stay well within the group's
+// rebalance timeout (kgo's minute), as idemkafka's doc says.
 func (b *kafkaBroker) args(string) []string {
-	return []string{"-kafka-brokers", strings.Join(b.brokers, ","), "-topic", b.topic, "-name", b.group, "-kafka-session-timeout", "3s"}
+	return []string{"-kafka-brokers", strings.Join(b.brokers, ","), "-topic", b.topic, "-name", b.group,
+		"-kafka-session-timeout", "3s", "-handler-timeout", "5s"}
 }
 
 func (b *kafkaBroker) publish(ctx context.Context, id, tenant string, body []byte) error {
