@@ -22,9 +22,8 @@ type kafkaBroker struct {
 	topic, group string
 	prod         *kgo.Client
 
-	mu      sync.Mutex
-	pending []*kgo.Record
-	errs    []error
+	mu   sync.Mutex
+	errs []error
 }
 
 // newKafka makes a topic of kafkaPartitions partitions, kept MaxStreamAge,
