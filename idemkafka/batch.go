@@ -200,7 +200,7 @@ func (c *Consumer) SettleBatch(ctx context.Context, rs []*kgo.Record, results []
 		c.mu.Lock()
 		for topic, ps := range rewind {
 			for p, at := range ps {
-				c.rewound[topicPartition{topic, p}] = at.Offset
+				c.setBack(topicPartition{topic, p}, at.Offset)
 			}
 		}
 		c.mu.Unlock()
@@ -223,10 +223,7 @@ func (c *Consumer) SettleBatch(ctx context.Context, rs []*kgo.Record, results []
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, r := range commit {
-		tp := topicPartition{r.Topic, r.Partition}
-		if at, ok := c.rewound[tp]; !ok || r.Offset < at {
-			c.rewound[tp] = r.Offset
-		}
+		c.setBack(topicPartition{r.Topic, r.Partition}, r.Offset)
 	}
 }
 

@@ -30,13 +30,31 @@ type Consumer struct {
 	// settled (Settle of a Nak), the offset it was set back to, and for each
 	// partition whose commit the group refused, the offset of its first
 	// record refused: the records after it that a poll returned are skipped
-	// until it comes again.
-	rewound map[topicPartition]int64
+	// until it comes again, or until the group's generation changes (a
+	// partition assigned anew is fetched from its committed offset, which no
+	// commit passed an unsettled record to).
+	rewound map[topicPartition]rewind
 }
 
 type topicPartition struct {
 	topic     string
 	partition int32
+}
+
+// rewind is where a partition was set back to, in which generation.
+type rewind struct {
+	offset     int64
+	generation int32
+}
+
+// setBack records that tp's records after offset are to be skipped in the
+// group's current generation. c.mu must be held.
+func (c *Consumer) setBack(tp topicPartition, offset int64) {
+	_, gen := c.cl.GroupMetadata()
+	if at, ok := c.rewound[tp]; ok && at.generation == gen && at.offset <= offset {
+		return
+	}
+	c.rewound[tp] = rewind{offset: offset, generation: gen}
 }
 
 // ErrRewound is the Err of a record that Process skipped without running:
@@ -79,7 +97,7 @@ func New(ctx context.Context, core *consumer.Consumer, cl *kgo.Client, h Handler
 			return nil, err
 		}
 	}
-	c := &Consumer{core: core, cl: cl, h: h, opts: newOptions(opts), rewound: map[topicPartition]int64{}}
+	c := &Consumer{core: core, cl: cl, h: h, opts: newOptions(opts), rewound: map[topicPartition]rewind{}}
 	if c.opts.deadLetterTopic != "" {
 		c.opts.deadLetter = c.writeDeadLetter
 	}
@@ -179,7 +197,7 @@ func (c *Consumer) skipped(r *kgo.Record) bool {
 	if !ok {
 		return false
 	}
-	if r.Offset > at {
+	if _, gen := c.cl.GroupMetadata(); r.Offset > at.offset && gen == at.generation {
 		return true
 	}
 	delete(c.rewound, tp)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -34,6 +35,7 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), // as idemkafka.New requires
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		kgo.SessionTimeout(cfg.kafkaSessionTimeout), kgo.HeartbeatInterval(max(cfg.kafkaSessionTimeout/10, 100*time.Millisecond)),
+		kgo.WithLogger(kgoLogger{w.logger}),
 	)
 	if err != nil {
 		return fmt.Errorf("kafka: %w", err)
@@ -115,4 +117,22 @@ func kafkaHeader(r *kgo.Record, name string) []string {
 		}
 	}
 	return values
+}
+
+// kgoLogger logs kgo's lines (the group's joins, assignments and
+// revocations, and its errors: never a record's contents) with the
+// command's logger, kgo's info lines at Debug level.
+type kgoLogger struct{ logger *slog.Logger }
+
+func (l kgoLogger) Level() kgo.LogLevel { return kgo.LogLevelInfo }
+
+func (l kgoLogger) Log(level kgo.LogLevel, msg string, keyvals ...any) {
+	lv := slog.LevelDebug
+	switch level {
+	case kgo.LogLevelError:
+		lv = slog.LevelError
+	case kgo.LogLevelWarn:
+		lv = slog.LevelWarn
+	}
+	l.logger.Log(context.Background(), lv, "kafka: "+msg, keyvals...)
 }
