@@ -92,8 +92,8 @@ func New(ctx context.Context, core *consumer.Consumer, cl *kgo.Client, h Handler
 	if err != nil {
 		return nil, err
 	}
-	for _, h := range horizons {
-		if err := core.CheckHorizon(ctx, h); err != nil {
+	for _, horizon := range horizons {
+		if err := core.CheckHorizon(ctx, horizon); err != nil {
 			return nil, err
 		}
 	}
@@ -158,7 +158,9 @@ func (c *Consumer) Process(ctx context.Context, r *kgo.Record) consumer.Result {
 // A commit that fails (the partition was revoked meanwhile: the group's
 // coordinator refuses a commit from a member of an earlier generation) is
 // logged; the record is delivered again, to whichever member has its
-// partition, and dropped as a duplicate.
+// partition, and dropped as a duplicate. Once the group has refused a
+// commit for that reason, the partition's later records in hand are
+// skipped (ErrRewound) until the member is in a new generation.
 func (c *Consumer) Settle(ctx context.Context, r *kgo.Record, res consumer.Result) {
 	c.SettleBatch(ctx, []*kgo.Record{r}, []consumer.Result{res})
 }
