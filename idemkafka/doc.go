@@ -120,7 +120,17 @@
 // The tests (tests/idemkafka, and the example consumer's kill-and-restart
 // soak) run against franz-go's kfake, an in-process Kafka of one broker,
 // with kgo's default, the classic consumer group protocol (not KIP-848's),
-// or against a real cluster named by IDEMKEY_TEST_KAFKA. kfake models
+// or against a real cluster named by IDEMKEY_TEST_KAFKA: tests/idemkafka
+// with kgo's default balancer (cooperative-sticky) and, for a member
+// removed mid-poll, the eager range balancer; the soak with range. On
+// kfake, a soak in two-phase mode with batches, whose members were removed
+// from the group while a poll held a busy record (kgo sends no heartbeat
+// while a poll holds a rebalance, and the soak's session timeout is 3s),
+// once left two partitions unassigned for minutes with cooperative-sticky;
+// not diagnosed, and not seen with range. A poll that holds a rebalance
+// for longer than the session timeout costs the member its partitions
+// (its commits are then refused, as above): keep the session timeout above
+// a poll's work. kfake models
 // groups, generations, rebalance timeouts, committed offsets and topic
 // configurations; it does not model replication: a real cluster adds
 // acknowledged writes lost to an unclean leader election
