@@ -123,14 +123,10 @@
 // or against a real cluster named by IDEMKEY_TEST_KAFKA: tests/idemkafka
 // with kgo's default balancer (cooperative-sticky) and, for a member
 // removed mid-poll, the eager range balancer; the soak with range. On
-// kfake, a soak in two-phase mode with batches, whose members were removed
-// from the group while a poll held a busy record (kgo sends no heartbeat
-// while a poll holds a rebalance, and the soak's session timeout is 3s),
-// once left two partitions unassigned for minutes with cooperative-sticky;
-// not diagnosed, and not seen with range. A poll that holds a rebalance
-// for longer than the session timeout costs the member its partitions
-// (its commits are then refused, as above): keep the session timeout above
-// a poll's work. kfake models
+// kfake, a soak in two-phase mode with batches, in which a member's commit
+// was refused (ILLEGAL_GENERATION) while its poll held a record busy
+// elsewhere, once left two partitions unassigned for minutes with
+// cooperative-sticky; not diagnosed, and not seen with range. kfake models
 // groups, generations, rebalance timeouts, committed offsets and topic
 // configurations; it does not model replication: a real cluster adds
 // acknowledged writes lost to an unclean leader election

@@ -35,11 +35,11 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll(), // as idemkafka.New requires
 		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()),
 		// The eager range balancer, not kgo's default cooperative-sticky: on
-		// kfake, a two-phase soak of batches whose members were removed
-		// mid-rebalance once left two partitions unassigned for minutes
-		// with cooperative-sticky, and never with range (see idemkafka's
-		// doc). An eager rebalance revokes every partition at once, after
-		// the poll in hand.
+		// kfake, a two-phase soak of batches in which a member's commit was
+		// refused mid-rebalance once left two partitions unassigned for
+		// minutes with cooperative-sticky, and not with range (see
+		// idemkafka's doc). An eager rebalance revokes every partition at
+		// once, after the poll in hand.
 		kgo.Balancers(kgo.RangeBalancer()),
 		kgo.SessionTimeout(cfg.kafkaSessionTimeout), kgo.HeartbeatInterval(max(cfg.kafkaSessionTimeout/10, 100*time.Millisecond)),
 		kgo.WithLogger(kgoLogger{w.logger}),
