@@ -94,8 +94,9 @@ type Delivery struct {
 	// Redelivered is true when the broker marks the delivery as a later one:
 	// its record is read before anything is reserved.
 	Redelivered bool
-	// Last is true when the broker will not deliver the message again
-	// (JetStream's max deliver, a quorum queue's delivery limit): a message
+	// Last is true when the message will not be delivered again
+	// (JetStream's max deliver, a quorum queue's delivery limit, the Kafka
+	// adapter's last attempt): a message
 	// that would be redelivered is dead-lettered instead, and acknowledged,
 	// and one in progress elsewhere is waited for (see the package
 	// documentation).
@@ -199,8 +200,10 @@ var (
 	ErrFailedBefore = errors.New("idemkey/consumer: the message failed when first processed")
 	ErrExpired      = errors.New("idemkey/consumer: the message was sent longer ago than its id's record is kept, and the id has no record")
 	// ErrLastDelivery wraps the reason a message would have been redelivered
-	// on its last delivery (Delivery.Last): it is dead-lettered instead.
-	ErrLastDelivery = errors.New("idemkey/consumer: the broker will not deliver the message again")
+	// on its last delivery (Delivery.Last): it is dead-lettered instead. Its
+	// words hold on every broker: the broker's own limit (JetStream, RabbitMQ)
+	// or the adapter's (Kafka's attempts) ends its deliveries.
+	ErrLastDelivery = errors.New("idemkey/consumer: the message's last delivery did not process it")
 )
 
 // Records of a processed message: what a redelivery finds.

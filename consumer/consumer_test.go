@@ -478,7 +478,7 @@ func TestLastDelivery(t *testing.T) {
 		if res.Outcome != consumer.Retry || res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrLastDelivery) {
 			t.Fatalf("last delivery of a transient failure: %+v, want it dead-lettered and acknowledged", res)
 		}
-		if n := strings.Count(logs.String(), "consumer: the broker will not deliver the message again"); n != 1 {
+		if n := strings.Count(logs.String(), "consumer: the message's last delivery did not process it"); n != 1 {
 			t.Fatalf("%d last deliveries logged, want 1:\n%s", n, logs)
 		}
 	})

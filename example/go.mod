@@ -10,6 +10,8 @@ replace github.com/idemkey/idemkey/idemnats => ../idemnats
 
 replace github.com/idemkey/idemkey/idemamqp => ../idemamqp
 
+replace github.com/idemkey/idemkey/idemkafka => ../idemkafka
+
 replace github.com/idemkey/idemkey/store/redis => ../store/redis
 
 replace github.com/idemkey/idemkey/tests => ../tests
@@ -21,6 +23,7 @@ require (
 	github.com/idemkey/idemkey/idemamqp v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemconnect v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemgateway v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/idemkafka v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemnats v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/tests v0.0.0-00010101000000-000000000000
@@ -30,6 +33,8 @@ require (
 	github.com/prometheus/common v0.74.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
 	go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc v0.72.0
 	go.opentelemetry.io/otel/exporters/prometheus v0.69.0
 	go.opentelemetry.io/otel/metric v1.47.0
@@ -48,14 +53,17 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
 	github.com/pandatix/go-abnf v0.5.5 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/otlptranslator v1.0.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect

@@ -8,6 +8,8 @@ replace github.com/idemkey/idemkey/idemnats => ../idemnats
 
 replace github.com/idemkey/idemkey/idemamqp => ../idemamqp
 
+replace github.com/idemkey/idemkey/idemkafka => ../idemkafka
+
 replace github.com/idemkey/idemkey/idemconnect => ../idemconnect
 
 replace github.com/idemkey/idemkey/store/redis => ../store/redis
@@ -18,12 +20,16 @@ require (
 	github.com/idemkey/idemkey v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemamqp v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemconnect v0.0.0-00010101000000-000000000000
+	github.com/idemkey/idemkey/idemkafka v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/idemnats v0.0.0-00010101000000-000000000000
 	github.com/idemkey/idemkey/store/redis v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/nats-io/nats.go v1.55.0
 	github.com/rabbitmq/amqp091-go v1.16.0
 	github.com/redis/go-redis/v9 v9.23.0
+	github.com/twmb/franz-go v1.22.3
+	github.com/twmb/franz-go/pkg/kadm v1.20.0
+	github.com/twmb/franz-go/pkg/kfake v0.0.0-20260918054303-01f206a7e32c
 	gonum.org/v1/plot v0.17.0
 	google.golang.org/grpc v1.85.0
 )
@@ -41,9 +47,11 @@ require (
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
-	github.com/klauspost/compress v1.20.1 // indirect
+	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
+	github.com/pierrec/lz4/v4 v4.1.33 // indirect
+	github.com/twmb/franz-go/pkg/kmsg v1.15.1 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel v1.47.0 // indirect
 	go.opentelemetry.io/otel/log v1.47.0 // indirect

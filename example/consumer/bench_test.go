@@ -14,17 +14,20 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/idemamqp"
+	"github.com/idemkey/idemkey/idemkafka"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/tests/amqptest"
+	"github.com/idemkey/idemkey/tests/kafkatest"
 	"github.com/idemkey/idemkey/tests/natstest"
 )
 
@@ -101,13 +104,17 @@ var benchRatios = [][2]string{
 // Consume callback, one message at a time, or with -batch through one loop
 // of idemnats.NextBatch on a Messages iterator; RabbitMQ by four workers on
 // a prefetch of four, or with -batch four workers that each take a batch
-// (idemamqp.NextBatch) on a prefetch of four batches. A batching variant
+// (idemamqp.NextBatch) on a prefetch of four batches; Kafka (kfake, in the
+// benchmark's process) by one loop of polls of a topic of one partition,
+// each record committed on its own (the bare consumer: a CommitRecords
+// after each charge), or with -batch each batch's records in one commit. A batching variant
 // takes whole batches of benchBatchSize: a chunk lets four go.
 //
 //	go test -run='^$' -bench=Consumer -benchtime=1x -count=10 ./example/consumer/
 func BenchmarkConsumer(b *testing.B) {
 	b.Run("nats", func(b *testing.B) { benchConsumer(b, newNATSBench(b)) })
 	b.Run("rabbitmq", func(b *testing.B) { benchConsumer(b, newAMQPBench(b)) })
+	b.Run("kafka", func(b *testing.B) { benchConsumer(b, newKafkaBench(b)) })
 }
 
 // benchQueue is one variant's stream or queue.
@@ -610,6 +617,119 @@ func (q *amqpBench) consume(t testing.TB, g *benchGate) {
 	t.Cleanup(func() {
 		g.stop()
 		ch.Close() // ends deliveries
+		wg.Wait()
+	})
+}
+
+// kafkaBench is one variant's topic of one partition, and its group.
+type kafkaBench struct {
+	prod   *kgo.Client
+	cl     *kgo.Client
+	topic  string
+	batch  int
+	next   func(ctx context.Context, n int) ([]*kgo.Record, error)
+	handle func(ctx context.Context, rs []*kgo.Record) error // processes and commits
+	sent   int
+}
+
+func newKafkaBench(b *testing.B) benchBroker {
+	brokers := kafkatest.Brokers(b)
+	prod := kafkatest.Client(b, brokers, kgo.ProducerLinger(0))
+	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue {
+		ctx := context.Background()
+		topic := kafkatest.Topic(b, brokers, "charges", 1, kafkatest.Retention(MaxStreamAge, kafkaSegment))
+		cl := kafkatest.GroupClient(b, brokers, kafkatest.Name("charges"), []string{topic})
+		q := &kafkaBench{prod: prod, cl: cl, topic: topic, batch: v.batch}
+		if core == nil {
+			q.next = func(ctx context.Context, n int) ([]*kgo.Record, error) {
+				fs := cl.PollRecords(ctx, n)
+				if err := fs.Err0(); err != nil {
+					return nil, err
+				}
+				return fs.Records(), nil
+			}
+			q.handle = func(ctx context.Context, rs []*kgo.Record) error {
+				if err := bareCharges(ctx, w, pool, len(rs), func(i int) ([]string, []byte) { return kafkaHeader(rs[i], "tenant"), rs[i].Value }); err != nil {
+					return err
+				}
+				return cl.CommitRecords(ctx, rs...)
+			}
+			return q
+		}
+		c, err := idemkafka.New(ctx, core, cl,
+			func(ctx context.Context, r *kgo.Record) error {
+				t, _ := tenant(kafkaHeader(r, "tenant")) // checked by WithMessageTenant
+				return w.charge(ctx, t, r.Value)
+			},
+			idemkafka.WithMessageTenant(func(r *kgo.Record) (string, error) { return tenant(kafkaHeader(r, "tenant")) }),
+		)
+		if err != nil {
+			b.Fatal(err)
+		}
+		q.next = func(ctx context.Context, n int) ([]*kgo.Record, error) {
+			return c.NextBatch(ctx, n, 5*time.Millisecond)
+		}
+		q.handle = func(ctx context.Context, rs []*kgo.Record) error {
+			if len(rs) == 1 && v.batch == 1 {
+				return benchProcessed(c.Handle(ctx, rs[0]))
+			}
+			for _, res := range c.HandleBatch(ctx, rs) {
+				if err := benchProcessed(res); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return q
+	}
+}
+
+func (q *kafkaBench) publish(ctx context.Context, n int) error {
+	rs := make([]*kgo.Record, n)
+	for i := range rs {
+		rs[i] = &kgo.Record{Topic: q.topic, Value: benchBody, Headers: []kgo.RecordHeader{
+			{Key: "message-id", Value: []byte(strconv.Itoa(q.sent))}, {Key: "tenant", Value: []byte("acme")}}}
+		q.sent++
+	}
+	return q.prod.ProduceSync(ctx, rs...).FirstErr()
+}
+
+// consume runs one loop of polls, as the command does: it takes what the
+// gate lets go, up to the variant's batch, and commits it before the next
+// poll.
+func (q *kafkaBench) consume(t testing.TB, g *benchGate) {
+	g.handle = func(ctx context.Context, msgs []any) error {
+		rs := make([]*kgo.Record, len(msgs))
+		for i, m := range msgs {
+			rs[i] = m.(*kgo.Record)
+		}
+		return q.handle(ctx, rs)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			n := g.take()
+			if n == 0 {
+				return
+			}
+			var msgs []any
+			for len(msgs) < n {
+				rs, err := q.next(ctx, n-len(msgs))
+				if err != nil {
+					return
+				}
+				for _, r := range rs {
+					msgs = append(msgs, r)
+				}
+			}
+			g.processed(context.Background(), msgs)
+			q.cl.AllowRebalance()
+		}
+	})
+	t.Cleanup(func() {
+		g.stop()
+		cancel()
 		wg.Wait()
 	})
 }

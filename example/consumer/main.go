@@ -1,22 +1,26 @@
 // Command consumer makes charges from charge requests that arrive as
 // messages, with the payment service's own code and ledger, each at most once
-// per message id: from NATS JetStream with -nats-url, or from RabbitMQ with
-// -amqp-url.
+// per message id: from NATS JetStream with -nats-url, from RabbitMQ with
+// -amqp-url, or from Kafka with -kafka-brokers.
 //
 //	go run ./example/consumer -nats-url nats://127.0.0.1:4222 -database-url postgres://postgres@127.0.0.1:5432/test
 //	go run ./example/consumer -amqp-url amqp://guest:guest@127.0.0.1:5672/ -database-url postgres://postgres@127.0.0.1:5432/test
+//	go run ./example/consumer -kafka-brokers 127.0.0.1:9092 -database-url postgres://postgres@127.0.0.1:5432/test
 //
 // A message's body is a CreateChargeRequest in protobuf JSON; its header
 // "tenant" names the tenant (acme or globex); its id is the message's own:
 // JetStream's Nats-Msg-Id header, which must be unique across tenants (the
 // tenant in it, as example/publish does: JetStream drops a message whose
 // Nats-Msg-Id it stored within the stream's duplicate window, whichever the
-// tenant), or AMQP's message-id property. It consumes
+// tenant), AMQP's message-id property, or a Kafka record's message-id
+// header. It consumes
 // from the stream PAYMENTS (subject payments.charges.requested) through the
-// durable consumer "charges", or from the quorum queue
-// payments.charges.requested, and creates them when missing, with messages
-// kept at most three days (MaxStreamAge), well within the seven days that
-// processed ids are kept.
+// durable consumer "charges", from the quorum queue
+// payments.charges.requested, or from the Kafka topic
+// payments.charges.requested in the group "charges", and creates them when
+// missing, with messages kept at most three days (MaxStreamAge; a Kafka
+// topic's segments take records for a day more), well within the seven days
+// that processed ids are kept.
 //
 // On PostgreSQL (-database-url) each charge commits with the message's
 // record (-atomic, the default): every message takes effect exactly once,
@@ -26,8 +30,9 @@
 //
 // With -batch N it takes up to N messages at once (JetStream: one loop over
 // a Messages iterator; RabbitMQ: each of -workers takes a batch, on a
-// prefetch of N per worker), waiting at most -batch-wait after the first for
-// the others; in atomic mode a batch is deduplicated in one round trip and
+// prefetch of N per worker; Kafka: one loop over polls of up to N records),
+// waiting at most -batch-wait after the first for
+// the others (Kafka: a batch is what a poll returns); in atomic mode a batch is deduplicated in one round trip and
 // its charges commit with their records in one transaction, each message
 // apart (consumer.Consumer.ProcessBatch), and its messages are acknowledged
 // after that commit.
@@ -73,12 +78,14 @@ const MaxStreamAge = 72 * time.Hour
 // config is what the flags set.
 type config struct {
 	natsURL, amqpURL, databaseURL string
+	kafkaBrokers                  string        // comma-separated seed brokers
+	kafkaSessionTimeout           time.Duration // how soon the group gives a dead member's partitions to another
 	atomic                        bool
 	handlerDelay, ackDelay        time.Duration
 	handlerTimeout                time.Duration // and so the lease: how soon a killed run's message runs again
 	ackWait                       time.Duration // JetStream's, for a consumer this command creates
 	name                          string        // the consumer's, which scopes message ids
-	stream, subject, queue        string
+	stream, subject, queue, topic string
 	workers                       int
 	batch                         int           // messages taken and committed together; 1: one at a time
 	batchWait                     time.Duration // how long a batch waits to fill, after its first message
@@ -88,6 +95,8 @@ func main() {
 	var cfg config
 	flag.StringVar(&cfg.natsURL, "nats-url", "", "consume from NATS JetStream at this URL")
 	flag.StringVar(&cfg.amqpURL, "amqp-url", "", "consume from RabbitMQ at this URL")
+	flag.StringVar(&cfg.kafkaBrokers, "kafka-brokers", "", "consume from Kafka with these seed brokers (host:port, comma-separated)")
+	flag.DurationVar(&cfg.kafkaSessionTimeout, "kafka-session-timeout", 45*time.Second, "Kafka: the group session timeout, after which a member that died loses its partitions")
 	flag.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the processed ids and the charges; empty keeps both in memory")
 	flag.BoolVar(&cfg.atomic, "atomic", true, "on PostgreSQL, commit each charge with its message's record in one transaction; false runs two-phase")
 	flag.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "how long a charge waits after it is written, before it commits (atomic) and its message is acknowledged")
@@ -98,6 +107,7 @@ func main() {
 	flag.StringVar(&cfg.stream, "stream", "PAYMENTS", "JetStream: the stream")
 	flag.StringVar(&cfg.subject, "subject", "payments.charges.requested", "JetStream: the subject")
 	flag.StringVar(&cfg.queue, "queue", "payments.charges.requested", "RabbitMQ: the queue")
+	flag.StringVar(&cfg.topic, "topic", "payments.charges.requested", "Kafka: the topic, consumed in the group named by -name")
 	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch), or with -batch, batches (and the database pool holds at least one more connection than workers)")
 	flag.IntVar(&cfg.batch, "batch", 1, "take up to this many messages at once and, in atomic mode, process them in one transaction that commits once (64 at most in one); 1 processes one at a time")
 	flag.DurationVar(&cfg.batchWait, "batch-wait", 5*time.Millisecond, "with -batch: how long a batch waits for more messages after its first, before it runs with those it has")
@@ -116,8 +126,8 @@ func main() {
 
 // run consumes until ctx is done, then lets the messages in hand finish.
 func run(ctx context.Context, cfg config, logger *slog.Logger) error {
-	if (cfg.natsURL == "") == (cfg.amqpURL == "") {
-		return errors.New("give one of -nats-url and -amqp-url")
+	if n := countSet(cfg.natsURL, cfg.amqpURL, cfg.kafkaBrokers); n != 1 {
+		return errors.New("give one of -nats-url, -amqp-url and -kafka-brokers")
 	}
 	if cfg.batch < 1 {
 		return errors.New("-batch must be at least 1")
@@ -153,8 +163,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger})()
 	}
 	system := "nats"
-	if cfg.amqpURL != "" {
+	switch {
+	case cfg.amqpURL != "":
 		system = "rabbitmq"
+	case cfg.kafkaBrokers != "":
+		system = "kafka"
 	}
 	// A message's id is kept for days, past every redelivery of it: the
 	// adapters check the retention against the broker's horizon.
@@ -180,10 +193,24 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		attrs = append(attrs, "batch", cfg.batch)
 	}
 	logger.Info("consumer starting", append(attrs, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)...)
-	if cfg.natsURL != "" {
+	switch {
+	case cfg.natsURL != "":
 		return consumeNATS(ctx, cfg, core, w)
+	case cfg.kafkaBrokers != "":
+		return consumeKafka(ctx, cfg, core, w)
 	}
 	return consumeAMQP(ctx, cfg, core, w)
+}
+
+// countSet counts the values that are not empty.
+func countSet(values ...string) int {
+	n := 0
+	for _, v := range values {
+		if v != "" {
+			n++
+		}
+	}
+	return n
 }
 
 func storeKind(cfg config) string {

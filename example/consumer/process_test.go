@@ -243,8 +243,8 @@ func charges(t *testing.T, db *pgxpool.Pool) int {
 	return n
 }
 
-// broker is NATS JetStream or RabbitMQ, with a stream or queue of the
-// test's own.
+// broker is NATS JetStream, RabbitMQ or Kafka, with a stream, queue or
+// topic of the test's own.
 type broker interface {
 	// args are the consumer's flags for the test's stream or queue, and
 	// extra ones that only this broker takes (JetStream's -ack-wait).
@@ -263,16 +263,27 @@ type broker interface {
 	ready(t *testing.T) int
 }
 
-// forEachBroker runs test for NATS JetStream and for RabbitMQ, in parallel.
+// forEachBroker runs test for NATS JetStream, RabbitMQ and Kafka, in
+// parallel.
 func forEachBroker(t *testing.T, test func(t *testing.T, b func(*testing.T) broker)) {
-	t.Run("nats", func(t *testing.T) {
-		t.Parallel()
-		test(t, func(t *testing.T) broker { return newNATS(t, false) })
-	})
-	t.Run("rabbitmq", func(t *testing.T) {
-		t.Parallel()
-		test(t, func(t *testing.T) broker { return newRabbitMQ(t) })
-	})
+	forBrokers(t, []string{"nats", "rabbitmq", "kafka"}, test)
+}
+
+// newBrokers make each broker of a test, by name.
+var newBrokers = map[string]func(*testing.T) broker{
+	"nats":     func(t *testing.T) broker { return newNATS(t, false) },
+	"rabbitmq": func(t *testing.T) broker { return newRabbitMQ(t) },
+	"kafka":    func(t *testing.T) broker { return newKafka(t) },
+}
+
+// forBrokers runs test for each of the brokers names, in parallel.
+func forBrokers(t *testing.T, names []string, test func(t *testing.T, b func(*testing.T) broker)) {
+	for _, name := range names {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			test(t, newBrokers[name])
+		})
+	}
 }
 
 type natsBroker struct {

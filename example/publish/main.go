@@ -1,8 +1,10 @@
 // Command publish publishes charge requests for the example consumer: a
 // CreateChargeRequest in protobuf JSON, with a message id and the header
-// "tenant", to NATS JetStream (-nats-url) or RabbitMQ (-amqp-url).
+// "tenant", to NATS JetStream (-nats-url), RabbitMQ (-amqp-url) or Kafka
+// (-kafka-brokers).
 //
 //	go run ./example/publish -nats-url nats://127.0.0.1:4222 -id order-1001 -customer cus_ada -amount 2500
+//	go run ./example/publish -kafka-brokers 127.0.0.1:9092 -id order-1001 -customer cus_ada -amount 2500
 //
 // Publishing the same -id again is what a producer that retries does: the
 // consumer charges once. With -count N it publishes N requests, with ids
@@ -13,7 +15,8 @@
 // ("acme/order-1001"), since JetStream drops, within the stream's duplicate
 // window, a message whose Nats-Msg-Id it stored, whichever the tenant; the
 // consumer says so with idemnats.WithMessageIDsUniqueAcrossTenants.
-// RabbitMQ drops nothing itself, and the message-id is the id.
+// RabbitMQ and Kafka drop nothing themselves: the message-id property, or a
+// Kafka record's message-id header, is the id.
 package main
 
 import (
@@ -21,11 +24,13 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -34,6 +39,8 @@ import (
 func main() {
 	natsURL := flag.String("nats-url", "", "publish to NATS JetStream at this URL")
 	amqpURL := flag.String("amqp-url", "", "publish to RabbitMQ at this URL")
+	kafkaBrokers := flag.String("kafka-brokers", "", "publish to Kafka with these seed brokers (host:port, comma-separated)")
+	topic := flag.String("topic", "payments.charges.requested", "Kafka: the topic")
 	subject := flag.String("subject", "payments.charges.requested", "JetStream: the subject")
 	queue := flag.String("queue", "payments.charges.requested", "RabbitMQ: the queue (published through the default exchange)")
 	id := flag.String("id", "", "the message id: the same id is charged once")
@@ -47,7 +54,11 @@ func main() {
 
 	body, err := protojson.Marshal(req)
 	if err == nil {
-		err = publish(*natsURL, *amqpURL, *subject, *queue, *id, *tenant, *count, body)
+		if *kafkaBrokers != "" && *natsURL == "" && *amqpURL == "" {
+			err = publishKafka(strings.Split(*kafkaBrokers, ","), *topic, *id, *tenant, *count, body)
+		} else {
+			err = publish(*natsURL, *amqpURL, *subject, *queue, *id, *tenant, *count, body)
+		}
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "publish:", err)
@@ -58,7 +69,7 @@ func main() {
 // publish publishes count messages with body, each confirmed by the broker.
 func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, body []byte) error {
 	if (natsURL == "") == (amqpURL == "") {
-		return fmt.Errorf("give one of -nats-url and -amqp-url")
+		return fmt.Errorf("give one of -nats-url, -amqp-url and -kafka-brokers")
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -132,3 +143,31 @@ func publish(natsURL, amqpURL, subject, queue, id, tenant string, count int, bod
 // tenants, so that JetStream's duplicate window, which knows no tenant, drops
 // only the tenant's own resend.
 func natsMsgID(tenant, id string) string { return tenant + "/" + id }
+
+// publishKafka produces count records with body to topic, each with the
+// message-id header (idemkafka.MessageID) and the tenant header, and waits
+// until Kafka has each.
+func publishKafka(brokers []string, topic, id, tenant string, count int, body []byte) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...))
+	if err != nil {
+		return err
+	}
+	defer cl.Close()
+	for n := 1; n <= count; n++ {
+		r := &kgo.Record{Topic: topic, Value: body, Headers: []kgo.RecordHeader{{Key: "tenant", Value: []byte(tenant)}}}
+		if id != "" {
+			msgID := id
+			if count > 1 {
+				msgID = fmt.Sprintf("%s-%d", id, n)
+			}
+			r.Headers = append(r.Headers, kgo.RecordHeader{Key: "message-id", Value: []byte(msgID)})
+		}
+		if err := cl.ProduceSync(ctx, r).FirstErr(); err != nil {
+			return err
+		}
+		fmt.Printf("published to topic %s, partition %d, offset %d\n", r.Topic, r.Partition, r.Offset)
+	}
+	return nil
+}
