@@ -113,7 +113,10 @@ func handleError(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 			next(ctx, mux, m, w, r, err)
 			return
 		}
-		w.Header().Del("Trailer") // set by the mux for a client that accepts trailers; a problem has none
+		// Set by the mux for a client that accepts trailers, if an error
+		// follows a reply it began; a problem has none.
+		w.Header().Del("Trailer")
+		w.Header().Del("Transfer-Encoding")
 		detail := status.Convert(err).Message()
 		if reason == idemkey.ReasonKeyMissing {
 			detail = "this operation requires an Idempotency-Key header"
