@@ -120,3 +120,35 @@ func BenchmarkVsPostgres(b *testing.B) {
 		b.ReportMetric(means[1]/means[0], "redis/postgres")
 	})
 }
+
+// BenchmarkCalls runs a first call (Reserve and Complete), a replay and a
+// bare round trip of go-redis (PING) on one server, interleaved, and
+// reports what each call of the store adds to the bare round trip and its
+// time as a ratio to it: a change to the store's command path shows in the
+// ratios, which the machine's load moves less than the times.
+func BenchmarkCalls(b *testing.B) {
+	ctx := context.Background()
+	client := redistest.Client(b)
+	st, err := redis.New(ctx, client, redis.WithPrefix(prefix()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := func(kind string, i int) store.Key { return store.ScopeKey("bench", kind, strconv.Itoa(i)) }
+	for i := range 1000 { // for the replays
+		if err := first(ctx, st, key("r", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := prefix() // new keys on every run of the benchmark
+	ops := []benchtest.Op{
+		{Name: "ping", Run: func(int) error { return client.Ping(ctx).Err() }},
+		{Name: "first", Run: func(i int) error { return first(ctx, st, key("f"+run, i)) }},
+		{Name: "replay", Run: func(i int) error { return replay(ctx, st, key("r", i%1000)) }},
+	}
+	ns := benchtest.Interleave(b, ops...)
+	allocRun := prefix()
+	allocs := benchtest.Allocs(b, 200, ops[0],
+		benchtest.Op{Name: "first", Run: func(i int) error { return first(ctx, st, key("a"+allocRun, i)) }},
+		ops[2])
+	benchtest.ReportAdded(b, ops, ns, allocs)
+}
