@@ -110,7 +110,7 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// Store is a store.Store and store.Finder on Redis (one node, a primary with
+// Store is a store.Store, store.Finder and store.Watcher on Redis (one node, a primary with
 // replicas, or a Redis Cluster). Every decision about time uses the server's
 // clock. It is safe for concurrent use.
 type Store struct {
@@ -126,11 +126,13 @@ type Store struct {
 	seen    []atomic.Int64
 	counter string
 	health  health
+	watch   watch // what Watch decides from (watch.go)
 }
 
 var (
-	_ store.Store  = (*Store)(nil)
-	_ store.Finder = (*Store)(nil)
+	_ store.Store   = (*Store)(nil)
+	_ store.Finder  = (*Store)(nil)
+	_ store.Watcher = (*Store)(nil)
 )
 
 // New returns a store on client: a *goredis.Client (one server, or a
@@ -141,7 +143,9 @@ var (
 // then reads the store's marker keys and write counters, and writes the
 // markers that are missing (see the package doc's "Data loss"), within ctx
 // and at most 30 s (or WithTimeout, if longer): one of each per hash slot on
-// a cluster. It starts no goroutine.
+// a cluster. Last, it subscribes to the store's channel, on a connection
+// of its own, for Watch: a goroutine hears it until the client is closed
+// (see watch.go).
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: defaultTimeout}
 	for _, opt := range opts {
@@ -178,6 +182,9 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 		return nil, err
 	}
 	if err := s.mark(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.subscribe(ctx); err != nil {
 		return nil, err
 	}
 	s.health.next.Store(time.Now().Add(o.checkInterval).UnixNano())
@@ -238,6 +245,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		return store.Entry{}, err
 	}
 	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
+	since := s.watch.heard.Load()
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
 	v, err := s.run(ctx, "reserve", reserveScript, r.Key, counted(6), args...)
 	if err != nil {
@@ -248,7 +256,13 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		}
 		return store.Entry{}, err
 	}
-	return parseReservation(v)
+	res, err := parseReservation(v)
+	if now := s.now(); err == nil && res.State == store.Acquired {
+		s.watch.holds(r.Key, now.Add(r.Lease), since, now)
+	} else if err == nil && res.State == store.Held {
+		s.watch.holds(r.Key, now.Add(res.RetryAfter), since, now)
+	}
+	return res, err
 }
 
 // parseReservation reads reserveScript's reply.
@@ -317,6 +331,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if err := s.admit(ctx, "complete"); err != nil {
 		return err
 	}
+	defer s.watch.forget(key)
 	return s.write(ctx, "complete", completeScript, key, counted(1), strconv.FormatInt(int64(token), 10), outcome)
 }
 
@@ -330,6 +345,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	if err := s.admit(ctx, "release"); err != nil {
 		return err
 	}
+	defer s.watch.forget(key)
 	return s.write(ctx, "release", releaseScript, key, func(any) int64 { return 0 }, strconv.FormatInt(int64(token), 10))
 }
 

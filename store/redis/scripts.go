@@ -28,6 +28,9 @@ import goredis "github.com/redis/go-redis/v9"
 // another process saw, hiding the loss from it. A record that is there and
 // is not written needs no check, so that replays read no more than they did.
 //
+// Complete and Release, when they write, publish the record's name on the
+// store's channel (changed), which Watch hears (see watch.go).
+//
 // A script that writes a reservation or an outcome raises the counter
 // (INCR) and returns its new value, which the store keeps as the highest it
 // saw. Release does not raise it: a release lost in a restore or failover
@@ -66,6 +69,11 @@ local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + tonumber(ARGV[1]
 -- clock, in whole milliseconds rounded up: the record never goes early.
 local function expireAt(t)
 	redis.call('PEXPIREAT', KEYS[1], math.floor((t - tonumber(ARGV[1])) / 1000) + 1)
+end
+-- changed: tells the stores' subscribers (Watch) that the record changed,
+-- on <prefix>:changed, with the record's name <prefix>:{<hex>}.
+local function changed()
+	redis.call('PUBLISH', string.sub(KEYS[1], 1, -68) .. ':changed', KEYS[1])
 end
 -- held: the in-progress record of r (s, t, l, e) is held by token tok and
 -- has not expired.
@@ -132,6 +140,7 @@ if gone then return gone end
 if holds then
 	redis.call('HSET', KEYS[1], 's', 'c', 'o', ARGV[5])
 	expireAt(tonumber(r[4]))
+	changed()
 end
 return {1, redis.call('INCR', KEYS[3])}
 `)
@@ -146,6 +155,7 @@ if held(r, ARGV[4]) then
 	if gone then return gone end
 	redis.call('HSET', KEYS[1], 's', 'r')
 	redis.call('HDEL', KEYS[1], 'f', 'o')
+	changed()
 	return {1, 0}
 end
 return lost() or {0, 0}
