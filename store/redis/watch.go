@@ -16,9 +16,11 @@ import (
 
 // How a duplicate hears that the key it waits for changed (store.Watcher).
 //
-// The scripts of Complete and Release publish the record's name on the
-// store's channel, <prefix>:changed, in the script that writes (see
-// scripts.go), so that the message leaves the server after the write. Each
+// A Reserve that finds a record in progress marks it (the field w), and
+// the scripts of Complete and Release of a marked record publish its name
+// on the store's channel, <prefix>:changed, in the script that writes (see
+// scripts.go): the message leaves the server after the write, and a key no
+// duplicate waited for costs no message. Each
 // Store subscribes to the channel in New, on a connection of its own, and
 // its goroutine (listen) closes the channel of the key's watchers when the
 // name arrives. A waiting duplicate costs no round trip more: the engine
