@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"encoding/hex"
 	"runtime"
 	"strconv"
 	"sync/atomic"
@@ -36,6 +37,31 @@ func notTold(t *testing.T, what string, ch <-chan struct{}) {
 	}
 }
 
+// twoProcesses returns two stores on prefix p, each on a client of its own
+// from client, as two processes would have.
+func twoProcesses(t *testing.T, p string, client func() goredis.UniversalClient) (first, dup *redis.Store) {
+	t.Helper()
+	var stores [2]*redis.Store
+	for i := range stores {
+		st, err := redis.New(context.Background(), client(), redis.WithPrefix(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = st
+	}
+	return stores[0], stores[1]
+}
+
+// acquire reserves key on st, which no one holds, and returns its token.
+func acquire(t *testing.T, st *redis.Store, key store.Key) store.Token {
+	t.Helper()
+	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || res.State != store.Acquired {
+		t.Fatalf("Reserve of a new key = %v, %v; want acquired", res.State, err)
+	}
+	return res.Token
+}
+
 // heldBy reserves key on st, where another store holds it.
 func heldBy(t *testing.T, st *redis.Store, key store.Key) {
 	t.Helper()
@@ -58,36 +84,30 @@ func TestWatchAcrossStores(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx := context.Background()
-			p := prefix()
-			first, err := redis.New(ctx, tc.client(t), redis.WithPrefix(p))
-			if err != nil {
-				t.Fatal(err)
-			}
-			dup, err := redis.New(ctx, tc.client(t), redis.WithPrefix(p))
-			if err != nil {
-				t.Fatal(err)
-			}
+			first, dup := twoProcesses(t, prefix(), func() goredis.UniversalClient { return tc.client(t) })
 			for _, end := range []string{"complete", "release"} {
 				key := store.ScopeKey("tenant", "/m", end)
-				res, err := first.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
-				if err != nil || res.State != store.Acquired {
-					t.Fatalf("Reserve = %v, %v", res.State, err)
-				}
+				token := acquire(t, first, key)
 				heldBy(t, dup, key)
 				changed, stop := dup.Watch(key)
 				notTold(t, end+": a key held", changed)
+				// Another key's Complete, which dup waits for too, tells
+				// nothing of key once dup has heard it.
 				other := store.ScopeKey("tenant", "/m", end+"-other")
-				otherRes, err := first.Reserve(ctx, store.Reservation{Key: other, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
-				if err != nil || otherRes.State != store.Acquired {
-					t.Fatalf("Reserve = %v, %v", otherRes.State, err)
-				}
-				if err := first.Complete(ctx, other, otherRes.Token, []byte("other")); err != nil {
+				otherToken := acquire(t, first, other)
+				heldBy(t, dup, other)
+				otherChanged, stopOther := dup.Watch(other)
+				if err := first.Complete(ctx, other, otherToken, []byte("other")); err != nil {
 					t.Fatal(err)
 				}
+				told(t, end+": another key completed by another store", otherChanged)
+				stopOther()
+				notTold(t, end+": a key held, once another key completed", changed)
+				var err error
 				if end == "complete" {
-					err = first.Complete(ctx, key, res.Token, []byte("reply"))
+					err = first.Complete(ctx, key, token, []byte("reply"))
 				} else {
-					err = first.Release(ctx, key, res.Token)
+					err = first.Release(ctx, key, token)
 				}
 				if err != nil {
 					t.Fatal(err)
@@ -122,20 +142,9 @@ func TestWatchAfterTheSubscriptionDrops(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			srv := redistest.Start(t)
-			ctx := context.Background()
-			p := prefix()
-			first, err := redis.New(ctx, srv.Client(t), redis.WithPrefix(p))
-			if err != nil {
-				t.Fatal(err)
-			}
-			dup, err := redis.New(ctx, srv.Client(t), redis.WithPrefix(p))
-			if err != nil {
-				t.Fatal(err)
-			}
+			first, dup := twoProcesses(t, prefix(), func() goredis.UniversalClient { return srv.Client(t) })
 			key := store.ScopeKey("tenant", "/m", "k")
-			if res, err := first.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour}); err != nil || res.State != store.Acquired {
-				t.Fatalf("Reserve = %v, %v", res.State, err)
-			}
+			acquire(t, first, key)
 			heldBy(t, dup, key)
 			changed, stop := dup.Watch(key)
 			defer stop()
@@ -280,4 +289,37 @@ func BenchmarkDuplicateAnswered(b *testing.B) {
 		b.ReportMetric(float64(v.reserves)/float64(n), v.name+"-reserves")
 	}
 	b.ReportMetric(float64(variants[0].spent)/float64(variants[1].spent), "watched/polled")
+}
+
+// Only a Complete or Release of a record that a Reserve found in progress
+// sends a message: a key that no duplicate waited for costs no process a
+// message.
+func TestWatchMessagesOnlyForWaitedKeys(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t)
+	p := prefix()
+	first, dup := twoProcesses(t, p, func() goredis.UniversalClient { return client })
+	sub := client.Subscribe(ctx, p+":changed")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	alone, waited := store.ScopeKey("tenant", "/m", "alone"), store.ScopeKey("tenant", "/m", "waited")
+	aloneToken, waitedToken := acquire(t, first, alone), acquire(t, first, waited)
+	heldBy(t, dup, waited)
+	if err := first.Complete(ctx, alone, aloneToken, []byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Complete(ctx, waited, waitedToken, []byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	msgCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msg, err := sub.ReceiveMessage(msgCtx) // messages arrive in the order sent
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := p + ":{" + hex.EncodeToString(waited[:]) + "}"; msg.Payload != want {
+		t.Fatalf("first message %q, want the waited key's record %q alone", msg.Payload, want)
+	}
 }
