@@ -119,7 +119,8 @@ type Store struct {
 	opts    options
 	// epochs holds what the markers held in New (see loss.go): one for each
 	// hash slot of a cluster, or the one server's, whose name is marker.
-	epochs []string
+	// Each is boxed once, for a script's ARGV.
+	epochs []any
 	marker string
 	// seen holds the highest value of each slot's write counter (of the one
 	// server's, named counter) that New read or a write returned.
@@ -227,12 +228,15 @@ func infoField(info, name string) string {
 }
 
 // offset is the test clock's offset in microseconds, as a script's ARGV[1].
-func (s *Store) offset() string {
+func (s *Store) offset() any {
 	if s.opts.offset == nil {
-		return "0"
+		return noOffset
 	}
 	return strconv.FormatInt(s.opts.offset().Microseconds(), 10)
 }
+
+// noOffset is offset's "0", boxed once rather than per call.
+var noOffset any = "0"
 
 func micros(d time.Duration) int64 { return min(max(d, 0), maxDuration).Microseconds() }
 
@@ -247,7 +251,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
 	since := s.watch.heard.Load()
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
-	v, err := s.run(ctx, "reserve", reserveScript, r.Key, counted(6), args...)
+	v, err := s.run(ctx, "reserve", reserveScript, r.Key, reserveCount, args...)
 	if err != nil {
 		if errors.Is(err, errNotReplicated) && acquired(v) {
 			// Free the key rather than leave it in progress for a lease.
@@ -332,7 +336,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		return err
 	}
 	defer s.watch.forget(key)
-	return s.write(ctx, "complete", completeScript, key, counted(1), strconv.FormatInt(int64(token), 10), outcome)
+	return s.write(ctx, "complete", completeScript, key, completeCount, strconv.FormatInt(int64(token), 10), outcome)
 }
 
 // Release implements store.Store, detached from ctx's cancellation like
@@ -346,7 +350,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 		return err
 	}
 	defer s.watch.forget(key)
-	return s.write(ctx, "release", releaseScript, key, func(any) int64 { return 0 }, strconv.FormatInt(int64(token), 10))
+	return s.write(ctx, "release", releaseScript, key, uncounted, strconv.FormatInt(int64(token), 10))
 }
 
 // write runs Complete's or Release's script, whose reply is {1, count}, or
@@ -361,6 +365,14 @@ func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key st
 	}
 	return nil
 }
+
+// The write counter's value in the replies of reserveScript and
+// completeScript (made once, not per call); Release's counts nothing.
+var (
+	reserveCount  = counted(6)
+	completeCount = counted(1)
+	uncounted     = func(any) int64 { return 0 }
+)
 
 // counted returns a function that reads the write counter's value at index
 // i of a script's reply: 0 if the script wrote nothing that counts.
