@@ -36,6 +36,14 @@
 //     script touches one slot: the record's, and the marker and write counter
 //     of that slot (see "Data loss"). Only hashes of the scope are stored,
 //     never a raw key or tenant; errors and logs carry neither.
+//   - It is a store.Watcher: a duplicate that waits for a running call
+//     (engine.WithInProgressWait) is told when any process records or
+//     releases the key, by pub/sub from the scripts of Complete and Release
+//     of a record that a Reserve found in progress, and reads it then
+//     rather than at its next poll. New subscribes on a connection of its
+//     own, and a goroutine hears the channel until the client is closed;
+//     see watch.go for what happens when the subscription drops, and why a
+//     cluster's message is not sharded.
 //   - The store is not store.Atomic: handlers run two-phase.
 //
 // # Configuring the server

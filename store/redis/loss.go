@@ -128,7 +128,7 @@ func (s *Store) keys(key store.Key) ([]string, int) {
 // argv returns a script's ARGV on slot: the clock's offset, the epoch its
 // marker must hold and the highest write count seen there, then args.
 func (s *Store) argv(slot int, args ...any) []any {
-	return append([]any{s.offset(), s.epochs[slot], s.seen[slot].Load()}, args...)
+	return append(append(make([]any, 0, 3+len(args)), s.offset(), s.epochs[slot], s.seen[slot].Load()), args...)
 }
 
 // saw raises the highest write count seen on slot to n, if n is higher.
@@ -213,11 +213,13 @@ func (s *Store) mark(ctx context.Context) error {
 		seen, _ := strconv.ParseInt(c.Val(), 10, 64) // none yet: 0
 		s.seen[i].Store(seen)
 	}
-	s.epochs = make([]string, n)
+	s.epochs = make([]any, n)
 	for i, c := range got {
-		s.epochs[i] = c.Val() // "" if flushed meanwhile: then the first call fails
-		if i > 0 && s.epochs[i] == s.epochs[i-1] {
-			s.epochs[i] = s.epochs[i-1] // one string for the usual one epoch
+		epoch := c.Val() // "" if flushed meanwhile: then the first call fails
+		if i > 0 && epoch == got[i-1].Val() {
+			s.epochs[i] = s.epochs[i-1] // one boxed string for the usual one epoch
+		} else {
+			s.epochs[i] = epoch
 		}
 	}
 	switch {

@@ -110,7 +110,7 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// Store is a store.Store and store.Finder on Redis (one node, a primary with
+// Store is a store.Store, store.Finder and store.Watcher on Redis (one node, a primary with
 // replicas, or a Redis Cluster). Every decision about time uses the server's
 // clock. It is safe for concurrent use.
 type Store struct {
@@ -119,18 +119,21 @@ type Store struct {
 	opts    options
 	// epochs holds what the markers held in New (see loss.go): one for each
 	// hash slot of a cluster, or the one server's, whose name is marker.
-	epochs []string
+	// Each is boxed once, for a script's ARGV.
+	epochs []any
 	marker string
 	// seen holds the highest value of each slot's write counter (of the one
 	// server's, named counter) that New read or a write returned.
 	seen    []atomic.Int64
 	counter string
 	health  health
+	watch   watch // what Watch decides from (watch.go)
 }
 
 var (
-	_ store.Store  = (*Store)(nil)
-	_ store.Finder = (*Store)(nil)
+	_ store.Store   = (*Store)(nil)
+	_ store.Finder  = (*Store)(nil)
+	_ store.Watcher = (*Store)(nil)
 )
 
 // New returns a store on client: a *goredis.Client (one server, or a
@@ -141,7 +144,9 @@ var (
 // then reads the store's marker keys and write counters, and writes the
 // markers that are missing (see the package doc's "Data loss"), within ctx
 // and at most 30 s (or WithTimeout, if longer): one of each per hash slot on
-// a cluster. It starts no goroutine.
+// a cluster. Last, it subscribes to the store's channel, on a connection
+// of its own, for Watch: a goroutine hears it until the client is closed
+// (see watch.go).
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: defaultTimeout}
 	for _, opt := range opts {
@@ -178,6 +183,9 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 		return nil, err
 	}
 	if err := s.mark(ctx); err != nil {
+		return nil, err
+	}
+	if err := s.subscribe(ctx); err != nil {
 		return nil, err
 	}
 	s.health.next.Store(time.Now().Add(o.checkInterval).UnixNano())
@@ -220,12 +228,15 @@ func infoField(info, name string) string {
 }
 
 // offset is the test clock's offset in microseconds, as a script's ARGV[1].
-func (s *Store) offset() string {
+func (s *Store) offset() any {
 	if s.opts.offset == nil {
-		return "0"
+		return noOffset
 	}
 	return strconv.FormatInt(s.opts.offset().Microseconds(), 10)
 }
+
+// noOffset is offset's "0", boxed once rather than per call.
+var noOffset any = "0"
 
 func micros(d time.Duration) int64 { return min(max(d, 0), maxDuration).Microseconds() }
 
@@ -238,8 +249,9 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		return store.Entry{}, err
 	}
 	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
+	since := s.watch.heard.Load()
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
-	v, err := s.run(ctx, "reserve", reserveScript, r.Key, counted(6), args...)
+	v, err := s.run(ctx, "reserve", reserveScript, r.Key, reserveCount, args...)
 	if err != nil {
 		if errors.Is(err, errNotReplicated) && acquired(v) {
 			// Free the key rather than leave it in progress for a lease.
@@ -248,7 +260,13 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		}
 		return store.Entry{}, err
 	}
-	return parseReservation(v)
+	res, err := parseReservation(v)
+	if now := s.now(); err == nil && res.State == store.Acquired {
+		s.watch.holds(r.Key, now.Add(r.Lease), since, now)
+	} else if err == nil && res.State == store.Held {
+		s.watch.holds(r.Key, now.Add(res.RetryAfter), since, now)
+	}
+	return res, err
 }
 
 // parseReservation reads reserveScript's reply.
@@ -317,7 +335,8 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if err := s.admit(ctx, "complete"); err != nil {
 		return err
 	}
-	return s.write(ctx, "complete", completeScript, key, counted(1), strconv.FormatInt(int64(token), 10), outcome)
+	defer s.watch.forget(key)
+	return s.write(ctx, "complete", completeScript, key, completeCount, strconv.FormatInt(int64(token), 10), outcome)
 }
 
 // Release implements store.Store, detached from ctx's cancellation like
@@ -330,7 +349,8 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	if err := s.admit(ctx, "release"); err != nil {
 		return err
 	}
-	return s.write(ctx, "release", releaseScript, key, func(any) int64 { return 0 }, strconv.FormatInt(int64(token), 10))
+	defer s.watch.forget(key)
+	return s.write(ctx, "release", releaseScript, key, uncounted, strconv.FormatInt(int64(token), 10))
 }
 
 // write runs Complete's or Release's script, whose reply is {1, count}, or
@@ -345,6 +365,14 @@ func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key st
 	}
 	return nil
 }
+
+// The write counter's value in the replies of reserveScript and
+// completeScript (made once, not per call); Release's counts nothing.
+var (
+	reserveCount  = counted(6)
+	completeCount = counted(1)
+	uncounted     = func(any) int64 { return 0 }
+)
 
 // counted returns a function that reads the write counter's value at index
 // i of a script's reply: 0 if the script wrote nothing that counts.

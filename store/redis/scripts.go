@@ -10,6 +10,8 @@ import goredis "github.com/redis/go-redis/v9"
 //	t  the last fencing token handed out for the key
 //	o  outcome (completed records only)
 //	l  lease end, e expiry, c created: server microseconds since the epoch
+//	w  present while a duplicate may wait for the record (a Reserve found it
+//	   in progress), so that Complete or Release publish (see watch.go)
 //
 // A released record is kept, without fingerprint or outcome, until the
 // expiry its reservation set, only so that its token is remembered: see
@@ -27,6 +29,11 @@ import goredis "github.com/redis/go-redis/v9"
 // counter, which a detecting script would otherwise raise towards what
 // another process saw, hiding the loss from it. A record that is there and
 // is not written needs no check, so that replays read no more than they did.
+//
+// Complete and Release, when they write a record that a Reserve found in
+// progress (w), publish the record's name on the store's channel
+// (changed), which Watch hears (see watch.go); a key no duplicate waited
+// for costs no message.
 //
 // A script that writes a reservation or an outcome raises the counter
 // (INCR) and returns its new value, which the store keeps as the highest it
@@ -67,6 +74,15 @@ local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + tonumber(ARGV[1]
 local function expireAt(t)
 	redis.call('PEXPIREAT', KEYS[1], math.floor((t - tonumber(ARGV[1])) / 1000) + 1)
 end
+-- changed: tells the stores' subscribers (Watch) that the record changed,
+-- on <prefix>:changed, with the record's name <prefix>:{<hex>}, if w, the
+-- record's field w, says a duplicate waits for it.
+local function changed(w)
+	if w then
+		redis.call('PUBLISH', string.sub(KEYS[1], 1, -68) .. ':changed', KEYS[1])
+		redis.call('HDEL', KEYS[1], 'w')
+	end
+end
 -- held: the in-progress record of r (s, t, l, e) is held by token tok and
 -- has not expired.
 local function held(r, tok)
@@ -97,7 +113,13 @@ if absent then
 	gone = lost()
 else
 	if state == 'c' then return {2, 0, r[2], r[4], 0, expires, 0} end
-	if leaseEnd > now or r[2] ~= ARGV[4] then return {3, 0, r[2], '', math.max(leaseEnd - now, 0), expires, 0} end
+	if leaseEnd > now or r[2] ~= ARGV[4] then
+		-- A duplicate may wait: its Complete or Release will tell (changed).
+		-- A server out of memory refuses the field, and Watch then waits for
+		-- the duplicate's next poll.
+		redis.pcall('HSET', KEYS[1], 'w', '1')
+		return {3, 0, r[2], '', math.max(leaseEnd - now, 0), expires, 0}
+	end
 	gone = behind() -- a lease taken over
 end
 if gone then return gone end
@@ -106,10 +128,11 @@ if last and last >= token then token = last + 1 end
 leaseEnd = now + tonumber(ARGV[5])
 if absent then
 	expires = now + tonumber(ARGV[6])
-	redis.call('HSET', KEYS[1], 'c', num(now), 'e', num(expires))
+	redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[4], 't', num(token), 'l', num(leaseEnd), 'c', num(now), 'e', num(expires))
+else
+	redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[4], 't', num(token), 'l', num(leaseEnd))
 end
-redis.call('HSET', KEYS[1], 's', 'p', 'f', ARGV[4], 't', num(token), 'l', num(leaseEnd))
-redis.call('HDEL', KEYS[1], 'o')
+if r[4] then redis.call('HDEL', KEYS[1], 'o') end -- an expired record's
 expireAt(math.max(expires, leaseEnd))
 return {1, token, '', '', 0, expires, redis.call('INCR', KEYS[3])}
 `)
@@ -122,7 +145,7 @@ return {1, token, '', '', 0, expires, redis.call('INCR', KEYS[3])}
 // tried again by the interceptor. The repeat raises the counter too, so that
 // the WAIT after it (on this connection) covers the first's write.
 var completeScript = goredis.NewScript(prelude + `
-local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
+local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e', 'w')
 local holds = held(r, ARGV[4])
 if not holds and not (r[1] == 'c' and r[2] == ARGV[4] and tonumber(r[4]) > now and redis.call('HGET', KEYS[1], 'o') == ARGV[5]) then
 	return lost() or {0, 0}
@@ -132,6 +155,7 @@ if gone then return gone end
 if holds then
 	redis.call('HSET', KEYS[1], 's', 'c', 'o', ARGV[5])
 	expireAt(tonumber(r[4]))
+	changed(r[5])
 end
 return {1, redis.call('INCR', KEYS[3])}
 `)
@@ -140,12 +164,13 @@ return {1, redis.call('INCR', KEYS[3])}
 // ARGV: offset, epoch, count seen, token. Reply: {1, 0} released, {0, 0}
 // lease lost.
 var releaseScript = goredis.NewScript(prelude + `
-local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
+local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e', 'w')
 if held(r, ARGV[4]) then
 	local gone = behind()
 	if gone then return gone end
 	redis.call('HSET', KEYS[1], 's', 'r')
 	redis.call('HDEL', KEYS[1], 'f', 'o')
+	changed(r[5])
 	return {1, 0}
 end
 return lost() or {0, 0}

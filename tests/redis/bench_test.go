@@ -4,8 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -119,4 +123,94 @@ func BenchmarkVsPostgres(b *testing.B) {
 		)
 		b.ReportMetric(means[1]/means[0], "redis/postgres")
 	})
+}
+
+// BenchmarkCalls runs a first call (Reserve and Complete), a replay and a
+// bare round trip of go-redis (PING) on one server, interleaved, and
+// reports what each call of the store adds to the bare round trip and its
+// time as a ratio to it: a change to the store's command path shows in the
+// ratios, which the machine's load moves less than the times. Then, each
+// run on its own, what each costs the server in CPU ("-server-µs") and
+// this process ("-cpu-µs"): the rest of a call's time is spent
+// waiting, on the loopback and for the scheduler.
+func BenchmarkCalls(b *testing.B) {
+	ctx := context.Background()
+	client := redistest.Client(b)
+	st, err := redis.New(ctx, client, redis.WithPrefix(prefix()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	key := func(kind string, i int) store.Key { return store.ScopeKey("bench", kind, strconv.Itoa(i)) }
+	for i := range 1000 { // for the replays
+		if err := first(ctx, st, key("r", i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	run := prefix() // new keys on every run of the benchmark
+	ops := []benchtest.Op{
+		{Name: "ping", Run: func(int) error { return client.Ping(ctx).Err() }},
+		{Name: "first", Run: func(i int) error { return first(ctx, st, key("f"+run, i)) }},
+		{Name: "replay", Run: func(i int) error { return replay(ctx, st, key("r", i%1000)) }},
+	}
+	ns := benchtest.Interleave(b, ops...)
+	allocRun := prefix()
+	allocs := benchtest.Allocs(b, 200, ops[0],
+		benchtest.Op{Name: "first", Run: func(i int) error { return first(ctx, st, key("a"+allocRun, i)) }},
+		ops[2])
+	benchtest.ReportAdded(b, ops, ns, allocs)
+	for _, op := range []benchtest.Op{ops[0],
+		{Name: "first", Run: func(i int) error { return first(ctx, st, key("c"+allocRun, i)) }},
+		ops[2]} {
+		server, cpu := spent(b, client, 2000, op)
+		b.ReportMetric(server, op.Name+"-server-µs")
+		b.ReportMetric(cpu, op.Name+"-cpu-µs")
+	}
+}
+
+// spent runs op runs times, one after the other, and returns the mean CPU
+// time per run of the server (INFO cpu: its reads and writes of the
+// sockets, the scripts) and of this process (its every goroutine's, the
+// runtime's too), in microseconds: what a call costs each side, apart from
+// the waits between.
+func spent(b *testing.B, client *goredis.Client, runs int, op benchtest.Op) (server, cpu float64) {
+	b.Helper()
+	serverBefore, cpuBefore := serverMicros(b, client), processMicros(b)
+	for i := range runs {
+		if err := op.Run(i); err != nil {
+			b.Fatalf("%s: %v", op.Name, err)
+		}
+	}
+	cpuAfter, serverAfter := processMicros(b), serverMicros(b, client)
+	return float64(serverAfter-serverBefore) / float64(runs), float64(cpuAfter-cpuBefore) / float64(runs)
+}
+
+// serverMicros is the CPU time the server has used (INFO cpu), user and
+// system, its every thread's.
+func serverMicros(b *testing.B, client *goredis.Client) int64 {
+	info, err := client.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total int64
+	for line := range strings.Lines(info) {
+		name, value, _ := strings.Cut(strings.TrimSpace(line), ":")
+		if name != "used_cpu_user" && name != "used_cpu_sys" {
+			continue
+		}
+		seconds, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			b.Fatalf("INFO cpu: %q", line)
+		}
+		total += int64(seconds * 1e6)
+	}
+	return total
+}
+
+// processMicros is the CPU time this process has used, user and system.
+func processMicros(b *testing.B) int64 {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return ru.Utime.Nano()/1e3 + ru.Stime.Nano()/1e3
 }

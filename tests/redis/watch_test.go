@@ -1,0 +1,325 @@
+package redis_test
+
+import (
+	"context"
+	"encoding/hex"
+	"runtime"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/redis"
+	"github.com/idemkey/idemkey/tests/redistest"
+)
+
+// told waits for ch to be closed: a store that hears of a change by pub/sub
+// has ample time.
+func told(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("%s: the watcher was never told", what)
+	}
+}
+
+func notTold(t *testing.T, what string, ch <-chan struct{}) {
+	t.Helper()
+	select {
+	case <-ch:
+		t.Fatalf("%s: the watcher was told of a change", what)
+	default:
+	}
+}
+
+// twoProcesses returns two stores on prefix p, each on a client of its own
+// from client, as two processes would have.
+func twoProcesses(t *testing.T, p string, client func() goredis.UniversalClient) (first, dup *redis.Store) {
+	t.Helper()
+	var stores [2]*redis.Store
+	for i := range stores {
+		st, err := redis.New(context.Background(), client(), redis.WithPrefix(p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stores[i] = st
+	}
+	return stores[0], stores[1]
+}
+
+// acquire reserves key on st, which no one holds, and returns its token.
+func acquire(t *testing.T, st *redis.Store, key store.Key) store.Token {
+	t.Helper()
+	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || res.State != store.Acquired {
+		t.Fatalf("Reserve of a new key = %v, %v; want acquired", res.State, err)
+	}
+	return res.Token
+}
+
+// heldBy reserves key on st, where another store holds it.
+func heldBy(t *testing.T, st *redis.Store, key store.Key) {
+	t.Helper()
+	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || res.State != store.Held {
+		t.Fatalf("Reserve of a key another store holds = %v, %v; want held", res.State, err)
+	}
+}
+
+// A duplicate in one process hears of a Complete or Release made by
+// another process's store on the same server, which the conformance suite,
+// with one store, cannot show.
+func TestWatchAcrossStores(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		client func(t *testing.T) goredis.UniversalClient
+	}{
+		{"server", func(t *testing.T) goredis.UniversalClient { return redistest.Client(t) }},
+		{"cluster", func(t *testing.T) goredis.UniversalClient { return redistest.SharedCluster(t).Client(t) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := context.Background()
+			first, dup := twoProcesses(t, prefix(), func() goredis.UniversalClient { return tc.client(t) })
+			for _, end := range []string{"complete", "release"} {
+				key := store.ScopeKey("tenant", "/m", end)
+				token := acquire(t, first, key)
+				heldBy(t, dup, key)
+				changed, stop := dup.Watch(key)
+				notTold(t, end+": a key held", changed)
+				// Another key's Complete, which dup waits for too, tells
+				// nothing of key once dup has heard it.
+				other := store.ScopeKey("tenant", "/m", end+"-other")
+				otherToken := acquire(t, first, other)
+				heldBy(t, dup, other)
+				otherChanged, stopOther := dup.Watch(other)
+				if err := first.Complete(ctx, other, otherToken, []byte("other")); err != nil {
+					t.Fatal(err)
+				}
+				told(t, end+": another key completed by another store", otherChanged)
+				stopOther()
+				notTold(t, end+": a key held, once another key completed", changed)
+				var err error
+				if end == "complete" {
+					err = first.Complete(ctx, key, token, []byte("reply"))
+				} else {
+					err = first.Release(ctx, key, token)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+				told(t, end+" by another store", changed)
+				stop()
+				again, stop := dup.Watch(key)
+				told(t, end+": a Watch after the change was heard", again)
+				stop()
+			}
+		})
+	}
+}
+
+// A duplicate whose store's subscription drops is told once the store has
+// subscribed again, since the change may have come in the gap: it reads the
+// key at once rather than wait on a message that may never come.
+func TestWatchAfterTheSubscriptionDrops(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		drop func(t *testing.T, srv *redistest.Server, client *goredis.Client)
+	}{
+		{"killed", func(t *testing.T, _ *redistest.Server, client *goredis.Client) {
+			if err := client.Do(context.Background(), "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"restarted", func(t *testing.T, srv *redistest.Server, _ *goredis.Client) {
+			srv.Kill()
+			srv.Restart(t)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := redistest.Start(t)
+			first, dup := twoProcesses(t, prefix(), func() goredis.UniversalClient { return srv.Client(t) })
+			key := store.ScopeKey("tenant", "/m", "k")
+			acquire(t, first, key)
+			heldBy(t, dup, key)
+			changed, stop := dup.Watch(key)
+			defer stop()
+			notTold(t, "a key held", changed)
+			tc.drop(t, srv, srv.Client(t))
+			told(t, "a key held, once the subscription is back", changed)
+		})
+	}
+}
+
+// countingStore counts a Redis store's Reserves, and the time of its last
+// Complete's return; with watch false it hides Watch, so that the engine
+// polls.
+type countingStore struct {
+	*redis.Store
+	reserves  atomic.Int64
+	completed atomic.Int64 // UnixNano
+}
+
+func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	s.reserves.Add(1)
+	return res, err
+}
+
+func (s *countingStore) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	err := s.Store.Complete(ctx, key, token, outcome)
+	s.completed.Store(time.Now().UnixNano())
+	return err
+}
+
+// polledStore is a countingStore that hides Watch (and Find).
+type polledStore struct{ s *countingStore }
+
+func (p polledStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	return p.s.Reserve(ctx, r)
+}
+
+func (p polledStore) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	return p.s.Complete(ctx, key, token, outcome)
+}
+
+func (p polledStore) Release(ctx context.Context, key store.Key, token store.Token) error {
+	return p.s.Release(ctx, key, token)
+}
+
+// heldCall is a call of key through the engine (an engine.Exchange) whose
+// handler, once running is closed, runs until release is closed.
+type heldCall struct {
+	key      string
+	running  chan struct{}
+	release  chan struct{}
+	answered engine.Answer
+}
+
+func (c *heldCall) Key() (string, bool, error) { return c.key, true, nil }
+func (c *heldCall) FirstSent() []string        { return nil }
+func (c *heldCall) Attempt() engine.Attempt    { return engine.Attempt{} }
+func (c *heldCall) Fingerprint(context.Context) (store.Fingerprint, error) {
+	return store.Fingerprint{1}, nil
+}
+func (c *heldCall) StandIn(error) []byte     { return []byte("stand-in") }
+func (c *heldCall) Pass(context.Context) int { return 0 }
+func (c *heldCall) Answer(_ context.Context, a engine.Answer) int {
+	c.answered = a
+	return 0
+}
+
+func (c *heldCall) Run(context.Context) engine.HandlerResult {
+	close(c.running)
+	<-c.release
+	return engine.HandlerResult{Record: []byte("reply"), KeepWrites: true}
+}
+
+// BenchmarkDuplicateAnswered measures how long after a running call's
+// Complete returns a duplicate held for it (engine.WithInProgressWait) has
+// its answer, on one Redis server: told by the store (store.Watcher), and
+// behind a wrapper that hides Watch, where the duplicate reads the key at
+// its next poll, interleaved. It reports each one's mean in microseconds,
+// their ratio, and the Reserves each duplicate made.
+func BenchmarkDuplicateAnswered(b *testing.B) {
+	ctx := context.Background()
+	type variant struct {
+		name     string
+		st       *countingStore
+		e        *engine.Engine
+		op       *engine.Operation
+		spent    time.Duration
+		reserves int64
+	}
+	client := redistest.Client(b)
+	var variants []*variant
+	for _, name := range []string{"watched", "polled"} {
+		rst, err := redis.New(ctx, client, redis.WithPrefix(prefix()))
+		if err != nil {
+			b.Fatal(err)
+		}
+		cs := &countingStore{Store: rst}
+		var st store.Store = cs
+		if name == "polled" {
+			st = polledStore{cs}
+		}
+		e, err := engine.New(st, engine.WithTenant(func(context.Context) (string, error) { return "t", nil }), engine.WithInProgressWait(time.Minute))
+		if err != nil {
+			b.Fatal(err)
+		}
+		op, err := e.Operation(engine.OperationSpec{Name: "/bench.v1.Service/Method"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		variants = append(variants, &variant{name: name, st: cs, e: e, op: op})
+	}
+	n := 0
+	for b.Loop() {
+		for j := range variants {
+			v := variants[(n+j)%len(variants)]
+			key := "k" + strconv.Itoa(n)
+			first := &heldCall{key: key, running: make(chan struct{}), release: make(chan struct{})}
+			firstDone := make(chan struct{})
+			go func() { v.e.Serve(ctx, v.op, first); close(firstDone) }()
+			<-first.running
+			reserves := v.st.reserves.Load()
+			dup := &heldCall{key: key, running: make(chan struct{}), release: make(chan struct{})}
+			dupDone := make(chan time.Time, 1)
+			go func() { v.e.Serve(ctx, v.op, dup); dupDone <- time.Now() }()
+			for v.st.reserves.Load() == reserves { // until the duplicate finds the key held
+				runtime.Gosched()
+			}
+			close(first.release)
+			<-firstDone
+			answered := <-dupDone
+			if dup.answered.Verdict != engine.Replayed || string(dup.answered.Outcome) != "reply" {
+				b.Fatalf("duplicate: verdict %v, outcome %q; want replayed, reply", dup.answered.Verdict, dup.answered.Outcome)
+			}
+			v.spent += answered.Sub(time.Unix(0, v.st.completed.Load()))
+			v.reserves += v.st.reserves.Load() - reserves
+		}
+		n++
+	}
+	for _, v := range variants {
+		b.ReportMetric(float64(v.spent.Microseconds())/float64(n), v.name+"-µs")
+		b.ReportMetric(float64(v.reserves)/float64(n), v.name+"-reserves")
+	}
+	b.ReportMetric(float64(variants[0].spent)/float64(variants[1].spent), "watched/polled")
+}
+
+// Only a Complete or Release of a record that a Reserve found in progress
+// sends a message: a key that no duplicate waited for costs no process a
+// message.
+func TestWatchMessagesOnlyForWaitedKeys(t *testing.T) {
+	ctx := context.Background()
+	client := redistest.Client(t)
+	p := prefix()
+	first, dup := twoProcesses(t, p, func() goredis.UniversalClient { return client })
+	sub := client.Subscribe(ctx, p+":changed")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
+		t.Fatal(err)
+	}
+	alone, waited := store.ScopeKey("tenant", "/m", "alone"), store.ScopeKey("tenant", "/m", "waited")
+	aloneToken, waitedToken := acquire(t, first, alone), acquire(t, first, waited)
+	heldBy(t, dup, waited)
+	if err := first.Complete(ctx, alone, aloneToken, []byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.Complete(ctx, waited, waitedToken, []byte("reply")); err != nil {
+		t.Fatal(err)
+	}
+	msgCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	msg, err := sub.ReceiveMessage(msgCtx) // messages arrive in the order sent
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := p + ":{" + hex.EncodeToString(waited[:]) + "}"; msg.Payload != want {
+		t.Fatalf("first message %q, want the waited key's record %q alone", msg.Payload, want)
+	}
+}
