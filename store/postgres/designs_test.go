@@ -301,19 +301,29 @@ const (
 		FROM (VALUES (1)) AS one (x) LEFT JOIN baseline_keys AS c ON c.key = $1`
 )
 
+// acquireAll acquires every connection of pool, which must hold MinConns =
+// MaxConns connections: once they are released, the pool has opened them
+// all, and none is still being made.
+func acquireAll(b *testing.B, pool *pgxpool.Pool) []*pgxpool.Conn {
+	b.Helper()
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	for i := range conns {
+		var err error
+		if conns[i], err = pool.Acquire(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return conns
+}
+
 // backendPids returns the backend process ids of every connection of pool,
 // which must hold MinConns = MaxConns connections.
 func backendPids(b *testing.B, pool *pgxpool.Pool) []int {
 	b.Helper()
-	ctx := context.Background()
-	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	conns := acquireAll(b, pool)
 	pids := make([]int, len(conns))
-	for i := range conns {
-		var err error
-		if conns[i], err = pool.Acquire(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := conns[i].QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
+	for i, c := range conns {
+		if err := c.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -340,10 +350,13 @@ func backendsCPU(b *testing.B, pids []int) time.Duration {
 }
 
 // BenchmarkAtomicNewKeys runs b.N atomic calls with new keys (the store's
-// Begin, the business INSERT, Commit) on 16 workers and a pool of 20, and
-// reports how many Begin answered anything but Acquired: a new key must
-// never be told that another call holds it, even while PostgreSQL makes the
-// workers wait to extend the tables' files. make bench runs it with
+// Begin, the business INSERT, Commit) on 16 workers and a pool of 20, with
+// the default slots (15), and reports how many Begin answered anything but
+// Acquired: a new key must never be told that another call holds it, even
+// while PostgreSQL makes the workers wait to extend the tables' files. It
+// reports too how many calls ran the probe on their own: none may, since a
+// call that finds every slot taken waits for one in its transaction on one
+// of the connections the slots leave free. make bench runs it with
 // -benchtime=100000x.
 func BenchmarkAtomicNewKeys(b *testing.B) {
 	schema := pgtest.Schema(b)
@@ -358,7 +371,10 @@ func BenchmarkAtomicNewKeys(b *testing.B) {
 		b.Fatal(err)
 	}
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
-	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
+	st := newStore(b, pool)
+	for _, c := range acquireAll(b, pool) {
+		c.Release()
+	}
 	var (
 		next                atomic.Int64
 		notAcquired, failed atomic.Int64
@@ -392,8 +408,9 @@ func BenchmarkAtomicNewKeys(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(notAcquired.Load()), "not-acquired")
 	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(postgres.Probed(st)), "probed")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
-	if n := notAcquired.Load() + failed.Load(); n > 0 {
-		b.Errorf("%d of %d new keys were not acquired and %d failed", notAcquired.Load(), b.N, failed.Load())
+	if n := notAcquired.Load() + failed.Load() + postgres.Probed(st); n > 0 {
+		b.Errorf("%d of %d new keys were not acquired, %d failed and %d ran the probe on their own", notAcquired.Load(), b.N, failed.Load(), postgres.Probed(st))
 	}
 }
