@@ -897,9 +897,7 @@ func TestAtomicProbesOnlyWithNoConnectionFree(t *testing.T) {
 		if n := postgres.Probed(st); n != 0 {
 			t.Fatalf("a replay with every slot taken and connections free probed on its own (%d)", n)
 		}
-		for r.pool.Stat().AcquiredConns() != 6 { // the replay's ROLLBACK, in a goroutine, has given its connection back
-			time.Sleep(time.Millisecond)
-		}
+		waitUntil(t, "the replay's ROLLBACK, in a goroutine, gave its connection back", func() bool { return r.pool.Stat().AcquiredConns() == 6 })
 		waiting := make(chan error, 1)
 		go func() {
 			res, tx, err := st.Begin(ctx, reservation("waiting"))
@@ -911,13 +909,12 @@ func TestAtomicProbesOnlyWithNoConnectionFree(t *testing.T) {
 			}
 			waiting <- err
 		}()
-		// Until it waits for a slot, in its transaction.
-		for postgres.Lent(st) != 1 || !lockHeld(t, r.pool, reservation("waiting").Key) {
+		waitUntil(t, "the new key waits for a slot in its transaction", func() bool {
 			if postgres.Probed(st) != 0 {
 				t.Fatal("a new key with every slot taken and two connections free probed on its own")
 			}
-			time.Sleep(time.Millisecond)
-		}
+			return postgres.Lent(st) == 1 && lockHeld(t, r.pool, reservation("waiting").Key)
+		})
 		if res, _, err := st.Begin(ctx, reservation("waiting")); err != nil || res.State != store.Held {
 			t.Errorf("a duplicate of the call waiting for a slot = %v, %v; want in progress", res.State, err)
 		}
