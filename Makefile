@@ -97,7 +97,7 @@ bench: ## benchmark the interceptor and the HTTP middleware against the bare cal
 	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare|\/bare-batch)$$/' bin/bench.txt
 	@echo "== the store against each design's hand-written SQL, 16 workers on a pool of 20, interleaved: throughput, PostgreSQL's CPU and WAL per call as ratios"
 	@$(TOOL) benchstat -filter '.name:Designs .unit:/(throughput|cpu|wal)$$/' bin/bench.txt
-	@echo "== 100,000 atomic calls with new keys on 16 workers: how many were not acquired (must be 0)"
+	@echo "== 100,000 atomic calls with new keys on 16 workers, the default slots: how many were not acquired, and how many ran the probe on their own (both must be 0)"
 	@grep '^BenchmarkAtomicNewKeys' bin/newkeys.txt
 	@echo "== PostgreSQL's own CPU per new key (its backend's, from /proc), interleaved: the store against the design's minimal SQL and the bare INSERT, and each statement's share"
 	@$(TOOL) benchstat -filter '.name:/^(BackendCPU|Statements)$$/' bin/bench.txt
@@ -113,7 +113,7 @@ bench: ## benchmark the interceptor and the HTTP middleware against the bare cal
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"
 	@$(GO) run ./tests/chart -bench bin/bench.txt -out docs/bench
 
-load: ## drive the example server on PostgreSQL with ghz over loopback, bare and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles (one per mode and round) and load.json go to bin/
+load: ## drive the example server on PostgreSQL with ghz over loopback, bare (autocommitted, and in a transaction: bare-tx) and in both modes, interleaved, beside pgbench running the same SQL as the ceiling (LOAD_TIME per measurement); CPU profiles (one per mode and round) and load.json go to bin/
 	@mkdir -p bin
 	./scripts/with-postgres $(GO) run ./tests/load -duration=$(LOAD_TIME) -rounds=$(LOAD_ROUNDS) -profile-dir=bin -json=bin/load.json
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/load-throughput.svg, docs/bench/load-cpu.svg"

@@ -1,11 +1,8 @@
 package example_test
 
 import (
-	"context"
 	"testing"
 
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
@@ -15,7 +12,6 @@ import (
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // BenchmarkCreateCharge measures a first CreateCharge over bufconn on
@@ -43,7 +39,7 @@ func BenchmarkCreateCharge(b *testing.B) {
 		paymentsv1.RegisterPaymentServiceServer(srv, example.NewService(ledger, 0))
 		return serve(srv)
 	}
-	clients := []paymentsv1.PaymentServiceClient{bare(), bare(inTransaction(pool))} // then atomic, two-phase
+	clients := []paymentsv1.PaymentServiceClient{bare(), bare(ledger.InTransaction())} // then atomic, two-phase
 	for _, atomic := range []bool{true, false} {
 		be := postgresBackend(b, pool, atomic)
 		srv, _, _ := example.NewServer(grpctest.Must(example.NewEngine(be.store)), example.Config{Ledger: be.ledger, Atomic: atomic})
@@ -67,16 +63,4 @@ func BenchmarkCreateCharge(b *testing.B) {
 		b.ReportMetric(ns[i]/ns[0], ops[i].Name+"/bare")
 	}
 	b.ReportMetric(ns[2]/ns[1], "atomic/bare-tx")
-}
-
-// inTransaction runs each call's handler in a transaction of its own, which
-// the ledger joins, and commits it if the handler succeeds.
-func inTransaction(pool *pgxpool.Pool) grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
-		err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			resp, err = handler(postgres.ContextWithTx(ctx, tx), req)
-			return err
-		})
-		return resp, err
-	}
 }

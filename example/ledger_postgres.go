@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
@@ -47,6 +48,23 @@ type PostgresLedger struct {
 
 // NewPostgresLedger returns a ledger on pool; MigrateLedger creates its table.
 func NewPostgresLedger(pool *pgxpool.Pool) *PostgresLedger { return &PostgresLedger{pool: pool} }
+
+// InTransaction returns a gRPC server interceptor that runs each call's
+// handler in a transaction of its own on the ledger's database, which Insert
+// joins (postgres.TxFromContext), and commits it if the handler succeeds:
+// BEGIN, the charge's INSERT, COMMIT, in three round trips and one commit,
+// as atomic mode's are. Without idempotency it is the fair baseline of
+// atomic mode (make load's bare-tx), where an autocommitted INSERT needs
+// one round trip.
+func (l *PostgresLedger) InTransaction() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (resp any, err error) {
+		err = pgx.BeginFunc(ctx, l.pool, func(tx pgx.Tx) error {
+			resp, err = handler(postgres.ContextWithTx(ctx, tx), req)
+			return err
+		})
+		return resp, err
+	}
+}
 
 // MigrateLedger creates the charges table if it does not exist. Replicas
 // starting at once can collide in the catalog ("already exists", or a unique

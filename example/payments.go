@@ -16,6 +16,7 @@ import (
 	"crypto/rand"
 	_ "embed"
 	"encoding/hex"
+	"errors"
 	"regexp"
 	"strings"
 	"time"
@@ -78,13 +79,20 @@ type Config struct {
 	// service with no idempotency at all, the baseline that make load
 	// measures idemkey against. The engine is then unused and may be nil.
 	WithoutIdempotency bool
+	// InTransaction, with WithoutIdempotency, runs each call in a
+	// transaction of its own on the ledger's database
+	// (PostgresLedger.InTransaction): the baseline of atomic mode, whose
+	// round trips and single commit it shares. The ledger must be a
+	// PostgresLedger.
+	InTransaction bool
 }
 
 // NewServer returns a gRPC server with the payment service behind the
 // idemkey interceptor on eng (NewEngine), plus the health and reflection
 // services. Calls to the payment service must authenticate: see
-// Authenticate. Its error is a mistake in cfg.Options, or atomic mode on a
-// store without it.
+// Authenticate. Its error is a mistake in cfg.Options, atomic mode on a store
+// without it, or InTransaction without WithoutIdempotency and a
+// PostgresLedger.
 func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, error) {
 	opts := []interceptor.Option{interceptor.WithKeyField("request_id")} // AIP-155
 	opts = append(opts, cfg.Options...)
@@ -98,6 +106,13 @@ func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, er
 			return nil, nil, err
 		}
 		chain = append(chain, idem)
+	}
+	if cfg.InTransaction {
+		ledger, ok := cfg.Ledger.(*PostgresLedger)
+		if !ok || !cfg.WithoutIdempotency {
+			return nil, nil, errors.New("example: InTransaction needs WithoutIdempotency and a PostgresLedger")
+		}
+		chain = append(chain, ledger.InTransaction())
 	}
 	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...)}, cfg.ServerOptions...)...)
 	ledger := cfg.Ledger

@@ -1,7 +1,7 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-idempotency=true] [-handler-delay 0s] [-ttl 24h]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-idempotency=true] [-in-transaction] [-handler-delay 0s] [-ttl 24h]
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
@@ -25,7 +25,10 @@
 // With -idempotency=false the server runs the same service, handler and
 // ledger with no idempotency at all: no interceptor, no store, no tables but
 // the charges'. It is the baseline make load measures idemkey against; it
-// serves gRPC only, so it takes neither -http-addr nor a Redis flag.
+// serves gRPC only, so it takes neither -http-addr nor a Redis flag. With
+// -in-transaction too, on PostgreSQL, each call runs in a transaction of its
+// own (BEGIN, the charge's INSERT, COMMIT): the baseline of atomic mode,
+// which has its round trips and its single commit.
 //
 // With -redis-url (one Redis server) or -redis-cluster (seed addresses of a
 // Redis Cluster) the idempotency keys live in Redis (store/redis), which
@@ -120,6 +123,7 @@ func main() {
 	ttl := flag.Duration("ttl", engine.DefaultRetention, "how long a recorded reply is replayed; at least the longest lease, 10m")
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
 	idempotency := flag.Bool("idempotency", true, "false serves the same service with no idempotency interceptor or store, as a baseline")
+	inTransaction := flag.Bool("in-transaction", false, "with -idempotency=false on PostgreSQL, run each call in a transaction of its own: atomic mode's baseline")
 	maxRecords := flag.Int("memory-max-records", memory.DefaultMaxRecords, "without a database, the most idempotency records kept in memory; at least 1")
 	maxBytes := flag.Int64("memory-max-bytes", memory.DefaultMaxBytes, "without a database, the most bytes of idempotency records kept in memory; at least 1")
 	var level slog.Level
@@ -141,7 +145,7 @@ func main() {
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed}
 	if err := cfg.check(); err != nil {
 		logger.Error("server not started: a flag makes no sense", "error", err)
@@ -300,6 +304,7 @@ type config struct {
 	delay, ttl             time.Duration
 	atomic                 bool  // on PostgreSQL only
 	bare                   bool  // no idempotency: no interceptor, no store
+	inTransaction          bool  // bare, each call in a transaction of its own
 	maxRecords             int   // in memory only
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
@@ -383,6 +388,9 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.sealKey != "") {
 		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis or seal flag")
 	}
+	if cfg.inTransaction && (!cfg.bare || cfg.databaseURL == "") {
+		return errors.New("-in-transaction runs the bare server's calls in transactions: it needs -idempotency=false and a database URL")
+	}
 	ring, err := keyRing(cfg)
 	if err != nil {
 		return err
@@ -444,7 +452,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	}
 	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic}
 	grpcCfg := shared
-	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency = srvOpts, cfg.bare
+	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency, grpcCfg.InTransaction = srvOpts, cfg.bare, cfg.inTransaction
 	srv, hs, err := example.NewServer(eng, grpcCfg)
 	if err != nil {
 		return err

@@ -158,6 +158,44 @@ func TestWithoutIdempotency(t *testing.T) {
 	}
 }
 
+// With -in-transaction too, each call of the bare server runs in a
+// transaction of its own, which the charge's INSERT joins: while the handler
+// runs on (-handler-delay), its session is idle in that transaction and the
+// charge is not yet visible; without a delay the charge commits with the
+// reply.
+func TestWithoutIdempotencyInTransaction(t *testing.T) {
+	schema := pgtest.Schema(t)
+	bin := servertest.Build(t)
+	url := pgtest.SchemaURL(schema, "application_name="+schema)
+	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+	pool := pgtest.Pool(t, schema)
+
+	quick := servertest.Start(t, bin, "-database-url", url, "-idempotency=false", "-in-transaction")
+	if _, _, err := create(quick, idemkey.NewKey(), req); err != nil {
+		t.Fatalf("CreateCharge: %v", err)
+	}
+	if n := count(t, pool, "charges"); n != 1 {
+		t.Fatalf("%d charges after a call answered, want 1, committed with the reply", n)
+	}
+
+	held := servertest.Start(t, bin, "-database-url", url, "-idempotency=false", "-in-transaction", "-handler-delay", "1h")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() {
+		ctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, idemkey.NewKey())
+		paymentsv1.NewPaymentServiceClient(held.Conn).CreateCharge(ctx, req) // runs for an hour, until the test kills the server
+	}()
+	waitUntil(t, "the held call's session idle in its transaction after the charge's INSERT", func() bool {
+		var n int
+		err := pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = $1 AND state = 'idle in transaction' AND query LIKE 'INSERT INTO charges%'`, schema).Scan(&n)
+		return err == nil && n == 1
+	})
+	if n := count(t, pool, "charges"); n != 1 {
+		t.Errorf("%d charges while the second call's handler runs, want 1: its charge is not committed yet", n)
+	}
+}
+
 // -idempotency=false serves gRPC only: with an HTTP address or a Redis store,
 // which would need the store it leaves out, the server refuses to start.
 func TestWithoutIdempotencyRefusesStores(t *testing.T) {
@@ -171,6 +209,23 @@ func TestWithoutIdempotencyRefusesStores(t *testing.T) {
 		}
 		if err := run(context.Background(), lis, cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-idempotency=false") {
 			t.Errorf("%s: run: %v, want the refusal of -idempotency=false", name, err)
+		}
+	}
+}
+
+// -in-transaction is for the bare server on PostgreSQL: with idempotency, or
+// without a database, the server refuses to start and names the flag.
+func TestInTransactionNeedsBareOnPostgres(t *testing.T) {
+	for name, cfg := range map[string]config{
+		"idempotency": {inTransaction: true, databaseURL: pgtest.URL(), ttl: time.Hour},
+		"memory":      {inTransaction: true, bare: true, ttl: time.Hour},
+	} {
+		lis, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := run(context.Background(), lis, cfg, slog.New(slog.DiscardHandler)); err == nil || !strings.Contains(err.Error(), "-in-transaction") {
+			t.Errorf("%s: run: %v, want the refusal of -in-transaction", name, err)
 		}
 	}
 }

@@ -211,31 +211,73 @@ var _ store.Atomic = (*Store)(nil)
 // wait for (it frees the connection, and the transaction's slot, when
 // done).
 //
-// At most WithAtomicConns transactions are open at once. When all are taken
-// by running handlers, Begin first runs the probe (probeSQL) on its own, on
-// a connection the transactions leave free: a replay, or a duplicate of a
-// running call, is answered from it at once, and only a key that is free
-// waits for a transaction to end.
+// At most WithAtomicConns handlers run at once, each in a transaction of
+// its own (a slot). When every slot is taken, Begin still runs its pipeline
+// on a connection the pool has free (claim): a replay, or a duplicate of a
+// running call, is answered from it at once, and a new key waits in its
+// transaction, holding the key's lock, until a slot is free. Only when the
+// calls that wait so would leave the pool no connection free does Begin run
+// the probe (probeSQL) on its own first, and a new key then waits for a slot
+// without a connection.
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if !s.takeSlot() {
+	slot, probe := s.claim()
+	if probe {
 		res, err := s.probe(ctx, r)
 		if err != nil || res.State != store.Acquired {
 			return res, nil, err
 		}
-		select {
-		case s.slots <- struct{}{}:
-		case <-ctx.Done():
-			return store.Entry{}, nil, s.translate(ctx, "begin", ctx.Err())
+		if err := s.awaitSlot(ctx); err != nil {
+			return store.Entry{}, nil, err
 		}
+		slot = true
 	}
-	res, tx, ending, err := s.begin(ctx, r)
+	res, tx, ending, err := s.begin(ctx, r, slot)
 	if tx == nil && !ending {
-		s.freeSlot()
+		s.unclaim(slot)
 	}
 	return res, tx, err
 }
+
+// claim finds room for an atomic transaction: one of the slots if one is
+// free (slot); else, a connection of the pool's to decide the call on and
+// wait for a slot in, as long as the calls that wait so (lent) are fewer
+// than the connections the slots leave, less one, and the pool has another
+// connection free besides, for the statements that hold no slot
+// (reservations, Find, the probe, the reads of a running call's start).
+// Otherwise probe is set: the call runs the probe on its own first, and
+// waits for a slot without a connection only if it acquires a key. unclaim
+// gives back what claim took.
+func (s *Store) claim() (slot, probe bool) {
+	if s.takeSlot() {
+		return true, false
+	}
+	if s.lent.Add(1) <= s.lendable {
+		st := s.pool.Stat()
+		if st.IdleConns()+st.MaxConns()-st.TotalConns() >= 2 {
+			return false, false
+		}
+	}
+	s.lent.Add(-1)
+	s.probed.Add(1)
+	return false, true
+}
+
+// unclaim gives back what claim took: the slot, or the lent connection's
+// place.
+func (s *Store) unclaim(slot bool) {
+	if slot {
+		s.freeSlot()
+	} else {
+		s.lent.Add(-1)
+	}
+}
+
+// lendable is how many calls may wait for a slot in a transaction on a
+// connection of a pool of size connections, slots of which the slots take:
+// all the others but one.
+func lendable(size int32, slots int) int64 { return max(int64(size)-int64(slots)-1, 0) }
 
 // takeSlot takes one of the transactions' slots if one is free; freeSlot
 // gives it back once the transaction's connection is back in the pool.
@@ -249,6 +291,32 @@ func (s *Store) takeSlot() bool {
 }
 
 func (s *Store) freeSlot() { <-s.slots }
+
+// awaitSlot waits for a slot until ctx ends.
+func (s *Store) awaitSlot(ctx context.Context) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return s.translate(ctx, "begin", ctx.Err())
+	}
+}
+
+// seat gives a transaction that claim lent a connection (slot unset), and
+// that acquired a key, its slot: it waits for one until ctx ends, in the
+// transaction, and then gives the lent connection's place back. If ctx
+// ends first, the transaction rolls back.
+func (s *Store) seat(ctx context.Context, conn *pgxpool.Conn, slot bool) error {
+	if slot {
+		return nil
+	}
+	if err := s.awaitSlot(ctx); err != nil {
+		s.rollback(ctx, conn)
+		return err
+	}
+	s.lent.Add(-1)
+	return nil
+}
 
 // probe runs probeSQL for r on its own (autocommit), running it again on a
 // fresh connection if its own died (reconnect).
@@ -413,10 +481,12 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 	return p
 }
 
-// begin is Begin once it holds a slot. A connection that is lost takes the
-// transaction with it, so Begin starts again on another. ending reports that
-// a goroutine is ending the transaction and frees the slot itself.
-func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Entry, tx store.Tx, ending bool, err error) {
+// begin is Begin once it holds a slot, or a lent connection's place (slot
+// unset), which it trades for a slot if it acquires the key (seat). A
+// connection that is lost takes the transaction with it, so Begin starts
+// again on another. ending reports that a goroutine is ending the
+// transaction and gives back what claim took itself.
+func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool) (res store.Entry, tx store.Tx, ending bool, err error) {
 	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
@@ -447,6 +517,9 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Entry
 		p := rec.decide(r, locked, found, started)
 		switch {
 		case err == nil && p.res.State == store.Acquired:
+			if err := s.seat(ctx, conn, slot); err != nil {
+				return store.Entry{}, nil, false, err
+			}
 			return p.res, &atomicTx{store: s, conn: conn, r: r, takeover: p.takeover}, false, nil
 		case err == nil:
 			// The call wrote nothing, and a lock it took matters to no
@@ -454,7 +527,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation) (res store.Entry
 			// need not wait for the ROLLBACK's round trip.
 			go func() {
 				s.rollback(ctx, conn)
-				s.freeSlot()
+				s.unclaim(slot)
 			}()
 			ps := []probed{p}
 			s.tellHolders(ctx, []store.Reservation{r}, ps)

@@ -3,7 +3,9 @@ package postgres_test
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -605,8 +607,9 @@ func TestAtomicExpires(t *testing.T) {
 // the expiry that the call's record gets when it commits, to the
 // microsecond, however long the call has run (here past its lease): by
 // Begin and BeginBatch, in a transaction of their own or, with every
-// transaction slot taken, by the probe on its own; of a call that Begin or
-// BeginBatch runs, on a new key or over an expired record.
+// transaction slot taken and no connection to lend, by the probe on its
+// own; of a call that Begin or BeginBatch runs, on a new key or over an
+// expired record.
 func TestAtomicDuplicateToldTheRecordsExpiry(t *testing.T) {
 	const lease = time.Second
 	for _, holder := range []string{"Begin", "BeginBatch"} {
@@ -622,7 +625,10 @@ func TestAtomicDuplicateToldTheRecordsExpiry(t *testing.T) {
 					}
 					r.advance(t, retention+time.Second)
 				}
-				full := newStore(t, r.pool, postgres.WithAtomicConns(1)) // the call takes its only slot
+				// The call takes full's only slot and one of its two
+				// connections; the other is the last free, which full lends
+				// to no call (claim).
+				full := newStore(t, openPool(t, schemaOf(t, r.pool), func(c *pgxpool.Config) { c.MaxConns = 2 }), postgres.WithAtomicConns(1))
 				var (
 					exp    time.Time
 					commit func() error
@@ -668,6 +674,9 @@ func TestAtomicDuplicateToldTheRecordsExpiry(t *testing.T) {
 					if batch[0].State != store.Held || !batch[0].Expires.Equal(exp) {
 						t.Errorf("BeginBatch %s = %v, Expires %v; want in progress, %v", dup.how, batch[0].State, batch[0].Expires, exp)
 					}
+				}
+				if n := postgres.Probed(full); n != 2 {
+					t.Errorf("full ran the probe on its own for %d of its duplicate's Begin and BeginBatch, want 2", n)
 				}
 				if err := commit(); err != nil {
 					t.Fatalf("commit: %v", err)
@@ -761,16 +770,30 @@ func TestAtomicDuplicateToldNoExpiry(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer tx.Rollback(ctx)
-		// The key's lock (see "Atomic mode" in the package doc): its first 8
-		// bytes XOR the table's OID.
-		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(('x' || encode(substr($1::bytea, 1, 8), 'hex'))::bit(64)::bigint
-			# 'idempotency_keys'::regclass::oid::bigint)`, res.Key[:]); err != nil {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared(`+keyLock+`)`, res.Key[:]); err != nil {
 			t.Fatal(err)
 		}
 		if got, _, err := r.store.Begin(ctx, res); err != nil || got.State != store.Held || !got.Expires.IsZero() {
 			t.Errorf("Begin = %v, %v, Expires %v; want in progress, none", got.State, err, got.Expires)
 		}
 	})
+}
+
+// keyLock is the SQL of the advisory lock of the key $1 (see "Atomic mode"
+// in the package doc): its first 8 bytes XOR the table's OID.
+const keyLock = `('x' || encode(substr($1::bytea, 1, 8), 'hex'))::bit(64)::bigint # 'idempotency_keys'::regclass::oid::bigint`
+
+// lockHeld reports whether a transaction holds the advisory lock of key in
+// exclusive mode, as an atomic call that acquired it does.
+func lockHeld(t *testing.T, pool *pgxpool.Pool, key store.Key) bool {
+	t.Helper()
+	var held bool
+	if err := pool.QueryRow(t.Context(), `SELECT EXISTS (SELECT FROM pg_locks AS k
+		WHERE k.locktype = 'advisory' AND k.mode = 'ExclusiveLock' AND k.granted AND k.objsubid = 1
+			AND ((k.classid::bigint << 32) | k.objid::bigint) = `+keyLock+`)`, key[:]).Scan(&held); err != nil {
+		t.Fatal(err)
+	}
+	return held
 }
 
 // unprivilegedPool returns a pool on pool's schema whose sessions act as a
@@ -801,6 +824,118 @@ func unprivilegedPool(t *testing.T, pool *pgxpool.Pool) *pgxpool.Pool {
 		c.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
 			_, err := conn.Exec(ctx, `SET ROLE `+role)
 			return err
+		}
+	})
+}
+
+// A call that finds every transaction slot taken runs the probe on its own
+// only when the pool has no connection to lend it: otherwise it decides in
+// a transaction of its own on a free connection, a replay answered from it
+// at once and a new key waiting there for a slot, holding the key's lock.
+// With the default slots (15 of 20 connections) and 16 workers, no call
+// probes; once the calls that wait in a transaction would leave the pool no
+// connection free but one, the next one probes.
+func TestAtomicProbesOnlyWithNoConnectionFree(t *testing.T) {
+	t.Run("16 workers, 20 connections", func(t *testing.T) {
+		t.Parallel()
+		const workers, calls = 16, 20
+		r := newReplica(t, func(c *pgxpool.Config) { c.MaxConns = 20 })
+		st := newStore(t, r.pool)
+		ctx := t.Context()
+		var (
+			wg          sync.WaitGroup
+			notAcquired atomic.Int64
+			next        atomic.Int64
+		)
+		for range workers {
+			wg.Go(func() {
+				for i := next.Add(1); i <= workers*calls; i = next.Add(1) {
+					res, tx, err := st.Begin(ctx, store.Reservation{Key: store.ScopeKey("", "/m", strconv.FormatInt(i, 10)), Fingerprint: fpA, Lease: lease, Retention: retention})
+					if err != nil || res.State != store.Acquired {
+						notAcquired.Add(1)
+						continue
+					}
+					if err := tx.Commit(ctx, []byte("reply"), true); err != nil {
+						t.Error(err)
+					}
+				}
+			})
+		}
+		wg.Wait()
+		if n, p := notAcquired.Load(), postgres.Probed(st); n != 0 || p != 0 {
+			t.Errorf("%d of %d new keys not acquired, %d probed on their own; want none of either", n, workers*calls, p)
+		}
+	})
+	t.Run("every slot taken", func(t *testing.T) {
+		t.Parallel()
+		// 8 connections: 6 slots (the default), and one call may wait in a
+		// transaction, leaving one connection free.
+		r := newReplica(t, func(c *pgxpool.Config) { c.MaxConns = 8 })
+		st := newStore(t, r.pool)
+		ctx := t.Context()
+		reservation := func(key string) store.Reservation {
+			return store.Reservation{Key: store.ScopeKey("", "/m", key), Fingerprint: fpA, Lease: lease, Retention: retention}
+		}
+		if _, tx, err := st.Begin(ctx, reservation("recorded")); err != nil || tx.Commit(ctx, []byte("reply"), true) != nil {
+			t.Fatalf("Begin of the recorded key: %v", err)
+		}
+		var running []store.Tx
+		for i := range 6 {
+			_, tx, err := st.Begin(ctx, reservation("running-"+strconv.Itoa(i)))
+			if err != nil || tx == nil {
+				t.Fatalf("Begin of running call %d: %v, want acquired", i, err)
+			}
+			running = append(running, tx)
+		}
+		replay := func() {
+			t.Helper()
+			if res, tx, err := st.Begin(ctx, reservation("recorded")); err != nil || tx != nil || res.State != store.Completed {
+				t.Fatalf("Begin of the recorded key with every slot taken = %v, %v; want its record", res.State, err)
+			}
+		}
+		replay()
+		if n := postgres.Probed(st); n != 0 {
+			t.Fatalf("a replay with every slot taken and connections free probed on its own (%d)", n)
+		}
+		waitUntil(t, "the replay's ROLLBACK, in a goroutine, gave its connection back", func() bool { return r.pool.Stat().AcquiredConns() == 6 })
+		waiting := make(chan error, 1)
+		go func() {
+			res, tx, err := st.Begin(ctx, reservation("waiting"))
+			if err == nil && res.State != store.Acquired {
+				err = fmt.Errorf("Begin = %v, want acquired", res.State)
+			}
+			if err == nil {
+				err = tx.Commit(ctx, []byte("reply"), true)
+			}
+			waiting <- err
+		}()
+		waitUntil(t, "the new key waits for a slot in its transaction", func() bool {
+			if postgres.Probed(st) != 0 {
+				t.Fatal("a new key with every slot taken and two connections free probed on its own")
+			}
+			return postgres.Lent(st) == 1 && lockHeld(t, r.pool, reservation("waiting").Key)
+		})
+		if res, _, err := st.Begin(ctx, reservation("waiting")); err != nil || res.State != store.Held {
+			t.Errorf("a duplicate of the call waiting for a slot = %v, %v; want in progress", res.State, err)
+		}
+		if n := postgres.Probed(st); n != 1 {
+			t.Errorf("with a call waiting in a transaction and one connection free, %d calls probed on their own, want the duplicate", n)
+		}
+		replay()
+		if n := postgres.Probed(st); n != 2 {
+			t.Errorf("%d calls probed on their own, want the duplicate and the replay", n)
+		}
+		if err := running[0].Commit(ctx, []byte("reply"), true); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-waiting; err != nil {
+			t.Errorf("the call waiting for a slot, once one was free: %v", err)
+		}
+		for _, tx := range running[1:] {
+			tx.Rollback(ctx)
+		}
+		if n := postgres.Lent(st); n != 0 {
+			t.Errorf("%d calls still counted as waiting in a transaction, want 0", n)
 		}
 	})
 }

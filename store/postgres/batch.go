@@ -56,9 +56,10 @@ var _ store.BatchAtomic = (*Store)(nil)
 // probe of every key (probeSQL over arrays) go out as one pipeline. Each key
 // is decided as Begin decides one; the keys acquired are those whose
 // advisory locks the transaction took. The batch takes one of the
-// WithAtomicConns slots, whatever its size; when none is free, the probe
-// runs first on its own, as in Begin, and the batch waits for a slot only
-// if it acquires a key.
+// WithAtomicConns slots, whatever its size; when none is free, it waits for
+// one as Begin does: in its transaction on a free connection, or, when the
+// pool has none to lend, after the probe run on its own, only if it
+// acquires a key.
 //
 // The batch's transaction runs its calls one after another: each call's
 // writes are kept apart by a savepoint of its own, nested in the previous
@@ -77,20 +78,20 @@ func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store
 	}
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	if !s.takeSlot() {
+	slot, probe := s.claim()
+	if probe {
 		res, err := s.probeBatch(ctx, rs, args)
 		if err != nil || !anyAcquired(res) {
 			return res, nil, err
 		}
-		select {
-		case s.slots <- struct{}{}:
-		case <-ctx.Done():
-			return nil, nil, s.translate(ctx, "begin", ctx.Err())
+		if err := s.awaitSlot(ctx); err != nil {
+			return nil, nil, err
 		}
+		slot = true
 	}
-	res, tx, ending, err := s.beginBatch(ctx, rs, args)
+	res, tx, ending, err := s.beginBatch(ctx, rs, args, slot)
 	if tx == nil && !ending {
-		s.freeSlot()
+		s.unclaim(slot)
 	}
 	if tx == nil { // a nil *batchTx is not a nil store.BatchTx
 		return res, nil, err
@@ -177,8 +178,9 @@ func results(ps []probed) (res []store.Entry, takeover []bool) {
 	return res, takeover
 }
 
-// beginBatch is BeginBatch once it holds a slot, as begin is Begin's.
-func (s *Store) beginBatch(ctx context.Context, rs []store.Reservation, args []any) (res []store.Entry, tx *batchTx, ending bool, err error) {
+// beginBatch is BeginBatch once it holds a slot or a lent connection's
+// place, as begin is Begin's.
+func (s *Store) beginBatch(ctx context.Context, rs []store.Reservation, args []any, slot bool) (res []store.Entry, tx *batchTx, ending bool, err error) {
 	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
@@ -206,11 +208,14 @@ func (s *Store) beginBatch(ctx context.Context, rs []store.Reservation, args []a
 		res, takeover := results(ps)
 		switch {
 		case err == nil && anyAcquired(res):
+			if err := s.seat(ctx, conn, slot); err != nil {
+				return nil, nil, false, err
+			}
 			return res, newBatchTx(s, conn, rs, res, takeover), false, nil
 		case err == nil:
 			go func() {
 				s.rollback(ctx, conn)
-				s.freeSlot()
+				s.unclaim(slot)
 			}()
 			return res, nil, true, nil
 		case serializationFailure(err):

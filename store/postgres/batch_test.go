@@ -495,10 +495,12 @@ func TestBatchHandlerCommits(t *testing.T) {
 	}
 }
 
-// With every transaction slot taken, a batch is answered from a probe on
-// its own when it acquires nothing, and otherwise waits for a slot.
+// With every transaction slot taken, and no connection to lend (two
+// connections, the running call's and the last free), a batch is answered
+// from a probe on its own when it acquires nothing, and otherwise waits for
+// a slot.
 func TestBatchSlots(t *testing.T) {
-	r := batchReplica(t)
+	r := batchReplica(t, func(c *pgxpool.Config) { c.MaxConns = 2 })
 	st := newStore(t, r.pool, postgres.WithAtomicConns(1))
 	ctx := context.Background()
 	res, tx, err := st.Begin(ctx, reservations("recorded")[0])
@@ -520,6 +522,9 @@ func TestBatchSlots(t *testing.T) {
 	defer cancel()
 	if _, _, err := st.BeginBatch(short, reservations("free")); !errors.Is(err, store.ErrUnavailable) {
 		t.Fatalf("a free key with no slot free: %v, want it to wait for one until its context ends", err)
+	}
+	if n := postgres.Probed(st); n != 2 {
+		t.Errorf("%d batches probed on their own, want 2", n)
 	}
 	running.Rollback(ctx)
 	results, btx, err = st.BeginBatch(ctx, reservations("free", "running"))

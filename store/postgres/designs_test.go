@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -40,6 +42,10 @@ const (
 //   - one-write: the design of the store, by hand: [BEGIN; read the key and,
 //     with no record, try its advisory lock; SAVEPOINT] · INSERT · [INSERT
 //     of the completed record; COMMIT];
+//   - same-sql: the store's own statements for a new key, sent by hand with
+//     pgx, reading the lock's and the record's answers as Begin does:
+//     [BEGIN; lock; read; SAVEPOINT] · INSERT · [record; COMMIT], the floor
+//     of the store's Go code;
 //   - atomic: the store's Begin, the INSERT in its transaction, and Commit;
 //   - minimal-two-phase and two-phase: reserve, the INSERT, record, each
 //     committing on its own, by hand and through the store;
@@ -69,6 +75,7 @@ func BenchmarkDesigns(b *testing.B) {
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
 	pids := backendPids(b, pool)
 	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
+	lockSQL, readSQL, recordSQL := postgres.AtomicSQL(st)
 
 	fp := store.Fingerprint{1}
 	lease, retention := time.Minute, 24*time.Hour
@@ -137,6 +144,49 @@ func BenchmarkDesigns(b *testing.B) {
 			bt.Queue("SAVEPOINT s")
 		}, `INSERT INTO baseline_keys (key, fingerprint, state, token, lease_end, created_at, expires_at, outcome)
 			VALUES ($1, $2, 'completed', 0, now(), now(), now() + interval '1 day', $3)`)},
+		{"same-sql", func() error {
+			key, i := newKey("same-sql")
+			conn, err := pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer conn.Release()
+			var (
+				locked, found bool
+				started       time.Time
+			)
+			bt := &pgx.Batch{}
+			bt.Queue("BEGIN")
+			bt.Queue(lockSQL, int64(binary.BigEndian.Uint64(key[:8]))).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &started) })
+			bt.Queue(readSQL, key[:], fp[:]).QueryRow(func(row pgx.Row) error {
+				var (
+					completed, takeable bool
+					f, o                []byte
+					left                pgtype.Interval
+					expires             time.Time
+				)
+				err := row.Scan(&completed, &f, &o, &left, &takeable, &expires)
+				found = err == nil
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil
+				}
+				return err
+			})
+			bt.Queue("SAVEPOINT s")
+			if err := conn.SendBatch(ctx, bt).Close(); err != nil {
+				return err
+			}
+			if !locked || found {
+				return fmt.Errorf("a new key: locked %v, found %v", locked, found)
+			}
+			if err := charge(conn, "same-sql", i); err != nil {
+				return err
+			}
+			ct := &pgx.Batch{}
+			ct.Queue(recordSQL, key[:], fp[:], outcome, retention.Microseconds())
+			ct.Queue("COMMIT")
+			return conn.SendBatch(ctx, ct).Close()
+		}},
 		{"atomic", func() error {
 			key, i := newKey("atomic")
 			res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
@@ -266,7 +316,7 @@ func BenchmarkDesigns(b *testing.B) {
 			b.ReportMetric(perWAL[v.name], v.name+"-wal-B/call")
 		}
 	}
-	for _, pair := range [][2]string{{"atomic", "minimal-atomic"}, {"atomic", "one-write"}, {"two-phase", "minimal-two-phase"}, {"find", "select"}, {"find", "select-expiry"}, {"atomic", "bare"}} {
+	for _, pair := range [][2]string{{"atomic", "minimal-atomic"}, {"atomic", "one-write"}, {"atomic", "same-sql"}, {"two-phase", "minimal-two-phase"}, {"find", "select"}, {"find", "select-expiry"}, {"atomic", "bare"}} {
 		a, base := pair[0], pair[1]
 		b.ReportMetric(rate[a]/rate[base], a+"/"+base+"-throughput")
 		b.ReportMetric(perCPU[a]/perCPU[base], a+"/"+base+"-cpu")
@@ -275,8 +325,10 @@ func BenchmarkDesigns(b *testing.B) {
 		}
 	}
 	// What the Go side of a new key costs against the bare INSERT: the
-	// design itself (one-write, by hand), and the store.
-	for _, pair := range [][2]string{{"one-write", "bare"}, {"atomic", "bare"}, {"atomic", "one-write"}} {
+	// design itself (one-write, by hand), and the store; the store's against
+	// its own SQL by hand (same-sql), which is its code's cost alone; and
+	// that SQL's against one-write's, the cost of the store's statements.
+	for _, pair := range [][2]string{{"one-write", "bare"}, {"atomic", "bare"}, {"atomic", "one-write"}, {"atomic", "same-sql"}, {"same-sql", "one-write"}} {
 		b.ReportMetric(perGo[pair[0]]/perGo[pair[1]], pair[0]+"/"+pair[1]+"-go-cpu")
 	}
 }
@@ -301,19 +353,29 @@ const (
 		FROM (VALUES (1)) AS one (x) LEFT JOIN baseline_keys AS c ON c.key = $1`
 )
 
+// acquireAll acquires every connection of pool, which must hold MinConns =
+// MaxConns connections: once they are released, the pool has opened them
+// all, and none is still being made.
+func acquireAll(b *testing.B, pool *pgxpool.Pool) []*pgxpool.Conn {
+	b.Helper()
+	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	for i := range conns {
+		var err error
+		if conns[i], err = pool.Acquire(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return conns
+}
+
 // backendPids returns the backend process ids of every connection of pool,
 // which must hold MinConns = MaxConns connections.
 func backendPids(b *testing.B, pool *pgxpool.Pool) []int {
 	b.Helper()
-	ctx := context.Background()
-	conns := make([]*pgxpool.Conn, pool.Config().MaxConns)
+	conns := acquireAll(b, pool)
 	pids := make([]int, len(conns))
-	for i := range conns {
-		var err error
-		if conns[i], err = pool.Acquire(ctx); err != nil {
-			b.Fatal(err)
-		}
-		if err := conns[i].QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
+	for i, c := range conns {
+		if err := c.QueryRow(context.Background(), "SELECT pg_backend_pid()").Scan(&pids[i]); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -340,10 +402,13 @@ func backendsCPU(b *testing.B, pids []int) time.Duration {
 }
 
 // BenchmarkAtomicNewKeys runs b.N atomic calls with new keys (the store's
-// Begin, the business INSERT, Commit) on 16 workers and a pool of 20, and
-// reports how many Begin answered anything but Acquired: a new key must
-// never be told that another call holds it, even while PostgreSQL makes the
-// workers wait to extend the tables' files. make bench runs it with
+// Begin, the business INSERT, Commit) on 16 workers and a pool of 20, with
+// the default slots (15), and reports how many Begin answered anything but
+// Acquired: a new key must never be told that another call holds it, even
+// while PostgreSQL makes the workers wait to extend the tables' files. It
+// reports too how many calls ran the probe on their own: none may, since a
+// call that finds every slot taken waits for one in its transaction on one
+// of the connections the slots leave free. make bench runs it with
 // -benchtime=100000x.
 func BenchmarkAtomicNewKeys(b *testing.B) {
 	schema := pgtest.Schema(b)
@@ -358,7 +423,10 @@ func BenchmarkAtomicNewKeys(b *testing.B) {
 		b.Fatal(err)
 	}
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
-	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
+	st := newStore(b, pool)
+	for _, c := range acquireAll(b, pool) {
+		c.Release()
+	}
 	var (
 		next                atomic.Int64
 		notAcquired, failed atomic.Int64
@@ -392,8 +460,9 @@ func BenchmarkAtomicNewKeys(b *testing.B) {
 	wg.Wait()
 	b.ReportMetric(float64(notAcquired.Load()), "not-acquired")
 	b.ReportMetric(float64(failed.Load()), "failed")
+	b.ReportMetric(float64(postgres.Probed(st)), "probed")
 	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "calls/s")
-	if n := notAcquired.Load() + failed.Load(); n > 0 {
-		b.Errorf("%d of %d new keys were not acquired and %d failed", notAcquired.Load(), b.N, failed.Load())
+	if n := notAcquired.Load() + failed.Load() + postgres.Probed(st); n > 0 {
+		b.Errorf("%d of %d new keys were not acquired, %d failed and %d ran the probe on their own", notAcquired.Load(), b.N, failed.Load(), postgres.Probed(st))
 	}
 }

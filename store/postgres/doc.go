@@ -168,17 +168,21 @@
 //     go, before the read. Behind pgbouncer the holder is the server
 //     connection, which pg_stat_activity shows all the same.
 //   - Each running call holds one connection of the pool until it ends. At
-//     most WithAtomicConns calls hold one at once (three quarters of the
-//     pool's MaxConns by default). When all are taken, Begin runs a probe
-//     on its own on the connections left free: a replay, or a duplicate of a
-//     running call, is answered at once, without waiting for a transaction
-//     slot, and only a new key waits for one, within the store's timeout. So
-//     a flood of duplicates never takes the capacity that new keys and
-//     replays need. The probe tries the key's lock in share mode, which
-//     only a running call's lock conflicts with: two probes of one key
-//     never find each other "in progress", and a duplicate that reads when
-//     the key's running call started (above) never reads a probe's
-//     instead. Size the pool for the atomic calls to run at once plus a
+//     most WithAtomicConns calls run at once (three quarters of the pool's
+//     MaxConns by default). When all run, Begin decides the next call all
+//     the same, in its transaction on one of the connections left free: a
+//     replay, or a duplicate of a running call, is answered at once, without
+//     waiting for a transaction slot, and only a new key waits for one,
+//     within the store's timeout, in its transaction, holding the key's
+//     lock. Only when the calls that wait so would leave the pool no
+//     connection free but one does Begin run a probe on its own instead,
+//     and a new key waits for a slot without a connection: so no call pays
+//     the probe's round trip while a connection is free, and a flood of new
+//     keys or duplicates never takes the capacity that replays need. The
+//     probe tries the key's lock in share mode, which only a running call's
+//     lock conflicts with: two probes of one key never find each other "in
+//     progress", and a duplicate that reads when the key's running call
+//     started (above) never reads a probe's instead. Size the pool for the atomic calls to run at once plus a
 //     quarter (pgxpool's default, max(4, cores), runs three). A handler
 //     that also takes another connection from the same pool needs a pool
 //     larger than that.
@@ -249,8 +253,9 @@
 //     of the key's record, from the batch's start, as a duplicate of a
 //     call of Begin's is (one read for all of a batch's keys found held,
 //     on another connection of the pool). When every slot is taken,
-//     BeginBatch runs the probe on its own first, as Begin does, and waits
-//     for a slot only if it acquires a key.
+//     BeginBatch waits for one as Begin does: in its transaction on a free
+//     connection, or, with none to lend, after the probe run on its own,
+//     only if it acquires a key.
 //   - A failure that ends the transaction ends the batch, with nothing
 //     committed, and the consumer decides each of its calls again on its
 //     own: the connection lost; a handler that commits or rolls back itself

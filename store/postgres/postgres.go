@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -71,13 +72,16 @@ func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
-// WithAtomicConns bounds how many of the pool's connections atomic calls
-// hold at once, each for its handler's whole run (see Begin). The rest stay
-// free for reservations, replays and records, so that these never queue
-// behind running handlers. The default is three quarters of the pool's
-// MaxConns, keeping at least one free; n is kept below MaxConns. Size the
-// pool for the atomic calls to run at once plus a quarter: pgxpool's
-// default of max(4, cores) allows three.
+// WithAtomicConns bounds how many atomic calls run at once, each holding a
+// connection of the pool for its handler's whole run (see Begin). The rest
+// stay free for reservations, replays and records, so that these never
+// queue behind running handlers: a call that finds every one of the n
+// taken waits for its turn in its transaction on one of them only while the
+// calls that wait so leave the pool a connection free, and otherwise waits
+// without one. The default is three quarters of the pool's MaxConns,
+// keeping at least one free; n is kept below MaxConns. Size the pool for
+// the atomic calls to run at once plus a quarter: pgxpool's default of
+// max(4, cores) allows three.
 func WithAtomicConns(n int) Option {
 	return func(o *options) { o.atomicConns = int32(min(max(n, 0), math.MaxInt32)) }
 }
@@ -138,7 +142,10 @@ type Store struct {
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
 	holdersSQL                                              string        // atomic mode's, for keys found busy
 	batchProbeSQL, batchProbeAloneSQL, batchRecordSQL       string        // atomic batches' (batch.go)
-	slots                                                   chan struct{} // one per open atomic transaction
+	slots                                                   chan struct{} // one per running atomic transaction
+	lent                                                    atomic.Int64  // calls waiting for a slot in a transaction (claim)
+	lendable                                                int64         // the most of them
+	probed                                                  atomic.Int64  // calls that ran the probe on its own, for the tests
 }
 
 var (
@@ -168,6 +175,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 			" hosts without target_session_attrs=read-write (or primary): connections may go to a standby, where every reservation and record fails until it is promoted")
 	}
 	table := o.qualified(o.table)
+	slots := atomicConns(pool.Config().MaxConns, o.atomicConns)
 	s := &Store{
 		pool:        pool,
 		opts:        o,
@@ -184,7 +192,8 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		recordSQL:   fmt.Sprintf(recordSQL, table),
 		takeoverSQL: takeoverSQL(table),
 		holdersSQL:  holdersSQL(table),
-		slots:       make(chan struct{}, atomicConns(pool.Config().MaxConns, o.atomicConns)),
+		slots:       make(chan struct{}, slots),
+		lendable:    lendable(pool.Config().MaxConns, slots),
 
 		insertBatchSQL:     insertBatchSQL(table, o.qualified(o.table+"_token_seq")),
 		batchProbeSQL:      batchProbeSQL(table, false),

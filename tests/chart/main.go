@@ -22,6 +22,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
@@ -254,7 +255,8 @@ func (res loadResults) subtitle() string {
 }
 
 // loadThroughput draws the calls per second of each row, coloured by kind
-// (bare, idemkey, pgbench), with a line at the bare server's.
+// (the bare server, autocommitted and in a transaction; idemkey; pgbench),
+// with a line at the autocommitted bare server's.
 func loadThroughput(res loadResults, dir, name string) error {
 	if len(res.Rows) == 0 {
 		return errors.New("the load results have no rows")
@@ -267,8 +269,8 @@ func loadThroughput(res loadResults, dir, name string) error {
 		label string
 		match func(mode, mix string) bool
 	}{
-		{"bare server", func(mode, _ string) bool { return mode == "bare" }},
-		{"idemkey", func(mode, mix string) bool { return mode != "bare" && mix != "pgbench" }},
+		{"bare server", func(mode, _ string) bool { return strings.HasPrefix(mode, "bare") }}, // bare and bare-tx
+		{"idemkey", func(mode, mix string) bool { return !strings.HasPrefix(mode, "bare") && mix != "pgbench" }},
 		{"pgbench ceiling", func(_, mix string) bool { return mix == "pgbench" }},
 	}
 	bare := 0.0

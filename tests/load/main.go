@@ -1,9 +1,12 @@
 // Command load measures what idemkey adds to a service under load: it drives
 // the example payment server on PostgreSQL with ghz, a gRPC load tool
 // (pinned in tools/ghz, a module of its own because it needs an older
-// grpc-go than the other tools), over loopback, in three processes side by
+// grpc-go than the other tools), over loopback, in four processes side by
 // side: the bare service (-idempotency=false: the same service, handler and
-// database, no interceptor), atomic mode and two-phase mode. pgbench runs
+// database, no interceptor, each charge an autocommitted INSERT), bare-tx
+// (the same with -in-transaction: BEGIN, the INSERT, COMMIT, the round trips
+// and the single commit of atomic mode, so its fair baseline), atomic mode
+// and two-phase mode. pgbench runs
 // the minimal SQL of a new key in each mode on the same database, the
 // database's own ceiling. make load runs it and prints its tables.
 //
@@ -12,7 +15,7 @@
 // The measurements are interleaved: each round runs every measurement for
 // duration/rounds, in an order that rotates from round to round, so that
 // noise on a shared machine hits all alike. The mixes: every call a new key
-// (bare, atomic, two-phase), and in each idemkey mode every call a replay of
+// (bare, bare-tx, atomic, two-phase), and in each idemkey mode every call a replay of
 // one key, the same marked as a later attempt of gRPC's retry policy
 // (grpc-previous-rpc-attempts), and a storm (every call one of 62 keys).
 //
@@ -85,7 +88,7 @@ type Results struct {
 
 // Row is one measurement, summed over its rounds.
 type Row struct {
-	Mode       string         `json:"mode"` // bare, atomic, two-phase
+	Mode       string         `json:"mode"` // bare, bare-tx, atomic, two-phase
 	Mix        string         `json:"mix"`  // new, replay, retry, storm, pgbench
 	Calls      int64          `json:"calls"`
 	PerSecond  float64        `json:"per_second"`
@@ -159,7 +162,7 @@ func run(duration time.Duration, rounds, clients int, profileDir string) (*Resul
 		}})
 	}
 	tag := strconv.FormatInt(time.Now().UnixNano(), 36)
-	for _, mode := range []string{"bare", "atomic", "two-phase"} {
+	for _, mode := range []string{"bare", "bare-tx", "atomic", "two-phase"} {
 		schema, err := pgtest.CreateSchema()
 		if err != nil {
 			return nil, err
@@ -169,6 +172,8 @@ func run(duration time.Duration, rounds, clients int, profileDir string) (*Resul
 		switch mode {
 		case "bare":
 			args = append(args, "-idempotency=false")
+		case "bare-tx":
+			args = append(args, "-idempotency=false", "-in-transaction")
 		case "two-phase":
 			args = append(args, "-atomic=false")
 		}
@@ -184,7 +189,7 @@ func run(duration time.Duration, rounds, clients int, profileDir string) (*Resul
 			}
 		}
 		add(mode, "new", srv, callMix("{{newUUID}}", false))
-		if mode == "bare" {
+		if mode == "bare" || mode == "bare-tx" {
 			continue
 		}
 		add(mode, "pgbench", nil, func(d time.Duration, _ string, r *Row) error {
@@ -269,7 +274,7 @@ func ratios(rows []Row) []Ratio {
 		}
 		return nil
 	}
-	bare := find("bare", "new")
+	bare, bareTx := find("bare", "new"), find("bare-tx", "new")
 	var out []Ratio
 	ratio := func(name, target string, numer, denom *Row, value func(*Row) float64) {
 		r := Ratio{Name: name, Target: target}
@@ -309,7 +314,8 @@ func ratios(rows []Row) []Ratio {
 			}
 			return ""
 		}
-		ratio(mode+" new keys / bare: calls/s", target(">= 0.60"), find(mode, "new"), bare, rate)
+		ratio(mode+" new keys / bare-tx: calls/s", target(">= 0.60"), find(mode, "new"), bareTx, rate)
+		ratio(mode+" new keys / bare: calls/s", "", find(mode, "new"), bare, rate)
 		ratio(mode+" new keys / bare: server CPU per call", "<= 1.25", find(mode, "new"), bare, server)
 		ratio(mode+" new keys / pgbench: PostgreSQL CPU per call", "<= 1.10", find(mode, "new"), find(mode, "pgbench"), postgres)
 		ratio(mode+" new keys / bare: PostgreSQL CPU per call", "", find(mode, "new"), bare, postgres)
