@@ -79,7 +79,9 @@ end
 -- record's field w, says a duplicate waits for it.
 local function changed(w)
 	if w then
-		redis.call('PUBLISH', string.sub(KEYS[1], 1, -68) .. ':changed', KEYS[1])
+		-- pcall: a server that refuses the channel (an ACL user without
+		-- it) costs the waiters their wake-up, never the write.
+		redis.pcall('PUBLISH', string.sub(KEYS[1], 1, -68) .. ':changed', KEYS[1])
 		redis.call('HDEL', KEYS[1], 'w')
 	end
 end

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -81,6 +82,9 @@ type watch struct {
 	// recent[n%heardKept] is the key of the message heard after n others.
 	recent [heardKept]store.Key
 	live   bool // subscribed, so every message is heard
+	// off is set once in New when the server refused the subscription:
+	// Watch then tells nothing, and the duplicates poll.
+	off bool
 }
 
 // waiters are the duplicates watching one key: ch is closed once it changes.
@@ -109,6 +113,15 @@ func (s *Store) subscribe(ctx context.Context) error {
 	ps := s.client.Subscribe(ctx, w.channel)
 	if _, err := ps.ReceiveTimeout(ctx, s.opts.timeout); err != nil { // the subscription's confirmation
 		_ = ps.Close()
+		if refused := (goredis.Error)(nil); errors.As(err, &refused) && ctx.Err() == nil {
+			// The server answered, and refused: an ACL user without the
+			// channel (Redis 7's acl-pubsub-default), a proxy without
+			// pub/sub. The store works without Watch: duplicates poll.
+			w.off = true
+			s.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey redis: the server refused the subscription to the store's channel; a duplicate waiting on a running call is answered by polling, not at once",
+				slog.String("channel", w.channel), slog.Any("error", err))
+			return nil
+		}
 		return s.translate(ctx, "subscribe", err)
 	}
 	w.live = true
@@ -120,6 +133,9 @@ func (s *Store) subscribe(ctx context.Context) error {
 // store on the same prefix and server (or cluster) tells it.
 func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	w := &s.watch
+	if w.off {
+		return nil, func() {} // never fires: the engine polls
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if end, ok := w.held[key]; !ok || !s.now().Before(end) {
@@ -152,6 +168,9 @@ func (s *Store) now() time.Time {
 // holds notes that a Reserve, sent when heard was since, found key held
 // until end, unless a message about key arrived since then.
 func (w *watch) holds(key store.Key, end time.Time, since uint64, now time.Time) {
+	if w.off {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.heard.Load()

@@ -323,3 +323,40 @@ func TestWatchMessagesOnlyForWaitedKeys(t *testing.T) {
 		t.Fatalf("first message %q, want the waited key's record %q alone", msg.Payload, want)
 	}
 }
+
+// A user the server refuses the store's channel (Redis 7's ACL default for
+// a new user grants no channel) still has a working store: New succeeds,
+// a Complete that a duplicate waited for records, and Watch tells nothing,
+// so the duplicate polls.
+func TestWatchWithoutChannelPermission(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	if err := admin.Do(ctx, "ACL", "SETUSER", "nochannel", "on", "nopass", "~*", "+@all", "resetchannels").Err(); err != nil {
+		t.Fatal(err)
+	}
+	client := func() goredis.UniversalClient {
+		c := goredis.NewClient(&goredis.Options{MaintNotificationsConfig: redistest.NoMaintNotifications(), Addr: srv.Addr, Username: "nochannel", Password: "any"}) // nopass: any password; go-redis sends AUTH only with one
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	if _, err := client().Subscribe(ctx, "probe").ReceiveTimeout(ctx, 5*time.Second); err == nil {
+		t.Fatal("the user may subscribe: the test proves nothing")
+	}
+	first, dup := twoProcesses(t, "nochan", client)
+	key := store.Key{7}
+	token := acquire(t, first, key)
+	heldBy(t, dup, key) // marks the record: a duplicate waits
+	changed, stop := dup.Watch(key)
+	defer stop()
+	if changed != nil {
+		t.Errorf("Watch without the channel: %v; want nil, which never fires", changed)
+	}
+	if err := first.Complete(ctx, key, token, []byte("reply")); err != nil {
+		t.Fatalf("Complete of a record a duplicate waited for, with PUBLISH refused: %v", err)
+	}
+	res, err := dup.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || res.State != store.Completed || string(res.Outcome) != "reply" {
+		t.Fatalf("the duplicate's poll: %v %q, %v; want the completed reply", res.State, res.Outcome, err)
+	}
+}
