@@ -565,6 +565,15 @@ func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, r
 			return next, err
 		}
 		res = next
+		select {
+		case <-changed:
+			// Told before a read that found the key held still: the word is
+			// spent, or wrong (a store that cannot tell closes it at once).
+			// The next read waits for the timer and a Watch taken then,
+			// rather than follow at once, again and again.
+			changed = nil
+		default:
+		}
 		left := time.Until(end)
 		if left <= 0 {
 			return res, nil

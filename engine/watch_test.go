@@ -89,6 +89,51 @@ func TestWatchAnswersTheDuplicate(t *testing.T) {
 	}
 }
 
+// wrongStore is the memory store whose Watch always says the key changed,
+// as a store that cannot tell does, with its Reserves counted.
+type wrongStore struct {
+	*memory.Store
+	reserves atomic.Int64
+}
+
+func (s *wrongStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	s.reserves.Add(1)
+	return s.Store.Reserve(ctx, r)
+}
+
+func (s *wrongStore) Watch(store.Key) (<-chan struct{}, func()) {
+	ch := make(chan struct{})
+	close(ch)
+	return ch, func() {}
+}
+
+// TestWatchToldWronglyPollsOnSchedule: a Watch that is closed at once
+// while the key is held makes a duplicate read no more often than the
+// polls' schedule, not in a loop of reads for its whole wait.
+func TestWatchToldWronglyPollsOnSchedule(t *testing.T) {
+	st := &wrongStore{Store: memory.New()}
+	const wait = 1200 * time.Millisecond
+	e := mustEngine(t, st, WithInProgressWait(wait))
+	op, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.newCall(op)
+	if first.start(t.Context(), req); first.Verdict != Executed {
+		t.Fatalf("first call: verdict %v, want executed", first.Verdict)
+	}
+	dup := e.newCall(op)
+	if dup.start(t.Context(), req); dup.Verdict != InProgress {
+		t.Fatalf("duplicate: verdict %v, want in progress after its wait", dup.Verdict)
+	}
+	// The first call's Reserve, the duplicate's, its one read on the word
+	// of the first Watch, and the polls of a wait of 1.2 s: at most
+	// 5 + wait/awaitMaxPoll.
+	if n, most := st.reserves.Load(), int64(3+5+wait/awaitMaxPoll); n > most {
+		t.Errorf("Reserve called %d times in a wait of %v; want at most %d", n, wait, most)
+	}
+}
+
 // BenchmarkDuplicateAnswered measures how long after a running call records
 // its outcome a duplicate held for it has its answer: on the memory store,
 // which tells the duplicate (store.Watcher), and on the same store behind a
