@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"time"
 
@@ -250,7 +251,7 @@ func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)] // room for more, as io.ReadAll makes it
 		}
-		n, err := r.Read(b[len(b):min(int64(cap(b)), limit+1)])
+		n, err := r.Read(b[len(b):min(cap(b), readEnd(limit))])
 		b = b[:len(b)+n]
 		switch {
 		case int64(len(b)) > limit:
@@ -261,6 +262,16 @@ func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error
 			return nil, false, err
 		}
 	}
+}
+
+// readEnd is how many bytes readAll reads at most, limit and one more to
+// see that a body passes it; no more than an int holds, so that a limit of
+// math.MaxInt64, "no limit", does not overflow.
+func readEnd(limit int64) int {
+	if limit >= math.MaxInt-1 {
+		return math.MaxInt
+	}
+	return int(limit) + 1
 }
 
 // preallocMax is the most readAll makes room for before a body's bytes

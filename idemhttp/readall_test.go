@@ -3,6 +3,7 @@ package idemhttp
 import (
 	"bytes"
 	"io"
+	"math"
 	"strings"
 	"testing"
 )
@@ -23,6 +24,8 @@ func TestReadAll(t *testing.T) {
 		{"at the limit", strings.Repeat("x", 100), 100, 100, false},
 		{"past the limit", strings.Repeat("x", 101), 101, 100, true},
 		{"past the limit, size unknown", strings.Repeat("x", 101), -1, 100, true},
+		{"no limit (math.MaxInt64)", "hello", -1, math.MaxInt64, false},
+		{"no limit, a claimed size", "hello", 5, math.MaxInt64, false},
 	} {
 		b, tooLarge, err := readAll(io.LimitReader(strings.NewReader(tc.body), 1<<30), tc.size, tc.limit)
 		switch {
