@@ -22,7 +22,10 @@ import (
 //		return err
 //	})
 //
-// It needs Chaos.Effects, and a store that implements store.Atomic.
+// It needs Chaos.Effects, and a store that implements store.Atomic. It
+// cannot tell a handler that writes nothing from one that writes through
+// the call's transaction, since both leave no effect once it rolls back:
+// the Kit's checks of a call (one effect for a success) catch the first.
 func (k *Kit) CheckAtomic(st store.Store, handle func(ctx context.Context) error) {
 	k.t.Helper()
 	k.mu.Lock()
