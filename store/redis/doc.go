@@ -41,8 +41,9 @@
 //     releases the key, by pub/sub from the scripts of Complete and Release
 //     of a record that a Reserve found in progress, and reads it then
 //     rather than at its next poll. New subscribes on a connection of its
-//     own, and a goroutine hears the channel until the client is closed;
-//     see watch.go for what happens when the subscription drops, and why a
+//     own, and a goroutine hears the channel until the client is closed, or
+//     Store.Close (for a store dropped while its client lives on; a server
+//     that refuses the channel leaves a store that polls); see watch.go for what happens when the subscription drops, and why a
 //     cluster's message is not sharded.
 //   - The store is not store.Atomic: handlers run two-phase.
 //

@@ -146,7 +146,9 @@ var (
 // and at most 30 s (or WithTimeout, if longer): one of each per hash slot on
 // a cluster. Last, it subscribes to the store's channel, on a connection
 // of its own, for Watch: a goroutine hears it until the client is closed
-// (see watch.go).
+// or Close is called (see watch.go). A server that refuses the
+// subscription (an ACL user without the channel) is logged, and the store
+// polls.
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: defaultTimeout}
 	for _, opt := range opts {

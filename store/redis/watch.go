@@ -82,9 +82,17 @@ type watch struct {
 	// recent[n%heardKept] is the key of the message heard after n others.
 	recent [heardKept]store.Key
 	live   bool // subscribed, so every message is heard
-	// off is set once in New when the server refused the subscription:
-	// Watch then tells nothing, and the duplicates poll.
-	off bool
+	// off is set when the server refused the subscription in New, or by
+	// Close: Watch then tells nothing, and the duplicates poll.
+	off atomic.Bool
+
+	// psMu guards the subscription the goroutine listens on, which it
+	// replaces when the connection goes silent, and stopped, which Close
+	// sets; done is closed when the goroutine ends.
+	psMu    sync.Mutex
+	ps      *goredis.PubSub
+	stopped bool
+	done    chan struct{}
 }
 
 // waiters are the duplicates watching one key: ch is closed once it changes.
@@ -117,7 +125,7 @@ func (s *Store) subscribe(ctx context.Context) error {
 			// The server answered, and refused: an ACL user without the
 			// channel (Redis 7's acl-pubsub-default), a proxy without
 			// pub/sub. The store works without Watch: duplicates poll.
-			w.off = true
+			w.off.Store(true)
 			s.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey redis: the server refused the subscription to the store's channel; a duplicate waiting on a running call is answered by polling, not at once",
 				slog.String("channel", w.channel), slog.Any("error", err))
 			return nil
@@ -125,15 +133,55 @@ func (s *Store) subscribe(ctx context.Context) error {
 		return s.translate(ctx, "subscribe", err)
 	}
 	w.live = true
+	w.ps, w.done = ps, make(chan struct{})
 	go s.listen(ps)
 	return nil
+}
+
+// Close stops the subscription that New started for Watch, closing its
+// connection, and returns once its goroutine has ended. The client stays
+// open and the store keeps working: a duplicate waiting now, or later, is
+// answered by polling. Close a store that is dropped while its client
+// lives on (a store per test or per tenant on one client); closing the
+// client ends the subscription too. It is safe to call more than once.
+func (s *Store) Close() error {
+	w := &s.watch
+	w.off.Store(true)
+	w.psMu.Lock()
+	ps, done := w.ps, w.done
+	w.ps, w.stopped = nil, true
+	w.psMu.Unlock()
+	if ps != nil {
+		_ = ps.Close() // an error is of a connection already gone
+		<-done
+	}
+	w.wakeAll() // they read the key once, then poll
+	return nil
+}
+
+func (w *watch) isStopped() bool {
+	w.psMu.Lock()
+	defer w.psMu.Unlock()
+	return w.stopped
+}
+
+// swap makes next the subscription the goroutine listens on, unless Close
+// came first: then it reports false, and the goroutine ends.
+func (w *watch) swap(next *goredis.PubSub) bool {
+	w.psMu.Lock()
+	defer w.psMu.Unlock()
+	if w.stopped {
+		return false
+	}
+	w.ps = next
+	return true
 }
 
 // Watch implements store.Watcher: a Complete or Release of key by any
 // store on the same prefix and server (or cluster) tells it.
 func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	w := &s.watch
-	if w.off {
+	if w.off.Load() {
 		return nil, func() {} // never fires: the engine polls
 	}
 	w.mu.Lock()
@@ -168,7 +216,7 @@ func (s *Store) now() time.Time {
 // holds notes that a Reserve, sent when heard was since, found key held
 // until end, unless a message about key arrived since then.
 func (w *watch) holds(key store.Key, end time.Time, since uint64, now time.Time) {
-	if w.off {
+	if w.off.Load() {
 		return
 	}
 	w.mu.Lock()
@@ -235,6 +283,17 @@ func (w *watch) subscribed() {
 		return
 	}
 	w.live = true
+	w.wakeAllLocked()
+}
+
+// wakeAll tells every watcher its key changed, so that each reads it.
+func (w *watch) wakeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.wakeAllLocked()
+}
+
+func (w *watch) wakeAllLocked() {
 	for key, ws := range w.waiting {
 		close(ws.ch)
 		delete(w.waiting, key)
@@ -247,10 +306,12 @@ func (w *watch) dropped() {
 	w.live = false
 }
 
-// listen hears the store's channel on ps until the client is closed,
+// listen hears the store's channel on ps until the client or the store is
+// closed,
 // subscribing again whenever the connection drops or goes silent.
 func (s *Store) listen(ps *goredis.PubSub) {
 	w := &s.watch
+	defer close(w.done)
 	ctx := context.Background()
 	var pinged time.Time // when a PING went unanswered so far; zero if none
 	retry := 10 * time.Millisecond
@@ -280,8 +341,15 @@ func (s *Store) listen(ps *goredis.PubSub) {
 			} else if time.Since(pinged) >= listenDead {
 				w.dropped()
 				_ = ps.Close()
-				ps, pinged = s.client.Subscribe(ctx, w.channel), time.Time{}
+				next := s.client.Subscribe(ctx, w.channel)
+				if !w.swap(next) {
+					_ = next.Close() // Close came first
+					return
+				}
+				ps, pinged = next, time.Time{}
 			}
+		case w.isStopped():
+			return // Close closed ps under a Receive
 		default:
 			// go-redis dials again and subscribes anew at the next Receive.
 			w.dropped()

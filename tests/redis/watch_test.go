@@ -360,3 +360,49 @@ func TestWatchWithoutChannelPermission(t *testing.T) {
 		t.Fatalf("the duplicate's poll: %v %q, %v; want the completed reply", res.State, res.Outcome, err)
 	}
 }
+
+// Close ends the store's subscription (its connection on the server) and
+// wakes its watchers; the store keeps working, and Watch then tells
+// nothing, so duplicates poll. A second Close is harmless.
+func TestCloseEndsTheSubscription(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client(t)
+	ctx := context.Background()
+	subscribers := func() int {
+		n, err := admin.Do(ctx, "PUBSUB", "NUMSUB", "closing:changed").Slice()
+		if err != nil || len(n) != 2 {
+			t.Fatalf("PUBSUB NUMSUB: %v, %v", n, err)
+		}
+		return int(n[1].(int64))
+	}
+	st, err := redis.New(ctx, srv.Client(t), redis.WithPrefix("closing"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := subscribers(); n != 1 {
+		t.Fatalf("%d subscribers to the store's channel after New; want 1", n)
+	}
+	key := store.Key{9}
+	token := acquire(t, st, key)
+	changed, stop := st.Watch(key)
+	defer stop()
+	notTold(t, "a held key before Close", changed)
+	if err := st.Close(); err != nil {
+		t.Fatal(err)
+	}
+	told(t, "Close", changed)
+	for deadline := time.Now().Add(30 * time.Second); subscribers() != 0; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d subscribers to the store's channel after Close; want 0", subscribers())
+		}
+	}
+	if again, _ := st.Watch(key); again != nil {
+		t.Errorf("Watch after Close: %v; want nil, which never fires", again)
+	}
+	if err := st.Complete(ctx, key, token, []byte("reply")); err != nil {
+		t.Fatalf("Complete after Close: %v", err)
+	}
+	if err := st.Close(); err != nil {
+		t.Fatalf("a second Close: %v", err)
+	}
+}
