@@ -78,6 +78,14 @@ type grpcAttempt struct {
 	peer            peer.Peer
 }
 
+// ownDeadline reports whether an attempt's DeadlineExceeded (expired) is
+// its own deadline's, which the server may report a moment before the
+// client's timer fires: an attempt with a deadline then got no answer.
+func ownDeadline(ctx context.Context, expired bool) bool {
+	_, ok := ctx.Deadline()
+	return ok && expired
+}
+
 func (a *grpcAttempt) read(ctx context.Context) Try {
 	st := status.Convert(a.err)
 	out := Try{
@@ -85,7 +93,7 @@ func (a *grpcAttempt) read(ctx context.Context) Try {
 		Failed:   a.err != nil,
 		Reply:    st.Message(),
 		Replayed: idemkey.ParseReplayed(a.trailer.Get(idemkey.ReplayedMetadata)),
-		NoAnswer: a.err != nil && ctx.Err() != nil,
+		NoAnswer: a.err != nil && (ctx.Err() != nil || ownDeadline(ctx, st.Code() == codes.DeadlineExceeded)),
 	}
 	if a.err == nil {
 		out.Reply = prototext.Format(a.reply)

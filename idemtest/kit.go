@@ -322,6 +322,10 @@ func (r *run) holding(ctx context.Context) bool {
 	case a.InProgress:
 		return true
 	case a.NoAnswer:
+		// It may have reached the handler before the first attempt did,
+		// and been cut short there in its place: reported, not compared.
+		a.Role = "probe, cut short by its deadline"
+		r.c.add(a)
 		r.probe = min(2*r.probe, maxProbeTimeout)
 	default:
 		a.Role = "probe"

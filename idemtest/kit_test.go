@@ -240,8 +240,10 @@ func TestCancelMidHandler(t *testing.T) {
 				if err := createCharge(t.Context(), client, "cus_1", false); err != nil {
 					t.Errorf("charge: %v", err)
 				}
-				if !strings.Contains(r.Logs(), "cancelled mid-handler") && !strings.Contains(r.Failures(), "cancelled mid-handler") {
-					t.Errorf("the kit did not cancel the first attempt in its handler:\n%s%s", r.Logs(), r.Failures())
+				// On a busy machine a probe can reach the handler before the
+				// first attempt, and be the attempt cut short there.
+				if report := r.Logs() + r.Failures(); !strings.Contains(report, "cancelled mid-handler") && !strings.Contains(report, "probe, cut short") {
+					t.Errorf("the kit cut no attempt short in its handler:\n%s", report)
 				}
 				if m == none || b.atomic {
 					tbtest.WantPass(t, r)

@@ -85,7 +85,7 @@ func (a answer) read(ctx context.Context) idemtest.Try {
 			Failed:   true,
 			Reply:    a.err.Error(),
 			Replayed: idemkey.ParseReplayed(meta),
-			NoAnswer: ctx.Err() != nil,
+			NoAnswer: ctx.Err() != nil || ownDeadline(ctx, connect.CodeOf(a.err) == connect.CodeDeadlineExceeded),
 		}
 		if idemconnect.Reason(a.err) == idemkey.ReasonInProgress {
 			out.InProgress = true
@@ -112,4 +112,12 @@ func copyRequest(req connect.AnyRequest) connect.AnyRequest {
 		cp.Header()[name] = append([]string(nil), values...)
 	}
 	return cp
+}
+
+// ownDeadline reports whether an attempt's deadline_exceeded (expired) is
+// its own deadline's, which the server may report a moment before the
+// client's timer fires: an attempt with a deadline then got no answer.
+func ownDeadline(ctx context.Context, expired bool) bool {
+	_, ok := ctx.Deadline()
+	return ok && expired
 }
