@@ -1382,7 +1382,7 @@ func TestLogsHoldNoRawKeyOrTenant(t *testing.T) {
 	serveOne(t, true, failing(mRollback, errDown), func(c *call) { c.release(ctx) })
 	background := serveOne(t, false, failing(mComplete, errDown), record([]byte("outcome")))
 	eventually(t, "the background record", func() bool {
-		return background.count(mComplete) >= 2 && strings.Contains(logs.String(), "in the background")
+		return background.count(mComplete) >= 2 && strings.Contains(logs.String(), "complete succeeded in the background")
 	})
 
 	out := logs.String()
