@@ -16,6 +16,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
@@ -78,7 +79,9 @@ func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 	schema := pgtest.Schema(t)
 	pool := migratedPool(t, schema)
 	app := "idemkey_test_" + strings.ReplaceAll(t.Name(), "/", "_")
-	a, stopA := replica(t, schema, app, atomic, time.Second)
+	// A's handler outlasts the duplicate's wait (engine.DefaultInProgressWait)
+	// with room to spare on a busy machine.
+	a, stopA := replica(t, schema, app, atomic, engine.DefaultInProgressWait+3*time.Second)
 	b, stopB := replica(t, schema, "", atomic, 0)
 	req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
 	key := idemkey.NewKey()
@@ -111,9 +114,10 @@ func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 			t.Fatal("replica A never wrote the charge")
 		}
 	}
-	// The server holds a duplicate for the first call's outcome, at most
-	// until shortly before the duplicate's deadline: this one's comes first.
-	ctx, cancel := context.WithTimeout(withKey("acme", key), 300*time.Millisecond)
+	// The server holds a duplicate for the first call's outcome for its
+	// in-progress wait, then answers it in progress, while A still runs; the
+	// duplicate's deadline leaves the answer seconds to arrive.
+	ctx, cancel := context.WithTimeout(withKey("acme", key), engine.DefaultInProgressWait+2*time.Second)
 	defer cancel()
 	_, err := b.CreateCharge(ctx, req)
 	if status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
