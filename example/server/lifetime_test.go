@@ -182,10 +182,11 @@ func TestInFlightExpiryOnEveryEntryPoint(t *testing.T) {
 			metricsFile := filepath.Join(t.TempDir(), "metrics-addr")
 			cfg.metricsAddr, cfg.metricsAddrFile = "127.0.0.1:0", metricsFile
 			e := startEntryPoints(t, cfg)
-			addr, err := os.ReadFile(metricsFile) // written before the HTTP address, which startEntryPoints waited for
-			if err != nil {
-				t.Fatal(err)
-			}
+			var addr []byte
+			waitUntil(t, "the metrics address file is written", func() bool {
+				addr, _ = os.ReadFile(metricsFile)
+				return len(addr) > 0
+			})
 			metricsURL := "http://" + strings.TrimSpace(string(addr)) + "/metrics"
 			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
 			key := idemkey.NewKey()
