@@ -40,10 +40,12 @@ func BenchmarkUnary(b *testing.B) {
 	})
 }
 
-// BenchmarkOverhead makes the same three calls interleaved, one of each per
-// iteration in rotating order, so that a noisy machine slows all three alike,
-// and reports each one's time, its ratio to the bare call's, and the time
-// and the allocations (counted apart, see benchtest.Allocs) it adds to it.
+// BenchmarkOverhead makes the same calls interleaved, one of each per
+// iteration in rotating order, so that a noisy machine slows all alike: the
+// bare call, a first call and a replay, and the floor of each (below). It
+// reports each one's time, the first call's and the replay's ratio to the
+// bare call's and the time and the allocations (counted apart, see
+// benchtest.Allocs) they add to it, and the same against their floors.
 func BenchmarkOverhead(b *testing.B) {
 	bare := newBenchClient(b)
 	// Room for every first call of a long run: the default bounds fill up
@@ -70,8 +72,34 @@ func BenchmarkOverhead(b *testing.B) {
 		}},
 		{Name: "replay", Run: func(int) error { return call(guarded, replay) }},
 	}
+	// The floors: a server interceptor that does nothing but set the
+	// trailers idemkey's first call and replay set, with a value of the
+	// same length made once. What the first call and the replay add to them
+	// is idemkey's own work; what they add to the bare call is grpc-go's, for
+	// an interceptor and for its trailer fields, which its client reads.
+	expires := idemkey.FormatDate(time.Now().Add(24 * time.Hour))
+	floor := func(md metadata.MD) paymentsv1.PaymentServiceClient {
+		return newBenchClient(b, grpc.UnaryInterceptor(func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+			_ = grpc.SetTrailer(ctx, md)
+			return handler(ctx, req)
+		}))
+	}
+	firstFloor := floor(metadata.MD{idemkey.ExpiresMetadata: {expires}})
+	replayFloor := floor(metadata.MD{idemkey.ExpiresMetadata: {expires}, idemkey.ReplayedMetadata: {"true"}})
+	ops = append(ops,
+		benchtest.Op{Name: "first-floor", Run: func(int) error { return call(firstFloor, bareCtx) }},
+		benchtest.Op{Name: "replay-floor", Run: func(int) error { return call(replayFloor, bareCtx) }})
 	ns := benchtest.Interleave(b, ops...)
-	benchtest.ReportAdded(b, ops, ns, benchtest.Allocs(b, 1000, ops...))
+	allocs := benchtest.Allocs(b, 1000, ops...)
+	benchtest.ReportAdded(b, ops[:3], ns, allocs)
+	for _, pair := range [][2]int{{1, 3}, {2, 4}} {
+		op, floor := ops[pair[0]].Name, ops[pair[1]].Name
+		b.ReportMetric(ns[pair[0]]/ns[pair[1]], op+"/floor")
+		b.ReportMetric((ns[pair[0]]-ns[pair[1]])/1e3, op+"-over-floor-µs")
+		b.ReportMetric(allocs[pair[0]]-allocs[pair[1]], op+"-over-floor-allocs")
+		b.ReportMetric(ns[pair[1]]/ns[0], floor+"/bare")
+		b.ReportMetric(allocs[pair[1]]-allocs[0], floor+"-added-allocs")
+	}
 }
 
 func benchmarkCalls(b *testing.B, client paymentsv1.PaymentServiceClient, key func(i int) string) {
