@@ -219,13 +219,20 @@ var _ store.Atomic = (*Store)(nil)
 // calls that wait so would leave the pool no connection free does Begin run
 // the probe (probeSQL) on its own first, and a new key then waits for a slot
 // without a connection.
-func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
+func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry, tx store.Tx, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	defer func() {
+		if err == nil && res.State == store.Held && s.watch.listening.Load() {
+			// Held by a running call, whose commit (atomic: a lock, not a
+			// row) may notify nothing: Watch waits for the polls, rather
+			// than answer "changed" at once.
+			s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), s.watch.heard.Load())
+		}
+	}()
 	slot, probe := s.claim()
 	if probe {
-		res, err := s.probe(ctx, r)
-		if err != nil || res.State != store.Acquired {
+		if res, err = s.probe(ctx, r); err != nil || res.State != store.Acquired {
 			return res, nil, err
 		}
 		if err := s.awaitSlot(ctx); err != nil {
@@ -233,7 +240,8 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, st
 		}
 		slot = true
 	}
-	res, tx, ending, err := s.begin(ctx, r, slot)
+	var ending bool
+	res, tx, ending, err = s.begin(ctx, r, slot)
 	if tx == nil && !ending {
 		s.unclaim(slot)
 	}

@@ -1,5 +1,7 @@
 package postgres
 
+import "time"
+
 // Probed is how many calls of st's Begin and BeginBatch have run the probe
 // on their own, finding every slot taken and no connection to lend (claim).
 func Probed(st *Store) int64 { return st.probed.Load() }
@@ -11,3 +13,10 @@ func Lent(st *Store) int64 { return st.lent.Load() }
 // AtomicSQL is the SQL of st's atomic calls of new keys, for a benchmark
 // that sends the same by hand: the lock, the read, and the record.
 func AtomicSQL(st *Store) (lock, read, record string) { return st.lockSQL, st.readSQL, st.recordSQL }
+
+// Listens reports whether st's Listen has a connection that listens.
+func Listens(st *Store) bool { return st.watch.live.Load() }
+
+// SetClockOffset adds offset() to the clock of st's Watch, for a test that
+// moves the database's view of time (an Advance).
+func SetClockOffset(st *Store, offset func() time.Duration) { st.watch.offset = offset }

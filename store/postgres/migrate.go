@@ -280,6 +280,7 @@ func (s *Store) checkSchema(ms []migration) error {
 		listed   bool    // versions was read
 		code     string  // the SQLSTATE of reading it, if it failed
 		inSchema = true  // the table's schema exists
+		waited   = true  // the table has migration 002's column
 	)
 	query := func() error {
 		// The simple protocol prepares nothing, so that the check works
@@ -293,8 +294,9 @@ func (s *Store) checkSchema(ms []migration) error {
 		listed = err == nil
 		if code == "42P01" || code == "42501" { // no such table, or no right to read it
 			return s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
-				CASE $2 WHEN '' THEN current_schema() IS NOT NULL ELSE to_regnamespace($2) IS NOT NULL END`,
-				pgx.QueryExecModeSimpleProtocol, table, o.schema).Scan(&exists, &inSchema)
+				CASE $2 WHEN '' THEN current_schema() IS NOT NULL ELSE to_regnamespace($2) IS NOT NULL END,
+				EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'waited' AND NOT attisdropped)`,
+				pgx.QueryExecModeSimpleProtocol, table, o.schema).Scan(&exists, &inSchema, &waited)
 		}
 		return err
 	}
@@ -317,6 +319,8 @@ func (s *Store) checkSchema(ms []migration) error {
 			return fmt.Errorf("idemkey postgres: table %s does not exist, nor does any schema on the search_path: create one or set search_path, then %s", o.name, o.migrateHint())
 		case !exists:
 			return fmt.Errorf("idemkey postgres: table %s does not exist: %s", o.name, o.migrateHint())
+		case !waited:
+			return fmt.Errorf("idemkey postgres: table %s has no column waited: apply migration 002_add_waited (in Migrations) with your migration tool, or %s", o.name, o.migrateHint())
 		case code == "42501":
 			o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: the store's role may not read "+versions+
 				", so New checked only that the table exists, not that every migration of this idemkey is applied: grant it SELECT on "+versions)

@@ -136,12 +136,15 @@ type Store struct {
 	opts options
 
 	insertSQL, reserveSQL, findSQL, completeSQL, releaseSQL string
+	markSQL                                                 string // insertSQL of a store that runs Listen
 	insertBatchSQL                                          string // two-phase batches' (reservebatch.go)
 	sweepSQL                                                string
 	confirmSQL                                              string
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
 	holdersSQL                                              string        // atomic mode's, for keys found busy
 	batchProbeSQL, batchProbeAloneSQL, batchRecordSQL       string        // atomic batches' (batch.go)
+	table                                                   string        // its name in SQL text
+	watch                                                   watch         // what Watch decides from (watch.go)
 	slots                                                   chan struct{} // one per running atomic transaction
 	lent                                                    atomic.Int64  // calls waiting for a slot in a transaction (claim)
 	lendable                                                int64         // the most of them
@@ -149,8 +152,9 @@ type Store struct {
 }
 
 var (
-	_ store.Store  = (*Store)(nil)
-	_ store.Finder = (*Store)(nil)
+	_ store.Store   = (*Store)(nil)
+	_ store.Finder  = (*Store)(nil)
+	_ store.Watcher = (*Store)(nil)
 )
 
 // New returns a store on pool, after checking, once, that its table exists
@@ -179,12 +183,14 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	s := &Store{
 		pool:        pool,
 		opts:        o,
-		insertSQL:   insertSQL(table, o.qualified(o.table+"_token_seq")),
+		table:       table,
+		insertSQL:   insertSQL(table, o.qualified(o.table+"_token_seq"), false),
+		markSQL:     insertSQL(table, o.qualified(o.table+"_token_seq"), true),
 		reserveSQL:  reserveSQL(table, o.qualified(o.table+"_token_seq")),
 		findSQL:     fmt.Sprintf(findSQL, table),
-		completeSQL: fmt.Sprintf(completeSQL, table),
+		completeSQL: completeSQL(table),
 		confirmSQL:  fmt.Sprintf(confirmSQL, table),
-		releaseSQL:  fmt.Sprintf(releaseSQL, table),
+		releaseSQL:  releaseSQL(table),
 		sweepSQL:    fmt.Sprintf(sweepSQL, table),
 		probeSQL:    probeSQL(table),
 		lockSQL:     lockSQL(table),
@@ -263,7 +269,8 @@ WITH cur AS (
 		lease_end = excluded.lease_end,
 		outcome = NULL,
 		created_at = CASE WHEN r.expires_at <= now() THEN excluded.created_at ELSE r.created_at END,
-		expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END
+		expires_at = CASE WHEN r.expires_at <= now() THEN excluded.expires_at ELSE r.expires_at END,
+		waited = false
 	WHERE %[4]s
 	RETURNING r.token, r.expires_at
 )
@@ -282,8 +289,26 @@ FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 // answers no row, and Reserve runs the statement again, as it does
 // reserveSQL's.
 //
+// With mark (the statement of a store that runs Listen), a record in
+// progress whose lease runs is marked waited, unless it is already, so that
+// its Complete or Release notifies (completeSQL); only the first duplicate
+// of a run writes. A record that changed since the snapshot, so that the
+// mark finds it no longer in progress, answers no row as above: the
+// statement runs again, and a duplicate is never told "in progress" of a
+// record whose notification it would not hear.
+//
 // Parameters and result columns as reserveSQL's.
-func insertSQL(table, sequence string) string {
+func insertSQL(table, sequence string, mark bool) string {
+	marked, held := "", ""
+	if mark {
+		marked = fmt.Sprintf(`, mark AS (
+	UPDATE %[1]s AS m SET waited = true
+	WHERE m.key = $1 AND m.state = 'in_progress' AND NOT m.waited AND m.lease_end > now()
+		AND NOT EXISTS (SELECT FROM ins)
+	RETURNING 1
+)`, table)
+		held = ` AND (c.state = 'completed' OR c.waited OR c.lease_end <= now() OR EXISTS (SELECT FROM mark))`
+	}
 	return fmt.Sprintf(`
 WITH ins AS (
 	INSERT INTO %[1]s (key, fingerprint, state, token, lease_end, created_at, expires_at)
@@ -291,11 +316,11 @@ WITH ins AS (
 		now() + $3 * interval '1 microsecond', now(), now() + $4 * interval '1 microsecond')
 	ON CONFLICT (key) DO NOTHING
 	RETURNING token, expires_at
-)
+)%[4]s
 SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval, expires_at FROM ins
 UNION ALL
 SELECT CASE WHEN %[3]s THEN 4 WHEN c.state = 'completed' THEN 2 ELSE 3 END, 0, c.fingerprint, c.outcome, c.lease_end - now(), c.expires_at
-FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)`, table, sequence, takeable("c"))
+FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)%[5]s`, table, sequence, takeable("c"), marked, held)
 }
 
 // scanReservation reads the row of reserveSQL.
@@ -343,9 +368,24 @@ const held = `key = $1 AND token = $2 AND state = 'in_progress' AND (lease_end >
 // confirmSQL reads whether the row of key held by token $2 is completed.
 const confirmSQL = `SELECT state = 'completed' FROM %s WHERE key = $1 AND token = $2`
 
+// completeSQL and releaseSQL write the row held by token $2 and, if a
+// duplicate marked it waited (insertSQL), notify the table's channel
+// (channelSQL) of the key ($1, in hex) in the same statement, which PostgreSQL delivers once it
+// commits. Both answer a row per row written, for RowsAffected. A
+// notification costs each commit that sends one a lock that orders such
+// commits (PostgreSQL's notification queue), so a record no duplicate
+// waited for sends none.
+func completeSQL(table string) string {
+	return fmt.Sprintf(`WITH w AS (UPDATE %s SET state = 'completed', outcome = $3 WHERE %s RETURNING waited)
+SELECT CASE WHEN waited THEN pg_notify(%s, encode($1, 'hex')) END FROM w`, table, held, channelSQL(table))
+}
+
+func releaseSQL(table string) string {
+	return fmt.Sprintf(`WITH w AS (DELETE FROM %s WHERE %s RETURNING waited)
+SELECT CASE WHEN waited THEN pg_notify(%s, encode($1, 'hex')) END FROM w`, table, held, channelSQL(table))
+}
+
 const (
-	completeSQL = `UPDATE %s SET state = 'completed', outcome = $3 WHERE ` + held
-	releaseSQL  = `DELETE FROM %s WHERE ` + held
 	// sweepSQL deletes one batch of expired rows. SKIP LOCKED passes over rows
 	// that a reservation is taking over right now, so sweeping never waits on
 	// live traffic; a reservation of a row being swept waits for at most one
@@ -390,12 +430,21 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	var err error
 	for range maxAttempts {
 		var res store.Entry
-		sql := s.insertSQL
-		if errors.Is(err, errTakeable) {
+		sql, listening, since := s.insertSQL, s.watch.listening.Load(), s.watch.heard.Load()
+		switch {
+		case errors.Is(err, errTakeable):
 			sql = s.reserveSQL
+		case listening:
+			sql = s.markSQL
 		}
 		res, err = scanReservation(s.pool.QueryRow(ctx, sql, r.Key[:], r.Fingerprint[:], lease, retention))
 		switch {
+		case err == nil && listening && res.State == store.Acquired:
+			s.watch.holds(r.Key, r.Lease, since)
+			return res, nil
+		case err == nil && listening && res.State == store.Held:
+			s.watch.holds(r.Key, res.RetryAfter, since)
+			return res, nil
 		case err == nil:
 			return res, nil
 		case errors.Is(err, errTakeable):
@@ -439,12 +488,14 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
 	}
+	defer s.watch.forget(key)
 	return s.write(ctx, "complete", s.completeSQL, key, token, outcome)
 }
 
 // Release implements store.Store, detached from ctx's cancellation like
 // Complete.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
+	defer s.watch.forget(key)
 	return s.write(ctx, "release", s.releaseSQL, key, token)
 }
 

@@ -130,10 +130,19 @@ func acquire(t *testing.T, st *postgres.Store, key store.Key) store.Token {
 	return res.Token
 }
 
+// TestConformance runs the suite on a store that listens (Listen), so that
+// every reservation that finds a key held marks it, and Watch is tested.
 func TestConformance(t *testing.T) {
 	storetest.Run(t, func(t *testing.T) storetest.Harness {
 		r := newReplica(t)
-		return storetest.Harness{Store: r.store, Advance: r.advance, ShiftsRecords: true}
+		var shifted atomic.Int64
+		postgres.SetClockOffset(r.store, func() time.Duration { return time.Duration(shifted.Load()) })
+		listen(t, r.store)
+		advance := func(t *testing.T, d time.Duration) {
+			r.advance(t, d)
+			shifted.Add(int64(d))
+		}
+		return storetest.Harness{Store: r.store, Advance: advance, ShiftsRecords: true}
 	})
 }
 

@@ -1,0 +1,282 @@
+package postgres
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/idemkey/idemkey/internal/pause"
+	"github.com/idemkey/idemkey/store"
+)
+
+// How a duplicate hears that the key it waits for changed (store.Watcher).
+//
+// While Listen runs, a Reserve that finds a record in progress marks it
+// waited (insertSQL), and the statement of its Complete or Release
+// notifies the table's channel with the key (completeSQL), which
+// PostgreSQL delivers once the write commits, to every session that
+// listens. Listen listens on a connection of its own and closes the
+// channel of the key's watchers when the key arrives. A waiting duplicate
+// costs no round trip more: the engine reads the key when told, in place
+// of the poll due next; and a record no duplicate waited for costs no
+// notification.
+//
+// Watch reads no storage, so it decides from what this store's own calls
+// saw: a key its Reserve found held (or acquired), whose lease has not
+// ended as the reply told it, and of which no notification has arrived
+// since, is held; any other key is not, and its channel is closed already.
+// A notification that arrives while the Reserve that finds the key held is
+// on its way counts too: the last keys heard are kept (recent) with the
+// number heard before them, which a Reserve reads before it sends its
+// statement.
+//
+// What no notification tells, the engine's polls find, as on a store that
+// is no Watcher: a lease that ends, a record deleted by hand or by the
+// sweeper, an atomic call's commit (which holds a lock, not a row). While
+// Listen's connection is down, notifications are lost: once it listens
+// again, every key watched is told changed, so that a change in the gap is
+// read at once. Without Listen running, Watch tells nothing and Reserve
+// marks nothing: the duplicates poll, as before.
+
+// heardKept is how many of the last keys heard a Reserve can check.
+const heardKept = 64
+
+// listenRetry is the longest pause between Listen's attempts to connect.
+const listenRetry = time.Second
+
+// watch is what Watch decides from; every field below mu is guarded by it.
+type watch struct {
+	heard     atomic.Uint64
+	listening atomic.Bool // Listen runs: Reserve marks, and Watch tells
+	running   atomic.Bool // a Listen has been called and not returned
+	live      atomic.Bool // Listen's connection listens: every notification is heard
+
+	mu sync.Mutex
+	// held maps the keys this store's Reserve found held or acquired to the
+	// lease's end it was told, on the store's clock.
+	held map[store.Key]time.Time
+	// sweepAt is the size of held at which leases that ended are dropped.
+	sweepAt int
+	waiting map[store.Key]*waiters
+	// recent[n%heardKept] is the key of the notification heard after n
+	// others.
+	recent [heardKept]store.Key
+	// offset is added to the clock of Watch's decisions, for the tests'
+	// Advance (export_test.go).
+	offset func() time.Duration
+}
+
+// waiters are the duplicates watching one key: ch is closed once it changes.
+type waiters struct {
+	ch chan struct{}
+	n  int // Watches not yet stopped
+}
+
+// closedChan is Watch's answer for a key that is not held.
+var closedChan = func() chan struct{} {
+	ch := make(chan struct{})
+	close(ch)
+	return ch
+}()
+
+// channelSQL is the SQL expression of the notification channel of the
+// table, named by its OID, as the advisory locks of atomic mode are
+// (tryLock): stores on tables of one name in two schemas, each reached
+// through its own search_path, never hear each other.
+func channelSQL(table string) string {
+	return fmt.Sprintf(`'idemkey:' || '%s'::regclass::oid || ':changed'`, table)
+}
+
+// Listen listens on the table's notification channel, on a connection of
+// its own made from the pool's configuration (not one of the pool's), until
+// ctx ends, and then returns nil. While it runs, a duplicate that waits for
+// a running two-phase call (engine.WithInProgressWait) is answered as soon
+// as that call's Complete or Release commits, on any store on the same
+// table: in a few milliseconds rather than at its next poll. Run it in a
+// goroutine of yours beside the server, one per store:
+//
+//	go st.Listen(ctx)
+//
+// A connection that fails is made again, after a pause of up to a second,
+// for as long as ctx lasts; its errors are logged at Warn. Without Listen
+// the store works as before: duplicates poll. It is no use behind a pooler
+// in transaction mode, which drops a session's LISTEN with its transaction
+// (see "Behind a connection pooler"). Listen returns an error at once if
+// another Listen of the store is running.
+func (s *Store) Listen(ctx context.Context) error {
+	w := &s.watch
+	if !w.running.CompareAndSwap(false, true) {
+		return errors.New("idemkey postgres: Listen: the store is listening already")
+	}
+	defer w.running.Store(false)
+	w.listening.Store(true)
+	defer func() {
+		w.listening.Store(false)
+		w.wakeAll() // they read the key once, then poll
+	}()
+	cfg := s.pool.Config().ConnConfig.Copy()
+	for wait := retryPause; ctx.Err() == nil; {
+		err := s.listen(ctx, cfg)
+		if ctx.Err() != nil {
+			break
+		}
+		s.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: Listen lost its connection; until it listens again, a duplicate waiting on a running call is answered by polling",
+			slog.Any("error", err))
+		if !pause.For(ctx, wait) {
+			break
+		}
+		wait = min(2*wait, listenRetry)
+	}
+	return nil
+}
+
+// listen connects, listens, and hears notifications until the connection
+// fails or ctx ends.
+func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig) error {
+	conn, err := pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var channel string
+	if err := conn.QueryRow(ctx, `SELECT `+channelSQL(s.table)).Scan(&channel); err != nil {
+		return err
+	}
+	if _, err := conn.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
+		return err
+	}
+	s.watch.subscribed()
+	defer s.watch.live.Store(false)
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return err
+		}
+		s.watch.hear(n.Payload)
+	}
+}
+
+// Watch implements store.Watcher: while Listen runs, a Complete or Release
+// of key by any store on the same table tells it.
+func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
+	w := &s.watch
+	if !w.listening.Load() {
+		return nil, func() {} // never fires: the engine polls
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if end, ok := w.held[key]; !ok || !w.now().Before(end) {
+		return closedChan, func() {}
+	}
+	ws := w.waiting[key]
+	if ws == nil {
+		ws = &waiters{ch: make(chan struct{})}
+		w.waiting[key] = ws
+	}
+	ws.n++
+	return ws.ch, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		if ws.n--; ws.n == 0 && w.waiting[key] == ws {
+			delete(w.waiting, key)
+		}
+	}
+}
+
+// now is the time on the clock of Watch's decisions.
+func (w *watch) now() time.Time {
+	if w.offset == nil {
+		return time.Now()
+	}
+	return time.Now().Add(w.offset())
+}
+
+// holds notes that a Reserve, sent when heard was since, found key held
+// for lease more, unless a notification of key arrived since then.
+func (w *watch) holds(key store.Key, lease time.Duration, since uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.heard.Load()
+	changed := n-since > heardKept // too many to tell: count it changed, which costs a read
+	for i := since; !changed && i < n; i++ {
+		changed = w.recent[i%heardKept] == key
+	}
+	if changed {
+		delete(w.held, key)
+		return
+	}
+	if w.held == nil {
+		w.held, w.waiting, w.sweepAt = make(map[store.Key]time.Time), make(map[store.Key]*waiters), 1024
+	}
+	now := w.now()
+	w.held[key] = now.Add(lease)
+	if len(w.held) >= w.sweepAt {
+		for k, end := range w.held { // holders that never completed, duplicates that did not wait
+			if !now.Before(end) {
+				delete(w.held, k)
+			}
+		}
+		w.sweepAt = max(2*len(w.held), 1024)
+	}
+}
+
+// forget notes that this store completed or released key, or heard so,
+// and tells the key's watchers.
+func (w *watch) forget(key store.Key) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.forgetLocked(key)
+}
+
+func (w *watch) forgetLocked(key store.Key) {
+	delete(w.held, key)
+	if ws := w.waiting[key]; ws != nil {
+		close(ws.ch)
+		delete(w.waiting, key)
+	}
+}
+
+// hear handles a notification: the key of a record changed, in hex.
+func (w *watch) hear(payload string) {
+	var key store.Key
+	if len(payload) != 2*len(key) {
+		return // not a key: nothing the store's statements send
+	}
+	if _, err := hex.Decode(key[:], []byte(payload)); err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := w.heard.Load()
+	w.recent[n%heardKept] = key
+	w.heard.Store(n + 1)
+	w.forgetLocked(key)
+}
+
+// subscribed notes that Listen's connection listens: every watched key is
+// told changed, since its notification may have been sent before.
+func (w *watch) subscribed() {
+	w.live.Store(true)
+	w.wakeAll()
+}
+
+// wakeAll tells every watcher its key changed, so that each reads it.
+func (w *watch) wakeAll() {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.wakeAllLocked()
+}
+
+func (w *watch) wakeAllLocked() {
+	for key, ws := range w.waiting {
+		close(ws.ch)
+		delete(w.waiting, key)
+	}
+}
