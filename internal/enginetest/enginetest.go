@@ -18,6 +18,8 @@ type Call struct {
 	Reply    []byte
 	Ran      bool
 	Answered engine.Answer
+
+	running, release chan struct{} // a held call's (duplicate.go); nil for others
 }
 
 // Serve serves a call of key on op, whose handler replies reply, and
@@ -51,6 +53,10 @@ func (c *Call) Fingerprint(context.Context) (store.Fingerprint, error) {
 
 func (c *Call) Run(context.Context) engine.HandlerResult {
 	c.Ran = true
+	if c.release != nil {
+		close(c.running)
+		<-c.release
+	}
 	return engine.HandlerResult{Record: c.Reply, KeepWrites: true}
 }
 

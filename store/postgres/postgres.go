@@ -289,17 +289,19 @@ FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 // answers no row, and Reserve runs the statement again, as it does
 // reserveSQL's.
 //
-// With mark (the statement of a store that runs Listen), a record in
-// progress whose lease runs is marked waited, unless it is already, so that
-// its Complete or Release notifies (completeSQL); only the first duplicate
-// of a run writes. A record that changed since the snapshot, so that the
-// mark finds it no longer in progress, answers no row as above: the
-// statement runs again, and a duplicate is never told "in progress" of a
-// record whose notification it would not hear.
+// On a store that runs Listen, a record in progress whose lease runs and
+// that no duplicate marked waited answers kind 5, for which Reserve runs
+// the statement again with mark: then it marks the record waited, so that
+// its Complete or Release notifies (completeSQL), and answers kind 3. So
+// only the first duplicate of a run writes, and only it pays a second
+// round trip; a new key pays nothing for it. A record that changed since
+// the snapshot, so that the mark finds it no longer in progress, answers
+// no row as above, and the statement runs again: a duplicate is never told
+// "in progress" of a record whose notification it would not hear.
 //
 // Parameters and result columns as reserveSQL's.
 func insertSQL(table, sequence string, mark bool) string {
-	marked, held := "", ""
+	marked, held, unmarked := "", "", "WHEN NOT c.waited AND c.lease_end > now() THEN 5 "
 	if mark {
 		marked = fmt.Sprintf(`, mark AS (
 	UPDATE %[1]s AS m SET waited = true
@@ -308,6 +310,7 @@ func insertSQL(table, sequence string, mark bool) string {
 	RETURNING 1
 )`, table)
 		held = ` AND (c.state = 'completed' OR c.waited OR c.lease_end <= now() OR EXISTS (SELECT FROM mark))`
+		unmarked = ""
 	}
 	return fmt.Sprintf(`
 WITH ins AS (
@@ -319,8 +322,8 @@ WITH ins AS (
 )%[4]s
 SELECT 1, token, NULL::bytea, NULL::bytea, NULL::interval, expires_at FROM ins
 UNION ALL
-SELECT CASE WHEN %[3]s THEN 4 WHEN c.state = 'completed' THEN 2 ELSE 3 END, 0, c.fingerprint, c.outcome, c.lease_end - now(), c.expires_at
-FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)%[5]s`, table, sequence, takeable("c"), marked, held)
+SELECT CASE WHEN %[3]s THEN 4 WHEN c.state = 'completed' THEN 2 %[6]sELSE 3 END, 0, c.fingerprint, c.outcome, c.lease_end - now(), c.expires_at
+FROM %[1]s AS c WHERE c.key = $1 AND NOT EXISTS (SELECT FROM ins)%[5]s`, table, sequence, takeable("c"), marked, held, unmarked)
 }
 
 // scanReservation reads the row of reserveSQL.
@@ -339,6 +342,10 @@ func scanReservation(row pgx.Row) (store.Entry, error) {
 		res.State = store.Acquired
 	case 4:
 		return store.Entry{}, errTakeable
+	case 5:
+		res.State, res.RetryAfter = store.Held, intervalDuration(leaseLeft)
+		copy(res.Fingerprint[:], fingerprint)
+		return res, errUnmarked
 	case 0:
 		return store.Entry{}, errChanged
 	case 2:
@@ -412,6 +419,10 @@ func failoverHosts(cfg *pgx.ConnConfig) (hosts int, primaryOnly bool) {
 // errTakeable is insertSQL's answer for a record that may be taken over.
 var errTakeable = errors.New("idemkey postgres: the record may be taken over")
 
+// errUnmarked is insertSQL's answer, with its entry, for a record in
+// progress that no duplicate marked waited.
+var errUnmarked = errors.New("idemkey postgres: the record in progress is not marked waited")
+
 // errChanged is insertBatchSQL's answer for a key whose record changed
 // under the statement.
 var errChanged = errors.New("idemkey postgres: the record changed under the statement")
@@ -419,7 +430,9 @@ var errChanged = errors.New("idemkey postgres: the record changed under the stat
 // Reserve implements store.Store in one round trip (insertSQL), unless the
 // key's record may be taken over, which reserveSQL decides in a second, or
 // the row changed under the statement (a concurrent release or sweep); then
-// it runs again.
+// it runs again. On a store that runs Listen, the first duplicate to find
+// a running call's record marks it waited, in a second round trip
+// (insertSQL).
 // So it does when its connection died (reconnect): a reservation that took
 // effect unseen makes the retry find the key in progress, as a client's own
 // retry would, which delays the call but never runs it twice.
@@ -434,11 +447,15 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		switch {
 		case errors.Is(err, errTakeable):
 			sql = s.reserveSQL
-		case listening:
+		case errors.Is(err, errUnmarked):
 			sql = s.markSQL
 		}
 		res, err = scanReservation(s.pool.QueryRow(ctx, sql, r.Key[:], r.Fingerprint[:], lease, retention))
 		switch {
+		case errors.Is(err, errUnmarked) && listening:
+			continue // mark it, so that its record notifies
+		case errors.Is(err, errUnmarked):
+			return res, nil
 		case err == nil && listening && res.State == store.Acquired:
 			s.watch.holds(r.Key, r.Lease, since)
 			return res, nil

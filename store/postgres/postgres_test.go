@@ -46,7 +46,7 @@ type replica struct {
 var openPool = pgtest.Pool
 
 // newReplicas migrates a fresh schema and returns n replicas on it.
-func newReplicas(t *testing.T, n int, configure ...func(*pgxpool.Config)) []replica {
+func newReplicas(t testing.TB, n int, configure ...func(*pgxpool.Config)) []replica {
 	t.Helper()
 	schema := pgtest.Schema(t)
 	rs := make([]replica, n)
@@ -85,7 +85,7 @@ func unreachableStore(t *testing.T) *postgres.Store {
 	return newStore(t, pool, postgres.WithoutSchemaCheck())
 }
 
-func newReplica(t *testing.T, configure ...func(*pgxpool.Config)) replica {
+func newReplica(t testing.TB, configure ...func(*pgxpool.Config)) replica {
 	return newReplicas(t, 1, configure...)[0]
 }
 

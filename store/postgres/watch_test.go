@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"encoding/hex"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -10,12 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/idemkey/idemkey/internal/benchtest"
+	"github.com/idemkey/idemkey/internal/enginetest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // listen runs st.Listen until the test ends, once it listens.
-func listen(t *testing.T, st *postgres.Store) {
+func listen(t testing.TB, st *postgres.Store) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -235,4 +238,39 @@ func TestListenTwice(t *testing.T) {
 	if err := r.store.Listen(context.Background()); err == nil {
 		t.Fatal("a second Listen of one store: nil, want an error")
 	}
+}
+
+// BenchmarkDuplicateAnswered measures how long after a running call's
+// Complete returns a duplicate held for it has its answer, the two calls
+// on two replicas: told by the store (Listen), and polled (enginetest).
+func BenchmarkDuplicateAnswered(b *testing.B) {
+	rs := newReplicas(b, 2)
+	listen(b, rs[0].store)
+	listen(b, rs[1].store)
+	enginetest.DuplicateAnswered(b, rs[0].store, rs[1].store)
+}
+
+// BenchmarkListening measures what Listen costs the calls that no duplicate
+// waits for: a first call and a replay on a store that listens, against the
+// same on a store that does not, on one pool, interleaved.
+func BenchmarkListening(b *testing.B) {
+	r := newReplica(b)
+	listening := newStore(b, r.pool)
+	listen(b, listening)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	fp := store.Fingerprint{1}
+	replayKey := benchKey("replay", 0)
+	if err := first(ctx, r.store, replayKey, fp); err != nil {
+		b.Fatal(err)
+	}
+	run := strconv.FormatInt(time.Now().UnixNano(), 36) // new keys on every run
+	ns := benchtest.Interleave(b,
+		benchtest.Op{Name: "first", Run: func(i int) error { return first(ctx, r.store, benchKey(run+"f", i), fp) }},
+		benchtest.Op{Name: "listening-first", Run: func(i int) error { return first(ctx, listening, benchKey(run+"l", i), fp) }},
+		benchtest.Op{Name: "replay", Run: func(int) error { return replay(ctx, r.store, replayKey, fp) }},
+		benchtest.Op{Name: "listening-replay", Run: func(int) error { return replay(ctx, listening, replayKey, fp) }},
+	)
+	b.ReportMetric(ns[1]/ns[0], "listening-first/first")
+	b.ReportMetric(ns[3]/ns[2], "listening-replay/replay")
 }

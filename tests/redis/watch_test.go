@@ -3,15 +3,12 @@ package redis_test
 import (
 	"context"
 	"encoding/hex"
-	"runtime"
-	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
-	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/internal/enginetest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/tests/redistest"
@@ -155,140 +152,21 @@ func TestWatchAfterTheSubscriptionDrops(t *testing.T) {
 	}
 }
 
-// countingStore counts a Redis store's Reserves, and the time of its last
-// Complete's return; with watch false it hides Watch, so that the engine
-// polls.
-type countingStore struct {
-	*redis.Store
-	reserves  atomic.Int64
-	completed atomic.Int64 // UnixNano
-}
-
-func (s *countingStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
-	res, err := s.Store.Reserve(ctx, r)
-	s.reserves.Add(1)
-	return res, err
-}
-
-func (s *countingStore) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
-	err := s.Store.Complete(ctx, key, token, outcome)
-	s.completed.Store(time.Now().UnixNano())
-	return err
-}
-
-// polledStore is a countingStore that hides Watch (and Find).
-type polledStore struct{ s *countingStore }
-
-func (p polledStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
-	return p.s.Reserve(ctx, r)
-}
-
-func (p polledStore) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
-	return p.s.Complete(ctx, key, token, outcome)
-}
-
-func (p polledStore) Release(ctx context.Context, key store.Key, token store.Token) error {
-	return p.s.Release(ctx, key, token)
-}
-
-// heldCall is a call of key through the engine (an engine.Exchange) whose
-// handler, once running is closed, runs until release is closed.
-type heldCall struct {
-	key      string
-	running  chan struct{}
-	release  chan struct{}
-	answered engine.Answer
-}
-
-func (c *heldCall) Key() (string, bool, error) { return c.key, true, nil }
-func (c *heldCall) FirstSent() []string        { return nil }
-func (c *heldCall) Attempt() engine.Attempt    { return engine.Attempt{} }
-func (c *heldCall) Fingerprint(context.Context) (store.Fingerprint, error) {
-	return store.Fingerprint{1}, nil
-}
-func (c *heldCall) StandIn(error) []byte     { return []byte("stand-in") }
-func (c *heldCall) Pass(context.Context) int { return 0 }
-func (c *heldCall) Answer(_ context.Context, a engine.Answer) int {
-	c.answered = a
-	return 0
-}
-
-func (c *heldCall) Run(context.Context) engine.HandlerResult {
-	close(c.running)
-	<-c.release
-	return engine.HandlerResult{Record: []byte("reply"), KeepWrites: true}
-}
-
 // BenchmarkDuplicateAnswered measures how long after a running call's
-// Complete returns a duplicate held for it (engine.WithInProgressWait) has
-// its answer, on one Redis server: told by the store (store.Watcher), and
-// behind a wrapper that hides Watch, where the duplicate reads the key at
-// its next poll, interleaved. It reports each one's mean in microseconds,
-// their ratio, and the Reserves each duplicate made.
+// Complete returns a duplicate held for it has its answer, on one Redis
+// server, the two calls on two stores with clients of their own: told by
+// the store (pub/sub), and polled (enginetest).
 func BenchmarkDuplicateAnswered(b *testing.B) {
-	ctx := context.Background()
-	type variant struct {
-		name     string
-		st       *countingStore
-		e        *engine.Engine
-		op       *engine.Operation
-		spent    time.Duration
-		reserves int64
-	}
-	client := redistest.Client(b)
-	var variants []*variant
-	for _, name := range []string{"watched", "polled"} {
-		rst, err := redis.New(ctx, client, redis.WithPrefix(prefix()))
+	p := prefix()
+	var stores [2]*redis.Store
+	for i := range stores {
+		st, err := redis.New(context.Background(), redistest.Client(b), redis.WithPrefix(p))
 		if err != nil {
 			b.Fatal(err)
 		}
-		cs := &countingStore{Store: rst}
-		var st store.Store = cs
-		if name == "polled" {
-			st = polledStore{cs}
-		}
-		e, err := engine.New(st, engine.WithTenant(func(context.Context) (string, error) { return "t", nil }), engine.WithInProgressWait(time.Minute))
-		if err != nil {
-			b.Fatal(err)
-		}
-		op, err := e.Operation(engine.OperationSpec{Name: "/bench.v1.Service/Method"})
-		if err != nil {
-			b.Fatal(err)
-		}
-		variants = append(variants, &variant{name: name, st: cs, e: e, op: op})
+		stores[i] = st
 	}
-	n := 0
-	for b.Loop() {
-		for j := range variants {
-			v := variants[(n+j)%len(variants)]
-			key := "k" + strconv.Itoa(n)
-			first := &heldCall{key: key, running: make(chan struct{}), release: make(chan struct{})}
-			firstDone := make(chan struct{})
-			go func() { v.e.Serve(ctx, v.op, first); close(firstDone) }()
-			<-first.running
-			reserves := v.st.reserves.Load()
-			dup := &heldCall{key: key, running: make(chan struct{}), release: make(chan struct{})}
-			dupDone := make(chan time.Time, 1)
-			go func() { v.e.Serve(ctx, v.op, dup); dupDone <- time.Now() }()
-			for v.st.reserves.Load() == reserves { // until the duplicate finds the key held
-				runtime.Gosched()
-			}
-			close(first.release)
-			<-firstDone
-			answered := <-dupDone
-			if dup.answered.Verdict != engine.Replayed || string(dup.answered.Outcome) != "reply" {
-				b.Fatalf("duplicate: verdict %v, outcome %q; want replayed, reply", dup.answered.Verdict, dup.answered.Outcome)
-			}
-			v.spent += answered.Sub(time.Unix(0, v.st.completed.Load()))
-			v.reserves += v.st.reserves.Load() - reserves
-		}
-		n++
-	}
-	for _, v := range variants {
-		b.ReportMetric(float64(v.spent.Microseconds())/float64(n), v.name+"-µs")
-		b.ReportMetric(float64(v.reserves)/float64(n), v.name+"-reserves")
-	}
-	b.ReportMetric(float64(variants[0].spent)/float64(variants[1].spent), "watched/polled")
+	enginetest.DuplicateAnswered(b, stores[0], stores[1])
 }
 
 // Only a Complete or Release of a record that a Reserve found in progress
