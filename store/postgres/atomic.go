@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/binary"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync/atomic"
@@ -222,12 +223,10 @@ var _ store.Atomic = (*Store)(nil)
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry, tx store.Tx, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
+	since := s.watch.heard.Load()
 	defer func() {
-		if err == nil && res.State == store.Held && s.watch.listening.Load() {
-			// Held by a running call, whose commit (atomic: a lock, not a
-			// row) may notify nothing: Watch waits for the polls, rather
-			// than answer "changed" at once.
-			s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), s.watch.heard.Load())
+		if err == nil && (res.State == store.Held || res.State == store.Acquired) && s.watch.listening.Load() {
+			s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since) // see watch.go
 		}
 	}()
 	slot, probe := s.claim()
@@ -241,7 +240,7 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry
 		slot = true
 	}
 	var ending bool
-	res, tx, ending, err = s.begin(ctx, r, slot)
+	res, tx, ending, err = s.begin(ctx, r, slot, since)
 	if tx == nil && !ending {
 		s.unclaim(slot)
 	}
@@ -494,7 +493,7 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 // connection that is lost takes the transaction with it, so Begin starts
 // again on another. ending reports that a goroutine is ending the
 // transaction and gives back what claim took itself.
-func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool) (res store.Entry, tx store.Tx, ending bool, err error) {
+func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since uint64) (res store.Entry, tx store.Tx, ending bool, err error) {
 	for range maxAttempts {
 		conn, err := s.pool.Acquire(ctx)
 		if err != nil {
@@ -533,8 +532,16 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool) (res 
 			// The call wrote nothing, and a lock it took matters to no
 			// one (the key's record answers every other call): the answer
 			// need not wait for the ROLLBACK's round trip.
+			// A duplicate of a running call asks its holder, with the
+			// ROLLBACK, to notify its record (watch.go).
+			ask := p.res.State == store.Held && s.watch.listening.Load() &&
+				s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since)
 			go func() {
-				s.rollback(ctx, conn)
+				if ask {
+					s.rollbackAsking(ctx, conn, r.Key)
+				} else {
+					s.rollback(ctx, conn)
+				}
 				s.unclaim(slot)
 			}()
 			ps := []probed{p}
@@ -565,6 +572,21 @@ func (s *Store) rollback(ctx context.Context, conn *pgxpool.Conn) error {
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
 	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		return s.translate(ctx, "rollback", err)
+	}
+	return nil
+}
+
+// rollbackAsking is rollback, with a notification that asks the holder of
+// key to notify its record, in the same round trip.
+func (s *Store) rollbackAsking(ctx context.Context, conn *pgxpool.Conn, key store.Key) error {
+	defer conn.Release()
+	ctx, cancel := s.bound(context.WithoutCancel(ctx))
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue("ROLLBACK")
+	b.Queue(s.notifySQL, askPrefix+hex.EncodeToString(key[:]))
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return s.translate(ctx, "rollback", err)
 	}
 	return nil
@@ -616,6 +638,7 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 		return errTxEnded
 	}
 	defer t.store.freeSlot()
+	defer t.store.watch.forget(t.r.Key)
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
 	}
@@ -642,11 +665,20 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 	sql, args := t.record(outcome)
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
+	// A duplicate in another process asked to be told (watch.go).
+	notify := t.store.watch.listening.Load() && t.store.watch.wanted(t.r.Key)
+	if notify {
+		b.Queue(t.store.notifySQL, hex.EncodeToString(t.r.Key[:]))
+	}
 	b.Queue("COMMIT")
 	br := conn.SendBatch(ctx, b)
 	_, recordErr := br.Exec()
+	var notifyErr error
+	if notify {
+		_, notifyErr = br.Exec()
+	}
 	tag, commitErr := br.Exec()
-	err := cmp.Or(recordErr, commitErr, br.Close())
+	err := cmp.Or(recordErr, notifyErr, commitErr, br.Close())
 	if err == nil && tag.String() != "COMMIT" {
 		err = errRolledBack
 	}
@@ -715,6 +747,7 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 		return errTxEnded
 	}
 	defer t.store.freeSlot()
+	defer t.store.watch.forget(t.r.Key)
 	return t.store.rollback(ctx, conn)
 }
 

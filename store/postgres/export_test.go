@@ -1,6 +1,10 @@
 package postgres
 
-import "time"
+import (
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+)
 
 // Probed is how many calls of st's Begin and BeginBatch have run the probe
 // on their own, finding every slot taken and no connection to lend (claim).
@@ -20,3 +24,7 @@ func Listens(st *Store) bool { return st.watch.live.Load() }
 // SetClockOffset adds offset() to the clock of st's Watch, for a test that
 // moves the database's view of time (an Advance).
 func SetClockOffset(st *Store, offset func() time.Duration) { st.watch.offset = offset }
+
+// Wanted reports whether another store asked st, which holds key in an
+// atomic call, to notify its record.
+func Wanted(st *Store, key store.Key) bool { return st.watch.wanted(key) }

@@ -137,6 +137,7 @@ type Store struct {
 
 	insertSQL, reserveSQL, findSQL, completeSQL, releaseSQL string
 	markSQL                                                 string // insertSQL of a store that runs Listen
+	notifySQL                                               string // a notification on the table's channel (watch.go)
 	insertBatchSQL                                          string // two-phase batches' (reservebatch.go)
 	sweepSQL                                                string
 	confirmSQL                                              string
@@ -186,6 +187,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		table:       table,
 		insertSQL:   insertSQL(table, o.qualified(o.table+"_token_seq"), false),
 		markSQL:     insertSQL(table, o.qualified(o.table+"_token_seq"), true),
+		notifySQL:   "SELECT pg_notify(" + channelSQL(table) + ", $1)",
 		reserveSQL:  reserveSQL(table, o.qualified(o.table+"_token_seq")),
 		findSQL:     fmt.Sprintf(findSQL, table),
 		completeSQL: completeSQL(table),

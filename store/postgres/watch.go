@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -45,6 +46,21 @@ import (
 // read at once. Without Listen running, Watch tells nothing and Reserve
 // marks nothing: the duplicates poll, as before.
 
+// Atomic mode: a running atomic call holds the key's lock and writes no row
+// until it commits, so there is nothing for a duplicate to mark. Instead, the
+// first duplicate of a run that a store finds held asks its holder: the
+// ROLLBACK of its Begin goes out with a notification of the key with
+// askPrefix, in one round trip it makes anyway. The store holding the key
+// hears it (its own Listen), and the COMMIT of the key's record goes out
+// with a notification of the key, in the same pipeline. A commit sent
+// before the question is heard notifies nothing: the duplicate then has its
+// answer at its first poll, 25 ms after it began to wait. So it does when
+// the holder does not listen.
+
+// askPrefix marks a notification that asks the holder of a key to notify
+// its record (atomic mode).
+const askPrefix = "ask:"
+
 // heardKept is how many of the last keys heard a Reserve can check.
 const heardKept = 64
 
@@ -59,9 +75,9 @@ type watch struct {
 	live      atomic.Bool // Listen's connection listens: every notification is heard
 
 	mu sync.Mutex
-	// held maps the keys this store's Reserve found held or acquired to the
-	// lease's end it was told, on the store's clock.
-	held map[store.Key]time.Time
+	// held maps the keys this store's Reserve or Begin found held or
+	// acquired to what it knows of their run.
+	held map[store.Key]hold
 	// sweepAt is the size of held at which leases that ended are dropped.
 	sweepAt int
 	waiting map[store.Key]*waiters
@@ -71,6 +87,16 @@ type watch struct {
 	// offset is added to the clock of Watch's decisions, for the tests'
 	// Advance (export_test.go).
 	offset func() time.Duration
+}
+
+// hold is what a store knows of a run of a key it found held or acquired.
+type hold struct {
+	end time.Time // the lease's end it was told, on the store's clock
+	// asked: this store asked the key's holder to notify its record (an
+	// atomic run's, which marks no row: see "Atomic mode" below).
+	asked bool
+	// wanted: another store asked this one, the holder, to notify it.
+	wanted bool
 }
 
 // waiters are the duplicates watching one key: ch is closed once it changes.
@@ -172,7 +198,7 @@ func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if end, ok := w.held[key]; !ok || !w.now().Before(end) {
+	if h, ok := w.held[key]; !ok || !w.now().Before(h.end) {
 		return closedChan, func() {}
 	}
 	ws := w.waiting[key]
@@ -198,9 +224,11 @@ func (w *watch) now() time.Time {
 	return time.Now().Add(w.offset())
 }
 
-// holds notes that a Reserve, sent when heard was since, found key held
-// for lease more, unless a notification of key arrived since then.
-func (w *watch) holds(key store.Key, lease time.Duration, since uint64) {
+// holds notes that a Reserve or Begin, sent when heard was since, found key
+// held for lease more (or acquired it), unless a notification of key
+// arrived since then. It reports whether this store should ask the key's
+// holder to notify its record: the first time, for an atomic run.
+func (w *watch) holds(key store.Key, lease time.Duration, since uint64) (ask bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.heard.Load()
@@ -210,21 +238,32 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64) {
 	}
 	if changed {
 		delete(w.held, key)
-		return
+		return false
 	}
 	if w.held == nil {
-		w.held, w.waiting, w.sweepAt = make(map[store.Key]time.Time), make(map[store.Key]*waiters), 1024
+		w.held, w.waiting, w.sweepAt = make(map[store.Key]hold), make(map[store.Key]*waiters), 1024
 	}
 	now := w.now()
-	w.held[key] = now.Add(lease)
+	h := w.held[key]
+	ask, h.end, h.asked = !h.asked, now.Add(lease), true
+	w.held[key] = h
 	if len(w.held) >= w.sweepAt {
-		for k, end := range w.held { // holders that never completed, duplicates that did not wait
-			if !now.Before(end) {
+		for k, h := range w.held { // holders that never completed, duplicates that did not wait
+			if !now.Before(h.end) {
 				delete(w.held, k)
 			}
 		}
 		w.sweepAt = max(2*len(w.held), 1024)
 	}
+	return ask
+}
+
+// wanted reports whether another store asked this one to notify the
+// record of key, which this store holds.
+func (w *watch) wanted(key store.Key) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.held[key].wanted
 }
 
 // forget notes that this store completed or released key, or heard so,
@@ -243,9 +282,14 @@ func (w *watch) forgetLocked(key store.Key) {
 	}
 }
 
-// hear handles a notification: the key of a record changed, in hex.
+// hear handles a notification: the key of a record changed, in hex, or
+// with askPrefix, a key whose holder is asked to notify its record.
 func (w *watch) hear(payload string) {
 	var key store.Key
+	asked := strings.HasPrefix(payload, askPrefix)
+	if asked {
+		payload = payload[len(askPrefix):]
+	}
 	if len(payload) != 2*len(key) {
 		return // not a key: nothing the store's statements send
 	}
@@ -254,6 +298,13 @@ func (w *watch) hear(payload string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	if asked {
+		if h, ok := w.held[key]; ok {
+			h.wanted = true
+			w.held[key] = h
+		}
+		return
+	}
 	n := w.heard.Load()
 	w.recent[n%heardKept] = key
 	w.heard.Store(n + 1)

@@ -241,13 +241,18 @@ func TestListenTwice(t *testing.T) {
 }
 
 // BenchmarkDuplicateAnswered measures how long after a running call's
-// Complete returns a duplicate held for it has its answer, the two calls
-// on two replicas: told by the store (Listen), and polled (enginetest).
+// record a duplicate held for it has its answer, the two calls on two
+// replicas, in two-phase and in atomic mode: told by the store (Listen),
+// and polled (enginetest).
 func BenchmarkDuplicateAnswered(b *testing.B) {
 	rs := newReplicas(b, 2)
 	listen(b, rs[0].store)
 	listen(b, rs[1].store)
-	enginetest.DuplicateAnswered(b, rs[0].store, rs[1].store)
+	for _, mode := range []string{"two-phase", "atomic"} {
+		b.Run(mode, func(b *testing.B) {
+			enginetest.DuplicateAnswered(b, rs[0].store, rs[1].store, mode == "atomic")
+		})
+	}
 }
 
 // BenchmarkListening measures what Listen costs the calls that no duplicate
@@ -273,4 +278,69 @@ func BenchmarkListening(b *testing.B) {
 	)
 	b.ReportMetric(ns[1]/ns[0], "listening-first/first")
 	b.ReportMetric(ns[3]/ns[2], "listening-replay/replay")
+}
+
+// In atomic mode, where a running call marks no row, a duplicate on one
+// replica asks the holder, on another, to notify its record, and is told
+// when it commits; the notification goes to the table's channel only for a
+// key a duplicate asked about.
+func TestAtomicWatchAcrossReplicas(t *testing.T) {
+	rs := newReplicas(t, 2)
+	holder, dup := rs[0].store, rs[1].store
+	listen(t, holder)
+	listen(t, dup)
+	ctx := context.Background()
+	conn := rawListener(t, rs[0].pool)
+	begin := func(st *postgres.Store, key store.Key) (store.Entry, store.Tx) {
+		t.Helper()
+		res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+		if err != nil {
+			t.Fatalf("Begin: %v", err)
+		}
+		return res, tx
+	}
+
+	alone := store.ScopeKey("t", "/m", "alone")
+	if res, tx := begin(holder, alone); res.State != store.Acquired {
+		t.Fatalf("Begin = %v, want acquired", res.State)
+	} else if err := tx.Commit(ctx, []byte("a"), true); err != nil {
+		t.Fatal(err)
+	}
+
+	key := store.ScopeKey("t", "/m", "asked")
+	res, tx := begin(holder, key)
+	if res.State != store.Acquired {
+		t.Fatalf("Begin = %v, want acquired", res.State)
+	}
+	if res, _ := begin(dup, key); res.State != store.Held {
+		t.Fatalf("duplicate's Begin = %v, want held", res.State)
+	}
+	changed, stop := dup.Watch(key)
+	defer stop()
+	waitUntil(t, "the holder hears the duplicate ask", func() bool { return postgres.Wanted(holder, key) })
+	select {
+	case <-changed:
+		t.Fatal("Watch of a key held: told before the holder committed")
+	default:
+	}
+	if err := tx.Commit(ctx, []byte("done"), true); err != nil {
+		t.Fatal(err)
+	}
+	told(t, "an atomic commit on another replica", changed)
+
+	// The raw listener heard the question and the record, and nothing of
+	// the key no duplicate asked about.
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var heard []string
+	for len(heard) < 2 {
+		n, err := conn.WaitForNotification(wctx)
+		if err != nil {
+			t.Fatalf("after %q: %v", heard, err)
+		}
+		heard = append(heard, n.Payload)
+	}
+	if want := []string{"ask:" + hex.EncodeToString(key[:]), hex.EncodeToString(key[:])}; heard[0] != want[0] || heard[1] != want[1] {
+		t.Fatalf("notifications %q, want %q: only the asked key's question and record", heard, want)
+	}
 }

@@ -166,7 +166,7 @@ func BenchmarkDuplicateAnswered(b *testing.B) {
 		}
 		stores[i] = st
 	}
-	enginetest.DuplicateAnswered(b, stores[0], stores[1])
+	enginetest.DuplicateAnswered(b, stores[0], stores[1], false)
 }
 
 // Only a Complete or Release of a record that a Reserve found in progress
