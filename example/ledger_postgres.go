@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -17,7 +18,6 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
@@ -243,15 +243,18 @@ func OpenDatabase(ctx context.Context, url string, idempotency bool, logger *slo
 	return pool, nil
 }
 
-// StartJanitor runs j in the background until the returned stop is called,
-// which waits for it to end: the example's commands delete expired records
-// this way, so that the table holds only the records still kept.
-func StartJanitor(ctx context.Context, j *store.Janitor) (stop func()) {
+// Background runs each of runs in a goroutine of its own until the
+// returned stop is called, which cancels their context and waits for them
+// to end: the example's commands run a store.Janitor this way, so that the
+// table holds only the records still kept, and the server the store's
+// Listen, so that a duplicate of a running call is answered at once. Their
+// errors are dropped: each returns its context's error once stopped, and
+// logs what fails before.
+func Background(ctx context.Context, runs ...func(context.Context) error) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		j.Run(ctx)
-	}()
-	return func() { cancel(); <-done }
+	var wg sync.WaitGroup
+	for _, run := range runs {
+		wg.Go(func() { _ = run(ctx) })
+	}
+	return func() { cancel(); wg.Wait() }
 }

@@ -160,7 +160,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		st, ledger = pst, example.NewPostgresLedger(pool)
 		// Expired records are deleted, as the server deletes them: without
 		// it, every message id ever processed would stay in the table.
-		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger})()
+		defer example.Background(ctx, (&store.Janitor{Store: pst, Logger: logger}).Run)()
 	}
 	system := "nats"
 	switch {

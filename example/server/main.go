@@ -427,7 +427,8 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			return err
 		}
 		st = pst
-		defer example.StartJanitor(ctx, &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters})()
+		janitor := &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters}
+		defer example.Background(ctx, janitor.Run, pst.Listen)()
 	}
 
 	// One engine for every entry point: they share its settings, and a key

@@ -6,6 +6,7 @@ import (
 	"io"
 	"io/fs"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -676,11 +677,20 @@ func TestMigrateConcurrently(t *testing.T) {
 	}
 }
 
-// Migrations is what Migrate applies: the down file undoes the up file.
+// Migrations is what Migrate applies: the down files, newest first, undo
+// the up files.
 func TestMigrationsRoundTrip(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t, pgtest.Schema(t))
-	for _, name := range []string{"001_create_idempotency_keys.up.sql", "001_create_idempotency_keys.down.sql"} {
+	ups, err := fs.Glob(postgres.Migrations, "*.up.sql")
+	if err != nil || len(ups) < 2 {
+		t.Fatalf("migrations %q, %v", ups, err)
+	}
+	names := slices.Clone(ups)
+	for _, up := range slices.Backward(ups) {
+		names = append(names, strings.TrimSuffix(up, ".up.sql")+".down.sql")
+	}
+	for _, name := range names {
 		sql, err := fs.ReadFile(postgres.Migrations, name)
 		if err != nil {
 			t.Fatal(err)

@@ -138,13 +138,16 @@ func TestNewOnATableOfAnotherTool(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range names {
+	for i, name := range names {
 		sql, err := fs.ReadFile(postgres.Migrations, name)
 		if err != nil {
 			t.Fatal(err)
 		}
 		if _, err := pool.Exec(ctx, string(sql)); err != nil {
 			t.Fatalf("%s: %v", name, err)
+		}
+		if i == 0 { // a tool that applied the first migration only
+			wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys has no column waited: apply migration 002_add_waited")
 		}
 	}
 	logger, logs := logtest.New()

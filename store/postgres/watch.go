@@ -122,7 +122,7 @@ func channelSQL(table string) string {
 
 // Listen listens on the table's notification channel, on a connection of
 // its own made from the pool's configuration (not one of the pool's), until
-// ctx ends, and then returns nil. While it runs, a duplicate that waits for
+// ctx ends, and then returns ctx's error, as store.Janitor's Run does. While it runs, a duplicate that waits for
 // a running two-phase call (engine.WithInProgressWait) is answered as soon
 // as that call's Complete or Release commits, on any store on the same
 // table: in a few milliseconds rather than at its next poll. Run it in a
@@ -148,42 +148,47 @@ func (s *Store) Listen(ctx context.Context) error {
 		w.wakeAll() // they read the key once, then poll
 	}()
 	cfg := s.pool.Config().ConnConfig.Copy()
+	level := slog.LevelWarn // the first failure of an outage; the rest at Debug
 	for wait := retryPause; ctx.Err() == nil; {
-		err := s.listen(ctx, cfg)
+		listened, err := s.listen(ctx, cfg)
 		if ctx.Err() != nil {
 			break
 		}
-		s.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: Listen lost its connection; until it listens again, a duplicate waiting on a running call is answered by polling",
-			slog.Any("error", err))
+		if listened {
+			level, wait = slog.LevelWarn, retryPause
+		}
+		s.opts.logger.LogAttrs(ctx, level, "idemkey postgres: Listen has no connection; until it listens again, a duplicate waiting on a running call is answered by polling",
+			slog.Any("error", s.translate(ctx, "listen", err)))
+		level = slog.LevelDebug
 		if !pause.For(ctx, wait) {
 			break
 		}
 		wait = min(2*wait, listenRetry)
 	}
-	return nil
+	return ctx.Err()
 }
 
 // listen connects, listens, and hears notifications until the connection
-// fails or ctx ends.
-func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig) error {
+// fails or ctx ends; listened reports that it got as far as listening.
+func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig) (listened bool, err error) {
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
-		return err
+		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
 	var channel string
 	if err := conn.QueryRow(ctx, `SELECT `+channelSQL(s.table)).Scan(&channel); err != nil {
-		return err
+		return false, err
 	}
 	if _, err := conn.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
-		return err
+		return false, err
 	}
 	s.watch.subscribed()
 	defer s.watch.live.Store(false)
 	for {
 		n, err := conn.WaitForNotification(ctx)
 		if err != nil {
-			return err
+			return true, err
 		}
 		s.watch.hear(n.Payload)
 	}

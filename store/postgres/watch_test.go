@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"context"
 	"encoding/hex"
+	"errors"
 	"strconv"
 	"sync"
 	"testing"
@@ -25,8 +26,8 @@ func listen(t testing.TB, st *postgres.Store) {
 	go func() { done <- st.Listen(ctx) }()
 	t.Cleanup(func() {
 		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Listen: %v", err)
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Errorf("Listen ended with %v, want its context's error", err)
 		}
 	})
 	waitUntil(t, "Listen listens", func() bool { return postgres.Listens(st) })
