@@ -215,11 +215,12 @@ func WithMaxRetryAfter(d time.Duration) Option {
 // run of the handler; it never outlasts the duplicate's own deadline.
 // Meanwhile the store is polled with a growing interval (25ms, doubling to
 // 500ms): for the default, at most 9 reads. On a store that tells when the
-// first call records or releases its key (store.Watcher: store/memory), the
-// duplicate reads it at once, in place of the poll due next, so that it has
-// its answer the moment the record lands, at no more reads. In atomic mode the polls are
-// reads (store.Finder), so a waiting duplicate holds no connection. New
-// refuses a d below zero.
+// first call records or releases its key (store.Watcher: store/memory,
+// store/redis, and store/postgres while its Listen runs), the duplicate
+// reads it at once, in place of the poll due next, so that it has its
+// answer the moment the record lands, at no more reads. In atomic mode the
+// polls are reads (store.Finder), so a waiting duplicate holds no
+// connection. New refuses a d below zero.
 func WithInProgressWait(d time.Duration) Option {
 	return func(o *options) {
 		if d < 0 {

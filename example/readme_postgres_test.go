@@ -34,6 +34,7 @@ func servePostgres(ctx context.Context, lis net.Listener, databaseURL string) er
 		return err
 	}
 	go (&store.Janitor{Store: st}).Run(ctx) // deletes expired keys every minute
+	go st.Listen(ctx)                       // answers a duplicate of a running call the moment it is recorded
 
 	eng, err := engine.New(st, engine.WithTenant(callerTenant), engine.WithKeyRequired())
 	if err != nil {

@@ -17,8 +17,9 @@
 // A store that implements Atomic as well (store/postgres) can also commit the
 // handler's own writes together with the record, in one transaction; one that
 // implements Finder can replay a retried call with a read alone; one that
-// implements Watcher (store/memory) tells a waiting duplicate the moment the
-// key it waits for is recorded.
+// implements Watcher (store/memory, store/redis, and store/postgres while
+// its Listen runs) tells a waiting duplicate the moment the key it waits
+// for is recorded.
 //
 // Every implementation passes the conformance suite in package storetest:
 // store/memory (one process), store/postgres (any number of processes on
@@ -255,7 +256,8 @@ type BatchReserver interface {
 
 // Watcher is implemented by stores that can tell a duplicate when the call
 // that holds its key has recorded or released it (store/memory: from its own
-// Complete and Release), so that the duplicate the engine holds for the key
+// Complete and Release; store/redis: pub/sub; store/postgres: LISTEN and
+// NOTIFY), so that the duplicate the engine holds for the key
 // (engine.WithInProgressWait) reads it again at once rather than at its next
 // poll. The engine polls all the same, on the same schedule, for what a
 // store cannot tell (a lease that ends, another process's write).
