@@ -456,13 +456,19 @@ func TestMigrateRoundTrip(t *testing.T) {
 				t.Errorf("status says:\n%s", stdout)
 			}
 
-			// A table with records is not dropped without -force.
+			// A table with records is not dropped without -force; one step
+			// down, which keeps the table, keeps them too.
 			st, err := postgres.New(pgtest.Pool(t, schema), postgres.WithTable(table))
 			if err != nil {
 				t.Fatal(err)
 			}
 			reserve(t, st, store.ScopeKey("acme", createCharge, "k"), time.Minute)
-			_, stderr := mustRun(t, exitRefused, url, "migrate", "down", "-table", table)
+			if s := status("down", exitOK); len(s.Changed) != 1 {
+				t.Fatalf("one step down of a table with records: %+v, want the newest migration reverted", s)
+			}
+			mustRun(t, exitOK, url, "inspect", "-table", table, "-tenant", "acme", "-method", createCharge, "-key", "k")
+			status("up", exitOK)
+			_, stderr := mustRun(t, exitRefused, url, "migrate", "down", "-to", "0", "-table", table)
 			if !strings.Contains(stderr, "holds 1 records") {
 				t.Errorf("down of a table with records says %q", stderr)
 			}

@@ -166,7 +166,7 @@ func (h *harness) terminateInComplete(i int) (string, error) {
 			return "", fmt.Errorf("%w: the call's reservation never showed in progress", errNotCaught)
 		}
 	}
-	pid, err := h.waitBackend(`wait_event_type = 'Lock' AND query LIKE 'UPDATE %completed%'`)
+	pid, err := h.waitBackend(`wait_event_type = 'Lock' AND query LIKE '%SET state = ''completed''%'`)
 	if err != nil {
 		return "", err
 	}
