@@ -225,13 +225,16 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry
 	defer cancel()
 	since := s.watch.heard.Load()
 	defer func() {
-		if err == nil && (res.State == store.Held || res.State == store.Acquired) && s.watch.listening.Load() {
-			s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since) // see watch.go
+		if err == nil && res.State == store.Acquired && s.watch.listening.Load() {
+			s.watch.holds(r.Key, r.Lease, since) // a duplicate may ask this store to notify (watch.go)
 		}
 	}()
 	slot, probe := s.claim()
 	if probe {
 		if res, err = s.probe(ctx, r); err != nil || res.State != store.Acquired {
+			if err == nil && res.State == store.Held && s.watch.listening.Load() {
+				s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since) // told only at a poll: see watch.go
+			}
 			return res, nil, err
 		}
 		if err := s.awaitSlot(ctx); err != nil {
@@ -531,9 +534,9 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 		case err == nil:
 			// The call wrote nothing, and a lock it took matters to no
 			// one (the key's record answers every other call): the answer
-			// need not wait for the ROLLBACK's round trip.
-			// A duplicate of a running call asks its holder, with the
-			// ROLLBACK, to notify its record (watch.go).
+			// need not wait for the ROLLBACK's round trip. A duplicate of a
+			// running call asks the holder, with it, to notify its record
+			// (watch.go).
 			ask := p.res.State == store.Held && s.watch.listening.Load() &&
 				s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since)
 			go func() {

@@ -379,11 +379,11 @@ const confirmSQL = `SELECT state = 'completed' FROM %s WHERE key = $1 AND token 
 
 // completeSQL and releaseSQL write the row held by token $2 and, if a
 // duplicate marked it waited (insertSQL), notify the table's channel
-// (channelSQL) of the key ($1, in hex) in the same statement, which PostgreSQL delivers once it
-// commits. Both answer a row per row written, for RowsAffected. A
-// notification costs each commit that sends one a lock that orders such
-// commits (PostgreSQL's notification queue), so a record no duplicate
-// waited for sends none.
+// (channelSQL) of the key ($1, in hex) in the same statement, which
+// PostgreSQL delivers once it commits. Both answer a row per row written,
+// for RowsAffected. A notification costs each commit that sends one a lock
+// that orders such commits (PostgreSQL's notification queue), so a record
+// no duplicate waited for sends none.
 func completeSQL(table string) string {
 	return fmt.Sprintf(`WITH w AS (UPDATE %s SET state = 'completed', outcome = $3 WHERE %s RETURNING waited)
 SELECT CASE WHEN waited THEN pg_notify(%s, encode($1, 'hex')) END FROM w`, table, held, channelSQL(table))

@@ -40,7 +40,7 @@ import (
 //
 // What no notification tells, the engine's polls find, as on a store that
 // is no Watcher: a lease that ends, a record deleted by hand or by the
-// sweeper, an atomic call's commit (which holds a lock, not a row). While
+// sweeper, an atomic commit that came before the question (below). While
 // Listen's connection is down, notifications are lost: once it listens
 // again, every key watched is told changed, so that a change in the gap is
 // read at once. Without Listen running, Watch tells nothing and Reserve
@@ -122,20 +122,24 @@ func channelSQL(table string) string {
 
 // Listen listens on the table's notification channel, on a connection of
 // its own made from the pool's configuration (not one of the pool's), until
-// ctx ends, and then returns ctx's error, as store.Janitor's Run does. While it runs, a duplicate that waits for
-// a running two-phase call (engine.WithInProgressWait) is answered as soon
-// as that call's Complete or Release commits, on any store on the same
-// table: in a few milliseconds rather than at its next poll. Run it in a
-// goroutine of yours beside the server, one per store:
+// ctx ends, and then returns ctx's error, as store.Janitor's Run does.
+// While it runs, a duplicate that waits for a running call
+// (engine.WithInProgressWait) is answered as soon as that call's record
+// commits, on any store on the same table that listens too: within a
+// millisecond rather than at its next poll (see "Duplicates of a running
+// call" in the package doc). Run it in a goroutine of yours beside the
+// server, one per store:
 //
 //	go st.Listen(ctx)
 //
 // A connection that fails is made again, after a pause of up to a second,
-// for as long as ctx lasts; its errors are logged at Warn. Without Listen
-// the store works as before: duplicates poll. It is no use behind a pooler
-// in transaction mode, which drops a session's LISTEN with its transaction
-// (see "Behind a connection pooler"). Listen returns an error at once if
-// another Listen of the store is running.
+// for as long as ctx lasts; the first failure of an outage is logged at
+// Warn. The channel is named by the table's OID, read as Listen connects: a
+// table dropped and created again is heard once Listen's connection is made
+// again (restart the server, or Listen). Without Listen the store works as
+// before: duplicates poll. It is no use behind a pooler in transaction
+// mode, which does not keep a session's LISTEN. Listen returns an error at
+// once if another Listen of the store is running.
 func (s *Store) Listen(ctx context.Context) error {
 	w := &s.watch
 	if !w.running.CompareAndSwap(false, true) {
@@ -271,9 +275,13 @@ func (w *watch) wanted(key store.Key) bool {
 	return w.held[key].wanted
 }
 
-// forget notes that this store completed or released key, or heard so,
-// and tells the key's watchers.
+// forget notes that this store completed or released key, and tells the
+// key's watchers. Without Listen there are none: Watch answers nil, and
+// the end of Listen told them all.
 func (w *watch) forget(key store.Key) {
+	if !w.listening.Load() {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.forgetLocked(key)
