@@ -4,6 +4,7 @@ import (
 	"errors"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,6 +15,11 @@ const dateLayout = "Mon, 02 Jan 2006 15:04:05 GMT"
 // ExpiresHeader and FirstSentHeader on every transport, such as
 // "Tue, 01 Dec 2026 20:05:37 GMT". It has whole seconds: t is truncated.
 func FormatDate(t time.Time) string {
+	unix := t.Unix()
+	written := &writtenDates[uint64(unix)%uint64(len(writtenDates))]
+	if w := written.Load(); w != nil && w.unix == unix {
+		return w.text
+	}
 	t = t.UTC()
 	year, month, day := t.Date()
 	if year < 0 || year > 9999 {
@@ -37,7 +43,21 @@ func FormatDate(t time.Time) string {
 	b = append(b, ':')
 	b = appendDigits(b, sec, 2)
 	b = append(b, " GMT"...)
-	return string(b)
+	text := string(b)
+	written.Store(&writtenDate{unix: unix, text: text})
+	return text
+}
+
+// writtenDates are the dates FormatDate wrote last, one for each second
+// modulo their number, which it is most often asked for again: a key's
+// expiry is its first call's second plus the retention, the same for the
+// first calls of one second and for the retries that follow them within a
+// minute.
+var writtenDates [64]atomic.Pointer[writtenDate]
+
+type writtenDate struct {
+	unix int64 // its time, in whole seconds
+	text string
 }
 
 // appendDigits appends n, which is at least 0, in width decimal digits.

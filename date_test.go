@@ -32,9 +32,15 @@ func TestFormatDate(t *testing.T) {
 	for at := time.Date(1969, 1, 1, 0, 0, 0, 0, time.UTC); at.Year() < 2101; at = at.Add(37*time.Hour + 61*time.Minute + 7*time.Second + 13) {
 		times = append(times, at)
 	}
-	for _, at := range times {
-		if got := idemkey.FormatDate(at); got != want(at) {
-			t.Fatalf("FormatDate(%v) = %q, want %q", at, got, want(at))
+	// Seconds that share a place among the dates FormatDate keeps, in turn.
+	for i := range 4 {
+		times = append(times, time.Unix(1_800_000_000+int64(i%2)*64, 0), time.Unix(1_800_000_000+int64(i%2)*64, 999_999_999))
+	}
+	for range 2 { // the second time, as FormatDate wrote them already
+		for _, at := range times {
+			if got := idemkey.FormatDate(at); got != want(at) {
+				t.Fatalf("FormatDate(%v) = %q, want %q", at, got, want(at))
+			}
 		}
 	}
 }

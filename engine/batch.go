@@ -122,7 +122,7 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 		}
 		seen[c.key] = struct{}{}
 		b.idx[i] = len(rs)
-		c.leaseEnd = time.Now().Add(lease)
+		c.leaseEnd = c.began.Add(lease) // the store's clock starts it later, never earlier
 		rs = append(rs, e.roomFor(store.Reservation{
 			Key:         c.key,
 			Fingerprint: fp,

@@ -37,7 +37,7 @@ type request struct {
 type call struct {
 	e     *Engine
 	op    *Operation
-	began time.Time
+	began time.Time // for its Debug line, and leaseEnd: the store starts the lease later
 
 	// Verdict is what became of the call. Start sets it; an adapter that
 	// answers before Start (no key, a malformed one, a refused request) sets
@@ -127,7 +127,7 @@ func (c *call) start(ctx context.Context, r request) {
 		MaxOutcome:  e.opts.maxRecord,                // a store with bounds sets room aside for it
 		Partition:   store.TenantPartition(r.Tenant), // once per call, even when it waits and reserves again
 	}
-	c.leaseEnd = time.Now().Add(res.Lease) // the store's clock starts it later, never earlier
+	c.leaseEnd = c.began.Add(res.Lease) // the store's clock starts it later, never earlier
 	if op.atomic {
 		c.begin(ctx, res, c.wait(r))
 		return
@@ -588,8 +588,11 @@ func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, r
 // turns a grpc-timeout above about 2562047H into a deadline math.MaxInt64
 // nanoseconds away, to which the grace cannot be added.
 func (e *Engine) lease(ctx context.Context, op *Operation) time.Duration {
+	var left time.Duration
 	deadline, ok := ctx.Deadline()
-	left := max(time.Until(deadline), 0)
+	if ok { // the clock is read only for a deadline
+		left = max(time.Until(deadline), 0)
+	}
 	if t := op.timeout; t > 0 && (!ok || t < left) {
 		left, ok = t, true
 	}

@@ -226,3 +226,52 @@ func BenchmarkSealedCall(b *testing.B) {
 		b.ReportMetric(means[1]/means[0], "sealed/plain")
 	})
 }
+
+// BenchmarkInterceptorOverhead calls the interceptor function directly, as
+// a gRPC server would but without one, against a bare handler, so that only
+// idemkey's own work is timed: the bare handler, a first call (a new key
+// each time) and a replay, interleaved. It reports each one's time, the
+// first call's and the replay's ratio to the bare handler's, and the time
+// and allocations they add to it.
+func BenchmarkInterceptorOverhead(b *testing.B) {
+	st := memory.New(memory.WithMaxRecords(1<<30), memory.WithMaxBytes(1<<40)) // room for every first call of a long run
+	intercept := grpctest.Interceptor(st)
+	info := &grpc.UnaryServerInfo{FullMethod: createCharge}
+	handler := func(_ context.Context, req any) (any, error) {
+		r := req.(*paymentsv1.CreateChargeRequest)
+		return &paymentsv1.Charge{Id: "ch_0123456789abcdef01234567", CustomerId: r.GetCustomerId(), Amount: r.GetAmount(),
+			Currency: r.GetCurrency(), Description: r.GetDescription()}, nil
+	}
+	req := request(1999)
+	// A call's context as grpc-go's server makes it: the incoming metadata
+	// it keeps (lower-case keys), and a transport stream whose SetTrailer
+	// joins, as grpc-go's does.
+	callContext := func(key string) context.Context {
+		md := metadata.MD{":authority": {"bufnet"}, "user-agent": {"grpc-go/1.0"}, idemkey.KeyMetadata: {key}}
+		return grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &transportStream{})
+	}
+	if _, err := intercept(callContext("replay"), req, info, handler); err != nil {
+		b.Fatal(err)
+	}
+	call := func(ctx *context.Context) func(int) error {
+		return func(int) error {
+			_, err := intercept(*ctx, req, info, handler)
+			return err
+		}
+	}
+	var firsts int // a new key for every first call, of Interleave's and Allocs' runs alike
+	var bareCtx, firstCtx, replayCtx context.Context
+	ops := []benchtest.Op{
+		{Name: "bare", Run: func(int) error {
+			_, err := handler(bareCtx, req)
+			return err
+		}, Before: func(int) { bareCtx = callContext("bare") }},
+		{Name: "first", Run: call(&firstCtx), Before: func(int) {
+			firsts++
+			firstCtx = callContext("first-" + strconv.Itoa(firsts))
+		}},
+		{Name: "replay", Run: call(&replayCtx), Before: func(int) { replayCtx = callContext("replay") }},
+	}
+	ns := benchtest.Interleave(b, ops...)
+	benchtest.ReportAdded(b, ops, ns, benchtest.Allocs(b, 1000, ops...))
+}

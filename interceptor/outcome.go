@@ -33,27 +33,39 @@ func encodeOutcome(ctx context.Context, method string, resp any, herr error, rec
 			return nil, false, nil
 		}
 	}
-	var out idemkeyv1.Outcome
+	var out *idemkeyv1.Outcome // the kept metadata; nil, as for most calls, without any
 	if redact != nil {
 		reply, err := redacted(ctx, method, resp, herr, r, redact)
 		if err != nil {
 			return nil, false, err
 		}
 		resp, herr = reply.Response, reply.Err
-		out.Header, out.Trailer = toEntries(reply.Header), toEntries(reply.Trailer)
+		out = withMetadata(toEntries(reply.Header), toEntries(reply.Trailer))
 	} else if r != nil {
-		out.Header, out.Trailer = r.entries()
+		out = withMetadata(r.entries())
 	}
 	if herr != nil {
-		raw, err = encodeStatus(statusOf(herr), &out)
+		if out == nil {
+			out = &idemkeyv1.Outcome{}
+		}
+		raw, err = encodeStatus(statusOf(herr), out)
 		return raw, err == nil, err
 	}
 	msg, ok := resp.(proto.Message)
 	if !ok || msg == nil {
 		return nil, false, errors.New("the response is not a protobuf message")
 	}
-	raw, err = protokey.EncodeResponse(msg, &out)
+	raw, err = protokey.EncodeResponse(msg, out)
 	return raw, err == nil, err
+}
+
+// withMetadata is an Outcome that holds header and trailer; nil if both
+// are empty, so that a record without metadata allocates no Outcome.
+func withMetadata(header, trailer []*idemkeyv1.MetadataEntry) *idemkeyv1.Outcome {
+	if len(header) == 0 && len(trailer) == 0 {
+		return nil
+	}
+	return &idemkeyv1.Outcome{Header: header, Trailer: trailer}
 }
 
 // redacted is the Reply that redact leaves of a copy of the handler's

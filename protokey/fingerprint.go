@@ -68,9 +68,61 @@ func HashRequestWithout(fullMethod string, req proto.Message, skip protoreflect.
 	e.skip = skip
 	e.buf = store.AppendParts(e.buf[:0], fullMethod)
 	if req != nil {
-		e.buf = e.appendMessage(e.buf, req.ProtoReflect())
+		e.buf = e.appendRequest(e.buf, req)
 	}
 	return sha256.Sum256(e.buf), nil
+}
+
+// appendRequest appends the canonical encoding of req: its deterministic
+// marshalling where that is the same (marshalsCanonically), which
+// protobuf-go's generated code writes in about half the time of
+// appendMessage's reflection.
+func (e *encoder) appendRequest(b []byte, req proto.Message) []byte {
+	m := req.ProtoReflect()
+	if e.skip == nil && marshalsCanonically(m) {
+		// An error (a proto3 string that is not UTF-8) leaves it to appendMessage.
+		if out, err := (proto.MarshalOptions{Deterministic: true, AllowPartial: true}).MarshalAppend(b, req); err == nil {
+			return out
+		}
+	}
+	return e.appendMessage(b, m)
+}
+
+// marshalsCanonically reports whether m's deterministic marshalling is its
+// canonical encoding (HashRequest): m and the messages in it have no
+// unknown fields, and their types no maps, no oneofs but proto3 optional
+// fields' and no extensions, which protobuf-go writes out of number order.
+func marshalsCanonically(m protoreflect.Message) bool {
+	md := m.Descriptor()
+	if len(m.GetUnknown()) > 0 || md.ExtensionRanges().Len() > 0 {
+		return false
+	}
+	oneofs := md.Oneofs()
+	for i := range oneofs.Len() {
+		if !oneofs.Get(i).IsSynthetic() {
+			return false
+		}
+	}
+	fields := md.Fields()
+	for i := range fields.Len() {
+		fd := fields.Get(i)
+		switch {
+		case fd.Message() == nil:
+		case fd.IsMap():
+			return false
+		case !m.Has(fd):
+		case fd.IsList():
+			l := m.Get(fd).List()
+			for j := range l.Len() {
+				if !marshalsCanonically(l.Get(j).Message()) {
+					return false
+				}
+			}
+		case !marshalsCanonically(m.Get(fd).Message()):
+			return false
+		}
+	}
+	return true
 }
 
 var encoders = sync.Pool{New: func() any { return new(encoder) }}

@@ -97,9 +97,9 @@ func statusCodeAttr(code int) attribute.KeyValue {
 }
 
 // EncodeResponse returns the record of a successful call: out, which holds
-// its kept metadata, with msg as its response. msg is marshalled straight
-// into its field rather than into a buffer that is then copied: this is the
-// hot path of every first call.
+// its kept metadata (nil: none), with msg as its response. msg is marshalled
+// straight into its field rather than into a buffer that is then copied:
+// this is the hot path of every first call.
 func EncodeResponse(msg proto.Message, out *idemkeyv1.Outcome) ([]byte, error) {
 	size := proto.Size(msg)
 	raw := make([]byte, 0, size+protowire.SizeVarint(uint64(size))+1+proto.Size(out))
@@ -108,6 +108,9 @@ func EncodeResponse(msg proto.Message, out *idemkeyv1.Outcome) ([]byte, error) {
 	raw, err := proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, msg)
 	if err != nil {
 		return nil, err
+	}
+	if out == nil {
+		return raw, nil
 	}
 	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, out)
 }
