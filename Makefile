@@ -82,8 +82,8 @@ bench: ## benchmark the interceptor and the HTTP middleware against the bare cal
 	./scripts/with-postgres $(GO) test -run='^$$' -bench='^BenchmarkAtomicNewKeys$$' -benchtime=100000x -count=1 ./store/postgres/ > bin/newkeys.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
-	@echo "== the same calls interleaved, so noise hits all alike, over gRPC (bufconn) and net/http (in process): time as a ratio to the bare call, and the µs and allocations a first call and a replay add to it"
-	@$(TOOL) benchstat -filter '.name:/^(HTTP)?Overhead$$/ .unit:/^(first|replay)(\/bare|-added-µs|-added-allocs)$$/' bin/bench.txt
+	@echo "== the same calls interleaved, so noise hits all alike, over gRPC (bufconn), the gRPC interceptor called directly (no grpc-go) and net/http (in process): time as a ratio to the bare call, and the µs and allocations a first call and a replay add to it"
+	@$(TOOL) benchstat -filter '.name:/^(HTTP|Interceptor)?Overhead$$/ .unit:/^(first|replay)(\/bare|-added-µs|-added-allocs)$$/' bin/bench.txt
 	@echo "== a duplicate held for a running call: how long after the call's record it has its answer, told by the store (store.Watcher: memory in engine; Redis pub/sub in tests/redis; PostgreSQL LISTEN/NOTIFY in store/postgres, two-phase and atomic, on two replicas; with the reads each duplicate made) and polled, interleaved"
 	@$(TOOL) benchstat -filter '.name:DuplicateAnswered' bin/bench.txt
 	@echo "== the Postgres store against hand-written pgx doing the same design's minimal SQL, interleaved"
