@@ -541,7 +541,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 				s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since)
 			go func() {
 				if ask {
-					s.rollbackAsking(ctx, conn, r.Key)
+					s.rollbackNotifying(ctx, conn, askPrefix+hex.EncodeToString(r.Key[:]))
 				} else {
 					s.rollback(ctx, conn)
 				}
@@ -580,15 +580,16 @@ func (s *Store) rollback(ctx context.Context, conn *pgxpool.Conn) error {
 	return nil
 }
 
-// rollbackAsking is rollback, with a notification that asks the holder of
-// key to notify its record, in the same round trip.
-func (s *Store) rollbackAsking(ctx context.Context, conn *pgxpool.Conn, key store.Key) error {
+// rollbackNotifying is rollback, with a notification of payload on the
+// table's channel in the same round trip (watch.go): a duplicate's question
+// to the holder of a key, or the holder's word that the key is free.
+func (s *Store) rollbackNotifying(ctx context.Context, conn *pgxpool.Conn, payload string) error {
 	defer conn.Release()
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue("ROLLBACK")
-	b.Queue(s.notifySQL, askPrefix+hex.EncodeToString(key[:]))
+	b.Queue(s.notifySQL, payload)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return s.translate(ctx, "rollback", err)
 	}
@@ -751,6 +752,11 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 	}
 	defer t.store.freeSlot()
 	defer t.store.watch.forget(t.r.Key)
+	if t.store.watch.listening.Load() && t.store.watch.wanted(t.r.Key) {
+		// A duplicate asked to be told (watch.go): the key is free, and its
+		// next Begin may acquire it.
+		return t.store.rollbackNotifying(ctx, conn, hex.EncodeToString(t.r.Key[:]))
+	}
 	return t.store.rollback(ctx, conn)
 }
 

@@ -52,8 +52,10 @@ import (
 // ROLLBACK of its Begin goes out with a notification of the key with
 // askPrefix, in one round trip it makes anyway. The store holding the key
 // hears it (its own Listen), and the COMMIT of the key's record goes out
-// with a notification of the key, in the same pipeline. A commit sent
-// before the question is heard notifies nothing: the duplicate then has its
+// with a notification of the key, in the same pipeline; so does its
+// ROLLBACK, which frees the key. A duplicate that hears it forgets the run,
+// so that it asks the holder of the next one afresh. A commit sent before
+// the question is heard notifies nothing: the duplicate then has its
 // answer at its first poll, 25 ms after it began to wait. So it does when
 // the holder does not listen.
 
