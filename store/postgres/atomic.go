@@ -491,6 +491,17 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 	return p
 }
 
+// beginRead is what begin's pipeline sends and reads: the key and
+// fingerprint it sends, the lock's answer and the key's record.
+type beginRead struct {
+	key           store.Key
+	fingerprint   store.Fingerprint
+	locked, found bool
+	started       time.Time // the transaction's, from lockSQL
+	rec           keyRecord
+	err           error // the scans'
+}
+
 // begin is Begin once it holds a slot, or a lent connection's place (slot
 // unset), which it trades for a slot if it acquires the key (seat). A
 // connection that is lost takes the transaction with it, so Begin starts
@@ -502,29 +513,24 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 		if err != nil {
 			return store.Entry{}, nil, false, s.translate(ctx, "begin", err)
 		}
-		var (
-			locked, found bool
-			started       time.Time
-			rec           keyRecord
-			scanErr       error
-		)
+		a := &beginRead{key: r.Key, fingerprint: r.Fingerprint} // one allocation for all the scans write
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		// The scans' errors are kept apart, because pgx forgets the prepared
 		// statements of a batch that fails, and no row is no failure of theirs.
-		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { scanErr = row.Scan(&locked, &started); return nil })
-		b.Queue(s.readSQL, r.Key[:], r.Fingerprint[:]).QueryRow(func(row pgx.Row) error {
+		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { a.err = row.Scan(&a.locked, &a.started); return nil })
+		b.Queue(s.readSQL, a.key[:], a.fingerprint[:]).QueryRow(func(row pgx.Row) error {
 			var err error
-			found, err = rec.scan(row)
-			scanErr = cmp.Or(scanErr, err)
+			a.found, err = a.rec.scan(row)
+			a.err = cmp.Or(a.err, err)
 			return nil
 		})
 		b.Queue("SAVEPOINT " + savepoint)
 		err = conn.SendBatch(ctx, b).Close()
 		if err == nil {
-			err = scanErr
+			err = a.err
 		}
-		p := rec.decide(r, locked, found, started)
+		p := a.rec.decide(r, a.locked, a.found, a.started)
 		switch {
 		case err == nil && p.res.State == store.Acquired:
 			if err := s.seat(ctx, conn, slot); err != nil {
@@ -537,11 +543,13 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 			// need not wait for the ROLLBACK's round trip. A duplicate of a
 			// running call asks the holder, with it, to notify its record
 			// (watch.go).
-			ask := p.res.State == store.Held && s.watch.listening.Load() &&
-				s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since)
+			var ask string // the question, if any
+			if p.res.State == store.Held && s.watch.listening.Load() && s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since) {
+				ask = askPrefix + hex.EncodeToString(r.Key[:])
+			}
 			go func() {
-				if ask {
-					s.rollbackNotifying(ctx, conn, askPrefix+hex.EncodeToString(r.Key[:]))
+				if ask != "" {
+					s.rollbackNotifying(ctx, conn, ask)
 				} else {
 					s.rollback(ctx, conn)
 				}
