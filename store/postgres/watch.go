@@ -176,8 +176,11 @@ func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig) (listened bool,
 		return false, err
 	}
 	defer conn.Close(context.WithoutCancel(ctx))
+	// The channel is resolved on one of the pool's connections, which
+	// reach the table as the store's statements do: a search_path set in
+	// the pool's AfterConnect is not set on Listen's own connection.
 	var channel string
-	if err := conn.QueryRow(ctx, `SELECT `+channelSQL(s.table)).Scan(&channel); err != nil {
+	if err := s.pool.QueryRow(ctx, `SELECT `+channelSQL(s.table)).Scan(&channel); err != nil {
 		return false, err
 	}
 	if _, err := conn.Exec(ctx, `LISTEN "`+channel+`"`); err != nil {
