@@ -132,3 +132,60 @@ func TestHeldAfterALostTakeoverIsMarked(t *testing.T) {
 	}
 	told(t, "the Complete of the run that took the record over", changed)
 }
+
+// In atomic mode, a duplicate that Begin answers by the probe on its own
+// (every transaction slot of its store taken, no connection to lend) asks
+// the holder nothing, and must not count as having asked: the next
+// duplicate of the run on the same store, answered in a transaction,
+// asks the holder to notify its record, and is told when it commits.
+func TestAtomicAskAfterAProbedDuplicate(t *testing.T) {
+	rs := newReplicas(t, 2)
+	holder := rs[0].store
+	ctx := context.Background()
+	// dup's only slot, and one of its two connections, go to a call of
+	// another key; the other connection is the last free, which dup lends
+	// to no call (claim), so its next Begin runs the probe on its own.
+	dup := newStore(t, openPool(t, schemaOf(t, rs[1].pool), func(c *pgxpool.Config) { c.MaxConns = 2 }), postgres.WithAtomicConns(1))
+	listen(t, holder)
+	listen(t, dup)
+	begin := func(st *postgres.Store, key store.Key) (store.Entry, store.Tx) {
+		t.Helper()
+		res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+		if err != nil {
+			t.Fatalf("Begin: %v", err)
+		}
+		return res, tx
+	}
+	key, other := store.ScopeKey("t", "/m", "k"), store.ScopeKey("t", "/m", "other")
+	res, tx := begin(holder, key)
+	if res.State != store.Acquired {
+		t.Fatalf("holder's Begin = %v, want acquired", res.State)
+	}
+	defer tx.Rollback(ctx)
+	res, otherTx := begin(dup, other)
+	if res.State != store.Acquired {
+		t.Fatalf("Begin of another key = %v, want acquired", res.State)
+	}
+	if res, _ := begin(dup, key); res.State != store.Held {
+		t.Fatalf("probed duplicate's Begin = %v, want held", res.State)
+	}
+	if n := postgres.Probed(dup); n != 1 {
+		t.Fatalf("dup ran the probe on its own %d times, want 1", n)
+	}
+	if err := otherTx.Commit(ctx, []byte("o"), true); err != nil {
+		t.Fatal(err)
+	}
+	if res, _ := begin(dup, key); res.State != store.Held {
+		t.Fatalf("duplicate's Begin = %v, want held", res.State)
+	}
+	if n := postgres.Probed(dup); n != 1 {
+		t.Fatalf("dup ran the probe on its own %d times, want 1: the second duplicate was to run in a transaction", n)
+	}
+	changed, stop := dup.Watch(key)
+	defer stop()
+	waitUntil(t, "the holder hears the second duplicate ask", func() bool { return postgres.Wanted(holder, key) })
+	if err := tx.Commit(ctx, []byte("done"), true); err != nil {
+		t.Fatal(err)
+	}
+	told(t, "the holder's commit", changed)
+}
