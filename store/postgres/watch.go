@@ -234,9 +234,11 @@ func (w *watch) now() time.Time {
 
 // holds notes that a Reserve or Begin, sent when heard was since, found key
 // held for lease more (or acquired it), unless a notification of key
-// arrived since then. It reports whether this store should ask the key's
-// holder to notify its record: the first time, for an atomic run.
-func (w *watch) holds(key store.Key, lease time.Duration, since uint64) (ask bool) {
+// arrived since then. With asking, the caller asks the key's holder to
+// notify its record if holds reports ask (the first time, for an atomic
+// run), or holds the key itself; without, it asks nothing (a probe's
+// answer, a Reserve's), and a later caller of the run still may.
+func (w *watch) holds(key store.Key, lease time.Duration, since uint64, asking bool) (ask bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.heard.Load()
@@ -253,7 +255,7 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64) (ask boo
 	}
 	now := w.now()
 	h := w.held[key]
-	ask, h.end, h.asked = !h.asked, now.Add(lease), true
+	ask, h.end, h.asked = asking && !h.asked, now.Add(lease), h.asked || asking
 	w.held[key] = h
 	if len(w.held) >= w.sweepAt {
 		for k, h := range w.held { // holders that never completed, duplicates that did not wait
