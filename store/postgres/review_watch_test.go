@@ -189,3 +189,40 @@ func TestAtomicAskAfterAProbedDuplicate(t *testing.T) {
 	}
 	told(t, "the holder's commit", changed)
 }
+
+// In atomic mode, a duplicate that asked the holder to notify its record
+// is told when the holder rolls back as well as when it commits (the key
+// is free: its next Begin acquires it), and a later run of the key is
+// asked about afresh by the same store: a question left unanswered by a
+// rollback does not keep the store from asking the next holder.
+func TestAtomicAskedHolderRollsBack(t *testing.T) {
+	rs := newReplicas(t, 3)
+	holder, next, dup := rs[0].store, rs[1].store, rs[2].store
+	listen(t, holder)
+	listen(t, next)
+	listen(t, dup)
+	ctx := context.Background()
+	r := store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
+	begin := func(st *postgres.Store, want store.State) store.Tx {
+		t.Helper()
+		res, tx, err := st.Begin(ctx, r)
+		if err != nil || res.State != want {
+			t.Fatalf("Begin = %v, %v; want %v", res.State, err, want)
+		}
+		return tx
+	}
+	tx := begin(holder, store.Acquired)
+	begin(dup, store.Held)
+	changed, stop := dup.Watch(r.Key)
+	defer stop()
+	waitUntil(t, "the holder hears the duplicate ask", func() bool { return postgres.Wanted(holder, r.Key) })
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	told(t, "the asked holder's rollback", changed)
+
+	tx = begin(next, store.Acquired)
+	defer tx.Rollback(ctx)
+	begin(dup, store.Held)
+	waitUntil(t, "the next holder hears the duplicate ask", func() bool { return postgres.Wanted(next, r.Key) })
+}
