@@ -581,12 +581,18 @@ func (s *Store) rollback(ctx context.Context, conn *pgxpool.Conn) error {
 // rollbackAsking is rollback, with a notification that asks the holder of
 // key to notify its record, in the same round trip.
 func (s *Store) rollbackAsking(ctx context.Context, conn *pgxpool.Conn, key store.Key) error {
+	return s.rollbackNotifying(ctx, conn, askPrefix+hex.EncodeToString(key[:]))
+}
+
+// rollbackNotifying is rollback, with a notification of payload on the
+// table's channel, in the same round trip.
+func (s *Store) rollbackNotifying(ctx context.Context, conn *pgxpool.Conn, payload string) error {
 	defer conn.Release()
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
 	b := &pgx.Batch{}
 	b.Queue("ROLLBACK")
-	b.Queue(s.notifySQL, askPrefix+hex.EncodeToString(key[:]))
+	b.Queue(s.notifySQL, payload)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		return s.translate(ctx, "rollback", err)
 	}
@@ -749,6 +755,10 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 	}
 	defer t.store.freeSlot()
 	defer t.store.watch.forget(t.r.Key)
+	if t.store.watch.listening.Load() && t.store.watch.wanted(t.r.Key) {
+		// A duplicate asked to be told: the key is free (watch.go).
+		return t.store.rollbackNotifying(ctx, conn, hex.EncodeToString(t.r.Key[:]))
+	}
 	return t.store.rollback(ctx, conn)
 }
 

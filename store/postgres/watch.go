@@ -255,6 +255,9 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64, asking b
 	}
 	now := w.now()
 	h := w.held[key]
+	if !now.Before(h.end) {
+		h = hold{} // an earlier run's, whose question is spent
+	}
 	ask, h.end, h.asked = asking && !h.asked, now.Add(lease), h.asked || asking
 	w.held[key] = h
 	if len(w.held) >= w.sweepAt {
