@@ -226,8 +226,11 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry
 	since := s.watch.heard.Load()
 	defer func() {
 		if err == nil && (res.State == store.Held || res.State == store.Acquired) && s.watch.listening.Load() {
-			// see watch.go; a Held of begin asked already, one of the probe asks nothing
-			s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since, res.State == store.Acquired)
+			how := heldSilent // begin's asked already, the probe's asks nothing (watch.go)
+			if res.State == store.Acquired {
+				how = acquired
+			}
+			s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since, how)
 		}
 	}()
 	slot, probe := s.claim()
@@ -536,7 +539,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 			// A duplicate of a running call asks its holder, with the
 			// ROLLBACK, to notify its record (watch.go).
 			ask := p.res.State == store.Held && s.watch.listening.Load() &&
-				s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since, true)
+				s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since, heldAsking)
 			go func() {
 				if ask {
 					s.rollbackAsking(ctx, conn, r.Key)

@@ -466,10 +466,10 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 			err = errUnmarked
 			continue
 		case err == nil && listening && res.State == store.Acquired:
-			s.watch.holds(r.Key, r.Lease, since, true)
+			s.watch.holds(r.Key, r.Lease, since, acquired)
 			return res, nil
 		case err == nil && listening && res.State == store.Held:
-			s.watch.holds(r.Key, res.RetryAfter, since, false)
+			s.watch.holds(r.Key, res.RetryAfter, since, heldSilent)
 			return res, nil
 		case err == nil:
 			return res, nil

@@ -97,6 +97,10 @@ type hold struct {
 	asked bool
 	// wanted: another store asked this one, the holder, to notify it.
 	wanted bool
+	// mine: this store acquired the key; a notification of it that
+	// arrives is of an earlier run's record, and only this store's own
+	// Complete, Release, Commit or Rollback forgets it.
+	mine bool
 }
 
 // waiters are the duplicates watching one key: ch is closed once it changes.
@@ -232,21 +236,30 @@ func (w *watch) now() time.Time {
 	return time.Now().Add(w.offset())
 }
 
+// found is what a Reserve or Begin found of a key (holds).
+type found int
+
+const (
+	heldSilent found = iota // held, by a Reserve or the probe, which ask nothing
+	heldAsking              // held, by begin in a transaction, which asks the holder if holds says so
+	acquired                // acquired: this store holds it
+)
+
 // holds notes that a Reserve or Begin, sent when heard was since, found key
-// held for lease more (or acquired it), unless a notification of key
-// arrived since then. With asking, the caller asks the key's holder to
-// notify its record if holds reports ask (the first time, for an atomic
-// run), or holds the key itself; without, it asks nothing (a probe's
-// answer, a Reserve's), and a later caller of the run still may.
-func (w *watch) holds(key store.Key, lease time.Duration, since uint64, asking bool) (ask bool) {
+// held for lease more, unless a notification of key arrived since then, or
+// acquired it, whatever arrived (of an earlier run's record). It reports
+// whether a heldAsking caller should ask the key's holder to notify its
+// record: the first time for the run. A store that holds the key counts as
+// having asked: its Complete or Commit tells its own duplicates.
+func (w *watch) holds(key store.Key, lease time.Duration, since uint64, how found) (ask bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.heard.Load()
-	changed := n-since > heardKept // too many to tell: count it changed, which costs a read
-	for i := since; !changed && i < n; i++ {
+	changed := how != acquired && n-since > heardKept // too many to tell: count it changed, which costs a read
+	for i := since; how != acquired && !changed && i < n; i++ {
 		changed = w.recent[i%heardKept] == key
 	}
-	if changed {
+	if changed && !w.held[key].mine {
 		delete(w.held, key)
 		return false
 	}
@@ -258,7 +271,9 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64, asking b
 	if !now.Before(h.end) {
 		h = hold{} // an earlier run's, whose question is spent
 	}
+	asking := how != heldSilent
 	ask, h.end, h.asked = asking && !h.asked, now.Add(lease), h.asked || asking
+	h.mine = h.mine || how == acquired
 	w.held[key] = h
 	if len(w.held) >= w.sweepAt {
 		for k, h := range w.held { // holders that never completed, duplicates that did not wait
@@ -289,6 +304,11 @@ func (w *watch) forget(key store.Key) {
 
 func (w *watch) forgetLocked(key store.Key) {
 	delete(w.held, key)
+	w.wakeLocked(key)
+}
+
+// wakeLocked tells the watchers of key that it changed.
+func (w *watch) wakeLocked(key store.Key) {
 	if ws := w.waiting[key]; ws != nil {
 		close(ws.ch)
 		delete(w.waiting, key)
@@ -321,6 +341,10 @@ func (w *watch) hear(payload string) {
 	n := w.heard.Load()
 	w.recent[n%heardKept] = key
 	w.heard.Store(n + 1)
+	if h, ok := w.held[key]; ok && h.mine && w.now().Before(h.end) {
+		w.wakeLocked(key) // an earlier run's record: this store's run goes on
+		return
+	}
 	w.forgetLocked(key)
 }
 
