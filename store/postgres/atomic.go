@@ -226,14 +226,14 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry
 	since := s.watch.heard.Load()
 	defer func() {
 		if err == nil && res.State == store.Acquired && s.watch.listening.Load() {
-			s.watch.holds(r.Key, r.Lease, since) // a duplicate may ask this store to notify (watch.go)
+			s.watch.holds(r.Key, r.Lease, since, acquired) // a duplicate may ask this store to notify (watch.go)
 		}
 	}()
 	slot, probe := s.claim()
 	if probe {
 		if res, err = s.probe(ctx, r); err != nil || res.State != store.Acquired {
 			if err == nil && res.State == store.Held && s.watch.listening.Load() {
-				s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since) // told only at a poll: see watch.go
+				s.watch.holds(r.Key, max(res.RetryAfter, r.Lease), since, heldSilent) // told only at a poll: see watch.go
 			}
 			return res, nil, err
 		}
@@ -544,7 +544,7 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 			// running call asks the holder, with it, to notify its record
 			// (watch.go).
 			var ask string // the question, if any
-			if p.res.State == store.Held && s.watch.listening.Load() && s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since) {
+			if p.res.State == store.Held && s.watch.listening.Load() && s.watch.holds(r.Key, max(p.res.RetryAfter, r.Lease), since, heldAsking) {
 				ask = askPrefix + hex.EncodeToString(r.Key[:])
 			}
 			go func() {

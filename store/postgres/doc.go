@@ -98,9 +98,10 @@
 //	go st.Listen(ctx)
 //
 // Listen listens on the table's notification channel (named by the
-// table's OID, "idemkey:<oid>:changed") on a connection of its own, made
-// from the pool's configuration and not taken from the pool. How each mode
-// is told:
+// table's OID, "idemkey:<oid>:changed") on a connection of its own, which
+// it takes out of the pool for good (pgxpool's Hijack: set up as the pool's
+// are, hooks and all), so that the database sees one connection more than
+// the pool's MaxConns. How each mode is told:
 //
 //   - Two-phase: the first duplicate of a run to find the record in
 //     progress marks it waited (the column of migration 002, in one more

@@ -442,9 +442,11 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	lease, retention := max(r.Lease, 0).Microseconds(), max(r.Retention, 0).Microseconds()
-	var err error
+	var (
+		res store.Entry
+		err error
+	)
 	for range maxAttempts {
-		var res store.Entry
 		sql, listening, since := s.insertSQL, s.watch.listening.Load(), s.watch.heard.Load()
 		switch {
 		case errors.Is(err, errTakeable):
@@ -458,11 +460,16 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 			continue // mark it, so that its record notifies
 		case errors.Is(err, errUnmarked):
 			return res, nil
+		case err == nil && listening && res.State == store.Held && sql == s.reserveSQL:
+			// reserveSQL marks nothing: a record that another call took
+			// over since insertSQL's snapshot is marked as insertSQL's.
+			err = errUnmarked
+			continue
 		case err == nil && listening && res.State == store.Acquired:
-			s.watch.holds(r.Key, r.Lease, since)
+			s.watch.holds(r.Key, r.Lease, since, acquired)
 			return res, nil
 		case err == nil && listening && res.State == store.Held:
-			s.watch.holds(r.Key, res.RetryAfter, since)
+			s.watch.holds(r.Key, res.RetryAfter, since, heldSilent)
 			return res, nil
 		case err == nil:
 			return res, nil
@@ -472,6 +479,9 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 			continue
 		}
 		break
+	}
+	if errors.Is(err, errUnmarked) {
+		return res, nil // held, unmarked: the duplicate polls
 	}
 	if errors.Is(err, pgx.ErrNoRows) || serializationFailure(err) {
 		return store.Entry{}, fmt.Errorf("idemkey postgres: reserve: %w: the row changed under %d attempts in a row", store.ErrUnavailable, maxAttempts)

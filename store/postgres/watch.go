@@ -11,8 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/store"
 )
@@ -99,6 +97,10 @@ type hold struct {
 	asked bool
 	// wanted: another store asked this one, the holder, to notify it.
 	wanted bool
+	// mine: this store acquired the key; a notification of it that
+	// arrives is of an earlier run's record, and only this store's own
+	// Complete, Release, Commit or Rollback forgets it.
+	mine bool
 }
 
 // waiters are the duplicates watching one key: ch is closed once it changes.
@@ -122,9 +124,9 @@ func channelSQL(table string) string {
 	return fmt.Sprintf(`'idemkey:' || '%s'::regclass::oid || ':changed'`, table)
 }
 
-// Listen listens on the table's notification channel, on a connection of
-// its own made from the pool's configuration (not one of the pool's), until
-// ctx ends, and then returns ctx's error, as store.Janitor's Run does.
+// Listen listens on the table's notification channel, on a connection it
+// takes out of the pool for good (the pool opens another in its place),
+// until ctx ends, and then returns ctx's error, as store.Janitor's Run does.
 // While it runs, a duplicate that waits for a running call
 // (engine.WithInProgressWait) is answered as soon as that call's record
 // commits, on any store on the same table that listens too: within a
@@ -153,10 +155,9 @@ func (s *Store) Listen(ctx context.Context) error {
 		w.listening.Store(false)
 		w.wakeAll() // they read the key once, then poll
 	}()
-	cfg := s.pool.Config().ConnConfig.Copy()
 	level := slog.LevelWarn // the first failure of an outage; the rest at Debug
 	for wait := retryPause; ctx.Err() == nil; {
-		listened, err := s.listen(ctx, cfg)
+		listened, err := s.listen(ctx)
 		if ctx.Err() != nil {
 			break
 		}
@@ -174,13 +175,16 @@ func (s *Store) Listen(ctx context.Context) error {
 	return ctx.Err()
 }
 
-// listen connects, listens, and hears notifications until the connection
+// listen takes a connection out of the pool for good (pgxpool's Hijack),
+// so that it is made as the pool's are (its BeforeConnect and AfterConnect
+// too) and the pool opens another in its place, and listens on it until it
 // fails or ctx ends; listened reports that it got as far as listening.
-func (s *Store) listen(ctx context.Context, cfg *pgx.ConnConfig) (listened bool, err error) {
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+func (s *Store) listen(ctx context.Context) (listened bool, err error) {
+	pc, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return false, err
 	}
+	conn := pc.Hijack()
 	defer conn.Close(context.WithoutCancel(ctx))
 	var channel string
 	if err := conn.QueryRow(ctx, `SELECT `+channelSQL(s.table)).Scan(&channel); err != nil {
@@ -235,19 +239,30 @@ func (w *watch) now() time.Time {
 	return time.Now().Add(w.offset())
 }
 
+// found is what a Reserve or Begin found of a key (holds).
+type found int
+
+const (
+	heldSilent found = iota // held, by a Reserve or the probe, which ask nothing
+	heldAsking              // held, by begin in a transaction, which asks the holder if holds says so
+	acquired                // acquired: this store holds it
+)
+
 // holds notes that a Reserve or Begin, sent when heard was since, found key
-// held for lease more (or acquired it), unless a notification of key
-// arrived since then. It reports whether this store should ask the key's
-// holder to notify its record: the first time, for an atomic run.
-func (w *watch) holds(key store.Key, lease time.Duration, since uint64) (ask bool) {
+// held for lease more, unless a notification of key arrived since then, or
+// acquired it, whatever arrived (of an earlier run's record). It reports
+// whether a heldAsking caller should ask the key's holder to notify its
+// record: the first time for the run. A store that holds the key counts as
+// having asked: its Complete or Commit tells its own duplicates.
+func (w *watch) holds(key store.Key, lease time.Duration, since uint64, how found) (ask bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := w.heard.Load()
-	changed := n-since > heardKept // too many to tell: count it changed, which costs a read
-	for i := since; !changed && i < n; i++ {
+	changed := how != acquired && n-since > heardKept // too many to tell: count it changed, which costs a read
+	for i := since; how != acquired && !changed && i < n; i++ {
 		changed = w.recent[i%heardKept] == key
 	}
-	if changed {
+	if changed && !w.held[key].mine {
 		delete(w.held, key)
 		return false
 	}
@@ -256,7 +271,12 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64) (ask boo
 	}
 	now := w.now()
 	h := w.held[key]
-	ask, h.end, h.asked = !h.asked, now.Add(lease), true
+	if !now.Before(h.end) {
+		h = hold{} // an earlier run's, whose question is spent
+	}
+	asking := how != heldSilent
+	ask, h.end, h.asked = asking && !h.asked, now.Add(lease), h.asked || asking
+	h.mine = h.mine || how == acquired
 	w.held[key] = h
 	if len(w.held) >= w.sweepAt {
 		for k, h := range w.held { // holders that never completed, duplicates that did not wait
@@ -291,6 +311,11 @@ func (w *watch) forget(key store.Key) {
 
 func (w *watch) forgetLocked(key store.Key) {
 	delete(w.held, key)
+	w.wakeLocked(key)
+}
+
+// wakeLocked tells the watchers of key that it changed.
+func (w *watch) wakeLocked(key store.Key) {
 	if ws := w.waiting[key]; ws != nil {
 		close(ws.ch)
 		delete(w.waiting, key)
@@ -323,6 +348,10 @@ func (w *watch) hear(payload string) {
 	n := w.heard.Load()
 	w.recent[n%heardKept] = key
 	w.heard.Store(n + 1)
+	if h, ok := w.held[key]; ok && h.mine && w.now().Before(h.end) {
+		w.wakeLocked(key) // an earlier run's record: this store's run goes on
+		return
+	}
 	w.forgetLocked(key)
 }
 
