@@ -359,7 +359,13 @@ func (w *watch) hear(payload string) {
 // told changed, since its notification may have been sent before.
 func (w *watch) subscribed() {
 	w.live.Store(true)
-	w.wakeAll()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	// A Reserve on its way heard nothing of the gap either: counting more
+	// notifications than it can check makes it count its key changed, so
+	// that its duplicate reads the key at once rather than wait.
+	w.heard.Add(heardKept + 1)
+	w.wakeAllLocked()
 }
 
 // wakeAll tells every watcher its key changed, so that each reads it.
