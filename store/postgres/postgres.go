@@ -291,8 +291,9 @@ FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 // answers no row, and Reserve runs the statement again, as it does
 // reserveSQL's.
 //
-// On a store that runs Listen, a record in progress whose lease runs and
-// that no duplicate marked waited answers kind 5, for which Reserve runs
+// On a store that runs Listen, a record in progress whose lease runs, of
+// the same request (a different one is answered "reused" and waits for
+// nothing), and that no duplicate marked waited answers kind 5, for which Reserve runs
 // the statement again with mark: then it marks the record waited, so that
 // its Complete or Release notifies (completeSQL), and answers kind 3. So
 // only the first duplicate of a run writes, and only it pays a second
@@ -303,15 +304,15 @@ FROM cur WHERE NOT takeable`, table, sequence, takeable("c"), takeable("r"))
 //
 // Parameters and result columns as reserveSQL's.
 func insertSQL(table, sequence string, mark bool) string {
-	marked, held, unmarked := "", "", "WHEN NOT c.waited AND c.lease_end > now() THEN 5 "
+	marked, held, unmarked := "", "", "WHEN NOT c.waited AND c.lease_end > now() AND c.fingerprint = $2 THEN 5 "
 	if mark {
 		marked = fmt.Sprintf(`, mark AS (
 	UPDATE %[1]s AS m SET waited = true
-	WHERE m.key = $1 AND m.state = 'in_progress' AND NOT m.waited AND m.lease_end > now()
+	WHERE m.key = $1 AND m.state = 'in_progress' AND NOT m.waited AND m.lease_end > now() AND m.fingerprint = $2
 		AND NOT EXISTS (SELECT FROM ins)
 	RETURNING 1
 )`, table)
-		held = ` AND (c.state = 'completed' OR c.waited OR c.lease_end <= now() OR EXISTS (SELECT FROM mark))`
+		held = ` AND (c.state = 'completed' OR c.waited OR c.lease_end <= now() OR c.fingerprint <> $2 OR EXISTS (SELECT FROM mark))`
 		unmarked = ""
 	}
 	return fmt.Sprintf(`

@@ -82,8 +82,9 @@ func TestWatchAcrossReplicas(t *testing.T) {
 	}
 }
 
-// Only a record that a duplicate waited for costs a notification; a
-// listener hears the keys in the order their writes committed.
+// Only a record that a duplicate of the same request waited for costs a
+// notification; a listener hears the keys in the order their writes
+// committed.
 func TestNotifiesOnlyWaitedKeys(t *testing.T) {
 	rs := newReplicas(t, 2)
 	holder, dup := rs[0].store, rs[1].store
@@ -91,10 +92,14 @@ func TestNotifiesOnlyWaitedKeys(t *testing.T) {
 	ctx := context.Background()
 	conn := rawListener(t, rs[0].pool)
 
-	alone, waited := store.ScopeKey("t", "/m", "alone"), store.ScopeKey("t", "/m", "waited")
-	aloneToken, waitedToken := acquire(t, holder, alone), acquire(t, holder, waited)
-	reserve(t, dup, waited, fpA) // marks it
+	alone, reused, waited := store.ScopeKey("t", "/m", "alone"), store.ScopeKey("t", "/m", "reused"), store.ScopeKey("t", "/m", "waited")
+	aloneToken, reusedToken, waitedToken := acquire(t, holder, alone), acquire(t, holder, reused), acquire(t, holder, waited)
+	reserve(t, dup, waited, fpA)                  // marks it
+	reserve(t, dup, reused, store.Fingerprint{2}) // another request, which the engine answers "reused" and does not wait for
 	if err := holder.Complete(ctx, alone, aloneToken, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.Complete(ctx, reused, reusedToken, []byte("r")); err != nil {
 		t.Fatal(err)
 	}
 	if err := holder.Complete(ctx, waited, waitedToken, []byte("w")); err != nil {
