@@ -49,7 +49,8 @@ import (
 // first duplicate of a run that a store finds held asks its holder: the
 // ROLLBACK of its Begin goes out with a notification of the key with
 // askPrefix, in one round trip it makes anyway. The store holding the key
-// hears it (its own Listen), and the COMMIT of the key's record goes out
+// hears it (its own Listen; a question heard while its own Begin was on
+// its way counts too), and the COMMIT of the key's record goes out
 // with a notification of the key, in the same pipeline; so does its
 // ROLLBACK, which frees the key. A duplicate that hears it forgets the run,
 // so that it asks the holder of the next one afresh. A commit sent before
@@ -81,9 +82,8 @@ type watch struct {
 	// sweepAt is the size of held at which leases that ended are dropped.
 	sweepAt int
 	waiting map[store.Key]*waiters
-	// recent[n%heardKept] is the key of the notification heard after n
-	// others.
-	recent [heardKept]store.Key
+	// recent[n%heardKept] is the notification heard after n others.
+	recent [heardKept]heardKey
 	// offset is added to the clock of Watch's decisions, for the tests'
 	// Advance (export_test.go).
 	offset func() time.Duration
@@ -101,6 +101,13 @@ type hold struct {
 	// arrives is of an earlier run's record, and only this store's own
 	// Complete, Release, Commit or Rollback forgets it.
 	mine bool
+}
+
+// heardKey is a notification heard: a key whose record changed, or with
+// ask, a key whose holder was asked to notify its record.
+type heardKey struct {
+	key store.Key
+	ask bool
 }
 
 // waiters are the duplicates watching one key: ch is closed once it changes.
@@ -257,10 +264,16 @@ const (
 func (w *watch) holds(key store.Key, lease time.Duration, since uint64, how found) (ask bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	// What was heard since the call was sent: a change makes a key found
+	// held count as changed (too many to tell count so too, which costs a
+	// read); a question makes a key acquired count as asked about, since a
+	// duplicate can ask before this store has noted that it holds the key.
 	n := w.heard.Load()
-	changed := how != acquired && n-since > heardKept // too many to tell: count it changed, which costs a read
-	for i := since; how != acquired && !changed && i < n; i++ {
-		changed = w.recent[i%heardKept] == key
+	changed, askedMeanwhile := how != acquired && n-since > heardKept, false
+	for i := since; n-since <= heardKept && i < n; i++ {
+		if e := w.recent[i%heardKept]; e.key == key {
+			changed, askedMeanwhile = changed || !e.ask && how != acquired, askedMeanwhile || e.ask
+		}
 	}
 	if changed && !w.held[key].mine {
 		delete(w.held, key)
@@ -277,6 +290,7 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64, how foun
 	asking := how != heldSilent
 	ask, h.end, h.asked = asking && !h.asked, now.Add(lease), h.asked || asking
 	h.mine = h.mine || how == acquired
+	h.wanted = h.wanted || how == acquired && askedMeanwhile
 	w.held[key] = h
 	if len(w.held) >= w.sweepAt {
 		for k, h := range w.held { // holders that never completed, duplicates that did not wait
@@ -338,6 +352,9 @@ func (w *watch) hear(payload string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	n := w.heard.Load()
+	w.recent[n%heardKept] = heardKey{key, asked}
+	w.heard.Store(n + 1)
 	if asked {
 		if h, ok := w.held[key]; ok {
 			h.wanted = true
@@ -345,9 +362,6 @@ func (w *watch) hear(payload string) {
 		}
 		return
 	}
-	n := w.heard.Load()
-	w.recent[n%heardKept] = key
-	w.heard.Store(n + 1)
 	if h, ok := w.held[key]; ok && h.mine && w.now().Before(h.end) {
 		w.wakeLocked(key) // an earlier run's record: this store's run goes on
 		return

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"encoding/hex"
 	"testing"
 	"time"
 
@@ -34,5 +35,31 @@ func TestWatchOfAReserveAcrossAReconnect(t *testing.T) {
 	case <-changed:
 		t.Fatal("Watch of a key held, its Reserve sent after the reconnect: told, want held")
 	default:
+	}
+}
+
+// A duplicate's question can reach the holder's Listen before the holder's
+// Begin has noted that it holds the key: the holder still counts the key
+// asked about, so that its COMMIT notifies. A question about another key,
+// or a change of this one, does not.
+func TestQuestionBeforeTheHolderNotesItsKey(t *testing.T) {
+	var s Store
+	s.watch.listening.Store(true)
+	key, other := store.Key{1}, store.Key{2}
+
+	since := s.watch.heard.Load() // the holder's Begin is sent
+	s.watch.hear(askPrefix + hex.EncodeToString(key[:]))
+	s.watch.hear(askPrefix + hex.EncodeToString(other[:]))
+	s.watch.holds(key, time.Minute, since, acquired)
+	if !s.watch.wanted(key) {
+		t.Fatal("a key asked about while its holder's Begin was on its way: not wanted, want its COMMIT to notify")
+	}
+
+	s.watch.forget(key) // the holder commits
+	since = s.watch.heard.Load()
+	s.watch.hear(hex.EncodeToString(key[:])) // the record's notification, heard as the next run begins
+	s.watch.holds(key, time.Minute, since, acquired)
+	if s.watch.wanted(key) {
+		t.Fatal("a key whose record was notified while its next holder's Begin was on its way: wanted, want no question")
 	}
 }
