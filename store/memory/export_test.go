@@ -7,5 +7,5 @@ const RecordCost = recordCost
 func (s *Store) Watched() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.waiters)
+	return s.waiting.Len()
 }

@@ -54,6 +54,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/waitset"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -92,14 +93,7 @@ type Store struct {
 	total     usage
 	parts     map[store.Partition]*usage // of each partition holding records, but the zero one
 	lastToken store.Token
-	waiters   map[store.Key]*waiters // keys held by a call, that duplicates wait for (Watch)
-}
-
-// waiters are the duplicates waiting for one key: ch is closed once its
-// record is completed, released or deleted.
-type waiters struct {
-	ch chan struct{}
-	n  int // Watches not yet stopped
+	waiting   waitset.Set // keys held by a call, that duplicates wait for (Watch)
 }
 
 // usage is what records hold: how many, and how many bytes they count.
@@ -164,8 +158,7 @@ func WithTenantShare(fraction float64) Option {
 
 // New returns an empty store.
 func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, records: make(map[store.Key]*record), parts: make(map[store.Partition]*usage),
-		waiters: make(map[store.Key]*waiters)}
+	s := &Store{now: time.Now, records: make(map[store.Key]*record), parts: make(map[store.Partition]*usage)}
 	for _, opt := range opts {
 		opt(s)
 	}
@@ -368,40 +361,13 @@ func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	defer s.mu.Unlock()
 	rec, ok := s.records[key]
 	if !ok || rec.completed || !s.now().Before(rec.leaseEnd) {
-		return closedChan, func() {}
+		return waitset.Closed, func() {}
 	}
-	w := s.waiters[key]
-	if w == nil {
-		w = &waiters{ch: make(chan struct{})}
-		s.waiters[key] = w
-	}
-	w.n++
-	return w.ch, func() {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		if w.n--; w.n == 0 && s.waiters[key] == w {
-			delete(s.waiters, key)
-		}
-	}
+	return s.waiting.Watch(key, &s.mu)
 }
-
-// closedChan is Watch's answer for a record that is not held.
-var closedChan = func() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
-}()
 
 // wakeLocked wakes the duplicates waiting for key, whose record changed.
-func (s *Store) wakeLocked(key store.Key) {
-	if len(s.waiters) == 0 {
-		return
-	}
-	if w := s.waiters[key]; w != nil {
-		close(w.ch)
-		delete(s.waiters, key)
-	}
-}
+func (s *Store) wakeLocked(key store.Key) { s.waiting.Wake(key) }
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {

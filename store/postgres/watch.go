@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/idemkey/idemkey/internal/pause"
+	"github.com/idemkey/idemkey/internal/waitset"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -81,7 +82,7 @@ type watch struct {
 	held map[store.Key]hold
 	// sweepAt is the size of held at which leases that ended are dropped.
 	sweepAt int
-	waiting map[store.Key]*waiters
+	waiting waitset.Set
 	// recent[n%heardKept] is the notification heard after n others.
 	recent [heardKept]heardKey
 	// offset is added to the clock of Watch's decisions, for the tests'
@@ -109,19 +110,6 @@ type heardKey struct {
 	key store.Key
 	ask bool
 }
-
-// waiters are the duplicates watching one key: ch is closed once it changes.
-type waiters struct {
-	ch chan struct{}
-	n  int // Watches not yet stopped
-}
-
-// closedChan is Watch's answer for a key that is not held.
-var closedChan = func() chan struct{} {
-	ch := make(chan struct{})
-	close(ch)
-	return ch
-}()
 
 // channelSQL is the SQL expression of the notification channel of the
 // table, named by its OID, as the advisory locks of atomic mode are
@@ -221,21 +209,9 @@ func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if h, ok := w.held[key]; !ok || !w.now().Before(h.end) {
-		return closedChan, func() {}
+		return waitset.Closed, func() {}
 	}
-	ws := w.waiting[key]
-	if ws == nil {
-		ws = &waiters{ch: make(chan struct{})}
-		w.waiting[key] = ws
-	}
-	ws.n++
-	return ws.ch, func() {
-		w.mu.Lock()
-		defer w.mu.Unlock()
-		if ws.n--; ws.n == 0 && w.waiting[key] == ws {
-			delete(w.waiting, key)
-		}
-	}
+	return w.waiting.Watch(key, &w.mu)
 }
 
 // now is the time on the clock of Watch's decisions.
@@ -280,7 +256,7 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64, how foun
 		return false
 	}
 	if w.held == nil {
-		w.held, w.waiting, w.sweepAt = make(map[store.Key]hold), make(map[store.Key]*waiters), 1024
+		w.held, w.sweepAt = make(map[store.Key]hold), 1024
 	}
 	now := w.now()
 	h := w.held[key]
@@ -329,12 +305,7 @@ func (w *watch) forgetLocked(key store.Key) {
 }
 
 // wakeLocked tells the watchers of key that it changed.
-func (w *watch) wakeLocked(key store.Key) {
-	if ws := w.waiting[key]; ws != nil {
-		close(ws.ch)
-		delete(w.waiting, key)
-	}
-}
+func (w *watch) wakeLocked(key store.Key) { w.waiting.Wake(key) }
 
 // hear handles a notification: the key of a record changed, in hex, or
 // with askPrefix, a key whose holder is asked to notify its record.
@@ -379,19 +350,12 @@ func (w *watch) subscribed() {
 	// notifications than it can check makes it count its key changed, so
 	// that its duplicate reads the key at once rather than wait.
 	w.heard.Add(heardKept + 1)
-	w.wakeAllLocked()
+	w.waiting.WakeAll()
 }
 
 // wakeAll tells every watcher its key changed, so that each reads it.
 func (w *watch) wakeAll() {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.wakeAllLocked()
-}
-
-func (w *watch) wakeAllLocked() {
-	for key, ws := range w.waiting {
-		close(ws.ch)
-		delete(w.waiting, key)
-	}
+	w.waiting.WakeAll()
 }
