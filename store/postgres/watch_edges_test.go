@@ -147,36 +147,18 @@ func TestAtomicAskAfterAProbedDuplicate(t *testing.T) {
 	dup := newStore(t, openPool(t, schemaOf(t, rs[1].pool), func(c *pgxpool.Config) { c.MaxConns = 2 }), postgres.WithAtomicConns(1))
 	listen(t, holder)
 	listen(t, dup)
-	begin := func(st *postgres.Store, key store.Key) (store.Entry, store.Tx) {
-		t.Helper()
-		res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
-		if err != nil {
-			t.Fatalf("Begin: %v", err)
-		}
-		return res, tx
-	}
 	key, other := store.ScopeKey("t", "/m", "k"), store.ScopeKey("t", "/m", "other")
-	res, tx := begin(holder, key)
-	if res.State != store.Acquired {
-		t.Fatalf("holder's Begin = %v, want acquired", res.State)
-	}
+	tx := beginAs(t, holder, key, store.Acquired)
 	defer tx.Rollback(ctx)
-	res, otherTx := begin(dup, other)
-	if res.State != store.Acquired {
-		t.Fatalf("Begin of another key = %v, want acquired", res.State)
-	}
-	if res, _ := begin(dup, key); res.State != store.Held {
-		t.Fatalf("probed duplicate's Begin = %v, want held", res.State)
-	}
+	otherTx := beginAs(t, dup, other, store.Acquired)
+	beginAs(t, dup, key, store.Held) // probed: dup's only slot is taken
 	if n := postgres.Probed(dup); n != 1 {
 		t.Fatalf("dup ran the probe on its own %d times, want 1", n)
 	}
 	if err := otherTx.Commit(ctx, []byte("o"), true); err != nil {
 		t.Fatal(err)
 	}
-	if res, _ := begin(dup, key); res.State != store.Held {
-		t.Fatalf("duplicate's Begin = %v, want held", res.State)
-	}
+	beginAs(t, dup, key, store.Held)
 	if n := postgres.Probed(dup); n != 1 {
 		t.Fatalf("dup ran the probe on its own %d times, want 1: the second duplicate was to run in a transaction", n)
 	}
@@ -201,20 +183,13 @@ func TestAtomicAskedHolderRollsBack(t *testing.T) {
 	listen(t, next)
 	listen(t, dup)
 	ctx := context.Background()
-	r := store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Fingerprint: fpA, Lease: lease, Retention: retention}
-	begin := func(st *postgres.Store, want store.State) store.Tx {
-		t.Helper()
-		res, tx, err := st.Begin(ctx, r)
-		if err != nil || res.State != want {
-			t.Fatalf("Begin = %v, %v; want %v", res.State, err, want)
-		}
-		return tx
-	}
+	key := store.ScopeKey("t", "/m", "k")
+	begin := func(st *postgres.Store, want store.State) store.Tx { return beginAs(t, st, key, want) }
 	tx := begin(holder, store.Acquired)
 	begin(dup, store.Held)
-	changed, stop := dup.Watch(r.Key)
+	changed, stop := dup.Watch(key)
 	defer stop()
-	waitUntil(t, "the holder hears the duplicate ask", func() bool { return postgres.Wanted(holder, r.Key) })
+	waitUntil(t, "the holder hears the duplicate ask", func() bool { return postgres.Wanted(holder, key) })
 	if err := tx.Rollback(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -223,5 +198,5 @@ func TestAtomicAskedHolderRollsBack(t *testing.T) {
 	tx = begin(next, store.Acquired)
 	defer tx.Rollback(ctx)
 	begin(dup, store.Held)
-	waitUntil(t, "the next holder hears the duplicate ask", func() bool { return postgres.Wanted(next, r.Key) })
+	waitUntil(t, "the next holder hears the duplicate ask", func() bool { return postgres.Wanted(next, key) })
 }

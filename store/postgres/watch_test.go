@@ -116,6 +116,17 @@ func TestNotifiesOnlyWaitedKeys(t *testing.T) {
 	}
 }
 
+// beginAs begins an atomic call of key on st, failing the test unless
+// Begin answers want; it returns the transaction (nil unless acquired).
+func beginAs(t *testing.T, st *postgres.Store, key store.Key, want store.State) store.Tx {
+	t.Helper()
+	res, tx, err := st.Begin(context.Background(), store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+	if err != nil || res.State != want {
+		t.Fatalf("Begin = %v, %v; want %v", res.State, err, want)
+	}
+	return tx
+}
+
 // channel is the SQL expression of the test schema's table's channel.
 const channel = `'idemkey:' || 'idempotency_keys'::regclass::oid || ':changed'`
 
@@ -297,30 +308,15 @@ func TestAtomicWatchAcrossReplicas(t *testing.T) {
 	listen(t, dup)
 	ctx := context.Background()
 	conn := rawListener(t, rs[0].pool)
-	begin := func(st *postgres.Store, key store.Key) (store.Entry, store.Tx) {
-		t.Helper()
-		res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
-		if err != nil {
-			t.Fatalf("Begin: %v", err)
-		}
-		return res, tx
-	}
 
 	alone := store.ScopeKey("t", "/m", "alone")
-	if res, tx := begin(holder, alone); res.State != store.Acquired {
-		t.Fatalf("Begin = %v, want acquired", res.State)
-	} else if err := tx.Commit(ctx, []byte("a"), true); err != nil {
+	if err := beginAs(t, holder, alone, store.Acquired).Commit(ctx, []byte("a"), true); err != nil {
 		t.Fatal(err)
 	}
 
 	key := store.ScopeKey("t", "/m", "asked")
-	res, tx := begin(holder, key)
-	if res.State != store.Acquired {
-		t.Fatalf("Begin = %v, want acquired", res.State)
-	}
-	if res, _ := begin(dup, key); res.State != store.Held {
-		t.Fatalf("duplicate's Begin = %v, want held", res.State)
-	}
+	tx := beginAs(t, holder, key, store.Acquired)
+	beginAs(t, dup, key, store.Held)
 	changed, stop := dup.Watch(key)
 	defer stop()
 	waitUntil(t, "the holder hears the duplicate ask", func() bool { return postgres.Wanted(holder, key) })
