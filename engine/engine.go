@@ -21,6 +21,7 @@ type Engine struct {
 	obs     *observer
 
 	firstPoll time.Duration // awaitFirstPoll; a test of a Watcher makes it long
+	reads     reads         // the polls of waiting duplicates under way (await.go)
 
 	batchStore    store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
 	batchReserver store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
@@ -39,7 +40,8 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	e := &Engine{store: st, opts: o, obs: newObserver(o), firstPoll: awaitFirstPoll}
+	e := &Engine{store: st, opts: o, obs: newObserver(o), firstPoll: awaitFirstPoll,
+		reads: reads{byKey: make(map[store.Key]*read)}}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
 	e.watcher, _ = st.(store.Watcher)

@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
@@ -13,15 +14,20 @@ import (
 )
 
 // watchedStore is the memory store, with its Reserves counted and each
-// Watch told on watched, if there is room.
+// Watch told on watched, if there is room. While gate holds a channel,
+// each Reserve waits for it to close.
 type watchedStore struct {
 	*memory.Store
 	reserves atomic.Int64
 	watched  chan struct{}
+	gate     atomic.Pointer[chan struct{}]
 }
 
 func (s *watchedStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	s.reserves.Add(1)
+	if gate := s.gate.Load(); gate != nil {
+		<-*gate
+	}
 	return s.Store.Reserve(ctx, r)
 }
 
@@ -87,6 +93,126 @@ func TestWatchAnswersTheDuplicate(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestWatchFloodReadsOnce: a flood of duplicates held for one running call,
+// told together that it recorded, read the key once between them, not once
+// each, and each replays the outcome.
+func TestWatchFloodReadsOnce(t *testing.T) {
+	const dups = 50
+	st := &watchedStore{Store: memory.New(), watched: make(chan struct{}, dups)}
+	e := mustEngine(t, st, WithInProgressWait(time.Hour))
+	e.firstPoll = time.Hour
+	op, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.newCall(op)
+	if first.start(t.Context(), req); first.Verdict != Executed {
+		t.Fatalf("first call: verdict %v, want executed", first.Verdict)
+	}
+	done := make(chan *call, dups)
+	for range dups {
+		go func() {
+			dup := e.newCall(op)
+			dup.start(t.Context(), req)
+			done <- &dup
+		}()
+	}
+	for range dups { // every duplicate waits
+		select {
+		case <-st.watched:
+		case <-time.After(30 * time.Second):
+			t.Fatal("a duplicate never watched its key")
+		}
+	}
+	gate := make(chan struct{})
+	st.gate.Store(&gate)
+	reserves := st.reserves.Load()
+	if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
+		t.Fatalf("Record: %v", err)
+	}
+	// The first duplicate's read waits at the gate until every other
+	// duplicate waits on it.
+	waitSharers(t, &e.reads, first.key, dups-1)
+	close(gate)
+	for range dups {
+		if dup := receive(t, done); dup.Verdict != Replayed || string(dup.Outcome) != "outcome-1" {
+			t.Fatalf("duplicate: verdict %v, outcome %q; want replayed outcome-1", dup.Verdict, dup.Outcome)
+		}
+	}
+	if n := st.reserves.Load() - reserves; n != 1 {
+		t.Errorf("%d duplicates told of the record read it %d times, want once", dups, n)
+	}
+}
+
+// toldDuringStore is the memory store whose first Watch is closed at once,
+// and whose third Reserve, once it has decided, waits for gate, telling
+// inRead.
+type toldDuringStore struct {
+	*memory.Store
+	reserves, watches atomic.Int64
+	inRead, gate      chan struct{}
+}
+
+func (s *toldDuringStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	res, err := s.Store.Reserve(ctx, r)
+	if s.reserves.Add(1) == 3 {
+		close(s.inRead)
+		<-s.gate
+	}
+	return res, err
+}
+
+func (s *toldDuringStore) Watch(key store.Key) (<-chan struct{}, func()) {
+	if s.watches.Add(1) == 1 {
+		ch := make(chan struct{})
+		close(ch)
+		return ch, func() {}
+	}
+	return s.Store.Watch(key)
+}
+
+// TestWatchToldDuringARead: a duplicate whose read found the key held,
+// and that was told during the read that the key changed (the first call
+// recorded after the read had decided), reads again at once, not at its
+// next poll. In a synctest bubble, whose clock moves only when every
+// goroutine waits, it is answered with no time gone by.
+func TestWatchToldDuringARead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &toldDuringStore{Store: memory.New(), inRead: make(chan struct{}), gate: make(chan struct{})}
+		e := mustEngine(t, st, WithInProgressWait(time.Hour))
+		e.firstPoll = time.Hour
+		op, err := e.Operation(OperationSpec{Name: opName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := e.newCall(op)
+		if first.start(t.Context(), req); first.Verdict != Executed {
+			t.Fatalf("first call: verdict %v, want executed", first.Verdict)
+		}
+		began := time.Now()
+		done := make(chan *call, 1)
+		go func() {
+			dup := e.newCall(op)
+			dup.start(t.Context(), req)
+			done <- &dup
+		}()
+		<-st.inRead // the duplicate's read, told by the first Watch, found the key held
+		if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
+			t.Fatalf("Record: %v", err)
+		}
+		close(st.gate)
+		if dup := receive(t, done); dup.Verdict != Replayed || string(dup.Outcome) != "outcome-1" {
+			t.Fatalf("duplicate: verdict %v, outcome %q; want replayed outcome-1", dup.Verdict, dup.Outcome)
+		}
+		if waited := time.Since(began); waited != 0 {
+			t.Errorf("the duplicate was answered after %v, want at once", waited)
+		}
+		if n := st.reserves.Load(); n != 4 {
+			t.Errorf("Reserve called %d times, want 4: the first call's, the duplicate's, and its two reads", n)
+		}
+	})
 }
 
 // wrongStore is the memory store whose Watch always says the key changed,

@@ -72,10 +72,13 @@ func TestDuplicateFlood(t *testing.T) {
 			key := idemkey.NewKey()
 			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_flood", Amount: 1, Currency: "EUR"}
 			first := make(chan error, 1)
-			var firstID string
+			var (
+				firstID   string
+				firstDone time.Time
+			)
 			go func() {
 				c, _, err := create(s, key, req)
-				firstID = c.GetId()
+				firstID, firstDone = c.GetId(), time.Now()
 				first <- err
 			}()
 			time.Sleep(delay / 10) // the first call is running before the flood
@@ -86,6 +89,7 @@ func TestDuplicateFlood(t *testing.T) {
 				answers  = map[string]int{}
 				replayed []string
 				took     []time.Duration
+				ends     []time.Time // of the duplicates that replayed
 			)
 			for range duplicates {
 				wg.Go(func() {
@@ -98,6 +102,7 @@ func TestDuplicateFlood(t *testing.T) {
 					switch {
 					case err == nil:
 						replayed = append(replayed, c.GetId())
+						ends = append(ends, time.Now())
 					case status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress:
 						t.Errorf("duplicate: %v, want Aborted %s or the replay", err, idemkey.ReasonInProgress)
 					}
@@ -122,6 +127,14 @@ func TestDuplicateFlood(t *testing.T) {
 			}
 			slices.Sort(took)
 			t.Logf("%s: %d duplicates: %v; answered in %v (median), %v (slowest)", mode.name, duplicates, answers, took[len(took)/2], took[len(took)-1])
+			if len(ends) > 0 {
+				after := make([]time.Duration, len(ends))
+				for i, end := range ends {
+					after[i] = end.Sub(firstDone)
+				}
+				slices.Sort(after)
+				t.Logf("%s: %d replays, answered after the first call's reply: %v (median), %v (slowest)", mode.name, len(after), after[len(after)/2], after[len(after)-1])
+			}
 			t.Logf("%s: %d new keys of another tenant: %v without the flood, %v during it (%.2fx)",
 				mode.name, bystanders, control, flooded, flooded.Seconds()/control.Seconds())
 		})
