@@ -17,6 +17,7 @@ import (
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/tests/redistest"
 )
 
 // floodScale is the size of TestDuplicateFlood: IDEMKEY_FLOOD_DUPLICATES
@@ -57,14 +58,18 @@ func TestDuplicateFlood(t *testing.T) {
 		name   string
 		db     bool
 		atomic bool
-	}{{"postgres/atomic", true, true}, {"postgres/2-phase", true, false}, {"memory", false, false}} {
+		redis  bool
+	}{{"postgres/atomic", true, true, false}, {"postgres/2-phase", true, false, false}, {"memory", false, false, false}, {"redis", false, false, true}} {
 		t.Run(mode.name, func(t *testing.T) {
 			t.Parallel()
 			args := []string{"-database-url=", "-handler-delay=" + delay.String()}
 			schema := ""
-			if mode.db {
+			switch {
+			case mode.db:
 				schema = pgtest.Schema(t)
 				args = []string{"-database-url=" + pgtest.SchemaURL(schema), "-handler-delay=" + delay.String(), "-atomic=" + strconv.FormatBool(mode.atomic)}
+			case mode.redis:
+				args = append(args, "-redis-url=redis://"+redistest.Start(t).Addr)
 			}
 			s := servertest.Start(t, servertest.Build(t), args...)
 			control := newKeys(t, s, bystanders)
