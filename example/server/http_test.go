@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,7 @@ import (
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
@@ -395,4 +397,90 @@ func TestGatewayDraftStatuses(t *testing.T) {
 			t.Fatalf("first: %d", code)
 		}
 	})
+}
+
+// Duplicates of a running call over every entry point at once (gRPC,
+// Connect and POST /v1/charges, twenty each, with one key) wait on the
+// same run: each is answered the one charge, or in progress if the run
+// outlasts its wait on a busy machine, never another charge or an error.
+// On memory, and on PostgreSQL in both modes, where the example server
+// runs the store's Listen.
+func TestDuplicatesOnEveryEntryPointWaitTogether(t *testing.T) {
+	for name, cfg := range storeConfigs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			c := cfg(t)
+			c.delay = 300 * time.Millisecond
+			e := startEntryPoints(t, c)
+			key := idemkey.NewKey()
+			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_every", Amount: 700, Currency: "EUR"}
+			body := jsonOf(t, req)
+			type answer struct {
+				via, id    string
+				inProgress bool
+				err        error
+			}
+			calls := map[string]func() answer{
+				"gRPC": func() answer {
+					charge, _, err := e.viaGRPC(t, key, req)
+					return answer{id: charge.GetId(), inProgress: interceptor.Reason(err) == idemkey.ReasonInProgress, err: err}
+				},
+				"Connect": func() answer {
+					charge, _, err := e.viaConnect(t, key, req)
+					return answer{id: charge.GetId(), inProgress: idemconnect.Reason(err) == idemkey.ReasonInProgress, err: err}
+				},
+				"HTTP": func() answer {
+					r, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.http+"/v1/charges", strings.NewReader(body))
+					if err != nil {
+						return answer{err: err}
+					}
+					r.Header.Set("Authorization", "Bearer sk_test_acme")
+					r.Header.Set(idemkey.KeyHeader, key)
+					resp, err := http.DefaultClient.Do(r)
+					if err != nil {
+						return answer{err: err}
+					}
+					defer resp.Body.Close()
+					raw, _ := io.ReadAll(resp.Body)
+					if resp.StatusCode == http.StatusConflict {
+						return answer{inProgress: true, err: fmt.Errorf("409 %s", raw)}
+					}
+					charge := &paymentsv1.Charge{}
+					if resp.StatusCode != http.StatusCreated {
+						return answer{err: fmt.Errorf("status %d: %s", resp.StatusCode, raw)}
+					}
+					err = protojson.Unmarshal(raw, charge)
+					return answer{id: charge.GetId(), err: err}
+				},
+			}
+			answers := make(chan answer, 3*20)
+			var wg sync.WaitGroup
+			for via, call := range calls {
+				for range 20 {
+					wg.Go(func() {
+						a := call()
+						a.via = via
+						answers <- a
+					})
+				}
+			}
+			wg.Wait()
+			close(answers)
+			ids, inProgress := map[string]int{}, 0
+			for a := range answers {
+				switch {
+				case a.inProgress:
+					inProgress++
+				case a.err != nil:
+					t.Errorf("%s: %v", a.via, a.err)
+				default:
+					ids[a.id]++
+				}
+			}
+			if len(ids) != 1 {
+				t.Errorf("the calls were answered charges %v, want one charge", ids)
+			}
+			t.Logf("%s: charges %v, %d in progress", name, ids, inProgress)
+		})
+	}
 }
