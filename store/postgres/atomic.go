@@ -650,7 +650,7 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 		return errTxEnded
 	}
 	defer t.store.freeSlot()
-	defer t.store.watch.forget(t.r.Key)
+	defer t.store.ended(t.r.Key)
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
 	}
@@ -678,7 +678,7 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 	b := &pgx.Batch{}
 	b.Queue(sql, args...)
 	// A duplicate in another process asked to be told (watch.go).
-	notify := t.store.watch.listening.Load() && t.store.watch.wanted(t.r.Key)
+	notify := t.store.watch.listening.Load() && t.store.watch.end(t.r.Key)
 	if notify {
 		b.Queue(t.store.notifySQL, hex.EncodeToString(t.r.Key[:]))
 	}
@@ -759,8 +759,8 @@ func (t *atomicTx) Rollback(ctx context.Context) error {
 		return errTxEnded
 	}
 	defer t.store.freeSlot()
-	defer t.store.watch.forget(t.r.Key)
-	if t.store.watch.listening.Load() && t.store.watch.wanted(t.r.Key) {
+	defer t.store.ended(t.r.Key)
+	if t.store.watch.listening.Load() && t.store.watch.end(t.r.Key) {
 		// A duplicate asked to be told (watch.go): the key is free, and its
 		// next Begin may acquire it.
 		return t.store.rollbackNotifying(ctx, conn, hex.EncodeToString(t.r.Key[:]))

@@ -55,9 +55,13 @@ import (
 // with a notification of the key, in the same pipeline; so does its
 // ROLLBACK, which frees the key. A duplicate that hears it forgets the run,
 // so that it asks the holder of the next one afresh. A commit sent before
-// the question is heard notifies nothing: the duplicate then has its
-// answer at its first poll, 25 ms after it began to wait. So it does when
-// the holder does not listen.
+// the question is heard notifies nothing, so the holder answers a question
+// that comes later itself, with a notification of the key once the COMMIT
+// or ROLLBACK has returned: a question heard while it was on its way
+// (ending) is answered then, in a statement of its own; one heard later
+// by Listen, if the key is among the last heardKept that ended unasked
+// (ended). A holder that does not listen answers nothing: the duplicate
+// then has its answer at its first poll, 25 ms after it began to wait.
 
 // askPrefix marks a notification that asks the holder of a key to notify
 // its record (atomic mode).
@@ -85,6 +89,11 @@ type watch struct {
 	waiting waitset.Set
 	// recent[n%heardKept] is the notification heard after n others.
 	recent [heardKept]heardKey
+	// ended[n%heardKept] is the key of the atomic run that ended unasked
+	// after n others, for a question that comes after its end (endedN:
+	// how many have).
+	ended  [heardKept]store.Key
+	endedN uint64
 	// offset is added to the clock of Watch's decisions, for the tests'
 	// Advance (export_test.go).
 	offset func() time.Duration
@@ -102,6 +111,10 @@ type hold struct {
 	// arrives is of an earlier run's record, and only this store's own
 	// Complete, Release, Commit or Rollback forgets it.
 	mine bool
+	// ending: this store's COMMIT or ROLLBACK of the key is on its way
+	// with no notification, since no one had asked; askedEnding: a
+	// question was heard meanwhile, to answer once it has returned.
+	ending, askedEnding bool
 }
 
 // heardKey is a notification heard: a key whose record changed, or with
@@ -195,7 +208,11 @@ func (s *Store) listen(ctx context.Context) (listened bool, err error) {
 		if err != nil {
 			return true, err
 		}
-		s.watch.hear(n.Payload)
+		if answer := s.watch.hear(n.Payload); answer != "" {
+			if _, err := conn.Exec(ctx, s.notifySQL, answer); err != nil {
+				return true, err
+			}
+		}
 	}
 }
 
@@ -287,16 +304,38 @@ func (w *watch) wanted(key store.Key) bool {
 	return w.held[key].wanted
 }
 
+// end reports whether the COMMIT or ROLLBACK of this store's atomic run
+// of key, about to go out, is to notify the key: another store asked.
+// If not, a question heard from now on is answered after it (ending).
+func (w *watch) end(key store.Key) (notify bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	h, ok := w.held[key]
+	if ok && !h.wanted {
+		h.ending = true
+		w.held[key] = h
+	}
+	return h.wanted
+}
+
 // forget notes that this store completed or released key, and tells the
 // key's watchers. Without Listen there are none: Watch answers nil, and
-// the end of Listen told them all.
-func (w *watch) forget(key store.Key) {
+// the end of Listen told them all. It reports whether a question about
+// the key was heard while its atomic run ended unasked, for the caller
+// to answer (Store.ended).
+func (w *watch) forget(key store.Key) (answer bool) {
 	if !w.listening.Load() {
-		return
+		return false
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
+	h := w.held[key]
+	if h.ending && !h.askedEnding {
+		w.ended[w.endedN%heardKept] = key
+		w.endedN++
+	}
 	w.forgetLocked(key)
+	return h.askedEnding
 }
 
 func (w *watch) forgetLocked(key store.Key) {
@@ -304,22 +343,38 @@ func (w *watch) forgetLocked(key store.Key) {
 	w.wakeLocked(key)
 }
 
+// ended notes that this store's atomic run of key ended (Commit,
+// Rollback), and answers a question about it that was heard meanwhile
+// (watch.go), in a goroutine: a duplicate that is not told polls.
+func (s *Store) ended(key store.Key) {
+	if !s.watch.forget(key) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.timeout)
+		defer cancel()
+		_, _ = s.pool.Exec(ctx, s.notifySQL, hex.EncodeToString(key[:]))
+	}()
+}
+
 // wakeLocked tells the watchers of key that it changed.
 func (w *watch) wakeLocked(key store.Key) { w.waiting.Wake(key) }
 
 // hear handles a notification: the key of a record changed, in hex, or
-// with askPrefix, a key whose holder is asked to notify its record.
-func (w *watch) hear(payload string) {
+// with askPrefix, a key whose holder is asked to notify its record. It
+// returns the key's hex for Listen to notify, if this store's run of it
+// ended unasked (answer).
+func (w *watch) hear(payload string) (answer string) {
 	var key store.Key
 	asked := strings.HasPrefix(payload, askPrefix)
 	if asked {
 		payload = payload[len(askPrefix):]
 	}
 	if len(payload) != 2*len(key) {
-		return // not a key: nothing the store's statements send
+		return "" // not a key: nothing the store's statements send
 	}
 	if _, err := hex.Decode(key[:], []byte(payload)); err != nil {
-		return
+		return ""
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -327,17 +382,30 @@ func (w *watch) hear(payload string) {
 	w.recent[n%heardKept] = heardKey{key, asked}
 	w.heard.Store(n + 1)
 	if asked {
-		if h, ok := w.held[key]; ok {
+		h, ok := w.held[key]
+		switch {
+		case ok && h.ending:
+			h.askedEnding = true
+			w.held[key] = h
+		case ok:
 			h.wanted = true
 			w.held[key] = h
+		default:
+			for i := range min(w.endedN, heardKept) {
+				if w.ended[i] == key {
+					w.ended[i] = store.Key{} // answered once
+					return payload
+				}
+			}
 		}
-		return
+		return ""
 	}
 	if h, ok := w.held[key]; ok && h.mine && w.now().Before(h.end) {
 		w.wakeLocked(key) // an earlier run's record: this store's run goes on
-		return
+		return ""
 	}
 	w.forgetLocked(key)
+	return ""
 }
 
 // subscribed notes that Listen's connection listens: every watched key is

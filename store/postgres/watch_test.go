@@ -346,3 +346,25 @@ func TestAtomicWatchAcrossReplicas(t *testing.T) {
 		t.Fatalf("notifications %q, want %q: only the asked key's question and record", heard, want)
 	}
 }
+
+// A holder that commits at once, before the duplicate's question reaches
+// it (about half the time here), answers the question when it comes: every
+// duplicate is told, none left to its next poll.
+func TestAtomicCommitBeforeTheQuestionTells(t *testing.T) {
+	rs := newReplicas(t, 2)
+	holder, dup := rs[0].store, rs[1].store
+	listen(t, holder)
+	listen(t, dup)
+	ctx := context.Background()
+	for i := range 20 {
+		key := store.ScopeKey("t", "/m", "at-once-"+strconv.Itoa(i))
+		tx := beginAs(t, holder, key, store.Acquired)
+		beginAs(t, dup, key, store.Held)
+		if err := tx.Commit(ctx, []byte("done"), true); err != nil {
+			t.Fatal(err)
+		}
+		changed, stop := dup.Watch(key)
+		told(t, "a commit sent as the duplicate asked, round "+strconv.Itoa(i), changed)
+		stop()
+	}
+}

@@ -63,3 +63,50 @@ func TestQuestionBeforeTheHolderNotesItsKey(t *testing.T) {
 		t.Fatal("a key whose record was notified while its next holder's Begin was on its way: wanted, want no question")
 	}
 }
+
+// A holder whose atomic run ends unasked answers a question that comes
+// after all, once: one heard while its COMMIT is on its way is answered
+// once the COMMIT has returned (forget reports it), and one heard after
+// the run, by Listen (hear returns the key). A run that was asked in time
+// notifies with its COMMIT, and answers nothing later.
+func TestLateQuestionAnsweredOnce(t *testing.T) {
+	var s Store
+	s.watch.listening.Store(true)
+	ask := func(k store.Key) string { return s.watch.hear(askPrefix + hex.EncodeToString(k[:])) }
+	during, after, asked := store.Key{1}, store.Key{2}, store.Key{3}
+	for _, k := range []store.Key{during, after, asked} {
+		s.watch.holds(k, time.Minute, s.watch.heard.Load(), acquired)
+	}
+
+	if s.watch.end(during) {
+		t.Fatal("end of a run no one asked about: notify, want not")
+	}
+	if answer := ask(during); answer != "" {
+		t.Fatalf("question heard while the COMMIT is on its way: answered %q at once, want after the COMMIT", answer)
+	}
+	if !s.watch.forget(during) {
+		t.Fatal("forget of a run asked about while it ended: no answer, want one")
+	}
+	if answer := ask(during); answer != "" {
+		t.Fatalf("a second question, after the answer: answered %q, want nothing", answer)
+	}
+
+	s.watch.end(after)
+	if s.watch.forget(after) {
+		t.Fatal("forget of a run no one asked about: answer, want none")
+	}
+	if answer, want := ask(after), hex.EncodeToString(after[:]); answer != want {
+		t.Fatalf("question heard after the run: answered %q, want %q", answer, want)
+	}
+	if answer := ask(after); answer != "" {
+		t.Fatalf("the question again: answered %q, want once only", answer)
+	}
+
+	ask(asked)
+	if !s.watch.end(asked) {
+		t.Fatal("end of a run asked about in time: no notification, want its COMMIT to notify")
+	}
+	if s.watch.forget(asked) || ask(asked) != "" {
+		t.Fatal("a run asked about in time: answered again after its COMMIT notified")
+	}
+}
