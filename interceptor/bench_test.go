@@ -237,19 +237,8 @@ func BenchmarkInterceptorOverhead(b *testing.B) {
 	st := memory.New(memory.WithMaxRecords(1<<30), memory.WithMaxBytes(1<<40)) // room for every first call of a long run
 	intercept := grpctest.Interceptor(st)
 	info := &grpc.UnaryServerInfo{FullMethod: createCharge}
-	handler := func(_ context.Context, req any) (any, error) {
-		r := req.(*paymentsv1.CreateChargeRequest)
-		return &paymentsv1.Charge{Id: "ch_0123456789abcdef01234567", CustomerId: r.GetCustomerId(), Amount: r.GetAmount(),
-			Currency: r.GetCurrency(), Description: r.GetDescription()}, nil
-	}
+	handler := chargeHandler
 	req := request(1999)
-	// A call's context as grpc-go's server makes it: the incoming metadata
-	// it keeps (lower-case keys), and a transport stream whose SetTrailer
-	// joins, as grpc-go's does.
-	callContext := func(key string) context.Context {
-		md := metadata.MD{":authority": {"bufnet"}, "user-agent": {"grpc-go/1.0"}, idemkey.KeyMetadata: {key}}
-		return grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &transportStream{})
-	}
 	if _, err := intercept(callContext("replay"), req, info, handler); err != nil {
 		b.Fatal(err)
 	}
@@ -274,4 +263,21 @@ func BenchmarkInterceptorOverhead(b *testing.B) {
 	}
 	ns := benchtest.Interleave(b, ops...)
 	benchtest.ReportAdded(b, ops, ns, benchtest.Allocs(b, 1000, ops...))
+}
+
+// chargeHandler is the bare CreateCharge handler, for calling an interceptor
+// without a server.
+func chargeHandler(_ context.Context, req any) (any, error) {
+	r := req.(*paymentsv1.CreateChargeRequest)
+	return &paymentsv1.Charge{Id: "ch_0123456789abcdef01234567", CustomerId: r.GetCustomerId(), Amount: r.GetAmount(),
+		Currency: r.GetCurrency(), Description: r.GetDescription()}, nil
+}
+
+// callContext is a call's context as grpc-go's server makes it, for calling
+// an interceptor without a server: the incoming metadata it keeps
+// (lower-case keys), with key, and a transport stream whose SetTrailer
+// joins, as grpc-go's does.
+func callContext(key string) context.Context {
+	md := metadata.MD{":authority": {"bufnet"}, "user-agent": {"grpc-go/1.0"}, idemkey.KeyMetadata: {key}}
+	return grpc.NewContextWithServerTransportStream(metadata.NewIncomingContext(context.Background(), md), &transportStream{})
 }

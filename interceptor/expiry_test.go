@@ -210,3 +210,42 @@ func TestExpiryKeepsAnErrorRetryable(t *testing.T) {
 		t.Errorf("header %v, trailer %v; want the replay, with the expiry in the trailer", header, trailer)
 	}
 }
+
+// Each answer tells its own key's expiry, whichever trailers the server
+// keeps (a minute's, one a second): a replay and a duplicate of a key whose
+// trailers were replaced by those of a first call 64 seconds later, and a
+// key first called in the same second as that one, which shares them.
+func TestExpiryOfEachKey(t *testing.T) {
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata))
+	expiry := func(key string, req *paymentsv1.CreateChargeRequest) (string, error) {
+		t.Helper()
+		_, ts, err := d.create(t, key, req)
+		if got := ts.trailer.Get(idemkey.ExpiresMetadata); len(got) != 1 {
+			t.Fatalf("%s: trailer %v, want one expiry", key, ts.trailer)
+		}
+		return ts.trailer.Get(idemkey.ExpiresMetadata)[0], err
+	}
+	first, err := expiry("key-1", request(100))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, later := range []time.Duration{time.Second, 63 * time.Second, 300 * time.Millisecond} {
+		d.clock.Advance(t, later)
+		if _, err := expiry("key-"+later.String(), request(100)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	last, _ := expiry("key-300ms", request(100))
+	want := idemkey.FormatDate(d.clock.Now().Add(engine.DefaultRetention))
+	if last != want {
+		t.Errorf("the last key's replay told %s, want %s", last, want)
+	}
+	if got, err := expiry("key-1", request(100)); err != nil || got != first {
+		t.Errorf("key-1's replay: %v, told %s; want its first call's %s", err, got, first)
+	}
+	got, err := expiry("key-1", request(999))
+	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
+	if got != first {
+		t.Errorf("key-1 reused told %s, want its first call's %s", got, first)
+	}
+}

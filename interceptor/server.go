@@ -51,9 +51,10 @@ func UnaryServerInterceptor(eng *engine.Engine, opts ...Option) (grpc.UnaryServe
 // where the key comes from (metadata), how the request is fingerprinted
 // (protokey.HashRequest), and how an outcome is recorded (outcome.go) and replayed.
 type server struct {
-	eng     *engine.Engine
-	opts    *options
-	methods *methods
+	eng      *engine.Engine
+	opts     *options
+	methods  *methods
+	trailers trailers
 }
 
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -149,7 +150,7 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 	ctx := x.ctx
 	switch a.Verdict {
 	case engine.Executed:
-		x.tellExpiry(a.Expires)
+		x.tellExpiry(a.Expires, true)
 		switch {
 		case errors.Is(a.StandIn, engine.ErrTooLarge):
 			return nil, tooLargeErr
@@ -164,10 +165,10 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 	case engine.InProgress:
 		// Only a trailer: a retry policy does not retry a reply with headers.
 		_ = grpc.SetTrailer(ctx, pushbackTrailer(a.RetryAfter))
-		x.tellExpiry(a.Expires)
+		x.tellExpiry(a.Expires, false)
 		return nil, inProgressError(a.RetryAfter)
 	case engine.Reused:
-		x.tellExpiry(a.Expires)
+		x.tellExpiry(a.Expires, false)
 		return nil, reusedKeyError()
 	case engine.KeyMissing:
 		return nil, missingKeyError()
@@ -238,9 +239,13 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 		_ = grpc.SetTrailer(ctx, md)
 	}
 	// One trailer with both: gRPC joins each trailer it is set into a copy.
-	md := metadata.MD{idemkey.ReplayedMetadata: replayedValue}
+	md := replayedTrailer
 	if !a.Expires.IsZero() {
-		md[idemkey.ExpiresMetadata] = x.expiry(a.Expires)
+		if kept := s.trailers.of(a.Expires); kept != nil {
+			md = kept.replay
+		} else {
+			md = metadata.MD{idemkey.ReplayedMetadata: replayedValue, idemkey.ExpiresMetadata: x.expiry(a.Expires)}
+		}
 	}
 	_ = grpc.SetTrailer(ctx, md)
 	return rec.resp, rec.err
@@ -250,22 +255,28 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 // the store said. It goes in the trailer, as idempotent-replayed does, even
 // of a reply: a header would make an error that an interceptor outside
 // idemkey puts in the reply's place one that gRPC's retry policy does not
-// retry.
-func (x *exchange) tellExpiry(expires time.Time) {
-	if !expires.IsZero() {
-		_ = grpc.SetTrailer(x.ctx, metadata.MD{idemkey.ExpiresMetadata: x.expiry(expires)})
+// retry. A first call's trailer is kept for the calls after it (trailers).
+func (x *exchange) tellExpiry(expires time.Time, first bool) {
+	if expires.IsZero() {
+		return
 	}
+	kept := x.s.trailers.of(expires)
+	switch {
+	case kept == nil && first:
+		kept = x.s.trailers.keep(expires)
+	case kept == nil:
+		_ = grpc.SetTrailer(x.ctx, metadata.MD{idemkey.ExpiresMetadata: x.expiry(expires)})
+		return
+	}
+	_ = grpc.SetTrailer(x.ctx, kept.expiry)
 }
 
-// expiry is the value of the expiry's trailer: gRPC copies it.
+// expiry is the value of the expiry's trailer, for a call alone: gRPC
+// copies it.
 func (x *exchange) expiry(expires time.Time) []string {
 	x.expires[0] = idemkey.FormatDate(expires)
 	return x.expires[:]
 }
-
-// replayedValue is the value of idemkey.ReplayedMetadata. gRPC copies a
-// trailer's values; it is never modified.
-var replayedValue = []string{"true"}
 
 // allowed is the part of md whose keys are in keys; md itself if all are.
 func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
