@@ -90,6 +90,10 @@
 // failed store, no key or a malformed one tell none. On the client,
 // KeyExpiry(&t) sets t from it; from a trailer of your own,
 // idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata)) reads it.
+// The trailers that tell one second's expiry are made once and set on
+// every call that tells it, as gRPC's own transport copies what it is set:
+// a grpc.ServerTransportStream of your own, outside the interceptor, must
+// copy the metadata it is given too, never keep and modify it.
 //
 // The client interceptor also sends, with the key, when the key's operation
 // was first sent (idemkey.FirstSentMetadata, idempotency-first-sent, an
