@@ -664,6 +664,15 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 	}
 	ctx, cancel := t.store.bound(context.WithoutCancel(ctx))
 	defer cancel()
+	return t.commit(ctx, conn, outcome, keepWrites)
+}
+
+// commit is Commit on conn, the transaction's connection, with ctx
+// bounded; it ends the transaction and gives conn back. It is apart from
+// Commit, whose deferred calls the compiler then makes plain calls at each
+// return (open-coded defers), which it does only in a function with few
+// returns.
+func (t *atomicTx) commit(ctx context.Context, conn *pgxpool.Conn, outcome []byte, keepWrites bool) error {
 	switch conn.Conn().PgConn().TxStatus() {
 	case 'I':
 		return t.handlerEnded(ctx, conn, outcome)
