@@ -98,9 +98,10 @@ func atomicCall(ctx context.Context, st *postgres.Store, r store.Reservation, ha
 // against the same SQL sent by hand (same-sql, byHand), one call at a
 // time on one goroutine, so that nothing else runs beside it. -benchmem
 // gives allocations per call; go-cpu-ns/op is the process's CPU per call
-// (getrusage), which is noisy on a shared machine. scripts/atomic-go-cost
-// runs the two under valgrind to count their instructions per call, and
-// interleaved, for the ratio of their CPU.
+// (getrusage), which is noisy on a shared machine. The -deadline variants
+// give each call a deadline of its own within the store's timeout.
+// scripts/atomic-go-cost runs them under valgrind to count their
+// instructions per call.
 func BenchmarkAtomicGoCost(b *testing.B) {
 	schema := pgtest.Schema(b)
 	ctx, cancel := context.WithCancel(context.Background()) // watched by pgx, as a gRPC handler's is
@@ -126,18 +127,31 @@ func BenchmarkAtomicGoCost(b *testing.B) {
 		}
 	}
 	handSQL, storeSQL := charge("same-sql"), charge("store")
+	hands := func(ctx context.Context) error {
+		seq++
+		return hand.call(ctx, benchKey("same-sql", seq), fp, handSQL)
+	}
+	stores := func(ctx context.Context) error {
+		seq++
+		return atomicCall(ctx, st, store.Reservation{Key: benchKey("store", seq), Fingerprint: fp, Lease: lease, Retention: retention}, storeSQL)
+	}
+	// withDeadline runs call with a deadline of its own within the store's
+	// timeout, as a gRPC call with one has: Begin needs no bound of its own.
+	withDeadline := func(call func(context.Context) error) func() error {
+		return func() error {
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			return call(ctx)
+		}
+	}
 	variants := []struct {
 		name string
 		call func() error
 	}{
-		{"same-sql", func() error {
-			seq++
-			return hand.call(ctx, benchKey("same-sql", seq), fp, handSQL)
-		}},
-		{"store", func() error {
-			seq++
-			return atomicCall(ctx, st, store.Reservation{Key: benchKey("store", seq), Fingerprint: fp, Lease: lease, Retention: retention}, storeSQL)
-		}},
+		{"same-sql", func() error { return hands(ctx) }},
+		{"store", func() error { return stores(ctx) }},
+		{"same-sql-deadline", withDeadline(hands)},
+		{"store-deadline", withDeadline(stores)},
 	}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
