@@ -453,11 +453,13 @@ type keyRecord struct {
 	outcome             []byte
 	leaseLeft           pgtype.Interval
 	expires             time.Time
+	dest                [6]any // scan's destinations, here so that Scan's arguments take no allocation of their own
 }
 
 // scan reads the row of readSQL; found is false without a record.
 func (c *keyRecord) scan(row pgx.Row) (found bool, err error) {
-	err = row.Scan(&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable, &c.expires)
+	c.dest = [6]any{&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable, &c.expires}
+	err = row.Scan(c.dest[:]...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -497,7 +499,8 @@ type beginRead struct {
 	locked, found bool
 	started       time.Time // the transaction's, from lockSQL
 	rec           keyRecord
-	err           error // the scans'
+	err           error  // the scans'
+	lockDest      [2]any // the lock's scan's destinations, as keyRecord's
 }
 
 // begin is Begin once it holds a slot, or a lent connection's place (slot
@@ -517,7 +520,11 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 		b.Queue("BEGIN")
 		// The scans' errors are kept apart, because pgx forgets the prepared
 		// statements of a batch that fails, and no row is no failure of theirs.
-		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { a.err = row.Scan(&a.locked, &a.started); return nil })
+		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error {
+			a.lockDest = [2]any{&a.locked, &a.started}
+			a.err = row.Scan(a.lockDest[:]...)
+			return nil
+		})
 		b.Queue(s.readSQL, t.args[:2]...).QueryRow(func(row pgx.Row) error {
 			var err error
 			a.found, err = a.rec.scan(row)
