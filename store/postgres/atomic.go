@@ -453,11 +453,13 @@ type keyRecord struct {
 	outcome             []byte
 	leaseLeft           pgtype.Interval
 	expires             time.Time
+	dest                [6]any // scan's destinations, here so that Scan's arguments take no allocation of their own
 }
 
 // scan reads the row of readSQL; found is false without a record.
 func (c *keyRecord) scan(row pgx.Row) (found bool, err error) {
-	err = row.Scan(&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable, &c.expires)
+	c.dest = [6]any{&c.completed, &c.fingerprint, &c.outcome, &c.leaseLeft, &c.takeable, &c.expires}
+	err = row.Scan(c.dest[:]...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return false, nil
 	}
@@ -491,15 +493,14 @@ func (c *keyRecord) decide(r store.Reservation, locked, found bool, started time
 	return p
 }
 
-// beginRead is what begin's pipeline sends and reads: the key and
-// fingerprint it sends, the lock's answer and the key's record.
+// beginRead is what begin's pipeline reads: the lock's answer and the
+// key's record.
 type beginRead struct {
-	key           store.Key
-	fingerprint   store.Fingerprint
 	locked, found bool
 	started       time.Time // the transaction's, from lockSQL
 	rec           keyRecord
-	err           error // the scans'
+	err           error  // the scans'
+	lockDest      [2]any // the lock's scan's destinations, as keyRecord's
 }
 
 // begin is Begin once it holds a slot, or a lent connection's place (slot
@@ -513,13 +514,18 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 		if err != nil {
 			return store.Entry{}, nil, false, s.translate(ctx, "begin", err)
 		}
-		a := &beginRead{key: r.Key, fingerprint: r.Fingerprint} // one allocation for all the scans write
+		t := newAtomicTx(s, r) // one allocation for all the scans write, and the transaction if it acquires the key
+		a := &t.read
 		b := &pgx.Batch{}
 		b.Queue("BEGIN")
 		// The scans' errors are kept apart, because pgx forgets the prepared
 		// statements of a batch that fails, and no row is no failure of theirs.
-		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error { a.err = row.Scan(&a.locked, &a.started); return nil })
-		b.Queue(s.readSQL, a.key[:], a.fingerprint[:]).QueryRow(func(row pgx.Row) error {
+		b.Queue(s.lockSQL, lockID(r.Key)).QueryRow(func(row pgx.Row) error {
+			a.lockDest = [2]any{&a.locked, &a.started}
+			a.err = row.Scan(a.lockDest[:]...)
+			return nil
+		})
+		b.Queue(s.readSQL, t.args[:2]...).QueryRow(func(row pgx.Row) error {
 			var err error
 			a.found, err = a.rec.scan(row)
 			a.err = cmp.Or(a.err, err)
@@ -536,7 +542,8 @@ func (s *Store) begin(ctx context.Context, r store.Reservation, slot bool, since
 			if err := s.seat(ctx, conn, slot); err != nil {
 				return store.Entry{}, nil, false, err
 			}
-			return p.res, &atomicTx{store: s, conn: conn, r: r, takeover: p.takeover}, false, nil
+			t.conn, t.handler.conn, t.takeover = conn, conn.Conn(), p.takeover
+			return p.res, t, false, nil
 		case err == nil:
 			// The call wrote nothing, and a lock it took matters to no
 			// one (the key's record answers every other call): the answer
@@ -605,13 +612,26 @@ func (s *Store) rollbackNotifying(ctx context.Context, conn *pgxpool.Conn, paylo
 }
 
 // atomicTx is the store.Tx of Begin: the connection in the transaction, and
-// the reservation it decided.
+// the reservation it decided. begin makes it before it knows whether the
+// call acquires the key, so that what its pipeline reads, the handler's
+// view and the transaction take one allocation.
 type atomicTx struct {
 	store    *Store
 	conn     *pgxpool.Conn // nil once the transaction has ended
-	handler  *handlerTx    // the handler's view of it, once it has one
+	handler  handlerTx     // the handler's view of it
 	r        store.Reservation
 	takeover bool // the probe found a record to take over
+	read     beginRead
+	// args are the arguments of the record's statement (record): r's key
+	// and fingerprint, which Begin's read takes too, boxed once for both,
+	// then the outcome and the retention.
+	args [4]any
+}
+
+func newAtomicTx(s *Store, r store.Reservation) *atomicTx {
+	t := &atomicTx{store: s, r: r}
+	t.args[0], t.args[1] = t.r.Key[:], t.r.Fingerprint[:]
+	return t
 }
 
 var (
@@ -622,10 +642,7 @@ var (
 // HandlerContext implements store.Tx: TxFromContext finds the transaction in
 // the context it returns.
 func (t *atomicTx) HandlerContext(ctx context.Context) context.Context {
-	if t.handler == nil {
-		t.handler = &handlerTx{conn: t.conn.Conn()}
-	}
-	return ContextWithTx(ctx, t.handler)
+	return ContextWithTx(ctx, &t.handler)
 }
 
 // end takes the connection for ending the transaction, and cuts the
@@ -633,9 +650,7 @@ func (t *atomicTx) HandlerContext(ctx context.Context) context.Context {
 func (t *atomicTx) end() *pgxpool.Conn {
 	conn := t.conn
 	t.conn = nil
-	if t.handler != nil {
-		t.handler.ended.Store(true)
-	}
+	t.handler.ended.Store(true)
 	return conn
 }
 
@@ -656,6 +671,15 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 	}
 	ctx, cancel := t.store.bound(context.WithoutCancel(ctx))
 	defer cancel()
+	return t.commit(ctx, conn, outcome, keepWrites)
+}
+
+// commit is Commit on conn, the transaction's connection, with ctx
+// bounded; it ends the transaction and gives conn back. It is apart from
+// Commit, whose deferred calls the compiler then makes plain calls at each
+// return (open-coded defers), which it does only in a function with few
+// returns.
+func (t *atomicTx) commit(ctx context.Context, conn *pgxpool.Conn, outcome []byte, keepWrites bool) error {
 	switch conn.Conn().PgConn().TxStatus() {
 	case 'I':
 		return t.handlerEnded(ctx, conn, outcome)
@@ -709,14 +733,15 @@ func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) 
 }
 
 // record is the statement that writes the completed record of outcome, and
-// its arguments: an insert, or for a record Begin found takeable, the
-// guarded takeover.
+// its arguments (t.args): an insert, or for a record Begin found takeable,
+// the guarded takeover.
 func (t *atomicTx) record(outcome []byte) (sql string, args []any) {
 	sql = t.store.recordSQL
 	if t.takeover {
 		sql = t.store.takeoverSQL
 	}
-	return sql, []any{t.r.Key[:], t.r.Fingerprint[:], outcome, retention(t.r)}
+	t.args[2], t.args[3] = outcome, retention(t.r)
+	return sql, t.args[:]
 }
 
 // lostRecord reports whether the record's statement failed because another
@@ -742,7 +767,7 @@ func lostRecord(err error) bool {
 // nothing is recorded, and a retry runs the handler again.
 func (t *atomicTx) handlerEnded(ctx context.Context, conn *pgxpool.Conn, outcome []byte) error {
 	conn.Release()
-	if t.handler == nil || !t.handler.committed.Load() {
+	if !t.handler.committed.Load() {
 		return errors.New("idemkey postgres: commit: the handler ended the transaction itself, so nothing was recorded, and a retry runs it again")
 	}
 	sql, args := t.record(outcome)

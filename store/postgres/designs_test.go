@@ -3,7 +3,6 @@ package postgres_test
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
@@ -14,7 +13,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -75,10 +73,10 @@ func BenchmarkDesigns(b *testing.B) {
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
 	pids := backendPids(b, pool)
 	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
-	lockSQL, readSQL, recordSQL := postgres.AtomicSQL(st)
 
 	fp := store.Fingerprint{1}
 	lease, retention := time.Minute, 24*time.Hour
+	hand := newByHand(pool, st, retention)
 	for i := range designsRecords { // the recorded keys, in both tables
 		r := store.Reservation{Key: benchKey("recorded", i), Fingerprint: fp, Lease: lease, Retention: retention}
 		res, err := st.Reserve(ctx, r)
@@ -146,59 +144,12 @@ func BenchmarkDesigns(b *testing.B) {
 			VALUES ($1, $2, 'completed', 0, now(), now(), now() + interval '1 day', $3)`)},
 		{"same-sql", func() error {
 			key, i := newKey("same-sql")
-			conn, err := pool.Acquire(ctx)
-			if err != nil {
-				return err
-			}
-			defer conn.Release()
-			var (
-				locked, found bool
-				started       time.Time
-			)
-			bt := &pgx.Batch{}
-			bt.Queue("BEGIN")
-			bt.Queue(lockSQL, int64(binary.BigEndian.Uint64(key[:8]))).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &started) })
-			bt.Queue(readSQL, key[:], fp[:]).QueryRow(func(row pgx.Row) error {
-				var (
-					completed, takeable bool
-					f, o                []byte
-					left                pgtype.Interval
-					expires             time.Time
-				)
-				err := row.Scan(&completed, &f, &o, &left, &takeable, &expires)
-				found = err == nil
-				if errors.Is(err, pgx.ErrNoRows) {
-					return nil
-				}
-				return err
-			})
-			bt.Queue("SAVEPOINT s")
-			if err := conn.SendBatch(ctx, bt).Close(); err != nil {
-				return err
-			}
-			if !locked || found {
-				return fmt.Errorf("a new key: locked %v, found %v", locked, found)
-			}
-			if err := charge(conn, "same-sql", i); err != nil {
-				return err
-			}
-			ct := &pgx.Batch{}
-			ct.Queue(recordSQL, key[:], fp[:], outcome, retention.Microseconds())
-			ct.Queue("COMMIT")
-			return conn.SendBatch(ctx, ct).Close()
+			return hand.call(ctx, key, fp, func(q postgres.Querier) error { return charge(q, "same-sql", i) })
 		}},
 		{"atomic", func() error {
 			key, i := newKey("atomic")
-			res, tx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention})
-			if err != nil || res.State != store.Acquired {
-				return fmt.Errorf("begin: %v, %v", res.State, err)
-			}
-			q, _ := postgres.TxFromContext(tx.HandlerContext(ctx))
-			if err := charge(q, "atomic", i); err != nil {
-				tx.Rollback(ctx)
-				return err
-			}
-			return tx.Commit(ctx, outcome, true)
+			r := store.Reservation{Key: key, Fingerprint: fp, Lease: lease, Retention: retention}
+			return atomicCall(ctx, st, r, func(q postgres.Querier) error { return charge(q, "atomic", i) })
 		}},
 		{"minimal-two-phase", func() error {
 			key, i := newKey("minimal-two-phase")
