@@ -1,0 +1,121 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// slowBeginStore is the fake store whose Begin takes a while, as a round
+// trip does, so that duplicates polling at once share reads.
+type slowBeginStore struct{ *fakeStore }
+
+func (s slowBeginStore) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
+	time.Sleep(15 * time.Millisecond)
+	return s.fakeStore.Begin(ctx, r)
+}
+
+// TestReviewAtomicSharedHeldKeepsOwnFingerprint: in atomic mode Begin
+// answers a key held by an open transaction Held with the caller's own
+// fingerprint (store.Atomic). Two duplicates of a running atomic call that
+// send different requests under one key all wait, and share their reads:
+// the one whose wait runs out on the other's read must still be answered
+// InProgress, not Reused (the other's fingerprint).
+func TestReviewAtomicSharedHeldKeepsOwnFingerprint(t *testing.T) {
+	st := slowBeginStore{newFakeStore()}
+	e := mustEngine(t, st, WithInProgressWait(400*time.Millisecond), WithLogger(nil))
+	op, err := e.Operation(OperationSpec{Name: opName, Atomic: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.newCall(op)
+	if first.start(t.Context(), req); first.Verdict != Executed {
+		t.Fatalf("first call: %v", first.Verdict)
+	}
+	defer first.release(t.Context())
+	for round := range 10 {
+		var wg sync.WaitGroup
+		rs := []request{req, other, req, other, req, other}
+		verdicts := make([]Verdict, len(rs))
+		for i, r := range rs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := e.newCall(op)
+				c.start(t.Context(), r)
+				verdicts[i] = c.Verdict
+			}()
+		}
+		wg.Wait()
+		for i, v := range verdicts {
+			if v != InProgress {
+				t.Fatalf("round %d: duplicate %d (its own request, of a key whose holder's fingerprint no one can read): %v, want InProgress", round, i, v)
+			}
+		}
+	}
+}
+
+// gatedStore is the memory store whose Reserves of fingerprint gated wait
+// for open to close, telling entered first.
+type gatedStore struct {
+	*memory.Store
+	gated   store.Fingerprint
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func (s *gatedStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	if r.Fingerprint == s.gated {
+		s.entered <- struct{}{}
+		<-s.open
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+// TestReviewSharedReadOpenedForAnother: with a sealer, a completed record is
+// opened only for a reader of its own fingerprint (Engine.opened). A
+// duplicate with another fingerprint (one that kept waiting on a key whose
+// holder was released and taken over by another request, since await
+// waits on any Held) reads the completed record for the others; a
+// duplicate of the record's own request that shares that read must not
+// replay the sealed bytes.
+func TestReviewSharedReadOpenedForAnother(t *testing.T) {
+	st := &gatedStore{Store: memory.New(), gated: other.Fingerprint, entered: make(chan struct{}, 1), open: make(chan struct{})}
+	e := mustEngine(t, st, WithSealer(newTestRing(t, 1)), WithLogger(nil))
+	op, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The record of req's request, completed (sealed) through the engine.
+	first := e.newCall(op)
+	if first.start(t.Context(), req); first.Verdict != Executed {
+		t.Fatalf("first call: %v", first.Verdict)
+	}
+	if err := first.record(t.Context(), []byte(secretReply), true); err != nil {
+		t.Fatal(err)
+	}
+	key := first.key
+	resOf := func(r request) store.Reservation {
+		return store.Reservation{Key: key, Fingerprint: r.Fingerprint, Lease: time.Minute, Retention: time.Hour}
+	}
+	// The duplicate of other's request reads first; req's duplicate comes
+	// during its read, as the Watch tells them both at once.
+	go e.reads.poll(t.Context(), key, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, resOf(other)) })
+	<-st.entered
+	got := make(chan store.Entry, 1)
+	go func() {
+		res, _, _ := e.reads.poll(t.Context(), key, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, resOf(req)) })
+		got <- res
+	}()
+	waitSharers(t, &e.reads, key, 1)
+	close(st.open)
+	res := <-got
+	if res.State == store.Completed && res.Fingerprint == req.Fingerprint && !bytes.Equal(res.Outcome, []byte(secretReply)) {
+		t.Fatalf("req's duplicate would replay %q (sealed), want %q", res.Outcome, secretReply)
+	}
+}
