@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -117,5 +118,88 @@ func TestReviewSharedReadOpenedForAnother(t *testing.T) {
 	res := <-got
 	if res.State == store.Completed && res.Fingerprint == req.Fingerprint && !bytes.Equal(res.Outcome, []byte(secretReply)) {
 		t.Fatalf("req's duplicate would replay %q (sealed), want %q", res.Outcome, secretReply)
+	}
+}
+
+// onceGatedStore is the memory store whose next Reserve, once armed, waits
+// for open to close, telling entered first; every Reserve is counted.
+type onceGatedStore struct {
+	*memory.Store
+	reserves atomic.Int64
+	armed    atomic.Bool
+	entered  chan struct{}
+	open     chan struct{}
+	watched  chan struct{}
+}
+
+func (s *onceGatedStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	defer s.reserves.Add(1)
+	if s.armed.CompareAndSwap(true, false) {
+		s.entered <- struct{}{}
+		<-s.open
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+func (s *onceGatedStore) Watch(key store.Key) (<-chan struct{}, func()) {
+	select {
+	case s.watched <- struct{}{}:
+	default:
+	}
+	return s.Store.Watch(key)
+}
+
+// TestReviewTakeoverSpendsTheWatchForGood: a holder that releases and a
+// new call that takes the key over (an ordinary event: a retry that
+// arrives as the first attempt fails) spends both reads the store's word
+// may bring forward in vain, since the Watch taken while the key was free
+// is closed already. The duplicate then ignores the Watch for the rest of
+// its wait: when the new holder records, a second later, it is answered
+// at its next poll (up to awaitMaxPoll late), not at once, as it was
+// before the change (which dropped the Watch until the next poll only).
+func TestReviewTakeoverSpendsTheWatchForGood(t *testing.T) {
+	st := &onceGatedStore{Store: memory.New(), entered: make(chan struct{}, 1), open: make(chan struct{}), watched: make(chan struct{}, 1)}
+	e := mustEngine(t, st, WithInProgressWait(time.Hour), WithLogger(nil))
+	e.firstPoll = time.Hour
+	op, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.newCall(op)
+	if first.start(t.Context(), req); first.Verdict != Executed {
+		t.Fatalf("first call: %v", first.Verdict)
+	}
+	done := make(chan *call, 1)
+	go func() {
+		dup := e.newCall(op)
+		dup.start(t.Context(), req)
+		done <- &dup
+	}()
+	<-st.watched
+	st.armed.Store(true)
+	first.release(t.Context())
+	<-st.entered // the duplicate's read, told of the release
+	second := e.newCall(op)
+	if second.start(t.Context(), req); second.Verdict != Executed {
+		t.Fatalf("the retry that takes the key over: %v", second.Verdict)
+	}
+	close(st.open)
+	// The second holder runs a while, over a few polls.
+	time.Sleep(1200 * time.Millisecond)
+	n := st.reserves.Load()
+	for st.reserves.Load() == n { // just after a poll
+		time.Sleep(time.Millisecond)
+	}
+	if err := second.record(t.Context(), []byte("outcome"), true); err != nil {
+		t.Fatal(err)
+	}
+	recorded := time.Now()
+	select {
+	case dup := <-done:
+		if took := time.Since(recorded); dup.Verdict != Replayed || took > 200*time.Millisecond {
+			t.Fatalf("duplicate: %v %v after the record, want replayed at once", dup.Verdict, took)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("no answer")
 	}
 }
