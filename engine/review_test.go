@@ -203,3 +203,83 @@ func TestReviewTakeoverSpendsTheWatchForGood(t *testing.T) {
 		t.Fatal("no answer")
 	}
 }
+
+// hookedStore is a store.Store (no Watcher, Finder or Atomic) whose
+// Reserve first calls the hook, if set.
+type hookedStore struct {
+	store.Store
+	hook atomic.Pointer[func(store.Reservation)]
+}
+
+func (s *hookedStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	if h := s.hook.Load(); h != nil {
+		(*h)(r)
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+// TestReviewDuplicateReplaysSealedBytes is TestReviewSharedReadOpenedForAnother
+// through Start: a duplicate of request other waits on a key whose holder
+// releases it and a call of req takes it over (await waits on any Held,
+// whatever its fingerprint); a duplicate of req waits too; when req's call
+// records, other's duplicate polls first and req's shares that read.
+func TestReviewDuplicateReplaysSealedBytes(t *testing.T) {
+	st := &hookedStore{Store: memory.New()}
+	e := mustEngine(t, st, WithSealer(newTestRing(t, 1)), WithInProgressWait(time.Minute), WithLogger(nil))
+	op, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// block makes the next Reserves of other's request wait for open.
+	block := func() (entered, open chan struct{}) {
+		entered, open = make(chan struct{}, 1), make(chan struct{})
+		h := func(r store.Reservation) {
+			if r.Fingerprint == other.Fingerprint {
+				select {
+				case entered <- struct{}{}:
+				default:
+				}
+				<-open
+			}
+		}
+		st.hook.Store(&h)
+		return entered, open
+	}
+	x := e.newCall(op)
+	if x.start(t.Context(), other); x.Verdict != Executed {
+		t.Fatalf("x: %v", x.Verdict)
+	}
+	rDone := make(chan *call, 1)
+	go func() {
+		r := e.newCall(op)
+		r.start(t.Context(), other)
+		rDone <- &r
+	}()
+	time.Sleep(10 * time.Millisecond) // r waits
+	e1, o1 := block()
+	<-e1 // r's poll, held back
+	x.release(t.Context())
+	y := e.newCall(op)
+	if y.start(t.Context(), req); y.Verdict != Executed {
+		t.Fatalf("y: %v", y.Verdict)
+	}
+	e2, o2 := block() // r's next poll is held back too
+	close(o1)         // r finds the key held by y's request, and waits on
+	sDone := make(chan *call, 1)
+	go func() {
+		s := e.newCall(op)
+		s.start(t.Context(), req)
+		sDone <- &s
+	}()
+	<-e2
+	if err := y.record(t.Context(), []byte(secretReply), true); err != nil {
+		t.Fatal(err)
+	}
+	waitSharers(t, &e.reads, y.key, 1) // s's poll comes to r's read
+	close(o2)
+	s := <-sDone
+	r := <-rDone
+	if s.Verdict != Replayed || string(s.Outcome) != secretReply {
+		t.Fatalf("req's duplicate: %v %.24q... (%d bytes, sealed), want replayed %q (other's: %v)", s.Verdict, s.Outcome, len(s.Outcome), secretReply, r.Verdict)
+	}
+}
