@@ -231,8 +231,8 @@ func TestReviewDuplicateReplaysSealedBytes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// block makes the next Reserves of other's request wait for open.
-	block := func() (entered, open chan struct{}) {
-		entered, open = make(chan struct{}, 1), make(chan struct{})
+	block := func() (chan struct{}, chan struct{}) {
+		entered, open := make(chan struct{}, 1), make(chan struct{})
 		h := func(r store.Reservation) {
 			if r.Fingerprint == other.Fingerprint {
 				select {
