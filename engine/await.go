@@ -17,18 +17,19 @@ const (
 	awaitMargin    = 50 * time.Millisecond
 )
 
-// await waits for key, which res found in progress, to be recorded (or
+// await waits for w's key, which res found in progress, to be recorded (or
 // released), polling the store with poll, for at most wait and the call's
 // deadline. It returns the first result that is not InProgress, or
-// the last one when the wait runs out. A wait of w costs at most
-// 5 + w/awaitMaxPoll polls on schedule. On a store that implements
+// the last one when the wait runs out. A wait of d costs at most
+// 5 + d/awaitMaxPoll polls on schedule. On a store that implements
 // store.Watcher, a poll is also made as soon as the store tells that the
 // key's record changed, in place of the one due next (the schedule moves
 // on as after it): a duplicate has its answer the moment the first call
-// records, at no more polls, or two more where the store's word was wrong. The duplicates of one key that one engine holds share their
+// records, at no more polls, or two more where the store's word was
+// wrong. The duplicates of one request that one engine holds share their
 // polls' reads (reads.poll), so that a flood of them, woken at once, reads
 // once rather than queue a read each on the store's connections.
-func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, res store.Entry, poll func(context.Context) (store.Entry, error)) (store.Entry, error) {
+func (e *Engine) await(ctx context.Context, w waited, wait time.Duration, res store.Entry, poll func(context.Context) (store.Entry, error)) (store.Entry, error) {
 	if deadline, ok := ctx.Deadline(); ok {
 		wait = min(wait, max(time.Until(deadline), 0)-awaitMargin)
 	}
@@ -41,33 +42,41 @@ func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, r
 	// Each poll is made under a Watch taken before it, so that a change
 	// after the poll is told, whenever it lands: during the read too, so a
 	// read that found the key held and was told meanwhile is followed by
-	// another at once. The store's word may bring forward two reads that
-	// find the key held still (its holder released it and another took it
-	// over, say); after that it is taken for wrong (a store that cannot
-	// tell closes every Watch at once) and the rest of the wait polls on
-	// schedule.
+	// another at once. A Watch closed as it is taken says the key was not
+	// held then (its holder released it, and another may have taken it
+	// over since); two reads it brings forward that find the key held still
+	// are allowed, and then such a word is taken for wrong (a store that
+	// cannot tell closes every Watch at once): the rest of the wait polls
+	// on schedule.
 	var changed <-chan struct{} // nil, which never fires, without a Watcher
 	stop := func() {}
 	defer func() { stop() }()
-	trust := 2 // reads the store's word may yet bring forward in vain
+	trust := 2      // reads a Watch closed at once may yet bring forward in vain
+	atOnce := false // changed was closed as it was taken
 	watch := func() {
 		if e.watcher != nil && trust > 0 {
 			stop()
-			changed, stop = e.watcher.Watch(key)
+			changed, stop = e.watcher.Watch(w.key)
+			select {
+			case <-changed:
+				atOnce = true
+			default:
+				atOnce = false
+			}
 		}
 	}
 	watch()
 	for interval := e.firstPoll; ; interval = min(2*interval, awaitMaxPoll) {
-		told := false
+		toldAtOnce := false
 		select {
 		case <-ctx.Done():
 			return res, nil
 		case <-timer.C:
 		case <-changed:
-			told = true
+			toldAtOnce = atOnce
 		}
 		watch()
-		next, ok, err := e.reads.poll(ctx, key, poll)
+		next, ok, err := e.reads.poll(ctx, w, poll)
 		if !ok {
 			return res, nil
 		}
@@ -75,7 +84,7 @@ func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, r
 			return next, err
 		}
 		res = next
-		if told {
+		if toldAtOnce {
 			trust--
 		}
 		if trust == 0 {
@@ -90,12 +99,23 @@ func (e *Engine) await(ctx context.Context, key store.Key, wait time.Duration, r
 	}
 }
 
-// reads are the polls of waiting duplicates under way, by key: a duplicate
-// that polls a key another is reading waits for that read's answer rather
+// waited is what a duplicate waits for: its key's record, of its own
+// request (its fingerprint), in its operation's mode. Only duplicates that
+// wait for the same share a read: an answer depends on all three (an
+// atomic Held carries the reader's own fingerprint, and a record is opened
+// only for the request it records).
+type waited struct {
+	key         store.Key
+	fingerprint store.Fingerprint
+	atomic      bool
+}
+
+// reads are the polls of waiting duplicates under way: a duplicate that
+// polls for what another is reading waits for that read's answer rather
 // than make its own. Nothing is kept once a read is answered.
 type reads struct {
 	mu    sync.Mutex
-	byKey map[store.Key]*read
+	byKey map[waited]*read
 }
 
 // read is one poll of a key, whose answer every duplicate waiting on it
@@ -110,14 +130,14 @@ type read struct {
 	own bool
 }
 
-// poll answers a poll of key: with a read of its own, made with poll, or
+// poll answers a poll for key: with a read of its own, made with poll, or
 // with one another duplicate made. A read that was under way when this
 // one came may have begun before this duplicate's Watch was taken, so a
 // change since could be missed: only its completed record is taken (a
 // record once completed is an answer at any time after the call began),
 // and otherwise the next read, which began after, is. ok is false if ctx
 // ended while it waited on another's read.
-func (s *reads) poll(ctx context.Context, key store.Key, poll func(context.Context) (store.Entry, error)) (res store.Entry, ok bool, err error) {
+func (s *reads) poll(ctx context.Context, key waited, poll func(context.Context) (store.Entry, error)) (res store.Entry, ok bool, err error) {
 	// A read found at the first pass may predate the Watch; one found at a
 	// later pass began after the read this duplicate waited on, so after it.
 	for predates := true; ; predates = false {
@@ -145,7 +165,7 @@ func (s *reads) poll(ctx context.Context, key store.Key, poll func(context.Conte
 
 // read makes r, the read of key, and answers those waiting on it, even if
 // the store panics.
-func (s *reads) read(ctx context.Context, key store.Key, r *read, poll func(context.Context) (store.Entry, error)) {
+func (s *reads) read(ctx context.Context, key waited, r *read, poll func(context.Context) (store.Entry, error)) {
 	defer func() {
 		s.mu.Lock()
 		delete(s.byKey, key)

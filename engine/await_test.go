@@ -3,11 +3,14 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/memory"
 )
 
 // TestSharedReadTakenOnlyWhenItCannotMiss: duplicates that came while
@@ -34,8 +37,8 @@ func TestSharedReadTakenOnlyWhenItCannotMiss(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			const others = 20
 			var s reads
-			s.byKey = make(map[store.Key]*read)
-			key := store.Key{1}
+			s.byKey = make(map[waited]*read)
+			key := waited{key: store.Key{1}}
 			inRead, release := make(chan struct{}), make(chan struct{})
 			firstCtx, cancel := context.WithCancel(t.Context())
 			defer cancel()
@@ -98,8 +101,8 @@ func TestSharedReadTakenOnlyWhenItCannotMiss(t *testing.T) {
 func TestSharedReadLaterTaken(t *testing.T) {
 	const others = 20
 	var s reads
-	s.byKey = make(map[store.Key]*read)
-	key := store.Key{2}
+	s.byKey = make(map[waited]*read)
+	key := waited{key: store.Key{2}}
 	held := store.Entry{State: store.Held, RetryAfter: time.Second}
 	inRead, release := make(chan struct{}), make(chan struct{})
 	go s.poll(t.Context(), key, func(context.Context) (store.Entry, error) {
@@ -142,8 +145,8 @@ func TestSharedReadLaterTaken(t *testing.T) {
 // stops when its own context ends, with no answer.
 func TestSharedReadWaitEndsWithContext(t *testing.T) {
 	var s reads
-	s.byKey = make(map[store.Key]*read)
-	key := store.Key{3}
+	s.byKey = make(map[waited]*read)
+	key := waited{key: store.Key{3}}
 	inRead, release := make(chan struct{}), make(chan struct{})
 	defer close(release)
 	go s.poll(t.Context(), key, func(context.Context) (store.Entry, error) {
@@ -162,8 +165,8 @@ func TestSharedReadWaitEndsWithContext(t *testing.T) {
 	}
 }
 
-// waitSharers waits until n duplicates wait on the read of key under way.
-func waitSharers(t *testing.T, s *reads, key store.Key, n int) {
+// waitSharers waits until n duplicates wait on the read for key under way.
+func waitSharers(t *testing.T, s *reads, key waited, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(time.Millisecond) {
 		s.mu.Lock()
@@ -179,4 +182,238 @@ func waitSharers(t *testing.T, s *reads, key store.Key, n int) {
 			t.Fatalf("%d duplicates wait on the read, want %d", got, n)
 		}
 	}
+}
+
+// TestSharedReadOnlyOfOneRequest: a read for one request's duplicates is
+// not shared with those of another request of the same key, whose answer
+// differs (an atomic Held carries its reader's fingerprint; a record is
+// opened only for its own request): the other reads for itself, at once.
+func TestSharedReadOnlyOfOneRequest(t *testing.T) {
+	var s reads
+	s.byKey = make(map[waited]*read)
+	key := store.Key{4}
+	inRead, release := make(chan struct{}), make(chan struct{})
+	defer close(release)
+	go s.poll(t.Context(), waited{key: key, fingerprint: store.Fingerprint{1}}, func(context.Context) (store.Entry, error) {
+		close(inRead)
+		<-release
+		return store.Entry{State: store.Held}, nil
+	})
+	<-inRead
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second) // ends a wait on the read under way
+	defer cancel()
+	res, ok, err := s.poll(ctx, waited{key: key, fingerprint: store.Fingerprint{2}}, func(context.Context) (store.Entry, error) {
+		return store.Entry{State: store.Completed, Fingerprint: store.Fingerprint{2}}, nil
+	})
+	if !ok || err != nil || res.State != store.Completed || res.Fingerprint != (store.Fingerprint{2}) {
+		t.Fatalf("poll of another request: %v (fingerprint %x), %v, %v; want its own read", res.State, res.Fingerprint[:1], ok, err)
+	}
+	if _, ok, _ := s.poll(ctx, waited{key: key, fingerprint: store.Fingerprint{1}, atomic: true}, func(context.Context) (store.Entry, error) {
+		return store.Entry{State: store.Held}, nil
+	}); !ok {
+		t.Fatal("poll in atomic mode waited on the two-phase read under way")
+	}
+}
+
+// slowBeginStore is the fake store whose Begin takes a while, as a round
+// trip does, so that duplicates polling together would share reads.
+type slowBeginStore struct{ *fakeStore }
+
+func (s slowBeginStore) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
+	time.Sleep(5 * time.Millisecond)
+	return s.fakeStore.Begin(ctx, r)
+}
+
+// TestAtomicDuplicatesOfTwoRequestsInProgress: an atomic Begin answers a
+// key held by an open transaction Held with the caller's own fingerprint
+// (store.Atomic), so duplicates of two requests under one key all wait;
+// each whose wait runs out is answered in progress, none reused for the
+// other request's fingerprint.
+func TestAtomicDuplicatesOfTwoRequestsInProgress(t *testing.T) {
+	e := mustEngine(t, slowBeginStore{newFakeStore()}, WithInProgressWait(100*time.Millisecond), WithLogger(nil))
+	op, err := e.Operation(OperationSpec{Name: opName, Atomic: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := e.newCall(op)
+	if first.start(t.Context(), req); first.Verdict != Executed {
+		t.Fatalf("first call: %v", first.Verdict)
+	}
+	defer first.release(t.Context())
+	rs := []request{req, other, req, other, req, other}
+	verdicts := make([]Verdict, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() {
+			c := e.newCall(op)
+			c.start(t.Context(), r)
+			verdicts[i] = c.Verdict
+		})
+	}
+	wg.Wait()
+	for i, v := range verdicts {
+		if v != InProgress {
+			t.Errorf("duplicate %d: %v, want in progress", i, v)
+		}
+	}
+}
+
+// onceGatedStore is the memory store whose next Reserve, once armed, waits
+// for open to close, telling entered first; every Reserve is counted, and
+// every Watch told on watched if there is room.
+type onceGatedStore struct {
+	*memory.Store
+	reserves atomic.Int64
+	armed    atomic.Bool
+	entered  chan struct{}
+	open     chan struct{}
+	watched  chan struct{}
+}
+
+func (s *onceGatedStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	defer s.reserves.Add(1)
+	if s.armed.CompareAndSwap(true, false) {
+		s.entered <- struct{}{}
+		<-s.open
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+func (s *onceGatedStore) Watch(key store.Key) (<-chan struct{}, func()) {
+	select {
+	case s.watched <- struct{}{}:
+	default:
+	}
+	return s.Store.Watch(key)
+}
+
+// TestWatchTellsAfterATakeover: a holder releases its key and a retry
+// takes it over (the Watch taken while the key was free is closed as it
+// is taken, and the read it brings forward finds the new holder). The
+// duplicate still trusts the store's word: when the new holder records,
+// after a few polls, it is answered at once. In a synctest bubble, whose
+// clock moves only when every goroutine waits.
+func TestWatchTellsAfterATakeover(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &onceGatedStore{Store: memory.New(), entered: make(chan struct{}, 1), open: make(chan struct{}), watched: make(chan struct{}, 1)}
+		e := mustEngine(t, st, WithInProgressWait(time.Hour), WithLogger(nil))
+		e.firstPoll = time.Hour
+		op, err := e.Operation(OperationSpec{Name: opName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := e.newCall(op)
+		if first.start(t.Context(), req); first.Verdict != Executed {
+			t.Fatalf("first call: %v", first.Verdict)
+		}
+		done := make(chan *call, 1)
+		go func() {
+			dup := e.newCall(op)
+			dup.start(t.Context(), req)
+			done <- &dup
+		}()
+		<-st.watched
+		st.armed.Store(true)
+		first.release(t.Context())
+		<-st.entered // the duplicate's read, told of the release
+		second := e.newCall(op)
+		if second.start(t.Context(), req); second.Verdict != Executed {
+			t.Fatalf("the retry that takes the key over: %v", second.Verdict)
+		}
+		close(st.open)
+		time.Sleep(1200 * time.Millisecond) // the second holder runs over a few polls
+		if err := second.record(t.Context(), []byte("outcome"), true); err != nil {
+			t.Fatal(err)
+		}
+		recorded := time.Now()
+		dup := receive(t, done)
+		if took := time.Since(recorded); dup.Verdict != Replayed || took != 0 {
+			t.Fatalf("duplicate: %v %v after the record, want replayed at once", dup.Verdict, took)
+		}
+	})
+}
+
+// hookedStore is a store.Store (no Watcher, Finder or Atomic) whose
+// Reserve first calls the hook, if set.
+type hookedStore struct {
+	store.Store
+	hook atomic.Pointer[func(store.Reservation)]
+}
+
+func (s *hookedStore) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	if h := s.hook.Load(); h != nil {
+		(*h)(r)
+	}
+	return s.Store.Reserve(ctx, r)
+}
+
+// TestSharedReadOpenedForItsOwnRequest: with a sealer, a completed record
+// is opened only for a reader of its own request. A duplicate of request
+// other waits on a key whose holder releases it to a call of req (await
+// waits on any Held, whatever its fingerprint); when req's call records,
+// a duplicate of req is answered its reply, opened, by a read of its own,
+// while other's duplicate is still reading. In a synctest bubble.
+func TestSharedReadOpenedForItsOwnRequest(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		st := &hookedStore{Store: memory.New()}
+		e := mustEngine(t, st, WithSealer(newTestRing(t, 1)), WithInProgressWait(time.Minute), WithLogger(nil))
+		op, err := e.Operation(OperationSpec{Name: opName})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// hold makes the next Reserves of other's request wait for open.
+		hold := func() (chan struct{}, chan struct{}) {
+			entered, open := make(chan struct{}, 1), make(chan struct{})
+			h := func(r store.Reservation) {
+				if r.Fingerprint == other.Fingerprint {
+					select {
+					case entered <- struct{}{}:
+					default:
+					}
+					<-open
+				}
+			}
+			st.hook.Store(&h)
+			return entered, open
+		}
+		x := e.newCall(op)
+		if x.start(t.Context(), other); x.Verdict != Executed {
+			t.Fatalf("x: %v", x.Verdict)
+		}
+		rDone := make(chan *call, 1)
+		go func() {
+			r := e.newCall(op)
+			r.start(t.Context(), other)
+			rDone <- &r
+		}()
+		synctest.Wait() // r waits for its first poll
+		e1, o1 := hold()
+		<-e1 // r's poll, held back
+		x.release(t.Context())
+		y := e.newCall(op)
+		if y.start(t.Context(), req); y.Verdict != Executed {
+			t.Fatalf("y: %v", y.Verdict)
+		}
+		e2, o2 := hold() // r's next poll is held back too
+		close(o1)        // r finds the key held by y's request, and waits on
+		sDone := make(chan *call, 1)
+		go func() {
+			s := e.newCall(op)
+			s.start(t.Context(), req)
+			sDone <- &s
+		}()
+		<-e2
+		synctest.Wait() // s waits
+		if err := y.record(t.Context(), []byte(secretReply), true); err != nil {
+			t.Fatal(err)
+		}
+		s := receive(t, sDone) // while r's read is still held back
+		if s.Verdict != Replayed || string(s.Outcome) != secretReply {
+			t.Fatalf("req's duplicate: %v %.24q (%d bytes), want replayed %q", s.Verdict, s.Outcome, len(s.Outcome), secretReply)
+		}
+		close(o2)
+		if r := receive(t, rDone); r.Verdict != Reused {
+			t.Fatalf("other's duplicate: %v, want reused", r.Verdict)
+		}
+	})
 }

@@ -135,7 +135,7 @@ func (c *call) start(ctx context.Context, r request) {
 
 	got, err := e.reserve(ctx, res)
 	if err == nil && got.State == store.Held && got.Fingerprint == fp {
-		got, err = e.await(ctx, c.key, c.wait(r), got, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, res) })
+		got, err = e.await(ctx, waited{res.Key, fp, false}, c.wait(r), got, func(ctx context.Context) (store.Entry, error) { return e.reserve(ctx, res) })
 	}
 	switch {
 	case errors.Is(err, store.ErrFull):
@@ -216,7 +216,7 @@ func (c *call) begin(ctx context.Context, r store.Reservation, wait time.Duratio
 	e := c.e
 	res, tx, err := e.begin(ctx, r)
 	if err == nil && res.State == store.Held && res.Fingerprint == r.Fingerprint {
-		res, err = e.await(ctx, r.Key, wait, res, func(ctx context.Context) (store.Entry, error) {
+		res, err = e.await(ctx, waited{r.Key, r.Fingerprint, true}, wait, res, func(ctx context.Context) (store.Entry, error) {
 			res, t, err := e.begin(ctx, r)
 			tx = t
 			return res, err

@@ -41,7 +41,7 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{store: st, opts: o, obs: newObserver(o), firstPoll: awaitFirstPoll,
-		reads: reads{byKey: make(map[store.Key]*read)}}
+		reads: reads{byKey: make(map[waited]*read)}}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
 	e.watcher, _ = st.(store.Watcher)

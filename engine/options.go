@@ -219,8 +219,9 @@ func WithMaxRetryAfter(d time.Duration) Option {
 // store/redis, and store/postgres while its Listen runs), the duplicate
 // reads it at once, in place of the poll due next, so that it has its
 // answer the moment the record lands, at no more reads. The duplicates of
-// one key that one Engine holds share a poll under way, so a flood of them
-// told at once reads the key once, not once each. In atomic mode each poll
+// one request (its key and fingerprint) that one Engine holds share a poll
+// under way, so a flood of them told at once reads the key once, not once
+// each. In atomic mode each poll
 // is a Begin, which finds the key held and gives its connection back at
 // once, so a waiting duplicate holds no connection between polls. New
 // refuses a d below zero.

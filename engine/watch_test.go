@@ -134,7 +134,7 @@ func TestWatchFloodReadsOnce(t *testing.T) {
 	}
 	// The first duplicate's read waits at the gate until every other
 	// duplicate waits on it.
-	waitSharers(t, &e.reads, first.key, dups-1)
+	waitSharers(t, &e.reads, waited{key: first.key, fingerprint: req.Fingerprint}, dups-1)
 	close(gate)
 	for range dups {
 		if dup := receive(t, done); dup.Verdict != Replayed || string(dup.Outcome) != "outcome-1" {

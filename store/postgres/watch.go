@@ -89,10 +89,10 @@ type watch struct {
 	waiting waitset.Set
 	// recent[n%heardKept] is the notification heard after n others.
 	recent [heardKept]heardKey
-	// ended[n%heardKept] is the key of the atomic run that ended unasked
-	// after n others, for a question that comes after its end (endedN:
-	// how many have).
-	ended  [heardKept]store.Key
+	// ended[n%heardKept] is the atomic run that ended unasked after n
+	// others, for a question that comes after its end (endedN: how many
+	// have).
+	ended  [heardKept]endedRun
 	endedN uint64
 	// offset is added to the clock of Watch's decisions, for the tests'
 	// Advance (export_test.go).
@@ -115,6 +115,16 @@ type hold struct {
 	// with no notification, since no one had asked; askedEnding: a
 	// question was heard meanwhile, to answer once it has returned.
 	ending, askedEnding bool
+}
+
+// endedRun is an atomic run of this store's that ended unasked: its key,
+// and the end of its lease, after which no question can be about it (the
+// key's next run may be another store's). answered: its question was
+// answered, once.
+type endedRun struct {
+	key      store.Key
+	end      time.Time
+	answered bool
 }
 
 // heardKey is a notification heard: a key whose record changed, or with
@@ -331,9 +341,15 @@ func (w *watch) forget(key store.Key) (answer bool) {
 	defer w.mu.Unlock()
 	h := w.held[key]
 	if h.ending && !h.askedEnding {
-		w.ended[w.endedN%heardKept] = key
+		w.ended[w.endedN%heardKept] = endedRun{key: key, end: h.end}
 		w.endedN++
 	}
+	// As a notification heard: a Reserve or Begin of this store on its way
+	// (a duplicate of the run, which has no Watch yet) counts its key
+	// changed, as it would for another store's record.
+	n := w.heard.Load()
+	w.recent[n%heardKept] = heardKey{key, false}
+	w.heard.Store(n + 1)
 	w.forgetLocked(key)
 	return h.askedEnding
 }
@@ -391,9 +407,10 @@ func (w *watch) hear(payload string) (answer string) {
 			h.wanted = true
 			w.held[key] = h
 		default:
+			now := w.now()
 			for i := range min(w.endedN, heardKept) {
-				if w.ended[i] == key {
-					w.ended[i] = store.Key{} // answered once
+				if r := &w.ended[i]; r.key == key && !r.answered && now.Before(r.end) {
+					r.answered = true
 					return payload
 				}
 			}

@@ -368,3 +368,48 @@ func TestAtomicCommitBeforeTheQuestionTells(t *testing.T) {
 		stop()
 	}
 }
+
+// A duplicate in the holder's own store, whose Begin crosses the holder's
+// COMMIT (sent before any question), and finds the key held, is told, as
+// one in another store is (TestAtomicCommitBeforeTheQuestionTells). The
+// COMMIT is sent at a spread of moments after the duplicate's Begin, so
+// that some of them cross.
+func TestAtomicOwnDuplicateAsTheHolderCommitsIsTold(t *testing.T) {
+	rs := newReplicas(t, 1)
+	st := rs[0].store
+	listen(t, st)
+	ctx := context.Background()
+	untold := 0
+	for i := range 200 {
+		key := store.ScopeKey("t", "/m", "own-"+strconv.Itoa(i))
+		tx := beginAs(t, st, key, store.Acquired)
+		got := make(chan store.State, 1)
+		go func() {
+			res, dtx, err := st.Begin(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
+			if err != nil {
+				t.Error(err)
+			}
+			if dtx != nil {
+				dtx.Rollback(ctx)
+			}
+			got <- res.State
+		}()
+		time.Sleep(time.Duration(i%16) * 50 * time.Microsecond)
+		if err := tx.Commit(ctx, []byte("done"), true); err != nil {
+			t.Fatal(err)
+		}
+		if <-got != store.Held {
+			continue
+		}
+		changed, stop := st.Watch(key)
+		select {
+		case <-changed:
+		case <-time.After(time.Second):
+			untold++
+		}
+		stop()
+	}
+	if untold > 0 {
+		t.Fatalf("%d of 200 duplicates in the holder's own store, found held as it committed, never told", untold)
+	}
+}

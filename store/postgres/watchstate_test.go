@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"encoding/hex"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,5 +109,68 @@ func TestLateQuestionAnsweredOnce(t *testing.T) {
 	}
 	if s.watch.forget(asked) || ask(asked) != "" {
 		t.Fatal("a run asked about in time: answered again after its COMMIT notified")
+	}
+}
+
+// A duplicate in the holder's own store whose Begin is on its way as the
+// holder's atomic run commits unasked finds the key held; forget woke no
+// one (the duplicate watches only after its Begin), but counts as a
+// notification heard, so the Begin's reply counts the key changed: the
+// duplicate asks nothing and its Watch tells it at once.
+func TestOwnDuplicateOfARunEndedUnaskedIsTold(t *testing.T) {
+	var s Store
+	s.watch.listening.Store(true)
+	key := store.Key{7}
+	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired) // the holder's Begin
+	since := s.watch.heard.Load()                                   // the duplicate's Begin is sent
+	if s.watch.end(key) {                                           // the COMMIT goes out, unasked
+		t.Fatal("end of a run no one asked about: notify, want not")
+	}
+	s.watch.forget(key) // the COMMIT returned
+	if s.watch.holds(key, time.Minute, since, heldAsking) {
+		t.Fatal("the duplicate asks about a run its own store has ended")
+	}
+	changed, stop := s.Watch(key)
+	defer stop()
+	select {
+	case <-changed:
+	default:
+		t.Fatal("the duplicate of a run its own store committed unasked: not told, left to its first poll")
+	}
+}
+
+// A run that ended unasked is answered for only until its lease would
+// have ended: a question after that is about a later run of the key,
+// perhaps another store's, and is not answered (the asker would read in
+// vain).
+func TestEndedRunAnsweredOnlyWithinItsLease(t *testing.T) {
+	var s Store
+	s.watch.listening.Store(true)
+	key := store.Key{8}
+	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired)
+	s.watch.end(key)
+	s.watch.forget(key) // rolled back, unasked: the key is free
+	// Later than any duplicate of that run could ask (past its lease),
+	// another store's run holds the key, and its duplicate asks.
+	s.watch.offset = func() time.Duration { return 2 * time.Minute }
+	if answer := s.watch.hear(askPrefix + hex.EncodeToString(key[:])); answer != "" {
+		t.Fatalf("a question about a run of another store, after this store's rolled back: answered %q, want nothing", answer)
+	}
+}
+
+// A question about the zero key, which any session on the channel can
+// send, is not answered by a run that ended unasked and was answered.
+func TestEndedRunAnsweredNoZeroKey(t *testing.T) {
+	var s Store
+	s.watch.listening.Store(true)
+	key := store.Key{9}
+	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired)
+	s.watch.end(key)
+	s.watch.forget(key)
+	s.watch.hear(askPrefix + hex.EncodeToString(key[:])) // answered, slot zeroed
+	for i := range 3 {
+		if answer := s.watch.hear(askPrefix + strings.Repeat("0", 64)); answer != "" {
+			t.Fatalf("question %d about the zero key, which this store never held: answered %q", i, answer)
+		}
 	}
 }
