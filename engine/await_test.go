@@ -235,10 +235,7 @@ func TestAtomicDuplicatesOfTwoRequestsInProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := e.newCall(op)
-	if first.start(t.Context(), req); first.Verdict != Executed {
-		t.Fatalf("first call: %v", first.Verdict)
-	}
+	first := executed(t, e, op, req)
 	defer first.release(t.Context())
 	rs := []request{req, other, req, other, req, other}
 	verdicts := make([]Verdict, len(rs))
@@ -296,30 +293,13 @@ func (s *onceGatedStore) Watch(key store.Key) (<-chan struct{}, func()) {
 func TestWatchTellsAfterATakeover(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &onceGatedStore{Store: memory.New(), entered: make(chan struct{}, 1), open: make(chan struct{}), watched: make(chan struct{}, 1)}
-		e := mustEngine(t, st, WithInProgressWait(time.Hour), WithLogger(nil))
-		e.firstPoll = time.Hour
-		op, err := e.Operation(OperationSpec{Name: opName})
-		if err != nil {
-			t.Fatal(err)
-		}
-		first := e.newCall(op)
-		if first.start(t.Context(), req); first.Verdict != Executed {
-			t.Fatalf("first call: %v", first.Verdict)
-		}
-		done := make(chan *call, 1)
-		go func() {
-			dup := e.newCall(op)
-			dup.start(t.Context(), req)
-			done <- &dup
-		}()
+		e, op, first := waitingOn(t, st, WithLogger(nil))
+		done := started(t.Context(), e, op, req)
 		<-st.watched
 		st.armed.Store(true)
 		first.release(t.Context())
-		<-st.entered // the duplicate's read, told of the release
-		second := e.newCall(op)
-		if second.start(t.Context(), req); second.Verdict != Executed {
-			t.Fatalf("the retry that takes the key over: %v", second.Verdict)
-		}
+		<-st.entered                      // the duplicate's read, told of the release
+		second := executed(t, e, op, req) // the retry that takes the key over
 		close(st.open)
 		time.Sleep(1200 * time.Millisecond) // the second holder runs over a few polls
 		if err := second.record(t.Context(), []byte("outcome"), true); err != nil {
@@ -376,32 +356,16 @@ func TestSharedReadOpenedForItsOwnRequest(t *testing.T) {
 			st.hook.Store(&h)
 			return entered, open
 		}
-		x := e.newCall(op)
-		if x.start(t.Context(), other); x.Verdict != Executed {
-			t.Fatalf("x: %v", x.Verdict)
-		}
-		rDone := make(chan *call, 1)
-		go func() {
-			r := e.newCall(op)
-			r.start(t.Context(), other)
-			rDone <- &r
-		}()
+		x := executed(t, e, op, other)
+		rDone := started(t.Context(), e, op, other)
 		synctest.Wait() // r waits for its first poll
 		e1, o1 := hold()
 		<-e1 // r's poll, held back
 		x.release(t.Context())
-		y := e.newCall(op)
-		if y.start(t.Context(), req); y.Verdict != Executed {
-			t.Fatalf("y: %v", y.Verdict)
-		}
+		y := executed(t, e, op, req)
 		e2, o2 := hold() // r's next poll is held back too
 		close(o1)        // r finds the key held by y's request, and waits on
-		sDone := make(chan *call, 1)
-		go func() {
-			s := e.newCall(op)
-			s.start(t.Context(), req)
-			sDone <- &s
-		}()
+		sDone := started(t.Context(), e, op, req)
 		<-e2
 		synctest.Wait() // s waits
 		if err := y.record(t.Context(), []byte(secretReply), true); err != nil {

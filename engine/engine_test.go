@@ -391,11 +391,30 @@ func (h *harness) start(ctx context.Context, op *Operation, r request) *call {
 // key.
 func (h *harness) executed(t *testing.T, op *Operation, r request) *call {
 	t.Helper()
-	c := h.start(t.Context(), op, r)
-	if c.Verdict != Executed {
+	return executed(t, h.e, op, r)
+}
+
+// executed starts a call of op with r on e and fails the test unless it
+// holds the key.
+func executed(t *testing.T, e *Engine, op *Operation, r request) *call {
+	t.Helper()
+	c := e.newCall(op)
+	if c.start(t.Context(), r); c.Verdict != Executed {
 		t.Fatalf("first call: verdict %v, want executed", c.Verdict)
 	}
-	return c
+	return &c
+}
+
+// started starts a call of op with r on e in a goroutine, and returns the
+// channel that delivers the call once Start returns.
+func started(ctx context.Context, e *Engine, op *Operation, r request) <-chan *call {
+	done := make(chan *call, 1)
+	go func() {
+		c := e.newCall(op)
+		c.start(ctx, r)
+		done <- &c
+	}()
+	return done
 }
 
 // recorded runs a call of op with r that records outcome.
@@ -646,18 +665,10 @@ func TestStartVerdicts(t *testing.T) {
 // TestInProgressWait checks a duplicate that finds its key in progress: it
 // waits for the first call, and never longer than its own deadline.
 func TestInProgressWait(t *testing.T) {
-	// duplicate starts a call of op with req in a goroutine, and returns the
-	// channel that delivers the call once Start returns.
-	duplicate := func(ctx context.Context, h *harness, op *Operation) <-chan *call {
-		done := make(chan *call, 1)
-		go func() { done <- h.start(ctx, op, req) }()
-		return done
-	}
-
 	t.Run("replayed when the first call records meanwhile", func(t *testing.T) {
 		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.op, req)
-		done := duplicate(t.Context(), h, h.op)
+		done := started(t.Context(), h.e, h.op, req)
 		eventually(t, "the duplicate's reservation", func() bool { return h.st.count(mReserve) >= 2 })
 		if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
@@ -674,7 +685,7 @@ func TestInProgressWait(t *testing.T) {
 	t.Run("executed when the first call releases meanwhile", func(t *testing.T) {
 		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.op, req)
-		done := duplicate(t.Context(), h, h.op)
+		done := started(t.Context(), h.e, h.op, req)
 		eventually(t, "the duplicate's reservation", func() bool { return h.st.count(mReserve) >= 2 })
 		first.release(t.Context())
 		dup := receive(t, done)
@@ -729,7 +740,7 @@ func TestInProgressWait(t *testing.T) {
 		// A deadline 20ms away, whose Done never fires: only the engine's
 		// reading of the deadline (less a margin for the answer) ends the wait.
 		ctx := deadlineOnly{t.Context(), time.Now().Add(20 * time.Millisecond)}
-		dup := receive(t, duplicate(ctx, h, h.op))
+		dup := receive(t, started(ctx, h.e, h.op, req))
 		if dup.Verdict != InProgress {
 			t.Fatalf("duplicate: verdict %v, want in progress", dup.Verdict)
 		}
@@ -739,7 +750,7 @@ func TestInProgressWait(t *testing.T) {
 	t.Run("atomic: polled with Begin, replayed when the first call commits", func(t *testing.T) {
 		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.atomic, req)
-		done := duplicate(t.Context(), h, h.atomic)
+		done := started(t.Context(), h.e, h.atomic, req)
 		eventually(t, "the duplicate's second Begin", func() bool { return h.st.count(mBegin) >= 3 })
 		if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
@@ -753,7 +764,7 @@ func TestInProgressWait(t *testing.T) {
 	t.Run("atomic: acquired within the wait when the first call rolls back", func(t *testing.T) {
 		h := newHarness(t, WithInProgressWait(time.Minute))
 		first := h.executed(t, h.atomic, req)
-		done := duplicate(t.Context(), h, h.atomic)
+		done := started(t.Context(), h.e, h.atomic, req)
 		eventually(t, "the duplicate's second Begin", func() bool { return h.st.count(mBegin) >= 3 })
 		first.release(t.Context())
 		dup := receive(t, done)

@@ -40,6 +40,20 @@ func (s *watchedStore) Watch(key store.Key) (<-chan struct{}, func()) {
 	return changed, stop
 }
 
+// waitingOn is an engine on st whose duplicates wait an hour with no poll
+// due in it, so that only the store's Watch answers them, its operation,
+// and a first call of req, which holds the key.
+func waitingOn(t *testing.T, st store.Store, opts ...Option) (*Engine, *Operation, *call) {
+	t.Helper()
+	e := mustEngine(t, st, append([]Option{WithInProgressWait(time.Hour)}, opts...)...)
+	e.firstPoll = time.Hour
+	op, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, op, executed(t, e, op, req)
+}
+
 // TestWatchAnswersTheDuplicate: on a store.Watcher, a duplicate held for a
 // running call is answered as soon as that call records or releases its
 // key, with one read more, not at its next poll: here an hour away.
@@ -58,28 +72,14 @@ func TestWatchAnswersTheDuplicate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			st := &watchedStore{Store: memory.New(), watched: make(chan struct{}, 8)}
-			e := mustEngine(t, st, WithInProgressWait(time.Hour))
-			e.firstPoll = time.Hour
-			op, err := e.Operation(OperationSpec{Name: opName})
-			if err != nil {
-				t.Fatal(err)
-			}
-			first := e.newCall(op)
-			if first.start(t.Context(), req); first.Verdict != Executed {
-				t.Fatalf("first call: verdict %v, want executed", first.Verdict)
-			}
-			done := make(chan *call, 1)
-			go func() {
-				dup := e.newCall(op)
-				dup.start(t.Context(), req)
-				done <- &dup
-			}()
+			e, op, first := waitingOn(t, st)
+			done := started(t.Context(), e, op, req)
 			select {
 			case <-st.watched: // the duplicate waits
 			case <-time.After(30 * time.Second):
 				t.Fatal("the duplicate never watched its key")
 			}
-			tc.end(t, &first)
+			tc.end(t, first)
 			dup := receive(t, done)
 			if dup.Verdict != tc.want {
 				t.Fatalf("duplicate: verdict %v, want %v", dup.Verdict, tc.want)
@@ -101,23 +101,10 @@ func TestWatchAnswersTheDuplicate(t *testing.T) {
 func TestWatchFloodReadsOnce(t *testing.T) {
 	const dups = 50
 	st := &watchedStore{Store: memory.New(), watched: make(chan struct{}, dups)}
-	e := mustEngine(t, st, WithInProgressWait(time.Hour))
-	e.firstPoll = time.Hour
-	op, err := e.Operation(OperationSpec{Name: opName})
-	if err != nil {
-		t.Fatal(err)
-	}
-	first := e.newCall(op)
-	if first.start(t.Context(), req); first.Verdict != Executed {
-		t.Fatalf("first call: verdict %v, want executed", first.Verdict)
-	}
-	done := make(chan *call, dups)
-	for range dups {
-		go func() {
-			dup := e.newCall(op)
-			dup.start(t.Context(), req)
-			done <- &dup
-		}()
+	e, op, first := waitingOn(t, st)
+	done := make([]<-chan *call, dups)
+	for i := range done {
+		done[i] = started(t.Context(), e, op, req)
 	}
 	for range dups { // every duplicate waits
 		select {
@@ -136,7 +123,7 @@ func TestWatchFloodReadsOnce(t *testing.T) {
 	// duplicate waits on it.
 	waitSharers(t, &e.reads, waited{key: first.key, fingerprint: req.Fingerprint}, dups-1)
 	close(gate)
-	for range dups {
+	for _, done := range done {
 		if dup := receive(t, done); dup.Verdict != Replayed || string(dup.Outcome) != "outcome-1" {
 			t.Fatalf("duplicate: verdict %v, outcome %q; want replayed outcome-1", dup.Verdict, dup.Outcome)
 		}
@@ -181,23 +168,9 @@ func (s *toldDuringStore) Watch(key store.Key) (<-chan struct{}, func()) {
 func TestWatchToldDuringARead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		st := &toldDuringStore{Store: memory.New(), inRead: make(chan struct{}), gate: make(chan struct{})}
-		e := mustEngine(t, st, WithInProgressWait(time.Hour))
-		e.firstPoll = time.Hour
-		op, err := e.Operation(OperationSpec{Name: opName})
-		if err != nil {
-			t.Fatal(err)
-		}
-		first := e.newCall(op)
-		if first.start(t.Context(), req); first.Verdict != Executed {
-			t.Fatalf("first call: verdict %v, want executed", first.Verdict)
-		}
+		e, op, first := waitingOn(t, st)
 		began := time.Now()
-		done := make(chan *call, 1)
-		go func() {
-			dup := e.newCall(op)
-			dup.start(t.Context(), req)
-			done <- &dup
-		}()
+		done := started(t.Context(), e, op, req)
 		<-st.inRead // the duplicate's read, told by the first Watch, found the key held
 		if err := first.record(t.Context(), []byte("outcome-1"), true); err != nil {
 			t.Fatalf("Record: %v", err)
