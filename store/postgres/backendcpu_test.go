@@ -32,18 +32,8 @@ import (
 // It reports each variant's backend CPU per call and the store's ratio to
 // the minimal SQL: the target is at most 1.10.
 func BenchmarkBackendCPU(b *testing.B) {
-	schema := pgtest.Schema(b)
+	schema, _ := chargesSchema(b, postgres.DefaultTable, "baseline_keys")
 	ctx := context.Background()
-	setup := pgtest.Pool(b, schema)
-	for _, table := range []string{postgres.DefaultTable, "baseline_keys"} {
-		if err := postgres.Migrate(ctx, setup, postgres.WithTable(table)); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
-		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
-		b.Fatal(err)
-	}
 	// As in a gRPC handler, pgx watches the context of every statement.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

@@ -57,19 +57,9 @@ const (
 // spends on it besides its own work) and WAL bytes per call, and the
 // ratios the targets of issue 25 name.
 func BenchmarkDesigns(b *testing.B) {
-	schema := pgtest.Schema(b)
 	ctx, cancel := context.WithCancel(context.Background()) // watched by pgx, as a gRPC handler's is
 	defer cancel()
-	setup := pgtest.Pool(b, schema)
-	for _, table := range []string{postgres.DefaultTable, "baseline_keys"} {
-		if err := postgres.Migrate(ctx, setup, postgres.WithTable(table)); err != nil {
-			b.Fatal(err)
-		}
-	}
-	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
-		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
-		b.Fatal(err)
-	}
+	schema, setup := chargesSchema(b, postgres.DefaultTable, "baseline_keys")
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
 	pids := backendPids(b, pool)
 	st := newStore(b, pool, postgres.WithAtomicConns(designsWorkers))
@@ -362,17 +352,9 @@ func backendsCPU(b *testing.B, pids []int) time.Duration {
 // of the connections the slots leave free. make bench runs it with
 // -benchtime=100000x.
 func BenchmarkAtomicNewKeys(b *testing.B) {
-	schema := pgtest.Schema(b)
+	schema, _ := chargesSchema(b)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	setup := pgtest.Pool(b, schema)
-	if err := postgres.Migrate(ctx, setup); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
-		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
-		b.Fatal(err)
-	}
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = designsPool, designsPool })
 	st := newStore(b, pool)
 	for _, c := range acquireAll(b, pool) {
@@ -416,4 +398,27 @@ func BenchmarkAtomicNewKeys(b *testing.B) {
 	if n := notAcquired.Load() + failed.Load() + postgres.Probed(st); n > 0 {
 		b.Errorf("%d of %d new keys were not acquired, %d failed and %d ran the probe on their own", notAcquired.Load(), b.N, failed.Load(), postgres.Probed(st))
 	}
+}
+
+// chargesSchema is a schema of its own with the store's tables (the
+// default table, or those named) and the example's charges, and a pool on
+// it to set it up with.
+func chargesSchema(b *testing.B, tables ...string) (schema string, setup *pgxpool.Pool) {
+	b.Helper()
+	schema = pgtest.Schema(b)
+	ctx := context.Background()
+	setup = pgtest.Pool(b, schema)
+	if len(tables) == 0 {
+		tables = []string{postgres.DefaultTable}
+	}
+	for _, table := range tables {
+		if err := postgres.Migrate(ctx, setup, postgres.WithTable(table)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
+		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
+		b.Fatal(err)
+	}
+	return schema, setup
 }

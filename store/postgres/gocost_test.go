@@ -103,17 +103,9 @@ func atomicCall(ctx context.Context, st *postgres.Store, r store.Reservation, ha
 // scripts/atomic-go-cost runs them under valgrind to count their
 // instructions per call.
 func BenchmarkAtomicGoCost(b *testing.B) {
-	schema := pgtest.Schema(b)
+	schema, _ := chargesSchema(b)
 	ctx, cancel := context.WithCancel(context.Background()) // watched by pgx, as a gRPC handler's is
 	defer cancel()
-	setup := pgtest.Pool(b, schema)
-	if err := postgres.Migrate(ctx, setup); err != nil {
-		b.Fatal(err)
-	}
-	if _, err := setup.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, amount bigint NOT NULL,
-		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id))`); err != nil {
-		b.Fatal(err)
-	}
 	pool := pgtest.Pool(b, schema, func(c *pgxpool.Config) { c.MinConns, c.MaxConns = 2, 2 })
 	st := newStore(b, pool, postgres.WithAtomicConns(1))
 	fp, lease, retention := store.Fingerprint{1}, time.Minute, 24*time.Hour

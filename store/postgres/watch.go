@@ -347,9 +347,7 @@ func (w *watch) forget(key store.Key) (answer bool) {
 	// As a notification heard: a Reserve or Begin of this store on its way
 	// (a duplicate of the run, which has no Watch yet) counts its key
 	// changed, as it would for another store's record.
-	n := w.heard.Load()
-	w.recent[n%heardKept] = heardKey{key, false}
-	w.heard.Store(n + 1)
+	w.heardLocked(heardKey{key, false})
 	w.forgetLocked(key)
 	return h.askedEnding
 }
@@ -394,9 +392,7 @@ func (w *watch) hear(payload string) (answer string) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	n := w.heard.Load()
-	w.recent[n%heardKept] = heardKey{key, asked}
-	w.heard.Store(n + 1)
+	w.heardLocked(heardKey{key, asked})
 	if asked {
 		h, ok := w.held[key]
 		switch {
@@ -423,6 +419,14 @@ func (w *watch) hear(payload string) (answer string) {
 	}
 	w.forgetLocked(key)
 	return ""
+}
+
+// heardLocked keeps h among the last keys heard, for the Reserves and
+// Begins on their way (holds).
+func (w *watch) heardLocked(h heardKey) {
+	n := w.heard.Load()
+	w.recent[n%heardKept] = h
+	w.heard.Store(n + 1)
 }
 
 // subscribed notes that Listen's connection listens: every watched key is

@@ -14,8 +14,7 @@ import (
 // duplicate at once, so that it reads the key rather than wait. One that
 // was sent after the connection listens is held as usual.
 func TestWatchOfAReserveAcrossAReconnect(t *testing.T) {
-	var s Store
-	s.watch.listening.Store(true)
+	s := listeningStore()
 	key := store.Key{1}
 
 	since := s.watch.heard.Load() // the Reserve is sent
@@ -44,8 +43,7 @@ func TestWatchOfAReserveAcrossAReconnect(t *testing.T) {
 // asked about, so that its COMMIT notifies. A question about another key,
 // or a change of this one, does not.
 func TestQuestionBeforeTheHolderNotesItsKey(t *testing.T) {
-	var s Store
-	s.watch.listening.Store(true)
+	s := listeningStore()
 	key, other := store.Key{1}, store.Key{2}
 
 	since := s.watch.heard.Load() // the holder's Begin is sent
@@ -71,8 +69,7 @@ func TestQuestionBeforeTheHolderNotesItsKey(t *testing.T) {
 // the run, by Listen (hear returns the key). A run that was asked in time
 // notifies with its COMMIT, and answers nothing later.
 func TestLateQuestionAnsweredOnce(t *testing.T) {
-	var s Store
-	s.watch.listening.Store(true)
+	s := listeningStore()
 	ask := func(k store.Key) string { return s.watch.hear(askPrefix + hex.EncodeToString(k[:])) }
 	during, after, asked := store.Key{1}, store.Key{2}, store.Key{3}
 	for _, k := range []store.Key{during, after, asked} {
@@ -118,8 +115,7 @@ func TestLateQuestionAnsweredOnce(t *testing.T) {
 // notification heard, so the Begin's reply counts the key changed: the
 // duplicate asks nothing and its Watch tells it at once.
 func TestOwnDuplicateOfARunEndedUnaskedIsTold(t *testing.T) {
-	var s Store
-	s.watch.listening.Store(true)
+	s := listeningStore()
 	key := store.Key{7}
 	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired) // the holder's Begin
 	since := s.watch.heard.Load()                                   // the duplicate's Begin is sent
@@ -144,12 +140,9 @@ func TestOwnDuplicateOfARunEndedUnaskedIsTold(t *testing.T) {
 // perhaps another store's, and is not answered (the asker would read in
 // vain).
 func TestEndedRunAnsweredOnlyWithinItsLease(t *testing.T) {
-	var s Store
-	s.watch.listening.Store(true)
+	s := listeningStore()
 	key := store.Key{8}
-	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired)
-	s.watch.end(key)
-	s.watch.forget(key) // rolled back, unasked: the key is free
+	ranUnasked(s, key) // rolled back: the key is free
 	// Later than any duplicate of that run could ask (past its lease),
 	// another store's run holds the key, and its duplicate asks.
 	s.watch.offset = func() time.Duration { return 2 * time.Minute }
@@ -161,16 +154,27 @@ func TestEndedRunAnsweredOnlyWithinItsLease(t *testing.T) {
 // A question about the zero key, which any session on the channel can
 // send, is not answered by a run that ended unasked and was answered.
 func TestEndedRunAnsweredNoZeroKey(t *testing.T) {
-	var s Store
-	s.watch.listening.Store(true)
+	s := listeningStore()
 	key := store.Key{9}
-	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired)
-	s.watch.end(key)
-	s.watch.forget(key)
+	ranUnasked(s, key)
 	s.watch.hear(askPrefix + hex.EncodeToString(key[:])) // answered, slot zeroed
 	for i := range 3 {
 		if answer := s.watch.hear(askPrefix + strings.Repeat("0", 64)); answer != "" {
 			t.Fatalf("question %d about the zero key, which this store never held: answered %q", i, answer)
 		}
 	}
+}
+
+// listeningStore is a store whose Listen runs, as far as its watch knows.
+func listeningStore() *Store {
+	s := &Store{}
+	s.watch.listening.Store(true)
+	return s
+}
+
+// ranUnasked runs an atomic run of key on s to its end, no one asking.
+func ranUnasked(s *Store, key store.Key) {
+	s.watch.holds(key, time.Minute, s.watch.heard.Load(), acquired)
+	s.watch.end(key)
+	s.watch.forget(key)
 }
