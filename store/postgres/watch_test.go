@@ -33,6 +33,16 @@ func listen(t testing.TB, st *postgres.Store) {
 	waitUntil(t, "Listen listens", func() bool { return postgres.Listens(st) })
 }
 
+// listeningPair is two replicas on one table, a holder and a duplicate's,
+// each running Listen.
+func listeningPair(t *testing.T) (rs []replica, holder, dup *postgres.Store) {
+	t.Helper()
+	rs = newReplicas(t, 2)
+	listen(t, rs[0].store)
+	listen(t, rs[1].store)
+	return rs, rs[0].store, rs[1].store
+}
+
 // told fails the test unless ch is closed within 30 seconds.
 func told(t *testing.T, what string, ch <-chan struct{}) {
 	t.Helper()
@@ -155,10 +165,7 @@ func rawListener(t *testing.T, pool *pgxpool.Pool) *pgx.Conn {
 // reservation that misses the mark (the record changed under it) runs
 // again rather than report a hold it would never hear the end of.
 func TestEveryHeldDuplicateIsTold(t *testing.T) {
-	rs := newReplicas(t, 2)
-	holder, dup := rs[0].store, rs[1].store
-	listen(t, holder)
-	listen(t, dup)
+	_, holder, dup := listeningPair(t)
 	ctx := context.Background()
 	const rounds, duplicates = 40, 6
 	held := 0
@@ -302,10 +309,7 @@ func BenchmarkListening(b *testing.B) {
 // when it commits; the notification goes to the table's channel only for a
 // key a duplicate asked about.
 func TestAtomicWatchAcrossReplicas(t *testing.T) {
-	rs := newReplicas(t, 2)
-	holder, dup := rs[0].store, rs[1].store
-	listen(t, holder)
-	listen(t, dup)
+	rs, holder, dup := listeningPair(t)
 	ctx := context.Background()
 	conn := rawListener(t, rs[0].pool)
 
@@ -351,10 +355,7 @@ func TestAtomicWatchAcrossReplicas(t *testing.T) {
 // it (about half the time here), answers the question when it comes: every
 // duplicate is told, none left to its next poll.
 func TestAtomicCommitBeforeTheQuestionTells(t *testing.T) {
-	rs := newReplicas(t, 2)
-	holder, dup := rs[0].store, rs[1].store
-	listen(t, holder)
-	listen(t, dup)
+	_, holder, dup := listeningPair(t)
 	ctx := context.Background()
 	for i := range 20 {
 		key := store.ScopeKey("t", "/m", "at-once-"+strconv.Itoa(i))
