@@ -27,4 +27,8 @@ func SetClockOffset(st *Store, offset func() time.Duration) { st.watch.offset = 
 
 // Wanted reports whether another store asked st, which holds key in an
 // atomic call, to notify its record.
-func Wanted(st *Store, key store.Key) bool { return st.watch.wanted(key) }
+func Wanted(st *Store, key store.Key) bool {
+	st.watch.mu.Lock()
+	defer st.watch.mu.Unlock()
+	return st.watch.held[key].wanted
+}

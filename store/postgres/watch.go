@@ -306,14 +306,6 @@ func (w *watch) holds(key store.Key, lease time.Duration, since uint64, how foun
 	return ask
 }
 
-// wanted reports whether another store asked this one to notify the
-// record of key, which this store holds.
-func (w *watch) wanted(key store.Key) bool {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.held[key].wanted
-}
-
 // end reports whether the COMMIT or ROLLBACK of this store's atomic run
 // of key, about to go out, is to notify the key: another store asked.
 // If not, a question heard from now on is answered after it (ending).

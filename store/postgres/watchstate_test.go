@@ -50,7 +50,7 @@ func TestQuestionBeforeTheHolderNotesItsKey(t *testing.T) {
 	s.watch.hear(askPrefix + hex.EncodeToString(key[:]))
 	s.watch.hear(askPrefix + hex.EncodeToString(other[:]))
 	s.watch.holds(key, time.Minute, since, acquired)
-	if !s.watch.wanted(key) {
+	if !Wanted(s, key) {
 		t.Fatal("a key asked about while its holder's Begin was on its way: not wanted, want its COMMIT to notify")
 	}
 
@@ -58,7 +58,7 @@ func TestQuestionBeforeTheHolderNotesItsKey(t *testing.T) {
 	since = s.watch.heard.Load()
 	s.watch.hear(hex.EncodeToString(key[:])) // the record's notification, heard as the next run begins
 	s.watch.holds(key, time.Minute, since, acquired)
-	if s.watch.wanted(key) {
+	if Wanted(s, key) {
 		t.Fatal("a key whose record was notified while its next holder's Begin was on its way: wanted, want no question")
 	}
 }
