@@ -62,7 +62,9 @@ type BatchHandler func(ctx context.Context, i int) error
 //     whole run, and its messages' ids, however many.
 //
 // ctx bounds the store's operations and the handlers; WithHandlerTimeout
-// bounds each handler's run, and the read that decides the batch.
+// bounds each handler's run, and the read that decides the batch. The last
+// delivery of a message that met a failing store is held, after the batch,
+// until the store answers, as Process holds it.
 func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery, h BatchHandler) []Result {
 	xs := make([]*exchange, len(ds))
 	exchanges := make([]engine.Exchange, len(ds))
@@ -74,6 +76,11 @@ func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery, h BatchHandl
 	results := make([]Result, len(ds))
 	for i, x := range xs {
 		results[i] = x.res
+		if ds[i].Last && x.res.Outcome == StoreFailed {
+			// Its last delivery is held until the store answers, on its
+			// own, as Process holds one.
+			results[i] = c.Process(ctx, ds[i], x.h)
+		}
 	}
 	return results
 }

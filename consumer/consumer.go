@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -46,8 +47,10 @@ type Consumer struct {
 // engine.WithFailOpen its store failures are still answered
 // StoreFailed (counted failed_open).
 //
-// It returns an error for a nil eng, an empty name, or WithAtomic on a store
-// that does not implement store.Atomic.
+// It returns an error for a nil eng, an empty name, WithAtomic on a store
+// that does not implement store.Atomic, or a WithHandlerTimeout longer than
+// the engine's longest lease allows (engine.WithMaxLease, less five
+// seconds).
 func New(eng *engine.Engine, name string, opts ...Option) (*Consumer, error) {
 	if eng == nil {
 		return nil, errors.New("idemkey/consumer: New needs an engine: engine.New(store, engine.WithRetention(consumer.RecommendedRetention))")
@@ -118,7 +121,8 @@ type Delivery struct {
 // default a gRPC status with a code the gRPC interceptor records, or an
 // error wrapped with Final, is a final failure (recorded, acknowledged, dead
 // letter); any other error is transient (the key is released and the message
-// redelivered after a backoff).
+// redelivered after a backoff), and so is a panic (ErrPanicked), which the
+// consumer recovers from and logs with the panic value's type only.
 type Handler func(ctx context.Context) error
 
 // Outcome is what became of one delivery.
@@ -204,6 +208,9 @@ var (
 	// words hold on every broker: the broker's own limit (JetStream, RabbitMQ)
 	// or the adapter's (Kafka's attempts) ends its deliveries.
 	ErrLastDelivery = errors.New("idemkey/consumer: the message's last delivery did not process it")
+	// ErrPanicked is the error of a handler that panicked, with the panic
+	// value's type: a transient failure (see Handler).
+	ErrPanicked = errors.New("idemkey/consumer: the handler panicked")
 )
 
 // Records of a processed message: what a redelivery finds.
@@ -227,8 +234,28 @@ var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable
 //
 // On a message's last delivery (Delivery.Last), Process does not return
 // while another run holds the id: it waits for that run to end, so as to
-// take the message over (see the package documentation).
+// take the message over; nor while the store fails: it tries again after
+// each backoff until the store answers or ctx ends (see the package
+// documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
+	res := c.serve(ctx, d, h)
+	for attempt := max(d.Attempt, 1); d.Last && res.Outcome == StoreFailed; attempt++ {
+		if attempt == max(d.Attempt, 1) {
+			c.Warn(ctx, "the store failed on a message's last delivery; the delivery is held, and tried again until the store answers", ownError(res.Err))
+		}
+		if !pause.For(ctx, c.backoff(attempt)) {
+			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: the consumer stopped while a message's last delivery waited for the store; "+
+				"it is negative-acknowledged, neither run nor dead-lettered, and the broker may not deliver it again",
+				slog.String("operation", c.op.Name()), slog.Any("error", ownError(res.Err)))
+			break
+		}
+		res = c.serve(ctx, d, h)
+	}
+	return res
+}
+
+// serve is what one try of d, with h, decides.
+func (c *Consumer) serve(ctx context.Context, d Delivery, h Handler) Result {
 	x := &exchange{c: c, d: d, h: h}
 	c.eng.Serve(ctx, c.op, x)
 	return x.res
@@ -286,8 +313,24 @@ func (x *exchange) Fingerprint(context.Context) (store.Fingerprint, error) {
 
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	var out engine.HandlerResult
-	x.res, out = x.c.ran(x.d, x.h(ctx))
+	x.res, out = x.c.ran(x.d, x.c.run(ctx, x.h))
 	return out
+}
+
+// run runs h, and turns a panic into an ErrPanicked that names only the
+// panic value's type: the value may quote the message. A handler that
+// panics fails for now, as one that returns a plain error does: its id is
+// released, its writes undone, and it is redelivered after a backoff
+// (dead-lettered on its last delivery), while the consumer goes on.
+func (c *Consumer) run(ctx context.Context, h Handler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: a panic of type %T", ErrPanicked, v)
+			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message's handler panicked; its id is released and it is redelivered",
+				slog.String("operation", c.op.Name()), slog.Any("error", err))
+		}
+	}()
+	return h(ctx)
 }
 
 // StandIn is the record of a result the store had no room for
@@ -309,7 +352,7 @@ func (x *exchange) Pass(ctx context.Context) int {
 }
 
 func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
-	x.res = x.c.lastDelivery(ctx, x.d, x.c.answer(ctx, x.d, a, x.res))
+	x.res = x.c.lastDelivery(x.d, x.c.answer(ctx, x.d, a, x.res))
 	return int(x.res.Action)
 }
 
@@ -381,20 +424,15 @@ func (c *Consumer) answer(ctx context.Context, d Delivery, a engine.Answer, ran 
 }
 
 // lastDelivery is res, unless d is the message's last delivery and res
-// would have it redelivered: a message that failed for now, met a failing
-// store, or was still in progress elsewhere when the engine stopped waiting
-// for it. It is then dead-lettered and acknowledged: the broker would drop
-// it.
-func (c *Consumer) lastDelivery(ctx context.Context, d Delivery, res Result) Result {
-	if !d.Last || res.Action != Nak {
+// would have it redelivered: a message that failed for now, or was still in
+// progress elsewhere when the engine stopped waiting for it. It is then
+// dead-lettered and acknowledged: the broker would drop it. A store that
+// failed is no reason to spend a last delivery: Process holds it and tries
+// again, and a StoreFailed Result stays a Nak.
+func (c *Consumer) lastDelivery(d Delivery, res Result) Result {
+	if !d.Last || res.Action != Nak || res.Outcome == StoreFailed {
 		return res
 	}
-	msg := "the last delivery of a message failed for now; it is dead-lettered and acknowledged"
-	if res.Outcome == Busy {
-		msg = "the last delivery of a message stopped waiting for the run that holds it; it is dead-lettered and acknowledged"
-	}
-	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: "+msg,
-		slog.String("operation", c.op.Name()), slog.Any("error", ErrLastDelivery))
 	res.Action, res.DeadLetter = Ack, true
 	res.Err = fmt.Errorf("%w: %w", ErrLastDelivery, res.Err)
 	return res
@@ -447,15 +485,17 @@ type finalError struct{ error }
 
 func (e finalError) Unwrap() error { return e.error }
 
-// IsFinal is the default classification of a handler's error: final when it
-// is marked with Final, or is a gRPC status whose code the gRPC interceptor
-// records (NotFound, AlreadyExists, FailedPrecondition, OutOfRange,
-// Unimplemented, Internal, Unknown, DataLoss), or InvalidArgument, which a
-// redelivery of the same message can only repeat; transient otherwise,
-// including a plain error, which is what a failing dependency returns.
-// Unknown counts only as an explicit status, for an effect whose outcome is
-// unknown (a connection lost after a write was sent): running it again could
-// repeat the effect.
+// IsFinal is the default classification of a handler's error, the one
+// every entry point shares (docs/answers.md): final when it is marked with
+// Final, or is a gRPC status whose code the gRPC interceptor records
+// (NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
+// Internal, Unknown, DataLoss); transient otherwise, including a plain
+// error, which is what a failing dependency returns, and InvalidArgument,
+// which the gRPC interceptor releases too: a handler that knows a message
+// can never succeed (a body it cannot parse) says so with Final. Unknown
+// counts only as an explicit status, for an effect whose outcome is unknown
+// (a connection lost after a write was sent): running it again could repeat
+// the effect.
 func IsFinal(err error) bool {
 	if errors.As(err, new(finalError)) {
 		return true
@@ -466,7 +506,7 @@ func IsFinal(err error) bool {
 	}
 	switch s.Code() {
 	case codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
-		codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss, codes.InvalidArgument:
+		codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss:
 		return true
 	}
 	return false
@@ -481,29 +521,61 @@ func (r Result) String() string {
 }
 
 // DeadLetter hands a Result that asks for it (Result.DeadLetter) to the
-// adapter's dead-letter hook, if there is one, with the reason: a hook that
-// fails turns the action into Nak, so that the redelivery tries it again.
+// adapter's dead-letter hook, with the reason: a hook that fails turns the
+// action into Nak, so that the redelivery tries it again. With no hook (nil)
+// the consumer must discard such messages (WithDiscardDeadLetters): each is
+// logged at Error level as discarded, and its action stands. A message sent
+// to the hook on its last delivery (ErrLastDelivery) is logged at Error
+// level as dead-lettered.
 func (c *Consumer) DeadLetter(ctx context.Context, res Result, hook func(ctx context.Context, err error) error) Result {
-	if !res.DeadLetter || hook == nil {
+	if !res.DeadLetter {
+		return res
+	}
+	if hook == nil {
+		c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message that "+deadWhy(res)+" is discarded, with no dead letter (consumer.WithDiscardDeadLetters)",
+			slog.String("operation", c.op.Name()), slog.String("outcome", res.Outcome.String()), slog.Any("error", ownError(res.Err)))
 		return res
 	}
 	if err := hook(ctx, res.Err); err != nil {
 		c.Warn(ctx, "the dead-letter hook failed; the message is redelivered", ownError(err))
 		res.Action = Nak
+		return res
+	}
+	if errors.Is(res.Err, ErrLastDelivery) {
+		c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message that "+deadWhy(res)+" is dead-lettered",
+			slog.String("operation", c.op.Name()), slog.String("outcome", res.Outcome.String()), slog.Any("error", ErrLastDelivery))
 	}
 	return res
 }
+
+// deadWhy says why res, a Result to dead-letter, is one.
+func deadWhy(res Result) string {
+	switch {
+	case res.Outcome == Busy:
+		return "was still in progress elsewhere when its last delivery stopped waiting"
+	case errors.Is(res.Err, ErrLastDelivery):
+		return "failed for now on its last delivery"
+	case res.Outcome == Rejected:
+		return "was refused"
+	}
+	return "failed for good"
+}
+
+// DiscardsDeadLetters reports whether the consumer was built with
+// WithDiscardDeadLetters: an adapter's New refuses a consumer with no
+// dead-letter hook without it.
+func (c *Consumer) DiscardsDeadLetters() bool { return c.opts.discardDeadLetters }
 
 // ownErrors are the errors a Result holds of this package's, and of the
 // engine's, whose words hold nothing of a message's: every one a consumer
 // answers with but the handler's.
 var ownErrors = []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrExpired, ErrLastDelivery,
-	errStillBusy, errStoreUnavailable, store.ErrFull}
+	ErrPanicked, errStillBusy, errStoreUnavailable, store.ErrFull, store.ErrDataLost}
 
 // ownError is err, if it is one of ownErrors or an engine.FirstSentError;
-// or else a stand-in that names only its type, since a handler's, a hook's
-// or an adapter function's error may quote the message's id, tenant or
-// body.
+// or else a stand-in that names only a gRPC status's code, or the error's
+// type (inside a Final), since a handler's, a hook's or an adapter
+// function's words may quote the message's id, tenant or body.
 func ownError(err error) error {
 	for _, own := range ownErrors {
 		if errors.Is(err, own) {
@@ -513,7 +585,31 @@ func ownError(err error) error {
 	if fse := new(engine.FirstSentError); errors.As(err, &fse) {
 		return fse
 	}
-	return fmt.Errorf("an error of type %T (its words are not logged: they may quote the message)", err)
+	if s, ok := status.FromError(err); ok && err != nil {
+		return errors.New("the handler's gRPC status " + s.Code().String())
+	}
+	if final := new(finalError); errors.As(err, final) {
+		return fmt.Errorf("a final error (consumer.Final) of type %T (its words are left out: they may quote the message)", final.error)
+	}
+	return fmt.Errorf("an error of type %T (its words are left out: they may quote the message)", err)
+}
+
+// Cause says why a Result failed, for a dead letter or a log line that
+// others read: the words of this package's errors (ErrLastDelivery's with
+// the reason it wraps), a gRPC status's code, or else only the error's type;
+// never the handler's own words, which may quote the message.
+func Cause(err error) string {
+	if err == nil {
+		return ""
+	}
+	prefix := ""
+	if errors.Is(err, ErrLastDelivery) {
+		prefix = ErrLastDelivery.Error() + ": "
+		if multi, ok := err.(interface{ Unwrap() []error }); ok && len(multi.Unwrap()) == 2 {
+			err = multi.Unwrap()[1] // fmt.Errorf("%w: %w", ErrLastDelivery, why)
+		}
+	}
+	return prefix + ownError(err).Error()
 }
 
 // Warn logs a failure of the adapter's, such as an acknowledgement that did

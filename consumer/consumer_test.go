@@ -212,7 +212,7 @@ func TestFinalFailures(t *testing.T) {
 	for _, err := range []error{
 		consumer.Final(errors.New("poison")),
 		status.Error(codes.FailedPrecondition, "card declined"),
-		status.Error(codes.InvalidArgument, "amount must be positive"),
+		consumer.Final(status.Error(codes.InvalidArgument, "amount must be positive")),
 		status.Error(codes.Unknown, "the charge's outcome is unknown"),
 		fmt.Errorf("wrapped: %w", status.Error(codes.AlreadyExists, "duplicate reference")),
 	} {
@@ -346,18 +346,18 @@ func TestBusy(t *testing.T) {
 	})
 }
 
-// TestPanicReleases: a handler that panics leaves its id free for the
-// redelivery.
+// TestPanicReleases: a handler that panics fails for now: the consumer
+// goes on, its id is released for the redelivery, and the log names the
+// panic value's type, never its words.
 func TestPanicReleases(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
-		func() {
-			defer func() {
-				if recover() == nil {
-					t.Fatal("the panic did not propagate")
-				}
-			}()
-			c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error { panic("boom") })
-		}()
+	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+		res := c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error { panic("boom body-secret") })
+		if res.Outcome != consumer.Retry || res.Action != consumer.Nak || !errors.Is(res.Err, consumer.ErrPanicked) {
+			t.Fatalf("a panic: %+v, want it failed for now, redelivered, with ErrPanicked", res)
+		}
+		if !strings.Contains(logs.String(), "handler panicked") || !strings.Contains(logs.String(), "a panic of type string") {
+			t.Fatalf("the panic was not logged with its type:\n%s", logs)
+		}
 		h := &counter{}
 		if res := c.Process(t.Context(), delivery("msg-secret-id", 2), h.handle); res.Outcome != consumer.Processed || h.runs != 1 {
 			t.Fatalf("after a panic: %v, %d runs; want processed once", res, h.runs)
@@ -469,7 +469,8 @@ func TestCheckHorizon(t *testing.T) {
 }
 
 // TestLastDelivery: on the broker's last delivery, a message that would be
-// redelivered is dead-lettered and acknowledged instead.
+// redelivered is dead-lettered and acknowledged instead, and logged as
+// dead-lettered only once the hook has it.
 func TestLastDelivery(t *testing.T) {
 	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
 		last := delivery("msg-secret-id", 5)
@@ -478,8 +479,17 @@ func TestLastDelivery(t *testing.T) {
 		if res.Outcome != consumer.Retry || res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrLastDelivery) {
 			t.Fatalf("last delivery of a transient failure: %+v, want it dead-lettered and acknowledged", res)
 		}
-		if n := strings.Count(logs.String(), "consumer: the message's last delivery did not process it"); n != 1 {
-			t.Fatalf("%d last deliveries logged, want 1:\n%s", n, logs)
+		if strings.Contains(logs.String(), "dead-lettered") {
+			t.Fatalf("logged as dead-lettered before the hook had it:\n%s", logs)
+		}
+		var got string
+		res = c.DeadLetter(t.Context(), res, func(_ context.Context, err error) error { got = consumer.Cause(err); return nil })
+		if res.Action != consumer.Ack || got != "idemkey/consumer: the message's last delivery did not process it: "+
+			"an error of type *errors.errorString (its words are left out: they may quote the message)" {
+			t.Fatalf("dead letter %+v with cause %q", res, got)
+		}
+		if n := strings.Count(logs.String(), "failed for now on its last delivery is dead-lettered"); n != 1 {
+			t.Fatalf("%d last deliveries logged as dead-lettered, want 1:\n%s", n, logs)
 		}
 	})
 }

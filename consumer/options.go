@@ -27,6 +27,9 @@ type options struct {
 	firstBackoff   time.Duration
 	maxBackoff     time.Duration
 	warnHorizon    bool
+	// discardDeadLetters lets an adapter run without a dead-letter hook
+	// (WithDiscardDeadLetters).
+	discardDeadLetters bool
 }
 
 func newOptions(opts []Option) *options {
@@ -55,9 +58,12 @@ func WithAtomic() Option { return func(o *options) { o.atomic = true } }
 
 // WithHandlerTimeout bounds each run of the handler (engine.OperationSpec's
 // HandlerTimeout): its context ends after d. Its lease, the time before a
-// redelivery may presume it dead, is then the timeout plus a few seconds. Without it a handler runs unbounded under the engine's lease
-// (engine.WithLease, engine.DefaultLease by default), and one that outlasts
-// its lease may run again beside itself in two-phase mode.
+// redelivery may presume it dead, is then the timeout plus a few seconds
+// (five): New refuses a d whose lease the engine's longest lease
+// (engine.WithMaxLease, ten minutes by default) would cut short. Without it
+// a handler runs unbounded under the engine's lease (engine.WithLease,
+// engine.DefaultLease by default), and one that outlasts its lease may run
+// again beside itself in two-phase mode.
 func WithHandlerTimeout(d time.Duration) Option {
 	return func(o *options) { o.handlerTimeout = max(d, 0) }
 }
@@ -88,6 +94,15 @@ func WithBackoff(first, most time.Duration) Option {
 		o.maxBackoff = max(o.maxBackoff, o.firstBackoff)
 	}
 }
+
+// WithDiscardDeadLetters says what becomes of a message that would be
+// dead-lettered (Result.DeadLetter: a final failure, a refusal, a failure
+// for now on its last delivery) when the adapter has no dead-letter hook:
+// it is discarded, acknowledged (or, refused, terminated) and logged at
+// Error level, and nothing keeps it. The broker adapters' New refuses a
+// consumer with no dead-letter hook without it, so that no message is lost
+// unless the user says so.
+func WithDiscardDeadLetters() Option { return func(o *options) { o.discardDeadLetters = true } }
 
 // WithHorizonWarning makes CheckHorizon log its finding at Error level and
 // return nil, instead of refusing to start: for a broker whose redelivery

@@ -105,7 +105,8 @@ type OperationSpec struct {
 	// HandlerTimeout, if positive, bounds each run of the handler (the
 	// context Exchange.Run gets ends after it) and sets the call's lease to
 	// it and a grace period, as a deadline that near would: a message
-	// consumer's (consumer.WithHandlerTimeout).
+	// consumer's (consumer.WithHandlerTimeout). Operation refuses one that,
+	// with the grace period, is longer than WithMaxLease.
 	HandlerTimeout time.Duration
 	// KeyRequired refuses the operation's calls without a key
 	// (KeyMissing), whatever WithKeyRequired says: a message's id.
@@ -121,11 +122,19 @@ type OperationSpec struct {
 
 // Operation returns the operation spec describes; an error that names the
 // fix if it cannot be served on this engine: atomic mode on a store that
-// does not implement store.Atomic, or no way to tell its tenants apart
-// (neither spec.Tenant, WithTenant nor WithSingleTenant).
+// does not implement store.Atomic, no way to tell its tenants apart
+// (neither spec.Tenant, WithTenant nor WithSingleTenant), or a
+// HandlerTimeout whose lease WithMaxLease would cut short.
 func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if spec.Atomic && e.atomic == nil {
 		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", e.store)
+	}
+	if t := spec.HandlerTimeout; t > 0 && t > e.opts.maxLease-leaseGrace {
+		// The lease would end while the handler may still run, and a
+		// redelivery would run it again beside itself.
+		return nil, fmt.Errorf("idemkey: operation %q: the handler timeout (%v, consumer.WithHandlerTimeout) needs a lease of %v more, "+
+			"but the longest lease is %v (engine.WithMaxLease): a handler still running when its lease ends may run again beside itself; "+
+			"give engine.WithMaxLease at least %v, or shorten the timeout", spec.Name, t, leaseGrace, e.opts.maxLease, t+leaseGrace)
 	}
 	if spec.Tenant == nil && e.opts.tenant == nil && !e.opts.singleTenant {
 		return nil, errNoTenant

@@ -43,8 +43,8 @@ type ledger struct {
 func (*ledger) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 	// tx has pgx's Exec, Query, QueryRow, SendBatch and CopyFrom.
 	tx, ok := postgres.TxFromContext(ctx)
-	if !ok { // WithKeyRequired is set, so only a server bug gets here: not in atomic mode
-		return nil, status.Error(codes.Internal, "CreateCharge must run in atomic mode")
+	if !ok { // a server deployed without WithAtomicMethods: Unavailable releases the key
+		return nil, status.Error(codes.Unavailable, "CreateCharge must run in atomic mode")
 	}
 	c := &paymentsv1.Charge{Id: "ch_" + idemkey.NewKey(), Amount: req.GetAmount(), Currency: req.GetCurrency()}
 	_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount, currency) VALUES ($1, $2, $3)`,

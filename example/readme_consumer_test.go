@@ -5,6 +5,7 @@ package example_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -50,10 +51,17 @@ func consumeCharges(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStr
 		return nil, err
 	}
 	c, err := idemnats.New(ctx, core, stream, cons, func(ctx context.Context, msg jetstream.Msg) error {
-		tx, _ := postgres.TxFromContext(ctx) // commits with the message's record
+		tx, ok := postgres.TxFromContext(ctx) // commits with the message's record
+		if !ok {
+			return errors.New("not in atomic mode (consumer.WithAtomic)") // redelivered, never lost
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (entry) VALUES ($1)`, msg.Data())
 		return err
-	})
+	}, idemnats.WithDeadLetter(func(ctx context.Context, msg jetstream.Msg, err error) error {
+		_, werr := pool.Exec(ctx, `INSERT INTO dead_letters (body, cause) VALUES ($1, $2)`,
+			msg.Data(), consumer.Cause(err)) // Cause: idemkey's words, never the handler's
+		return werr // an error redelivers the message, to try again
+	}))
 	if err != nil {
 		return nil, err // a *consumer.HorizonError if ids could expire first
 	}
@@ -72,7 +80,7 @@ func TestREADMEConsumer(t *testing.T) {
 	if err := postgres.Migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := pool.Exec(t.Context(), `CREATE TABLE ledger (entry text)`); err != nil {
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE ledger (entry text); CREATE TABLE dead_letters (body bytea, cause text)`); err != nil {
 		t.Fatal(err)
 	}
 	cc, err := consumeCharges(t.Context(), pool, js)

@@ -5,6 +5,7 @@ package example_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -43,7 +44,10 @@ func consumeKafkaCharges(ctx context.Context, pool *pgxpool.Pool, brokers []stri
 	}
 	defer cl.CloseAllowingRebalance()
 	c, err := idemkafka.New(ctx, core, cl, func(ctx context.Context, r *kgo.Record) error {
-		tx, _ := postgres.TxFromContext(ctx) // commits with the record's id
+		tx, ok := postgres.TxFromContext(ctx) // commits with the record's id
+		if !ok {
+			return errors.New("not in atomic mode (consumer.WithAtomic)") // retried, never lost
+		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (entry) VALUES ($1)`, r.Value)
 		return err
 	}, idemkafka.WithDeadLetterTopic("payments.charges.dead"))

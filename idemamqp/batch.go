@@ -111,10 +111,8 @@ func (c *Consumer) ProcessBatch(ctx context.Context, ds []amqp.Delivery) []consu
 	for j, i := range at {
 		results[i] = c.busy(rs[j])
 	}
-	if c.opts.deadLetter != nil {
-		for i, d := range ds {
-			results[i] = c.core.DeadLetter(ctx, results[i], func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, d, err) })
-		}
+	for i, d := range ds {
+		results[i] = c.core.DeadLetter(ctx, results[i], c.deadLetter(d))
 	}
 	return results
 }

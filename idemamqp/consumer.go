@@ -49,7 +49,25 @@ func New(core *consumer.Consumer, queue string, args amqp.Table, h Handler, opts
 	if !ok || limit < 0 {
 		limit = -1
 	}
-	return &Consumer{core: core, h: h, opts: newOptions(opts), deliveryLimit: limit}, nil
+	o := newOptions(opts)
+	if o.deadLetter == nil && !core.DiscardsDeadLetters() {
+		return nil, errNoDeadLetter
+	}
+	return &Consumer{core: core, h: h, opts: o, deliveryLimit: limit}, nil
+}
+
+// errNoDeadLetter is New's answer to a consumer with nowhere to put a
+// dead letter.
+var errNoDeadLetter = errors.New("idemamqp: a message that fails for good, is refused, or fails for now on its last delivery has nowhere to go: " +
+	"give WithDeadLetter a hook that keeps it (an exchange or a table of its own), " +
+	"or build the consumer with consumer.WithDiscardDeadLetters() to acknowledge such messages and lose them, logged at Error level")
+
+// deadLetter is the dead-letter hook for d; nil without one.
+func (c *Consumer) deadLetter(d amqp.Delivery) func(context.Context, error) error {
+	if c.opts.deadLetter == nil {
+		return nil
+	}
+	return func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, d, err) }
 }
 
 // redeliveryHorizon is how long RabbitMQ may redeliver a message of queue, declared
@@ -141,11 +159,7 @@ func (c *Consumer) Handle(ctx context.Context, d amqp.Delivery) consumer.Result 
 // in a final failure or was refused goes to the dead-letter hook
 // (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
 func (c *Consumer) Process(ctx context.Context, d amqp.Delivery) consumer.Result {
-	res := c.process(ctx, d)
-	if c.opts.deadLetter == nil {
-		return res
-	}
-	return c.core.DeadLetter(ctx, res, func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, d, err) })
+	return c.core.DeadLetter(ctx, c.process(ctx, d), c.deadLetter(d))
 }
 
 // Settle tells RabbitMQ what Process decided for d: Ack, Nack with requeue,

@@ -163,11 +163,8 @@ func (c *Consumer) attempt(ctx context.Context, rs []*kgo.Record, results []cons
 			results[i] = out[j]
 		}
 	}
-	if c.opts.deadLetter != nil {
-		for _, i := range pending {
-			r := rs[i]
-			results[i] = c.core.DeadLetter(ctx, results[i], func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, r, err) })
-		}
+	for _, i := range pending {
+		results[i] = c.core.DeadLetter(ctx, results[i], c.deadLetter(rs[i]))
 	}
 }
 

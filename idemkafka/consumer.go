@@ -101,7 +101,24 @@ func New(ctx context.Context, core *consumer.Consumer, cl *kgo.Client, h Handler
 	if c.opts.deadLetterTopic != "" {
 		c.opts.deadLetter = c.writeDeadLetter
 	}
+	if c.opts.deadLetter == nil && !core.DiscardsDeadLetters() {
+		return nil, errNoDeadLetter
+	}
 	return c, nil
+}
+
+// errNoDeadLetter is New's answer to a consumer with nowhere to put a
+// dead letter.
+var errNoDeadLetter = errors.New("idemkafka: a record that fails for good, is refused, or fails for now on its last attempt has nowhere to go: " +
+	"give WithDeadLetterTopic a topic, or WithDeadLetter a hook, that keeps it, " +
+	"or build the consumer with consumer.WithDiscardDeadLetters() to commit such records and lose them, logged at Error level")
+
+// deadLetter is the dead-letter hook for r; nil without one.
+func (c *Consumer) deadLetter(r *kgo.Record) func(context.Context, error) error {
+	if c.opts.deadLetter == nil {
+		return nil
+	}
+	return func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, r, err) }
 }
 
 // checkClient returns the topics cl consumes, or an error naming the

@@ -2,15 +2,12 @@ package idemkafka
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
 	"github.com/twmb/franz-go/pkg/kgo"
-	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/store"
 )
 
 // The headers a dead letter written by WithDeadLetterTopic carries besides
@@ -39,7 +36,7 @@ func WithDeadLetterTopic(topic string) Option {
 func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, err error) error {
 	headers := append(make([]kgo.RecordHeader, 0, len(r.Headers)+4), r.Headers...)
 	headers = append(headers,
-		kgo.RecordHeader{Key: headerError, Value: []byte(cause(err))},
+		kgo.RecordHeader{Key: headerError, Value: []byte(consumer.Cause(err))},
 		kgo.RecordHeader{Key: headerTopic, Value: []byte(r.Topic)},
 		kgo.RecordHeader{Key: headerPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
 		kgo.RecordHeader{Key: headerOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
@@ -49,30 +46,4 @@ func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, err error
 		return fmt.Errorf("idemkafka: writing a dead letter to topic %s: %w", c.opts.deadLetterTopic, err)
 	}
 	return nil
-}
-
-// reasons are the errors of idemkey's whose words hold nothing of a
-// record's, and which a dead letter's cause quotes.
-var reasons = []error{consumer.ErrNoID, consumer.ErrInvalidID, consumer.ErrReusedID, consumer.ErrFailedBefore,
-	consumer.ErrExpired, store.ErrFull}
-
-// cause describes err, a Result's, for a dead letter's idemkey-error header: in
-// idemkey's words, never in the handler's.
-func cause(err error) string {
-	prefix := ""
-	if errors.Is(err, consumer.ErrLastDelivery) {
-		prefix = consumer.ErrLastDelivery.Error() + ": "
-		if multi, ok := err.(interface{ Unwrap() []error }); ok && len(multi.Unwrap()) == 2 {
-			err = multi.Unwrap()[1] // fmt.Errorf("%w: %w", ErrLastDelivery, why)
-		}
-	}
-	for _, r := range reasons {
-		if errors.Is(err, r) {
-			return prefix + r.Error()
-		}
-	}
-	if s, ok := status.FromError(err); ok && err != nil {
-		return prefix + "the handler's gRPC status " + s.Code().String()
-	}
-	return prefix + fmt.Sprintf("an error of type %T (its words are not copied: they may quote the record)", err)
 }

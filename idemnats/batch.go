@@ -91,10 +91,8 @@ func (c *Consumer) ProcessBatch(ctx context.Context, msgs []jetstream.Msg) []con
 	for j, i := range at {
 		results[i] = rs[j]
 	}
-	if c.opts.deadLetter != nil {
-		for i, msg := range msgs {
-			results[i] = c.core.DeadLetter(ctx, results[i], func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, msg, err) })
-		}
+	for i, msg := range msgs {
+		results[i] = c.core.DeadLetter(ctx, results[i], c.deadLetter(msg))
 	}
 	return results
 }

@@ -62,6 +62,9 @@ func New(ctx context.Context, core *consumer.Consumer, stream jetstream.Stream, 
 	if err := o.checkDuplicateWindow(si.Config, ci.Name); err != nil {
 		return nil, err
 	}
+	if o.deadLetter == nil && !core.DiscardsDeadLetters() {
+		return nil, errNoDeadLetter
+	}
 	return &Consumer{core: core, h: h, opts: o, maxDeliver: cfg.MaxDeliver}, nil
 }
 
@@ -154,11 +157,21 @@ func (c *Consumer) Handle(ctx context.Context, msg jetstream.Msg) consumer.Resul
 // ended in a final failure or was refused goes to the dead-letter hook
 // (WithDeadLetter) here; if the hook fails, the Result's action is Nak.
 func (c *Consumer) Process(ctx context.Context, msg jetstream.Msg) consumer.Result {
-	res := c.process(ctx, msg)
+	return c.core.DeadLetter(ctx, c.process(ctx, msg), c.deadLetter(msg))
+}
+
+// errNoDeadLetter is New's answer to a consumer with nowhere to put a
+// dead letter.
+var errNoDeadLetter = errors.New("idemnats: a message that fails for good, is refused, or fails for now on its last delivery has nowhere to go: " +
+	"give WithDeadLetter a hook that keeps it (a subject or a table of its own), " +
+	"or build the consumer with consumer.WithDiscardDeadLetters() to acknowledge such messages and lose them, logged at Error level")
+
+// deadLetter is the dead-letter hook for msg; nil without one.
+func (c *Consumer) deadLetter(msg jetstream.Msg) func(context.Context, error) error {
 	if c.opts.deadLetter == nil {
-		return res
+		return nil
 	}
-	return c.core.DeadLetter(ctx, res, func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, msg, err) })
+	return func(ctx context.Context, err error) error { return c.opts.deadLetter(ctx, msg, err) }
 }
 
 // Settle tells JetStream what Process decided for msg: Ack, NakWithDelay or

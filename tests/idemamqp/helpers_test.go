@@ -144,6 +144,7 @@ func (f *fixture) core(st store.Store, eopts []engine.Option, opts ...consumer.O
 	opts = append([]consumer.Option{
 		consumer.WithSystem("rabbitmq"),
 		consumer.WithBackoff(10*time.Millisecond, 50*time.Millisecond),
+		consumer.WithDiscardDeadLetters(), // the tests that read dead letters set a hook
 	}, opts...)
 	c, err := consumer.New(eng, "billing", opts...)
 	if err != nil {
