@@ -25,8 +25,9 @@ type options struct {
 }
 
 // WithHeaderMatcher is the application's incoming header matcher, asked
-// about every header but idemkey's two. The default is
-// runtime.DefaultHeaderMatcher.
+// about every header but idemkey's two. A header it sends to idemkey's
+// metadata is forwarded as idemkey's headers are (see the package doc).
+// The default is runtime.DefaultHeaderMatcher.
 func WithHeaderMatcher(m runtime.HeaderMatcherFunc) Option {
 	return func(o *options) {
 		if m != nil {
@@ -48,7 +49,8 @@ func WithErrorHandler(h runtime.ErrorHandlerFunc) Option {
 
 // ServeMuxOptions returns the options of a runtime.ServeMux that serves
 // idemkey's headers and statuses (see the package doc): an incoming header
-// matcher, a forward-response option and an error handler.
+// matcher, a metadata annotator, a forward-response option and an error
+// handler.
 func ServeMuxOptions(opts ...Option) []runtime.ServeMuxOption {
 	o := options{headers: runtime.DefaultHeaderMatcher, errors: runtime.DefaultHTTPErrorHandler}
 	for _, opt := range opts {
