@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -22,6 +24,7 @@ import (
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemgateway"
 	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -30,18 +33,37 @@ import (
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-// charges is a PaymentService whose CreateCharge counts its runs, waits
-// for release when the description says "slow", and fails NOT_FOUND for
-// customer "cus_missing".
+// charges is a PaymentService whose CreateCharge counts its runs and keeps
+// the key each ran with, waits for release when the description says
+// "slow", and fails NOT_FOUND for customer "cus_missing".
 type charges struct {
 	paymentsv1.UnimplementedPaymentServiceServer
 	runs    atomic.Int64
 	started chan struct{}
 	release chan struct{}
+
+	mu   sync.Mutex
+	keys []string // the key of each run, "" for none
+}
+
+// ran counts a run with key, and returns how many there were.
+func (c *charges) ran(key string) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.keys = append(c.keys, key)
+	return c.runs.Add(1)
+}
+
+// ranWith returns the key of each run so far.
+func (c *charges) ranWith() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.keys)
 }
 
 func (c *charges) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-	n := c.runs.Add(1)
+	key, _, _ := interceptor.KeyFromIncomingContext(ctx)
+	n := c.ran(key)
 	if req.GetDescription() == "slow" {
 		c.started <- struct{}{}
 		<-c.release
@@ -58,10 +80,18 @@ func (c *charges) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 // interceptor on st.
 func gateway(t *testing.T, st store.Store, svc *charges, opts []idemgateway.Option, muxOpts ...runtime.ServeMuxOption) string {
 	t.Helper()
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(st, engine.WithKeyRequired())))
+	return serveGateway(t, grpctest.Interceptor(st, engine.WithKeyRequired()), svc, append(idemgateway.ServeMuxOptions(opts...), muxOpts...)...)
+}
+
+// serveGateway serves POST /v1/charges through a grpc-gateway ServeMux made
+// with muxOpts alone, to CreateCharge over bufconn behind ic, over HTTP/1.1
+// and h2c.
+func serveGateway(t *testing.T, ic grpc.UnaryServerInterceptor, svc *charges, muxOpts ...runtime.ServeMuxOption) string {
+	t.Helper()
+	srv := grpc.NewServer(grpc.UnaryInterceptor(ic))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
-	mux := runtime.NewServeMux(append(idemgateway.ServeMuxOptions(opts...), muxOpts...)...)
+	mux := runtime.NewServeMux(muxOpts...)
 	// What protoc-gen-grpc-gateway generates for a POST with body "*".
 	const method = "/example.payments.v1.PaymentService/CreateCharge"
 	err := mux.HandlePath(http.MethodPost, "/v1/charges", func(w http.ResponseWriter, r *http.Request, _ map[string]string) {
@@ -89,7 +119,17 @@ func gateway(t *testing.T, st store.Store, svc *charges, opts []idemgateway.Opti
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs := httptest.NewServer(mux)
+	return serveHTTP(t, mux)
+}
+
+// serveHTTP serves h over HTTP/1.1 and h2c on loopback until t ends, and
+// returns its URL.
+func serveHTTP(t *testing.T, h http.Handler) string {
+	hs := httptest.NewUnstartedServer(h)
+	hs.Config.Protocols = new(http.Protocols)
+	hs.Config.Protocols.SetHTTP1(true)
+	hs.Config.Protocols.SetUnencryptedHTTP2(true)
+	hs.Start()
 	t.Cleanup(hs.Close)
 	return hs.URL
 }

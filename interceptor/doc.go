@@ -52,9 +52,13 @@
 //     read by idemkey.ParseKey as every entry point reads it (bare, or an
 //     RFC 8941 string in double quotes: "k" and k name one key), of 1 to
 //     255 bytes of visible ASCII, else InvalidArgument. A call without a
-//     key runs unprotected, or is refused if WithKeyRequired. The client
-//     interceptor sends a key bare, as gRPC clients do, or quoted if
-//     idemkey.ParseKey would read it otherwise, so that it reads back as it;
+//     key runs unprotected, or is refused if WithKeyRequired; the refusal
+//     of one that came through grpc-gateway (its metadata holds the
+//     grpcgateway- keys of the HTTP request's standard headers) names
+//     idemgateway.ServeMuxOptions, without which the gateway forwards no
+//     Idempotency-Key header. The client interceptor sends a key bare, as
+//     gRPC clients do, or quoted if idemkey.ParseKey would read it
+//     otherwise, so that it reads back as it;
 //  2. scopes the key to the tenant (WithTenant) and method (WithScope), and
 //     fingerprints the request (Fingerprint, or WithFingerprint);
 //  3. reserves the key in the store before running anything. A recorded key

@@ -267,3 +267,26 @@ func TestE2EBadKeys(t *testing.T) {
 		t.Errorf("bad keys left %d records", n)
 	}
 }
+
+// A call without a key that grpc-gateway forwarded (its metadata holds the
+// grpcgateway- keys of the HTTP request's permanent headers) is told that
+// the gateway needs idemgateway's options to forward the Idempotency-Key
+// header; any other is told to set the metadata.
+func TestE2EMissingKeyThroughGateway(t *testing.T) {
+	e := newE2E(t, engine.WithKeyRequired())
+	for _, tc := range []struct {
+		name  string
+		pairs []string
+		names string
+	}{
+		{"gRPC", nil, "set the " + idemkey.KeyMetadata + " metadata"},
+		{"grpc-gateway", []string{"grpcgateway-user-agent", "curl/8.5.0", "x-forwarded-for", "192.0.2.1"}, "idemgateway.ServeMuxOptions"},
+	} {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), append(tc.pairs, "tenant", "acme")...)
+		_, err := e.plain.CreateCharge(ctx, request(100))
+		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyMissing || !strings.Contains(status.Convert(err).Message(), tc.names) {
+			t.Errorf("%s: %v; want InvalidArgument %s naming %q", tc.name, err, idemkey.ReasonKeyMissing, tc.names)
+		}
+	}
+	wantRuns(t, e.svc, 0)
+}

@@ -171,7 +171,7 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 		x.tellExpiry(a.Expires, false)
 		return nil, reusedKeyError()
 	case engine.KeyMissing:
-		return nil, missingKeyError()
+		return nil, missingKeyError(ctx)
 	case engine.KeyInvalid, engine.Refused:
 		return nil, a.Err // the key's, the tenant's or the fingerprint's, already a status
 	case engine.Expired:

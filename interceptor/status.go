@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"time"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -71,10 +72,37 @@ func validateKey(key string) error {
 }
 
 // missingKeyError is the InvalidArgument status for a call that must carry an
-// idempotency key and does not.
-func missingKeyError() error {
+// idempotency key and does not. A call that grpc-gateway forwarded from an
+// HTTP client is told of idemgateway, without which the gateway forwards
+// no Idempotency-Key header: setting metadata means nothing to that client.
+func missingKeyError(ctx context.Context) error {
+	if throughGateway(ctx) {
+		return newError(codes.InvalidArgument, idemkey.ReasonKeyMissing,
+			"idempotency key required: this call came through grpc-gateway, which forwards the "+idemkey.KeyHeader+
+				" header only from a ServeMux made with idemgateway.ServeMuxOptions (github.com/idemkey/idemkey/idemgateway)")
+	}
 	return newError(codes.InvalidArgument, idemkey.ReasonKeyMissing,
 		"idempotency key required: set the "+idemkey.KeyMetadata+" metadata to one random key per operation")
+}
+
+// gatewayPrefix starts the metadata keys under which grpc-gateway's header
+// matchers forward the permanent HTTP headers (User-Agent, Accept,
+// Content-Type, ...): grpc-gateway's runtime.MetadataPrefix, which this
+// module does not import (grpc-gateway is idemgateway's alone).
+const gatewayPrefix = "grpcgateway-"
+
+// throughGateway reports whether the call came through grpc-gateway: its
+// metadata holds a key that starts with gatewayPrefix, which no gRPC client
+// sends of its own accord. Read only on a refusal, so the copy of the
+// metadata costs a served call nothing.
+func throughGateway(ctx context.Context) bool {
+	md, _ := metadata.FromIncomingContext(ctx)
+	for k := range md {
+		if strings.HasPrefix(k, gatewayPrefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // invalidKeyError is the InvalidArgument status for a malformed key; problem

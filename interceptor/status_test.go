@@ -1,6 +1,7 @@
 package interceptor
 
 import (
+	"context"
 	"fmt"
 	"math"
 	"strings"
@@ -20,7 +21,7 @@ func TestStatuses(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{missingKeyError(), codes.InvalidArgument, idemkey.ReasonKeyMissing},
+		{missingKeyError(context.Background()), codes.InvalidArgument, idemkey.ReasonKeyMissing},
 		{invalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
 		{reusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
 		{inProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},

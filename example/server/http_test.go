@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -28,6 +29,7 @@ import (
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 )
 
@@ -482,5 +484,56 @@ func TestDuplicatesOnEveryEntryPointWaitTogether(t *testing.T) {
 			}
 			t.Logf("%s: charges %v, %d in progress", name, ids, inProgress)
 		})
+	}
+}
+
+// The built server's POST /v1/charges, through grpc-gateway, refuses a key
+// that gRPC metadata cannot carry (a UTF-8 letter, a tab inside) as
+// malformed, as idemhttp does, and charges nothing, however often it is
+// sent, rather than drop the key: since the server requires a key, the
+// client would be told it sent none, or with the body's request_id the
+// charge would run under that key, the header's unseen. The server's log
+// never holds the key. A key it can carry charges once.
+func TestGatewayRefusesKeysItCannotForward(t *testing.T) {
+	bin := servertest.Build(t)
+	schema := pgtest.Schema(t)
+	addrFile := filepath.Join(t.TempDir(), "http-addr")
+	s := servertest.Start(t, bin, "-database-url", pgtest.SchemaURL(schema), "-http-addr", "127.0.0.1:0", "-http-addr-file", addrFile)
+	var addr []byte
+	waitUntil(t, "the HTTP address file is written", func() bool {
+		addr, _ = os.ReadFile(addrFile)
+		return len(addr) > 0
+	})
+	e := &entryPoints{http: "http://" + strings.TrimSpace(string(addr))}
+	pool := pgtest.Pool(t, schema)
+	body := `{"customer_id":"cus_1","amount":"100","currency":"EUR"}`
+	for _, tc := range []struct{ key, body string }{
+		{"order-42-café", body},
+		{"order-43\tcafe", body},
+		{"order-44-café", `{"customer_id":"cus_1","amount":"100","currency":"EUR","request_id":"order-44"}`},
+	} {
+		var got []string
+		for range 3 {
+			code, _, problem, _ := e.viaHTTP(t, tc.key, tc.body)
+			got = append(got, fmt.Sprint(code, " ", idemhttp.ProblemReason(problem.Type)))
+		}
+		want := fmt.Sprint(http.StatusBadRequest, " ", idemkey.ReasonKeyInvalid)
+		if !slices.Equal(got, []string{want, want, want}) {
+			t.Errorf("%q, %s thrice: %q; want %s thrice", tc.key, tc.body, got, want)
+		}
+		if n := count(t, pool, "charges"); n != 0 {
+			t.Errorf("%q, %s thrice: %d charges; want 0", tc.key, tc.body, n)
+		}
+	}
+	for range 3 {
+		if code, _, problem, _ := e.viaHTTP(t, "order-42", body); code != http.StatusCreated {
+			t.Fatalf("order-42: %d %+v; want 201", code, problem)
+		}
+	}
+	if n := count(t, pool, "charges"); n != 1 {
+		t.Errorf("order-42 thrice: %d charges; want 1", n)
+	}
+	if logs := s.Logs(); strings.Contains(logs, "café") || strings.Contains(logs, "cafe") {
+		t.Errorf("the server's log holds a key:\n%s", logs)
 	}
 }
