@@ -44,8 +44,12 @@ func ValidateKey(key string) error {
 // key bare, a value that does not start with a double quote is taken as the
 // key itself, as long as it holds no double quote, comma or semicolon, which
 // would make it a malformed string, a list or a parameter. Both forms of one
-// key are one key. Either way the key must then pass ValidateKey. An error
-// is a *KeyError, which never quotes the key.
+// key are one key. Spaces and horizontal tabs (HTAB) around the value are
+// dropped first, as HTTP drops the optional whitespace around a field value
+// (RFC 9110, section 5.6.3), so that a value in gRPC metadata, where nothing
+// drops them, names the key a header does; no other whitespace is dropped.
+// Either way the key must then pass ValidateKey. An error is a *KeyError,
+// which never quotes the key.
 func ParseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" || v[0] != '"' {

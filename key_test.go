@@ -83,6 +83,31 @@ func TestFormatKey(t *testing.T) {
 	}
 }
 
+// ParseKey drops spaces and horizontal tabs around a value, as HTTP drops
+// the optional whitespace around a field value (RFC 9110, section 5.6.3),
+// and no other whitespace: a key holds none, and a line break or form feed
+// around one makes it malformed.
+func TestParseKey(t *testing.T) {
+	for v, want := range map[string]string{
+		"k1":           "k1",
+		` "k1"`:        "k1",
+		"\t\"k1\"\t":   "k1",
+		" \t k1 \t ":   "k1",
+		"\tk1":         "k1",
+		"k1\t":         "k1",
+		"\t\"a\\\"b\"": `a"b`,
+	} {
+		if got, err := idemkey.ParseKey(v); err != nil || got != want {
+			t.Errorf("ParseKey(%q) = %q, %v; want %q", v, got, err, want)
+		}
+	}
+	for _, v := range []string{"\nk1", "k1\r\n", "\vk1", "k1\f", "\u00a0k1", "k\t1", `"k\t1"`, " \t ", `" k1"`, "\t\"k1\" x"} {
+		if got, err := idemkey.ParseKey(v); err == nil {
+			t.Errorf("ParseKey(%q) = %q; want a *KeyError", v, got)
+		}
+	}
+}
+
 func TestParseReplayed(t *testing.T) {
 	if !idemkey.ParseReplayed([]string{"true"}) {
 		t.Error(`ParseReplayed(["true"]) = false`)

@@ -142,6 +142,11 @@
 //     is no http.Hijacker, and http.ResponseController.Hijack fails. 1xx
 //     responses (103 Early Hints) are dropped.
 //   - Header fields off the replay list reach the first caller only.
+//   - The header is read when the handler returns, since nothing is sent
+//     before: a field set after WriteHeader or Write, which net/http would
+//     drop, reaches the first caller, and, if on the replay list, is
+//     recorded and replayed. A request the middleware does not cover (no
+//     key, another method, failed open) goes to net/http, which drops it.
 //   - A record made by another transport (a gRPC call given the same
 //     operation name and fingerprint) is not replayed over HTTP: such a
 //     retry gets a 500. The default fingerprint never matches another

@@ -181,6 +181,55 @@ func TestReplayIsByteIdentical(t *testing.T) {
 	}
 }
 
+// A covered response is sent when the handler returns, so its header is
+// read then: a field set after WriteHeader, or after Write, reaches the
+// first caller, and, if on the replay list, every retry. Without a key the
+// handler writes to net/http itself, which sends the header at WriteHeader
+// and drops such a field.
+func TestHeaderSetAfterWriteHeader(t *testing.T) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			h := w.Header()
+			h.Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			h.Set("Location", "/v1/charges/ch_1") // on the replay list
+			h.Set("X-Late", "after WriteHeader")  // off it
+			_, _ = io.WriteString(w, `{"id":"ch_1"}`)
+			w.Header().Set("Content-Language", "en") // on it, after Write
+		})))
+	})
+
+	first, firstBody := s.call("POST", "/v1/charges", `"k1"`, `{}`)
+	if first.StatusCode != http.StatusCreated || first.Header.Get(idemkey.ReplayedHeader) != "" {
+		t.Fatalf("first: %d %v", first.StatusCode, first.Header)
+	}
+	for k, want := range map[string]string{"Location": "/v1/charges/ch_1", "X-Late": "after WriteHeader", "Content-Language": "en"} {
+		if got := first.Header.Get(k); got != want {
+			t.Errorf("the first caller's %s = %q, want %q, set after WriteHeader", k, got, want)
+		}
+	}
+	replay, replayBody := s.call("POST", "/v1/charges", `"k1"`, `{}`)
+	if replay.StatusCode != http.StatusCreated || replay.Header.Get(idemkey.ReplayedHeader) != "true" || !bytes.Equal(replayBody, firstBody) {
+		t.Fatalf("replay: %d %q %v", replay.StatusCode, replayBody, replay.Header)
+	}
+	for k, want := range map[string]string{"Location": "/v1/charges/ch_1", "X-Late": "", "Content-Language": "en"} {
+		if got := replay.Header.Get(k); got != want {
+			t.Errorf("the replay's %s = %q, want %q: the replay list's fields set after WriteHeader are replayed, no others", k, got, want)
+		}
+	}
+	s.wantRuns(1)
+
+	plain, _ := s.call("POST", "/v1/charges", "", `{}`)
+	if plain.StatusCode != http.StatusCreated {
+		t.Fatalf("without a key: %d", plain.StatusCode)
+	}
+	for _, k := range []string{"Location", "X-Late", "Content-Language"} {
+		if got := plain.Header.Get(k); got != "" {
+			t.Errorf("without a key, net/http sent %s = %q, set after WriteHeader; it drops such fields", k, got)
+		}
+	}
+}
+
 func TestUncoveredMethodsPassThrough(t *testing.T) {
 	s := newServer(t, []engine.Option{engine.WithKeyRequired()}, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
 		mux.Handle("/v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {

@@ -246,6 +246,29 @@ func drain(ch <-chan string) []string {
 	}
 }
 
+// Spaces around a key's value in metadata are dropped, as idemkey.ParseKey
+// drops them on every entry point: the value names the key it surrounds,
+// bare or quoted. (grpc-go's client refuses a horizontal tab in metadata,
+// which TestKeyFromMetadata reads.)
+func TestE2EKeyWithSpacesAround(t *testing.T) {
+	e := newE2E(t)
+	var first *paymentsv1.Charge
+	for i, v := range []string{"k1", " k1", "k1  ", ` "k1" `} {
+		ctx := metadata.AppendToOutgoingContext(context.Background(), idemkey.KeyMetadata, v, "tenant", "acme")
+		var trailer metadata.MD
+		got, err := e.plain.CreateCharge(ctx, request(100), grpc.Trailer(&trailer))
+		if err != nil {
+			t.Fatalf("key %q: %v", v, err)
+		}
+		if i == 0 {
+			first = got
+		} else if !proto.Equal(got, first) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+			t.Errorf("key %q: %v, want the reply of key k1, replayed", v, got)
+		}
+	}
+	wantRuns(t, e.svc, 1)
+}
+
 func TestE2EBadKeys(t *testing.T) {
 	e := newE2E(t)
 	for name, pairs := range map[string][]string{

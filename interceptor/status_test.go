@@ -75,6 +75,16 @@ func TestKeyFromMetadata(t *testing.T) {
 	if key, ok, err := keyFromMetadata(nil); key != "" || ok || err != nil {
 		t.Errorf("no key: %q, %v, %v; want absent without error", key, ok, err)
 	}
+	// Spaces and horizontal tabs around the value are dropped, as
+	// idemkey.ParseKey drops them on every entry point; no other whitespace.
+	for _, v := range []string{" k-1 ", "\tk-1\t", " \t\"k-1\"\t "} {
+		if key, ok, err := keyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, v)); key != "k-1" || !ok || err != nil {
+			t.Errorf("%q: %q, %v, %v; want k-1", v, key, ok, err)
+		}
+	}
+	if key, _, err := keyFromMetadata(metadata.Pairs(idemkey.KeyMetadata, "\nk-1")); err == nil {
+		t.Errorf("a line break before the key: %q; want the key refused", key)
+	}
 }
 
 // keyErrorMessages are the messages of every kind of bad key, none of which

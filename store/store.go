@@ -164,7 +164,8 @@ var (
 	ErrFull = errors.New("idemkey store: full")
 	// ErrDataLost: the store has lost records, or can no longer rule out
 	// that it loses them (store/redis: its data was flushed, failed over to
-	// an empty replica or evicted, or the server may evict), so an absent
+	// an empty replica or evicted, the server may evict, or a key of its own
+	// that must never expire was given an expiry), so an absent
 	// record no longer means a new key. Rather than run recorded keys again,
 	// the store fails the operation, and nothing was written; the error says
 	// what happened and what to do. Callers treat it as a failure, not an

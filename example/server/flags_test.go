@@ -35,6 +35,14 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-ttl", "0"}, "-ttl"},
 		{[]string{"-ttl", "5m"}, "-ttl"}, // shorter than the longest lease, 10m
 		{[]string{"-ttl", "soon"}, "-ttl"},
+		// Shorter than -max-lease, 10m unless set: the message names the
+		// flag that would let it serve.
+		{[]string{"-ttl", "2s"}, "-max-lease"},
+		{[]string{"-ttl", "2s", "-max-lease", "3s"}, "-max-lease"},
+		{[]string{"-max-lease", "0"}, "-max-lease"},
+		{[]string{"-max-lease", "-1s"}, "-max-lease"},
+		{[]string{"-lease", "0"}, "-lease"},
+		{[]string{"-lease", "-1s"}, "-lease"},
 		{[]string{"-handler-delay", "-1s"}, "-handler-delay"},
 		{[]string{"-memory-max-bytes", "-1"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},

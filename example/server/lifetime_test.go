@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
@@ -23,6 +24,7 @@ import (
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/tests/redistest"
 )
@@ -228,6 +230,89 @@ func TestInFlightExpiryOnEveryEntryPoint(t *testing.T) {
 				if !strings.HasSuffix(got, " "+a.expires) {
 					t.Errorf("told %q, and the first reply %q: want one instant", got, a.expires)
 				}
+			}
+		})
+	}
+}
+
+// With -ttl 2s -max-lease 1s the server shows a key expiring: a retry
+// within the key's life replays its charge, and once the expiry it was told
+// (idempotency-key-expires) has passed, the same key runs as a new call, a
+// charge of its own, never before that instant. On memory, PostgreSQL
+// (atomic) and Redis.
+func TestShortTTLKeyExpires(t *testing.T) {
+	for name, flags := range map[string]func(t *testing.T) []string{
+		"memory":   func(*testing.T) []string { return []string{"-database-url="} },
+		"postgres": func(t *testing.T) []string { return []string{"-database-url", pgtest.SchemaURL(pgtest.Schema(t))} },
+		"redis": func(t *testing.T) []string {
+			return []string{"-database-url=", "-redis-url", "redis://" + redistest.Start(t).Addr}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			s := servertest.Start(t, servertest.Build(t), append(flags(t), "-ttl", "2s", "-max-lease", "1s")...)
+			req := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"}
+			call := func(key string) (*paymentsv1.Charge, bool, time.Time) {
+				t.Helper()
+				charge, trailer, err := create(s, key, req)
+				if err != nil {
+					t.Fatalf("CreateCharge: %v", err)
+				}
+				expires, ok := idemkey.ParseExpires(trailer.Get(idemkey.ExpiresMetadata))
+				if !ok {
+					t.Fatalf("CreateCharge told no expiry: trailer %v", trailer)
+				}
+				return charge, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), expires
+			}
+
+			// A call and its retry within the key's two seconds. The expiry
+			// told is whole seconds, at most the record's own: a retry
+			// answered before it is never run again, and one that a busy
+			// machine sends later may be; then a new key tries again.
+			var (
+				key     string
+				first   *paymentsv1.Charge
+				expires time.Time
+			)
+			for attempt := 1; first == nil; attempt++ {
+				key = idemkey.NewKey()
+				charge, replayed, exp := call(key)
+				if replayed {
+					t.Fatal("a new key's first call was replayed")
+				}
+				again, replayed, _ := call(key)
+				switch {
+				case replayed && !proto.Equal(again, charge):
+					t.Fatalf("the retry replayed %v, want the first call's %v", again, charge)
+				case replayed:
+					first, expires = charge, exp
+				case time.Now().Before(exp):
+					t.Fatalf("the retry ran again (charge %s) before the key's expiry, %v", again.GetId(), exp)
+				case attempt == 5:
+					t.Fatal("five retries in a row came after their key's expiry")
+				}
+			}
+
+			// Past the expiry, the key is new. Until then each retry replays.
+			time.Sleep(time.Until(expires))
+			for deadline := time.Now().Add(time.Minute); ; time.Sleep(100 * time.Millisecond) {
+				charge, replayed, exp := call(key)
+				if replayed {
+					if !proto.Equal(charge, first) {
+						t.Fatalf("a retry replayed %v, want the first call's %v", charge, first)
+					}
+					if time.Now().After(deadline) {
+						t.Fatalf("the key still replays a minute after its expiry, %v", expires)
+					}
+					continue
+				}
+				if time.Now().Before(expires) {
+					t.Fatalf("the key ran again before its expiry, %v", expires)
+				}
+				if charge.GetId() == first.GetId() || !exp.After(expires) {
+					t.Fatalf("after the expiry: charge %s expiring %v, want a new charge (not %s) with a later expiry than %v", charge.GetId(), exp, first.GetId(), expires)
+				}
+				break
 			}
 		})
 	}

@@ -1,8 +1,8 @@
 // Command server runs the example payment service behind the idemkey
 // interceptor.
 //
-//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-idempotency=true] [-in-transaction] [-handler-delay 0s] [-ttl 24h]
-//	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
+//	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-idempotency=true] [-in-transaction] [-handler-delay 0s]
+//	    [-ttl 24h] [-max-lease 10m] [-lease 1m] [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
@@ -63,10 +63,23 @@
 // (IDEMPOTENCY_STORE_UNAVAILABLE) and logged at Error; nothing runs again.
 // The server logs the ids of its keys at start-up, never the keys.
 //
+// -ttl is how long a recorded reply is replayed, from the first call; after
+// it the key runs as a new call. -max-lease bounds how long a call holds its
+// key before a retry may presume it dead and run it again (a call with a
+// deadline holds it for its time left plus 5s), and -lease is how long a
+// call without a deadline holds it, cut to -max-lease. A record must not
+// expire while its call may still hold the key, so -ttl is at least
+// -max-lease: to watch a key expire, shorten both, as in
+//
+//	go run ./example/server -database-url= -ttl 2s -max-lease 1s
+//
+// where a retry within two seconds of a key's first call replays its
+// reply, and one after runs again: a second charge.
+//
 // The server refuses to start, naming the flag, when a flag makes no sense:
-// a -ttl of zero or less, or shorter than the longest lease (10m); a
-// negative -handler-delay; a -memory-max-records or -memory-max-bytes below
-// 1.
+// a -ttl, -max-lease or -lease of zero or less; a -ttl shorter than
+// -max-lease; a negative -handler-delay; a -memory-max-records or
+// -memory-max-bytes below 1.
 //
 // CreateCharge takes its key from the idempotency-key metadata (the
 // Idempotency-Key header over HTTP) or from the request's request_id
@@ -120,7 +133,9 @@ func main() {
 	addrFile := flag.String("addr-file", "", "if set, write the address listened on to this file once serving, and remove it on exit")
 	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency keys and the charges; empty keeps both in memory")
 	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
-	ttl := flag.Duration("ttl", engine.DefaultRetention, "how long a recorded reply is replayed; at least the longest lease, 10m")
+	ttl := flag.Duration("ttl", engine.DefaultRetention, "how long a recorded reply is replayed; at least -max-lease")
+	maxLease := flag.Duration("max-lease", engine.DefaultMaxLease, "the longest a call holds its key before a retry may presume it dead and run it again; at most -ttl")
+	lease := flag.Duration("lease", engine.DefaultLease, "how long a call without a deadline holds its key; cut to -max-lease")
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
 	idempotency := flag.Bool("idempotency", true, "false serves the same service with no idempotency interceptor or store, as a baseline")
 	inTransaction := flag.Bool("in-transaction", false, "with -idempotency=false on PostgreSQL, run each call in a transaction of its own: atomic mode's baseline")
@@ -145,7 +160,7 @@ func main() {
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed}
 	if err := cfg.check(); err != nil {
 		logger.Error("server not started: a flag makes no sense", "error", err)
@@ -302,6 +317,9 @@ type config struct {
 	// httpAddrFile, if set, gets the address taken, before addrFile.
 	httpAddr, httpAddrFile string
 	delay, ttl             time.Duration
+	// maxLease and lease are the engine's WithMaxLease and WithLease; 0 (a
+	// config of a test's) leaves the engine's default.
+	maxLease, lease        time.Duration
 	atomic                 bool  // on PostgreSQL only
 	bare                   bool  // no idempotency: no interceptor, no store
 	inTransaction          bool  // bare, each call in a transaction of its own
@@ -317,13 +335,24 @@ type config struct {
 }
 
 // check refuses the flags of cfg that make no sense, naming the flag, before
-// anything listens: a -ttl that engine.New refuses (zero or less, or shorter
-// than the longest lease, engine.DefaultMaxLease), a negative
+// anything listens: a -ttl, -max-lease or -lease that engine.New refuses
+// (zero or less, or a -ttl shorter than -max-lease), a negative
 // -handler-delay, and memory bounds below 1, which the memory store would
 // silently take for its defaults.
 func (cfg config) check() error {
-	if _, err := engine.New(memory.New(), engine.WithRetention(cfg.ttl)); err != nil {
-		return fmt.Errorf("-ttl %v (it must be at least %v, the longest lease): %w", cfg.ttl, engine.DefaultMaxLease, err)
+	switch {
+	case cfg.ttl <= 0:
+		return fmt.Errorf("-ttl %v: replies must be kept for a positive time; leave the flag out for %v", cfg.ttl, engine.DefaultRetention)
+	case cfg.maxLease <= 0:
+		return fmt.Errorf("-max-lease %v: a call must hold its key for a positive time; leave the flag out for %v", cfg.maxLease, engine.DefaultMaxLease)
+	case cfg.lease <= 0:
+		return fmt.Errorf("-lease %v: a call must hold its key for a positive time; leave the flag out for %v", cfg.lease, engine.DefaultLease)
+	case cfg.ttl < cfg.maxLease:
+		return fmt.Errorf("-ttl %v is shorter than -max-lease %v: a record would expire while its call may still hold the key; "+
+			"lengthen -ttl or shorten -max-lease (-ttl 2s -max-lease 1s shows a key expiring)", cfg.ttl, cfg.maxLease)
+	}
+	if _, err := engine.New(memory.New(), cfg.keyOptions()...); err != nil {
+		return fmt.Errorf("-ttl %v, -max-lease %v, -lease %v: %w", cfg.ttl, cfg.maxLease, cfg.lease, err)
 	}
 	switch {
 	case cfg.delay < 0:
@@ -334,6 +363,18 @@ func (cfg config) check() error {
 		return fmt.Errorf("-memory-max-bytes %d: the memory store needs room for at least 1 byte; leave the flag out for %d (64 MiB)", cfg.maxBytes, memory.DefaultMaxBytes)
 	}
 	return nil
+}
+
+// keyOptions are the engine's options for how long a key is held and kept.
+func (cfg config) keyOptions() []engine.Option {
+	opts := []engine.Option{engine.WithRetention(cfg.ttl)}
+	if cfg.maxLease != 0 {
+		opts = append(opts, engine.WithMaxLease(cfg.maxLease))
+	}
+	if cfg.lease != 0 {
+		opts = append(opts, engine.WithLease(cfg.lease))
+	}
+	return opts
 }
 
 // keyRing reads the key files of cfg: nil without -seal-key.
@@ -433,7 +474,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 
 	// One engine for every entry point: they share its settings, and a key
 	// first used over one replays over the others.
-	engOpts := []engine.Option{engine.WithRetention(cfg.ttl), engine.WithLogger(logger), engine.WithMeterProvider(meters)}
+	engOpts := append(cfg.keyOptions(), engine.WithLogger(logger), engine.WithMeterProvider(meters))
 	sealing := "off"
 	if ring != nil {
 		engOpts = append(engOpts, engine.WithSealer(ring))

@@ -112,7 +112,7 @@
 //   - a server restarted without its data (no persistence);
 //   - a failover to an empty replica: a Sentinel-managed server, or a primary
 //     of a cluster (then the first operation on one of its slots);
-//   - eviction of a marker, or its deletion by hand;
+//   - eviction of a marker, its deletion by hand, or its expiry;
 //   - the markers of a store started after the loss: it writes new epochs,
 //     so the stores of processes started before it fail on their first
 //     operation on those slots, even if none of them missed a record first.
@@ -130,17 +130,27 @@
 // server has gone back to an older state that lacks writes this store saw
 // acknowledged, and the store fails closed as for a flush (for every key,
 // replays of records that survived included, until the process restarts).
-// This costs a write one GET and one INCR more inside its script, a miss
-// one GET more, a replay nothing, and New one GET more per slot. Seen so,
-// by this store's first write on a slot gone back, or its first call there
-// that finds no record:
+// A counter that is gone although the store saw it is such a loss too.
+// This costs a write one GET, one PTTL and one INCR more inside its
+// script, a miss one GET and one PTTL more (and the marker's PTTL), a
+// replay nothing, and New one GET more per slot. Seen so, by this store's first write on a slot gone
+// back, or its first call there that finds no record:
 //
 //   - a restart from an RDB snapshot or AOF file that lacks a write on the
 //     slot made before this store's New or its last acknowledged write
 //     there;
 //   - a failover to a replica that lacks such a write (WithReplicas makes
 //     acknowledged writes reach the replicas first);
-//   - the counter deleted by hand.
+//   - the counter deleted by hand, or expired.
+//
+// Expiries. The markers and counters never expire, and the store sees to it:
+// a script that reads a marker or counter refuses one that has an expiry
+// (an operator's EXPIRE, or a SET with EX), which would end the store's sight
+// of a loss once it fired. The error wraps store.ErrDataLost and names the
+// key; nothing is lost yet, so the store refuses only while the expiry is
+// there: new keys fail (and the recording of calls running), recorded keys
+// replay, and once the expiry is removed (PERSIST) the store serves again
+// by itself. An expiry that fired first is a loss, as above.
 //
 // Release does not raise the counter: a release lost leaves a key in
 // progress until its lease ends, and never runs it twice. A script that
@@ -203,10 +213,14 @@
 //
 // What an operator does. For a policy: set maxmemory-policy noeviction, with
 // CONFIG SET and in redis.conf (or the managed service's parameters); the
-// stores serve again within a check interval, if nothing was evicted. For a
-// loss (flush, empty or lagging failover, restore of an older snapshot,
-// evictions): fix its cause, then restart the processes. A new Store accepts the loss: keys recorded before it run again
-// if they are retried. Until then every call with a key is answered
+// stores serve again within a check interval, if nothing was evicted. For
+// an expiry on a marker or counter: remove it (PERSIST with the key the
+// error names), and stop whatever set it (a script or tool that gives every
+// key a TTL); the stores serve again at once. For a loss (flush, empty or
+// lagging failover, restore of an older snapshot, evictions, a marker or
+// counter that expired or was deleted): fix its cause, then restart the
+// processes. A new Store accepts the loss: keys recorded before it run
+// again if they are retried. Until then every call with a key is answered
 // Unavailable; with engine.WithFailOpen, handlers run unprotected
 // instead, as for any store failure. A prefix taken out of use leaves its
 // markers and counters behind: delete them with its records.

@@ -45,6 +45,11 @@ import (
 // that lagged) holds a lower one, though its markers are the same, and the
 // stores that saw a higher one fail closed.
 //
+// Expiries. Neither markers nor counters ever expire; a script that reads
+// one refuses it if it has an expiry (an operator's EXPIRE), before it
+// fires and hides a loss. That loses nothing yet: the store refuses only
+// while the expiry is there (translate), rather than for good.
+//
 // Servers. New reads each server's maxmemory_policy and evicted_keys, and
 // then the first operation after each check interval reads the primaries'
 // again (admit), before its own work: a policy that may evict fails the
@@ -236,15 +241,32 @@ func (s *Store) mark(ctx context.Context) error {
 }
 
 // dataLost is the cause of a script's IDEMKEY_DATALOST reply: "<marker>
-// missing", "<marker> changed", or "<counter> behind <value> <seen>".
-func dataLost(reply string) error {
+// missing", "<marker> changed", "<counter> behind <value> <seen>",
+// "<counter> gone <seen>", or "<marker or counter> expiring". All but the
+// last are a loss (lost is true): the store fails for good. An expiry
+// loses nothing yet, and refuses only until it is removed.
+func (s *Store) dataLost(reply string) (lost bool, err error) {
 	const after = "; every operation fails until this process restarts, which accepts that keys recorded before the loss may run again"
 	f := strings.Fields(reply)
-	if len(f) == 4 && f[1] == "behind" {
-		return fmt.Errorf("%w: the Redis store's data was lost: its write counter %s holds %s, below the %s this process saw, "+
+	switch {
+	case len(f) == 4 && f[1] == "behind":
+		return true, fmt.Errorf("%w: the Redis store's data was lost: its write counter %s holds %s, below the %s this process saw, "+
 			"so the server went back to an older state (a restart from an older snapshot, RDB or AOF, or a failover to a replica that lagged) "+
 			"and records written since may be gone, so a missing record no longer means a new key"+after,
 			store.ErrDataLost, f[0], f[2], f[3])
+	case len(f) == 3 && f[1] == "gone":
+		return true, fmt.Errorf("%w: the Redis store's data was lost: its write counter %s is gone, though this process saw it at %s: "+
+			"it expired (an expiry set on it: EXPIRE, or SET with EX), was deleted, or the server went back to a state from before it was written "+
+			"(a restart from an older snapshot, a failover to a replica that lagged), and records written since may be gone, "+
+			"so a missing record no longer means a new key"+after, store.ErrDataLost, f[0], f[2])
+	case len(f) == 2 && f[1] == "expiring":
+		what, then := "marker key", "a missing record would no longer tell a new key from one flushed"
+		if strings.HasPrefix(f[0], s.opts.prefix+":writes") {
+			what, then = "write counter", "the stores could no longer tell that the server went back to an older state"
+		}
+		return false, fmt.Errorf("%w: the Redis store's %s %s has an expiry (EXPIRE, or SET with EX, on it), which the store never gives it: "+
+			"once it expires, %s; new keys are refused, and recorded keys replay, until the expiry is removed (PERSIST %s)",
+			store.ErrDataLost, what, f[0], then, f[0])
 	}
 	marker, what := reply, "is gone"
 	if len(f) == 2 {
@@ -253,8 +275,8 @@ func dataLost(reply string) error {
 			what = "holds the epoch of a store started after the loss"
 		}
 	}
-	return fmt.Errorf("%w: the Redis store's data was lost: its marker key %s %s "+
-		"(FLUSHDB or FLUSHALL, a restart without the data, a failover to an empty replica, or eviction), "+
+	return true, fmt.Errorf("%w: the Redis store's data was lost: its marker key %s %s "+
+		"(FLUSHDB or FLUSHALL, a restart without the data, a failover to an empty replica, eviction, or an expiry set on it), "+
 		"so a missing record no longer means a new key"+after, store.ErrDataLost, marker, what)
 }
 

@@ -500,7 +500,12 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 	isRedisErr := errors.As(err, &redisErr) && !errors.Is(err, goredis.ErrClosed)
 	if isRedisErr {
 		if reply, ok := strings.CutPrefix(redisErr.Error(), "IDEMKEY_DATALOST "); ok {
-			return fmt.Errorf("idemkey redis: %s: %w", op, s.lose(ctx, dataLost(reply)))
+			lost, err := s.dataLost(reply)
+			if !lost { // an expiry on a marker or counter: refused until it is removed
+				s.alarm(ctx, false, "idemkey redis: a key of the store's that never expires has an expiry; new keys are refused until it is removed", err)
+				return fmt.Errorf("idemkey redis: %s: %w", op, err)
+			}
+			return fmt.Errorf("idemkey redis: %s: %w", op, s.lose(ctx, err))
 		}
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {

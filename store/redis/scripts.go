@@ -24,7 +24,9 @@ import goredis "github.com/redis/go-redis/v9"
 // (and acquires it, or answers that no record holds the token), it checks
 // with lost() that the marker still holds that epoch and that the counter
 // is not below that value; before it writes a record, that the counter is
-// not below it (behind). Otherwise it answers the error IDEMKEY_DATALOST
+// not below it (behind). Both also refuse a marker or counter that has an
+// expiry, which none of them is ever given: once it expired, the stores
+// could no longer tell. Otherwise it answers the error IDEMKEY_DATALOST
 // with the marker's or counter's name, having written nothing: not even the
 // counter, which a detecting script would otherwise raise towards what
 // another process saw, hiding the loss from it. A record that is there and
@@ -51,19 +53,33 @@ const prelude = `
 if redis.replicate_commands then redis.replicate_commands() end
 local function num(x) return string.format('%.0f', x) end
 -- behind: the error reply to return if the write counter is below the
--- highest value the store saw: the server went back to an older state.
+-- highest value the store saw (the server went back to an older state), is
+-- gone though the store saw it, or will expire (someone set a TTL on it).
 local function behind()
-	local n = tonumber(redis.call('GET', KEYS[3]) or '0')
+	local n = redis.call('GET', KEYS[3])
+	if not n then
+		if tonumber(ARGV[3]) > 0 then
+			return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[3] .. ' gone ' .. ARGV[3])
+		end
+		return
+	end
+	if redis.call('PTTL', KEYS[3]) >= 0 then
+		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[3] .. ' expiring')
+	end
+	n = tonumber(n)
 	if n < tonumber(ARGV[3]) then
 		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[3] .. ' behind ' .. num(n) .. ' ' .. ARGV[3])
 	end
 end
--- lost: the error reply to return if the marker does not hold the epoch,
--- or the write counter is behind.
+-- lost: the error reply to return if the marker does not hold the epoch or
+-- will expire, or the write counter is behind.
 local function lost()
 	local mark = redis.call('GET', KEYS[2])
 	if mark ~= ARGV[2] then
 		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[2] .. (mark and ' changed' or ' missing'))
+	end
+	if redis.call('PTTL', KEYS[2]) >= 0 then
+		return redis.error_reply('IDEMKEY_DATALOST ' .. KEYS[2] .. ' expiring')
 	end
 	return behind()
 end

@@ -235,6 +235,83 @@ func TestRestartWithoutDataFailsClosed(t *testing.T) {
 	}
 }
 
+// An expiry set on the store's write counter or on its marker (an
+// operator's EXPIRE), which would end the store's sight of a loss once it
+// fired, is refused before it does: a new key is answered "store
+// unavailable" and runs nothing, the store's error wraps store.ErrDataLost
+// and names the key and the fix (PERSIST), the logs say so at Error without
+// a raw key, and recorded keys still replay; once the expiry is removed, new
+// keys run again. A counter whose expiry fired is a loss, named so: the
+// store fails for good, and a store made anew (a restarted process) serves.
+func TestExpiryOnCounterOrMarkerFailsClosed(t *testing.T) {
+	srv := redistest.Start(t)
+	client := srv.Client(t)
+	ctx := context.Background()
+	storeLogger, storeLogs := logtest.New()
+	st, err := redis.New(ctx, client, redis.WithLogger(storeLogger))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ledger := newHeldLedger()
+	payments, logs := serveCharges(t, st, ledger)
+	const recorded = "expiry-recorded"
+	if _, err := charge(payments, recorded); err != nil {
+		t.Fatal(err)
+	}
+	newKey := func(key string) store.Reservation {
+		return store.Reservation{Key: store.ScopeKey("acme", "/m", key), Lease: time.Minute, Retention: time.Hour}
+	}
+
+	for i, name := range []string{"idemkey:writes", "idemkey:epoch"} {
+		must(t, client.Expire(ctx, name, time.Hour).Err())
+		key := "expiry-new-" + strconv.Itoa(i)
+		_, err := charge(payments, key)
+		wantStoreUnavailable(t, "a new key while "+name+" has an expiry", err)
+		_, err = st.Reserve(ctx, newKey(key))
+		wantDataLost(t, "Reserve of a new key while "+name+" has an expiry", err, name, "has an expiry", "PERSIST "+name)
+		if _, err := charge(payments, recorded); err != nil {
+			t.Errorf("a recorded key while %s has an expiry: %v; want its reply replayed", name, err)
+		}
+		wantErrorLine(t, "interceptor", logs, []string{"has an expiry", "PERSIST " + name}, "acme", key, recorded)
+		must(t, client.Persist(ctx, name).Err())
+		if _, err := charge(payments, key); err != nil {
+			t.Errorf("a new key once the expiry of %s is removed: %v; want it run", name, err)
+		}
+		if n := ledger.count(key); n != 1 {
+			t.Errorf("key %s charged %d times; want once, after the expiry was removed", key, n)
+		}
+	}
+	if n := ledger.count(recorded); n != 1 {
+		t.Errorf("the recorded key charged %d times; want once", n)
+	}
+	wantErrorLine(t, "store", storeLogs, []string{"has an expiry", "PERSIST idemkey:writes"}, "acme", recorded)
+
+	// The counter's expiry fires before anyone removes it.
+	must(t, client.PExpire(ctx, "idemkey:writes", time.Millisecond).Err())
+	for deadline := time.Now().Add(10 * time.Second); client.Exists(ctx, "idemkey:writes").Val() == 1; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the counter did not expire")
+		}
+	}
+	_, err = charge(payments, "expiry-after")
+	wantStoreUnavailable(t, "a new key once the counter expired", err)
+	if n := ledger.count("expiry-after"); n != 0 {
+		t.Errorf("a new key once the counter expired charged %d times; want none", n)
+	}
+	_, err = st.Reserve(ctx, newKey("expiry-after"))
+	wantDataLost(t, "Reserve once the counter expired", err, "data was lost", "idemkey:writes is gone", "expired", "restarts")
+	_, err = st.Reserve(ctx, newKey("expiry-later"))
+	wantDataLost(t, "Reserve after the store saw its counter gone", err, "data was lost")
+
+	fresh, err := redis.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := fresh.Reserve(ctx, newKey("expiry-after")); err != nil || res.State != store.Acquired {
+		t.Errorf("Reserve of a new key on a store made after the loss = %v, %v; want acquired", res.State, err)
+	}
+}
+
 // maxmemory-policy set to evict while the store runs fails it within the
 // check interval, with an error and an Error log that name the policy and
 // the fix; set back to noeviction, with no key evicted meanwhile, the store
