@@ -475,9 +475,8 @@ func (k *Kit) check(ctx context.Context, c *call) {
 	k.t.Helper()
 	var (
 		problems []string
-		answered []int        // by the handler or its record
-		refused  = []string{} // idemkey's reasons, once each, in order
-		seen     = make(map[string]bool)
+		answered []int                   // by the handler or its record
+		refused  = make(map[string]bool) // idemkey's reasons, named once each
 	)
 	for i, a := range c.attempts {
 		switch {
@@ -485,9 +484,8 @@ func (k *Kit) check(ctx context.Context, c *call) {
 		case a.InProgress:
 			problems = append(problems, fmt.Sprintf("attempt %d was still told the key is in progress after %d tries: the first run never ended", i+1, inProgressTries))
 		case a.Reason != "":
-			if !seen[a.Reason] {
-				seen[a.Reason] = true
-				refused = append(refused, a.Reason)
+			if !refused[a.Reason] {
+				refused[a.Reason] = true
 				problems = append(problems, refusal(i, a))
 			}
 		default:
