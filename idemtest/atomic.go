@@ -31,6 +31,8 @@ func (k *Kit) CheckAtomic(st store.Store, handle func(ctx context.Context) error
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls++
+	k.late(context.Background())
+	defer func() { k.lastOK = false }()
 	if k.chaos.Effects == nil {
 		k.t.Fatalf("idemtest: CheckAtomic needs Chaos.Effects, to see whether the handler's effect outlived the call")
 	}

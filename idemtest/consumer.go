@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // Process delivers ds to c as an at-least-once broker may: every message
@@ -15,6 +16,12 @@ import (
 // returns). h is the consumer's handler of one delivery, as the broker's
 // adapter runs it (idemnats and idemamqp call c.Process for each message,
 // so this serves every broker).
+//
+// In atomic mode (consumer.WithAtomic on store/postgres) each message is
+// first delivered once more to a consumer that dies before its commit: its
+// handler runs, and its transaction rolls back, so that an effect written
+// outside it (through the pool, not postgres.TxFromContext) stands beside
+// the one of the delivery that follows.
 //
 // It fails the test unless each message ran its handler once: the
 // redelivery during its run is Busy, the later one a Duplicate, and, with
@@ -27,6 +34,8 @@ func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.D
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls += len(ds)
+	k.late(ctx)
+	defer func() { k.lastOK = false }()
 	msgs := make([]*message, len(ds))
 	for i := len(ds) - 1; i >= 0; i-- {
 		msgs[i] = k.deliverFirst(ctx, c, ds[i], h)
@@ -57,6 +66,10 @@ type message struct {
 	effects    int
 	during     int // the index of the delivery during the first run's handler; 0: none
 	deliveries []delivery
+	// died is the delivery before the first, to a consumer that dies before
+	// its commit (atomic mode), whose transaction rolled back; nil in
+	// two-phase mode.
+	died *delivery
 }
 
 // delivery is one delivery of a message: what it was, what became of it,
@@ -73,6 +86,7 @@ func (k *Kit) deliverFirst(ctx context.Context, c *consumer.Consumer, d consumer
 	m := &message{d: d}
 	var before int
 	before, m.counted = k.effects(ctx)
+	m.died = dieBeforeCommit(ctx, c, d, h)
 	m.deliveries = append(m.deliveries, delivery{role: "first delivery"})
 	m.deliveries[0].res = c.Process(ctx, d, func(hctx context.Context) error {
 		m.deliveries[0].ran = true
@@ -87,6 +101,35 @@ func (k *Kit) deliverFirst(ctx context.Context, c *consumer.Consumer, d consumer
 		m.effects = after - before
 	}
 	return m
+}
+
+// died is the panic with which a consumer "dies" before its commit: the
+// engine releases the message's id (in atomic mode, rolls its transaction
+// back), whatever the consumer's classification of errors.
+type died struct{}
+
+// dieBeforeCommit delivers d to a consumer that, in atomic mode, runs the
+// handler and dies before its commit, so that the message's transaction
+// rolls back; it returns that delivery. In two-phase mode, where no
+// transaction undoes an effect, it runs nothing and returns nil.
+func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) (out *delivery) {
+	dd := &delivery{role: "delivered before the first to a consumer that dies before its commit (atomic mode): its transaction rolled back"}
+	defer func() {
+		if v := recover(); v != nil {
+			if _, ok := v.(died); !ok {
+				panic(v)
+			}
+		}
+	}()
+	c.Process(ctx, d, func(hctx context.Context) error {
+		if _, ok := postgres.TxFromContext(hctx); ok {
+			out = dd
+			dd.ran = true
+			h(hctx, d)
+		}
+		panic(died{})
+	})
+	return out
 }
 
 // deliver delivers d as role, and records what became of it.
@@ -135,9 +178,13 @@ func (m *message) problems() []string {
 	}
 	switch {
 	case processed && m.effects == 0:
-		out = append(out, "the message was processed, yet Chaos.Effects counted no effect: does it count this handler's effects?")
+		out = append(out, "the message was processed, yet Chaos.Effects counted no effect. Either Effects does not count this handler's effects (count what it makes: its rows, the calls a fake provider got), or the handler makes its effect after it returns, in a goroutine it does not wait for, which the message's record does not cover: make the effect before the handler returns")
+	case processed && m.effects > 1 && m.died != nil:
+		out = append(out, fmt.Sprintf("one message, %d effects: it took effect more than once. Its delivery to a consumer that died before its commit rolled back the message's transaction, yet its effect stayed: in atomic mode the handler writes outside the message's transaction, through the pool or another connection. Write through the transaction of postgres.TxFromContext(ctx), not through the pool, so that its writes commit with the message's record or not at all (an effect in another system needs two-phase mode)", m.effects))
+	case processed && m.effects > 1 && retried:
+		out = append(out, fmt.Sprintf("one message, %d effects: it took effect more than once. Its first delivery made its effect and then returned a transient error (%s), which releases the id, so the redelivery ran the handler again. Once the effect is made, return nil, or undo it before failing; in atomic mode, write through postgres.TxFromContext, whose writes a transient error rolls back", m.effects, first.Outcome))
 	case processed && m.effects > 1:
-		out = append(out, fmt.Sprintf("one message, %d effects: it took effect more than once", m.effects))
+		out = append(out, fmt.Sprintf("one message, %d effects: it took effect more than once, though its handler ran once: the handler makes more than one effect per message, or Effects counts more than this test's messages", m.effects))
 	case !processed && m.effects > 0:
 		out = append(out, fmt.Sprintf("the message ended %s, yet left %d effect(s): a side effect before an error. A final error is recorded (the message is dead-lettered) while its effect stands, and a transient one makes a redelivery run it again. In two-phase mode, return nil once the effect is made (or undo it before failing); in atomic mode, write through postgres.TxFromContext, whose writes an error rolls back", first.Outcome, m.effects))
 	}
@@ -147,6 +194,9 @@ func (m *message) problems() []string {
 // table is the report of m's deliveries, one line each.
 func (m *message) table() string {
 	var b strings.Builder
+	if m.died != nil {
+		fmt.Fprintf(&b, "\tdelivery 0 (%s): ran the handler\n", m.died.role)
+	}
 	for i, d := range m.deliveries {
 		ran := "did not run the handler"
 		if d.ran {

@@ -3,6 +3,7 @@ package idemtest_test
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 
 	"google.golang.org/grpc/status"
@@ -58,4 +59,69 @@ func TestConsumer(t *testing.T) {
 			})
 		}
 	}
+}
+
+// newCore is a consumer of b's store, atomic on postgres-atomic.
+func newCore(t *testing.T, b *backend) *consumer.Consumer {
+	t.Helper()
+	eng := grpctest.Must(engine.New(b.store, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(nil)))
+	var opts []consumer.Option
+	if b.atomic {
+		opts = append(opts, consumer.WithAtomic())
+	}
+	return grpctest.Must(consumer.New(eng, "charges", opts...))
+}
+
+// In atomic mode a consumer whose handler writes through the pool is
+// caught every time: each message is first delivered to a consumer that
+// dies before its commit, whose transaction rolls back while the pool's
+// write stays. In two-phase mode the pool is the place for its write, and
+// it passes.
+func TestConsumerPoolWrite(t *testing.T) {
+	for _, kind := range backendKinds {
+		t.Run(kind, func(t *testing.T) {
+			b := openBackend(t, kind)
+			r := tbtest.New(t)
+			kit := idemtest.New(r, idemtest.Chaos{Effects: b.effects})
+			results := kit.Process(t.Context(), newCore(t, b), deliveries()[:2], func(ctx context.Context, d consumer.Delivery) error {
+				_, err := b.charge(ctx, string(d.Body), poolWrite, nil)
+				return err
+			})
+			for i, res := range results {
+				if res.Outcome != consumer.Processed {
+					t.Errorf("message %d: %s, want processed", i+1, res.Outcome)
+				}
+			}
+			if !b.atomic {
+				tbtest.WantPass(t, r)
+				return
+			}
+			tbtest.WantFailure(t, r, "message 1 of 2: one message, 2 effects", "message 2 of 2: one message, 2 effects",
+				"died before its commit", "postgres.TxFromContext(ctx)", "not through the pool")
+		})
+	}
+}
+
+// A consumer whose handler makes its effect in a goroutine, after it
+// returns, is named as that, not only as an effect counter that counts
+// nothing. The goroutine makes its effect once the kit has counted the
+// message's effects for the last time.
+func TestConsumerEffectAfterReturn(t *testing.T) {
+	b := openBackend(t, "postgres")
+	var reads atomic.Int32
+	effects := func(ctx context.Context) (int, error) {
+		n, err := b.effects(ctx)
+		if reads.Add(1) == 4 { // before and after each of the message's two rounds
+			close(b.afterReply)
+		}
+		return n, err
+	}
+	r := tbtest.New(t)
+	kit := idemtest.New(r, idemtest.Chaos{Effects: effects})
+	kit.Process(t.Context(), newCore(t, b), deliveries()[:1], func(ctx context.Context, d consumer.Delivery) error {
+		_, err := b.charge(ctx, string(d.Body), effectAfterReply, nil)
+		return err
+	})
+	tbtest.WantFailure(t, r, "counted no effect", "after it returns, in a goroutine", "make the effect before the handler returns")
+	b.late.Wait()
 }

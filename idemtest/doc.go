@@ -31,7 +31,25 @@
 //	// Connect: idemconnecttest.Interceptor(kit), after idemconnect.NewClientInterceptor().
 //
 // A call without a key passes through untouched; a Kit through which no
-// call carried one fails its test, since it checked nothing.
+// call carried one fails its test, since it checked nothing. An answer that
+// idemkey gave in the handler's place fails it too, named with its cause:
+// a key reused for another request (the client sends one key for two
+// operations), expired, a first-sent time refused, a key the server never
+// saw, a store unavailable or full.
+//
+// # The server half
+//
+// Chained after idemkey's interceptor on the server under test, the Kit's
+// server half sees each run of the handler for the key under check, and
+// holds the first attempt that Cancel cancels once its handler has
+// returned, until the Kit has cancelled it: the cancellation lands inside
+// the call every time, however fast the handler. In atomic mode the held
+// call's transaction then rolls back, as when a server dies before its
+// commit, so that a write through the pool rather than
+// postgres.TxFromContext leaves an effect that the retry makes again, and
+// the Kit fails the test naming it:
+//
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(idem, kit.UnaryServerInterceptor()))
 //
 // # Effects counted
 //
@@ -41,8 +59,11 @@
 // unless a call answered with success left exactly one effect and a call
 // answered with an error left none: a side effect before an error stands
 // while every retry is told the operation failed (a recorded error), or is
-// made again by the retry (a released one). The count must see only the
-// test's own calls: a Kit checks one call at a time.
+// made again by the retry (a released one). An effect counted only after
+// the call's answer (a handler that makes it in a goroutine) is named as
+// that: the Kit reads Effects again a few times, and before the next call.
+// The count must see only the test's own calls: a Kit checks one call at a
+// time.
 //
 //	countCharges := func(ctx context.Context) (int, error) {
 //		var n int
@@ -54,9 +75,11 @@
 //
 // Process delivers a batch of messages to a consumer.Consumer as a broker
 // may: every message twice, out of order, and once more after its handler's
-// effect but before its acknowledgement. It works at the consumer core, where
-// idemnats and idemamqp hand each delivery over, so it serves every broker;
-// h is the handler your adapter runs:
+// effect but before its acknowledgement; in atomic mode, first to a
+// consumer that dies before its commit, so that a write through the pool
+// stands beside the next delivery's and fails the test. It works at the
+// consumer core, where idemnats and idemamqp hand each delivery over, so it
+// serves every broker; h is the handler your adapter runs:
 //
 //	results := kit.Process(ctx, core, deliveries, func(ctx context.Context, d consumer.Delivery) error {
 //		return charge(ctx, d.Tenant, d.Body)
@@ -69,9 +92,11 @@
 // make the key once per operation (idemkey.NewKey before the retry loop,
 // sent with interceptor.UseKey or idemkey.ContextWithKey). A handler that
 // in atomic mode writes outside the call's transaction is caught by
-// CheckAtomic, which runs the handler in an atomic call on your
-// store/postgres store, rolls the call's transaction back, and counts the
-// effects that stayed; the failure names postgres.TxFromContext:
+// the server half under Cancel, and by CheckAtomic, which runs the handler
+// in an atomic call on your store/postgres store, rolls the call's
+// transaction back, and counts the effects that stayed; the failure names
+// postgres.TxFromContext. A Kit through which only CheckAtomic ran has
+// checked something, and passes a correct handler:
 //
 //	kit.CheckAtomic(st, func(ctx context.Context) error {
 //		_, err := svc.CreateCharge(ctx, req)
@@ -82,13 +107,19 @@
 //
 // A Kit's waits are bounded but real: an attempt told that its key is in
 // progress is sent again after the server's retry delay, up to 40 times. A
-// first attempt is cancelled "in its handler" once Effects counts its
-// effect or a probe (an attempt with a deadline of 100ms, longer on a busy
-// machine) hears that its key is in progress; a fast handler may end
-// first, and over HTTP, where a deadline does not reach the server, a probe
-// hears it only after the server's in-progress wait
-// (engine.WithInProgressWait), so the report says whether the attempt was
-// cancelled. The retry after a lost reply is
-// the caller's next call through the Kit, whichever it is. Reports quote
-// replies and codes, never a key.
+// call answered with success whose effect is not counted is counted again
+// for up to about two seconds. Without the server half (over HTTP and
+// Connect, which have none), a first attempt is cancelled "in its handler"
+// once Effects counts its effect or a probe (an attempt with a deadline of
+// 100ms, longer on a busy machine) hears that its key is in progress; a
+// fast handler may end first, and over HTTP, where a deadline does not
+// reach the server, a probe hears it only after the server's in-progress
+// wait (engine.WithInProgressWait), so the report says whether the attempt
+// was cancelled; CheckAtomic then is the check of atomic mode. With the
+// server half, a handler that waits for its cancellation before it makes
+// any effect is cancelled only after 30 s. An error answer that a later attempt ran past
+// (not replayed) was released, not recorded: the later answer is the
+// call's. The retry after a lost reply is the caller's next call through
+// the Kit, whichever it is. Reports quote replies, codes and idemkey's
+// reasons, never a key.
 package idemtest

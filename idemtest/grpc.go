@@ -48,6 +48,9 @@ func (k *Kit) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 		)
 		n, lost := k.Call(ctx, key, func(ctx context.Context, n int) Try {
 			a := &grpcAttempt{reply: msg.ProtoReflect().New().Interface()}
+			if holds(ctx) {
+				ctx = metadata.AppendToOutgoingContext(ctx, holdMetadata, "1")
+			}
 			a.err = invoker(ctx, method, req, a.reply, cc,
 				append(own[:len(own):len(own)], grpc.Header(&a.header), grpc.Trailer(&a.trailer), grpc.Peer(&a.peer))...)
 			mu.Lock()
@@ -67,6 +70,39 @@ func (k *Kit) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 			proto.Merge(msg, a.reply)
 		}
 		return a.err
+	}
+}
+
+// UnaryServerInterceptor returns the Kit's server half for gRPC: chained
+// after idemkey's interceptor on the server under test, it sees each run of
+// the handler for the key of the call the Kit checks, and holds a first
+// attempt that Chaos.Cancel cancels once its handler has returned, until the
+// Kit has cancelled it, so that every first attempt is cancelled inside
+// its call, however fast the handler. In atomic mode it then answers the
+// cancellation, which rolls the call's transaction back, as a server that
+// dies before its commit: a handler that wrote outside the transaction
+// (through the pool, not postgres.TxFromContext) leaves an effect that the
+// retry makes again, and the Kit fails the test. In two-phase mode the
+// handler's own answer goes on, to be recorded.
+//
+//	grpc.NewServer(grpc.ChainUnaryInterceptor(idem, kit.UnaryServerInterceptor()))
+//
+// Calls whose key is not the checked call's pass through untouched. It
+// serves the Kit's client adapters on any transport that reaches this
+// server (gRPC, grpc-gateway).
+func (k *Kit) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	k.server.on.Store(true)
+	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		key, ok, err := interceptor.KeyFromIncomingContext(ctx)
+		if !ok || err != nil {
+			return handler(ctx, req)
+		}
+		md, _ := metadata.FromIncomingContext(ctx)
+		resp, err := handler(ctx, req)
+		if k.server.ran(ctx, key, len(md.Get(holdMetadata)) > 0, status.Code(err).String()) {
+			return nil, status.FromContextError(ctx.Err()).Err()
+		}
+		return resp, err
 	}
 }
 
@@ -95,10 +131,11 @@ func (a *grpcAttempt) read(ctx context.Context) Try {
 		Replayed: idemkey.ParseReplayed(a.trailer.Get(idemkey.ReplayedMetadata)),
 		NoAnswer: a.err != nil && (ctx.Err() != nil || ownDeadline(ctx, st.Code() == codes.DeadlineExceeded)),
 	}
+	out.Reason = interceptor.Reason(a.err)
 	if a.err == nil {
 		out.Reply = prototext.Format(a.reply)
 	}
-	if interceptor.Reason(a.err) == idemkey.ReasonInProgress {
+	if out.Reason == idemkey.ReasonInProgress {
 		out.InProgress = true
 		out.RetryAfter, _ = interceptor.RetryDelay(a.err)
 	}

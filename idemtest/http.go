@@ -107,7 +107,10 @@ func (a *httpAttempt) read() Try {
 		Reply:    string(a.body),
 		Replayed: idemkey.ParseReplayed(a.resp.Header.Values(idemkey.ReplayedHeader)),
 	}
-	if code == http.StatusConflict && problemReason(a.body) == idemkey.ReasonInProgress {
+	if code >= 400 {
+		out.Reason = problemReason(a.body)
+	}
+	if code == http.StatusConflict && out.Reason == idemkey.ReasonInProgress {
 		out.InProgress = true
 		if s, err := strconv.Atoi(a.resp.Header.Get("Retry-After")); err == nil {
 			out.RetryAfter = time.Duration(s) * time.Second

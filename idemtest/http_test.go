@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
@@ -36,6 +37,10 @@ func httpServer(t *testing.T, b *backend, m mistake) *httptest.Server {
 			return
 		}
 		id, err := b.charge(r.Context(), req.Customer, m, nil)
+		if status.Code(err) == codes.Unavailable {
+			http.Error(w, status.Convert(err).Message(), http.StatusServiceUnavailable)
+			return
+		}
 		if err != nil {
 			w.WriteHeader(http.StatusPreconditionFailed)
 			w.Write([]byte(status.Convert(err).Message()))
@@ -47,6 +52,22 @@ func httpServer(t *testing.T, b *backend, m mistake) *httptest.Server {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// postWithKey sends one request of a charge with key, and returns its
+// status.
+func postWithKey(ctx context.Context, client *http.Client, url, key, customer string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/charges", strings.NewReader(`{"customer": "`+customer+`"}`))
+	if err != nil {
+		return 0, err
+	}
+	req.Header.Set(idemkey.KeyHeader, idemkey.FormatKey(key))
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // postCharge is an HTTP client that retries a request that got no

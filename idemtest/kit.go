@@ -3,11 +3,14 @@ package idemtest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/idemkey/idemkey"
 )
 
 // Chaos is what a Kit does to each call that carries an idempotency key,
@@ -23,10 +26,17 @@ type Chaos struct {
 	// answer, replayed.
 	Duplicates int
 	// Cancel cancels each call's first attempt while the server holds its
-	// key (once Effects counts the effect, or a duplicate hears "in
-	// progress"), and then sends the call again: a handler cut short must
-	// leave neither half an effect nor a second one. A first attempt that
-	// ends before either sign is not cancelled, and the report says so.
+	// key, and then sends the call again: a handler cut short must leave
+	// neither half an effect nor a second one. With the Kit's server half
+	// chained after idemkey's interceptor (UnaryServerInterceptor), the
+	// server holds the first attempt once its handler has returned until it
+	// is cancelled, every time; in atomic mode its transaction then rolls
+	// back, as a server's that dies before its commit, so that an effect
+	// written outside it (through the pool) shows as a second effect when
+	// the retry runs. Without it, the Kit cancels the attempt once Effects
+	// counts its effect or a probe hears "in progress"; a first attempt
+	// that ends before either sign is not cancelled, and the report says
+	// so.
 	Cancel bool
 	// LoseReply answers the caller's first call Unavailable after it ran, as
 	// a lost reply looks to a client, and takes the caller's next call as its
@@ -55,6 +65,12 @@ type Kit struct {
 	mu    sync.Mutex // one call at a time
 	lost  *call      // the call whose reply LoseReply lost, until its retry
 	calls int        // calls that carried a key
+	// last is Effects after the last call was checked, to find effects
+	// that come after a call's reply; valid if lastOK.
+	last   int
+	lastOK bool
+
+	server serverHalf // UnaryServerInterceptor's state
 }
 
 // New returns a Kit that reports to t. When t ends, it fails t if no call
@@ -73,6 +89,7 @@ func New(t testing.TB, chaos Chaos) *Kit {
 func (k *Kit) finish() {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.late(context.Background())
 	if k.calls == 0 {
 		k.t.Errorf("idemtest: no call through the kit carried an idempotency key, so none was checked: chain the kit after the client's key interceptor (or set the key before the call), and make at least one call of an operation with a key")
 	}
@@ -102,6 +119,11 @@ type Try struct {
 	// NoAnswer is true when the attempt got no answer (it was cancelled,
 	// timed out or lost its connection): it is reported, not compared.
 	NoAnswer bool
+	// Reason is idemkey's reason (idemkey.ReasonKeyReused, ...) of an
+	// answer that idemkey gave in the handler's place, from the status's
+	// ErrorInfo or the problem's type; "" for the handler's own answer.
+	// The Kit names the mistake each reason shows, rather than compare it.
+	Reason string
 	// Role is what the Kit made of the attempt: "first", "duplicate",
 	// "cancelled mid-handler", "probe", "retry after the dropped reply", ...
 	Role string
@@ -114,8 +136,17 @@ type call struct {
 	counted  bool // before was read
 	lost     bool // its first reply was lost (Chaos.LoseReply); its retry follows
 	attempts []Try
-	mu       sync.Mutex // attempts, from concurrent duplicates
+	mu       sync.Mutex // attempts, runs and rolledBack, from concurrent duplicates and the server half
 	notes    []string
+	// cut is true when an attempt was cut short in the handler (Cancel, or
+	// a probe's deadline).
+	cut bool
+	// runs are the codes the handler answered for the call's key, as the
+	// server half saw them, in order; nil without it.
+	runs []string
+	// rolledBack is true when the server half rolled back the transaction
+	// of the held first attempt (atomic mode).
+	rolledBack bool
 }
 
 func (c *call) add(a Try) {
@@ -143,6 +174,8 @@ func describe(a Try) string {
 		return "no answer: " + shorten(a.Reply)
 	case a.InProgress:
 		return a.Code + ", still in progress"
+	case a.Reason != "":
+		return fmt.Sprintf("%s, refused by idemkey (%s), the handler not run", a.Code, a.Reason)
 	}
 	how := "ran"
 	if a.Replayed {
@@ -171,6 +204,10 @@ const (
 	// engine's longest hold of a duplicate.
 	firstProbeTimeout = 100 * time.Millisecond
 	maxProbeTimeout   = 5 * time.Second
+	// With the server half, a first attempt whose handler has not returned
+	// (nor counted an effect) for this long is cancelled all the same: its
+	// handler may be waiting for the cancellation.
+	holdPatience = 30 * time.Second
 )
 
 // Call makes one call of the operation under the Kit's Chaos: key is the
@@ -188,7 +225,7 @@ func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Contex
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls++
-	r := &run{k: k, send: send}
+	r := &run{k: k, key: key, send: send}
 	c := k.lost
 	if c != nil {
 		k.lost = nil
@@ -197,10 +234,13 @@ func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Contex
 			c.notes = append(c.notes, "the retry after the lost reply carried another key")
 		}
 	} else {
+		k.late(ctx)
 		c = &call{key: key}
 		c.before, c.counted = k.effects(ctx)
 	}
 	r.c = c
+	k.server.watch(c, key)
+	defer k.server.watch(nil, "")
 	n = r.attempts(ctx, !c.lost)
 	if k.chaos.LoseReply && !c.lost {
 		c.notes = append(c.notes, "the caller got no reply (Chaos.LoseReply): its next call is the retry")
@@ -211,10 +251,12 @@ func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Contex
 	return n, false
 }
 
-// run is one Call's sending: its call, and the numbers of its sends.
+// run is one Call's sending: its call and key, and the numbers of its
+// sends.
 type run struct {
 	k     *Kit
 	c     *call
+	key   string
 	send  func(ctx context.Context, n int) Try
 	next  atomic.Int32
 	probe time.Duration // the next probe's deadline; 0: the first's
@@ -274,13 +316,21 @@ func (r *run) attempt(ctx context.Context, role string) int {
 }
 
 // cancelFirst sends a first attempt and cancels it once the server holds
-// its key: once Effects counts more than before, or a probe (an attempt
-// with a short deadline) hears that the key is in progress. It reports
-// whether it cancelled the attempt before it ended.
+// its key, and reports whether it cancelled the attempt before it ended.
+// With the server half (UnaryServerInterceptor), the server holds the
+// attempt once its handler has returned until the Kit cancels it, so that
+// the cancellation lands every time; the Kit cancels it earlier once
+// Effects counts its effect (a handler that waits for its cancellation).
+// Without it, the Kit cancels once Effects counts more than before, or a
+// probe (an attempt with a short deadline) hears that the key is in
+// progress.
 func (r *run) cancelFirst(ctx context.Context) bool {
 	first, cancel := context.WithCancel(ctx)
 	defer cancel()
+	first, held := r.k.server.arm(first)
+	defer r.k.server.disarm()
 	done := make(chan Try, 1)
+	start := time.Now()
 	go func() {
 		n := int(r.next.Add(1)) - 1
 		done <- r.send(first, n)
@@ -289,27 +339,56 @@ func (r *run) cancelFirst(ctx context.Context) bool {
 		select {
 		case a := <-done:
 			a.Role = "first, ended before it could be cancelled"
+			if held != nil {
+				a.Role += " (the kit's server half did not hold it: chain kit.UnaryServerInterceptor() after idemkey's interceptor on the server)"
+			}
 			r.c.add(a)
 			return false
+		case <-held:
+			cancel()
+			a := <-done
+			a.Role = "cancelled in its call, held by the kit's server half once its handler returned"
+			r.c.add(a)
+			r.c.cut = true
+			return true
 		case <-time.After(interval):
 		}
-		if r.holding(ctx) {
+		// With the server half, only the effect, once counted, is a sign
+		// that the handler runs: a probe may hear "in progress" before the
+		// handler has started, and cut the attempt short before it.
+		if held != nil && time.Since(start) > holdPatience {
+			cancel()
+			a := <-done
+			a.Role = "cancelled after its handler had not returned for a long while (the server half holds an attempt once its handler returns)"
+			r.c.add(a)
+			r.c.cut = true
+			return true
+		}
+		if held != nil && r.effected(ctx) || held == nil && r.holding(ctx) {
 			cancel()
 			a := <-done
 			a.Role = "cancelled mid-handler"
 			r.c.add(a)
+			r.c.cut = true
 			return true
 		}
 	}
 }
 
+// effected reports whether Effects counts more than before the call.
+func (r *run) effected(ctx context.Context) bool {
+	if !r.c.counted {
+		return false
+	}
+	now, ok := r.k.effects(ctx)
+	return ok && now > r.c.before
+}
+
 // holding reports whether the server shows that it holds the call's key:
 // its effect counted, or a probe answered "in progress".
 func (r *run) holding(ctx context.Context) bool {
-	if r.c.counted {
-		if now, ok := r.k.effects(ctx); ok && now > r.c.before {
-			return true
-		}
+	if r.effected(ctx) {
+		return true
 	}
 	if r.probe == 0 {
 		r.probe = firstProbeTimeout
@@ -326,6 +405,7 @@ func (r *run) holding(ctx context.Context) bool {
 		// and been cut short there in its place: reported, not compared.
 		a.Role = "probe, cut short by its deadline"
 		r.c.add(a)
+		r.c.cut = true
 		r.probe = min(2*r.probe, maxProbeTimeout)
 	default:
 		a.Role = "probe"
@@ -347,53 +427,167 @@ func (k *Kit) effects(ctx context.Context) (n int, ok bool) {
 	return n, true
 }
 
+// late fails the test if Effects counts more than it did once the last
+// call was checked: an effect that came after that call's reply.
+func (k *Kit) late(ctx context.Context) {
+	if !k.lastOK {
+		return
+	}
+	k.lastOK = false
+	if now, ok := k.effects(ctx); ok && now > k.last {
+		k.t.Errorf("idemtest: Chaos.Effects counted %d more effect(s) after the last call had been answered and checked: %s", now-k.last, afterReply)
+	}
+}
+
+// afterReply is what an effect counted only after its call's reply means.
+const afterReply = "the handler makes its effect after its reply (in a goroutine it does not wait for, or after the answer is written). idemkey records a call's reply when its handler returns, so an effect made later is outside the key's protection: lost if the process dies after the reply, and outside the call's transaction in atomic mode. Make the effect before the handler returns (or, if Effects counts more than the test's calls through the Kit, count only those)"
+
+// Re-reads of Effects after a success that counted no effect, to tell an
+// effect made after the reply from a count that misses the effect.
+const (
+	settleTries    = 8
+	settleInterval = 10 * time.Millisecond
+	maxSettle      = 500 * time.Millisecond
+)
+
+// settle re-reads Effects a few times, waiting longer each time, until it
+// counts more than before, and returns its last count.
+func (k *Kit) settle(ctx context.Context, before int) (n int, ok bool) {
+	n, ok = before, true
+	wait := settleInterval
+	for range settleTries {
+		time.Sleep(wait)
+		if n, ok = k.effects(ctx); !ok || n > before {
+			return n, ok
+		}
+		wait = min(2*wait, maxSettle)
+	}
+	return n, ok
+}
+
 // check fails the test if c's attempts got different answers, if more than
-// one of them ran a successful call, or if its effects are not one for a
-// success and none for an error.
+// one of them ran a successful call, if idemkey refused one (a key reused,
+// expired, a store unavailable), or if its effects are not one for a
+// success and none for an error. An error answer that a later attempt ran
+// past (not replayed) was released, not recorded: the later answer is the
+// call's.
 func (k *Kit) check(ctx context.Context, c *call) {
 	k.t.Helper()
-	var answered []int
+	var (
+		problems []string
+		answered []int                   // by the handler or its record
+		refused  = make(map[string]bool) // idemkey's reasons, named once each
+	)
 	for i, a := range c.attempts {
-		if !a.NoAnswer {
+		switch {
+		case a.NoAnswer:
+		case a.InProgress:
+			problems = append(problems, fmt.Sprintf("attempt %d was still told the key is in progress after %d tries: the first run never ended", i+1, inProgressTries))
+		case a.Reason != "":
+			if !refused[a.Reason] {
+				refused[a.Reason] = true
+				problems = append(problems, refusal(i, a))
+			}
+		default:
 			answered = append(answered, i)
 		}
 	}
-	var problems []string
-	if len(answered) == 0 {
-		problems = append(problems, "no attempt of the call got an answer")
-	}
+	released := releasedAttempts(c.attempts, answered)
 	var ref Try
-	if len(answered) > 0 {
-		ref = c.attempts[answered[0]]
+	refIndex := -1
+	for _, i := range answered {
+		if !released[i] {
+			ref, refIndex = c.attempts[i], i
+			break
+		}
+	}
+	if len(answered) == 0 && len(problems) == 0 {
+		problems = append(problems, "no attempt of the call got an answer")
 	}
 	ran := 0
 	for _, i := range answered {
 		a := c.attempts[i]
-		if a.InProgress {
-			problems = append(problems, fmt.Sprintf("attempt %d was still told the key is in progress after %d tries: the first run never ended", i+1, inProgressTries))
+		if released[i] {
 			continue
 		}
 		if !a.Replayed {
 			ran++
 		}
 		if a.Code != ref.Code || a.Reply != ref.Reply {
-			problems = append(problems, differ(answered[0], ref, i, a))
+			problems = append(problems, differ(refIndex, ref, i, a))
 		}
 	}
-	if !ref.Failed && ran > 1 {
+	if refIndex >= 0 && !ref.Failed && ran > 1 {
 		problems = append(problems, fmt.Sprintf("%d attempts with one key got a reply not marked replayed: the server ran the operation for each (is the method covered by idemkey's interceptor, with its key required?), or does not mark replays", ran))
 	}
 	if c.counted {
 		if after, ok := k.effects(ctx); ok {
-			problems = append(problems, effectProblems(ref, after-c.before)...)
-			c.notes = append(c.notes, fmt.Sprintf("effects counted: %d", after-c.before))
+			n := after - c.before
+			if refIndex >= 0 && !ref.Failed && n == 0 {
+				if late, ok := k.settle(ctx, after); ok && late > after {
+					problems = append(problems, fmt.Sprintf("the call succeeded (%s), yet Chaos.Effects counted no effect when it answered, and %d a moment later: %s", ref.Code, late-after, afterReply))
+					after = late
+				} else {
+					problems = append(problems, fmt.Sprintf("the call succeeded (%s), yet Chaos.Effects counted no effect, even a moment later. Either Effects does not count this operation's effects (count what the call makes: its rows, the calls a fake provider got), or %s", ref.Code, afterReply))
+				}
+			} else if refIndex >= 0 {
+				problems = append(problems, c.effectProblems(ref, n, released)...)
+			}
+			c.notes = append(c.notes, fmt.Sprintf("effects counted: %d", n))
+			k.last, k.lastOK = after, true
 		}
+	}
+	if runs := c.runCodes(); len(runs) > 0 {
+		c.notes = append(c.notes, fmt.Sprintf("the handler's runs for this key, as the kit's server half saw them: %s", strings.Join(runs, ", ")))
 	}
 	if len(problems) > 0 {
 		k.t.Errorf("idemtest: %s\n%s", strings.Join(problems, "\nidemtest: "), c.table())
 		return
 	}
 	k.t.Logf("idemtest: %d attempts of one key agree: %s\n%s", len(c.attempts), ref.Code, c.table())
+}
+
+// releasedAttempts are the answered attempts whose error was released, not
+// recorded: an attempt answered after them ran the handler again (its
+// answer is not marked replayed).
+func releasedAttempts(attempts []Try, answered []int) map[int]bool {
+	released := make(map[int]bool)
+	for x, i := range answered {
+		a := attempts[i]
+		if !a.Failed || a.Replayed {
+			continue
+		}
+		for _, j := range answered[x+1:] {
+			if !attempts[j].Replayed {
+				released[i] = true
+				break
+			}
+		}
+	}
+	return released
+}
+
+// refusal names the mistake that idemkey's refusal of attempt i, a, shows,
+// and its fix. It quotes the answer's code and reason, never its message.
+func refusal(i int, a Try) string {
+	what := fmt.Sprintf("attempt %d was refused by idemkey (%s, %s), and the handler did not run", i+1, a.Code, a.Reason)
+	switch a.Reason {
+	case idemkey.ReasonKeyReused:
+		return what + ": the key was used before with another request. The client sends one key for two operations: make a new key for each operation (idemkey.NewKey once per operation, or leave it to the key interceptor), and send a kept key only with the request it was made for"
+	case idemkey.ReasonKeyExpired:
+		return what + ": the call was first sent longer ago than the server keeps keys (its retention), so idemkey will not run it again. The client retried a key kept past the retention, or sent a stale first-sent time: retry a kept key only within the retention (idemkey-key-expires says until when); after it, check the operation's state and use a new key"
+	case idemkey.ReasonFirstSentInvalid:
+		return what + ": the call's first-sent time is malformed or in the future. Send the time the key was made, once per operation, as idemkey.FormatDate writes it (the key interceptor does), from a clock in step with the server's"
+	case idemkey.ReasonKeyMissing:
+		return what + ": the server saw no key, though the call carried one. Something between the client and idemkey drops it: a proxy, a gateway's header matcher (idemgateway.ServeMuxOptions), or an interceptor chained before idemkey's that rewrites the metadata"
+	case idemkey.ReasonKeyInvalid:
+		return what + ": the server read the key as malformed, or sent twice. Send one key value per call (set the header or metadata once, not appended by two interceptors)"
+	case idemkey.ReasonStoreUnavailable:
+		return what + ": idemkey's store was unavailable or failing, so the server refused the call rather than run it unguarded, and the kit checked nothing of the handler. Make the test's store reachable and ready (postgres.Migrate on its schema) before the calls"
+	case idemkey.ReasonStoreFull:
+		return what + ": idemkey's store had no room for the key and its reply, so the kit checked nothing of the handler. Give the test's store room (its bounds on records and bytes)"
+	}
+	return what
 }
 
 // differ says how attempt j's answer b differs from attempt i's a.
@@ -409,18 +603,65 @@ func differ(i int, a Try, j int, b Try) string {
 		j+1, i+1, a.Code, why, i+1, shorten(a.Reply), j+1, shorten(b.Reply))
 }
 
-// effectProblems says what is wrong with n effects of a call answered ref:
-// a success makes one, an error none.
-func effectProblems(ref Try, n int) []string {
+// releasedFix is the fix of an effect that a released error left for a
+// retry to make again.
+const releasedFix = "Once the effect is made, answer its success whatever the context says, or undo the effect before failing; in atomic mode, write through postgres.TxFromContext, whose writes a released error rolls back"
+
+// effectProblems says what is wrong with n effects of c, answered ref: a
+// success makes one, an error none. released are the attempts whose error
+// a later attempt ran past.
+func (c *call) effectProblems(ref Try, n int, released map[int]bool) []string {
 	switch {
-	case ref.NoAnswer:
-		return nil
-	case !ref.Failed && n == 0:
-		return []string{fmt.Sprintf("the call succeeded (%s), yet Chaos.Effects counted no effect: does it count this operation's effects?", ref.Code)}
 	case !ref.Failed && n > 1:
-		return []string{fmt.Sprintf("one key, %d effects: the operation took effect more than once. A handler cut short or run twice made its effect again: make the effect once per key (in atomic mode, through postgres.TxFromContext's transaction; in two-phase mode, not in a context the caller can cancel)", n)}
+		msg := fmt.Sprintf("one key, %d effects: the operation took effect more than once, since the handler ran again after a run that had made its effect. ", n)
+		switch {
+		case c.rolledBackByKit():
+			msg += "The first attempt's transaction rolled back (the kit's server half ends it as a server that dies before its commit does), yet its effect stayed: in atomic mode the handler writes outside the call's transaction, through the pool or another connection. Write through the transaction of postgres.TxFromContext(ctx), not through the pool, so that its writes commit with the call's record or not at all (an effect in another system needs two-phase mode)"
+		case len(released) > 0:
+			i := -1
+			for j := range released {
+				if i < 0 || j < i {
+					i = j
+				}
+			}
+			msg += fmt.Sprintf("Attempt %d answered %s, an error that idemkey releases rather than records, after the handler had made its effect, so the retry made it again. %s", i+1, c.attempts[i].Code, releasedFix)
+		case c.failedRun() != "":
+			msg += fmt.Sprintf("The handler answered %s for this key after making its effect (the kit's server half saw it), an error that idemkey releases rather than records, so a retry (the client's, or gRPC's retry policy) ran it again. %s", c.failedRun(), releasedFix)
+		case c.cut:
+			msg += "The attempt cut short in its handler (Chaos.Cancel) made its effect and then answered an error that idemkey releases (the cancellation, or one of its own), which freed the key, so the retry made the effect again. " + releasedFix
+		default:
+			msg += "A run made its effect and then answered an error that idemkey releases rather than records (Unavailable, Aborted, ResourceExhausted, a cancellation or deadline, ...), which frees the key, so a retry (the client's, or gRPC's retry policy, which the Kit does not see) ran it again. " + releasedFix
+		}
+		return []string{msg}
 	case ref.Failed && n > 0:
 		return []string{fmt.Sprintf("the call answered %s, yet left %d effect(s): a side effect before an error. A recorded error tells every retry the operation failed while its effect stands, and a released one lets a retry make it again. In two-phase mode, answer success once the effect is made (or undo it before failing); in atomic mode, write through postgres.TxFromContext, whose writes an error rolls back", ref.Code, n)}
 	}
 	return nil
+}
+
+// rolledBackByKit reports whether the server half rolled back the
+// transaction of c's first attempt.
+func (c *call) rolledBackByKit() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.rolledBack
+}
+
+// runCodes are the codes the handler answered for c's key, as the server
+// half saw them.
+func (c *call) runCodes() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.runs)
+}
+
+// failedRun is the first code other than OK that the handler answered for
+// c's key, as the server half saw it; "" if none.
+func (c *call) failedRun() string {
+	for _, code := range c.runCodes() {
+		if !strings.HasPrefix(code, okRun) {
+			return code
+		}
+	}
+	return ""
 }

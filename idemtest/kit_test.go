@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 
@@ -35,6 +36,8 @@ const (
 	poolWrite
 	effectBeforeError
 	effectThenCancelled // makes its effect, then answers the cancellation: a retry makes it again
+	effectThenReleased  // makes its effect, then answers Unavailable on its first run: a retry makes it again
+	effectAfterReply    // answers, then makes its effect in a goroutine once backend.afterReply is closed
 )
 
 // backend is where the handler under test keeps its effects, and the
@@ -45,11 +48,15 @@ type backend struct {
 	atomic bool
 	pool   *pgxpool.Pool // nil: effects in memory
 	count  atomic.Int64  // in memory
+
+	failed     atomic.Bool    // effectThenReleased failed its first run
+	afterReply chan struct{}  // effectAfterReply's goroutines wait for it
+	late       sync.WaitGroup // effectAfterReply's goroutines
 }
 
 func openBackend(t *testing.T, kind string) *backend {
 	t.Helper()
-	b := &backend{name: kind, atomic: kind == "postgres-atomic"}
+	b := &backend{name: kind, atomic: kind == "postgres-atomic", afterReply: make(chan struct{})}
 	if kind == "memory" {
 		b.store = memory.New()
 		return b
@@ -104,8 +111,18 @@ func (b *backend) charge(ctx context.Context, customer string, m mistake, hold *
 	if customer == declined && m != effectBeforeError {
 		return "", status.Error(codes.FailedPrecondition, "card declined")
 	}
+	if m == effectAfterReply {
+		b.late.Go(func() {
+			<-b.afterReply
+			b.effect(context.Background(), none)
+		})
+		return "ch_" + idemkey.NewKey(), nil
+	}
 	if err := b.effect(ctx, m); err != nil {
 		return "", status.Error(codes.Unavailable, "not charged")
+	}
+	if m == effectThenReleased && b.failed.CompareAndSwap(false, true) {
+		return "", status.Error(codes.Unavailable, "provider timed out")
 	}
 	if customer == declined {
 		return "", status.Error(codes.FailedPrecondition, "card declined")
@@ -139,14 +156,25 @@ func (s *service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 // with the key interceptor, then the kit's.
 func grpcClient(t *testing.T, svc *service, kit *idemtest.Kit) paymentsv1.PaymentServiceClient {
 	t.Helper()
+	return grpcClientWith(t, svc, kit, false)
+}
+
+// grpcClientWith is grpcClient, with the kit's server half after idemkey's
+// interceptor if half is set, and the client's dial options.
+func grpcClientWith(t *testing.T, svc *service, kit *idemtest.Kit, half bool, dial ...grpc.DialOption) paymentsv1.PaymentServiceClient {
+	t.Helper()
 	opts := []any{}
 	if svc.b.atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(svc.b.store, opts...)))
+	chain := []grpc.UnaryServerInterceptor{grpctest.Interceptor(svc.b.store, opts...)}
+	if half {
+		chain = append(chain, kit.UnaryServerInterceptor())
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(chain...))
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
-	conn := grpctest.Dial(t, grpctest.Serve(t, srv),
-		grpc.WithChainUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()), kit.UnaryClientInterceptor()))
+	dial = append(dial, grpc.WithChainUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()), kit.UnaryClientInterceptor()))
+	conn := grpctest.Dial(t, grpctest.Serve(t, srv), dial...)
 	return paymentsv1.NewPaymentServiceClient(conn)
 }
 

@@ -87,7 +87,8 @@ func (a answer) read(ctx context.Context) idemtest.Try {
 			Replayed: idemkey.ParseReplayed(meta),
 			NoAnswer: ctx.Err() != nil || ownDeadline(ctx, connect.CodeOf(a.err) == connect.CodeDeadlineExceeded),
 		}
-		if idemconnect.Reason(a.err) == idemkey.ReasonInProgress {
+		out.Reason = idemconnect.Reason(a.err)
+		if out.Reason == idemkey.ReasonInProgress {
 			out.InProgress = true
 			out.RetryAfter, _ = idemconnect.RetryDelay(a.err)
 		}
