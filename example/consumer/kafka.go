@@ -60,6 +60,7 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 		},
 		idemkafka.WithMessageTenant(func(r *kgo.Record) (string, error) { return tenant(kafkaHeader(r, "tenant")) }),
 		idemkafka.WithDeadLetter(func(_ context.Context, _ *kgo.Record, err error) error { return w.deadLetter(err) }),
+		idemkafka.WithMaxAttempts(cfg.maxDeliver), // 0 keeps its default
 	)
 	if err != nil {
 		return err

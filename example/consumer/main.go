@@ -78,6 +78,7 @@ const MaxStreamAge = 72 * time.Hour
 // config is what the flags set.
 type config struct {
 	natsURL, amqpURL, databaseURL string
+	redisURL                      string // the processed ids in Redis, two-phase
 	kafkaBrokers                  string        // comma-separated seed brokers
 	kafkaSessionTimeout           time.Duration // how soon the group gives a dead member's partitions to another
 	atomic                        bool
@@ -89,6 +90,8 @@ type config struct {
 	workers                       int
 	batch                         int           // messages taken and committed together; 1: one at a time
 	batchWait                     time.Duration // how long a batch waits to fill, after its first message
+	maxDeliver                    int           // JetStream's max deliver, RabbitMQ's x-delivery-limit, Kafka's attempts; 0: the defaults
+	backoff, maxBackoff           time.Duration // consumer.WithBackoff's; 0: its defaults
 }
 
 func main() {
@@ -98,6 +101,10 @@ func main() {
 	flag.StringVar(&cfg.kafkaBrokers, "kafka-brokers", "", "consume from Kafka with these seed brokers (host:port, comma-separated)")
 	flag.DurationVar(&cfg.kafkaSessionTimeout, "kafka-session-timeout", 45*time.Second, "Kafka: the group session timeout, after which a member that died loses its partitions")
 	flag.StringVar(&cfg.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the processed ids and the charges; empty keeps both in memory")
+	flag.StringVar(&cfg.redisURL, "redis-url", "", "Redis URL (redis://host:port/db) for the processed ids, two-phase; the charges stay in -database-url, or in memory")
+	flag.IntVar(&cfg.maxDeliver, "max-deliver", 0, "how often a message is delivered before its last delivery dead-letters a failure: JetStream's max deliver and RabbitMQ's x-delivery-limit, for a consumer or queue this command creates, and Kafka's attempts; 0: the brokers' defaults (none; none; 5)")
+	flag.DurationVar(&cfg.backoff, "backoff", 0, "the delay before a message that failed for now is redelivered, doubling with each delivery; 0: 1s")
+	flag.DurationVar(&cfg.maxBackoff, "max-backoff", 0, "the longest such delay; 0: 1m")
 	flag.BoolVar(&cfg.atomic, "atomic", true, "on PostgreSQL, commit each charge with its message's record in one transaction; false runs two-phase")
 	flag.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "how long a charge waits after it is written, before it commits (atomic) and its message is acknowledged")
 	flag.DurationVar(&cfg.ackDelay, "ack-delay", 0, "how long a processed message waits after its record committed, before it is acknowledged")
@@ -136,9 +143,10 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		st     store.Store    = memory.New()
 		ledger example.Ledger = example.NewMemoryLedger()
 	)
-	if cfg.databaseURL == "" {
-		cfg.atomic = false
-	} else {
+	if cfg.databaseURL == "" || cfg.redisURL != "" {
+		cfg.atomic = false // atomic mode needs the ids and the charges in one database
+	}
+	if cfg.databaseURL != "" {
 		// A batch holds a transaction for its whole run: with -batch, each
 		// of RabbitMQ's workers has one, and a connection is left for the
 		// reads of the ones waiting.
@@ -162,6 +170,14 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 		// it, every message id ever processed would stay in the table.
 		defer example.Background(ctx, (&store.Janitor{Store: pst, Logger: logger}).Run)()
 	}
+	if cfg.redisURL != "" {
+		rst, closeRedis, err := example.OpenRedis(ctx, cfg.redisURL, "", logger)
+		if err != nil {
+			return err
+		}
+		defer closeRedis()
+		st = rst
+	}
 	system := "nats"
 	switch {
 	case cfg.amqpURL != "":
@@ -175,7 +191,7 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithHandlerTimeout(cfg.handlerTimeout)}
+	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithHandlerTimeout(cfg.handlerTimeout), consumer.WithBackoff(cfg.backoff, cfg.maxBackoff)}
 	if cfg.atomic {
 		opts = append(opts, consumer.WithAtomic())
 	}
@@ -214,6 +230,9 @@ func countSet(values ...string) int {
 }
 
 func storeKind(cfg config) string {
+	if cfg.redisURL != "" {
+		return "redis"
+	}
 	if cfg.databaseURL == "" {
 		return "memory"
 	}
@@ -232,7 +251,9 @@ type worker struct {
 func (w *worker) charge(ctx context.Context, tenant string, body []byte) error {
 	req := new(paymentsv1.CreateChargeRequest)
 	if err := protojson.Unmarshal(body, req); err != nil {
-		return status.Error(codes.InvalidArgument, "the body is not a CreateChargeRequest in protobuf JSON")
+		// Final: no redelivery can parse it (InvalidArgument alone releases,
+		// as over gRPC, and would be redelivered).
+		return consumer.Final(status.Error(codes.InvalidArgument, "the body is not a CreateChargeRequest in protobuf JSON"))
 	}
 	_, err := w.svc.CreateCharge(example.ContextWithTenant(ctx, tenant), req)
 	return err
@@ -315,6 +336,7 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 	if errors.Is(err, jetstream.ErrConsumerNotFound) {
 		cons, err = stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
 			Durable: cfg.name, FilterSubject: cfg.subject, AckPolicy: jetstream.AckExplicitPolicy, AckWait: cfg.ackWait,
+			MaxDeliver: cfg.maxDeliver, // 0: JetStream's default, none
 		})
 	}
 	if err != nil {
@@ -397,6 +419,9 @@ func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer
 // again, a second later, whenever the connection is lost.
 func consumeAMQP(ctx context.Context, cfg config, core *consumer.Consumer, w *worker) error {
 	args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": MaxStreamAge.Milliseconds()}
+	if cfg.maxDeliver > 0 {
+		args["x-delivery-limit"] = cfg.maxDeliver
+	}
 	c, err := idemamqp.New(core, cfg.queue, args,
 		func(ctx context.Context, d amqp.Delivery) error {
 			t, _ := tenant(headerValues(d.Headers, "tenant")) // checked by WithTenant

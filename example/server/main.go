@@ -109,8 +109,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	goredis "github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	otelprometheus "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/metric"
@@ -125,7 +123,6 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
-	redisstore "github.com/idemkey/idemkey/store/redis"
 )
 
 func main() {
@@ -456,7 +453,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		ledger, kind = example.NewPostgresLedger(pool), "postgres"
 	}
 	if cfg.redisURL != "" || cfg.redisCluster != "" {
-		rst, closeRedis, err := openRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)
+		rst, closeRedis, err := example.OpenRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)
 		if err != nil {
 			return err
 		}
@@ -569,33 +566,3 @@ func writeFileAtomic(path, data string) error {
 	return os.Rename(tmp, path)
 }
 
-// openRedis connects to one Redis server (url) or a Redis Cluster (cluster:
-// comma-separated seed addresses) and returns the store on it.
-func openRedis(ctx context.Context, url, cluster string, logger *slog.Logger) (store.Store, func(), error) {
-	var client goredis.UniversalClient
-	if cluster != "" {
-		client = goredis.NewClusterClient(&goredis.ClusterOptions{MaintNotificationsConfig: noMaintNotifications(), Addrs: strings.Split(cluster, ",")})
-	} else {
-		opts, err := goredis.ParseURL(url)
-		if err != nil {
-			return nil, nil, fmt.Errorf("redis-url: %w", err)
-		}
-		opts.MaintNotificationsConfig = noMaintNotifications()
-		client = goredis.NewClient(opts)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	st, err := redisstore.New(ctx, client, redisstore.WithLogger(logger))
-	if err != nil {
-		client.Close()
-		return nil, nil, err
-	}
-	return st, func() { client.Close() }, nil
-}
-
-// noMaintNotifications turns off go-redis's maintenance notifications, which
-// Redis 7 lacks: in their default "auto" mode, go-redis v9.23 races on the
-// connections the store's replica wait takes while it falls back.
-func noMaintNotifications() *maintnotifications.Config {
-	return &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-}
