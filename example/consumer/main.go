@@ -78,7 +78,7 @@ const MaxStreamAge = 72 * time.Hour
 // config is what the flags set.
 type config struct {
 	natsURL, amqpURL, databaseURL string
-	redisURL                      string // the processed ids in Redis, two-phase
+	redisURL                      string        // the processed ids in Redis, two-phase
 	kafkaBrokers                  string        // comma-separated seed brokers
 	kafkaSessionTimeout           time.Duration // how soon the group gives a dead member's partitions to another
 	atomic                        bool

@@ -565,4 +565,3 @@ func writeFileAtomic(path, data string) error {
 	}
 	return os.Rename(tmp, path)
 }
-
