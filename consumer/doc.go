@@ -47,7 +47,8 @@
 //	                                                  sent before the retention (ErrExpired)
 //	StoreFailed        nak, after a backoff           the store failed, or had no room for a new
 //	                                                  record (Err is store.ErrFull); a consumer
-//	                                                  never runs unprotected
+//	                                                  never runs unprotected; the last delivery
+//	                                                  is held until the store answers
 //
 // A message the broker stamps (Delivery.Sent: JetStream's stored time, an
 // AMQP timestamp) longer ago than the retention, less engine.WithClockSkew, whose
@@ -68,14 +69,24 @@
 // and changes neither the Result nor the record.
 //
 // On a message's last delivery (JetStream's max deliver, a quorum queue's
-// delivery limit), a message that would be redelivered after a failure is
-// dead-lettered and acknowledged instead, and logged at Error level: the
-// broker would give it up in silence. One in progress elsewhere is waited
-// for (see below).
+// delivery limit), a message that would be redelivered after a failure of
+// its handler is dead-lettered and acknowledged instead: the broker would
+// give it up in silence. One in progress elsewhere is waited for (see
+// below). A store that fails is no reason to spend a last delivery: Process
+// holds it, trying again after each backoff until the store answers, so a
+// message is never acknowledged unrun, nor dead-lettered for an outage (a
+// consumer that stops meanwhile negative-acknowledges it, logged at Error
+// level). An adapter hands dead letters to its hook (DeadLetter), and
+// refuses to start without one unless the consumer is built with
+// WithDiscardDeadLetters, which acknowledges such messages and logs each at
+// Error level as discarded; only a message the hook took is logged as
+// dead-lettered.
 // A handler's error is final if it is marked with Final or is a gRPC status
-// that the gRPC interceptor records (and InvalidArgument, which the same
-// message can only repeat); any other error, a plain one included, is
-// transient (IsFinal; WithClassifier changes it). The backoff doubles with
+// that the gRPC interceptor records; any other error, a plain one and
+// InvalidArgument included (which the gRPC interceptor releases too), is
+// transient (IsFinal; WithClassifier changes it), and so is a panic
+// (ErrPanicked): the consumer recovers from it and goes on. The one table of
+// every entry point's answers is docs/answers.md. The backoff doubles with
 // each delivery the broker counts, from one second to a minute, less a random
 // part of up to a quarter (WithBackoff).
 //
@@ -190,6 +201,6 @@
 // what the handler did, so there is nothing to redact. engine.WithSealer seals that
 // record too (package seal), so that someone who can write the store cannot
 // turn a failed message into a processed one; a record the key ring cannot
-// open is answered StoreFailed (negative-acknowledged, dead-lettered on
-// the last delivery) and never processed again.
+// open is answered StoreFailed (negative-acknowledged, its last delivery
+// held as in any outage) and never processed again.
 package consumer

@@ -25,7 +25,9 @@
 //	if _, err := ch.QueueDeclare("invoices", true, false, false, false, args); err != nil { ... }
 //	c, err := idemamqp.New(core, "invoices", args, func(ctx context.Context, d amqp.Delivery) error {
 //		return bill(ctx, d.Body)
-//	})
+//	}, idemamqp.WithDeadLetter(func(ctx context.Context, d amqp.Delivery, err error) error {
+//		return keepDeadLetter(ctx, d.Body, consumer.Cause(err)) // required, or consumer.WithDiscardDeadLetters
+//	}))
 //	if err != nil { ... }
 //	const workers = 8
 //	if err := ch.Qos(workers, 0, false); err != nil { ... }

@@ -37,7 +37,9 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	core, err := consumer.New(eng, "billing", consumer.WithSystem("rabbitmq"))
+	// This example keeps no dead letters: it says so. A real consumer
+	// gives idemamqp.WithDeadLetter a hook that keeps them.
+	core, err := consumer.New(eng, "billing", consumer.WithSystem("rabbitmq"), consumer.WithDiscardDeadLetters())
 	if err != nil {
 		log.Fatal(err)
 	}

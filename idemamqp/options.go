@@ -45,9 +45,12 @@ func WithMessageTenant(f func(amqp.Delivery) (string, error)) Option {
 // (consumer.Result.Err). If the hook fails, the message is redelivered, and
 // handed to it again.
 //
-// Without a hook, a refused message is rejected without requeueing, which a
-// queue declared with an x-dead-letter-exchange dead-letters; a message that
-// failed for good is acknowledged, and so dead-lettered only by the hook.
+// New refuses a consumer without a hook unless its core was built with
+// consumer.WithDiscardDeadLetters. Then a refused message is rejected
+// without requeueing, which a queue declared with an x-dead-letter-exchange
+// dead-letters; a message that failed for good is acknowledged, and kept
+// by nothing. err's words may quote the message: consumer.Cause says why in
+// idemkey's.
 func WithDeadLetter(f func(ctx context.Context, d amqp.Delivery, err error) error) Option {
 	return func(o *options) { o.deadLetter = f }
 }

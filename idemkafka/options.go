@@ -55,7 +55,10 @@ func WithMessageTenant(f func(*kgo.Record) (string, error)) Option {
 // are committed. err says why (consumer.Result.Err: the handler's error,
 // whose words may quote the record). If the hook fails, the record is not
 // committed: it is processed again, and handed to the hook again.
-// WithDeadLetterTopic is a hook that writes the record to a topic.
+// WithDeadLetterTopic is a hook that writes the record to a topic. New
+// refuses a consumer with neither unless its core was built with
+// consumer.WithDiscardDeadLetters, which commits such records and keeps
+// nothing.
 func WithDeadLetter(f func(ctx context.Context, r *kgo.Record, err error) error) Option {
 	return func(o *options) { o.deadLetter = f }
 }

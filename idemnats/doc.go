@@ -49,7 +49,9 @@
 //	if err != nil { ... }
 //	c, err := idemnats.New(ctx, core, stream, cons, func(ctx context.Context, msg jetstream.Msg) error {
 //		return bill(ctx, msg.Data()) // writes through postgres.TxFromContext(ctx)
-//	})
+//	}, idemnats.WithDeadLetter(func(ctx context.Context, msg jetstream.Msg, err error) error {
+//		return keepDeadLetter(ctx, msg.Data(), consumer.Cause(err)) // required, or consumer.WithDiscardDeadLetters
+//	}))
 //	if err != nil { ... } // a *consumer.HorizonError, say
 //	cc, err := cons.Consume(func(msg jetstream.Msg) { c.Handle(ctx, msg) })
 //

@@ -63,7 +63,12 @@ func WithMessageIDsUniqueAcrossTenants() Option {
 // WithDeadLetter sets a hook for messages that failed for good or were
 // refused, for example to publish them to a dead-letter subject, before they
 // are acknowledged or terminated. err says why (consumer.Result.Err). If the
-// hook fails, the message is redelivered, and handed to it again.
+// hook fails, the message is redelivered, and handed to it again. err's
+// words may quote the message: consumer.Cause says why in idemkey's.
+//
+// New refuses a consumer without a hook unless its core was built with
+// consumer.WithDiscardDeadLetters, which acknowledges or terminates such
+// messages and keeps nothing.
 func WithDeadLetter(f func(ctx context.Context, msg jetstream.Msg, err error) error) Option {
 	return func(o *options) { o.deadLetter = f }
 }
