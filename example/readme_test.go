@@ -11,6 +11,15 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -287,5 +296,55 @@ func TestREADMEAtomic(t *testing.T) {
 	}
 	if amount != readmeCharge.GetAmount() {
 		t.Errorf("amount %d, want %d", amount, readmeCharge.GetAmount())
+	}
+}
+
+// The README's atomic guard, on a server deployed without
+// WithAtomicMethods, answers a code that releases the key: once the server
+// is fixed, the same key charges, rather than replay the guard's error for
+// the key's whole retention.
+func TestREADMEAtomicGuardReleases(t *testing.T) {
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id text PRIMARY KEY, amount bigint, currency text)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	st, err := postgres.New(pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serve := func(srv *grpc.Server) paymentsv1.PaymentServiceClient {
+		lis := listen(t)
+		go srv.Serve(lis)
+		t.Cleanup(srv.Stop)
+		conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		return paymentsv1.NewPaymentServiceClient(conn)
+	}
+	call := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer acme", idemkey.KeyMetadata, idemkey.NewKey())
+
+	// The deploy that forgot WithAtomicMethods: two-phase, on the same store.
+	eng := grpctest.Must(engine.New(st, engine.WithTenant(callerTenant), engine.WithKeyRequired()))
+	broken := grpc.NewServer(grpc.ChainUnaryInterceptor(authInterceptor, grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
+	paymentsv1.RegisterPaymentServiceServer(broken, &ledger{})
+	if _, err := serve(broken).CreateCharge(call, readmeCharge); status.Code(err) != codes.Unavailable {
+		t.Fatalf("the guard answered %v, want Unavailable", err)
+	}
+
+	fixed := grpctest.Must(newAtomicServer(st))
+	c, err := serve(fixed).CreateCharge(call, readmeCharge)
+	if err != nil {
+		t.Fatalf("the same key on the fixed server: %v, want a charge", err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM payments WHERE id = $1`, c.GetId()).Scan(&n); err != nil || n != 1 {
+		t.Fatalf("the charge's row: %d, %v", n, err)
 	}
 }
