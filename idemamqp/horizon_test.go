@@ -79,7 +79,7 @@ func TestNew(t *testing.T) {
 			if tc.retention > 0 {
 				eopts = append(eopts, engine.WithRetention(tc.retention))
 			}
-			var opts []consumer.Option
+			opts := []consumer.Option{consumer.WithDiscardDeadLetters()} // TestNoDeadLetter has none
 			if tc.warn {
 				opts = append(opts, consumer.WithHorizonWarning())
 			}
@@ -148,5 +148,27 @@ func TestID(t *testing.T) {
 				t.Errorf("id = %q, %v; want %q", got, err, tc.want)
 			}
 		})
+	}
+}
+
+// TestNoDeadLetter: New refuses a consumer with nowhere to put a dead
+// letter, naming both ways out, unless the consumer says it discards them.
+func TestNoDeadLetter(t *testing.T) {
+	args := amqp.Table{"x-message-ttl": int64(time.Hour / time.Millisecond)}
+	handler := func(context.Context, amqp.Delivery) error { return nil }
+	eng, err := engine.New(memory.New(), engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, err := consumer.New(eng, "billing")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := New(core, "invoices", args, handler); err == nil ||
+		!strings.Contains(err.Error(), "WithDeadLetter") || !strings.Contains(err.Error(), "consumer.WithDiscardDeadLetters") {
+		t.Fatalf("New without a dead-letter hook: %v, want an error naming WithDeadLetter and consumer.WithDiscardDeadLetters", err)
+	}
+	if _, err := New(core, "invoices", args, handler, WithDeadLetter(func(context.Context, amqp.Delivery, error) error { return nil })); err != nil {
+		t.Fatalf("New with a hook: %v", err)
 	}
 }
