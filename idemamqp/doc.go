@@ -45,27 +45,9 @@
 //
 // # Batches
 //
-// In atomic mode, taking messages in batches saves most of what idemkey
-// costs a message: NextBatch takes up to n deliveries (those ready, and
-// those that arrive within a short wait), and HandleBatch deduplicates them
-// in one round trip, runs their handlers in one transaction, each message's
-// writes apart, and acknowledges each after that transaction's one commit
-// (consumer.Consumer.ProcessBatch); a message to requeue is
-// negative-acknowledged once its delay has passed, without holding up the
-// others' acknowledgements (SettleBatch). Give the channel a prefetch of n
-// for each worker:
-//
-//	if err := ch.Qos(workers*32, 0, false); err != nil { ... }
-//	...
-//	wg.Go(func() {
-//		for ds := idemamqp.NextBatch(ctx, deliveries, 32, 5*time.Millisecond); ds != nil; ds = idemamqp.NextBatch(ctx, deliveries, 32, 5*time.Millisecond) {
-//			c.HandleBatch(ctx, ds)
-//		}
-//	})
-//
-// In two-phase mode a batch saves one round trip per message: one statement
-// reserves the batch's ids, and each message is then processed and recorded
-// on its own, as Handle does.
+// NextBatch takes a batch from a worker's prefetch, and HandleBatch
+// processes it (consumer.Consumer.ProcessBatch) and acknowledges each
+// message after the batch's commit; docs/consumers.md has the details.
 //
 // # Guarantees
 //

@@ -74,15 +74,11 @@
 //
 // # Batches
 //
-// In atomic mode, HandleBatch saves most of what idemkey costs a record: it
-// deduplicates a poll's records in one round trip, runs their handlers in
-// one transaction, each record's writes apart, and commits their offsets in
-// one commit after that transaction's one commit
-// (consumer.Consumer.ProcessBatch). In two-phase mode a batch saves one
-// round trip per record. The records of a batch that fail for now are
-// processed again together, after the longest of their delays; the
-// offsets of their partitions are committed up to them only once they are
-// settled.
+// HandleBatch deduplicates a poll's records together (in atomic mode one
+// round trip and one transaction: consumer.Consumer.ProcessBatch) and
+// commits their offsets in one commit; the records that fail for now are
+// retried together, and their partitions committed up to them only once
+// they are settled.
 //
 // # Dead letters
 //
@@ -92,50 +88,24 @@
 // code, never the handler's own words, which may quote the record),
 // idemkey-topic, idemkey-partition and idemkey-offset, before its offset is
 // committed.
-// WithDeadLetter is a hook of one's own. Either way, a dead letter that
-// fails to be written leaves the record uncommitted: it is processed again,
-// never skipped in silence. A dead letter is written at least once.
+// WithDeadLetter is a hook of one's own; New refuses neither unless the
+// core discards dead letters (consumer.WithDiscardDeadLetters). A dead
+// letter that fails to be written leaves the record uncommitted: it is
+// processed again, never skipped in silence, and written at least once.
 //
 // # Retention and the redelivery horizon
 //
-// A record may be read again while Kafka keeps it: a group whose offsets
-// are reset or expired, or a partition whose new owner starts at an older
-// commit. Kafka deletes a record with its segment, once the segment's newest
-// record is older than retention.ms, and a segment takes records for up
-// to segment.ms. New reads both, and cleanup.policy, for each topic (with
-// kadm) and refuses (a *consumer.HorizonError) when records of message ids
-// would expire first: when retention.ms plus segment.ms exceeds the
-// engine's retention, or the topic keeps records for ever (retention.ms -1,
-// or cleanup.policy compact without delete); with
-// consumer.WithHorizonWarning it logs that at Error level instead. Kafka's
-// defaults (seven days each, fourteen in all) outlast the seven days of
-// consumer.RecommendedRetention: give the topic, say, a retention.ms of
-// three days and a segment.ms of one.
-// Kafka's deletion also waits for its retention check
-// (log.retention.check.interval.ms, five minutes by default), which the
-// horizon leaves to the margin of days.
+// New reads each topic's retention.ms, segment.ms and cleanup.policy and
+// refuses (a *consumer.HorizonError) when records of message ids would
+// expire while Kafka keeps a record a group may read again
+// (docs/consumers.md); consumer.WithHorizonWarning logs it instead.
 //
 // # What it was tested against
 //
-// The tests (tests/idemkafka, and the example consumer's kill-and-restart
-// soak) run against franz-go's kfake, an in-process Kafka of one broker,
-// with kgo's default, the classic consumer group protocol (not KIP-848's),
-// or against a real cluster named by IDEMKEY_TEST_KAFKA: tests/idemkafka
-// with kgo's default balancer (cooperative-sticky) and, for a member
-// removed mid-poll, the eager range balancer; the soak with range. On
-// kfake, a soak in two-phase mode with batches, in which a member's commit
-// was refused (ILLEGAL_GENERATION) while its poll held a record busy
-// elsewhere, once left two partitions unassigned for minutes with
-// cooperative-sticky; not diagnosed, and not seen with range. kfake models
-// groups, generations, rebalance timeouts, committed offsets and topic
-// configurations; it does not model replication: a real cluster adds
-// acknowledged writes lost to an unclean leader election
-// (unclean.leader.election.enable), or to a leader's failure before
-// followers copied them with acks below all or min.insync.replicas of one:
-// an offset committed past a record that is then lost is harmless, but a
-// dead letter written with too weak an acknowledgement may be lost. Produce
-// dead letters with the default, acks=all, on a topic with
-// min.insync.replicas of at least two.
+// On franz-go's kfake, an in-process Kafka of one broker without
+// replication, or on a cluster named by IDEMKEY_TEST_KAFKA:
+// docs/consumers.md says what that leaves untested (acknowledged writes
+// lost to an unclean leader election: produce dead letters with acks=all).
 //
 // # Caveats
 //
@@ -146,6 +116,5 @@
 //     a record of a member that died, in two-phase mode) is processed again
 //     after that run's lease, holding the poll; its last attempt waits for
 //     the run to end (see package consumer).
-//   - A record that fails for now holds its partition, and the poll, while
-//     it waits for its retries.
+//   - A record that fails for now holds its partition while it retries.
 package idemkafka

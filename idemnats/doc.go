@@ -57,34 +57,10 @@
 //
 // # Batches
 //
-// In atomic mode, taking messages in batches saves most of what idemkey
-// costs a message: NextBatch takes up to n messages from a Messages
-// iterator (those there, and those that arrive within a short wait), and
-// HandleBatch deduplicates them in one round trip, runs their handlers in
-// one transaction, each message's writes apart, and acknowledges each
-// after that transaction's one commit (consumer.Consumer.ProcessBatch):
-//
-//	it, err := cons.Messages(jetstream.PullMaxMessages(64)) // two batches ahead
-//	if err != nil { ... }
-//	defer it.Stop()
-//	for {
-//		msgs, err := idemnats.NextBatch(ctx, it, 32, 5*time.Millisecond)
-//		if err != nil {
-//			break // ctx done, or the iterator stopped
-//		}
-//		c.HandleBatch(ctx, msgs)
-//	}
-//
-// A Messages iterator, rather than Fetch, because it pulls the next
-// messages while a batch runs, where each Fetch waits for a pull request's
-// round trip, and for its whole expiry when fewer than n messages are
-// there. Each message of the iterator's buffer waits with its ack wait
-// running: keep the buffer to a batch or two, and the ack wait well above a
-// batch's run.
-//
-// In two-phase mode a batch saves one round trip per message: one statement
-// reserves the batch's ids, and each message is then processed and recorded
-// on its own, as Handle does.
+// NextBatch takes a batch from a Messages iterator, and HandleBatch
+// processes it (consumer.Consumer.ProcessBatch: in atomic mode one round
+// trip and one commit for the batch) and acknowledges each message after
+// that commit; docs/consumers.md has the details.
 //
 // # Guarantees
 //
