@@ -1,74 +1,74 @@
 package engine_test
 
+// The examples import no entry point: this package's tests, and so the
+// go.sum of every module that imports the engine, need no protobuf. The
+// entry points' own examples run a call through an engine: interceptor,
+// idemhttp, idemconnect, idemgateway.
+
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
-	"net/http"
-	"net/http/httptest"
-	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// One engine on a store, with the settings every entry point shares, handed
-// to an entry point (here the net/http middleware; the gRPC interceptor, the
-// Connect interceptor and message consumers take the same engine). Its hooks
-// see each call's verdict: the first call executes and is recorded, its
-// retry with the same key is replayed.
+// callerKey is where the application's authentication puts the caller.
+type callerKey struct{}
+
+// tenantOf is the engine's TenantFunc: the caller that the authentication
+// layer verified and put in the call's context.
+func tenantOf(ctx context.Context) (string, error) {
+	caller, ok := ctx.Value(callerKey{}).(string)
+	if !ok {
+		return "", errors.New("not signed in")
+	}
+	return caller, nil
+}
+
+// One engine on a store, with the settings every entry point shares: hand
+// it to each entry point that serves the store's keys
+// (interceptor.UnaryServerInterceptor(eng), idemconnect.NewServerInterceptor(eng),
+// idemhttp.Middleware(eng), consumers), so that they share its keys, its
+// bounds and its metrics.
 func ExampleNew() {
 	eng, err := engine.New(memory.New(),
-		engine.WithSingleTenant(), // every caller shares one key space: an internal API
+		engine.WithTenant(tenantOf), // each caller's keys are its own
 		engine.WithKeyRequired(),
-		engine.WithRetention(time.Hour),
-		engine.WithHooks(engine.Hooks{
-			OnExecute: func(_ context.Context, ev engine.Event) {
-				fmt.Println("hook:", ev.Operation, ev.Verdict, ev.Code, "recorded:", ev.Recorded)
-			},
-			OnReplay: func(_ context.Context, ev engine.Event) {
-				fmt.Println("hook:", ev.Operation, ev.Verdict, ev.Code)
-			},
-		}))
+		engine.WithRetention(48*time.Hour),
+		engine.WithMaxRecordSize(64<<10), // the replies are small: the memory store runs more calls at once
+	)
 	if err != nil {
 		panic(err)
 	}
-	idem, err := idemhttp.Middleware(eng)
-	if err != nil {
-		panic(err)
-	}
-	mux := http.NewServeMux()
-	mux.Handle("POST /v1/charges", idem(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.WriteHeader(http.StatusCreated)
-		io.WriteString(w, `{"id":"ch_1"}`)
-	})))
-	srv := httptest.NewServer(mux)
-	defer srv.Close()
-
-	for range 2 { // a call, and its retry with the same key
-		req, _ := http.NewRequest("POST", srv.URL+"/v1/charges", strings.NewReader(`{"amount":1999}`))
-		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			panic(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		fmt.Println(resp.StatusCode, string(body))
-	}
+	fmt.Println("retention:", eng.Retention(), "record size:", eng.MaxRecordSize())
 	// Output:
-	// hook: POST /v1/charges executed 201 recorded: true
-	// 201 {"id":"ch_1"}
-	// hook: POST /v1/charges replayed 201
-	// 201 {"id":"ch_1"}
+	// retention: 48h0m0s record size: 65536
 }
 
 // New checks the options once, and its error names the fix.
 func ExampleNew_mistake() {
-	_, err := engine.New(memory.New(), engine.WithSingleTenant(), engine.WithRetention(time.Minute))
+	_, err := engine.New(memory.New(), engine.WithTenant(tenantOf), engine.WithRetention(time.Minute))
 	fmt.Println(err)
 	// Output:
 	// idemkey: the retention (1m0s, WithRetention) is shorter than the longest lease (10m0s, WithMaxLease): a record would expire while its call may still run; lengthen the retention or shorten the maximum lease
+}
+
+// An entry point asks the engine for each kind of call it serves; the
+// engine refuses what its store cannot serve, such as atomic mode on a
+// store without transactions, once, at start-up.
+func ExampleEngine_Operation() {
+	eng, err := engine.New(memory.New(), engine.WithTenant(tenantOf))
+	if err != nil {
+		panic(err)
+	}
+	op, err := eng.Operation(engine.OperationSpec{Name: "/example.payments.v1.PaymentService/CreateCharge"})
+	fmt.Println(op.Name(), op.Atomic(), err)
+	_, err = eng.Operation(engine.OperationSpec{Name: "/example.payments.v1.PaymentService/CreateCharge", Atomic: true})
+	fmt.Println(err)
+	// Output:
+	// /example.payments.v1.PaymentService/CreateCharge false <nil>
+	// idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; *memory.Store does not
 }
