@@ -4,10 +4,10 @@
 //
 // The client interceptor attaches one idempotency key to each call, as the
 // RFC 8941 string that draft-ietf-httpapi-idempotency-key-header-07 makes
-// the field, which a strict server reads too; the server interceptor runs a call at most once per key, on an engine
-// (package engine: the store, and the settings every entry point shares),
-// and answers every retry with the first call's recorded reply. It does not
-// import google.golang.org/grpc.
+// the field, which a strict server reads too; the server interceptor runs a
+// call at most once per key, on an engine (package engine: the store, and
+// the settings every entry point shares), and answers every retry with the
+// first call's recorded reply. It does not import google.golang.org/grpc.
 //
 // # Example
 //
@@ -43,9 +43,8 @@
 //     over each of Connect's protocols as every entry point reads it (bare,
 //     or an RFC 8941 string in double quotes: "k" and k name one key), of 1
 //     to 255 bytes of visible ASCII, else InvalidArgument with reason
-//     IDEMPOTENCY_KEY_INVALID. Without
-//     one the call runs unprotected, or is refused (IDEMPOTENCY_KEY_MISSING)
-//     if keys are required (engine.WithKeyRequired).
+//     IDEMPOTENCY_KEY_INVALID. Without one the call runs unprotected, or is
+//     refused (IDEMPOTENCY_KEY_MISSING) if keys are required.
 //   - Keys are shared with the gRPC interceptor: the operation is the
 //     procedure, which is gRPC's full method name; the fingerprint is
 //     protokey.HashRequest of the request message, whichever codec carried it
