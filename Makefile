@@ -64,7 +64,12 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# WithDiscardDeadLetters and DiscardsDeadLetters, so that no message is
 	@# acknowledged as dead-lettered with nowhere to go; ErrPanicked; Cause,
 	@# the one safe wording of a failure, which idemkafka's own replaced).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 422 -max-shared 25
+	@# The comment and blank lines of the published packages' non-test,
+	@# non-generated files, held where the docs step (issue 46) left them,
+	@# 37.2%: the package docs are tours and the manual is in docs/. The
+	@# issue's target is 30%; the rest is the identifiers' doc comments.
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 422 -max-shared 25 \
+		-max-prose-percent 37.5
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a

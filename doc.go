@@ -12,7 +12,8 @@
 //	gRPC, server and client    package interceptor  UnaryServerInterceptor(eng, ...Option), UnaryClientInterceptor(...MethodOption)
 //	Connect, server and client package idemconnect  NewServerInterceptor(eng, ...Option), NewClientInterceptor(...ProcedureOption)
 //	net/http (IETF draft)      package idemhttp     Middleware(eng, ...Option)
-//	message consumers          package consumer     New(eng, name, ...Option), with idemnats (JetStream) or idemamqp (RabbitMQ)
+//	message consumers          package consumer     New(eng, name, ...Option), with idemnats (JetStream), idemamqp (RabbitMQ) or idemkafka (Kafka)
+//	grpc-gateway               package idemgateway  ServeMuxOptions(...Option), in front of the gRPC interceptor
 //
 // A constructor whose configuration can be wrong returns the mistake as an
 // error; none panics. eng is the one *engine.Engine that engine.New builds
@@ -34,13 +35,8 @@
 // DeriveKey and DerivedKey for the calls an operation makes to other
 // idempotent APIs.
 //
-//	situation                             code               reason (HTTP in the IETF draft)
-//	key required but missing              InvalidArgument    IDEMPOTENCY_KEY_MISSING (400)
-//	key malformed, or sent twice          InvalidArgument    IDEMPOTENCY_KEY_INVALID (400)
-//	same key, different request           InvalidArgument    IDEMPOTENCY_KEY_REUSED (422)
-//	same key, first call still running    Aborted            IDEMPOTENCY_KEY_IN_PROGRESS (409)
-//	store unreachable or failing          Unavailable        IDEMPOTENCY_STORE_UNAVAILABLE (503)
-//	store full (no room for a new key)    ResourceExhausted  IDEMPOTENCY_STORE_FULL (503)
+// The repository's docs/answers.md has the table of every situation's
+// answer on every entry point: gRPC code, HTTP status, consumer action.
 //
 // A client reads the reason back with its transport's helper:
 // interceptor.Reason for a gRPC error, idemconnect.Reason for a Connect

@@ -76,25 +76,13 @@
 // outcome encoding of an adapter of your own must not begin with the bytes
 // 0x00 'i' 'k' (no protobuf message does), which mark a sealed record.
 //
-// # Hooks
+// # Hooks and metrics
 //
-// WithHooks gives the application one callback per call, once its verdict
-// is final: OnExecute when the handler ran, OnReplay when a retry got the
-// record, OnRefuse when the call was answered without either. Each is told
-// the operation, the tenant, the key, the verdict, the final status and the
-// record's size, so that an application can count or audit business
-// operations apart from their retries: a key retried n times runs
-// OnExecute once (with Event.Recorded) and OnReplay n-1 times. The hooks
-// run on the call's goroutine before the answer is handed over, are given
-// the call's context without its cancellation, and a panic in one is
-// logged and goes no further. idemkey logs no value of an Event.
-//
-// # Metrics
-//
-// idemkey.calls counts calls by idemkey.outcome (the Verdict), with the
-// operation's attributes and its final status code (MetricsSpec);
-// idemkey.store.duration times the store's operations by
-// idemkey.store.operation; idemkey.record.size measures recorded outcomes.
-// Each call also adds idemkey.outcome and an event to the span in its
-// context, and logs a Debug line.
+// WithHooks gives the application one callback per call once its verdict
+// is final (OnExecute, OnReplay or OnRefuse, with an Event), to count or
+// audit business operations apart from their retries; idemkey logs no value
+// of an Event. The engine also counts calls by Verdict (idemkey.calls, with
+// MetricsSpec's attributes), times the store's operations, measures
+// recorded outcomes, marks the span in the call's context and logs a Debug
+// line. The repository's docs/operations.md has both in full.
 package engine

@@ -1,7 +1,7 @@
 package example_test
 
-// This file is the README's "Atomic mode" snippet, between the markers; the
-// README's copy must match it (TestREADMESnippets).
+// This file is docs/stores.md's "Atomic mode" snippet, between the markers;
+// the page's copy must match it (TestREADMESnippets).
 
 // readme:atomic
 import (

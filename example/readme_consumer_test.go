@@ -1,7 +1,7 @@
 package example_test
 
-// This file is the README's "Consumers" snippet, between the markers; the
-// README's copy must match it (TestREADMESnippets).
+// This file is docs/consumers.md's NATS JetStream snippet, between the
+// markers; the page's copy must match it (TestREADMESnippets).
 
 import (
 	"context"

@@ -1,8 +1,8 @@
 package example_test
 
-// This file is the README's hooks snippet, between the markers; the
-// README's copy must match it (TestREADMESnippets), and its output is the
-// README's too.
+// This file is docs/operations.md's hooks snippet, between the markers; the
+// page's copy must match it (TestREADMESnippets), and its output is the
+// page's too.
 
 import (
 	"context"
@@ -101,8 +101,8 @@ func Example_hooks() {
 	// reused   /example.payments.v1.PaymentService/CreateCharge tenant=acme key=order-1001 code=InvalidArgument record=0B
 }
 
-// The README shows Example_hooks's output as it is: the lines of its
-// // Output: comment, in a ```text block.
+// docs/operations.md shows Example_hooks's output as it is: the lines of
+// its // Output: comment, in a ```text block.
 func TestREADMEHooksOutput(t *testing.T) {
 	src, err := os.ReadFile("readme_hooks_test.go")
 	if err != nil {
@@ -120,11 +120,11 @@ func TestREADMEHooksOutput(t *testing.T) {
 		}
 		want.WriteString(text)
 	}
-	readme, err := os.ReadFile(filepath.Join("..", "README.md"))
+	readme, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(string(readme), "```text\n"+want.String()+"```\n") {
-		t.Errorf("README.md has no ```text block of Example_hooks's output:\n%s", want.String())
+		t.Errorf("docs/operations.md has no ```text block of Example_hooks's output:\n%s", want.String())
 	}
 }

@@ -1,7 +1,7 @@
 package example_test
 
-// This file is the README's "On PostgreSQL" snippet, between the markers;
-// the README's copy must match it (TestREADMESnippets).
+// This file is docs/stores.md's PostgreSQL snippet, between the markers;
+// the page's copy must match it (TestREADMESnippets).
 
 // readme:postgres
 import (

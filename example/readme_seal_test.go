@@ -1,7 +1,7 @@
 package example_test
 
-// This file is the README's "Sealed replies" snippet, between the markers;
-// the README's copy must match it (TestREADMESnippets).
+// This file is docs/operations.md's sealing snippet, between the markers;
+// the page's copy must match it (TestREADMESnippets).
 
 import (
 	"bytes"

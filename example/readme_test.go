@@ -26,23 +26,31 @@ import (
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-// snippet is a region of compiled Go that README.md shows: the lines between
-// "// readme:NAME" and "// end readme" in a .go file of this directory.
+// snippet is a region of compiled Go that README.md or a page of docs/
+// shows: the lines between "// readme:NAME" and "// end readme" in a .go file
+// of this directory.
 type snippet struct {
 	name, file string
 	line       int // of the marker
 	text       string
 }
 
-// TestREADMESnippets keeps README.md's Go in step with the compiled code:
-// every marked region must appear in README.md as a ```go block, verbatim,
-// and every ```go block of README.md must be one of the regions.
+// TestREADMESnippets keeps the Go of README.md and docs/*.md in step with the
+// compiled code: every marked region must appear in one of them as a ```go
+// block, verbatim, and every ```go block of them must be one of the regions.
 func TestREADMESnippets(t *testing.T) {
 	snippets := readSnippets(t)
 	if len(snippets) == 0 {
 		t.Fatal("no // readme:NAME regions found in example/*.go")
 	}
-	blocks := readGoBlocks(t, filepath.Join("..", "README.md"))
+	pages, err := filepath.Glob(filepath.Join("..", "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var blocks []block
+	for _, page := range append([]string{filepath.Join("..", "README.md")}, pages...) {
+		blocks = append(blocks, readGoBlocks(t, page)...)
+	}
 	used := make(map[int]bool)
 	for _, s := range snippets {
 		found := false
@@ -52,13 +60,13 @@ func TestREADMESnippets(t *testing.T) {
 			}
 		}
 		if !found {
-			t.Errorf("snippet %q (%s:%d) is not in README.md as a ```go block; %s",
+			t.Errorf("snippet %q (%s:%d) is in neither README.md nor docs/*.md as a ```go block; %s",
 				s.name, s.file, s.line, closest(s.text, blocks))
 		}
 	}
 	for i, b := range blocks {
 		if !used[i] {
-			t.Errorf("README.md:%d: this ```go block comes from no compiled snippet: put it in a .go file of example/ between // readme:NAME and // end readme, so that it compiles", b.line)
+			t.Errorf("%s:%d: this ```go block comes from no compiled snippet: put it in a .go file of example/ between // readme:NAME and // end readme, so that it compiles", b.file, b.line)
 		}
 	}
 }
@@ -141,11 +149,13 @@ func dedent(lines []string) string {
 }
 
 type block struct {
-	line int // of the opening fence
+	file string // from the repository root
+	line int    // of the opening fence
 	text string
 }
 
-// readGoBlocks returns the ```go blocks of a Markdown file.
+// readGoBlocks returns the ```go blocks of a Markdown file, path being
+// from this directory.
 func readGoBlocks(t *testing.T, path string) []block {
 	t.Helper()
 	f, err := os.Open(path)
@@ -161,7 +171,7 @@ func readGoBlocks(t *testing.T, path string) []block {
 		line := sc.Text()
 		switch {
 		case cur == nil && strings.TrimSpace(line) == "```go":
-			cur, lines = &block{line: n}, nil
+			cur, lines = &block{file: filepath.ToSlash(strings.TrimPrefix(path, ".."+string(filepath.Separator))), line: n}, nil
 		case cur != nil && strings.TrimSpace(line) == "```":
 			cur.text = dedent(lines)
 			blocks = append(blocks, *cur)
@@ -179,7 +189,7 @@ func readGoBlocks(t *testing.T, path string) []block {
 	return blocks
 }
 
-// closest names the README block that shares the longest prefix with text,
+// closest names the block that shares the longest prefix with text,
 // and the first line where they differ.
 func closest(text string, blocks []block) string {
 	want := strings.Split(text, "\n")
@@ -206,8 +216,8 @@ func closest(text string, blocks []block) string {
 	if bestLen < len(want) {
 		wantLine = want[bestLen]
 	}
-	return "the block at README.md:" + strconv.Itoa(blocks[best].line) + " differs at its line " + strconv.Itoa(bestLen+1) +
-		":\n\tREADME:  " + gotLine + "\n\tsnippet: " + wantLine
+	return "the block at " + blocks[best].file + ":" + strconv.Itoa(blocks[best].line) + " differs at its line " + strconv.Itoa(bestLen+1) +
+		":\n\tblock:   " + gotLine + "\n\tsnippet: " + wantLine
 }
 
 var readmeCharge = &paymentsv1.CreateChargeRequest{CustomerId: "cus_readme", Amount: 1999, Currency: "EUR"}

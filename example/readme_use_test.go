@@ -1,7 +1,8 @@
 package example_test
 
-// This file is the README's "Use it" snippet, between the markers; the
-// README's copy must match it (TestREADMESnippets).
+// This file is docs/grpc.md's whole server and client, between the markers;
+// the page's copy must match it (TestREADMESnippets). The README's first
+// snippet (readme_start_test.go) uses its helpers.
 
 // readme:use
 import (

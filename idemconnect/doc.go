@@ -4,10 +4,10 @@
 //
 // The client interceptor attaches one idempotency key to each call, as the
 // RFC 8941 string that draft-ietf-httpapi-idempotency-key-header-07 makes
-// the field, which a strict server reads too; the server interceptor runs a call at most once per key, on an engine
-// (package engine: the store, and the settings every entry point shares),
-// and answers every retry with the first call's recorded reply. It does not
-// import google.golang.org/grpc.
+// the field, which a strict server reads too; the server interceptor runs a
+// call at most once per key, on an engine (package engine: the store, and
+// the settings every entry point shares), and answers every retry with the
+// first call's recorded reply. It does not import google.golang.org/grpc.
 //
 // # Example
 //
@@ -43,9 +43,8 @@
 //     over each of Connect's protocols as every entry point reads it (bare,
 //     or an RFC 8941 string in double quotes: "k" and k name one key), of 1
 //     to 255 bytes of visible ASCII, else InvalidArgument with reason
-//     IDEMPOTENCY_KEY_INVALID. Without
-//     one the call runs unprotected, or is refused (IDEMPOTENCY_KEY_MISSING)
-//     if keys are required (engine.WithKeyRequired).
+//     IDEMPOTENCY_KEY_INVALID. Without one the call runs unprotected, or is
+//     refused (IDEMPOTENCY_KEY_MISSING) if keys are required.
 //   - Keys are shared with the gRPC interceptor: the operation is the
 //     procedure, which is gRPC's full method name; the fingerprint is
 //     protokey.HashRequest of the request message, whichever codec carried it
@@ -65,28 +64,13 @@
 //     metadata (connect.Error.Meta on the client): Connect sends that as
 //     headers with its own protocol, as trailers with gRPC's. idemkey.ParseReplayed reads
 //     it.
-//   - Answers of idemkey's own are the gRPC interceptor's, with a
-//     google.rpc.ErrorInfo of domain idemkey.dev (Reason reads it): a key
-//     reused with another request, missing or malformed is InvalidArgument; a
-//     key in progress is Aborted with a google.rpc.RetryInfo (RetryDelay reads
-//     it), the header Retry-After (whole seconds, at least 1) and
-//     grpc-retry-pushback-ms (as trailers over gRPC); a failed store is
-//     Unavailable, and the handler does not run; a full store is
-//     ResourceExhausted with a RetryInfo.
-//   - Every answer about a key with a record, or one in progress (a reply
-//     recorded, a replay, in progress, reused), tells until when the key is
-//     honoured: the header Idempotency-Key-Expires, an HTTP date, on a reply;
-//     in an error's metadata otherwise (trailers over gRPC).
-//     idemkey.ParseExpires reads it from resp.Header() or the error's Meta(). The client interceptor
-//     sends, with the key, when the operation was first sent
-//     (Idempotency-First-Sent): the time of idemkey.ContextWithKeyFirstSent, else
-//     that of the first send of the *connect.Request. A call first sent
-//     longer ago than the retention (less engine.WithClockSkew) whose key
-//     has no record is FailedPrecondition with reason
-//     IDEMPOTENCY_KEY_EXPIRED, and does not run: its record may have
-//     expired. A first-sent time
-//     malformed, sent twice or in the future is InvalidArgument with reason
-//     IDEMPOTENCY_FIRST_SENT_INVALID.
+//   - Answers of idemkey's own are the gRPC interceptor's codes, with a
+//     google.rpc.ErrorInfo of domain idemkey.dev (Reason reads it); a key in
+//     progress is Aborted with Retry-After and a RetryInfo (RetryDelay).
+//   - Every answer about a key with a record, or in progress, carries
+//     Idempotency-Key-Expires; the client interceptor sends
+//     Idempotency-First-Sent, and a key first sent longer ago than the
+//     retention with no record is refused (IDEMPOTENCY_KEY_EXPIRED).
 //   - The handler's errors are recorded or released by code as with the gRPC
 //     interceptor (WithRecordedCodes). An error that is not a
 //     *connect.Error is Unknown, as Connect sends it; a context error is
@@ -98,13 +82,9 @@
 //     IDEMPOTENCY_STORE_UNAVAILABLE and runs nothing again; a redacted reply
 //     is what every retry gets, the first caller the whole one. Give both
 //     adapters one engine and the same redaction when they share a store.
-//   - The engine measures each call (idemkey.calls and the others) with
-//     rpc.system.name "connectrpc", rpc.service, rpc.method
-//     ("package.Service/Method") and rpc.response.status_code (the code's
-//     canonical name, "INVALID_ARGUMENT"), as the gRPC interceptor does with
-//     "grpc": one query covers both. otelconnect still emits older
-//     conventions (rpc.system by protocol, the bare method as rpc.method):
-//     join with it on rpc.service.
+//   - The engine measures each call with rpc.system.name "connectrpc", so
+//     one query covers it and the gRPC interceptor's "grpc". docs/http.md
+//     ("Connect in full") has the answers, expiry and metrics in full.
 //   - engine.WithHooks calls the application's hooks once per covered call,
 //     as the gRPC interceptor does (see its package documentation), before
 //     the interceptor returns the answer; engine.Event.Code is the

@@ -46,48 +46,19 @@
 //
 // # Answers
 //
-// The middleware's own answers are RFC 9457 application/problem+json bodies
-// {type, title, status, detail}, whose type names the reason
-// (https://idemkey.dev/problems/idempotency-key-reused for
-// IDEMPOTENCY_KEY_REUSED; ProblemReason reads it back):
-//
-//	400 IDEMPOTENCY_KEY_MISSING        no key, and one is required
-//	400 IDEMPOTENCY_KEY_INVALID        a malformed key, or the field sent twice or as a list
-//	400 IDEMPOTENCY_FIRST_SENT_INVALID Idempotency-First-Sent malformed, sent twice, or in the future
-//	401 (about:blank)                  the TenantFunc failed
-//	409 IDEMPOTENCY_KEY_IN_PROGRESS    the first request still runs; Retry-After says when to retry
-//	412 IDEMPOTENCY_KEY_EXPIRED        first sent longer ago than keys are kept, and no record: not run
-//	413 REQUEST_TOO_LARGE              the body is larger than WithMaxBodySize
-//	400 REQUEST_UNREADABLE             the body could not be read, or the fingerprint refused it
-//	422 IDEMPOTENCY_KEY_REUSED         the key was first used with another request
-//	503 IDEMPOTENCY_STORE_UNAVAILABLE  the store failed before the handler ran, or, in atomic mode, its commit failed
-//	503 IDEMPOTENCY_STORE_FULL         no room for a new key; with Retry-After
-//	500 RESPONSE_NOT_RECORDED          the handler ran, but its response could not be recorded
-//
-// Nothing is reserved before the key, the tenant and the body have been
-// read. No answer holds the key, the tenant or request data, and no log
-// record does: a FingerprintFunc's error, and a RedactFunc's panic, are
-// logged by their type alone. WriteProblem
-// writes such a body for an application's own errors.
-//
-// # Expiry
-//
-// Every answer about a key with a record, or one in progress (the response
-// recorded, a replay, 409, 422), tells until when the key is honoured, as
-// an HTTP date; idemkey.ParseExpires reads it:
-//
-//	Idempotency-Key-Expires: Tue, 01 Dec 2026 20:05:37 GMT
-//
-// After it the record is gone, and the key would run again. So a client may
-// send, with the key, when it first sent the request, the same on every
-// retry:
-//
-//	Idempotency-First-Sent: Mon, 30 Nov 2026 20:05:37 GMT
-//
-// A request first sent longer ago than the retention (engine.WithRetention,
-// less the clock skew of engine.WithClockSkew) whose key has no record is
-// answered 412 and not run: its record may have expired. A released key, a
-// failed store and a request without a key tell no expiry.
+// The middleware's own answers are RFC 9457 application/problem+json
+// bodies whose type names the reason (ProblemReason reads it back): 400 for
+// a missing or malformed key, 409 with Retry-After while the first request
+// runs, 412 for a key first sent longer ago than the retention with no
+// record, 422 for a key reused with another request, 503 for a failed or
+// full store. No answer or log record holds the key, the tenant or request
+// data. WriteProblem writes such a body for an application's own errors.
+// Every answer about a key with a record, or in progress, carries
+// Idempotency-Key-Expires (idemkey.ParseExpires reads it); a client may send
+// Idempotency-First-Sent, the same on every retry. The table of every
+// answer, expiry, hooks and atomic mode are in the repository's
+// docs/http.md ("The net/http middleware in full"), and every entry point's
+// answers in docs/answers.md.
 //
 // # Guarantees
 //
@@ -112,21 +83,10 @@
 // 408, 409, 422, 425, 429, 502, 503 and 504. A handler that panics releases
 // the key; the panic goes on to net/http.
 //
-// engine.WithHooks calls the application's hooks once per covered request,
-// with the operation, tenant, key, verdict, HTTP status and record size
-// (engine.Event): OnExecute when the handler ran, OnReplay for a replay,
-// OnRefuse for a problem answered instead, or a 401 for a refused tenant.
-// A hook runs before the middleware writes the status of its own answer, so
-// that a client that has the response knows the hook has returned; a
-// response the handler writes itself (no key, or failed open) is written
-// before the hook runs. A panic in a hook is logged, and changes neither
-// the response nor the record.
-//
-// In atomic mode (WithAtomic; a store that implements store.Atomic, such as
-// store/postgres) the handler writes through the transaction in its
-// r.Context() (postgres.TxFromContext): its writes commit with the record,
-// or not at all. A recorded status of 400 or more (a 404) commits the record
-// but undoes the writes.
+// engine.WithHooks runs once per covered request, before the middleware
+// writes its own answer. In atomic mode (WithAtomic; store/postgres) the
+// handler's writes through postgres.TxFromContext(r.Context()) commit with
+// the record, or not at all.
 //
 // # Caveats
 //

@@ -87,21 +87,11 @@
 //
 // # Misuse caught, named
 //
-// A client whose key changes between attempts is caught by LoseReply: the
-// caller's retry must carry the lost call's key, and the failure says to
-// make the key once per operation (idemkey.NewKey before the retry loop,
-// sent with interceptor.UseKey or idemkey.ContextWithKey). A handler that
-// in atomic mode writes outside the call's transaction is caught by
-// the server half under Cancel, and by CheckAtomic, which runs the handler
-// in an atomic call on your store/postgres store, rolls the call's
-// transaction back, and counts the effects that stayed; the failure names
-// postgres.TxFromContext. A Kit through which only CheckAtomic ran has
-// checked something, and passes a correct handler:
-//
-//	kit.CheckAtomic(st, func(ctx context.Context) error {
-//		_, err := svc.CreateCharge(ctx, req)
-//		return err
-//	})
+// LoseReply catches a client whose key changes between attempts; the server
+// half under Cancel, and CheckAtomic (a handler run in an atomic call whose
+// transaction then rolls back), catch a handler that in atomic mode writes
+// outside postgres.TxFromContext's transaction. The repository's
+// docs/testkit.md has an example of each.
 //
 // # Caveats
 //

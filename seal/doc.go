@@ -54,56 +54,17 @@
 //     the usual cause is a replica that lacks a key its peers already seal
 //     with: a retry that reaches another replica gets the reply.
 //
-// # Rotating keys
+// # Rotating keys, and the format
 //
 // New records are sealed with the primary key; records sealed with a key
 // given to WithPreviousKeys still open, and nothing is ever sealed with
-// one. Each sealed record names its key by a key id, derived from the key
-// itself (KeyID: the first 4 bytes of a SHA-256 of it, in hex), so a key file
-// needs nothing else. To rotate without a flag day:
-//
-//  1. Give every replica the new key as a previous key, beside the primary
-//     one; wait until all of them run with it.
-//  2. Make the new key the primary, and the old one a previous key, on every
-//     replica. Replicas that have not restarted yet still open what the
-//     others seal, thanks to step 1.
-//  3. After one retention (24 hours by default; a consumer's, 7 days), no
-//     record is sealed with the old key any more: drop it.
-//
-// Skipping step 1 only costs the replies sealed during the rollout that an
-// old replica reads: Unavailable, until a retry reaches a new replica.
-//
-// # Records written before sealing was turned on
-//
-// A record that is not sealed is refused by default, as one that does not
-// open (ErrUnsealed): if plaintext records were replayed, anyone who can
-// write the store's table could put a reply of their choosing in front of
-// every retry, and sealing would protect nothing but confidentiality. To turn
-// sealing on under live traffic, build the ring WithUnsealedAccepted for one
-// retention: records written before (and by replicas not yet upgraded) keep
-// replaying; then drop the option.
-//
-// An engine without a key ring refuses sealed records in the same way
-// (answered as a failed store, logged at Error with the key id): so turning
-// sealing off again means a ring kept until the sealed records have expired.
-//
-// # Format
-//
-// A sealed record is an envelope, part of the stored format that the next
-// release reads (docs/versioning.md):
-//
-//	offset  size   field
-//	0       4      magic and version: 0x00 'i' 'k' 0x01
-//	4       4      key id: the first 4 bytes of SHA-256("idemkey seal key id\x00" || key)
-//	8       12     nonce, random
-//	20      n+16   the outcome, encrypted with AES-256-GCM, and its tag
-//
-// The associated data is the first 8 bytes followed by the record's
-// store.Key (32 bytes). The envelope thus costs Overhead (36) bytes; the
-// engine counts them on top of WithMaxRecordSize. No protobuf message (the
-// outcome of every gRPC, Connect and HTTP record) and no consumer record
-// starts with a 0x00 byte, so a sealed record is told from a plain one by
-// its first four bytes.
+// one. Each sealed record names its key by its KeyID, so a key file needs
+// nothing else. To rotate: give every replica the new key as a previous
+// key; then make it the primary, and the old one previous, everywhere;
+// after one retention, drop the old key. A sealed record is an envelope of
+// Overhead (36) bytes more than the outcome, part of the stored format the
+// next release reads. The repository's docs/operations.md ("Sealing keys")
+// has the rotation's steps and the envelope's layout.
 //
 // # Caveats
 //

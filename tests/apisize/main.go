@@ -2,7 +2,7 @@
 // shows it and a limit can hold it down. It reads source only (go/parser, no
 // type checking), from the repository root given by -root:
 //
-//	go run ./tests/apisize -root . [-max-total N] [-max-entry N] [-max-reexport N] [-max-shared N]
+//	go run ./tests/apisize -root . [-max-total N] [-max-entry N] [-max-reexport N] [-max-shared N] [-max-prose-percent P]
 //
 // The rules:
 //
@@ -29,6 +29,9 @@
 //     are.
 //   - Shared names: a top-level name (not a method) exported by two or more
 //     published packages.
+//   - Prose: the comment and blank lines of the published packages' counted
+//     files (a line holds code if a token other than a comment is on it),
+//     as a share of all their lines; -max-prose-percent limits it.
 //
 // Each -max flag is off at 0; over a limit, a line on stderr says which and
 // the exit status is 1 (2 if the source cannot be read). -max-reexport limits
@@ -68,6 +71,7 @@ func main() {
 	flag.IntVar(&lim.entry, "max-entry", 0, "the most names the entry packages may export (0: no limit)")
 	flag.IntVar(&lim.reexport, "max-reexport", 0, "the most re-exports all published packages may have (0: no limit)")
 	flag.IntVar(&lim.shared, "max-shared", 0, "the most names that may be exported by more than one package (0: no limit)")
+	maxProse := flag.Float64("max-prose-percent", 0, "the highest share, in percent, of comment and blank lines in the published packages' non-test, non-generated .go files (0: no limit)")
 	flag.Parse()
 	api, err := measure(*root)
 	if err != nil {
@@ -75,7 +79,21 @@ func main() {
 		os.Exit(2)
 	}
 	api.print(os.Stdout)
-	if over := api.overLimits(lim); len(over) > 0 {
+	over := api.overLimits(lim)
+	sources, err := readPackages(*root)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apisize:", err)
+		os.Exit(2)
+	}
+	counts, err := proseShare(sources)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "apisize:", err)
+		os.Exit(2)
+	}
+	if total := printProse(os.Stdout, counts); *maxProse > 0 && total.percent() > *maxProse {
+		over = append(over, fmt.Sprintf("comment and blank lines: %.1f%% of %d lines, over the limit of %g%% (-max-prose-percent)", total.percent(), total.lines, *maxProse))
+	}
+	if len(over) > 0 {
 		for _, line := range over {
 			fmt.Fprintln(os.Stderr, "apisize:", line)
 		}
@@ -235,6 +253,7 @@ type source struct {
 	importPath string
 	name       string
 	files      []*ast.File
+	paths      []string // of files, in order
 }
 
 // readPackages parses the published packages: in the modules of
@@ -354,6 +373,7 @@ func parseDir(root, dir string) (*source, error) {
 		}
 		src.name = f.Name.Name
 		src.files = append(src.files, f)
+		src.paths = append(src.paths, filepath.Join(dirPath, name))
 	}
 	if len(src.files) == 0 {
 		return nil, nil
