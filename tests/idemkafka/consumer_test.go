@@ -17,26 +17,8 @@ import (
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemkafka"
 	"github.com/idemkey/idemkey/store/memory"
-	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/tests/kafkatest"
 )
-
-// A producer's resend of a record is dropped without running, and every
-// offset is committed.
-func TestResendDropped(t *testing.T) {
-	r := newRig(t, memory.New(), nil, nil, nil)
-	r.publish("a", "charge 1")
-	r.publish("b", "charge 2")
-	r.publish("a", "charge 1") // the producer resends
-	r.consume(3)
-	if r.runsOf("a") != 1 || r.runsOf("b") != 1 {
-		t.Fatalf("runs: %v, want each id once", r.runs)
-	}
-	if got := r.outcomes(); got[consumer.Processed] != 2 || got[consumer.Duplicate] != 1 {
-		t.Fatalf("outcomes %v, want 2 processed and 1 duplicate", got)
-	}
-	r.settled()
-}
 
 func TestFinalFailureRecordedAndDeadLettered(t *testing.T) {
 	declined := status.Error(codes.FailedPrecondition, "card declined")
@@ -52,34 +34,6 @@ func TestFinalFailureRecordedAndDeadLettered(t *testing.T) {
 	}
 	if dead := r.deadLetters(); len(dead) != 2 || !errors.Is(dead[0], declined) || !errors.Is(dead[1], consumer.ErrFailedBefore) {
 		t.Fatalf("dead letters %v, want the failure, then its resend", dead)
-	}
-	r.settled()
-}
-
-// A record that fails for now is processed again in place, after its
-// backoff, until it succeeds; the records after it wait.
-func TestTransientFailureRetried(t *testing.T) {
-	var calls int
-	r := newRig(t, memory.New(), func(_ context.Context, rec *kgo.Record) error {
-		if string(rec.Value) != "first" {
-			return nil
-		}
-		if calls++; calls < 3 {
-			return errors.New("ledger unreachable")
-		}
-		return nil
-	}, nil, nil)
-	r.publish("a", "first")
-	r.publish("b", "second")
-	r.consume(2)
-	if n := r.runsOf("a"); n != 3 {
-		t.Fatalf("handler ran %d times, want 3 (two transient failures, then success)", n)
-	}
-	if got := r.outcomes(); got[consumer.Processed] != 2 {
-		t.Fatalf("outcomes %v, want both processed", got)
-	}
-	if dead := r.deadLetters(); len(dead) != 0 {
-		t.Fatalf("dead letters %v, want none", dead)
 	}
 	r.settled()
 }
@@ -199,48 +153,6 @@ func TestRefusedRecords(t *testing.T) {
 	}
 	if dead := r.deadLetters(); len(dead) != 3 || !errors.Is(dead[0], consumer.ErrNoID) || !errors.Is(dead[2], consumer.ErrReusedID) {
 		t.Fatalf("dead letters %v", dead)
-	}
-	r.settled()
-}
-
-// On PostgreSQL in atomic mode, the handler's write and the record's id
-// commit together; a final failure undoes the write and still records the
-// failure.
-func TestAtomicWritesCommitWithRecord(t *testing.T) {
-	st, pool := pgStore(t)
-	if _, err := pool.Exec(t.Context(), `CREATE TABLE charges (id text PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	r := newRig(t, st, func(ctx context.Context, rec *kgo.Record) error {
-		tx, ok := postgres.TxFromContext(ctx)
-		if !ok {
-			return consumer.Final(errors.New("no transaction in the handler's context"))
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO charges VALUES ($1)`, string(rec.Value)); err != nil {
-			return err
-		}
-		if string(rec.Value) == "declined" {
-			return status.Error(codes.FailedPrecondition, "declined")
-		}
-		return nil
-	}, nil, []consumer.Option{consumer.WithAtomic()})
-	for range 2 {
-		r.publish("a", "ok")
-		r.publish("b", "declined")
-	}
-	r.consume(4)
-	var ids []string
-	rows, _ := pool.Query(t.Context(), `SELECT id FROM charges ORDER BY id`)
-	for rows.Next() {
-		var id string
-		rows.Scan(&id)
-		ids = append(ids, id)
-	}
-	if rows.Err() != nil || fmt.Sprint(ids) != "[ok]" {
-		t.Fatalf("charges %v (%v), want only [ok]", ids, rows.Err())
-	}
-	if got := r.outcomes(); got[consumer.Processed] != 1 || got[consumer.Failed] != 1 || got[consumer.Duplicate] != 2 {
-		t.Fatalf("outcomes %v", got)
 	}
 	r.settled()
 }

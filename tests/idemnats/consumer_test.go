@@ -10,17 +10,13 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/leakcheck"
-	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
-	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/tests/natstest"
 )
 
@@ -194,68 +190,6 @@ func (r *rig) outcomes() map[consumer.Outcome]int {
 	return r.results
 }
 
-func TestDuplicateAfterWindowDropped(t *testing.T) {
-	_, js := natstest.Connect(t)
-	r := newRig(t, js, memory.New(), nil, nil, nil)
-	r.publish("a", "charge 1")
-	r.publish("b", "charge 2")
-	r.consume(2)
-	time.Sleep(150 * time.Millisecond) // past the stream's duplicate window
-	r.publish("a", "charge 1")         // the publisher resends
-	r.consume(1)
-	if r.runsOf("a") != 1 || r.runsOf("b") != 1 {
-		t.Fatalf("runs: %v, want each id once", r.runs)
-	}
-	if got := r.outcomes(); got[consumer.Processed] != 2 || got[consumer.Duplicate] != 1 {
-		t.Fatalf("outcomes %v, want 2 processed and 1 duplicate", got)
-	}
-	r.settled()
-}
-
-func TestFinalFailureRecordedAndDeadLettered(t *testing.T) {
-	_, js := natstest.Connect(t)
-	declined := status.Error(codes.FailedPrecondition, "card declined")
-	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error { return declined }, nil, nil)
-	r.publish("a", "charge")
-	r.consume(1)
-	time.Sleep(150 * time.Millisecond)
-	r.publish("a", "charge")
-	r.consume(1)
-	if n := r.runsOf("a"); n != 1 {
-		t.Fatalf("handler ran %d times, want 1", n)
-	}
-	if got := r.outcomes(); got[consumer.Failed] != 1 || got[consumer.Duplicate] != 1 {
-		t.Fatalf("outcomes %v, want 1 failed and 1 duplicate", got)
-	}
-	if len(r.dead) != 2 || !errors.Is(r.dead[0], declined) || !errors.Is(r.dead[1], consumer.ErrFailedBefore) {
-		t.Fatalf("dead letters %v, want the failure, then its redelivery", r.dead)
-	}
-	r.settled()
-}
-
-func TestTransientFailureRedelivered(t *testing.T) {
-	_, js := natstest.Connect(t)
-	var calls int
-	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
-		if calls++; calls < 3 {
-			return errors.New("ledger unreachable")
-		}
-		return nil
-	}, nil, nil)
-	r.publish("a", "charge")
-	r.consume(1)
-	if n := r.runsOf("a"); n != 3 {
-		t.Fatalf("handler ran %d times, want 3 (two transient failures, then success)", n)
-	}
-	if got := r.outcomes(); got[consumer.Retry] != 2 || got[consumer.Processed] != 1 {
-		t.Fatalf("outcomes %v", got)
-	}
-	if len(r.dead) != 0 {
-		t.Fatalf("dead letters %v, want none", r.dead)
-	}
-	r.settled()
-}
-
 // TestRefusedMessagesTerminated: a message without an id, without a tenant,
 // or with a tenant's id and another body is refused. The ids are the
 // tenants' own, in the header "order-id" (WithMessageID), so that JetStream,
@@ -345,58 +279,6 @@ func TestRedeliveryWhileRunning(t *testing.T) {
 	r.settled()
 }
 
-// TestAtomicWritesCommitWithRecord: on PostgreSQL in atomic mode, the
-// handler's write and the message's record commit together; a final failure
-// undoes the write and still records the failure.
-func TestAtomicWritesCommitWithRecord(t *testing.T) {
-	_, js := natstest.Connect(t)
-	pool := pgtest.Pool(t, pgtest.Schema(t))
-	if err := postgres.Migrate(t.Context(), pool); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := pool.Exec(t.Context(), `CREATE TABLE charges (id text PRIMARY KEY)`); err != nil {
-		t.Fatal(err)
-	}
-	st, err := postgres.New(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newRig(t, js, st, func(ctx context.Context, msg jetstream.Msg) error {
-		tx, ok := postgres.TxFromContext(ctx)
-		if !ok {
-			return consumer.Final(errors.New("no transaction in the handler's context"))
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO charges VALUES ($1)`, string(msg.Data())); err != nil {
-			return err
-		}
-		if string(msg.Data()) == "declined" {
-			return status.Error(codes.FailedPrecondition, "declined")
-		}
-		return nil
-	}, nil, []consumer.Option{consumer.WithAtomic()})
-	r.publish("a", "ok")
-	r.publish("b", "declined")
-	r.consume(2)
-	time.Sleep(150 * time.Millisecond)
-	r.publish("a", "ok")
-	r.publish("b", "declined")
-	r.consume(2)
-	var ids []string
-	rows, _ := pool.Query(t.Context(), `SELECT id FROM charges ORDER BY id`)
-	for rows.Next() {
-		var id string
-		rows.Scan(&id)
-		ids = append(ids, id)
-	}
-	if rows.Err() != nil || fmt.Sprint(ids) != "[ok]" {
-		t.Fatalf("charges %v (%v), want only [ok]", ids, rows.Err())
-	}
-	if got := r.outcomes(); got[consumer.Processed] != 1 || got[consumer.Failed] != 1 || got[consumer.Duplicate] != 2 {
-		t.Fatalf("outcomes %v", got)
-	}
-	r.settled()
-}
-
 // TestBrokerRestartMidStream: the broker is killed and restarted while
 // messages are processed; every message is processed exactly once.
 func TestBrokerRestartMidStream(t *testing.T) {
@@ -478,68 +360,5 @@ func TestNewChecksHorizon(t *testing.T) {
 	}
 	if _, err := idemnats.New(t.Context(), core, stream, short, h); !errors.As(err, &herr) || herr.Horizon.Bound != 100*time.Minute {
 		t.Fatalf("New with 1h retention on a 100-minute horizon: %v, want a HorizonError", err)
-	}
-}
-
-// TestMaxDeliverExhausted: a message that keeps failing for now is handed to
-// the dead-letter hook on its last delivery, and acknowledged, rather than
-// given up by JetStream in silence.
-func TestMaxDeliverExhausted(t *testing.T) {
-	_, js := natstest.Connect(t)
-	stream := natstest.Stream(t, js, jetstream.StreamConfig{})
-	name := natstest.Name("c")
-	cons, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	core := newCore(t, memory.New(), name, []engine.Option{engine.WithLogger(nil)}, fast)
-	var mu sync.Mutex
-	var runs int
-	var dead []error
-	c, err := idemnats.New(t.Context(), core, stream, cons,
-		func(context.Context, jetstream.Msg) error {
-			mu.Lock()
-			defer mu.Unlock()
-			runs++
-			return errors.New("ledger unreachable")
-		},
-		idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
-			mu.Lock()
-			defer mu.Unlock()
-			dead = append(dead, err)
-			return nil
-		}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	msg := nats.NewMsg(stream.CachedInfo().Config.Name + ".charges")
-	msg.Header.Set(jetstream.MsgIDHeader, "a")
-	if _, err := js.PublishMsg(t.Context(), msg); err != nil {
-		t.Fatal(err)
-	}
-	results := make(chan consumer.Result, 10)
-	cc, err := cons.Consume(func(msg jetstream.Msg) { results <- c.Handle(context.Background(), msg) })
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { cc.Stop(); <-cc.Closed() }()
-	for i := 1; i <= 3; i++ {
-		select {
-		case res := <-results:
-			if want := consumer.Nak; i == 3 {
-				if res.Action != consumer.Ack || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrLastDelivery) {
-					t.Fatalf("last delivery: %+v, want it dead-lettered and acknowledged", res)
-				}
-			} else if res.Action != want {
-				t.Fatalf("delivery %d: %+v, want a nak", i, res)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("delivery %d did not come", i)
-		}
-	}
-	mu.Lock()
-	defer mu.Unlock()
-	if runs != 3 || len(dead) != 1 {
-		t.Fatalf("%d runs and %d dead letters, want 3 and 1", runs, len(dead))
 	}
 }

@@ -1,0 +1,92 @@
+package idemamqp_test
+
+import (
+	"context"
+	"testing"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/idemamqp"
+	"github.com/idemkey/idemkey/tests/amqptest"
+	"github.com/idemkey/idemkey/tests/brokertest"
+)
+
+// TestSuite runs the broker suite on RabbitMQ, on a quorum queue.
+func TestSuite(t *testing.T) {
+	brokertest.Run(t, brokertest.Features{DeliveryLimit: true}, newSuiteRig)
+}
+
+// suiteRig is a quorum queue of its own and a channel that publishes to it
+// with confirmations.
+type suiteRig struct {
+	conn  *amqp.Connection
+	pub   *amqp.Channel
+	queue string
+	c     *idemamqp.Consumer
+}
+
+func newSuiteRig(t *testing.T, cfg brokertest.Config) (brokertest.Rig, error) {
+	args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": ttl}
+	if cfg.MaxDeliveries > 0 {
+		// RabbitMQ counts the deliveries after the first.
+		args["x-delivery-limit"] = cfg.MaxDeliveries - 1
+	}
+	conn := amqptest.Conn(t)
+	queue := amqptest.Queue(t, conn, args)
+	var opts []idemamqp.Option
+	if cfg.DeadLetter != nil {
+		opts = append(opts, idemamqp.WithDeadLetter(func(_ context.Context, _ amqp.Delivery, err error) error { return cfg.DeadLetter(err) }))
+	}
+	c, err := idemamqp.New(cfg.Core, queue, args, func(ctx context.Context, d amqp.Delivery) error {
+		return cfg.Handler(ctx, d.MessageId)
+	}, opts...)
+	if err != nil {
+		return nil, err
+	}
+	pub := amqptest.Channel(t, conn)
+	if err := pub.Confirm(false); err != nil {
+		t.Fatal(err)
+	}
+	return &suiteRig{conn: conn, pub: pub, queue: queue, c: c}, nil
+}
+
+func (r *suiteRig) Publish(t *testing.T, id, body string) {
+	t.Helper()
+	conf, err := r.pub.PublishWithDeferredConfirmWithContext(t.Context(), "", r.queue, true, false, amqp.Publishing{MessageId: id, Body: []byte(body)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := conf.WaitContext(t.Context()); !ok || err != nil {
+		t.Fatalf("publish not confirmed: %v", err)
+	}
+}
+
+func (r *suiteRig) Consume(ctx context.Context, t *testing.T, report func(consumer.Result)) {
+	ch, err := r.conn.Channel()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	defer ch.Close()
+	if err := ch.Qos(1, 0, false); err != nil {
+		t.Error(err)
+		return
+	}
+	ds, err := ch.Consume(r.queue, "", false, false, false, false, nil)
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case d, ok := <-ds:
+			if !ok {
+				return
+			}
+			report(r.c.Handle(ctx, d))
+		}
+	}
+}
