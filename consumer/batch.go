@@ -17,54 +17,21 @@ type BatchHandler func(ctx context.Context, i int) error
 // Act on the Results only once it has returned: in atomic mode nothing of
 // the batch is durable before.
 //
-// In atomic mode, on a store that decides batches (store/postgres), the
-// batch is deduplicated in one round trip of the store's: one statement
-// reads the record of every id and takes those that are free. The handlers
-// of the messages to process then run one after another, in the order of
-// ds, in one transaction, each message's writes apart from the others': a
-// message that fails for good has its writes undone and its failure
-// recorded, one that fails for now has its writes undone and is
-// redelivered, and the others' writes commit, with every record, in one
-// commit. So each message takes effect exactly once, as one at a time. A
-// message answers as it would one at a time: a duplicate, one in progress
-// elsewhere, a refused one; the last delivery of a message in progress
-// elsewhere waits for it (after the batch's commit).
-//
-// In two-phase mode, on a store that reserves batches (store/postgres), one
-// statement reserves every id of the batch that is free, and reads the
-// record of every other. The handlers of the messages to process then run
-// one after another, in the order of ds, each recorded or released as soon
-// as it returns, as Process does: a batch of n new messages costs n+1
-// round trips of the store's instead of 2n. Each id is reserved with the
-// lease of one message, as Process reserves it, so that a crash holds no id
-// longer: once the handlers before a message have taken so long that less
-// of its lease is left than its handler may take (WithHandlerTimeout, plus
-// a little), its id is released and the message is processed on its own
-// after the others (engine.ServeBatch). On another store each message is
-// processed on its own, in order, as Process does.
-//
-// What a batch does differently:
-//   - An id that an earlier message of the batch has is decided on its own
-//     after the batch (in atomic mode, after its commit): a duplicate of
-//     the earlier message, if that was recorded.
-//   - At most engine.MaxBatch (64) messages are decided together, and a
-//     longer ds is processed in several batches.
-//   - In atomic mode, a message found in progress elsewhere is answered
-//     Busy at once, as Process does, but its id stays held for the batch's
-//     whole run.
-//   - In atomic mode, if another consumer recorded an id of the batch
-//     between the batch's read and its commit (a rare race), or the batch's
-//     transaction fails before its commit (its connection lost, a handler
-//     that ended it), nothing of the batch is committed, and each message
-//     whose handler ran is processed again on its own: its handler runs a
-//     second time, after a first run whose writes were undone.
-//   - In atomic mode, a batch holds one connection of the store for its
-//     whole run, and its messages' ids, however many.
-//
-// ctx bounds the store's operations and the handlers; WithHandlerTimeout
-// bounds each handler's run, and the read that decides the batch. The last
-// delivery of a message that met a failing store is held, after the batch,
-// until the store answers, as Process holds it.
+// On a store that decides batches (store/postgres), one round trip reads
+// the record of every id and takes the free ones; the handlers then run
+// one after another, in the order of ds. In atomic mode they run in one
+// transaction, each message's writes apart (a savepoint each), and every
+// record commits with them in one commit; in two-phase mode each message is
+// recorded or released as its handler returns, and one whose lease the
+// handlers before it used up is processed on its own after the others. On
+// another store each message is processed on its own, as Process does. An
+// id that an earlier message of the batch has is decided after the batch; a
+// batch that loses a race on one of its ids, or whose transaction fails
+// before its commit, commits nothing, and its messages are processed again
+// one at a time. At most engine.MaxBatch messages are decided together. The
+// last delivery of a message that met a failing store is held after the
+// batch, as Process holds it. docs/consumers.md ("Batches in detail") has
+// the rest.
 func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery, h BatchHandler) []Result {
 	xs := make([]*exchange, len(ds))
 	exchanges := make([]engine.Exchange, len(ds))

@@ -99,10 +99,9 @@ type Delivery struct {
 	Redelivered bool
 	// Last is true when the message will not be delivered again
 	// (JetStream's max deliver, a quorum queue's delivery limit, the Kafka
-	// adapter's last attempt): a message
-	// that would be redelivered is dead-lettered instead, and acknowledged,
-	// and one in progress elsewhere is waited for (see the package
-	// documentation).
+	// adapter's last attempt): a message that failed for now is
+	// dead-lettered instead, and acknowledged; one in progress elsewhere is
+	// waited for, and one whose store fails is held until it answers.
 	Last bool
 	// Sent is when the message was first published, as the broker tells it
 	// (JetStream's stored time, AMQP's timestamp property), or zero. A
