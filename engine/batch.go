@@ -310,12 +310,6 @@ func (b *batch) failed(ctx context.Context) bool {
 	return true
 }
 
-// errBatchFailed is Commit's answer when nothing of the batch was
-// committed, or it is unknown whether everything was: answer "store
-// unavailable" for every call that Record ended without an error, and a
-// retry finds out.
-var errBatchFailed = errors.New("idemkey: the batch's commit failed")
-
 // Commit records the outcome of every call that Record ended, in one
 // commit; nothing of the batch is durable before it returns. Its error:
 //   - nil: every such call's record, and its writes, are committed;
@@ -395,27 +389,4 @@ func (b *batch) abandon(ctx context.Context) {
 		b.e.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey: rolling a batch back failed; the database rolls back when it closes the connection",
 			slog.String("operation", b.op.name), slog.Any("error", err))
 	}
-}
-
-// The batch's store calls, each measured.
-
-func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
-	sctx, t := e.obs.startStore(ctx, opBeginBatch)
-	res, tx, err := e.batchStore.BeginBatch(sctx, rs)
-	t.end(ctx, err)
-	return res, tx, err
-}
-
-func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
-	sctx, t := e.obs.startStore(ctx, opReserveBatch)
-	res, err := e.batchReserver.ReserveBatch(sctx, rs)
-	t.end(ctx, err)
-	return res, err
-}
-
-func (e *Engine) commitBatch(ctx context.Context, tx store.BatchTx) error {
-	sctx, t := e.obs.startStore(ctx, opCommitBatch)
-	err := tx.Commit(context.WithoutCancel(sctx))
-	t.end(ctx, err)
-	return err
 }

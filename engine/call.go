@@ -157,12 +157,6 @@ func (c *call) start(ctx context.Context, r request) {
 	}
 }
 
-// FirstSentError is FirstSent's error: the call's first-sent time cannot
-// be used. Problem says why, without quoting it.
-type FirstSentError struct{ Problem string }
-
-func (e *FirstSentError) Error() string { return "idempotency first-sent time refused: " + e.Problem }
-
 // firstSent reads the time a call's operation was first sent from the
 // values of its transport's field (Exchange.FirstSent): zero without one. A
 // value sent twice, that is not an HTTP date (idemkey.ParseDate, after
@@ -310,10 +304,6 @@ func (c *call) contextFor(ctx context.Context) context.Context {
 	return ctx
 }
 
-// ErrTooLarge is Record's answer to an outcome larger than WithMaxRecordSize.
-// Nothing was written: record a short error in its place.
-var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
-
 // Record records outcome for an Executed call, the adapter's encoding of the
 // handler's result, which replays from then on. keepWrites is false for a
 // recorded error: in atomic mode the handler's writes are then undone, and
@@ -385,13 +375,6 @@ func (c *call) record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	}
 	return nil
 }
-
-// errSuperseded is Record's answer, in atomic mode, when another call of the
-// key recorded its outcome first (one that committed just as this call
-// began): this call's writes were rolled back, nothing of it was recorded,
-// and Verdict now says how to answer instead, as after Start: Replayed with
-// the other call's Outcome, Reused, InProgress or StoreUnavailable.
-var errSuperseded = errors.New("idemkey: another call recorded the key first")
 
 // superseded reads the record of a call whose commit lost the key to another
 // call, and sets the verdict Record's errSuperseded promises.

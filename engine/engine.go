@@ -143,9 +143,6 @@ func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 		redelivers: spec.Redelivers, tenant: spec.Tenant, timeout: max(spec.HandlerTimeout, 0), metrics: newOpMetrics(spec.Metrics)}, nil
 }
 
-var errNoTenant = errors.New("idemkey: the engine cannot tell callers apart, so every caller would share one key space: " +
-	"give engine.WithTenant a function that reads the caller's authenticated identity, or engine.WithSingleTenant() for a service whose callers are one tenant")
-
 // Name is the operation's name.
 func (op *Operation) Name() string { return op.name }
 
