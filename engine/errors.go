@@ -5,27 +5,30 @@ import (
 	"fmt"
 )
 
-// FirstSentError is FirstSent's error: the call's first-sent time cannot
-// be used. Problem says why, without quoting it.
+// FirstSentError is the Answer.Err of a call answered FirstSentInvalid: the
+// call's first-sent time (Exchange.FirstSent) cannot be used. Problem says
+// why, without quoting it.
 type FirstSentError struct{ Problem string }
 
 func (e *FirstSentError) Error() string { return "idempotency first-sent time refused: " + e.Problem }
 
-// ErrTooLarge is Record's answer to an outcome larger than WithMaxRecordSize.
-// Nothing was written: record a short error in its place.
+// ErrTooLarge is why a result larger than WithMaxRecordSize is not
+// recorded: Serve passes it to Exchange.StandIn and Answer.StandIn, and
+// records the stand-in in its place.
 var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 
-// errSuperseded is Record's answer, in atomic mode, when another call of the
-// key recorded its outcome first (one that committed just as this call
-// began): this call's writes were rolled back, nothing of it was recorded,
-// and Verdict now says how to answer instead, as after Start: Replayed with
-// the other call's Outcome, Reused, InProgress or StoreUnavailable.
+// errSuperseded is call.record's answer, in atomic mode, when another call
+// of the key recorded its outcome first (one that committed just as this
+// call began): this call's writes were rolled back, nothing of it was
+// recorded, and Verdict now says how to answer instead, as after
+// call.start: Replayed with the other call's Outcome, Reused, InProgress or
+// StoreUnavailable. batch.commit answers it too, when a key of the batch
+// was recorded first: then each call that ran is served again on its own.
 var errSuperseded = errors.New("idemkey: another call recorded the key first")
 
-// errBatchFailed is Commit's answer when nothing of the batch was
-// committed, or it is unknown whether everything was: answer "store
-// unavailable" for every call that Record ended without an error, and a
-// retry finds out.
+// errBatchFailed is batch.commit's answer when nothing of the batch was
+// committed, or it is unknown whether everything was: every call that
+// batch.record staged is answered StoreUnavailable, and a retry finds out.
 var errBatchFailed = errors.New("idemkey: the batch's commit failed")
 
 // errNoTenant is Engine.Operation's refusal of an engine that cannot tell

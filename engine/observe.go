@@ -24,8 +24,8 @@ type MetricsSpec struct {
 	// Attributes of every measurement of the operation, such as otelgrpc's
 	// rpc.system.name, rpc.service and rpc.method, so that the two join.
 	Attributes []attribute.KeyValue
-	// Status is the attribute of a call's final status code, the code End is
-	// given: rpc.response.status_code, http.response.status_code. Nil leaves
+	// Status is the attribute of a call's final status code, the code
+	// Exchange.Answer or Exchange.Pass returned: rpc.response.status_code, http.response.status_code. Nil leaves
 	// the code out.
 	Status func(code int) attribute.KeyValue
 }

@@ -213,7 +213,7 @@ func (c *call) answerOf() Answer {
 	if c.Verdict == Replayed {
 		a.Outcome = c.Outcome
 	}
-	if c.Verdict == FirstSentInvalid { // Start's own check, which the one before it makes unlikely
+	if c.Verdict == FirstSentInvalid { // call.start's own check, which read's makes unlikely
 		a.Err = &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
 	}
 	return a

@@ -57,10 +57,10 @@ func (e *Engine) commit(ctx context.Context, c *call, outcome []byte, keepWrites
 }
 
 // complete and storeRelease detach the write from the caller's cancellation
-// (see call.Record), after the span lookup, which costs an allocation on a
+// (see call.record), after the span lookup, which costs an allocation on a
 // detached context.
 func (e *Engine) complete(ctx context.Context, c *call, outcome []byte) error {
-	size := len(outcome) // for the hooks: the adapter's encoding, as replays get it
+	size := len(outcome) // for the hooks: the entry point's encoding, as replays get it
 	outcome, err := e.sealOutcome(c.key, outcome)
 	if err == nil {
 		sctx, t := e.obs.startStore(ctx, opComplete)
