@@ -66,8 +66,11 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# the one safe wording of a failure, which idemkafka's own replaced),
 	@# and one owner of the PostgreSQL schema, 5 (postgres.Record,
 	@# Store.Records, Store.Forget, Stats and Store.Stats: the operator's
-	@# reads and deletes, so that cmd/idemkey holds no SQL of its own).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 427 -max-shared 25
+	@# reads and deletes, so that cmd/idemkey holds no SQL of its own),
+	@# and the pause written once, 1 (store.Pause: the stores' retry loops
+	@# and the consumer's; store/redis, a module of its own, may not import
+	@# the core's internal/pause that it replaces).
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 428 -max-shared 25
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
