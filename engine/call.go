@@ -99,9 +99,10 @@ func (e *Engine) newCall(op *Operation) call {
 //     skew) and the key has no record: answer "key expired".
 //   - FirstSentInvalid: r.FirstSent is later than the clock skew from now.
 //
-// A call is started once; a message's last delivery found in progress by a
-// batch is served again on its own (ServeBatch), and waits there for the
-// key, since no retry will come.
+// A call answered InProgress may be started again with the same request,
+// to wait for the key within the one call, which end counts once
+// (TestStartAgain). Serve starts each call once; ServeBatch serves a last
+// delivery that its batch found in progress on its own, where it waits.
 func (c *call) start(ctx context.Context, r request) {
 	e, op := c.e, c.op
 	fp := c.identify(r)
