@@ -253,7 +253,7 @@ func (b *batch) record(ctx context.Context, i int, outcome []byte, keepWrites bo
 	}
 	if len(outcome) > b.e.opts.maxRecord {
 		c.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
-			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), b.e.opts.maxRecord))
+			tooLarge(len(outcome), b.e.opts.maxRecord))
 		return ErrTooLarge
 	}
 	b.state[i] = batchEnded

@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -343,7 +342,7 @@ func (c *call) record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	}
 	if len(outcome) > e.opts.maxRecord {
 		c.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
-			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), e.opts.maxRecord))
+			tooLarge(len(outcome), e.opts.maxRecord))
 		return ErrTooLarge
 	}
 	if c.tx != nil {

@@ -17,6 +17,11 @@ func (e *FirstSentError) Error() string { return "idempotency first-sent time re
 // records the stand-in in its place.
 var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
 
+// tooLarge is why an outcome of size bytes is ErrTooLarge, for the log.
+func tooLarge(size, limit int) error {
+	return fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", size, limit)
+}
+
 // errSuperseded is call.record's answer, in atomic mode, when another call
 // of the key recorded its outcome first (one that committed just as this
 // call began): this call's writes were rolled back, nothing of it was
