@@ -63,12 +63,18 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# and the edges of the fifth outside attack, 4 (consumer's
 	@# WithDiscardDeadLetters and DiscardsDeadLetters, so that no message is
 	@# acknowledged as dead-lettered with nowhere to go; ErrPanicked; Cause,
-	@# the one safe wording of a failure, which idemkafka's own replaced).
+	@# the one safe wording of a failure, which idemkafka's own replaced),
+	@# and one owner of the PostgreSQL schema, 5 (postgres.Record,
+	@# Store.Records, Store.Forget, Stats and Store.Stats: the operator's
+	@# reads and deletes, so that cmd/idemkey holds no SQL of its own),
+	@# and the pause written once, 1 (store.Pause: the stores' retry loops
+	@# and the consumer's; store/redis, a module of its own, may not import
+	@# the core's internal/pause that it replaces).
 	@# The comment and blank lines of the published packages' non-test,
-	@# non-generated files, held where the docs step (issue 46) left them,
-	@# 37.2%: the package docs are tours and the manual is in docs/. The
-	@# issue's target is 30%; the rest is the identifiers' doc comments.
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 422 -max-shared 25 \
+	@# non-generated files, held where the docs step (issue 46) left them:
+	@# the package docs are tours and the manual is in docs/. The issue's
+	@# target is 30%; the rest is the identifiers' doc comments.
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 428 -max-shared 25 \
 		-max-prose-percent 37.5
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

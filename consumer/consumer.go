@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -242,7 +241,7 @@ func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 		if attempt == max(d.Attempt, 1) {
 			c.Warn(ctx, "the store failed on a message's last delivery; the delivery is held, and tried again until the store answers", ownError(res.Err))
 		}
-		if !pause.For(ctx, c.backoff(attempt)) {
+		if !store.Pause(ctx, c.backoff(attempt)) {
 			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: the consumer stopped while a message's last delivery waited for the store; "+
 				"it is negative-acknowledged, neither run nor dead-lettered, and the broker may not deliver it again",
 				slog.String("operation", c.op.Name()), slog.Any("error", ownError(res.Err)))

@@ -19,11 +19,10 @@ import (
 // subtransaction overflow), which slows the whole database down.
 const MaxBatch = 64
 
-// CanBatch reports whether StartBatch decides calls of op together: op is
+// canBatch reports whether startBatch decides calls of op together: op is
 // atomic and the store implements store.BatchAtomic, or op is two-phase
 // and the store implements store.BatchReserver (store/postgres does both).
-// Otherwise every call of a batch is Alone, and an adapter decides each with
-// Start.
+// Otherwise ServeBatch serves each call of a batch on its own, with Serve.
 func (e *Engine) canBatch(op *Operation) bool {
 	if op.atomic {
 		return e.batchStore != nil
@@ -31,27 +30,27 @@ func (e *Engine) canBatch(op *Operation) bool {
 	return e.batchReserver != nil
 }
 
-// batch is a batch of calls of one operation, decided together (StartBatch):
-// a message consumer that takes its messages in batches dedups each batch
-// in one round trip of the store's. In atomic mode the batch is one
-// transaction, which commits the records of its messages with one commit.
+// batch is a batch of calls of one operation, decided together
+// (startBatch): a message consumer that takes its messages in batches
+// dedups each batch in one round trip of the store's. In atomic mode the
+// batch is one transaction, which commits the records of its messages with
+// one commit. serveBatch drives it:
 //
-//	b := eng.startBatch(ctx, op, reqs)
+//	b := e.startBatch(ctx, op, reqs)
 //	defer b.abandon(ctx) // a panic rolls the whole batch back
 //	for i := range b.Calls {
 //		c := &b.Calls[i]
 //		switch {
-//		case b.alone(i): // decided later, on its own
-//		case c.Verdict == engine.Executed:
-//			err := handler(b.contextFor(ctx, i))
-//			b.record(ctx, i, encode(err), err == nil) // or b.release(ctx, i)
-//		default: // as after Start: Replayed, InProgress, Reused, StoreUnavailable
+//		case b.alone(i): // served later, on its own
+//		case c.Verdict == Executed:
+//			b.run(ctx, i, x) // contextFor, the handler, then record or release
+//		default: // as after call.start: Replayed, InProgress, Reused, StoreUnavailable
 //		}
 //	}
 //	err := b.commit(ctx) // nothing is durable before it returns nil
-//	// then each call i: if b.alone(i), decide it with Start (its call may
-//	// be reused); else answer as its Verdict, and for an Executed one, as
-//	// Record and Commit said. End every call.
+//	// then each call i: if b.alone(i), Serve it on its own; else answer as
+//	// its Verdict, and for an Executed one, as record and commit said.
+//	// end every call.
 //
 // The handlers of the calls run one after another, in the batch's order,
 // on the caller's goroutine; each call's writes are its own, undone alone
@@ -59,14 +58,14 @@ func (e *Engine) canBatch(op *Operation) bool {
 //
 // In two-phase mode the batch's keys are reserved in one round trip (its
 // records written in progress, each with its own token and a call's lease,
-// as Start sets it), and each Executed call then runs as after Start, with
-// its call's own methods, once Ready has said it may: Context, the handler,
-// Record or Release, End. Its outcome is durable when Record returns, and
-// Commit does nothing.
+// as call.start sets it), and each Executed call then runs as after
+// call.start, with its call's own methods (call.run), once ready has said
+// it may. Its outcome is durable when call.record returns, and commit does
+// nothing.
 type batch struct {
-	// Calls are the batch's calls, one per request, in order. StartBatch
-	// sets the Verdict of each as Start would, without waiting for a key in
-	// progress; that of a call that Alone reports is not set.
+	// Calls are the batch's calls, one per request, in order. startBatch
+	// sets the Verdict of each as call.start would, without waiting for a
+	// key in progress; that of a call that alone reports is not set.
 	Calls []call
 
 	e     *Engine
@@ -83,24 +82,24 @@ type batchState uint8
 
 const (
 	batchIdle    batchState = iota // decided, and its handler not run yet (if it runs)
-	batchAlone                     // to be decided on its own, with Start
-	batchRunning                   // its handler runs: Context was called
-	batchStaged                    // its outcome is to be recorded at Commit
+	batchAlone                     // to be served on its own, with Serve
+	batchRunning                   // its handler runs: contextFor was called
+	batchStaged                    // its outcome is to be recorded at commit
 	batchEnded                     // released, or its record failed
 )
 
-// StartBatch decides the calls reqs ask for together, as Start decides
-// each: in one round trip of the store's, which reads every key, and takes
+// startBatch decides the calls reqs ask for together, as call.start
+// decides each: in one round trip of the store's, which reads every key, and takes
 // those that are free (in atomic mode, in one transaction; in two-phase
 // mode, each with a record in progress). A call found in progress is
 // answered InProgress at once, whatever WithInProgressWait says. A request
-// is left Alone, to be decided on its own after the batch, if its key is
+// is left alone, to be served on its own after the batch, if its key is
 // that of an earlier request of the batch (its answer then depends on how
 // the earlier one ends), if it comes after the first MaxBatch, or if the
-// operation cannot batch (CanBatch).
+// operation cannot batch (canBatch).
 //
-// ctx bounds the store's round trip, and sets the calls' lease, as Start's
-// does.
+// ctx bounds the store's round trip, and sets the calls' lease, as
+// call.start's does.
 func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) *batch {
 	b := &batch{Calls: make([]call, len(reqs)), e: e, op: op, idx: make([]int, len(reqs)),
 		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
@@ -196,21 +195,21 @@ func (c *call) identify(r request) store.Fingerprint {
 	return r.Fingerprint
 }
 
-// Alone reports whether call i is to be decided on its own, with Start on
-// its call, once the batch has been committed: StartBatch left it out of
-// the batch, or the batch could not finish it (its transaction failed
-// before the commit, or Commit returned errSuperseded). A call whose
-// handler ran in the batch is then run again; nothing of its first run
-// was committed.
+// alone reports whether call i is to be served on its own, with Serve,
+// once the batch has been committed: startBatch left it out of the batch,
+// or the batch could not finish it (its transaction failed before the
+// commit, or commit returned errSuperseded, or ready released its key). A
+// call whose handler ran in the batch is then run again; nothing of its
+// first run was committed.
 func (b *batch) alone(i int) bool { return b.state[i] == batchAlone }
 
-// Ready reports whether the handler of Executed call i of a two-phase
+// ready reports whether the handler of Executed call i of a two-phase
 // batch may run now. Its key was reserved when the batch started, with a
 // call's lease, and the handlers before it have run since: if less is left
 // of its lease than a handler may take (the lease less half its grace, or
 // half a lease shorter than the grace),
-// another run could take the key over while this one runs. Ready then
-// releases the key, and the call is Alone, to be decided again with Start.
+// another run could take the key over while this one runs. ready then
+// releases the key, and the call is alone, to be served again with Serve.
 // In atomic mode it reports true: the batch's transaction holds its keys.
 func (b *batch) ready(ctx context.Context, i int) bool {
 	c := &b.Calls[i]
@@ -218,16 +217,16 @@ func (b *batch) ready(ctx context.Context, i int) bool {
 		return true
 	}
 	c.release(ctx)
-	*c = call{e: c.e, op: c.op, began: c.began, Verdict: Refused} // for Start
+	*c = call{e: c.e, op: c.op, began: c.began, Verdict: Refused} // as newCall left it
 	b.state[i], b.idx[i] = batchAlone, -1
 	return false
 }
 
-// Context is ctx for the handler of call i, which must be Executed: it
+// contextFor is ctx for the handler of call i, which must be Executed: it
 // carries the call's parts for idemkey.DerivedKey and the batch's
-// transaction, in which the call's writes from now on are its own. Run the
-// calls' handlers one at a time: Context, the handler, then Record or
-// Release, before the next call's Context.
+// transaction, in which the call's writes from now on are its own. The
+// calls' handlers run one at a time (batch.run): contextFor, the handler,
+// then record or release, before the next call's contextFor.
 func (b *batch) contextFor(ctx context.Context, i int) context.Context {
 	c := &b.Calls[i]
 	ctx = idemkey.HandlerContext(ctx, c.tenant, b.op.name, c.userKey)
@@ -238,23 +237,23 @@ func (b *batch) contextFor(ctx context.Context, i int) context.Context {
 	return b.tx.HandlerContext(ctx, b.idx[i])
 }
 
-// Record ends call i, whose handler ran, with outcome, which Commit
+// record ends call i, whose handler ran, with outcome, which commit
 // records: with keepWrites false (a recorded error), the handler's writes
 // are undone first. Its error:
-//   - ErrTooLarge: nothing was done; Record a short error (at most
-//     store.SmallOutcome bytes) in its place, or Release the call.
+//   - ErrTooLarge: nothing was done; batch.run records the stand-in
+//     (Exchange.StandIn, at most store.SmallOutcome bytes) in its place.
 //   - any other: nothing will be recorded for the call and its writes were
 //     undone (a handler that succeeded after a statement of its failed);
-//     answer "store unavailable". Or the batch's transaction failed, and
-//     Alone(i) now reports true.
+//     the answer is StoreUnavailable. Or the batch's transaction failed, and
+//     alone(i) now reports true.
 func (b *batch) record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
 	c := &b.Calls[i]
 	if b.state[i] != batchRunning {
-		return errors.New("idemkey: Record of a call of a batch whose handler is not running")
+		return errors.New("idemkey: record of a call of a batch whose handler is not running")
 	}
 	if len(outcome) > b.e.opts.maxRecord {
 		c.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
-			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), b.e.opts.maxRecord))
+			tooLarge(len(outcome), b.e.opts.maxRecord))
 		return ErrTooLarge
 	}
 	b.state[i] = batchEnded
@@ -277,7 +276,7 @@ func (b *batch) record(ctx context.Context, i int, outcome []byte, keepWrites bo
 	return nil
 }
 
-// Release ends call i, whose handler ran, with its writes undone and
+// release ends call i, whose handler ran, with its writes undone and
 // nothing recorded: a retry runs it again.
 func (b *batch) release(ctx context.Context, i int) {
 	if b.state[i] != batchRunning {
@@ -290,7 +289,7 @@ func (b *batch) release(ctx context.Context, i int) {
 }
 
 // failed reports whether the batch's transaction has failed; if it just
-// did, every call that holds its key in it is Alone from now on.
+// did, every call that holds its key in it is alone from now on.
 func (b *batch) failed(ctx context.Context) bool {
 	err := b.tx.Err()
 	if err == nil {
@@ -310,30 +309,23 @@ func (b *batch) failed(ctx context.Context) bool {
 	return true
 }
 
-// errBatchFailed is Commit's answer when nothing of the batch was
-// committed, or it is unknown whether everything was: answer "store
-// unavailable" for every call that Record ended without an error, and a
-// retry finds out.
-var errBatchFailed = errors.New("idemkey: the batch's commit failed")
-
-// Commit records the outcome of every call that Record ended, in one
+// commit records the outcome of every call that record staged, in one
 // commit; nothing of the batch is durable before it returns. Its error:
 //   - nil: every such call's record, and its writes, are committed;
 //   - errSuperseded: another call recorded a key of the batch first, and
-//     nothing was committed: every such call is Alone now;
+//     nothing was committed: every such call is alone now;
 //   - errBatchFailed: nothing was committed, or perhaps everything was;
-//     answer "store unavailable" for every such call, and a retry finds
-//     out.
+//     every such call is answered StoreUnavailable, and a retry finds out.
 //
-// Calls that were released, or whose Record failed, keep their answers.
-// Like Record, it ignores ctx's cancellation.
+// Calls that were released, or whose record failed, keep their answers.
+// Like call.record, it ignores ctx's cancellation.
 func (b *batch) commit(ctx context.Context) error {
 	if b.done || b.tx == nil {
 		return nil
 	}
 	b.done = true
 	for i := range b.Calls {
-		if b.state[i] == batchRunning { // Context without Record or Release
+		if b.state[i] == batchRunning { // contextFor without record or release
 			b.state[i] = batchEnded
 			if err := b.tx.Release(ctx, b.idx[i]); err != nil {
 				b.failed(ctx)
@@ -342,7 +334,7 @@ func (b *batch) commit(ctx context.Context) error {
 	}
 	if b.tx.Err() != nil {
 		b.tx.Rollback(ctx)
-		return nil // every call whose handler ran is Alone
+		return nil // every call whose handler ran is alone
 	}
 	err := b.e.commitBatch(ctx, b.tx)
 	switch {
@@ -374,7 +366,7 @@ func (b *batch) commit(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", errBatchFailed, err)
 }
 
-// Abandon rolls the batch back if it was not committed: deferred, it
+// abandon rolls the batch back if it was not committed: deferred, it
 // covers a handler that panics. Every key of the batch is free again. In
 // two-phase mode it releases the keys of the Executed calls that neither
 // recorded nor released.
@@ -395,27 +387,4 @@ func (b *batch) abandon(ctx context.Context) {
 		b.e.opts.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey: rolling a batch back failed; the database rolls back when it closes the connection",
 			slog.String("operation", b.op.name), slog.Any("error", err))
 	}
-}
-
-// The batch's store calls, each measured.
-
-func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
-	sctx, t := e.obs.startStore(ctx, opBeginBatch)
-	res, tx, err := e.batchStore.BeginBatch(sctx, rs)
-	t.end(ctx, err)
-	return res, tx, err
-}
-
-func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
-	sctx, t := e.obs.startStore(ctx, opReserveBatch)
-	res, err := e.batchReserver.ReserveBatch(sctx, rs)
-	t.end(ctx, err)
-	return res, err
-}
-
-func (e *Engine) commitBatch(ctx context.Context, tx store.BatchTx) error {
-	sctx, t := e.obs.startStore(ctx, opCommitBatch)
-	err := tx.Commit(context.WithoutCancel(sctx))
-	t.end(ctx, err)
-	return err
 }

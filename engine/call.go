@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"errors"
-	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -13,7 +12,8 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// request is what an adapter read from one call with a key.
+// request is what call.read took from one call's Exchange, for a call with
+// a key.
 type request struct {
 	Tenant      string
 	Key         string // checked with idemkey.ValidateKey
@@ -33,15 +33,15 @@ type request struct {
 }
 
 // call is one call of an operation, from its start to its answer. Its zero
-// value is not usable: get one from Engine.Call, and end it with End.
+// value is not usable: get one from Engine.newCall, and end it with end.
 type call struct {
 	e     *Engine
 	op    *Operation
 	began time.Time // for its Debug line, and leaseEnd: the store starts the lease later
 
-	// Verdict is what became of the call. Start sets it; an adapter that
-	// answers before Start (no key, a malformed one, a refused request) sets
-	// it itself.
+	// Verdict is what became of the call. start sets it; call.read sets it
+	// for a call answered before start (no key, a malformed one, a refused
+	// request).
 	Verdict Verdict
 	// Outcome is the record to replay when Verdict is Replayed. It must not be
 	// modified.
@@ -53,8 +53,9 @@ type call struct {
 	// Verdict is Executed, Replayed, InProgress or Reused: its record's creation
 	// plus the retention, on the store's clock, the same for every call of
 	// the key: for an atomic call in flight too, whose record the store
-	// reads from the running call's start (store/postgres). Adapters tell it
-	// to the client (idemkey.ExpiresHeader). Zero if the store cannot say,
+	// reads from the running call's start (store/postgres). Answer.Expires
+	// carries it to the entry point, which tells it to the client
+	// (idemkey.ExpiresHeader). Zero if the store cannot say,
 	// as for a running atomic call whose session the store cannot read:
 	// then no expiry is told rather than a guessed one.
 	Expires time.Time
@@ -74,16 +75,17 @@ type call struct {
 	recordedSize int
 }
 
-// call starts timing a call of op.
+// newCall starts timing a call of op.
 func (e *Engine) newCall(op *Operation) call {
 	return call{e: e, op: op, began: time.Now(), Verdict: Refused}
 }
 
-// Start decides what the call does, and sets Verdict:
-//   - Executed: the call holds the key. Run the handler with Context, then
-//     Record its outcome or Release the key; defer Abandon for panics.
-//   - FailedOpen: the store failed and WithFailOpen holds: run the handler
-//     with Context, and neither record nor release.
+// start decides what the call does, and sets Verdict:
+//   - Executed: the call holds the key. serve runs the handler with
+//     handlerContext, then records its outcome (record) or releases the key
+//     (release), with abandon deferred for panics.
+//   - FailedOpen: the store failed and WithFailOpen holds: serve runs the
+//     handler with contextFor, and neither records nor releases.
 //   - Replayed: answer with Outcome, without running the handler.
 //   - InProgress: answer "in progress", retry after RetryAfter.
 //   - Reused: answer "reused".
@@ -96,9 +98,10 @@ func (e *Engine) newCall(op *Operation) call {
 //     skew) and the key has no record: answer "key expired".
 //   - FirstSentInvalid: r.FirstSent is later than the clock skew from now.
 //
-// A call answered InProgress may Start again with the same request, to wait
-// for the key within the one call, which End counts once: a message's last
-// delivery does, since no retry will come.
+// A call answered InProgress may be started again with the same request,
+// to wait for the key within the one call, which end counts once
+// (TestStartAgain). Serve starts each call once; ServeBatch serves a last
+// delivery that its batch found in progress on its own, where it waits.
 func (c *call) start(ctx context.Context, r request) {
 	e, op := c.e, c.op
 	fp := c.identify(r)
@@ -157,12 +160,6 @@ func (c *call) start(ctx context.Context, r request) {
 	}
 }
 
-// FirstSentError is FirstSent's error: the call's first-sent time cannot
-// be used. Problem says why, without quoting it.
-type FirstSentError struct{ Problem string }
-
-func (e *FirstSentError) Error() string { return "idempotency first-sent time refused: " + e.Problem }
-
 // firstSent reads the time a call's operation was first sent from the
 // values of its transport's field (Exchange.FirstSent): zero without one. A
 // value sent twice, that is not an HTTP date (idemkey.ParseDate, after
@@ -206,7 +203,7 @@ func (c *call) checkFirstSent(t time.Time) bool {
 	return true
 }
 
-// begin is Start in atomic mode: it reserves the key in a transaction, which
+// begin is start in atomic mode: it reserves the key in a transaction, which
 // the handler then writes in. A duplicate of a running call waits with
 // further Begins, which an atomic store answers without waiting on the
 // running call (store/postgres: in one round trip, on a connection that no
@@ -282,11 +279,11 @@ func (c *call) storeFailed(ctx context.Context, op string, err error) {
 	}
 }
 
-// Atomic reports whether the call runs in a transaction of the store's
+// inTx reports whether the call runs in a transaction of the store's
 // (atomic mode), whose failed commit undoes the handler's writes.
 func (c *call) inTx() bool { return c.tx != nil }
 
-// handlerContext is Context(ctx), ended after the operation's
+// handlerContext is contextFor(ctx), ended after the operation's
 // HandlerTimeout, if it has one.
 func (c *call) handlerContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return c.op.timed(c.contextFor(ctx))
@@ -300,7 +297,7 @@ func (op *Operation) timed(ctx context.Context) (context.Context, context.Cancel
 	return ctx, func() {}
 }
 
-// Context is ctx for the handler: it carries the call's parts for
+// contextFor is ctx for the handler: it carries the call's parts for
 // idemkey.DerivedKey and, in atomic mode, the transaction.
 func (c *call) contextFor(ctx context.Context) context.Context {
 	ctx = idemkey.HandlerContext(ctx, c.tenant, c.op.name, c.userKey)
@@ -310,45 +307,42 @@ func (c *call) contextFor(ctx context.Context) context.Context {
 	return ctx
 }
 
-// ErrTooLarge is Record's answer to an outcome larger than WithMaxRecordSize.
-// Nothing was written: record a short error in its place.
-var ErrTooLarge = errors.New("idemkey: the outcome is too large to record")
-
-// Record records outcome for an Executed call, the adapter's encoding of the
-// handler's result, which replays from then on. keepWrites is false for a
-// recorded error: in atomic mode the handler's writes are then undone, and
-// only the record commits.
+// record records outcome for an Executed call, the entry point's encoding
+// of the handler's result (HandlerResult.Record), which replays from then
+// on. keepWrites is false for a recorded error: in atomic mode the
+// handler's writes are then undone, and only the record commits.
 //
 // It detaches the store write from ctx's cancellation: a caller that hangs up
-// must not leave its key in progress. Its error tells the adapter to change
-// its answer:
+// must not leave its key in progress. Its error tells run to change the
+// answer:
 //   - ErrTooLarge, or store.ErrFull (no room in a store with bounds that
 //     set none aside when the key was reserved: store/redis out of memory):
-//     nothing was written; Record a short error (at most store.SmallOutcome
-//     bytes) in its place, and answer it.
+//     nothing was written; recordInstead records the stand-in
+//     (Exchange.StandIn, at most store.SmallOutcome bytes) in its place,
+//     and answers it.
 //   - errSuperseded (atomic mode): another call recorded the key first, and
-//     nothing of this one committed; answer as Verdict now says.
+//     nothing of this one committed; the answer is as Verdict now says.
 //   - any other error (atomic mode): nothing, or perhaps everything,
 //     committed; answer "store unavailable", and a retry finds out.
 //
 // In two-phase mode a write that fails for another reason is retried in the
 // background until shortly before the lease ends (one refused with
-// store.ErrLeaseLost or store.ErrDataLost is only logged), and Record
+// store.ErrLeaseLost or store.ErrDataLost is only logged), and record
 // returns nil: the handler has run, so the caller gets its result. Once
-// Record is called in two-phase mode, the key is never released: if even the
-// short error cannot be recorded, the key stays in progress until its lease
-// ends, and the adapter still answers that error.
+// record is called in two-phase mode, the key is never released: if even the
+// stand-in cannot be recorded, the key stays in progress until its lease
+// ends, and the entry point still answers the stand-in.
 func (c *call) record(ctx context.Context, outcome []byte, keepWrites bool) error {
 	e := c.e
 	if c.tx == nil {
 		// The handler has run: from here on the key is never released, even
 		// if no record can be written; it stays in progress until its lease
-		// ends. (In atomic mode, Release rolls the handler's writes back too.)
+		// ends. (In atomic mode, release rolls the handler's writes back too.)
 		c.ended = true
 	}
 	if len(outcome) > e.opts.maxRecord {
 		c.log(ctx, slog.LevelError, "outcome cannot be recorded; Internal recorded instead",
-			fmt.Errorf("its record of %d bytes exceeds the limit of %d (WithMaxRecordSize)", len(outcome), e.opts.maxRecord))
+			tooLarge(len(outcome), e.opts.maxRecord))
 		return ErrTooLarge
 	}
 	if c.tx != nil {
@@ -386,15 +380,8 @@ func (c *call) record(ctx context.Context, outcome []byte, keepWrites bool) erro
 	return nil
 }
 
-// errSuperseded is Record's answer, in atomic mode, when another call of the
-// key recorded its outcome first (one that committed just as this call
-// began): this call's writes were rolled back, nothing of it was recorded,
-// and Verdict now says how to answer instead, as after Start: Replayed with
-// the other call's Outcome, Reused, InProgress or StoreUnavailable.
-var errSuperseded = errors.New("idemkey: another call recorded the key first")
-
 // superseded reads the record of a call whose commit lost the key to another
-// call, and sets the verdict Record's errSuperseded promises.
+// call, and sets the verdict record's errSuperseded promises.
 func (c *call) superseded(ctx context.Context) error {
 	ctx = context.WithoutCancel(ctx)
 	c.Verdict = InProgress
@@ -413,7 +400,7 @@ func (c *call) superseded(ctx context.Context) error {
 	return errSuperseded
 }
 
-// Release gives up the key of an Executed call, so that a retry runs the
+// release gives up the key of an Executed call, so that a retry runs the
 // handler again: the record is deleted, or in atomic mode the transaction
 // with the handler's writes rolls back.
 func (c *call) release(ctx context.Context) {
@@ -432,7 +419,7 @@ func (c *call) release(ctx context.Context) {
 	}
 }
 
-// Abandon releases the key of an Executed call that was neither recorded nor
+// abandon releases the key of an Executed call that was neither recorded nor
 // released: deferred, it covers a handler that panics.
 func (c *call) abandon(ctx context.Context) {
 	if c.Verdict == Executed && !c.ended {
@@ -440,11 +427,12 @@ func (c *call) abandon(ctx context.Context) {
 	}
 }
 
-// End measures the call: the idemkey.calls counter with its verdict and
+// end measures the call: the idemkey.calls counter with its verdict and
 // code (the transport's status, which the operation's MetricsSpec names),
 // an event on the call's span, and a Debug log line; then it runs the hook
-// of its verdict (WithHooks). call it once, when the verdict and the code
-// are final, before the answer is handed over.
+// of its verdict (WithHooks). Serve and ServeBatch call it once a call,
+// when the verdict and the code are final (after Exchange.Answer or
+// Exchange.Pass), before the entry point hands the answer over.
 func (c *call) end(ctx context.Context, code int) {
 	c.e.obs.callEnded(ctx, c, code)
 	c.runHooks(ctx, code)
@@ -495,7 +483,7 @@ func (c *call) logWriteFailure(ctx context.Context, op string, err error) {
 	}
 }
 
-// Log logs msg about the call at level, with its operation, its scope (a
+// log logs msg about the call at level, with its operation, its scope (a
 // prefix of the key's hash, never the key) and err.
 func (c *call) log(ctx context.Context, level slog.Level, msg string, err error) {
 	attrs := []slog.Attr{slog.String("operation", c.op.name)}

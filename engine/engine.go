@@ -11,7 +11,7 @@ import (
 )
 
 // Engine runs calls at most once per idempotency key on one store. It is safe
-// for concurrent use; adapters build one and share it among their calls.
+// for concurrent use; entry points that share a store share one engine.
 type Engine struct {
 	store   store.Store
 	atomic  store.Atomic  // store, if it implements store.Atomic
@@ -51,10 +51,10 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 }
 
 // MaxRecordSize is the bound on one record (WithMaxRecordSize), in bytes: an
-// adapter that buffers a response to record it need buffer no more.
+// entry point that buffers a response to record it need buffer no more.
 func (e *Engine) MaxRecordSize() int { return e.opts.maxRecord }
 
-// Logger is the logger of WithLogger, for an adapter's own log records.
+// Logger is the logger of WithLogger, for an entry point's own log records.
 func (e *Engine) Logger() *slog.Logger { return e.opts.logger }
 
 // Retention is how long a record is kept and replayed (WithRetention): a
@@ -74,7 +74,7 @@ func (c *call) tenantOf(ctx context.Context, x Exchange) (string, error) {
 	return "", nil
 }
 
-// Operation is one kind of call an adapter serves: a gRPC method, a Connect
+// Operation is one kind of call an entry point serves: a gRPC method, a Connect
 // procedure, an HTTP route. Build it once per kind and reuse it.
 type Operation struct {
 	name        string
@@ -142,9 +142,6 @@ func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	return &Operation{name: spec.Name, atomic: spec.Atomic, keyRequired: spec.KeyRequired || e.opts.keyRequired,
 		redelivers: spec.Redelivers, tenant: spec.Tenant, timeout: max(spec.HandlerTimeout, 0), metrics: newOpMetrics(spec.Metrics)}, nil
 }
-
-var errNoTenant = errors.New("idemkey: the engine cannot tell callers apart, so every caller would share one key space: " +
-	"give engine.WithTenant a function that reads the caller's authenticated identity, or engine.WithSingleTenant() for a service whose callers are one tenant")
 
 // Name is the operation's name.
 func (op *Operation) Name() string { return op.name }

@@ -406,7 +406,7 @@ func executed(t *testing.T, e *Engine, op *Operation, r request) *call {
 }
 
 // started starts a call of op with r on e in a goroutine, and returns the
-// channel that delivers the call once Start returns.
+// channel that delivers the call once start returns.
 func started(ctx context.Context, e *Engine, op *Operation, r request) <-chan *call {
 	done := make(chan *call, 1)
 	go func() {
@@ -474,7 +474,7 @@ func (c deadlineOnly) Deadline() (time.Time, bool) { return c.deadline, true }
 // The tests.
 
 // TestStartVerdicts sets up a key in each state the store can hold it in, or
-// a store failure, and checks the verdict Start gives a call with it.
+// a store failure, and checks the verdict start gives a call with it.
 func TestStartVerdicts(t *testing.T) {
 	fullErr := fmt.Errorf("fake store: reserve: %w", store.ErrFull)
 	tests := []struct {
@@ -484,7 +484,7 @@ func TestStartVerdicts(t *testing.T) {
 		canceled bool                                    // the call's context is done
 		before   func(t *testing.T, h *harness)          // the key's state, or a failure
 		req      request                                 // req if zero
-		want     Verdict                                 // Start's verdict
+		want     Verdict                                 // start's verdict
 		check    func(t *testing.T, h *harness, c *call) // more, with the counts since before
 	}{{
 		name: "a new key is executed",
@@ -775,7 +775,7 @@ func TestInProgressWait(t *testing.T) {
 	})
 }
 
-// TestStartAgain: a call answered InProgress may Start again, and holds the
+// TestStartAgain: a call answered InProgress may be started again, and holds the
 // key once the first call released it, in either mode.
 func TestStartAgain(t *testing.T) {
 	h := newHarness(t, WithInProgressWait(0))
@@ -801,7 +801,7 @@ func TestStartAgain(t *testing.T) {
 	}
 }
 
-// TestRecord checks what Record writes, and what it answers when the store
+// TestRecord checks what record writes, and what it answers when the store
 // cannot take the outcome.
 func TestRecord(t *testing.T) {
 	t.Run("the outcome replays", func(t *testing.T) {
@@ -905,8 +905,8 @@ func TestRecord(t *testing.T) {
 	})
 }
 
-// TestReleaseAndAbandon checks that Release frees the key for the next call,
-// and that Abandon releases only a call that holds the key and has not ended.
+// TestReleaseAndAbandon checks that release frees the key for the next call,
+// and that abandon releases only a call that holds the key and has not ended.
 func TestReleaseAndAbandon(t *testing.T) {
 	t.Run("Release frees the key", func(t *testing.T) {
 		h := newHarness(t)
@@ -934,7 +934,7 @@ func TestReleaseAndAbandon(t *testing.T) {
 
 	tests := []struct {
 		name        string
-		run         func(t *testing.T, h *harness) *call // the call to Abandon
+		run         func(t *testing.T, h *harness) *call // the call to abandon
 		wantRelease int
 	}{{
 		name: "after a panic",
@@ -973,7 +973,7 @@ func TestReleaseAndAbandon(t *testing.T) {
 			c.release(t.Context())
 			return c
 		},
-		wantRelease: 1, // Release's own
+		wantRelease: 1, // release's own
 	}, {
 		name: "of a replayed call",
 		run: func(t *testing.T, h *harness) *call {
@@ -1033,7 +1033,7 @@ func TestAtomic(t *testing.T) {
 		name       string
 		keepWrites bool
 		failCommit bool
-		wantErr    error    // Record's
+		wantErr    error    // record's
 		wantWrites []string // committed
 		wantRecord bool
 	}{
@@ -1186,7 +1186,7 @@ func TestRetriedReadsFirst(t *testing.T) {
 func TestLease(t *testing.T) {
 	const grace = 5 * time.Second // the grace after a deadline, as the README documents it
 	// near reports whether lease is the remaining time, left before and
-	// after Start, plus grace.
+	// after start, plus grace.
 	near := func(lease, before, after time.Duration) bool {
 		return lease >= max(after, 0)+grace && lease <= max(before, 0)+grace
 	}

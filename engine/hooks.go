@@ -114,7 +114,7 @@ func WithHooks(h Hooks) Option {
 
 // noteWrite notes, for the hooks, how a write of a record of size bytes
 // ended (err is the store's answer): recorded, or about to be retried in the
-// background by Record, in two-phase mode, for any error but a refusal.
+// background by call.record, in two-phase mode, for any error but a refusal.
 func (c *call) noteWrite(size int, err error) {
 	if err != nil && (c.tx != nil || errors.Is(err, store.ErrFull) || errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrDataLost)) {
 		return

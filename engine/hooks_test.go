@@ -62,8 +62,8 @@ func TestHooks(t *testing.T) {
 		name   string
 		opts   []Option
 		atomic bool
-		run    func(t *testing.T, h *harness, c *call) // after Start, before End
-		before func(h *harness)                        // before Start
+		run    func(t *testing.T, h *harness, c *call) // after start, before end
+		before func(h *harness)                        // before start
 		want   Event
 		hook   string
 	}{
@@ -216,13 +216,13 @@ func TestHooks(t *testing.T) {
 			if tc.run != nil {
 				tc.run(t, h, c)
 			}
-			hooks.want(t, Event{}) // nothing before End
+			hooks.want(t, Event{}) // nothing before end
 			c.end(t.Context(), tc.want.Code)
 			hooks.want(t, tc.want, tc.hook)
 		})
 	}
 
-	// An adapter sets the verdicts of calls it answers before Start: it read
+	// call.read sets the verdicts of calls answered before start: it read
 	// no key, or no valid one, or refused the tenant or the request.
 	for _, v := range []Verdict{NoKey, KeyMissing, KeyInvalid, Refused} {
 		t.Run(v.String(), func(t *testing.T) {

@@ -19,47 +19,13 @@ import (
 // instrumentationName names idemkey's meter and tracer.
 const instrumentationName = "github.com/idemkey/idemkey/engine"
 
-// Verdict is what became of a call: the value of the idemkey.outcome
-// attribute of its metrics, its span and its Debug log line.
-type Verdict uint8
-
-const (
-	Executed         Verdict = iota // the handler ran under the key (its status tells recorded or released)
-	Replayed                        // the recorded outcome was replayed
-	InProgress                      // the first call still runs
-	Reused                          // the key was first used with another request
-	KeyMissing                      // WithKeyRequired and no key
-	KeyInvalid                      // a malformed key
-	NoKey                           // no key, none required: the handler ran unprotected
-	StoreUnavailable                // the store failed; the handler did not run
-	StoreFull                       // no room for a new key; the handler did not run
-	FailedOpen                      // the store failed and WithFailOpen ran the handler unprotected
-	Refused                         // the tenant or the request was refused, or the call cannot be replayed
-	Expired                         // the key's operation was first sent longer ago than the retention, and it has no record: not run
-	FirstSentInvalid                // the first-sent time is malformed, or in the future: not run
-	numVerdicts
-)
-
-var verdictNames = [numVerdicts]string{
-	"executed", "replayed", "in_progress", "reused", "key_missing", "key_invalid",
-	"no_key", "store_unavailable", "store_full", "failed_open", "refused",
-	"key_expired", "first_sent_invalid",
-}
-
-func (v Verdict) String() string {
-	if v >= numVerdicts {
-		return "unknown"
-	}
-	return verdictNames[v]
-}
-
 // MetricsSpec is how an operation's measurements are labelled.
 type MetricsSpec struct {
 	// Attributes of every measurement of the operation, such as otelgrpc's
 	// rpc.system.name, rpc.service and rpc.method, so that the two join.
 	Attributes []attribute.KeyValue
-	// Status is the attribute of a call's final status code, the code End is
-	// given: rpc.response.status_code, http.response.status_code. Nil leaves
+	// Status is the attribute of a call's final status code, the code
+	// Exchange.Answer or Exchange.Pass returned: rpc.response.status_code, http.response.status_code. Nil leaves
 	// the code out.
 	Status func(code int) attribute.KeyValue
 }
@@ -243,76 +209,4 @@ func storeErrorKind(err error) string {
 		return "store data lost"
 	}
 	return "store failed"
-}
-
-// The engine's store calls, each measured. With a sealer (WithSealer), the
-// outcomes they write are sealed and those they read opened (seal.go); the
-// time measured is the store's alone.
-
-func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
-	r = e.roomFor(r)
-	sctx, t := e.obs.startStore(ctx, opReserve)
-	res, err := e.store.Reserve(sctx, r)
-	t.end(ctx, err)
-	if err != nil {
-		return res, err
-	}
-	return e.opened(r.Key, &r.Fingerprint, res)
-}
-
-func (e *Engine) find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
-	sctx, t := e.obs.startStore(ctx, opFind)
-	res, found, err := e.finder.Find(sctx, key)
-	t.end(ctx, err)
-	if err != nil || !found {
-		return res, found, err
-	}
-	res, err = e.opened(key, nil, res)
-	return res, err == nil, err
-}
-
-func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
-	r = e.roomFor(r)
-	sctx, t := e.obs.startStore(ctx, opBegin)
-	res, tx, err := e.atomic.Begin(sctx, r)
-	t.end(ctx, err)
-	if err != nil {
-		return res, tx, err
-	}
-	if tx != nil && e.sealer() != nil {
-		tx = sealingTx{Tx: tx, e: e, key: r.Key}
-	}
-	res, err = e.opened(r.Key, &r.Fingerprint, res)
-	return res, tx, err
-}
-
-// commit seals the outcome in c.tx's Commit (sealingTx), whose time it counts.
-func (e *Engine) commit(ctx context.Context, c *call, outcome []byte, keepWrites bool) error {
-	sctx, t := e.obs.startStore(ctx, opCommit)
-	err := c.tx.Commit(sctx, outcome, keepWrites)
-	t.end(ctx, err)
-	c.noteWrite(len(outcome), err)
-	return err
-}
-
-// complete and storeRelease detach the write from the caller's cancellation
-// (see call.Record), after the span lookup, which costs an allocation on a
-// detached context.
-func (e *Engine) complete(ctx context.Context, c *call, outcome []byte) error {
-	size := len(outcome) // for the hooks: the adapter's encoding, as replays get it
-	outcome, err := e.sealOutcome(c.key, outcome)
-	if err == nil {
-		sctx, t := e.obs.startStore(ctx, opComplete)
-		err = e.store.Complete(context.WithoutCancel(sctx), c.key, c.token, outcome)
-		t.end(ctx, err)
-	}
-	c.noteWrite(size, err)
-	return err
-}
-
-func (e *Engine) storeRelease(ctx context.Context, c *call) error {
-	sctx, t := e.obs.startStore(ctx, opRelease)
-	err := e.store.Release(context.WithoutCancel(sctx), c.key, c.token)
-	t.end(ctx, err)
-	return err
 }

@@ -32,8 +32,9 @@ const leaseGrace = 5 * time.Second
 type Option func(*options)
 
 // TenantFunc returns the authenticated tenant of a call, for example from the
-// identity an authentication layer put in ctx. The adapter returns its error
-// to the caller unchanged (gRPC, Connect) or as 401 (HTTP).
+// identity an authentication layer put in ctx. Its error is the Answer.Err of
+// a refusal with Answer.Tenant set: the entry point returns it to the caller
+// unchanged (gRPC, Connect) or answers 401 (HTTP).
 type TenantFunc func(ctx context.Context) (string, error)
 
 // Scope is the set of calls within which one idempotency key names one
@@ -235,8 +236,8 @@ func WithInProgressWait(d time.Duration) Option {
 }
 
 // WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize);
-// New refuses an n below MinRecordSize. The adapter records a short
-// error in place of a larger one, which the caller gets too, as every retry
+// New refuses an n below MinRecordSize. Serve records the entry point's
+// stand-in (Exchange.StandIn, a short error) in place of a larger one, which the caller gets too, as every retry
 // will. A store with a bound on bytes (store/memory) sets this much room
 // aside for each call while it runs (store.Reservation.MaxOutcome), so a
 // bound near the largest real reply lets more calls run at once.
@@ -249,8 +250,8 @@ func WithMaxRecordSize(n int) Option {
 	}
 }
 
-// MinRecordSize is the least bound on a record: room for the short error an
-// adapter records in place of an outcome too large to record.
+// MinRecordSize is the least bound on a record: room for the stand-in
+// (Exchange.StandIn) recorded in place of an outcome too large to record.
 const MinRecordSize = 1024
 
 // WithFailOpen runs the handler without protection when the store fails,
@@ -269,8 +270,8 @@ func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
 // written before sealing was turned on, the format. A nil s seals nothing.
 //
 // WithMaxRecordSize bounds the outcome before sealing; the store holds
-// s.Overhead() bytes more, and so does the short error an adapter records
-// in place of an outcome that cannot be (store.SmallOutcome before
+// s.Overhead() bytes more, and so does the stand-in (Exchange.StandIn)
+// recorded in place of an outcome that cannot be (store.SmallOutcome before
 // sealing). A store with bounds sets that much aside when the key is
 // reserved: store.Reservation.MaxOutcome counts the overhead.
 func WithSealer(s Sealer) Option {

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
-	"errors"
 	"fmt"
 
 	"github.com/idemkey/idemkey/store"
@@ -26,14 +25,6 @@ type Sealer interface {
 	// Overhead is the most bytes Seal adds to an outcome.
 	Overhead() int
 }
-
-// errUnopened marks the error of a record that does not open: it is
-// answered as a store failure (StoreUnavailable), but never fails open,
-// since the key is known to have run.
-var errUnopened = errors.New("idemkey: the recorded outcome does not open, so it is neither replayed nor run again")
-
-// unopened wraps the reason a record of a completed key does not open.
-func unopened(err error) error { return fmt.Errorf("%w: %w", errUnopened, err) }
 
 // sealer is the engine's Sealer, or nil (WithSealer counts a nil pointer,
 // such as a nil *seal.KeyRing, as none).

@@ -9,6 +9,40 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
+// Verdict is what became of a call: the value of the idemkey.outcome
+// attribute of its metrics, its span and its Debug log line.
+type Verdict uint8
+
+const (
+	Executed         Verdict = iota // the handler ran under the key (its status tells recorded or released)
+	Replayed                        // the recorded outcome was replayed
+	InProgress                      // the first call still runs
+	Reused                          // the key was first used with another request
+	KeyMissing                      // WithKeyRequired and no key
+	KeyInvalid                      // a malformed key
+	NoKey                           // no key, none required: the handler ran unprotected
+	StoreUnavailable                // the store failed; the handler did not run
+	StoreFull                       // no room for a new key; the handler did not run
+	FailedOpen                      // the store failed and WithFailOpen ran the handler unprotected
+	Refused                         // the tenant or the request was refused, or the call cannot be replayed
+	Expired                         // the key's operation was first sent longer ago than the retention, and it has no record: not run
+	FirstSentInvalid                // the first-sent time is malformed, or in the future: not run
+	numVerdicts
+)
+
+var verdictNames = [numVerdicts]string{
+	"executed", "replayed", "in_progress", "reused", "key_missing", "key_invalid",
+	"no_key", "store_unavailable", "store_full", "failed_open", "refused",
+	"key_expired", "first_sent_invalid",
+}
+
+func (v Verdict) String() string {
+	if v >= numVerdicts {
+		return "unknown"
+	}
+	return verdictNames[v]
+}
+
 // Exchange is one call as its entry point carries it. Serve reads the call
 // through it and answers through it, so that an entry point writes only its
 // translation: where the key, the first-sent time and the fingerprint come
@@ -179,7 +213,7 @@ func (c *call) answerOf() Answer {
 	if c.Verdict == Replayed {
 		a.Outcome = c.Outcome
 	}
-	if c.Verdict == FirstSentInvalid { // Start's own check, which the one before it makes unlikely
+	if c.Verdict == FirstSentInvalid { // call.start's own check, which read's makes unlikely
 		a.Err = &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
 	}
 	return a

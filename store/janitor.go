@@ -12,7 +12,7 @@ import (
 )
 
 // DurationBuckets are the bucket boundaries, in seconds, of the
-// idemkey.store.duration histogram, which the interceptor and Janitor both
+// idemkey.store.duration histogram, which the engine and Janitor both
 // record: from half a millisecond, a fast store's statement, to 5s, the
 // postgres store's default timeout.
 var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}

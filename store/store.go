@@ -1,5 +1,6 @@
-// Package store defines the contract between the idemkey interceptor and the
-// durable record of each idempotency key.
+// Package store defines the contract between the idemkey engine (package
+// engine, behind every entry point) and the durable record of each
+// idempotency key.
 //
 // A record moves through two states. Reserve inserts it "in progress" under a
 // lease and a fencing token before the handler runs; Complete stores the
@@ -185,7 +186,7 @@ const DefaultSweepBatch = 1000
 // safe for concurrent use, and every decision about time (leases, expiry) uses
 // the store's own clock.
 //
-// The interceptor calls Complete and Release after the handler, with a
+// The engine calls Complete and Release after the handler, with a
 // context detached from the caller's cancellation, so that a client that hangs
 // up cannot leave its key in progress. A store whose writes can block must
 // bound them with a timeout of its own.
@@ -278,8 +279,10 @@ type Watcher interface {
 
 // Finder is implemented by stores that can read a completed record more
 // cheaply than Reserve decides (store/postgres: a plain SELECT, and in atomic
-// mode no transaction). The interceptor asks it first for a call that gRPC
-// marks as a later attempt, whose first attempt has often completed, so that
+// mode no transaction). The engine asks it first for a call that its
+// transport marks as a later attempt (gRPC's grpc-previous-rpc-attempts, a
+// broker's redelivery: engine.Attempt), whose first attempt has often
+// completed, so that
 // the replay costs a read. When it has not (the retry of an "in progress", or
 // of an attempt that never reached the server), the read is spent in vain
 // before the reservation.
@@ -293,8 +296,8 @@ type Finder interface {
 }
 
 // Atomic is implemented by stores that can commit a handler's own writes and
-// its recorded outcome in one transaction (store/postgres). The interceptor
-// uses it for methods in atomic mode. How the handler reaches the transaction
+// its recorded outcome in one transaction (store/postgres). The engine uses
+// it for operations in atomic mode (engine.OperationSpec.Atomic). How the handler reaches the transaction
 // is the store's own API: Tx.HandlerContext puts it in the handler's context.
 type Atomic interface {
 	// Begin starts a transaction and reserves r in it, deciding as Reserve

@@ -87,6 +87,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store/postgres"
@@ -230,28 +231,15 @@ func (c *common) register(fs *flag.FlagSet) {
 	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of text")
 }
 
-// env is what a command works with.
+// env is what a command works with. The CLI holds no SQL of its own: it
+// reads and changes the table through store (postgres.Store's Records,
+// Forget, Stats and Sweep) and the migrations through package postgres.
 type env struct {
 	pool     *pgxpool.Pool
-	table    table
+	store    *postgres.Store // on the -table, built without its schema check
+	table    string          // as -table named it
 	password string          // of the URL, never printed
 	visited  map[string]bool // the flags given on the command line
-}
-
-// table is the store's table, checked as postgres.WithTable checks it.
-type table struct {
-	given  string // as -table named it
-	schema string // "" for the first schema on the search_path
-	name   string
-}
-
-// sql returns the name of the table, or of an object named after it with
-// suffix, ready for SQL text (the name is checked: lower-case identifiers).
-func (t table) sql(suffix string) string {
-	if t.schema == "" {
-		return t.name + suffix
-	}
-	return t.schema + "." + t.name + suffix
 }
 
 // open connects to the database; it touches nothing yet.
@@ -276,14 +264,12 @@ func (c *common) open(ctx context.Context) (*env, error) {
 	e.pool = pool
 	// postgres.New checks the table name exactly as the store will; without
 	// its schema check, it touches nothing (migrate up makes the table).
-	if _, err := postgres.New(pool, postgres.WithTable(c.table), postgres.WithoutSchemaCheck()); err != nil {
+	st, err := postgres.New(pool, postgres.WithTable(c.table), postgres.WithoutSchemaCheck())
+	if err != nil {
 		pool.Close()
 		return e, usageError("-table: %s", strings.TrimPrefix(err.Error(), "idemkey postgres: "))
 	}
-	e.table = table{given: c.table, name: c.table}
-	if schema, name, ok := strings.Cut(c.table, "."); ok {
-		e.table.schema, e.table.name = schema, name
-	}
+	e.store, e.table = st, c.table
 	return e, nil
 }
 
@@ -293,15 +279,14 @@ func writeJSON(w io.Writer, v any) {
 	_ = enc.Encode(v)
 }
 
-// checkTable fails with a clear message when the store's table is missing.
-// It is also the first round trip, so it finds an unreachable database.
+// checkTable fails with a clear message when the store's table is missing:
+// it reads no record, which fails on a missing table all the same. It is
+// also the first round trip, so it finds an unreachable database.
 func (e *env) checkTable(ctx context.Context) error {
-	var exists bool
-	if err := e.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, e.table.sql("")).Scan(&exists); err != nil {
-		return err
+	_, err := e.store.Records(ctx, nil, nil, 0)
+	var pgErr *pgconn.PgError
+	if missingRelation(err) || errors.As(err, &pgErr) && pgErr.Code == "3F000" { // no such table, or no such schema
+		return &cmdError{code: exitDatabase, kind: "database", message: missingTable(e.table)}
 	}
-	if !exists {
-		return &cmdError{code: exitDatabase, kind: "database", message: missingTable(e.table.given)}
-	}
-	return nil
+	return err
 }

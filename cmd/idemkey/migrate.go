@@ -40,7 +40,7 @@ func migrateCommand(action *string) command {
 			fs.BoolVar(&force, "force", false, "down: drop the table even when it holds records")
 		},
 		exec: func(ctx context.Context, e *env) (any, error) {
-			m := &migrated{Action: *action, Table: e.table.given, Changed: []string{}}
+			m := &migrated{Action: *action, Table: e.table, Changed: []string{}}
 			before, err := e.migrations(ctx)
 			if err != nil {
 				return nil, err
@@ -48,7 +48,7 @@ func migrateCommand(action *string) command {
 			switch *action {
 			case "status":
 			case "up":
-				if err := postgres.Migrate(ctx, e.pool, postgres.WithTable(e.table.given)); err != nil {
+				if err := postgres.Migrate(ctx, e.pool, postgres.WithTable(e.table)); err != nil {
 					return nil, err
 				}
 			case "down":
@@ -99,7 +99,7 @@ func migrateCommand(action *string) command {
 
 // migrations is postgres.MigrationStatus, for output.
 func (e *env) migrations(ctx context.Context) ([]migration, error) {
-	states, err := postgres.MigrationStatus(ctx, e.pool, postgres.WithTable(e.table.given))
+	states, err := postgres.MigrationStatus(ctx, e.pool, postgres.WithTable(e.table))
 	if err != nil {
 		return nil, err
 	}
@@ -129,17 +129,16 @@ func (e *env) down(ctx context.Context, status []migration, to int, force bool) 
 	}
 	first := slices.IndexFunc(status, func(m migration) bool { return m.Applied != nil })
 	if first >= 0 && to < status[first].Version && !force {
-		var n int64
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table.sql("")).Scan(&n)
+		st, err := e.store.Stats(ctx)
 		if err != nil && !missingRelation(err) {
 			return nil, err
 		}
-		if n > 0 {
+		if n := st.Completed + st.InProgress; n > 0 {
 			return nil, &cmdError{code: exitRefused, kind: "refused", message: fmt.Sprintf(
-				"table %s holds %d records: reverting drops them, and retries of their calls run again; use -force", e.table.given, n)}
+				"table %s holds %d records: reverting drops them, and retries of their calls run again; use -force", e.table, n)}
 		}
 	}
-	reverted, err := postgres.MigrateDown(ctx, e.pool, to, postgres.WithTable(e.table.given))
+	reverted, err := postgres.MigrateDown(ctx, e.pool, to, postgres.WithTable(e.table))
 	if reverted == nil {
 		reverted = []string{}
 	}

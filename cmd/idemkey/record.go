@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/hex"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,7 +12,6 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
@@ -21,6 +19,7 @@ import (
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // selector is how inspect and forget name a record, and the keys that open
@@ -137,39 +136,14 @@ func mustHex(digits string) []byte {
 	return b
 }
 
-// record is one row of the store's table, with the database's now().
-type record struct {
-	key         store.Key
-	fingerprint []byte
-	state       string // in_progress or completed
-	token       int64
-	created     time.Time
-	leaseEnd    time.Time
-	expires     time.Time
-	outcome     []byte
-	now         time.Time
-}
-
 // leaseLive reports whether the record is in progress under a lease that has
 // not ended: a call may still be running it.
-func (r *record) leaseLive() bool { return r.state == "in_progress" && r.leaseEnd.After(r.now) }
+func leaseLive(r *postgres.Record) bool { return r.State == "in_progress" && r.LeaseEnd.After(r.Now) }
 
 // expired reports whether the store counts the record as absent, as its
 // Sweep does: its retention has passed and it holds no live lease.
-func (r *record) expired() bool {
-	return !r.expires.After(r.now) && (r.state == "completed" || !r.leaseEnd.After(r.now))
-}
-
-const recordColumns = `key, fingerprint, state, token, created_at, lease_end, expires_at, outcome, now()`
-
-func scanRecord(row pgx.Row) (*record, error) {
-	var (
-		r   record
-		key []byte
-	)
-	err := row.Scan(&key, &r.fingerprint, &r.state, &r.token, &r.created, &r.leaseEnd, &r.expires, &r.outcome, &r.now)
-	copy(r.key[:], key)
-	return &r, err
+func expired(r *postgres.Record) bool {
+	return !r.Expires.After(r.Now) && (r.State == "completed" || !r.LeaseEnd.After(r.Now))
 }
 
 // match is one record a hash prefix matched, for the list of an ambiguous one.
@@ -183,19 +157,12 @@ type match struct {
 const maxMatches = 20
 
 // find reads the one record r names.
-func (e *env) find(ctx context.Context, r keyRange) (*record, error) {
-	if err := e.checkTable(ctx); err != nil {
-		return nil, err
-	}
-	var rows pgx.Rows
+func (e *env) find(ctx context.Context, r keyRange) (*postgres.Record, error) {
+	hi := r.hi
 	if r.exact {
-		rows, _ = e.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+e.table.sql("")+` WHERE key = $1`, r.lo)
-	} else {
-		// A range, not a pattern, so that the primary key finds it.
-		rows, _ = e.pool.Query(ctx, `SELECT `+recordColumns+` FROM `+e.table.sql("")+`
-			WHERE key >= $1 AND ($2::bytea IS NULL OR key < $2) ORDER BY key LIMIT $3`, r.lo, r.hi, maxMatches+1)
+		hi = append(r.lo[:len(r.lo):len(r.lo)], 0) // the next key after r.lo
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (*record, error) { return scanRecord(row) })
+	recs, err := e.store.Records(ctx, r.lo, hi, maxMatches+1)
 	switch {
 	case err != nil:
 		return nil, err
@@ -204,7 +171,7 @@ func (e *env) find(ctx context.Context, r keyRange) (*record, error) {
 	case len(recs) > 1:
 		ce := &cmdError{code: exitUsage, kind: "ambiguous"}
 		for _, rec := range recs[:min(len(recs), maxMatches)] {
-			ce.matches = append(ce.matches, match{hex.EncodeToString(rec.key[:]), rec.state, rec.created})
+			ce.matches = append(ce.matches, match{hex.EncodeToString(rec.Key[:]), rec.State, rec.Created})
 		}
 		more := ""
 		if len(recs) > maxMatches {
@@ -213,7 +180,7 @@ func (e *env) find(ctx context.Context, r keyRange) (*record, error) {
 		ce.message = fmt.Sprintf("hash prefix %s matches %s%d records: give more of the hash", hex.EncodeToString(r.lo), more, len(ce.matches))
 		return nil, ce
 	}
-	return recs[0], nil
+	return &recs[0], nil
 }
 
 // view is a record as inspect and forget print it.
@@ -253,22 +220,22 @@ type outcome struct {
 	Error      string   `json:"error,omitempty"` // why it is unreadable
 }
 
-func newView(r *record, keys opener) *view {
+func newView(r *postgres.Record, keys opener) *view {
 	v := &view{
-		Hash:        hex.EncodeToString(r.key[:]),
-		Scope:       r.key.String(),
-		State:       r.state,
-		Token:       r.token,
-		Created:     r.created.UTC(),
-		LeaseEnd:    r.leaseEnd.UTC(),
-		LeaseLive:   r.leaseLive(),
-		Expires:     r.expires.UTC(),
-		Expired:     r.expired(),
-		Now:         r.now.UTC(),
-		Fingerprint: hex.EncodeToString(r.fingerprint[:min(len(r.fingerprint), 8)]),
+		Hash:        hex.EncodeToString(r.Key[:]),
+		Scope:       r.Key.String(),
+		State:       r.State,
+		Token:       r.Token,
+		Created:     r.Created.UTC(),
+		LeaseEnd:    r.LeaseEnd.UTC(),
+		LeaseLive:   leaseLive(r),
+		Expires:     r.Expires.UTC(),
+		Expired:     expired(r),
+		Now:         r.Now.UTC(),
+		Fingerprint: hex.EncodeToString(r.Fingerprint[:min(len(r.Fingerprint), 8)]),
 	}
-	if r.outcome != nil {
-		v.Outcome = readOutcome(r.key, r.outcome, keys)
+	if r.Outcome != nil {
+		v.Outcome = readOutcome(r.Key, r.Outcome, keys)
 	}
 	return v
 }
@@ -462,7 +429,7 @@ func forgetCommand() command {
 			if err != nil {
 				return nil, err
 			}
-			return e.forget(ctx, rec.key, force, keys)
+			return e.forget(ctx, rec.Key, force, keys)
 		},
 		human: func(w io.Writer, result any) {
 			f := result.(*forgotten)
@@ -475,34 +442,19 @@ func forgetCommand() command {
 	}
 }
 
-// forget deletes the record of key in one statement that also decides
-// whether it may, so that a call that reserves the key meanwhile is never
-// deleted unseen.
+// forget deletes the record of key (postgres.Store.Forget), unless it is in
+// progress under a live lease and not force.
 func (e *env) forget(ctx context.Context, key store.Key, force bool, keys opener) (*forgotten, error) {
-	t := e.table.sql("")
-	for range 3 {
-		rec, err := scanRecord(e.pool.QueryRow(ctx, `DELETE FROM `+t+`
-			WHERE key = $1 AND (state = 'completed' OR lease_end <= now() OR $2)
-			RETURNING `+recordColumns, key[:], force))
-		if err == nil {
-			return &forgotten{Forgot: true, Forced: rec.leaseLive(), Record: newView(rec, keys)}, nil
-		}
-		if !errors.Is(err, pgx.ErrNoRows) {
-			return nil, err
-		}
-		// Not deleted: absent, or in progress under a live lease. Read which;
-		// if it changed in between, decide again.
-		rec, err = scanRecord(e.pool.QueryRow(ctx, `SELECT `+recordColumns+` FROM `+t+` WHERE key = $1`, key[:]))
-		switch {
-		case errors.Is(err, pgx.ErrNoRows):
-			return nil, &cmdError{code: exitNotFound, kind: "not_found", message: "no such record"}
-		case err != nil:
-			return nil, err
-		case rec.leaseLive():
-			return nil, &cmdError{code: exitRefused, kind: "refused", message: fmt.Sprintf(
-				"record %s is in progress under a live lease, which ends %s: its call may still be running; wait for the lease to end, or use -force",
-				rec.key, when(rec.leaseEnd.UTC(), rec.now))}
-		}
+	rec, deleted, err := e.store.Forget(ctx, key, force)
+	switch {
+	case err != nil:
+		return nil, err
+	case deleted:
+		return &forgotten{Forgot: true, Forced: leaseLive(&rec), Record: newView(&rec, keys)}, nil
+	case rec.State == "":
+		return nil, &cmdError{code: exitNotFound, kind: "not_found", message: "no such record"}
 	}
-	return nil, errors.New("the record kept changing: try again")
+	return nil, &cmdError{code: exitRefused, kind: "refused", message: fmt.Sprintf(
+		"record %s is in progress under a live lease, which ends %s: its call may still be running; wait for the lease to end, or use -force",
+		rec.Key, when(rec.LeaseEnd.UTC(), rec.Now))}
 }

@@ -5,10 +5,10 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -40,34 +40,21 @@ func statsCommand() command {
 			if err := e.checkTable(ctx); err != nil {
 				return nil, err
 			}
-			t := e.table.sql("")
-			s := &stats{Table: e.table.given, Indexes: []index{}}
-			var (
-				oldest *time.Time
-				now    time.Time
-			)
-			// One scan of the table; "expired" is the store's Sweep condition.
-			err := e.pool.QueryRow(ctx, `SELECT
-				count(*) FILTER (WHERE state = 'completed'),
-				count(*) FILTER (WHERE state = 'in_progress'),
-				count(*) FILTER (WHERE state = 'in_progress' AND lease_end > now()),
-				count(*) FILTER (WHERE expires_at <= now() AND (state = 'completed' OR lease_end <= now())),
-				min(created_at) FILTER (WHERE state = 'in_progress' AND lease_end > now()),
-				now(),
-				pg_total_relation_size($1::regclass),
-				pg_relation_size($1::regclass)
-				FROM `+t, t).Scan(&s.Completed, &s.InProgress, &s.InProgressLive, &s.Expired, &oldest, &now, &s.TotalBytes, &s.TableBytes)
+			st, err := e.store.Stats(ctx)
 			if err != nil {
 				return nil, err
 			}
-			if oldest != nil {
-				age := now.Sub(*oldest).Seconds()
+			s := &stats{Table: e.table, Completed: st.Completed, InProgress: st.InProgress, InProgressLive: st.InProgressLive,
+				Expired: st.Expired, TotalBytes: st.TotalBytes, TableBytes: st.TableBytes, Indexes: []index{}}
+			if !st.OldestLive.IsZero() {
+				age := st.Now.Sub(st.OldestLive).Seconds()
 				s.OldestLiveInProgress = &age
 			}
-			rows, _ := e.pool.Query(ctx, `SELECT i.indexrelid::regclass::text, pg_relation_size(i.indexrelid)
-				FROM pg_index i WHERE i.indrelid = $1::regclass ORDER BY 1`, t)
-			s.Indexes, err = pgx.CollectRows(rows, pgx.RowToStructByPos[index])
-			return s, err
+			for name, size := range st.Indexes {
+				s.Indexes = append(s.Indexes, index{name, size})
+			}
+			slices.SortFunc(s.Indexes, func(a, b index) int { return strings.Compare(a.Name, b.Name) })
+			return s, nil
 		},
 		human: func(w io.Writer, result any) {
 			s := result.(*stats)
@@ -118,7 +105,7 @@ func sweepCommand() command {
 			if err := e.checkTable(ctx); err != nil {
 				return nil, err
 			}
-			pst, err := postgres.New(e.pool, postgres.WithTable(e.table.given))
+			pst, err := postgres.New(e.pool, postgres.WithTable(e.table))
 			if err != nil {
 				return nil, err
 			}

@@ -26,14 +26,15 @@
 // only while its tenant holds nothing else.
 //
 // At a bound, expired records go first; if there is still no room, Reserve of
-// a new key returns store.ErrFull (the interceptor answers ResourceExhausted,
-// reason IDEMPOTENCY_STORE_FULL, and the handler does not run). Replays of
-// recorded keys go on working. A reservation without a MaxOutcome (0) sets
-// room aside for store.SmallOutcome bytes only; Complete of a larger outcome
-// with no room left then returns store.ErrFull (the interceptor records a
-// short Internal instead). Measured on a flood of unique keys and of large
-// replies, the heap of a process stays within about three times WithMaxBytes
-// above its size before (see TestFloodStaysBounded).
+// a new key returns store.ErrFull (the engine answers StoreFull: over gRPC
+// ResourceExhausted, reason IDEMPOTENCY_STORE_FULL; the handler does not
+// run). Replays of recorded keys go on working. A reservation without a
+// MaxOutcome (0) sets room aside for store.SmallOutcome bytes only; Complete
+// of a larger outcome with no room left then returns store.ErrFull (the
+// engine records the entry point's short stand-in instead: over gRPC,
+// Internal). Measured on a flood of unique keys and of large replies, the
+// heap of a process stays within about three times WithMaxBytes above its
+// size before (see TestFloodStaysBounded).
 //
 // # Tenants
 //
@@ -125,18 +126,35 @@ func (r *record) removableAt() time.Time {
 }
 
 // Option configures a Store.
-type Option func(*Store)
+type Option func(*options)
+
+// options are New's settings, before New clamps them.
+type options struct {
+	now        func() time.Time
+	maxRecords int
+	maxBytes   int64
+	share      float64
+}
+
+// defaultOptions are copied by every New before its options apply, so that
+// no Option can change another store's defaults.
+var defaultOptions = options{
+	now:        time.Now,
+	maxRecords: DefaultMaxRecords,
+	maxBytes:   DefaultMaxBytes,
+	share:      DefaultTenantShare,
+}
 
 // WithClock makes the store read the time from now instead of time.Now, so
-// tests can move time forward without sleeping.
+// tests can move time forward without sleeping. A nil now keeps time.Now.
 func WithClock(now func() time.Time) Option {
-	return func(s *Store) { s.now = now }
+	return func(o *options) { o.now = now }
 }
 
 // WithMaxRecords bounds the number of records, expired ones included until
 // they are deleted (DefaultMaxRecords if n < 1).
 func WithMaxRecords(n int) Option {
-	return func(s *Store) { s.maxRecords = n }
+	return func(o *options) { o.maxRecords = n }
 }
 
 // WithMaxBytes bounds the bytes the records count (DefaultMaxBytes if n < 1):
@@ -144,7 +162,7 @@ func WithMaxRecords(n int) Option {
 // or, while its call runs, may hold (store.Reservation.MaxOutcome). A bound
 // below what one record needs is raised to that.
 func WithMaxBytes(n int64) Option {
-	return func(s *Store) { s.maxBytes = n }
+	return func(o *options) { o.maxBytes = n }
 }
 
 // WithTenantShare bounds what the records of one tenant may hold, as a
@@ -153,29 +171,50 @@ func WithMaxBytes(n int64) Option {
 // one of 0 or less keeps the default. A tenant may always hold at least one
 // record. Calls without a tenant are bounded by the whole store alone.
 func WithTenantShare(fraction float64) Option {
-	return func(s *Store) { s.share = fraction }
+	return func(o *options) { o.share = fraction }
 }
 
-// New returns an empty store.
-func New(opts ...Option) *Store {
-	s := &Store{now: time.Now, records: make(map[store.Key]*record), parts: make(map[store.Partition]*usage)}
+// newOptions copies the defaults, applies opts, and clamps each setting
+// into its range.
+func newOptions(opts []Option) options {
+	o := defaultOptions
 	for _, opt := range opts {
-		opt(s)
+		opt(&o)
 	}
-	if s.maxRecords < 1 {
-		s.maxRecords = DefaultMaxRecords
+	if o.now == nil {
+		o.now = time.Now
 	}
-	if s.maxBytes < 1 {
-		s.maxBytes = DefaultMaxBytes
+	if o.maxRecords < 1 {
+		o.maxRecords = DefaultMaxRecords
 	}
-	s.maxBytes = max(s.maxBytes, recordCost)
-	if !(s.share > 0) { // NaN too
-		s.share = DefaultTenantShare
+	if o.maxBytes < 1 {
+		o.maxBytes = DefaultMaxBytes
 	}
-	s.share = min(s.share, 1)
-	s.partRecords = max(int(s.share*float64(s.maxRecords)), 1)
-	s.partBytes = max(int64(s.share*float64(s.maxBytes)), recordCost)
-	return s
+	o.maxBytes = max(o.maxBytes, recordCost)
+	if !(o.share > 0) { // NaN too
+		o.share = DefaultTenantShare
+	}
+	o.share = min(o.share, 1)
+	return o
+}
+
+// New returns an empty store. Unlike postgres.New and redis.New it returns
+// no error: every option clamps a value out of its range (see each) rather
+// than refuse it, so there is nothing to report, and the memory store's
+// New is called bare in hundreds of tests and examples, which an error
+// would make two lines each.
+func New(opts ...Option) *Store {
+	o := newOptions(opts)
+	return &Store{
+		now:         o.now,
+		maxRecords:  o.maxRecords,
+		maxBytes:    o.maxBytes,
+		share:       o.share,
+		partRecords: max(int(o.share*float64(o.maxRecords)), 1),
+		partBytes:   max(int64(o.share*float64(o.maxBytes)), recordCost),
+		records:     make(map[store.Key]*record),
+		parts:       make(map[store.Partition]*usage),
+	}
 }
 
 // cost is what a completed record with outcome counts against the byte bounds.

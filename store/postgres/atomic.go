@@ -21,7 +21,7 @@ import (
 // Querier is what a handler in atomic mode reads and writes through: the
 // call's transaction. Its methods are pgx's, so it fits sqlc's DBTX and most
 // query helpers, and a *pgxpool.Pool or pgx.Tx is one too. The transaction
-// itself has no Commit or Rollback: the interceptor ends it together with the
+// itself has no Commit or Rollback: the engine ends it together with the
 // record. Like a pgx connection, it is for one goroutine at a time, and it
 // fails once the handler has returned.
 type Querier interface {
@@ -43,8 +43,8 @@ func TxFromContext(ctx context.Context) (tx Querier, ok bool) {
 	return tx, ok
 }
 
-// ContextWithTx returns ctx carrying tx, for TxFromContext: the interceptor
-// uses it in atomic mode, and code that calls a handler outside gRPC (a test,
+// ContextWithTx returns ctx carrying tx, for TxFromContext: the store's
+// Tx.HandlerContext uses it in atomic mode, and code that calls a handler outside gRPC (a test,
 // a batch job) can use it to run the handler in a transaction of its own.
 func ContextWithTx(ctx context.Context, tx Querier) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)

@@ -121,7 +121,7 @@ func BenchmarkStoreVsBaseline(b *testing.B) {
 	b.ReportMetric(ns[4]/ns[2], "find/baseline")
 }
 
-// find is the replay of a call that gRPC marks as a retry: the interceptor
+// find is the replay of a call that gRPC marks as a retry: the engine
 // asks Find first.
 func find(ctx context.Context, st *postgres.Store, key store.Key) error {
 	res, found, err := st.Find(ctx, key)
@@ -273,7 +273,7 @@ func BenchmarkReserveScale(b *testing.B) {
 // interceptor), and behind the interceptor on this store in two-phase and in
 // atomic mode, each as a first call (a new key), as a replay, and as a
 // replay and a first call that gRPC marks as a retry (AttemptsMetadata),
-// which the interceptor looks up first. Every call checks that it was, or was
+// which the engine looks up first. Every call checks that it was, or was
 // not, a replay. It reports
 // each one's time and its ratio to bare: what idemkey adds to a call.
 func BenchmarkInterceptor(b *testing.B) {
@@ -292,7 +292,7 @@ func BenchmarkInterceptor(b *testing.B) {
 	atomic := serve(grpctest.Interceptor(st, interceptor.WithAtomic()))
 	// call calls CreateCharge on client with the recorded key "replayed", or
 	// with a new key of its own if op names one, marked as a later attempt of
-	// gRPC's retry policy if retry is set (the interceptor then looks the
+	// gRPC's retry policy if retry is set (the engine then looks the
 	// record up first: store.Finder), and fails unless the reply is a replay
 	// exactly when it should be.
 	run := idemkey.NewKey()

@@ -17,7 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkey/idemkey/internal/pause"
+	"github.com/idemkey/idemkey/store"
 )
 
 //go:embed migrations/*.sql
@@ -303,7 +303,7 @@ func (s *Store) checkSchema(ms []migration) error {
 	err := query()
 	// A database starting up, restarting or failing over is given the
 	// store's timeout to answer.
-	for wait := retryPause; connectionLost(err) && pause.For(ctx, wait); wait = min(2*wait, maxRetryPause) {
+	for wait := retryPause; connectionLost(err) && store.Pause(ctx, wait); wait = min(2*wait, maxRetryPause) {
 		err = query()
 	}
 	if err != nil {

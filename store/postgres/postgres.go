@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -551,7 +550,7 @@ func (s *Store) write(ctx context.Context, op, sql string, key store.Key, token 
 			return nil
 		case serializationFailure(err) && attempt < maxAttempts:
 			continue
-		case connectionLost(err) && pause.For(ctx, wait):
+		case connectionLost(err) && store.Pause(ctx, wait):
 			unsure = unsure || !pgconn.SafeToRetry(err)
 			wait = min(2*wait, maxRetryPause)
 			continue

@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemkey/idemkey/internal/pause"
 	"github.com/idemkey/idemkey/internal/waitset"
 	"github.com/idemkey/idemkey/store"
 )
@@ -185,7 +184,7 @@ func (s *Store) Listen(ctx context.Context) error {
 		s.opts.logger.LogAttrs(ctx, level, "idemkey postgres: Listen has no connection; until it listens again, a duplicate waiting on a running call is answered by polling",
 			slog.Any("error", s.translate(ctx, "listen", err)))
 		level = slog.LevelDebug
-		if !pause.For(ctx, wait) {
+		if !store.Pause(ctx, wait) {
 			break
 		}
 		wait = min(2*wait, listenRetry)

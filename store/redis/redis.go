@@ -425,7 +425,7 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stor
 		// The primary moved (a failover, a resharding) or did not answer:
 		// the script ran nowhere, or took effect unseen, which a retry finds
 		// as a reservation in progress or an identical record.
-		if s.cluster == nil || !redirected(err) || !pauseFor(ctx, wait) || attempt == 10 {
+		if s.cluster == nil || !redirected(err) || !store.Pause(ctx, wait) || attempt == 10 {
 			return nil, s.translate(ctx, op, err)
 		}
 		s.cluster.ReloadState(ctx)
@@ -527,23 +527,4 @@ func (s *Store) translate(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("idemkey redis: %s: %w: timeout", op, store.ErrUnavailable)
 	}
 	return fmt.Errorf("idemkey redis: %s: %w: no connection to the server", op, store.ErrUnavailable)
-}
-
-// pauseFor waits d, and reports false if ctx ends first, or would within d,
-// so that the retry loop gives up rather than start an attempt it cannot
-// finish. (The core's internal/pause does the same for store/postgres; a
-// module of its own imports none of the core's internal packages, which a
-// newer core chosen by version selection could change.)
-func pauseFor(ctx context.Context, d time.Duration) bool {
-	if deadline, ok := ctx.Deadline(); ok && time.Until(deadline) <= d {
-		return false
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -160,7 +160,7 @@ return {1, token, '', '', 0, expires, redis.call('INCR', KEYS[3])}
 // lease lost. A repeat of a Complete that took effect (same token and
 // outcome) answers recorded again: go-redis sends a command again after a
 // connection error, and a Complete whose replicas did not confirm in time is
-// tried again by the interceptor. The repeat raises the counter too, so that
+// tried again by the engine. The repeat raises the counter too, so that
 // the WAIT after it (on this connection) covers the first's write.
 var completeScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e', 'w')

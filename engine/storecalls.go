@@ -1,0 +1,102 @@
+package engine
+
+import (
+	"context"
+
+	"github.com/idemkey/idemkey/store"
+)
+
+// The engine's store calls, each measured. With a sealer (WithSealer), the
+// outcomes they write are sealed and those they read opened (seal.go); the
+// time measured is the store's alone.
+
+func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
+	r = e.roomFor(r)
+	sctx, t := e.obs.startStore(ctx, opReserve)
+	res, err := e.store.Reserve(sctx, r)
+	t.end(ctx, err)
+	if err != nil {
+		return res, err
+	}
+	return e.opened(r.Key, &r.Fingerprint, res)
+}
+
+func (e *Engine) find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
+	sctx, t := e.obs.startStore(ctx, opFind)
+	res, found, err := e.finder.Find(sctx, key)
+	t.end(ctx, err)
+	if err != nil || !found {
+		return res, found, err
+	}
+	res, err = e.opened(key, nil, res)
+	return res, err == nil, err
+}
+
+func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
+	r = e.roomFor(r)
+	sctx, t := e.obs.startStore(ctx, opBegin)
+	res, tx, err := e.atomic.Begin(sctx, r)
+	t.end(ctx, err)
+	if err != nil {
+		return res, tx, err
+	}
+	if tx != nil && e.sealer() != nil {
+		tx = sealingTx{Tx: tx, e: e, key: r.Key}
+	}
+	res, err = e.opened(r.Key, &r.Fingerprint, res)
+	return res, tx, err
+}
+
+// commit seals the outcome in c.tx's Commit (sealingTx), whose time it counts.
+func (e *Engine) commit(ctx context.Context, c *call, outcome []byte, keepWrites bool) error {
+	sctx, t := e.obs.startStore(ctx, opCommit)
+	err := c.tx.Commit(sctx, outcome, keepWrites)
+	t.end(ctx, err)
+	c.noteWrite(len(outcome), err)
+	return err
+}
+
+// complete and storeRelease detach the write from the caller's cancellation
+// (see call.record), after the span lookup, which costs an allocation on a
+// detached context.
+func (e *Engine) complete(ctx context.Context, c *call, outcome []byte) error {
+	size := len(outcome) // for the hooks: the entry point's encoding, as replays get it
+	outcome, err := e.sealOutcome(c.key, outcome)
+	if err == nil {
+		sctx, t := e.obs.startStore(ctx, opComplete)
+		err = e.store.Complete(context.WithoutCancel(sctx), c.key, c.token, outcome)
+		t.end(ctx, err)
+	}
+	c.noteWrite(size, err)
+	return err
+}
+
+func (e *Engine) storeRelease(ctx context.Context, c *call) error {
+	sctx, t := e.obs.startStore(ctx, opRelease)
+	err := e.store.Release(context.WithoutCancel(sctx), c.key, c.token)
+	t.end(ctx, err)
+	return err
+}
+
+// The batch's store calls, each measured.
+
+func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
+	sctx, t := e.obs.startStore(ctx, opBeginBatch)
+	res, tx, err := e.batchStore.BeginBatch(sctx, rs)
+	t.end(ctx, err)
+	return res, tx, err
+}
+
+func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
+	sctx, t := e.obs.startStore(ctx, opReserveBatch)
+	res, err := e.batchReserver.ReserveBatch(sctx, rs)
+	t.end(ctx, err)
+	return res, err
+}
+
+func (e *Engine) commitBatch(ctx context.Context, tx store.BatchTx) error {
+	sctx, t := e.obs.startStore(ctx, opCommitBatch)
+	err := tx.Commit(context.WithoutCancel(sctx))
+	t.end(ctx, err)
+	return err
+}
