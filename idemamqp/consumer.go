@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/store"
 )
 
 // Handler processes one message. In atomic mode ctx carries the store's
@@ -182,24 +183,11 @@ func (c *Consumer) Settle(ctx context.Context, d amqp.Delivery, res consumer.Res
 	case consumer.Reject:
 		err = d.Reject(false)
 	default:
-		wait(ctx, res.Delay)
+		store.Pause(ctx, res.Delay) // the delay, unless ctx ends first or would within it
 		err = d.Nack(false, true)
 	}
 	if err != nil {
 		c.core.Warn(ctx, "acknowledging a message failed; RabbitMQ redelivers it once its channel is closed", err)
-	}
-}
-
-// wait returns after d, or when ctx is done.
-func wait(ctx context.Context, d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/store"
 )
 
 // NextBatch polls the client for the next batch of at most n records
@@ -122,20 +123,13 @@ func (c *Consumer) ProcessBatch(ctx context.Context, rs []*kgo.Record) []consume
 }
 
 // waitRetry waits out the longest delay of the pending results, and says
-// whether ctx is still live.
+// whether ctx is still live, and will be after it (store.Pause).
 func (c *Consumer) waitRetry(ctx context.Context, results []consumer.Result, pending []int) bool {
 	var d time.Duration
 	for _, i := range pending {
 		d = max(d, results[i].Delay)
 	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
+	return store.Pause(ctx, d)
 }
 
 // attempt sets results[i], for each i of pending, to the outcome of the
