@@ -64,7 +64,11 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# WithDiscardDeadLetters and DiscardsDeadLetters, so that no message is
 	@# acknowledged as dead-lettered with nowhere to go; ErrPanicked; Cause,
 	@# the one safe wording of a failure, which idemkafka's own replaced).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 422 -max-shared 25
+	@# Issue 46 lowered it to 412 and the shared names to 23: protokey's
+	@# adapter kit went to protokey/rpckit, which apisize counts apart (see
+	@# its kitPackages), and Reason and RetryDelay, once in interceptor and
+	@# idemconnect each, are the root package's.
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 412 -max-shared 23
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
