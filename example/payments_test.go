@@ -92,7 +92,7 @@ func testInvalidRequestReleasesKey(t *testing.T, b backend) {
 		{CustomerId: "cus_1", Amount: 0, Currency: "EUR"},
 		{CustomerId: "cus_1", Amount: 100, Currency: "eur"},
 	} {
-		if _, err := client.CreateCharge(ctx, bad, interceptor.UseKey(key)); status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != "" {
+		if _, err := client.CreateCharge(ctx, bad, interceptor.UseKey(key)); status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != "" {
 			t.Errorf("%v: %v, want the service's InvalidArgument", bad, err)
 		}
 	}

@@ -18,7 +18,6 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -120,7 +119,7 @@ func testReplicasBehaveAsOne(t *testing.T, atomic bool) {
 	ctx, cancel := context.WithTimeout(withKey("acme", key), engine.DefaultInProgressWait+2*time.Second)
 	defer cancel()
 	_, err := b.CreateCharge(ctx, req)
-	if status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+	if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate on replica B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	if n := countCharges(t, pool); atomic && n != 0 {

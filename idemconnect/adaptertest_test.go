@@ -104,13 +104,13 @@ func serveConformance(t *testing.T, cfg adaptertest.Config, clientOpts ...connec
 		}
 		resp, err := client.CallUnary(ctx, req)
 		if err != nil {
-			reply := adaptertest.Reply{Status: int(connect.CodeOf(err)), Reason: idemconnect.Reason(err)}
+			reply := adaptertest.Reply{Status: int(connect.CodeOf(err)), Reason: idemkey.Reason(err)}
 			var ce *connect.Error
 			if errors.As(err, &ce) {
 				reply.Body, reply.Replayed = ce.Message(), idemkey.ParseReplayed(ce.Meta().Values(idemkey.ReplayedHeader))
 				reply.Expires = strings.Join(ce.Meta().Values(idemkey.ExpiresHeader), ",")
 			}
-			reply.RetryAfter, _ = idemconnect.RetryDelay(err)
+			reply.RetryAfter, _ = idemkey.RetryDelay(err)
 			return reply
 		}
 		return adaptertest.Reply{OK: true, Body: resp.Msg.GetId(), Replayed: idemkey.ParseReplayed(resp.Header().Values(idemkey.ReplayedHeader)),

@@ -9,8 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/protokey"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
 // NewClientInterceptor returns an interceptor for Connect clients that
@@ -38,12 +38,15 @@ import (
 // the protobuf registry does not know fails every call with Internal, naming
 // it: a typo would otherwise leave the procedure's calls without keys.
 func NewClientInterceptor(opts ...ProcedureOption) connect.Interceptor {
-	o := newClientOptions(opts)
-	return &client{procs: &procedures{cov: o.coverage}, err: checkProcedures(o.coverage, nil)}
+	var cov rpckit.Coverage
+	for _, opt := range opts {
+		opt.applyClient(&cov)
+	}
+	return &client{procs: rpckit.NewMethods(cov, nil, ""), err: rpckit.Check(cov, naming, false, nil)}
 }
 
 type client struct {
-	procs *procedures
+	procs *rpckit.Methods
 	err   error // of the options
 }
 
@@ -55,15 +58,15 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if cl.err != nil {
 			return nil, connect.NewError(connect.CodeInternal, cl.err)
 		}
-		p := cl.procs.get(req.Spec())
-		if !p.covered {
+		p := procedure(cl.procs, req.Spec())
+		if !p.Covered {
 			return next(ctx, req)
 		}
 		h := req.Header()
 		var ctxSent time.Time // the context's first-sent time, sent only with its key
 		switch vs := h[idemkey.KeyHeader]; len(vs) {
 		case 0:
-			if msg, ok := req.Any().(proto.Message); ok && p.keyField != nil && protokey.KeyFromField(msg, p.keyField) != "" {
+			if msg, ok := req.Any().(proto.Message); ok && p.KeyField != nil && protokey.KeyFromField(msg, p.KeyField) != "" {
 				break // the request carries its own key
 			}
 			key, sent, ok := idemkey.KeyFromContext(ctx)
@@ -74,14 +77,12 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 				return nil, err
 			}
 			h[idemkey.KeyHeader] = []string{idemkey.FormatKey(key)}
-		case 1:
-			key, err := idemkey.ParseKey(vs[0])
+		default:
+			key, _, err := rpckit.TransportKey(vs, false)
 			if err != nil {
-				return nil, invalidKeyError(err.(*idemkey.KeyError).Problem)
+				return nil, toError(rpckit.InvalidKey(err))
 			}
 			vs[0] = idemkey.FormatKey(key) // the same key, as the strict form
-		default:
-			return nil, invalidKeyError("it was sent more than once")
 		}
 		if err := setFirstSent(h, ctxSent); err != nil {
 			return nil, err
@@ -106,11 +107,11 @@ func setFirstSent(h http.Header, ctxSent time.Time) *connect.Error {
 	case 1:
 		t, err := idemkey.ParseDate(vs[0])
 		if err != nil {
-			return firstSentInvalidError(&engine.FirstSentError{Problem: "it is not an HTTP date"})
+			return firstSentInvalidError("it is not an HTTP date")
 		}
 		vs[0] = idemkey.FormatDate(t) // the same time, as an IMF-fixdate
 	default:
-		return firstSentInvalidError(&engine.FirstSentError{Problem: "it was sent more than once"})
+		return firstSentInvalidError("it was sent more than once")
 	}
 	return nil
 }
@@ -121,4 +122,11 @@ func (cl *client) WrapStreamingClient(next connect.StreamingClientFunc) connect.
 
 func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// firstSentInvalidError is the InvalidArgument error for a first-sent time
+// that is malformed or sent more than once; problem says which and must not
+// quote the value.
+func firstSentInvalidError(problem string) *connect.Error {
+	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: "+problem))
 }

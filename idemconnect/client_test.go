@@ -113,7 +113,7 @@ func TestClientInterceptor(t *testing.T) {
 			{ctx, spaced},
 		} {
 			err := send(tc.ctx, tc.req)
-			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyInvalid ||
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid ||
 				strings.Contains(err.Error(), "kkkk") || strings.Contains(err.Error(), "has space") {
 				t.Errorf("got %v; want InvalidArgument, IDEMPOTENCY_KEY_INVALID, not quoting the key", err)
 			}
@@ -234,7 +234,7 @@ func TestClientFirstSent(t *testing.T) {
 		twice.Header().Add(idemkey.FirstSentHeader, idemkey.FormatDate(time.Now()))
 		for _, req := range []*chargeRequest{bad, twice} {
 			err := send(ctx, req)
-			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonFirstSentInvalid ||
+			if connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonFirstSentInvalid ||
 				strings.Contains(err.Error(), "secret") {
 				t.Errorf("got %v; want InvalidArgument, IDEMPOTENCY_FIRST_SENT_INVALID, not quoting the value", err)
 			}
@@ -298,7 +298,7 @@ func TestKeyExpires(t *testing.T) {
 			<-started
 			_, err = client.CallUnary(idemkey.ContextWithKey(ctx, key+"-blocked"), connect.NewRequest(blocked.Msg))
 			ce := (*connect.Error)(nil)
-			if !errors.As(err, &ce) || idemconnect.Reason(err) != idemkey.ReasonInProgress {
+			if !errors.As(err, &ce) || idemkey.Reason(err) != idemkey.ReasonInProgress {
 				t.Fatalf("duplicate: %v, want in progress", err)
 			}
 			if got, ok := idemkey.ParseExpires(ce.Meta().Values(idemkey.ExpiresHeader)); !ok || got.Sub(exp) < 0 || got.Sub(exp) > time.Minute {
@@ -314,7 +314,7 @@ func TestKeyExpires(t *testing.T) {
 			// has no record: refused, not run.
 			_, err = client.CallUnary(idemkey.ContextWithKeyFirstSent(ctx, key+"-stale", time.Now().Add(-2*retention)),
 				connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: 100}))
-			if connect.CodeOf(err) != connect.CodeFailedPrecondition || idemconnect.Reason(err) != idemkey.ReasonKeyExpired {
+			if connect.CodeOf(err) != connect.CodeFailedPrecondition || idemkey.Reason(err) != idemkey.ReasonKeyExpired {
 				t.Fatalf("stale retry: %v; want FailedPrecondition, IDEMPOTENCY_KEY_EXPIRED", err)
 			}
 			if errors.As(err, &ce) {

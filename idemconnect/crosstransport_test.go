@@ -15,7 +15,6 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -112,11 +111,11 @@ func TestCrossTransport(t *testing.T) {
 	t.Run("reused across transports", func(t *testing.T) {
 		other := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 200, Currency: "EUR"}
 		_, err := call(ctx, connectClient, "k1", other)
-		if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyReused {
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
 			t.Errorf("Connect, key of a gRPC call, another request: %v, want reused", err)
 		}
 		_, err = grpcClient.CreateCharge(withKey("k2"), other)
-		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyReused {
+		if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
 			t.Errorf("gRPC, key of a Connect call, another request: %v, want reused", err)
 		}
 		runs.wantRuns(t, 4)

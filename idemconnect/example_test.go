@@ -24,11 +24,11 @@ func ExampleNewServerInterceptor() {
 	if err != nil {
 		panic(err)
 	}
+	runs := 0
 	idem, err := idemconnect.NewServerInterceptor(eng)
 	if err != nil {
 		panic(err)
 	}
-	runs := 0
 	mux := http.NewServeMux()
 	const procedure = "/example.payments.v1.PaymentService/CreateCharge"
 	mux.Handle(procedure, connect.NewUnaryHandler(procedure,

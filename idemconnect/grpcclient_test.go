@@ -62,13 +62,13 @@ func TestGRPCClientOfConnectServer(t *testing.T) {
 
 	var trailer metadata.MD
 	_, err := plain.CreateCharge(ctx, req, grpc.Trailer(&trailer))
-	if status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+	if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate: %v; want Aborted, in progress", err)
 	}
 	if got := trailer.Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != "20" {
 		t.Errorf("pushback trailer %q, want [20]", got)
 	}
-	if d, ok := interceptor.RetryDelay(err); !ok || d != 20*time.Millisecond {
+	if d, ok := idemkey.RetryDelay(err); !ok || d != 20*time.Millisecond {
 		t.Errorf("RetryDelay %v, %v; want 20ms", d, ok)
 	}
 

@@ -52,11 +52,11 @@ func TestKeyField(t *testing.T) {
 		}
 	}
 	_, err = call(t.Context(), client, "another-key", req(100, id))
-	if connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyInvalid {
+	if connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid {
 		t.Fatalf("header and request_id differing: %v, want %s", err, idemkey.ReasonKeyInvalid)
 	}
 	_, err = call(t.Context(), client, "", req(200, id))
-	if idemconnect.Reason(err) != idemkey.ReasonKeyReused {
+	if idemkey.Reason(err) != idemkey.ReasonKeyReused {
 		t.Fatalf("request_id reused: %v, want %s", err, idemkey.ReasonKeyReused)
 	}
 	runs.wantRuns(t, 1)

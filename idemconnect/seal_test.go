@@ -20,26 +20,17 @@ import (
 	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
+	"github.com/idemkey/idemkey/internal/sealtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
-
-func testRing(t *testing.T, primary byte) *seal.KeyRing {
-	t.Helper()
-	r, err := seal.NewKeyRing(bytes.Repeat([]byte{primary}, seal.KeySize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // A sealed record made over gRPC replays over Connect, and the reverse,
 // with the same key ring: the record format is shared, sealed or not.
 func TestSealedCrossTransport(t *testing.T) {
 	st := memory.New()
-	ring := testRing(t, 1)
+	ring := sealtest.Ring(t, 1)
 	runs := &counter{}
 	eng := newEngine(t, st, engine.WithTenant(acme), engine.WithSealer(ring)) // one engine for both entry points
 	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
@@ -139,16 +130,16 @@ func TestRedactionThatPanics(t *testing.T) {
 func TestUnopenedRecord(t *testing.T) {
 	st := memory.New()
 	runs := &counter{}
-	writer := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(testRing(t, 1))))))
-	reader := serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(testRing(t, 2)), engine.WithLogger(nil))))
+	writer := newChargeClient(t, serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(sealtest.Ring(t, 1))))))
+	reader := serve(t, runs.handle, newInterceptor(t, newEngine(t, st, engine.WithSingleTenant(), engine.WithSealer(sealtest.Ring(t, 2)), engine.WithLogger(nil))))
 	req := &paymentsv1.CreateChargeRequest{Amount: 100}
 	if _, err := call(t.Context(), writer, "k1", req); err != nil {
 		t.Fatal(err)
 	}
 	for _, opts := range [][]connect.ClientOption{nil, {connect.WithGRPC()}, {connect.WithGRPCWeb()}, {connect.WithProtoJSON()}} {
 		_, err := call(t.Context(), newChargeClient(t, reader, opts...), "k1", req)
-		if connect.CodeOf(err) != connect.CodeUnavailable || idemconnect.Reason(err) != idemkey.ReasonStoreUnavailable {
-			t.Fatalf("got %v (reason %q), want Unavailable, %s", err, idemconnect.Reason(err), idemkey.ReasonStoreUnavailable)
+		if connect.CodeOf(err) != connect.CodeUnavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
+			t.Fatalf("got %v (reason %q), want Unavailable, %s", err, idemkey.Reason(err), idemkey.ReasonStoreUnavailable)
 		}
 		var ce *connect.Error
 		if errors.As(err, &ce) && idemkey.ParseReplayed(ce.Meta().Values(idemkey.ReplayedHeader)) {

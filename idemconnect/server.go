@@ -3,17 +3,15 @@ package idemconnect
 import (
 	"context"
 	"errors"
-	"fmt"
-	"log/slog"
 	"net/http"
+	"strconv"
 	"time"
 
 	"connectrpc.com/connect"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/protokey"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -32,17 +30,14 @@ import (
 // that the protobuf registry does not know (or, for WithAtomicProcedures,
 // that is not covered).
 func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Interceptor, error) {
-	if eng == nil {
-		return nil, errors.New("idemkey: NewServerInterceptor needs an engine: engine.New(store, engine.WithTenant(...))")
+	o := rpckit.NewSettings[FingerprintFunc, RedactFunc]()
+	for _, opt := range opts {
+		opt.applyServer(o)
 	}
-	o := newOptions(opts)
-	if err := checkProcedures(o.coverage, o.atomic); err != nil {
+	if err := rpckit.Check(o.Coverage, naming, true, eng); err != nil {
 		return nil, err
 	}
-	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomicAll || len(o.atomic) > 0}); err != nil {
-		return nil, err
-	}
-	return &server{eng: eng, opts: o, procs: &procedures{cov: o.coverage, atomicAll: o.atomicAll, atomic: o.atomic, eng: eng}}, nil
+	return &server{eng: eng, opts: o, procs: rpckit.NewMethods(o.Coverage, eng, "connectrpc")}, nil
 }
 
 // server translates Connect calls into the engine's request path and back:
@@ -51,7 +46,7 @@ func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Intercept
 type server struct {
 	eng   *engine.Engine
 	opts  *options
-	procs *procedures
+	procs *rpckit.Methods
 }
 
 func (s *server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
@@ -59,12 +54,12 @@ func (s *server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		if req.Spec().IsClient {
 			return next(ctx, req)
 		}
-		p := s.procs.get(req.Spec())
-		if !p.covered {
+		p := procedure(s.procs, req.Spec())
+		if !p.Covered {
 			return next(ctx, req)
 		}
 		x := &exchange{s: s, ctx: ctx, req: req, p: p, next: next}
-		s.eng.Serve(ctx, p.op, x)
+		s.eng.Serve(ctx, p.Op, x)
 		return x.resp, x.err
 	}
 }
@@ -91,7 +86,7 @@ type exchange struct {
 	s    *server
 	ctx  context.Context
 	req  connect.AnyRequest
-	p    *procedure
+	p    *rpckit.Method
 	next connect.UnaryFunc
 
 	resp connect.AnyResponse
@@ -111,31 +106,18 @@ func (x *exchange) FirstSent() []string { return x.req.Header()[idemkey.FirstSen
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.req.Header())} }
 
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
-	p := x.p
-	if p.output == nil {
-		return store.Fingerprint{}, internalError("idemkey: the procedure is not in the protobuf registry, so its replies cannot be replayed")
+	fp, st, err := x.p.Fingerprint(ctx, x.s.eng.Logger(), x.req.Any(), x.s.opts.Fingerprint, isConnectError)
+	if st != nil {
+		return fp, toError(st)
 	}
-	msg, ok := x.req.Any().(proto.Message)
-	if !ok {
-		return store.Fingerprint{}, internalError("idemkey: the request is not a protobuf message")
-	}
-	var fp store.Fingerprint
-	var err error
-	if x.s.opts.fingerprint == nil {
-		fp, err = protokey.HashRequestWithout(p.name, msg, p.keyField)
-	} else {
-		fp, err = x.s.opts.fingerprint(p.name, msg)
-	}
-	if err != nil {
-		if ce := (*connect.Error)(nil); errors.As(err, &ce) {
-			return fp, err
-		}
-		// The FingerprintFunc's own words may quote the request.
-		x.s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: fingerprint failed", slog.String("operation", p.name),
-			slog.String("error", fmt.Sprintf("an error of type %T (its words are not logged: they may quote the request)", err)))
-		return fp, internalError("idemkey: the request could not be fingerprinted")
-	}
-	return fp, nil
+	return fp, err
+}
+
+// isConnectError reports whether err is a *connect.Error, which goes to the
+// caller as it is.
+func isConnectError(err error) bool {
+	ce := (*connect.Error)(nil)
+	return errors.As(err, &ce)
 }
 
 // Run runs the handler, keeping the allow-listed headers and trailers it
@@ -143,8 +125,8 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	var k *kept
 	info, _ := connect.CallInfoForHandlerContext(ctx)
-	if len(x.s.opts.replayed) > 0 {
-		k = newKept(x.s.opts.replayed, info)
+	if len(x.s.opts.Replayed) > 0 {
+		k = newKept(x.s.opts.Replayed, info)
 	}
 	resp, err := x.next(ctx, x.req)
 	if k != nil {
@@ -162,21 +144,16 @@ func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 		}
 	}
 	if err == nil && resp == nil {
-		err = internalError("idemkey: the handler returned no response and no error")
+		err = toError(rpckit.Internal("idemkey: the handler returned no response and no error"))
 	}
 	x.resp, x.err = resp, err
-	raw, record, encodeErr := encodeOutcome(x.ctx, x.p.name, resp, err, x.s.opts.recorded, k, x.s.opts.redact)
+	raw, record, encodeErr := x.encode(k)
 	return engine.HandlerResult{Record: raw, Release: !record && encodeErr == nil, KeepWrites: err == nil, Unrecordable: encodeErr}
 }
 
 func (x *exchange) StandIn(why error) []byte {
-	switch {
-	case errors.Is(why, engine.ErrTooLarge):
-		return tooLarge
-	case errors.Is(why, store.ErrFull):
-		return noRoom
-	}
-	return unrecordable
+	raw, _ := rpckit.StandIn(why)
+	return raw
 }
 
 func (x *exchange) Pass(ctx context.Context) int {
@@ -189,91 +166,50 @@ func (x *exchange) Answer(_ context.Context, a engine.Answer) int {
 	return int(codeOf(x.err))
 }
 
-// answer is the response and error of a.
+// answer is the response and error of a. idemkey's own errors carry the
+// call's expiry in their metadata: headers with Connect's protocol,
+// trailers with gRPC's, as the gRPC interceptor sends it.
 func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
-	ctx := x.ctx
 	switch a.Verdict {
 	case engine.Executed:
 		if a.StandIn != nil {
-			return nil, withExpires(standInError(a.StandIn), a.Expires)
+			_, st := rpckit.StandIn(a.StandIn)
+			return nil, withExpires(toError(st), a.Expires)
 		}
-		tellExpires(ctx, a.Expires, x.resp, x.err)
+		tellExpires(x.ctx, a.Expires, x.resp, x.err)
 		return x.resp, x.err
 	case engine.Replayed:
 		return x.replay(a)
+	case engine.KeyInvalid, engine.Refused:
+		return nil, a.Err // the key's, the TenantFunc's own, unchanged, or the fingerprint's, already a *connect.Error
+	}
+	err := toError(rpckit.Refusal(x.ctx, a, "set the "+idemkey.KeyHeader+" header to one random key per operation"))
+	switch a.Verdict {
 	case engine.InProgress:
-		return nil, withExpires(inProgressError(a.RetryAfter), a.Expires)
+		// Retry-After in whole seconds (at least one) for HTTP clients, and
+		// the pushback in milliseconds for gRPC's retry policy.
+		err.Meta()[retryAfterHeader] = []string{strconv.FormatInt(ceilDiv(a.RetryAfter, time.Second, 1), 10)}
+		err.Meta()[pushbackHeader] = []string{strconv.FormatInt(ceilDiv(a.RetryAfter, time.Millisecond, 0), 10)}
+		return nil, withExpires(err, a.Expires)
 	case engine.Reused:
-		return nil, withExpires(reusedKeyError(), a.Expires)
-	case engine.KeyMissing:
-		return nil, missingKeyError()
-	case engine.KeyInvalid:
-		return nil, a.Err // requestKey's, already a *connect.Error
-	case engine.Refused:
-		return nil, a.Err // the TenantFunc's own, unchanged, or the fingerprint's, already a *connect.Error
-	case engine.Expired:
-		return nil, keyExpiredError()
-	case engine.FirstSentInvalid:
-		return nil, firstSentInvalidError(a.Err)
-	case engine.StoreFull:
-		return nil, storeFullError(a.RetryAfter)
+		return nil, withExpires(err, a.Expires)
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, connect.NewError(connect.Code(statusOf(err).Code), err)
-	}
-	return nil, storeUnavailableError()
-}
-
-// standInError is the Internal answered with the stand-in recorded in
-// place of a reply that cannot be recorded (why: Exchange.StandIn's), with
-// the stand-in's message.
-func standInError(why error) *connect.Error {
-	switch {
-	case errors.Is(why, engine.ErrTooLarge):
-		return internalError(tooLargeMsg)
-	case errors.Is(why, store.ErrFull):
-		return internalError(noRoomMsg)
-	}
-	return internalError(unrecordableMsg)
+	return nil, err
 }
 
 // requestKey returns the call's idempotency key: from the header, or from
 // the request's key field (WithKeyField), which must then agree with the
 // header if that carries one too.
-func requestKey(req connect.AnyRequest, p *procedure) (string, bool, *connect.Error) {
-	key, ok, err := keyFromHeader(req.Header())
-	if err != nil || p.keyField == nil {
-		return key, ok, err
+func requestKey(req connect.AnyRequest, p *rpckit.Method) (string, bool, *connect.Error) {
+	h := req.Header()
+	key, ok, err := rpckit.TransportKey(h[idemkey.KeyHeader], len(h[idemkey.KeyHeader+"-Bin"]) > 0)
+	if err == nil {
+		key, ok, err = p.Key(key, ok, req.Any())
 	}
-	msg, _ := req.Any().(proto.Message)
-	key, ok, ferr := protokey.RequestKey(key, ok, msg, p.keyField)
-	if ferr != nil {
-		return "", false, invalidKeyError(ferr.(*idemkey.KeyError).Problem)
+	if err != nil {
+		return "", false, toError(rpckit.InvalidKey(err))
 	}
 	return key, ok, nil
-}
-
-// keyFromHeader returns the idempotency key of h, read by idemkey.ParseKey
-// as every entry point reads it, over each of Connect's protocols. ok is
-// false when h carries none. A key that is malformed, sent more than once
-// (two header lines, or two gRPC metadata values) or sent as binary metadata
-// is an error that never quotes the key.
-func keyFromHeader(h http.Header) (key string, ok bool, err *connect.Error) {
-	if len(h[idemkey.KeyHeader+"-Bin"]) > 0 {
-		return "", false, invalidKeyError("it was sent as binary metadata")
-	}
-	switch vs := h[idemkey.KeyHeader]; len(vs) {
-	case 0:
-		return "", false, nil
-	case 1:
-		key, err := idemkey.ParseKey(vs[0])
-		if err != nil {
-			return "", false, invalidKeyError(err.(*idemkey.KeyError).Problem)
-		}
-		return key, true, nil
-	default:
-		return "", false, invalidKeyError("it was sent more than once")
-	}
 }
 
 // retried reports whether gRPC's retry policy marks the call as a later
@@ -321,27 +257,26 @@ func withExpires(err *connect.Error, expires time.Time) *connect.Error {
 // too, where grpc-go clients look for it; an error by its metadata, which
 // Connect sends as headers with its own protocol and as trailers with gRPC's.
 func (x *exchange) replay(a engine.Answer) (connect.AnyResponse, error) {
-	ctx, s, p := x.ctx, x.s, x.p
-	rec, err := decodeOutcome(a.Outcome, p.output)
-	if err != nil {
-		s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome is corrupt",
-			slog.String("operation", p.name), slog.Any("error", err))
-		return nil, internalError("idemkey: the recorded outcome of this call cannot be read")
+	ctx, s := x.ctx, x.s
+	rec, st := x.p.Read(ctx, s.eng.Logger(), a.Outcome)
+	if st != nil {
+		return nil, toError(st)
 	}
-	// The allow-list of today applies, not the one the record was made under.
-	if rec.err != nil {
+	header, trailer := rpckit.Allowed(rec.Header, s.opts.Replayed), rpckit.Allowed(rec.Trailer, s.opts.Replayed)
+	if rec.Status != nil {
+		err := toError(rec.Status)
 		if info, ok := connect.CallInfoForHandlerContext(ctx); ok {
-			addEntries(info.ResponseHeader(), rec.header, s.opts.replayed)
+			addEntries(info.ResponseHeader(), header)
 		} else {
-			addEntries(rec.err.Meta(), rec.header, s.opts.replayed)
+			addEntries(err.Meta(), header)
 		}
-		addEntries(rec.err.Meta(), rec.trailer, s.opts.replayed)
-		rec.err.Meta()[idemkey.ReplayedHeader] = []string{"true"}
-		return nil, withExpires(rec.err, a.Expires)
+		addEntries(err.Meta(), trailer)
+		err.Meta()[idemkey.ReplayedHeader] = []string{"true"}
+		return nil, withExpires(err, a.Expires)
 	}
-	resp := connect.NewResponse(&replayedMessage{rec.resp})
-	addEntries(resp.Header(), rec.header, s.opts.replayed)
-	addEntries(resp.Trailer(), rec.trailer, s.opts.replayed)
+	resp := connect.NewResponse(&replayedMessage{rec.Response})
+	addEntries(resp.Header(), header)
+	addEntries(resp.Trailer(), trailer)
 	resp.Header()[idemkey.ReplayedHeader] = []string{"true"}
 	setExpires(resp.Header(), a.Expires)
 	if protocol := x.req.Peer().Protocol; protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb {

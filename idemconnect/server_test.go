@@ -79,7 +79,7 @@ func TestInProgressRetryAfter(t *testing.T) {
 
 	_, err := call(t.Context(), client, "k1", req)
 	ce := new(connect.Error)
-	if !asConnectError(err, &ce) || ce.Code() != connect.CodeAborted || idemconnect.Reason(err) != idemkey.ReasonInProgress {
+	if !asConnectError(err, &ce) || ce.Code() != connect.CodeAborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate: %v, want Aborted in progress", err)
 	}
 	// The lease of a call without a deadline is a minute, so the wait is the
@@ -90,7 +90,7 @@ func TestInProgressRetryAfter(t *testing.T) {
 	if got := ce.Meta().Get("Grpc-Retry-Pushback-Ms"); got != "1500" {
 		t.Errorf("pushback = %q, want 1500", got)
 	}
-	if d, ok := idemconnect.RetryDelay(err); !ok || d != 1500*time.Millisecond {
+	if d, ok := idemkey.RetryDelay(err); !ok || d != 1500*time.Millisecond {
 		t.Errorf("RetryDelay = %v, %v; want 1.5s", d, ok)
 	}
 
@@ -210,7 +210,7 @@ func TestTenantRefusal(t *testing.T) {
 	_, err := call(t.Context(), client, "k1", req)
 	var ce *connect.Error
 	if !errors.As(err, &ce) || ce.Code() != connect.CodePermissionDenied || ce.Message() != "account suspended" ||
-		ce.Meta().Get("X-Account-State") != "suspended" || idemconnect.Reason(err) != "" {
+		ce.Meta().Get("X-Account-State") != "suspended" || idemkey.Reason(err) != "" {
 		t.Errorf("got %v, want the TenantFunc's PermissionDenied, whole", err)
 	}
 	// bearerTenant's own, for a call without credentials.

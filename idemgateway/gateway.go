@@ -13,7 +13,6 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/idemhttp"
-	"github.com/idemkey/idemkey/interceptor"
 )
 
 // Option configures ServeMuxOptions.
@@ -204,7 +203,7 @@ func values(md runtime.ServerMetadata, key string) []string {
 func handleError(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 		setReplyHeaders(ctx, w.Header())
-		reason := interceptor.Reason(err)
+		reason := idemkey.Reason(err)
 		code, ok := reasonStatus[reason]
 		if !ok {
 			next(ctx, mux, m, w, r, err)
@@ -226,7 +225,7 @@ func handleError(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 				detail = err.Error() // never quotes the key
 			}
 		}
-		retryAfter, _ := interceptor.RetryDelay(err)
+		retryAfter, _ := idemkey.RetryDelay(err)
 		idemhttp.WriteProblem(w, code, reason, detail, retryAfter)
 	}
 }

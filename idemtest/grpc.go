@@ -131,13 +131,13 @@ func (a *grpcAttempt) read(ctx context.Context) Try {
 		Replayed: idemkey.ParseReplayed(a.trailer.Get(idemkey.ReplayedMetadata)),
 		NoAnswer: a.err != nil && (ctx.Err() != nil || ownDeadline(ctx, st.Code() == codes.DeadlineExceeded)),
 	}
-	out.Reason = interceptor.Reason(a.err)
+	out.Reason = idemkey.Reason(a.err)
 	if a.err == nil {
 		out.Reply = prototext.Format(a.reply)
 	}
 	if out.Reason == idemkey.ReasonInProgress {
 		out.InProgress = true
-		out.RetryAfter, _ = interceptor.RetryDelay(a.err)
+		out.RetryAfter, _ = idemkey.RetryDelay(a.err)
 	}
 	return out
 }

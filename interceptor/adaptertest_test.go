@@ -102,12 +102,12 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 		var header, trailer metadata.MD
 		charge, err := client.CreateCharge(metadata.NewOutgoingContext(ctx, md),
 			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Header(&header), grpc.Trailer(&trailer))
-		reply := adaptertest.Reply{OK: err == nil, Replayed: idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), Reason: interceptor.Reason(err),
+		reply := adaptertest.Reply{OK: err == nil, Replayed: idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), Reason: idemkey.Reason(err),
 			Expires: strings.Join(append(header.Get(idemkey.ExpiresMetadata), trailer.Get(idemkey.ExpiresMetadata)...), ", ")}
 		if err != nil {
 			st := status.Convert(err)
 			reply.Status, reply.Body = int(st.Code()), st.Message()
-			reply.RetryAfter, _ = interceptor.RetryDelay(err)
+			reply.RetryAfter, _ = idemkey.RetryDelay(err)
 			return reply
 		}
 		reply.Body = charge.GetId()

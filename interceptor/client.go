@@ -11,6 +11,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/protokey"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
 // UnaryClientInterceptor returns a client interceptor that attaches an
@@ -38,16 +39,19 @@ import (
 // Like UnaryServerInterceptor, it returns an error if WithIncludedMethods or
 // WithExcludedMethods names a method the protobuf registry does not know.
 func UnaryClientInterceptor(opts ...MethodOption) (grpc.UnaryClientInterceptor, error) {
-	o := newClientOptions(opts)
-	if err := checkMethods(o); err != nil {
+	var cov rpckit.Coverage
+	for _, opt := range opts {
+		opt.applyClient(&cov)
+	}
+	if err := rpckit.Check(cov, naming, false, nil); err != nil {
 		return nil, err
 	}
-	ms := &methods{opts: o}
+	ms := rpckit.NewMethods(cov, nil, "")
 	return func(ctx context.Context, fullMethod string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, callOpts ...grpc.CallOption) error {
 		expiry, callOpts := keyExpiry(callOpts)
 		use, callOpts, used := lastOption[keyOption](callOpts)
-		m := ms.get(fullMethod)
-		if !m.covered { // UseKey's and idemkey.ContextWithKey's keys are for covered methods
+		m := ms.Get(fullMethod, nil, false)
+		if !m.Covered { // UseKey's and idemkey.ContextWithKey's keys are for covered methods
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
 		var err error
@@ -77,7 +81,7 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 // metadata: those already there, checked, or else those of
 // idemkey.ContextWithKey, or else a new key and now. A first-sent time there
 // in an obsolete form of HTTP date goes as the IMF-fixdate of its time.
-func withKey(ctx context.Context, m *method, req any) (context.Context, error) {
+func withKey(ctx context.Context, m *rpckit.Method, req any) (context.Context, error) {
 	md, _ := metadata.FromOutgoingContext(ctx) // a copy
 	key, firstSent, fromContext := idemkey.KeyFromContext(ctx)
 	switch {
@@ -117,9 +121,9 @@ func withKey(ctx context.Context, m *method, req any) (context.Context, error) {
 
 // carriesKey reports whether req carries its own key in m's key field
 // (WithKeyField).
-func carriesKey(m *method, req any) bool {
+func carriesKey(m *rpckit.Method, req any) bool {
 	msg, ok := req.(proto.Message)
-	return ok && m.keyField != nil && protokey.KeyFromField(msg, m.keyField) != ""
+	return ok && m.KeyField != nil && protokey.KeyFromField(msg, m.KeyField) != ""
 }
 
 // UseKey is a call option that sends key as the call's idempotency key, for

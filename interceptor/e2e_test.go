@@ -104,7 +104,7 @@ func TestE2EDuplicateConvergesThroughRetry(t *testing.T) {
 	if got := trailer.Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != "20" {
 		t.Errorf("pushback trailer = %q, want [20]", got)
 	}
-	if delay, ok := interceptor.RetryDelay(err); !ok || delay != 20*time.Millisecond {
+	if delay, ok := idemkey.RetryDelay(err); !ok || delay != 20*time.Millisecond {
 		t.Errorf("RetryInfo = %v, %v; want 20ms", delay, ok)
 	}
 	if len(header) != 0 {
@@ -281,7 +281,7 @@ func TestE2EBadKeys(t *testing.T) {
 	} {
 		ctx := metadata.AppendToOutgoingContext(context.Background(), append(pairs, "tenant", "acme")...)
 		_, err := e.plain.CreateCharge(ctx, request(100))
-		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyInvalid {
+		if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid {
 			t.Errorf("%s: got %v, want InvalidArgument %s", name, err, idemkey.ReasonKeyInvalid)
 		}
 	}
@@ -307,7 +307,7 @@ func TestE2EMissingKeyThroughGateway(t *testing.T) {
 	} {
 		ctx := metadata.AppendToOutgoingContext(context.Background(), append(tc.pairs, "tenant", "acme")...)
 		_, err := e.plain.CreateCharge(ctx, request(100))
-		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyMissing || !strings.Contains(status.Convert(err).Message(), tc.names) {
+		if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyMissing || !strings.Contains(status.Convert(err).Message(), tc.names) {
 			t.Errorf("%s: %v; want InvalidArgument %s naming %q", tc.name, err, idemkey.ReasonKeyMissing, tc.names)
 		}
 	}

@@ -25,7 +25,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	"github.com/idemkey/idemkey/internal/logtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -212,7 +211,7 @@ func TestStoreFull(t *testing.T) {
 	}
 	_, _, err = d.create(t, "key-3", request(3))
 	wantReason(t, err, codes.ResourceExhausted, idemkey.ReasonStoreFull)
-	if delay, ok := interceptor.RetryDelay(err); !ok || delay != engine.DefaultMaxRetryAfter {
+	if delay, ok := idemkey.RetryDelay(err); !ok || delay != engine.DefaultMaxRetryAfter {
 		t.Errorf("RetryInfo = %v, %v; want %v", delay, ok, engine.DefaultMaxRetryAfter)
 	}
 	replay, ts, err = d.create(t, "key-1", request(1))
@@ -256,7 +255,7 @@ func TestStoreFullFloodOfLargeReplies(t *testing.T) {
 	// fails the test.
 	refused := func(what string, err error) bool {
 		t.Helper()
-		if status.Code(err) == codes.ResourceExhausted && interceptor.Reason(err) == idemkey.ReasonStoreFull {
+		if status.Code(err) == codes.ResourceExhausted && idemkey.Reason(err) == idemkey.ReasonStoreFull {
 			return true
 		}
 		t.Errorf("%s: %v; want its reply or ResourceExhausted (%s)", what, err, idemkey.ReasonStoreFull)

@@ -111,7 +111,7 @@ func TestClientRefusesBadFirstSent(t *testing.T) {
 	} {
 		ctx := metadata.AppendToOutgoingContext(context.Background(), append(pairs, "tenant", "acme")...)
 		_, err := e.client.CreateCharge(ctx, request(100))
-		if status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonFirstSentInvalid {
+		if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonFirstSentInvalid {
 			t.Errorf("%s: got %v, want InvalidArgument %s", name, err, idemkey.ReasonFirstSentInvalid)
 		}
 	}

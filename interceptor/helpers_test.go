@@ -169,7 +169,7 @@ func wantReason(t *testing.T, err error, code codes.Code, reason string) {
 	if got := status.Code(err); got != code {
 		t.Fatalf("code = %v, want %v (err: %v)", got, code, err)
 	}
-	if got := interceptor.Reason(err); got != reason {
+	if got := idemkey.Reason(err); got != reason {
 		t.Fatalf("reason = %q, want %q (err: %v)", got, reason, err)
 	}
 }

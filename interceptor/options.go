@@ -2,12 +2,12 @@ package interceptor
 
 import (
 	"context"
-	"strings"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey/protokey/rpckit"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -21,83 +21,56 @@ type Option interface{ applyServer(*options) }
 // where a request carries its key. The client interceptor takes only these.
 type MethodOption interface {
 	Option
-	applyClient(*coverage)
+	applyClient(*rpckit.Coverage)
 }
 
 type serverOption func(*options)
 
 func (f serverOption) applyServer(o *options) { f(o) }
 
-type methodOption func(*coverage)
+type methodOption func(*rpckit.Coverage)
 
-func (f methodOption) applyServer(o *options)  { f(&o.coverage) }
-func (f methodOption) applyClient(c *coverage) { f(c) }
+func (f methodOption) applyServer(o *options)         { f(&o.Coverage) }
+func (f methodOption) applyClient(c *rpckit.Coverage) { f(c) }
 
 // FingerprintFunc hashes the parts of a request that make it "the same
 // request". The default is protokey.HashRequest.
 type FingerprintFunc func(fullMethod string, req proto.Message) (store.Fingerprint, error)
 
-// coverage is what both interceptors read: the methods forced in or out,
-// and the request field that carries the key.
-type coverage struct {
-	included map[string]bool
-	excluded map[string]bool
-	keyField *string // WithKeyField, WithAnnotatedKeyField; nil: none
-}
-
 // options is shared by every call of one server interceptor; it is never
-// modified after construction.
-type options struct {
-	coverage
-	fingerprint FingerprintFunc // nil: protokey's, without the key field
-	recorded    map[codes.Code]bool
-	replayed    map[string]bool // metadata keys replayed from the record
-	atomicAll   bool
-	atomic      map[string]bool
-	redact      RedactFunc
-}
-
-// defaultRecorded are the error codes whose outcome is final: a retry would
-// get the same answer, so it gets the recorded one. Every other code releases
-// the key.
-var defaultRecorded = []codes.Code{
-	codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
-	codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss,
-}
+// modified after construction: the settings the Connect adapter has too,
+// and this adapter's fingerprint and redaction.
+type options = rpckit.Settings[FingerprintFunc, RedactFunc]
 
 func newOptions(opts []Option) *options {
-	o := &options{recorded: codeSet(defaultRecorded)}
+	o := rpckit.NewSettings[FingerprintFunc, RedactFunc]()
 	for _, opt := range opts {
 		opt.applyServer(o)
 	}
 	return o
 }
 
-func newClientOptions(opts []MethodOption) *options {
-	o := &options{}
-	for _, opt := range opts {
-		opt.applyClient(&o.coverage)
-	}
-	return o
-}
+// naming is how the errors of rpckit.Check name this adapter's options.
+var naming = rpckit.Naming{Constructor: "UnaryServerInterceptor", Included: "WithIncludedMethods",
+	Excluded: "WithExcludedMethods", Atomic: "WithAtomicMethods", Method: "method"}
 
 // WithIncludedMethods covers the given methods ("/package.Service/Method")
 // whatever their idempotency_level says.
 func WithIncludedMethods(fullMethods ...string) MethodOption {
-	return methodOption(func(c *coverage) { c.included = addAll(c.included, fullMethods...) })
+	return methodOption(func(c *rpckit.Coverage) { c.Included = rpckit.Add(c.Included, fullMethods...) })
 }
 
 // WithExcludedMethods leaves the given methods uncovered: they pass through
 // untouched. It wins over WithIncludedMethods.
 func WithExcludedMethods(fullMethods ...string) MethodOption {
-	return methodOption(func(c *coverage) { c.excluded = addAll(c.excluded, fullMethods...) })
+	return methodOption(func(c *rpckit.Coverage) { c.Excluded = rpckit.Add(c.Excluded, fullMethods...) })
 }
 
 // WithFingerprint replaces Fingerprint, for example to leave out a field the
 // client sets anew on every attempt, such as a timestamp. An error that is a
 // gRPC status goes to the caller as it is; any other becomes Internal.
 func WithFingerprint(f FingerprintFunc) Option {
-	return serverOption(func(o *options) { o.fingerprint = f })
+	return serverOption(func(o *options) { o.Fingerprint = f })
 }
 
 // WithKeyField takes the idempotency key from the request field name too,
@@ -114,14 +87,14 @@ func WithFingerprint(f FingerprintFunc) Option {
 // records made before no longer match them: a retry that spans the change
 // is refused as reused. Give it to servers and clients alike.
 func WithKeyField(name string) MethodOption {
-	return methodOption(func(c *coverage) { c.keyField = &name })
+	return methodOption(func(c *rpckit.Coverage) { c.KeyField = &name })
 }
 
 // WithAnnotatedKeyField is WithKeyField for the field AIP-155 describes: a
 // request_id annotated (google.api.field_info).format = UUID4 (AIP-202), in
 // every covered method whose request has one.
 func WithAnnotatedKeyField() MethodOption {
-	return methodOption(func(c *coverage) { c.keyField = new(string) })
+	return methodOption(func(c *rpckit.Coverage) { c.KeyField = new(string) })
 }
 
 // WithRecordedCodes sets the error codes whose outcome is recorded and
@@ -130,7 +103,7 @@ func WithAnnotatedKeyField() MethodOption {
 // NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
 // Internal, Unknown and DataLoss.
 func WithRecordedCodes(cs ...codes.Code) Option {
-	return serverOption(func(o *options) { o.recorded = codeSet(cs) })
+	return serverOption(func(o *options) { o.Recorded = rpckit.CodeSet(cs...) })
 }
 
 // WithReplayedMetadata records the header and trailer metadata the handler
@@ -143,11 +116,7 @@ func WithRecordedCodes(cs ...codes.Code) Option {
 // list a header that belongs to one caller, such as a cookie or anything
 // derived from the caller's credentials.
 func WithReplayedMetadata(keys ...string) Option {
-	return serverOption(func(o *options) {
-		for _, k := range keys {
-			o.replayed = addAll(o.replayed, strings.ToLower(k))
-		}
-	})
+	return serverOption(func(o *options) { o.Replay(keys) })
 }
 
 // Reply is what is recorded of a call, and replayed to its retries, as a
@@ -189,7 +158,7 @@ type RedactFunc func(ctx context.Context, fullMethod string, reply *Reply)
 // Sealing (WithSealer) protects what is recorded; redaction decides what
 // is: use both for a reply that carries secrets.
 func WithRedaction(f RedactFunc) Option {
-	return serverOption(func(o *options) { o.redact = f })
+	return serverOption(func(o *options) { o.Redact = f })
 }
 
 // WithAtomic runs every covered method in atomic mode; WithAtomicMethods
@@ -230,29 +199,11 @@ func WithRedaction(f RedactFunc) Option {
 //     the store bounds how many (postgres.WithAtomicConns), so that
 //     replays and reservations still find one.
 func WithAtomic() Option {
-	return serverOption(func(o *options) { o.atomicAll = true })
+	return serverOption(func(o *options) { o.AtomicAll = true })
 }
 
 // WithAtomicMethods runs the given methods ("/package.Service/Method") in
 // atomic mode; see WithAtomic.
 func WithAtomicMethods(fullMethods ...string) Option {
-	return serverOption(func(o *options) { o.atomic = addAll(o.atomic, fullMethods...) })
-}
-
-func codeSet(cs []codes.Code) map[codes.Code]bool {
-	set := make(map[codes.Code]bool, len(cs))
-	for _, c := range cs {
-		set[c] = true
-	}
-	return set
-}
-
-func addAll(set map[string]bool, items ...string) map[string]bool {
-	if set == nil {
-		set = make(map[string]bool, len(items))
-	}
-	for _, it := range items {
-		set[it] = true
-	}
-	return set
+	return serverOption(func(o *options) { o.Atomic = rpckit.Add(o.Atomic, fullMethods...) })
 }

@@ -1,178 +1,82 @@
 package interceptor
 
 import (
-	"context"
-	"errors"
-	"maps"
-	"slices"
 	"strings"
 	"sync"
 
 	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/idemkey/idemkey/internal/redaction"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
-	"github.com/idemkey/idemkey/protokey"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
-// encodeOutcome turns a handler's result into the bytes a store records.
-// record is false when the result must be released instead. With redact,
-// what is recorded is a copy of the result as redact left it; the caller
-// keeps the result itself. An error means nothing can be recorded (the
-// caller records an Internal in its place).
-func encodeOutcome(ctx context.Context, method string, resp any, herr error, recorded map[codes.Code]bool, r *recorder, redact RedactFunc) (raw []byte, record bool, err error) {
+// encode turns the handler's result into the bytes a store records. record
+// is false when the result must be released instead. With a redaction,
+// what is recorded is a copy of the result as it left it; the caller keeps
+// the result itself. An error means nothing can be recorded (the caller
+// records an Internal in its place).
+func (x *exchange) encode() (raw []byte, record bool, err error) {
+	resp, herr, o := x.resp, x.err, x.s.opts
+	var st *idemkeyv1.Status
 	if herr != nil {
-		if st := statusOf(herr); st.Code() == codes.OK || !recorded[st.Code()] {
+		if st = statusOf(herr); !o.Records(st.Code) {
 			return nil, false, nil
 		}
 	}
-	var out *idemkeyv1.Outcome // the kept metadata; nil, as for most calls, without any
-	if redact != nil {
-		reply, err := redacted(ctx, method, resp, herr, r, redact)
-		if err != nil {
+	msg, _ := resp.(proto.Message)
+	var header, trailer []*idemkeyv1.MetadataEntry
+	switch {
+	case o.Redact != nil:
+		reply := &Reply{Err: herr}
+		var name protoreflect.FullName
+		if herr == nil && msg != nil {
+			reply.Response, name = proto.Clone(msg), msg.ProtoReflect().Descriptor().FullName()
+		}
+		if r := x.rec; r != nil {
+			r.mu.Lock()
+			reply.Header, reply.Trailer = r.header.Copy(), r.trailer.Copy()
+			r.mu.Unlock()
+		}
+		if err := rpckit.Redact(herr, name, &reply.Err, &reply.Response, func() { o.Redact(x.ctx, x.m.Name, reply) }); err != nil {
 			return nil, false, err
 		}
-		resp, herr = reply.Response, reply.Err
-		out = withMetadata(toEntries(reply.Header), toEntries(reply.Trailer))
-	} else if r != nil {
-		out = withMetadata(r.entries())
-	}
-	if herr != nil {
-		if out == nil {
-			out = &idemkeyv1.Outcome{}
+		msg, st = reply.Response, nil
+		if reply.Err != nil {
+			st = statusOf(reply.Err)
 		}
-		raw, err = encodeStatus(statusOf(herr), out)
-		return raw, err == nil, err
+		header, trailer = rpckit.Entries(reply.Header), rpckit.Entries(reply.Trailer)
+	case x.rec != nil:
+		x.rec.mu.Lock()
+		header, trailer = rpckit.Entries(x.rec.header), rpckit.Entries(x.rec.trailer)
+		x.rec.mu.Unlock()
 	}
-	msg, ok := resp.(proto.Message)
-	if !ok || msg == nil {
-		return nil, false, errors.New("the response is not a protobuf message")
-	}
-	raw, err = protokey.EncodeResponse(msg, out)
+	raw, err = rpckit.Encode(msg, st, header, trailer)
 	return raw, err == nil, err
 }
 
-// withMetadata is an Outcome that holds header and trailer; nil if both
-// are empty, so that a record without metadata allocates no Outcome.
-func withMetadata(header, trailer []*idemkeyv1.MetadataEntry) *idemkeyv1.Outcome {
-	if len(header) == 0 && len(trailer) == 0 {
-		return nil
+// statusOf is the status gRPC sends for a handler's error, as the record
+// holds it: a context error, even wrapped, is Canceled or DeadlineExceeded
+// rather than Unknown.
+func statusOf(err error) *idemkeyv1.Status {
+	st, ok := status.FromError(err)
+	if !ok {
+		st = status.FromContextError(err)
 	}
-	return &idemkeyv1.Outcome{Header: header, Trailer: trailer}
-}
-
-// redacted is the Reply that redact leaves of a copy of the handler's
-// result. A panic in redact is an error, so that the handler's key is not
-// released: the handler has run.
-func redacted(ctx context.Context, method string, resp any, herr error, r *recorder, redact RedactFunc) (*Reply, error) {
-	reply := &Reply{Err: herr}
-	var name protoreflect.FullName
-	if herr == nil {
-		msg, ok := resp.(proto.Message)
-		if !ok || msg == nil {
-			return nil, errors.New("the response is not a protobuf message")
-		}
-		reply.Response, name = proto.Clone(msg), msg.ProtoReflect().Descriptor().FullName()
-	}
-	if r != nil {
-		r.mu.Lock()
-		reply.Header, reply.Trailer = r.header.Copy(), r.trailer.Copy()
-		r.mu.Unlock()
-	}
-	if err := redaction.Apply(herr, name, &reply.Err, &reply.Response, func() { redact(ctx, method, reply) }); err != nil {
-		return nil, err
-	}
-	return reply, nil
-}
-
-// statusOf is the status gRPC sends for a handler's error: a context error,
-// even wrapped, is Canceled or DeadlineExceeded rather than Unknown.
-func statusOf(err error) *status.Status {
-	if st, ok := status.FromError(err); ok {
-		return st
-	}
-	return status.FromContextError(err)
-}
-
-// encodeStatus records st, with the metadata already in out.
-func encodeStatus(st *status.Status, out *idemkeyv1.Outcome) ([]byte, error) {
 	p := st.Proto()
-	out.Result = &idemkeyv1.Outcome_Status{Status: &idemkeyv1.Status{Code: p.Code, Message: []byte(p.Message), Details: p.Details}}
-	return proto.Marshal(out)
+	return &idemkeyv1.Status{Code: p.Code, Message: []byte(p.Message), Details: p.Details}
 }
 
-// unrecordable and tooLarge are the outcomes recorded when the handler's own
-// cannot be: the handler ran, so its key must not be released. The caller
-// gets the error too, as every retry does.
-var (
-	unrecordableErr = status.Error(codes.Internal, "idemkey: the reply of this call could not be recorded")
-	unrecordable    = mustEncodeStatus(unrecordableErr)
-	tooLargeErr     = status.Error(codes.Internal, "idemkey: the reply of this call is too large to record")
-	tooLarge        = mustEncodeStatus(tooLargeErr)
-	noRoomErr       = status.Error(codes.Internal, "idemkey: the reply of this call could not be recorded: the idempotency store is full")
-	noRoom          = mustEncodeStatus(noRoomErr) // within store.SmallOutcome
-)
-
-func mustEncodeStatus(err error) []byte {
-	raw, encodeErr := encodeStatus(status.Convert(err), &idemkeyv1.Outcome{})
-	if encodeErr != nil {
-		panic(encodeErr) // only a detail that cannot be marshalled fails, and these have none
-	}
-	return raw
+// toError is st, one of idemkey's own or a recorded one, as a gRPC status.
+func toError(st *idemkeyv1.Status) error {
+	return status.ErrorProto(&spb.Status{Code: st.GetCode(), Message: string(st.GetMessage()), Details: st.GetDetails()})
 }
 
-// recorded is an outcome read back from its record.
-type recorded struct {
-	resp            any   // the response, when the handler succeeded
-	err             error // the handler's error, otherwise
-	header, trailer metadata.MD
-}
-
-// decodeOutcome reads a recorded outcome back, its response a message of type
-// output. An error means the record cannot be read; a corrupt record never
-// panics.
-func decodeOutcome(raw []byte, output protoreflect.MessageType) (recorded, error) {
-	if b, ok := responseAlone(raw); ok {
-		resp := output.New().Interface()
-		if err := proto.Unmarshal(b, resp); err != nil {
-			return recorded{}, err
-		}
-		return recorded{resp: resp}, nil
-	}
-	out, resp, err := protokey.DecodeOutcome(raw, output)
-	if err != nil {
-		return recorded{}, err
-	}
-	rec := recorded{resp: resp, header: toMD(out.GetHeader()), trailer: toMD(out.GetTrailer())}
-	if st := out.GetStatus(); resp == nil {
-		rec.err = status.ErrorProto(&spb.Status{Code: st.GetCode(), Message: string(st.GetMessage()), Details: st.GetDetails()})
-	}
-	return rec, nil
-}
-
-// outcomeResponse is the field number of Outcome.response.
-const outcomeResponse protowire.Number = 1
-
-// responseAlone returns the response of a record that holds a response and
-// nothing else (no metadata: most records), to read without the Outcome
-// around it, as protokey.DecodeOutcome would read it; ok is false for any
-// other record.
-func responseAlone(raw []byte) (resp []byte, ok bool) {
-	num, typ, n := protowire.ConsumeTag(raw)
-	if n < 0 || num != outcomeResponse || typ != protowire.BytesType {
-		return nil, false
-	}
-	resp, m := protowire.ConsumeBytes(raw[n:])
-	return resp, m >= 0 && n+m == len(raw)
-}
-
+// toMD is entries as gRPC metadata; nil if there are none.
 func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {
 	if len(entries) == 0 {
 		return nil
@@ -228,22 +132,4 @@ func (r *recorder) keep(dst *metadata.MD, md metadata.MD, err error) error {
 		(*dst)[k] = append((*dst)[k], vs...)
 	}
 	return nil
-}
-
-func (r *recorder) entries() (header, trailer []*idemkeyv1.MetadataEntry) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return toEntries(r.header), toEntries(r.trailer)
-}
-
-func toEntries(md metadata.MD) []*idemkeyv1.MetadataEntry {
-	entries := make([]*idemkeyv1.MetadataEntry, 0, len(md))
-	for _, k := range slices.Sorted(maps.Keys(md)) {
-		values := make([][]byte, len(md[k]))
-		for i, v := range md[k] {
-			values[i] = []byte(v)
-		}
-		entries = append(entries, &idemkeyv1.MetadataEntry{Key: k, Values: values})
-	}
-	return entries
 }

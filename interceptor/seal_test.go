@@ -18,19 +18,10 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/logtest"
+	"github.com/idemkey/idemkey/internal/sealtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
-	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 )
-
-func testRing(t *testing.T, primary byte) *seal.KeyRing {
-	t.Helper()
-	r, err := seal.NewKeyRing(bytes.Repeat([]byte{primary}, seal.KeySize))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
 
 // stored returns the record the memory store holds for the call of key by
 // tenant acme.
@@ -46,7 +37,7 @@ func (d *direct) stored(t *testing.T, key string) []byte {
 // The record holds none of the reply, nor of its replayed metadata, in the
 // clear; the replay is the reply.
 func TestSealedRecord(t *testing.T) {
-	d := newDirect(t, engine.WithTenant(tenantFromMetadata), engine.WithSealer(testRing(t, 1)),
+	d := newDirect(t, engine.WithTenant(tenantFromMetadata), engine.WithSealer(sealtest.Ring(t, 1)),
 		interceptor.WithReplayedMetadata("x-charge-token"))
 	d.svc.create = func(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		_ = grpc.SetHeader(ctx, metadata.Pairs("x-charge-token", "tok_secret"))
@@ -155,7 +146,7 @@ func TestRedactionThatFails(t *testing.T) {
 // again.
 func TestUnopenedRecordOverGRPC(t *testing.T) {
 	logger, logs := logtest.New()
-	e := newE2E(t, engine.WithSealer(testRing(t, 1)), engine.WithLogger(logger))
+	e := newE2E(t, engine.WithSealer(sealtest.Ring(t, 1)), engine.WithLogger(logger))
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
 	if _, err := e.client.CreateCharge(withKey(ctx, "order-secret-1"), request(100)); err != nil {

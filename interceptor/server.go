@@ -2,20 +2,15 @@ package interceptor
 
 import (
 	"context"
-	"errors"
-	"fmt"
-	"log/slog"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/protokey"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -33,37 +28,32 @@ import (
 // WithExcludedMethods or WithAtomicMethods that the protobuf registry does
 // not know (or, for WithAtomicMethods, that is not covered).
 func UnaryServerInterceptor(eng *engine.Engine, opts ...Option) (grpc.UnaryServerInterceptor, error) {
-	if eng == nil {
-		return nil, errors.New("idemkey: UnaryServerInterceptor needs an engine: engine.New(store, engine.WithTenant(...))")
-	}
 	o := newOptions(opts)
-	if err := checkMethods(o); err != nil {
+	if err := rpckit.Check(o.Coverage, naming, true, eng); err != nil {
 		return nil, err
 	}
-	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomicAll || len(o.atomic) > 0}); err != nil {
-		return nil, err
-	}
-	s := &server{eng: eng, opts: o, methods: &methods{opts: o, eng: eng}}
+	s := &server{eng: eng, opts: o, methods: rpckit.NewMethods(o.Coverage, eng, "grpc")}
 	return s.intercept, nil
 }
 
 // server translates gRPC calls into the engine's request path and back:
 // where the key comes from (metadata), how the request is fingerprinted
-// (protokey.HashRequest), and how an outcome is recorded (outcome.go) and replayed.
+// (protokey.HashRequest), and how an outcome is recorded (outcome.go, on
+// protokey/rpckit, the record Connect shares) and replayed.
 type server struct {
 	eng      *engine.Engine
 	opts     *options
-	methods  *methods
+	methods  *rpckit.Methods
 	trailers trailers
 }
 
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	m := s.methods.get(info.FullMethod)
-	if !m.covered {
+	m := s.methods.Get(info.FullMethod, nil, false)
+	if !m.Covered {
 		return handler(ctx, req)
 	}
 	x := &exchange{s: s, ctx: ctx, req: req, m: m, handler: handler}
-	s.eng.Serve(ctx, m.op, x)
+	s.eng.Serve(ctx, m.Op, x)
 	return x.resp, x.err
 }
 
@@ -73,7 +63,7 @@ type exchange struct {
 	s       *server
 	ctx     context.Context
 	req     any
-	m       *method
+	m       *rpckit.Method
 	handler grpc.UnaryHandler
 	rec     *recorder // the metadata the handler set, when some is replayed
 	expires [1]string // the value of the expiry's trailer (expiry)
@@ -91,48 +81,30 @@ func (x *exchange) FirstSent() []string {
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.ctx)} }
 
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
-	m := x.m
-	if m.output == nil {
-		return store.Fingerprint{}, status.Error(codes.Internal, "idemkey: the method is not in the protobuf registry, so its replies cannot be replayed")
+	fp, st, err := x.m.Fingerprint(ctx, x.s.eng.Logger(), x.req, x.s.opts.Fingerprint, isStatus)
+	if st != nil {
+		return fp, toError(st)
 	}
-	msg, ok := x.req.(proto.Message)
-	if !ok {
-		return store.Fingerprint{}, status.Error(codes.Internal, "idemkey: the request is not a protobuf message")
-	}
-	var fp store.Fingerprint
-	var err error
-	if x.s.opts.fingerprint == nil {
-		fp, err = protokey.HashRequestWithout(m.name, msg, m.keyField)
-	} else {
-		fp, err = x.s.opts.fingerprint(m.name, msg)
-	}
-	if err != nil {
-		if _, isStatus := status.FromError(err); isStatus {
-			return fp, err
-		}
-		// The FingerprintFunc's own words may quote the request.
-		x.s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: fingerprint failed", slog.String("operation", m.name),
-			slog.String("error", fmt.Sprintf("an error of type %T (its words are not logged: they may quote the request)", err)))
-		return fp, status.Error(codes.Internal, "idemkey: the request could not be fingerprinted")
-	}
-	return fp, nil
+	return fp, err
+}
+
+// isStatus reports whether err is a gRPC status, which goes to the caller
+// as it is.
+func isStatus(err error) bool {
+	_, ok := status.FromError(err)
+	return ok
 }
 
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	ctx = x.handlerContext(ctx)
 	x.resp, x.err = x.handler(ctx, x.req)
-	raw, record, err := encodeOutcome(x.ctx, x.m.name, x.resp, x.err, x.s.opts.recorded, x.rec, x.s.opts.redact)
+	raw, record, err := x.encode()
 	return engine.HandlerResult{Record: raw, Release: !record && err == nil, KeepWrites: x.err == nil, Unrecordable: err}
 }
 
 func (x *exchange) StandIn(why error) []byte {
-	switch {
-	case errors.Is(why, engine.ErrTooLarge):
-		return tooLarge
-	case errors.Is(why, store.ErrFull):
-		return noRoom
-	}
-	return unrecordable
+	raw, _ := rpckit.StandIn(why)
+	return raw
 }
 
 func (x *exchange) Pass(ctx context.Context) int {
@@ -147,58 +119,39 @@ func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 
 // answer is the reply and error of a.
 func (x *exchange) answer(a engine.Answer) (any, error) {
-	ctx := x.ctx
 	switch a.Verdict {
 	case engine.Executed:
 		x.tellExpiry(a.Expires, true)
-		switch {
-		case errors.Is(a.StandIn, engine.ErrTooLarge):
-			return nil, tooLargeErr
-		case errors.Is(a.StandIn, store.ErrFull):
-			return nil, noRoomErr
-		case a.StandIn != nil:
-			return nil, unrecordableErr
+		if a.StandIn != nil {
+			_, st := rpckit.StandIn(a.StandIn)
+			return nil, toError(st)
 		}
 		return x.resp, x.err
 	case engine.Replayed:
 		return x.replay(a)
-	case engine.InProgress:
-		// Only a trailer: a retry policy does not retry a reply with headers.
-		_ = grpc.SetTrailer(ctx, pushbackTrailer(a.RetryAfter))
-		x.tellExpiry(a.Expires, false)
-		return nil, inProgressError(a.RetryAfter)
-	case engine.Reused:
-		x.tellExpiry(a.Expires, false)
-		return nil, reusedKeyError()
-	case engine.KeyMissing:
-		return nil, missingKeyError(ctx)
 	case engine.KeyInvalid, engine.Refused:
 		return nil, a.Err // the key's, the tenant's or the fingerprint's, already a status
-	case engine.Expired:
-		return nil, keyExpiredError()
-	case engine.FirstSentInvalid:
-		return nil, firstSentError(a.Err)
-	case engine.StoreFull:
-		return nil, storeFullError(a.RetryAfter)
+	case engine.InProgress:
+		// Only a trailer: a retry policy does not retry a reply with headers.
+		_ = grpc.SetTrailer(x.ctx, pushbackTrailer(a.RetryAfter))
+		x.tellExpiry(a.Expires, false)
+	case engine.Reused:
+		x.tellExpiry(a.Expires, false)
 	}
-	if ctx.Err() != nil {
-		return nil, status.FromContextError(ctx.Err()).Err()
-	}
-	return nil, storeUnavailableError()
+	return nil, toError(rpckit.Refusal(x.ctx, a, missingKeyAdvice(x.ctx)))
 }
 
 // key returns the call's idempotency key: from the metadata, or from the
 // request's key field (WithKeyField), which must then agree with the
 // metadata if that carries one too.
-func (s *server) key(ctx context.Context, req any, m *method) (string, bool, error) {
+func (s *server) key(ctx context.Context, req any, m *rpckit.Method) (string, bool, error) {
 	key, ok, err := KeyFromIncomingContext(ctx)
-	if err != nil || m.keyField == nil {
+	if err != nil {
 		return key, ok, err
 	}
-	msg, _ := req.(proto.Message)
-	key, ok, err = protokey.RequestKey(key, ok, msg, m.keyField)
+	key, ok, err = m.Key(key, ok, req)
 	if err != nil {
-		return "", false, invalidKeyError(err.(*idemkey.KeyError).Problem)
+		return "", false, toError(rpckit.InvalidKey(err))
 	}
 	return key, ok, nil
 }
@@ -213,9 +166,9 @@ func retried(ctx context.Context) bool {
 // handlerContext is ctx, the engine's context for the handler, with the
 // recorder that keeps the metadata the handler sets if some is replayed.
 func (x *exchange) handlerContext(ctx context.Context) context.Context {
-	if len(x.s.opts.replayed) > 0 {
+	if len(x.s.opts.Replayed) > 0 {
 		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
-			x.rec = &recorder{ServerTransportStream: ts, allowed: x.s.opts.replayed}
+			x.rec = &recorder{ServerTransportStream: ts, allowed: x.s.opts.Replayed}
 			ctx = grpc.NewContextWithServerTransportStream(ctx, x.rec)
 		}
 	}
@@ -225,17 +178,14 @@ func (x *exchange) handlerContext(ctx context.Context) context.Context {
 // replay answers a retry with the recorded outcome.
 func (x *exchange) replay(a engine.Answer) (any, error) {
 	ctx, s := x.ctx, x.s
-	rec, err := decodeOutcome(a.Outcome, x.m.output)
-	if err != nil {
-		s.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: recorded outcome is corrupt",
-			slog.String("operation", x.m.name), slog.Any("error", err))
-		return nil, status.Error(codes.Internal, "idemkey: the recorded outcome of this call cannot be read")
+	rec, st := x.m.Read(ctx, s.eng.Logger(), a.Outcome)
+	if st != nil {
+		return nil, toError(st)
 	}
-	// The allow-list of today applies, not the one the record was made under.
-	if md := allowed(rec.header, s.opts.replayed); len(md) > 0 {
+	if md := toMD(rpckit.Allowed(rec.Header, s.opts.Replayed)); len(md) > 0 {
 		_ = grpc.SetHeader(ctx, md)
 	}
-	if md := allowed(rec.trailer, s.opts.replayed); len(md) > 0 {
+	if md := toMD(rpckit.Allowed(rec.Trailer, s.opts.Replayed)); len(md) > 0 {
 		_ = grpc.SetTrailer(ctx, md)
 	}
 	// One trailer with both: gRPC joins each trailer it is set into a copy.
@@ -248,7 +198,10 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 		}
 	}
 	_ = grpc.SetTrailer(ctx, md)
-	return rec.resp, rec.err
+	if rec.Status != nil {
+		return nil, toError(rec.Status)
+	}
+	return rec.Response, nil
 }
 
 // tellExpiry sends the caller expires, until when its key is honoured, if
@@ -276,20 +229,4 @@ func (x *exchange) tellExpiry(expires time.Time, first bool) {
 func (x *exchange) expiry(expires time.Time) []string {
 	x.expires[0] = idemkey.FormatDate(expires)
 	return x.expires[:]
-}
-
-// allowed is the part of md whose keys are in keys; md itself if all are.
-func allowed(md metadata.MD, keys map[string]bool) metadata.MD {
-	for k := range md {
-		if !keys[k] {
-			out := make(metadata.MD, len(md))
-			for k, vs := range md {
-				if keys[k] {
-					out[k] = vs
-				}
-			}
-			return out
-		}
-	}
-	return md
 }

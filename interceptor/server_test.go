@@ -78,7 +78,7 @@ func TestInProgress(t *testing.T) {
 
 	_, ts, err := d.create(t, "key-1", request(100))
 	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
-	if delay, ok := interceptor.RetryDelay(err); !ok || delay != 250*time.Millisecond {
+	if delay, ok := idemkey.RetryDelay(err); !ok || delay != 250*time.Millisecond {
 		t.Errorf("RetryInfo delay = %v, %v; want 250ms", delay, ok)
 	}
 	if got := ts.trailer.Get(interceptor.PushbackMetadata); len(got) != 1 || got[0] != "250" {
@@ -658,7 +658,7 @@ func TestLeaseFollowsDeadline(t *testing.T) {
 			_, _, err := d.call(context.Background(), createCharge, request(1), idemkey.KeyMetadata, "k")
 			close(release)
 			<-done
-			delay, _ := interceptor.RetryDelay(err)
+			delay, _ := idemkey.RetryDelay(err)
 			if delay < tc.min || delay > tc.max {
 				t.Errorf("lease left = %v, want in [%v, %v]", delay, tc.min, tc.max)
 			}

@@ -13,7 +13,14 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 )
+
+// refusal is the gRPC status of idemkey's answer a.
+func refusal(a engine.Answer) error {
+	return toError(rpckit.Refusal(context.Background(), a, missingKeyAdvice(context.Background())))
+}
 
 func TestStatuses(t *testing.T) {
 	for _, tc := range []struct {
@@ -21,33 +28,35 @@ func TestStatuses(t *testing.T) {
 		code   codes.Code
 		reason string
 	}{
-		{missingKeyError(context.Background()), codes.InvalidArgument, idemkey.ReasonKeyMissing},
-		{invalidKeyError("it is empty"), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
-		{reusedKeyError(), codes.InvalidArgument, idemkey.ReasonKeyReused},
-		{inProgressError(1500 * time.Millisecond), codes.Aborted, idemkey.ReasonInProgress},
-		{storeUnavailableError(), codes.Unavailable, idemkey.ReasonStoreUnavailable},
-		{storeFullError(time.Second), codes.ResourceExhausted, idemkey.ReasonStoreFull},
+		{refusal(engine.Answer{Verdict: engine.KeyMissing}), codes.InvalidArgument, idemkey.ReasonKeyMissing},
+		{validateKey(""), codes.InvalidArgument, idemkey.ReasonKeyInvalid},
+		{refusal(engine.Answer{Verdict: engine.Reused}), codes.InvalidArgument, idemkey.ReasonKeyReused},
+		{refusal(engine.Answer{Verdict: engine.InProgress, RetryAfter: 1500 * time.Millisecond}), codes.Aborted, idemkey.ReasonInProgress},
+		{refusal(engine.Answer{Verdict: engine.StoreUnavailable}), codes.Unavailable, idemkey.ReasonStoreUnavailable},
+		{refusal(engine.Answer{Verdict: engine.StoreFull, RetryAfter: time.Second}), codes.ResourceExhausted, idemkey.ReasonStoreFull},
+		{refusal(engine.Answer{Verdict: engine.Expired}), codes.FailedPrecondition, idemkey.ReasonKeyExpired},
+		{refusal(engine.Answer{Verdict: engine.FirstSentInvalid}), codes.InvalidArgument, idemkey.ReasonFirstSentInvalid},
 	} {
 		if got := status.Code(tc.err); got != tc.code {
 			t.Errorf("%v: code %v, want %v", tc.err, got, tc.code)
 		}
-		if got := Reason(tc.err); got != tc.reason {
+		if got := idemkey.Reason(tc.err); got != tc.reason {
 			t.Errorf("%v: reason %q, want %q", tc.err, got, tc.reason)
 		}
 		// Reason survives wrapping.
-		if got := Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
+		if got := idemkey.Reason(fmt.Errorf("charge: %w", tc.err)); got != tc.reason {
 			t.Errorf("wrapped %v: reason %q, want %q", tc.err, got, tc.reason)
 		}
 	}
-	if d, ok := RetryDelay(inProgressError(1500 * time.Millisecond)); !ok || d != 1500*time.Millisecond {
+	if d, ok := idemkey.RetryDelay(refusal(engine.Answer{Verdict: engine.InProgress, RetryAfter: 1500 * time.Millisecond})); !ok || d != 1500*time.Millisecond {
 		t.Errorf("RetryDelay = %v, %v; want 1.5s", d, ok)
 	}
-	if _, ok := RetryDelay(reusedKeyError()); ok {
+	if _, ok := idemkey.RetryDelay(refusal(engine.Answer{Verdict: engine.Reused})); ok {
 		t.Error("RetryDelay found a delay on a reused-key error")
 	}
 	for _, err := range []error{nil, fmt.Errorf("plain"), status.Error(codes.InvalidArgument, "other")} {
-		if got := Reason(err); got != "" {
-			t.Errorf("Reason(%v) = %q, want empty", err, got)
+		if got := idemkey.Reason(err); got != "" {
+			t.Errorf("idemkey.Reason(%v) = %q, want empty", err, got)
 		}
 	}
 }
@@ -131,7 +140,7 @@ func FuzzKeyFromMetadata(f *testing.F) {
 			if ok || got != "" {
 				t.Fatalf("error %v with key %q, ok %v", err, got, ok)
 			}
-			if status.Code(err) != codes.InvalidArgument || Reason(err) != idemkey.ReasonKeyInvalid {
+			if status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyInvalid {
 				t.Fatalf("error %v, want InvalidArgument %s", err, idemkey.ReasonKeyInvalid)
 			}
 			if !keyErrorMessages[status.Convert(err).Message()] {

@@ -4,8 +4,6 @@ import (
 	"google.golang.org/genproto/googleapis/api/annotations"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
-
-	"github.com/idemkey/idemkey"
 )
 
 // RequestIDField is the name AIP-155 gives the field that carries a
@@ -43,26 +41,4 @@ func isUUID4(fd protoreflect.FieldDescriptor) bool {
 // a field of req's message, as KeyField found it.
 func KeyFromField(req proto.Message, fd protoreflect.FieldDescriptor) string {
 	return req.ProtoReflect().Get(fd).String()
-}
-
-// RequestKey returns the key of a call whose transport carried key (ok false
-// if it carried none) and whose request req may carry one in its field fd
-// (nil if it has none): the transport's, else the field's. A field key that
-// is malformed, or that differs from the transport's, is an
-// *idemkey.KeyError, which never quotes either key.
-func RequestKey(key string, ok bool, req proto.Message, fd protoreflect.FieldDescriptor) (string, bool, error) {
-	if fd == nil || req == nil {
-		return key, ok, nil
-	}
-	fieldKey := KeyFromField(req, fd)
-	switch {
-	case fieldKey == "":
-		return key, ok, nil
-	case ok && fieldKey != key:
-		return "", false, &idemkey.KeyError{Problem: "the request's " + string(fd.Name()) + " and the idempotency key sent beside it differ"}
-	}
-	if err := idemkey.ValidateKey(fieldKey); err != nil {
-		return "", false, err
-	}
-	return fieldKey, true, nil
 }

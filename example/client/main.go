@@ -379,7 +379,7 @@ func expiresNote(t time.Time) string {
 // and message.
 func describe(err error) string {
 	st := status.Convert(err)
-	if reason := interceptor.Reason(err); reason != "" {
+	if reason := idemkey.Reason(err); reason != "" {
 		return fmt.Sprintf("%v %s: %s", st.Code(), reason, st.Message())
 	}
 	return fmt.Sprintf("%v: %s", st.Code(), st.Message())
@@ -393,7 +393,7 @@ func expect(ok bool, problem string) error {
 }
 
 func expectReason(err error, code codes.Code, reason string) error {
-	if status.Code(err) != code || interceptor.Reason(err) != reason {
+	if status.Code(err) != code || idemkey.Reason(err) != reason {
 		return fmt.Errorf("got %v, want %v %s", err, code, reason)
 	}
 	return nil

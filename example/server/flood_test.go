@@ -13,7 +13,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -103,12 +102,12 @@ func TestDuplicateFlood(t *testing.T) {
 					mu.Lock()
 					defer mu.Unlock()
 					took = append(took, time.Since(start))
-					answers[status.Code(err).String()+" "+interceptor.Reason(err)]++
+					answers[status.Code(err).String()+" "+idemkey.Reason(err)]++
 					switch {
 					case err == nil:
 						replayed = append(replayed, c.GetId())
 						ends = append(ends, time.Now())
-					case status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress:
+					case status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress:
 						t.Errorf("duplicate: %v, want Aborted %s or the replay", err, idemkey.ReasonInProgress)
 					}
 				})

@@ -25,9 +25,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
-	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -183,7 +181,7 @@ func TestEntryPointsShareKeys(t *testing.T) {
 			if code != http.StatusUnprocessableEntity || idemhttp.ProblemReason(problem.Type) != idemkey.ReasonKeyReused {
 				t.Fatalf("curl, another request: %d %+v, want 422 %s", code, problem, idemkey.ReasonKeyReused)
 			}
-			if _, _, err := e.viaConnect(t, key, req(200)); connect.CodeOf(err) != connect.CodeInvalidArgument || idemconnect.Reason(err) != idemkey.ReasonKeyReused {
+			if _, _, err := e.viaConnect(t, key, req(200)); connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
 				t.Fatalf("Connect, another request: %v, want %s", err, idemkey.ReasonKeyReused)
 			}
 
@@ -425,11 +423,11 @@ func TestDuplicatesOnEveryEntryPointWaitTogether(t *testing.T) {
 			calls := map[string]func() answer{
 				"gRPC": func() answer {
 					charge, _, err := e.viaGRPC(t, key, req)
-					return answer{id: charge.GetId(), inProgress: interceptor.Reason(err) == idemkey.ReasonInProgress, err: err}
+					return answer{id: charge.GetId(), inProgress: idemkey.Reason(err) == idemkey.ReasonInProgress, err: err}
 				},
 				"Connect": func() answer {
 					charge, _, err := e.viaConnect(t, key, req)
-					return answer{id: charge.GetId(), inProgress: idemconnect.Reason(err) == idemkey.ReasonInProgress, err: err}
+					return answer{id: charge.GetId(), inProgress: idemkey.Reason(err) == idemkey.ReasonInProgress, err: err}
 				},
 				"HTTP": func() answer {
 					r, err := http.NewRequestWithContext(t.Context(), http.MethodPost, e.http+"/v1/charges", strings.NewReader(body))

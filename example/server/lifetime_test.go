@@ -20,9 +20,7 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemhttp"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -119,7 +117,7 @@ func (e *entryPoints) lifetime(t *testing.T, via, key, firstSent string, req *pa
 		}
 		var header, trailer metadata.MD
 		_, err := e.grpc.CreateCharge(ctx, req, grpc.Header(&header), grpc.Trailer(&trailer))
-		a := answer{err: err, replayed: idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), code: int(status.Code(err)), reason: interceptor.Reason(err)}
+		a := answer{err: err, replayed: idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), code: int(status.Code(err)), reason: idemkey.Reason(err)}
 		a.expires = strings.Join(append(header.Get(idemkey.ExpiresMetadata), trailer.Get(idemkey.ExpiresMetadata)...), ",")
 		return a
 	case "connect":
@@ -132,7 +130,7 @@ func (e *entryPoints) lifetime(t *testing.T, via, key, firstSent string, req *pa
 		resp, err := e.connect.CreateCharge(t.Context(), r)
 		var ce *connect.Error
 		if errors.As(err, &ce) {
-			return answer{err: err, code: int(ce.Code()), reason: idemconnect.Reason(err), expires: ce.Meta().Get(idemkey.ExpiresHeader)}
+			return answer{err: err, code: int(ce.Code()), reason: idemkey.Reason(err), expires: ce.Meta().Get(idemkey.ExpiresHeader)}
 		} else if err != nil {
 			t.Fatal(err)
 		}

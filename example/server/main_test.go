@@ -23,7 +23,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
@@ -264,7 +263,7 @@ func TestProcessesOnOneDatabase(t *testing.T) {
 	// duplicate's deadline, which comes before A's reply.
 	ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key), 500*time.Millisecond)
 	defer cancel()
-	if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+	if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate on B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	want := <-first
@@ -374,7 +373,7 @@ func createAs(s *servertest.Server, apiKey, key string, req *paymentsv1.CreateCh
 
 // storeFull reports whether err is the memory store's refusal of a new key.
 func storeFull(err error) bool {
-	return status.Code(err) == codes.ResourceExhausted && interceptor.Reason(err) == idemkey.ReasonStoreFull
+	return status.Code(err) == codes.ResourceExhausted && idemkey.Reason(err) == idemkey.ReasonStoreFull
 }
 
 // A flood of new keys with large replies, at the memory store's bounds: new

@@ -22,7 +22,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
@@ -115,7 +114,7 @@ func TestMetrics(t *testing.T) {
 	}
 	moved("a replay", map[string]float64{"replayed/OK": 1})
 	changed := &paymentsv1.CreateChargeRequest{CustomerId: "cus_metrics_alice", Amount: 2500, Currency: "EUR", Description: "Metrics test plan"}
-	if err := call(ctx, key, changed); interceptor.Reason(err) != idemkey.ReasonKeyReused {
+	if err := call(ctx, key, changed); idemkey.Reason(err) != idemkey.ReasonKeyReused {
 		t.Fatalf("reused key: %v, want %s", err, idemkey.ReasonKeyReused)
 	}
 	moved("a reused key", map[string]float64{"reused/INVALID_ARGUMENT": 1})
@@ -132,7 +131,7 @@ func TestMetrics(t *testing.T) {
 	waitUntil(t, "the first call has reserved its key", func() bool {
 		return storeOps(t, scrape(t, metricsURL), "begin") > begun
 	})
-	if err := call(ctx, dupKey, dupReq); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+	if err := call(ctx, dupKey, dupReq); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate during the first call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	moved("a duplicate in progress", map[string]float64{"in_progress/ABORTED": 1})

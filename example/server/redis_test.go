@@ -12,7 +12,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -58,7 +57,7 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 			waitUntil(t, "A has written the charge", func() bool { return count(t, pool, "charges") == 1 })
 			ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key), 500*time.Millisecond)
 			defer cancel()
-			if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+			if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 				t.Fatalf("duplicate on B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 			}
 			want := <-first
@@ -71,7 +70,7 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 			}
 			wantReplay(b, "B")
 			other := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 999, Currency: "EUR"}
-			if _, _, err := create(b, key, other); status.Code(err) != codes.InvalidArgument || interceptor.Reason(err) != idemkey.ReasonKeyReused {
+			if _, _, err := create(b, key, other); status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
 				t.Errorf("the key reused for another request: %v, want InvalidArgument %s", err, idemkey.ReasonKeyReused)
 			}
 			for _, s := range []*servertest.Server{a, b} {

@@ -13,7 +13,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
@@ -87,7 +86,7 @@ func TestSealedReplies(t *testing.T) {
 
 			dropped := servertest.Start(t, bin, "-database-url", url, atomic, "-seal-key", newKey)
 			_, _, err = create(dropped, key, req)
-			if interceptor.Reason(err) != idemkey.ReasonStoreUnavailable || !strings.Contains(err.Error(), "Unavailable") {
+			if idemkey.Reason(err) != idemkey.ReasonStoreUnavailable || !strings.Contains(err.Error(), "Unavailable") {
 				t.Fatalf("without the old key: %v, want Unavailable (%s)", err, idemkey.ReasonStoreUnavailable)
 			}
 			if n := count(t, pool, "charges"); n != 1 {

@@ -23,7 +23,6 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/idemconnect"
 	"github.com/idemkey/idemkey/idemtest"
 )
 
@@ -87,10 +86,10 @@ func (a answer) read(ctx context.Context) idemtest.Try {
 			Replayed: idemkey.ParseReplayed(meta),
 			NoAnswer: ctx.Err() != nil || ownDeadline(ctx, connect.CodeOf(a.err) == connect.CodeDeadlineExceeded),
 		}
-		out.Reason = idemconnect.Reason(a.err)
+		out.Reason = idemkey.Reason(a.err)
 		if out.Reason == idemkey.ReasonInProgress {
 			out.InProgress = true
-			out.RetryAfter, _ = idemconnect.RetryDelay(a.err)
+			out.RetryAfter, _ = idemkey.RetryDelay(a.err)
 		}
 		return out
 	}

@@ -306,7 +306,7 @@ func TestAtomicDuplicateWhileOpen(t *testing.T) {
 
 	for _, customer := range []string{"ok", "other"} {
 		_, err := b.charge("k", customer)
-		if status.Code(err) != codes.Aborted || interceptor.Reason(err) != idemkey.ReasonInProgress {
+		if status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
 			t.Errorf("duplicate (%s) while the first is open: %v, want Aborted %s", customer, err, idemkey.ReasonInProgress)
 		}
 	}
@@ -317,7 +317,7 @@ func TestAtomicDuplicateWhileOpen(t *testing.T) {
 	if _, err := b.charge("k", "ok"); err != nil {
 		t.Errorf("duplicate after the commit: %v, want the replay", err)
 	}
-	if _, err := b.charge("k", "other"); interceptor.Reason(err) != idemkey.ReasonKeyReused {
+	if _, err := b.charge("k", "other"); idemkey.Reason(err) != idemkey.ReasonKeyReused {
 		t.Errorf("other request after the commit: %v, want %s", err, idemkey.ReasonKeyReused)
 	}
 	if n := b.writer.runs.Load(); n != 0 {
@@ -719,7 +719,7 @@ func TestAtomicDuplicateToldTheKeysExpiry(t *testing.T) {
 	time.Sleep(2500 * time.Millisecond) // past the longest lease, by more than a second
 
 	dup, err := call()
-	if interceptor.Reason(err) != idemkey.ReasonInProgress {
+	if idemkey.Reason(err) != idemkey.ReasonInProgress {
 		t.Fatalf("duplicate while the first runs: %v, want %s", err, idemkey.ReasonInProgress)
 	}
 	release()

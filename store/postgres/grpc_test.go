@@ -187,7 +187,7 @@ func TestRetryReplaysWithARead(t *testing.T) {
 func TestUnreachableFailsClosed(t *testing.T) {
 	client, svc := serveCharges(t, unreachableStore(t))
 	err := createCharge(client, "k")
-	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
+	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("call with the database down: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
 	}
 	if n := svc.runs.Load(); n != 0 {
@@ -209,7 +209,7 @@ func TestDroppedTableFailsClosed(t *testing.T) {
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv)))
 	err := createCharge(client, "k")
-	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
+	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("call on a dropped table: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
 	}
 	if n := svc.runs.Load(); n != 0 {

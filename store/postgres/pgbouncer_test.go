@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/internal/pgbouncertest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -179,7 +178,7 @@ func TestPgbouncerWithoutExecMode(t *testing.T) {
 
 	client, svc := serveCharges(t, st)
 	err := createCharge(client, "k")
-	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
+	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("call: %v, want Unavailable %s", err, idemkey.ReasonStoreUnavailable)
 	}
 	if n := svc.runs.Load(); n != 0 {

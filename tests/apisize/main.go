@@ -18,6 +18,12 @@
 //     interface methods and methods promoted from an embedded type do not
 //     count.
 //   - Entry packages: interceptor, idemhttp, idemconnect, consumer.
+//   - Kit packages: protokey/rpckit, the kit the gRPC and Connect adapters
+//     are built from. It is published only because idemconnect, a module
+//     of its own, imports it (a module imports none of another's internal
+//     packages: scripts/check-deps), and its doc says an application needs
+//     none of it; so its names are printed on a line of their own and are
+//     in no other figure (total, shared), as an internal package's are not.
 //   - A re-export: an exported name that only passes on another package's: a
 //     type alias of pkg.Y (pkg.Y[T] too); a const or var whose value is pkg.Y
 //     or a conversion T(pkg.Y); a func whose body is one return of a call to
@@ -58,6 +64,10 @@ import (
 // entryPackages are the packages an application starts from, as directories
 // from the repository root.
 var entryPackages = []string{"interceptor", "idemhttp", "idemconnect", "consumer"}
+
+// kitPackages are the published packages that are the adapters' kit, not
+// the API an application reads, as directories from the repository root.
+var kitPackages = []string{"protokey/rpckit"}
 
 // limits are the -max flags; 0 is no limit.
 type limits struct {
@@ -121,6 +131,9 @@ type apiSize struct {
 
 func (a *apiSize) total() (names, reexports int) {
 	for _, p := range a.packages {
+		if slices.Contains(kitPackages, p.dir) {
+			continue
+		}
 		names += p.names()
 		reexports += len(p.reexported)
 	}
@@ -156,6 +169,11 @@ func (a *apiSize) print(w io.Writer) {
 	entryNames, entryReexports := a.entry()
 	fmt.Fprintf(w, "total %d names, %d re-exports; entry packages (%s) %d names, %d re-exports\n",
 		names, reexports, strings.Join(entryPackages, " "), entryNames, entryReexports)
+	for _, p := range a.packages {
+		if slices.Contains(kitPackages, p.dir) {
+			fmt.Fprintf(w, "the adapters' kit %s: %d names, in no other figure\n", p.dir, p.names())
+		}
+	}
 	fmt.Fprintf(w, "names in more than one package: %d\n", len(a.shared))
 	writeWrapped(w, "  ", a.sharedList(), 100)
 }
@@ -235,6 +253,9 @@ func measure(root string) (*apiSize, error) {
 	sort.Slice(api.packages, func(i, j int) bool { return api.packages[i].dir < api.packages[j].dir })
 	exporters := map[string][]string{}
 	for _, p := range api.packages {
+		if slices.Contains(kitPackages, p.dir) {
+			continue
+		}
 		for _, name := range p.topLevel {
 			exporters[name] = append(exporters[name], p.dir)
 		}

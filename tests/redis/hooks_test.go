@@ -107,7 +107,7 @@ func TestHooks(t *testing.T) {
 					t.Fatalf("panicking hook %v: replies %q (%v) then %q (%v), want one charge", panics, first, err, id, err2)
 				}
 			}
-			if _, err := send(key, 200); interceptor.Reason(err) != idemkey.ReasonKeyReused {
+			if _, err := send(key, 200); idemkey.Reason(err) != idemkey.ReasonKeyReused {
 				t.Fatalf("reused key: %v, want %s", err, idemkey.ReasonKeyReused)
 			}
 			hooks.want(t,

@@ -79,7 +79,7 @@ func charge(payments paymentsv1.PaymentServiceClient, key string) (*paymentsv1.C
 // unavailable".
 func wantStoreUnavailable(t *testing.T, what string, err error) {
 	t.Helper()
-	if status.Code(err) != codes.Unavailable || interceptor.Reason(err) != idemkey.ReasonStoreUnavailable {
+	if status.Code(err) != codes.Unavailable || idemkey.Reason(err) != idemkey.ReasonStoreUnavailable {
 		t.Errorf("%s = %v; want Unavailable with reason %s", what, err, idemkey.ReasonStoreUnavailable)
 	}
 }

@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey"
-	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store"
 )
@@ -52,7 +51,7 @@ func (o *op) request() *paymentsv1.CreateChargeRequest {
 
 func (o *op) record(start time.Time, charge *paymentsv1.Charge, err error) reply {
 	st := status.Convert(err)
-	r := reply{start: start, end: time.Now(), code: st.Code(), reason: interceptor.Reason(err), message: st.Message(), charge: charge}
+	r := reply{start: start, end: time.Now(), code: st.Code(), reason: idemkey.Reason(err), message: st.Message(), charge: charge}
 	o.mu.Lock()
 	o.replies = append(o.replies, r)
 	o.mu.Unlock()

@@ -1,6 +1,7 @@
-package interceptor
+package rpckit
 
 import (
+	"errors"
 	"testing"
 
 	"google.golang.org/protobuf/encoding/protowire"
@@ -8,13 +9,12 @@ import (
 
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
-	"github.com/idemkey/idemkey/protokey"
 )
 
 // TestResponseAlone: a record that holds a response alone is read without
-// its Outcome, as protokey.DecodeOutcome reads it; any other record, one
-// with metadata, a response repeated or cut short, is read by
-// protokey.DecodeOutcome.
+// its Outcome, as the Outcome's unmarshalling reads it; any other record,
+// one with metadata, a response repeated or cut short, is read by the
+// Outcome's unmarshalling.
 func TestResponseAlone(t *testing.T) {
 	charge, _ := proto.Marshal(&paymentsv1.Charge{Id: "ch_1", Amount: 100, Currency: "EUR"})
 	alone, _ := proto.Marshal(&idemkeyv1.Outcome{Result: &idemkeyv1.Outcome_Response{Response: charge}})
@@ -36,13 +36,23 @@ func TestResponseAlone(t *testing.T) {
 			if _, ok := responseAlone(c.raw); ok != c.alone {
 				t.Fatalf("responseAlone: %v, want %v", ok, c.alone)
 			}
-			rec, err := decodeOutcome(c.raw, output)
-			_, want, wantErr := protokey.DecodeOutcome(c.raw, output)
-			if (err != nil) != (wantErr != nil) {
-				t.Fatalf("decodeOutcome: %v; protokey.DecodeOutcome: %v", err, wantErr)
+			rec, err := decode(c.raw, output)
+			var out idemkeyv1.Outcome
+			wantErr := proto.Unmarshal(c.raw, &out)
+			if wantErr == nil && out.GetResult() == nil {
+				wantErr = errors.New("neither a response nor an error")
 			}
-			if err == nil && !proto.Equal(rec.resp.(proto.Message), want) {
-				t.Fatalf("decodeOutcome: %v; protokey.DecodeOutcome: %v", rec.resp, want)
+			if (err != nil) != (wantErr != nil) {
+				t.Fatalf("decode: %v; the Outcome's: %v", err, wantErr)
+			}
+			want := output.New().Interface()
+			if err == nil {
+				if err := proto.Unmarshal(out.GetResponse(), want); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err == nil && !proto.Equal(rec.Response, want) {
+				t.Fatalf("decode: %v; the Outcome's: %v", rec.Response, want)
 			}
 		})
 	}

@@ -1,0 +1,201 @@
+package idemkey
+
+import (
+	"encoding/binary"
+	"errors"
+	"math"
+	"reflect"
+	"strings"
+	"time"
+)
+
+// Reason returns the reason (ReasonKeyMissing and the others) of err, an
+// error idemkey answered with over gRPC or Connect (a gRPC status error or
+// a *connect.Error, wrapped or not): the reason of its google.rpc.ErrorInfo
+// of domain ErrorDomain. It returns "" when err is not idemkey's.
+func Reason(err error) string {
+	for _, d := range rpcDetails(err) {
+		if d.name == "google.rpc.ErrorInfo" {
+			var reason, domain string
+			readFields(d.value, func(num uint64, _ uint64, b []byte) {
+				switch num {
+				case 1:
+					reason = string(b)
+				case 2:
+					domain = string(b)
+				}
+			})
+			if domain == ErrorDomain {
+				return reason
+			}
+		}
+	}
+	return ""
+}
+
+// RetryDelay returns the wait that err, an in-progress or store-full error
+// of idemkey's over gRPC or Connect, asks of the client: its
+// google.rpc.RetryInfo. ok is false when err carries none.
+func RetryDelay(err error) (delay time.Duration, ok bool) {
+	for _, d := range rpcDetails(err) {
+		if d.name != "google.rpc.RetryInfo" {
+			continue
+		}
+		readFields(d.value, func(num uint64, _ uint64, b []byte) {
+			if num != 1 { // retry_delay, a google.protobuf.Duration
+				return
+			}
+			var seconds, nanos int64
+			readFields(b, func(num uint64, v uint64, _ []byte) {
+				switch num {
+				case 1:
+					seconds = int64(v)
+				case 2:
+					nanos = int64(int32(v))
+				}
+			})
+			delay, ok = durationOf(seconds, nanos), true
+		})
+		return delay, ok
+	}
+	return 0, false
+}
+
+// durationOf is seconds and nanos as a time.Duration, saturated, as
+// durationpb's AsDuration makes it.
+func durationOf(seconds, nanos int64) time.Duration {
+	const maxSeconds = math.MaxInt64 / int64(time.Second)
+	switch {
+	case seconds > maxSeconds:
+		return math.MaxInt64
+	case seconds < -maxSeconds:
+		return math.MinInt64
+	}
+	return time.Duration(seconds)*time.Second + time.Duration(nanos)
+}
+
+// detail is a google.rpc detail of an error: its message's full name and
+// its bytes.
+type detail struct {
+	name  string
+	value []byte
+}
+
+// rpcDetails returns the details of the first error in err's tree that
+// carries some the way grpc-go's status errors do (GRPCStatus().Proto(),
+// whose Details are google.protobuf.Any) or the way connect-go's errors do
+// (Details(), each with Type() and Bytes()).
+//
+// It reads them by method name, through reflect, so that this package
+// imports neither library, nor protobuf: it is the vocabulary every entry
+// point imports, and a net/http service built on idemhttp would otherwise
+// link grpc-go and the protobuf runtime (2.7 MB) for two readers it never
+// calls. The names are those of grpc-go's and connect-go's stable APIs;
+// interceptor's and idemconnect's tests read their errors with it.
+func rpcDetails(err error) []detail {
+	for err != nil {
+		v := reflect.ValueOf(err)
+		if st, ok := call(v, "GRPCStatus"); ok {
+			if p, ok := call(st, "Proto"); ok && p.Kind() == reflect.Pointer && p.Elem().Kind() == reflect.Struct {
+				return anyDetails(p.Elem().FieldByName("Details"))
+			}
+		}
+		if ds, ok := call(v, "Details"); ok && ds.Kind() == reflect.Slice {
+			var out []detail
+			for i := range ds.Len() {
+				typ, ok1 := call(ds.Index(i), "Type")
+				b, ok2 := call(ds.Index(i), "Bytes")
+				if ok1 && ok2 && typ.Kind() == reflect.String && b.Type() == reflect.TypeFor[[]byte]() {
+					out = append(out, detail{typ.String(), b.Bytes()})
+				}
+			}
+			return out
+		}
+		err = unwrapOne(err)
+	}
+	return nil
+}
+
+// unwrapOne is the error err wraps, the first of those it joins.
+func unwrapOne(err error) error {
+	if u := errors.Unwrap(err); u != nil {
+		return u
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok && len(j.Unwrap()) > 0 {
+		return j.Unwrap()[0]
+	}
+	return nil
+}
+
+// anyDetails reads a []*anypb.Any.
+func anyDetails(ds reflect.Value) []detail {
+	if ds.Kind() != reflect.Slice {
+		return nil
+	}
+	var out []detail
+	for i := range ds.Len() {
+		a := ds.Index(i)
+		if a.Kind() != reflect.Pointer || a.IsNil() || a.Elem().Kind() != reflect.Struct {
+			continue
+		}
+		url, value := a.Elem().FieldByName("TypeUrl"), a.Elem().FieldByName("Value")
+		if url.Kind() == reflect.String && value.IsValid() && value.Type() == reflect.TypeFor[[]byte]() {
+			out = append(out, detail{url.String()[strings.LastIndexByte(url.String(), '/')+1:], value.Bytes()})
+		}
+	}
+	return out
+}
+
+// call calls v's method name, which takes nothing and returns one value; ok
+// is false if v has no such method or is a nil pointer.
+func call(v reflect.Value, name string) (reflect.Value, bool) {
+	if !v.IsValid() || (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && v.IsNil() {
+		return reflect.Value{}, false
+	}
+	m := v.MethodByName(name)
+	if !m.IsValid() || m.Type().NumIn() != 0 || m.Type().NumOut() != 1 {
+		return reflect.Value{}, false
+	}
+	return m.Call(nil)[0], true
+}
+
+// readFields calls f with each field of the protobuf message b: its number,
+// a varint's value, a length-delimited field's bytes. It stops at the
+// first field it cannot read.
+func readFields(b []byte, f func(num, v uint64, bytes []byte)) {
+	for len(b) > 0 {
+		tag, n := binary.Uvarint(b)
+		if n <= 0 {
+			return
+		}
+		b = b[n:]
+		switch num := tag >> 3; tag & 7 {
+		case 0: // varint
+			v, n := binary.Uvarint(b)
+			if n <= 0 {
+				return
+			}
+			f(num, v, nil)
+			b = b[n:]
+		case 1: // 64-bit
+			if len(b) < 8 {
+				return
+			}
+			b = b[8:]
+		case 2: // length-delimited
+			l, n := binary.Uvarint(b)
+			if n <= 0 || l > uint64(len(b)-n) {
+				return
+			}
+			f(num, 0, b[n:n+int(l)])
+			b = b[n+int(l):]
+		case 5: // 32-bit
+			if len(b) < 4 {
+				return
+			}
+			b = b[4:]
+		default:
+			return
+		}
+	}
+}
