@@ -38,9 +38,9 @@
 // The repository's docs/answers.md has the table of every situation's
 // answer on every entry point: gRPC code, HTTP status, consumer action.
 //
-// A client reads the reason back with its transport's helper:
-// interceptor.Reason for a gRPC error, idemconnect.Reason for a Connect
-// error, idemhttp.ProblemReason for an HTTP problem's type.
+// A client reads the reason back with Reason, from a gRPC or a Connect
+// error alike (RetryDelay, the wait an in-progress answer asks), and with
+// idemhttp.ProblemReason from an HTTP problem's type.
 //
 // # Keys
 //

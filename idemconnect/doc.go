@@ -65,8 +65,8 @@
 //     headers with its own protocol, as trailers with gRPC's. idemkey.ParseReplayed reads
 //     it.
 //   - Answers of idemkey's own are the gRPC interceptor's codes, with a
-//     google.rpc.ErrorInfo of domain idemkey.dev (Reason reads it); a key in
-//     progress is Aborted with Retry-After and a RetryInfo (RetryDelay).
+//     google.rpc.ErrorInfo of domain idemkey.dev (idemkey.Reason reads it); a key in
+//     progress is Aborted with Retry-After and a RetryInfo (idemkey.RetryDelay).
 //   - Every answer about a key with a record, or in progress, carries
 //     Idempotency-Key-Expires; the client interceptor sends
 //     Idempotency-First-Sent, and a key first sent longer ago than the
@@ -113,7 +113,7 @@
 //     calling a Connect server does not retry Aborted (in progress) by
 //     itself. Its retry of Unavailable transmitted before any header is
 //     unaffected. A Connect client has no retry policy: retry in your code,
-//     sending the same *connect.Request again, and wait RetryDelay.
+//     sending the same *connect.Request again, and wait idemkey.RetryDelay.
 //   - The client interceptor writes the key and the first-sent time into
 //     the request's header, so a *connect.Request reused for another
 //     operation carries the first one's: build one Request per operation.

@@ -80,7 +80,8 @@ func WithFingerprint(f FingerprintFunc) Option {
 // with InvalidArgument (IDEMPOTENCY_KEY_INVALID); one that sets neither has
 // no key. The default fingerprint leaves the field out, so that a request
 // fingerprints alike whichever way its key came; a FingerprintFunc of your
-// own should leave it out too. The client interceptor sends no key of its
+// own should leave it out too (clear it on a proto.Clone of the request
+// before protokey.HashRequest). The client interceptor sends no key of its
 // own with a request that sets the field.
 //
 // Turning it on changes the fingerprint of requests that set the field, so

@@ -4,8 +4,6 @@
 // Use first HashRequest, the canonical fingerprint: a custom
 // FingerprintFunc of interceptor or idemconnect that hashes a subset of a
 // request should start from it. RequestIDField and KeyFromField read an
-// AIP-155 key field (request_id). The rest (DescribeMethod, Lookup,
-// RPCMetrics, EncodeResponse, DecodeOutcome, RequestKey,
-// HashRequestWithout) is the kit the two adapters are built from: a
-// handler needs none of it.
+// AIP-155 key field (request_id). The kit the two adapters are built from
+// is protokey/rpckit, which a handler needs none of.
 package protokey
