@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -214,15 +215,23 @@ var (
 	readmeGoKey = regexp.MustCompile(`\b(?:UseKey(?:FirstSent)?\(|ContextWithKey(?:FirstSent)?\([^,()]+,\s*)("(?:[^"\\]|\\.)*")`)
 )
 
-// readmeKeys returns the keys README.md shows, each once, in order; it
+// readmeKeys returns the keys README.md and docs/ show, each once, in order; it
 // fails the test if there are none, or one is not a valid key.
 func readmeKeys(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("../../README.md")
+	// The README's snippets and sessions moved into docs/: read both.
+	pages, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	text := string(b)
+	var text string
+	for _, page := range append([]string{"../../README.md"}, pages...) {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		text += string(b) + "\n"
+	}
 	var keys []string
 	add := func(key string) {
 		if err := idemkey.ValidateKey(key); err != nil {
