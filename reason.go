@@ -61,17 +61,21 @@ func RetryDelay(err error) (delay time.Duration, ok bool) {
 	return 0, false
 }
 
-// durationOf is seconds and nanos as a time.Duration, saturated, as
-// durationpb's AsDuration makes it.
+// durationOf is seconds and nanos as a time.Duration, saturated as
+// durationpb's AsDuration saturates it: a hostile or broken peer's delay
+// never wraps around to a negative wait, nor a negative one to a positive.
 func durationOf(seconds, nanos int64) time.Duration {
-	const maxSeconds = math.MaxInt64 / int64(time.Second)
+	d := time.Duration(seconds) * time.Second
+	overflow := d/time.Second != time.Duration(seconds)
+	d += time.Duration(nanos)
+	overflow = overflow || seconds < 0 && nanos < 0 && d > 0 || seconds > 0 && nanos > 0 && d < 0
 	switch {
-	case seconds > maxSeconds:
-		return math.MaxInt64
-	case seconds < -maxSeconds:
+	case !overflow:
+		return d
+	case seconds < 0:
 		return math.MinInt64
 	}
-	return time.Duration(seconds)*time.Second + time.Duration(nanos)
+	return math.MaxInt64
 }
 
 // detail is a google.rpc detail of an error: its message's full name and

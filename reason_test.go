@@ -3,6 +3,7 @@ package idemkey_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 	"time"
 
@@ -40,6 +41,26 @@ func TestReason(t *testing.T) {
 		}
 		if d, ok := idemkey.RetryDelay(err); ok {
 			t.Errorf("RetryDelay(%v) = %v, want none", err, d)
+		}
+	}
+}
+
+// TestDurationSaturates: a RetryInfo delay at the edges of Duration's range
+// saturates, as durationpb's AsDuration does, rather than wrap around.
+func TestDurationSaturates(t *testing.T) {
+	for _, tc := range []struct {
+		seconds, nanos int64
+		want           time.Duration
+	}{
+		{1, 500, time.Second + 500},
+		{9223372036, 999999999, math.MaxInt64},
+		{-9223372036, -999999999, math.MinInt64},
+		{math.MaxInt64, 0, math.MaxInt64},
+		{math.MinInt64, 0, math.MinInt64},
+		{9223372036, 854775807, math.MaxInt64},
+	} {
+		if got := idemkey.DurationOf(tc.seconds, tc.nanos); got != tc.want {
+			t.Errorf("durationOf(%d, %d) = %v, want %v", tc.seconds, tc.nanos, got, tc.want)
 		}
 	}
 }

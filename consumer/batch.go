@@ -43,7 +43,7 @@ func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery, h BatchHandl
 	results := make([]Result, len(ds))
 	for i, x := range xs {
 		results[i] = x.res
-		if ds[i].Last && x.res.Outcome == StoreFailed {
+		if ds[i].Last && x.res.Outcome == StoreFailed && x.res.Action == Nak {
 			// Its last delivery is held until the store answers, on its
 			// own, as Process holds one.
 			results[i] = c.Process(ctx, ds[i], x.h)

@@ -225,6 +225,11 @@ var errStillBusy = errors.New("idemkey/consumer: the message was still in progre
 // is not done.
 var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
 
+// errUnopened is the Err of a StoreFailed Result whose message's record
+// does not open (engine.Answer.Unopened): no redelivery will open it, so
+// its last delivery is dead-lettered rather than held.
+var errUnopened = errors.New("idemkey/consumer: the message's record does not open (engine.WithSealer)")
+
 // Process decides what to do with one delivery, running h unless its id was
 // processed before or is in progress, and returns what the adapter tells the
 // broker. ctx bounds the store's operations and h; WithHandlerTimeout bounds
@@ -237,7 +242,7 @@ var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable
 // documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 	res := c.serve(ctx, d, h)
-	for attempt := max(d.Attempt, 1); d.Last && res.Outcome == StoreFailed; attempt++ {
+	for attempt := max(d.Attempt, 1); d.Last && res.Outcome == StoreFailed && res.Action == Nak; attempt++ {
 		if attempt == max(d.Attempt, 1) {
 			c.Warn(ctx, "the store failed on a message's last delivery; the delivery is held, and tried again until the store answers", ownError(res.Err))
 		}
@@ -324,7 +329,7 @@ func (c *Consumer) run(ctx context.Context, h Handler) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			err = fmt.Errorf("%w: a panic of type %T", ErrPanicked, v)
-			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message's handler panicked; its id is released and it is redelivered",
+			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message's handler panicked; its id is released, and it fails for now",
 				slog.String("operation", c.op.Name()), slog.Any("error", err))
 		}
 	}()
@@ -415,20 +420,24 @@ func (c *Consumer) answer(ctx context.Context, d Delivery, a engine.Answer, ran 
 	}
 	// StoreFailed; a consumer never fails open.
 	err := ctx.Err()
-	if err == nil {
+	switch {
+	case err != nil:
+	case a.Unopened:
+		err = errUnopened
+	default:
 		err = errStoreUnavailable
 	}
 	return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
 }
 
 // lastDelivery is res, unless d is the message's last delivery and res
-// would have it redelivered: a message that failed for now, or was still in
-// progress elsewhere when the engine stopped waiting for it. It is then
-// dead-lettered and acknowledged: the broker would drop it. A store that
-// failed is no reason to spend a last delivery: Process holds it and tries
-// again, and a StoreFailed Result stays a Nak.
+// would have it redelivered: a message that failed for now, was still in
+// progress elsewhere when the engine stopped waiting for it, or whose record
+// does not open. It is then dead-lettered and acknowledged: the broker would
+// drop it. A store that failed is no reason to spend a last delivery:
+// Process holds it and tries again, and its StoreFailed Result stays a Nak.
 func (c *Consumer) lastDelivery(d Delivery, res Result) Result {
-	if !d.Last || res.Action != Nak || res.Outcome == StoreFailed {
+	if !d.Last || res.Action != Nak || res.Outcome == StoreFailed && !errors.Is(res.Err, errUnopened) {
 		return res
 	}
 	res.Action, res.DeadLetter = Ack, true
@@ -568,7 +577,7 @@ func (c *Consumer) DiscardsDeadLetters() bool { return c.opts.discardDeadLetters
 // engine's, whose words hold nothing of a message's: every one a consumer
 // answers with but the handler's.
 var ownErrors = []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrExpired, ErrLastDelivery,
-	ErrPanicked, errStillBusy, errStoreUnavailable, store.ErrFull, store.ErrDataLost}
+	ErrPanicked, errStillBusy, errStoreUnavailable, errUnopened, store.ErrFull, store.ErrDataLost}
 
 // ownError is err, if it is one of ownErrors or an engine.FirstSentError;
 // or else a stand-in that names only a gRPC status's code, or the error's

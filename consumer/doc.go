@@ -1,9 +1,9 @@
 // Package consumer drops the duplicates of at-least-once delivery: it runs a
 // message consumer's handler once per message id, on idemkey's
 // engine and stores, and tells the broker adapter what to do with each
-// delivery. It knows no broker: idemnats (NATS JetStream) and idemamqp
-// (RabbitMQ) read a message's id, tenant and delivery count into a Delivery,
-// call Process, and act on its Result.
+// delivery. It knows no broker: idemnats (NATS JetStream), idemamqp
+// (RabbitMQ) and idemkafka (Kafka) read a message's id, tenant and delivery
+// count into a Delivery, call Process, and act on its Result.
 //
 // Every broker redelivers: after a consumer crashed before its
 // acknowledgement, after an ack timeout, after a broker restart, when a
@@ -21,7 +21,7 @@
 //	if err != nil { ... }
 //	core, err := consumer.New(eng, "billing", consumer.WithSystem("nats"), consumer.WithAtomic())
 //	if err != nil { ... }
-//	// then idemnats.New(ctx, core, ...) or idemamqp.New(core, ...)
+//	// then idemnats.New(ctx, core, ...), idemamqp.New(core, ...) or idemkafka.New(ctx, core, ...)
 //
 // A broker may drop duplicates itself, before any consumer, and without a
 // tenant: JetStream drops a message whose Nats-Msg-Id it stored within the

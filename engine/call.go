@@ -70,6 +70,7 @@ type call struct {
 	leaseEnd    time.Time         // when, at the earliest, the store ends the lease
 	ended       bool              // recorded or released
 	stale       bool              // first sent too long ago to run if the key has no record
+	unopened    bool              // StoreUnavailable because the key's record does not open
 
 	recorded     bool // the outcome was recorded (noteWrite), for the hooks
 	recordedSize int
@@ -274,6 +275,7 @@ func (c *call) wait(r request) time.Duration {
 
 func (c *call) storeFailed(ctx context.Context, op string, err error) {
 	c.Verdict = StoreUnavailable
+	c.unopened = errors.Is(err, errUnopened)
 	if ctx.Err() == nil {
 		c.log(ctx, slog.LevelError, op+" failed", err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"log/slog"
 	"time"
 
@@ -134,7 +135,7 @@ func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 		// redelivery would run it again beside itself.
 		return nil, fmt.Errorf("idemkey: operation %q: the handler timeout (%v, consumer.WithHandlerTimeout) needs a lease of %v more, "+
 			"but the longest lease is %v (engine.WithMaxLease): a handler still running when its lease ends may run again beside itself; "+
-			"give engine.WithMaxLease at least %v, or shorten the timeout", spec.Name, t, leaseGrace, e.opts.maxLease, t+leaseGrace)
+			"give engine.WithMaxLease at least %v, or shorten the timeout", spec.Name, t, leaseGrace, e.opts.maxLease, min(t, math.MaxInt64-leaseGrace)+leaseGrace)
 	}
 	if spec.Tenant == nil && e.opts.tenant == nil && !e.opts.singleTenant {
 		return nil, errNoTenant

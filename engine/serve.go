@@ -134,6 +134,11 @@ type Answer struct {
 	// RetryAfter is how long to wait before a retry, for InProgress and
 	// StoreFull.
 	RetryAfter time.Duration
+	// Unopened is true, for StoreUnavailable, when the key's record does not
+	// open (a sealed record the key ring cannot open): the store answers,
+	// and no retry of the call opens it, as a broker's redelivery could
+	// wait for a store that failed for now.
+	Unopened bool
 	// Expires is until when the call's key is honoured: its record's
 	// creation plus the retention, on the store's clock, the same for every
 	// answer about the key; zero (the store cannot say) sends no expiry.
@@ -209,7 +214,7 @@ func (c *call) pass(ctx context.Context, x Exchange) int {
 // answerOf is the Answer of the call's verdict, for a call whose handler
 // did not run, or whose record another call's superseded.
 func (c *call) answerOf() Answer {
-	a := Answer{Verdict: c.Verdict, RetryAfter: c.RetryAfter, Expires: c.Expires}
+	a := Answer{Verdict: c.Verdict, RetryAfter: c.RetryAfter, Expires: c.Expires, Unopened: c.unopened}
 	if c.Verdict == Replayed {
 		a.Outcome = c.Outcome
 	}

@@ -67,7 +67,8 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 	}
 	w.logger.Info("consuming", "topic", cfg.topic, "group", cfg.name, "batch", cfg.batch)
 	// As in consumeNATS: a stop lets the poll in hand finish.
-	work := context.WithoutCancel(ctx)
+	work, endWork := workContext(ctx)
+	defer endWork()
 	for {
 		// One at a time, a poll takes what the client holds; each record is
 		// committed on its own.

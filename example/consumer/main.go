@@ -218,6 +218,20 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	return consumeAMQP(ctx, cfg, core, w)
 }
 
+// stopGrace is how long a stop lets the messages in hand finish: one that
+// takes longer, such as a last delivery held while the store fails, is then
+// cut short and negative-acknowledged, rather than hold the stop for ever.
+const stopGrace = 10 * time.Second
+
+// workContext is the context messages are processed on: it ends stopGrace
+// after ctx does, so that a stop lets the message in hand finish its store
+// calls rather than cut them short.
+func workContext(ctx context.Context) (context.Context, context.CancelFunc) {
+	work, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { time.AfterFunc(stopGrace, cancel) })
+	return work, func() { stop(); cancel() }
+}
+
 // countSet counts the values that are not empty.
 func countSet(values ...string) int {
 	n := 0
@@ -308,9 +322,11 @@ func why(err error) slog.Attr {
 	return slog.String("reason", err.Error())
 }
 
-// deadLetter stands in for a dead-letter destination: it logs why.
+// deadLetter stands in for a dead-letter destination, which a real
+// consumer keeps (a subject, a queue, a table): it logs why, and that log
+// line is the dead letter.
 func (w *worker) deadLetter(err error) error {
-	w.logger.Warn("dead letter: the message failed for good or was refused", why(err))
+	w.logger.Warn("dead letter, kept in this log only: the message failed for good, was refused, or ran out of deliveries", why(err))
 	return nil
 }
 
@@ -359,7 +375,8 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 	}
 	// Messages are processed on a context of their own: a stop lets the one
 	// in hand finish rather than cut its store calls short.
-	work := context.WithoutCancel(ctx)
+	work, endWork := workContext(ctx)
+	defer endWork()
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
 		res := c.Process(work, msg)
 		w.beforeAck(res)
@@ -392,7 +409,8 @@ func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer
 	defer it.Stop()
 	w.logger.Info("consuming", "stream", cfg.stream, "consumer", cfg.name, "batch", cfg.batch)
 	// As in consumeNATS: a stop lets the batch in hand finish.
-	work := context.WithoutCancel(ctx)
+	work, endWork := workContext(ctx)
+	defer endWork()
 	for {
 		msgs, err := idemnats.NextBatch(ctx, it, cfg.batch, cfg.batchWait)
 		if ctx.Err() != nil {
@@ -489,7 +507,8 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	// in hand finish rather than cut their store calls short. Their
 	// acknowledgements end with this connection: a message waiting out its
 	// delay is then requeued at once (by the broker, if the channel is gone).
-	work := context.WithoutCancel(ctx)
+	work, endWork := workContext(ctx)
+	defer endWork()
 	settleCtx, endSettles := context.WithCancel(ctx)
 	defer endSettles()
 	var wg sync.WaitGroup

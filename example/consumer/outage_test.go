@@ -59,6 +59,29 @@ func TestStoreOutage(t *testing.T) {
 	})
 }
 
+// TestStopDuringOutage: a consumer stopped while a last delivery waits for
+// its store stops within its grace, and acknowledges nothing it did not run.
+func TestStopDuringOutage(t *testing.T) {
+	forEachBroker(t, func(t *testing.T, newBroker func(*testing.T) broker) {
+		b := newBroker(t)
+		redis := redistest.Start(t)
+		args := append(b.args(""), "-redis-url", "redis://"+redis.Addr,
+			"-max-deliver", "2", "-backoff", "20ms", "-max-backoff", "100ms")
+		p := start(t, "consumer", args...)
+		redis.Kill()
+		schema := pgtest.Schema(t) // a unique id
+		send(t, b, "id-held-"+schema, "acme", body(1))
+		waitFor(t, time.Minute, "a last delivery held", func() bool { return p.count("the delivery is held") > 0 })
+		p.stop(t) // within 30s: the grace is 10s
+		if n := p.count("msg=message", "action=ack"); n != 0 {
+			t.Fatalf("%d messages acknowledged, want none:\n%s", n, p.log())
+		}
+		if n := p.count("neither run nor dead-lettered"); n != 1 {
+			t.Fatalf("the stop of the held delivery was logged %d times, want once:\n%s", n, p.log())
+		}
+	})
+}
+
 // TestHandlerTimeoutOutlastsLease: a handler timeout that the engine's
 // longest lease (10 minutes) would cut short is refused at start, naming
 // both settings, rather than let a redelivery run a handler beside itself.
