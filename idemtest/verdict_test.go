@@ -160,10 +160,13 @@ func TestEffectAfterReply(t *testing.T) {
 	b := openBackend(t, "postgres")
 	var reads atomic.Int32
 	effects := func(ctx context.Context) (int, error) {
-		if reads.Add(1) == 2 { // the count after the call's answer
+		n, err := b.effects(ctx)
+		// Only once the count after the call's answer is read does the
+		// handler's goroutine make its effect: the kit reads it later.
+		if reads.Add(1) == 2 {
 			close(b.afterReply)
 		}
-		return b.effects(ctx)
+		return n, err
 	}
 	r := tbtest.New(t)
 	client := grpcClient(t, &service{b: b, mistake: effectAfterReply}, idemtest.New(r, idemtest.Chaos{Effects: effects}))
