@@ -42,12 +42,9 @@ func (c *Consumer) ProcessBatch(ctx context.Context, ds []Delivery, h BatchHandl
 	c.eng.ServeBatch(ctx, c.op, exchanges)
 	results := make([]Result, len(ds))
 	for i, x := range xs {
-		results[i] = x.res
-		if ds[i].Last && x.res.Outcome == StoreFailed && x.res.Action == Nak {
-			// Its last delivery is held until the store answers, on its
-			// own, as Process holds one.
-			results[i] = c.Process(ctx, ds[i], x.h)
-		}
+		// A last delivery that met a failing store is held, on its own
+		// after the batch, as Process holds one.
+		results[i] = c.hold(ctx, ds[i], x.h, x.res)
 	}
 	return results
 }

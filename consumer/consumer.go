@@ -241,11 +241,18 @@ var errUnopened = errors.New("idemkey/consumer: the message's record does not op
 // each backoff until the store answers or ctx ends (see the package
 // documentation).
 func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
-	res := c.serve(ctx, d, h)
-	for attempt := max(d.Attempt, 1); d.Last && res.Outcome == StoreFailed && res.Action == Nak; attempt++ {
-		if attempt == max(d.Attempt, 1) {
-			c.Warn(ctx, "the store failed on a message's last delivery; the delivery is held, and tried again until the store answers", ownError(res.Err))
-		}
+	return c.hold(ctx, d, h, c.serve(ctx, d, h))
+}
+
+// hold is res, d's Result, unless d is a last delivery that met a failing
+// store (held): then d is tried again after each backoff until the store
+// answers or ctx ends, and hold is the last try's Result.
+func (c *Consumer) hold(ctx context.Context, d Delivery, h Handler, res Result) Result {
+	if !held(d, res) {
+		return res
+	}
+	c.Warn(ctx, "the store failed on a message's last delivery; the delivery is held, and tried again until the store answers", ownError(res.Err))
+	for attempt := max(d.Attempt, 1); held(d, res); attempt++ {
 		if !store.Pause(ctx, c.backoff(attempt)) {
 			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: the consumer stopped while a message's last delivery waited for the store; "+
 				"it is negative-acknowledged, neither run nor dead-lettered, and the broker may not deliver it again",
@@ -255,6 +262,13 @@ func (c *Consumer) Process(ctx context.Context, d Delivery, h Handler) Result {
 		res = c.serve(ctx, d, h)
 	}
 	return res
+}
+
+// held reports whether res, d's Result, is one that Process holds: the last
+// delivery of a message whose store failed, to be redelivered (a record
+// that does not open was dead-lettered by lastDelivery instead).
+func held(d Delivery, res Result) bool {
+	return d.Last && res.Outcome == StoreFailed && res.Action == Nak
 }
 
 // serve is what one try of d, with h, decides.
