@@ -45,10 +45,11 @@ func pgStore(t *testing.T) *postgres.Store {
 	return st
 }
 
-// pgStoreAndPool is a store on a fresh schema, and its pool.
-func pgStoreAndPool(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
+// pgStoreAndPool is a store on a fresh schema, and its pool, configured
+// by configure.
+func pgStoreAndPool(t *testing.T, configure ...func(*pgxpool.Config)) (*postgres.Store, *pgxpool.Pool) {
 	t.Helper()
-	pool := pgtest.Pool(t, pgtest.Schema(t))
+	pool := pgtest.Pool(t, pgtest.Schema(t), configure...)
 	if err := postgres.Migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}

@@ -15,9 +15,7 @@ import (
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/logtest"
-	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/store/memory"
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // TestLastDeliveryStoreDown: a store that fails is no reason to spend a
@@ -26,16 +24,9 @@ import (
 // answers again: here its table is locked by an operator's transaction,
 // which each try outwaits for 100ms.
 func TestLastDeliveryStoreDown(t *testing.T) {
-	pool := pgtest.Pool(t, pgtest.Schema(t), func(c *pgxpool.Config) {
+	st, pool := pgStoreAndPool(t, func(c *pgxpool.Config) {
 		c.ConnConfig.RuntimeParams["lock_timeout"] = "100ms"
 	})
-	if err := postgres.Migrate(t.Context(), pool); err != nil {
-		t.Fatal(err)
-	}
-	st, err := postgres.New(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, atomic := range []bool{false, true} {
 		opts := []consumer.Option{consumer.WithBackoff(10*time.Millisecond, 50*time.Millisecond)}
 		if atomic {
@@ -84,14 +75,7 @@ func TestLastDeliveryStoreDown(t *testing.T) {
 // delivery waits for its store negative-acknowledges it: never acknowledged
 // unrun, never dead-lettered for the store's failure.
 func TestLastDeliveryStoreDownStops(t *testing.T) {
-	pool := pgtest.Pool(t, pgtest.Schema(t))
-	if err := postgres.Migrate(t.Context(), pool); err != nil {
-		t.Fatal(err)
-	}
-	st, err := postgres.New(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, pool := pgStoreAndPool(t)
 	logger, logs := logtest.New()
 	c := newConsumer(t, st, []engine.Option{engine.WithLogger(logger)}, consumer.WithBackoff(10*time.Millisecond, 50*time.Millisecond))
 	pool.Close() // the store is down for good

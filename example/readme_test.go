@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -276,21 +277,29 @@ func TestREADMEPostgres(t *testing.T) {
 	}
 }
 
-// The README's atomic handler writes its charge in the call's transaction.
-func TestREADMEAtomic(t *testing.T) {
+// paymentsStore is a store on a fresh schema with the atomic snippet's
+// payments table, and its pool.
+func paymentsStore(t *testing.T) (*postgres.Store, *pgxpool.Pool) {
+	t.Helper()
 	pool := pgtest.Pool(t, pgtest.Schema(t))
-	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
-	defer cancel()
-	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id text PRIMARY KEY, amount bigint, currency text)`); err != nil {
+	if _, err := pool.Exec(t.Context(), `CREATE TABLE payments (id text PRIMARY KEY, amount bigint, currency text)`); err != nil {
 		t.Fatal(err)
 	}
-	if err := postgres.Migrate(ctx, pool); err != nil {
+	if err := postgres.Migrate(t.Context(), pool); err != nil {
 		t.Fatal(err)
 	}
 	st, err := postgres.New(pool)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return st, pool
+}
+
+// The README's atomic handler writes its charge in the call's transaction.
+func TestREADMEAtomic(t *testing.T) {
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	st, pool := paymentsStore(t)
 	lis := listen(t)
 	srv := grpctest.Must(newAtomicServer(st))
 	go srv.Serve(lis)
@@ -314,19 +323,9 @@ func TestREADMEAtomic(t *testing.T) {
 // is fixed, the same key charges, rather than replay the guard's error for
 // the key's whole retention.
 func TestREADMEAtomicGuardReleases(t *testing.T) {
-	pool := pgtest.Pool(t, pgtest.Schema(t))
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	if _, err := pool.Exec(ctx, `CREATE TABLE payments (id text PRIMARY KEY, amount bigint, currency text)`); err != nil {
-		t.Fatal(err)
-	}
-	if err := postgres.Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	st, err := postgres.New(pool)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st, pool := paymentsStore(t)
 	serve := func(srv *grpc.Server) paymentsv1.PaymentServiceClient {
 		lis := listen(t)
 		go srv.Serve(lis)
