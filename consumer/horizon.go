@@ -8,24 +8,22 @@ import (
 )
 
 // Horizon is how long after a message is first processed the broker may
-// still deliver it again, as an adapter reads it from the broker's settings.
+// still deliver it again, as a Broker reads it from the broker's settings.
 type Horizon struct {
 	// Bound is the horizon, when Unbounded is false.
 	Bound time.Duration
-	// Unbounded is true when the broker may redeliver a message at any
-	// time: it keeps messages without a limit of age and redelivers them
-	// without a limit of count.
+	// Unbounded is true when the broker may deliver a message again at any
+	// time.
 	Unbounded bool
-	// Source names the settings it comes from, for the error: "stream
-	// PAYMENTS: max age", "queue q: x-message-ttl".
+	// Source names the settings it comes from: "stream PAYMENTS: max age".
 	Source string
-	// Fix says which of the broker's settings bounds it, for the error.
+	// Fix says which of the broker's settings bounds it.
 	Fix string
 }
 
-// HorizonError is CheckHorizon's answer when records would expire while the
-// broker may still redeliver their messages: a message redelivered after its
-// record expired runs again.
+// HorizonError is New's refusal of a consumer whose records would expire
+// while the broker may still deliver their messages again: such a message
+// would run again.
 type HorizonError struct {
 	Consumer  string
 	Retention time.Duration
@@ -47,19 +45,17 @@ func (e *HorizonError) Error() string {
 		e.Consumer, e.Retention, e.Horizon.Bound, e.Horizon.Source, fix)
 }
 
-// CheckHorizon compares the consumer's retention with the broker's
-// redelivery horizon h. When records would expire first it returns a
-// *HorizonError, or, with WithHorizonWarning, logs it at Error level and
-// returns nil.
-func (c *Consumer) CheckHorizon(ctx context.Context, h Horizon) error {
+// checkHorizon returns a *HorizonError when records would expire before h
+// ends; with WithHorizonWarning it logs it at Error level instead.
+func (c *core) checkHorizon(h Horizon) error {
 	if !h.Unbounded && h.Bound <= c.eng.Retention() {
 		return nil
 	}
 	err := &HorizonError{Consumer: c.op.Name(), Retention: c.eng.Retention(), Horizon: h}
-	if c.opts.warnHorizon {
-		c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a redelivered message may run again (WithHorizonWarning)",
-			slog.String("operation", c.op.Name()), slog.Any("error", err))
-		return nil
+	if !c.opts.warnHorizon {
+		return err
 	}
-	return err
+	c.eng.Logger().LogAttrs(context.Background(), slog.LevelError, "idemkey: a redelivered message may run again (WithHorizonWarning)",
+		slog.String("operation", c.op.Name()), slog.Any("error", err))
+	return nil
 }

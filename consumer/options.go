@@ -1,13 +1,16 @@
 package consumer
 
-import "time"
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"time"
+)
 
 // RecommendedRetention is the retention to give engine.WithRetention for a
-// consumer's engine: days, not the hours of an API's key
-// (engine.DefaultRetention), since a processed message's id must outlive
-// every redelivery of it, and a consumer may be down for a weekend. The
-// adapters compare the engine's retention with the broker's redelivery
-// horizon (CheckHorizon), whatever it is.
+// consumer's engine: days, not an API key's hours, since a processed
+// message's id must outlive every redelivery of it, and a consumer may be
+// down for a weekend. New checks it against the broker's horizon.
 const RecommendedRetention = 7 * 24 * time.Hour
 
 // Defaults of a consumer, each changed by the option that names it.
@@ -20,57 +23,97 @@ const (
 type Option func(*options)
 
 type options struct {
-	system         string
 	atomic         bool
 	handlerTimeout time.Duration
 	final          func(error) bool
 	firstBackoff   time.Duration
 	maxBackoff     time.Duration
 	warnHorizon    bool
-	// discardDeadLetters lets an adapter run without a dead-letter hook
-	// (WithDiscardDeadLetters).
-	discardDeadLetters bool
+	discardDead    bool
+	// The functions of WithMessageID, WithMessageTenant and WithDeadLetter,
+	// of the broker's message type, which New checks.
+	id, tenant, deadLetter any
 }
 
 func newOptions(opts []Option) *options {
-	o := &options{
-		system:       "unknown",
-		final:        IsFinal,
-		firstBackoff: defaultFirstBackoff,
-		maxBackoff:   defaultMaxBackoff,
-	}
+	o := &options{final: IsFinal, firstBackoff: defaultFirstBackoff, maxBackoff: defaultMaxBackoff}
 	for _, opt := range opts {
 		opt(o)
 	}
 	return o
 }
 
-// WithSystem names the broker in the metrics' messaging.system attribute:
-// "nats", "rabbitmq" (OpenTelemetry's names). Without it, "unknown".
-func WithSystem(name string) Option { return func(o *options) { o.system = name } }
+// typed is f, one of the options' functions, as an F: a function of the
+// broker's message type. nil f is F's zero value.
+func typed[F any](option string, f any) (F, error) {
+	var zero F
+	if f == nil {
+		return zero, nil
+	}
+	g, ok := f.(F)
+	if !ok {
+		return zero, fmt.Errorf("idemkey/consumer: %s's function is a %T, but this broker's needs a %s", option, f, reflect.TypeFor[F]())
+	}
+	return g, nil
+}
+
+// WithMessageID sets how a message's id is read (the Broker's ID by
+// default: idemnats.MessageID, idemamqp.MessageID, idemkafka.MessageID); an
+// error refuses the message. M is the broker's message type.
+func WithMessageID[M any](f func(M) (string, error)) Option {
+	return func(o *options) {
+		if f != nil {
+			o.id = f
+		}
+	}
+}
+
+// WithMessageTenant scopes message ids to the tenant f reads from a message,
+// for example from a header its producer sets; an error refuses the
+// message. A broker that drops duplicates of its own ids across tenants
+// (JetStream) refuses a consumer whose ids could collide (see
+// idemnats.New).
+func WithMessageTenant[M any](f func(M) (string, error)) Option {
+	return func(o *options) {
+		if f != nil {
+			o.tenant = f
+		}
+	}
+}
+
+// WithDeadLetter sets the hook that keeps a message that failed for good, was
+// refused, or failed for now on its last delivery (Result.DeadLetter), before
+// it is settled: err says why (Cause words it safely; err's own words may
+// quote the message). If the hook fails, the message is delivered again and
+// handed to it again. New refuses a consumer with no hook unless
+// WithDiscardDeadLetters says to lose such messages.
+func WithDeadLetter[M any](f func(ctx context.Context, m M, err error) error) Option {
+	return func(o *options) {
+		if f != nil {
+			o.deadLetter = f
+		}
+	}
+}
 
 // WithAtomic runs each handler in a transaction of the store's that commits
 // with the message's record (the store must implement store.Atomic, as
-// store/postgres does): the handler's writes take effect exactly once, even
-// when the consumer dies at any point. The handler writes through the
-// transaction in its context (postgres.TxFromContext).
+// store/postgres does): the handler's writes take effect exactly once. The
+// handler writes through the transaction in its context
+// (postgres.TxFromContext).
 func WithAtomic() Option { return func(o *options) { o.atomic = true } }
 
-// WithHandlerTimeout bounds each run of the handler (engine.OperationSpec's
-// HandlerTimeout): its context ends after d. Its lease, the time before a
-// redelivery may presume it dead, is then the timeout plus a few seconds
-// (five): New refuses a d whose lease the engine's longest lease
-// (engine.WithMaxLease, ten minutes by default) would cut short. Without it
-// a handler runs unbounded under the engine's lease (engine.WithLease,
-// engine.DefaultLease by default), and one that outlasts its lease may run
-// again beside itself in two-phase mode.
+// WithHandlerTimeout bounds each run of the handler: its context ends after
+// d, and its lease is d plus five seconds, which New refuses if the engine's
+// longest lease (engine.WithMaxLease) is shorter. Without it a handler runs
+// unbounded under the engine's lease, and one that outlasts its lease may
+// run again beside itself in two-phase mode.
 func WithHandlerTimeout(d time.Duration) Option {
 	return func(o *options) { o.handlerTimeout = max(d, 0) }
 }
 
 // WithClassifier sets which of a handler's errors are final (IsFinal by
-// default): recorded, acknowledged and dead-lettered. The others release the
-// message's id and negative-acknowledge it with a backoff.
+// default): recorded and dead-lettered. The others release the message's id
+// and have it delivered again after a backoff.
 func WithClassifier(final func(error) bool) Option {
 	return func(o *options) {
 		if final != nil {
@@ -80,9 +123,9 @@ func WithClassifier(final func(error) bool) Option {
 }
 
 // WithBackoff sets the delay before a message that failed for now is
-// redelivered: first after its first delivery, doubling with each delivery
-// the broker counts, at most most (by default 1s and 1m).
-// Values of zero or less keep the defaults.
+// delivered again: first after its first delivery, doubling with each
+// delivery the broker counts, at most most (1s and 1m by default), less a
+// random part of up to a quarter. Values of zero or less keep the defaults.
 func WithBackoff(first, most time.Duration) Option {
 	return func(o *options) {
 		if first > 0 {
@@ -95,17 +138,12 @@ func WithBackoff(first, most time.Duration) Option {
 	}
 }
 
-// WithDiscardDeadLetters says what becomes of a message that would be
-// dead-lettered (Result.DeadLetter: a final failure, a refusal, a failure
-// for now on its last delivery) when the adapter has no dead-letter hook:
-// it is discarded, acknowledged (or, refused, terminated) and logged at
-// Error level, and nothing keeps it. The broker adapters' New refuses a
-// consumer with no dead-letter hook without it, so that no message is lost
-// unless the user says so.
-func WithDiscardDeadLetters() Option { return func(o *options) { o.discardDeadLetters = true } }
+// WithDiscardDeadLetters lets a consumer run with no dead-letter hook: a
+// message that would be dead-lettered is settled (acknowledged, or, refused,
+// rejected), logged at Error level, and kept by nothing.
+func WithDiscardDeadLetters() Option { return func(o *options) { o.discardDead = true } }
 
-// WithHorizonWarning makes CheckHorizon log its finding at Error level and
-// return nil, instead of refusing to start: for a broker whose redelivery
-// horizon is unbounded or longer than the retention, when its operator
-// accepts that a message redelivered that late runs again.
+// WithHorizonWarning makes New log a horizon longer than the retention at
+// Error level rather than refuse it: for an operator who accepts that a
+// message delivered again that late runs again.
 func WithHorizonWarning() Option { return func(o *options) { o.warnHorizon = true } }

@@ -63,12 +63,15 @@ func (e *Engine) Logger() *slog.Logger { return e.opts.logger }
 func (e *Engine) Retention() time.Duration { return e.opts.retention }
 
 // tenantOf returns the tenant of the call that x carries, whose context is
-// ctx: the operation's Tenant, else the engine's TenantFunc (WithTenant),
-// else "" (WithSingleTenant).
+// ctx: the Exchange's own (OperationSpec.OwnTenant), else the engine's
+// TenantFunc (WithTenant), else "" (WithSingleTenant).
 func (c *call) tenantOf(ctx context.Context, x Exchange) (string, error) {
 	switch {
-	case c.op.tenant != nil:
-		return c.op.tenant(x), nil
+	case c.op.ownTenant:
+		if t, ok := x.(interface{ Tenant() string }); ok {
+			return t.Tenant(), nil
+		}
+		return "", errNoOwnTenant
 	case c.e.opts.tenant != nil:
 		return c.e.opts.tenant(ctx)
 	}
@@ -82,7 +85,7 @@ type Operation struct {
 	atomic      bool
 	keyRequired bool
 	redelivers  bool
-	tenant      func(Exchange) string
+	ownTenant   bool
 	timeout     time.Duration // HandlerTimeout
 	metrics     *opMetrics
 }
@@ -99,10 +102,10 @@ type OperationSpec struct {
 	Atomic bool
 	// Metrics is the operation's metrics (see the package documentation).
 	Metrics MetricsSpec
-	// Tenant, if set, reads the tenant of each of the operation's calls from
-	// the call's Exchange, in place of the engine's TenantFunc (WithTenant):
-	// a message consumer's, from the message.
-	Tenant func(Exchange) string
+	// OwnTenant says that each call's Exchange tells its tenant, with a
+	// method Tenant() string, in place of the engine's TenantFunc
+	// (WithTenant): a message's, which the consumer reads.
+	OwnTenant bool
 	// HandlerTimeout, if positive, bounds each run of the handler (the
 	// context Exchange.Run gets ends after it) and sets the call's lease to
 	// it and a grace period, as a deadline that near would: a message
@@ -124,7 +127,7 @@ type OperationSpec struct {
 // Operation returns the operation spec describes; an error that names the
 // fix if it cannot be served on this engine: atomic mode on a store that
 // does not implement store.Atomic, no way to tell its tenants apart
-// (neither spec.Tenant, WithTenant nor WithSingleTenant), or a
+// (neither spec.OwnTenant, WithTenant nor WithSingleTenant), or a
 // HandlerTimeout whose lease WithMaxLease would cut short.
 func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if spec.Atomic && e.atomic == nil {
@@ -137,11 +140,11 @@ func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 			"but the longest lease is %v (engine.WithMaxLease): a handler still running when its lease ends may run again beside itself; "+
 			"give engine.WithMaxLease at least %v, or shorten the timeout", spec.Name, t, leaseGrace, e.opts.maxLease, min(t, math.MaxInt64-leaseGrace)+leaseGrace)
 	}
-	if spec.Tenant == nil && e.opts.tenant == nil && !e.opts.singleTenant {
+	if !spec.OwnTenant && e.opts.tenant == nil && !e.opts.singleTenant {
 		return nil, errNoTenant
 	}
 	return &Operation{name: spec.Name, atomic: spec.Atomic, keyRequired: spec.KeyRequired || e.opts.keyRequired,
-		redelivers: spec.Redelivers, tenant: spec.Tenant, timeout: max(spec.HandlerTimeout, 0), metrics: newOpMetrics(spec.Metrics)}, nil
+		redelivers: spec.Redelivers, ownTenant: spec.OwnTenant, timeout: max(spec.HandlerTimeout, 0), metrics: newOpMetrics(spec.Metrics)}, nil
 }
 
 // Name is the operation's name.

@@ -1458,7 +1458,7 @@ func TestNewRefusesMistakes(t *testing.T) {
 	if _, err := e.Operation(OperationSpec{Name: opName}); err == nil || !strings.Contains(err.Error(), "engine.WithSingleTenant") {
 		t.Errorf("an operation of an engine with no tenant: %v, want an error naming engine.WithTenant and engine.WithSingleTenant", err)
 	}
-	if _, err := e.Operation(OperationSpec{Name: opName, Tenant: func(Exchange) string { return "" }}); err != nil {
+	if _, err := e.Operation(OperationSpec{Name: opName, OwnTenant: true}); err != nil {
 		t.Errorf("an operation that reads its own tenant: %v", err)
 	}
 }

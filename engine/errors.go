@@ -36,6 +36,10 @@ var errSuperseded = errors.New("idemkey: another call recorded the key first")
 // batch.record staged is answered StoreUnavailable, and a retry finds out.
 var errBatchFailed = errors.New("idemkey: the batch's commit failed")
 
+// errNoOwnTenant refuses a call of an operation with
+// OperationSpec.OwnTenant whose Exchange has no Tenant method.
+var errNoOwnTenant = errors.New("idemkey: the operation's calls tell their own tenant (OperationSpec.OwnTenant), but this one's Exchange has no Tenant method")
+
 // errNoTenant is Engine.Operation's refusal of an engine that cannot tell
 // its callers apart.
 var errNoTenant = errors.New("idemkey: the engine cannot tell callers apart, so every caller would share one key space: " +

@@ -10,7 +10,7 @@ import (
 	"github.com/idemkey/idemkey/consumer"
 )
 
-// The headers a dead letter written by WithDeadLetterTopic carries besides
+// The headers a dead letter written by DeadLetterTopic carries besides
 // the record's own: why, and where the record was (named in its doc, not
 // exported: a reader of the topic need not import this package).
 const (
@@ -20,20 +20,21 @@ const (
 	headerOffset    = "idemkey-offset"    // its offset, in decimal
 )
 
-// WithDeadLetterTopic sets a dead-letter hook (WithDeadLetter) that writes
-// the record, its key, value and headers, to topic with the consumer's
-// client, and waits until Kafka has it; the cause and where the record was
-// are in the headers idemkey-error, idemkey-topic, idemkey-partition and
-// idemkey-offset (decimal). idemkey-error names idemkey's reason, or the handler's gRPC
-// code, or only its error's type: a handler's words may quote the record,
-// and the dead letter is read by others. A write that fails leaves the
-// record uncommitted, processed again.
-func WithDeadLetterTopic(topic string) Option {
-	return func(o *options) { o.deadLetterTopic = topic }
+// DeadLetterTopic is a dead-letter hook, for consumer.WithDeadLetter, that
+// writes the record, its key, value and headers, to topic with cl, and waits
+// until Kafka has it. The headers idemkey-error, idemkey-topic,
+// idemkey-partition and idemkey-offset (decimal) say why and where the
+// record was; idemkey-error is consumer.Cause's, never the handler's words,
+// which may quote the record. A write that fails leaves the record
+// uncommitted, processed again.
+func DeadLetterTopic(cl *kgo.Client, topic string) func(ctx context.Context, r *kgo.Record, err error) error {
+	return func(ctx context.Context, r *kgo.Record, err error) error {
+		return writeDeadLetter(ctx, cl, topic, r, err)
+	}
 }
 
-// writeDeadLetter writes r to the dead-letter topic, with why it failed.
-func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, err error) error {
+// writeDeadLetter writes r to topic, with why it failed.
+func writeDeadLetter(ctx context.Context, cl *kgo.Client, topic string, r *kgo.Record, err error) error {
 	headers := append(make([]kgo.RecordHeader, 0, len(r.Headers)+4), r.Headers...)
 	headers = append(headers,
 		kgo.RecordHeader{Key: headerError, Value: []byte(consumer.Cause(err))},
@@ -41,9 +42,9 @@ func (c *Consumer) writeDeadLetter(ctx context.Context, r *kgo.Record, err error
 		kgo.RecordHeader{Key: headerPartition, Value: []byte(strconv.FormatInt(int64(r.Partition), 10))},
 		kgo.RecordHeader{Key: headerOffset, Value: []byte(strconv.FormatInt(r.Offset, 10))},
 	)
-	dead := &kgo.Record{Topic: c.opts.deadLetterTopic, Key: r.Key, Value: r.Value, Headers: headers}
-	if err := c.cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
-		return fmt.Errorf("idemkafka: writing a dead letter to topic %s: %w", c.opts.deadLetterTopic, err)
+	dead := &kgo.Record{Topic: topic, Key: r.Key, Value: r.Value, Headers: headers}
+	if err := cl.ProduceSync(ctx, dead).FirstErr(); err != nil {
+		return fmt.Errorf("idemkafka: writing a dead letter to topic %s: %w", topic, err)
 	}
 	return nil
 }

@@ -1,15 +1,16 @@
 // Package brokertest is one suite of what a message consumer does on a real
-// broker, which every broker adapter runs against its own broker: the same
+// broker, which every broker module runs against its own broker: the same
 // test names on NATS JetStream, RabbitMQ and Kafka (kfake). A broker's test
 // file builds a Rig of its own and runs the suite in one line:
 //
 //	func TestSuite(t *testing.T) { brokertest.Run(t, brokertest.Features{DeliveryLimit: true}, newSuiteRig) }
 //
-// The suite builds the consumer core (the store, the options a case needs,
-// a logger whose records it checks for raw ids and bodies); the rig puts it
-// on a stream, queue or topic of its own with the adapter's New, publishes,
-// and consumes. What a broker cannot do is a Features field, and the cases
-// that need it are skipped where it is false.
+// The rig gives a stream, queue or topic of its own, its broker module's
+// consumer.Broker, a way to publish and a way to consume; the suite builds
+// the consumer on it (the store, the options a case needs, a logger whose
+// records it checks for raw ids and bodies) and checks what a user would
+// see. What a broker cannot do is a Features field, and the cases that need
+// it are skipped where it is false.
 package brokertest
 
 import (
@@ -45,34 +46,30 @@ type Features struct {
 
 // Config is what a case asks of a rig.
 type Config struct {
-	// Core is the consumer the rig puts on its broker.
-	Core *consumer.Consumer
-	// Handler processes a message; id is its id, as the adapter read it.
-	Handler func(ctx context.Context, id string) error
-	// DeadLetter, if set, is the adapter's dead-letter hook; nil sets none.
-	DeadLetter func(err error) error
 	// MaxDeliveries bounds a message's deliveries, where the broker can
-	// (Features.DeliveryLimit); 0 leaves the broker's default.
+	// (Features.DeliveryLimit); 0 leaves the rig's default.
 	MaxDeliveries int
 }
 
-// Rig is one consumer of a stream, queue or topic of its own.
-type Rig interface {
+// Rig is a stream, queue or topic of a case's own, and its broker module's
+// consumer.Broker.
+type Rig[M any] interface {
+	// Broker is the module's Broker of the rig's messages.
+	Broker() consumer.Broker[M]
 	// Publish publishes a message with id (none if empty) and body, and
 	// returns once the broker has it; a broker that drops a resent id for
 	// a while (JetStream's duplicate window) sends it again until it takes
 	// it.
 	Publish(t *testing.T, id, body string)
-	// Consume processes messages, one at a time, with the adapter's
-	// Handle, and reports each Result, until ctx ends.
-	Consume(ctx context.Context, t *testing.T, report func(consumer.Result))
+	// Consume hands each message to handle, one at a time, until ctx ends.
+	Consume(ctx context.Context, t *testing.T, handle func(M))
 }
 
-// NewRig builds a Rig for cfg; its error is the adapter's New's.
-type NewRig func(t *testing.T, cfg Config) (Rig, error)
+// NewRig builds a Rig for cfg.
+type NewRig[M any] func(t *testing.T, cfg Config) Rig[M]
 
 // Run runs every case on newRig's broker.
-func Run(t *testing.T, f Features, newRig NewRig) {
+func Run[M any](t *testing.T, f Features, newRig NewRig[M]) {
 	t.Run("ResendDropped", func(t *testing.T) { resendDropped(t, newRig) })
 	t.Run("FinalFailureDeadLettered", func(t *testing.T) { finalFailure(t, newRig) })
 	t.Run("TransientFailureRedelivered", func(t *testing.T) { transientFailure(t, newRig, errors.New("the ledger is down")) })
@@ -102,12 +99,13 @@ func needs(t *testing.T, feature bool) {
 // fast keeps redeliveries quick.
 var fast = consumer.WithBackoff(20*time.Millisecond, 100*time.Millisecond)
 
-// session is one case's consumer, running: its core's logs, the handler's
-// runs by id, the Results reported and the dead letters.
+// session is one case's consumer, running: its logs, the handler's runs by
+// id, the Results and the dead letters.
 type session struct {
 	t    *testing.T
-	rig  Rig
 	logs *logtest.Buffer
+	// publish is the rig's Publish.
+	publish func(t *testing.T, id, body string)
 
 	mu      sync.Mutex
 	runs    map[string]int
@@ -115,9 +113,10 @@ type session struct {
 	dead    []error
 }
 
-// start builds a core on st with opts, a rig on it with h (counted) and a
-// dead-letter hook that keeps what it is given, and consumes until t ends.
-func start(t *testing.T, newRig NewRig, st store.Store, h func(ctx context.Context, id string) error, maxDeliveries int, opts ...consumer.Option) *session {
+// start builds a consumer on st with opts, on a rig of newRig's, with h
+// (counted) and a dead-letter hook that keeps what it is given, and
+// consumes until t ends.
+func start[M any](t *testing.T, newRig NewRig[M], st store.Store, h func(ctx context.Context, id string) error, maxDeliveries int, opts ...consumer.Option) *session {
 	t.Helper()
 	logger, logs := logtest.New()
 	s := &session{t: t, logs: logs, runs: map[string]int{}}
@@ -125,29 +124,25 @@ func start(t *testing.T, newRig NewRig, st store.Store, h func(ctx context.Conte
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(eng, "charges", append([]consumer.Option{fast}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.rig, err = newRig(t, Config{
-		Core: core,
-		Handler: func(ctx context.Context, id string) error {
-			s.mu.Lock()
-			s.runs[id]++
-			s.mu.Unlock()
-			if h == nil {
-				return nil
-			}
-			return h(ctx, id)
-		},
-		DeadLetter: func(err error) error {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			s.dead = append(s.dead, err)
-			return nil
-		},
-		MaxDeliveries: maxDeliveries,
+	rig := newRig(t, Config{MaxDeliveries: maxDeliveries})
+	s.publish = rig.Publish
+	b := rig.Broker()
+	keep := consumer.WithDeadLetter(func(_ context.Context, _ M, err error) error {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.dead = append(s.dead, err)
+		return nil
 	})
+	c, err := consumer.New(eng, "charges", b, func(ctx context.Context, m M) error {
+		id, _ := b.ID(m)
+		s.mu.Lock()
+		s.runs[id]++
+		s.mu.Unlock()
+		if h == nil {
+			return nil
+		}
+		return h(ctx, id)
+	}, append([]consumer.Option{fast, keep}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -155,7 +150,8 @@ func start(t *testing.T, newRig NewRig, st store.Store, h func(ctx context.Conte
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		s.rig.Consume(ctx, t, func(res consumer.Result) {
+		rig.Consume(ctx, t, func(m M) {
+			res := c.Handle(ctx, m)
 			s.mu.Lock()
 			defer s.mu.Unlock()
 			s.results = append(s.results, res)
@@ -238,12 +234,12 @@ func secret(what string, n int) string { return fmt.Sprintf("%s-secret-%d", what
 
 // resendDropped: a message published again (a producer's retry) is dropped
 // as a duplicate, acknowledged, without running.
-func resendDropped(t *testing.T, newRig NewRig) {
+func resendDropped[M any](t *testing.T, newRig NewRig[M]) {
 	s := start(t, newRig, memory.New(), nil, 0)
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
-	s.rig.Publish(t, secret("id", 2), secret("body", 2))
+	s.publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 2), secret("body", 2))
 	s.waitFor("two processed", func() bool { return s.ended(consumer.Processed) == 2 })
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 1), secret("body", 1))
 	s.waitFor("the resend dropped", func() bool { return s.ended(consumer.Duplicate) == 1 })
 	if s.runsOf(secret("id", 1)) != 1 || s.runsOf(secret("id", 2)) != 1 {
 		t.Fatalf("runs %v, want each id once", s.runs)
@@ -252,12 +248,12 @@ func resendDropped(t *testing.T, newRig NewRig) {
 
 // finalFailure: a final failure is recorded, acknowledged and
 // dead-lettered; a resend is dead-lettered again without running.
-func finalFailure(t *testing.T, newRig NewRig) {
+func finalFailure[M any](t *testing.T, newRig NewRig[M]) {
 	declined := status.Error(codes.FailedPrecondition, "card declined")
 	s := start(t, newRig, memory.New(), func(context.Context, string) error { return declined }, 0)
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 1), secret("body", 1))
 	s.waitFor("failed", func() bool { return s.ended(consumer.Failed) == 1 })
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 1), secret("body", 1))
 	s.waitFor("the resend dropped", func() bool { return s.ended(consumer.Duplicate) == 1 })
 	if n := s.runsOf(secret("id", 1)); n != 1 {
 		t.Fatalf("the handler ran %d times, want 1", n)
@@ -271,7 +267,7 @@ func finalFailure(t *testing.T, newRig NewRig) {
 // transientFailure: a message whose handler fails for now with err (a
 // panic, if err is nil), once, is redelivered and then processed; nothing
 // is dead-lettered. InvalidArgument fails for now, as over gRPC.
-func transientFailure(t *testing.T, newRig NewRig, err error) {
+func transientFailure[M any](t *testing.T, newRig NewRig[M], err error) {
 	var calls atomic.Int32
 	s := start(t, newRig, memory.New(), func(_ context.Context, id string) error {
 		if calls.Add(1) > 1 {
@@ -282,7 +278,7 @@ func transientFailure(t *testing.T, newRig NewRig, err error) {
 		}
 		return err
 	}, 0)
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 1), secret("body", 1))
 	s.waitFor("processed", func() bool { return s.ended(consumer.Processed) == 1 })
 	if n := s.runsOf(secret("id", 1)); n != 2 {
 		t.Fatalf("the handler ran %d times, want 2: a failure for now, then success", n)
@@ -294,9 +290,9 @@ func transientFailure(t *testing.T, newRig NewRig, err error) {
 
 // refusedWithoutID: a message without an id is refused, dead-lettered with
 // ErrNoID, never run.
-func refusedWithoutID(t *testing.T, newRig NewRig) {
+func refusedWithoutID[M any](t *testing.T, newRig NewRig[M]) {
 	s := start(t, newRig, memory.New(), nil, 0)
-	s.rig.Publish(t, "", secret("body", 1))
+	s.publish(t, "", secret("body", 1))
 	s.waitFor("rejected", func() bool { return s.ended(consumer.Rejected) == 1 })
 	if dead := s.deadLetters(); len(dead) != 1 || !errors.Is(dead[0], consumer.ErrNoID) {
 		t.Fatalf("dead letters %v, want ErrNoID", dead)
@@ -308,7 +304,7 @@ func refusedWithoutID(t *testing.T, newRig NewRig) {
 
 // atomicWrites: in atomic mode the handler's writes commit with a processed
 // message's record, and are undone for a final failure.
-func atomicWrites(t *testing.T, newRig NewRig) {
+func atomicWrites[M any](t *testing.T, newRig NewRig[M]) {
 	st, pool := pgStore(t)
 	if _, err := pool.Exec(t.Context(), `CREATE TABLE effects (id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
@@ -326,8 +322,8 @@ func atomicWrites(t *testing.T, newRig NewRig) {
 		}
 		return nil
 	}, 0, consumer.WithAtomic())
-	s.rig.Publish(t, "ok-secret", secret("body", 1))
-	s.rig.Publish(t, "declined-secret", secret("body", 2))
+	s.publish(t, "ok-secret", secret("body", 1))
+	s.publish(t, "declined-secret", secret("body", 2))
 	s.waitFor("both ended", func() bool { return s.ended(consumer.Processed)+s.ended(consumer.Failed) == 2 })
 	var got []string
 	rows, err := pool.Query(t.Context(), `SELECT id FROM effects ORDER BY id`)
@@ -346,35 +342,34 @@ func atomicWrites(t *testing.T, newRig NewRig) {
 	}
 }
 
-// nowhereToDeadLetter: an adapter refuses a consumer with no dead-letter
-// hook, naming the way to say that such messages are discarded.
-func nowhereToDeadLetter(t *testing.T, newRig NewRig) {
+// nowhereToDeadLetter: consumer.New refuses a consumer with no dead-letter
+// hook, naming the way to say that such messages are discarded, and one
+// whose hook takes another broker's messages.
+func nowhereToDeadLetter[M any](t *testing.T, newRig NewRig[M]) {
 	eng, err := engine.New(memory.New(), engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(nil))
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(eng, "charges")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = newRig(t, Config{Core: core, Handler: func(context.Context, string) error { return nil }})
+	b := newRig(t, Config{}).Broker()
+	h := func(context.Context, M) error { return nil }
+	_, err = consumer.New(eng, "charges", b, h)
 	if err == nil || !strings.Contains(err.Error(), "consumer.WithDiscardDeadLetters") {
 		t.Fatalf("New without a dead-letter hook: %v, want a refusal naming consumer.WithDiscardDeadLetters", err)
 	}
-	discards, err := consumer.New(eng, "charges", consumer.WithDiscardDeadLetters())
-	if err != nil {
-		t.Fatal(err)
+	other := consumer.WithDeadLetter(func(context.Context, struct{}, error) error { return nil })
+	if _, err := consumer.New(eng, "charges", b, h, other); err == nil || !strings.Contains(err.Error(), "WithDeadLetter") {
+		t.Fatalf("New with another broker's dead-letter hook: %v, want a refusal naming WithDeadLetter", err)
 	}
-	if _, err := newRig(t, Config{Core: discards, Handler: func(context.Context, string) error { return nil }}); err != nil {
+	if _, err := consumer.New(eng, "charges", b, h, consumer.WithDiscardDeadLetters()); err != nil {
 		t.Fatalf("New with consumer.WithDiscardDeadLetters: %v", err)
 	}
 }
 
 // lastDelivery: a message that fails for now on every delivery is
 // dead-lettered and acknowledged on its last, with ErrLastDelivery.
-func lastDelivery(t *testing.T, newRig NewRig) {
+func lastDelivery[M any](t *testing.T, newRig NewRig[M]) {
 	s := start(t, newRig, memory.New(), func(context.Context, string) error { return errors.New("the ledger is down") }, 2)
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 1), secret("body", 1))
 	s.waitFor("dead-lettered", func() bool { return s.ended(consumer.Retry) == 1 })
 	if n := s.runsOf(secret("id", 1)); n != 2 {
 		t.Fatalf("the handler ran %d times, want 2: once a delivery", n)
@@ -391,7 +386,7 @@ func lastDelivery(t *testing.T, newRig NewRig) {
 // delivery: it is held, neither acknowledged nor dead-lettered, while the
 // store fails (its table locked by an operator's transaction, which each
 // try outwaits for 100ms), and processed once when the store answers.
-func storeDown(t *testing.T, newRig NewRig) {
+func storeDown[M any](t *testing.T, newRig NewRig[M]) {
 	st, pool := pgStore(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["lock_timeout"] = "100ms" })
 	s := start(t, newRig, st, nil, 2)
 	lock, err := pool.Begin(t.Context())
@@ -401,7 +396,7 @@ func storeDown(t *testing.T, newRig NewRig) {
 	if _, err := lock.Exec(t.Context(), `LOCK TABLE idempotency_keys IN ACCESS EXCLUSIVE MODE`); err != nil {
 		t.Fatal(err)
 	}
-	s.rig.Publish(t, secret("id", 1), secret("body", 1))
+	s.publish(t, secret("id", 1), secret("body", 1))
 	s.waitFor("the last delivery held", func() bool { return strings.Contains(s.logs.String(), "the delivery is held") })
 	if n := s.acked(); n != 0 || len(s.deadLetters()) != 0 {
 		t.Fatalf("%d acknowledged and %d dead-lettered while the store failed, want none", n, len(s.deadLetters()))

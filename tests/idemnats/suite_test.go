@@ -25,10 +25,10 @@ type suiteRig struct {
 	js      jetstream.JetStream
 	subject string
 	cons    jetstream.Consumer
-	c       *idemnats.Consumer
+	b       consumer.Broker[jetstream.Msg]
 }
 
-func newSuiteRig(t *testing.T, cfg brokertest.Config) (brokertest.Rig, error) {
+func newSuiteRig(t *testing.T, cfg brokertest.Config) brokertest.Rig[jetstream.Msg] {
 	_, js := natstest.Connect(t)
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
 	maxDeliver := 20 // bounds the redelivery horizon
@@ -41,19 +41,14 @@ func newSuiteRig(t *testing.T, cfg brokertest.Config) (brokertest.Rig, error) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var opts []idemnats.Option
-	if cfg.DeadLetter != nil {
-		opts = append(opts, idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error { return cfg.DeadLetter(err) }))
-	}
-	c, err := idemnats.New(t.Context(), cfg.Core, stream, cons, func(ctx context.Context, msg jetstream.Msg) error {
-		id, _ := idemnats.MessageID(msg)
-		return cfg.Handler(ctx, id)
-	}, opts...)
+	b, err := idemnats.New(t.Context(), stream, cons)
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
-	return &suiteRig{js: js, subject: stream.CachedInfo().Config.Name + ".charges", cons: cons, c: c}, nil
+	return &suiteRig{js: js, subject: stream.CachedInfo().Config.Name + ".charges", cons: cons, b: b}
 }
+
+func (r *suiteRig) Broker() consumer.Broker[jetstream.Msg] { return r.b }
 
 func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	t.Helper()
@@ -76,8 +71,8 @@ func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	}
 }
 
-func (r *suiteRig) Consume(ctx context.Context, t *testing.T, report func(consumer.Result)) {
-	cc, err := r.cons.Consume(func(msg jetstream.Msg) { report(r.c.Handle(ctx, msg)) })
+func (r *suiteRig) Consume(ctx context.Context, t *testing.T, handle func(jetstream.Msg)) {
+	cc, err := r.cons.Consume(handle)
 	if err != nil {
 		t.Error(err)
 		return

@@ -1,0 +1,395 @@
+package consumer
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
+)
+
+// handler is a core's handler of one delivery.
+type handler = func(ctx context.Context) error
+
+// process decides what becomes of d, running h unless its id was
+// processed before or is in progress; a last delivery that met a failing
+// store is held (hold).
+func (c *core) process(ctx context.Context, d Delivery, h handler) Result {
+	return c.hold(ctx, d, h, c.serve(ctx, d, h))
+}
+
+// hold is res, d's Result, unless d is a last delivery that met a failing
+// store (held): then d is tried again after each backoff until the store
+// answers or ctx ends, and hold is the last try's Result.
+func (c *core) hold(ctx context.Context, d Delivery, h handler, res Result) Result {
+	if !held(d, res) {
+		return res
+	}
+	c.warn(ctx, "the store failed on a message's last delivery; the delivery is held, and tried again until the store answers", ownError(res.Err))
+	for attempt := max(d.Attempt, 1); held(d, res); attempt++ {
+		if !store.Pause(ctx, c.backoff(attempt)) {
+			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: the consumer stopped while a message's last delivery waited for the store; "+
+				"it is negative-acknowledged, neither run nor dead-lettered, and the broker may not deliver it again",
+				slog.String("operation", c.op.Name()), slog.Any("error", ownError(res.Err)))
+			break
+		}
+		res = c.serve(ctx, d, h)
+	}
+	return res
+}
+
+// held reports whether res, d's Result, is one that process holds: the last
+// delivery of a message whose store failed, to be redelivered (a record
+// that does not open was dead-lettered by lastDelivery instead).
+func held(d Delivery, res Result) bool {
+	return d.Last && res.Outcome == StoreFailed && res.Action == Nak
+}
+
+// serve is what one try of d, with h, decides.
+func (c *core) serve(ctx context.Context, d Delivery, h handler) Result {
+	x := &exchange{c: c, d: d, h: h}
+	c.eng.Serve(ctx, c.op, x)
+	return x.res
+}
+
+// exchange is one delivery, as engine.Serve reads and answers it; res is
+// its Result: the handler's, once Run has run it, then the answer's.
+type exchange struct {
+	c *core
+	d Delivery
+	h handler
+	// refused, if set, refuses the delivery before its id is looked up: the
+	// message could not be read.
+	refused error
+
+	res Result
+}
+
+// Key is the message's id. A refusal says it has one, so that Serve goes
+// on to Fingerprint, which refuses it: its verdict is then engine.Refused (an
+// adapter cannot read the message's tenant, or its id), not a malformed key.
+func (x *exchange) Key() (string, bool, error) {
+	switch id := x.d.ID; {
+	case x.refused != nil:
+		return "", true, nil
+	case id == "":
+		return "", false, nil // KeyMissing: answered with ErrNoID
+	case len(id) > idemkey.MaxKeyLen:
+		return "", false, ErrInvalidID
+	default:
+		return id, true, nil
+	}
+}
+
+// FirstSent is when the broker says the message was first published; none
+// if it does not say, or says a time in the future (a publisher's clock
+// that runs ahead refuses nothing).
+func (x *exchange) FirstSent() []string {
+	if sent := x.d.Sent; !sent.IsZero() && !sent.After(time.Now()) {
+		return []string{idemkey.FormatDate(sent)}
+	}
+	return nil
+}
+
+// Tenant is the message's tenant (engine.OperationSpec.OwnTenant).
+func (x *exchange) Tenant() string { return x.d.Tenant }
+
+func (x *exchange) Attempt() engine.Attempt {
+	return engine.Attempt{Retried: x.d.Redelivered, Last: x.d.Last}
+}
+
+func (x *exchange) Fingerprint(context.Context) (store.Fingerprint, error) {
+	if x.refused != nil {
+		return store.Fingerprint{}, x.refused
+	}
+	return sha256.Sum256(x.d.Body), nil
+}
+
+func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
+	var out engine.HandlerResult
+	x.res, out = x.c.ran(x.d, x.c.run(ctx, x.h))
+	return out
+}
+
+// run runs h, and turns a panic into an ErrPanicked that names only the
+// panic value's type: the value may quote the message. A handler that
+// panics fails for now, as one that returns a plain error does: its id is
+// released, its writes undone, and it is redelivered after a backoff
+// (dead-lettered on its last delivery), while the consumer goes on.
+func (c *core) run(ctx context.Context, h handler) (err error) {
+	defer func() {
+		if v := recover(); v != nil {
+			err = fmt.Errorf("%w: a panic of type %T", ErrPanicked, v)
+			c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message's handler panicked; its id is released, and it fails for now",
+				slog.String("operation", c.op.Name()), slog.Any("error", err))
+		}
+	}()
+	return h(ctx)
+}
+
+// StandIn is the record of a result the store had no room for
+// (store.ErrFull: a consumer's records, a few bytes, are far below any
+// engine.WithMaxRecordSize). In two-phase mode it is the result's own,
+// whose effects stand; in atomic mode, where they are undone, "failed".
+func (x *exchange) StandIn(error) []byte {
+	if x.c.op.Atomic() || x.res.Outcome != Processed {
+		return recordFailed
+	}
+	return recordProcessed
+}
+
+// Pass would run the handler unprotected; a consumer never does, not even
+// on an engine with engine.WithFailOpen (nor can a message lack a key): the
+// store failed, and the message is redelivered.
+func (x *exchange) Pass(ctx context.Context) int {
+	return x.Answer(ctx, engine.Answer{Verdict: engine.StoreUnavailable})
+}
+
+func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
+	x.res = x.c.lastDelivery(x.d, x.c.answer(ctx, x.d, a, x.res))
+	return int(x.res.Action)
+}
+
+// ran is the Result of a run of the handler that returned err, and what to
+// record of it: a transient error releases the id; a final one, or none,
+// is recorded.
+func (c *core) ran(d Delivery, err error) (Result, engine.HandlerResult) {
+	switch {
+	case err != nil && !c.opts.final(err):
+		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}, engine.HandlerResult{Release: true}
+	case err != nil:
+		return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: err}, engine.HandlerResult{Record: recordFailed}
+	}
+	return Result{Outcome: Processed, Action: Ack}, engine.HandlerResult{Record: recordProcessed, KeepWrites: true}
+}
+
+// answer is the Result of d that a says; ran is the handler's, for
+// Executed.
+func (c *core) answer(ctx context.Context, d Delivery, a engine.Answer, ran Result) Result {
+	switch a.Verdict {
+	case engine.Executed:
+		if a.StandIn == nil {
+			return ran
+		}
+		if c.op.Atomic() {
+			// Its writes were undone, and it is recorded as failed.
+			return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: a.StandIn}
+		}
+		// The handler's effects happened and its record may not have been
+		// written: acknowledging keeps them to one, and the id stays in
+		// progress until its lease ends, so a duplicate meanwhile is
+		// delayed.
+		c.warn(ctx, "no room to record a processed message; it is acknowledged all the same", a.StandIn)
+		return ran
+	case engine.Replayed:
+		if string(a.Outcome) == string(recordFailed) {
+			return Result{Outcome: Duplicate, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: ErrFailedBefore}
+		}
+		return Result{Outcome: Duplicate, Action: Ack}
+	case engine.InProgress:
+		res := Result{Outcome: Busy, Action: Nak, Delay: a.RetryAfter}
+		if d.Last { // it waited, for as long as the engine lets it
+			res.Err = errStillBusy
+			if err := ctx.Err(); err != nil {
+				res.Err = fmt.Errorf("%w: %w", errStillBusy, err)
+			}
+		}
+		return res
+	case engine.KeyMissing:
+		return c.refuse(ctx, ErrNoID)
+	case engine.Reused:
+		return c.refuse(ctx, ErrReusedID)
+	case engine.Expired:
+		// Its age and the retention it outlived tell an operator why: a
+		// message moved back by hand from a dead-letter queue, say.
+		return c.refuse(ctx, ErrExpired, slog.Duration("age", time.Since(d.Sent).Round(time.Second)),
+			slog.Duration("retention", c.eng.Retention()))
+	case engine.KeyInvalid, engine.Refused, engine.FirstSentInvalid:
+		return c.refuse(ctx, a.Err)
+	case engine.StoreFull:
+		return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
+	}
+	// StoreFailed; a consumer never fails open.
+	err := ctx.Err()
+	switch {
+	case err != nil:
+	case a.Unopened:
+		err = errUnopened
+	default:
+		err = errStoreUnavailable
+	}
+	return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
+}
+
+// lastDelivery is res, unless d is the message's last delivery and res
+// would have it redelivered: a message that failed for now, was still in
+// progress elsewhere when the engine stopped waiting for it, or whose record
+// does not open. It is then dead-lettered and acknowledged: the broker would
+// drop it. A store that failed is no reason to spend a last delivery:
+// Process holds it and tries again, and its StoreFailed Result stays a Nak.
+func (c *core) lastDelivery(d Delivery, res Result) Result {
+	if !d.Last || res.Action != Nak || res.Outcome == StoreFailed && !errors.Is(res.Err, errUnopened) {
+		return res
+	}
+	res.Action, res.DeadLetter = Ack, true
+	res.Err = fmt.Errorf("%w: %w", ErrLastDelivery, res.Err)
+	return res
+}
+
+// refused is the Result of a message whose delivery could not be read
+// (err says why), counted, logged and handed to the hooks like the
+// engine's refusals.
+func (c *core) refused(ctx context.Context, err error) Result {
+	x := &exchange{c: c, refused: err}
+	c.eng.Serve(ctx, c.op, x)
+	return x.res
+}
+
+// refuse is the Result of a message refused for err, which it logs with
+// attrs.
+func (c *core) refuse(ctx context.Context, err error, attrs ...slog.Attr) Result {
+	attrs = append([]slog.Attr{slog.String("operation", c.op.Name())}, attrs...)
+	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: message refused; it is terminated, or dead-lettered, without running",
+		append(attrs, slog.Any("error", ownError(err)))...)
+	return Result{Outcome: Rejected, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
+}
+
+// backoff is the delay before the attempt-th delivery's next one: the first
+// backoff, doubling with each attempt up to the maximum, less a random part
+// of up to a quarter, so that messages that failed together spread out.
+func (c *core) backoff(attempt int) time.Duration {
+	d := c.opts.firstBackoff
+	for i := 1; i < attempt && d < c.opts.maxBackoff; i++ {
+		if d > c.opts.maxBackoff/2 { // doubling would pass the maximum, or overflow
+			d = c.opts.maxBackoff
+			break
+		}
+		d *= 2
+	}
+	d = min(d, c.opts.maxBackoff)
+	return d - rand.N(d/4+1)
+}
+
+// Final marks err as a final failure: the message is recorded as failed,
+// acknowledged and dead-lettered, and never runs again.
+func Final(err error) error {
+	if err == nil {
+		return nil
+	}
+	return finalError{err}
+}
+
+type finalError struct{ error }
+
+func (e finalError) Unwrap() error { return e.error }
+
+// IsFinal is the default classification of a handler's error, the one
+// every entry point shares (docs/answers.md): final when it is marked with
+// Final, or is a gRPC status whose code the gRPC interceptor records
+// (NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
+// Internal, Unknown, DataLoss); transient otherwise, including a plain
+// error, which is what a failing dependency returns, and InvalidArgument,
+// which the gRPC interceptor releases too: a handler that knows a message
+// can never succeed (a body it cannot parse) says so with Final. Unknown
+// counts only as an explicit status, for an effect whose outcome is unknown
+// (a connection lost after a write was sent): running it again could repeat
+// the effect.
+func IsFinal(err error) bool {
+	if errors.As(err, new(finalError)) {
+		return true
+	}
+	s, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	switch s.Code() {
+	case codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
+		codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss:
+		return true
+	}
+	return false
+}
+
+// String describes r for a log line: never the message's id or body.
+func (r Result) String() string {
+	if r.Action == Nak {
+		return fmt.Sprintf("%s (%s after %s)", r.Outcome, r.Action, r.Delay.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s (%s)", r.Outcome, r.Action)
+}
+
+// deadWhy says why res, a Result to dead-letter, is one.
+func deadWhy(res Result) string {
+	switch {
+	case res.Outcome == Busy:
+		return "was still in progress elsewhere when its last delivery stopped waiting"
+	case errors.Is(res.Err, ErrLastDelivery):
+		return "failed for now on its last delivery"
+	case res.Outcome == Rejected:
+		return "was refused"
+	}
+	return "failed for good"
+}
+
+// ownErrors are the errors a Result holds of this package's, and of the
+// engine's, whose words hold nothing of a message's: every one a consumer
+// answers with but the handler's.
+var ownErrors = []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrExpired, ErrLastDelivery,
+	ErrPanicked, errStillBusy, errStoreUnavailable, errUnopened, store.ErrFull, store.ErrDataLost}
+
+// ownError is err, if it is one of ownErrors or an engine.FirstSentError;
+// or else a stand-in that names only a gRPC status's code, or the error's
+// type (inside a Final), since a handler's, a hook's or an adapter
+// function's words may quote the message's id, tenant or body.
+func ownError(err error) error {
+	for _, own := range ownErrors {
+		if errors.Is(err, own) {
+			return own
+		}
+	}
+	if fse := new(engine.FirstSentError); errors.As(err, &fse) {
+		return fse
+	}
+	if s, ok := status.FromError(err); ok && err != nil {
+		return errors.New("the handler's gRPC status " + s.Code().String())
+	}
+	if final := new(finalError); errors.As(err, final) {
+		return fmt.Errorf("a final error (consumer.Final) of type %T (its words are left out: they may quote the message)", final.error)
+	}
+	return fmt.Errorf("an error of type %T (its words are left out: they may quote the message)", err)
+}
+
+// Cause says why a Result failed, for a dead letter or a log line that
+// others read: the words of this package's errors (ErrLastDelivery's with
+// the reason it wraps), a gRPC status's code, or else only the error's type;
+// never the handler's own words, which may quote the message.
+func Cause(err error) string {
+	if err == nil {
+		return ""
+	}
+	prefix := ""
+	if errors.Is(err, ErrLastDelivery) {
+		prefix = ErrLastDelivery.Error() + ": "
+		if multi, ok := err.(interface{ Unwrap() []error }); ok && len(multi.Unwrap()) == 2 {
+			err = multi.Unwrap()[1] // fmt.Errorf("%w: %w", ErrLastDelivery, why)
+		}
+	}
+	return prefix + ownError(err).Error()
+}
+
+// warn logs a failure of the broker's (err holds no message's id, tenant
+// or body) at Warn level.
+func (c *core) warn(ctx context.Context, msg string, err error) {
+	c.eng.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
+		slog.String("operation", c.op.Name()), slog.Any("error", err))
+}
+
