@@ -73,13 +73,13 @@ func wantOutcomes(t *testing.T, what string, rs []consumer.Result, want ...consu
 // A batch answers as its messages would one at a time, on every store: each
 // processed once, in order, and dropped as duplicates when redelivered.
 func TestBatchProcessedOnce(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		ids := make([]string, 40)
 		for i := range ids {
 			ids[i] = fmt.Sprintf("msg-secret-id-%02d", i)
 		}
 		h := &batchCounter{ds: deliveries(1, ids...)}
-		rs := c.ProcessBatch(t.Context(), h.ds, h.handle)
+		rs := c.handleBatch(t.Context(), h.ds, h.handle)
 		for i, r := range rs {
 			if r.Outcome != consumer.Processed || r.Action != consumer.Ack || r.DeadLetter || r.Err != nil {
 				t.Fatalf("message %d: %+v, want processed and ack", i, r)
@@ -89,7 +89,7 @@ func TestBatchProcessedOnce(t *testing.T) {
 			t.Fatalf("handlers ran for %v, want each id once, in order", h.runs)
 		}
 		h.ds, h.runs = deliveries(2, ids...), nil
-		for i, r := range c.ProcessBatch(t.Context(), h.ds, h.handle) {
+		for i, r := range c.handleBatch(t.Context(), h.ds, h.handle) {
 			if r.Outcome != consumer.Duplicate || r.Action != consumer.Ack || r.DeadLetter {
 				t.Fatalf("redelivery %d: %+v, want a duplicate", i, r)
 			}
@@ -103,11 +103,11 @@ func TestBatchProcessedOnce(t *testing.T) {
 // An id twice in one batch is processed once: the second is a duplicate, or
 // refused with another body.
 func TestBatchRepeatedID(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		ds := deliveries(1, "msg-secret-id-a", "msg-secret-id-b", "msg-secret-id-a", "msg-secret-id-c", "msg-secret-id-b")
 		ds[4].Body = []byte("body-secret another")
 		h := &batchCounter{ds: ds}
-		rs := c.ProcessBatch(t.Context(), ds, h.handle)
+		rs := c.handleBatch(t.Context(), ds, h.handle)
 		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Processed, consumer.Duplicate, consumer.Processed, consumer.Rejected)
 		if !errors.Is(rs[4].Err, consumer.ErrReusedID) || rs[4].Action != consumer.Reject {
 			t.Fatalf("the id with another body: %+v, want refused as reused", rs[4])
@@ -121,15 +121,15 @@ func TestBatchRepeatedID(t *testing.T) {
 // A batch mixes new ids with ids processed before, one of them failed for
 // good, and messages refused: each answers as it would alone.
 func TestBatchMixed(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		h := &counter{}
-		c.Process(t.Context(), delivery("msg-secret-id-old", 1), h.handle)
+		c.handle(t.Context(), delivery("msg-secret-id-old", 1), h.handle)
 		h.err = consumer.Final(errors.New("poison"))
-		c.Process(t.Context(), delivery("msg-secret-id-poison", 1), h.handle)
+		c.handle(t.Context(), delivery("msg-secret-id-poison", 1), h.handle)
 
 		ds := deliveries(2, "msg-secret-id-new", "msg-secret-id-old", "", "msg-secret-id-poison", "msg-secret-id-new2")
 		b := &batchCounter{ds: ds}
-		rs := c.ProcessBatch(t.Context(), ds, b.handle)
+		rs := c.handleBatch(t.Context(), ds, b.handle)
 		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Duplicate, consumer.Rejected, consumer.Duplicate, consumer.Processed)
 		if !rs[3].DeadLetter || !errors.Is(rs[3].Err, consumer.ErrFailedBefore) || rs[1].DeadLetter {
 			t.Fatalf("the duplicates: %+v and %+v; want the failed one dead-lettered again", rs[1], rs[3])
@@ -146,19 +146,19 @@ func TestBatchMixed(t *testing.T) {
 // Failures in a batch: a final one is recorded and dead-lettered, a
 // transient one released and redelivered, and the others processed.
 func TestBatchFailures(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-transient", "msg-secret-id-4")
 		h := &batchCounter{ds: ds, fail: map[string]error{
 			"msg-secret-id-final":     status.Error(codes.FailedPrecondition, "declined"),
 			"msg-secret-id-transient": errors.New("down"),
 		}}
-		rs := c.ProcessBatch(t.Context(), ds, h.handle)
+		rs := c.handleBatch(t.Context(), ds, h.handle)
 		wantOutcomes(t, "batch", rs, consumer.Processed, consumer.Failed, consumer.Retry, consumer.Processed)
 		if !rs[1].DeadLetter || rs[1].Action != consumer.Ack || rs[2].Action != consumer.Nak || rs[2].Delay <= 0 {
 			t.Fatalf("the failures: %+v and %+v", rs[1], rs[2])
 		}
 		h.ds, h.fail, h.runs = deliveries(2, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-transient", "msg-secret-id-4"), nil, nil
-		rs = c.ProcessBatch(t.Context(), h.ds, h.handle)
+		rs = c.handleBatch(t.Context(), h.ds, h.handle)
 		wantOutcomes(t, "redelivery", rs, consumer.Duplicate, consumer.Duplicate, consumer.Processed, consumer.Duplicate)
 		if !slices.Equal(h.runs, []string{"msg-secret-id-transient"}) {
 			t.Fatalf("the redelivery ran %v, want only the transient failure", h.runs)
@@ -169,9 +169,9 @@ func TestBatchFailures(t *testing.T) {
 // A panicking handler fails for now, alone: the others of the batch are
 // processed, and it is processed once when redelivered.
 func TestBatchPanic(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-panic", "msg-secret-id-3")
-		rs := c.ProcessBatch(t.Context(), ds, func(_ context.Context, i int) error {
+		rs := c.handleBatch(t.Context(), ds, func(_ context.Context, i int) error {
 			if i == 1 {
 				panic("boom")
 			}
@@ -182,14 +182,14 @@ func TestBatchPanic(t *testing.T) {
 			t.Fatalf("the panic: %+v, want ErrPanicked, redelivered", rs[1])
 		}
 		h := &batchCounter{ds: deliveries(2, "msg-secret-id-1", "msg-secret-id-panic", "msg-secret-id-3")}
-		rs = c.ProcessBatch(t.Context(), h.ds, h.handle)
+		rs = c.handleBatch(t.Context(), h.ds, h.handle)
 		wantOutcomes(t, "redelivery", rs, consumer.Duplicate, consumer.Processed, consumer.Duplicate)
 	})
 }
 
 // atomicConsumer is a consumer in atomic mode on PostgreSQL, with a table
 // effects for its handlers' writes.
-func atomicConsumer(t *testing.T, eopts ...engine.Option) (*consumer.Consumer, *postgres.Store, *pgxpool.Pool, *logtest.Buffer) {
+func atomicConsumer(t *testing.T, eopts ...engine.Option) (*testConsumer, *postgres.Store, *pgxpool.Pool, *logtest.Buffer) {
 	t.Helper()
 	pool := pgtest.Pool(t, pgtest.Schema(t))
 	if err := postgres.Migrate(t.Context(), pool); err != nil {
@@ -228,7 +228,7 @@ func effects(t *testing.T, pool *pgxpool.Pool) []string {
 
 // writeEffect writes message i's id to effects in the batch's
 // transaction, then fails as fail says.
-func writeEffect(ds []consumer.Delivery, fail map[string]error) consumer.BatchHandler {
+func writeEffect(ds []consumer.Delivery, fail map[string]error) batchHandler {
 	return func(ctx context.Context, i int) error {
 		tx, ok := postgres.TxFromContext(ctx)
 		if !ok {
@@ -243,7 +243,7 @@ func writeEffect(ds []consumer.Delivery, fail map[string]error) consumer.BatchHa
 
 // writeEffectAlone writes message i's id to effects in a transaction of
 // its own, as a two-phase handler does.
-func writeEffectAlone(pool *pgxpool.Pool, ds []consumer.Delivery) consumer.BatchHandler {
+func writeEffectAlone(pool *pgxpool.Pool, ds []consumer.Delivery) batchHandler {
 	return func(ctx context.Context, i int) error {
 		_, err := pool.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, ds[i].ID)
 		return err
@@ -261,7 +261,7 @@ func TestBatchAtomicWrites(t *testing.T) {
 		"msg-secret-id-transient": errors.New("down"),
 	}
 	write := writeEffect(ds, fail)
-	rs := c.ProcessBatch(t.Context(), ds, func(ctx context.Context, i int) error {
+	rs := c.handleBatch(t.Context(), ds, func(ctx context.Context, i int) error {
 		if err := write(ctx, i); err != nil || ds[i].ID != "msg-secret-id-bad" {
 			return err
 		}
@@ -276,7 +276,7 @@ func TestBatchAtomicWrites(t *testing.T) {
 		t.Fatalf("effects %v, want %v", got, want)
 	}
 	ds = deliveries(2, "msg-secret-id-1", "msg-secret-id-final", "msg-secret-id-transient", "msg-secret-id-bad")
-	rs = c.ProcessBatch(t.Context(), ds, writeEffect(ds, nil))
+	rs = c.handleBatch(t.Context(), ds, writeEffect(ds, nil))
 	wantOutcomes(t, "redelivery", rs, consumer.Duplicate, consumer.Duplicate, consumer.Processed, consumer.Processed)
 	if got, want := effects(t, pool), []string{"msg-secret-id-1", "msg-secret-id-2", "msg-secret-id-3", "msg-secret-id-transient", "msg-secret-id-bad"}; !slices.Equal(got, want) {
 		t.Fatalf("effects %v, want %v", got, want)
@@ -290,19 +290,19 @@ func TestBatchRace(t *testing.T) {
 	t.Run("atomic", func(t *testing.T) {
 		c, st, pool, _ := atomicConsumer(t)
 		other := newConsumer(t, st, []engine.Option{engine.WithLogger(nil)}, consumer.WithAtomic())
-		testBatchRace(t, pool, c, other, func(ds []consumer.Delivery) consumer.BatchHandler { return writeEffect(ds, nil) })
+		testBatchRace(t, pool, c, other, func(ds []consumer.Delivery) batchHandler { return writeEffect(ds, nil) })
 	})
 	t.Run("two-phase", func(t *testing.T) {
 		_, st, pool, _ := atomicConsumer(t)
-		var cs [2]*consumer.Consumer
+		var cs [2]*testConsumer
 		for k := range cs {
 			cs[k] = newConsumer(t, st, []engine.Option{engine.WithLogger(nil)})
 		}
-		testBatchRace(t, pool, cs[0], cs[1], func(ds []consumer.Delivery) consumer.BatchHandler { return writeEffectAlone(pool, ds) })
+		testBatchRace(t, pool, cs[0], cs[1], func(ds []consumer.Delivery) batchHandler { return writeEffectAlone(pool, ds) })
 	})
 }
 
-func testBatchRace(t *testing.T, pool *pgxpool.Pool, c, other *consumer.Consumer, handler func([]consumer.Delivery) consumer.BatchHandler) {
+func testBatchRace(t *testing.T, pool *pgxpool.Pool, c, other *testConsumer, handler func([]consumer.Delivery) batchHandler) {
 	const n = 64
 	ids := make([]string, n)
 	for i := range ids {
@@ -313,7 +313,7 @@ func testBatchRace(t *testing.T, pool *pgxpool.Pool, c, other *consumer.Consumer
 		counts = map[consumer.Outcome]int{}
 	)
 	var wg sync.WaitGroup
-	for k, c := range []*consumer.Consumer{c, other} {
+	for k, c := range []*testConsumer{c, other} {
 		wg.Go(func() {
 			left := slices.Clone(ids)
 			if k == 1 {
@@ -331,7 +331,7 @@ func testBatchRace(t *testing.T, pool *pgxpool.Pool, c, other *consumer.Consumer
 					time.Sleep(time.Millisecond) // a redelivery, however soon
 				}
 				ds := deliveries(attempt, left...)
-				rs := c.ProcessBatch(context.Background(), ds, handler(ds))
+				rs := c.handleBatch(context.Background(), ds, handler(ds))
 				left = left[:0]
 				mu.Lock()
 				for i, r := range rs {
@@ -364,7 +364,7 @@ func TestBatchSuperseded(t *testing.T) {
 	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-2", "msg-secret-id-3")
 	runs := map[string]int{}
 	write := writeEffect(ds, nil)
-	rs := c.ProcessBatch(t.Context(), ds, func(ctx context.Context, i int) error {
+	rs := c.handleBatch(t.Context(), ds, func(ctx context.Context, i int) error {
 		runs[ds[i].ID]++
 		if i == 0 && runs[ds[i].ID] == 1 {
 			key := store.ScopeKey(ds[1].Tenant, "charges", ds[1].ID)
@@ -407,12 +407,12 @@ func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 	h := writeEffect
 	if !atomic {
 		c = newConsumer(t, st, append(eopts, engine.WithLogger(nil)))
-		h = func(ds []consumer.Delivery, _ map[string]error) consumer.BatchHandler {
+		h = func(ds []consumer.Delivery, _ map[string]error) batchHandler {
 			return writeEffectAlone(pool, ds)
 		}
 	}
 	ds := deliveries(1, "msg-secret-id-1", "msg-secret-id-2")
-	wantOutcomes(t, "batch", c.ProcessBatch(t.Context(), ds, h(ds, nil)), consumer.Processed, consumer.Processed)
+	wantOutcomes(t, "batch", c.handleBatch(t.Context(), ds, h(ds, nil)), consumer.Processed, consumer.Processed)
 	rows, _ := pool.Query(t.Context(), `SELECT outcome FROM idempotency_keys`)
 	outcomes, err := pgx.CollectRows(rows, pgx.RowTo[[]byte])
 	if err != nil || len(outcomes) != 2 {
@@ -424,7 +424,7 @@ func testBatchSealedWithHooks(t *testing.T, atomic bool) {
 		}
 	}
 	ds = deliveries(2, "msg-secret-id-1", "msg-secret-id-2")
-	wantOutcomes(t, "redelivery", c.ProcessBatch(t.Context(), ds, h(ds, nil)), consumer.Duplicate, consumer.Duplicate)
+	wantOutcomes(t, "redelivery", c.handleBatch(t.Context(), ds, h(ds, nil)), consumer.Duplicate, consumer.Duplicate)
 	if got := effects(t, pool); len(got) != 2 {
 		t.Errorf("effects %v, want one per message", got)
 	}
@@ -495,7 +495,7 @@ func TestBatchTwoPhase(t *testing.T) {
 				engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, consumer.WithHandlerTimeout(timeout))
 			var leases []time.Duration // of the ids in progress, when the first handler runs
 			h := &batchCounter{ds: deliveries(1, ids...)}
-			rs := c.ProcessBatch(t.Context(), h.ds, func(ctx context.Context, i int) error {
+			rs := c.handleBatch(t.Context(), h.ds, func(ctx context.Context, i int) error {
 				if i == 0 {
 					rows, _ := pool.Query(ctx, `SELECT (extract(epoch FROM lease_end - created_at) * 1e6)::bigint FROM idempotency_keys WHERE state = 'in_progress'`)
 					us, err := pgx.CollectRows(rows, pgx.RowTo[int64])
@@ -529,7 +529,7 @@ func TestBatchTwoPhase(t *testing.T) {
 					t.Errorf("id %d's lease is %v, want the handler timeout %v and the grace", j, l, timeout)
 				}
 			}
-			rs = c.ProcessBatch(t.Context(), deliveries(2, ids...), h.handle)
+			rs = c.handleBatch(t.Context(), deliveries(2, ids...), h.handle)
 			wantOutcomes(t, "redelivery", rs, slices.Repeat([]consumer.Outcome{consumer.Duplicate}, n)...)
 		})
 	}

@@ -45,7 +45,7 @@ func TestLastDeliveryStoreDown(t *testing.T) {
 		d.Last = true
 		h := &counter{}
 		done := make(chan consumer.Result, 1)
-		go func() { done <- c.Process(context.WithoutCancel(t.Context()), d, h.handle) }()
+		go func() { done <- c.handle(context.WithoutCancel(t.Context()), d, h.handle) }()
 		// Three failed tries of the store's, at least: the delivery was
 		// tried again after the first.
 		for deadline := time.Now().Add(time.Minute); strings.Count(logs.String(), "level=ERROR") < 3; time.Sleep(10 * time.Millisecond) {
@@ -84,7 +84,7 @@ func TestLastDeliveryStoreDownStops(t *testing.T) {
 	d.Last = true
 	done := make(chan consumer.Result, 1)
 	h := &counter{}
-	go func() { done <- c.Process(ctx, d, h.handle) }()
+	go func() { done <- c.handle(ctx, d, h.handle) }()
 	for deadline := time.Now().Add(time.Minute); !strings.Contains(logs.String(), "the delivery is held"); time.Sleep(10 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the hold was not logged within a minute:\n%s", logs)
@@ -100,19 +100,15 @@ func TestLastDeliveryStoreDownStops(t *testing.T) {
 	}
 }
 
-// TestDiscardDeadLetters: with no hook, a message to dead-letter is logged
-// as discarded, never as dead-lettered, and its action stands; an adapter
-// reads WithDiscardDeadLetters from DiscardsDeadLetters.
+// TestDiscardDeadLetters: with no hook (WithDiscardDeadLetters), a message
+// to dead-letter is logged as discarded, never as dead-lettered, and its
+// action stands; a hook that fails has the message delivered again.
 func TestDiscardDeadLetters(t *testing.T) {
 	logger, logs := logtest.New()
-	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(logger)}, consumer.WithDiscardDeadLetters())
-	if !c.DiscardsDeadLetters() {
-		t.Fatal("DiscardsDeadLetters is false with WithDiscardDeadLetters")
-	}
-	res := c.Process(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error {
+	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(logger)})
+	res := c.handle(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error {
 		return consumer.Final(errors.New("declined body-secret"))
 	})
-	res = c.DeadLetter(t.Context(), res, nil)
 	if res.Outcome != consumer.Failed || res.Action != consumer.Ack {
 		t.Fatalf("%+v, want failed and acknowledged", res)
 	}
@@ -120,8 +116,16 @@ func TestDiscardDeadLetters(t *testing.T) {
 		!strings.Contains(logs.String(), "a final error (consumer.Final) of type *errors.errorString") {
 		t.Fatalf("the discard was not logged as one, with the final error's type:\n%s", logs)
 	}
-	if c := newConsumer(t, memory.New(), nil); c.DiscardsDeadLetters() {
-		t.Fatal("DiscardsDeadLetters is true by default")
+	failing := consumer.WithDeadLetter(func(context.Context, msg, error) error { return errors.New("the dead-letter subject is down") })
+	c = newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(logger)}, failing)
+	res = c.handle(t.Context(), delivery("msg-secret-id", 1), func(context.Context) error {
+		return consumer.Final(errors.New("declined body-secret"))
+	})
+	if res.Outcome != consumer.Failed || res.Action != consumer.Nak || !res.DeadLetter {
+		t.Fatalf("a dead letter whose hook failed: %+v, want failed and delivered again", res)
+	}
+	if !strings.Contains(logs.String(), "the dead-letter hook failed") {
+		t.Fatalf("the hook's failure was not logged:\n%s", logs)
 	}
 }
 
@@ -144,7 +148,7 @@ func TestHandlerTimeoutOutlastsLease(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		_, err = consumer.New(eng, "charges", consumer.WithHandlerTimeout(tc.timeout))
+		_, err = consumer.New(eng, "charges", testBroker{}, run, consumer.WithDiscardDeadLetters(), consumer.WithHandlerTimeout(tc.timeout))
 		if tc.ok != (err == nil) {
 			t.Errorf("max lease %v, timeout %v: %v, want ok %v", tc.maxLease, tc.timeout, err, tc.ok)
 		}

@@ -14,34 +14,34 @@ import (
 // dead-lettered without running when its id has no record, one at a time
 // and in a batch, and still dropped as a duplicate when it has one.
 func TestExpired(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		h := &counter{}
 		stale := func(id string) consumer.Delivery {
 			d := delivery(id, 2)
 			d.Sent = time.Now().Add(-consumer.RecommendedRetention - time.Minute)
 			return d
 		}
-		res := c.Process(t.Context(), stale("msg-secret-id"), h.handle)
+		res := c.handle(t.Context(), stale("msg-secret-id"), h.handle)
 		if res.Outcome != consumer.Rejected || res.Action != consumer.Reject || !res.DeadLetter || !errors.Is(res.Err, consumer.ErrExpired) {
 			t.Fatalf("a stale message: %+v, want refused, rejected and dead-lettered with ErrExpired", res)
 		}
 		recent := delivery("msg-secret-id", 1)
 		recent.Sent = time.Now()
-		if res := c.Process(t.Context(), recent, h.handle); res.Outcome != consumer.Processed {
+		if res := c.handle(t.Context(), recent, h.handle); res.Outcome != consumer.Processed {
 			t.Fatalf("a recent delivery after the refusal: %+v, want processed", res)
 		}
-		if res := c.Process(t.Context(), stale("msg-secret-id"), h.handle); res.Outcome != consumer.Duplicate {
+		if res := c.handle(t.Context(), stale("msg-secret-id"), h.handle); res.Outcome != consumer.Duplicate {
 			t.Fatalf("a stale redelivery of a processed message: %+v, want a duplicate", res)
 		}
 		future := delivery("msg-future", 1)
 		future.Sent = time.Now().Add(time.Hour) // a publisher's clock ahead
-		if res := c.Process(t.Context(), future, h.handle); res.Outcome != consumer.Processed {
+		if res := c.handle(t.Context(), future, h.handle); res.Outcome != consumer.Processed {
 			t.Fatalf("a message stamped in the future: %+v, want processed", res)
 		}
 
 		ds := []consumer.Delivery{stale("msg-batch-stale"), delivery("msg-batch-new", 1), stale("msg-secret-id")}
 		b := &batchCounter{ds: ds}
-		results := c.ProcessBatch(t.Context(), ds, b.handle)
+		results := c.handleBatch(t.Context(), ds, b.handle)
 		wantOutcomes(t, "a batch", results, consumer.Rejected, consumer.Processed, consumer.Duplicate)
 		if !errors.Is(results[0].Err, consumer.ErrExpired) || !results[0].DeadLetter {
 			t.Errorf("the batch's stale message: %+v, want dead-lettered with ErrExpired", results[0])
@@ -57,10 +57,10 @@ func TestExpired(t *testing.T) {
 // operator can tell it from the refusal of a malformed message; never with
 // its id, tenant or body (each checks the logs).
 func TestExpiredLogged(t *testing.T) {
-	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, logs *logtest.Buffer) {
 		d := delivery("msg-secret-id", 2)
 		d.Sent = time.Now().Add(-consumer.RecommendedRetention - 2*time.Hour)
-		if res := c.Process(t.Context(), d, (&counter{}).handle); !errors.Is(res.Err, consumer.ErrExpired) {
+		if res := c.handle(t.Context(), d, (&counter{}).handle); !errors.Is(res.Err, consumer.ErrExpired) {
 			t.Fatalf("a stale message: %+v, want refused with ErrExpired", res)
 		}
 		l := logs.String()

@@ -19,10 +19,10 @@ const secret = "tenant-secret/msg-secret-id"
 // for each redelivery; a refusal for each message that cannot run.
 func TestHooks(t *testing.T) {
 	events := &hooklog.Log{Operation: "charges"}
-	each(t, func(t *testing.T, c *consumer.Consumer, _ *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
 		h := &counter{}
 		for i := range 3 {
-			c.Process(t.Context(), delivery("msg-secret-id", i+1), h.handle)
+			c.handle(t.Context(), delivery("msg-secret-id", i+1), h.handle)
 		}
 		events.Want(t,
 			"execute executed ack "+secret+" 9",
@@ -30,10 +30,10 @@ func TestHooks(t *testing.T) {
 			"replay replayed ack "+secret+" 9")
 
 		failing := &counter{err: errors.New("ledger unreachable")}
-		c.Process(t.Context(), delivery("msg-secret-id-2", 1), failing.handle)
+		c.handle(t.Context(), delivery("msg-secret-id-2", 1), failing.handle)
 		failing.err = consumer.Final(errors.New("card declined"))
-		c.Process(t.Context(), delivery("msg-secret-id-2", 2), failing.handle)
-		c.Process(t.Context(), delivery("msg-secret-id-2", 3), failing.handle)
+		c.handle(t.Context(), delivery("msg-secret-id-2", 2), failing.handle)
+		c.handle(t.Context(), delivery("msg-secret-id-2", 3), failing.handle)
 		events.Want(t,
 			"execute executed nak "+secret+"-2 0",
 			"execute executed ack "+secret+"-2 6",
@@ -41,9 +41,9 @@ func TestHooks(t *testing.T) {
 
 		reused := delivery("msg-secret-id", 4)
 		reused.Body = []byte("another body")
-		c.Process(t.Context(), reused, h.handle)
-		c.Process(t.Context(), delivery("", 1), h.handle)
-		c.Refuse(t.Context(), errors.New("no tenant"))
+		c.handle(t.Context(), reused, h.handle)
+		c.handle(t.Context(), delivery("", 1), h.handle)
+		c.Handle(t.Context(), msg{refused: errors.New("no tenant")})
 		events.Want(t,
 			"refuse reused reject "+secret+" 0",
 			"refuse key_missing reject / 0",
@@ -52,14 +52,14 @@ func TestHooks(t *testing.T) {
 		started, release := make(chan struct{}), make(chan struct{})
 		first := make(chan consumer.Result, 1)
 		go func() {
-			first <- c.Process(t.Context(), delivery("msg-secret-id-3", 1), func(context.Context) error {
+			first <- c.handle(t.Context(), delivery("msg-secret-id-3", 1), func(context.Context) error {
 				close(started)
 				<-release
 				return nil
 			})
 		}()
 		<-started
-		c.Process(t.Context(), delivery("msg-secret-id-3", 2), h.handle)
+		c.handle(t.Context(), delivery("msg-secret-id-3", 2), h.handle)
 		events.Want(t, "refuse in_progress nak "+secret+"-3 0")
 		close(release)
 		<-first
@@ -73,10 +73,10 @@ func TestHooks(t *testing.T) {
 func TestHookPanics(t *testing.T) {
 	events := &hooklog.Log{Operation: "charges"}
 	events.Panics.Store(true)
-	each(t, func(t *testing.T, c *consumer.Consumer, logs *logtest.Buffer) {
+	each(t, func(t *testing.T, c *testConsumer, logs *logtest.Buffer) {
 		h := &counter{}
 		for i, want := range []consumer.Outcome{consumer.Processed, consumer.Duplicate} {
-			res := c.Process(t.Context(), delivery("msg-secret-id", i+1), h.handle)
+			res := c.handle(t.Context(), delivery("msg-secret-id", i+1), h.handle)
 			if res.Outcome != want || res.Action != consumer.Ack || res.Err != nil {
 				t.Fatalf("delivery %d with a panicking hook: %+v, want %s and ack", i+1, res, want)
 			}

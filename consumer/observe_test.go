@@ -11,7 +11,6 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
-	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -21,14 +20,14 @@ import (
 // action "ack".
 func TestMetrics(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
-	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(nil),
-		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))}, consumer.WithSystem("nats"))
+	c := newConsumerOn(t, testBroker{system: "nats"}, memory.New(), []engine.Option{engine.WithLogger(nil),
+		engine.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader)))})
 	ok := func(context.Context) error { return nil }
-	c.Process(t.Context(), delivery("a", 1), ok)
-	c.Process(t.Context(), delivery("a", 2), ok)
-	c.Process(t.Context(), delivery("a", 3), ok)
-	c.Process(t.Context(), delivery("b", 1), func(context.Context) error { return errors.New("down") })
-	c.Process(t.Context(), delivery("", 1), ok)
+	c.handle(t.Context(), delivery("a", 1), ok)
+	c.handle(t.Context(), delivery("a", 2), ok)
+	c.handle(t.Context(), delivery("a", 3), ok)
+	c.handle(t.Context(), delivery("b", 1), func(context.Context) error { return errors.New("down") })
+	c.handle(t.Context(), delivery("", 1), ok)
 
 	var rm metricdata.ResourceMetrics
 	if err := reader.Collect(t.Context(), &rm); err != nil {

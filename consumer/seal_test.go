@@ -29,31 +29,31 @@ func TestSealedRecords(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			st, modeOpts := open(t)
 			logger, logs := logtest.New()
-			build := func(ring *seal.KeyRing) *consumer.Consumer {
+			build := func(ring *seal.KeyRing) *testConsumer {
 				return newConsumer(t, st, []engine.Option{engine.WithSealer(ring), engine.WithLogger(logger)}, modeOpts...)
 			}
 			c := build(testRing(t, 1))
 			h := &counter{}
-			if res := c.Process(t.Context(), delivery("msg-secret-id", 1), h.handle); res.Outcome != consumer.Processed {
+			if res := c.handle(t.Context(), delivery("msg-secret-id", 1), h.handle); res.Outcome != consumer.Processed {
 				t.Fatalf("first delivery: %v", res)
 			}
 			h.err = consumer.Final(errors.New("poison"))
-			c.Process(t.Context(), delivery("msg-secret-id-2", 1), h.handle)
-			if res := c.Process(t.Context(), delivery("msg-secret-id", 2), h.handle); res.Outcome != consumer.Duplicate || res.DeadLetter {
+			c.handle(t.Context(), delivery("msg-secret-id-2", 1), h.handle)
+			if res := c.handle(t.Context(), delivery("msg-secret-id", 2), h.handle); res.Outcome != consumer.Duplicate || res.DeadLetter {
 				t.Fatalf("redelivery: %+v, want a duplicate", res)
 			}
-			if res := c.Process(t.Context(), delivery("msg-secret-id-2", 2), h.handle); res.Outcome != consumer.Duplicate || !errors.Is(res.Err, consumer.ErrFailedBefore) {
+			if res := c.handle(t.Context(), delivery("msg-secret-id-2", 2), h.handle); res.Outcome != consumer.Duplicate || !errors.Is(res.Err, consumer.ErrFailedBefore) {
 				t.Fatalf("redelivery of the failed one: %+v, want a duplicate that failed before", res)
 			}
 
 			other := build(testRing(t, 2))
-			res := other.Process(t.Context(), delivery("msg-secret-id", 3), h.handle)
+			res := other.handle(t.Context(), delivery("msg-secret-id", 3), h.handle)
 			if res.Outcome != consumer.StoreFailed || res.Action != consumer.Nak {
 				t.Fatalf("a record the ring cannot open: %+v, want store unavailable and a nak", res)
 			}
 			last := delivery("msg-secret-id", 4)
 			last.Last = true
-			if res := other.Process(t.Context(), last, h.handle); res.Action == consumer.Nak || !res.DeadLetter {
+			if res := other.handle(t.Context(), last, h.handle); res.Action == consumer.Nak || !res.DeadLetter {
 				t.Fatalf("its last delivery: %+v, want it dead-lettered", res)
 			}
 			if h.runs != 2 {
