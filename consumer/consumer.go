@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
 	"time"
@@ -320,36 +321,10 @@ type Result struct {
 	Err error
 }
 
-// This package's errors in a Result, checked with errors.Is.
-var (
-	ErrNoID         = errors.New("idemkey/consumer: the message has no id")
-	ErrInvalidID    = errors.New("idemkey/consumer: the message id is longer than 255 bytes")
-	ErrReusedID     = errors.New("idemkey/consumer: the message id was first used with another body")
-	ErrFailedBefore = errors.New("idemkey/consumer: the message failed when first processed")
-	ErrExpired      = errors.New("idemkey/consumer: the message was sent longer ago than its id's record is kept, and the id has no record")
-	// ErrLastDelivery wraps the reason a message would have been redelivered
-	// on its last delivery (Delivery.Last): it is dead-lettered instead.
-	ErrLastDelivery = errors.New("idemkey/consumer: the message's last delivery did not process it")
-	// ErrPanicked is the error of a handler that panicked, with the panic
-	// value's type: a transient failure, its id released.
-	ErrPanicked = errors.New("idemkey/consumer: the handler panicked")
-)
-
-// Records of a processed message: what a redelivery finds.
-var (
-	recordProcessed = []byte("processed")
-	recordFailed    = []byte("failed")
-)
-
-// errStillBusy is why a last delivery that stopped waiting, with its message
-// still in progress elsewhere, is dead-lettered.
-var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
-
-// errStoreUnavailable is the Err of a StoreFailed Result whose context
-// is not done.
-var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
-
-// errUnopened is the Err of a StoreFailed Result whose message's record
-// does not open (engine.Answer.Unopened): no redelivery will open it, so
-// its last delivery is dead-lettered rather than held.
-var errUnopened = errors.New("idemkey/consumer: the message's record does not open (engine.WithSealer)")
+// String describes r for a log line: never the message's id or body.
+func (r Result) String() string {
+	if r.Action == Nak {
+		return fmt.Sprintf("%s (%s after %s)", r.Outcome, r.Action, r.Delay.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("%s (%s)", r.Outcome, r.Action)
+}

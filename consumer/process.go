@@ -9,9 +9,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
@@ -19,6 +16,25 @@ import (
 
 // handler is a core's handler of one delivery.
 type handler = func(ctx context.Context) error
+
+// Records of a processed message: what a redelivery finds.
+var (
+	recordProcessed = []byte("processed")
+	recordFailed    = []byte("failed")
+)
+
+// errStillBusy is why a last delivery that stopped waiting, with its message
+// still in progress elsewhere, is dead-lettered.
+var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
+
+// errStoreUnavailable is the Err of a StoreFailed Result whose context
+// is not done.
+var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
+
+// errUnopened is the Err of a StoreFailed Result whose message's record
+// does not open (engine.Answer.Unopened): no redelivery will open it, so
+// its last delivery is dead-lettered rather than held.
+var errUnopened = errors.New("idemkey/consumer: the message's record does not open (engine.WithSealer)")
 
 // process decides what becomes of d, running h unless its id was
 // processed before or is in progress; a last delivery that met a failing
@@ -279,54 +295,6 @@ func (c *core) backoff(attempt int) time.Duration {
 	return d - rand.N(d/4+1)
 }
 
-// Final marks err as a final failure: the message is recorded as failed,
-// acknowledged and dead-lettered, and never runs again.
-func Final(err error) error {
-	if err == nil {
-		return nil
-	}
-	return finalError{err}
-}
-
-type finalError struct{ error }
-
-func (e finalError) Unwrap() error { return e.error }
-
-// IsFinal is the default classification of a handler's error, the one
-// every entry point shares (docs/answers.md): final when it is marked with
-// Final, or is a gRPC status whose code the gRPC interceptor records
-// (NotFound, AlreadyExists, FailedPrecondition, OutOfRange, Unimplemented,
-// Internal, Unknown, DataLoss); transient otherwise, including a plain
-// error, which is what a failing dependency returns, and InvalidArgument,
-// which the gRPC interceptor releases too: a handler that knows a message
-// can never succeed (a body it cannot parse) says so with Final. Unknown
-// counts only as an explicit status, for an effect whose outcome is unknown
-// (a connection lost after a write was sent): running it again could repeat
-// the effect.
-func IsFinal(err error) bool {
-	if errors.As(err, new(finalError)) {
-		return true
-	}
-	s, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	switch s.Code() {
-	case codes.NotFound, codes.AlreadyExists, codes.FailedPrecondition, codes.OutOfRange,
-		codes.Unimplemented, codes.Internal, codes.Unknown, codes.DataLoss:
-		return true
-	}
-	return false
-}
-
-// String describes r for a log line: never the message's id or body.
-func (r Result) String() string {
-	if r.Action == Nak {
-		return fmt.Sprintf("%s (%s after %s)", r.Outcome, r.Action, r.Delay.Round(time.Millisecond))
-	}
-	return fmt.Sprintf("%s (%s)", r.Outcome, r.Action)
-}
-
 // deadWhy says why res, a Result to dead-letter, is one.
 func deadWhy(res Result) string {
 	switch {
@@ -340,56 +308,9 @@ func deadWhy(res Result) string {
 	return "failed for good"
 }
 
-// ownErrors are the errors a Result holds of this package's, and of the
-// engine's, whose words hold nothing of a message's: every one a consumer
-// answers with but the handler's.
-var ownErrors = []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrExpired, ErrLastDelivery,
-	ErrPanicked, errStillBusy, errStoreUnavailable, errUnopened, store.ErrFull, store.ErrDataLost}
-
-// ownError is err, if it is one of ownErrors or an engine.FirstSentError;
-// or else a stand-in that names only a gRPC status's code, or the error's
-// type (inside a Final), since a handler's, a hook's or an adapter
-// function's words may quote the message's id, tenant or body.
-func ownError(err error) error {
-	for _, own := range ownErrors {
-		if errors.Is(err, own) {
-			return own
-		}
-	}
-	if fse := new(engine.FirstSentError); errors.As(err, &fse) {
-		return fse
-	}
-	if s, ok := status.FromError(err); ok && err != nil {
-		return errors.New("the handler's gRPC status " + s.Code().String())
-	}
-	if final := new(finalError); errors.As(err, final) {
-		return fmt.Errorf("a final error (consumer.Final) of type %T (its words are left out: they may quote the message)", final.error)
-	}
-	return fmt.Errorf("an error of type %T (its words are left out: they may quote the message)", err)
-}
-
-// Cause says why a Result failed, for a dead letter or a log line that
-// others read: the words of this package's errors (ErrLastDelivery's with
-// the reason it wraps), a gRPC status's code, or else only the error's type;
-// never the handler's own words, which may quote the message.
-func Cause(err error) string {
-	if err == nil {
-		return ""
-	}
-	prefix := ""
-	if errors.Is(err, ErrLastDelivery) {
-		prefix = ErrLastDelivery.Error() + ": "
-		if multi, ok := err.(interface{ Unwrap() []error }); ok && len(multi.Unwrap()) == 2 {
-			err = multi.Unwrap()[1] // fmt.Errorf("%w: %w", ErrLastDelivery, why)
-		}
-	}
-	return prefix + ownError(err).Error()
-}
-
 // warn logs a failure of the broker's (err holds no message's id, tenant
 // or body) at Warn level.
 func (c *core) warn(ctx context.Context, msg string, err error) {
 	c.eng.Logger().LogAttrs(ctx, slog.LevelWarn, "idemkey: "+msg,
 		slog.String("operation", c.op.Name()), slog.Any("error", err))
 }
-
