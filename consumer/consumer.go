@@ -15,21 +15,15 @@ import (
 )
 
 // Consumer processes the messages of one consumer, of a broker's type M,
-// once per message id: exactly once in atomic mode, and in two-phase mode
-// again only after a run that died or outlasted its lease (see the package
-// documentation). It owns a delivery's whole life: it reads it through its
-// Broker, runs the handler, dead-letters, and settles. It is safe for
-// concurrent use: share one among a consumer's workers.
+// once per message id (see the package documentation), and settles each. It
+// is safe for concurrent use: share one among a consumer's workers.
 type Consumer[M any] struct {
 	core
 	b          Broker[M]
 	h          func(ctx context.Context, m M) error
 	id, tenant func(M) (string, error)
 	dead       func(ctx context.Context, m M, err error) error
-	// attempts is how many times a message that fails for now is tried in
-	// process, for a Broker with MaxAttempts; 0 for one that delivers it
-	// again itself.
-	attempts int
+	attempts   int // a Broker's MaxAttempts; 0: the broker delivers again
 }
 
 // core is the part of a Consumer that knows no message type: it serves one
@@ -41,21 +35,15 @@ type core struct {
 }
 
 // New returns a Consumer named name that runs h for each message b reads,
-// on eng, the engine that holds the settings every entry point shares (the
-// store, the retention, leases, sealing, logging, hooks, metrics); opts are
-// the consumer's own. The name scopes the message ids, so two consumers of
-// one stream each process every message once, and names the consumer in
-// metrics and logs.
+// on eng, whose settings every entry point shares. The name scopes the
+// message ids and names the consumer in metrics and logs. eng needs no
+// tenant function (WithMessageTenant reads a message's), and its
+// engine.WithFailOpen never applies to a consumer.
 //
-// Give eng a retention that outlives the broker's redeliveries
-// (RecommendedRetention): New refuses one the broker's horizon outlasts (a
-// *HorizonError) unless WithHorizonWarning. The tenant is the message's
-// (WithMessageTenant), so eng needs no tenant function; a consumer never
-// runs a handler unprotected, even on an engine with engine.WithFailOpen.
-//
-// New refuses a consumer with no dead-letter hook (WithDeadLetter) unless
-// WithDiscardDeadLetters, an option function of another broker's message
-// type, WithAtomic on a store that does not implement store.Atomic, and a
+// New refuses a retention that the broker's horizon outlasts (a
+// *HorizonError) unless WithHorizonWarning; no dead-letter hook unless
+// WithDiscardDeadLetters; an option function of another message type;
+// WithAtomic on a store that is not a store.Atomic; and a
 // WithHandlerTimeout longer than the engine's longest lease allows.
 func New[M any](eng *engine.Engine, name string, b Broker[M], h func(ctx context.Context, m M) error, opts ...Option) (*Consumer[M], error) {
 	switch {
@@ -111,38 +99,24 @@ func New[M any](eng *engine.Engine, name string, b Broker[M], h func(ctx context
 	return c, nil
 }
 
-// errNoDeadLetter is New's refusal of a consumer with nowhere to put a dead
-// letter.
 var errNoDeadLetter = errors.New("idemkey/consumer: a message that fails for good, is refused, or fails for now on its last delivery has nowhere to go: " +
 	"give WithDeadLetter a hook that keeps it (a subject, an exchange, a topic or a table of its own; idemkafka.DeadLetterTopic writes to a topic), " +
 	"or consumer.WithDiscardDeadLetters() to settle such messages and lose them, logged at Error level")
 
-// Handle processes m and settles it as its Result says, which it returns
-// for a log line or a count: it runs the handler unless m's id was
-// processed before or is in progress, hands a message that asks for it to
-// the dead-letter hook (a hook that fails turns its Action into Nak), and
-// then tells the broker. ctx bounds the store's operations and the handler.
-//
-// On a message's last delivery (Delivery.Last), Handle does not return
-// while another run holds the id: it waits for that run to end, so as to
-// take the message over; nor while the store fails: it tries again after
-// each backoff until the store answers or ctx ends.
+// Handle runs the handler for m unless its id was processed before or is
+// in progress, dead-letters it if its Result says so (a hook that fails
+// makes it a Nak), settles it, and returns the Result. ctx bounds the
+// store's operations and the handler. On a last delivery (Delivery.Last),
+// Handle waits for another run that holds the id to end, and for a failing
+// store to answer, each until ctx ends.
 func (c *Consumer[M]) Handle(ctx context.Context, m M) Result {
 	return c.HandleBatch(ctx, []M{m})[0]
 }
 
-// HandleBatch processes ms together and settles each as Handle does one,
-// once every message is decided (in atomic mode nothing of the batch is
-// durable before), and returns their Results in the order of ms.
-//
-// On a store that decides batches (store/postgres), one round trip reads
-// the record of every id and takes the free ones; the handlers then run one
-// after another, in the order of ms. In atomic mode they run in one
-// transaction, each message's writes apart (a savepoint each), and every
-// record commits in one commit; in two-phase mode each message is recorded
-// or released as its handler returns. On another store each message is
-// processed on its own. At most engine.MaxBatch messages are decided
-// together; docs/consumers.md ("Batches in detail") has the rest.
+// HandleBatch handles ms as Handle does each, and settles them once all are
+// decided, returning their Results in order. On store/postgres one round
+// trip decides the batch and, in atomic mode, one transaction commits it,
+// each message's writes apart (docs/consumers.md, "Batches in detail").
 func (c *Consumer[M]) HandleBatch(ctx context.Context, ms []M) []Result {
 	results := make([]Result, len(ms))
 	ds := make([]Delivery, len(ms))
@@ -195,8 +169,7 @@ func (c *Consumer[M]) read(m M) (Delivery, error) {
 	return d, err
 }
 
-// serve sets results[i], for each i of pending, to what one try of ms[i]
-// decided, dead letter included.
+// serve sets results[i], for each i of pending, to one try of ms[i].
 func (c *Consumer[M]) serve(ctx context.Context, ms []M, ds []Delivery, results []Result, pending []int) {
 	if len(pending) == 1 {
 		i := pending[0]
@@ -225,9 +198,7 @@ func longestDelay(results []Result, pending []int) time.Duration {
 	return d
 }
 
-// deadLetter hands m to the dead-letter hook if res asks for it: a hook that
-// fails turns the Action into Nak, so that a redelivery tries again. With no
-// hook (WithDiscardDeadLetters) m is logged as discarded and res stands.
+// deadLetter hands m to the dead-letter hook if res asks for it.
 func (c *Consumer[M]) deadLetter(ctx context.Context, m M, res Result) Result {
 	if !res.DeadLetter {
 		return res
@@ -247,8 +218,7 @@ func (c *Consumer[M]) deadLetter(ctx context.Context, m M, res Result) Result {
 	return res
 }
 
-// logDead logs, at Error level, that a message to dead-letter, res, was
-// what.
+// logDead logs what became of res, a message to dead-letter.
 func (c *core) logDead(ctx context.Context, res Result, what string) {
 	c.eng.Logger().LogAttrs(ctx, slog.LevelError, "idemkey: a message that "+deadWhy(res)+" "+what,
 		slog.String("operation", c.op.Name()), slog.String("outcome", res.Outcome.String()), slog.Any("error", ownError(res.Err)))

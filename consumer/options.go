@@ -7,13 +7,11 @@ import (
 	"time"
 )
 
-// RecommendedRetention is the retention to give engine.WithRetention for a
-// consumer's engine: days, not an API key's hours, since a processed
-// message's id must outlive every redelivery of it, and a consumer may be
-// down for a weekend. New checks it against the broker's horizon.
+// RecommendedRetention is the retention to give a consumer's engine
+// (engine.WithRetention): an id must outlive every redelivery, and a
+// consumer may be down for a weekend.
 const RecommendedRetention = 7 * 24 * time.Hour
 
-// Defaults of a consumer, each changed by the option that names it.
 const (
 	defaultFirstBackoff = time.Second // WithBackoff
 	defaultMaxBackoff   = time.Minute // WithBackoff
@@ -23,16 +21,14 @@ const (
 type Option func(*options)
 
 type options struct {
-	atomic         bool
-	handlerTimeout time.Duration
-	final          func(error) bool
-	firstBackoff   time.Duration
-	maxBackoff     time.Duration
-	warnHorizon    bool
-	discardDead    bool
-	// The functions of WithMessageID, WithMessageTenant and WithDeadLetter,
-	// of the broker's message type, which New checks.
-	id, tenant, deadLetter any
+	atomic                 bool
+	handlerTimeout         time.Duration
+	final                  func(error) bool
+	firstBackoff           time.Duration
+	maxBackoff             time.Duration
+	warnHorizon            bool
+	discardDead            bool
+	id, tenant, deadLetter any // functions of the broker's message type
 }
 
 func newOptions(opts []Option) *options {
@@ -43,8 +39,7 @@ func newOptions(opts []Option) *options {
 	return o
 }
 
-// typed is f, one of the options' functions, as an F: a function of the
-// broker's message type. nil f is F's zero value.
+// typed is f, an option's function, as an F; nil is F's zero value.
 func typed[F any](option string, f any) (F, error) {
 	var zero F
 	if f == nil {
@@ -95,18 +90,15 @@ func WithDeadLetter[M any](f func(ctx context.Context, m M, err error) error) Op
 	}
 }
 
-// WithAtomic runs each handler in a transaction of the store's that commits
-// with the message's record (the store must implement store.Atomic, as
-// store/postgres does): the handler's writes take effect exactly once. The
-// handler writes through the transaction in its context
-// (postgres.TxFromContext).
+// WithAtomic runs each handler in a transaction of the store's
+// (store.Atomic: store/postgres) that commits with the message's record, so
+// its writes (through postgres.TxFromContext) take effect exactly once.
 func WithAtomic() Option { return func(o *options) { o.atomic = true } }
 
-// WithHandlerTimeout bounds each run of the handler: its context ends after
-// d, and its lease is d plus five seconds, which New refuses if the engine's
-// longest lease (engine.WithMaxLease) is shorter. Without it a handler runs
-// unbounded under the engine's lease, and one that outlasts its lease may
-// run again beside itself in two-phase mode.
+// WithHandlerTimeout bounds each run of the handler to d, and makes its
+// lease d plus five seconds (at most engine.WithMaxLease). Without it, a
+// handler that outlasts the engine's lease may run again beside itself in
+// two-phase mode.
 func WithHandlerTimeout(d time.Duration) Option {
 	return func(o *options) { o.handlerTimeout = max(d, 0) }
 }

@@ -17,24 +17,19 @@ import (
 // handler is a core's handler of one delivery.
 type handler = func(ctx context.Context) error
 
-// Records of a processed message: what a redelivery finds.
+// The records of a processed message: what a redelivery finds.
 var (
 	recordProcessed = []byte("processed")
 	recordFailed    = []byte("failed")
 )
 
-// errStillBusy is why a last delivery that stopped waiting, with its message
-// still in progress elsewhere, is dead-lettered.
-var errStillBusy = errors.New("idemkey/consumer: the message was still in progress elsewhere")
-
-// errStoreUnavailable is the Err of a StoreFailed Result whose context
-// is not done.
-var errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
-
-// errUnopened is the Err of a StoreFailed Result whose message's record
-// does not open (engine.Answer.Unopened): no redelivery will open it, so
-// its last delivery is dead-lettered rather than held.
-var errUnopened = errors.New("idemkey/consumer: the message's record does not open (engine.WithSealer)")
+// The core's own errors in a Result. A record that does not open
+// (errUnopened) never will: its last delivery is dead-lettered, not held.
+var (
+	errStillBusy        = errors.New("idemkey/consumer: the message was still in progress elsewhere")
+	errStoreUnavailable = errors.New("idemkey/consumer: the store is unavailable")
+	errUnopened         = errors.New("idemkey/consumer: the message's record does not open (engine.WithSealer)")
+)
 
 // process decides what becomes of d, running h unless its id was
 // processed before or is in progress; a last delivery that met a failing
@@ -43,9 +38,8 @@ func (c *core) process(ctx context.Context, d Delivery, h handler) Result {
 	return c.hold(ctx, d, h, c.serve(ctx, d, h))
 }
 
-// hold is res, d's Result, unless d is a last delivery that met a failing
-// store (held): then d is tried again after each backoff until the store
-// answers or ctx ends, and hold is the last try's Result.
+// hold tries d again after each backoff while it is held (a last delivery
+// whose store fails), until the store answers or ctx ends.
 func (c *core) hold(ctx context.Context, d Delivery, h handler, res Result) Result {
 	if !held(d, res) {
 		return res
@@ -63,9 +57,7 @@ func (c *core) hold(ctx context.Context, d Delivery, h handler, res Result) Resu
 	return res
 }
 
-// held reports whether res, d's Result, is one that process holds: the last
-// delivery of a message whose store failed, to be redelivered (a record
-// that does not open was dead-lettered by lastDelivery instead).
+// held reports whether res is a last delivery's whose store failed.
 func held(d Delivery, res Result) bool {
 	return d.Last && res.Outcome == StoreFailed && res.Action == Nak
 }
@@ -77,8 +69,7 @@ func (c *core) serve(ctx context.Context, d Delivery, h handler) Result {
 	return x.res
 }
 
-// exchange is one delivery, as engine.Serve reads and answers it; res is
-// its Result: the handler's, once Run has run it, then the answer's.
+// exchange is one delivery, as engine.Serve reads and answers it.
 type exchange struct {
 	c *core
 	d Delivery
@@ -90,9 +81,8 @@ type exchange struct {
 	res Result
 }
 
-// Key is the message's id. A refusal says it has one, so that Serve goes
-// on to Fingerprint, which refuses it: its verdict is then engine.Refused (an
-// adapter cannot read the message's tenant, or its id), not a malformed key.
+// Key is the message's id. An unread message says it has one, so that
+// Fingerprint refuses it (engine.Refused), rather than a malformed key.
 func (x *exchange) Key() (string, bool, error) {
 	switch id := x.d.ID; {
 	case x.refused != nil:
@@ -107,8 +97,7 @@ func (x *exchange) Key() (string, bool, error) {
 }
 
 // FirstSent is when the broker says the message was first published; none
-// if it does not say, or says a time in the future (a publisher's clock
-// that runs ahead refuses nothing).
+// if that is in the future (a publisher's clock that runs ahead).
 func (x *exchange) FirstSent() []string {
 	if sent := x.d.Sent; !sent.IsZero() && !sent.After(time.Now()) {
 		return []string{idemkey.FormatDate(sent)}
@@ -136,11 +125,8 @@ func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	return out
 }
 
-// run runs h, and turns a panic into an ErrPanicked that names only the
-// panic value's type: the value may quote the message. A handler that
-// panics fails for now, as one that returns a plain error does: its id is
-// released, its writes undone, and it is redelivered after a backoff
-// (dead-lettered on its last delivery), while the consumer goes on.
+// run runs h, and turns a panic into a transient ErrPanicked that names
+// only the panic value's type: the value may quote the message.
 func (c *core) run(ctx context.Context, h handler) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
@@ -152,10 +138,9 @@ func (c *core) run(ctx context.Context, h handler) (err error) {
 	return h(ctx)
 }
 
-// StandIn is the record of a result the store had no room for
-// (store.ErrFull: a consumer's records, a few bytes, are far below any
-// engine.WithMaxRecordSize). In two-phase mode it is the result's own,
-// whose effects stand; in atomic mode, where they are undone, "failed".
+// StandIn is the record of a result the store had no room for: its own in
+// two-phase mode, whose effects stand; "failed" in atomic mode, where they
+// are undone.
 func (x *exchange) StandIn(error) []byte {
 	if x.c.op.Atomic() || x.res.Outcome != Processed {
 		return recordFailed
@@ -163,9 +148,7 @@ func (x *exchange) StandIn(error) []byte {
 	return recordProcessed
 }
 
-// Pass would run the handler unprotected; a consumer never does, not even
-// on an engine with engine.WithFailOpen (nor can a message lack a key): the
-// store failed, and the message is redelivered.
+// Pass would run the handler unprotected; a consumer never does.
 func (x *exchange) Pass(ctx context.Context) int {
 	return x.Answer(ctx, engine.Answer{Verdict: engine.StoreUnavailable})
 }
@@ -175,9 +158,7 @@ func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 	return int(x.res.Action)
 }
 
-// ran is the Result of a run of the handler that returned err, and what to
-// record of it: a transient error releases the id; a final one, or none,
-// is recorded.
+// ran is the Result of a run that returned err, and what to record of it.
 func (c *core) ran(d Delivery, err error) (Result, engine.HandlerResult) {
 	switch {
 	case err != nil && !c.opts.final(err):
@@ -200,10 +181,8 @@ func (c *core) answer(ctx context.Context, d Delivery, a engine.Answer, ran Resu
 			// Its writes were undone, and it is recorded as failed.
 			return Result{Outcome: Failed, Action: Ack, DeadLetter: true, Delay: c.backoff(d.Attempt), Err: a.StandIn}
 		}
-		// The handler's effects happened and its record may not have been
-		// written: acknowledging keeps them to one, and the id stays in
-		// progress until its lease ends, so a duplicate meanwhile is
-		// delayed.
+		// Its effects happened: acknowledging keeps them to one, and the id
+		// stays in progress until its lease ends.
 		c.warn(ctx, "no room to record a processed message; it is acknowledged all the same", a.StandIn)
 		return ran
 	case engine.Replayed:
@@ -246,12 +225,9 @@ func (c *core) answer(ctx context.Context, d Delivery, a engine.Answer, ran Resu
 	return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: err}
 }
 
-// lastDelivery is res, unless d is the message's last delivery and res
-// would have it redelivered: a message that failed for now, was still in
-// progress elsewhere when the engine stopped waiting for it, or whose record
-// does not open. It is then dead-lettered and acknowledged: the broker would
-// drop it. A store that failed is no reason to spend a last delivery:
-// Process holds it and tries again, and its StoreFailed Result stays a Nak.
+// lastDelivery dead-letters and acknowledges res, d's Result, if d is a last
+// delivery that res would have delivered again, but for a failing store's
+// (process holds those).
 func (c *core) lastDelivery(d Delivery, res Result) Result {
 	if !d.Last || res.Action != Nak || res.Outcome == StoreFailed && !errors.Is(res.Err, errUnopened) {
 		return res
@@ -279,9 +255,8 @@ func (c *core) refuse(ctx context.Context, err error, attrs ...slog.Attr) Result
 	return Result{Outcome: Rejected, Action: Reject, DeadLetter: true, Delay: c.backoff(1), Err: err}
 }
 
-// backoff is the delay before the attempt-th delivery's next one: the first
-// backoff, doubling with each attempt up to the maximum, less a random part
-// of up to a quarter, so that messages that failed together spread out.
+// backoff is the delay before the attempt-th delivery's next one
+// (WithBackoff); the random part spreads out messages that failed together.
 func (c *core) backoff(attempt int) time.Duration {
 	d := c.opts.firstBackoff
 	for i := 1; i < attempt && d < c.opts.maxBackoff; i++ {
