@@ -60,14 +60,10 @@ func (e *Engine) newCall(op *Operation) call {
 	return call{e: e, op: op, began: time.Now(), Verdict: Refused}
 }
 
-// start decides what the call does and sets Verdict. Executed: the call
-// holds the key, and serve runs the handler, then record or release.
-// FailedOpen: serve runs the handler, and neither records nor releases.
-// Otherwise the call is answered without running the handler.
-//
-// A call answered InProgress may be started again with the same request,
-// to wait for the key within the one call, which end counts once
-// (TestStartAgain): ServeBatch serves a last delivery so.
+// start decides what the call does and sets Verdict: Executed (the call
+// holds the key), FailedOpen (the handler runs, nothing is recorded), or an
+// answer without the handler. A call answered InProgress may be started
+// again, to wait for the key within the one call (TestStartAgain).
 func (c *call) start(ctx context.Context, r request) {
 	e, op := c.e, c.op
 	fp := c.identify(r)
@@ -226,6 +222,7 @@ func (c *call) wait(r request) time.Duration {
 	}
 	return c.e.opts.inProgress
 }
+
 func (c *call) storeFailed(ctx context.Context, op string, err error) {
 	c.Verdict = StoreUnavailable
 	c.unopened = errors.Is(err, errUnopened)
@@ -259,19 +256,13 @@ func (c *call) contextFor(ctx context.Context) context.Context {
 	return ctx
 }
 
-// record records outcome for an Executed call. keepWrites is false for a
-// recorded error: in atomic mode the handler's writes are undone and only
-// the record commits. The write ignores ctx's cancellation: a caller that
-// hangs up must not leave its key in progress. Its error:
-//   - ErrTooLarge, or store.ErrFull: nothing was written; recordInstead
-//     records the stand-in.
-//   - errSuperseded (atomic mode): answer as Verdict now says.
-//   - any other (atomic mode): nothing, or perhaps everything, committed;
-//     answer StoreUnavailable, and a retry finds out.
-//
-// In two-phase mode another failure is retried in the background until
-// shortly before the lease ends, and record returns nil: the handler has
-// run, so the caller gets its result.
+// record records outcome for an Executed call; keepWrites false (a recorded
+// error) undoes the handler's writes in atomic mode. The write ignores ctx's
+// cancellation: a caller that hangs up must not leave its key in progress.
+// ErrTooLarge or store.ErrFull: nothing was written, record the stand-in.
+// errSuperseded: answer as Verdict now says. Another error, in atomic mode:
+// nothing, or perhaps everything, committed. In two-phase mode another
+// failure is retried in the background, and record returns nil.
 func (c *call) record(ctx context.Context, outcome []byte, keepWrites bool) error {
 	e := c.e
 	if c.tx == nil {

@@ -97,17 +97,15 @@ type OperationSpec struct {
 	HandlerTimeout time.Duration
 	// KeyRequired refuses calls without a key, whatever WithKeyRequired says.
 	KeyRequired bool
-	// Redelivers is true for a transport that delivers again a call answered
-	// InProgress (a broker): such a call is answered at once and told to wait
-	// out the other run's lease; its last delivery (Attempt.Last) waits for
-	// the key instead. It never fails open: a store failure is redelivered.
+	// Redelivers is true for a broker, which delivers a call answered
+	// InProgress again: it is answered at once, to wait out the other run's
+	// lease, but its last delivery waits for the key. It never fails open.
 	Redelivers bool
 }
 
 // Operation returns the operation spec describes, or an error that names the
-// fix if this engine cannot serve it: atomic mode on a store that is not
-// store.Atomic, no tenant (neither spec.Tenant, WithTenant nor
-// WithSingleTenant), or a HandlerTimeout longer than WithMaxLease allows.
+// fix: atomic mode on a store that is not store.Atomic, no tenant, or a
+// HandlerTimeout longer than WithMaxLease allows.
 func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if spec.Atomic && e.atomic == nil {
 		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", e.store)

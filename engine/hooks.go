@@ -48,15 +48,12 @@ type Event struct {
 	Recorded bool
 }
 
-// WithHooks sets the application's callbacks on how each call ended. One
-// runs once for each call that reaches the request path, when its verdict
-// is final and before the entry point hands its answer over (before a
-// consumer acknowledges the message). Hooks run on the call's goroutine, so
-// a slow one delays its caller: idemkey bounds none, and their ctx has the
-// call's values but not its cancellation. A hook that panics is recovered
-// and logged without its words; the answer and record stand. A handler that
-// panics runs no hook. A later WithHooks replaces an earlier one whole. See
-// docs/operations.md.
+// WithHooks sets the application's callbacks. One runs once for each call
+// that reaches the request path, when its verdict is final and before the
+// entry point hands its answer over, on the call's goroutine: a slow one
+// delays its caller, and its ctx has the call's values but not its
+// cancellation. A panic in a hook is recovered and logged without its words.
+// A later WithHooks replaces an earlier one whole. See docs/operations.md.
 func WithHooks(h Hooks) Option {
 	return func(o *options) {
 		o.hooks = nil

@@ -156,10 +156,9 @@ func WithMaxLease(d time.Duration) Option {
 	}
 }
 
-// WithRetention sets how long an outcome is kept and replayed, counted from
-// the first call; after it the key is new again. A message consumer's ids
-// must outlive the broker's redelivery (see package consumer). It must be at
-// least WithMaxLease.
+// WithRetention sets how long an outcome is kept and replayed, from the
+// first call, at least WithMaxLease; after it the key is new again. A
+// consumer's ids must outlive the broker's redelivery (package consumer).
 func WithRetention(d time.Duration) Option {
 	return func(o *options) {
 		if o.positive("WithRetention", d, DefaultRetention) {
@@ -169,10 +168,9 @@ func WithRetention(d time.Duration) Option {
 }
 
 // WithClockSkew sets how far apart a client's clock and the store's may be,
-// for a call that tells when it was first sent (Exchange.FirstSent): one
-// first sent longer ago than the retention less the skew (at most half the
-// retention), whose key has no record, is answered Expired without running;
-// one first sent later than the skew from now is FirstSentInvalid.
+// for a call first sent longer ago than the retention less the skew, without
+// a record, which is answered Expired, or later than the skew from now,
+// which is FirstSentInvalid.
 func WithClockSkew(d time.Duration) Option {
 	return func(o *options) {
 		if d < 0 {
@@ -194,12 +192,9 @@ func WithMaxRetryAfter(d time.Duration) Option {
 }
 
 // WithInProgressWait sets how long a duplicate that finds its key in
-// progress waits for the first call to end before it is answered InProgress
-// (0 answers at once), never past its own deadline. It polls the store at a
-// growing interval (25ms doubling to 500ms), and at once when a
-// store.Watcher tells that the key changed; duplicates of one request share
-// their polls. In atomic mode a waiting duplicate holds no connection
-// between polls.
+// progress waits for the first call to end, never past its own deadline,
+// before it is answered InProgress (0: at once). It polls the store from
+// 25ms doubling to 500ms, and at once when a store.Watcher tells of a change.
 func WithInProgressWait(d time.Duration) Option {
 	return func(o *options) {
 		if d < 0 {
@@ -209,11 +204,10 @@ func WithInProgressWait(d time.Duration) Option {
 	}
 }
 
-// WithMaxRecordSize bounds the record of one outcome; a larger one is
-// replaced by the entry point's short stand-in (Exchange.StandIn), for the
-// caller and every retry. A store with a bound on bytes (store/memory) sets
-// this much aside for each running call, so a bound near the largest real
-// reply lets more calls run at once. n must be at least MinRecordSize.
+// WithMaxRecordSize bounds the record of one outcome (at least
+// MinRecordSize); a larger one is replaced by a short stand-in, for the
+// caller and every retry. store/memory sets this much aside for each running
+// call, so a bound near the largest real reply lets more calls run at once.
 func WithMaxRecordSize(n int) Option {
 	return func(o *options) {
 		if n < MinRecordSize {
@@ -231,12 +225,10 @@ const MinRecordSize = 1024
 // fails closed all the same, and a full store refuses new keys.
 func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
 
-// WithSealer seals every outcome before it reaches the store, and opens
-// each record read back, with s (a *seal.KeyRing: AES-256-GCM bound to the
-// record's key). A record that does not open is neither replayed nor run
-// again: StoreUnavailable, even with WithFailOpen, logged at Error. Without
-// a sealer a sealed record is refused the same way. A nil s seals nothing.
-// WithMaxRecordSize bounds the outcome before sealing. See package seal.
+// WithSealer seals every outcome on its way to the store, and opens it on
+// its way back, with s, such as a *seal.KeyRing; a nil s seals nothing. A
+// record that does not open, or a sealed one without a sealer, is neither
+// replayed nor run again: StoreUnavailable, even with WithFailOpen.
 func WithSealer(s Sealer) Option {
 	if v := reflect.ValueOf(s); v.Kind() == reflect.Pointer && v.IsNil() {
 		s = nil // a nil *seal.KeyRing, say: none

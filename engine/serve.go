@@ -127,6 +127,7 @@ func (e *Engine) Serve(ctx context.Context, op *Operation, x Exchange) {
 	c := e.newCall(op)
 	c.end(ctx, c.serve(ctx, x))
 }
+
 func (c *call) serve(ctx context.Context, x Exchange) int {
 	r, code, ok := c.read(ctx, x)
 	if !ok {
@@ -173,6 +174,7 @@ func (c *call) read(ctx context.Context, x Exchange) (r request, code int, ok bo
 	att := x.Attempt()
 	return request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last}, 0, true
 }
+
 func (c *call) pass(ctx context.Context, x Exchange) int {
 	ctx, cancel := c.op.timed(ctx)
 	defer cancel()
@@ -216,6 +218,7 @@ func (c *call) run(ctx context.Context, x Exchange) int {
 	}
 	return x.Answer(ctx, Answer{Verdict: Executed, Expires: c.Expires})
 }
+
 func (c *call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 	hctx, cancel := c.handlerContext(ctx)
 	defer cancel()
@@ -223,9 +226,10 @@ func (c *call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 }
 
 // recordInstead records the stand-in of a result that cannot be recorded:
-// the handler has run, so its key must not be released. Only in atomic mode,
-// where a failed commit undoes the handler's writes, is the answer
-// StoreUnavailable; otherwise the key stays in progress until its lease ends.
+// the handler has run, so its key must not be released; if even the
+// stand-in cannot be recorded, the key stays in progress until its lease
+// ends. Only in atomic mode, where a failed commit undoes the handler's
+// writes, is the answer then StoreUnavailable.
 func (c *call) recordInstead(ctx context.Context, x Exchange, why error) int {
 	a := Answer{Verdict: Executed, StandIn: why}
 	switch err := c.record(ctx, x.StandIn(why), false); {
@@ -239,13 +243,12 @@ func (c *call) recordInstead(ctx context.Context, x Exchange, why error) int {
 	return x.Answer(ctx, a)
 }
 
-// ServeBatch serves xs as Serve serves each, and decides them together where
-// the store can (store.BatchAtomic, store.BatchReserver): one round trip,
-// and in atomic mode one commit, for a batch. A call the batch cannot finish
-// (a repeated key, one past MaxBatch, a lease used up, a failed transaction,
-// a last attempt found in progress) is served on its own afterwards, from
-// Exchange.Key on: its Exchange may be asked twice. In atomic mode no call
-// is answered before the commit.
+// ServeBatch serves xs as Serve serves each, deciding them together in one
+// round trip, and in atomic mode one commit, where the store can. A call the
+// batch cannot finish (a repeated key, a used-up lease, a failed
+// transaction, a last attempt found in progress) is served on its own after
+// it: its Exchange may be asked twice. In atomic mode no call is answered
+// before the commit.
 func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
 	if !e.canBatch(op) || len(xs) < 2 {
 		for _, x := range xs {
@@ -257,6 +260,7 @@ func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
 		e.serveBatch(ctx, op, xs[start:min(start+MaxBatch, len(xs))])
 	}
 }
+
 func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 	reqs := make([]request, 0, len(xs))
 	at := make([]Exchange, 0, len(xs)) // the exchange of each request
