@@ -36,8 +36,8 @@ func ValidateKey(key string) error {
 // ParseKey reads a key header or metadata value the same way on every entry
 // point: an RFC 8941 sf-string, as the IETF draft has it, or, as most
 // clients send it, the bare key, without double quote, comma or semicolon.
-// Spaces and tabs around it are dropped (RFC 9110, section 5.6.3). An error
-// is a *KeyError.
+// Spaces and tabs around it are dropped (RFC 9110, section 5.6.3). The key
+// must pass ValidateKey; an error is a *KeyError.
 func ParseKey(v string) (string, error) {
 	v = strings.Trim(v, " \t")
 	if v == "" || v[0] != '"' {

@@ -28,8 +28,8 @@ const (
 // handler may notice the deadline late, and the record is written after it.
 const leaseGrace = 5 * time.Second
 
-// Option configures an Engine. New refuses a value that makes no sense (a
-// lease, retention or wait of zero or less) with an error that names the fix.
+// Option configures an Engine. New refuses a value that makes no sense, such
+// as a lease of zero or less, with an error that names the fix.
 type Option func(*options)
 
 // TenantFunc returns the authenticated tenant of a call, such as the
