@@ -3,50 +3,33 @@ package idemkey
 // MaxKeyLen is the longest idempotency key accepted, in bytes.
 const MaxKeyLen = 255
 
-// ParseReplayed reports whether values, those of a reply's ReplayedMetadata
-// trailer or ReplayedHeader header, mark it replayed from the record of an
-// earlier call rather than produced by running the handler (a Connect
-// error carries it in its Meta()):
-//
-//	replayed := idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata))    // gRPC
-//	replayed := idemkey.ParseReplayed(res.Header().Values(idemkey.ReplayedHeader)) // HTTP, Connect
+// ParseReplayed reports whether values, a reply's ReplayedMetadata trailer or
+// ReplayedHeader header (a Connect error's Meta()), mark it replayed from an
+// earlier call's record rather than produced by the handler.
 func ParseReplayed(values []string) bool { return len(values) == 1 && values[0] == "true" }
 
 // Names on the wire. gRPC metadata keys are lower case; HTTP and Connect
 // header names are case-insensitive.
 const (
-	// KeyMetadata carries the idempotency key from client to server over
-	// gRPC.
-	KeyMetadata = "idempotency-key"
-	// KeyHeader carries the idempotency key over HTTP and Connect
-	// (draft-ietf-httpapi-idempotency-key-header).
-	KeyHeader = "Idempotency-Key"
-	// ReplayedMetadata is the gRPC trailer set to "true" on a replayed reply.
-	ReplayedMetadata = "idempotent-replayed"
-	// ReplayedHeader is the HTTP and Connect header set to "true" on a
-	// replayed reply.
-	ReplayedHeader = "Idempotent-Replayed"
-	// ExpiresMetadata is the gRPC response trailer that tells until when the
-	// call's key is honoured: an HTTP date (FormatDate).
-	ExpiresMetadata = "idempotency-key-expires"
-	// ExpiresHeader is ExpiresMetadata's HTTP and Connect response header.
-	ExpiresHeader = "Idempotency-Key-Expires"
-	// FirstSentMetadata carries, with the key over gRPC, when the key's
-	// operation was first sent: an HTTP date (FormatDate), the same on every
-	// retry (as OASIS Repeatable Requests' Repeatability-First-Sent).
+	KeyMetadata      = "idempotency-key"     // the key, client to server, over gRPC
+	KeyHeader        = "Idempotency-Key"     // draft-ietf-httpapi-idempotency-key-header
+	ReplayedMetadata = "idempotent-replayed" // "true" on a replayed reply
+	ReplayedHeader   = "Idempotent-Replayed"
+	ExpiresMetadata  = "idempotency-key-expires" // until when the key is honoured: an HTTP date (FormatDate)
+	ExpiresHeader    = "Idempotency-Key-Expires"
+	// When the key's operation was first sent, the same on every retry (as
+	// OASIS Repeatable Requests' Repeatability-First-Sent): an HTTP date.
 	FirstSentMetadata = "idempotency-first-sent"
-	// FirstSentHeader is FirstSentMetadata's HTTP and Connect header.
-	FirstSentHeader = "Idempotency-First-Sent"
+	FirstSentHeader   = "Idempotency-First-Sent"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo on every idemkey
 // error, over gRPC and Connect.
 const ErrorDomain = "idemkey.dev"
 
-// Reasons name why a call was answered by idemkey rather than its handler:
-// the google.rpc.ErrorInfo reason of a gRPC or Connect error (with the code
-// beside it), the end of an HTTP problem's type (with the HTTP status beside
-// it), the reason a message consumer logs and gives its dead-letter hook.
+// Reasons name why idemkey, not the handler, answered: the ErrorInfo reason
+// over gRPC and Connect (its code beside it), the end of an HTTP problem's
+// type (its status beside it), the reason a consumer logs and dead-letters.
 const (
 	ReasonKeyMissing       = "IDEMPOTENCY_KEY_MISSING"        // InvalidArgument (HTTP 400)
 	ReasonKeyInvalid       = "IDEMPOTENCY_KEY_INVALID"        // InvalidArgument (HTTP 400)

@@ -9,10 +9,9 @@ import (
 	"time"
 )
 
-// Reason returns the reason (ReasonKeyMissing and the others) of err, an
-// error idemkey answered with over gRPC or Connect (a gRPC status error or
-// a *connect.Error, wrapped or not): the reason of its google.rpc.ErrorInfo
-// of domain ErrorDomain. It returns "" when err is not idemkey's.
+// Reason returns the reason (ReasonKeyMissing and the others) of an error
+// idemkey answered with over gRPC or Connect, wrapped or not, or "" when err
+// is not idemkey's.
 func Reason(err error) string {
 	for _, d := range rpcDetails(err) {
 		if d.name == "google.rpc.ErrorInfo" {
@@ -33,9 +32,8 @@ func Reason(err error) string {
 	return ""
 }
 
-// RetryDelay returns the wait that err, an in-progress or store-full error
-// of idemkey's over gRPC or Connect, asks of the client: its
-// google.rpc.RetryInfo. ok is false when err carries none.
+// RetryDelay returns the wait an in-progress or store-full error asks of the
+// client (its google.rpc.RetryInfo); ok is false when err carries none.
 func RetryDelay(err error) (delay time.Duration, ok bool) {
 	for _, d := range rpcDetails(err) {
 		if d.name != "google.rpc.RetryInfo" {
@@ -61,9 +59,8 @@ func RetryDelay(err error) (delay time.Duration, ok bool) {
 	return 0, false
 }
 
-// durationOf is seconds and nanos as a time.Duration, saturated as
-// durationpb's AsDuration saturates it: a hostile or broken peer's delay
-// never wraps around to a negative wait, nor a negative one to a positive.
+// durationOf saturates as durationpb's AsDuration does: a hostile peer's
+// delay never wraps around to a negative wait, nor a negative one to a positive.
 func durationOf(seconds, nanos int64) time.Duration {
 	d := time.Duration(seconds) * time.Second
 	overflow := d/time.Second != time.Duration(seconds)
@@ -78,24 +75,17 @@ func durationOf(seconds, nanos int64) time.Duration {
 	return math.MaxInt64
 }
 
-// detail is a google.rpc detail of an error: its message's full name and
-// its bytes.
+// detail is a google.rpc detail: its message's full name and its bytes.
 type detail struct {
 	name  string
 	value []byte
 }
 
 // rpcDetails returns the details of the first error in err's tree that
-// carries some the way grpc-go's status errors do (GRPCStatus().Proto(),
-// whose Details are google.protobuf.Any) or the way connect-go's errors do
-// (Details(), each with Type() and Bytes()).
-//
-// It reads them by method name, through reflect, so that this package
-// imports neither library, nor protobuf: it is the vocabulary every entry
-// point imports, and a net/http service built on idemhttp would otherwise
-// link grpc-go and the protobuf runtime (2.7 MB) for two readers it never
-// calls. The names are those of grpc-go's and connect-go's stable APIs;
-// interceptor's and idemconnect's tests read their errors with it.
+// carries some as grpc-go's (GRPCStatus().Proto().Details) or connect-go's
+// (Details()) do. It reads them through reflect so that this package imports
+// neither library nor protobuf: a net/http service would otherwise link 2.7
+// MB it never calls.
 func rpcDetails(err error) []detail {
 	for err != nil {
 		v := reflect.ValueOf(err)
@@ -150,8 +140,7 @@ func anyDetails(ds reflect.Value) []detail {
 	return out
 }
 
-// call calls v's method name, which takes nothing and returns one value; ok
-// is false if v has no such method or is a nil pointer.
+// call calls v's method name, which takes nothing and returns one value.
 func call(v reflect.Value, name string) (reflect.Value, bool) {
 	if !v.IsValid() || (v.Kind() == reflect.Pointer || v.Kind() == reflect.Interface) && v.IsNil() {
 		return reflect.Value{}, false
@@ -163,9 +152,8 @@ func call(v reflect.Value, name string) (reflect.Value, bool) {
 	return m.Call(nil)[0], true
 }
 
-// readFields calls f with each field of the protobuf message b: its number,
-// a varint's value, a length-delimited field's bytes. It stops at the
-// first field it cannot read.
+// readFields calls f with each varint or length-delimited field of the
+// protobuf message b, up to the first it cannot read.
 func readFields(b []byte, f func(num, v uint64, bytes []byte)) {
 	for len(b) > 0 {
 		tag, n := binary.Uvarint(b)

@@ -12,17 +12,13 @@ import (
 )
 
 // MaxBatch is the most calls ServeBatch decides together; it serves a
-// larger batch in parts of at most MaxBatch. Each call of a batch that
-// writes takes a subtransaction (its savepoint), and PostgreSQL keeps the
-// subtransactions of a transaction in shared memory up to 64: past that,
-// every other session's snapshot must look them up on disk (a
-// subtransaction overflow), which slows the whole database down.
+// larger batch in parts. Each call of a batch that writes takes a
+// subtransaction, and past 64 PostgreSQL slows the whole database down
+// (docs/postgres.md).
 const MaxBatch = 64
 
-// canBatch reports whether startBatch decides calls of op together: op is
-// atomic and the store implements store.BatchAtomic, or op is two-phase
-// and the store implements store.BatchReserver (store/postgres does both).
-// Otherwise ServeBatch serves each call of a batch on its own, with Serve.
+// canBatch reports whether the store decides calls of op together
+// (store.BatchAtomic, store.BatchReserver).
 func (e *Engine) canBatch(op *Operation) bool {
 	if op.atomic {
 		return e.batchStore != nil
@@ -30,44 +26,21 @@ func (e *Engine) canBatch(op *Operation) bool {
 	return e.batchReserver != nil
 }
 
-// batch is a batch of calls of one operation, decided together
-// (startBatch): a message consumer that takes its messages in batches
-// dedups each batch in one round trip of the store's. In atomic mode the
-// batch is one transaction, which commits the records of its messages with
-// one commit. serveBatch drives it:
+// batch is a batch of calls of one operation, decided together in one round
+// trip of the store's; in atomic mode it is one transaction, committed with
+// one commit. serveBatch drives it: startBatch, abandon deferred, run (or
+// call.run) for each Executed call, commit, then each call alone is served
+// with Serve and the others answered. The handlers run one after another on
+// the caller's goroutine; each call's writes are its own, undone alone when
+// it is released or records an error.
 //
-//	b := e.startBatch(ctx, op, reqs)
-//	defer b.abandon(ctx) // a panic rolls the whole batch back
-//	for i := range b.Calls {
-//		c := &b.Calls[i]
-//		switch {
-//		case b.alone(i): // served later, on its own
-//		case c.Verdict == Executed:
-//			b.run(ctx, i, x) // contextFor, the handler, then record or release
-//		default: // as after call.start: Replayed, InProgress, Reused, StoreUnavailable
-//		}
-//	}
-//	err := b.commit(ctx) // nothing is durable before it returns nil
-//	// then each call i: if b.alone(i), Serve it on its own; else answer as
-//	// its Verdict, and for an Executed one, as record and commit said.
-//	// end every call.
-//
-// The handlers of the calls run one after another, in the batch's order,
-// on the caller's goroutine; each call's writes are its own, undone alone
-// when it is released or records an error.
-//
-// In two-phase mode the batch's keys are reserved in one round trip (its
-// records written in progress, each with its own token and a call's lease,
-// as call.start sets it), and each Executed call then runs as after
-// call.start, with its call's own methods (call.run), once ready has said
-// it may. Its outcome is durable when call.record returns, and commit does
-// nothing.
+// In two-phase mode each Executed call runs as after call.start, once ready
+// says it may; its outcome is durable when call.record returns, and commit
+// does nothing.
 type batch struct {
-	// Calls are the batch's calls, one per request, in order. startBatch
-	// sets the Verdict of each as call.start would, without waiting for a
-	// key in progress; that of a call that alone reports is not set.
+	// Calls are the batch's calls, one per request, in order, each with its
+	// Verdict as call.start would set it without waiting (unset if alone).
 	Calls []call
-
 	e     *Engine
 	op    *Operation
 	tx    store.BatchTx // nil when the batch acquired no key
@@ -88,18 +61,11 @@ const (
 	batchEnded                     // released, or its record failed
 )
 
-// startBatch decides the calls reqs ask for together, as call.start
-// decides each: in one round trip of the store's, which reads every key, and takes
-// those that are free (in atomic mode, in one transaction; in two-phase
-// mode, each with a record in progress). A call found in progress is
-// answered InProgress at once, whatever WithInProgressWait says. A request
-// is left alone, to be served on its own after the batch, if its key is
-// that of an earlier request of the batch (its answer then depends on how
-// the earlier one ends), if it comes after the first MaxBatch, or if the
-// operation cannot batch (canBatch).
-//
-// ctx bounds the store's round trip, and sets the calls' lease, as
-// call.start's does.
+// startBatch decides reqs as call.start decides each, in one round trip
+// that reads every key and takes those that are free. A call found in
+// progress is answered InProgress at once. A request is left alone, served
+// after the batch, if an earlier request has its key (its answer depends on
+// how that one ends), if it comes after MaxBatch, or if op cannot batch.
 func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) *batch {
 	b := &batch{Calls: make([]call, len(reqs)), e: e, op: op, idx: make([]int, len(reqs)),
 		state: make([]batchState, len(reqs)), size: make([]int, len(reqs))}
@@ -177,8 +143,8 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 	return b
 }
 
-// identify sets the call's key and parts for r, and returns the
-// fingerprint it reserves with.
+// identify sets the call's key and parts, and returns the fingerprint it
+// reserves with.
 func (c *call) identify(r request) store.Fingerprint {
 	scopeOp := c.op.name
 	if c.e.opts.scope == ScopeTenant {
@@ -195,22 +161,16 @@ func (c *call) identify(r request) store.Fingerprint {
 	return r.Fingerprint
 }
 
-// alone reports whether call i is to be served on its own, with Serve,
-// once the batch has been committed: startBatch left it out of the batch,
-// or the batch could not finish it (its transaction failed before the
-// commit, or commit returned errSuperseded, or ready released its key). A
-// call whose handler ran in the batch is then run again; nothing of its
-// first run was committed.
+// alone reports whether call i is to be served on its own after the batch:
+// startBatch left it out, or the batch could not finish it. Nothing of a
+// handler that ran in the batch was committed.
 func (b *batch) alone(i int) bool { return b.state[i] == batchAlone }
 
 // ready reports whether the handler of Executed call i of a two-phase
-// batch may run now. Its key was reserved when the batch started, with a
-// call's lease, and the handlers before it have run since: if less is left
-// of its lease than a handler may take (the lease less half its grace, or
-// half a lease shorter than the grace),
-// another run could take the key over while this one runs. ready then
-// releases the key, and the call is alone, to be served again with Serve.
-// In atomic mode it reports true: the batch's transaction holds its keys.
+// batch may run now. The handlers before it used some of its lease; with
+// less left than a handler may take, another run could take the key over
+// meanwhile, so ready releases the key and the call is alone. In atomic
+// mode the batch's transaction holds its keys: true.
 func (b *batch) ready(ctx context.Context, i int) bool {
 	c := &b.Calls[i]
 	if b.op.atomic || c.Verdict != Executed || time.Until(c.leaseEnd) >= b.lease-min(leaseGrace, b.lease)/2 {
@@ -222,11 +182,9 @@ func (b *batch) ready(ctx context.Context, i int) bool {
 	return false
 }
 
-// contextFor is ctx for the handler of call i, which must be Executed: it
-// carries the call's parts for idemkey.DerivedKey and the batch's
-// transaction, in which the call's writes from now on are its own. The
-// calls' handlers run one at a time (batch.run): contextFor, the handler,
-// then record or release, before the next call's contextFor.
+// contextFor is ctx for the handler of Executed call i: the call's parts
+// for idemkey.DerivedKey, and the batch's transaction, in which the call's
+// writes from now on are its own until record or release.
 func (b *batch) contextFor(ctx context.Context, i int) context.Context {
 	c := &b.Calls[i]
 	ctx = idemkey.HandlerContext(ctx, c.tenant, b.op.name, c.userKey)
@@ -237,15 +195,10 @@ func (b *batch) contextFor(ctx context.Context, i int) context.Context {
 	return b.tx.HandlerContext(ctx, b.idx[i])
 }
 
-// record ends call i, whose handler ran, with outcome, which commit
-// records: with keepWrites false (a recorded error), the handler's writes
-// are undone first. Its error:
-//   - ErrTooLarge: nothing was done; batch.run records the stand-in
-//     (Exchange.StandIn, at most store.SmallOutcome bytes) in its place.
-//   - any other: nothing will be recorded for the call and its writes were
-//     undone (a handler that succeeded after a statement of its failed);
-//     the answer is StoreUnavailable. Or the batch's transaction failed, and
-//     alone(i) now reports true.
+// record stages outcome for commit; with keepWrites false the handler's
+// writes are undone first. Its error is ErrTooLarge (nothing was done:
+// run records the stand-in), or nothing will be recorded for the call and
+// its writes were undone, or the transaction failed and alone(i) is true.
 func (b *batch) record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
 	c := &b.Calls[i]
 	if b.state[i] != batchRunning {
@@ -276,8 +229,7 @@ func (b *batch) record(ctx context.Context, i int, outcome []byte, keepWrites bo
 	return nil
 }
 
-// release ends call i, whose handler ran, with its writes undone and
-// nothing recorded: a retry runs it again.
+// release undoes call i's writes and records nothing: a retry runs it again.
 func (b *batch) release(ctx context.Context, i int) {
 	if b.state[i] != batchRunning {
 		return
@@ -309,16 +261,11 @@ func (b *batch) failed(ctx context.Context) bool {
 	return true
 }
 
-// commit records the outcome of every call that record staged, in one
-// commit; nothing of the batch is durable before it returns. Its error:
-//   - nil: every such call's record, and its writes, are committed;
-//   - errSuperseded: another call recorded a key of the batch first, and
-//     nothing was committed: every such call is alone now;
-//   - errBatchFailed: nothing was committed, or perhaps everything was;
-//     every such call is answered StoreUnavailable, and a retry finds out.
-//
-// Calls that were released, or whose record failed, keep their answers.
-// Like call.record, it ignores ctx's cancellation.
+// commit records every staged outcome in one commit, ignoring ctx's
+// cancellation. Its error is nil (all committed), errSuperseded (another
+// call recorded a key first; nothing committed; staged calls are alone) or
+// errBatchFailed (nothing, or perhaps everything, committed: a retry finds
+// out).
 func (b *batch) commit(ctx context.Context) error {
 	if b.done || b.tx == nil {
 		return nil
@@ -366,10 +313,8 @@ func (b *batch) commit(ctx context.Context) error {
 	return fmt.Errorf("%w: %w", errBatchFailed, err)
 }
 
-// abandon rolls the batch back if it was not committed: deferred, it
-// covers a handler that panics. Every key of the batch is free again. In
-// two-phase mode it releases the keys of the Executed calls that neither
-// recorded nor released.
+// abandon, deferred, rolls the batch back if it was not committed (a handler
+// panicked); in two-phase mode it releases the keys not yet ended.
 func (b *batch) abandon(ctx context.Context) {
 	if !b.op.atomic {
 		for i := range b.Calls {

@@ -14,25 +14,21 @@ import (
 // Engine runs calls at most once per idempotency key on one store. It is safe
 // for concurrent use; entry points that share a store share one engine.
 type Engine struct {
-	store   store.Store
-	atomic  store.Atomic  // store, if it implements store.Atomic
-	finder  store.Finder  // store, if it implements store.Finder
-	watcher store.Watcher // store, if it implements store.Watcher
-	opts    *options
-	obs     *observer
-
-	firstPoll time.Duration // awaitFirstPoll; a test of a Watcher makes it long
-	reads     reads         // the polls of waiting duplicates under way (await.go)
-
+	store         store.Store
+	atomic        store.Atomic  // store, if it implements store.Atomic
+	finder        store.Finder  // store, if it implements store.Finder
+	watcher       store.Watcher // store, if it implements store.Watcher
+	opts          *options
+	obs           *observer
+	firstPoll     time.Duration       // awaitFirstPoll; a test of a Watcher makes it long
+	reads         reads               // the polls of waiting duplicates under way (await.go)
 	batchStore    store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
 	batchReserver store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
 }
 
-// New returns an Engine on st, to hand to every entry point that serves
-// the store's keys: its settings apply to each, and a key first used over
-// one replays over another. Optional store features (store.Atomic,
-// store.Finder, store.Watcher) are detected here, once. It returns an error that names the
-// fix for a mistake in opts (see each Option), or a nil st.
+// New returns an Engine on st, to hand to every entry point that serves the
+// store's keys. It returns an error that names the fix for a mistake in opts,
+// or a nil st.
 func New(st store.Store, opts ...Option) (*Engine, error) {
 	if st == nil {
 		return nil, errors.New("idemkey: engine.New needs a store, such as memory.New() or postgres.New(pool)")
@@ -51,20 +47,17 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	return e, nil
 }
 
-// MaxRecordSize is the bound on one record (WithMaxRecordSize), in bytes: an
-// entry point that buffers a response to record it need buffer no more.
+// MaxRecordSize is the bound on one record in bytes (WithMaxRecordSize).
 func (e *Engine) MaxRecordSize() int { return e.opts.maxRecord }
 
 // Logger is the logger of WithLogger, for an entry point's own log records.
 func (e *Engine) Logger() *slog.Logger { return e.opts.logger }
 
-// Retention is how long a record is kept and replayed (WithRetention): a
-// message consumer checks it against the broker's redelivery horizon.
+// Retention is how long a record is kept (WithRetention).
 func (e *Engine) Retention() time.Duration { return e.opts.retention }
 
-// tenantOf returns the tenant of the call that x carries, whose context is
-// ctx: the Exchange's own (OperationSpec.OwnTenant), else the engine's
-// TenantFunc (WithTenant), else "" (WithSingleTenant).
+// tenantOf is the Exchange's own tenant (OperationSpec.OwnTenant), else
+// WithTenant's, else "".
 func (c *call) tenantOf(ctx context.Context, x Exchange) (string, error) {
 	switch {
 	case c.op.ownTenant:
@@ -78,8 +71,8 @@ func (c *call) tenantOf(ctx context.Context, x Exchange) (string, error) {
 	return "", nil
 }
 
-// Operation is one kind of call an entry point serves: a gRPC method, a Connect
-// procedure, an HTTP route. Build it once per kind and reuse it.
+// Operation is one kind of call an entry point serves: a gRPC method, a
+// Connect procedure, an HTTP route. Build it once and reuse it.
 type Operation struct {
 	name        string
 	atomic      bool
@@ -92,43 +85,31 @@ type Operation struct {
 
 // OperationSpec describes an Operation.
 type OperationSpec struct {
-	// Name names the operation in keys' scope, metrics and logs. Entry
-	// points that serve one operation give it one name, so that a key first
-	// used over one replays over another: "/package.Service/Method" for a
-	// protobuf RPC, whatever its transport.
+	// Name names the operation in keys' scope, metrics and logs; entry
+	// points give one operation one name, "/package.Service/Method" for a
+	// protobuf RPC whatever its transport, so that its keys are shared.
 	Name string
-	// Atomic runs the operation's calls in one transaction with their record
-	// (see store.Atomic); the store must implement store.Atomic.
-	Atomic bool
-	// Metrics is the operation's metrics (see the package documentation).
+	// Atomic runs the calls in one transaction with their record (store.Atomic).
+	Atomic  bool
 	Metrics MetricsSpec
 	// OwnTenant says that each call's Exchange tells its tenant, with a
-	// method Tenant() string, in place of the engine's TenantFunc
-	// (WithTenant): a message's, which the consumer reads.
+	// method Tenant() string, in place of WithTenant's: a message's.
 	OwnTenant bool
-	// HandlerTimeout, if positive, bounds each run of the handler (the
-	// context Exchange.Run gets ends after it) and sets the call's lease to
-	// it and a grace period, as a deadline that near would: a message
-	// consumer's (consumer.WithHandlerTimeout). Operation refuses one that,
-	// with the grace period, is longer than WithMaxLease.
+	// HandlerTimeout, if positive, bounds each run of the handler and sets
+	// the call's lease to it and a grace period. Operation refuses one that
+	// WithMaxLease would cut short.
 	HandlerTimeout time.Duration
-	// KeyRequired refuses the operation's calls without a key
-	// (KeyMissing), whatever WithKeyRequired says: a message's id.
+	// KeyRequired refuses calls without a key, whatever WithKeyRequired says.
 	KeyRequired bool
-	// Redelivers is true for a transport that delivers again a call
-	// answered InProgress (a broker): such a call is answered at once,
-	// rather than held for WithInProgressWait, and told to wait out what
-	// the other run's lease has left, rather than WithMaxRetryAfter; on its
-	// last delivery (Attempt.Last) it waits for the key instead. It never
-	// fails open (WithFailOpen): the store's failure is redelivered.
+	// Redelivers is true for a broker, which delivers a call answered
+	// InProgress again: it is answered at once, to wait out the other run's
+	// lease, but its last delivery waits for the key. It never fails open.
 	Redelivers bool
 }
 
-// Operation returns the operation spec describes; an error that names the
-// fix if it cannot be served on this engine: atomic mode on a store that
-// does not implement store.Atomic, no way to tell its tenants apart
-// (neither spec.OwnTenant, WithTenant nor WithSingleTenant), or a
-// HandlerTimeout whose lease WithMaxLease would cut short.
+// Operation returns the operation spec describes, or an error that names the
+// fix: atomic mode on a store that is not store.Atomic, no tenant, or a
+// HandlerTimeout longer than WithMaxLease allows.
 func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if spec.Atomic && e.atomic == nil {
 		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", e.store)

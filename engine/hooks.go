@@ -11,98 +11,49 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Hooks are the application's own callbacks on how each call ended (see
-// WithHooks): one of them, at most, runs once for every covered call, given
-// the call's Event. A nil field is skipped.
-//
-// idemkey logs none of an Event's values: a hook sees the raw key and
-// tenant, and what it does with them is the application's concern.
+// Hooks are the application's callbacks on how each call ended (WithHooks).
+// A nil field is skipped. A hook sees the raw key and tenant; idemkey logs
+// none of an Event's values.
 type Hooks struct {
-	// OnExecute: the handler ran. Event.Verdict is Executed (it ran under the
-	// key; Event.Recorded tells whether its outcome is now the key's
-	// record, which every retry gets, or the key was released and a retry
-	// runs it again), NoKey (the call had no key, and none is required) or
-	// FailedOpen (the store failed, and WithFailOpen ran it unprotected).
+	// OnExecute: the handler ran (Executed, with Event.Recorded; NoKey;
+	// FailedOpen).
 	OnExecute func(ctx context.Context, ev Event)
-	// OnReplay: the call got the key's recorded outcome without running the
-	// handler (Verdict Replayed); or, in atomic mode, its handler ran but
-	// another call recorded the key first (a rare race), so
-	// its writes were rolled back and it answers with that call's record.
-	// Such a call that is answered otherwise (in progress, reused, store
-	// unavailable) runs OnRefuse: a call reports the verdict it is answered
-	// with, and no execution whose effects were undone.
+	// OnReplay: the call got the key's record without running the handler;
+	// or, in atomic mode, its handler ran but another call recorded the key
+	// first, so its writes were rolled back and it answers with that record.
 	OnReplay func(ctx context.Context, ev Event)
-	// OnRefuse: the call was answered without running the handler and
-	// without a replay, for the reason Event.Verdict names: InProgress,
-	// Reused, KeyMissing, KeyInvalid, StoreUnavailable, StoreFull, Expired,
-	// FirstSentInvalid, or Refused (the tenant or the request was refused,
-	// or the operation cannot be replayed, before the key was looked up).
+	// OnRefuse: answered without running the handler or a replay, for the
+	// reason Event.Verdict names.
 	OnRefuse func(ctx context.Context, ev Event)
 }
 
 // Event is what a hook is told about one call.
 type Event struct {
-	// Operation is the operation's name: the gRPC method or Connect
-	// procedure ("/package.Service/Method"), the HTTP operation (the route's
-	// pattern by default), the consumer's name.
+	// Operation is the operation's name ("/package.Service/Method", the
+	// HTTP route's pattern, the consumer's name).
 	Operation string
-	// Tenant and Key are the call's tenant (WithTenant; "" without it) and
-	// its idempotency key (a message's id), as the caller sent them. Both
-	// are "" when the call ended before they were read: NoKey, KeyMissing,
-	// KeyInvalid (a malformed key is never handed on), Refused.
+	// Tenant and Key are as the caller sent them; "" when the call ended
+	// before they were read (NoKey, KeyMissing, KeyInvalid, Refused).
 	Tenant, Key string
-	// Verdict is what became of the call, as the idemkey.outcome attribute
-	// of its metrics says.
-	Verdict Verdict
-	// Code is the call's final status, as the entry point answered it: a
-	// gRPC or Connect code, an HTTP status, a consumer.Action.
+	Verdict     Verdict
+	// Code is the final status answered: a gRPC or Connect code, an HTTP
+	// status, a consumer.Action.
 	Code int
-	// Size is the record's size in bytes: for Executed with Recorded, the
-	// outcome recorded; for Replayed, the record replayed; else 0. It is the
-	// entry point's encoding of the outcome, before it is sealed
-	// (WithSealer) and after it is opened, so a replay's is its execution's.
+	// Size is the bytes recorded (Executed and Recorded) or replayed, else
+	// 0: the entry point's encoding, before sealing.
 	Size int
-	// Recorded is true for an Executed call whose outcome was recorded: the
-	// handler's, or the short error recorded in place of one too large to
-	// record. In two-phase mode that includes a write that failed and is
-	// retried in the background: the caller got the outcome.
-	// It is false when the key was released (a released code), or the
-	// record was refused (a lost lease, a full store, a failed commit in
-	// atomic mode).
+	// Recorded is true for an Executed call whose outcome, or stand-in, was
+	// recorded, including a two-phase write retried in the background; false
+	// when the key was released or the record refused.
 	Recorded bool
 }
 
-// WithHooks sets the application's callbacks on how each call ended: on
-// an execution of the handler, on a replay, and on a refusal. Exactly one
-// Hooks field applies to each call that reaches the entry point's request
-// path (a covered method, route or message), and runs once, when the call's
-// verdict is final: after its outcome is recorded or its key released, and
-// before the entry point hands its answer over: before a gRPC or Connect
-// interceptor returns, before an HTTP answer of the middleware's own (a
-// replay, a recorded response, a problem) is written, before a consumer's
-// Process returns, so before the message is acknowledged. A handler's own
-// response to a call without a key, or one that failed open, is written by
-// the handler first.
-//
-// They run synchronously, on the call's goroutine: their time adds to the
-// call's, so that a caller who has its answer knows the hook has returned.
-// A hook holds no key and no store connection (the record is written, or
-// the transaction committed, before it runs), but a slow one delays its
-// caller's answer by as long as it takes, and idemkey puts no bound on it:
-// send what takes long to a queue of the application's own. ctx carries
-// the call's values (its span, the authenticated identity) but not its
-// cancellation or deadline, since the call has happened whether or not
-// its caller is still there: bound network work with a context.WithTimeout
-// of the hook's own.
-//
-// A hook that panics is recovered: the call's answer and its record stand,
-// and the panic is logged at Error with the call's operation and scope
-// (never the raw key or tenant), the panic's words only if the Go runtime
-// raised it (a nil dereference, an index out of range), and the stack. A
-// handler that panics ends no call: its key is released, the panic goes
-// on, and no hook runs.
-//
-// A later WithHooks replaces an earlier one whole.
+// WithHooks sets the application's callbacks. One runs once for each call
+// that reaches the request path, when its verdict is final and before the
+// entry point hands its answer over, on the call's goroutine: a slow one
+// delays its caller, and its ctx has the call's values but not its
+// cancellation. A panic in a hook is recovered and logged without its words.
+// A later WithHooks replaces an earlier one whole. See docs/operations.md.
 func WithHooks(h Hooks) Option {
 	return func(o *options) {
 		o.hooks = nil
@@ -112,9 +63,9 @@ func WithHooks(h Hooks) Option {
 	}
 }
 
-// noteWrite notes, for the hooks, how a write of a record of size bytes
-// ended (err is the store's answer): recorded, or about to be retried in the
-// background by call.record, in two-phase mode, for any error but a refusal.
+// noteWrite notes, for the hooks, how a write of size bytes ended: recorded,
+// or to be retried in the background (two-phase mode, any error but a
+// refusal).
 func (c *call) noteWrite(size int, err error) {
 	if err != nil && (c.tx != nil || errors.Is(err, store.ErrFull) || errors.Is(err, store.ErrLeaseLost) || errors.Is(err, store.ErrDataLost)) {
 		return
@@ -122,7 +73,6 @@ func (c *call) noteWrite(size int, err error) {
 	c.recordedSize, c.recorded = size, true
 }
 
-// runHooks runs the hook of c's verdict, if one is set.
 func (c *call) runHooks(ctx context.Context, code int) {
 	h := c.e.opts.hooks
 	if h == nil {
@@ -150,7 +100,6 @@ func (c *call) runHooks(ctx context.Context, code int) {
 	}
 }
 
-// callHook calls hook, and logs a panic of its instead of letting it go on.
 func (c *call) callHook(ctx context.Context, name string, hook func(context.Context, Event), ev Event) {
 	defer func() {
 		p := recover()
@@ -168,9 +117,9 @@ func (c *call) callHook(ctx context.Context, name string, hook func(context.Cont
 	hook(ctx, ev)
 }
 
-// hookPanic describes a hook's panic value p: the words of the Go runtime's
-// own errors, which quote nothing of a call's, and only the type of any
-// other value, which might hold the key or the tenant the hook was given.
+// hookPanic describes a hook's panic value: the Go runtime's own errors,
+// which quote nothing of a call's, else only the type, since the value might
+// hold the key or tenant the hook was given.
 func hookPanic(p any) error {
 	if err, ok := p.(runtime.Error); ok {
 		return err
@@ -178,9 +127,8 @@ func hookPanic(p any) error {
 	return fmt.Errorf("a panic with a value of type %T (its words are not logged: they may quote the call's key or tenant)", p)
 }
 
-// hookStack is the stack of a panicking hook, called from its deferred
-// recover: each frame's function, file and line. Unlike debug.Stack, it
-// prints no argument words, which may hold a few bytes of the key.
+// hookStack is the panicking hook's stack, without debug.Stack's argument
+// words, which may hold a few bytes of the key.
 func hookStack() string {
 	pcs := make([]uintptr, 64)
 	frames := runtime.CallersFrames(pcs[:runtime.Callers(3, pcs)]) // from the panic

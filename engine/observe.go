@@ -16,21 +16,19 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// instrumentationName names idemkey's meter and tracer.
 const instrumentationName = "github.com/idemkey/idemkey/engine"
 
 // MetricsSpec is how an operation's measurements are labelled.
 type MetricsSpec struct {
-	// Attributes of every measurement of the operation, such as otelgrpc's
-	// rpc.system.name, rpc.service and rpc.method, so that the two join.
+	// Attributes of every measurement, such as otelgrpc's rpc.method, so
+	// that the two join.
 	Attributes []attribute.KeyValue
-	// Status is the attribute of a call's final status code, the code
-	// Exchange.Answer or Exchange.Pass returned: rpc.response.status_code, http.response.status_code. Nil leaves
-	// the code out.
+	// Status is the attribute of the code Exchange.Answer or Pass returned
+	// (rpc.response.status_code); nil leaves it out.
 	Status func(code int) attribute.KeyValue
 }
 
-// storeOp is a kind of store call, the value of idemkey.store.operation.
+// storeOp is the value of idemkey.store.operation.
 type storeOp uint8
 
 const (
@@ -48,25 +46,21 @@ const (
 
 var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch", "reserve_batch"}
 
-// observer records the metrics, span attributes and Debug log lines of one
-// engine. Its instruments come from WithMeterProvider's provider (the global
-// one by default), so with no SDK installed they do nothing, and nothing is
-// built for them.
+// observer records one engine's metrics, span attributes and Debug lines.
+// With no SDK installed its instruments do nothing, and nothing is built.
 type observer struct {
 	calls      metric.Int64Counter     // idemkey.calls
 	storeTime  metric.Float64Histogram // idemkey.store.duration
 	recordSize metric.Int64Histogram   // idemkey.record.size
 	tracer     trace.Tracer
 	logger     *slog.Logger
-
-	storeOpts [numStoreOps][2]metric.RecordOption // by operation, and whether it failed
+	storeOpts  [numStoreOps][2]metric.RecordOption // by operation, and whether it failed
 }
 
 func newObserver(o *options) *observer {
 	meter := o.meterProvider.Meter(instrumentationName)
 	obs := &observer{tracer: o.tracerProvider.Tracer(instrumentationName), logger: o.logger}
-	// The API's instruments never fail to be created; on an error the meter
-	// still returns a working no-op, so the errors are ignored.
+	// On an error the meter still returns a working no-op.
 	obs.calls, _ = meter.Int64Counter("idemkey.calls", metric.WithUnit("{call}"),
 		metric.WithDescription("Covered calls with an idempotency key or one required, by outcome, operation and final status code."))
 	obs.storeTime, _ = meter.Float64Histogram("idemkey.store.duration", metric.WithUnit("s"),
@@ -87,12 +81,10 @@ func newObserver(o *options) *observer {
 	return obs
 }
 
-// fastCodes is how many status codes have a slot of their own in opMetrics:
-// all of gRPC's. Others (HTTP's) go through a map.
+// fastCodes: gRPC's codes have a slot each in opMetrics; others (HTTP's) a map.
 const fastCodes = 32
 
-// opMetrics are the attribute sets of one operation's measurements, made on
-// first use and kept.
+// opMetrics are one operation's attribute sets, made on first use and kept.
 type opMetrics struct {
 	spec  MetricsSpec
 	calls [numVerdicts][fastCodes]atomic.Pointer[metric.AddOption]
@@ -128,8 +120,8 @@ func (mm *opMetrics) callOption(v Verdict, code int) metric.AddOption {
 	return opt
 }
 
-// callEnded records how a call ended: its counter, the attributes and an
-// event on the call's span (otelgrpc's, if any), and a Debug line.
+// callEnded records the call's counter, the outcome on its span, and a Debug
+// line.
 func (obs *observer) callEnded(ctx context.Context, c *call, code int) {
 	if obs.calls.Enabled(ctx) {
 		obs.calls.Add(ctx, 1, c.op.metrics.callOption(c.Verdict, code))
@@ -151,15 +143,13 @@ func (obs *observer) callEnded(ctx context.Context, c *call, code int) {
 	}
 }
 
-// recorded notes the size of an outcome written to the store.
 func (obs *observer) recorded(ctx context.Context, op *Operation, size int) {
 	if obs.recordSize.Enabled(ctx) {
 		obs.recordSize.Record(ctx, int64(size), op.metrics.size)
 	}
 }
 
-// storeTimer measures one store operation, in a span of its own when the
-// call's span is recording.
+// storeTimer measures one store call, in a span only under a recording one.
 type storeTimer struct {
 	obs   *observer
 	op    storeOp
@@ -167,8 +157,7 @@ type storeTimer struct {
 	span  trace.Span // nil if not traced
 }
 
-// startStore starts measuring op; ctx is what the store call gets. It
-// reads the clock only for a histogram that records (an SDK's).
+// startStore reads the clock only for a histogram that records.
 func (obs *observer) startStore(ctx context.Context, op storeOp) (context.Context, storeTimer) {
 	t := storeTimer{obs: obs, op: op}
 	if obs.storeTime.Enabled(ctx) {
@@ -180,8 +169,8 @@ func (obs *observer) startStore(ctx context.Context, op storeOp) (context.Contex
 	return ctx, t
 }
 
-// end records the operation's duration, and whether err failed it. A lost
-// lease, or a full store, is an answer, not a failure.
+// end records the duration; a lost lease or a full store is an answer, not
+// a failure.
 func (t storeTimer) end(ctx context.Context, err error) {
 	failed := 0
 	if err != nil && !errors.Is(err, store.ErrLeaseLost) && !errors.Is(err, store.ErrFull) {
@@ -198,7 +187,6 @@ func (t storeTimer) end(ctx context.Context, err error) {
 	}
 }
 
-// storeErrorKind names the kind of a store's error.
 func storeErrorKind(err error) string {
 	switch {
 	case errors.Is(err, store.ErrLeaseLost):

@@ -28,54 +28,48 @@ const (
 // handler may notice the deadline late, and the record is written after it.
 const leaseGrace = 5 * time.Second
 
-// Option configures an Engine.
+// Option configures an Engine. New refuses a value that makes no sense, such
+// as a lease of zero or less, with an error that names the fix.
 type Option func(*options)
 
-// TenantFunc returns the authenticated tenant of a call, for example from the
-// identity an authentication layer put in ctx. Its error is the Answer.Err of
-// a refusal with Answer.Tenant set: the entry point returns it to the caller
-// unchanged (gRPC, Connect) or answers 401 (HTTP).
+// TenantFunc returns the authenticated tenant of a call, such as the
+// identity an authentication layer put in ctx. Its error refuses the call:
+// returned as it is over gRPC and Connect, 401 over HTTP.
 type TenantFunc func(ctx context.Context) (string, error)
 
-// Scope is the set of calls within which one idempotency key names one
-// operation.
+// Scope is the set of calls within which one key names one operation.
 type Scope int
 
 const (
-	// ScopeTenantOperation: a key is scoped to its tenant and operation, so
-	// the same key on two operations names two. The default.
+	// ScopeTenantOperation, the default: the same key on two operations
+	// names two.
 	ScopeTenantOperation Scope = iota
-	// ScopeTenant: a key is scoped to its tenant only; using it on a second
-	// operation is refused as a reused key.
+	// ScopeTenant: a key used on a second operation is refused as reused.
 	ScopeTenant
 )
 
-// options is shared by every call of one Engine; it is never modified after
-// New.
+// options is never modified after New.
 type options struct {
-	tenant       TenantFunc
-	singleTenant bool
-	keyRequired  bool
-	scope        Scope
-	lease        time.Duration
-	maxLease     time.Duration
-	retention    time.Duration
-	retryAfter   time.Duration
-	inProgress   time.Duration
-	clockSkew    time.Duration
-	failOpen     bool
-	maxRecord    int
-	sealer       Sealer // nil: outcomes are stored as they are
-	logger       *slog.Logger
-	hooks        *Hooks // nil: none
-
+	tenant         TenantFunc
+	singleTenant   bool
+	keyRequired    bool
+	scope          Scope
+	lease          time.Duration
+	maxLease       time.Duration
+	retention      time.Duration
+	retryAfter     time.Duration
+	inProgress     time.Duration
+	clockSkew      time.Duration
+	failOpen       bool
+	maxRecord      int
+	sealer         Sealer // nil: outcomes are stored as they are
+	logger         *slog.Logger
+	hooks          *Hooks // nil: none
 	meterProvider  metric.MeterProvider
 	tracerProvider trace.TracerProvider
-
-	err error // the first mistake an option found
+	err            error // the first mistake an option found
 }
 
-// refuse notes the first mistake an option found, for New to return.
 func (o *options) refuse(format string, args ...any) {
 	if o.err == nil {
 		o.err = fmt.Errorf("idemkey: "+format, args...)
@@ -84,15 +78,14 @@ func (o *options) refuse(format string, args ...any) {
 
 func newOptions(opts []Option) (*options, error) {
 	o := &options{
-		lease:      DefaultLease,
-		maxLease:   DefaultMaxLease,
-		retention:  DefaultRetention,
-		retryAfter: DefaultMaxRetryAfter,
-		inProgress: DefaultInProgressWait,
-		clockSkew:  DefaultClockSkew,
-		maxRecord:  DefaultMaxRecordSize,
-		logger:     slog.Default(),
-
+		lease:          DefaultLease,
+		maxLease:       DefaultMaxLease,
+		retention:      DefaultRetention,
+		retryAfter:     DefaultMaxRetryAfter,
+		inProgress:     DefaultInProgressWait,
+		clockSkew:      DefaultClockSkew,
+		maxRecord:      DefaultMaxRecordSize,
+		logger:         slog.Default(),
 		meterProvider:  otel.GetMeterProvider(),
 		tracerProvider: otel.GetTracerProvider(),
 	}
@@ -112,7 +105,6 @@ func newOptions(opts []Option) (*options, error) {
 	return o, nil
 }
 
-// positive refuses a duration d of option name that is zero or negative.
 func (o *options) positive(name string, d time.Duration, def time.Duration) bool {
 	if d <= 0 {
 		o.refuse("%s(%v): the duration must be positive; leave the option out for the default, %v", name, d, def)
@@ -122,9 +114,7 @@ func (o *options) positive(name string, d time.Duration, def time.Duration) bool
 }
 
 // WithTenant scopes keys to the tenant f returns, so that one caller's key
-// never replays another's reply or holds another's key. An entry point
-// refuses an engine with neither WithTenant nor WithSingleTenant: a shared
-// key space is never the silent default.
+// never replays another's reply or holds another's key.
 func WithTenant(f TenantFunc) Option {
 	return func(o *options) {
 		if f == nil {
@@ -135,21 +125,20 @@ func WithTenant(f TenantFunc) Option {
 }
 
 // WithSingleTenant says that every caller shares one key space: right only
-// for a service whose callers are one tenant (an internal API, a single
-// customer's deployment), where any caller's key may replay to another.
+// for a service whose callers are one tenant, where any caller's key may
+// replay to another.
 func WithSingleTenant() Option { return func(o *options) { o.singleTenant = true } }
 
-// WithKeyRequired refuses calls that carry no key (reason
-// IDEMPOTENCY_KEY_MISSING). By default such calls run without protection.
+// WithKeyRequired refuses calls that carry no key (KeyMissing); by default
+// they run unprotected.
 func WithKeyRequired() Option { return func(o *options) { o.keyRequired = true } }
 
-// WithScope sets the scope of a key; the default is ScopeTenantOperation.
+// WithScope sets the scope of a key (ScopeTenantOperation by default).
 func WithScope(s Scope) Option { return func(o *options) { o.scope = s } }
 
 // WithLease sets how long a call without a deadline holds its key before a
-// retry may presume it dead and run again (DefaultLease). A call with a
-// deadline holds it for its remaining time plus a grace period. Either way
-// the lease is at most WithMaxLease. New refuses a d of zero or less.
+// retry may presume it dead and run again. A call with a deadline holds it
+// for its remaining time plus a grace period, at most WithMaxLease.
 func WithLease(d time.Duration) Option {
 	return func(o *options) {
 		if o.positive("WithLease", d, DefaultLease) {
@@ -158,8 +147,7 @@ func WithLease(d time.Duration) Option {
 	}
 }
 
-// WithMaxLease bounds every lease (DefaultMaxLease). New refuses a d of zero
-// or less, or one longer than the retention.
+// WithMaxLease bounds every lease; it must not exceed the retention.
 func WithMaxLease(d time.Duration) Option {
 	return func(o *options) {
 		if o.positive("WithMaxLease", d, DefaultMaxLease) {
@@ -168,11 +156,9 @@ func WithMaxLease(d time.Duration) Option {
 	}
 }
 
-// WithRetention sets how long an outcome is kept and replayed, counted from
-// the first call (DefaultRetention). After it the key is new again. A
-// message consumer's ids must outlive the broker's redelivery (days: see
-// package consumer). New refuses a d of zero or less, or one shorter than
-// WithMaxLease.
+// WithRetention sets how long an outcome is kept and replayed, from the
+// first call, at least WithMaxLease; after it the key is new again. A
+// consumer's ids must outlive the broker's redelivery (package consumer).
 func WithRetention(d time.Duration) Option {
 	return func(o *options) {
 		if o.positive("WithRetention", d, DefaultRetention) {
@@ -181,13 +167,10 @@ func WithRetention(d time.Duration) Option {
 	}
 }
 
-// WithClockSkew sets how far apart a client's clock and the store's may be
-// (DefaultClockSkew), for a call that tells when its key's operation was
-// first sent (request.FirstSent): a call first sent longer ago than the
-// retention less the skew (or less half the retention, if that is less),
-// whose key has no record, is answered Expired without running, since its
-// record may have been there and expired; one first sent later than the
-// skew from now is answered FirstSentInvalid. New refuses a d below zero.
+// WithClockSkew sets how far apart a client's clock and the store's may be,
+// for a call first sent longer ago than the retention less the skew, without
+// a record, which is answered Expired, or later than the skew from now,
+// which is FirstSentInvalid.
 func WithClockSkew(d time.Duration) Option {
 	return func(o *options) {
 		if d < 0 {
@@ -197,10 +180,9 @@ func WithClockSkew(d time.Duration) Option {
 	}
 }
 
-// WithMaxRetryAfter sets the longest wait asked of a retry that finds its key
-// in progress, or a new key the store is too full for (DefaultMaxRetryAfter).
-// The wait is never longer than the lease has left, nor shorter than a
-// millisecond. New refuses a d of zero or less.
+// WithMaxRetryAfter sets the longest wait asked of a retry that finds its
+// key in progress or the store full; never longer than the lease has left,
+// nor shorter than a millisecond.
 func WithMaxRetryAfter(d time.Duration) Option {
 	return func(o *options) {
 		if o.positive("WithMaxRetryAfter", d, DefaultMaxRetryAfter) {
@@ -209,23 +191,10 @@ func WithMaxRetryAfter(d time.Duration) Option {
 	}
 }
 
-// WithInProgressWait sets how long a duplicate that finds its key in progress
-// waits for the first call to end before it is answered "in progress"
-// (DefaultInProgressWait; 0 answers at once). The wait ends early with the
-// first call's recorded reply, or, if the first call released its key, with a
-// run of the handler; it never outlasts the duplicate's own deadline.
-// Meanwhile the store is polled with a growing interval (25ms, doubling to
-// 500ms): for the default, at most 9 reads. On a store that tells when the
-// first call records or releases its key (store.Watcher: store/memory,
-// store/redis, and store/postgres while its Listen runs), the duplicate
-// reads it at once, in place of the poll due next, so that it has its
-// answer the moment the record lands, at no more reads. The duplicates of
-// one request (its key and fingerprint) that one Engine holds share a poll
-// under way, so a flood of them told at once reads the key once, not once
-// each. In atomic mode each poll
-// is a Begin, which finds the key held and gives its connection back at
-// once, so a waiting duplicate holds no connection between polls. New
-// refuses a d below zero.
+// WithInProgressWait sets how long a duplicate that finds its key in
+// progress waits for the first call to end, never past its own deadline,
+// before it is answered InProgress (0: at once). It polls the store from
+// 25ms doubling to 500ms, and at once when a store.Watcher tells of a change.
 func WithInProgressWait(d time.Duration) Option {
 	return func(o *options) {
 		if d < 0 {
@@ -235,12 +204,10 @@ func WithInProgressWait(d time.Duration) Option {
 	}
 }
 
-// WithMaxRecordSize bounds the record of one outcome (DefaultMaxRecordSize);
-// New refuses an n below MinRecordSize. Serve records the entry point's
-// stand-in (Exchange.StandIn, a short error) in place of a larger one, which the caller gets too, as every retry
-// will. A store with a bound on bytes (store/memory) sets this much room
-// aside for each call while it runs (store.Reservation.MaxOutcome), so a
-// bound near the largest real reply lets more calls run at once.
+// WithMaxRecordSize bounds the record of one outcome (at least
+// MinRecordSize); a larger one is replaced by a short stand-in, for the
+// caller and every retry. store/memory sets this much aside for each running
+// call, so a bound near the largest real reply lets more calls run at once.
 func WithMaxRecordSize(n int) Option {
 	return func(o *options) {
 		if n < MinRecordSize {
@@ -250,30 +217,18 @@ func WithMaxRecordSize(n int) Option {
 	}
 }
 
-// MinRecordSize is the least bound on a record: room for the stand-in
-// (Exchange.StandIn) recorded in place of an outcome too large to record.
+// MinRecordSize is the least bound on a record: room for the stand-in.
 const MinRecordSize = 1024
 
-// WithFailOpen runs the handler without protection when the store fails,
-// instead of answering "store unavailable". Retries may then run the handler
-// twice. Operations in atomic mode fail closed all the same, and a full store
-// (store.ErrFull) refuses new keys: a bound is not a failure.
+// WithFailOpen runs the handler unprotected when the store fails, instead
+// of answering StoreUnavailable: retries may then run it twice. Atomic mode
+// fails closed all the same, and a full store refuses new keys.
 func WithFailOpen() Option { return func(o *options) { o.failOpen = true } }
 
-// WithSealer seals every outcome before it reaches the store, and opens
-// each record read back, with s: a *seal.KeyRing, which encrypts with
-// AES-256-GCM bound to the record's key. A record that does not open (an
-// unknown key, altered, copied from another key's record) is neither
-// replayed nor run again: the call is answered StoreUnavailable, even with
-// WithFailOpen, and logged at Error. Without a sealer, a sealed record is
-// refused in the same way. Package seal has the details: rotation, records
-// written before sealing was turned on, the format. A nil s seals nothing.
-//
-// WithMaxRecordSize bounds the outcome before sealing; the store holds
-// s.Overhead() bytes more, and so does the stand-in (Exchange.StandIn)
-// recorded in place of an outcome that cannot be (store.SmallOutcome before
-// sealing). A store with bounds sets that much aside when the key is
-// reserved: store.Reservation.MaxOutcome counts the overhead.
+// WithSealer seals every outcome on its way to the store, and opens it on
+// its way back, with s, such as a *seal.KeyRing; a nil s seals nothing. A
+// record that does not open, or a sealed one without a sealer, is neither
+// replayed nor run again: StoreUnavailable, even with WithFailOpen.
 func WithSealer(s Sealer) Option {
 	if v := reflect.ValueOf(s); v.Kind() == reflect.Pointer && v.IsNil() {
 		s = nil // a nil *seal.KeyRing, say: none
@@ -281,9 +236,8 @@ func WithSealer(s Sealer) Option {
 	return func(o *options) { o.sealer = s }
 }
 
-// WithLogger sets the logger for store failures and lost leases; the default
-// is slog.Default(), and nil discards the records. The engine's own log
-// records never hold a raw key, tenant or request.
+// WithLogger sets the logger (slog.Default() by default; nil discards).
+// The engine's log records never hold a raw key, tenant or request.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) {
 		if l == nil {
@@ -293,8 +247,8 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithMeterProvider sets where the metrics go; the default is
-// otel.GetMeterProvider(), which does nothing until an SDK is installed.
+// WithMeterProvider sets where the metrics go (otel.GetMeterProvider() by
+// default, which does nothing until an SDK is installed).
 func WithMeterProvider(mp metric.MeterProvider) Option {
 	return func(o *options) {
 		if mp != nil {
@@ -303,9 +257,8 @@ func WithMeterProvider(mp metric.MeterProvider) Option {
 	}
 }
 
-// WithTracerProvider sets the tracer of the spans of store operations, opened
-// as children of the call's span and only when that one is recording; the
-// default is otel.GetTracerProvider().
+// WithTracerProvider sets the tracer of the store operations' spans, opened
+// only under a recording span (otel.GetTracerProvider() by default).
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) {
 		if tp != nil {

@@ -10,33 +10,29 @@ import (
 )
 
 // Sealer encrypts outcomes on their way to the store and decrypts them on
-// their way back (WithSealer). *seal.KeyRing implements it; so may a sealer
-// that asks a key service. Its methods are safe for concurrent use.
+// their way back (WithSealer): *seal.KeyRing, or a sealer that asks a key
+// service. Its methods are safe for concurrent use.
 type Sealer interface {
-	// Seal returns outcome sealed for the record of key. It must not modify
-	// outcome. An error fails the write as a store failure would.
+	// Seal must not modify outcome; an error fails the write as a store
+	// failure would.
 	Seal(key store.Key, outcome []byte) ([]byte, error)
-	// Open returns the outcome that Seal sealed for key, and an error for a
-	// record it cannot vouch for: sealed for another key, altered, sealed
-	// with a key it does not hold, or not sealed at all (unless it accepts
-	// such records). The engine never replays a record Open refuses, nor
-	// runs its handler again.
+	// Open returns the outcome Seal sealed for key, or an error for a record
+	// it cannot vouch for (another key's, altered, an unknown key, not
+	// sealed). The engine never replays a record Open refuses, nor runs its
+	// handler again.
 	Open(key store.Key, record []byte) ([]byte, error)
 	// Overhead is the most bytes Seal adds to an outcome.
 	Overhead() int
 }
 
-// sealer is the engine's Sealer, or nil (WithSealer counts a nil pointer,
-// such as a nil *seal.KeyRing, as none).
+// sealer is nil without one (WithSealer counts a nil *seal.KeyRing as none).
 func (e *Engine) sealer() Sealer { return e.opts.sealer }
 
-// sealedPrefix starts every sealed record (package seal's envelope), and no
-// outcome an entry point encodes (see the package documentation); the key
-// id that sealed it follows the version byte after it.
+// sealedPrefix starts every sealed record, and no outcome an entry point
+// encodes; the version byte and the key id follow it.
 var sealedPrefix = []byte{0x00, 'i', 'k'}
 
-// sealedWith reports whether record is sealed, and the hex of the id of the
-// key that sealed it, for the log.
+// sealedWith returns, for the log, the hex id of the key that sealed record.
 func sealedWith(record []byte) (keyID string, sealed bool) {
 	if !bytes.HasPrefix(record, sealedPrefix) {
 		return "", false
@@ -47,7 +43,6 @@ func sealedWith(record []byte) (keyID string, sealed bool) {
 	return "00000000", true
 }
 
-// sealOutcome is what the store records of outcome for key.
 func (e *Engine) sealOutcome(key store.Key, outcome []byte) ([]byte, error) {
 	s := e.sealer()
 	if s == nil {
@@ -60,11 +55,9 @@ func (e *Engine) sealOutcome(key store.Key, outcome []byte) ([]byte, error) {
 	return sealed, nil
 }
 
-// opened is res with its outcome opened, for a completed record of key whose
-// fingerprint is fp (a record whose fingerprint differs is answered "reused"
-// and its outcome never read, so it is left as it is). A record that does
-// not open is an error (errUnopened), and so is a sealed one read by an
-// engine without a sealer.
+// opened opens the outcome of a completed record whose fingerprint is fp (a
+// record of another fingerprint is answered Reused, never read). A record
+// that does not open is errUnopened, as is a sealed one without a sealer.
 func (e *Engine) opened(key store.Key, fp *store.Fingerprint, res store.Entry) (store.Entry, error) {
 	if res.State != store.Completed || (fp != nil && res.Fingerprint != *fp) {
 		return res, nil
@@ -84,8 +77,8 @@ func (e *Engine) opened(key store.Key, fp *store.Fingerprint, res store.Entry) (
 	return res, nil
 }
 
-// roomFor is r with room for a sealed outcome: a store with bounds sets
-// MaxOutcome aside, and the sealed outcome is larger than the engine's bound.
+// roomFor counts the sealer's overhead in the room a store with bounds sets
+// aside.
 func (e *Engine) roomFor(r store.Reservation) store.Reservation {
 	if s := e.sealer(); s != nil && r.MaxOutcome > 0 {
 		r.MaxOutcome += s.Overhead()
@@ -93,8 +86,7 @@ func (e *Engine) roomFor(r store.Reservation) store.Reservation {
 	return r
 }
 
-// sealingTx seals the outcome an atomic call commits, for the key its
-// reservation holds.
+// sealingTx seals the outcome an atomic call commits.
 type sealingTx struct {
 	store.Tx
 	e   *Engine

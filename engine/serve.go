@@ -9,8 +9,8 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Verdict is what became of a call: the value of the idemkey.outcome
-// attribute of its metrics, its span and its Debug log line.
+// Verdict is what became of a call: the idemkey.outcome of its metrics,
+// span and Debug line.
 type Verdict uint8
 
 const (
@@ -43,119 +43,91 @@ func (v Verdict) String() string {
 	return verdictNames[v]
 }
 
-// Exchange is one call as its entry point carries it. Serve reads the call
-// through it and answers through it, so that an entry point writes only its
-// translation: where the key, the first-sent time and the fingerprint come
-// from, how the handler runs and its result is encoded, and how each answer
-// is written. Serve calls its methods on the call's goroutine, each at most
-// once, in the order they are listed, except that Pass replaces Run, StandIn
-// and Answer for a call that runs unprotected.
+// Exchange is one call as its entry point carries it: an entry point writes
+// only this translation. Serve calls its methods on the call's goroutine,
+// each at most once, in the order listed; Pass replaces Run, StandIn and
+// Answer for a call that runs unprotected.
 type Exchange interface {
-	// Key returns the call's idempotency key, read with idemkey.ParseKey;
-	// ok is false when the call has none. An error (a malformed key, one
-	// sent twice) answers KeyInvalid, and never quotes the key.
+	// Key returns the call's key, read with idemkey.ParseKey; ok is false
+	// without one. An error answers KeyInvalid, and never quotes the key.
 	Key() (key string, ok bool, err error)
-	// FirstSent returns the values of the transport's first-sent field
-	// (idemkey.FirstSentMetadata, idemkey.FirstSentHeader), or the time a
-	// broker stamped a message with, formatted with idemkey.FormatDate;
-	// none if the call does not say.
+	// FirstSent returns the values of the transport's first-sent field, or a
+	// broker's timestamp formatted with idemkey.FormatDate.
 	FirstSent() []string
-	// Attempt tells where the call stands among its attempts.
 	Attempt() Attempt
-	// Fingerprint returns the fingerprint of the call's request. An error
-	// refuses the call: it is answered (Refused) as it is, so it must be
-	// one of the transport's own.
+	// Fingerprint returns the request's fingerprint. An error is answered
+	// (Refused) as it is, so it must be one of the transport's own.
 	Fingerprint(ctx context.Context) (store.Fingerprint, error)
-	// Run runs the handler with ctx, whose key the call holds, and returns
-	// what to record of its result.
+	// Run runs the handler with ctx, whose key the call holds.
 	Run(ctx context.Context) HandlerResult
-	// StandIn is the short error recorded, and answered, in place of a
-	// result that cannot be recorded (why: ErrTooLarge, store.ErrFull, or
-	// HandlerResult.Unrecordable): at most store.SmallOutcome bytes.
+	// StandIn is the short error (at most store.SmallOutcome bytes)
+	// recorded and answered in place of a result that cannot be recorded.
 	StandIn(why error) []byte
-	// Pass runs the handler with ctx unprotected (NoKey, FailedOpen),
-	// answers with its result, and returns the transport's code of it.
+	// Pass runs the handler unprotected (NoKey, FailedOpen) and answers.
 	Pass(ctx context.Context) (code int)
-	// Answer answers the call as a says, and returns the transport's code
-	// of the answer, for the metrics and the hooks, which run after it and
-	// before the entry point hands the answer over.
+	// Answer answers the call as a says. The metrics and hooks run after it,
+	// before the entry point hands the answer over. Answer and Pass return
+	// the transport's code.
 	Answer(ctx context.Context, a Answer) (code int)
 }
 
-// Attempt is what a transport tells of a call's place among its attempts.
+// Attempt is a call's place among its attempts.
 type Attempt struct {
-	// Retried is true for a later attempt (gRPC's grpc-previous-rpc-attempts,
-	// a broker's redelivery): its record is read first, on a store that
-	// implements store.Finder.
+	// Retried is true for a later attempt (grpc-previous-rpc-attempts, a
+	// redelivery): its record is read first (store.Finder).
 	Retried bool
-	// Last is true when no attempt follows (a message's last delivery): a
-	// key in progress elsewhere is waited for up to the longest lease, so
-	// as to take it over, rather than for WithInProgressWait.
+	// Last is true when no attempt follows: a key in progress elsewhere is
+	// waited for up to the longest lease, so as to take it over.
 	Last bool
 }
 
-// HandlerResult is what Exchange.Run returns of the handler's result.
+// HandlerResult is what Exchange.Run returns.
 type HandlerResult struct {
-	// Record is the entry point's encoding of the result, recorded and
-	// replayed to every retry.
+	// Record is the entry point's encoding of the result, replayed to retries.
 	Record []byte
-	// Release is true for a result that is not recorded (a released code):
-	// the key is released, and a retry runs the handler again.
+	// Release frees the key rather than record: a retry runs the handler again.
 	Release bool
 	// KeepWrites is true for a success: in atomic mode the handler's writes
 	// commit with the record; a recorded error keeps only the record.
 	KeepWrites bool
-	// Unrecordable is why the result cannot be recorded (it is logged, so
-	// it must not quote the reply): StandIn is recorded in its place.
+	// Unrecordable is why the result cannot be recorded (logged: it must not
+	// quote the reply); StandIn is recorded in its place.
 	Unrecordable error
 }
 
 // Answer is how Serve asks an entry point to answer a call.
 type Answer struct {
 	// Verdict is what to answer: Executed (the handler's result, or the
-	// stand-in of StandIn), Replayed (Outcome), or idemkey's own answer of
-	// InProgress, Reused, KeyMissing, KeyInvalid, StoreUnavailable,
-	// StoreFull, Expired, FirstSentInvalid or Refused.
+	// stand-in), Replayed (Outcome), or one of idemkey's own answers.
 	Verdict Verdict
 	// Err is why the call was refused: Exchange.Key's or Fingerprint's
-	// error, a *FirstSentError, or the TenantFunc's error (Tenant).
+	// error, a *FirstSentError, or the TenantFunc's error.
 	Err error
-	// Tenant is true when Err is the TenantFunc's refusal of the caller, to
-	// answer as the entry point answers those (gRPC and Connect: Err as it
-	// is; HTTP: 401), rather than one of the entry point's own.
+	// Tenant is true when Err is the TenantFunc's refusal, answered as the
+	// entry point answers those (gRPC: Err as it is; HTTP: 401).
 	Tenant bool
-	// Outcome is the record to replay, for Replayed. It must not be
-	// modified.
+	// Outcome is the record to replay, for Replayed; do not modify it.
 	Outcome []byte
-	// StandIn is, for Executed, why the stand-in (Exchange.StandIn with
-	// it) is answered in place of the handler's result; nil answers the
-	// handler's result.
+	// StandIn, for Executed, is why Exchange.StandIn is answered in place of
+	// the handler's result; nil answers the result.
 	StandIn error
-	// RetryAfter is how long to wait before a retry, for InProgress and
-	// StoreFull.
+	// RetryAfter is the wait asked of a retry, for InProgress and StoreFull.
 	RetryAfter time.Duration
 	// Unopened is true, for StoreUnavailable, when the key's record does not
-	// open (a sealed record the key ring cannot open): the store answers,
-	// and no retry of the call opens it, as a broker's redelivery could
-	// wait for a store that failed for now.
+	// open: no redelivery will open it, unlike a store that failed for now.
 	Unopened bool
-	// Expires is until when the call's key is honoured: its record's
-	// creation plus the retention, on the store's clock, the same for every
-	// answer about the key; zero (the store cannot say) sends no expiry.
+	// Expires is until when the key is honoured (the record's creation plus
+	// the retention, on the store's clock); zero sends no expiry.
 	Expires time.Time
 }
 
-// Serve runs one call of op through the request path: the key, whether one
-// is required, the first-sent time, the tenant, the fingerprint; the
-// reservation, a wait for a duplicate; the handler, its record or release,
-// or the stand-in of a result that cannot be recorded; the answer, and then
-// the metrics and hooks. Every entry point serves its calls with it.
+// Serve runs one call of op through the request path (docs/request-path.md),
+// answers it, and runs the metrics and hooks.
 func (e *Engine) Serve(ctx context.Context, op *Operation, x Exchange) {
 	c := e.newCall(op)
 	c.end(ctx, c.serve(ctx, x))
 }
 
-// serve is Serve up to the code of the call's answer.
 func (c *call) serve(ctx context.Context, x Exchange) int {
 	r, code, ok := c.read(ctx, x)
 	if !ok {
@@ -171,9 +143,8 @@ func (c *call) serve(ctx context.Context, x Exchange) int {
 	return x.Answer(ctx, c.answerOf())
 }
 
-// read reads the request of the call x carries. If ok is false, the call is
-// answered already, with code: it had no key (and ran unprotected, or was
-// refused), or its key, first-sent time, tenant or request was refused.
+// read reads the call's request. If ok is false, the call was answered
+// already, with code.
 func (c *call) read(ctx context.Context, x Exchange) (r request, code int, ok bool) {
 	key, ok, err := x.Key()
 	switch {
@@ -204,7 +175,6 @@ func (c *call) read(ctx context.Context, x Exchange) (r request, code int, ok bo
 	return request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last}, 0, true
 }
 
-// pass runs the handler unprotected, under the operation's HandlerTimeout.
 func (c *call) pass(ctx context.Context, x Exchange) int {
 	ctx, cancel := c.op.timed(ctx)
 	defer cancel()
@@ -226,8 +196,7 @@ func (c *call) answerOf() Answer {
 
 // run runs the handler of a call that holds its key, records its outcome
 // or releases the key, and answers. In atomic mode only a success keeps the
-// handler's writes: a recorded error, or a result that could not be
-// recorded, undoes them.
+// handler's writes.
 func (c *call) run(ctx context.Context, x Exchange) int {
 	defer c.abandon(ctx) // the handler panicked: let a retry run again; the panic goes on
 	out := c.runHandler(ctx, x)
@@ -250,8 +219,6 @@ func (c *call) run(ctx context.Context, x Exchange) int {
 	return x.Answer(ctx, Answer{Verdict: Executed, Expires: c.Expires})
 }
 
-// runHandler is x.Run with the handler's context, under the operation's
-// HandlerTimeout.
 func (c *call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 	hctx, cancel := c.handlerContext(ctx)
 	defer cancel()
@@ -259,10 +226,10 @@ func (c *call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 }
 
 // recordInstead records the stand-in of a result that cannot be recorded:
-// the handler has run, so its key must not be released. The caller gets it
-// too, as every retry will; if even it cannot be recorded, the key stays in
-// progress until its lease ends. Only in atomic mode, where a failed commit
-// undoes the handler's writes, is the answer StoreUnavailable.
+// the handler has run, so its key must not be released; if even the
+// stand-in cannot be recorded, the key stays in progress until its lease
+// ends. Only in atomic mode, where a failed commit undoes the handler's
+// writes, is the answer then StoreUnavailable.
 func (c *call) recordInstead(ctx context.Context, x Exchange, why error) int {
 	a := Answer{Verdict: Executed, StandIn: why}
 	switch err := c.record(ctx, x.StandIn(why), false); {
@@ -276,19 +243,12 @@ func (c *call) recordInstead(ctx context.Context, x Exchange, why error) int {
 	return x.Answer(ctx, a)
 }
 
-// ServeBatch serves xs, calls of op, as Serve serves each, and decides them
-// together where the store can (store.BatchAtomic for an atomic operation,
-// store.BatchReserver for a two-phase one): a message consumer that takes
-// its messages in batches dedups a batch in one round trip of the store's,
-// and in atomic mode commits it with one commit (consumer.ProcessBatch
-// lists what a batch does differently). A call the batch cannot finish (a key an earlier
-// call of the batch has, one past MaxBatch, a two-phase call whose lease the
-// handlers before it used up, an atomic batch whose transaction failed, the
-// last attempt of a call found in progress elsewhere) is served on its own
-// after the batch, from Exchange.Key on: its Exchange may be asked twice. In
-// atomic mode no call is answered before the batch's commit has said how it
-// ends. ctx bounds the store's operations; each handler runs under the
-// operation's HandlerTimeout.
+// ServeBatch serves xs as Serve serves each, deciding them together in one
+// round trip, and in atomic mode one commit, where the store can. A call the
+// batch cannot finish (a repeated key, a used-up lease, a failed
+// transaction, a last attempt found in progress) is served on its own after
+// it: its Exchange may be asked twice. In atomic mode no call is answered
+// before the commit.
 func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
 	if !e.canBatch(op) || len(xs) < 2 {
 		for _, x := range xs {
@@ -301,7 +261,6 @@ func (e *Engine) ServeBatch(ctx context.Context, op *Operation, xs []Exchange) {
 	}
 }
 
-// serveBatch is ServeBatch for at most MaxBatch calls.
 func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 	reqs := make([]request, 0, len(xs))
 	at := make([]Exchange, 0, len(xs)) // the exchange of each request
@@ -322,8 +281,7 @@ func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 		c := &b.Calls[j]
 		switch {
 		case b.alone(j), c.Verdict == InProgress && reqs[j].last:
-			// Decided on its own after the batch, which a last attempt in
-			// progress elsewhere waits in.
+			// Served on its own after the batch: a last attempt waits there.
 		case c.Verdict == Executed && !op.atomic:
 			if b.ready(ctx, j) {
 				codes[j] = c.run(ctx, x)
@@ -351,9 +309,8 @@ func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 	}
 }
 
-// run runs the handler of Executed call i of an atomic batch in the batch's
-// transaction, and stages its outcome for the commit, or undoes its writes:
-// it returns the call's answer once the commit has succeeded.
+// run runs Executed call i of an atomic batch in its transaction and stages
+// its outcome for the commit, or undoes its writes; the answer waits for it.
 func (b *batch) run(ctx context.Context, i int, x Exchange) *Answer {
 	c := &b.Calls[i]
 	out := func() HandlerResult {

@@ -6,10 +6,8 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// The engine's store calls, each measured. With a sealer (WithSealer), the
-// outcomes they write are sealed and those they read opened (seal.go); the
-// time measured is the store's alone.
-
+// The engine's store calls, each measured (the store's time alone). With a
+// sealer, outcomes written are sealed and those read opened.
 func (e *Engine) reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	r = e.roomFor(r)
 	sctx, t := e.obs.startStore(ctx, opReserve)
@@ -47,7 +45,6 @@ func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Entry, s
 	return res, tx, err
 }
 
-// commit seals the outcome in c.tx's Commit (sealingTx), whose time it counts.
 func (e *Engine) commit(ctx context.Context, c *call, outcome []byte, keepWrites bool) error {
 	sctx, t := e.obs.startStore(ctx, opCommit)
 	err := c.tx.Commit(sctx, outcome, keepWrites)
@@ -56,9 +53,9 @@ func (e *Engine) commit(ctx context.Context, c *call, outcome []byte, keepWrites
 	return err
 }
 
-// complete and storeRelease detach the write from the caller's cancellation
-// (see call.record), after the span lookup, which costs an allocation on a
-// detached context.
+// complete and storeRelease ignore the caller's cancellation (see
+// call.record), after the span lookup, which would allocate on a detached
+// context.
 func (e *Engine) complete(ctx context.Context, c *call, outcome []byte) error {
 	size := len(outcome) // for the hooks: the entry point's encoding, as replays get it
 	outcome, err := e.sealOutcome(c.key, outcome)
@@ -77,8 +74,6 @@ func (e *Engine) storeRelease(ctx context.Context, c *call) error {
 	t.end(ctx, err)
 	return err
 }
-
-// The batch's store calls, each measured.
 
 func (e *Engine) beginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
 	sctx, t := e.obs.startStore(ctx, opBeginBatch)

@@ -24,9 +24,8 @@ type options struct {
 }
 
 // WithHeaderMatcher is the application's incoming header matcher, asked
-// about every header but idemkey's two. A header it sends to idemkey's
-// metadata is forwarded as idemkey's headers are (see the package doc).
-// The default is runtime.DefaultHeaderMatcher.
+// about every header but idemkey's two (runtime.DefaultHeaderMatcher by
+// default); one it sends to idemkey's metadata is forwarded as theirs.
 func WithHeaderMatcher(m runtime.HeaderMatcherFunc) Option {
 	return func(o *options) {
 		if m != nil {
@@ -35,9 +34,8 @@ func WithHeaderMatcher(m runtime.HeaderMatcherFunc) Option {
 	}
 }
 
-// WithErrorHandler is the application's error handler, which answers every
-// error that is not one of idemkey's refusals. The default is
-// runtime.DefaultHTTPErrorHandler.
+// WithErrorHandler answers every error but idemkey's refusals
+// (runtime.DefaultHTTPErrorHandler by default).
 func WithErrorHandler(h runtime.ErrorHandlerFunc) Option {
 	return func(o *options) {
 		if h != nil {
@@ -47,9 +45,7 @@ func WithErrorHandler(h runtime.ErrorHandlerFunc) Option {
 }
 
 // ServeMuxOptions returns the options of a runtime.ServeMux that serves
-// idemkey's headers and statuses (see the package doc): an incoming header
-// matcher, a metadata annotator, a forward-response option and an error
-// handler.
+// idemkey's headers and statuses.
 func ServeMuxOptions(opts ...Option) []runtime.ServeMuxOption {
 	o := options{headers: runtime.DefaultHeaderMatcher, errors: runtime.DefaultHTTPErrorHandler}
 	for _, opt := range opts {
@@ -64,17 +60,11 @@ func ServeMuxOptions(opts ...Option) []runtime.ServeMuxOption {
 	}
 }
 
-// incoming forwards a request's headers to the call's metadata: idemkey's
-// own by annotate, every other by the mux's header matcher, which asks next.
-//
-// The mux forwards a header's value only if gRPC metadata can carry it as
-// it is (0x20 to 0x7E), and drops any other with a log line; a key dropped
-// so would run the call unprotected. So idemkey's headers are not left to
-// the mux: annotate forwards each of their values, as sent if it can be.
+// incoming forwards idemkey's headers by annotate, every other by next: the
+// mux drops a value gRPC metadata cannot carry, which would run unprotected.
 type incoming struct{ next runtime.HeaderMatcherFunc }
 
-// route is the metadata a header goes to: idemkey's headers to the metadata
-// the interceptor reads, and every other where next says.
+// route is where a header's metadata goes.
 func (in incoming) route(name string) (string, bool) {
 	switch {
 	case strings.EqualFold(name, idemkey.KeyHeader):
@@ -85,8 +75,7 @@ func (in incoming) route(name string) (string, bool) {
 	return in.next(name)
 }
 
-// ours returns which of idemkey's metadata md names, if it names one:
-// metadata keys are not case-sensitive.
+// ours returns which of idemkey's metadata md names: keys are case-insensitive.
 func ours(md string) (string, bool) {
 	switch {
 	case strings.EqualFold(md, idemkey.KeyMetadata):
@@ -97,10 +86,8 @@ func ours(md string) (string, bool) {
 	return "", false
 }
 
-// matchHeader is the mux's incoming header matcher: route, but for the
-// headers that go to idemkey's metadata, which annotate forwards. These
-// include any that next sends there too (such as
-// Grpc-Metadata-Idempotency-Key, with runtime.LegacyHeaderMatcher).
+// matchHeader is route but for the headers that go to idemkey's metadata,
+// which annotate forwards, including any next sends there.
 func (in incoming) matchHeader(name string) (string, bool) {
 	md, ok := in.route(name)
 	if !ok {
@@ -112,11 +99,9 @@ func (in incoming) matchHeader(name string) (string, bool) {
 	return md, true
 }
 
-// annotate is the mux's metadata annotator: it forwards the values of
-// every header that route sends to idemkey's metadata, each one that gRPC
-// metadata can carry as sent, and the others by forwardable, so that the
-// interceptor reads the same key as idemhttp would from the same header, or
-// refuses it the same way (a value sent twice is still sent twice).
+// annotate forwards each value of every header route sends to idemkey's
+// metadata, by forwardable, so that the interceptor reads the key idemhttp
+// would, or refuses it the same way (a value sent twice is still twice).
 func (in incoming) annotate(_ context.Context, r *http.Request) metadata.MD {
 	var md metadata.MD
 	for name, values := range r.Header {
@@ -137,12 +122,8 @@ func (in incoming) annotate(_ context.Context, r *http.Request) metadata.MD {
 	return md
 }
 
-// forwardable is v as gRPC metadata can carry it, in bytes 0x20 to 0x7E: v
-// itself if it can be; or else v without the spaces and tabs around it,
-// which idemkey.ParseKey and the engine's reading of a first-sent time trim
-// anyway (so that it names the same key, or time, as v); or else, since a
-// byte within v is one that no key and no HTTP date holds, unforwardable,
-// which the interceptor refuses as malformed, as it would v.
+// forwardable is v, or v trimmed of spaces and tabs (as every reader trims
+// it), if gRPC metadata carries it; else unforwardable, refused as malformed.
 func forwardable(v string) string {
 	if carried(v) {
 		return v
@@ -153,13 +134,10 @@ func forwardable(v string) string {
 	return unforwardable
 }
 
-// unforwardable stands for a value that gRPC metadata cannot carry: it is
-// neither a key (it holds a space) nor an HTTP date. It never quotes the
-// value.
+// unforwardable is neither a key nor an HTTP date, and never quotes v.
 const unforwardable = "not forwardable"
 
-// carried reports whether gRPC metadata carries v as it is: every byte is
-// printable ASCII, 0x20 to 0x7E.
+// carried reports whether every byte of v is printable ASCII, 0x20 to 0x7E.
 func carried(v string) bool {
 	for i := 0; i < len(v); i++ {
 		if v[i] < 0x20 || v[i] > 0x7e {
@@ -169,14 +147,13 @@ func carried(v string) bool {
 	return true
 }
 
-// forwardResponse tells a reply's replay marker and expiry as headers.
 func forwardResponse(ctx context.Context, w http.ResponseWriter, _ proto.Message) error {
 	setReplyHeaders(ctx, w.Header())
 	return nil
 }
 
-// setReplyHeaders copies the interceptor's replay marker and key expiry,
-// sent as trailers (or headers), to h.
+// setReplyHeaders copies the replay marker and key expiry, sent as trailers
+// (or headers), to h.
 func setReplyHeaders(ctx context.Context, h http.Header) {
 	md, ok := runtime.ServerMetadataFromContext(ctx)
 	if !ok {
@@ -190,7 +167,6 @@ func setReplyHeaders(ctx context.Context, h http.Header) {
 	}
 }
 
-// values are key's values in the reply's trailer, or else its header.
 func values(md runtime.ServerMetadata, key string) []string {
 	if v := md.TrailerMD.Get(key); len(v) > 0 {
 		return v
@@ -198,8 +174,8 @@ func values(md runtime.ServerMetadata, key string) []string {
 	return md.HeaderMD.Get(key)
 }
 
-// handleError answers idemkey's refusals as the draft's problems, and hands
-// every other error to next, each with the reply headers set.
+// handleError answers idemkey's refusals as the draft's problems, and every
+// other error with next, each with the reply headers set.
 func handleError(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 	return func(ctx context.Context, mux *runtime.ServeMux, m runtime.Marshaler, w http.ResponseWriter, r *http.Request, err error) {
 		setReplyHeaders(ctx, w.Header())
@@ -218,9 +194,7 @@ func handleError(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 		case idemkey.ReasonKeyMissing:
 			detail = "this operation requires an Idempotency-Key header"
 		case idemkey.ReasonKeyInvalid:
-			// The interceptor read the header's values as forwarded, and
-			// says what is wrong in gRPC's words; idemhttp's, the same
-			// header's, are the client's.
+			// The interceptor's words are gRPC's; idemhttp's are the client's.
 			if _, _, err := idemhttp.KeyFromHeader(r.Header); err != nil {
 				detail = err.Error() // never quotes the key
 			}
@@ -230,8 +204,7 @@ func handleError(next runtime.ErrorHandlerFunc) runtime.ErrorHandlerFunc {
 	}
 }
 
-// reasonStatus is the draft's status of each of idemkey's reasons, as
-// idemhttp answers them.
+// reasonStatus is the status idemhttp answers each reason with.
 var reasonStatus = map[string]int{
 	idemkey.ReasonKeyMissing:       http.StatusBadRequest,
 	idemkey.ReasonKeyInvalid:       http.StatusBadRequest,

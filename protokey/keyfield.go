@@ -6,15 +6,12 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
-// RequestIDField is the name AIP-155 gives the field that carries a
-// request's idempotency key.
+// RequestIDField is AIP-155's name for the field that carries the key.
 const RequestIDField = "request_id"
 
-// KeyField returns the field of request messages md that carries the
-// idempotency key (AIP-155), or nil if none does: with name set, the
-// singular string field of that name; otherwise a singular string field
-// named request_id that is annotated (google.api.field_info).format = UUID4,
-// as AIP-155 asks (AIP-202). A field of another kind is never the key's.
+// KeyField returns md's field that carries the idempotency key, or nil: the
+// singular string field name, or without a name, a singular string
+// request_id annotated (google.api.field_info).format = UUID4 (AIP-155).
 func KeyField(md protoreflect.MessageDescriptor, name string) protoreflect.FieldDescriptor {
 	if md == nil {
 		return nil
@@ -37,8 +34,7 @@ func isUUID4(fd protoreflect.FieldDescriptor) bool {
 	return info.GetFormat() == annotations.FieldInfo_UUID4
 }
 
-// KeyFromField returns the key req carries in fd, "" if none. fd must be
-// a field of req's message, as KeyField found it.
+// KeyFromField returns the key req carries in fd, a field KeyField found.
 func KeyFromField(req proto.Message, fd protoreflect.FieldDescriptor) string {
 	return req.ProtoReflect().Get(fd).String()
 }

@@ -20,8 +20,7 @@ import (
 // KeySize is the size of a key: AES-256's.
 const KeySize = 32
 
-// Overhead is how many bytes sealing adds to an outcome: the envelope's
-// header (8), its nonce (12) and the tag (16).
+// Overhead is how many bytes sealing adds: header (8), nonce (12), tag (16).
 const Overhead = headerSize + nonceSize + tagSize
 
 const (
@@ -30,28 +29,20 @@ const (
 	tagSize    = 16
 )
 
-// magic starts every sealed record: version 1 of the envelope. Its first
-// byte, 0x00, starts no protobuf message (field number 0 is invalid) and no
-// consumer record.
+// magic starts every sealed record; no protobuf message starts with 0x00.
 var magic = [4]byte{0x00, 'i', 'k', 0x01}
 
-// Errors of Open, matched with errors.Is. Their text names the key id at
-// most, never a key or anything of the outcome.
+// Errors of Open, for errors.Is; their text names at most the key id.
 var (
-	// ErrUnknownKey: the record was sealed with a key the ring does not
-	// hold (a key not yet given to this replica, or one dropped too soon).
+	// ErrUnknownKey: sealed with a key the ring does not hold (yet, or any more).
 	ErrUnknownKey = errors.New("idemkey/seal: the record was sealed with a key the key ring does not hold")
-	// ErrNotAuthentic: the record does not open with the key it names: it
-	// was altered or truncated, or copied from another key's record.
+	// ErrNotAuthentic: altered, truncated, or copied from another key's record.
 	ErrNotAuthentic = errors.New("idemkey/seal: the record does not open: it was altered, or copied from another key's record")
-	// ErrUnsealed: the record is not sealed, and the ring was not built
-	// WithUnsealedAccepted.
+	// ErrUnsealed: not sealed, and the ring is not WithUnsealedAccepted.
 	ErrUnsealed = errors.New("idemkey/seal: the record is not sealed, and unsealed records are refused (seal.WithUnsealedAccepted)")
 )
 
-// KeyRing seals outcomes with its primary key and opens those sealed with
-// any of its keys. It is safe for concurrent use, and implements
-// engine.Sealer.
+// KeyRing seals with its primary key and opens with any; safe for concurrent use.
 type KeyRing struct {
 	primary        *ringKey
 	keys           map[[4]byte]*ringKey
@@ -72,25 +63,18 @@ type ringOptions struct {
 	acceptUnsealed bool
 }
 
-// WithPreviousKeys adds keys that open records but never seal: the keys
-// that were primary before. See "Rotating keys" in the package
-// documentation.
+// WithPreviousKeys adds keys that open records but never seal.
 func WithPreviousKeys(keys ...[]byte) Option {
 	return func(o *ringOptions) { o.previous = append(o.previous, keys...) }
 }
 
-// WithUnsealedAccepted makes Open return a record that is not sealed as it
-// is, instead of refusing it with ErrUnsealed: for one retention after
-// sealing is turned on, so that records written before keep replaying. See
-// "Records written before sealing was turned on" in the package
-// documentation.
+// WithUnsealedAccepted makes Open return an unsealed record as it is.
 func WithUnsealedAccepted() Option {
 	return func(o *ringOptions) { o.acceptUnsealed = true }
 }
 
 // NewKeyRing returns a key ring that seals with primary. Every key must be
-// KeySize bytes and not all zero; a key given twice counts once. The ring
-// keeps no reference to the slices given.
+// KeySize bytes, not all zero; the ring keeps no reference to the slices.
 func NewKeyRing(primary []byte, opts ...Option) (*KeyRing, error) {
 	var o ringOptions
 	for _, opt := range opts {
@@ -109,7 +93,7 @@ func NewKeyRing(primary []byte, opts ...Option) (*KeyRing, error) {
 	return r, nil
 }
 
-// add adds key to the ring, or returns the one already there.
+// add adds key, or returns the same key already there.
 func (r *KeyRing) add(key []byte, name string) (*ringKey, error) {
 	if err := checkKey(key); err != nil {
 		return nil, fmt.Errorf("idemkey/seal: %s: %w", name, err)
@@ -137,8 +121,7 @@ func (r *KeyRing) add(key []byte, name string) (*ringKey, error) {
 	return k, nil
 }
 
-// same reports whether key is k's key: k keeps no copy of it, so it seals
-// a probe under key and opens it with k.
+// same reports whether key is k's: k keeps no copy, so it opens a probe.
 func (k *ringKey) same(key []byte) bool {
 	block, _ := aes.NewCipher(key) // checked by add
 	aead, _ := cipher.NewGCMWithRandomNonce(block)
@@ -162,9 +145,7 @@ func keyID(key []byte) [4]byte {
 	return [4]byte(sum[:4])
 }
 
-// KeyID returns the id that sealed records carry for key: 8 hex digits, the
-// first 4 bytes of a SHA-256 of it. It tells which key sealed a record, and
-// says nothing usable about the key. An error if key is not a valid key.
+// KeyID returns the id sealed records carry for key: 8 hex digits of a hash.
 func KeyID(key []byte) (string, error) {
 	if err := checkKey(key); err != nil {
 		return "", fmt.Errorf("idemkey/seal: %w", err)
@@ -176,8 +157,7 @@ func KeyID(key []byte) (string, error) {
 // PrimaryKeyID is the id of the key new records are sealed with.
 func (r *KeyRing) PrimaryKeyID() string { return hex.EncodeToString(r.primary.id[:]) }
 
-// KeyIDs are the ids of every key of the ring, the primary one first, then
-// the previous keys in the order given.
+// KeyIDs are the ids of the ring's keys, the primary first.
 func (r *KeyRing) KeyIDs() []string {
 	ids := make([]string, len(r.order))
 	for i, k := range r.order {
@@ -189,9 +169,7 @@ func (r *KeyRing) KeyIDs() []string {
 // Overhead is how many bytes Seal adds: the package's Overhead.
 func (r *KeyRing) Overhead() int { return Overhead }
 
-// Seal returns outcome sealed with the primary key for the record of key.
-// It does not modify outcome. Its error is always nil: it is there for
-// engine.Sealer, which a sealer that calls a key service implements too.
+// Seal seals outcome with the primary key for key's record; never an error.
 func (r *KeyRing) Seal(key store.Key, outcome []byte) ([]byte, error) {
 	out := make([]byte, headerSize, len(outcome)+Overhead)
 	copy(out, magic[:])
@@ -199,11 +177,8 @@ func (r *KeyRing) Seal(key store.Key, outcome []byte) ([]byte, error) {
 	return r.primary.aead.Seal(out, nil, outcome, additionalData(out[:headerSize], key)), nil
 }
 
-// Open returns the outcome of a record that Seal sealed for key, with any key
-// of the ring. Its errors match ErrUnknownKey, ErrNotAuthentic or
-// ErrUnsealed; a record that is not sealed is returned as it is if the ring
-// was built WithUnsealedAccepted. The outcome returned does not share
-// memory with record.
+// Open returns the outcome Seal sealed for key, in memory of its own; its
+// errors match ErrUnknownKey, ErrNotAuthentic or ErrUnsealed.
 func (r *KeyRing) Open(key store.Key, record []byte) ([]byte, error) {
 	id, sealed := keyIDOf(record)
 	if !sealed {
@@ -234,9 +209,7 @@ func additionalData(header []byte, key store.Key) []byte {
 	return append(append(make([]byte, 0, headerSize+len(key)), header...), key[:]...)
 }
 
-// SealedWith reports whether record is sealed, and with which key id (as
-// KeyID writes it), without opening it: for a tool that lists records, or
-// an engine with no key ring.
+// SealedWith reports whether record is sealed, and its key id, unopened.
 func SealedWith(record []byte) (keyID string, sealed bool) {
 	id, sealed := keyIDOf(record)
 	if !sealed {
@@ -245,8 +218,7 @@ func SealedWith(record []byte) (keyID string, sealed bool) {
 	return hex.EncodeToString(id[:]), true
 }
 
-// keyIDOf reads the key id of a sealed record. A record that starts with
-// the magic but is too short to hold a key id is sealed, with key id 0.
+// keyIDOf reads a sealed record's key id; 0 if it is too short to hold one.
 func keyIDOf(record []byte) (id [4]byte, sealed bool) {
 	if !bytes.HasPrefix(record, magic[:]) {
 		return id, false
@@ -257,12 +229,10 @@ func keyIDOf(record []byte) (id [4]byte, sealed bool) {
 	return id, true
 }
 
-// makeKey ends every error about a key's content: how to make one that
-// reads.
+// makeKey ends every error about a key's content.
 const makeKey = "make a key with head -c 32 /dev/urandom > seal.key, or openssl rand -hex 32 > seal.key"
 
-// ReadKeyFile reads a key from the file at path, as DecodeKey reads its
-// content. The error never holds the file's content.
+// ReadKeyFile reads a key file as DecodeKey; the error never holds content.
 func ReadKeyFile(path string) ([]byte, error) {
 	raw, err := os.ReadFile(path)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -278,13 +248,8 @@ func ReadKeyFile(path string) ([]byte, error) {
 	return key, nil
 }
 
-// DecodeKey reads a key from the content of a key file. Text (white space
-// around it aside) is read as 64 hex digits or the standard base64 of
-// KeySize bytes, and refused otherwise: a password, or 32 hex digits, is
-// not a key even when it is KeySize bytes long. Anything else must be
-// exactly KeySize bytes, as head -c 32 /dev/urandom writes them. The error
-// never holds raw's content; the key returned does not share memory with
-// it.
+// DecodeKey reads a key file's content: 64 hex digits or base64, or KeySize
+// bytes that are not text. The error never holds raw's content.
 func DecodeKey(raw []byte) ([]byte, error) {
 	if !isText(raw) {
 		if len(raw) != KeySize {
@@ -316,12 +281,7 @@ func DecodeKey(raw []byte) ([]byte, error) {
 	return key, nil
 }
 
-// isText reports whether raw is UTF-8 text: printable characters and white
-// space. 32 random bytes are text by chance with a probability of about
-// 2*10^-11 (printable ASCII alone, (95/256)^32, would be 2*10^-14; the other
-// characters of UTF-8 and white space add the rest), so a key that head -c
-// 32 /dev/urandom made is all but never refused as text, and one that is
-// gets the advice to make another.
+// isText reports whether raw is printable UTF-8, as 32 random bytes are about once in 5*10^10.
 func isText(raw []byte) bool {
 	if !utf8.Valid(raw) {
 		return false

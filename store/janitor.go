@@ -11,42 +11,23 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// DurationBuckets are the bucket boundaries, in seconds, of the
-// idemkey.store.duration histogram, which the engine and Janitor both
-// record: from half a millisecond, a fast store's statement, to 5s, the
-// postgres store's default timeout.
+// DurationBuckets are the idemkey.store.duration histogram's, in seconds.
 var DurationBuckets = []float64{0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5}
 
-// defaultSweepInterval is how often a Janitor sweeps unless told otherwise.
 const defaultSweepInterval = time.Minute
 
-// Janitor deletes expired records by calling the store's Sweep periodically,
-// for a store that implements Sweeper. It starts nothing on its own: run it in
-// a goroutine you own and stop it by cancelling the context.
-//
-//	j := &store.Janitor{Store: st, Logger: logger}
-//	go j.Run(ctx)
+// Janitor calls a Sweeper's Sweep periodically, in a goroutine you own:
+// go j.Run(ctx).
 type Janitor struct {
-	Store Store
-	// Interval between sweeps; a minute if zero.
-	Interval time.Duration
-	// BatchSize is passed to Sweep; DefaultSweepBatch if zero.
-	BatchSize int
-	// Logger receives a line per sweep that deleted records (Debug) or failed
-	// (Warn); nil discards.
-	Logger *slog.Logger
-	// MeterProvider receives the sweeps' metrics: idemkey.store.duration with
-	// idemkey.store.operation "sweep", and idemkey.sweep.deleted, the records
-	// deleted. Nil means otel.GetMeterProvider().
-	MeterProvider metric.MeterProvider
+	Store         Store
+	Interval      time.Duration        // between sweeps; a minute if zero
+	BatchSize     int                  // for Sweep; DefaultSweepBatch if zero
+	Logger        *slog.Logger         // Debug per sweep that deleted, Warn per failure; nil discards
+	MeterProvider metric.MeterProvider // idemkey.store.duration, idemkey.sweep.deleted; nil: the global one
 }
 
-// Run sweeps at once and then every Interval until ctx is done, and then
-// returns ctx's error. A failed sweep is logged and tried again at the next
-// tick: a store that is down for a while must not stop the janitor.
-//
-// A store that does not implement Sweeper expires its records by itself: Run
-// logs so at Info and returns nil at once, having nothing to do.
+// Run sweeps every Interval until ctx is done; a failed sweep is logged and
+// tried again. For a store that is no Sweeper it returns nil at once.
 func (j *Janitor) Run(ctx context.Context) error {
 	interval := j.Interval
 	if interval <= 0 {
@@ -75,7 +56,6 @@ func (j *Janitor) Run(ctx context.Context) error {
 		metric.WithDescription("Expired idempotency records the janitor deleted."))
 	sweepOK := metric.WithAttributes(attribute.String("idemkey.store.operation", "sweep"))
 	sweepFailed := metric.WithAttributes(attribute.String("idemkey.store.operation", "sweep"), attribute.String("error.type", "store_failed"))
-
 	ticker := time.NewTicker(interval)
 	defer ticker.Stop()
 	for {
