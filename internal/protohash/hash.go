@@ -17,8 +17,8 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Hash is protokey.HashRequest (whose comment states the canonical
-// encoding) with the field skip of req's own message left out (nil leaves
+// Hash is protokey.HashRequest (docs/grpc.md, "The fingerprint", states the
+// canonical encoding) with the field skip of req's own message left out (nil leaves
 // out nothing): a request's AIP-155 request_id, which carries the key rather
 // than the request. It lives here so that protokey, which users read, and
 // protokey/rpckit, the adapters' kit, share it without either exporting it
