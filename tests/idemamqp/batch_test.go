@@ -95,7 +95,7 @@ func TestBatch(t *testing.T) {
 					return errors.New("down")
 				}
 				return nil
-			}, idemamqp.WithDeadLetter(dl.deadLetter))
+			}, consumer.WithDeadLetter(dl.deadLetter))
 			publish := func(name string) {
 				f.publish("", amqp.Publishing{MessageId: ids[name], Body: []byte("body of " + name), DeliveryMode: amqp.Persistent})
 			}

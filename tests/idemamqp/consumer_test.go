@@ -67,7 +67,7 @@ func TestFinalFailure(t *testing.T) {
 				c := f.consumer(st, copts, func(ctx context.Context, d amqp.Delivery) error {
 					runs.Add(1)
 					return tc.err
-				}, idemamqp.WithDeadLetter(dl.deadLetter))
+				}, consumer.WithDeadLetter(dl.deadLetter))
 				p := amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))}
 				f.publish("", p)
 				_, ds := f.consume("", 1)
@@ -194,7 +194,7 @@ func TestRefused(t *testing.T) {
 			c := f.consumer(memory.New(), nil, func(ctx context.Context, d amqp.Delivery) error {
 				runs.Add(1)
 				return nil
-			}, idemamqp.WithDeadLetter(dl.deadLetter))
+			}, consumer.WithDeadLetter(dl.deadLetter))
 			p := amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))}
 			_, ds := f.consume("", 1)
 			if tc.first != nil {
@@ -386,7 +386,7 @@ func TestCloudEventsTenant(t *testing.T) {
 	c := f.consumer(memory.New(), nil, func(ctx context.Context, d amqp.Delivery) error {
 		runs.Add(1)
 		return nil
-	}, idemamqp.WithMessageID(idemamqp.CloudEventsID), idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) {
+	}, consumer.WithMessageID(idemamqp.CloudEventsID), consumer.WithMessageTenant(func(d amqp.Delivery) (string, error) {
 		s, _ := d.Headers["tenant"].(string)
 		return s, nil
 	}))
@@ -416,15 +416,12 @@ func TestNakCancelled(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	var runs atomic.Int32
-	c, err := idemamqp.New(f.core(memory.New(), nil, consumer.WithBackoff(time.Minute, time.Minute)), f.queue, f.args, func(ctx context.Context, d amqp.Delivery) error {
+	c := f.consumer(memory.New(), []consumer.Option{consumer.WithBackoff(time.Minute, time.Minute)}, func(ctx context.Context, d amqp.Delivery) error {
 		if runs.Add(1) == 1 {
 			return errors.New("the ledger is down")
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))})
 	_, ds := f.consume("", 1)
 
@@ -450,7 +447,7 @@ func TestDeliveryLimit(t *testing.T) {
 	c := f.consumer(memory.New(), nil, func(context.Context, amqp.Delivery) error {
 		runs.Add(1)
 		return errors.New("the ledger is down")
-	}, idemamqp.WithDeadLetter(h.deadLetter))
+	}, consumer.WithDeadLetter(h.deadLetter))
 	f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))})
 	_, ds := f.consume("", 1)
 	handle(t, c, next(t, ds), consumer.Retry, consumer.Nak)
