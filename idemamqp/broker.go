@@ -120,7 +120,7 @@ const busyDelay = time.Second
 //
 // A TTL set by a policy, rather than by the queue's arguments, is not
 // visible over AMQP: with such a policy, pass its TTL in args as
-// x-message-ttl, or build core with consumer.WithHorizonWarning.
+// x-message-ttl, or build the consumer with consumer.WithHorizonWarning.
 func redeliveryHorizon(queue string, args amqp.Table) consumer.Horizon {
 	ttl, ok, err := messageTTL(args)
 	switch {

@@ -37,16 +37,16 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	// This example keeps no dead letters: it says so. A real consumer
-	// gives idemamqp.WithDeadLetter a hook that keeps them.
-	core, err := consumer.New(eng, "billing", consumer.WithSystem("rabbitmq"), consumer.WithDiscardDeadLetters())
+	b, err := idemamqp.New("invoices", args) // the queue's args: AMQP cannot read them back
 	if err != nil {
 		log.Fatal(err)
 	}
-	c, err := idemamqp.New(core, "invoices", args, func(ctx context.Context, d amqp.Delivery) error {
+	// This example keeps no dead letters: it says so. A real consumer
+	// gives consumer.WithDeadLetter a hook that keeps them.
+	c, err := consumer.New(eng, "billing", b, func(ctx context.Context, d amqp.Delivery) error {
 		log.Printf("billing %d bytes", len(d.Body))
 		return nil
-	})
+	}, consumer.WithDiscardDeadLetters())
 	if err != nil {
 		log.Fatal(err)
 	}

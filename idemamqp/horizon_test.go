@@ -87,26 +87,27 @@ func TestNew(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			core, err := consumer.New(eng, "billing", opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
-			c, err := New(core, "invoices", tc.args, handler)
-			var herr *consumer.HorizonError
-			switch {
-			case tc.malformed != "":
+			b, err := New("invoices", tc.args)
+			if tc.malformed != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.malformed) || !strings.Contains(err.Error(), `queue "invoices"`) {
 					t.Errorf("New = %v; want an error that names the queue and says %q", err, tc.malformed)
 				}
-			case tc.unbounded || tc.bounded:
-				if !errors.As(err, &herr) || herr.Horizon.Unbounded != tc.unbounded {
-					t.Fatalf("New = %v; want a HorizonError, unbounded %v", err, tc.unbounded)
-				}
-				if !strings.Contains(err.Error(), "queue invoices") {
-					t.Errorf("the error does not name the queue: %v", err)
-				}
-			case err != nil || c == nil:
+			} else if err != nil {
 				t.Fatalf("New = %v", err)
+			} else {
+				c, err := consumer.New(eng, "billing", b, handler, opts...)
+				var herr *consumer.HorizonError
+				switch {
+				case tc.unbounded || tc.bounded:
+					if !errors.As(err, &herr) || herr.Horizon.Unbounded != tc.unbounded {
+						t.Fatalf("consumer.New = %v; want a HorizonError, unbounded %v", err, tc.unbounded)
+					}
+					if !strings.Contains(err.Error(), "queue invoices") {
+						t.Errorf("the error does not name the queue: %v", err)
+					}
+				case err != nil || c == nil:
+					t.Fatalf("consumer.New = %v", err)
+				}
 			}
 			if logged := strings.Contains(logs.String(), "WithHorizonWarning"); logged != (tc.warn && tc.malformed == "") {
 				t.Errorf("horizon warning logged: %v; want %v", logged, tc.warn)
@@ -151,7 +152,7 @@ func TestID(t *testing.T) {
 	}
 }
 
-// TestNoDeadLetter: New refuses a consumer with nowhere to put a dead
+// TestNoDeadLetter: consumer.New refuses a consumer of New's Broker with nowhere to put a dead
 // letter, naming both ways out, unless the consumer says it discards them.
 func TestNoDeadLetter(t *testing.T) {
 	args := amqp.Table{"x-message-ttl": int64(time.Hour / time.Millisecond)}
@@ -160,15 +161,16 @@ func TestNoDeadLetter(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	core, err := consumer.New(eng, "billing")
+	b, err := New("invoices", args)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := New(core, "invoices", args, handler); err == nil ||
+	if _, err := consumer.New(eng, "billing", b, handler); err == nil ||
 		!strings.Contains(err.Error(), "WithDeadLetter") || !strings.Contains(err.Error(), "consumer.WithDiscardDeadLetters") {
-		t.Fatalf("New without a dead-letter hook: %v, want an error naming WithDeadLetter and consumer.WithDiscardDeadLetters", err)
+		t.Fatalf("consumer.New without a dead-letter hook: %v, want an error naming WithDeadLetter and consumer.WithDiscardDeadLetters", err)
 	}
-	if _, err := New(core, "invoices", args, handler, WithDeadLetter(func(context.Context, amqp.Delivery, error) error { return nil })); err != nil {
-		t.Fatalf("New with a hook: %v", err)
+	keep := consumer.WithDeadLetter(func(context.Context, amqp.Delivery, error) error { return nil })
+	if _, err := consumer.New(eng, "billing", b, handler, keep); err != nil {
+		t.Fatalf("consumer.New with a hook: %v", err)
 	}
 }

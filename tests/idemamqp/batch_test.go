@@ -95,7 +95,7 @@ func TestBatch(t *testing.T) {
 					return errors.New("down")
 				}
 				return nil
-			}, idemamqp.WithDeadLetter(dl.deadLetter))
+			}, consumer.WithDeadLetter(dl.deadLetter))
 			publish := func(name string) {
 				f.publish("", amqp.Publishing{MessageId: ids[name], Body: []byte("body of " + name), DeliveryMode: amqp.Persistent})
 			}
@@ -149,5 +149,127 @@ func TestBatch(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestBatchSettled: HandleBatch acknowledges and rejects a batch's messages
+// at once, then requeues each that failed for now once its own delay has
+// passed, counted from the same start, the shortest first: a message
+// waiting out its backoff holds back neither the others' acknowledgements
+// nor their requeueing. The quorum queue counts deliveries, so a message on
+// its second delivery backs off longer than one on its first.
+func TestBatchSettled(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, amqp.Table{"x-queue-type": "quorum"})
+	ids := map[string]string{}
+	names := map[string]string{}
+	for _, name := range []string{"slow", "quick", "ok", "next1", "next2"} {
+		ids[name] = f.secret("id-" + name)
+		names[ids[name]] = name
+	}
+	var mu sync.Mutex
+	runs := map[string]int{}
+	dl := &hook{}
+	// WithBackoff(1s, …): 0.75s to 1s after a first delivery, 1.5s to 2s
+	// after a second.
+	c := f.consumer(memory.New(), []consumer.Option{consumer.WithBackoff(time.Second, 10*time.Second)}, func(_ context.Context, d amqp.Delivery) error {
+		name := names[d.MessageId]
+		mu.Lock()
+		runs[name]++
+		n := runs[name]
+		mu.Unlock()
+		switch {
+		case name == "slow" && n <= 2, name == "quick" && n == 1:
+			return errors.New("the ledger is down")
+		}
+		return nil
+	}, consumer.WithDeadLetter(dl.deadLetter))
+	publish := func(name string) {
+		p := amqp.Publishing{MessageId: ids[name], Body: []byte(f.secret("body"))}
+		if name == "noid" {
+			p.MessageId = ""
+		}
+		f.publish("", p)
+	}
+	const prefetch = 4
+	_, ds := f.consume("", prefetch)
+	publish("slow")
+	handle(t, c, next(t, ds), consumer.Retry, consumer.Nak) // its second delivery backs off longer
+
+	for _, name := range []string{"quick", "ok", "noid"} {
+		publish(name)
+	}
+	batch := take(t, ds, prefetch) // slow's second delivery, quick, ok, noid
+	// The prefetch is full: these wait for a slot.
+	publish("next1")
+	publish("next2")
+
+	start := time.Now()
+	done := make(chan []consumer.Result, 1)
+	go func() { done <- c.HandleBatch(t.Context(), batch) }()
+	type arrival struct {
+		d  amqp.Delivery
+		at time.Duration
+	}
+	var arrived []arrival
+	for range 4 {
+		d := next(t, ds)
+		arrived = append(arrived, arrival{d, time.Since(start)})
+	}
+	var results []consumer.Result
+	select {
+	case results = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("HandleBatch did not return")
+	}
+
+	byName := map[string]consumer.Result{}
+	for i, d := range batch {
+		name := names[d.MessageId]
+		if d.MessageId == "" {
+			name = "noid"
+		}
+		byName[name] = results[i]
+	}
+	for name, want := range map[string][2]any{
+		"slow":  {consumer.Retry, consumer.Nak},
+		"quick": {consumer.Retry, consumer.Nak},
+		"ok":    {consumer.Processed, consumer.Ack},
+		"noid":  {consumer.Rejected, consumer.Reject},
+	} {
+		if res := byName[name]; res.Outcome != want[0] || res.Action != want[1] {
+			t.Fatalf("%s: %v, want %v (%v)", name, res, want[0], want[1])
+		}
+	}
+	quick, slow := byName["quick"].Delay, byName["slow"].Delay
+	if quick >= slow {
+		t.Fatalf("delays: quick %v, slow %v; want the second delivery's longer", quick, slow)
+	}
+	if len(dl.errs) != 1 || !errors.Is(dl.errs[0], consumer.ErrNoID) {
+		t.Fatalf("dead letters %v, want the message without an id's", dl.errs)
+	}
+
+	// ok's acknowledgement and noid's rejection freed two slots at once:
+	// the waiting messages came before either requeued one.
+	var order []string
+	for _, a := range arrived {
+		order = append(order, names[a.d.MessageId])
+	}
+	if fmt.Sprint(order[:2]) != "[next1 next2]" && fmt.Sprint(order[:2]) != "[next2 next1]" || order[2] != "quick" || order[3] != "slow" {
+		t.Fatalf("deliveries after the batch: %v, want next1 and next2, then quick, then slow", order)
+	}
+	if at := arrived[2].at; at < quick {
+		t.Errorf("quick was requeued after %v, before its delay, %v", at, quick)
+	}
+	// slow's delay counts from the start, not from quick's requeueing.
+	if at := arrived[3].at; at < slow || at >= quick+slow {
+		t.Errorf("slow was requeued after %v; want after its delay, %v, and before %v", at, slow, quick+slow)
+	}
+
+	for _, a := range arrived {
+		handle(t, c, a.d, consumer.Processed, consumer.Ack)
+	}
+	if want := map[string]int{"slow": 3, "quick": 2, "ok": 1, "next1": 1, "next2": 1}; fmt.Sprint(runs) != fmt.Sprint(want) {
+		t.Fatalf("runs %v, want %v", runs, want)
 	}
 }

@@ -13,10 +13,12 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
 	"github.com/idemkey/idemkey/tests/amqptest"
+	"github.com/idemkey/idemkey/tests/busystore"
 )
 
 // A message is processed once: the same message published again is
@@ -67,7 +69,7 @@ func TestFinalFailure(t *testing.T) {
 				c := f.consumer(st, copts, func(ctx context.Context, d amqp.Delivery) error {
 					runs.Add(1)
 					return tc.err
-				}, idemamqp.WithDeadLetter(dl.deadLetter))
+				}, consumer.WithDeadLetter(dl.deadLetter))
 				p := amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))}
 				f.publish("", p)
 				_, ds := f.consume("", 1)
@@ -194,7 +196,7 @@ func TestRefused(t *testing.T) {
 			c := f.consumer(memory.New(), nil, func(ctx context.Context, d amqp.Delivery) error {
 				runs.Add(1)
 				return nil
-			}, idemamqp.WithDeadLetter(dl.deadLetter))
+			}, consumer.WithDeadLetter(dl.deadLetter))
 			p := amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))}
 			_, ds := f.consume("", 1)
 			if tc.first != nil {
@@ -386,7 +388,7 @@ func TestCloudEventsTenant(t *testing.T) {
 	c := f.consumer(memory.New(), nil, func(ctx context.Context, d amqp.Delivery) error {
 		runs.Add(1)
 		return nil
-	}, idemamqp.WithMessageID(idemamqp.CloudEventsID), idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) {
+	}, consumer.WithMessageID(idemamqp.CloudEventsID), consumer.WithMessageTenant(func(d amqp.Delivery) (string, error) {
 		s, _ := d.Headers["tenant"].(string)
 		return s, nil
 	}))
@@ -416,15 +418,12 @@ func TestNakCancelled(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, nil)
 	var runs atomic.Int32
-	c, err := idemamqp.New(f.core(memory.New(), nil, consumer.WithBackoff(time.Minute, time.Minute)), f.queue, f.args, func(ctx context.Context, d amqp.Delivery) error {
+	c := f.consumer(memory.New(), []consumer.Option{consumer.WithBackoff(time.Minute, time.Minute)}, func(ctx context.Context, d amqp.Delivery) error {
 		if runs.Add(1) == 1 {
 			return errors.New("the ledger is down")
 		}
 		return nil
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
 	f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))})
 	_, ds := f.consume("", 1)
 
@@ -450,7 +449,7 @@ func TestDeliveryLimit(t *testing.T) {
 	c := f.consumer(memory.New(), nil, func(context.Context, amqp.Delivery) error {
 		runs.Add(1)
 		return errors.New("the ledger is down")
-	}, idemamqp.WithDeadLetter(h.deadLetter))
+	}, consumer.WithDeadLetter(h.deadLetter))
 	f.publish("", amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))})
 	_, ds := f.consume("", 1)
 	handle(t, c, next(t, ds), consumer.Retry, consumer.Nak)
@@ -461,5 +460,91 @@ func TestDeliveryLimit(t *testing.T) {
 	}
 	if n := runs.Load(); n != 3 {
 		t.Fatalf("the handler ran %d times; want 3", n)
+	}
+}
+
+// TestBusyRequeued: a copy of a message in progress on another worker is
+// requeued after at most a second on a queue without a delivery limit,
+// though the run it waits for holds its id for a minute; on a quorum queue
+// with an x-delivery-limit, whose deliveries a requeue spends, it is held
+// for the rest of that run's lease. Once the run ends, the copy is a
+// duplicate.
+func TestBusyRequeued(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		args  amqp.Table
+		lease time.Duration // the engine's; its default, a minute, if zero
+	}{
+		{"no limit", nil, 0},
+		{"limit", amqp.Table{"x-queue-type": "quorum", "x-delivery-limit": int64(5)}, 3 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			f := newFixture(t, tc.args)
+			st := busystore.New(memory.New())
+			var eopts []engine.Option
+			if tc.lease > 0 {
+				eopts = append(eopts, engine.WithLease(tc.lease))
+			}
+			started, release := make(chan struct{}), make(chan struct{})
+			var runs atomic.Int32
+			c := f.consumerWith(st, eopts, nil, func(context.Context, amqp.Delivery) error {
+				if runs.Add(1) == 1 {
+					close(started)
+					<-release
+				}
+				return nil
+			})
+			p := amqp.Publishing{MessageId: f.secret("id"), Body: []byte(f.secret("body"))}
+			f.publish("", p)
+			f.publish("", p)
+			_, dsA := f.consume("", 1)
+			_, dsB := f.consume("", 1)
+			first := make(chan consumer.Result, 1)
+			d := next(t, dsA)
+			go func() { first <- c.Handle(t.Context(), d) }()
+			<-started
+
+			// The copy finds the first in progress (busystore.Busy); the
+			// first run then ends, and the copy is requeued after its
+			// delay all the same.
+			dup := next(t, dsB)
+			start := time.Now()
+			second := make(chan consumer.Result, 1)
+			go func() { second <- c.Handle(busystore.LastDelivery(t.Context()), dup) }()
+			select {
+			case <-st.Busy():
+			case <-time.After(10 * time.Second):
+				t.Fatal("the copy did not find the message in progress")
+			}
+			close(release)
+			if res := <-first; res.Outcome != consumer.Processed {
+				t.Fatalf("the first run: %v, want processed", res)
+			}
+			res := <-second
+			took := time.Since(start)
+			if res.Outcome != consumer.Busy || res.Action != consumer.Nak {
+				t.Fatalf("the copy: %v, want busy, requeued", res)
+			}
+			if tc.lease == 0 {
+				if res.Delay < 30*time.Second || took < time.Second || took > 10*time.Second {
+					t.Errorf("the copy was requeued after %v, its delay %v; want after a second, though the run's lease ran for a minute", took, res.Delay)
+				}
+			} else if res.Delay < time.Second || took < res.Delay {
+				t.Errorf("the copy was requeued after %v, its delay %v; want after the rest of the run's lease", took, res.Delay)
+			}
+			// RabbitMQ requeues the copy to either worker.
+			var again amqp.Delivery
+			select {
+			case again = <-dsA:
+			case again = <-dsB:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the copy was not delivered again within 5s")
+			}
+			handle(t, c, again, consumer.Duplicate, consumer.Ack)
+			if n := runs.Load(); n != 1 {
+				t.Errorf("the handler ran %d times; want once", n)
+			}
+		})
 	}
 }

@@ -10,7 +10,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/idemkey/idemkey/consumer"
-	"github.com/idemkey/idemkey/idemamqp"
 )
 
 // TestExpired: a message whose timestamp is older than the retention, and
@@ -28,7 +27,7 @@ func TestExpired(t *testing.T) {
 			c := f.consumer(st, copts, func(context.Context, amqp.Delivery) error {
 				runs.Add(1)
 				return nil
-			}, idemamqp.WithDeadLetter(dead.deadLetter))
+			}, consumer.WithDeadLetter(dead.deadLetter))
 			id, body := f.secret("id"), f.secret("body")
 			old := time.Now().Add(-consumer.RecommendedRetention - time.Hour)
 			f.publish("", amqp.Publishing{MessageId: id, Body: []byte(body), Timestamp: old})

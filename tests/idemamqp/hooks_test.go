@@ -10,7 +10,6 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemamqp"
 	"github.com/idemkey/idemkey/internal/hooklog"
 )
 
@@ -29,7 +28,7 @@ func TestHooks(t *testing.T) {
 			c := f.consumerWith(st, []engine.Option{engine.WithHooks(hooks.Hooks())}, copts, func(context.Context, amqp.Delivery) error {
 				runs.Add(1)
 				return nil
-			}, idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return d.AppId, nil }))
+			}, consumer.WithMessageTenant(func(d amqp.Delivery) (string, error) { return d.AppId, nil }))
 			tenant := f.secret("tenant")
 			_, ds := f.consume("", 1)
 			for _, panics := range []bool{false, true} {

@@ -23,10 +23,10 @@ type suiteRig struct {
 	conn  *amqp.Connection
 	pub   *amqp.Channel
 	queue string
-	c     *idemamqp.Consumer
+	b     consumer.Broker[amqp.Delivery]
 }
 
-func newSuiteRig(t *testing.T, cfg brokertest.Config) (brokertest.Rig, error) {
+func newSuiteRig(t *testing.T, cfg brokertest.Config) brokertest.Rig[amqp.Delivery] {
 	args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": ttl}
 	if cfg.MaxDeliveries > 0 {
 		// RabbitMQ counts the deliveries after the first.
@@ -34,22 +34,18 @@ func newSuiteRig(t *testing.T, cfg brokertest.Config) (brokertest.Rig, error) {
 	}
 	conn := amqptest.Conn(t)
 	queue := amqptest.Queue(t, conn, args)
-	var opts []idemamqp.Option
-	if cfg.DeadLetter != nil {
-		opts = append(opts, idemamqp.WithDeadLetter(func(_ context.Context, _ amqp.Delivery, err error) error { return cfg.DeadLetter(err) }))
-	}
-	c, err := idemamqp.New(cfg.Core, queue, args, func(ctx context.Context, d amqp.Delivery) error {
-		return cfg.Handler(ctx, d.MessageId)
-	}, opts...)
+	b, err := idemamqp.New(queue, args)
 	if err != nil {
-		return nil, err
+		t.Fatal(err)
 	}
 	pub := amqptest.Channel(t, conn)
 	if err := pub.Confirm(false); err != nil {
 		t.Fatal(err)
 	}
-	return &suiteRig{conn: conn, pub: pub, queue: queue, c: c}, nil
+	return &suiteRig{conn: conn, pub: pub, queue: queue, b: b}
 }
+
+func (r *suiteRig) Broker() consumer.Broker[amqp.Delivery] { return r.b }
 
 func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	t.Helper()
@@ -62,7 +58,7 @@ func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	}
 }
 
-func (r *suiteRig) Consume(ctx context.Context, t *testing.T, report func(consumer.Result)) {
+func (r *suiteRig) Consume(ctx context.Context, t *testing.T, handle func(amqp.Delivery)) {
 	ch, err := r.conn.Channel()
 	if err != nil {
 		t.Error(err)
@@ -86,7 +82,7 @@ func (r *suiteRig) Consume(ctx context.Context, t *testing.T, report func(consum
 			if !ok {
 				return
 			}
-			report(r.c.Handle(ctx, d))
+			handle(d)
 		}
 	}
 }
