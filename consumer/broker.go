@@ -32,8 +32,9 @@ type Broker[M any] interface {
 	// Tenant. An error refuses m. Neither Read's errors nor ID's quote m.
 	Read(m M) (Delivery, error)
 	// Settle tells the broker what became of ms, results[i] of ms[i]: Ack,
-	// Nak after Result.Delay, or Reject. Its error is logged: the broker
-	// delivers an unsettled message again, and it is dropped as a duplicate.
+	// Nak after Result.Delay, or Reject. It may lower a Nak's Delay to the
+	// one it used. Its error is logged: the broker delivers an unsettled
+	// message again, and it is dropped as a duplicate.
 	Settle(ctx context.Context, ms []M, results []Result) error
 	// Horizons says, from the broker's settings, how long after a message is
 	// first processed the broker may deliver it again; New refuses a

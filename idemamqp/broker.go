@@ -52,6 +52,9 @@ func (*broker) ID(d amqp.Delivery) (string, error) { return MessageID(d) }
 
 func (b *broker) Read(d amqp.Delivery) (consumer.Delivery, error) {
 	n := attempt(d.Headers)
+	if b.deliveryLimit >= 0 {
+		n = max(n, 1) // a quorum queue's first delivery has no count
+	}
 	return consumer.Delivery{
 		Body:        d.Body,
 		Attempt:     n,
@@ -86,10 +89,13 @@ func (b *broker) Settle(ctx context.Context, ds []amqp.Delivery, results []consu
 			later = append(later, i)
 		}
 	}
-	slices.SortStableFunc(later, func(i, j int) int { return cmp.Compare(b.delay(results[i]), b.delay(results[j])) })
+	for _, i := range later {
+		results[i].Delay = b.delay(results[i])
+	}
+	slices.SortStableFunc(later, func(i, j int) int { return cmp.Compare(results[i].Delay, results[j].Delay) })
 	start := time.Now()
 	for _, i := range later {
-		store.Pause(ctx, b.delay(results[i])-time.Since(start)) // unless ctx ends first, or would within it
+		store.Pause(ctx, results[i].Delay-time.Since(start)) // unless ctx ends first, or would within it
 		errs = append(errs, ds[i].Nack(false, true))
 	}
 	return errors.Join(errs...)

@@ -10,8 +10,9 @@ import (
 )
 
 // TestRead: a delivery's attempt comes from a quorum queue's
-// x-delivery-count, and its last delivery from the x-delivery-limit New was
-// given; a classic queue's deliveries never tell either.
+// x-delivery-count (none on its first), and its last delivery from the
+// x-delivery-limit New was given, 0 making the first the last; a classic
+// queue's deliveries never tell either.
 func TestRead(t *testing.T) {
 	sent := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for _, tc := range []struct {
@@ -23,11 +24,12 @@ func TestRead(t *testing.T) {
 	}{
 		{"classic, first", nil, amqp.Delivery{}, 0, false},
 		{"classic, redelivered", nil, amqp.Delivery{Redelivered: true}, 0, false},
-		{"quorum, first", amqp.Table{"x-delivery-limit": int64(2)}, amqp.Delivery{}, 0, false},
+		{"quorum, first", amqp.Table{"x-delivery-limit": int64(2)}, amqp.Delivery{}, 1, false},
+		{"quorum, limit 0", amqp.Table{"x-delivery-limit": int64(0)}, amqp.Delivery{}, 1, true},
 		{"quorum, second", amqp.Table{"x-delivery-limit": int64(2)}, amqp.Delivery{Redelivered: true, Headers: amqp.Table{"x-delivery-count": int64(1)}}, 2, false},
 		{"quorum, last", amqp.Table{"x-delivery-limit": int64(2)}, amqp.Delivery{Redelivered: true, Headers: amqp.Table{"x-delivery-count": int64(2)}}, 3, true},
 		{"quorum, no limit given", amqp.Table{"x-queue-type": "quorum"}, amqp.Delivery{Redelivered: true, Headers: amqp.Table{"x-delivery-count": int64(30)}}, 31, false},
-		{"negative count", amqp.Table{"x-delivery-limit": 2}, amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(-1)}}, 0, false},
+		{"negative count", amqp.Table{"x-delivery-limit": 2}, amqp.Delivery{Headers: amqp.Table{"x-delivery-count": int64(-1)}}, 1, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b, err := New("q", tc.args)
