@@ -75,6 +75,14 @@ func ok(context.Context, jetstream.Msg) error { return nil }
 // dead-letter hook that keeps what it is given, then opts.
 func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h func(context.Context, jetstream.Msg) error, eopts []engine.Option, opts ...consumer.Option) *rig {
 	t.Helper()
+	return newWrappedRig(t, js, st, h, nil, eopts, opts...)
+}
+
+// newWrappedRig is newRig, whose consumer reads and settles its messages
+// through wrap of idemnats's Broker, if wrap is not nil.
+func newWrappedRig(t *testing.T, js jetstream.JetStream, st store.Store, h func(context.Context, jetstream.Msg) error,
+	wrap func(consumer.Broker[jetstream.Msg]) consumer.Broker[jetstream.Msg], eopts []engine.Option, opts ...consumer.Option) *rig {
+	t.Helper()
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
 	name := natstest.Name("c")
 	cons, err := stream.CreateConsumer(t.Context(), bounded(name))
@@ -97,7 +105,11 @@ func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h func(context
 		r.dead = append(r.dead, err)
 		return nil
 	})
-	r.c, err = consumer.New(newEngine(t, st, eopts...), name, newBroker(t, stream, cons), counted, append([]consumer.Option{fast, keep}, opts...)...)
+	b := newBroker(t, stream, cons)
+	if wrap != nil {
+		b = wrap(b)
+	}
+	r.c, err = consumer.New(newEngine(t, st, eopts...), name, b, counted, append([]consumer.Option{fast, keep}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
