@@ -183,7 +183,7 @@ func UniqueMessageID(msg jetstream.Msg) (string, error) {
 }
 
 // CloudEventsID is the id of a CloudEvent in NATS's binary content mode: its
-// ce-id header (WithMessageID(CloudEventsID)).
+// ce-id header (consumer.WithMessageID(idemnats.CloudEventsID)).
 func CloudEventsID(msg jetstream.Msg) (string, error) {
 	return header(msg, "ce-id")
 }

@@ -15,7 +15,7 @@ func TestDuplicateWindowErrorNamesTheFix(t *testing.T) {
 	} {
 		msg := e.Error()
 		for _, want := range []string{`consumer "charges"`, "stream " + e.Stream, "Nats-Msg-Id", "unique across tenants",
-			"WithMessageIDsUniqueAcrossTenants", "WithMessageID", "cannot be turned off"} {
+			"consumer.WithMessageID(idemnats.UniqueMessageID)", "WithMessageID", "cannot be turned off"} {
 			if !strings.Contains(msg, want) {
 				t.Errorf("%q does not say %q", msg, want)
 			}

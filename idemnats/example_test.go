@@ -44,14 +44,14 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	core, err := consumer.New(eng, "billing", consumer.WithSystem("nats"))
+	b, err := idemnats.New(ctx, stream, cons)
 	if err != nil {
-		log.Fatal(err)
+		log.Fatal(err) // a consumer that does not acknowledge explicitly, say
 	}
-	c, err := idemnats.New(ctx, core, stream, cons, func(ctx context.Context, msg jetstream.Msg) error {
+	c, err := consumer.New(eng, "billing", b, func(ctx context.Context, msg jetstream.Msg) error {
 		log.Printf("billing %d bytes", len(msg.Data()))
 		return nil
-	}, idemnats.WithDeadLetter(func(ctx context.Context, msg jetstream.Msg, err error) error {
+	}, consumer.WithDeadLetter(func(ctx context.Context, msg jetstream.Msg, err error) error {
 		dead := nats.NewMsg("orders.dead")
 		dead.Data = msg.Data()
 		dead.Header.Set("idemkey-error", consumer.Cause(err)) // idemkey's words, never the handler's

@@ -98,7 +98,7 @@ func TestBatch(t *testing.T) {
 					return errors.New("down")
 				}
 				return nil
-			}, nil, copts, idemnats.WithMessageID(orderID))
+			}, nil, append(copts, consumer.WithMessageID(orderID))...)
 			publish := func(name string) { r.publish("", "body of "+name, "order-id", name) }
 
 			it, err := r.cons.Messages(jetstream.PullMaxMessages(16))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -25,20 +26,20 @@ func TestMain(m *testing.M) { leakcheck.Main(m) }
 // fast keeps redeliveries quick in tests.
 var fast = consumer.WithBackoff(20*time.Millisecond, 100*time.Millisecond)
 
-// bounded is a consumer whose redelivery horizon (3 deliveries) is far
-// shorter than any retention.
+// bounded is a consumer whose redelivery horizon (20 deliveries of a
+// second's ack wait, or a nak's backoff) is far shorter than any retention.
 func bounded(name string) jetstream.ConsumerConfig {
 	return jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckExplicitPolicy, AckWait: time.Second, MaxDeliver: 20}
 }
 
-// rig is one stream with one durable consumer, processed by an
-// idemnats.Consumer whose handler counts its runs by message id.
+// rig is one stream with one durable consumer, processed by a consumer on
+// idemnats's Broker whose handler counts its runs by message id.
 type rig struct {
 	t      *testing.T
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	cons   jetstream.Consumer
-	c      *idemnats.Consumer
+	c      *consumer.Consumer[jetstream.Msg]
 
 	mu      sync.Mutex
 	runs    map[string]int
@@ -46,25 +47,41 @@ type rig struct {
 	dead    []error
 }
 
-// newCore is a consumer core named name with opts, on an engine on st with
-// the retention consumers are given, then eopts.
-func newCore(t *testing.T, st store.Store, name string, eopts []engine.Option, opts ...consumer.Option) *consumer.Consumer {
+// newEngine is an engine on st with the retention consumers are given,
+// then eopts.
+func newEngine(t *testing.T, st store.Store, eopts ...engine.Option) *engine.Engine {
 	t.Helper()
 	eng, err := engine.New(st, append([]engine.Option{engine.WithRetention(consumer.RecommendedRetention)}, eopts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The tests that read dead letters set a hook; the others discard them.
-	core, err := consumer.New(eng, name, append([]consumer.Option{consumer.WithDiscardDeadLetters()}, opts...)...)
+	return eng
+}
+
+// newBroker is idemnats's Broker of cons, a consumer of stream.
+func newBroker(t *testing.T, stream jetstream.Stream, cons jetstream.Consumer) consumer.Broker[jetstream.Msg] {
+	t.Helper()
+	b, err := idemnats.New(t.Context(), stream, cons)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return core
+	return b
 }
 
-// newRig is a rig on st, whose core's engine has eopts, and the core
-// coreOpts.
-func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Handler, eopts []engine.Option, coreOpts []consumer.Option, opts ...idemnats.Option) *rig {
+// ok is a handler that succeeds.
+func ok(context.Context, jetstream.Msg) error { return nil }
+
+// newRig is a rig on st, whose engine has eopts, and whose consumer has a
+// dead-letter hook that keeps what it is given, then opts.
+func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h func(context.Context, jetstream.Msg) error, eopts []engine.Option, opts ...consumer.Option) *rig {
+	t.Helper()
+	return newWrappedRig(t, js, st, h, nil, eopts, opts...)
+}
+
+// newWrappedRig is newRig, whose consumer reads and settles its messages
+// through wrap of idemnats's Broker, if wrap is not nil.
+func newWrappedRig(t *testing.T, js jetstream.JetStream, st store.Store, h func(context.Context, jetstream.Msg) error,
+	wrap func(consumer.Broker[jetstream.Msg]) consumer.Broker[jetstream.Msg], eopts []engine.Option, opts ...consumer.Option) *rig {
 	t.Helper()
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{Duplicates: 100 * time.Millisecond})
 	name := natstest.Name("c")
@@ -72,7 +89,6 @@ func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Han
 	if err != nil {
 		t.Fatal(err)
 	}
-	core := newCore(t, st, name, eopts, append([]consumer.Option{fast, consumer.WithSystem("nats")}, coreOpts...)...)
 	r := &rig{t: t, js: js, stream: stream, cons: cons, runs: map[string]int{}, results: map[consumer.Outcome]int{}}
 	counted := func(ctx context.Context, msg jetstream.Msg) error {
 		r.mu.Lock()
@@ -83,13 +99,17 @@ func newRig(t *testing.T, js jetstream.JetStream, st store.Store, h idemnats.Han
 		}
 		return h(ctx, msg)
 	}
-	opts = append([]idemnats.Option{idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
+	keep := consumer.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.dead = append(r.dead, err)
 		return nil
-	})}, opts...)
-	r.c, err = idemnats.New(t.Context(), core, stream, cons, counted, opts...)
+	})
+	b := newBroker(t, stream, cons)
+	if wrap != nil {
+		b = wrap(b)
+	}
+	r.c, err = consumer.New(newEngine(t, st, eopts...), name, b, counted, append([]consumer.Option{fast, keep}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,19 +217,19 @@ func (r *rig) outcomes() map[consumer.Outcome]int {
 // of two tenants is two messages.
 func TestRefusedMessagesTerminated(t *testing.T) {
 	_, js := natstest.Connect(t)
-	tenants := idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) {
+	tenants := consumer.WithMessageTenant(func(msg jetstream.Msg) (string, error) {
 		if tn := msg.Headers().Get("tenant"); tn == "acme" || tn == "globex" {
 			return tn, nil
 		}
 		return "", errors.New("unknown tenant")
 	})
-	orderID := idemnats.WithMessageID(func(msg jetstream.Msg) (string, error) {
+	orderID := consumer.WithMessageID(func(msg jetstream.Msg) (string, error) {
 		if v := msg.Headers().Values("order-id"); len(v) == 1 {
 			return v[0], nil
 		}
 		return "", fmt.Errorf("%w: no order-id header", consumer.ErrNoID)
 	})
-	r := newRig(t, js, memory.New(), nil, nil, nil, tenants, orderID)
+	r := newRig(t, js, memory.New(), nil, nil, tenants, orderID)
 	r.publish("", "no id", "tenant", "acme")
 	r.publish("", "no tenant", "order-id", "x")
 	r.publish("", "first body", "order-id", "a", "tenant", "acme")
@@ -235,7 +255,7 @@ func TestRedeliveryWhileRunning(t *testing.T) {
 	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
 		once.Do(func() { time.Sleep(2500 * time.Millisecond) }) // more than twice the ack wait
 		return nil
-	}, nil, nil)
+	}, nil)
 	r.publish("a", "charge")
 	var wg sync.WaitGroup
 	results := make(chan consumer.Result, 100)
@@ -287,7 +307,7 @@ func TestBrokerRestartMidStream(t *testing.T) {
 	r := newRig(t, js, memory.New(), func(context.Context, jetstream.Msg) error {
 		time.Sleep(2 * time.Millisecond)
 		return nil
-	}, nil, nil)
+	}, nil)
 	const n = 300
 	for i := range n {
 		r.publish(fmt.Sprint(i), fmt.Sprint("charge ", i))
@@ -335,6 +355,8 @@ func TestBrokerRestartMidStream(t *testing.T) {
 
 // TestNewChecksHorizon: a consumer JetStream may redeliver from forever is
 // refused unless the operator accepts it; one within the retention is not.
+// consumer.New refuses, from what idemnats's Broker read of the stream and
+// the consumer; idemnats.New, which reads them, does not.
 func TestNewChecksHorizon(t *testing.T) {
 	_, js := natstest.Connect(t)
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{})
@@ -342,23 +364,38 @@ func TestNewChecksHorizon(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := func(context.Context, jetstream.Msg) error { return nil }
-	core := newCore(t, memory.New(), "d", nil)
-	_, err = idemnats.New(t.Context(), core, stream, cons, h)
+	b := newBroker(t, stream, cons)
+	discard := consumer.WithDiscardDeadLetters()
+	_, err = consumer.New(newEngine(t, memory.New()), "d", b, ok, discard)
 	var herr *consumer.HorizonError
 	if !errors.As(err, &herr) || !herr.Horizon.Unbounded {
 		t.Fatalf("New on an unbounded consumer: %v, want a HorizonError", err)
 	}
-	core = newCore(t, memory.New(), "d", []engine.Option{engine.WithLogger(nil)}, consumer.WithHorizonWarning())
-	if _, err := idemnats.New(t.Context(), core, stream, cons, h); err != nil {
+	if _, err := consumer.New(newEngine(t, memory.New(), engine.WithLogger(nil)), "d", b, ok, discard, consumer.WithHorizonWarning()); err != nil {
 		t.Fatalf("New with WithHorizonWarning: %v", err)
 	}
-	core = newCore(t, memory.New(), "d", []engine.Option{engine.WithRetention(time.Hour)})
 	short, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: "e", AckPolicy: jetstream.AckExplicitPolicy, MaxDeliver: 100, AckWait: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := idemnats.New(t.Context(), core, stream, short, h); !errors.As(err, &herr) || herr.Horizon.Bound != 100*time.Minute {
+	eng := newEngine(t, memory.New(), engine.WithRetention(time.Hour))
+	if _, err := consumer.New(eng, "d", newBroker(t, stream, short), ok, discard); !errors.As(err, &herr) || herr.Horizon.Bound != 100*time.Minute {
 		t.Fatalf("New with 1h retention on a 100-minute horizon: %v, want a HorizonError", err)
+	}
+}
+
+// TestNewRefusesImplicitAck: idemnats.New refuses a consumer that does not
+// acknowledge explicitly: JetStream would not redeliver what a worker did
+// not finish.
+func TestNewRefusesImplicitAck(t *testing.T) {
+	_, js := natstest.Connect(t)
+	stream := natstest.Stream(t, js, jetstream.StreamConfig{MaxAge: time.Hour})
+	name := natstest.Name("c")
+	cons, err := stream.CreateConsumer(t.Context(), jetstream.ConsumerConfig{Durable: name, AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := idemnats.New(t.Context(), stream, cons); err == nil || !strings.Contains(err.Error(), "AckExplicitPolicy") {
+		t.Fatalf("idemnats.New on a consumer without acknowledgements: %v, want a refusal that names AckExplicitPolicy", err)
 	}
 }

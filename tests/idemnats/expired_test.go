@@ -20,7 +20,7 @@ func TestExpired(t *testing.T) {
 	_, js := natstest.Connect(t)
 	const retention = time.Second
 	r := newRig(t, js, memory.New(), nil, []engine.Option{engine.WithRetention(retention), engine.WithMaxLease(retention),
-		engine.WithClockSkew(0), engine.WithLogger(nil)}, []consumer.Option{consumer.WithHorizonWarning()})
+		engine.WithClockSkew(0), engine.WithLogger(nil)}, consumer.WithHorizonWarning())
 	r.publish("a", "charge 1")
 	time.Sleep(retention + 100*time.Millisecond) // JetStream's clock stamped it; both clocks are this machine's
 	r.consume(1)

@@ -9,7 +9,6 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/hooklog"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -26,7 +25,7 @@ import (
 // that JetStream's duplicate window drops none of the resends. On memory,
 // and on PostgreSQL in both modes.
 func TestHooks(t *testing.T) {
-	orderID := idemnats.WithMessageID(func(msg jetstream.Msg) (string, error) {
+	orderID := consumer.WithMessageID(func(msg jetstream.Msg) (string, error) {
 		if v := msg.Headers().Values("order-id"); len(v) == 1 {
 			return v[0], nil
 		}
@@ -45,11 +44,11 @@ func TestHooks(t *testing.T) {
 			_, js := natstest.Connect(t)
 			var hooks hooklog.Log
 			logger, logs := logtest.New()
-			var opts []consumer.Option
+			opts := []consumer.Option{orderID, tenantHeader}
 			if tc.atomic {
 				opts = append(opts, consumer.WithAtomic())
 			}
-			r := newRig(t, js, tc.store(t), nil, []engine.Option{engine.WithHooks(hooks.Hooks()), engine.WithLogger(logger)}, opts, orderID, tenantHeader)
+			r := newRig(t, js, tc.store(t), nil, []engine.Option{engine.WithHooks(hooks.Hooks()), engine.WithLogger(logger)}, opts...)
 			for _, panics := range []bool{false, true} {
 				hooks.Panics.Store(panics)
 				id := fmt.Sprint("order-secret-", panics)

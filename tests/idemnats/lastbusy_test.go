@@ -3,6 +3,7 @@ package idemnats_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -13,7 +14,6 @@ import (
 
 	"github.com/idemkey/idemkey/consumer"
 	"github.com/idemkey/idemkey/engine"
-	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/logtest"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/tests/busystore"
@@ -48,7 +48,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 			}
 			st := busystore.New(memory.New())
 			logger, logs := logtest.New()
-			core := newCore(t, st, name, []engine.Option{engine.WithLogger(logger)}, fast)
+			eng := newEngine(t, st, engine.WithLogger(logger))
 			t.Cleanup(func() {
 				if t.Failed() {
 					t.Logf("the consumer's log:\n%s", logs)
@@ -59,21 +59,24 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 			var runs atomic.Int32
 			var mu sync.Mutex
 			var dead []error
-			c, err := idemnats.New(t.Context(), core, stream, cons,
-				func(context.Context, jetstream.Msg) error {
-					if runs.Add(1) == 1 {
-						close(started)
-						<-release
-						return errors.New("ledger unreachable")
-					}
-					return tc.again
-				},
-				idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
-					mu.Lock()
-					defer mu.Unlock()
-					dead = append(dead, err)
-					return nil
-				}))
+			keep := consumer.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error {
+				mu.Lock()
+				defer mu.Unlock()
+				dead = append(dead, err)
+				return nil
+			})
+			// The busy deliveries are redelivered at once, not at the end
+			// of the first run's lease (a minute): the test ends well
+			// before it.
+			b := quickBusy{newBroker(t, stream, cons)}
+			c, err := consumer.New(eng, name, b, func(context.Context, jetstream.Msg) error {
+				if runs.Add(1) == 1 {
+					close(started)
+					<-release
+					return errors.New("ledger unreachable")
+				}
+				return tc.again
+			}, fast, keep)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -102,15 +105,7 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 					ctx = busystore.LastDelivery(ctx)
 				}
 				workers.Go(func() {
-					// The busy deliveries are redelivered at once, not at the
-					// end of the first run's lease (a minute): the test ends
-					// well before it.
-					res := c.Process(ctx, msg)
-					if res.Outcome == consumer.Busy {
-						res.Delay = min(res.Delay, 50*time.Millisecond)
-					}
-					c.Settle(ctx, msg, res)
-					results <- handled{meta.NumDelivered, res}
+					results <- handled{meta.NumDelivered, c.Handle(ctx, msg)}
 				})
 			})
 			if err != nil {
@@ -168,4 +163,18 @@ func TestLastDeliveryWhileBusy(t *testing.T) {
 			}
 		})
 	}
+}
+
+// quickBusy is a Broker that has JetStream redeliver a message in progress
+// elsewhere (Busy) after at most 50ms, whatever the Result's Delay.
+type quickBusy struct{ consumer.Broker[jetstream.Msg] }
+
+func (b quickBusy) Settle(ctx context.Context, msgs []jetstream.Msg, results []consumer.Result) error {
+	results = slices.Clone(results)
+	for i, res := range results {
+		if res.Outcome == consumer.Busy {
+			results[i].Delay = min(res.Delay, 50*time.Millisecond)
+		}
+	}
+	return b.Broker.Settle(ctx, msgs, results)
 }

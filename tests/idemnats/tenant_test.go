@@ -18,7 +18,7 @@ import (
 )
 
 // tenantHeader reads the tenant from the header "tenant".
-var tenantHeader = idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) {
+var tenantHeader = consumer.WithMessageTenant(func(msg jetstream.Msg) (string, error) {
 	if v := msg.Headers().Values("tenant"); len(v) == 1 && v[0] != "" {
 		return v[0], nil
 	}
@@ -42,8 +42,9 @@ func publishAs(t *testing.T, js jetstream.JetStream, subject, tenant, id, body s
 
 // TestTenantsCollideInDuplicateWindow: two tenants publish one Nats-Msg-Id
 // with bodies of their own; JetStream stores the first and answers the
-// second Duplicate, so no consumer ever sees it. New refuses a consumer that
-// scopes those ids by tenant, and names the fix, but neither tenant nor id.
+// second Duplicate, so no consumer ever sees it. consumer.New refuses a
+// consumer on idemnats's Broker that scopes those ids by tenant, and names
+// the fix, but neither tenant nor id.
 func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 	_, js := natstest.Connect(t)
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{MaxAge: time.Hour}) // the default window: 2 minutes
@@ -76,9 +77,9 @@ func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 		t.Fatal(err)
 	}
 	// WithHorizonWarning accepts a late redelivery, not this.
-	core := newCore(t, memory.New(), name, []engine.Option{engine.WithLogger(nil)}, consumer.WithHorizonWarning())
-	h := func(context.Context, jetstream.Msg) error { return nil }
-	_, err = idemnats.New(t.Context(), core, stream, cons, h, tenantHeader)
+	eng := newEngine(t, memory.New(), engine.WithLogger(nil))
+	opts := []consumer.Option{consumer.WithHorizonWarning(), consumer.WithDiscardDeadLetters(), tenantHeader}
+	_, err = consumer.New(eng, name, newBroker(t, stream, cons), ok, opts...)
 	var werr *idemnats.DuplicateWindowError
 	if !errors.As(err, &werr) {
 		t.Fatalf("New with a tenant function on a stream with a duplicate window: %v, want a DuplicateWindowError", err)
@@ -88,7 +89,7 @@ func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 	}
 	msg := err.Error()
 	t.Log(msg)
-	for _, fix := range []string{"unique across tenants", "<tenant>/<id>", "WithMessageIDsUniqueAcrossTenants", "WithMessageID", "cannot be turned off"} {
+	for _, fix := range []string{"unique across tenants", "<tenant>/<id>", "consumer.WithMessageID(idemnats.UniqueMessageID)", "WithMessageID", "cannot be turned off"} {
 		if !strings.Contains(msg, fix) {
 			t.Errorf("the error does not say %q", fix)
 		}
@@ -110,7 +111,7 @@ func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, err = idemnats.New(t.Context(), core, m, mcons, h, tenantHeader)
+	_, err = consumer.New(eng, name, newBroker(t, m, mcons), ok, opts...)
 	if !errors.As(err, &werr) || werr.Window != 0 || !strings.Contains(err.Error(), "mirrors") {
 		t.Fatalf("New with a tenant function on a mirror: %v, want a DuplicateWindowError that names the mirror", err)
 	}
@@ -121,7 +122,7 @@ func TestTenantsCollideInDuplicateWindow(t *testing.T) {
 // each; their resends are dropped.
 func TestTenantsWithUniqueMsgIDs(t *testing.T) {
 	_, js := natstest.Connect(t)
-	r := newRig(t, js, memory.New(), nil, nil, nil, tenantHeader, idemnats.WithMessageIDsUniqueAcrossTenants())
+	r := newRig(t, js, memory.New(), nil, nil, tenantHeader, consumer.WithMessageID(idemnats.UniqueMessageID))
 	for _, tenant := range []string{"acme", "globex"} {
 		if ack := publishAs(t, js, r.subject(), tenant, tenant+"/msg-X", tenant+"'s charge"); ack.Duplicate {
 			t.Fatalf("%s's message was taken for a duplicate", tenant)
@@ -142,8 +143,9 @@ func TestTenantsWithUniqueMsgIDs(t *testing.T) {
 }
 
 // TestNewWithoutTenantUnchanged: without a tenant function JetStream's dedup
-// and idemkey's agree, and New accepts a stream with a duplicate window, as
-// it does a tenant function that reads its id from elsewhere.
+// and idemkey's agree, and consumer.New accepts a stream with a duplicate
+// window, as it does a tenant function that reads its id from elsewhere, or
+// from a Nats-Msg-Id unique across tenants (UniqueMessageID).
 func TestNewWithoutTenantUnchanged(t *testing.T) {
 	_, js := natstest.Connect(t)
 	stream := natstest.Stream(t, js, jetstream.StreamConfig{MaxAge: time.Hour})
@@ -152,20 +154,22 @@ func TestNewWithoutTenantUnchanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	core := newCore(t, memory.New(), name, nil)
-	h := func(context.Context, jetstream.Msg) error { return nil }
-	for what, opts := range map[string][]idemnats.Option{
+	eng := newEngine(t, memory.New())
+	b := newBroker(t, stream, cons)
+	discard := consumer.WithDiscardDeadLetters()
+	for what, opts := range map[string][]consumer.Option{
 		"no tenant function":                nil,
-		"no tenant, WithMessageID":          {idemnats.WithMessageID(idemnats.CloudEventsID)},
-		"a tenant, ids from another header": {tenantHeader, idemnats.WithMessageID(idemnats.CloudEventsID)},
+		"no tenant, WithMessageID":          {consumer.WithMessageID(idemnats.CloudEventsID)},
+		"a tenant, ids from another header": {tenantHeader, consumer.WithMessageID(idemnats.CloudEventsID)},
+		"a tenant, UniqueMessageID":         {tenantHeader, consumer.WithMessageID(idemnats.UniqueMessageID)},
 	} {
-		if _, err := idemnats.New(t.Context(), core, stream, cons, h, opts...); err != nil {
+		if _, err := consumer.New(eng, name, b, ok, append(opts, discard)...); err != nil {
 			t.Errorf("New with %s: %v", what, err)
 		}
 	}
 	// An explicit MessageID is the default's.
 	var werr *idemnats.DuplicateWindowError
-	if _, err := idemnats.New(t.Context(), core, stream, cons, h, tenantHeader, idemnats.WithMessageID(idemnats.MessageID)); !errors.As(err, &werr) {
+	if _, err := consumer.New(eng, name, b, ok, discard, tenantHeader, consumer.WithMessageID(idemnats.MessageID)); !errors.As(err, &werr) {
 		t.Errorf("New with a tenant function and WithMessageID(MessageID): %v, want a DuplicateWindowError", err)
 	}
 }
