@@ -21,6 +21,8 @@ import (
 //     it has seen, whichever the tenant (JetStream's duplicate window). New
 //     calls it when WithMessageTenant is given, with WithMessageID's
 //     function (nil for the broker's ID); an error refuses the consumer.
+//
+// A wrapper of a Broker that embeds it hides these two: it must pass them on.
 type Broker[M any] interface {
 	// System names the broker in the metrics' messaging.system attribute
 	// (OpenTelemetry's names: "nats", "rabbitmq", "kafka").

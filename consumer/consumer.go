@@ -125,7 +125,7 @@ func (c *Consumer[M]) HandleBatch(ctx context.Context, ms []M) []Result {
 		d, err := c.read(m)
 		switch {
 		case err != nil:
-			results[i] = c.deadLetter(ctx, m, c.refused(ctx, err))
+			results[i] = c.deadLetter(ctx, m, Delivery{}, c.refused(ctx, err))
 		case d.Skip != nil:
 			results[i] = Result{Outcome: Retry, Action: Nak, Err: d.Skip}
 		default:
@@ -185,7 +185,7 @@ func (c *Consumer[M]) serve(ctx context.Context, ms []M, ds []Delivery, results 
 		}
 	}
 	for _, i := range pending {
-		results[i] = c.deadLetter(ctx, ms[i], results[i])
+		results[i] = c.deadLetter(ctx, ms[i], ds[i], results[i])
 	}
 }
 
@@ -198,8 +198,11 @@ func longestDelay(results []Result, pending []int) time.Duration {
 	return d
 }
 
-// deadLetter hands m to the dead-letter hook if res asks for it.
-func (c *Consumer[M]) deadLetter(ctx context.Context, m M, res Result) Result {
+// deadLetter hands m, delivered as d, to the dead-letter hook if res asks
+// for it. A hook that fails makes res a Nak, so that the broker delivers m
+// again; on m's last delivery, which the broker would not, it is tried
+// again after each backoff until it takes m or ctx ends.
+func (c *Consumer[M]) deadLetter(ctx context.Context, m M, d Delivery, res Result) Result {
 	if !res.DeadLetter {
 		return res
 	}
@@ -207,10 +210,22 @@ func (c *Consumer[M]) deadLetter(ctx context.Context, m M, res Result) Result {
 		c.logDead(ctx, res, "is discarded, with no dead letter (consumer.WithDiscardDeadLetters)")
 		return res
 	}
-	if err := c.dead(ctx, m, res.Err); err != nil {
-		c.warn(ctx, "the dead-letter hook failed; the message is redelivered", ownError(err))
-		res.Action = Nak
-		return res
+	for attempt := max(d.Attempt, 1); ; attempt++ {
+		err := c.dead(ctx, m, res.Err)
+		if err == nil {
+			break
+		}
+		if !d.Last {
+			c.warn(ctx, "the dead-letter hook failed; the message is redelivered", ownError(err))
+			res.Action = Nak
+			return res
+		}
+		c.warn(ctx, "the dead-letter hook failed on a message's last delivery; it is tried again until it takes the message", ownError(err))
+		if !store.Pause(ctx, c.backoff(attempt)) {
+			c.logDead(ctx, res, "was not taken by the dead-letter hook before the consumer stopped; it is negative-acknowledged, and the broker may not deliver it again")
+			res.Action = Nak
+			return res
+		}
 	}
 	if errors.Is(res.Err, ErrLastDelivery) {
 		c.logDead(ctx, res, "is dead-lettered")

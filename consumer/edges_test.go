@@ -178,3 +178,52 @@ func TestOneClassification(t *testing.T) {
 		}
 	}
 }
+
+// TestLastDeliveryDeadLetterHeld: a dead-letter hook that fails on a
+// message's last delivery is tried again until it takes the message, since
+// the broker would not deliver it again; a consumer that stops meanwhile
+// negative-acknowledges it and says so at Error level.
+func TestLastDeliveryDeadLetterHeld(t *testing.T) {
+	logger, logs := logtest.New()
+	fails := 2
+	var calls int
+	hook := consumer.WithDeadLetter(func(context.Context, msg, error) error {
+		calls++
+		if calls <= fails {
+			return errors.New("the dead-letter subject is down")
+		}
+		return nil
+	})
+	c := newConsumer(t, memory.New(), []engine.Option{engine.WithLogger(logger)}, hook, consumer.WithBackoff(time.Millisecond, 5*time.Millisecond))
+	last := delivery("msg-secret-id", 3)
+	last.Last = true
+	declined := func(context.Context) error { return consumer.Final(errors.New("declined body-secret")) }
+	res := c.handle(t.Context(), last, declined)
+	if res.Outcome != consumer.Failed || res.Action != consumer.Ack || !res.DeadLetter || calls != 3 {
+		t.Fatalf("%+v after %d calls of the hook, want failed and acknowledged once the third call took it", res, calls)
+	}
+	if n := strings.Count(logs.String(), "tried again until it takes the message"); n != 2 {
+		t.Fatalf("%d failures of the hook logged, want 2:\n%s", n, logs)
+	}
+
+	fails, calls = 1<<30, 0
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan consumer.Result, 1)
+	last.ID = "msg-secret-id-2"
+	go func() { done <- c.handle(ctx, last, declined) }()
+	for deadline := time.Now().Add(time.Minute); strings.Count(logs.String(), "tried again until it takes the message") < 4; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the hook was not tried again within a minute:\n%s", logs)
+		}
+	}
+	cancel()
+	if res := <-done; res.Action != consumer.Nak {
+		t.Fatalf("%+v, want a nak once the consumer stopped", res)
+	}
+	if !strings.Contains(logs.String(), "level=ERROR") || !strings.Contains(logs.String(), "before the consumer stopped") {
+		t.Fatalf("the stop was not logged at Error level:\n%s", logs)
+	}
+	if strings.Contains(logs.String(), "secret") {
+		t.Fatalf("the logs hold a raw id or body:\n%s", logs)
+	}
+}

@@ -129,7 +129,7 @@ func (e *DuplicateWindowError) Error() string {
 	return fmt.Sprintf("idemnats: consumer %q scopes message ids by tenant, but %s, whichever the tenant: "+
 		"a tenant's message is lost when another's has its id. "+
 		"Publish every Nats-Msg-Id unique across tenants, the tenant prefixed to the id (\"<tenant>/<id>\"), and read it with consumer.WithMessageID(idemnats.UniqueMessageID); "+
-		"or read a tenant's own id from another header with WithMessageID, and publish no Nats-Msg-Id or one unique across tenants "+
+		"or read a tenant's own id from another header with consumer.WithMessageID, and publish no Nats-Msg-Id or one unique across tenants "+
 		"(the window cannot be turned off: a Duplicates of 0 is JetStream's default, 2 minutes)",
 		e.Consumer, drops)
 }
