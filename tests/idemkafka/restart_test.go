@@ -64,6 +64,11 @@ func TestRestartBeforeCommit(t *testing.T) {
 	if got[consumer.Duplicate] != n {
 		t.Fatalf("second client's outcomes %v, want %d duplicates", got, n)
 	}
+	for i := range n {
+		if runs := r.runsOf(fmt.Sprint("id-", i)); runs != 1 {
+			t.Fatalf("record id-%d ran %d times, want once", i, runs)
+		}
+	}
 	r.settled()
 }
 
