@@ -37,12 +37,13 @@
 //
 // The client holds rebalances while a poll's records are handled
 // (kgo.BlockRebalanceOnPoll; then cl.AllowRebalance; close with
-// cl.CloseAllowingRebalance): no partition is revoked from under them. A member that holds a poll past the group's rebalance
-// timeout is removed from the group, and the coordinator refuses its
-// commits (logged by the consumer): the partition's new owner gets the
-// records again and drops those recorded as duplicates, and the member
-// skips the partition's records still in hand (ErrRewound). Keep a poll's
-// work well within kgo.RebalanceTimeout.
+// cl.CloseAllowingRebalance): no partition is revoked from under them. A
+// member that holds a poll past the group's rebalance timeout is removed
+// from the group, and the coordinator refuses its commits (logged by the
+// consumer): the partition's new owner gets the records again and drops
+// those recorded as duplicates, and the member skips the partition's
+// records still in hand (ErrRewound). Keep a poll's work well within
+// kgo.RebalanceTimeout.
 //
 // # Attempts
 //
