@@ -32,10 +32,6 @@ func consumeKafkaCharges(ctx context.Context, pool *pgxpool.Pool, brokers []stri
 	if err != nil {
 		return err
 	}
-	core, err := consumer.New(eng, "charges", consumer.WithAtomic(), consumer.WithSystem("kafka"))
-	if err != nil {
-		return err
-	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
 		kgo.ConsumerGroup("charges"), kgo.ConsumeTopics("payments.charges.requested"),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll()) // idemkafka.New checks both
@@ -43,19 +39,23 @@ func consumeKafkaCharges(ctx context.Context, pool *pgxpool.Pool, brokers []stri
 		return err
 	}
 	defer cl.CloseAllowingRebalance()
-	c, err := idemkafka.New(ctx, core, cl, func(ctx context.Context, r *kgo.Record) error {
+	b, err := idemkafka.New(ctx, cl) // the consumer.Broker of cl's records
+	if err != nil {
+		return err
+	}
+	c, err := consumer.New(eng, "charges", b, func(ctx context.Context, r *kgo.Record) error {
 		tx, ok := postgres.TxFromContext(ctx) // commits with the record's id
 		if !ok {
 			return errors.New("not in atomic mode (consumer.WithAtomic)") // retried, never lost
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (entry) VALUES ($1)`, r.Value)
 		return err
-	}, idemkafka.WithDeadLetterTopic("payments.charges.dead"))
+	}, consumer.WithAtomic(), consumer.WithDeadLetter(idemkafka.DeadLetterTopic(cl, "payments.charges.dead")))
 	if err != nil {
 		return err // a *consumer.HorizonError if the topic's retention.ms outlasts the ids
 	}
 	for {
-		rs, err := c.NextBatch(ctx, 32, 5*time.Millisecond) // ids: the message-id header
+		rs, err := idemkafka.NextBatch(ctx, cl, 32, 5*time.Millisecond) // ids: the message-id header
 		if err != nil {
 			return nil // ctx done
 		}

@@ -40,7 +40,7 @@ type rewind struct {
 }
 
 // setBack records that tp's records after offset are to be skipped in the
-// group's current generation. c.mu must be held.
+// group's current generation. b.mu must be held.
 func (b *broker) setBack(tp topicPartition, offset int64) {
 	_, gen := b.cl.GroupMetadata()
 	if at, ok := b.rewound[tp]; ok && at.generation == gen && at.offset <= offset {
@@ -161,7 +161,7 @@ func (b *broker) skipped(r *kgo.Record) bool {
 func MessageID(r *kgo.Record) (string, error) { return header(r, "message-id") }
 
 // CloudEventsID is the id of a CloudEvent in Kafka's binary content mode:
-// its ce_id header (WithMessageID(CloudEventsID)).
+// its ce_id header (consumer.WithMessageID(idemkafka.CloudEventsID)).
 func CloudEventsID(r *kgo.Record) (string, error) { return header(r, "ce_id") }
 
 // header returns the one value of header name, or an error that names the

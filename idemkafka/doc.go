@@ -1,120 +1,65 @@
-// Package idemkafka processes the records of a Kafka consumer group at most
-// once per message id, with github.com/twmb/franz-go's kgo client: a thin
-// adapter of the broker-neutral consumer package, which decides, and of the
-// idemkey store under it, which remembers.
+// Package idemkafka is the Kafka Broker of package consumer: the records
+// that a consumer group polls with github.com/twmb/franz-go's kgo client,
+// run by a consumer.Consumer at most once per message id, their offsets
+// committed by the Broker.
 //
 // The key is a message id that the producer sets, the same on every
-// resend: by default the record's message-id header (MessageID;
-// CloudEventsID for a CloudEvent's ce_id; WithMessageID for another, a
-// function of the record, such as one that reads its key), scoped by the
-// consumer's name and, with WithMessageTenant, by the tenant. Kafka drops
-// no record for its id (an idempotent producer's sequence numbers only stop
-// one producer session's retries), so every resend reaches the consumer,
-// and idemkey drops it. A record already processed is committed without
-// running the handler; a handler's final error is recorded, dead-lettered
-// and committed; a transient one releases the id, and the record is
-// processed again in place, after consumer.WithBackoff's delay, up to
-// WithMaxAttempts times (five by default), the last of which dead-letters
-// it rather than retry: Kafka cannot redeliver one record, and a partition
-// must move on. A record refused (no id, a reused id, a tenant function's
-// error, sent longer ago than the retention) is dead-lettered and committed
-// without running.
+// resend: the record's message-id header by default (MessageID),
+// CloudEventsID for a CloudEvent's ce_id, or consumer.WithMessageID for
+// another, such as one that reads the record's key. Kafka drops no resend;
+// idemkey does.
 //
-// # Offsets
-//
-// Kafka's commit is a partition's offset: every record before it is done
-// with. So the client must commit only what it is told (kgo.DisableAutoCommit),
-// and Settle commits a record's offset only once its outcome is durable:
-// recorded as processed or failed, or dead-lettered. A record whose context
-// ended while it waited for a retry is not settled: Settle sets its
-// partition back to it (cl.SetOffsets), the records after it in the poll
-// are skipped (ErrRewound), and no offset past it is committed; the next
-// poll brings them again.
-//
-// A rebalance is held while a poll's records are processed
-// (kgo.BlockRebalanceOnPoll; the loop calls cl.AllowRebalance once they are
-// settled), so that no partition is revoked from under records in hand: its
-// new owner starts at the offset committed after them. A member that holds
-// a poll for longer than the group's rebalance timeout is removed from the
-// group; its commits are then refused by the group's coordinator (a commit
-// from an earlier generation), so a revoked partition's records in flight
-// are never acknowledged by the member that lost them: the new owner
-// processes them again, and drops as duplicates those that were recorded.
-// Keep a poll's work (WithHandlerTimeout times the batch, and a retry's
-// backoff) well within the rebalance timeout (kgo.RebalanceTimeout, a minute
-// by default).
-//
-// New refuses a client with autocommit on, without kgo.BlockRebalanceOnPoll,
-// without a group, or consuming topics by regular expression (New reads each
-// topic's retention).
-//
-// # Example
-//
-//	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention))
+//	b, err := idemkafka.New(ctx, cl) // checks cl's options and reads its topics' retention
 //	if err != nil { ... }
-//	core, err := consumer.New(eng, "billing", consumer.WithSystem("kafka"), consumer.WithAtomic())
-//	if err != nil { ... }
-//	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:9092"),
-//		kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders"),
-//		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll())
-//	if err != nil { ... }
-//	defer cl.CloseAllowingRebalance() // a poll holds rebalances, and so Close
-//	c, err := idemkafka.New(ctx, core, cl, func(ctx context.Context, r *kgo.Record) error {
-//		return bill(ctx, r.Value) // writes through postgres.TxFromContext(ctx)
-//	}, idemkafka.WithDeadLetterTopic("orders-dlq"))
+//	c, err := consumer.New(eng, "billing", b, bill,
+//		consumer.WithDeadLetter(idemkafka.DeadLetterTopic(cl, "billing.dead")))
 //	if err != nil { ... } // a *consumer.HorizonError, say
 //	for {
-//		rs, err := c.NextBatch(ctx, 32, 5*time.Millisecond)
+//		rs, err := idemkafka.NextBatch(ctx, cl, 32, 5*time.Millisecond)
 //		if err != nil {
 //			break // ctx done, or the client closed
 //		}
-//		c.HandleBatch(ctx, rs) // or c.Handle(ctx, r) for each
+//		c.HandleBatch(ctx, rs) // runs, dead-letters and commits
 //		cl.AllowRebalance()
 //	}
 //
-// # Batches
+// # Offsets
 //
-// HandleBatch deduplicates a poll's records together (in atomic mode one
-// round trip and one transaction: consumer.Consumer.ProcessBatch) and
-// commits their offsets in one commit; the records that fail for now are
-// retried together, and their partitions committed up to them only once
-// they are settled.
+// A commit is a partition's offset: every record before it is done with.
+// The Broker commits a poll's offsets in one commit, only past records whose
+// outcome is durable: processed, recorded as failed, or dead-lettered. A
+// record left to be delivered again (Nak: its context ended before its next
+// attempt, or its dead letter was not written) sets its partition back to
+// it; the partition's later records in hand are skipped unrun (Retry, Nak,
+// ErrRewound), and the next poll brings them all again.
 //
-// # Dead letters
+// # Rebalances
 //
-// WithDeadLetterTopic writes a record that failed for good, was refused or
-// ran out of attempts to a topic, with its key, value and headers, and the
-// headers idemkey-error (why, in idemkey's words or the handler's gRPC
-// code, never the handler's own words, which may quote the record),
-// idemkey-topic, idemkey-partition and idemkey-offset, before its offset is
-// committed.
-// WithDeadLetter is a hook of one's own; New refuses neither unless the
-// core discards dead letters (consumer.WithDiscardDeadLetters). A dead
-// letter that fails to be written leaves the record uncommitted: it is
-// processed again, never skipped in silence, and written at least once.
+// The client holds rebalances while a poll's records are handled
+// (kgo.BlockRebalanceOnPoll; then cl.AllowRebalance; close with
+// cl.CloseAllowingRebalance): no partition is revoked from under them. A
+// member that holds a poll past the group's rebalance timeout is removed
+// from the group, and the coordinator refuses its commits (logged by the
+// consumer): the partition's new owner gets the records again and drops
+// those recorded as duplicates, and the member skips the partition's
+// records still in hand (ErrRewound). Keep a poll's work well within
+// kgo.RebalanceTimeout.
 //
-// # Retention and the redelivery horizon
+// # Attempts
 //
-// New reads each topic's retention.ms, segment.ms and cleanup.policy and
-// refuses (a *consumer.HorizonError) when records of message ids would
-// expire while Kafka keeps a record a group may read again
-// (docs/consumers.md); consumer.WithHorizonWarning logs it instead.
+// Kafka cannot deliver one record again, so the consumer tries a record
+// that fails for now again in process, after each backoff
+// (consumer.WithBackoff), up to WithMaxAttempts times (5 by default), the
+// last of which dead-letters it (consumer.ErrLastDelivery) rather than
+// hold its partition. Write dead letters with kgo's default acks=all, to a
+// topic with min.insync.replicas of two or more: one lost is lost for good.
 //
-// # What it was tested against
+// # What New refuses
 //
-// On franz-go's kfake, an in-process Kafka of one broker without
-// replication, or on a cluster named by IDEMKEY_TEST_KAFKA:
-// docs/consumers.md says what that leaves untested (acknowledged writes
-// lost to an unclean leader election: produce dead letters with acks=all).
-//
-// # Caveats
-//
-//   - Without consumer.WithAtomic, a consumer that dies after the handler's
-//     effects and before the record leaves the id in progress until its
-//     lease ends; the record's next delivery then runs the handler again.
-//   - A record in progress elsewhere (a duplicate on another partition, or
-//     a record of a member that died, in two-phase mode) is processed again
-//     after that run's lease, holding the poll; its last attempt waits for
-//     the run to end (see package consumer).
-//   - A record that fails for now holds its partition while it retries.
+// New refuses a client without a group (kgo.ConsumerGroup), with
+// autocommit (kgo.DisableAutoCommit), without kgo.BlockRebalanceOnPoll, or
+// with topics by regular expression (kgo.ConsumeRegex), and topics whose
+// configuration it cannot read; consumer.New then refuses topics that keep
+// records longer than the engine's retention. docs/consumers.md ("Kafka")
+// has the horizon, and what the tests on kfake leave untested.
 package idemkafka

@@ -23,10 +23,6 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	core, err := consumer.New(eng, "billing", consumer.WithSystem("kafka"))
-	if err != nil {
-		log.Fatal(err)
-	}
 	cl, err := kgo.NewClient(kgo.SeedBrokers("127.0.0.1:9092"),
 		kgo.ConsumerGroup("billing"), kgo.ConsumeTopics("orders"),
 		kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll()) // New checks both
@@ -34,19 +30,23 @@ func Example() {
 		log.Fatal(err)
 	}
 	defer cl.CloseAllowingRebalance() // a poll holds rebalances, and so Close
-	c, err := idemkafka.New(ctx, core, cl, func(ctx context.Context, r *kgo.Record) error {
+	b, err := idemkafka.New(ctx, cl, idemkafka.WithMaxAttempts(3))
+	if err != nil {
+		log.Fatal(err)
+	}
+	c, err := consumer.New(eng, "billing", b, func(ctx context.Context, r *kgo.Record) error {
 		log.Printf("billing %d bytes", len(r.Value))
 		return nil
-	}, idemkafka.WithDeadLetterTopic("orders-dlq"))
+	}, consumer.WithDeadLetter(idemkafka.DeadLetterTopic(cl, "orders-dlq")))
 	if err != nil {
 		log.Fatal(err) // a *consumer.HorizonError, if the topic keeps records longer than the ids
 	}
 	for {
-		rs, err := c.NextBatch(ctx, 32, 5*time.Millisecond)
+		rs, err := idemkafka.NextBatch(ctx, cl, 32, 5*time.Millisecond)
 		if err != nil {
 			return // ctx done, or the client closed
 		}
-		c.HandleBatch(ctx, rs)
+		c.HandleBatch(ctx, rs) // runs, dead-letters and commits
 		cl.AllowRebalance()
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/idemkafka"
 )
 
@@ -27,7 +28,7 @@ const kafkaSegment = 24 * time.Hour
 // consumeKafka consumes the Kafka topic in the group -name until ctx is
 // done: one loop of polls, each record processed and committed on its own,
 // or with -batch, each poll's records together.
-func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *worker) error {
+func consumeKafka(ctx context.Context, cfg config, eng *engine.Engine, opts []consumer.Option, w *worker) error {
 	cl, err := kgo.NewClient(
 		kgo.SeedBrokers(strings.Split(cfg.kafkaBrokers, ",")...),
 		kgo.ClientID("idemkey-example-consumer"),
@@ -38,7 +39,7 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 		// kfake, a two-phase soak of batches in which a member's commit was
 		// refused mid-rebalance once left two partitions unassigned for
 		// minutes with cooperative-sticky, and not with range (see
-		// idemkafka's doc). An eager rebalance revokes every partition at
+		// docs/consumers.md). An eager rebalance revokes every partition at
 		// once, after the poll in hand.
 		kgo.Balancers(kgo.RangeBalancer()),
 		kgo.SessionTimeout(cfg.kafkaSessionTimeout), kgo.HeartbeatInterval(max(cfg.kafkaSessionTimeout/10, 100*time.Millisecond)),
@@ -53,14 +54,13 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 	if err := createTopic(ctx, cl, cfg.topic); err != nil {
 		return err
 	}
-	c, err := idemkafka.New(ctx, core, cl,
-		func(ctx context.Context, r *kgo.Record) error {
-			t, _ := tenant(kafkaHeader(r, "tenant")) // checked by WithMessageTenant
-			return w.charge(ctx, t, r.Value)
-		},
-		idemkafka.WithMessageTenant(func(r *kgo.Record) (string, error) { return tenant(kafkaHeader(r, "tenant")) }),
-		idemkafka.WithDeadLetter(func(_ context.Context, _ *kgo.Record, err error) error { return w.deadLetter(err) }),
-		idemkafka.WithMaxAttempts(cfg.maxDeliver), // 0 keeps its default
+	b, err := idemkafka.New(ctx, cl, idemkafka.WithMaxAttempts(cfg.maxDeliver)) // 0 keeps its default
+	if err != nil {
+		return err
+	}
+	c, err := newConsumer(eng, cfg, opts, w, b,
+		func(r *kgo.Record) (string, error) { return tenant(kafkaHeader(r, "tenant")) },
+		func(r *kgo.Record) []byte { return r.Value },
 	)
 	if err != nil {
 		return err
@@ -76,7 +76,7 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 		if cfg.batch > 1 {
 			n, wait = cfg.batch, cfg.batchWait
 		}
-		rs, err := c.NextBatch(ctx, n, wait)
+		rs, err := idemkafka.NextBatch(ctx, cl, n, wait)
 		if ctx.Err() != nil {
 			w.logger.Info("shutting down")
 			return nil
@@ -85,18 +85,12 @@ func consumeKafka(ctx context.Context, cfg config, core *consumer.Consumer, w *w
 			return fmt.Errorf("kafka: poll: %w", err)
 		}
 		if cfg.batch > 1 {
-			results := c.ProcessBatch(work, rs)
-			w.beforeAckBatch(results)
-			c.SettleBatch(work, rs, results)
-			for i, r := range rs {
-				w.log(results[i], "partition", r.Partition, "offset", r.Offset)
+			for i, res := range c.HandleBatch(work, rs) {
+				w.log(res, "partition", rs[i].Partition, "offset", rs[i].Offset)
 			}
 		} else {
 			for _, r := range rs {
-				res := c.Process(work, r)
-				w.beforeAck(res)
-				c.Settle(work, r, res)
-				w.log(res, "partition", r.Partition, "offset", r.Offset)
+				w.log(c.Handle(work, r), "partition", r.Partition, "offset", r.Offset)
 			}
 		}
 		cl.AllowRebalance()

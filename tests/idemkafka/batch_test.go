@@ -29,7 +29,7 @@ func takeBatch(t *testing.T, r *rig, n int) []*kgo.Record {
 	defer cancel()
 	var got []*kgo.Record
 	for len(got) < n {
-		rs, err := r.c.NextBatch(ctx, n-len(got), 0)
+		rs, err := idemkafka.NextBatch(ctx, r.cl, n-len(got), 0)
 		if err != nil {
 			t.Fatalf("%d of %d records: %v", len(got), n, err)
 		}

@@ -50,7 +50,7 @@ func TestMaxAttemptsToDeadLetterTopic(t *testing.T) {
 	cl := kafkatest.GroupClient(t, brokers, group, []string{topic})
 	var mu sync.Mutex
 	runs := 0
-	c, err := idemkafka.New(t.Context(), newCore(t, memory.New(), group, []engine.Option{engine.WithLogger(nil)}, fast), cl,
+	c := mustConsumer(t, memory.New(), group, cl,
 		func(_ context.Context, rec *kgo.Record) error {
 			mu.Lock()
 			defer mu.Unlock()
@@ -59,10 +59,8 @@ func TestMaxAttemptsToDeadLetterTopic(t *testing.T) {
 				return status.Error(codes.FailedPrecondition, "declined secret-body")
 			}
 			return errors.New("ledger unreachable for secret-id")
-		}, idemkafka.WithMaxAttempts(3), idemkafka.WithDeadLetterTopic(dlq))
-	if err != nil {
-		t.Fatal(err)
-	}
+		}, []engine.Option{engine.WithLogger(nil)},
+		[]consumer.Option{fast, consumer.WithDeadLetter(idemkafka.DeadLetterTopic(cl, dlq))}, idemkafka.WithMaxAttempts(3))
 	prod := kafkatest.Client(t, brokers)
 	for _, rec := range []*kgo.Record{
 		{Topic: topic, Value: []byte("charge"), Key: []byte("k1"), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte("secret-id")}}},
@@ -77,7 +75,7 @@ func TestMaxAttemptsToDeadLetterTopic(t *testing.T) {
 	defer cancel()
 	var results []consumer.Result
 	for len(results) < 3 {
-		rs, err := c.NextBatch(ctx, 10, 0)
+		rs, err := idemkafka.NextBatch(ctx, cl, 10, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -133,7 +131,7 @@ func TestMaxAttemptsToDeadLetterTopic(t *testing.T) {
 // A record without an id, without a tenant, or with a tenant's id and
 // another body is refused; one id of two tenants is two messages.
 func TestRefusedRecords(t *testing.T) {
-	tenants := idemkafka.WithMessageTenant(func(rec *kgo.Record) (string, error) {
+	tenants := consumer.WithMessageTenant(func(rec *kgo.Record) (string, error) {
 		for _, h := range rec.Headers {
 			if h.Key == "tenant" && (string(h.Value) == "acme" || string(h.Value) == "globex") {
 				return string(h.Value), nil
@@ -141,7 +139,7 @@ func TestRefusedRecords(t *testing.T) {
 		}
 		return "", errors.New("unknown tenant")
 	})
-	r := newRig(t, memory.New(), nil, nil, nil, tenants)
+	r := newRig(t, memory.New(), nil, nil, []consumer.Option{tenants})
 	r.publish("", "no id", "tenant", "acme")
 	r.publish("x", "no tenant")
 	r.publish("a", "first body", "tenant", "acme")
@@ -157,10 +155,10 @@ func TestRefusedRecords(t *testing.T) {
 	r.settled()
 }
 
-// A record whose context ends while it waits to be retried is not
-// committed: Settle sets its partition back to it, the records after it
-// in the poll are skipped, not committed, and the next poll brings it and
-// them again.
+// A record whose context ends while it waits to be tried again is not
+// committed: the Broker's Settle sets its partition back to it, the records
+// after it in the poll are skipped (ErrRewound), not committed, and the
+// next poll brings it and them again.
 func TestUnsettledRecordRewinds(t *testing.T) {
 	var mu sync.Mutex
 	fail := true
@@ -179,7 +177,7 @@ func TestUnsettledRecordRewinds(t *testing.T) {
 	defer cancel()
 	var rs []*kgo.Record
 	for len(rs) < 3 {
-		more, err := r.c.NextBatch(ctx, 3, 0)
+		more, err := idemkafka.NextBatch(ctx, r.cl, 3, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -206,7 +204,7 @@ func TestUnsettledRecordRewinds(t *testing.T) {
 	mu.Lock()
 	fail = false
 	mu.Unlock()
-	again, err := r.c.NextBatch(ctx, 10, 0)
+	again, err := idemkafka.NextBatch(ctx, r.cl, 10, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,9 +223,10 @@ func TestUnsettledRecordRewinds(t *testing.T) {
 	r.settled()
 }
 
-// TestNewChecks: New refuses a client that would commit records it did not
-// process, or whose topics' retention it cannot read or that outlives the
-// ids' records; and accepts the rest.
+// TestNewChecks: idemkafka.New refuses a client that would commit records
+// it did not process, or whose topics' retention it cannot read; consumer.New
+// refuses a Broker whose topics' retention outlives the ids' records; both
+// accept the rest.
 func TestNewChecks(t *testing.T) {
 	brokers := kafkatest.Brokers(t)
 	topic := kafkatest.Topic(t, brokers, "ok", 1, nil)
@@ -247,7 +246,7 @@ func TestNewChecks(t *testing.T) {
 		{"regex", []kgo.Opt{kgo.ConsumerGroup(group), kgo.ConsumeTopics("ok-.*"), kgo.ConsumeRegex(), kgo.DisableAutoCommit(), kgo.BlockRebalanceOnPoll()}, "kgo.ConsumeRegex"},
 	} {
 		cl := kafkatest.Client(t, brokers, tc.opts...)
-		_, err := idemkafka.New(t.Context(), newCore(t, memory.New(), group, nil), cl, h)
+		_, err := idemkafka.New(t.Context(), cl)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s: New: %v, want an error naming %s", tc.name, err, tc.want)
 		}
@@ -262,18 +261,18 @@ func TestNewChecks(t *testing.T) {
 		{long, false, 8 * 24 * time.Hour},
 	} {
 		cl := kafkatest.GroupClient(t, brokers, group, []string{tc.topic})
-		_, err := idemkafka.New(t.Context(), newCore(t, memory.New(), group, nil), cl, h)
+		_, err := newConsumer(t, memory.New(), group, cl, h, nil, nil)
 		var herr *consumer.HorizonError
 		if !errors.As(err, &herr) || herr.Horizon.Unbounded != tc.unbounded || herr.Horizon.Bound != tc.bound ||
 			!strings.Contains(err.Error(), "retention.ms") || !strings.Contains(err.Error(), tc.topic) {
 			t.Errorf("New on topic %s: %v, want a HorizonError (unbounded %v, bound %s) naming the topic's retention.ms", tc.topic, err, tc.unbounded, tc.bound)
 		}
-		if _, err := idemkafka.New(t.Context(), newCore(t, memory.New(), group, []engine.Option{engine.WithLogger(nil)}, consumer.WithHorizonWarning()), cl, h); err != nil {
+		if _, err := newConsumer(t, memory.New(), group, cl, h, []engine.Option{engine.WithLogger(nil)}, []consumer.Option{consumer.WithHorizonWarning()}); err != nil {
 			t.Errorf("New on topic %s with WithHorizonWarning: %v", tc.topic, err)
 		}
 	}
 	cl := kafkatest.GroupClient(t, brokers, group, []string{topic})
-	if _, err := idemkafka.New(t.Context(), newCore(t, memory.New(), group, nil), cl, h); err != nil {
+	if _, err := newConsumer(t, memory.New(), group, cl, h, nil, nil); err != nil {
 		t.Errorf("New on a topic that keeps records two days: %v", err)
 	}
 }

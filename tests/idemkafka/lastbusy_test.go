@@ -19,12 +19,13 @@ import (
 	"github.com/idemkey/idemkey/tests/kafkatest"
 )
 
-// TestLastAttemptWhileBusy: one id in two partitions. The first record's
-// run holds the id; the second record's last attempt (WithMaxAttempts(1))
-// finds it in progress, and must not leave it to that run, which then fails
-// for now: it waits for the run to end, and runs the handler itself once the
-// id is released. (The first record's own retry, an hour later, is cut
-// short.)
+// TestLastAttemptWhileBusy: one id in two partitions, handled by two
+// consumers of one client. The first record's run holds the id; the second
+// record's last attempt (WithMaxAttempts(1)) finds it in progress, and must
+// not leave it to that run, which then fails for now: it waits for the run
+// to end, runs the handler itself once the id is released, and is
+// committed. (The first record's own retry, an hour later, is cut short:
+// its partition is set back to it, uncommitted.)
 func TestLastAttemptWhileBusy(t *testing.T) {
 	brokers := kafkatest.Brokers(t)
 	topic := kafkatest.Topic(t, brokers, "charges", 2, nil)
@@ -50,14 +51,8 @@ func TestLastAttemptWhileBusy(t *testing.T) {
 		}
 		return nil
 	}
-	first, err := idemkafka.New(t.Context(), newCore(t, st, group, eopts, consumer.WithBackoff(time.Hour, time.Hour)), cl, h)
-	if err != nil {
-		t.Fatal(err)
-	}
-	last, err := idemkafka.New(t.Context(), newCore(t, st, group, eopts, fast), cl, h, idemkafka.WithMaxAttempts(1))
-	if err != nil {
-		t.Fatal(err)
-	}
+	first := mustConsumer(t, st, group, cl, h, eopts, []consumer.Option{consumer.WithBackoff(time.Hour, time.Hour)})
+	last := mustConsumer(t, st, group, cl, h, eopts, []consumer.Option{fast}, idemkafka.WithMaxAttempts(1))
 	prod := kafkatest.Client(t, brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
 	for p := range int32(2) {
 		rec := &kgo.Record{Topic: topic, Partition: p, Value: []byte("charge"), Headers: []kgo.RecordHeader{{Key: "message-id", Value: []byte("a")}}}
@@ -69,7 +64,7 @@ func TestLastAttemptWhileBusy(t *testing.T) {
 	defer cancel()
 	var rs []*kgo.Record
 	for len(rs) < 2 {
-		more, err := first.NextBatch(ctx, 2, 0)
+		more, err := idemkafka.NextBatch(ctx, cl, 2, 0)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,14 +77,14 @@ func TestLastAttemptWhileBusy(t *testing.T) {
 	firstCtx, stopFirst := context.WithCancel(ctx)
 	defer stopFirst()
 	firstRes := make(chan consumer.Result, 1)
-	go func() { firstRes <- first.Process(firstCtx, byPartition[0]) }()
+	go func() { firstRes <- first.Handle(firstCtx, byPartition[0]) }()
 	select {
 	case <-started:
 	case <-ctx.Done():
 		t.Fatal("the first record's run did not start")
 	}
 	lastRes := make(chan consumer.Result, 1)
-	go func() { lastRes <- last.Process(busystore.LastDelivery(ctx), byPartition[1]) }()
+	go func() { lastRes <- last.Handle(busystore.LastDelivery(ctx), byPartition[1]) }()
 	select {
 	case <-st.Busy():
 	case <-ctx.Done():
@@ -107,4 +102,7 @@ func TestLastAttemptWhileBusy(t *testing.T) {
 		t.Fatalf("the handler ran %d times, want twice: the first run, then the last attempt's", n)
 	}
 	cl.AllowRebalance()
+	if lag := groupLag(t, brokers, group, topic); lag != 1 {
+		t.Fatalf("%d records uncommitted, want 1: the first, set back to, and not the last attempt's", lag)
+	}
 }

@@ -19,34 +19,43 @@ import (
 	"github.com/idemkey/idemkey/tests/kafkatest"
 )
 
-// A consumer whose client goes away after a batch was processed and before
-// its offsets were committed (a crash) leaves the batch to the next client
-// of the group, which drops every record as a duplicate: each ran once.
+// A consumer whose process dies after a batch was processed and before its
+// offsets were committed (a crash, which its Broker's Settle never saw)
+// leaves the batch to the next client of the group, which drops every
+// record as a duplicate: each ran once.
 func TestRestartBeforeCommit(t *testing.T) {
 	r := newRig(t, memory.New(), nil, nil, nil)
 	const n = 20
 	for i := range n {
 		r.publish(fmt.Sprint("id-", i), fmt.Sprint("charge ", i))
 	}
-	for _, res := range r.c.ProcessBatch(t.Context(), takeBatch(t, r, n)) {
+	b, err := idemkafka.New(t.Context(), r.cl)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng, err := engine.New(r.st, engine.WithRetention(consumer.RecommendedRetention))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed, err := consumer.New(eng, r.group, crashBeforeSettle{b}, r.handle, fast, consumer.WithDiscardDeadLetters())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range crashed.HandleBatch(t.Context(), takeBatch(t, r, n)) {
 		if res.Outcome != consumer.Processed {
 			t.Fatalf("first client: %+v, want processed", res)
 		}
 	}
-	r.cl.CloseAllowingRebalance() // before SettleBatch: nothing committed
+	r.cl.CloseAllowingRebalance() // the process is gone: nothing committed
 	if lag := groupLag(t, r.brokers, r.group, r.topic); lag != n {
 		t.Fatalf("%d records uncommitted after the first client, want %d", lag, n)
 	}
 
 	r.cl = kafkatest.GroupClient(t, r.brokers, r.group, []string{r.topic})
-	core := newCore(t, r.st, r.group, nil, fast)
-	var err error
-	if r.c, err = idemkafka.New(t.Context(), core, r.cl, func(context.Context, *kgo.Record) error {
+	r.c = mustConsumer(t, r.st, r.group, r.cl, func(context.Context, *kgo.Record) error {
 		t.Error("the second client ran a handler")
 		return nil
-	}); err != nil {
-		t.Fatal(err)
-	}
+	}, nil, []consumer.Option{fast})
 	got := map[consumer.Outcome]int{}
 	for _, res := range r.c.HandleBatch(t.Context(), takeBatch(t, r, n)) {
 		got[res.Outcome]++
@@ -55,7 +64,25 @@ func TestRestartBeforeCommit(t *testing.T) {
 	if got[consumer.Duplicate] != n {
 		t.Fatalf("second client's outcomes %v, want %d duplicates", got, n)
 	}
+	for i := range n {
+		if runs := r.runsOf(fmt.Sprint("id-", i)); runs != 1 {
+			t.Fatalf("record id-%d ran %d times, want once", i, runs)
+		}
+	}
 	r.settled()
+}
+
+// crashBeforeSettle is a Broker whose process dies once its records are
+// processed, before it settles them: its Settle commits nothing.
+type crashBeforeSettle struct {
+	consumer.Broker[*kgo.Record]
+}
+
+func (crashBeforeSettle) Settle(context.Context, []*kgo.Record, []consumer.Result) error { return nil }
+
+// MaxAttempts is the Broker's: Kafka's records are tried again in process.
+func (b crashBeforeSettle) MaxAttempts() int {
+	return b.Broker.(interface{ MaxAttempts() int }).MaxAttempts()
 }
 
 // A record produced with a timestamp longer ago than the retention, whose
@@ -85,8 +112,8 @@ func TestExpired(t *testing.T) {
 func TestHooks(t *testing.T) {
 	var hooks hooklog.Log
 	logger, logs := logtest.New()
-	tenant := idemkafka.WithMessageTenant(func(*kgo.Record) (string, error) { return "tenant-secret", nil })
-	r := newRig(t, memory.New(), nil, []engine.Option{engine.WithHooks(hooks.Hooks()), engine.WithLogger(logger)}, nil, tenant)
+	tenant := consumer.WithMessageTenant(func(*kgo.Record) (string, error) { return "tenant-secret", nil })
+	r := newRig(t, memory.New(), nil, []engine.Option{engine.WithHooks(hooks.Hooks()), engine.WithLogger(logger)}, []consumer.Option{tenant})
 	for _, panics := range []bool{false, true} {
 		hooks.Panics.Store(panics)
 		id := fmt.Sprint("order-secret-", panics)

@@ -24,9 +24,12 @@ func TestMain(m *testing.M) { leakcheck.Main(m) }
 // fast keeps retries quick in tests.
 var fast = consumer.WithBackoff(20*time.Millisecond, 100*time.Millisecond)
 
-// rig is one topic consumed by one group, whose records an
-// idemkafka.Consumer processes with a handler that counts its runs by
-// message id, and a dead-letter hook that keeps each cause.
+// kafkaConsumer is a consumer of the records a group's client polls.
+type kafkaConsumer = consumer.Consumer[*kgo.Record]
+
+// rig is one topic consumed by one group, whose records a consumer
+// processes with a handler that counts its runs by message id, and a
+// dead-letter hook that keeps each cause.
 type rig struct {
 	t       *testing.T
 	brokers []string
@@ -35,7 +38,9 @@ type rig struct {
 	group   string
 	prod    *kgo.Client
 	cl      *kgo.Client
-	c       *idemkafka.Consumer
+	c       *kafkaConsumer
+	// handle is the handler c runs: h's, counted.
+	handle func(context.Context, *kgo.Record) error
 
 	mu      sync.Mutex
 	runs    map[string]int
@@ -43,32 +48,47 @@ type rig struct {
 	dead    []error
 }
 
-// newCore is a consumer core named name with opts, on an engine on st with
-// the retention consumers are given, then eopts.
-func newCore(t *testing.T, st store.Store, name string, eopts []engine.Option, opts ...consumer.Option) *consumer.Consumer {
+// newConsumer is a consumer named name of the records cl polls, which runs
+// h, on an engine on st with the retention consumers are given, then
+// eopts; opts are the consumer's, after one that discards dead letters
+// (the tests that read them set a hook), and kopts the Broker's. Its error
+// is idemkafka.New's or consumer.New's.
+func newConsumer(t *testing.T, st store.Store, name string, cl *kgo.Client, h func(context.Context, *kgo.Record) error,
+	eopts []engine.Option, opts []consumer.Option, kopts ...idemkafka.Option) (*kafkaConsumer, error) {
 	t.Helper()
 	eng, err := engine.New(st, append([]engine.Option{engine.WithRetention(consumer.RecommendedRetention)}, eopts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The tests that read dead letters set a hook; the others discard them.
-	core, err := consumer.New(eng, name, append([]consumer.Option{consumer.WithSystem("kafka"), consumer.WithDiscardDeadLetters()}, opts...)...)
+	b, err := idemkafka.New(t.Context(), cl, kopts...)
+	if err != nil {
+		return nil, err
+	}
+	return consumer.New(eng, name, b, h, append([]consumer.Option{consumer.WithDiscardDeadLetters()}, opts...)...)
+}
+
+// mustConsumer is newConsumer's consumer, or fails.
+func mustConsumer(t *testing.T, st store.Store, name string, cl *kgo.Client, h func(context.Context, *kgo.Record) error,
+	eopts []engine.Option, opts []consumer.Option, kopts ...idemkafka.Option) *kafkaConsumer {
+	t.Helper()
+	c, err := newConsumer(t, st, name, cl, h, eopts, opts, kopts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return core
+	return c
 }
 
 // newRig is a rig on st, on a topic of one partition of a cluster of its
-// own, whose core's engine has eopts, and the core coreOpts.
-func newRig(t *testing.T, st store.Store, h idemkafka.Handler, eopts []engine.Option, coreOpts []consumer.Option, opts ...idemkafka.Option) *rig {
+// own, whose consumer's engine has eopts, the consumer fast retries, a
+// dead-letter hook of the rig's, then opts, and the Broker kopts.
+func newRig(t *testing.T, st store.Store, h func(context.Context, *kgo.Record) error, eopts []engine.Option, opts []consumer.Option, kopts ...idemkafka.Option) *rig {
 	t.Helper()
 	brokers := kafkatest.Brokers(t)
 	r := &rig{t: t, brokers: brokers, st: st, topic: kafkatest.Topic(t, brokers, "charges", 1, nil), group: kafkatest.Name("g"),
 		runs: map[string]int{}, results: map[consumer.Outcome]int{}}
 	r.prod = kafkatest.Client(t, brokers)
 	r.cl = kafkatest.GroupClient(t, brokers, r.group, []string{r.topic})
-	counted := func(ctx context.Context, rec *kgo.Record) error {
+	r.handle = func(ctx context.Context, rec *kgo.Record) error {
 		id, _ := idemkafka.MessageID(rec)
 		r.mu.Lock()
 		r.runs[id]++
@@ -78,17 +98,13 @@ func newRig(t *testing.T, st store.Store, h idemkafka.Handler, eopts []engine.Op
 		}
 		return h(ctx, rec)
 	}
-	opts = append([]idemkafka.Option{idemkafka.WithDeadLetter(func(_ context.Context, _ *kgo.Record, err error) error {
+	keep := consumer.WithDeadLetter(func(_ context.Context, _ *kgo.Record, err error) error {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		r.dead = append(r.dead, err)
 		return nil
-	})}, opts...)
-	core := newCore(t, st, r.group, eopts, append([]consumer.Option{fast}, coreOpts...)...)
-	var err error
-	if r.c, err = idemkafka.New(t.Context(), core, r.cl, counted, opts...); err != nil {
-		t.Fatal(err)
-	}
+	})
+	r.c = mustConsumer(t, st, r.group, r.cl, r.handle, eopts, append([]consumer.Option{fast, keep}, opts...), kopts...)
 	return r
 }
 
@@ -119,7 +135,7 @@ func (r *rig) consume(want int) {
 	ctx, cancel := context.WithTimeout(r.t.Context(), 20*time.Second)
 	defer cancel()
 	for ended := 0; ended < want; {
-		rs, err := r.c.NextBatch(ctx, 100, 0)
+		rs, err := idemkafka.NextBatch(ctx, r.cl, 100, 0)
 		if err != nil {
 			r.t.Fatalf("only %d of %d records handled: %v; outcomes %v", ended, want, err, r.outcomes())
 		}

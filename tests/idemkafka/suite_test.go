@@ -13,7 +13,8 @@ import (
 )
 
 // TestSuite runs the broker suite on kfake. A record that fails for now is
-// retried in process, so only its last Result is reported.
+// tried again in process (the Broker's MaxAttempts), so only its last
+// Result is reported.
 func TestSuite(t *testing.T) {
 	brokertest.Run(t, brokertest.Features{DeliveryLimit: true}, newSuiteRig)
 }
@@ -24,30 +25,25 @@ type suiteRig struct {
 	topic string
 	prod  *kgo.Client
 	cl    *kgo.Client
-	c     *idemkafka.Consumer
+	b     consumer.Broker[*kgo.Record]
 }
 
-func newSuiteRig(t *testing.T, cfg brokertest.Config) (brokertest.Rig, error) {
+func newSuiteRig(t *testing.T, cfg brokertest.Config) brokertest.Rig[*kgo.Record] {
 	brokers := kafkatest.Brokers(t)
 	r := &suiteRig{topic: kafkatest.Topic(t, brokers, "charges", 1, nil), prod: kafkatest.Client(t, brokers)}
 	r.cl = kafkatest.GroupClient(t, brokers, kafkatest.Name("g"), []string{r.topic})
 	var opts []idemkafka.Option
-	if cfg.DeadLetter != nil {
-		opts = append(opts, idemkafka.WithDeadLetter(func(_ context.Context, _ *kgo.Record, err error) error { return cfg.DeadLetter(err) }))
-	}
 	if cfg.MaxDeliveries > 0 {
 		opts = append(opts, idemkafka.WithMaxAttempts(cfg.MaxDeliveries))
 	}
 	var err error
-	r.c, err = idemkafka.New(t.Context(), cfg.Core, r.cl, func(ctx context.Context, rec *kgo.Record) error {
-		id, _ := idemkafka.MessageID(rec)
-		return cfg.Handler(ctx, id)
-	}, opts...)
-	if err != nil {
-		return nil, err
+	if r.b, err = idemkafka.New(t.Context(), r.cl, opts...); err != nil {
+		t.Fatal(err)
 	}
-	return r, nil
+	return r
 }
+
+func (r *suiteRig) Broker() consumer.Broker[*kgo.Record] { return r.b }
 
 func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	t.Helper()
@@ -60,14 +56,16 @@ func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	}
 }
 
-func (r *suiteRig) Consume(ctx context.Context, _ *testing.T, report func(consumer.Result)) {
+// Consume polls until ctx ends, and hands each record of a poll to handle,
+// in order, before the rebalances the poll held are allowed.
+func (r *suiteRig) Consume(ctx context.Context, _ *testing.T, handle func(*kgo.Record)) {
 	for {
-		rs, err := r.c.NextBatch(ctx, 100, 0)
+		rs, err := idemkafka.NextBatch(ctx, r.cl, 100, 0)
 		if err != nil {
 			return // ctx done
 		}
 		for _, rec := range rs {
-			report(r.c.Handle(ctx, rec))
+			handle(rec)
 		}
 		r.cl.AllowRebalance()
 	}
