@@ -27,6 +27,7 @@ const defaultCheckInterval = time.Second
 // microseconds stay exact in Lua's doubles (see scripts.go): 100 years.
 const maxDuration = 100 * 365 * 24 * time.Hour
 
+// Option configures a Store.
 type Option func(*options)
 
 type options struct {
