@@ -86,7 +86,7 @@ type watch struct {
 type hold struct {
 	end time.Time // the lease's end it was told, on the store's clock
 	// asked: this store asked the key's holder to notify its record (an
-	// atomic run's, which marks no row: see "Atomic mode" below).
+	// atomic run's, which marks no row: see "Atomic mode" above).
 	asked bool
 	// wanted: another store asked this one, the holder, to notify it.
 	wanted bool

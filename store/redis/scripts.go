@@ -15,7 +15,7 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // A released record is kept, without fingerprint or outcome, until the
 // expiry its reservation set, only so that its token is remembered: see
-// nextToken.
+// reserveScript.
 //
 // Every script has KEYS: the record, then the marker and the write counter
 // of its hash slot (see loss.go); and ARGV: the clock's offset, the marker's
