@@ -111,8 +111,7 @@ func UseKey(key string) grpc.CallOption {
 }
 
 // UseKeyFirstSent is UseKey for an operation first sent at firstSent (zero:
-// now), so that a server refuses a retry later than it keeps keys rather than
-// run it again.
+// now): a server refuses a retry later than it keeps keys rather than run it.
 func UseKeyFirstSent(key string, firstSent time.Time) grpc.CallOption {
 	return keyOption{key: key, firstSent: firstSent}
 }
@@ -148,8 +147,7 @@ func lastOption[T grpc.CallOption](callOpts []grpc.CallOption) (last T, rest []g
 	return last, rest, true
 }
 
-// metadataKey is key as gRPC metadata carries it: bare when idemkey.ParseKey
-// reads it back unchanged, else idemkey.FormatKey's sf-string.
+// metadataKey is key bare if idemkey.ParseKey reads it back so, else quoted.
 func metadataKey(key string) string {
 	if v, err := idemkey.ParseKey(key); err == nil && v == key {
 		return key

@@ -106,10 +106,9 @@ type Reply struct {
 // RedactFunc removes from reply what must not be recorded.
 type RedactFunc func(ctx context.Context, fullMethod string, reply *Reply)
 
-// WithRedaction calls f on a copy of each reply before it is recorded, so
-// that what f removes is never stored: the first caller gets the whole reply,
-// every retry the redacted one. A panic in f, or a reply it leaves
-// unrecordable, records Internal (the key is not released).
+// WithRedaction calls f on a copy of each reply before it is recorded: the
+// first caller gets the whole reply, every retry the redacted one. A panic in
+// f, or a reply it leaves unrecordable, records Internal.
 func WithRedaction(f RedactFunc) Option {
 	return serverOption(func(o *options) { o.Redact = f })
 }
