@@ -13,30 +13,15 @@ import (
 	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
-// NewClientInterceptor returns an interceptor for Connect clients that
-// attaches an idempotency key to every call of a covered procedure: the one
-// already in the request's Idempotency-Key header, else the one of
-// idemkey.ContextWithKey, else a fresh idemkey.NewKey. Beside it goes when the
-// operation was first sent (Idempotency-First-Sent), unless the request has
-// it: the time of idemkey.ContextWithKeyFirstSent, else now. Both go in the
-// request's header, so a retry that sends the same *connect.Request again
-// carries the same key and the same first-sent time: use one Request per
-// operation. The context's first-sent time goes only with the context's
-// key: a request that carries its own key in the header or the key field
-// is sent now as its first time, unless its header says otherwise. Both go
-// in the strict forms of
-// draft-ietf-httpapi-idempotency-key-header-07, which a strict server
-// reads: the key as an RFC 8941 string (idemkey.FormatKey, in double
-// quotes), the time as an IMF-fixdate (idemkey.FormatDate); a key or time
-// already in the header in another form, such as a bare key, is rewritten
-// to the same key or time in those. A caller's key or first-sent time that is malformed fails the
-// call with InvalidArgument (reason IDEMPOTENCY_KEY_INVALID or
-// IDEMPOTENCY_FIRST_SENT_INVALID) before it is sent. Streaming calls, and
-// calls of handlers, pass through untouched.
-//
-// A procedure named in WithIncludedProcedures or WithExcludedProcedures that
-// the protobuf registry does not know fails every call with Internal, naming
-// it: a typo would otherwise leave the procedure's calls without keys.
+// NewClientInterceptor returns an interceptor for Connect clients that gives
+// every call of a covered procedure an idempotency key and first-sent time:
+// the request header's, else idemkey.ContextWithKey's, else a new key and
+// now. They go in the request's header, in the strict forms a strict server
+// reads (idemkey.FormatKey, idemkey.FormatDate), so a retry of the same
+// *connect.Request resends them: use one Request per operation. A malformed
+// key or time fails the call with InvalidArgument before it is sent.
+// A procedure an option names that the protobuf registry does not know fails
+// every call with Internal: a typo would otherwise send calls without keys.
 func NewClientInterceptor(opts ...ProcedureOption) connect.Interceptor {
 	var cov rpckit.Coverage
 	for _, opt := range opts {
@@ -91,11 +76,8 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 	}
 }
 
-// setFirstSent sets idemkey.FirstSentHeader in h, unless h has it: to
-// ctxSent, the time of idemkey.ContextWithKeyFirstSent when the call sends
-// that context's key, else now. One h has is sent as the IMF-fixdate of its
-// time; one that is not an HTTP date, or that is sent twice, fails the call
-// before it is sent.
+// setFirstSent sets h's first-sent time, unless h has one, to ctxSent or
+// now; one h has is checked and rewritten as an IMF-fixdate.
 func setFirstSent(h http.Header, ctxSent time.Time) *connect.Error {
 	switch vs := h[idemkey.FirstSentHeader]; len(vs) {
 	case 0:
@@ -124,9 +106,7 @@ func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connec
 	return next
 }
 
-// firstSentInvalidError is the InvalidArgument error for a first-sent time
-// that is malformed or sent more than once; problem says which and must not
-// quote the value.
+// firstSentInvalidError's problem must not quote the value.
 func firstSentInvalidError(problem string) *connect.Error {
 	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: "+problem))
 }

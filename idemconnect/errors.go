@@ -9,21 +9,14 @@ import (
 	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
-// Header names beside idemkey.KeyHeader and idemkey.ReplayedHeader.
-// http.Header canonicalizes them; gRPC clients see them in lower case.
+// Header names as http.Header canonicalizes them: seconds to wait, gRPC's
+// retry pushback in milliseconds, and its count of earlier attempts.
 const (
-	// retryAfterHeader tells a client that finds its key in progress how
-	// many seconds to wait.
 	retryAfterHeader = "Retry-After"
-	// pushbackHeader tells gRPC's retry policy how many milliseconds to wait
-	// (grpc-retry-pushback-ms).
-	pushbackHeader = "Grpc-Retry-Pushback-Ms"
-	// attemptsHeader counts the earlier attempts of a call that gRPC's retry
-	// policy sends again (grpc-previous-rpc-attempts).
-	attemptsHeader = "Grpc-Previous-Rpc-Attempts"
+	pushbackHeader   = "Grpc-Retry-Pushback-Ms"
+	attemptsHeader   = "Grpc-Previous-Rpc-Attempts"
 )
 
-// checkKey is idemkey.ValidateKey as a Connect error.
 func checkKey(key string) *connect.Error {
 	if err := idemkey.ValidateKey(key); err != nil {
 		return toError(rpckit.InvalidKey(err))

@@ -15,13 +15,8 @@ import (
 	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
-// encode turns the handler's result (x.resp, x.err) into the bytes a store
-// records (the gRPC interceptor's record, byte for byte in meaning: see
-// rpckit), with the headers and trailers k kept. record is false when the
-// result must be released instead. With a redaction, what is recorded is a
-// copy of the result as it left it; the caller keeps the result itself. An
-// error means nothing can be recorded (the caller records an Internal in
-// its place).
+// encode turns the handler's result into the gRPC interceptor's record, or
+// record false to release the key. A redaction changes a copy.
 func (x *exchange) encode(k *kept) (raw []byte, record bool, err error) {
 	herr, o := x.err, x.s.opts
 	var st *idemkeyv1.Status
@@ -60,8 +55,6 @@ func (x *exchange) encode(k *kept) (raw []byte, record bool, err error) {
 	return raw, err == nil, err
 }
 
-// toHeader is a copy of kept metadata as an http.Header, values of "-bin"
-// names decoded.
 func toHeader(m map[string][][]byte) http.Header {
 	if len(m) == 0 {
 		return nil
@@ -75,7 +68,6 @@ func toHeader(m map[string][][]byte) http.Header {
 	return h
 }
 
-// headerEntries is the record of h, under lower-case names.
 func headerEntries(h http.Header) []*idemkeyv1.MetadataEntry {
 	m := make(map[string][][]byte, len(h))
 	for name, vs := range h {
@@ -87,9 +79,8 @@ func headerEntries(h http.Header) []*idemkeyv1.MetadataEntry {
 	return rpckit.Entries(m)
 }
 
-// statusOf is the status Connect sends for a handler's error: a
-// *connect.Error's own; a context error, even wrapped, is Canceled or
-// DeadlineExceeded; any other error is Unknown with its text.
+// statusOf is the status Connect sends for err: a context error, even
+// wrapped, is Canceled or DeadlineExceeded; another non-Connect one Unknown.
 func statusOf(err error) *idemkeyv1.Status {
 	var ce *connect.Error
 	if errors.As(err, &ce) && ce != nil {
@@ -109,11 +100,10 @@ func statusOf(err error) *idemkeyv1.Status {
 	return &idemkeyv1.Status{Code: int32(code), Message: []byte(err.Error())}
 }
 
-// typeURLPrefix is the prefix of the type URL of a detail: Connect names a
-// detail by its message's full name alone, gRPC by this URL.
+// typeURLPrefix: Connect names a detail by its message's full name alone,
+// gRPC by a type URL.
 const typeURLPrefix = "type.googleapis.com/"
 
-// toError is st, one of idemkey's own or a recorded one, as a Connect error.
 func toError(st *idemkeyv1.Status) *connect.Error {
 	err := connect.NewError(connect.Code(st.GetCode()), errors.New(string(st.GetMessage())))
 	for _, a := range st.GetDetails() {
@@ -124,23 +114,19 @@ func toError(st *idemkeyv1.Status) *connect.Error {
 	return err
 }
 
-// replayedMessage is the response of a replay. A *connect.Response must be
-// built for the handler's own response type, which an interceptor cannot
-// name, so the replayed message rides in this wrapper: a proto.Message whose
-// reflection is the message's own, which Connect's codecs marshal as the
-// message itself.
+// replayedMessage carries a replay's response, as an interceptor cannot name
+// the handler's type; Connect's codecs marshal it as the message itself.
 type replayedMessage struct{ proto.Message }
 
-// kept is the allow-listed header and trailer metadata of one call, under
-// lower-case names, binary values decoded.
+// kept is the allow-listed metadata of one call, lower-case, values decoded.
 type kept struct {
 	allowed         map[string]bool
 	header, trailer map[string][][]byte
 	before          map[string]int // values already in the CallInfo's header ("h:"+name) or trailer ("t:"+name) before the handler
 }
 
-// newKept starts keeping what the handler of a call sets, apart from what
-// outer interceptors set in its CallInfo before.
+// newKept keeps what the handler sets, apart from what outer interceptors
+// set in its CallInfo before.
 func newKept(allowed map[string]bool, info connect.CallInfo) *kept {
 	k := &kept{allowed: allowed}
 	if info != nil {
@@ -155,8 +141,7 @@ func newKept(allowed map[string]bool, info connect.CallInfo) *kept {
 	return k
 }
 
-// add keeps the allow-listed part of h, skipping for each name the first
-// skip[prefix+name] values.
+// add keeps the allow-listed part of h, past the values k.before counts.
 func (k *kept) add(dst *map[string][][]byte, h http.Header, prefix string) {
 	for name, vs := range h {
 		lower := strings.ToLower(name)
@@ -184,7 +169,6 @@ func decodeValue(name, v string) []byte {
 	return []byte(v)
 }
 
-// addEntries adds entries, those a replay sends, to h.
 func addEntries(h http.Header, entries []*idemkeyv1.MetadataEntry) {
 	for _, e := range entries {
 		name := e.GetKey()

@@ -17,18 +17,9 @@ import (
 
 // NewServerInterceptor returns an interceptor for Connect handlers that runs
 // each covered unary call at most once per idempotency key on eng, and
-// replays its recorded outcome to every retry. Streaming calls, and calls of
-// clients, pass through untouched. eng holds the settings every entry point
-// shares (engine.New: the store, the tenant, leases, retention, sealing,
-// hooks, metrics); opts are the Connect adapter's own.
-//
-// It returns an error for mistakes to catch at start-up: a nil eng, an
-// engine that cannot tell tenants apart (engine.WithTenant or
-// engine.WithSingleTenant), WithAtomic or WithAtomicProcedures on a store
-// that does not implement store.Atomic, or a procedure named in
-// WithIncludedProcedures, WithExcludedProcedures or WithAtomicProcedures
-// that the protobuf registry does not know (or, for WithAtomicProcedures,
-// that is not covered).
+// replays its recorded outcome to every retry; streams pass through. It
+// returns an error for mistakes to catch at start-up, as
+// interceptor.UnaryServerInterceptor does.
 func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Interceptor, error) {
 	o := rpckit.NewSettings[FingerprintFunc, RedactFunc]()
 	for _, opt := range opts {
@@ -40,9 +31,7 @@ func NewServerInterceptor(eng *engine.Engine, opts ...Option) (connect.Intercept
 	return &server{eng: eng, opts: o, procs: rpckit.NewMethods(o.Coverage, eng, "connectrpc")}, nil
 }
 
-// server translates Connect calls into the engine's request path and back:
-// where the key comes from (the Idempotency-Key header), how the request is
-// fingerprinted, and how an outcome is recorded (outcome.go) and replayed.
+// server translates Connect calls into the engine's request path and back.
 type server struct {
 	eng   *engine.Engine
 	opts  *options
@@ -72,7 +61,6 @@ func (s *server) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect
 	return next
 }
 
-// codeOf is the code Connect sends for err.
 func codeOf(err error) connect.Code {
 	if err == nil {
 		return 0
@@ -80,15 +68,13 @@ func codeOf(err error) connect.Code {
 	return connect.Code(statusOf(err).Code)
 }
 
-// exchange is one covered call, as engine.Serve reads and answers it; resp
-// and err are its answer.
+// exchange is one covered call, as engine.Serve reads and answers it.
 type exchange struct {
 	s    *server
 	ctx  context.Context
 	req  connect.AnyRequest
 	p    *rpckit.Method
 	next connect.UnaryFunc
-
 	resp connect.AnyResponse
 	err  error
 }
@@ -101,8 +87,7 @@ func (x *exchange) Key() (string, bool, error) {
 	return key, ok, nil // not a nil *connect.Error, which is a non-nil error
 }
 
-func (x *exchange) FirstSent() []string { return x.req.Header()[idemkey.FirstSentHeader] }
-
+func (x *exchange) FirstSent() []string     { return x.req.Header()[idemkey.FirstSentHeader] }
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.req.Header())} }
 
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
@@ -113,15 +98,11 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 	return fp, err
 }
 
-// isConnectError reports whether err is a *connect.Error, which goes to the
-// caller as it is.
 func isConnectError(err error) bool {
 	ce := (*connect.Error)(nil)
 	return errors.As(err, &ce)
 }
 
-// Run runs the handler, keeping the allow-listed headers and trailers it
-// sets (WithReplayedHeaders), and encodes its result for the record.
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	var k *kept
 	info, _ := connect.CallInfoForHandlerContext(ctx)
@@ -166,9 +147,6 @@ func (x *exchange) Answer(_ context.Context, a engine.Answer) int {
 	return int(codeOf(x.err))
 }
 
-// answer is the response and error of a. idemkey's own errors carry the
-// call's expiry in their metadata: headers with Connect's protocol,
-// trailers with gRPC's, as the gRPC interceptor sends it.
 func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
 	switch a.Verdict {
 	case engine.Executed:
@@ -186,8 +164,6 @@ func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
 	err := toError(rpckit.Refusal(x.ctx, a, "set the "+idemkey.KeyHeader+" header to one random key per operation"))
 	switch a.Verdict {
 	case engine.InProgress:
-		// Retry-After in whole seconds (at least one) for HTTP clients, and
-		// the pushback in milliseconds for gRPC's retry policy.
 		err.Meta()[retryAfterHeader] = []string{strconv.FormatInt(ceilDiv(a.RetryAfter, time.Second, 1), 10)}
 		err.Meta()[pushbackHeader] = []string{strconv.FormatInt(ceilDiv(a.RetryAfter, time.Millisecond, 0), 10)}
 		return nil, withExpires(err, a.Expires)
@@ -197,9 +173,8 @@ func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
 	return nil, err
 }
 
-// requestKey returns the call's idempotency key: from the header, or from
-// the request's key field (WithKeyField), which must then agree with the
-// header if that carries one too.
+// requestKey returns the call's key, from the header or the request's key
+// field, which must agree.
 func requestKey(req connect.AnyRequest, p *rpckit.Method) (string, bool, *connect.Error) {
 	h := req.Header()
 	key, ok, err := rpckit.TransportKey(h[idemkey.KeyHeader], len(h[idemkey.KeyHeader+"-Bin"]) > 0)
@@ -212,17 +187,13 @@ func requestKey(req connect.AnyRequest, p *rpckit.Method) (string, bool, *connec
 	return key, ok, nil
 }
 
-// retried reports whether gRPC's retry policy marks the call as a later
-// attempt, as it does over Connect's gRPC protocol too.
 func retried(h http.Header) bool {
 	v := h[attemptsHeader]
 	return len(v) > 0 && v[0] != "0"
 }
 
-// tellExpires tells the client until when the key of a call whose reply the
-// handler made is honoured, once that reply is recorded: in the call's
-// response header with a reply, and its trailer with an error, where
-// withExpires puts it too. A handler's *connect.Error may be shared among
+// tellExpires puts the expiry in the response header with a reply, the
+// trailer with an error: a handler's *connect.Error may be shared among
 // calls, so its metadata is left alone.
 func tellExpires(ctx context.Context, expires time.Time, resp connect.AnyResponse, err error) {
 	info, ok := connect.CallInfoForHandlerContext(ctx)
@@ -236,26 +207,22 @@ func tellExpires(ctx context.Context, expires time.Time, resp connect.AnyRespons
 	}
 }
 
-// setExpires sets idemkey.ExpiresHeader in h to expires, until when the
-// call's key is honoured, if the store said.
 func setExpires(h http.Header, expires time.Time) {
 	if !expires.IsZero() {
 		h[idemkey.ExpiresHeader] = []string{idemkey.FormatDate(expires)}
 	}
 }
 
-// withExpires is err, one of idemkey's own, with the call's expiry in its
-// metadata: headers with Connect's protocol, trailers with gRPC's, as the
-// gRPC interceptor sends it.
+// withExpires puts the expiry in the metadata of err, one of idemkey's own:
+// headers with Connect's protocol, trailers with gRPC's.
 func withExpires(err *connect.Error, expires time.Time) *connect.Error {
 	setExpires(err.Meta(), expires)
 	return err
 }
 
-// replay answers a retry with the recorded outcome, marked replayed: a reply
-// by the header Idempotent-Replayed and, over gRPC and gRPC-Web, the trailer
-// too, where grpc-go clients look for it; an error by its metadata, which
-// Connect sends as headers with its own protocol and as trailers with gRPC's.
+// replay marks a replayed reply by its header and, over gRPC and gRPC-Web,
+// its trailer too, where grpc-go clients look for it; an error by its
+// metadata.
 func (x *exchange) replay(a engine.Answer) (connect.AnyResponse, error) {
 	ctx, s := x.ctx, x.s
 	rec, st := x.p.Read(ctx, s.eng.Logger(), a.Outcome)

@@ -12,16 +12,11 @@ import (
 	"github.com/idemkey/idemkey"
 )
 
-// errResponseTooLarge is what Write returns past the engine's bound on a record.
 var errResponseTooLarge = errors.New("idemhttp: the response is too large to record; it will be replaced by a 500")
 
-// capture is the ResponseWriter the handler of an acquired key writes to: it
-// buffers the whole response, so that the first caller gets exactly what is
-// recorded and replayed to retries. It is not an http.Hijacker, and Flush
-// does nothing: see the package documentation.
-//
-// It has no Unwrap method on purpose: http.ResponseController would reach
-// the connection through it, and write around the record.
+// capture buffers the whole response of an acquired key's handler, so that
+// the first caller gets exactly what is recorded. It has no Unwrap method on
+// purpose: http.ResponseController would write around the record.
 type capture struct {
 	w      http.ResponseWriter // for the deadlines only
 	header http.Header
@@ -37,7 +32,6 @@ func newCapture(w http.ResponseWriter, limit int) *capture {
 	return c
 }
 
-// reset makes c a new capture of a response to w of at most limit bytes.
 func (c *capture) reset(w http.ResponseWriter, limit int) {
 	h := w.Header().Clone()
 	if h == nil {
@@ -48,8 +42,8 @@ func (c *capture) reset(w http.ResponseWriter, limit int) {
 
 func (c *capture) Header() http.Header { return c.header }
 
-// WriteHeader keeps the first final status, as net/http does; informational
-// ones (1xx) are dropped, since a replay could not repeat them.
+// WriteHeader keeps the first final status; 1xx ones are dropped, since a
+// replay could not repeat them.
 func (c *capture) WriteHeader(status int) {
 	if status < 100 || status > 999 {
 		panic(fmt.Sprintf("invalid WriteHeader code %v", status)) // as net/http does
@@ -67,8 +61,7 @@ func (c *capture) Write(p []byte) (int, error) {
 	return c.body.Write(p)
 }
 
-// WriteString is Write of s, without a copy of it: io.WriteString, which
-// handlers call, looks for it.
+// WriteString saves io.WriteString a copy of s.
 func (c *capture) WriteString(s string) (int, error) {
 	if err := c.admit(len(s)); err != nil {
 		return 0, err
@@ -76,8 +69,7 @@ func (c *capture) WriteString(s string) (int, error) {
 	return c.body.WriteString(s)
 }
 
-// admit is the error of a write of n bytes of the body, if it may not be
-// buffered: a status without a body, or past the bound on a record.
+// admit refuses a write to a status without a body, or past the bound.
 func (c *capture) admit(n int) error {
 	if c.status == 0 {
 		c.WriteHeader(http.StatusOK)
@@ -104,9 +96,7 @@ func (c *capture) SetWriteDeadline(t time.Time) error {
 	return http.NewResponseController(c.w).SetWriteDeadline(t)
 }
 
-// finish completes the captured response as net/http would have sent it: a
-// status of 200 if none was written, and a Content-Type sniffed from the
-// body if the handler set none.
+// finish applies net/http's defaults: status 200, a sniffed Content-Type.
 func (c *capture) finish() {
 	if c.status == 0 {
 		c.status = http.StatusOK
@@ -116,7 +106,6 @@ func (c *capture) finish() {
 	}
 }
 
-// send writes the captured response to w, in place of whatever header w has.
 func (c *capture) send(w http.ResponseWriter) {
 	h := w.Header()
 	for k := range h {
@@ -131,14 +120,12 @@ func (c *capture) send(w http.ResponseWriter) {
 	}
 }
 
-// bodyAllowed reports whether a response with status may have a body.
 func bodyAllowed(status int) bool {
 	return (status < 100 || status > 199) && status != http.StatusNoContent && status != http.StatusNotModified
 }
 
 // encodeResponse is the record of a captured response: its status, the
-// header fields on the replay list and its body; with redact, as redact
-// left a copy of them.
+// replay list's header fields and its body, redacted.
 func encodeResponse(r *http.Request, c *capture, o *options, redact RedactFunc) ([]byte, error) {
 	status, header, body := c.status, c.header, c.body.Bytes()
 	if redact != nil {
@@ -151,10 +138,9 @@ func encodeResponse(r *http.Request, c *capture, o *options, redact RedactFunc) 
 	return encodeRecord(status, header, body, o.replayList)
 }
 
-// redacted is the Reply that redact leaves of a copy of the captured
-// response. A panic in redact is an error, which names only the panic
-// value's type, so that the handler's key is not released: the handler has
-// run.
+// redacted is what redact leaves of a copy of the response. A panic in
+// redact is an error naming only the value's type (the value may quote the
+// response): the handler has run, so its key is not released.
 func redacted(r *http.Request, c *capture, replayed map[string]bool, redact RedactFunc) (reply *Reply, err error) {
 	reply = &Reply{Status: c.status, Header: http.Header{}, Body: bytes.Clone(c.body.Bytes())}
 	for k, vs := range c.header {
@@ -164,7 +150,6 @@ func redacted(r *http.Request, c *capture, replayed map[string]bool, redact Reda
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			// Its value may quote the response it was redacting.
 			reply, err = nil, fmt.Errorf("the redaction function panicked with a value of type %T (its words are not logged: they may quote the response)", p)
 		}
 	}()
@@ -175,8 +160,7 @@ func redacted(r *http.Request, c *capture, replayed map[string]bool, redact Reda
 	if !bodyAllowed(reply.Status) {
 		reply.Body = nil
 	}
-	// Header names as the replay list has them (canonical).
-	for k, vs := range reply.Header {
+	for k, vs := range reply.Header { // canonical, as the replay list
 		if c := http.CanonicalHeaderKey(k); c != k {
 			delete(reply.Header, k)
 			reply.Header[c] = append(reply.Header[c], vs...)
@@ -185,8 +169,7 @@ func redacted(r *http.Request, c *capture, replayed map[string]bool, redact Reda
 	return reply, nil
 }
 
-// replayResponse writes a recorded response to w, with the header fields on
-// today's replay list, marked replayed.
+// replayResponse writes a recorded response with today's replay list.
 func replayResponse(w http.ResponseWriter, resp *recordedResponse, o *options) {
 	h := w.Header()
 	resp.eachHeader(func(key, entry []byte) {

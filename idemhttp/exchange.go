@@ -17,11 +17,9 @@ import (
 )
 
 // exchange is one covered request, as engine.Serve reads and answers it.
-// The middleware's own answers (a recorded, replayed or problem response)
-// are prepared by Answer and sent, by send, only after Serve has run the
-// hooks, so that a client that has the answer knows they have returned; a
-// response the handler writes itself (Pass: no key, or failed open) goes
-// out as it writes it, through rec, before them.
+// Answer prepares the middleware's own answers, sent only after Serve has run
+// the hooks, so that a client that has the answer knows they have returned;
+// a response the handler writes itself (Pass) goes out before them.
 type exchange struct {
 	m    *middleware
 	r    *http.Request
@@ -30,38 +28,34 @@ type exchange struct {
 	name string
 	rec  statusRecorder // the handler's writes, for Pass
 
-	ctx      nameContext // the request's context, with the operation name
-	body     []byte      // the request body, read for the fingerprint
-	read     bool        // body was read: the handler gets it, not r.Body
-	bodyRead bodyReader  // reads body again, for the fingerprint and then the handler
-	ran      bool        // the handler ran (Run)
-	cw       *capture    // the handler's buffered response, for Run: &captured
-	captured capture     // the capture cw points to
-	standIn  *capture    // the 500 recorded in its place, if it could not be
-
-	send   sender       // the answer Answer prepared
-	replay replayAnswer // the replay that send is, if Answer prepared one
+	ctx      nameContext  // the request's context, with the operation name
+	body     []byte       // the request body, read for the fingerprint
+	read     bool         // body was read: the handler gets it, not r.Body
+	bodyRead bodyReader   // reads body again, for the fingerprint and then the handler
+	ran      bool         // the handler ran (Run)
+	cw       *capture     // the handler's buffered response, for Run: &captured
+	captured capture      // the capture cw points to
+	standIn  *capture     // the 500 recorded in its place, if it could not be
+	send     sender       // the answer Answer prepared
+	replay   replayAnswer // the replay that send is, if Answer prepared one
 }
 
-// sender sends an answer Answer prepared: a captured response (*capture), a
-// replay, or a problem.
+// sender sends an answer Answer prepared: a captured response, a replay, or
+// a problem.
 type sender interface{ send(w http.ResponseWriter) }
 
-// sendFunc is a sender that is a function.
 type sendFunc func(w http.ResponseWriter)
 
 func (f sendFunc) send(w http.ResponseWriter) { f(w) }
 
 func (x *exchange) Key() (string, bool, error) { return KeyFromHeader(x.r.Header) }
-
-func (x *exchange) FirstSent() []string { return x.r.Header.Values(idemkey.FirstSentHeader) }
+func (x *exchange) FirstSent() []string        { return x.r.Header.Values(idemkey.FirstSentHeader) }
 
 // Attempt is the zero Attempt: HTTP does not say which attempt a request is.
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
 
-// Fingerprint reads the request body whole, up to WithMaxBodySize, and
-// fingerprints the request with it. Its error is a *refusal, which Answer
-// writes as its problem.
+// Fingerprint reads the body whole, up to WithMaxBodySize. Its error is a
+// *refusal, which Answer writes as its problem.
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 	body, status, err := readBody(x.r, x.m.opts.maxBody)
 	if err != nil {
@@ -73,9 +67,7 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 	}
 	x.body, x.read = body, true
 	if x.m.opts.fingerprint == nil {
-		// DefaultFingerprint's, of r itself rather than a copy with ctx and
-		// the body, which it does not read.
-		return fingerprint(x.r, x.name, body), nil
+		return fingerprint(x.r, x.name, body), nil // of r itself: no copy
 	}
 	fp, err := x.m.opts.fingerprint(x.request(ctx), body)
 	if err != nil {
@@ -87,9 +79,8 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 	return fp, nil
 }
 
-// Run runs the handler into a buffer (capture), so that the first caller
-// gets exactly what is recorded and replayed to every retry. In atomic mode
-// only a status below 400 keeps the handler's writes.
+// Run runs the handler into a buffer. In atomic mode only a status below 400
+// keeps the handler's writes.
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	x.ran = true
 	o := x.m.opts
@@ -114,8 +105,6 @@ func (x *exchange) StandIn(why error) []byte {
 	return outcome
 }
 
-// Pass runs the handler unprotected, writing straight to the client, and
-// returns the status it wrote.
 func (x *exchange) Pass(ctx context.Context) int {
 	x.next.ServeHTTP(&x.rec, x.request(ctx))
 	if x.rec.status == 0 {
@@ -124,15 +113,12 @@ func (x *exchange) Pass(ctx context.Context) int {
 	return x.rec.status
 }
 
-// Answer prepares the answer a says, for serve to send once the hooks have
-// run, and returns its status.
 func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 	status, send := x.answer(ctx, a)
 	x.send = send
 	return status
 }
 
-// answer is the status of a's answer, and how to send it.
 func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, sender) {
 	switch a.Verdict {
 	case engine.Executed:
@@ -179,8 +165,6 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, sender) {
 		"the idempotency store is unavailable; the request was not processed", 0, time.Time{})
 }
 
-// problem is the status of a problem answer (WriteProblem), and how to
-// send it, telling expires if it is not zero.
 func problem(status int, reason, detail string, retryAfter time.Duration, expires time.Time) (int, sender) {
 	return status, sendFunc(func(w http.ResponseWriter) {
 		setExpires(w.Header(), expires)
@@ -188,8 +172,7 @@ func problem(status int, reason, detail string, retryAfter time.Duration, expire
 	})
 }
 
-// refusal is Fingerprint's error: a request refused before anything is
-// reserved, answered with the problem it names.
+// refusal is Fingerprint's error, answered with the problem it names.
 type refusal struct {
 	status         int
 	reason, detail string
@@ -197,10 +180,8 @@ type refusal struct {
 
 func (e *refusal) Error() string { return e.detail }
 
-// request is the request the handler and the fingerprint get: r with ctx,
-// and the body read for the fingerprint, if it was, to read again. Only one
-// such request may read its body at a time: the fingerprint's, then the
-// handler's.
+// request is r with ctx and the body read for the fingerprint, to read
+// again. Only one such request may read its body at a time.
 func (x *exchange) request(ctx context.Context) *http.Request {
 	r := x.r.WithContext(ctx)
 	if x.read {
@@ -210,13 +191,12 @@ func (x *exchange) request(ctx context.Context) *http.Request {
 	return r
 }
 
-// bodyReader reads a request's body again.
 type bodyReader struct{ bytes.Reader }
 
 func (*bodyReader) Close() error { return nil }
 
-// readBody reads r's body whole, up to limit bytes. On an error, status is
-// the answer: 413 past the limit, else 400.
+// readBody reads r's body whole, up to limit bytes; on an error, status is
+// 413 past the limit, else 400.
 func readBody(r *http.Request, limit int64) (body []byte, status int, err error) {
 	if r.ContentLength > limit {
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
@@ -234,14 +214,11 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, err error)
 	return body, 0, nil
 }
 
-// readAll reads r to its end, as io.ReadAll does, or until it has read more
-// than limit bytes (tooLarge), as http.MaxBytesReader would refuse them,
-// without a reader around r. A body of size bytes (-1: unknown) is read into
-// a buffer of that size and one byte more, to see the end, rather than
-// grown from 512 bytes; but no more than preallocMax is made before the
-// bytes arrive, since size is the client's word: a flood of requests that
-// claim a large Content-Length and send nothing costs no more than one
-// that sends its bytes.
+// readAll is io.ReadAll up to limit bytes (tooLarge past it). A body of size
+// bytes is read into a buffer of size+1, rather than grown; but no more than
+// preallocMax before the bytes arrive, since size is the client's word: a
+// flood of requests that claim a large Content-Length and send nothing costs
+// no more than one that sends its bytes.
 func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error) {
 	if size < 0 {
 		size = 511
@@ -264,9 +241,8 @@ func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error
 	}
 }
 
-// readEnd is how many bytes readAll reads at most, limit and one more to
-// see that a body passes it; no more than an int holds, so that a limit of
-// math.MaxInt64, "no limit", does not overflow.
+// readEnd is limit+1, to see a body pass it, without overflow at
+// math.MaxInt64, "no limit".
 func readEnd(limit int64) int {
 	if limit >= math.MaxInt-1 {
 		return math.MaxInt
@@ -274,17 +250,12 @@ func readEnd(limit int64) int {
 	return int(limit) + 1
 }
 
-// preallocMax is the most readAll makes room for before a body's bytes
-// arrive.
 const preallocMax = 64 << 10
 
 func errTooLarge(limit int64) error {
 	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
 }
 
-// setExpires tells the client until when the call's key is honoured, if
-// the store said: on an answer about a recorded or reserved key, never on
-// one whose key was released or not reserved.
 func setExpires(h http.Header, expires time.Time) {
 	if !expires.IsZero() {
 		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
@@ -300,10 +271,8 @@ const (
 	detailUnrecordable     = "the response of this request could not be recorded"
 )
 
-// standIn is the 500 that takes the place of a response that cannot be
-// recorded (why: engine.ErrTooLarge, store.ErrFull, errResponseTooLarge, or
-// why encodeResponse failed), and its record: with the header of the
-// middleware before, not the handler's.
+// standIn is the 500, and its record, in place of a response that cannot be
+// recorded: with the header of the middleware before, not the handler's.
 func (m *middleware) standIn(w http.ResponseWriter, why error) (*capture, []byte) {
 	detail := detailUnrecordable
 	switch {
@@ -325,8 +294,6 @@ func (m *middleware) standIn(w http.ResponseWriter, why error) (*capture, []byte
 	return pw, outcome
 }
 
-// replayed is the status of the recorded response a replays, and how to
-// send it, marked replayed.
 func (x *exchange) replayed(ctx context.Context, a engine.Answer) (int, sender) {
 	resp, err := decodeRecord(a.Outcome)
 	if err != nil {
@@ -338,7 +305,6 @@ func (x *exchange) replayed(ctx context.Context, a engine.Answer) (int, sender) 
 	return resp.status, &x.replay
 }
 
-// replayAnswer is a replay of a recorded response, to send.
 type replayAnswer struct {
 	resp    recordedResponse
 	expires time.Time

@@ -6,11 +6,9 @@ import (
 	"github.com/idemkey/idemkey"
 )
 
-// KeyFromHeader returns the idempotency key of h, read by idemkey.ParseKey
-// as every entry point reads it: an RFC 8941 sf-string or a bare key. ok is
-// false if h has no Idempotency-Key field. err, an *idemkey.KeyError that
-// never quotes the key, is set if the field is malformed or sent more than
-// once.
+// KeyFromHeader returns the idempotency key of h, read by idemkey.ParseKey;
+// ok is false if h has none. err, an *idemkey.KeyError that never quotes the
+// key, is set if the field is malformed or sent more than once.
 func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
 	values := h.Values(idemkey.KeyHeader)
 	switch len(values) {

@@ -22,17 +22,12 @@ import (
 
 // Middleware returns net/http middleware that runs each covered request at
 // most once per idempotency key on eng, and replays its recorded response to
-// every retry. eng holds the settings every entry point shares (engine.New:
-// the store, the tenant, whether a key is required, leases, retention,
-// sealing, hooks, metrics); its TenantFunc reads r.Context(), where an
-// authentication middleware put the caller's identity. opts are the
-// middleware's own. See the package documentation for what is covered and
-// answered.
+// every retry. eng's TenantFunc reads r.Context(), where authentication put
+// the caller's identity.
 //
-// It returns an error for a mistake to catch at start-up: a nil eng, an
-// engine that cannot tell tenants apart (engine.WithTenant or
-// engine.WithSingleTenant), WithAtomic on a store that does not implement
-// store.Atomic, or a header WithReplayedHeaders may not replay.
+// It returns an error for a mistake to catch at start-up: a nil eng, no
+// tenant (engine.WithTenant or engine.WithSingleTenant), WithAtomic on a
+// store that is not a store.Atomic, or a header that may not be replayed.
 func Middleware(eng *engine.Engine, opts ...Option) (func(http.Handler) http.Handler, error) {
 	if eng == nil {
 		return nil, errors.New("idemhttp: Middleware needs an engine: engine.New(store, engine.WithTenant(...))")
@@ -51,20 +46,17 @@ func Middleware(eng *engine.Engine, opts ...Option) (func(http.Handler) http.Han
 }
 
 // middleware translates HTTP requests into the engine's request path and
-// back: where the key comes from (the Idempotency-Key field), how a request
-// is fingerprinted, how a response is recorded (capture.go) and replayed,
-// and how each verdict is answered (problem.go).
+// back.
 type middleware struct {
-	eng  *engine.Engine
-	opts *options
-
+	eng      *engine.Engine
+	opts     *options
 	ops      sync.Map // opKey -> *engine.Operation
 	nops     atomic.Int64
 	warnOnce sync.Once // logs once that operations are no longer kept
 }
 
-// maxOperations bounds the operations kept; past it they are built for each
-// request (see WithOperation).
+// maxOperations bounds the operations kept; past it each request builds its
+// own.
 const maxOperations = 1024
 
 type opKey struct{ method, name, pattern string }
@@ -97,8 +89,8 @@ func (m *middleware) operation(r *http.Request, name string) (op *engine.Operati
 
 func statusAttr(code int) attribute.KeyValue { return attribute.Int("http.response.status_code", code) }
 
-// route is the path template of a ServeMux pattern ("[METHOD ][HOST]/PATH"),
-// the value of http.route: "/v1/charges/{id}" for "POST /v1/charges/{id}".
+// route is a ServeMux pattern's path, http.route: "/v1/charges/{id}" for
+// "POST /v1/charges/{id}".
 func route(pattern string) string {
 	if _, rest, ok := strings.Cut(pattern, " "); ok {
 		pattern = strings.TrimLeft(rest, " \t")
@@ -109,17 +101,11 @@ func route(pattern string) string {
 	return ""
 }
 
-// DefaultOperation is the default operation name of a request
-// (WithOperation): the pattern of the http.ServeMux route that matched it,
-// such as "POST /v1/charges", else its method alone.
-//
-// r.Pattern is set only for a handler the mux calls: wrap each handler as
-// you register it, mux.Handle("POST /v1/charges", mw(h)). Middleware
-// wrapped around the whole mux sees no pattern, so every request of one
-// method is one operation: a key then names one request of its tenant
-// across every path (the fingerprint covers the path, so a key sent again
-// to another path is refused as reused), as Stripe's keys do. Naming an
-// operation after the raw path instead would let callers mint operations.
+// DefaultOperation names a request's operation by the http.ServeMux pattern
+// that matched it, such as "POST /v1/charges", else its method alone.
+// r.Pattern is set only for a handler the mux calls, so wrap each handler as
+// you register it; around the whole mux, a key names one request of its
+// tenant across every path, as Stripe's keys do.
 func DefaultOperation(r *http.Request) string {
 	if r.Pattern != "" {
 		return r.Pattern
@@ -127,21 +113,17 @@ func DefaultOperation(r *http.Request) string {
 	return r.Method
 }
 
-// DefaultFingerprint is the default fingerprint (WithFingerprint): the SHA-256 of
-// "idemhttp v1", the method, the operation name, the escaped path, the raw
-// query, the media type of the Content-Type in lower case (without its
-// parameters) and the body, each with its length in front
-// (store.AppendParts). Two requests that differ in any of them differ; so do
-// one sent to an HTTP route and one to a gRPC method, whatever their names.
+// DefaultFingerprint is the SHA-256 of "idemhttp v1", the method, the
+// operation name, the escaped path, the raw query, the lower-case media type
+// and the body, each length-prefixed (store.AppendParts): it never matches a
+// gRPC method's.
 func DefaultFingerprint(r *http.Request, body []byte) (store.Fingerprint, error) {
 	return fingerprint(r, OperationName(r.Context()), body), nil
 }
 
-// fingerprint is DefaultFingerprint's of a request of the operation name.
 func fingerprint(r *http.Request, name string, body []byte) store.Fingerprint {
 	contentType := r.Header.Get("Content-Type")
-	// What mime.ParseMediaType returns of a type without parameters, or
-	// what is used when it fails, without the map of its parameters.
+	// mime.ParseMediaType's result without parameters, without its map.
 	mediaType := strings.ToLower(strings.TrimSpace(contentType))
 	if strings.Contains(contentType, ";") {
 		if mt, _, err := mime.ParseMediaType(contentType); err == nil {
@@ -185,14 +167,12 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 }
 
 // statusRecorder notes the status the handler writes on Pass, for the
-// metrics and the hooks, which run once it has returned. It unwraps, so
-// that http.ResponseController reaches w's features.
+// metrics and hooks. It unwraps, for http.ResponseController.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
 }
 
-// written notes status as the response's, if it is the first.
 func (s *statusRecorder) written(status int) {
 	if s.status == 0 {
 		s.status = status
@@ -226,7 +206,6 @@ func (s *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 
 func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
-// nameContext carries the operation name of a covered request.
 type nameContext struct {
 	context.Context
 	name string
@@ -242,8 +221,7 @@ func (n *nameContext) Value(key any) any {
 }
 
 // OperationName returns the operation name of the covered request whose
-// context is ctx (WithOperation), for a fingerprint function or the handler;
-// "" for any other context.
+// context is ctx; "" for any other.
 func OperationName(ctx context.Context) string {
 	name, _ := ctx.Value(nameKey{}).(string)
 	return name

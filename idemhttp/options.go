@@ -10,22 +10,15 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// defaultMaxBodySize bounds the request body read for the fingerprint
-// unless WithMaxBodySize sets another, in bytes.
 const defaultMaxBodySize = 1 << 20
 
-// Option configures the middleware: its own settings. Those every entry
-// point shares (the tenant, whether a key is required, leases, retention,
-// the record's bound, sealing, hooks, metrics, logging) are the engine's,
-// set once with engine.New.
+// Option configures the middleware. Settings every entry point shares are
+// the engine's (engine.New).
 type Option func(*options)
 
-// FingerprintFunc returns the fingerprint of a request whose body is body (the
-// whole of it, which the handler gets too). A retry must fingerprint the
-// same; any other request with the same key, differently. An error answers
-// 400 (ReasonRequestUnreadable): the request cannot be read as its operation
-// expects. The error is never sent, and only its type is logged: its words
-// may quote the request.
+// FingerprintFunc returns the fingerprint of r, whose whole body is body. An
+// error answers 400 (ReasonRequestUnreadable); it is never sent, and only its
+// type is logged, as its words may quote the request.
 type FingerprintFunc func(r *http.Request, body []byte) (store.Fingerprint, error)
 
 type options struct {
@@ -34,8 +27,7 @@ type options struct {
 	maxBody   int64
 	recorded  func(status int) bool
 	replayed  map[string]bool // canonical header names
-	// The replay list, sorted by name, and by the lower-case names records
-	// hold, for a record's encoding and its replay (record.go).
+	// The replay list, sorted, and by the lower-case names records hold.
 	replayList   []replayedName
 	replayedWire map[string]string // lower-case name -> canonical name
 	fingerprint  FingerprintFunc   // nil: DefaultFingerprint's
@@ -70,9 +62,7 @@ func (o *options) refuse(err error) {
 	}
 }
 
-// WithMethods sets the methods covered; requests with other methods pass
-// through untouched. The default is POST and PATCH, the methods HTTP does not
-// define as idempotent.
+// WithMethods sets the methods covered; the default is POST and PATCH.
 func WithMethods(methods ...string) Option {
 	return func(o *options) {
 		o.methods = make(map[string]bool, len(methods))
@@ -82,20 +72,10 @@ func WithMethods(methods ...string) Option {
 	}
 }
 
-// WithOperation sets how a request's operation is named: the name scopes its
-// keys (with the tenant), labels its metrics and enters its fingerprint. An
-// empty name lets the request pass through untouched. The default is
-// Operation.
-//
-// Names must come from a small, fixed set, such as route patterns or gRPC
-// method names, never from the raw path: each name is kept, and a caller
-// could mint names without end (past 1024 names, operations are no longer
-// kept but built for each request).
-//
-// The middleware records HTTP responses, which a gRPC or Connect replay
-// cannot rebuild, nor it theirs: to share keys with a gRPC method, serve the
-// route as a gateway to the gRPC service, as the example server's
-// POST /v1/charges does, rather than through this middleware.
+// WithOperation sets how a request's operation is named (DefaultOperation by
+// default): the name scopes its keys, labels its metrics and enters its
+// fingerprint; an empty name passes the request through. Names must come
+// from a small, fixed set, such as route patterns, never the raw path.
 func WithOperation(f func(r *http.Request) string) Option {
 	return func(o *options) {
 		if f != nil {
@@ -104,9 +84,9 @@ func WithOperation(f func(r *http.Request) string) Option {
 	}
 }
 
-// WithMaxBodySize bounds the request body read (1 MiB if n < 1): the body is read whole before the key is reserved, for the
-// fingerprint. A larger body, or a Content-Length that announces one, is
-// answered 413 (ReasonRequestTooLarge) and nothing is reserved.
+// WithMaxBodySize bounds the request body, read whole before the key is
+// reserved (1 MiB if n < 1). A larger one is answered 413
+// (ReasonRequestTooLarge) and nothing is reserved.
 func WithMaxBodySize(n int64) Option {
 	return func(o *options) {
 		if n < 1 {
@@ -116,15 +96,9 @@ func WithMaxBodySize(n int64) Option {
 	}
 }
 
-// WithRecordedStatuses sets the status codes whose responses are recorded and
-// replayed to retries; a response with any other status releases the key, so
-// that a retry runs the handler again. By default every status below 400 is
-// recorded, and the final answers 404 Not Found, 410 Gone, 412 Precondition
-// Failed, 500 Internal Server Error and 501 Not Implemented, as the gRPC
-// adapter records NotFound, FailedPrecondition, Internal and Unimplemented.
-// Every other status releases the key: one that the caller corrects and
-// retries (400, 401, 403, 409, 413, 415, 422), and one that says "not now"
-// (408, 425, 429, 502, 503, 504).
+// WithRecordedStatuses sets the statuses whose responses are recorded and
+// replayed; any other releases the key. By default every status below 400,
+// and 404, 410, 412, 500 and 501, the final answers.
 func WithRecordedStatuses(statuses ...int) Option {
 	set := make(map[int]bool, len(statuses))
 	for _, s := range statuses {
@@ -133,8 +107,6 @@ func WithRecordedStatuses(statuses ...int) Option {
 	return func(o *options) { o.recorded = func(status int) bool { return set[status] } }
 }
 
-// defaultRecorded reports whether a response with status is recorded when
-// WithRecordedStatuses does not say.
 func defaultRecorded(status int) bool {
 	switch {
 	case status < 400:
@@ -146,24 +118,18 @@ func defaultRecorded(status int) bool {
 	return false
 }
 
-// neverReplayed are header fields that a replay never repeats: a session
-// cookie, the replay marker and the key's expiry, which each answer sets
-// itself, and the fields that frame a message.
+// neverReplayed are header fields a replay never repeats: a session cookie,
+// those each answer sets itself, and those that frame a message.
 var neverReplayed = map[string]bool{
 	"Set-Cookie": true, "Idempotent-Replayed": true, "Idempotency-Key-Expires": true, "Content-Length": true, "Transfer-Encoding": true,
 	"Connection": true, "Keep-Alive": true, "Trailer": true, "Te": true, "Upgrade": true,
 	"Proxy-Connection": true, "Proxy-Authenticate": true,
 }
 
-// WithReplayedHeaders adds header fields to those recorded with a response
-// and replayed: by default Content-Type, Content-Encoding, Content-Language
-// and Location, which describe the body or point to what was made. Other
-// fields the handler sets reach the first caller only. Set-Cookie and the
-// fields that frame a message (Content-Length, Transfer-Encoding, Connection,
-// Trailer...) are never replayed: Middleware refuses them.
-//
-// A replay sends the fields on today's list: a field taken off the list stops
-// being replayed from records made before.
+// WithReplayedHeaders adds header fields to those recorded and replayed
+// (Content-Type, Content-Encoding, Content-Language and Location); others
+// reach the first caller only. Middleware refuses Set-Cookie and the fields
+// that frame a message. A replay sends the fields on today's list.
 func WithReplayedHeaders(names ...string) Option {
 	return func(o *options) {
 		for _, n := range names {
@@ -180,9 +146,7 @@ func WithReplayedHeaders(names ...string) Option {
 	}
 }
 
-// WithFingerprint sets how a request is fingerprinted; the default is
-// DefaultFingerprint. A function that hashes less (leaving out a client timestamp,
-// say) lets requests that differ there share a key.
+// WithFingerprint replaces DefaultFingerprint.
 func WithFingerprint(f FingerprintFunc) Option {
 	return func(o *options) {
 		if f != nil {
@@ -191,45 +155,29 @@ func WithFingerprint(f FingerprintFunc) Option {
 	}
 }
 
-// Reply is what is recorded of a response, and replayed to its retries, as
-// a RedactFunc sees it and may change it.
+// Reply is what is recorded of a response, as a RedactFunc sees and may
+// change it: the status (another final one, 200 to 999, may replace it), a
+// copy of the header fields on the replay list (a field off the list is not
+// replayed) and a copy of the body.
 type Reply struct {
-	// Status is the response's status. A RedactFunc may change it to
-	// another final status (200 to 999).
 	Status int
-	// Header is a copy of the header fields the response had on the replay
-	// list (WithReplayedHeaders): a field added that is not on the list is
-	// not replayed.
 	Header http.Header
-	// Body is a copy of the response's body.
-	Body []byte
+	Body   []byte
 }
 
-// RedactFunc removes from reply what must not be recorded: fields of a
-// JSON body (a card number, a vended credential), header fields. r is the
-// request, whose body the handler has read; OperationName(r.Context())
-// names its operation.
+// RedactFunc removes from reply what must not be recorded. r's body has been
+// read; OperationName(r.Context()) names its operation.
 type RedactFunc func(r *http.Request, reply *Reply)
 
-// WithRedaction calls f on what is about to be recorded of each response
-// that is recorded, after the handler and before the store, so that what f
-// removes is never stored. The first caller gets the handler's response,
-// whole; every retry with the key gets the redacted one, as recorded, with
-// Idempotent-Replayed: true. So remove only what a retry can do without,
-// and make the API's clients expect it (document it with the route).
-//
-// f runs synchronously, on a copy: it may keep nothing of reply. A panic in
-// f, or a status it leaves that is not final, records a 500 in place of the
-// response, which the caller gets too, as every retry will: the handler has
-// run, so its key is not released. Such a panic is logged with its value's
-// type, never the value, which may quote the response. The 500 that idemkey records in place of
-// a response too large to record is never given to f.
+// WithRedaction calls f on a copy of each response before it is recorded, so
+// that what f removes is never stored: the first caller gets the whole
+// response, every retry the redacted one. A panic in f (logged by its value's
+// type alone), or a status it leaves that is not final, records a 500, which
+// the first caller gets too: the key is not released.
 func WithRedaction(f RedactFunc) Option { return func(o *options) { o.redact = f } }
 
-// WithAtomic runs covered requests in atomic mode: the handler's writes, made
-// through the transaction its r.Context() carries (postgres.TxFromContext),
-// commit in one transaction with the key's reservation and record. A
-// recorded status of 400 or more (a 404, say) commits the record but undoes
-// the writes. The engine's store must implement store.Atomic: Middleware
-// refuses one that does not.
+// WithAtomic runs covered requests in atomic mode: the handler's writes
+// through postgres.TxFromContext(r.Context()) commit with the key's record; a
+// recorded status of 400 or more commits the record but undoes the writes.
+// The store must implement store.Atomic.
 func WithAtomic() Option { return func(o *options) { o.atomic = true } }

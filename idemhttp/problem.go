@@ -25,18 +25,15 @@ const (
 	ReasonResponseNotRecorded = "RESPONSE_NOT_RECORDED"
 )
 
-// problemTypeBase is where the type of each of the middleware's problems
-// starts; the reason follows in lower case, words joined by hyphens:
-// https://idemkey.dev/problems/idempotency-key-reused for
-// IDEMPOTENCY_KEY_REUSED. The host is the domain of the gRPC adapter's
-// google.rpc.ErrorInfo, so that a reason reads the same over either.
+// problemTypeBase starts each problem type; the reason follows in lower case,
+// hyphenated. The host is the gRPC ErrorInfo's domain, so that a reason reads
+// the same over either.
 const problemTypeBase = "https://idemkey.dev/problems/"
 
 // ProblemContentType is the media type of a problem (RFC 9457).
 const ProblemContentType = "application/problem+json"
 
-// problemType returns the problem type URI of reason; "about:blank", the
-// type of a problem that only its status describes, for "".
+// problemType returns reason's problem type URI; "about:blank" for "".
 func problemType(reason string) string {
 	if reason == "" {
 		return "about:blank"
@@ -68,7 +65,6 @@ type Problem struct {
 	Detail string `json:"detail,omitempty"`
 }
 
-// titles are the titles of the reasons' problems.
 var titles = map[string]string{
 	idemkey.ReasonKeyMissing:       "Idempotency-Key is missing",
 	idemkey.ReasonKeyInvalid:       "Idempotency-Key is malformed",
@@ -83,12 +79,10 @@ var titles = map[string]string{
 	ReasonResponseNotRecorded:      "The response could not be recorded",
 }
 
-// WriteProblem answers with an RFC 9457 application/problem+json body:
-// {type, title, status, detail}. Its type is problemType(reason), its title
-// the reason's (or, for another reason, the status text). status should be
-// a 4xx or 5xx code; any other is written as 500. A retryAfter above zero
-// adds Retry-After, in whole seconds rounded up. detail goes over the wire:
-// it must not hold the key, the tenant or request data.
+// WriteProblem answers with an RFC 9457 application/problem+json body whose
+// type names reason. A status that is not 4xx or 5xx is written as 500; a
+// retryAfter above zero adds Retry-After, in whole seconds rounded up. detail
+// goes over the wire: it must not hold the key, the tenant or request data.
 func WriteProblem(w http.ResponseWriter, status int, reason, detail string, retryAfter time.Duration) {
 	if status < 400 || status > 599 {
 		status = http.StatusInternalServerError

@@ -10,15 +10,10 @@ import (
 )
 
 // The record of a response is an idemkey.v1.Outcome whose result is an
-// HTTPResponse (proto/idemkey/v1/outcome.proto). It is written and read
-// here with protowire rather than through the generated messages, which
-// cost a dozen allocations for each response recorded and as many for each
-// replayed: the bytes are those proto.Marshal writes of the same message
-// (fields in number order, header fields sorted by name), and a record is
-// read as proto.Unmarshal reads it (the last of a singular field wins,
-// repeated ones add up, unknown fields are skipped, a field of another
-// member of the oneof ends the response). record_test.go holds both to
-// the generated code.
+// HTTPResponse, written and read with protowire rather than the generated
+// messages, which cost a dozen allocations a response: the bytes are
+// proto.Marshal's, and a record is read as proto.Unmarshal reads it.
+// record_test.go holds both to the generated code.
 
 // Field numbers of outcome.proto.
 const (

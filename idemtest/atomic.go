@@ -8,24 +8,18 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// CheckAtomic runs handle as one atomic call on st (store/postgres), whose
-// transaction then rolls back, as it does when a call fails for now or its
-// server dies before the commit, and fails the test if Chaos.Effects counts
-// an effect that stayed: the handler wrote outside the call's transaction,
-// through the pool, so its effect outlives the call and a retry makes it
-// again. handle is the handler's call, with whatever else its context
-// needs (the caller's tenant); it must succeed, so that it makes its
-// effect:
+// CheckAtomic runs handle as one atomic call on st, whose transaction then
+// rolls back, and fails the test if Chaos.Effects counts an effect that
+// stayed: the handler wrote through the pool, so a retry makes it again.
+// handle must succeed, so that it makes its effect:
 //
 //	kit.CheckAtomic(st, func(ctx context.Context) error {
 //		_, err := svc.CreateCharge(ctx, req)
 //		return err
 //	})
 //
-// It needs Chaos.Effects, and a store that implements store.Atomic. It
-// cannot tell a handler that writes nothing from one that writes through
-// the call's transaction, since both leave no effect once it rolls back:
-// the Kit's checks of a call (one effect for a success) catch the first.
+// It needs Chaos.Effects, and a store.Atomic. A handler that writes nothing
+// passes here; the Kit's checks of a call catch it.
 func (k *Kit) CheckAtomic(st store.Store, handle func(ctx context.Context) error) {
 	k.t.Helper()
 	k.mu.Lock()

@@ -10,25 +10,16 @@ import (
 )
 
 // Process delivers ds to c as an at-least-once broker may: every message
-// twice, the batch out of order (the first deliveries last message first,
-// the second deliveries in order), and each once more after its handler's
-// effect but before its acknowledgement (while the first run's handler
-// returns). h is the consumer's handler of one delivery, as the broker's
-// adapter runs it (idemnats and idemamqp call c.Process for each message,
-// so this serves every broker).
+// twice, out of order, and once more after its handler's effect but before
+// its acknowledgement. h is the handler the broker's adapter runs. In atomic
+// mode each message is first delivered to a consumer that dies before its
+// commit, so that a write through the pool stands beside the next
+// delivery's.
 //
-// In atomic mode (consumer.WithAtomic on store/postgres) each message is
-// first delivered once more to a consumer that dies before its commit: its
-// handler runs, and its transaction rolls back, so that an effect written
-// outside it (through the pool, not postgres.TxFromContext) stands beside
-// the one of the delivery that follows.
-//
-// It fails the test unless each message ran its handler once: the
-// redelivery during its run is Busy, the later one a Duplicate, and, with
-// Chaos.Effects, a processed message left one effect and any other none
-// (a side effect before a recorded failure stands while the message is
-// dead-lettered). It returns the Results of the first deliveries, in the
-// order of ds. The other faults of Chaos are for calls and do not apply.
+// It fails the test unless each message ran its handler once (the
+// redelivery during its run Busy, the later one a Duplicate) and, with
+// Chaos.Effects, a processed message left one effect and any other none. It
+// returns the Results of the first deliveries, in the order of ds.
 func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.Delivery, h func(ctx context.Context, d consumer.Delivery) error) []consumer.Result {
 	k.t.Helper()
 	k.mu.Lock()
@@ -104,14 +95,11 @@ func (k *Kit) deliverFirst(ctx context.Context, c *consumer.Consumer, d consumer
 }
 
 // died is the panic with which a consumer "dies" before its commit: the
-// engine releases the message's id (in atomic mode, rolls its transaction
-// back), whatever the consumer's classification of errors.
+// engine releases the message's id whatever the consumer's classification.
 type died struct{}
 
-// dieBeforeCommit delivers d to a consumer that, in atomic mode, runs the
-// handler and dies before its commit, so that the message's transaction
-// rolls back; it returns that delivery. In two-phase mode, where no
-// transaction undoes an effect, it runs nothing and returns nil.
+// dieBeforeCommit delivers d to a consumer that dies before its commit; in
+// two-phase mode, where no transaction undoes an effect, it returns nil.
 func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) (out *delivery) {
 	dd := &delivery{role: "delivered before the first to a consumer that dies before its commit (atomic mode): its transaction rolled back"}
 	defer func() {

@@ -74,22 +74,16 @@ func (k *Kit) UnaryClientInterceptor() grpc.UnaryClientInterceptor {
 }
 
 // UnaryServerInterceptor returns the Kit's server half for gRPC: chained
-// after idemkey's interceptor on the server under test, it sees each run of
-// the handler for the key of the call the Kit checks, and holds a first
+// after idemkey's interceptor on the server under test, it holds a first
 // attempt that Chaos.Cancel cancels once its handler has returned, until the
-// Kit has cancelled it, so that every first attempt is cancelled inside
-// its call, however fast the handler. In atomic mode it then answers the
-// cancellation, which rolls the call's transaction back, as a server that
-// dies before its commit: a handler that wrote outside the transaction
-// (through the pool, not postgres.TxFromContext) leaves an effect that the
-// retry makes again, and the Kit fails the test. In two-phase mode the
-// handler's own answer goes on, to be recorded.
+// Kit has cancelled it, however fast the handler. In atomic mode it then
+// answers the cancellation, which rolls the call's transaction back, as a
+// server that dies before its commit: a write through the pool, not
+// postgres.TxFromContext, is then made twice, and fails the test.
 //
 //	grpc.NewServer(grpc.ChainUnaryInterceptor(idem, kit.UnaryServerInterceptor()))
 //
-// Calls whose key is not the checked call's pass through untouched. It
-// serves the Kit's client adapters on any transport that reaches this
-// server (gRPC, grpc-gateway).
+// Calls whose key is not the checked call's pass through untouched.
 func (k *Kit) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 	k.server.on.Store(true)
 	return func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
@@ -142,15 +136,11 @@ func (a *grpcAttempt) read(ctx context.Context) Try {
 	return out
 }
 
-// callerOptions are the caller's options that receive a call's header,
-// trailer and peer.
 type callerOptions struct {
 	header, trailer []*metadata.MD
 	peer            []*peer.Peer
 }
 
-// splitOptions takes the caller's grpc.Header, grpc.Trailer and grpc.Peer
-// out of opts.
 func splitOptions(opts []grpc.CallOption) (own []grpc.CallOption, theirs callerOptions) {
 	for _, o := range opts {
 		switch o := o.(type) {

@@ -27,37 +27,27 @@ type Chaos struct {
 	Duplicates int
 	// Cancel cancels each call's first attempt while the server holds its
 	// key, and then sends the call again: a handler cut short must leave
-	// neither half an effect nor a second one. With the Kit's server half
-	// chained after idemkey's interceptor (UnaryServerInterceptor), the
-	// server holds the first attempt once its handler has returned until it
-	// is cancelled, every time; in atomic mode its transaction then rolls
-	// back, as a server's that dies before its commit, so that an effect
-	// written outside it (through the pool) shows as a second effect when
-	// the retry runs. Without it, the Kit cancels the attempt once Effects
-	// counts its effect or a probe hears "in progress"; a first attempt
-	// that ends before either sign is not cancelled, and the report says
-	// so.
+	// neither half an effect nor a second one. The server half
+	// (UnaryServerInterceptor) makes the cancellation land every time;
+	// without it, a first attempt that ends first is not cancelled, and the
+	// report says so.
 	Cancel bool
 	// LoseReply answers the caller's first call Unavailable after it ran, as
 	// a lost reply looks to a client, and takes the caller's next call as its
 	// retry, which must carry the same key. The other faults check the
 	// server; this one checks the client's own retry.
 	LoseReply bool
-	// Effects counts the effects of the operation under test (a SELECT
-	// count(*) of its rows, the calls a fake provider got), read before and
-	// after each call: a call answered with success must leave exactly one,
-	// an error none. It must count only what the test's own calls do. Nil
-	// counts nothing.
+	// Effects counts the effects of the operation under test, read before
+	// and after each call: a success must leave exactly one, an error none.
+	// It must count only the test's own calls. Nil counts nothing.
 	Effects func(ctx context.Context) (int, error)
 }
 
 // Kit applies its Chaos to each call that carries an idempotency key,
-// through a transport's adapter (UnaryClientInterceptor, RoundTripper,
-// idemconnecttest.Interceptor, or Call for another), and fails its test
-// with the attempts' report when one call's attempts disagree or its
-// effects are not one per key. It checks one call at a time: calls made at
-// once through one Kit wait for each other, so that each call's effects are
-// its own.
+// through a transport's adapter, and fails its test with the attempts'
+// report when one call's attempts disagree or its effects are not one per
+// key. Calls made at once through one Kit wait for each other, so that each
+// call's effects are its own.
 type Kit struct {
 	t     testing.TB
 	chaos Chaos
@@ -210,16 +200,12 @@ const (
 	holdPatience = 30 * time.Second
 )
 
-// Call makes one call of the operation under the Kit's Chaos: key is the
-// key the call carries, and send sends attempt n of it (from 0; attempts
-// may be sent at once, so send must be safe for concurrent use). It returns
-// the attempt whose answer the caller gets, or lost (Chaos.LoseReply): the
-// adapter then answers as a lost reply looks on its transport. Every
-// attempt is checked against the others, and the call's effects counted,
-// before Call returns, or, for a lost reply, with its retry.
-//
-// The adapters of this package and idemconnecttest are built on it; an
-// adapter for another transport reads each answer into a Try.
+// Call makes one call of the operation under the Kit's Chaos, for an adapter
+// of another transport: send sends attempt n (from 0) with key, and must be
+// safe for concurrent use. It returns the attempt whose answer the caller
+// gets, or lost (Chaos.LoseReply): the adapter then answers as a lost reply
+// looks on its transport. The attempts are checked before Call returns, or,
+// for a lost reply, with its retry.
 func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Context, n int) Try) (n int, lost bool) {
 	k.t.Helper()
 	k.mu.Lock()
@@ -251,8 +237,7 @@ func (k *Kit) Call(ctx context.Context, key string, send func(ctx context.Contex
 	return n, false
 }
 
-// run is one Call's sending: its call and key, and the numbers of its
-// sends.
+// run is one Call's sending.
 type run struct {
 	k     *Kit
 	c     *call
@@ -262,9 +247,8 @@ type run struct {
 	probe time.Duration // the next probe's deadline; 0: the first's
 }
 
-// attempts sends the attempts the Chaos asks for, and returns the number of
-// the send whose answer the caller gets. first is false for a caller's
-// retry after a lost reply, which is sent once, as it is.
+// attempts sends the attempts the Chaos asks for, and returns the send whose
+// answer the caller gets; a retry after a lost reply (!first) is sent once.
 func (r *run) attempts(ctx context.Context, first bool) int {
 	ch := r.k.chaos
 	if !first {
@@ -316,14 +300,8 @@ func (r *run) attempt(ctx context.Context, role string) int {
 }
 
 // cancelFirst sends a first attempt and cancels it once the server holds
-// its key, and reports whether it cancelled the attempt before it ended.
-// With the server half (UnaryServerInterceptor), the server holds the
-// attempt once its handler has returned until the Kit cancels it, so that
-// the cancellation lands every time; the Kit cancels it earlier once
-// Effects counts its effect (a handler that waits for its cancellation).
-// Without it, the Kit cancels once Effects counts more than before, or a
-// probe (an attempt with a short deadline) hears that the key is in
-// progress.
+// its key (the server half holds it, Effects counts its effect, or a probe
+// hears "in progress"), and reports whether it cancelled it before it ended.
 func (r *run) cancelFirst(ctx context.Context) bool {
 	first, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -465,12 +443,10 @@ func (k *Kit) settle(ctx context.Context, before int) (n int, ok bool) {
 	return n, ok
 }
 
-// check fails the test if c's attempts got different answers, if more than
-// one of them ran a successful call, if idemkey refused one (a key reused,
-// expired, a store unavailable), or if its effects are not one for a
-// success and none for an error. An error answer that a later attempt ran
-// past (not replayed) was released, not recorded: the later answer is the
-// call's.
+// check fails the test if c's attempts disagree, more than one succeeded by
+// running, idemkey refused one, or its effects are not one for a success and
+// none for an error. An error that a later attempt ran past was released:
+// the later answer is the call's.
 func (k *Kit) check(ctx context.Context, c *call) {
 	k.t.Helper()
 	var (

@@ -64,13 +64,10 @@ func (s *serverHalf) disarm() {
 	s.reached = nil
 }
 
-// ran notes that a handler's run with ctx, of a call with key, answered
-// code. If the attempt is marked to be held (held), it holds it until the
-// Kit has cancelled it, and reports whether the server must then roll the
-// call's transaction back: in atomic mode, where the handler's context
-// carries it, as a server that dies before its commit. A run outside
-// idemkey's call (the server half chained before idemkey's interceptor) is
-// noted, not held.
+// ran notes a handler's run that answered code. An attempt marked to be held
+// is held until the Kit has cancelled it, and ran reports whether the server
+// must then roll its transaction back (atomic mode). A run outside idemkey's
+// call is noted, not held.
 func (s *serverHalf) ran(ctx context.Context, key string, held bool, code string) (rollBack bool) {
 	_, inCall := idemkey.DerivedKey(ctx, "idemtest")
 	s.mu.Lock()

@@ -15,11 +15,8 @@ import (
 	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
-// encode turns the handler's result into the bytes a store records. record
-// is false when the result must be released instead. With a redaction,
-// what is recorded is a copy of the result as it left it; the caller keeps
-// the result itself. An error means nothing can be recorded (the caller
-// records an Internal in its place).
+// encode turns the handler's result into a record, or record false to
+// release the key. A redaction changes a copy, not the caller's result.
 func (x *exchange) encode() (raw []byte, record bool, err error) {
 	resp, herr, o := x.resp, x.err, x.s.opts
 	var st *idemkeyv1.Status
@@ -59,9 +56,8 @@ func (x *exchange) encode() (raw []byte, record bool, err error) {
 	return raw, err == nil, err
 }
 
-// statusOf is the status gRPC sends for a handler's error, as the record
-// holds it: a context error, even wrapped, is Canceled or DeadlineExceeded
-// rather than Unknown.
+// statusOf is the status gRPC sends for a handler's error: a context error,
+// even wrapped, is Canceled or DeadlineExceeded rather than Unknown.
 func statusOf(err error) *idemkeyv1.Status {
 	st, ok := status.FromError(err)
 	if !ok {
@@ -71,12 +67,10 @@ func statusOf(err error) *idemkeyv1.Status {
 	return &idemkeyv1.Status{Code: p.Code, Message: []byte(p.Message), Details: p.Details}
 }
 
-// toError is st, one of idemkey's own or a recorded one, as a gRPC status.
 func toError(st *idemkeyv1.Status) error {
 	return status.ErrorProto(&spb.Status{Code: st.GetCode(), Message: string(st.GetMessage()), Details: st.GetDetails()})
 }
 
-// toMD is entries as gRPC metadata; nil if there are none.
 func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {
 	if len(entries) == 0 {
 		return nil
@@ -90,12 +84,10 @@ func toMD(entries []*idemkeyv1.MetadataEntry) metadata.MD {
 	return md
 }
 
-// recorder wraps a call's transport stream to keep a copy of the allow-listed
-// header and trailer metadata the handler sets, for the record.
+// recorder keeps a copy of the allow-listed metadata the handler sets.
 type recorder struct {
 	grpc.ServerTransportStream
 	allowed map[string]bool
-
 	mu      sync.Mutex
 	header  metadata.MD
 	trailer metadata.MD
@@ -113,8 +105,7 @@ func (r *recorder) SetTrailer(md metadata.MD) error {
 	return r.keep(&r.trailer, md, r.ServerTransportStream.SetTrailer(md))
 }
 
-// keep copies the allow-listed part of md into dst once gRPC has taken md
-// (err is nil), and returns err.
+// keep copies the allow-listed part of md into dst if gRPC took md.
 func (r *recorder) keep(dst *metadata.MD, md metadata.MD, err error) error {
 	if err != nil {
 		return err

@@ -16,17 +16,11 @@ import (
 
 // UnaryServerInterceptor returns a server interceptor that runs each covered
 // call at most once per idempotency key on eng, and replays its recorded
-// outcome to every retry. eng holds the settings every entry point shares
-// (engine.New: the store, the tenant, leases, retention, sealing, hooks,
-// metrics); opts are the gRPC adapter's own. See the package documentation
-// for the request path.
+// outcome to every retry; opts are the gRPC adapter's own settings.
 //
-// It returns an error for a mistake to catch at start-up: a nil eng, an
-// engine that cannot tell tenants apart (engine.WithTenant or
-// engine.WithSingleTenant), WithAtomic or WithAtomicMethods on a store that
-// does not implement store.Atomic, or a method named in WithIncludedMethods,
-// WithExcludedMethods or WithAtomicMethods that the protobuf registry does
-// not know (or, for WithAtomicMethods, that is not covered).
+// It returns an error for a mistake to catch at start-up: a nil eng, no
+// tenant (engine.WithTenant), atomic mode on a store that is not a
+// store.Atomic, or a method the protobuf registry does not know.
 func UnaryServerInterceptor(eng *engine.Engine, opts ...Option) (grpc.UnaryServerInterceptor, error) {
 	o := newOptions(opts)
 	if err := rpckit.Check(o.Coverage, naming, true, eng); err != nil {
@@ -36,10 +30,7 @@ func UnaryServerInterceptor(eng *engine.Engine, opts ...Option) (grpc.UnaryServe
 	return s.intercept, nil
 }
 
-// server translates gRPC calls into the engine's request path and back:
-// where the key comes from (metadata), how the request is fingerprinted
-// (protokey.HashRequest), and how an outcome is recorded (outcome.go, on
-// protokey/rpckit, the record Connect shares) and replayed.
+// server translates gRPC calls into the engine's request path and back.
 type server struct {
 	eng      *engine.Engine
 	opts     *options
@@ -57,8 +48,7 @@ func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerI
 	return x.resp, x.err
 }
 
-// exchange is one covered call, as engine.Serve reads and answers it; resp
-// and err are its answer.
+// exchange is one covered call, as engine.Serve reads and answers it.
 type exchange struct {
 	s       *server
 	ctx     context.Context
@@ -67,17 +57,14 @@ type exchange struct {
 	handler grpc.UnaryHandler
 	rec     *recorder // the metadata the handler set, when some is replayed
 	expires [1]string // the value of the expiry's trailer (expiry)
-
-	resp any
-	err  error
+	resp    any
+	err     error
 }
 
 func (x *exchange) Key() (string, bool, error) { return x.s.key(x.ctx, x.req, x.m) }
-
 func (x *exchange) FirstSent() []string {
 	return metadata.ValueFromIncomingContext(x.ctx, idemkey.FirstSentMetadata)
 }
-
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.ctx)} }
 
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
@@ -88,8 +75,6 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 	return fp, err
 }
 
-// isStatus reports whether err is a gRPC status, which goes to the caller
-// as it is.
 func isStatus(err error) bool {
 	_, ok := status.FromError(err)
 	return ok
@@ -117,7 +102,6 @@ func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 	return int(status.Code(x.err))
 }
 
-// answer is the reply and error of a.
 func (x *exchange) answer(a engine.Answer) (any, error) {
 	switch a.Verdict {
 	case engine.Executed:
@@ -141,9 +125,6 @@ func (x *exchange) answer(a engine.Answer) (any, error) {
 	return nil, toError(rpckit.Refusal(x.ctx, a, missingKeyAdvice(x.ctx)))
 }
 
-// key returns the call's idempotency key: from the metadata, or from the
-// request's key field (WithKeyField), which must then agree with the
-// metadata if that carries one too.
 func (s *server) key(ctx context.Context, req any, m *rpckit.Method) (string, bool, error) {
 	key, ok, err := KeyFromIncomingContext(ctx)
 	if err != nil {
@@ -156,15 +137,11 @@ func (s *server) key(ctx context.Context, req any, m *rpckit.Method) (string, bo
 	return key, ok, nil
 }
 
-// retried reports whether gRPC's retry policy marks the call as a later
-// attempt (AttemptsMetadata above 0).
 func retried(ctx context.Context) bool {
 	attempts := metadata.ValueFromIncomingContext(ctx, AttemptsMetadata)
 	return len(attempts) > 0 && attempts[0] != "0"
 }
 
-// handlerContext is ctx, the engine's context for the handler, with the
-// recorder that keeps the metadata the handler sets if some is replayed.
 func (x *exchange) handlerContext(ctx context.Context) context.Context {
 	if len(x.s.opts.Replayed) > 0 {
 		if ts := grpc.ServerTransportStreamFromContext(ctx); ts != nil {
@@ -175,7 +152,6 @@ func (x *exchange) handlerContext(ctx context.Context) context.Context {
 	return ctx
 }
 
-// replay answers a retry with the recorded outcome.
 func (x *exchange) replay(a engine.Answer) (any, error) {
 	ctx, s := x.ctx, x.s
 	rec, st := x.m.Read(ctx, s.eng.Logger(), a.Outcome)
@@ -204,11 +180,9 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 	return rec.Response, nil
 }
 
-// tellExpiry sends the caller expires, until when its key is honoured, if
-// the store said. It goes in the trailer, as idempotent-replayed does, even
-// of a reply: a header would make an error that an interceptor outside
-// idemkey puts in the reply's place one that gRPC's retry policy does not
-// retry. A first call's trailer is kept for the calls after it (trailers).
+// tellExpiry sends the expiry in the trailer even of a reply: a header would
+// stop gRPC's retry policy from retrying an error an outer interceptor puts
+// in the reply's place.
 func (x *exchange) tellExpiry(expires time.Time, first bool) {
 	if expires.IsZero() {
 		return
@@ -224,8 +198,7 @@ func (x *exchange) tellExpiry(expires time.Time, first bool) {
 	_ = grpc.SetTrailer(x.ctx, kept.expiry)
 }
 
-// expiry is the value of the expiry's trailer, for a call alone: gRPC
-// copies it.
+// expiry is the expiry's trailer value, for this call alone (gRPC copies it).
 func (x *exchange) expiry(expires time.Time) []string {
 	x.expires[0] = idemkey.FormatDate(expires)
 	return x.expires[:]

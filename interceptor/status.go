@@ -12,28 +12,20 @@ import (
 	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
-// gRPC's own metadata names that the interceptors use.
+// gRPC's own metadata names: the retry policy's pushback trailer, and its
+// count of a call's earlier attempts (the server reads a later attempt's
+// record before it reserves).
 const (
-	// PushbackMetadata is the trailer that tells gRPC's retry policy how many
-	// milliseconds to wait before the next attempt.
 	PushbackMetadata = "grpc-retry-pushback-ms"
-	// AttemptsMetadata is the header in which gRPC's retry policy counts the
-	// earlier attempts of a call; the server interceptor reads the record of
-	// a call with a count above 0 before it reserves.
 	AttemptsMetadata = "grpc-previous-rpc-attempts"
 )
 
-// keyFromMetadata returns the idempotency key carried by md, as
-// KeyFromIncomingContext does.
 func keyFromMetadata(md metadata.MD) (key string, ok bool, err error) {
 	return parseKey(md[idemkey.KeyMetadata], len(md[idemkey.KeyMetadata+"-bin"]) > 0)
 }
 
-// KeyFromIncomingContext returns the idempotency key of the call a server
-// handles, read from its metadata without copying the rest of it. ok is
-// false when the call carries none. A key that is malformed, sent more than
-// once or sent as binary metadata gives an InvalidArgument error
-// (idemkey.ReasonKeyInvalid) that never quotes the key.
+// KeyFromIncomingContext returns the key of the call a server handles; ok is
+// false if none. A malformed key gives InvalidArgument, which never quotes it.
 func KeyFromIncomingContext(ctx context.Context) (key string, ok bool, err error) {
 	return parseKey(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata),
 		len(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata+"-bin")) > 0)
@@ -47,7 +39,6 @@ func parseKey(values []string, binary bool) (string, bool, error) {
 	return key, ok, nil
 }
 
-// validateKey is idemkey.ValidateKey with its error as a gRPC status.
 func validateKey(key string) error {
 	if err := idemkey.ValidateKey(key); err != nil {
 		return toError(rpckit.InvalidKey(err))
@@ -55,11 +46,8 @@ func validateKey(key string) error {
 	return nil
 }
 
-// missingKeyAdvice ends the message of the status for a call that must
-// carry an idempotency key and does not. A call that grpc-gateway forwarded
-// from an HTTP client is told of idemgateway, without which the gateway
-// forwards no Idempotency-Key header: setting metadata means nothing to
-// that client.
+// missingKeyAdvice tells a call through grpc-gateway of idemgateway, without
+// which the gateway forwards no Idempotency-Key header.
 func missingKeyAdvice(ctx context.Context) string {
 	if throughGateway(ctx) {
 		return "this call came through grpc-gateway, which forwards the " + idemkey.KeyHeader +
@@ -68,16 +56,12 @@ func missingKeyAdvice(ctx context.Context) string {
 	return "set the " + idemkey.KeyMetadata + " metadata to one random key per operation"
 }
 
-// gatewayPrefix starts the metadata keys under which grpc-gateway's header
-// matchers forward the permanent HTTP headers (User-Agent, Accept,
-// Content-Type, ...): grpc-gateway's runtime.MetadataPrefix, which this
-// module does not import (grpc-gateway is idemgateway's alone).
+// gatewayPrefix is grpc-gateway's runtime.MetadataPrefix, not imported: it
+// is idemgateway's dependency alone.
 const gatewayPrefix = "grpcgateway-"
 
-// throughGateway reports whether the call came through grpc-gateway: its
-// metadata holds a key that starts with gatewayPrefix, which no gRPC client
-// sends of its own accord. Read only on a refusal, so the copy of the
-// metadata costs a served call nothing.
+// throughGateway is read only on a refusal, so its copy of the metadata costs
+// a served call nothing.
 func throughGateway(ctx context.Context) bool {
 	md, _ := metadata.FromIncomingContext(ctx)
 	for k := range md {
@@ -88,15 +72,12 @@ func throughGateway(ctx context.Context) bool {
 	return false
 }
 
-// firstSentInvalidError is the InvalidArgument status for a first-sent time
-// (idemkey.FirstSentMetadata) that is malformed or sent more than once;
-// problem says which and must not quote the value.
+// firstSentInvalidError refuses a malformed or repeated first-sent time;
+// problem must not quote the value.
 func firstSentInvalidError(problem string) error {
 	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: "+problem))
 }
 
-// pushbackTrailer is the trailer that carries retryAfter to gRPC's retry
-// policy, rounded up to whole milliseconds.
 func pushbackTrailer(retryAfter time.Duration) metadata.MD {
 	ms := retryAfter / time.Millisecond
 	if retryAfter%time.Millisecond > 0 { // rounded up without overflow

@@ -13,12 +13,10 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// TransportKey reads the idempotency key of a call from the values its
-// transport carried (values), as idemkey.ParseKey reads it on every entry
-// point; binary is true when the key also came as binary metadata
-// ("idempotency-key-bin"). ok is false when the call carries none. A key
-// that is malformed, sent more than once or sent as binary metadata is an
-// *idemkey.KeyError, which never quotes the key.
+// TransportKey reads a call's key from its transport's values with
+// idemkey.ParseKey; ok is false when it carries none. A key malformed, sent
+// twice or as binary metadata (binary) is an *idemkey.KeyError, which never
+// quotes the key.
 func TransportKey(values []string, binary bool) (key string, ok bool, err error) {
 	switch {
 	case binary:
@@ -55,13 +53,11 @@ func (m *Method) Key(key string, ok bool, req any) (string, bool, error) {
 	return fieldKey, true, nil
 }
 
-// Fingerprint returns the fingerprint of req, a call of m: f's, or by
-// default protokey.HashRequest's with m's key field left out. An error of
-// f's that passes (the transport's own status type) goes to the caller as
-// it is; any other is logged by its type alone, since its words may quote
-// the request. st is idemkey's own Internal answer otherwise: a method
-// missing from the registry, a request that is not a protobuf message, an
-// error of f's that does not pass.
+// Fingerprint returns the fingerprint of req, a call of m: f's, or
+// protokey.HashRequest's without m's key field. An error of f's that passes
+// goes to the caller as it is; any other is logged by its type alone (its
+// words may quote the request). st is idemkey's Internal answer to such an
+// error, a method missing from the registry, or a request not protobuf.
 func (m *Method) Fingerprint(ctx context.Context, log *slog.Logger, req any, f func(string, proto.Message) (store.Fingerprint, error), passes func(error) bool) (fp store.Fingerprint, st *idemkeyv1.Status, err error) {
 	if m.Output == nil {
 		return fp, Internal("idemkey: the method is not in the protobuf registry, so its replies cannot be replayed"), nil

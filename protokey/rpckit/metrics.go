@@ -8,11 +8,9 @@ import (
 )
 
 // rpcMetrics labels a method's measurements with OpenTelemetry's RPC
-// conventions, as otelgrpc labels its own, for an engine.MetricsSpec:
-// attrs are rpc.system.name system ("grpc", "connectrpc"), rpc.service and
-// rpc.method "package.Service/Method"; status is rpc.response.status_code,
-// the code's canonical name ("OK", "INVALID_ARGUMENT"), a code past
-// Unauthenticated counting as Unknown.
+// conventions, as otelgrpc does: rpc.system.name, rpc.service, rpc.method and
+// rpc.response.status_code, the code's canonical name ("INVALID_ARGUMENT"),
+// a code past Unauthenticated counting as Unknown.
 func rpcMetrics(system, fullMethod string) (attrs []attribute.KeyValue, status func(code int) attribute.KeyValue) {
 	method := strings.TrimPrefix(fullMethod, "/")
 	service, _, _ := strings.Cut(method, "/")

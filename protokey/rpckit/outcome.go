@@ -25,10 +25,9 @@ import (
 // values decoded.
 
 // Encode returns the record of a call whose handler returned resp, or an
-// error of status st (resp is then nil), with the kept metadata header and
-// trailer (nil: none). A response is marshalled straight into its field
-// rather than into a buffer that is then copied: this is the hot path of
-// every first call.
+// error of status st, with the kept metadata header and trailer. A response
+// is marshalled straight into its field, not copied: the hot path of every
+// first call.
 func Encode(resp proto.Message, st *idemkeyv1.Status, header, trailer []*idemkeyv1.MetadataEntry) ([]byte, error) {
 	var out *idemkeyv1.Outcome // the kept metadata; nil, as for most calls, without any
 	if len(header) > 0 || len(trailer) > 0 || st != nil {
@@ -52,7 +51,6 @@ func Encode(resp proto.Message, st *idemkeyv1.Status, header, trailer []*idemkey
 	return proto.MarshalOptions{UseCachedSize: true}.MarshalAppend(raw, out)
 }
 
-// outcomeResponse is the field number of Outcome.response.
 const outcomeResponse protowire.Number = 1
 
 // Recorded is an outcome read back from its record: Response, a message of
@@ -182,13 +180,10 @@ func StandIn(why error) (raw []byte, st *idemkeyv1.Status) {
 	return s.raw, Internal(s.msg)
 }
 
-// Redact calls redact, which changes the reply whose error and response
-// errp and respp point to, a copy of the handler's result (herr, or a
-// response of type name), and returns an error if what it left cannot be
-// recorded in the reply's place: it panicked, turned the handler's error
-// into a response, left neither, or replaced the response by one of another
-// type. An error keeps the handler's key from being released: the handler
-// has run, so Internal is recorded instead.
+// Redact calls redact on a copy of the handler's result (errp, respp) and
+// returns an error if what it left cannot be recorded: it panicked, turned
+// an error into a response, left neither, or changed the response's type.
+// The handler has run, so Internal is then recorded, not the key released.
 func Redact(herr error, name protoreflect.FullName, errp *error, respp *proto.Message, redact func()) (err error) {
 	defer func() {
 		if p := recover(); p != nil {

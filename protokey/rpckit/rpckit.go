@@ -5,13 +5,10 @@
 // transport-neutral values. Each adapter keeps only its wire: grpc-go's or
 // connect-go's types in and out.
 //
-// It is the adapters' kit, not an application's: a handler, a client or a
-// test needs none of it, and it changes with the adapters in any release.
-// It is published rather than internal because idemconnect is a module of
-// its own, and a module's packages import none of another module's
-// internal packages (scripts/check-deps): idemconnect builds against
-// whichever core version a user's build selects, and an internal package
-// is one no release promises to keep.
+// It is the adapters' kit, not an application's, and changes with the
+// adapters in any release. It is published rather than internal because
+// idemconnect is a module of its own, and may not import another module's
+// internal packages (scripts/check-deps).
 package rpckit
 
 import (
@@ -57,15 +54,13 @@ type Settings[F, R any] struct {
 	Redact      R
 }
 
-// NewSettings are the defaults of a server's settings, which its options
-// then change.
+// NewSettings are the defaults of a server's settings.
 func NewSettings[F, R any]() *Settings[F, R] {
 	return &Settings[F, R]{Options: Options{Recorded: defaultRecorded}}
 }
 
 // defaultRecorded are the error codes whose outcome is final: a retry would
-// get the same answer, so it gets the recorded one. Every other code
-// releases the key.
+// get the same answer. Every other code releases the key.
 const defaultRecorded uint32 = 1<<rpccode.Code_NOT_FOUND | 1<<rpccode.Code_ALREADY_EXISTS |
 	1<<rpccode.Code_FAILED_PRECONDITION | 1<<rpccode.Code_OUT_OF_RANGE | 1<<rpccode.Code_UNIMPLEMENTED |
 	1<<rpccode.Code_INTERNAL | 1<<rpccode.Code_UNKNOWN | 1<<rpccode.Code_DATA_LOSS

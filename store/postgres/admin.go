@@ -43,11 +43,10 @@ func scanRecord(row pgx.Row) (Record, error) {
 	return r, err
 }
 
-// Records reads at most limit records whose keys lie from from up to, not
-// including, to (nil: no upper bound; a nil from has no lower one), in the keys' byte order: a range, so
-// that the primary key finds it. The record of one key k is the range from
-// k to k with a zero byte appended. A limit of 0 reads none, but still
-// fails on a missing table.
+// Records reads at most limit records whose keys lie in [from, to) (nil: no
+// bound), in the keys' byte order, so that the primary key finds them. The
+// record of one key k is the range from k to k with a zero byte appended. A
+// limit of 0 reads none, but still fails on a missing table.
 func (s *Store) Records(ctx context.Context, from, to []byte, limit int) ([]Record, error) {
 	if from == nil {
 		from = []byte{} // every key, not NULL
@@ -61,13 +60,11 @@ func (s *Store) Records(ctx context.Context, from, to []byte, limit int) ([]Reco
 	return recs, nil
 }
 
-// Forget deletes the record of key if it is completed, or in progress under
-// a lease that has ended, or force is true; in one statement that also
-// decides whether it may, so that a call that reserves the key meanwhile is
-// never deleted unseen. It returns the record as it was: deleted, or, if
-// deleted is false, in progress under a live lease (a call may still be
-// running it). A zero Record with deleted false means the key has no
-// record.
+// Forget deletes the record of key if it is completed, in progress under a
+// lease that has ended, or force is true, in one statement that decides
+// whether it may, so that a call that reserves the key meanwhile is never
+// deleted unseen. It returns the record as it was; a zero Record with
+// deleted false means the key has no record.
 func (s *Store) Forget(ctx context.Context, key store.Key, force bool) (rec Record, deleted bool, err error) {
 	for range 3 {
 		rec, err = scanRecord(s.pool.QueryRow(ctx, `DELETE FROM `+s.table+`

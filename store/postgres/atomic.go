@@ -18,11 +18,10 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// Querier is what a handler in atomic mode reads and writes through: the
-// call's transaction. Its methods are pgx's, so it fits sqlc's DBTX and most
-// query helpers, and a *pgxpool.Pool or pgx.Tx is one too. The transaction
-// itself has no Commit or Rollback: the engine ends it together with the
-// record. Like a pgx connection, it is for one goroutine at a time, and it
+// Querier is the call's transaction, through which a handler in atomic mode
+// reads and writes. Its methods are pgx's, so it fits sqlc's DBTX, and a
+// *pgxpool.Pool or pgx.Tx is one too. It has no Commit or Rollback: the
+// engine ends it with the record. It is for one goroutine at a time, and
 // fails once the handler has returned.
 type Querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
@@ -43,9 +42,8 @@ func TxFromContext(ctx context.Context) (tx Querier, ok bool) {
 	return tx, ok
 }
 
-// ContextWithTx returns ctx carrying tx, for TxFromContext: the store's
-// Tx.HandlerContext uses it in atomic mode, and code that calls a handler outside gRPC (a test,
-// a batch job) can use it to run the handler in a transaction of its own.
+// ContextWithTx returns ctx carrying tx, for TxFromContext: to run a handler
+// outside an entry point (a test, a batch job) in a transaction of its own.
 func ContextWithTx(ctx context.Context, tx Querier) context.Context {
 	return context.WithValue(ctx, txKey{}, tx)
 }
@@ -192,34 +190,24 @@ func takeoverSQL(table string) string {
 func retention(r store.Reservation) int64 { return max(r.Retention, 0).Microseconds() }
 
 // lockID is the advisory lock of key: its first 8 bytes, a bigint, which
-// tryLock XORs with the table's OID, so that stores on two tables of one
-// database (two services, or a test's schemas) never share a key's lock. The
-// one-bigint form of PostgreSQL's advisory locks is shared with whatever
-// locks of that form the application takes on the same database; the two-int
-// form is another space, and never conflicts with it.
+// tryLock XORs with the table's OID, so that two tables' stores never share
+// a lock. The one-bigint form's space is shared with the application's own
+// locks of that form (docs/postgres.md).
 func lockID(key store.Key) int64 { return int64(binary.BigEndian.Uint64(key[:8])) }
 
 var _ store.Atomic = (*Store)(nil)
 
 // Begin implements store.Atomic in one round trip once the connection has
 // prepared the statements: BEGIN, the key's lock tried without waiting
-// (lockSQL), its record read (readSQL) and a savepoint go out as one
-// pipeline. Nothing in it waits: a running atomic call holds the key's
-// advisory lock, and its record is written only when it commits, so a
-// duplicate is answered "in progress" at once, and a replay from the
-// record. A call that is not acquired wrote nothing and holds no lock that
-// matters, so its ROLLBACK goes out in a goroutine that the caller does not
-// wait for (it frees the connection, and the transaction's slot, when
-// done).
+// (lockSQL), its record read (readSQL) and a savepoint, as one pipeline.
+// Nothing waits: a duplicate is answered "in progress" at once, a replay
+// from the record, and a call not acquired is rolled back in a goroutine
+// the caller does not wait for.
 //
-// At most WithAtomicConns handlers run at once, each in a transaction of
-// its own (a slot). When every slot is taken, Begin still runs its pipeline
-// on a connection the pool has free (claim): a replay, or a duplicate of a
-// running call, is answered from it at once, and a new key waits in its
-// transaction, holding the key's lock, until a slot is free. Only when the
-// calls that wait so would leave the pool no connection free does Begin run
-// the probe (probeSQL) on its own first, and a new key then waits for a slot
-// without a connection.
+// When every slot (WithAtomicConns) is taken, Begin still decides the call
+// on a free connection (claim), and a new key waits there for a slot; only
+// when that would leave the pool no connection free does it run the probe
+// on its own first (docs/postgres.md, "Atomic mode").
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry, tx store.Tx, err error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -250,15 +238,10 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (res store.Entry
 	return res, tx, err
 }
 
-// claim finds room for an atomic transaction: one of the slots if one is
-// free (slot); else, a connection of the pool's to decide the call on and
-// wait for a slot in, as long as the calls that wait so (lent) are fewer
-// than the connections the slots leave, less one, and the pool has another
-// connection free besides, for the statements that hold no slot
-// (reservations, Find, the probe, the reads of a running call's start).
-// Otherwise probe is set: the call runs the probe on its own first, and
-// waits for a slot without a connection only if it acquires a key. unclaim
-// gives back what claim took.
+// claim finds room for an atomic transaction: a free slot; else a lent
+// connection to wait for a slot on, while the calls lent so leave one
+// connection free for the statements that hold no slot; else probe is set,
+// and the call probes first, waiting for a slot without a connection.
 func (s *Store) claim() (slot, probe bool) {
 	if s.takeSlot() {
 		return true, false
@@ -274,8 +257,6 @@ func (s *Store) claim() (slot, probe bool) {
 	return false, true
 }
 
-// unclaim gives back what claim took: the slot, or the lent connection's
-// place.
 func (s *Store) unclaim(slot bool) {
 	if slot {
 		s.freeSlot()
@@ -302,7 +283,6 @@ func (s *Store) takeSlot() bool {
 
 func (s *Store) freeSlot() { <-s.slots }
 
-// awaitSlot waits for a slot until ctx ends.
 func (s *Store) awaitSlot(ctx context.Context) error {
 	select {
 	case s.slots <- struct{}{}:
@@ -408,15 +388,11 @@ func expiresOnRecord(r store.Reservation, started, recorded time.Time) time.Time
 	return started.Add(time.Duration(retention(r)) * time.Microsecond)
 }
 
-// tellHolders sets the expiry of each key of ps found busy (ps[i] decides
-// rs[i]): the expiry of the record that the transaction holding the key's
-// lock writes when it commits, from when it started, as holdersSQL reads it
-// on a connection of the pool. Only keys found busy cost the read, one
-// statement for all: a statement that reads pg_locks costs its executor's
-// start-up even in a branch never run, so the read is not part of the
-// statements that try the locks. Where the start cannot be read, the
-// expiry stays zero: the answer stands without it, and tells nothing
-// rather than a wrong instant.
+// tellHolders sets the expiry of each key of ps found busy from when its
+// holder's transaction started (holdersSQL), in one statement for all: a
+// statement that reads pg_locks costs its executor's start-up even in a
+// branch never run, so it is not part of the lock's. Where the start cannot
+// be read, the expiry stays zero rather than a wrong instant.
 func (s *Store) tellHolders(ctx context.Context, rs []store.Reservation, ps []probed) {
 	var (
 		ids    []int64
@@ -446,7 +422,6 @@ func (s *Store) tellHolders(ctx context.Context, rs []store.Reservation, ps []pr
 	}
 }
 
-// keyRecord is the row of readSQL.
 type keyRecord struct {
 	completed, takeable bool
 	fingerprint         []byte

@@ -51,23 +51,13 @@ FROM unnest($1::bytea[], $2::bytea[], $3::bytea[], $4::bigint[]) AS r (key, fing
 
 var _ store.BatchAtomic = (*Store)(nil)
 
-// BeginBatch implements store.BatchAtomic with one transaction, in one
-// round trip once the connection has prepared the statements: BEGIN and one
-// probe of every key (probeSQL over arrays) go out as one pipeline. Each key
-// is decided as Begin decides one; the keys acquired are those whose
-// advisory locks the transaction took. The batch takes one of the
-// WithAtomicConns slots, whatever its size; when none is free, it waits for
-// one as Begin does: in its transaction on a free connection, or, when the
-// pool has none to lend, after the probe run on its own, only if it
-// acquires a key.
-//
-// The batch's transaction runs its calls one after another: each call's
-// writes are kept apart by a savepoint of its own, nested in the previous
-// call's and sent in one pipeline with the first statement of its handler,
-// so that a call whose handler writes one row costs one round trip. Commit writes every record in one
-// multi-row INSERT (and a guarded upsert for each key taken over), with
-// COMMIT, in one more: a batch of n calls costs n+2 round trips and one
-// commit, where n calls one at a time cost 3n round trips and n commits.
+// BeginBatch implements store.BatchAtomic with one transaction: BEGIN and a
+// probe of every key go out as one pipeline, each key decided as Begin
+// decides one. The batch takes one WithAtomicConns slot whatever its size,
+// waiting for one as Begin does. Each call's writes are kept apart by a
+// savepoint of its own, sent with its handler's first statement, and Commit
+// writes every record with COMMIT: n calls cost n+2 round trips and one
+// commit (docs/postgres.md, "Batches of atomic calls").
 func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
 	if len(rs) == 0 {
 		return nil, nil, nil

@@ -16,71 +16,48 @@
 //	go (&store.Janitor{Store: st, Interval: time.Minute}).Run(ctx)
 //	go st.Listen(ctx) // a duplicate of a running call is answered at once
 //
-// Migrate before New: New checks once that the table has every migration
-// of this release and fails at start-up, naming the command to run, if not
-// (migrations of a newer release are accepted with a warning, for rolling
-// upgrades). Migrations holds the numbered .up.sql and .down.sql files for
-// a migration tool of your own; WithTable puts the table under another name
-// or schema (pass it to Migrate and New alike). Rows are keyed by a SHA-256
-// of the key's scope: raw keys and tenant ids never reach the database.
+// Migrate before New: New fails at start-up, naming the command to run, if
+// the table lacks a migration of this release (a newer release's are
+// accepted, for rolling upgrades). Migrations holds the .sql files for a
+// tool of your own; WithTable names the table (give it to Migrate and New
+// alike). Rows are keyed by a SHA-256 of the key's scope: raw keys and
+// tenant ids never reach the database.
 //
 // # Guarantees
 //
-//   - Reserve is one statement and, in the common cases, one round trip. The
-//     primary key settles races; there is no read-then-write. A replay locks
-//     no row and writes nothing, so it costs no WAL flush (as a statement
-//     that may insert, it still takes the table's ROW EXCLUSIVE lock, and
-//     needs a primary, not a read-only standby). When a row changes between
-//     the statement's snapshot and its insert (a concurrent release or
-//     sweep), Reserve runs the statement again, up to 10 times.
-//   - The statements expect READ COMMITTED, PostgreSQL's default isolation.
-//     Under a default of REPEATABLE READ or SERIALIZABLE, a statement that
-//     loses a race fails with a serialization failure; the store runs it
-//     again, up to 10 times.
-//   - Every decision about time (lease ends, expiry) uses the database's
-//     now(), never the application server's clock, so replicas with skewed
-//     clocks agree.
+//   - Reserve is one statement, in the common cases one round trip: the
+//     primary key settles races, and a replay locks no row and writes
+//     nothing (it still needs a primary, not a standby). A statement that
+//     loses a race to a concurrent release or sweep, or a serialization
+//     failure under a stricter default isolation, runs again, up to 10 times.
+//   - Every decision about time uses the database's now(), never the
+//     application server's clock, so replicas with skewed clocks agree.
 //   - Complete and Release succeed only for the token that holds an unexpired
 //     in-progress row; otherwise store.ErrLeaseLost. They run detached from
-//     the caller's cancellation, bounded by WithTimeout (5 s by default), so a
-//     client that hangs up cannot leave its key in progress.
-//   - Sweep deletes expired rows in batches, one short statement each, and
-//     skips rows a reservation has locked: it never waits on live traffic.
-//     Run it periodically with store.Janitor; nothing starts a goroutine on
-//     its own.
+//     the caller's cancellation, bounded by WithTimeout (5 s by default).
+//   - Sweep deletes expired rows in short batches, skipping rows a
+//     reservation has locked. Run it with store.Janitor; nothing starts a
+//     goroutine on its own.
 //
-// # Duplicates and Listen
+// # Duplicates and atomic mode
 //
-// A duplicate of a running call polls the key (25 ms, doubling to 500 ms)
-// for up to engine.WithInProgressWait. Run Listen on every replica: it
-// listens on a connection of its own, taken out of the pool for good, and
-// a duplicate is answered within a millisecond of the first call's record,
-// in both modes. Behind a pooler in transaction mode, leave it out.
+// Run Listen on every replica (not behind a pooler in transaction mode): a
+// duplicate of a running call is then answered within a millisecond of the
+// first call's record, rather than at its next poll.
 //
-// # Atomic mode
-//
-// The Store implements store.Atomic (and store.BatchAtomic for a
-// consumer's batches): with interceptor.WithAtomic or WithAtomicMethods,
-// the handler's writes and the key's record commit in one transaction,
-// which the handler finds with TxFromContext (a Querier with pgx's query
-// methods, which fits sqlc's DBTX). A running call holds its key with a
-// transaction-level advisory lock, not a row, so a key costs one write,
-// sent with COMMIT, and a crash rolls everything back. A call costs two
-// round trips and one commit besides its handler's statements, and holds
-// a pool connection while it runs (at most WithAtomicConns at once). A
-// recorded error rolls the handler's writes back to a savepoint and
-// commits the record alone. The handler must not commit or roll back the
-// transaction itself.
-//
-// # Where the details are
+// The Store implements store.Atomic (and store.BatchAtomic): in an entry
+// point's atomic mode (interceptor.WithAtomic, say) the handler's writes,
+// through TxFromContext, and the key's record commit in one transaction. A
+// running call holds its key with an advisory lock, not a row, so a key
+// costs one write, and a crash rolls everything back. Each running call
+// holds a pool connection (at most WithAtomicConns). The handler must not
+// commit or roll back the transaction itself.
 //
 // docs/postgres.md in the repository has the schema and its versions, how
-// duplicates are told in each mode, atomic mode in full (isolation levels,
-// the pool's size, deferred constraints, the advisory lock space), batches
-// of atomic and two-phase calls, lost connections, failover to a standby,
-// pgbouncer, tracing, the errors and what lost data the store detects;
-// docs/stores.md compares the stores, and BENCHMARKS.md and RELIABILITY.md
-// measure them.
+// duplicates are told, atomic mode in full (isolation, the pool's size,
+// deferred constraints, the advisory lock space), batches, lost connections,
+// failover, pgbouncer, tracing, the errors and the data loss detected;
+// docs/stores.md compares the stores.
 //
 // # Caveats
 //

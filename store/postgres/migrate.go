@@ -261,14 +261,11 @@ func (o options) migrateHint() string {
 	return "run `" + cmd + "` or " + call
 }
 
-// checkSchema is New's check, made once and bounded by the store's timeout:
-// the table exists, and the table "<table>_migrations" that Migrate keeps
-// lists every migration in ms, in one query. Without that table (a migration
-// tool of the user's own, fed with Migrations), or without the right to read
-// it, a second query checks only that the table exists. Migrations listed
-// beyond ms, applied by a newer idemkey, are accepted with a warning: an
-// older release runs on the schema of the next one during a rolling upgrade,
-// and after a rollback.
+// checkSchema is New's check: the table exists, and "<table>_migrations"
+// lists every migration in ms. Without that table (a migration tool of the
+// user's own), a second query checks only that the table exists. A newer
+// idemkey's migrations are accepted with a warning: an older release runs on
+// the next one's schema during a rolling upgrade, and after a rollback.
 func (s *Store) checkSchema(ms []migration) error {
 	o := s.opts
 	ctx, cancel := context.WithTimeout(context.Background(), o.timeout)

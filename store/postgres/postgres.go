@@ -22,11 +22,9 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// DefaultTable is the table the migrations create and the store uses unless
-// WithTable names another.
+// DefaultTable is the table the migrations create and the store uses.
 const DefaultTable = "idempotency_keys"
 
-// defaultTimeout bounds each store operation unless WithTimeout sets another.
 const defaultTimeout = 5 * time.Second
 
 // maxAttempts bounds how often a statement runs again when the row changed
@@ -57,41 +55,29 @@ func WithTable(name string) Option {
 	return func(o *options) { o.name = name }
 }
 
-// WithLogger sets where the store logs: migrations at Info, and the driver's
-// own error behind every error it translates, at Debug. Nil, the default,
-// discards.
+// WithLogger sets where the store logs: migrations at Info, the driver's
+// error behind each it translates at Debug. Nil, the default, discards.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// WithTimeout bounds each operation (five seconds if d <= 0). A caller's
-// earlier deadline still applies to Reserve and Sweep; Complete and Release
-// ignore the caller's cancellation and deadline and use only this bound.
+// WithTimeout bounds each operation (five seconds if d <= 0); Complete and
+// Release ignore the caller's cancellation and use only this bound.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
 // WithAtomicConns bounds how many atomic calls run at once, each holding a
-// connection of the pool for its handler's whole run (see Begin). The rest
-// stay free for reservations, replays and records, so that these never
-// queue behind running handlers: a call that finds every one of the n
-// taken waits for its turn in its transaction on one of them only while the
-// calls that wait so leave the pool a connection free, and otherwise waits
-// without one. The default is three quarters of the pool's MaxConns,
-// keeping at least one free; n is kept below MaxConns. Size the pool for
-// the atomic calls to run at once plus a quarter: pgxpool's default of
-// max(4, cores) allows three.
+// pool connection for its handler's whole run, so that reservations,
+// replays and records never queue behind running handlers. The default is
+// three quarters of the pool's MaxConns; n is kept below MaxConns.
 func WithAtomicConns(n int) Option {
 	return func(o *options) { o.atomicConns = int32(min(max(n, 0), math.MaxInt32)) }
 }
 
-// WithoutSchemaCheck makes New check only its options, without querying the
-// database: the store is built even while the database is down. A missing
-// table then shows at the first call, which fails closed (Unavailable) with
-// an Error log that names the fix; a table migrated by an older idemkey, as
-// whatever error its statements get. It is for a server that must start
-// without its database (WithFailOpen, say), and for tools that check a table
-// name before the table exists.
+// WithoutSchemaCheck makes New skip its query of the database, for a server
+// that must start while its database is down: a missing table then shows at
+// the first call, which fails closed with an Error log that names the fix.
 func WithoutSchemaCheck() Option {
 	return func(o *options) { o.unchecked = true }
 }
@@ -157,15 +143,11 @@ var (
 	_ store.Watcher = (*Store)(nil)
 )
 
-// New returns a store on pool, after checking, once, that its table exists
-// and has every migration of this idemkey applied (see Migrate): it fails at
-// start-up, with the command that fixes it, rather than at the first call. A
-// table migrated by a newer idemkey is accepted, with a warning in the log
-// (see "Schema versions" in the package doc). The check is one query, two
-// without Migrate's version table, bounded by WithTimeout; a database that
-// cannot be reached is tried again within that bound, then New fails with an
-// error that matches store.ErrUnavailable. WithoutSchemaCheck skips it. New
-// starts no goroutine.
+// New returns a store on pool, after checking once that its table has every
+// migration of this idemkey (a newer idemkey's are accepted with a warning):
+// it fails at start-up, naming the fix, rather than at the first call. A
+// database that cannot be reached within WithTimeout fails it with
+// store.ErrUnavailable. New starts no goroutine.
 func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 	o, err := newOptions(opts)
 	if err != nil {
@@ -429,15 +411,10 @@ var errUnmarked = errors.New("idemkey postgres: the record in progress is not ma
 // under the statement.
 var errChanged = errors.New("idemkey postgres: the record changed under the statement")
 
-// Reserve implements store.Store in one round trip (insertSQL), unless the
-// key's record may be taken over, which reserveSQL decides in a second, or
-// the row changed under the statement (a concurrent release or sweep); then
-// it runs again. On a store that runs Listen, the first duplicate to find
-// a running call's record marks it waited, in a second round trip
-// (insertSQL).
-// So it does when its connection died (reconnect): a reservation that took
-// effect unseen makes the retry find the key in progress, as a client's own
-// retry would, which delays the call but never runs it twice.
+// Reserve implements store.Store in one round trip (insertSQL), a second for
+// a takeover (reserveSQL) or a first duplicate's mark; a row changed under
+// the statement, or a dead connection, runs it again: a reservation that
+// took effect unseen then finds the key in progress, never runs it twice.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -510,9 +487,8 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 	return res, true, nil
 }
 
-// Complete implements store.Store. It ignores ctx's cancellation and
-// deadline, bounded by the store's timeout instead: a caller that hangs up
-// must not leave its key in progress.
+// Complete implements store.Store, bounded by the store's timeout rather than
+// ctx: a caller that hangs up must not leave its key in progress.
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
 	if outcome == nil {
 		outcome = []byte{} // pgx sends a nil slice as NULL, which means "in progress"
@@ -521,8 +497,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	return s.write(ctx, "complete", s.completeSQL, key, token, outcome)
 }
 
-// Release implements store.Store, detached from ctx's cancellation like
-// Complete.
+// Release implements store.Store, detached from ctx like Complete.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	defer s.watch.forget(key)
 	return s.write(ctx, "release", s.releaseSQL, key, token)
@@ -657,13 +632,11 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.opts.timeout)
 }
 
-// translate turns a driver error into the store's own, so that nothing from
-// pgx reaches a caller: an unreachable, failing-over, overloaded or slow
-// database, or a cancelled call, is store.ErrUnavailable (the context's own
-// error is kept for errors.Is); any other server error keeps only its
-// SQLSTATE and message, which cannot hold a raw key or tenant because the
-// store sends only hashes. The driver's error is logged at Debug, a server
-// error without its detail.
+// translate turns a driver error into the store's own: an unreachable,
+// failing-over, overloaded or slow database, or a cancelled call, is
+// store.ErrUnavailable (the context's error kept); any other keeps only its
+// SQLSTATE and message, which hold no raw key or tenant. The driver's error
+// is logged at Debug, a server error without its detail.
 func (s *Store) translate(ctx context.Context, op string, err error) error {
 	pgErr := (*pgconn.PgError)(nil)
 	if errors.As(err, &pgErr) {

@@ -18,31 +18,15 @@ import (
 // How a duplicate hears that the key it waits for changed (store.Watcher).
 //
 // While Listen runs, a Reserve that finds a record in progress marks it
-// waited (insertSQL), and the statement of its Complete or Release
-// notifies the table's channel with the key (completeSQL), which
-// PostgreSQL delivers once the write commits, to every session that
-// listens. Listen listens on a connection of its own and closes the
-// channel of the key's watchers when the key arrives. A waiting duplicate
-// costs no round trip more: the engine reads the key when told, in place
-// of the poll due next; and a record no duplicate waited for costs no
-// notification.
-//
-// Watch reads no storage, so it decides from what this store's own calls
-// saw: a key its Reserve found held (or acquired), whose lease has not
-// ended as the reply told it, and of which no notification has arrived
-// since, is held; any other key is not, and its channel is closed already.
-// A notification that arrives while the Reserve that finds the key held is
-// on its way counts too: the last keys heard are kept (recent) with the
-// number heard before them, which a Reserve reads before it sends its
-// statement.
-//
-// What no notification tells, the engine's polls find, as on a store that
-// is no Watcher: a lease that ends, a record deleted by hand or by the
-// sweeper, an atomic commit that came before the question (below). While
-// Listen's connection is down, notifications are lost: once it listens
-// again, every key watched is told changed, so that a change in the gap is
-// read at once. Without Listen running, Watch tells nothing and Reserve
-// marks nothing: the duplicates poll, as before.
+// waited (insertSQL), and its Complete or Release notifies the table's
+// channel in the same statement (completeSQL); docs/postgres.md,
+// "Duplicates of a running call", has the design. Watch reads no storage:
+// a key this store's Reserve found held, whose lease has not ended and of
+// which no notification has arrived since, is held. A notification that
+// arrives while that Reserve is on its way counts too (recent). What no
+// notification tells (a lease that ends, a deleted record, an atomic commit
+// before the question), the engine's polls find; after Listen's connection
+// was down, every watched key is told changed.
 
 // Atomic mode: a running atomic call holds the key's lock and writes no row
 // until it commits, so there is nothing for a duplicate to mark. Instead, the
@@ -102,7 +86,7 @@ type watch struct {
 type hold struct {
 	end time.Time // the lease's end it was told, on the store's clock
 	// asked: this store asked the key's holder to notify its record (an
-	// atomic run's, which marks no row: see "Atomic mode" below).
+	// atomic run's, which marks no row: see "Atomic mode" above).
 	asked bool
 	// wanted: another store asked this one, the holder, to notify it.
 	wanted bool
@@ -142,25 +126,19 @@ func channelSQL(table string) string {
 }
 
 // Listen listens on the table's notification channel, on a connection it
-// takes out of the pool for good (the pool opens another in its place),
-// until ctx ends, and then returns ctx's error, as store.Janitor's Run does.
-// While it runs, a duplicate that waits for a running call
-// (engine.WithInProgressWait) is answered as soon as that call's record
-// commits, on any store on the same table that listens too: within a
-// millisecond rather than at its next poll (see "Duplicates of a running
-// call" in the package doc). Run it in a goroutine of yours beside the
-// server, one per store:
+// takes out of the pool for good, until ctx ends, and then returns ctx's
+// error. While it runs, a duplicate that waits for a running call is
+// answered as soon as that call's record commits, on any store on the same
+// table that listens too. Run it in a goroutine beside the server, one per
+// store:
 //
 //	go st.Listen(ctx)
 //
-// A connection that fails is made again, after a pause of up to a second,
-// for as long as ctx lasts; the first failure of an outage is logged at
-// Warn. The channel is named by the table's OID, read as Listen connects: a
-// table dropped and created again is heard once Listen's connection is made
-// again (restart the server, or Listen). Without Listen the store works as
-// before: duplicates poll. It is no use behind a pooler in transaction
-// mode, which does not keep a session's LISTEN. Listen returns an error at
-// once if another Listen of the store is running.
+// A connection that fails is made again, after a pause of up to a second;
+// the first failure of an outage is logged at Warn. The channel is named by
+// the table's OID, read as Listen connects. It is no use behind a pooler in
+// transaction mode. Listen returns an error at once if another Listen of the
+// store is running.
 func (s *Store) Listen(ctx context.Context) error {
 	w := &s.watch
 	if !w.running.CompareAndSwap(false, true) {
@@ -240,7 +218,6 @@ func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	return w.waiting.Watch(key, &w.mu)
 }
 
-// now is the time on the clock of Watch's decisions.
 func (w *watch) now() time.Time {
 	if w.offset == nil {
 		return time.Now()
@@ -362,7 +339,6 @@ func (s *Store) ended(key store.Key) {
 	}()
 }
 
-// wakeLocked tells the watchers of key that it changed.
 func (w *watch) wakeLocked(key store.Key) { w.waiting.Wake(key) }
 
 // hear handles a notification: the key of a record changed, in hex, or

@@ -21,63 +21,37 @@
 //
 // # Guarantees
 //
-//   - Reserve, Complete and Release are each one Lua script (EVALSHA, EVAL
-//     when the server does not know it yet): one round trip, atomic on the
-//     server. Find is one read-only script.
-//   - Leases and expiry follow the Redis server's clock (TIME inside the
-//     scripts), never the Go process's: servers with skewed clocks agree.
-//   - Expiry is native (PEXPIREAT): Redis deletes each record once its
-//     retention and lease have passed. Nothing needs sweeping, so the store
-//     does not implement store.Sweeper, and a store.Janitor given it stops.
-//   - A fencing token never repeats for a key: it is the server's time in
-//     microseconds, or one more than the key's last token, which a released
-//     record keeps until its expiry (see reserveScript).
-//   - Cluster-safe: a record is one hash named prefix:{sha256 hex}, so every
-//     script touches one slot: the record's, and the marker and write counter
-//     of that slot (docs/redis.md). Only hashes of the scope are stored,
-//     never a raw key or tenant; errors and logs carry neither.
-//   - It is a store.Watcher: a duplicate that waits for a running call
-//     (engine.WithInProgressWait) is told when any process records or
-//     releases the key, by pub/sub from the scripts of Complete and Release
-//     of a record that a Reserve found in progress, and reads it then
-//     rather than at its next poll. New subscribes on a connection of its
-//     own, and a goroutine hears the channel until the client is closed, or
-//     Store.Close (for a store dropped while its client lives on; a server
-//     that refuses the channel leaves a store that polls); see watch.go for what happens when the subscription drops, and why a
-//     cluster's message is not sharded.
+//   - Reserve, Complete and Release are each one Lua script, atomic on the
+//     server, in one round trip; Find is one read-only script.
+//   - Leases and expiry follow the Redis server's clock (TIME), never the Go
+//     process's. Expiry is native (PEXPIREAT): nothing needs sweeping, so
+//     the store is no store.Sweeper.
+//   - A fencing token never repeats for a key (see reserveScript).
+//   - Cluster-safe: every script touches one slot (docs/redis.md). Only
+//     hashes of the scope are stored, never a raw key or tenant.
+//   - It is a store.Watcher: a waiting duplicate is told by pub/sub when the
+//     key is recorded or released (watch.go). Store.Close ends the
+//     subscription of a store dropped while its client lives on.
 //   - The store is not store.Atomic: handlers run two-phase.
 //
-// # Configuring the server, replicas and lost data
+// # The server and lost data
 //
-// New refuses a server whose maxmemory-policy is not noeviction (read from
-// INFO memory, on every node of a cluster): any other policy may evict a
-// live record, and its key would run a second time. A full server refuses
-// writes: Reserve and Complete fail with store.ErrFull while replays go on.
-// Durability is the server's (appendonly, appendfsync), and replication is
-// asynchronous: WithReplicas(n) makes Reserve and Complete wait until n
-// replicas hold their write (WAIT n), so that a failover loses no
-// acknowledged record.
-//
-// The store notices when Redis loses its data set (a flush, a restart
-// without persistence, a failover to an empty replica), may evict, or goes
-// back to an older state than one this store saw: by a marker key and a
-// write counter in every slot, which never expire, and by each server's
-// INFO, read again every WithCheckInterval. It then fails closed: every
-// operation returns an error that wraps store.ErrDataLost and names the
-// cause and the fix, answered Unavailable without running the handler. Some
-// losses it sees late or not at all; docs/redis.md in the repository says
-// which, what each check costs, and what an operator does, with the
-// server's configuration and failover in full.
+// New refuses a server whose maxmemory-policy is not noeviction: eviction
+// would run a live record's key a second time. A full server answers
+// store.ErrFull to new keys while replays go on. WithReplicas(n) makes
+// writes wait for n replicas (WAIT n), so that a failover loses no
+// acknowledged record. When Redis loses data (a flush, a restart without
+// persistence, a failover to an empty or older replica, an eviction), the
+// store fails closed with errors that wrap store.ErrDataLost. docs/redis.md
+// says what each check sees and costs, what it misses, and what an operator
+// does.
 //
 // # Timeouts
 //
 // WithTimeout bounds each operation, five seconds by default. Complete and
-// Release ignore the caller's cancellation, so that a client that hangs up
-// does not leave its key in progress. go-redis retries a command after a
-// connection error; the scripts are safe to run again: a repeated Complete
-// of the same token and outcome answers success, and a repeated Reserve
-// finds its own reservation in progress.
+// Release ignore the caller's cancellation. The scripts are safe for
+// go-redis to run again after a connection error: a repeated Complete
+// answers success, and a repeated Reserve finds its own reservation.
 //
-// Valkey speaks the same protocol and scripting, but only Redis 7 has been
-// tested here.
+// Only Redis 7 has been tested here; Valkey speaks the same protocol.
 package redis

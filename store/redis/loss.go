@@ -18,43 +18,13 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// How the store notices that its data was lost; the package doc's "Data
-// loss" says what that covers and what it does not.
-//
-// Markers. Beside the records, the store keeps marker keys that never
-// expire: <prefix>:epoch on one server; in a cluster, one per hash slot,
-// <prefix>:epoch:{<tag>}, where the tag (slotTags) puts the marker in that
-// slot, beside every record of the slot, so that a script may read both. New
-// writes a marker where there is none, with a new epoch, and remembers what
-// each marker holds. A script that finds no record then checks that the
-// marker of the record's slot still holds that epoch before it believes the
-// record absent (see scripts.go): a flush, a server restarted empty or a
-// failover to an empty replica takes the markers with the records, and a
-// store started after that writes a new epoch, which the stores started
-// before do not know. Either way they fail closed. Markers come back only
-// through New: a store never writes one again by itself.
-//
-// Write counters. Beside each marker, with the same tag, a counter that
-// never expires (<prefix>:writes, or <prefix>:writes:{<tag>}) is raised by
-// every script that writes a reservation or a recorded outcome, in the same
-// script, which returns its new value. Each store keeps, per slot, the
-// highest value it has seen (New reads them, then each acknowledged write
-// raises it), and every script that writes, or finds no record, first checks
-// that the counter is not below it. Other stores' writes only raise the
-// counter; a server gone back to an older state (an older snapshot, a replica
-// that lagged) holds a lower one, though its markers are the same, and the
-// stores that saw a higher one fail closed.
-//
-// Expiries. Neither markers nor counters ever expire; a script that reads
-// one refuses it if it has an expiry (an operator's EXPIRE), before it
-// fires and hides a loss. That loses nothing yet: the store refuses only
-// while the expiry is there (translate), rather than for good.
-//
-// Servers. New reads each server's maxmemory_policy and evicted_keys, and
-// then the first operation after each check interval reads the primaries'
-// again (admit), before its own work: a policy that may evict fails the
-// store until it is noeviction again; keys evicted since the last look fail
-// it for good.
+// How the store notices that its data was lost (docs/redis.md, "Data loss",
+// has it in full): a marker key per slot holds the epoch New read, and a
+// write counter per slot must not fall below the highest this store saw;
+// both never expire, and a script that finds either gone, changed, behind or
+// expiring refuses. Markers come back only through New: a store never writes
+// one again by itself. The servers' maxmemory_policy and evicted_keys are
+// read again after each check interval (admit).
 
 // slots is the number of hash slots of a Redis Cluster.
 const slots = 16384
@@ -85,8 +55,7 @@ func slotOf(tag string) int {
 }
 
 // slotTags holds, for each hash slot, the smallest decimal number that
-// Redis Cluster hashes to it: the hash tag of the slot's marker. Finding
-// them takes about 110,000 hashes, once, for the first store on a cluster.
+// hashes to it, the tag of the slot's marker: about 110,000 hashes, once.
 var slotTags = sync.OnceValue(func() *[slots]string {
 	var tags [slots]string
 	for n, left := 0, slots; left > 0; n++ {
@@ -99,7 +68,6 @@ var slotTags = sync.OnceValue(func() *[slots]string {
 	return &tags
 })
 
-// markerName is the name of slot's marker (of the one marker on one server).
 func (s *Store) markerName(slot int) string {
 	if s.cluster == nil {
 		return s.marker
@@ -107,8 +75,6 @@ func (s *Store) markerName(slot int) string {
 	return s.opts.prefix + ":epoch:{" + slotTags()[slot] + "}"
 }
 
-// counterName is the name of slot's write counter (of the one counter on one
-// server), in the slot of its marker.
 func (s *Store) counterName(slot int) string {
 	if s.cluster == nil {
 		return s.counter
@@ -116,9 +82,8 @@ func (s *Store) counterName(slot int) string {
 	return s.opts.prefix + ":writes:{" + slotTags()[slot] + "}"
 }
 
-// keys returns the KEYS of a script on key's record: the record, and its
-// slot's marker and write counter; and the slot's index in s.epochs and
-// s.seen (0 on one server).
+// keys returns the KEYS of a script on key's record (the record, its slot's
+// marker and counter), and the slot's index in s.epochs and s.seen.
 func (s *Store) keys(key store.Key) ([]string, int) {
 	p := s.opts.prefix
 	b := make([]byte, 0, len(p)+3+2*len(key))
@@ -130,13 +95,12 @@ func (s *Store) keys(key store.Key) ([]string, int) {
 	return []string{name, s.markerName(slot), s.counterName(slot)}, slot
 }
 
-// argv returns a script's ARGV on slot: the clock's offset, the epoch its
-// marker must hold and the highest write count seen there, then args.
+// argv returns a script's ARGV on slot: the clock's offset, the epoch and
+// the highest write count seen there, then args.
 func (s *Store) argv(slot int, args ...any) []any {
 	return append(append(make([]any, 0, 3+len(args)), s.offset(), s.epochs[slot], s.seen[slot].Load()), args...)
 }
 
-// saw raises the highest write count seen on slot to n, if n is higher.
 func (s *Store) saw(slot int, n int64) {
 	seen := &s.seen[slot]
 	for {
@@ -147,19 +111,15 @@ func (s *Store) saw(slot int, n int64) {
 	}
 }
 
-// markTimeout bounds mark, unless WithTimeout is longer: on a cluster it
-// reads (and, on a new data set, writes) one marker per hash slot, which a
-// busy machine does in more than one operation's time.
+// markTimeout bounds mark, unless WithTimeout is longer: a marker per hash
+// slot takes a busy machine more than one operation's time.
 const markTimeout = 30 * time.Second
 
-// mark reads every marker and write counter, in one pipeline; writes the
-// missing markers, if any, with a new epoch (SET NX, then GET, in a second
-// pipeline); and keeps what each marker holds in s.epochs, and each counter
-// in s.seen. A full server refuses the writes, not the reads: a store starts
-// there as long as its markers exist.
+// mark reads every marker and write counter, writes the missing markers with
+// a new epoch (SET NX, then GET), and keeps what each holds. A full server
+// refuses the writes, not the reads: a store starts there if its markers
+// exist.
 func (s *Store) mark(ctx context.Context) error {
-	// Up to 16,384 markers, once, in New: a bound of its own, not one
-	// operation's.
 	ctx, cancel := context.WithTimeout(ctx, max(s.opts.timeout, markTimeout))
 	defer cancel()
 	n := 1
@@ -280,7 +240,6 @@ func (s *Store) dataLost(reply string) (lost bool, err error) {
 		"so a missing record no longer means a new key"+after, store.ErrDataLost, marker, what)
 }
 
-// health is what the store knows of its servers.
 type health struct {
 	next     atomic.Int64 // UnixNano after which the next operation checks the servers
 	checking sync.Mutex   // held by the operation that checks
@@ -293,7 +252,6 @@ type health struct {
 
 type failure struct{ err error }
 
-// server is what INFO tells of one server.
 type server struct {
 	addr, runID, policy string
 	evicted             int64
@@ -333,10 +291,9 @@ func (s *Store) inspect(ctx context.Context, all bool) ([]server, error) {
 	return found, err
 }
 
-// admit starts every operation. The first operation after each check
-// interval checks the servers first. It refuses, with an error that wraps
-// store.ErrDataLost, once the store's data was lost, or while a server may
-// evict.
+// admit starts every operation, the first after each check interval
+// checking the servers. It refuses (store.ErrDataLost) once the data was
+// lost, or while a server may evict.
 func (s *Store) admit(ctx context.Context, op string) error {
 	h := &s.health
 	if h.lost.Load() == nil && time.Now().UnixNano() >= h.next.Load() && h.checking.TryLock() {

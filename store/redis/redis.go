@@ -16,16 +16,11 @@ import (
 	"github.com/idemkey/idemkey/store"
 )
 
-// DefaultPrefix starts the name of every key the store writes, unless
-// WithPrefix sets another.
+// DefaultPrefix starts the name of every key the store writes.
 const DefaultPrefix = "idemkey"
 
-// defaultTimeout bounds each store operation unless WithTimeout sets another.
 const defaultTimeout = 5 * time.Second
 
-// defaultCheckInterval is how often the store reads its servers'
-// maxmemory-policy and evicted keys again, unless WithCheckInterval sets
-// another.
 const defaultCheckInterval = time.Second
 
 // maxDuration bounds leases and retentions, so that the scripts' sums of
@@ -36,11 +31,10 @@ const maxDuration = 100 * 365 * 24 * time.Hour
 type Option func(*options)
 
 type options struct {
-	prefix   string
-	timeout  time.Duration
-	replicas int
-	logger   *slog.Logger
-	// checkInterval is WithCheckInterval's.
+	prefix        string
+	timeout       time.Duration
+	replicas      int
+	logger        *slog.Logger
 	checkInterval time.Duration
 	// offset is added to the server's clock, for this package's tests only
 	// (export_test.go); nil is none.
@@ -49,70 +43,55 @@ type options struct {
 
 // WithPrefix sets the start of every key's name (DefaultPrefix if empty): 1
 // to 64 visible ASCII characters without braces, which would change the
-// key's hash slot. Stores with different prefixes share a server without
-// seeing each other's records.
+// key's hash slot.
 func WithPrefix(p string) Option {
 	return func(o *options) { o.prefix = p }
 }
 
-// WithTimeout bounds each operation, the wait for replicas included
-// (five seconds if d <= 0). A caller's earlier deadline still applies to
-// Reserve and Find; Complete and Release ignore the caller's cancellation
-// and deadline and use only this bound. go-redis applies a context's
-// deadline to its socket reads only with ContextTimeoutEnabled; otherwise its
-// ReadTimeout (3s by default) bounds each read.
+// WithTimeout bounds each operation, the wait for replicas included (five
+// seconds if d <= 0); Complete and Release use only this bound. go-redis
+// applies a deadline to its socket reads only with ContextTimeoutEnabled;
+// otherwise its ReadTimeout bounds each read.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
 
-// WithReplicas makes Reserve (when it acquires) and Complete wait, with
-// Redis's WAIT, until n replicas of the key's primary confirm the write,
-// before they report success: a failover to one of them then cannot lose a
-// reservation or a recorded reply that was acknowledged. A write that fewer
-// replicas confirm within the store's timeout fails with
-// store.ErrUnavailable (see the package doc). 0, the default, waits for none.
+// WithReplicas makes Reserve (when it acquires) and Complete wait until n
+// replicas confirm the write (WAIT), so that a failover cannot lose an
+// acknowledged write; fewer within the timeout fail with
+// store.ErrUnavailable. 0, the default, waits for none.
 //
-// The wait runs on a connection of its own (goredis.Client.Conn). On a
-// server without maintenance notifications (Redis before 8), go-redis
-// v9.23's default "auto" mode races on such connections while it falls back
-// (the race detector reports it); set the client's MaintNotificationsConfig
-// to &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}, as
-// the example server and the tests do.
+// On Redis before 8, go-redis v9.23's "auto" maintenance notifications race
+// on the wait's connection: set the client's MaintNotificationsConfig to
+// &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}.
 func WithReplicas(n int) Option {
 	return func(o *options) { o.replicas = max(n, 0) }
 }
 
-// WithClockOffset adds offset() to the server's clock in every decision the
-// store's scripts make, so that a test of code built on the store (such as
-// store/storetest's suite) can move time forward without sleeping. The native
-// expiry follows the real clock, later than the logical one, so a record never
-// disappears early; the scripts' own checks decide. Never set it in
-// production.
+// WithClockOffset adds offset() to the server's clock in the scripts'
+// decisions, so that a test can move time forward without sleeping; native
+// expiry follows the real clock, so a record never disappears early. Never
+// set it in production.
 func WithClockOffset(offset func() time.Duration) Option {
 	return func(o *options) { o.offset = offset }
 }
 
 // WithCheckInterval sets how often the store reads every primary's
-// maxmemory-policy and evicted_keys again (a second if d <= 0):
-// the first operation after each interval does so before its own work, in
-// one INFO round trip to each primary, in parallel. A server that may evict
-// fails the store (see the package doc's "Data loss"); a shorter interval
-// notices it sooner.
+// maxmemory-policy and evicted_keys again (a second if d <= 0), in the first
+// operation after each interval.
 func WithCheckInterval(d time.Duration) Option {
 	return func(o *options) { o.checkInterval = d }
 }
 
-// WithLogger sets where the store logs: at Error, that it lost its data or
-// that a server may evict (then once a minute at most while it refuses
-// operations); at Info, a new data set; at Debug, the driver's error behind
-// every error it translates. Nil, the default, discards.
+// WithLogger sets where the store logs: at Error, lost data or a server that
+// may evict (once a minute at most while it refuses); at Debug, the driver's
+// error behind each it translates. Nil, the default, discards.
 func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// Store is a store.Store, store.Finder and store.Watcher on Redis (one node, a primary with
-// replicas, or a Redis Cluster). Every decision about time uses the server's
-// clock. It is safe for concurrent use.
+// Store is a store.Store, store.Finder and store.Watcher on Redis. It is
+// safe for concurrent use.
 type Store struct {
 	client  goredis.UniversalClient
 	cluster *goredis.ClusterClient // set for a cluster: WAIT goes to the key's primary
@@ -137,18 +116,12 @@ var (
 )
 
 // New returns a store on client: a *goredis.Client (one server, or a
-// Sentinel-managed primary from goredis.NewFailoverClient) or a
-// *goredis.ClusterClient. It checks, within ctx, that every server that can
-// hold its keys is configured with maxmemory-policy noeviction, and refuses
-// any other policy: an evicted record would run a call a second time. It
-// then reads the store's marker keys and write counters, and writes the
-// markers that are missing (see the package doc's "Data loss"), within ctx
-// and at most 30 s (or WithTimeout, if longer): one of each per hash slot on
-// a cluster. Last, it subscribes to the store's channel, on a connection
-// of its own, for Watch: a goroutine hears it until the client is closed
-// or Close is called (see watch.go). A server that refuses the
-// subscription (an ACL user without the channel) is logged, and the store
-// polls.
+// Sentinel-managed primary) or a *goredis.ClusterClient. It refuses a server
+// whose maxmemory-policy is not noeviction, reads the store's markers and
+// write counters and writes those missing (within ctx and at most 30 s or
+// WithTimeout), and subscribes for Watch on a connection of its own until
+// the client is closed or Close is called; a server that refuses the
+// subscription is logged, and the store polls.
 func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*Store, error) {
 	o := options{prefix: DefaultPrefix, timeout: defaultTimeout}
 	for _, opt := range opts {
@@ -195,9 +168,8 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 }
 
 // checkPolicy reads maxmemory_policy from INFO memory, which managed services
-// that disable CONFIG still answer, on every node of a cluster (a replica
-// becomes a primary in a failover) or on the one server; and keeps each
-// one's evicted_keys, which later checks compare with.
+// that disable CONFIG still answer, on every node (a replica becomes a
+// primary in a failover), and keeps each one's evicted_keys.
 func (s *Store) checkPolicy(ctx context.Context) error {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
@@ -219,7 +191,6 @@ func (s *Store) checkPolicy(ctx context.Context) error {
 	return nil
 }
 
-// infoField returns the value of name in an INFO reply.
 func infoField(info, name string) string {
 	for line := range strings.Lines(info) {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
@@ -326,11 +297,9 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 	return res, true, nil
 }
 
-// Complete implements store.Store. It ignores ctx's cancellation and
-// deadline, bounded by the store's timeout instead: a caller that hangs up
-// must not leave its key in progress. A Complete repeated with the same
-// token and outcome after one that took effect returns nil again (and, with
-// WithReplicas, waits for the replicas again).
+// Complete implements store.Store, bounded by the store's timeout rather than
+// ctx: a caller that hangs up must not leave its key in progress. A repeated
+// Complete with the same token and outcome returns nil again.
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
 	ctx, cancel := s.bound(context.WithoutCancel(ctx))
 	defer cancel()
@@ -393,14 +362,10 @@ func counted(i int) func(any) int64 {
 // for confirmed in time.
 var errNotReplicated = errors.New("not confirmed by the replicas in time")
 
-// run runs sc on key, with the ARGV args after argv's. count reads the
-// write counter from the reply: a write, if above 0. With WithReplicas, a
-// write is then followed by WAIT on the same connection to the key's
-// primary, which WAIT requires; the reply is returned with errNotReplicated
-// (wrapped in store.ErrUnavailable) if too few replicas confirmed it. The
-// counter of a write that succeeded (and was confirmed) raises what the
-// store has seen of its slot; one not confirmed does not, so that a
-// failover that loses only it does not fail the store.
+// run runs sc on key. With WithReplicas, a write (count above 0) is followed
+// by WAIT on the same connection, as WAIT requires. Only a confirmed write's
+// counter raises what the store has seen of its slot, so that a failover
+// that loses an unconfirmed one does not fail the store.
 func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key store.Key, count func(any) int64, args ...any) (any, error) {
 	keys, slot := s.keys(key)
 	args = s.argv(slot, args...)
@@ -486,14 +451,12 @@ func (s *Store) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return context.WithTimeout(ctx, s.opts.timeout)
 }
 
-// translate turns a driver error into the store's own, so that nothing from
-// go-redis reaches a caller. A script's IDEMKEY_DATALOST fails the store for
-// good (store.ErrDataLost). A server out of memory (with noeviction, it
-// refuses writes) is store.ErrFull; an unreachable, failing-over, loading or
-// slow server, or a cancelled call, is store.ErrUnavailable (the context's
-// own error kept for errors.Is); any other server error keeps only its first
-// word, such as WRONGTYPE. The error itself, which may name hosts, is logged
-// at Debug. None can hold a raw key or tenant: the store sends only hashes.
+// translate turns a driver error into the store's own: a script's
+// IDEMKEY_DATALOST is store.ErrDataLost for good, out of memory
+// store.ErrFull, an unreachable, failing-over, loading or slow server or a
+// cancelled call store.ErrUnavailable (the context's error kept); any other
+// keeps only its first word, such as WRONGTYPE. The driver's error, which
+// may name hosts, is logged at Debug.
 func (s *Store) translate(ctx context.Context, op string, err error) error {
 	s.opts.logger.LogAttrs(ctx, slog.LevelDebug, "idemkey redis: "+op+" failed", slog.Any("error", err))
 	var redisErr goredis.Error

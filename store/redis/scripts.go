@@ -15,7 +15,7 @@ import goredis "github.com/redis/go-redis/v9"
 //
 // A released record is kept, without fingerprint or outcome, until the
 // expiry its reservation set, only so that its token is remembered: see
-// nextToken.
+// reserveScript.
 //
 // Every script has KEYS: the record, then the marker and the write counter
 // of its hash slot (see loss.go); and ARGV: the clock's offset, the marker's
@@ -31,16 +31,8 @@ import goredis "github.com/redis/go-redis/v9"
 // counter, which a detecting script would otherwise raise towards what
 // another process saw, hiding the loss from it. A record that is there and
 // is not written needs no check, so that replays read no more than they did.
-//
-// Complete and Release, when they write a record that a Reserve found in
-// progress (w), publish the record's name on the store's channel
-// (changed), which Watch hears (see watch.go); a key no duplicate waited
-// for costs no message.
-//
-// A script that writes a reservation or an outcome raises the counter
-// (INCR) and returns its new value, which the store keeps as the highest it
-// saw. Release does not raise it: a release lost in a restore or failover
-// leaves a key in progress, never runs one again (see Store.Release).
+// A script that writes a reservation or an outcome raises the counter (INCR)
+// and returns its new value; Release does not (see Store.Release).
 //
 // Each script reads the server's clock with TIME and adds ARGV's offset, in
 // microseconds: zero but in this package's tests, which move time forward

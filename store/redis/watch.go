@@ -17,42 +17,21 @@ import (
 
 // How a duplicate hears that the key it waits for changed (store.Watcher).
 //
-// A Reserve that finds a record in progress marks it (the field w), and
-// the scripts of Complete and Release of a marked record publish its name
-// on the store's channel, <prefix>:changed, in the script that writes (see
-// scripts.go): the message leaves the server after the write, and a key no
-// duplicate waited for costs no message. Each
-// Store subscribes to the channel in New, on a connection of its own, and
-// its goroutine (listen) closes the channel of the key's watchers when the
-// name arrives. A waiting duplicate costs no round trip more: the engine
-// reads the key when told, in place of the poll due next.
+// A Reserve that finds a record in progress marks it (the field w), and the
+// script of a Complete or Release of a marked record publishes its name on
+// <prefix>:changed after the write; a key no duplicate waited for costs no
+// message. Watch reads no storage: a key this store's Reserve found held,
+// whose lease has not ended and of which no message has arrived since, is
+// held. A message that arrives while that Reserve is on its way counts too
+// (recent). What no message tells (a lease that ends, a deleted record),
+// the engine's polls find. While the subscription is down, Watch tells
+// nothing; once subscribed anew, every watched key is told changed, so that
+// a change in the gap is read at once.
 //
-// Watch reads no storage, so it decides from what this store's own calls
-// saw: a key its Reserve found held (or acquired), whose lease has not ended
-// as the reply told it, and of which no message has arrived since, is held;
-// any other key is not, and its channel is closed already. A message that
-// arrives while the Reserve that finds the key held is on its way counts
-// too: the last keys heard are kept (recent) with the number of messages
-// heard before them, which a Reserve reads before it sends its script.
-//
-// What no message tells, the engine's polls find, as on a store that is no
-// Watcher: a lease that ends, a record deleted by hand or by expiry, a
-// flush (which fails the store at the next read: see "Data loss"). While
-// the subscription is down (the connection dropped, a failover), messages
-// are lost: Watch then tells nothing, the duplicates poll, and once
-// go-redis has dialled again and subscribed anew, every key watched is
-// told changed, so that a change in the gap is read at once. A connection
-// that answers nothing is found by a PING when the channel is quiet, and
-// replaced.
-//
-// Redis Cluster broadcasts PUBLISH to every node over the cluster bus,
-// which costs each node a message per Complete and Release. Sharded pub/sub
-// (SPUBLISH to a channel in the record's slot) would keep it on the slot's
-// primary, but a subscriber would need a channel per slot, and go-redis
-// v9.23 subscribes a connection's shard channels again after a reconnect in
-// one SSUBSCRIBE, which a server refuses for channels of several slots
-// (CROSSSLOT): it would take a connection per slot (16,384), each placed on
-// its slot's primary, so the store uses the broadcast.
+// A cluster broadcasts PUBLISH to every node. Sharded pub/sub would need a
+// channel per slot, and go-redis v9.23 resubscribes them in one SSUBSCRIBE,
+// which a server refuses across slots (CROSSSLOT): it would take 16,384
+// connections, so the store uses the broadcast.
 
 // heardKept is how many of the last keys heard a Reserve can check.
 const heardKept = 64
@@ -138,12 +117,10 @@ func (s *Store) subscribe(ctx context.Context) error {
 	return nil
 }
 
-// Close stops the subscription that New started for Watch, closing its
-// connection, and returns once its goroutine has ended. The client stays
-// open and the store keeps working: a duplicate waiting now, or later, is
-// answered by polling. Close a store that is dropped while its client
-// lives on (a store per test or per tenant on one client); closing the
-// client ends the subscription too. It is safe to call more than once.
+// Close stops the subscription that New started for Watch and returns once
+// its goroutine has ended; the store keeps working, by polling. Close a
+// store dropped while its client lives on; closing the client ends the
+// subscription too. It is safe to call more than once.
 func (s *Store) Close() error {
 	w := &s.watch
 	w.off.Store(true)
@@ -204,8 +181,7 @@ func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
 	}
 }
 
-// now is the time on the clock of the store's decisions, with the test's
-// offset (WithClockOffset).
+// now is the clock of the store's decisions, with WithClockOffset's offset.
 func (s *Store) now() time.Time {
 	if s.opts.offset == nil {
 		return time.Now()
@@ -306,8 +282,7 @@ func (w *watch) dropped() {
 	w.live = false
 }
 
-// listen hears the store's channel on ps until the client or the store is
-// closed,
+// listen hears the store's channel until the client or the store is closed,
 // subscribing again whenever the connection drops or goes silent.
 func (s *Store) listen(ps *goredis.PubSub) {
 	w := &s.watch
