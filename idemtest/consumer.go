@@ -3,19 +3,27 @@ package idemtest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-// Process delivers ds to c as an at-least-once broker may: every message
-// twice, the batch out of order (the first deliveries last message first,
-// the second deliveries in order), and each once more after its handler's
-// effect but before its acknowledgement (while the first run's handler
-// returns). h is the consumer's handler of one delivery, as the broker's
-// adapter runs it (idemnats and idemamqp call c.Process for each message,
-// so this serves every broker).
+// Process delivers ds, as an at-least-once broker may, to a consumer named
+// name on eng with opts (consumer.New's): every message twice, the batch
+// out of order (the first deliveries last message first, the second
+// deliveries in order), and each once more after its handler's effect but
+// before its acknowledgement (while the first run's handler returns). h is
+// the consumer's handler, of a delivery rather than a broker's message:
+// the kit is the consumer's broker (a consumer.Broker whose messages are
+// ds), so it serves every broker. opts are the consumer's own
+// (consumer.WithAtomic, WithClassifier, WithHandlerTimeout, WithBackoff):
+// not the functions of a broker's messages (WithMessageID,
+// WithMessageTenant, WithDeadLetter), which ds stand for; a message
+// dead-lettered is in its Result (DeadLetter).
 //
 // In atomic mode (consumer.WithAtomic on store/postgres) each message is
 // first delivered once more to a consumer that dies before its commit: its
@@ -29,8 +37,13 @@ import (
 // (a side effect before a recorded failure stands while the message is
 // dead-lettered). It returns the Results of the first deliveries, in the
 // order of ds. The other faults of Chaos are for calls and do not apply.
-func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.Delivery, h func(ctx context.Context, d consumer.Delivery) error) []consumer.Result {
+func (k *Kit) Process(ctx context.Context, eng *engine.Engine, name string, ds []consumer.Delivery, h func(ctx context.Context, d consumer.Delivery) error, opts ...consumer.Option) []consumer.Result {
 	k.t.Helper()
+	c, err := newKitConsumer(eng, name, opts)
+	if err != nil {
+		k.t.Fatalf("idemtest: %v", err)
+		return nil
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls += len(ds)
@@ -59,6 +72,41 @@ func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.D
 	return results
 }
 
+// kitConsumer is a consumer whose broker is the kit: its messages are
+// deliveries, each with the handler it runs.
+type kitConsumer = consumer.Consumer[*kitMessage]
+
+// kitMessage is one delivery of a message, and what its handler does.
+type kitMessage struct {
+	d   consumer.Delivery
+	run func(ctx context.Context) error
+}
+
+// newKitConsumer is consumer.New's consumer named name, on eng with opts,
+// of the kit's messages.
+func newKitConsumer(eng *engine.Engine, name string, opts []consumer.Option) (*kitConsumer, error) {
+	opts = append(slices.Clip(opts),
+		consumer.WithMessageTenant(func(m *kitMessage) (string, error) { return m.d.Tenant, nil }),
+		consumer.WithDeadLetter(func(context.Context, *kitMessage, error) error { return nil }), // the Result says so
+	)
+	return consumer.New(eng, name, kitBroker{}, func(ctx context.Context, m *kitMessage) error { return m.run(ctx) }, opts...)
+}
+
+// kitBroker is the kit as a consumer.Broker: it delivers what Process
+// says, and settles nothing.
+type kitBroker struct{}
+
+func (kitBroker) System() string                                                 { return "idemtest" }
+func (kitBroker) ID(m *kitMessage) (string, error)                               { return m.d.ID, nil }
+func (kitBroker) Read(m *kitMessage) (consumer.Delivery, error)                  { return m.d, nil }
+func (kitBroker) Settle(context.Context, []*kitMessage, []consumer.Result) error { return nil }
+func (kitBroker) Horizons(time.Duration) []consumer.Horizon                      { return nil }
+
+// handle delivers d to c, whose handler runs h.
+func handle(ctx context.Context, c *kitConsumer, d consumer.Delivery, h func(ctx context.Context) error) consumer.Result {
+	return c.Handle(ctx, &kitMessage{d: d, run: h})
+}
+
 // message is one message's deliveries under Process, and its effects.
 type message struct {
 	d          consumer.Delivery
@@ -82,13 +130,13 @@ type delivery struct {
 
 // deliverFirst delivers d, and delivers it again while its handler
 // returns, after the handler's effect and before the acknowledgement.
-func (k *Kit) deliverFirst(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) *message {
+func (k *Kit) deliverFirst(ctx context.Context, c *kitConsumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) *message {
 	m := &message{d: d}
 	var before int
 	before, m.counted = k.effects(ctx)
 	m.died = dieBeforeCommit(ctx, c, d, h)
 	m.deliveries = append(m.deliveries, delivery{role: "first delivery"})
-	m.deliveries[0].res = c.Process(ctx, d, func(hctx context.Context) error {
+	m.deliveries[0].res = handle(ctx, c, d, func(hctx context.Context) error {
 		m.deliveries[0].ran = true
 		err := h(hctx, d)
 		// Not the last delivery: that one would wait for this run, which
@@ -112,7 +160,7 @@ type died struct{}
 // handler and dies before its commit, so that the message's transaction
 // rolls back; it returns that delivery. In two-phase mode, where no
 // transaction undoes an effect, it runs nothing and returns nil.
-func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) (out *delivery) {
+func dieBeforeCommit(ctx context.Context, c *kitConsumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) (out *delivery) {
 	dd := &delivery{role: "delivered before the first to a consumer that dies before its commit (atomic mode): its transaction rolled back"}
 	defer func() {
 		if v := recover(); v != nil {
@@ -121,7 +169,7 @@ func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Deliv
 			}
 		}
 	}()
-	c.Process(ctx, d, func(hctx context.Context) error {
+	handle(ctx, c, d, func(hctx context.Context) error {
 		if _, ok := postgres.TxFromContext(hctx); ok {
 			out = dd
 			dd.ran = true
@@ -133,10 +181,10 @@ func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Deliv
 }
 
 // deliver delivers d as role, and records what became of it.
-func (m *message) deliver(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, role string, h func(context.Context, consumer.Delivery) error) {
+func (m *message) deliver(ctx context.Context, c *kitConsumer, d consumer.Delivery, role string, h func(context.Context, consumer.Delivery) error) {
 	i := len(m.deliveries)
 	m.deliveries = append(m.deliveries, delivery{role: role})
-	res := c.Process(ctx, d, func(hctx context.Context) error {
+	res := handle(ctx, c, d, func(hctx context.Context) error {
 		m.deliveries[i].ran = true
 		return h(hctx, d)
 	})

@@ -73,17 +73,18 @@
 //
 // # Redelivery chaos for consumers
 //
-// Process delivers a batch of messages to a consumer.Consumer as a broker
-// may: every message twice, out of order, and once more after its handler's
-// effect but before its acknowledgement; in atomic mode, first to a
-// consumer that dies before its commit, so that a write through the pool
-// stands beside the next delivery's and fails the test. It works at the
-// consumer core, where idemnats and idemamqp hand each delivery over, so it
-// serves every broker; h is the handler your adapter runs:
+// Process delivers a batch of messages to a consumer (consumer.New on your
+// engine, with your consumer's options) as a broker may: every message
+// twice, out of order, and once more after its handler's effect but before
+// its acknowledgement; in atomic mode, first to a consumer that dies before
+// its commit, so that a write through the pool stands beside the next
+// delivery's and fails the test. The kit is the consumer's broker, its
+// messages consumer.Deliveries, so it serves every broker; h is what your
+// handler does with a message's tenant and body:
 //
-//	results := kit.Process(ctx, core, deliveries, func(ctx context.Context, d consumer.Delivery) error {
+//	results := kit.Process(ctx, eng, "charges", deliveries, func(ctx context.Context, d consumer.Delivery) error {
 //		return charge(ctx, d.Tenant, d.Body)
-//	})
+//	}, consumer.WithAtomic())
 //
 // # Misuse caught, named
 //
