@@ -41,7 +41,7 @@ func (k *Kit) Process(ctx context.Context, eng *engine.Engine, name string, ds [
 	k.t.Helper()
 	c, err := newKitConsumer(eng, name, opts)
 	if err != nil {
-		k.t.Fatalf("idemtest: %v", err)
+		k.t.Fatalf("idemtest: Process cannot build the consumer (give it the consumer's own options: the deliveries stand for a broker's message functions, WithMessageID, WithMessageTenant and WithDeadLetter): %v", err)
 		return nil
 	}
 	k.mu.Lock()

@@ -122,3 +122,31 @@ func TestConsumerEffectAfterReturn(t *testing.T) {
 	tbtest.WantFailure(t, r, "counted no effect", "after it returns, in a goroutine", "make the effect before the handler returns")
 	b.late.Wait()
 }
+
+// A broker's message function among Process's options (here an id read
+// from a string message) is refused at once, naming the option and what
+// Process wants instead, rather than run a consumer it cannot build.
+func TestConsumerBrokerOption(t *testing.T) {
+	b := openBackend(t, "memory")
+	eng, _ := newConsumer(b)
+	r := tbtest.New(t)
+	kit := idemtest.New(r, idemtest.Chaos{})
+	ran := false
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				if _, ok := v.(tbtest.Fatal); !ok {
+					panic(v)
+				}
+			}
+		}()
+		kit.Process(t.Context(), eng, "charges", deliveries(), func(context.Context, consumer.Delivery) error {
+			ran = true
+			return nil
+		}, consumer.WithMessageID(func(m string) (string, error) { return m, nil }))
+	}()
+	if ran {
+		t.Error("Process ran the handler with a broker's message function among its options")
+	}
+	tbtest.WantFailure(t, r, "Process cannot build the consumer", "WithMessageID's function is a func(string) (string, error)", "the consumer's own options")
+}
