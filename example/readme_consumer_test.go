@@ -33,10 +33,6 @@ func consumeCharges(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStr
 	if err != nil {
 		return nil, err
 	}
-	core, err := consumer.New(eng, "charges", consumer.WithAtomic(), consumer.WithSystem("nats"))
-	if err != nil {
-		return nil, err
-	}
 	stream, err := js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name: "PAYMENTS", Subjects: []string{"payments.charges.requested"},
 		MaxAge: 72 * time.Hour, // no redelivery after 3 days; ids are kept for 7
@@ -50,14 +46,18 @@ func consumeCharges(ctx context.Context, pool *pgxpool.Pool, js jetstream.JetStr
 	if err != nil {
 		return nil, err
 	}
-	c, err := idemnats.New(ctx, core, stream, cons, func(ctx context.Context, msg jetstream.Msg) error {
+	b, err := idemnats.New(ctx, stream, cons) // the consumer.Broker of cons
+	if err != nil {
+		return nil, err
+	}
+	c, err := consumer.New(eng, "charges", b, func(ctx context.Context, msg jetstream.Msg) error {
 		tx, ok := postgres.TxFromContext(ctx) // commits with the message's record
 		if !ok {
 			return errors.New("not in atomic mode (consumer.WithAtomic)") // redelivered, never lost
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO ledger (entry) VALUES ($1)`, msg.Data())
 		return err
-	}, idemnats.WithDeadLetter(func(ctx context.Context, msg jetstream.Msg, err error) error {
+	}, consumer.WithAtomic(), consumer.WithDeadLetter(func(ctx context.Context, msg jetstream.Msg, err error) error {
 		_, werr := pool.Exec(ctx, `INSERT INTO dead_letters (body, cause) VALUES ($1, $2)`,
 			msg.Data(), consumer.Cause(err)) // Cause: idemkey's words, never the handler's
 		return werr // an error redelivers the message, to try again

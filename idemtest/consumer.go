@@ -3,25 +3,34 @@ package idemtest
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemkey/idemkey/consumer"
+	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store/postgres"
 )
 
-// Process delivers ds to c as an at-least-once broker may: every message
-// twice, out of order, and once more after its handler's effect but before
-// its acknowledgement. h is the handler the broker's adapter runs. In atomic
-// mode each message is first delivered to a consumer that dies before its
-// commit, so that a write through the pool stands beside the next
-// delivery's.
+// Process delivers ds, as an at-least-once broker may, to a consumer named
+// name on eng with opts (consumer.New's own options, not a broker's message
+// functions: the kit is the consumer's broker, whose messages are ds): every
+// message twice, out of order, and once more after its handler's effect but
+// before its acknowledgement. In atomic mode each message is first delivered
+// to a consumer that dies before its commit, so that a write outside
+// postgres.TxFromContext's transaction stands beside the next delivery's.
 //
 // It fails the test unless each message ran its handler once (the
 // redelivery during its run Busy, the later one a Duplicate) and, with
 // Chaos.Effects, a processed message left one effect and any other none. It
 // returns the Results of the first deliveries, in the order of ds.
-func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.Delivery, h func(ctx context.Context, d consumer.Delivery) error) []consumer.Result {
+func (k *Kit) Process(ctx context.Context, eng *engine.Engine, name string, ds []consumer.Delivery, h func(ctx context.Context, d consumer.Delivery) error, opts ...consumer.Option) []consumer.Result {
 	k.t.Helper()
+	c, err := newKitConsumer(eng, name, opts)
+	if err != nil {
+		k.t.Fatalf("idemtest: Process cannot build the consumer (give it the consumer's own options: the deliveries stand for a broker's message functions, WithMessageID, WithMessageTenant and WithDeadLetter): %v", err)
+		return nil
+	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	k.calls += len(ds)
@@ -50,6 +59,41 @@ func (k *Kit) Process(ctx context.Context, c *consumer.Consumer, ds []consumer.D
 	return results
 }
 
+// kitConsumer is a consumer whose broker is the kit: its messages are
+// deliveries, each with the handler it runs.
+type kitConsumer = consumer.Consumer[*kitMessage]
+
+// kitMessage is one delivery of a message, and what its handler does.
+type kitMessage struct {
+	d   consumer.Delivery
+	run func(ctx context.Context) error
+}
+
+// newKitConsumer is consumer.New's consumer named name, on eng with opts,
+// of the kit's messages.
+func newKitConsumer(eng *engine.Engine, name string, opts []consumer.Option) (*kitConsumer, error) {
+	opts = append(slices.Clip(opts),
+		consumer.WithMessageTenant(func(m *kitMessage) (string, error) { return m.d.Tenant, nil }),
+		consumer.WithDeadLetter(func(context.Context, *kitMessage, error) error { return nil }), // the Result says so
+	)
+	return consumer.New(eng, name, kitBroker{}, func(ctx context.Context, m *kitMessage) error { return m.run(ctx) }, opts...)
+}
+
+// kitBroker is the kit as a consumer.Broker: it delivers what Process
+// says, and settles nothing.
+type kitBroker struct{}
+
+func (kitBroker) System() string                                                 { return "idemtest" }
+func (kitBroker) ID(m *kitMessage) (string, error)                               { return m.d.ID, nil }
+func (kitBroker) Read(m *kitMessage) (consumer.Delivery, error)                  { return m.d, nil }
+func (kitBroker) Settle(context.Context, []*kitMessage, []consumer.Result) error { return nil }
+func (kitBroker) Horizons(time.Duration) []consumer.Horizon                      { return nil }
+
+// handle delivers d to c, whose handler runs h.
+func handle(ctx context.Context, c *kitConsumer, d consumer.Delivery, h func(ctx context.Context) error) consumer.Result {
+	return c.Handle(ctx, &kitMessage{d: d, run: h})
+}
+
 // message is one message's deliveries under Process, and its effects.
 type message struct {
 	d          consumer.Delivery
@@ -73,13 +117,13 @@ type delivery struct {
 
 // deliverFirst delivers d, and delivers it again while its handler
 // returns, after the handler's effect and before the acknowledgement.
-func (k *Kit) deliverFirst(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) *message {
+func (k *Kit) deliverFirst(ctx context.Context, c *kitConsumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) *message {
 	m := &message{d: d}
 	var before int
 	before, m.counted = k.effects(ctx)
 	m.died = dieBeforeCommit(ctx, c, d, h)
 	m.deliveries = append(m.deliveries, delivery{role: "first delivery"})
-	m.deliveries[0].res = c.Process(ctx, d, func(hctx context.Context) error {
+	m.deliveries[0].res = handle(ctx, c, d, func(hctx context.Context) error {
 		m.deliveries[0].ran = true
 		err := h(hctx, d)
 		// Not the last delivery: that one would wait for this run, which
@@ -100,7 +144,7 @@ type died struct{}
 
 // dieBeforeCommit delivers d to a consumer that dies before its commit; in
 // two-phase mode, where no transaction undoes an effect, it returns nil.
-func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) (out *delivery) {
+func dieBeforeCommit(ctx context.Context, c *kitConsumer, d consumer.Delivery, h func(context.Context, consumer.Delivery) error) (out *delivery) {
 	dd := &delivery{role: "delivered before the first to a consumer that dies before its commit (atomic mode): its transaction rolled back"}
 	defer func() {
 		if v := recover(); v != nil {
@@ -109,7 +153,7 @@ func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Deliv
 			}
 		}
 	}()
-	c.Process(ctx, d, func(hctx context.Context) error {
+	handle(ctx, c, d, func(hctx context.Context) error {
 		if _, ok := postgres.TxFromContext(hctx); ok {
 			out = dd
 			dd.ran = true
@@ -121,10 +165,10 @@ func dieBeforeCommit(ctx context.Context, c *consumer.Consumer, d consumer.Deliv
 }
 
 // deliver delivers d as role, and records what became of it.
-func (m *message) deliver(ctx context.Context, c *consumer.Consumer, d consumer.Delivery, role string, h func(context.Context, consumer.Delivery) error) {
+func (m *message) deliver(ctx context.Context, c *kitConsumer, d consumer.Delivery, role string, h func(context.Context, consumer.Delivery) error) {
 	i := len(m.deliveries)
 	m.deliveries = append(m.deliveries, delivery{role: role})
-	res := c.Process(ctx, d, func(hctx context.Context) error {
+	res := handle(ctx, c, d, func(hctx context.Context) error {
 		m.deliveries[i].ran = true
 		return h(hctx, d)
 	})

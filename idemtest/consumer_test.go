@@ -31,21 +31,16 @@ func TestConsumer(t *testing.T) {
 		for _, m := range []mistake{none, effectBeforeError} {
 			t.Run(fmt.Sprintf("%s/mistake=%v", kind, m != none), func(t *testing.T) {
 				b := openBackend(t, kind)
-				eng := grpctest.Must(engine.New(b.store, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(nil)))
-				var opts []consumer.Option
-				if b.atomic {
-					opts = append(opts, consumer.WithAtomic())
-				}
-				core := grpctest.Must(consumer.New(eng, "charges", opts...))
+				eng, opts := newConsumer(b)
 				r := tbtest.New(t)
 				kit := idemtest.New(r, idemtest.Chaos{Effects: b.effects})
-				results := kit.Process(t.Context(), core, deliveries(), func(ctx context.Context, d consumer.Delivery) error {
+				results := kit.Process(t.Context(), eng, "charges", deliveries(), func(ctx context.Context, d consumer.Delivery) error {
 					_, err := b.charge(ctx, string(d.Body), m, nil)
 					if status.Convert(err).Message() == "card declined" {
 						return consumer.Final(err)
 					}
 					return err
-				})
+				}, opts...)
 				for i, want := range []consumer.Outcome{consumer.Processed, consumer.Processed, consumer.Failed} {
 					if results[i].Outcome != want {
 						t.Errorf("message %d: %s, want %s", i+1, results[i].Outcome, want)
@@ -61,15 +56,15 @@ func TestConsumer(t *testing.T) {
 	}
 }
 
-// newCore is a consumer of b's store, atomic on postgres-atomic.
-func newCore(t *testing.T, b *backend) *consumer.Consumer {
-	t.Helper()
+// newConsumer is an engine of b's store for a consumer, and the consumer's
+// options: atomic on postgres-atomic.
+func newConsumer(b *backend) (*engine.Engine, []consumer.Option) {
 	eng := grpctest.Must(engine.New(b.store, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(nil)))
 	var opts []consumer.Option
 	if b.atomic {
 		opts = append(opts, consumer.WithAtomic())
 	}
-	return grpctest.Must(consumer.New(eng, "charges", opts...))
+	return eng, opts
 }
 
 // In atomic mode a consumer whose handler writes through the pool is
@@ -83,10 +78,11 @@ func TestConsumerPoolWrite(t *testing.T) {
 			b := openBackend(t, kind)
 			r := tbtest.New(t)
 			kit := idemtest.New(r, idemtest.Chaos{Effects: b.effects})
-			results := kit.Process(t.Context(), newCore(t, b), deliveries()[:2], func(ctx context.Context, d consumer.Delivery) error {
+			eng, opts := newConsumer(b)
+			results := kit.Process(t.Context(), eng, "charges", deliveries()[:2], func(ctx context.Context, d consumer.Delivery) error {
 				_, err := b.charge(ctx, string(d.Body), poolWrite, nil)
 				return err
-			})
+			}, opts...)
 			for i, res := range results {
 				if res.Outcome != consumer.Processed {
 					t.Errorf("message %d: %s, want processed", i+1, res.Outcome)
@@ -118,10 +114,39 @@ func TestConsumerEffectAfterReturn(t *testing.T) {
 	}
 	r := tbtest.New(t)
 	kit := idemtest.New(r, idemtest.Chaos{Effects: effects})
-	kit.Process(t.Context(), newCore(t, b), deliveries()[:1], func(ctx context.Context, d consumer.Delivery) error {
+	eng, opts := newConsumer(b)
+	kit.Process(t.Context(), eng, "charges", deliveries()[:1], func(ctx context.Context, d consumer.Delivery) error {
 		_, err := b.charge(ctx, string(d.Body), effectAfterReply, nil)
 		return err
-	})
+	}, opts...)
 	tbtest.WantFailure(t, r, "counted no effect", "after it returns, in a goroutine", "make the effect before the handler returns")
 	b.late.Wait()
+}
+
+// A broker's message function among Process's options (here an id read
+// from a string message) is refused at once, naming the option and what
+// Process wants instead, rather than run a consumer it cannot build.
+func TestConsumerBrokerOption(t *testing.T) {
+	b := openBackend(t, "memory")
+	eng, _ := newConsumer(b)
+	r := tbtest.New(t)
+	kit := idemtest.New(r, idemtest.Chaos{})
+	ran := false
+	func() {
+		defer func() {
+			if v := recover(); v != nil {
+				if _, ok := v.(tbtest.Fatal); !ok {
+					panic(v)
+				}
+			}
+		}()
+		kit.Process(t.Context(), eng, "charges", deliveries(), func(context.Context, consumer.Delivery) error {
+			ran = true
+			return nil
+		}, consumer.WithMessageID(func(m string) (string, error) { return m, nil }))
+	}()
+	if ran {
+		t.Error("Process ran the handler with a broker's message function among its options")
+	}
+	tbtest.WantFailure(t, r, "Process cannot build the consumer", "WithMessageID's function is a func(string) (string, error)", "the consumer's own options")
 }

@@ -43,10 +43,11 @@
 //
 // # Redelivery chaos for consumers
 //
-// Process delivers messages to a consumer.Consumer as a broker may: every
-// message twice, out of order, and again after its handler's effect but
-// before its acknowledgement; in atomic mode, first to a consumer that dies
-// before its commit.
+// Process delivers messages to a consumer (consumer.New on your engine,
+// with your consumer's options; the kit is its broker) as a broker may:
+// every message twice, out of order, and again after its handler's effect
+// but before its acknowledgement; in atomic mode, first to a consumer that
+// dies before its commit.
 //
 // The repository's docs/testkit.md has examples, what Effects must count,
 // and the caveats (the Kit's waits are bounded but real; reports never quote

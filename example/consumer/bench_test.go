@@ -54,14 +54,14 @@ type benchVariant struct {
 // benchPool for their pools):
 //   - bare: no idemkey; the charge commits on its own and the message is
 //     acknowledged directly, one message at a time;
-//   - atomic: through the adapter's Handle, on store/postgres with
+//   - atomic: through the consumer's Handle, on store/postgres with
 //     consumer.WithAtomic: the charge commits with the message's record;
 //   - two-phase: the same without WithAtomic: reserve, charge and record
 //     commit each on their own;
 //   - bare-batch: no idemkey, batches of benchBatchSize: the batch's
 //     charges commit in one transaction, then its messages are
 //     acknowledged;
-//   - atomic-batch: the adapter's HandleBatch in atomic mode, batches of
+//   - atomic-batch: the consumer's HandleBatch in atomic mode, batches of
 //     benchBatchSize: one round trip dedups the batch, its charges and
 //     records commit in one transaction, a savepoint apart each;
 //   - two-phase-batch: HandleBatch in two-phase mode: one statement
@@ -128,9 +128,10 @@ type benchQueue interface {
 	consume(t testing.TB, g *benchGate)
 }
 
-// benchBroker makes one variant's queue: core is idemkey's consumer, nil
-// for bare; pool is the variant's database.
-type benchBroker func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue
+// benchBroker makes one variant's queue: eng is idemkey's engine and opts
+// the consumer's options (newConsumer's), eng nil for bare; pool is the
+// variant's database.
+type benchBroker func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, eng *engine.Engine, opts []consumer.Option) benchQueue
 
 // benchGate holds the messages of one variant until they are let go, and
 // reports when they have been processed and acknowledged.
@@ -210,26 +211,24 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 	for i, v := range benchVariants {
 		pool := benchPool(b, v.batch)
 		w := &worker{svc: example.NewService(example.NewPostgresLedger(pool), 0), logger: logger}
-		var core *consumer.Consumer
+		var (
+			eng  *engine.Engine
+			opts []consumer.Option
+		)
 		if v.mode != "" {
 			st, err := postgres.New(pool, postgres.WithLogger(logger), postgres.WithAtomicConns(benchSlots(v.batch)))
 			if err != nil {
 				b.Fatal(err)
 			}
-			eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(logger))
-			if err != nil {
+			if eng, err = engine.New(st, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(logger)); err != nil {
 				b.Fatal(err)
 			}
-			var opts []consumer.Option
 			if v.mode == "atomic" {
 				opts = append(opts, consumer.WithAtomic())
 			}
-			if core, err = consumer.New(eng, "charges", opts...); err != nil {
-				b.Fatal(err)
-			}
 		}
 		gates[i] = newBenchGate(v.batch)
-		queues[i] = broker(b, v, w, pool, core)
+		queues[i] = broker(b, v, w, pool, eng, opts)
 		queues[i].consume(b, gates[i])
 		// Warm up: connections, prepared statements, the broker's consumer.
 		if err := queues[i].publish(ctx, benchChunk); err != nil {
@@ -297,6 +296,10 @@ func benchPool(b *testing.B, batch int) *pgxpool.Pool {
 	return pool
 }
 
+// benchConfig is the command's configuration that newConsumer reads: the
+// consumer's name.
+var benchConfig = config{name: "charges"}
+
 // benchBody is every message's body: a charge request in protobuf JSON.
 var benchBody, _ = protojson.Marshal(&paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"})
 
@@ -320,7 +323,7 @@ type natsBench struct {
 
 func newNATSBench(b *testing.B) benchBroker {
 	_, js := natstest.Connect(b)
-	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue {
+	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, eng *engine.Engine, opts []consumer.Option) benchQueue {
 		ctx := context.Background()
 		stream := natstest.Stream(b, js, jetstream.StreamConfig{MaxAge: MaxStreamAge})
 		cons, err := stream.CreateConsumer(ctx, jetstream.ConsumerConfig{
@@ -330,7 +333,7 @@ func newNATSBench(b *testing.B) benchBroker {
 			b.Fatal(err)
 		}
 		q := &natsBench{js: js, subject: stream.CachedInfo().Config.Name + ".charges", cons: cons, batch: v.batch}
-		if core == nil {
+		if eng == nil {
 			q.handle = func(ctx context.Context, msgs []jetstream.Msg) error {
 				if err := bareCharges(ctx, w, pool, len(msgs), func(i int) ([]string, []byte) { return msgs[i].Headers().Values("tenant"), msgs[i].Data() }); err != nil {
 					return err
@@ -344,13 +347,14 @@ func newNATSBench(b *testing.B) benchBroker {
 			}
 			return q
 		}
-		c, err := idemnats.New(ctx, core, stream, cons,
-			func(ctx context.Context, msg jetstream.Msg) error {
-				t, _ := tenant(msg.Headers().Values("tenant")) // checked by WithTenant
-				return w.charge(ctx, t, msg.Data())
-			},
-			idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
-			idemnats.WithMessageIDsUniqueAcrossTenants(),
+		nb, err := idemnats.New(ctx, stream, cons)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := newConsumer(eng, benchConfig, opts, w, nb,
+			func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) },
+			jetstream.Msg.Data,
+			consumer.WithMessageID(idemnats.UniqueMessageID),
 		)
 		if err != nil {
 			b.Fatal(err)
@@ -504,13 +508,13 @@ const amqpWorkers = 4
 
 func newAMQPBench(b *testing.B) benchBroker {
 	conn := amqptest.Conn(b)
-	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue {
+	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, eng *engine.Engine, opts []consumer.Option) benchQueue {
 		args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": MaxStreamAge.Milliseconds()}
 		q := &amqpBench{conn: conn, pub: amqptest.Channel(b, conn), queue: amqptest.Queue(b, conn, args), batch: v.batch}
 		if err := q.pub.Confirm(false); err != nil {
 			b.Fatal(err)
 		}
-		if core == nil {
+		if eng == nil {
 			q.handle = func(ctx context.Context, ds []amqp.Delivery) error {
 				if err := bareCharges(ctx, w, pool, len(ds), func(i int) ([]string, []byte) { return headerValues(ds[i].Headers, "tenant"), ds[i].Body }); err != nil {
 					return err
@@ -524,12 +528,13 @@ func newAMQPBench(b *testing.B) benchBroker {
 			}
 			return q
 		}
-		c, err := idemamqp.New(core, q.queue, args,
-			func(ctx context.Context, d amqp.Delivery) error {
-				t, _ := tenant(headerValues(d.Headers, "tenant")) // checked by WithTenant
-				return w.charge(ctx, t, d.Body)
-			},
-			idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
+		qb, err := idemamqp.New(q.queue, args)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := newConsumer(eng, benchConfig, opts, w, qb,
+			func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) },
+			func(d amqp.Delivery) []byte { return d.Body },
 		)
 		if err != nil {
 			b.Fatal(err)
@@ -635,12 +640,12 @@ type kafkaBench struct {
 func newKafkaBench(b *testing.B) benchBroker {
 	brokers := kafkatest.Brokers(b)
 	prod := kafkatest.Client(b, brokers, kgo.ProducerLinger(0))
-	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, core *consumer.Consumer) benchQueue {
+	return func(b *testing.B, v benchVariant, w *worker, pool *pgxpool.Pool, eng *engine.Engine, opts []consumer.Option) benchQueue {
 		ctx := context.Background()
 		topic := kafkatest.Topic(b, brokers, "charges", 1, kafkatest.Retention(MaxStreamAge, kafkaSegment))
 		cl := kafkatest.GroupClient(b, brokers, kafkatest.Name("charges"), []string{topic})
 		q := &kafkaBench{prod: prod, cl: cl, topic: topic, batch: v.batch}
-		if core == nil {
+		if eng == nil {
 			q.next = func(ctx context.Context, n int) ([]*kgo.Record, error) {
 				fs := cl.PollRecords(ctx, n)
 				if err := fs.Err0(); err != nil {
@@ -656,18 +661,19 @@ func newKafkaBench(b *testing.B) benchBroker {
 			}
 			return q
 		}
-		c, err := idemkafka.New(ctx, core, cl,
-			func(ctx context.Context, r *kgo.Record) error {
-				t, _ := tenant(kafkaHeader(r, "tenant")) // checked by WithMessageTenant
-				return w.charge(ctx, t, r.Value)
-			},
-			idemkafka.WithMessageTenant(func(r *kgo.Record) (string, error) { return tenant(kafkaHeader(r, "tenant")) }),
+		kb, err := idemkafka.New(ctx, cl)
+		if err != nil {
+			b.Fatal(err)
+		}
+		c, err := newConsumer(eng, benchConfig, opts, w, kb,
+			func(r *kgo.Record) (string, error) { return tenant(kafkaHeader(r, "tenant")) },
+			func(r *kgo.Record) []byte { return r.Value },
 		)
 		if err != nil {
 			b.Fatal(err)
 		}
 		q.next = func(ctx context.Context, n int) ([]*kgo.Record, error) {
-			return c.NextBatch(ctx, n, 5*time.Millisecond)
+			return idemkafka.NextBatch(ctx, cl, n, 5*time.Millisecond)
 		}
 		q.handle = func(ctx context.Context, rs []*kgo.Record) error {
 			if len(rs) == 1 && v.batch == 1 {

@@ -20,8 +20,8 @@ import (
 )
 
 // The consumer's charges pass the kit's redelivery chaos on memory and on
-// PostgreSQL in both modes, whatever the broker (the kit redelivers at the
-// consumer core, where idemnats and idemamqp hand each message over): every
+// PostgreSQL in both modes, whatever the broker (the kit is the consumer's
+// broker, and redelivers what a broker would): every
 // message delivered twice, out of order, and again during its handler,
 // charges once; a declined card and an invalid body, none.
 func TestKitRedelivery(t *testing.T) {
@@ -53,10 +53,6 @@ func TestKitRedelivery(t *testing.T) {
 			if mode == "atomic" {
 				opts = append(opts, consumer.WithAtomic())
 			}
-			core, err := consumer.New(eng, "charges", opts...)
-			if err != nil {
-				t.Fatal(err)
-			}
 			w := &worker{svc: example.NewService(ledger, 0), logger: slog.New(slog.DiscardHandler)}
 			kit := idemtest.New(t, idemtest.Chaos{Effects: func(ctx context.Context) (int, error) {
 				n := 0
@@ -78,9 +74,9 @@ func TestKitRedelivery(t *testing.T) {
 				ds = append(ds, consumer.Delivery{ID: fmt.Sprintf("acme/order-%d", i), Tenant: "acme", Body: body, Attempt: 1})
 			}
 			ds = append(ds, consumer.Delivery{ID: "acme/order-bad", Tenant: "acme", Body: []byte("not json"), Attempt: 1})
-			results := kit.Process(t.Context(), core, ds, func(ctx context.Context, d consumer.Delivery) error {
+			results := kit.Process(t.Context(), eng, "charges", ds, func(ctx context.Context, d consumer.Delivery) error {
 				return w.charge(ctx, d.Tenant, d.Body)
-			})
+			}, opts...)
 			for i, want := range []consumer.Outcome{consumer.Processed, consumer.Processed, consumer.Failed, consumer.Processed, consumer.Failed} {
 				if results[i].Outcome != want {
 					t.Errorf("message %d: %s, want %s", i+1, results[i].Outcome, want)

@@ -34,7 +34,7 @@
 // waiting at most -batch-wait after the first for
 // the others (Kafka: a batch is what a poll returns); in atomic mode a batch is deduplicated in one round trip and
 // its charges commit with their records in one transaction, each message
-// apart (consumer.Consumer.ProcessBatch), and its messages are acknowledged
+// apart (consumer.Consumer.HandleBatch), and its messages are acknowledged
 // after that commit.
 package main
 
@@ -46,6 +46,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -185,19 +186,17 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	case cfg.kafkaBrokers != "":
 		system = "kafka"
 	}
-	// A message's id is kept for days, past every redelivery of it: the
-	// adapters check the retention against the broker's horizon.
+	// A message's id is kept for days, past every redelivery of it:
+	// consumer.New checks the retention against the broker's horizon.
 	eng, err := engine.New(st, engine.WithRetention(consumer.RecommendedRetention), engine.WithLogger(logger))
 	if err != nil {
 		return err
 	}
-	opts := []consumer.Option{consumer.WithSystem(system), consumer.WithHandlerTimeout(cfg.handlerTimeout), consumer.WithBackoff(cfg.backoff, cfg.maxBackoff)}
+	// The consumer's options that know no broker; each consume function adds
+	// those of its broker's messages (their tenant, their dead letters).
+	opts := []consumer.Option{consumer.WithHandlerTimeout(cfg.handlerTimeout), consumer.WithBackoff(cfg.backoff, cfg.maxBackoff)}
 	if cfg.atomic {
 		opts = append(opts, consumer.WithAtomic())
-	}
-	core, err := consumer.New(eng, cfg.name, opts...)
-	if err != nil {
-		return err
 	}
 	w := &worker{svc: example.NewService(ledger, cfg.handlerDelay), ackDelay: cfg.ackDelay, logger: logger}
 	mode := "two-phase"
@@ -211,11 +210,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	logger.Info("consumer starting", append(attrs, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)...)
 	switch {
 	case cfg.natsURL != "":
-		return consumeNATS(ctx, cfg, core, w)
+		return consumeNATS(ctx, cfg, eng, opts, w)
 	case cfg.kafkaBrokers != "":
-		return consumeKafka(ctx, cfg, core, w)
+		return consumeKafka(ctx, cfg, eng, opts, w)
 	}
-	return consumeAMQP(ctx, cfg, core, w)
+	return consumeAMQP(ctx, cfg, eng, opts, w)
 }
 
 // stopGrace is how long a stop lets the messages in hand finish: one that
@@ -253,7 +252,7 @@ func storeKind(cfg config) string {
 	return "postgres"
 }
 
-// worker is what both brokers' consumers share: the charge a message asks
+// worker is what the brokers' consumers share: the charge a message asks
 // for, and what is done with its outcome.
 type worker struct {
 	svc      *example.Service
@@ -281,22 +280,75 @@ func tenant(values []string) (string, error) {
 	return "", errors.New("the tenant header is missing, repeated, or names no tenant")
 }
 
-// beforeAck waits -ack-delay before a processed message is acknowledged.
-func (w *worker) beforeAck(res consumer.Result) {
-	if res.Outcome == consumer.Processed && res.Action == consumer.Ack {
-		time.Sleep(w.ackDelay)
-	}
+// newConsumer is the consumer named -name of b's messages, on eng with
+// opts: it charges the tenant and the body that tenantOf and body read
+// from a message, and keeps its dead letters in the log. A message whose
+// tenant tenantOf refuses is refused without a charge.
+func newConsumer[M any](eng *engine.Engine, cfg config, opts []consumer.Option, w *worker, b consumer.Broker[M],
+	tenantOf func(M) (string, error), body func(M) []byte, more ...consumer.Option,
+) (*consumer.Consumer[M], error) {
+	opts = append(slices.Clip(opts), more...)
+	opts = append(opts,
+		consumer.WithMessageTenant(tenantOf),
+		consumer.WithDeadLetter(func(_ context.Context, _ M, err error) error { return w.deadLetter(err) }))
+	return consumer.New(eng, cfg.name, delayAcks(b, w.ackDelay),
+		func(ctx context.Context, m M) error {
+			t, _ := tenantOf(m) // checked by WithMessageTenant
+			return w.charge(ctx, t, body(m))
+		}, opts...)
 }
 
-// beforeAckBatch waits -ack-delay once before a batch with a processed
-// message is acknowledged.
-func (w *worker) beforeAckBatch(results []consumer.Result) {
-	for _, res := range results {
-		if res.Outcome == consumer.Processed && res.Action == consumer.Ack {
-			time.Sleep(w.ackDelay)
-			return
-		}
+// delayAcks is b, unless delay is positive: then b, whose Settle first
+// waits delay if a message it settles was processed, so that a test can
+// kill the command after a charge committed and before its message is
+// acknowledged (-ack-delay). It keeps b's optional methods (see
+// consumer.Broker).
+func delayAcks[M any](b consumer.Broker[M], delay time.Duration) consumer.Broker[M] {
+	if delay <= 0 {
+		return b
 	}
+	d := ackDelayed[M]{Broker: b, delay: delay}
+	attempts, retries := b.(maxAttempter)
+	tenants, checks := b.(tenantChecker)
+	switch {
+	case retries && checks:
+		return struct {
+			ackDelayed[M]
+			maxAttempter
+			tenantChecker
+		}{d, attempts, tenants}
+	case retries:
+		return struct {
+			ackDelayed[M]
+			maxAttempter
+		}{d, attempts}
+	case checks:
+		return struct {
+			ackDelayed[M]
+			tenantChecker
+		}{d, tenants}
+	}
+	return d
+}
+
+// The optional methods of a consumer.Broker.
+type (
+	maxAttempter  interface{ MaxAttempts() int }
+	tenantChecker interface{ CheckTenantIDs(id any) error }
+)
+
+// ackDelayed is a Broker whose Settle waits delay first, once, when a
+// message it settles was processed.
+type ackDelayed[M any] struct {
+	consumer.Broker[M]
+	delay time.Duration
+}
+
+func (b ackDelayed[M]) Settle(ctx context.Context, ms []M, results []consumer.Result) error {
+	if slices.ContainsFunc(results, func(res consumer.Result) bool { return res.Outcome == consumer.Processed && res.Action == consumer.Ack }) {
+		time.Sleep(b.delay)
+	}
+	return b.Broker.Settle(ctx, ms, results)
 }
 
 // log logs one line of a message's outcome: where it was in the stream or
@@ -331,7 +383,7 @@ func (w *worker) deadLetter(err error) error {
 }
 
 // consumeNATS consumes the JetStream stream until ctx is done.
-func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *worker) error {
+func consumeNATS(ctx context.Context, cfg config, eng *engine.Engine, opts []consumer.Option, w *worker) error {
 	nc, err := nats.Connect(cfg.natsURL, nats.Name("idemkey example consumer"), nats.MaxReconnects(-1))
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
@@ -358,14 +410,14 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 	if err != nil {
 		return fmt.Errorf("nats: consumer %s: %w", cfg.name, err)
 	}
-	c, err := idemnats.New(ctx, core, stream, cons,
-		func(ctx context.Context, msg jetstream.Msg) error {
-			t, _ := tenant(msg.Headers().Values("tenant")) // checked by WithTenant
-			return w.charge(ctx, t, msg.Data())
-		},
-		idemnats.WithMessageTenant(func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) }),
-		idemnats.WithMessageIDsUniqueAcrossTenants(), // the producers put the tenant in the Nats-Msg-Id
-		idemnats.WithDeadLetter(func(_ context.Context, _ jetstream.Msg, err error) error { return w.deadLetter(err) }),
+	b, err := idemnats.New(ctx, stream, cons)
+	if err != nil {
+		return err
+	}
+	c, err := newConsumer(eng, cfg, opts, w, b,
+		func(msg jetstream.Msg) (string, error) { return tenant(msg.Headers().Values("tenant")) },
+		jetstream.Msg.Data,
+		consumer.WithMessageID(idemnats.UniqueMessageID), // the producers put the tenant in the Nats-Msg-Id
 	)
 	if err != nil {
 		return err
@@ -378,14 +430,7 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 	work, endWork := workContext(ctx)
 	defer endWork()
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		res := c.Process(work, msg)
-		w.beforeAck(res)
-		c.Settle(work, msg, res)
-		var seq uint64
-		if meta, err := msg.Metadata(); err == nil {
-			seq = meta.Sequence.Stream
-		}
-		w.log(res, "stream_seq", seq)
+		w.log(c.Handle(work, msg), "stream_seq", streamSeq(msg))
 	})
 	if err != nil {
 		return fmt.Errorf("nats: consume: %w", err)
@@ -401,7 +446,7 @@ func consumeNATS(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 // consumeNATSBatches consumes the JetStream stream in batches of up to
 // -batch messages, one batch at a time, until ctx is done. JetStream pulls
 // up to two batches ahead, so that the next batch is there when one ends.
-func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer, c *idemnats.Consumer, w *worker) error {
+func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer, c *consumer.Consumer[jetstream.Msg], w *worker) error {
 	it, err := cons.Messages(jetstream.PullMaxMessages(2 * cfg.batch))
 	if err != nil {
 		return fmt.Errorf("nats: messages: %w", err)
@@ -420,39 +465,41 @@ func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer
 		if err != nil {
 			return fmt.Errorf("nats: messages: %w", err)
 		}
-		results := c.ProcessBatch(work, msgs)
-		w.beforeAckBatch(results)
-		for i, msg := range msgs {
-			c.Settle(work, msg, results[i])
-			var seq uint64
-			if meta, err := msg.Metadata(); err == nil {
-				seq = meta.Sequence.Stream
-			}
-			w.log(results[i], "stream_seq", seq)
+		for i, res := range c.HandleBatch(work, msgs) {
+			w.log(res, "stream_seq", streamSeq(msgs[i]))
 		}
 	}
 }
 
+// streamSeq is msg's sequence in the stream, or 0.
+func streamSeq(msg jetstream.Msg) uint64 {
+	if meta, err := msg.Metadata(); err == nil {
+		return meta.Sequence.Stream
+	}
+	return 0
+}
+
 // consumeAMQP consumes the RabbitMQ queue until ctx is done, connecting
 // again, a second later, whenever the connection is lost.
-func consumeAMQP(ctx context.Context, cfg config, core *consumer.Consumer, w *worker) error {
+func consumeAMQP(ctx context.Context, cfg config, eng *engine.Engine, opts []consumer.Option, w *worker) error {
 	args := amqp.Table{"x-queue-type": "quorum", "x-message-ttl": MaxStreamAge.Milliseconds()}
 	if cfg.maxDeliver > 0 {
 		args["x-delivery-limit"] = cfg.maxDeliver
 	}
-	c, err := idemamqp.New(core, cfg.queue, args,
-		func(ctx context.Context, d amqp.Delivery) error {
-			t, _ := tenant(headerValues(d.Headers, "tenant")) // checked by WithTenant
-			return w.charge(ctx, t, d.Body)
-		},
-		idemamqp.WithMessageTenant(func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) }),
-		idemamqp.WithDeadLetter(func(_ context.Context, _ amqp.Delivery, err error) error { return w.deadLetter(err) }),
+	qb, err := idemamqp.New(cfg.queue, args)
+	if err != nil {
+		return err
+	}
+	b := &connBroker{Broker: qb, conn: ctx}
+	c, err := newConsumer(eng, cfg, opts, w, consumer.Broker[amqp.Delivery](b),
+		func(d amqp.Delivery) (string, error) { return tenant(headerValues(d.Headers, "tenant")) },
+		func(d amqp.Delivery) []byte { return d.Body },
 	)
 	if err != nil {
 		return err
 	}
 	for {
-		err := consumeAMQPOnce(ctx, cfg, args, c, w)
+		err := consumeAMQPOnce(ctx, cfg, args, c, b, w)
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -467,7 +514,7 @@ func consumeAMQP(ctx context.Context, cfg config, core *consumer.Consumer, w *wo
 
 // consumeAMQPOnce consumes over one connection, until ctx is done or the
 // connection is lost.
-func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemamqp.Consumer, w *worker) error {
+func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *consumer.Consumer[amqp.Delivery], b *connBroker, w *worker) error {
 	conn, err := amqp.DialConfig(cfg.amqpURL, amqp.Config{
 		Heartbeat: 10 * time.Second, Locale: "en_US", // amqp.Dial's
 		Properties: amqp.Table{"connection_name": "idemkey example consumer of " + cfg.queue},
@@ -511,6 +558,7 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	defer endWork()
 	settleCtx, endSettles := context.WithCancel(ctx)
 	defer endSettles()
+	b.setConn(settleCtx)
 	var wg sync.WaitGroup
 	for range max(cfg.workers, 1) {
 		if cfg.batch > 1 {
@@ -518,11 +566,8 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 				// NextBatch ends when the consumer is cancelled and its
 				// deliveries closed.
 				for ds := idemamqp.NextBatch(work, deliveries, cfg.batch, cfg.batchWait); ds != nil; ds = idemamqp.NextBatch(work, deliveries, cfg.batch, cfg.batchWait) {
-					results := c.ProcessBatch(work, ds)
-					w.beforeAckBatch(results)
-					c.SettleBatch(settleCtx, ds, results)
-					for i, d := range ds {
-						w.log(results[i], "delivery_tag", d.DeliveryTag)
+					for i, res := range c.HandleBatch(work, ds) {
+						w.log(res, "delivery_tag", ds[i].DeliveryTag)
 					}
 				}
 			})
@@ -530,10 +575,7 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 		}
 		wg.Go(func() {
 			for d := range deliveries {
-				res := c.Process(work, d)
-				w.beforeAck(res)
-				c.Settle(settleCtx, d, res)
-				w.log(res, "delivery_tag", d.DeliveryTag)
+				w.log(c.Handle(work, d), "delivery_tag", d.DeliveryTag)
 			}
 		})
 	}
@@ -554,6 +596,35 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *idemam
 	endSettles()
 	wg.Wait()
 	return ended
+}
+
+// connBroker is a queue's Broker whose settling ends with the connection
+// its deliveries came over, as well as with its context: a message held
+// for its delay before it is requeued (idemamqp's Settle) is then requeued
+// by the broker at once, and the worker is free to connect again, while
+// the messages in hand still finish their store calls on theirs.
+type connBroker struct {
+	consumer.Broker[amqp.Delivery]
+	mu   sync.Mutex
+	conn context.Context // the current connection's settling
+}
+
+// setConn sets the current connection's context; its workers have ended
+// when the next one is set.
+func (b *connBroker) setConn(ctx context.Context) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.conn = ctx
+}
+
+func (b *connBroker) Settle(ctx context.Context, ds []amqp.Delivery, results []consumer.Result) error {
+	b.mu.Lock()
+	conn := b.conn
+	b.mu.Unlock()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(conn, cancel)()
+	return b.Broker.Settle(ctx, ds, results)
 }
 
 // closeError is err, or a plain error with msg when the close was clean.

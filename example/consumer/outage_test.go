@@ -85,8 +85,10 @@ func TestStopDuringOutage(t *testing.T) {
 // TestHandlerTimeoutOutlastsLease: a handler timeout that the engine's
 // longest lease (10 minutes) would cut short is refused at start, naming
 // both settings, rather than let a redelivery run a handler beside itself.
+// (consumer.New refuses it, once the broker's consumer is there.)
 func TestHandlerTimeoutOutlastsLease(t *testing.T) {
-	out, err := exec.Command(consumerBinary(t), "-nats-url", "nats://127.0.0.1:1", "-handler-timeout", "10m").CombinedOutput()
+	b := newNATS(t, false)
+	out, err := exec.Command(consumerBinary(t), append(b.args(""), "-handler-timeout", "10m")...).CombinedOutput()
 	if err == nil {
 		t.Fatalf("the consumer started with a handler timeout of 10m:\n%s", out)
 	}

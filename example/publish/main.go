@@ -14,7 +14,7 @@
 // On JetStream the Nats-Msg-Id is the tenant, a slash and the id
 // ("acme/order-1001"), since JetStream drops, within the stream's duplicate
 // window, a message whose Nats-Msg-Id it stored, whichever the tenant; the
-// consumer says so with idemnats.WithMessageIDsUniqueAcrossTenants.
+// consumer says so with consumer.WithMessageID(idemnats.UniqueMessageID).
 // RabbitMQ and Kafka drop nothing themselves: the message-id property, or a
 // Kafka record's message-id header, is the id.
 package main

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
@@ -179,23 +180,25 @@ func TestHooks(t *testing.T) {
 		var hooks hookLog
 		logger, logs := logtest.New()
 		eng := grpctest.Must(engine.New(hooksStore(t), engine.WithLogger(logger), engine.WithHooks(hooks.hooks())))
-		c, err := consumer.New(eng, "charges")
+		var runs atomic.Int32
+		handler := func(context.Context, consumer.Delivery) error { runs.Add(1); return nil }
+		c, err := consumer.New(eng, "charges", deliveryBroker{}, handler,
+			consumer.WithMessageTenant(func(d consumer.Delivery) (string, error) { return d.Tenant, nil }),
+			consumer.WithDeadLetter(func(context.Context, consumer.Delivery, error) error { return nil }))
 		if err != nil {
 			t.Fatal(err)
 		}
-		var runs atomic.Int32
-		handler := func(context.Context) error { runs.Add(1); return nil }
 		for _, panics := range []bool{false, true} {
 			hooks.panics.Store(panics)
 			id := fmt.Sprint("key-secret-", panics)
 			for i, want := range []consumer.Outcome{consumer.Processed, consumer.Duplicate, consumer.Duplicate, consumer.Duplicate} {
 				d := consumer.Delivery{ID: id, Tenant: "acme", Body: []byte("charge 100"), Attempt: i + 1, Redelivered: i > 0}
-				if res := c.Process(t.Context(), d, handler); res.Outcome != want || res.Action != consumer.Ack {
+				if res := c.Handle(t.Context(), d); res.Outcome != want || res.Action != consumer.Ack {
 					t.Fatalf("panicking hook %v, delivery %d: %v, want %v", panics, i+1, res, want)
 				}
 			}
 			reused := consumer.Delivery{ID: id, Tenant: "acme", Body: []byte("charge 200"), Attempt: 1}
-			if res := c.Process(t.Context(), reused, handler); res.Outcome != consumer.Rejected {
+			if res := c.Handle(t.Context(), reused); res.Outcome != consumer.Rejected {
 				t.Fatalf("reused id: %v, want refused", res)
 			}
 			ack, reject := int(consumer.Ack), int(consumer.Reject)
@@ -211,3 +214,16 @@ func TestHooks(t *testing.T) {
 		wantErrorLine(t, "consumer", logs, []string{"OnReplay hook panicked"}, "key-secret")
 	})
 }
+
+// deliveryBroker is a consumer.Broker whose messages are the deliveries
+// themselves, as a broker would read them, and which settles nothing: the
+// test reads each Result.
+type deliveryBroker struct{}
+
+func (deliveryBroker) System() string                                      { return "test" }
+func (deliveryBroker) ID(d consumer.Delivery) (string, error)              { return d.ID, nil }
+func (deliveryBroker) Read(d consumer.Delivery) (consumer.Delivery, error) { return d, nil }
+func (deliveryBroker) Settle(context.Context, []consumer.Delivery, []consumer.Result) error {
+	return nil
+}
+func (deliveryBroker) Horizons(time.Duration) []consumer.Horizon { return nil }
