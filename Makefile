@@ -69,7 +69,9 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# reads and deletes, so that cmd/idemkey holds no SQL of its own),
 	@# and the pause written once, 1 (store.Pause: the stores' retry loops
 	@# and the consumer's; store/redis, a module of its own, may not import
-	@# the core's internal/pause that it replaces). Issue 46 took 10 off
+	@# the core's internal/pause that it replaces), and issue 49's fate
+	@# markers, 5 (idemkey.StatusMetadata, StatusHeader, StatusIgnored,
+	@# ParseExecuted and ParseIgnored). Issue 46 took 10 off
 	@# and 2 off the shared names: protokey's adapter kit went to
 	@# protokey/rpckit, which apisize counts apart (see its kitPackages), and
 	@# Reason and RetryDelay, once in interceptor and idemconnect each, are
@@ -78,7 +80,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# non-generated files, held where the docs step (issue 46) left them:
 	@# the package docs are tours and the manual is in docs/. The issue's
 	@# target is 30%; the rest is the identifiers' doc comments.
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 418 -max-shared 23 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 423 -max-shared 23 \
 		-max-prose-percent 37.5
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
