@@ -48,12 +48,14 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# the published total at most 390, 379 used, with the broker stack
 	@# (consumer, idemnats, idemamqp, idemkafka) at 65 of at most 70, and the
 	@# names defined in more than one package at 18. A later issue's own
-	@# names raise the total by their count, named here. protokey/rpckit,
+	@# names raise the total by their count, named here: issue 49's fate
+	@# markers, 5 (idemkey.StatusMetadata, StatusHeader, StatusIgnored,
+	@# ParseExecuted, ParseIgnored). protokey/rpckit,
 	@# the adapters' kit, is counted apart (apisize's kitPackages). The
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 379 -max-shared 18 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 384 -max-shared 18 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

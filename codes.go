@@ -8,15 +8,28 @@ const MaxKeyLen = 255
 // earlier call's record rather than produced by the handler.
 func ParseReplayed(values []string) bool { return len(values) == 1 && values[0] == "true" }
 
+// ParseExecuted reports whether values, as ParseReplayed's, mark the reply
+// the first execution under its key ("false").
+func ParseExecuted(values []string) bool { return len(values) == 1 && values[0] == "false" }
+
+// ParseIgnored reports whether values, a reply's StatusMetadata or
+// StatusHeader, say its key was not honoured: the call ran unprotected.
+func ParseIgnored(values []string) bool { return len(values) == 1 && values[0] == StatusIgnored }
+
 // Names on the wire. gRPC metadata keys are lower case; HTTP and Connect
 // header names are case-insensitive.
 const (
 	KeyMetadata      = "idempotency-key"     // the key, client to server, over gRPC
 	KeyHeader        = "Idempotency-Key"     // draft-ietf-httpapi-idempotency-key-header
-	ReplayedMetadata = "idempotent-replayed" // "true" on a replayed reply
+	ReplayedMetadata = "idempotent-replayed" // "true" on a replay, "false" on a first execution
 	ReplayedHeader   = "Idempotent-Replayed"
-	ExpiresMetadata  = "idempotency-key-expires" // until when the key is honoured: an HTTP date (FormatDate)
-	ExpiresHeader    = "Idempotency-Key-Expires"
+	// StatusIgnored on a keyed call that ran unprotected: its operation is
+	// not covered, or the store failed open. docs/answers.md has every answer.
+	StatusMetadata  = "idempotency-status"
+	StatusHeader    = "Idempotency-Status"
+	StatusIgnored   = "ignored"
+	ExpiresMetadata = "idempotency-key-expires" // until when the key is honoured: an HTTP date (FormatDate)
+	ExpiresHeader   = "Idempotency-Key-Expires"
 	// When the key's operation was first sent, the same on every retry (as
 	// OASIS Repeatable Requests' Repeatability-First-Sent): an HTTP date.
 	FirstSentMetadata = "idempotency-first-sent"

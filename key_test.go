@@ -118,3 +118,21 @@ func TestParseReplayed(t *testing.T) {
 		}
 	}
 }
+
+// TestParseFate reads the three fates of a keyed call's answer, and nothing
+// else, in the values a client gets.
+func TestParseFate(t *testing.T) {
+	if !idemkey.ParseExecuted([]string{"false"}) || !idemkey.ParseIgnored([]string{idemkey.StatusIgnored}) {
+		t.Error(`ParseExecuted(["false"]) or ParseIgnored(["ignored"]) = false`)
+	}
+	for _, vs := range [][]string{nil, {"true"}, {"FALSE"}, {"false", "false"}, {""}} {
+		if idemkey.ParseExecuted(vs) {
+			t.Errorf("ParseExecuted(%q) = true", vs)
+		}
+	}
+	for _, vs := range [][]string{nil, {"Ignored"}, {"ignored", "ignored"}, {"false"}} {
+		if idemkey.ParseIgnored(vs) {
+			t.Errorf("ParseIgnored(%q) = true", vs)
+		}
+	}
+}

@@ -28,7 +28,8 @@
 // the gRPC interceptor's, with the key in the Idempotency-Key header; in
 // progress is Aborted with Retry-After. Keys are shared with the gRPC
 // interceptor, given the same WithKeyField: a key first used over one replays
-// over the other, whichever codec, marked Idempotent-Replayed: true.
+// over the other, whichever codec, marked Idempotent-Replayed: true (a first
+// execution false; a key not honoured, Idempotency-Status: ignored).
 //
 // # Caveats
 //

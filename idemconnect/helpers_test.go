@@ -39,13 +39,20 @@ type (
 // and returns its base URL.
 func serve(t *testing.T, handle chargeHandler, interceptors ...connect.Interceptor) string {
 	t.Helper()
+	return serveGet(t, handle, func(_ context.Context, req *getRequest) (*chargeResponse, error) {
+		return connect.NewResponse(&paymentsv1.Charge{Id: req.Msg.GetId()}), nil
+	}, interceptors...)
+}
+
+type getRequest = connect.Request[paymentsv1.GetChargeRequest]
+
+// serveGet is serve with get as GetCharge.
+func serveGet(t *testing.T, handle chargeHandler, get func(context.Context, *getRequest) (*chargeResponse, error), interceptors ...connect.Interceptor) string {
+	t.Helper()
 	mux := http.NewServeMux()
 	opts := connect.WithInterceptors(interceptors...)
 	mux.Handle(createCharge, connect.NewUnaryHandler(createCharge, handle, opts))
-	mux.Handle(getCharge, connect.NewUnaryHandler(getCharge,
-		func(_ context.Context, req *connect.Request[paymentsv1.GetChargeRequest]) (*chargeResponse, error) {
-			return connect.NewResponse(&paymentsv1.Charge{Id: req.Msg.GetId()}), nil
-		}, opts, connect.WithIdempotency(connect.IdempotencyNoSideEffects)))
+	mux.Handle(getCharge, connect.NewUnaryHandler(getCharge, get, opts, connect.WithIdempotency(connect.IdempotencyNoSideEffects)))
 	srv := httptest.NewUnstartedServer(mux)
 	srv.Config.Protocols = new(http.Protocols)
 	srv.Config.Protocols.SetHTTP1(true)

@@ -45,7 +45,11 @@ func (s *server) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		p := procedure(s.procs, req.Spec())
 		if !p.Covered {
-			return next(ctx, req)
+			resp, err := next(ctx, req)
+			if len(req.Header()[idemkey.KeyHeader]) > 0 {
+				markIgnored(ctx, resp, err)
+			}
+			return resp, err
 		}
 		x := &exchange{s: s, ctx: ctx, req: req, p: p, next: next}
 		s.eng.Serve(ctx, p.Op, x)
@@ -70,13 +74,14 @@ func codeOf(err error) connect.Code {
 
 // exchange is one covered call, as engine.Serve reads and answers it.
 type exchange struct {
-	s    *server
-	ctx  context.Context
-	req  connect.AnyRequest
-	p    *rpckit.Method
-	next connect.UnaryFunc
-	resp connect.AnyResponse
-	err  error
+	s     *server
+	ctx   context.Context
+	req   connect.AnyRequest
+	p     *rpckit.Method
+	next  connect.UnaryFunc
+	resp  connect.AnyResponse
+	err   error
+	keyed bool // Key found one: Pass runs it unprotected (FailedOpen)
 }
 
 func (x *exchange) Key() (string, bool, error) {
@@ -84,6 +89,7 @@ func (x *exchange) Key() (string, bool, error) {
 	if err != nil {
 		return "", false, err
 	}
+	x.keyed = ok
 	return key, ok, nil // not a nil *connect.Error, which is a non-nil error
 }
 
@@ -139,6 +145,9 @@ func (x *exchange) StandIn(why error) []byte {
 
 func (x *exchange) Pass(ctx context.Context) int {
 	x.resp, x.err = x.next(ctx, x.req)
+	if x.keyed {
+		markIgnored(x.ctx, x.resp, x.err)
+	}
 	return int(codeOf(x.err))
 }
 
@@ -152,9 +161,11 @@ func (x *exchange) answer(a engine.Answer) (connect.AnyResponse, error) {
 	case engine.Executed:
 		if a.StandIn != nil {
 			_, st := rpckit.StandIn(a.StandIn)
-			return nil, withExpires(toError(st), a.Expires)
+			err := withExpires(toError(st), a.Expires)
+			err.Meta()[idemkey.ReplayedHeader] = []string{"false"}
+			return nil, err
 		}
-		tellExpires(x.ctx, a.Expires, x.resp, x.err)
+		x.tellFirst(a.Expires)
 		return x.resp, x.err
 	case engine.Replayed:
 		return x.replay(a)
@@ -192,19 +203,45 @@ func retried(h http.Header) bool {
 	return len(v) > 0 && v[0] != "0"
 }
 
-// tellExpires puts the expiry in the response header with a reply, the
-// trailer with an error: a handler's *connect.Error may be shared among
-// calls, so its metadata is left alone.
-func tellExpires(ctx context.Context, expires time.Time, resp connect.AnyResponse, err error) {
+// tellFirst marks a first execution, with its expiry, where the replay
+// marker goes (answerMeta; over gRPC and gRPC-Web, a reply's trailer too).
+func (x *exchange) tellFirst(expires time.Time) {
+	h := answerMeta(x.ctx, x.resp, x.err)
+	if h == nil {
+		return
+	}
+	setExpires(h, expires)
+	h[idemkey.ReplayedHeader] = []string{"false"}
+	if protocol := x.req.Peer().Protocol; x.err == nil && (protocol == connect.ProtocolGRPC || protocol == connect.ProtocolGRPCWeb) {
+		if info, ok := connect.CallInfoForHandlerContext(x.ctx); ok {
+			info.ResponseTrailer()[idemkey.ReplayedHeader] = []string{"false"}
+		} else {
+			x.resp.Trailer()[idemkey.ReplayedHeader] = []string{"false"}
+		}
+	}
+}
+
+// markIgnored marks a keyed call that ran unprotected.
+func markIgnored(ctx context.Context, resp connect.AnyResponse, err error) {
+	if h := answerMeta(ctx, resp, err); h != nil {
+		h[idemkey.StatusHeader] = []string{idemkey.StatusIgnored}
+	}
+}
+
+// answerMeta is where the answer's own fields go: the response header with
+// a reply, the trailer with an error (a handler's *connect.Error may be
+// shared among calls, so its metadata is left alone); nil if neither.
+func answerMeta(ctx context.Context, resp connect.AnyResponse, err error) http.Header {
 	info, ok := connect.CallInfoForHandlerContext(ctx)
 	switch {
 	case ok && err != nil:
-		setExpires(info.ResponseTrailer(), expires)
+		return info.ResponseTrailer()
 	case ok:
-		setExpires(info.ResponseHeader(), expires)
-	case err == nil:
-		setExpires(resp.Header(), expires)
+		return info.ResponseHeader()
+	case err == nil && resp != nil:
+		return resp.Header()
 	}
+	return nil
 }
 
 func setExpires(h http.Header, expires time.Time) {

@@ -8,8 +8,8 @@
 //
 // Without it grpc-gateway forwards neither key header, so every key is
 // missing. With it the headers reach the call's metadata as sent (a value
-// metadata cannot carry is refused, never dropped), the replay marker and
-// expiry come back as headers, and idemkey's refusals are RFC 9457 problems
+// metadata cannot carry is refused, never dropped), the key's fate
+// (Idempotent-Replayed, Idempotency-Status) and expiry come back as headers, and idemkey's refusals are RFC 9457 problems
 // at the draft's statuses. A ServeMux holds one header matcher and one error
 // handler: give yours through WithHeaderMatcher and WithErrorHandler. The
 // repository's docs/http.md ("grpc-gateway") has the details. This module

@@ -152,15 +152,21 @@ func forwardResponse(ctx context.Context, w http.ResponseWriter, _ proto.Message
 	return nil
 }
 
-// setReplyHeaders copies the replay marker and key expiry, sent as trailers
-// (or headers), to h.
+// setReplyHeaders copies the key's fate (the replay marker, or the status
+// ignored) and expiry, sent as trailers (or headers), to h.
 func setReplyHeaders(ctx context.Context, h http.Header) {
 	md, ok := runtime.ServerMetadataFromContext(ctx)
 	if !ok {
 		return
 	}
-	if idemkey.ParseReplayed(values(md, idemkey.ReplayedMetadata)) {
+	switch v := values(md, idemkey.ReplayedMetadata); {
+	case idemkey.ParseReplayed(v):
 		h.Set(idemkey.ReplayedHeader, "true")
+	case idemkey.ParseExecuted(v):
+		h.Set(idemkey.ReplayedHeader, "false")
+	}
+	if idemkey.ParseIgnored(values(md, idemkey.StatusMetadata)) {
+		h.Set(idemkey.StatusHeader, idemkey.StatusIgnored)
 	}
 	if expires, ok := idemkey.ParseExpires(values(md, idemkey.ExpiresMetadata)); ok {
 		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))

@@ -61,6 +61,14 @@ func (c *charges) ranWith() []string {
 	return slices.Clone(c.keys)
 }
 
+// GetCharge finds ch_1 alone.
+func (c *charges) GetCharge(_ context.Context, req *paymentsv1.GetChargeRequest) (*paymentsv1.Charge, error) {
+	if req.GetId() != "ch_1" {
+		return nil, status.Error(codes.NotFound, "no such charge")
+	}
+	return &paymentsv1.Charge{Id: "ch_1"}, nil
+}
+
 func (c *charges) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 	key, _, _ := interceptor.KeyFromIncomingContext(ctx)
 	n := c.ran(key)
@@ -119,6 +127,26 @@ func serveGateway(t *testing.T, ic grpc.UnaryServerInterceptor, svc *charges, mu
 	if err != nil {
 		t.Fatal(err)
 	}
+	// GetCharge, which the interceptor does not cover (NO_SIDE_EFFECTS).
+	err = mux.HandlePath(http.MethodGet, "/v1/charges/{id}", func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		_, out := runtime.MarshalerForRequest(mux, r)
+		ctx, err := runtime.AnnotateContext(r.Context(), mux, r, "/example.payments.v1.PaymentService/GetCharge", runtime.WithHTTPPathPattern("/v1/charges/{id}"))
+		if err != nil {
+			runtime.HTTPError(r.Context(), mux, out, w, r, err)
+			return
+		}
+		var md runtime.ServerMetadata
+		resp, err := client.GetCharge(ctx, &paymentsv1.GetChargeRequest{Id: params["id"]}, grpc.Header(&md.HeaderMD), grpc.Trailer(&md.TrailerMD))
+		ctx = runtime.NewServerMetadataContext(ctx, md)
+		if err != nil {
+			runtime.HTTPError(ctx, mux, out, w, r, err)
+			return
+		}
+		runtime.ForwardResponseMessage(ctx, mux, out, w, r, resp, mux.GetForwardResponseOptions()...)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	return serveHTTP(t, mux)
 }
 
@@ -148,7 +176,12 @@ type answer struct {
 // post sends POST /v1/charges with body and the headers, in pairs.
 func post(t *testing.T, url, body string, headers ...string) answer {
 	t.Helper()
-	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, url+"/v1/charges", strings.NewReader(body))
+	return send(t, http.MethodPost, url+"/v1/charges", body, headers...)
+}
+
+func send(t *testing.T, method, url, body string, headers ...string) answer {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), method, url, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,8 +229,8 @@ func TestRetryThroughGatewayReplays(t *testing.T) {
 	if first.status != http.StatusOK || retry.status != http.StatusOK || first.body != retry.body {
 		t.Fatalf("first %d %s, retry %d %s; want 200 and the same body", first.status, first.body, retry.status, retry.body)
 	}
-	if first.header.Get(idemkey.ReplayedHeader) != "" || retry.header.Get(idemkey.ReplayedHeader) != "true" {
-		t.Errorf("%s: first %q, retry %q; want only the retry marked", idemkey.ReplayedHeader,
+	if first.header.Get(idemkey.ReplayedHeader) != "false" || retry.header.Get(idemkey.ReplayedHeader) != "true" {
+		t.Errorf("%s: first %q, retry %q; want the first marked false, the retry true", idemkey.ReplayedHeader,
 			first.header.Get(idemkey.ReplayedHeader), retry.header.Get(idemkey.ReplayedHeader))
 	}
 	exp := first.header.Get(idemkey.ExpiresHeader)
@@ -322,7 +355,7 @@ func TestApplicationMatcherAndErrorHandler(t *testing.T) {
 	if first.status != http.StatusNotFound || retry.status != http.StatusNotFound || first.body != retry.body {
 		t.Fatalf("first %d %s, retry %d %s; want grpc-gateway's 404 twice", first.status, first.body, retry.status, retry.body)
 	}
-	if retry.header.Get(idemkey.ReplayedHeader) != "true" || first.header.Get(idemkey.ReplayedHeader) != "" {
+	if retry.header.Get(idemkey.ReplayedHeader) != "true" || first.header.Get(idemkey.ReplayedHeader) != "false" {
 		t.Errorf("replayed: first %q, retry %q; want the recorded NOT_FOUND's retry marked", first.header.Get(idemkey.ReplayedHeader), retry.header.Get(idemkey.ReplayedHeader))
 	}
 	if n := handled.Load(); n != 2 {
@@ -345,5 +378,30 @@ func TestNilOptionsKeepDefaults(t *testing.T) {
 	}
 	if a := post(t, url, charge, "Authorization", "Bearer x"); a.reason(t) != idemkey.ReasonKeyMissing {
 		t.Errorf("%d %s; want the key missing", a.status, a.body)
+	}
+}
+
+// A key sent to GetCharge, which the interceptor does not cover, is answered
+// as ignored, a reply and an error alike; a first execution and a replay
+// are never so marked.
+func TestUncoveredKeyIsIgnored(t *testing.T) {
+	svc := newCharges()
+	url := gateway(t, memory.New(), svc, nil)
+	for _, tc := range []struct {
+		id     string
+		status int
+	}{{"ch_1", http.StatusOK}, {"ch_2", http.StatusNotFound}} {
+		got := send(t, http.MethodGet, url+"/v1/charges/"+tc.id, "", idemkey.KeyHeader, "order-1")
+		if got.status != tc.status || !idemkey.ParseIgnored(got.header.Values(idemkey.StatusHeader)) || got.header.Get(idemkey.ReplayedHeader) != "" {
+			t.Errorf("GET %s with a key: %d %v; want %d marked %s: %s alone", tc.id, got.status, got.header, tc.status, idemkey.StatusHeader, idemkey.StatusIgnored)
+		}
+	}
+	if got := send(t, http.MethodGet, url+"/v1/charges/ch_1", ""); got.header.Get(idemkey.StatusHeader) != "" {
+		t.Errorf("GET without a key: %v, want no %s", got.header, idemkey.StatusHeader)
+	}
+	for range 2 {
+		if got := post(t, url, charge, idemkey.KeyHeader, "order-2"); got.header.Get(idemkey.StatusHeader) != "" {
+			t.Errorf("POST: %v, want no %s", got.header, idemkey.StatusHeader)
+		}
 	}
 }

@@ -118,6 +118,17 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 	}
 	mux := http.NewServeMux()
 	mux.Handle("POST /v1/charges", mw(chargeHandler(cfg.Service)))
+	// A GET, which the middleware does not cover, runs the Service too: the
+	// path names the behaviour.
+	mux.Handle("GET /v1/charges/{behaviour}", mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant, _ := tenantFromContext(r.Context())
+		id, res := cfg.Service.Handle(r.Context(), tenant, 0, r.PathValue("behaviour"))
+		if res != adaptertest.OK {
+			http.Error(w, "declined "+id, http.StatusNotFound)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(charge{ID: id})
+	})))
 	srv := httptest.NewServer(authenticate(mux))
 	t.Cleanup(srv.Close)
 	client := srv.Client()
@@ -125,6 +136,9 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 	return func(ctx context.Context, r adaptertest.Request) adaptertest.Reply {
 		body, _ := json.Marshal(chargeRequest{Amount: r.Amount, Description: r.Behaviour})
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/charges", bytes.NewReader(body))
+		if r.Uncovered {
+			req, err = http.NewRequestWithContext(ctx, http.MethodGet, srv.URL+"/v1/charges/"+r.Behaviour, nil)
+		}
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -159,7 +173,9 @@ func readReply(t *testing.T, resp *http.Response) adaptertest.Reply {
 	reply := adaptertest.Reply{
 		OK:       resp.StatusCode < 300,
 		Status:   resp.StatusCode,
-		Replayed: resp.Header.Get(idemkey.ReplayedHeader) == "true",
+		Replayed: idemkey.ParseReplayed(resp.Header.Values(idemkey.ReplayedHeader)),
+		Executed: idemkey.ParseExecuted(resp.Header.Values(idemkey.ReplayedHeader)),
+		Ignored:  idemkey.ParseIgnored(resp.Header.Values(idemkey.StatusHeader)),
 		Expires:  resp.Header.Get(idemkey.ExpiresHeader),
 	}
 	if s := resp.Header.Get("Retry-After"); s != "" {

@@ -45,7 +45,8 @@
 //
 // A recorded response (status, body, the replay list's header fields) is
 // replayed byte for byte with Idempotent-Replayed: true; the first caller
-// gets exactly what is recorded. Statuses below 400, and 404, 410, 412, 500
+// gets exactly what is recorded, marked false. A key on a request not
+// covered, or run by a store failing open, gets Idempotency-Status: ignored. Statuses below 400, and 404, 410, 412, 500
 // and 501 are recorded; others, and a panic, release the key. In atomic mode
 // (WithAtomic) the handler's writes commit with the record, or not at all.
 //

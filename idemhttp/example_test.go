@@ -76,7 +76,7 @@ func ExampleMiddleware() {
 	post(`{"amount":2000}`)
 	fmt.Println("handler runs:", runs.Load())
 	// Output:
-	// 201  {"id":"ch_1"}
+	// 201 false {"id":"ch_1"}
 	// 201 true {"id":"ch_1"}
 	// 422  {"type":"https://idemkey.dev/problems/idempotency-key-reused","title":"Idempotency-Key is already used with another request","status":422,"detail":"this Idempotency-Key was first used with another request"}
 	// handler runs: 1

@@ -37,6 +37,7 @@ type exchange struct {
 	captured capture      // the capture cw points to
 	standIn  *capture     // the 500 recorded in its place, if it could not be
 	send     sender       // the answer Answer prepared
+	keyed    bool         // Key found one: Pass runs it unprotected (FailedOpen)
 	replay   replayAnswer // the replay that send is, if Answer prepared one
 }
 
@@ -48,8 +49,13 @@ type sendFunc func(w http.ResponseWriter)
 
 func (f sendFunc) send(w http.ResponseWriter) { f(w) }
 
-func (x *exchange) Key() (string, bool, error) { return KeyFromHeader(x.r.Header) }
-func (x *exchange) FirstSent() []string        { return x.r.Header.Values(idemkey.FirstSentHeader) }
+func (x *exchange) Key() (string, bool, error) {
+	key, ok, err := KeyFromHeader(x.r.Header)
+	x.keyed = ok
+	return key, ok, err
+}
+
+func (x *exchange) FirstSent() []string { return x.r.Header.Values(idemkey.FirstSentHeader) }
 
 // Attempt is the zero Attempt: HTTP does not say which attempt a request is.
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
@@ -106,6 +112,9 @@ func (x *exchange) StandIn(why error) []byte {
 }
 
 func (x *exchange) Pass(ctx context.Context) int {
+	if x.keyed {
+		x.w.Header()[idemkey.StatusHeader] = ignoredValue
+	}
 	x.next.ServeHTTP(&x.rec, x.request(ctx))
 	if x.rec.status == 0 {
 		return http.StatusOK
@@ -127,6 +136,7 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, sender) {
 			cw = x.standIn // StandIn made it
 		}
 		setExpires(cw.header, a.Expires) // after its record: the expiry is each answer's own
+		cw.header[idemkey.ReplayedHeader] = firstValue
 		return cw.status, cw
 	case engine.Replayed:
 		return x.replayed(ctx, a)
@@ -255,6 +265,12 @@ const preallocMax = 64 << 10
 func errTooLarge(limit int64) error {
 	return fmt.Errorf("the request body is larger than the limit of %d bytes", limit)
 }
+
+// The fates' header values, never modified.
+var (
+	firstValue   = []string{"false"}
+	ignoredValue = []string{idemkey.StatusIgnored}
+)
 
 func setExpires(h http.Header, expires time.Time) {
 	if !expires.IsZero() {

@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
 )
@@ -141,12 +142,14 @@ func fingerprint(r *http.Request, name string, body []byte) store.Fingerprint {
 }
 
 func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Handler) {
-	if !m.opts.methods[r.Method] {
-		next.ServeHTTP(w, r)
-		return
+	name := ""
+	if m.opts.methods[r.Method] {
+		name = m.opts.operation(r)
 	}
-	name := m.opts.operation(r)
 	if name == "" {
+		if len(r.Header[idemkey.KeyHeader]) > 0 {
+			w.Header()[idemkey.StatusHeader] = ignoredValue
+		}
 		next.ServeHTTP(w, r)
 		return
 	}

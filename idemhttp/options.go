@@ -121,9 +121,9 @@ func defaultRecorded(status int) bool {
 // neverReplayed are header fields a replay never repeats: a session cookie,
 // those each answer sets itself, and those that frame a message.
 var neverReplayed = map[string]bool{
-	"Set-Cookie": true, "Idempotent-Replayed": true, "Idempotency-Key-Expires": true, "Content-Length": true, "Transfer-Encoding": true,
-	"Connection": true, "Keep-Alive": true, "Trailer": true, "Te": true, "Upgrade": true,
-	"Proxy-Connection": true, "Proxy-Authenticate": true,
+	"Set-Cookie": true, "Idempotent-Replayed": true, "Idempotency-Key-Expires": true, "Idempotency-Status": true,
+	"Content-Length": true, "Transfer-Encoding": true, "Connection": true, "Keep-Alive": true, "Trailer": true,
+	"Te": true, "Upgrade": true, "Proxy-Connection": true, "Proxy-Authenticate": true,
 }
 
 // WithReplayedHeaders adds header fields to those recorded and replayed

@@ -56,6 +56,17 @@ func (s conformanceService) CreateCharge(ctx context.Context, req *paymentsv1.Cr
 	return &paymentsv1.Charge{Id: id, Amount: req.GetAmount()}, nil
 }
 
+// GetCharge, which the interceptor does not cover, runs the Service too: the
+// id names the behaviour.
+func (s conformanceService) GetCharge(ctx context.Context, req *paymentsv1.GetChargeRequest) (*paymentsv1.Charge, error) {
+	tenant, _ := bearerTenant(ctx)
+	id, res := s.svc.Handle(ctx, tenant, 0, req.GetId())
+	if res != adaptertest.OK {
+		return nil, status.Error(codes.FailedPrecondition, "declined "+id)
+	}
+	return &paymentsv1.Charge{Id: id}, nil
+}
+
 // bearerTenant is the tenant of "authorization: Bearer TENANT".
 func bearerTenant(ctx context.Context) (string, error) {
 	v := metadata.ValueFromIncomingContext(ctx, "authorization")
@@ -100,9 +111,17 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 			md.Append(idemkey.FirstSentMetadata, r.FirstSent)
 		}
 		var header, trailer metadata.MD
-		charge, err := client.CreateCharge(metadata.NewOutgoingContext(ctx, md),
-			&paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, grpc.Header(&header), grpc.Trailer(&trailer))
-		reply := adaptertest.Reply{OK: err == nil, Replayed: idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)), Reason: idemkey.Reason(err),
+		ctx, opts := metadata.NewOutgoingContext(ctx, md), []grpc.CallOption{grpc.Header(&header), grpc.Trailer(&trailer)}
+		var charge *paymentsv1.Charge
+		var err error
+		if r.Uncovered {
+			charge, err = client.GetCharge(ctx, &paymentsv1.GetChargeRequest{Id: r.Behaviour}, opts...)
+		} else {
+			charge, err = client.CreateCharge(ctx, &paymentsv1.CreateChargeRequest{Amount: r.Amount, Description: r.Behaviour}, opts...)
+		}
+		replayed := trailer.Get(idemkey.ReplayedMetadata)
+		reply := adaptertest.Reply{OK: err == nil, Replayed: idemkey.ParseReplayed(replayed), Executed: idemkey.ParseExecuted(replayed),
+			Ignored: idemkey.ParseIgnored(trailer.Get(idemkey.StatusMetadata)), Reason: idemkey.Reason(err),
 			Expires: strings.Join(append(header.Get(idemkey.ExpiresMetadata), trailer.Get(idemkey.ExpiresMetadata)...), ", ")}
 		if err != nil {
 			st := status.Convert(err)

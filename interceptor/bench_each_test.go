@@ -55,7 +55,7 @@ func BenchmarkOverheadEach(b *testing.B) {
 	}{
 		{name: "bare"},
 		{name: "first-floor", intercept: func() grpc.UnaryServerInterceptor {
-			return trailerFloor(metadata.MD{idemkey.ExpiresMetadata: {expires}})
+			return trailerFloor(metadata.MD{idemkey.ExpiresMetadata: {expires}, idemkey.ReplayedMetadata: {"false"}})
 		}},
 		{name: "first", intercept: roomyInterceptor},
 		{name: "replay-floor", intercept: func() grpc.UnaryServerInterceptor {
@@ -63,7 +63,7 @@ func BenchmarkOverheadEach(b *testing.B) {
 		}},
 		{name: "replay", intercept: roomyInterceptor, replay: true},
 		{name: "aside", intercept: func() grpc.UnaryServerInterceptor {
-			aside, floor := roomyInterceptor(), trailerFloor(metadata.MD{idemkey.ExpiresMetadata: {expires}})
+			aside, floor := roomyInterceptor(), trailerFloor(metadata.MD{idemkey.ExpiresMetadata: {expires}, idemkey.ReplayedMetadata: {"false"}})
 			return func(ctx context.Context, req any, i *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 				if _, err := aside(callContext(asideKey), req, info, chargeHandler); err != nil {
 					return nil, err

@@ -41,6 +41,9 @@ type server struct {
 func (s *server) intercept(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 	m := s.methods.Get(info.FullMethod, nil, false)
 	if !m.Covered {
+		if len(metadata.ValueFromIncomingContext(ctx, idemkey.KeyMetadata)) > 0 {
+			_ = grpc.SetTrailer(ctx, ignoredTrailer) // a trailer, as the replay marker
+		}
 		return handler(ctx, req)
 	}
 	x := &exchange{s: s, ctx: ctx, req: req, m: m, handler: handler}
@@ -56,12 +59,18 @@ type exchange struct {
 	m       *rpckit.Method
 	handler grpc.UnaryHandler
 	rec     *recorder // the metadata the handler set, when some is replayed
+	keyed   bool      // Key found one: Pass runs it unprotected (FailedOpen)
 	expires [1]string // the value of the expiry's trailer (expiry)
 	resp    any
 	err     error
 }
 
-func (x *exchange) Key() (string, bool, error) { return x.s.key(x.ctx, x.req, x.m) }
+func (x *exchange) Key() (string, bool, error) {
+	key, ok, err := x.s.key(x.ctx, x.req, x.m)
+	x.keyed = ok
+	return key, ok, err
+}
+
 func (x *exchange) FirstSent() []string {
 	return metadata.ValueFromIncomingContext(x.ctx, idemkey.FirstSentMetadata)
 }
@@ -93,6 +102,9 @@ func (x *exchange) StandIn(why error) []byte {
 }
 
 func (x *exchange) Pass(ctx context.Context) int {
+	if x.keyed {
+		_ = grpc.SetTrailer(x.ctx, ignoredTrailer)
+	}
 	x.resp, x.err = x.handler(x.handlerContext(ctx), x.req)
 	return int(status.Code(x.err))
 }
@@ -180,11 +192,14 @@ func (x *exchange) replay(a engine.Answer) (any, error) {
 	return rec.Response, nil
 }
 
-// tellExpiry sends the expiry in the trailer even of a reply: a header would
-// stop gRPC's retry policy from retrying an error an outer interceptor puts
-// in the reply's place.
+// tellExpiry sends the expiry, and for a first execution its marker, in the
+// trailer even of a reply: a header would stop gRPC's retry policy from
+// retrying an error an outer interceptor puts in the reply's place.
 func (x *exchange) tellExpiry(expires time.Time, first bool) {
 	if expires.IsZero() {
+		if first {
+			_ = grpc.SetTrailer(x.ctx, firstTrailer)
+		}
 		return
 	}
 	kept := x.s.trailers.of(expires)
@@ -195,7 +210,11 @@ func (x *exchange) tellExpiry(expires time.Time, first bool) {
 		_ = grpc.SetTrailer(x.ctx, metadata.MD{idemkey.ExpiresMetadata: x.expiry(expires)})
 		return
 	}
-	_ = grpc.SetTrailer(x.ctx, kept.expiry)
+	md := kept.expiry
+	if first {
+		md = kept.first
+	}
+	_ = grpc.SetTrailer(x.ctx, md)
 }
 
 // expiry is the expiry's trailer value, for this call alone (gRPC copies it).

@@ -33,13 +33,11 @@ func TestReplay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
-		t.Error("the first reply is marked replayed")
-	}
 	expires := ts.trailer.Get(idemkey.ExpiresMetadata)
 	if len(expires) != 1 {
 		t.Fatalf("first reply trailer %v, want the key's expiry", ts.trailer)
 	}
+	wantMD(t, "first trailer", ts.trailer, metadata.Pairs(idemkey.ReplayedMetadata, "false", idemkey.ExpiresMetadata, expires[0]))
 	second, ts, err := d.create(t, "key-1", request(100))
 	if err != nil {
 		t.Fatal(err)
@@ -446,14 +444,19 @@ func TestMissingKey(t *testing.T) {
 
 func TestMethodCoverage(t *testing.T) {
 	get := &paymentsv1.GetChargeRequest{Id: "ch_1"}
-	// GetCharge is NO_SIDE_EFFECTS: untouched, even with a key.
+	// GetCharge is NO_SIDE_EFFECTS: untouched, even with a key, which the
+	// answer says it ignored; without one, it says nothing.
 	d := newDirect(t, engine.WithKeyRequired())
 	for range 2 {
-		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)) {
-			t.Fatalf("GetCharge: err %v, replayed %v", err, idemkey.ParseReplayed(ts.trailer.Get(idemkey.ReplayedMetadata)))
+		if _, ts, err := d.call(context.Background(), getCharge, get, idemkey.KeyMetadata, "k"); err != nil || !idemkey.ParseIgnored(ts.trailer.Get(idemkey.StatusMetadata)) ||
+			len(ts.trailer.Get(idemkey.ReplayedMetadata)) != 0 {
+			t.Fatalf("GetCharge: err %v, trailer %v; want it marked %s: %s alone", err, ts.trailer, idemkey.StatusMetadata, idemkey.StatusIgnored)
 		}
 	}
-	wantRuns(t, d.svc, 2)
+	if _, ts, err := d.call(context.Background(), getCharge, get); err != nil || len(ts.trailer) != 0 {
+		t.Fatalf("GetCharge without a key: err %v, trailer %v; want none", err, ts.trailer)
+	}
+	wantRuns(t, d.svc, 3)
 
 	// Included by name, it is covered.
 	d = newDirect(t, interceptor.WithIncludedMethods(getCharge))

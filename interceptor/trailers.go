@@ -17,7 +17,8 @@ type trailers [64]atomic.Pointer[expiryTrailers]
 type expiryTrailers struct {
 	unix   int64       // the expiry's time.Time.Unix
 	expiry metadata.MD // idemkey.ExpiresMetadata
-	replay metadata.MD // the same, with idemkey.ReplayedMetadata
+	first  metadata.MD // the same, with idemkey.ReplayedMetadata "false"
+	replay metadata.MD // the same, with idemkey.ReplayedMetadata "true"
 }
 
 func (t *trailers) of(expires time.Time) *expiryTrailers {
@@ -34,14 +35,18 @@ func (t *trailers) keep(expires time.Time) *expiryTrailers {
 	e := &expiryTrailers{
 		unix:   unix,
 		expiry: metadata.MD{idemkey.ExpiresMetadata: value},
+		first:  metadata.MD{idemkey.ExpiresMetadata: value, idemkey.ReplayedMetadata: firstValue},
 		replay: metadata.MD{idemkey.ExpiresMetadata: value, idemkey.ReplayedMetadata: replayedValue},
 	}
 	t[uint64(unix)%uint64(len(t))].Store(e)
 	return e
 }
 
-// replayedValue and replayedTrailer are never modified.
+// The fates' values and trailers, never modified.
 var (
 	replayedValue   = []string{"true"}
 	replayedTrailer = metadata.MD{idemkey.ReplayedMetadata: replayedValue}
+	firstValue      = []string{"false"}
+	firstTrailer    = metadata.MD{idemkey.ReplayedMetadata: firstValue}
+	ignoredTrailer  = metadata.MD{idemkey.StatusMetadata: {idemkey.StatusIgnored}}
 )

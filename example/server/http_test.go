@@ -1,8 +1,10 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +26,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
 	"github.com/idemkey/idemkey/idemhttp"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -533,5 +536,148 @@ func TestGatewayRefusesKeysItCannotForward(t *testing.T) {
 	}
 	if logs := s.Logs(); strings.Contains(logs, "café") || strings.Contains(logs, "cafe") {
 		t.Errorf("the server's log holds a key:\n%s", logs)
+	}
+}
+
+// fateOf is the one fate an answer is marked with: "executed" (the key's
+// first execution), "replayed", "ignored" (not honoured), "" for none, or
+// "two fates".
+func fateOf(replayed, status []string) string {
+	fates := ""
+	for _, f := range []struct {
+		marked bool
+		name   string
+	}{{idemkey.ParseExecuted(replayed), "executed"}, {idemkey.ParseReplayed(replayed), "replayed"}, {idemkey.ParseIgnored(status), "ignored"}} {
+		switch {
+		case f.marked && fates != "":
+			return "two fates"
+		case f.marked:
+			fates = f.name
+		}
+	}
+	return fates
+}
+
+// Every answer of CreateCharge, a charge or a recorded decline, over gRPC,
+// Connect, gRPC-Web and the gateway, is marked the key's first execution or
+// its replay; a key sent to GetCharge, which is not covered
+// (NO_SIDE_EFFECTS), is answered as ignored, a charge or NotFound alike.
+func TestEveryAnswerStatesTheKeysFate(t *testing.T) {
+	for name, cfg := range storeConfigs {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			everyAnswerStatesTheKeysFate(t, startEntryPoints(t, cfg(t)))
+		})
+	}
+}
+
+func everyAnswerStatesTheKeysFate(t *testing.T, e *entryPoints) {
+	ctx := t.Context()
+	// Each entry point makes a call of either method and returns the
+	// charge's id ("" for an error) and the answer's fate.
+	type entryPoint struct {
+		name   string
+		create func(key string, req *paymentsv1.CreateChargeRequest) (string, string)
+		get    func(key, id string) (string, string)
+	}
+	grpcCall := func(key string, call func(ctx context.Context, opts ...grpc.CallOption) (*paymentsv1.Charge, error)) (string, string) {
+		ctx := metadata.AppendToOutgoingContext(ctx, "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key)
+		var trailer metadata.MD
+		charge, _ := call(ctx, grpc.Trailer(&trailer))
+		return charge.GetId(), fateOf(trailer.Get(idemkey.ReplayedMetadata), trailer.Get(idemkey.StatusMetadata))
+	}
+	connectEntry := func(name string, opts ...connect.ClientOption) entryPoint {
+		c := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, e.http, opts...)
+		// The marks are in the header of a reply (and, over gRPC-Web, its
+		// trailer), in the metadata of an error.
+		answer := func(resp *connect.Response[paymentsv1.Charge], err error) (string, string) {
+			var ce *connect.Error
+			if errors.As(err, &ce) {
+				return "", fateOf(ce.Meta().Values(idemkey.ReplayedHeader), ce.Meta().Values(idemkey.StatusHeader))
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			return resp.Msg.GetId(), fateOf(resp.Header().Values(idemkey.ReplayedHeader), resp.Header().Values(idemkey.StatusHeader))
+		}
+		headers := func(h http.Header, key string) {
+			h.Set("Authorization", "Bearer sk_test_acme")
+			h.Set(idemkey.KeyHeader, key)
+		}
+		return entryPoint{name: name,
+			create: func(key string, req *paymentsv1.CreateChargeRequest) (string, string) {
+				r := connect.NewRequest(req)
+				headers(r.Header(), key)
+				return answer(c.CreateCharge(ctx, r))
+			},
+			get: func(key, id string) (string, string) {
+				r := connect.NewRequest(&paymentsv1.GetChargeRequest{Id: id})
+				headers(r.Header(), key)
+				return answer(c.GetCharge(ctx, r))
+			},
+		}
+	}
+	gateway := func(method, path, key, body string) (string, string) {
+		req, err := http.NewRequestWithContext(ctx, method, e.http+path, strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer sk_test_acme")
+		req.Header.Set(idemkey.KeyHeader, key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		charge := &paymentsv1.Charge{}
+		if raw, _ := io.ReadAll(resp.Body); resp.StatusCode < 300 {
+			if err := protojson.Unmarshal(raw, charge); err != nil {
+				t.Fatalf("charge %s: %v", raw, err)
+			}
+		}
+		return charge.GetId(), fateOf(resp.Header.Values(idemkey.ReplayedHeader), resp.Header.Values(idemkey.StatusHeader))
+	}
+	entryPoints := []entryPoint{
+		{name: "gRPC",
+			create: func(key string, req *paymentsv1.CreateChargeRequest) (string, string) {
+				return grpcCall(key, func(ctx context.Context, opts ...grpc.CallOption) (*paymentsv1.Charge, error) {
+					return e.grpc.CreateCharge(ctx, req, opts...)
+				})
+			},
+			get: func(key, id string) (string, string) {
+				return grpcCall(key, func(ctx context.Context, opts ...grpc.CallOption) (*paymentsv1.Charge, error) {
+					return e.grpc.GetCharge(ctx, &paymentsv1.GetChargeRequest{Id: id}, opts...)
+				})
+			},
+		},
+		connectEntry("Connect JSON", connect.WithProtoJSON()),
+		connectEntry("Connect proto"),
+		connectEntry("gRPC-Web", connect.WithGRPCWeb()),
+		{name: "grpc-gateway",
+			create: func(key string, req *paymentsv1.CreateChargeRequest) (string, string) {
+				return gateway(http.MethodPost, "/v1/charges", key, jsonOf(t, req))
+			},
+			get: func(key, id string) (string, string) { return gateway(http.MethodGet, "/v1/charges/"+id, key, "") },
+		},
+	}
+	for i, ep := range entryPoints {
+		charge := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: int64(100 + i), Currency: "EUR"}
+		declined := &paymentsv1.CreateChargeRequest{CustomerId: example.DeclinedCustomer, Amount: int64(100 + i), Currency: "EUR"}
+		var id string
+		for _, req := range []*paymentsv1.CreateChargeRequest{charge, declined} {
+			key := idemkey.NewKey()
+			for j, want := range []string{"executed", "replayed", "replayed"} {
+				got, fate := ep.create(key, req)
+				if fate != want || (req == charge) != (got != "") {
+					t.Errorf("%s: CreateCharge for %s, call %d: %q marked %q, want %q", ep.name, req.GetCustomerId(), j+1, got, fate, want)
+				}
+				id = cmp.Or(id, got)
+			}
+		}
+		for _, getID := range []string{id, "ch_missing"} {
+			if got, fate := ep.get(idemkey.NewKey(), getID); fate != "ignored" || (getID == id) != (got == id) {
+				t.Errorf("%s: GetCharge %s with a key: %q marked %q, want %q", ep.name, getID, got, fate, "ignored")
+			}
+		}
 	}
 }

@@ -2,7 +2,8 @@
 // point's adapter (gRPC, Connect, HTTP) on every store, so that no adapter
 // drifts from the others: the same first call, replay, reuse, missing and
 // malformed keys, in-progress answer, recorded and released errors, tenant
-// isolation, failed store and oversized reply; sealed records, rotated
+// isolation, failed store (closed and open) and oversized reply; each
+// answer's fate marker, and a key sent to an operation not covered; sealed records, rotated
 // keys and a record that does not open; redacted replies; and the same
 // hooks for each (engine.WithHooks), which every case checks, one per call.
 //
@@ -49,6 +50,10 @@ type Request struct {
 	// FirstSent is sent as the transport's first-sent field
 	// (idemkey.FirstSentMetadata, idemkey.FirstSentHeader), if not "".
 	FirstSent string
+	// Uncovered calls an operation the entry point does not cover (gRPC and
+	// Connect: GetCharge, NO_SIDE_EFFECTS; HTTP: a GET), whose handler is
+	// the Service's too, with the Behaviour and no amount.
+	Uncovered bool
 }
 
 // Reply is what the caller saw.
@@ -57,7 +62,9 @@ type Reply struct {
 	Status     int           // the transport's status: the gRPC code, the HTTP status
 	Reason     string        // the idemkey reason of an idemkey answer, else ""
 	Body       string        // the reply: the charge's id on success, else the error's message
-	Replayed   bool          // the reply was marked replayed
+	Replayed   bool          // the reply was marked replayed (idemkey.ParseReplayed)
+	Executed   bool          // marked the key's first execution (idemkey.ParseExecuted)
+	Ignored    bool          // marked not honoured (idemkey.ParseIgnored)
 	RetryAfter time.Duration // the wait an in-progress answer asks for
 	// Expires is the key's expiry the answer told (idemkey.ExpiresMetadata
 	// in the header or trailer, idemkey.ExpiresHeader), or "".
@@ -135,6 +142,9 @@ type Config struct {
 	// id in it (the adapter's WithRedaction): in a response, in an error's
 	// message, in a header the adapter replays.
 	Redact bool
+	// FailOpen runs the handler unprotected when the store fails
+	// (engine.WithFailOpen).
+	FailOpen bool
 }
 
 // Engine is the engine of cfg, whose tenants tenant reads from the
@@ -145,6 +155,9 @@ func (cfg Config) Engine(t *testing.T, tenant engine.TenantFunc) *engine.Engine 
 		engine.WithInProgressWait(0), engine.WithLogger(nil), engine.WithHooks(cfg.Hooks), engine.WithSealer(cfg.Sealer)}
 	if cfg.KeyRequired {
 		opts = append(opts, engine.WithKeyRequired())
+	}
+	if cfg.FailOpen {
+		opts = append(opts, engine.WithFailOpen())
 	}
 	eng, err := engine.New(cfg.Store, opts...)
 	if err != nil {
@@ -219,8 +232,11 @@ func Run(t *testing.T, a Adapter, stores ...Store) {
 						if tc.tampered {
 							cfg.Store = Tampering(cfg.Store)
 						}
-						if tc.down {
-							cfg.Store = st.Down(t)
+						if tc.down || tc.failOpen {
+							cfg.Store, cfg.FailOpen = st.Down(t), tc.failOpen
+						}
+						if tc.failOpen && atomicMode {
+							t.Skip("atomic mode fails closed, even with WithFailOpen")
 						}
 						if tc.refuses {
 							if atomicMode {
@@ -276,7 +292,9 @@ func (s *suite) doWith(call func(ctx context.Context, r Request) Reply, r Reques
 		r.Behaviour = Succeed
 	}
 	reply := call(s.ctx, r)
-	s.hooks.answered(r, reply)
+	if !r.Uncovered { // which the engine never sees
+		s.hooks.answered(r, reply)
+	}
 	return reply
 }
 
@@ -299,8 +317,35 @@ func (s *suite) wantReason(r Reply, reason string) {
 // wantSame checks that replay repeats first, marked replayed.
 func (s *suite) wantSame(first, replay Reply) {
 	s.t.Helper()
-	if !replay.Replayed || replay.OK != first.OK || replay.Status != first.Status || replay.Body != first.Body {
+	if s.fate(replay) != "replayed" || replay.OK != first.OK || replay.Status != first.Status || replay.Body != first.Body {
 		s.t.Fatalf("replay %+v, want the first reply %+v marked replayed", replay, first)
+	}
+}
+
+// fate is the one fate r is marked with: "executed", "replayed", "ignored",
+// or "" for none.
+func (s *suite) fate(r Reply) string {
+	s.t.Helper()
+	var fates []string
+	for _, f := range []struct {
+		marked bool
+		name   string
+	}{{r.Executed, "executed"}, {r.Replayed, "replayed"}, {r.Ignored, "ignored"}} {
+		if f.marked {
+			fates = append(fates, f.name)
+		}
+	}
+	if len(fates) > 1 {
+		s.t.Fatalf("got %+v, marked with %d fates, want one at most", r, len(fates))
+	}
+	return strings.Join(fates, "")
+}
+
+// wantFate checks r's fate marker.
+func (s *suite) wantFate(r Reply, fate string) {
+	s.t.Helper()
+	if got := s.fate(r); got != fate {
+		s.t.Fatalf("got %+v, marked %q, want %q", r, got, fate)
 	}
 }
 
@@ -310,8 +355,9 @@ type testCase struct {
 	down        bool // the store is down
 	// refuses: the store refuses every record (Complete answers
 	// store.ErrFull), as a full Redis does; two-phase only.
-	refuses bool
-	sealed  bool // the records are sealed (sealtest.Ring(t, 1))
+	refuses  bool
+	failOpen bool // the store is down and the engine fails open; two-phase only
+	sealed   bool // the records are sealed (sealtest.Ring(t, 1))
 	// tampered: the store alters every completed record it reads back
 	// (Tampering).
 	tampered bool
@@ -391,11 +437,61 @@ var cases = []testCase{
 	}, hooks: []string{"refuse first_sent_invalid", "refuse first_sent_invalid", "refuse first_sent_invalid"}},
 	{name: "first call runs the handler", run: func(t *testing.T, s *suite) {
 		r := s.do(Request{Key: "k1", Amount: 100})
-		if !r.OK || r.Replayed || r.Body != "ch_acme_100_run1" {
-			t.Fatalf("got %+v, want the first run's reply, not marked replayed", r)
+		if !r.OK || s.fate(r) != "executed" || r.Body != "ch_acme_100_run1" {
+			t.Fatalf("got %+v, want the first run's reply, marked the first execution", r)
 		}
 		s.wantRuns(1)
 	}, hooks: []string{"execute executed"}},
+	{name: "every answer states the key's fate", run: func(t *testing.T, s *suite) {
+		// The handler ran under the key: first execution, whether its
+		// outcome was recorded, released, or a stand-in took its place.
+		s.wantFate(s.do(Request{Key: "k1", Amount: 100}), "executed")
+		s.wantFate(s.do(Request{Key: "k1", Amount: 100}), "replayed")
+		s.wantFate(s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}), "executed")
+		s.wantFate(s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}), "replayed")
+		s.wantFate(s.do(Request{Key: "k3", Amount: 100, Behaviour: FailReleased}), "executed")
+		s.wantFate(s.do(Request{Key: "k4", Amount: 100, Behaviour: Huge}), "executed")
+		s.wantFate(s.do(Request{Key: "k4", Amount: 100, Behaviour: Huge}), "replayed")
+		// idemkey's refusals, and a call without a key, keep what they sent.
+		s.wantFate(s.do(Request{Key: "k1", Amount: 200}), "")
+		s.wantFate(s.do(Request{Key: strings.Repeat("k", idemkey.MaxKeyLen+1), Amount: 100}), "")
+		s.wantFate(s.do(Request{Amount: 100}), "")
+		s.wantRuns(5)
+	}, hooks: []string{"execute executed", "replay replayed", "execute executed", "replay replayed", "execute executed unrecorded",
+		"execute executed", "replay replayed", "refuse reused", "refuse key_invalid", "execute no_key"}},
+	{name: "a key sent to an operation not covered is ignored", run: func(t *testing.T, s *suite) {
+		for range 2 {
+			if r := s.do(Request{Key: "k1", Uncovered: true}); !r.OK || s.fate(r) != "ignored" {
+				t.Fatalf("got %+v, want a run marked ignored", r)
+			}
+		}
+		// An error, and a key the covered operations would refuse, alike.
+		if r := s.do(Request{Key: "k1", Uncovered: true, Behaviour: FailRecorded}); r.OK || r.Reason != "" || s.fate(r) != "ignored" {
+			t.Fatalf("got %+v, want the handler's error marked ignored", r)
+		}
+		if r := s.do(Request{Key: strings.Repeat("k", idemkey.MaxKeyLen+1), Uncovered: true}); !r.OK || s.fate(r) != "ignored" {
+			t.Fatalf("got %+v, want a run marked ignored", r)
+		}
+		// Without a key there is nothing to ignore.
+		if r := s.do(Request{Uncovered: true}); !r.OK || s.fate(r) != "" {
+			t.Fatalf("got %+v, want a run without a fate", r)
+		}
+		s.wantRuns(5)
+	}},
+	{name: "a store that fails open runs a key unprotected, and says so", failOpen: true, run: func(t *testing.T, s *suite) {
+		for range 2 {
+			if r := s.do(Request{Key: "k1", Amount: 100}); !r.OK || s.fate(r) != "ignored" || r.Expires != "" {
+				t.Fatalf("got %+v, want a run marked ignored, without an expiry", r)
+			}
+		}
+		if r := s.do(Request{Key: "k2", Amount: 100, Behaviour: FailRecorded}); r.OK || r.Reason != "" || s.fate(r) != "ignored" {
+			t.Fatalf("got %+v, want the handler's error marked ignored", r)
+		}
+		if r := s.do(Request{Amount: 100}); !r.OK || s.fate(r) != "" {
+			t.Fatalf("got %+v, want a run without a fate", r)
+		}
+		s.wantRuns(4)
+	}, hooks: []string{"execute failed_open", "execute failed_open", "execute failed_open", "execute no_key"}},
 	{name: "retry replays the first reply", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		for range 2 {
