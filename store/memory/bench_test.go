@@ -2,13 +2,12 @@ package memory_test
 
 import (
 	"context"
-	"runtime"
-	"runtime/metrics"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemkey/idemkey/internal/benchtest"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 )
@@ -16,8 +15,9 @@ import (
 // BenchmarkParallel calls the store from 16 goroutines at once, as the
 // engine does: a first call (Reserve of a new key, then Complete) and a
 // replay (Reserve of one of 1,024 recorded keys). Besides time and
-// -benchmem's allocations it reports the share of the goroutines' time spent
-// waiting for a sync.Mutex.
+// -benchmem's allocations it reports the calls per second, the CPU per call
+// and, with -mutexprofile, the share of the goroutines' time spent waiting
+// for the store's locks (benchtest.Parallel).
 func BenchmarkParallel(b *testing.B) {
 	const goroutines, keys = 16, 1024
 	ctx := context.Background()
@@ -62,33 +62,15 @@ func BenchmarkParallel(b *testing.B) {
 					b.Fatal(err)
 				}
 			}
-			var worker atomic.Int64
-			b.SetParallelism((goroutines + runtime.GOMAXPROCS(0) - 1) / runtime.GOMAXPROCS(0))
-			wait0, start := mutexWait(), time.Now()
-			b.ResetTimer()
-			b.RunParallel(func(pb *testing.PB) {
-				i := int(worker.Add(1)) * keys / goroutines
-				for pb.Next() {
+			benchtest.Parallel(b, goroutines, "store/memory.", func(g int) func() {
+				i := g * keys / goroutines // each starts at its own key
+				return func() {
 					if err := v.call(st, i); err != nil {
 						b.Error(err)
-						return
 					}
 					i++
 				}
 			})
-			b.StopTimer()
-			b.ReportMetric(100*(mutexWait()-wait0)/(goroutines*time.Since(start).Seconds()), "mutex-wait-%")
 		})
 	}
-}
-
-// mutexWait is the seconds goroutines have spent blocked on a sync.Mutex or
-// sync.RWMutex so far.
-func mutexWait() float64 {
-	s := []metrics.Sample{{Name: "/sync/mutex/wait/total:seconds"}}
-	metrics.Read(s)
-	if s[0].Value.Kind() != metrics.KindFloat64 {
-		return 0
-	}
-	return s[0].Value.Float64()
 }

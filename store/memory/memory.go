@@ -401,6 +401,9 @@ func (s *Store) answer(sh *shard, r store.Reservation) (store.Entry, bool) {
 // reserve decides r in its shard sh as Reserve does; if there is no room
 // for a record of c bytes, it says which bound that would pass.
 func (s *Store) reserve(sh *shard, r store.Reservation) (res store.Entry, c int64, full string) {
+	// Made before the lock, so that a GC assist of its allocation does not
+	// hold up the shard.
+	fresh := &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.now()
@@ -425,15 +428,11 @@ func (s *Store) reserve(sh *shard, r store.Reservation) (res store.Entry, c int6
 			return store.Entry{}, c, full
 		}
 		sh.lastToken++
-		rec = &record{
-			key:         r.Key,
-			partition:   r.Partition,
-			fingerprint: r.Fingerprint,
-			token:       sh.lastToken,
-			cost:        c,
-			leaseEnd:    now.Add(max(r.Lease, 0)),
-			expiresAt:   now.Add(max(r.Retention, 0)),
-		}
+		rec = fresh
+		rec.token = sh.lastToken
+		rec.cost = c
+		rec.leaseEnd = now.Add(max(r.Lease, 0))
+		rec.expiresAt = now.Add(max(r.Retention, 0))
 		sh.records[r.Key] = rec
 		heap.Push(&sh.byExpiry, rec)
 	case rec.completed:
