@@ -364,11 +364,16 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		return store.Entry{}, err
 	}
 	sh := s.shard(r.Key)
-	if res, ok := s.answer(sh, r); ok {
+	res, ok, found := s.answer(sh, r)
+	if ok {
 		return res, nil
 	}
+	var fresh *record
+	if !found { // made before the lock, so that a GC assist does not hold the shard up
+		fresh = &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
+	}
 	for evicted := false; ; evicted = true {
-		res, c, full := s.reserve(sh, r)
+		res, c, full := s.reserve(sh, r, fresh)
 		if full == "" {
 			return res, nil
 		}
@@ -381,29 +386,28 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 
 // answer decides r under sh's read lock if Reserve would change nothing: its
 // record is completed or held, and sh holds no expired record to delete.
-func (s *Store) answer(sh *shard, r store.Reservation) (store.Entry, bool) {
+// Else it says whether r.Key has a record.
+func (s *Store) answer(sh *shard, r store.Reservation) (res store.Entry, ok, found bool) {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	now := s.now()
 	rec, ok := sh.records[r.Key]
 	if !ok || len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].removableAt()) {
-		return store.Entry{}, false
+		return store.Entry{}, false, ok
 	}
 	switch {
 	case rec.completed:
-		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true
+		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true, true
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, true
+		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, true, true
 	}
-	return store.Entry{}, false
+	return store.Entry{}, false, true
 }
 
-// reserve decides r in its shard sh as Reserve does; if there is no room
-// for a record of c bytes, it says which bound that would pass.
-func (s *Store) reserve(sh *shard, r store.Reservation) (res store.Entry, c int64, full string) {
-	// Made before the lock, so that a GC assist of its allocation does not
-	// hold up the shard.
-	fresh := &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
+// reserve decides r in its shard sh as Reserve does, with fresh, if not
+// nil, as a new record of r.Key; if there is no room for a record of c
+// bytes, it says which bound that would pass.
+func (s *Store) reserve(sh *shard, r store.Reservation, fresh *record) (res store.Entry, c int64, full string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	now := s.now()
@@ -428,7 +432,9 @@ func (s *Store) reserve(sh *shard, r store.Reservation) (res store.Entry, c int6
 			return store.Entry{}, c, full
 		}
 		sh.lastToken++
-		rec = fresh
+		if rec = fresh; rec == nil {
+			rec = &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
+		}
 		rec.token = sh.lastToken
 		rec.cost = c
 		rec.leaseEnd = now.Add(max(r.Lease, 0))
