@@ -331,7 +331,7 @@ func (s *Store) give(p store.Partition, n, bytes int64) {
 	v, _ := s.parts.Load(p)
 	u := v.(*usage)
 	u.bytes.Add(-bytes)
-	if u.records.Add(-n) == 0 && u.records.CompareAndSwap(0, -1) {
+	if n != 0 && u.records.Add(-n) == 0 && u.records.CompareAndSwap(0, -1) {
 		s.parts.CompareAndDelete(p, u)
 	}
 }
@@ -363,8 +363,8 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	if err := ctx.Err(); err != nil {
 		return store.Entry{}, err
 	}
-	sh := s.shard(r.Key)
-	res, ok, found := s.answer(sh, r)
+	sh, now := s.shard(r.Key), s.now()
+	res, ok, found := s.answer(sh, r, now)
 	if ok {
 		return res, nil
 	}
@@ -373,7 +373,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 		fresh = &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
 	}
 	for evicted := false; ; evicted = true {
-		res, c, full := s.reserve(sh, r, fresh)
+		res, c, full := s.reserve(sh, r, fresh, now)
 		if full == "" {
 			return res, nil
 		}
@@ -381,18 +381,18 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 			return store.Entry{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
 		}
 		s.evictAll()
+		now = s.now()
 	}
 }
 
 // answer decides r under sh's read lock if Reserve would change nothing: its
 // record is completed or held, and sh holds no expired record to delete.
 // Else it says whether r.Key has a record.
-func (s *Store) answer(sh *shard, r store.Reservation) (res store.Entry, ok, found bool) {
+func (s *Store) answer(sh *shard, r store.Reservation, now time.Time) (res store.Entry, ok, found bool) {
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
-	now := s.now()
 	rec, ok := sh.records[r.Key]
-	if !ok || len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].removableAt()) {
+	if !ok || len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].at) {
 		return store.Entry{}, false, ok
 	}
 	switch {
@@ -404,13 +404,12 @@ func (s *Store) answer(sh *shard, r store.Reservation) (res store.Entry, ok, fou
 	return store.Entry{}, false, true
 }
 
-// reserve decides r in its shard sh as Reserve does, with fresh, if not
-// nil, as a new record of r.Key; if there is no room for a record of c
+// reserve decides r at now in its shard sh as Reserve does, with fresh, if
+// not nil, as a new record of r.Key; if there is no room for a record of c
 // bytes, it says which bound that would pass.
-func (s *Store) reserve(sh *shard, r store.Reservation, fresh *record) (res store.Entry, c int64, full string) {
+func (s *Store) reserve(sh *shard, r store.Reservation, fresh *record, now time.Time) (res store.Entry, c int64, full string) {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	now := s.now()
 	s.evictLocked(sh, now, evictPerReserve)
 
 	rec, ok := sh.records[r.Key]
@@ -457,7 +456,7 @@ func (s *Store) reserve(sh *shard, r store.Reservation, fresh *record) (res stor
 		sh.lastToken++
 		rec.token = sh.lastToken
 		rec.leaseEnd = now.Add(max(r.Lease, 0))
-		heap.Fix(&sh.byExpiry, rec.index)
+		sh.byExpiry.fix(rec)
 	}
 	return store.Entry{State: store.Acquired, Token: rec.token, Expires: rec.expiresAt}, c, ""
 }
@@ -494,7 +493,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		if full == "" {
 			rec.completed = true
 			rec.outcome = outcome
-			heap.Fix(&sh.byExpiry, rec.index)
+			sh.byExpiry.fix(rec)
 			sh.wake(key)
 			return nil
 		}
@@ -600,8 +599,8 @@ func (s *Store) evictAll() {
 // how many.
 func (s *Store) evictLocked(sh *shard, now time.Time, limit int) int {
 	n := 0
-	for n < limit && len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].removableAt()) {
-		s.deleteLocked(sh, sh.byExpiry[0])
+	for n < limit && len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].at) {
+		s.deleteLocked(sh, sh.byExpiry[0].rec)
 		n++
 	}
 	return n
@@ -616,25 +615,38 @@ func (s *Store) deleteLocked(sh *shard, rec *record) {
 	sh.wake(rec.key)
 }
 
-// expiryHeap orders records by removableAt; it implements heap.Interface.
-type expiryHeap []*record
+// expiryHeap orders records by removableAt, which each entry holds, so
+// that reading the soonest does not reach into a record; it implements
+// heap.Interface.
+type expiryHeap []expiry
+
+type expiry struct {
+	at  time.Time // rec.removableAt()
+	rec *record
+}
+
+// fix moves rec to its place after its removableAt changed.
+func (h *expiryHeap) fix(rec *record) {
+	(*h)[rec.index].at = rec.removableAt()
+	heap.Fix(h, rec.index)
+}
 
 func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].removableAt().Before(h[j].removableAt()) }
+func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
 func (h expiryHeap) Swap(i, j int) {
 	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+	h[i].rec.index = i
+	h[j].rec.index = j
 }
 func (h *expiryHeap) Push(x any) {
 	rec := x.(*record)
 	rec.index = len(*h)
-	*h = append(*h, rec)
+	*h = append(*h, expiry{rec.removableAt(), rec})
 }
 func (h *expiryHeap) Pop() any {
 	old := *h
-	rec := old[len(old)-1]
-	old[len(old)-1] = nil
+	rec := old[len(old)-1].rec
+	old[len(old)-1] = expiry{}
 	*h = old[:len(old)-1]
 	return rec
 }
