@@ -234,8 +234,10 @@ func New(opts ...Option) *Store {
 		partRecords: max(int64(o.share*float64(o.maxRecords)), 1),
 		partBytes:   max(int64(o.share*float64(o.maxBytes)), recordCost),
 	}
+	epoch := s.now()
 	for i := range s.shards {
 		s.shards[i].records = make(map[store.Key]*record)
+		s.shards[i].byExpiry.epoch = epoch
 	}
 	return s
 }
@@ -392,7 +394,7 @@ func (s *Store) answer(sh *shard, r store.Reservation, now time.Time) (res store
 	sh.mu.RLock()
 	defer sh.mu.RUnlock()
 	rec, ok := sh.records[r.Key]
-	if !ok || len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].at) {
+	if !ok || sh.byExpiry.due(now) {
 		return store.Entry{}, false, ok
 	}
 	switch {
@@ -590,7 +592,7 @@ func (s *Store) evictAll() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		s.evictLocked(sh, now, len(sh.byExpiry))
+		s.evictLocked(sh, now, len(sh.byExpiry.e))
 		sh.mu.Unlock()
 	}
 }
@@ -599,8 +601,8 @@ func (s *Store) evictAll() {
 // how many.
 func (s *Store) evictLocked(sh *shard, now time.Time, limit int) int {
 	n := 0
-	for n < limit && len(sh.byExpiry) > 0 && !now.Before(sh.byExpiry[0].at) {
-		s.deleteLocked(sh, sh.byExpiry[0].rec)
+	for n < limit && sh.byExpiry.due(now) {
+		s.deleteLocked(sh, sh.byExpiry.e[0].rec)
 		n++
 	}
 	return n
@@ -618,35 +620,42 @@ func (s *Store) deleteLocked(sh *shard, rec *record) {
 // expiryHeap orders records by removableAt, which each entry holds, so
 // that reading the soonest does not reach into a record; it implements
 // heap.Interface.
-type expiryHeap []expiry
+type expiryHeap struct {
+	epoch time.Time // what each at counts from
+	e     []expiry
+}
 
 type expiry struct {
-	at  time.Time // rec.removableAt()
+	at  time.Duration // rec.removableAt(), from epoch
 	rec *record
+}
+
+// due says whether the soonest record is removable at now.
+func (h *expiryHeap) due(now time.Time) bool {
+	return len(h.e) > 0 && now.Sub(h.epoch) >= h.e[0].at
 }
 
 // fix moves rec to its place after its removableAt changed.
 func (h *expiryHeap) fix(rec *record) {
-	(*h)[rec.index].at = rec.removableAt()
+	h.e[rec.index].at = rec.removableAt().Sub(h.epoch)
 	heap.Fix(h, rec.index)
 }
 
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].at.Before(h[j].at) }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].rec.index = i
-	h[j].rec.index = j
+func (h *expiryHeap) Len() int           { return len(h.e) }
+func (h *expiryHeap) Less(i, j int) bool { return h.e[i].at < h.e[j].at }
+func (h *expiryHeap) Swap(i, j int) {
+	h.e[i], h.e[j] = h.e[j], h.e[i]
+	h.e[i].rec.index = i
+	h.e[j].rec.index = j
 }
 func (h *expiryHeap) Push(x any) {
 	rec := x.(*record)
-	rec.index = len(*h)
-	*h = append(*h, expiry{rec.removableAt(), rec})
+	rec.index = len(h.e)
+	h.e = append(h.e, expiry{rec.removableAt().Sub(h.epoch), rec})
 }
 func (h *expiryHeap) Pop() any {
-	old := *h
-	rec := old[len(old)-1].rec
-	old[len(old)-1] = expiry{}
-	*h = old[:len(old)-1]
+	rec := h.e[len(h.e)-1].rec
+	h.e[len(h.e)-1] = expiry{}
+	h.e = h.e[:len(h.e)-1]
 	return rec
 }
