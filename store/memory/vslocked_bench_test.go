@@ -1,3 +1,5 @@
+//go:build unix
+
 package memory_test
 
 import (
@@ -23,13 +25,14 @@ import (
 // (memory.NewLocked) from 16 goroutines at once, interleaved in one
 // process: first calls (a new key each) and replays of 1,024 recorded keys,
 // through idemhttp (http: a POST, as idemhttp's BenchmarkHTTPParallel) and
-// on the store alone (store: BenchmarkParallel's calls; store-serial: the
-// same from one goroutine, for the CPU of an uncontended call). It reports each
+// on the store alone (store: BenchmarkParallel's calls); the -serial ones
+// from one goroutine, for the CPU of an uncontended call. It reports each
 // one's calls per second, CPU and allocations per call and, with
 // -mutexprofile, the share of goroutine time waiting for the store's locks,
 // and the ratios of this store to the old.
 func BenchmarkVsLocked(b *testing.B) {
 	b.Run("http", func(b *testing.B) { vsLocked(b, 16, 64, viaHTTP) })
+	b.Run("http-serial", func(b *testing.B) { vsLocked(b, 1, 512, viaHTTP) })
 	b.Run("store", func(b *testing.B) { vsLocked(b, 16, 1024, direct) })
 	b.Run("store-serial", func(b *testing.B) { vsLocked(b, 1, 4096, direct) })
 }
