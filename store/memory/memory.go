@@ -109,10 +109,11 @@ type Store struct {
 type shard struct {
 	mu        sync.RWMutex
 	records   map[store.Key]*record
-	byExpiry  expiryHeap // every record, soonest removable first
-	lastToken store.Token
-	// Keys held by a call, that duplicates wait for (Watch): changed under
-	// waitMu, with mu held too.
+	byExpiry  expiryHeap  // every record, soonest removable first
+	lastToken store.Token // a token is unique per key, and a key keeps its shard
+	// Keys held by a call, that duplicates wait for (Watch), under waitMu.
+	// Watch and wake hold mu too, so no change falls between a Watch's
+	// read of the record and its wait.
 	waitMu  sync.Mutex
 	waiting waitset.Set
 	_       [64]byte // keeps the next shard's locks off this one's cache line
