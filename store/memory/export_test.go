@@ -5,7 +5,12 @@ const RecordCost = recordCost
 
 // Watched is how many keys duplicates wait for (Watch).
 func (s *Store) Watched() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.waiting.Len()
+	n := 0
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.waitMu.Lock()
+		n += sh.waiting.Len()
+		sh.waitMu.Unlock()
+	}
+	return n
 }

@@ -1,10 +1,12 @@
 // Package memory is an in-process idemkey store, for tests and for services
 // that run as a single process and accept that a restart forgets every key.
 //
-// It is safe for concurrent use. Every Reserve deletes a few expired records,
-// and Sweep deletes the rest on demand, so no goroutine runs in the
-// background. It tells a duplicate that waits for a key (store.Watcher) the
-// moment the key's record is completed or released.
+// It is safe for concurrent use: its records are split into 64 shards by
+// key, each with its own lock, and a replay takes only its shard's read
+// lock. Every Reserve deletes a few expired records, and Sweep deletes the
+// rest on demand, so no goroutine runs in the background. It tells a
+// duplicate that waits for a key (store.Watcher) the moment the key's record
+// is completed or released.
 //
 // # Bounds
 //
@@ -28,7 +30,9 @@
 // At a bound, expired records go first; if there is still no room, Reserve of
 // a new key returns store.ErrFull (the engine answers StoreFull: over gRPC
 // ResourceExhausted, reason IDEMPOTENCY_STORE_FULL; the handler does not
-// run). Replays of recorded keys go on working. A reservation without a
+// run). Replays of recorded keys go on working. The bounds are the whole
+// store's, across its shards; two new keys that race for the last room may
+// both be refused. A reservation without a
 // MaxOutcome (0) sets room aside for store.SmallOutcome bytes only; Complete
 // of a larger outcome with no room left then returns store.ErrFull (the
 // engine records the entry point's short stand-in instead: over gRPC,
@@ -53,6 +57,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkey/idemkey/internal/waitset"
@@ -72,35 +77,53 @@ const (
 // bytes measured), with room for an outcome of store.SmallOutcome bytes.
 const recordCost = 512
 
-// evictPerReserve is how many expired records each Reserve deletes; more than
-// one, so that deletion outpaces insertion and memory stays bounded.
+// evictPerReserve is how many expired records each Reserve deletes in its
+// key's shard, and a new key in one more; more than one, so that deletion
+// outpaces insertion in every shard and memory stays bounded.
 const evictPerReserve = 2
+
+// numShards is how many parts the records are split into, each with its
+// own lock, map and expiry heap, so that calls on different keys seldom wait
+// for each other. A key's shard is its first byte: the Key is a SHA-256.
+const numShards = 64
 
 // Store is an in-memory store.Store.
 type Store struct {
 	now func() time.Time
 
-	maxRecords int
+	maxRecords int64
 	maxBytes   int64
-	share      float64
 	// What one partition other than the zero one may hold: share of
 	// maxRecords and of maxBytes.
-	partRecords int
+	partRecords int64
 	partBytes   int64
 
-	mu        sync.Mutex
-	records   map[store.Key]*record
-	byExpiry  expiryHeap // every record, soonest removable first
-	total     usage
-	parts     map[store.Partition]*usage // of each partition holding records, but the zero one
-	lastToken store.Token
-	waiting   waitset.Set // keys held by a call, that duplicates wait for (Watch)
+	// The bounds are the whole store's, counted without a lock (take).
+	total  usage
+	parts  sync.Map // store.Partition -> *usage, of each partition holding records, but the zero one
+	shards [numShards]shard
 }
 
-// usage is what records hold: how many, and how many bytes they count.
+// A shard's records are read (a replay, a duplicate held) under mu's read
+// lock, and changed under its write lock.
+type shard struct {
+	mu        sync.RWMutex
+	records   map[store.Key]*record
+	byExpiry  expiryHeap  // every record, soonest removable first
+	lastToken store.Token // a token is unique per key, and a key keeps its shard
+	// Keys held by a call, that duplicates wait for (Watch), under waitMu.
+	// Watch and wake hold mu too, so no change falls between a Watch's
+	// read of the record and its wait.
+	waitMu  sync.Mutex
+	waiting waitset.Set
+	_       [64]byte // keeps the next shard's locks off this one's cache line
+}
+
+// usage is what records hold: how many, and how many bytes they count. A
+// partition's records is -1 once it is let go (give).
 type usage struct {
-	records int
-	bytes   int64
+	records atomic.Int64
+	bytes   atomic.Int64
 }
 
 type record struct {
@@ -113,7 +136,7 @@ type record struct {
 	cost        int64 // what the record counts against the byte bounds
 	leaseEnd    time.Time
 	expiresAt   time.Time
-	index       int // position in Store.byExpiry
+	index       int // position in shard.byExpiry
 }
 
 // removableAt is when the record becomes expired: its retention has passed and
@@ -205,17 +228,22 @@ func newOptions(opts []Option) options {
 // would make two lines each.
 func New(opts ...Option) *Store {
 	o := newOptions(opts)
-	return &Store{
+	s := &Store{
 		now:         o.now,
-		maxRecords:  o.maxRecords,
+		maxRecords:  int64(o.maxRecords),
 		maxBytes:    o.maxBytes,
-		share:       o.share,
-		partRecords: max(int(o.share*float64(o.maxRecords)), 1),
+		partRecords: max(int64(o.share*float64(o.maxRecords)), 1),
 		partBytes:   max(int64(o.share*float64(o.maxBytes)), recordCost),
-		records:     make(map[store.Key]*record),
-		parts:       make(map[store.Partition]*usage),
 	}
+	epoch := s.now()
+	for i := range s.shards {
+		s.shards[i].records = make(map[store.Key]*record)
+		s.shards[i].byExpiry.epoch = epoch
+	}
+	return s
 }
+
+func (s *Store) shard(key store.Key) *shard { return &s.shards[key[0]%numShards] }
 
 // cost is what a completed record with outcome counts against the byte bounds.
 func cost(outcome []byte) int64 {
@@ -233,64 +261,95 @@ func (s *Store) reservedCost(r store.Reservation) int64 {
 	return min(c, s.partBytes)
 }
 
-// fullLocked says which bound records of p would pass with records more
-// records and bytes more bytes; "" if none.
-func (s *Store) fullLocked(p store.Partition, records int, bytes int64) string {
-	if s.total.records+records > s.maxRecords || s.total.bytes+bytes > s.maxBytes {
-		return fmt.Sprintf("%d of %d records, %d of %d bytes counted", s.total.records, s.maxRecords, s.total.bytes, s.maxBytes)
-	}
-	if p == (store.Partition{}) {
-		return ""
-	}
-	var u usage
-	if pu := s.parts[p]; pu != nil {
-		u = *pu
-	}
-	if u.records+records > s.partRecords || u.bytes+bytes > s.partBytes {
-		return fmt.Sprintf("the tenant's share is used: %d of %d records, %d of %d bytes counted", u.records, s.partRecords, u.bytes, s.partBytes)
-	}
-	return ""
-}
-
-// roomLocked returns "" if p has room for records more records and bytes
-// more bytes, after deleting every expired record if it did not; else which
-// bound they would pass.
-func (s *Store) roomLocked(now time.Time, p store.Partition, records int, bytes int64) string {
-	if full := s.fullLocked(p, records, bytes); full == "" {
-		return ""
-	}
-	s.evictLocked(now, len(s.byExpiry))
-	return s.fullLocked(p, records, bytes)
-}
-
-// countLocked adds records records and bytes bytes to what p holds.
-func (s *Store) countLocked(p store.Partition, records int, bytes int64) {
-	s.total.records += records
-	s.total.bytes += bytes
-	if p == (store.Partition{}) {
-		return
-	}
-	u := s.parts[p]
-	if u == nil {
-		u = &usage{}
-		s.parts[p] = u
-	}
-	u.records += records
-	u.bytes += bytes
-	if u.records == 0 {
-		delete(s.parts, p)
-	}
-}
-
-// resizeLocked makes rec count c bytes, if its partition and the store have
-// room for the difference; else it says which bound that would pass.
-func (s *Store) resizeLocked(now time.Time, rec *record, c int64) string {
-	if grow := c - rec.cost; grow > 0 {
-		if full := s.roomLocked(now, rec.partition, 0, grow); full != "" {
+// take counts n more records and bytes more bytes for p and returns "", if
+// neither p's share nor the store's bounds would pass; else it counts nothing
+// and says which bound. Each count is added by compare-and-swap, so no bound
+// is ever passed; two calls that race for the last room may both be refused
+// where one alone would have had it.
+func (s *Store) take(p store.Partition, n, bytes int64) string {
+	if p != (store.Partition{}) {
+		if full := s.takePart(p, n, bytes); full != "" {
 			return full
 		}
 	}
-	s.countLocked(rec.partition, 0, c-rec.cost)
+	if add(&s.total.records, n, s.maxRecords) {
+		if add(&s.total.bytes, bytes, s.maxBytes) {
+			return ""
+		}
+		s.total.records.Add(-n)
+	}
+	if p != (store.Partition{}) {
+		s.give(p, n, bytes)
+	}
+	return fmt.Sprintf("%d of %d records, %d of %d bytes counted", s.total.records.Load(), s.maxRecords, s.total.bytes.Load(), s.maxBytes)
+}
+
+func (s *Store) takePart(p store.Partition, n, bytes int64) string {
+	for {
+		v, ok := s.parts.Load(p)
+		if !ok {
+			v, _ = s.parts.LoadOrStore(p, new(usage))
+		}
+		u := v.(*usage)
+		if n > 0 { // else the record counted already holds u
+			old := u.records.Load()
+			if old < 0 { // let go: replace it
+				s.parts.CompareAndSwap(p, u, new(usage))
+				continue
+			}
+			if old+n > s.partRecords {
+				return fmt.Sprintf("the tenant's share is used: %d of %d records, %d of %d bytes counted", old, s.partRecords, u.bytes.Load(), s.partBytes)
+			}
+			if !u.records.CompareAndSwap(old, old+n) {
+				continue
+			}
+		}
+		if add(&u.bytes, bytes, s.partBytes) {
+			return ""
+		}
+		s.give(p, n, 0)
+		return fmt.Sprintf("the tenant's share is used: %d of %d records, %d of %d bytes counted", u.records.Load(), s.partRecords, u.bytes.Load(), s.partBytes)
+	}
+}
+
+// add adds n to c unless that passes limit, and says whether it did.
+func add(c *atomic.Int64, n, limit int64) bool {
+	for {
+		old := c.Load()
+		if n > 0 && old+n > limit {
+			return false
+		}
+		if c.CompareAndSwap(old, old+n) {
+			return true
+		}
+	}
+}
+
+// give uncounts n records and bytes bytes of partition p, which take counted.
+// A partition left with no record is let go.
+func (s *Store) give(p store.Partition, n, bytes int64) {
+	if p == (store.Partition{}) {
+		return
+	}
+	v, _ := s.parts.Load(p)
+	u := v.(*usage)
+	u.bytes.Add(-bytes)
+	if n != 0 && u.records.Add(-n) == 0 && u.records.CompareAndSwap(0, -1) {
+		s.parts.CompareAndDelete(p, u)
+	}
+}
+
+// resize makes rec count c bytes, if its partition and the store have room
+// for the difference; else it says which bound that would pass.
+func (s *Store) resize(rec *record, c int64) string {
+	if grow := c - rec.cost; grow > 0 {
+		if full := s.take(rec.partition, 0, grow); full != "" {
+			return full
+		}
+	} else {
+		s.give(rec.partition, 0, -grow)
+		s.total.bytes.Add(grow)
+	}
 	rec.cost = c
 	return ""
 }
@@ -307,54 +366,102 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	if err := ctx.Err(); err != nil {
 		return store.Entry{}, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	s.evictLocked(now, evictPerReserve)
+	sh, now := s.shard(r.Key), s.now()
+	res, ok, found := s.answer(sh, r, now)
+	if ok {
+		return res, nil
+	}
+	var fresh *record
+	if !found { // made before the lock, so that a GC assist does not hold the shard up
+		fresh = &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
+	}
+	for evicted := false; ; evicted = true {
+		res, c, full := s.reserve(sh, r, fresh, now)
+		if full == "" {
+			return res, nil
+		}
+		if evicted {
+			return store.Entry{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
+		}
+		s.evictAll()
+		now = s.now()
+	}
+}
 
-	rec, ok := s.records[r.Key]
+// answer decides r under sh's read lock if Reserve would change nothing: its
+// record is completed or held, and sh holds no expired record to delete.
+// Else it says whether r.Key has a record.
+func (s *Store) answer(sh *shard, r store.Reservation, now time.Time) (res store.Entry, ok, found bool) {
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	rec, ok := sh.records[r.Key]
+	if !ok || sh.byExpiry.due(now) {
+		return store.Entry{}, false, ok
+	}
+	switch {
+	case rec.completed:
+		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true, true
+	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
+		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, true, true
+	}
+	return store.Entry{}, false, true
+}
+
+// reserve decides r at now in its shard sh as Reserve does, with fresh, if
+// not nil, as a new record of r.Key; if there is no room for a record of c
+// bytes, it says which bound that would pass.
+func (s *Store) reserve(sh *shard, r store.Reservation, fresh *record, now time.Time) (res store.Entry, c int64, full string) {
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	s.evictLocked(sh, now, evictPerReserve)
+
+	rec, ok := sh.records[r.Key]
 	if ok && !now.Before(rec.removableAt()) {
-		s.deleteLocked(rec)
+		s.deleteLocked(sh, rec)
 		ok = false
 	}
 	switch {
 	case !ok:
-		c := s.reservedCost(r)
-		if full := s.roomLocked(now, r.Partition, 1, c); full != "" {
-			return store.Entry{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
+		// A new record is let in only with as many expired ones deleted in
+		// a shard chosen by the key's next byte, if it is not busy, so that
+		// no shard keeps its expired records for want of new keys of its own.
+		if o := &s.shards[r.Key[1]%numShards]; o != sh && o.mu.TryLock() {
+			s.evictLocked(o, now, evictPerReserve)
+			o.mu.Unlock()
 		}
-		s.lastToken++
-		rec = &record{
-			key:         r.Key,
-			partition:   r.Partition,
-			fingerprint: r.Fingerprint,
-			token:       s.lastToken,
-			cost:        c,
-			leaseEnd:    now.Add(max(r.Lease, 0)),
-			expiresAt:   now.Add(max(r.Retention, 0)),
+		c = s.reservedCost(r)
+		if full := s.take(r.Partition, 1, c); full != "" {
+			return store.Entry{}, c, full
 		}
-		s.records[r.Key] = rec
-		s.countLocked(rec.partition, 1, c)
-		heap.Push(&s.byExpiry, rec)
+		sh.lastToken++
+		if rec = fresh; rec == nil {
+			rec = &record{key: r.Key, partition: r.Partition, fingerprint: r.Fingerprint}
+		}
+		rec.token = sh.lastToken
+		rec.cost = c
+		rec.leaseEnd = now.Add(max(r.Lease, 0))
+		rec.expiresAt = now.Add(max(r.Retention, 0))
+		sh.records[r.Key] = rec
+		heap.Push(&sh.byExpiry, rec)
 	case rec.completed:
-		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, nil
+		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, 0, ""
 	case now.Before(rec.leaseEnd) || rec.fingerprint != r.Fingerprint:
-		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, nil
+		return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, 0, ""
 	default:
 		// The lease has ended: its holder is presumed dead. The new holder
 		// needs room for its own largest outcome; what the old one set aside
 		// stays set aside.
-		if c := s.reservedCost(r); c > rec.cost {
-			if full := s.resizeLocked(now, rec, c); full != "" {
-				return store.Entry{}, fmt.Errorf("memory store: reserve: %w: no room for a record of %d bytes: %s", store.ErrFull, c, full)
+		if c = s.reservedCost(r); c > rec.cost {
+			if full := s.resize(rec, c); full != "" {
+				return store.Entry{}, c, full
 			}
 		}
-		s.lastToken++
-		rec.token = s.lastToken
+		sh.lastToken++
+		rec.token = sh.lastToken
 		rec.leaseEnd = now.Add(max(r.Lease, 0))
-		heap.Fix(&s.byExpiry, rec.index)
+		sh.byExpiry.fix(rec)
 	}
-	return store.Entry{State: store.Acquired, Token: rec.token, Expires: rec.expiresAt}, nil
+	return store.Entry{State: store.Acquired, Token: rec.token, Expires: rec.expiresAt}, c, ""
 }
 
 // Find implements store.Finder.
@@ -362,9 +469,10 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 	if err := ctx.Err(); err != nil {
 		return store.Entry{}, false, err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec, ok := s.records[key]
+	sh := s.shard(key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	rec, ok := sh.records[key]
 	if !ok || !rec.completed || !s.now().Before(rec.removableAt()) {
 		return store.Entry{}, false, nil
 	}
@@ -376,134 +484,179 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	now := s.now()
-	rec, err := s.heldLocked(key, token, now)
-	if err != nil {
-		return err
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for evicted := false; ; evicted = true {
+		rec, err := s.heldLocked(sh, key, token, s.now())
+		if err != nil {
+			return err
+		}
+		full := s.resize(rec, cost(outcome))
+		if full == "" {
+			rec.completed = true
+			rec.outcome = outcome
+			sh.byExpiry.fix(rec)
+			sh.wake(key)
+			return nil
+		}
+		if evicted {
+			return fmt.Errorf("memory store: complete: %w: no room for an outcome of %d bytes: %s", store.ErrFull, len(outcome), full)
+		}
+		sh.mu.Unlock() // evictAll takes every shard's lock in turn
+		s.evictAll()
+		sh.mu.Lock()
 	}
-	if full := s.resizeLocked(now, rec, cost(outcome)); full != "" {
-		return fmt.Errorf("memory store: complete: %w: no room for an outcome of %d bytes: %s", store.ErrFull, len(outcome), full)
-	}
-	rec.completed = true
-	rec.outcome = outcome
-	heap.Fix(&s.byExpiry, rec.index)
-	s.wakeLocked(key)
-	return nil
 }
 
 // Watch implements store.Watcher: Complete, Release and the deletion of an
 // expired record close the channel of the key's duplicates.
 func (s *Store) Watch(key store.Key) (changed <-chan struct{}, stop func()) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec, ok := s.records[key]
+	sh := s.shard(key)
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	rec, ok := sh.records[key]
 	if !ok || rec.completed || !s.now().Before(rec.leaseEnd) {
 		return waitset.Closed, func() {}
 	}
-	return s.waiting.Watch(key, &s.mu)
+	sh.waitMu.Lock()
+	defer sh.waitMu.Unlock()
+	return sh.waiting.Watch(key, &sh.waitMu)
 }
 
-// wakeLocked wakes the duplicates waiting for key, whose record changed.
-func (s *Store) wakeLocked(key store.Key) { s.waiting.Wake(key) }
+// wake wakes the duplicates waiting for key, whose record changed; sh.mu is
+// held.
+func (sh *shard) wake(key store.Key) {
+	sh.waitMu.Lock()
+	sh.waiting.Wake(key)
+	sh.waitMu.Unlock()
+}
 
 // Release implements store.Store.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	rec, err := s.heldLocked(key, token, s.now())
+	sh := s.shard(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, err := s.heldLocked(sh, key, token, s.now())
 	if err != nil {
 		return err
 	}
-	s.deleteLocked(rec)
+	s.deleteLocked(sh, rec)
 	return nil
 }
 
-// Sweep implements store.Sweeper. It takes the lock once per batch.
+// Sweep implements store.Sweeper. It takes a shard's lock once per batch.
 func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	if batchSize < 1 {
 		batchSize = store.DefaultSweepBatch
 	}
 	now := s.now()
 	deleted := 0
-	for {
-		if err := ctx.Err(); err != nil {
-			return deleted, err
-		}
-		s.mu.Lock()
-		n := s.evictLocked(now, batchSize)
-		s.mu.Unlock()
-		deleted += n
-		if n < batchSize {
-			return deleted, nil
+	for i := range s.shards {
+		sh := &s.shards[i]
+		for n := batchSize; n == batchSize; {
+			if err := ctx.Err(); err != nil {
+				return deleted, err
+			}
+			sh.mu.Lock()
+			n = s.evictLocked(sh, now, batchSize)
+			sh.mu.Unlock()
+			deleted += n
 		}
 	}
+	return deleted, nil
 }
 
 // Len returns the number of records held, expired ones included.
-func (s *Store) Len() int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return len(s.records)
-}
+func (s *Store) Len() int { return int(s.total.records.Load()) }
 
 // Bytes returns the bytes the records count against WithMaxBytes, expired
 // ones included, with the room set aside for the outcomes of calls that
 // still run.
-func (s *Store) Bytes() int64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.total.bytes
-}
+func (s *Store) Bytes() int64 { return s.total.bytes.Load() }
 
-func (s *Store) heldLocked(key store.Key, token store.Token, now time.Time) (*record, error) {
-	rec, ok := s.records[key]
+func (s *Store) heldLocked(sh *shard, key store.Key, token store.Token, now time.Time) (*record, error) {
+	rec, ok := sh.records[key]
 	if !ok || rec.token != token || rec.completed || !now.Before(rec.removableAt()) {
 		return nil, fmt.Errorf("memory store: token %d: %w", token, store.ErrLeaseLost)
 	}
 	return rec, nil
 }
 
-// evictLocked deletes up to limit records expired at now and returns how many.
-func (s *Store) evictLocked(now time.Time, limit int) int {
+// evictAll deletes every expired record, shard by shard: the room a bound
+// needs goes to live records first.
+func (s *Store) evictAll() {
+	now := s.now()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		s.evictLocked(sh, now, len(sh.byExpiry.e))
+		sh.mu.Unlock()
+	}
+}
+
+// evictLocked deletes up to limit records of sh expired at now and returns
+// how many.
+func (s *Store) evictLocked(sh *shard, now time.Time, limit int) int {
 	n := 0
-	for n < limit && len(s.byExpiry) > 0 && !now.Before(s.byExpiry[0].removableAt()) {
-		s.deleteLocked(s.byExpiry[0])
+	for n < limit && sh.byExpiry.due(now) {
+		s.deleteLocked(sh, sh.byExpiry.e[0].rec)
 		n++
 	}
 	return n
 }
 
-func (s *Store) deleteLocked(rec *record) {
-	heap.Remove(&s.byExpiry, rec.index)
-	delete(s.records, rec.key)
-	s.countLocked(rec.partition, -1, -rec.cost)
-	s.wakeLocked(rec.key)
+func (s *Store) deleteLocked(sh *shard, rec *record) {
+	heap.Remove(&sh.byExpiry, rec.index)
+	delete(sh.records, rec.key)
+	s.give(rec.partition, 1, rec.cost)
+	s.total.records.Add(-1)
+	s.total.bytes.Add(-rec.cost)
+	sh.wake(rec.key)
 }
 
-// expiryHeap orders records by removableAt; it implements heap.Interface.
-type expiryHeap []*record
+// expiryHeap orders records by removableAt, which each entry holds, so
+// that reading the soonest does not reach into a record; it implements
+// heap.Interface.
+type expiryHeap struct {
+	epoch time.Time // what each at counts from
+	e     []expiry
+}
 
-func (h expiryHeap) Len() int           { return len(h) }
-func (h expiryHeap) Less(i, j int) bool { return h[i].removableAt().Before(h[j].removableAt()) }
-func (h expiryHeap) Swap(i, j int) {
-	h[i], h[j] = h[j], h[i]
-	h[i].index = i
-	h[j].index = j
+type expiry struct {
+	at  time.Duration // rec.removableAt(), from epoch
+	rec *record
+}
+
+// due says whether the soonest record is removable at now.
+func (h *expiryHeap) due(now time.Time) bool {
+	return len(h.e) > 0 && now.Sub(h.epoch) >= h.e[0].at
+}
+
+// fix moves rec to its place after its removableAt changed.
+func (h *expiryHeap) fix(rec *record) {
+	h.e[rec.index].at = rec.removableAt().Sub(h.epoch)
+	heap.Fix(h, rec.index)
+}
+
+func (h *expiryHeap) Len() int           { return len(h.e) }
+func (h *expiryHeap) Less(i, j int) bool { return h.e[i].at < h.e[j].at }
+func (h *expiryHeap) Swap(i, j int) {
+	h.e[i], h.e[j] = h.e[j], h.e[i]
+	h.e[i].rec.index = i
+	h.e[j].rec.index = j
 }
 func (h *expiryHeap) Push(x any) {
 	rec := x.(*record)
-	rec.index = len(*h)
-	*h = append(*h, rec)
+	rec.index = len(h.e)
+	h.e = append(h.e, expiry{rec.removableAt().Sub(h.epoch), rec})
 }
 func (h *expiryHeap) Pop() any {
-	old := *h
-	rec := old[len(old)-1]
-	old[len(old)-1] = nil
-	*h = old[:len(old)-1]
+	rec := h.e[len(h.e)-1].rec
+	h.e[len(h.e)-1] = expiry{}
+	h.e = h.e[:len(h.e)-1]
 	return rec
 }

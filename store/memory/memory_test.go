@@ -6,6 +6,7 @@ import (
 	"runtime"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -502,4 +503,89 @@ func TestWatchKeepsNothing(t *testing.T) {
 	if n := st.Watched(); n != 0 {
 		t.Fatalf("%d keys watched after their records were completed, released, swept or their Watches stopped, want 0", n)
 	}
+}
+
+// From 16 goroutines at once, over keys they share and keys of their own,
+// in several tenants, each key runs once and every duplicate, waiting for
+// it (Watch) or not, gets the first reply; the store then counts every key
+// once.
+func TestHammer(t *testing.T) {
+	const goroutines, shared, own = 16, 64, 200
+	st := memory.New()
+	ctx := context.Background()
+	tenants := []string{"", "acme", "globex"}
+	var (
+		mu       sync.Mutex
+		runs     = map[store.Key]int{}
+		first    = map[store.Key]string{}
+		replies  = map[store.Key][]string{}
+		wg       sync.WaitGroup
+		reserves atomic.Int64
+	)
+	call := func(g int, r store.Reservation) {
+		for {
+			reserves.Add(1)
+			res, err := st.Reserve(ctx, r)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			switch res.State {
+			case store.Acquired:
+				reply := "run by " + strconv.Itoa(g)
+				mu.Lock()
+				runs[r.Key]++
+				first[r.Key] = reply
+				mu.Unlock()
+				if err := st.Complete(ctx, r.Key, res.Token, []byte(reply)); err != nil {
+					t.Error(err)
+				}
+				return
+			case store.Completed:
+				mu.Lock()
+				replies[r.Key] = append(replies[r.Key], string(res.Outcome))
+				mu.Unlock()
+				return
+			default: // held: wait for the first call, then ask again
+				changed, stop := st.Watch(r.Key)
+				<-changed
+				stop()
+			}
+		}
+	}
+	for g := range goroutines {
+		wg.Go(func() {
+			for i := range shared + own {
+				name := "own-" + strconv.Itoa(g) + "-" + strconv.Itoa(i)
+				if i%4 == 0 && i/4 < shared { // every goroutine takes them in the same order
+					name = "shared-" + strconv.Itoa(i/4)
+				}
+				tenant := tenants[len(name)%len(tenants)]
+				call(g, store.Reservation{Key: store.ScopeKey(tenant, "/m", name), Lease: time.Minute,
+					Retention: time.Hour, Partition: store.TenantPartition(tenant)})
+			}
+		})
+	}
+	wg.Wait()
+	keys := len(runs)
+	for key, n := range runs {
+		if n != 1 {
+			t.Errorf("key %v ran %d times", key, n)
+		}
+		for _, reply := range replies[key] {
+			if reply != first[key] {
+				t.Errorf("key %v replayed %q, want the first reply %q", key, reply, first[key])
+			}
+		}
+	}
+	if want := goroutines*own + shared; keys != want {
+		t.Errorf("%d keys ran, want %d", keys, want)
+	}
+	if n := st.Len(); n != keys {
+		t.Errorf("the store holds %d records for %d keys", n, keys)
+	}
+	if b := st.Bytes(); b != int64(keys)*memory.RecordCost {
+		t.Errorf("the store counts %d bytes for %d small records, want %d", b, keys, int64(keys)*memory.RecordCost)
+	}
+	t.Logf("%d keys, %d reserves", keys, reserves.Load())
 }
