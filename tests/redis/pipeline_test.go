@@ -43,8 +43,9 @@ type pipeClient struct {
 //   - goredis-fd: the same in its full-duplex mode;
 //   - valkey: valkey-go's client with its default options, which
 //     pipelines concurrent callers' commands on one connection (RESP3);
-//   - store: the store itself on the goredis client, for what its own code
-//     adds.
+//   - store: the store itself, on a client with go-redis's default options;
+//   - store-ctx: the same on a client with ContextTimeoutEnabled, on which
+//     the store never pipelines.
 //
 // Each run of the benchmark's loop runs a chunk of calls on each client in
 // turn, in rotating order, so that noise hits all alike. It reports, per
@@ -199,8 +200,16 @@ func BenchmarkPipelining(b *testing.B) {
 		return err
 	}
 
-	// The store itself, on a client of its own.
+	// The store itself, on clients of its own.
 	own, err := redis.New(ctx, redistest.Client(b), redis.WithPrefix(p))
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctxOpts := *client.Options()
+	ctxOpts.MaintNotificationsConfig, ctxOpts.ContextTimeoutEnabled = redistest.NoMaintNotifications(), true
+	ctxClient := goredis.NewClient(&ctxOpts)
+	b.Cleanup(func() { ctxClient.Close() })
+	ownCtx, err := redis.New(ctx, ctxClient, redis.WithPrefix(p))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -222,6 +231,9 @@ func BenchmarkPipelining(b *testing.B) {
 		add("store",
 			func(ctx context.Context, i int) error { return first(ctx, own, key("f"+run, i)) },
 			func(ctx context.Context, i int) error { return replay(ctx, own, key("r", i%len(replays))) })
+		add("store-ctx",
+			func(ctx context.Context, i int) error { return first(ctx, ownCtx, key("f"+run, i)) },
+			func(ctx context.Context, i int) error { return replay(ctx, ownCtx, key("r", i%len(replays))) })
 		return cs
 	}
 
@@ -352,4 +364,81 @@ func processCPU() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// pipelined is a go-redis hook that counts the EVALSHAs sent in pipelines.
+type pipelined struct{ n atomic.Int64 }
+
+func (h *pipelined) DialHook(next goredis.DialHook) goredis.DialHook          { return next }
+func (h *pipelined) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook { return next }
+
+func (h *pipelined) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		for _, cmd := range cmds {
+			if cmd.Name() == "evalsha" {
+				h.n.Add(1)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// Concurrent calls share writes (store/redis pipe.go): 32 goroutines' first
+// calls and replays, on one server and on a cluster, each acquire a new key
+// once and then replay its outcome; some scripts went in pipelines, and
+// none on a client with ContextTimeoutEnabled.
+func TestConcurrentCalls(t *testing.T) {
+	server := redistest.Client(t)
+	ctxOpts := *server.Options()
+	ctxOpts.ContextTimeoutEnabled = true
+	ctxClient := goredis.NewClient(&ctxOpts)
+	t.Cleanup(func() { ctxClient.Close() })
+	for _, tc := range []struct {
+		name      string
+		client    goredis.UniversalClient
+		pipelines bool
+	}{
+		{"server", server, true},
+		{"context-timeouts", ctxClient, false},
+		{"cluster", redistest.SharedCluster(t).Client(t), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hook := &pipelined{}
+			tc.client.AddHook(hook)
+			ctx := t.Context()
+			st, err := redis.New(ctx, tc.client, redis.WithPrefix(prefix()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			errs := make(chan error, 32)
+			for g := range 32 {
+				wg.Go(func() {
+					for i := range 20 {
+						key := store.ScopeKey("t", "/m", fmt.Sprint(g, "-", i))
+						if err := first(ctx, st, key); err != nil {
+							errs <- err
+							return
+						}
+						res, err := st.Reserve(ctx, store.Reservation{Key: key, Fingerprint: store.Fingerprint{1}, Lease: time.Minute, Retention: time.Hour})
+						if err == nil && (res.State != store.Completed || string(res.Outcome) != string(outcome)) {
+							err = fmt.Errorf("replay: %v, %d bytes", res.State, len(res.Outcome))
+						}
+						if err != nil {
+							errs <- err
+							return
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				t.Error(err)
+			}
+			if n := hook.n.Load(); (n > 0) != tc.pipelines {
+				t.Errorf("%d scripts went in pipelines; want some: %v", n, tc.pipelines)
+			}
+		})
+	}
 }
