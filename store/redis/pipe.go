@@ -8,21 +8,27 @@ import (
 )
 
 // How concurrent calls share their writes. go-redis sends each command on a
-// connection of its pool, a write and a read of its own; while another of
-// the store's calls is in flight, a script goes through the client's
+// connection of its pool, a write and a read of its own; while others of
+// the store's calls are in flight, a script goes through the client's
 // AutoPipeline instead, which sends the scripts of the callers waiting at
 // that moment in one write and reads their replies in one (BENCHMARKS.md,
-// "Pipelining: measured"). A lone call keeps the plain path, which costs it
-// less. The client's AutoPipelineOptions configure it. Not with the
+// "Pipelining: measured"). A call with few beside it keeps the plain path,
+// which costs it less. The client's AutoPipelineOptions configure it. Not with the
 // client's ContextTimeoutEnabled: a queued command runs on the
 // autopipeliner's context, so the caller's deadline would not end its
 // wait. Nor for a write that waits for replicas, whose WAIT must follow on
 // its connection.
 
-// eval runs sc, through the autopipeliner while another call is in flight.
+// pipelineFrom is how many calls in flight, a call's own included, make it
+// go through the autopipeliner. With two, each goes alone into a batch of
+// its own: 0.84-0.88 times the calls per second at 1.19 times the CPU of
+// the plain path, from two goroutines (BENCHMARKS.md).
+const pipelineFrom = 3
+
+// eval runs sc, through the autopipeliner while other calls are in flight.
 func (s *Store) eval(ctx context.Context, sc *goredis.Script, keys []string, args []any) (any, error) {
 	defer s.inflight.Add(-1)
-	if s.inflight.Add(1) > 1 {
+	if s.inflight.Add(1) >= pipelineFrom {
 		if ap := s.pipeline(); ap != nil {
 			v, err := sc.Run(ctx, ap, keys, args...).Result()
 			if !errors.Is(err, goredis.ErrClosed) {

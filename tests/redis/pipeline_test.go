@@ -3,10 +3,12 @@ package redis_test
 import (
 	"context"
 	"encoding/hex"
+	"flag"
 	"fmt"
 	"runtime/metrics"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -19,6 +21,11 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/redis"
 	"github.com/idemkey/idemkey/tests/redistest"
+)
+
+var (
+	pipelining           = flag.Bool("pipelining", false, "run BenchmarkPipelining (about 70 s a run with -benchtime=3x), which make bench leaves out")
+	pipeliningGoroutines = flag.String("pipelining-goroutines", "1,16,64", "BenchmarkPipelining: how many goroutines call at once, a comma-separated list")
 )
 
 // A client under test: first sends the store's Reserve of new key i and then
@@ -51,8 +58,12 @@ type pipeClient struct {
 // turn, in rotating order, so that noise hits all alike. It reports, per
 // client, calls per second, this process's CPU per call (getrusage: every
 // goroutine's, the runtime's), heap allocations per call and the median
-// latency, and each as a ratio to goredis's ("valkey-calls/goredis").
+// latency, and each as a ratio to goredis's ("valkey-calls/goredis"). It
+// runs only with -pipelining.
 func BenchmarkPipelining(b *testing.B) {
+	if !*pipelining {
+		b.Skip("run with -pipelining")
+	}
 	ctx := context.Background()
 	client := redistest.Client(b)
 	p := prefix()
@@ -238,8 +249,16 @@ func BenchmarkPipelining(b *testing.B) {
 	}
 
 	var made atomic.Int64 // the last new key's number
+	var gs []int
+	for f := range strings.SplitSeq(*pipeliningGoroutines, ",") {
+		g, err := strconv.Atoi(f)
+		if err != nil || g < 1 {
+			b.Fatalf("-pipelining-goroutines=%s", *pipeliningGoroutines)
+		}
+		gs = append(gs, g)
+	}
 	for _, op := range []string{"first", "replay"} {
-		for _, g := range []int{1, 16, 64} {
+		for _, g := range gs {
 			b.Run(fmt.Sprintf("%s/g%d", op, g), func(b *testing.B) {
 				cs := clients(b)
 				chunk := 500 * min(g, 8) // calls per client per round
