@@ -17,7 +17,8 @@ import (
 // client's ContextTimeoutEnabled: a queued command runs on the
 // autopipeliner's context, so the caller's deadline would not end its
 // wait. Nor for a write that waits for replicas, whose WAIT must follow on
-// its connection.
+// its connection. The autopipeliner is the client's, shared with its other
+// users, and ends with the client.
 
 // pipelineFrom is how many calls in flight, a call's own included, make it
 // go through the autopipeliner. With two, each goes alone into a batch of
