@@ -22,7 +22,9 @@
 // # Guarantees
 //
 //   - Reserve, Complete and Release are each one Lua script, atomic on the
-//     server, in one round trip; Find is one read-only script.
+//     server, in one round trip; Find is one read-only script. Concurrent
+//     calls' scripts share writes, through the client's AutoPipeline
+//     (pipe.go), unless the client has ContextTimeoutEnabled.
 //   - Leases and expiry follow the Redis server's clock (TIME), never the Go
 //     process's. Expiry is native (PEXPIREAT): nothing needs sweeping, so
 //     the store is no store.Sweeper.
@@ -50,8 +52,9 @@
 //
 // WithTimeout bounds each operation, five seconds by default. Complete and
 // Release ignore the caller's cancellation. The scripts are safe for
-// go-redis to run again after a connection error: a repeated Complete
-// answers success, and a repeated Reserve finds its own reservation.
+// go-redis to run again after a connection error, alone or in a pipeline
+// sent again whole: a repeated Complete answers success, and a repeated
+// Reserve finds its own reservation.
 //
 // Only Redis 7 has been tested here; Valkey speaks the same protocol.
 package redis

@@ -51,7 +51,9 @@ func WithPrefix(p string) Option {
 // WithTimeout bounds each operation, the wait for replicas included (five
 // seconds if d <= 0); Complete and Release use only this bound. go-redis
 // applies a deadline to its socket reads only with ContextTimeoutEnabled;
-// otherwise its ReadTimeout bounds each read.
+// otherwise its ReadTimeout bounds each read, and concurrent calls share
+// writes through the client's AutoPipeline, which keeps a queued script
+// until its reply whatever the context.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
 }
@@ -107,6 +109,11 @@ type Store struct {
 	counter string
 	health  health
 	watch   watch // what Watch decides from (watch.go)
+	// inflight counts the scripts on their way; pipelines says whether
+	// they may share writes, through pipe (pipe.go).
+	inflight  atomic.Int64
+	pipelines bool
+	pipe      atomic.Pointer[goredis.AutoPipeliner]
 }
 
 var (
@@ -154,6 +161,7 @@ func New(ctx context.Context, client goredis.UniversalClient, opts ...Option) (*
 		// they would find none of its records there.
 		return nil, fmt.Errorf("idemkey redis: %T is not supported: use a *redis.Client or a *redis.ClusterClient", client)
 	}
+	s.pipelines = !contextTimeouts(client)
 	if err := s.checkPolicy(ctx); err != nil {
 		return nil, err
 	}
@@ -278,7 +286,7 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 		return store.Entry{}, false, err
 	}
 	keys, slot := s.keys(key)
-	v, err := findScript.Run(ctx, s.client, keys, s.argv(slot)...).Result()
+	v, err := s.eval(ctx, findScript, keys, s.argv(slot))
 	if errors.Is(err, goredis.Nil) {
 		return store.Entry{}, false, nil
 	}
@@ -370,7 +378,7 @@ func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key stor
 	keys, slot := s.keys(key)
 	args = s.argv(slot, args...)
 	if s.opts.replicas == 0 {
-		v, err := sc.Run(ctx, s.client, keys, args...).Result()
+		v, err := s.eval(ctx, sc, keys, args)
 		if err != nil {
 			return nil, s.translate(ctx, op, err)
 		}
