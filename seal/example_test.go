@@ -69,7 +69,7 @@ func ExampleNewKeyRing() {
 	fmt.Println("sealed:", sealed, "with the primary key:", keyID == ring.PrimaryKeyID())
 	fmt.Println("the card's digits in the store:", strings.Contains(string(rec.Outcome), "4242"))
 	// Output:
-	// 201  {"id":"card_1","last4":"4242"}
+	// 201 false {"id":"card_1","last4":"4242"}
 	// 201 true {"id":"card_1","last4":"4242"}
 	// sealed: true with the primary key: true
 	// the card's digits in the store: false

@@ -55,8 +55,8 @@ func ExampleNew() {
 	post(h, "key-1") // a retry: replayed
 	fmt.Println("records:", st.Len(), "runs:", runs)
 	// Output:
-	// key-1 201  {"id":"ch_1"}
-	// key-2 201  {"id":"ch_2"}
+	// key-1 201 false {"id":"ch_1"}
+	// key-2 201 false {"id":"ch_2"}
 	// key-3 503  {"type":"https://idemkey.dev/problems/idempotency-store-full","title":"The idempotency store is full","status":503,"detail":"the idempotency store has no room for a new key; retry later"}
 	// key-1 201 true {"id":"ch_1"}
 	// records: 2 runs: 2
@@ -80,7 +80,7 @@ func ExampleWithClock() {
 	now = now.Add(2 * time.Minute)
 	post(h, "key-1") // after it: the key is new again
 	// Output:
-	// key-1 201  {"id":"ch_1"}
+	// key-1 201 false {"id":"ch_1"}
 	// key-1 201 true {"id":"ch_1"}
-	// key-1 201  {"id":"ch_2"}
+	// key-1 201 false {"id":"ch_2"}
 }
