@@ -50,12 +50,15 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# names defined in more than one package at 18. A later issue's own
 	@# names raise the total by their count, named here: issue 49's fate
 	@# markers, 5 (idemkey.StatusMetadata, StatusHeader, StatusIgnored,
-	@# ParseExecuted, ParseIgnored). protokey/rpckit,
+	@# ParseExecuted, ParseIgnored), and its retention per operation, 5
+	@# (engine.Operation.Retention, interceptor.WithMethodRetention,
+	@# idemconnect.WithProcedureRetention, and WithRetention in idemhttp and
+	@# consumer, which makes WithRetention a 19th shared name). protokey/rpckit,
 	@# the adapters' kit, is counted apart (apisize's kitPackages). The
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 384 -max-shared 18 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 389 -max-shared 19 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

@@ -80,6 +80,7 @@ func New[M any](eng *engine.Engine, name string, b Broker[M], h func(ctx context
 		KeyRequired:    true,
 		Redelivers:     true,
 		HandlerTimeout: o.handlerTimeout,
+		Retention:      o.retention,
 	})
 	if err != nil {
 		return nil, err

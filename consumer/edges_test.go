@@ -227,3 +227,31 @@ func TestLastDeliveryDeadLetterHeld(t *testing.T) {
 		t.Fatalf("the logs hold a raw id or body:\n%s", logs)
 	}
 }
+
+// TestRetention: a consumer's own retention (WithRetention) is what New
+// checks against the broker's horizon, and what decides that a message sent
+// long ago is expired, whatever its engine's.
+func TestRetention(t *testing.T) {
+	eng, err := engine.New(memory.New(), engine.WithRetention(time.Hour), engine.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := testBroker{system: "test", horizons: []consumer.Horizon{{Bound: 72 * time.Hour, Source: "stream S: max age"}}}
+	if _, err := consumer.New(eng, "charges", b, run, consumer.WithDiscardDeadLetters()); err == nil {
+		t.Fatal("New on the engine's hour, with a horizon of three days: accepted")
+	}
+	c, err := consumer.New(eng, "charges", b, run, consumer.WithDiscardDeadLetters(), consumer.WithRetention(consumer.RecommendedRetention))
+	if err != nil {
+		t.Fatalf("New with a week's retention: %v", err)
+	}
+	h := &counter{}
+	d := delivery("msg-secret-id", 1)
+	d.Sent = time.Now().Add(-48 * time.Hour)
+	if res := c.Handle(t.Context(), msg{d: d, h: h.handle}); res.Outcome != consumer.Processed || h.runs != 1 {
+		t.Fatalf("a message sent two days ago, ids kept a week: %v after %d runs, want processed", res, h.runs)
+	}
+	d.ID, d.Sent = "msg-secret-id-2", time.Now().Add(-8*24*time.Hour)
+	if res := c.Handle(t.Context(), msg{d: d, h: h.handle}); res.Outcome != consumer.Rejected || !errors.Is(res.Err, consumer.ErrExpired) {
+		t.Fatalf("a message sent eight days ago, ids kept a week: %v, want rejected as expired", res)
+	}
+}

@@ -41,17 +41,17 @@ func (e *HorizonError) Error() string {
 			e.Consumer, e.Retention, e.Horizon.Source, fix)
 	}
 	return fmt.Sprintf("idemkey/consumer: consumer %q keeps processed message ids for %s, but the broker may redeliver a message for %s (%s): "+
-		"keep ids at least that long (engine.WithRetention), or %s; or accept that a message redelivered later runs again (WithHorizonWarning)",
+		"keep ids at least that long (engine.WithRetention, or consumer.WithRetention), or %s; or accept that a message redelivered later runs again (WithHorizonWarning)",
 		e.Consumer, e.Retention, e.Horizon.Bound, e.Horizon.Source, fix)
 }
 
 // checkHorizon returns a *HorizonError when records would expire before h
 // ends; with WithHorizonWarning it logs it at Error level instead.
 func (c *core) checkHorizon(h Horizon) error {
-	if !h.Unbounded && h.Bound <= c.eng.Retention() {
+	if !h.Unbounded && h.Bound <= c.op.Retention() {
 		return nil
 	}
-	err := &HorizonError{Consumer: c.op.Name(), Retention: c.eng.Retention(), Horizon: h}
+	err := &HorizonError{Consumer: c.op.Name(), Retention: c.op.Retention(), Horizon: h}
 	if !c.opts.warnHorizon {
 		return err
 	}

@@ -22,6 +22,7 @@ type Option func(*options)
 
 type options struct {
 	atomic                 bool
+	retention              time.Duration
 	handlerTimeout         time.Duration
 	final                  func(error) bool
 	firstBackoff           time.Duration
@@ -89,6 +90,13 @@ func WithDeadLetter[M any](f func(ctx context.Context, m M, err error) error) Op
 		}
 	}
 }
+
+// WithRetention keeps the consumer's records for d, in place of its
+// engine's retention (engine.WithRetention), which it then need not be:
+// one engine can serve a consumer whose ids are kept a week and calls whose
+// keys are kept a day. New refuses a d shorter than the engine's longest
+// lease, or than the broker's redelivery horizon.
+func WithRetention(d time.Duration) Option { return func(o *options) { o.retention = max(d, 0) } }
 
 // WithAtomic runs each handler in a transaction of the store's
 // (store.Atomic: store/postgres) that commits with the message's record, so

@@ -207,7 +207,7 @@ func (c *core) answer(ctx context.Context, d Delivery, a engine.Answer, ran Resu
 		// Its age and the retention it outlived tell an operator why: a
 		// message moved back by hand from a dead-letter queue, say.
 		return c.refuse(ctx, ErrExpired, slog.Duration("age", time.Since(d.Sent).Round(time.Second)),
-			slog.Duration("retention", c.eng.Retention()))
+			slog.Duration("retention", c.op.Retention()))
 	case engine.KeyInvalid, engine.Refused, engine.FirstSentInvalid:
 		return c.refuse(ctx, a.Err)
 	case engine.StoreFull:

@@ -92,7 +92,7 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 			Key:         c.key,
 			Fingerprint: fp,
 			Lease:       lease,
-			Retention:   e.opts.retention,
+			Retention:   op.retention,
 			MaxOutcome:  e.opts.maxRecord,
 			Partition:   store.TenantPartition(r.Tenant),
 		}))

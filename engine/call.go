@@ -87,7 +87,7 @@ func (c *call) start(ctx context.Context, r request) {
 		Key:         c.key,
 		Fingerprint: fp,
 		Lease:       e.lease(ctx, op),
-		Retention:   e.opts.retention,
+		Retention:   op.retention,
 		MaxOutcome:  e.opts.maxRecord,                // a store with bounds sets room aside for it
 		Partition:   store.TenantPartition(r.Tenant), // once per call, even when it waits and reserves again
 	}
@@ -150,12 +150,12 @@ func (c *call) checkFirstSent(t time.Time) bool {
 	if t.IsZero() {
 		return true
 	}
-	age, o := time.Since(t), c.e.opts
-	if age < -o.clockSkew {
+	age, skew, retention := time.Since(t), c.e.opts.clockSkew, c.op.retention
+	if age < -skew {
 		c.Verdict = FirstSentInvalid
 		return false
 	}
-	c.stale = age > o.retention-min(o.clockSkew, o.retention/2)
+	c.stale = age > retention-min(skew, retention/2)
 	return true
 }
 

@@ -80,6 +80,7 @@ type Operation struct {
 	redelivers  bool
 	ownTenant   bool
 	timeout     time.Duration // HandlerTimeout
+	retention   time.Duration // Retention, else WithRetention's
 	metrics     *opMetrics
 }
 
@@ -105,11 +106,16 @@ type OperationSpec struct {
 	// InProgress again: it is answered at once, to wait out the other run's
 	// lease, but its last delivery waits for the key. It never fails open.
 	Redelivers bool
+	// Retention, if positive, is how long the operation's records are kept,
+	// in place of WithRetention's: its keys' expiry, the refusal of a retry
+	// first sent longer ago, and the sweep follow it. Operation refuses one
+	// shorter than WithMaxLease.
+	Retention time.Duration
 }
 
 // Operation returns the operation spec describes, or an error that names the
-// fix: atomic mode on a store that is not store.Atomic, no tenant, or a
-// HandlerTimeout longer than WithMaxLease allows.
+// fix: atomic mode on a store that is not store.Atomic, no tenant, a
+// HandlerTimeout longer than WithMaxLease allows, or a Retention shorter.
 func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if spec.Atomic && e.atomic == nil {
 		return nil, fmt.Errorf("idemkey: atomic mode needs a store that implements store.Atomic, such as store/postgres; %T does not", e.store)
@@ -124,9 +130,22 @@ func (e *Engine) Operation(spec OperationSpec) (*Operation, error) {
 	if !spec.OwnTenant && e.opts.tenant == nil && !e.opts.singleTenant {
 		return nil, errNoTenant
 	}
+	retention := e.opts.retention
+	if spec.Retention > 0 {
+		retention = spec.Retention
+	}
+	if retention < e.opts.maxLease {
+		return nil, fmt.Errorf("idemkey: operation %q: its retention (%v) is shorter than the longest lease (%v, engine.WithMaxLease): "+
+			"a record would expire while its call may still run; lengthen the retention or shorten the maximum lease", spec.Name, retention, e.opts.maxLease)
+	}
 	return &Operation{name: spec.Name, atomic: spec.Atomic, keyRequired: spec.KeyRequired || e.opts.keyRequired,
-		redelivers: spec.Redelivers, ownTenant: spec.OwnTenant, timeout: max(spec.HandlerTimeout, 0), metrics: newOpMetrics(spec.Metrics)}, nil
+		redelivers: spec.Redelivers, ownTenant: spec.OwnTenant, timeout: max(spec.HandlerTimeout, 0), retention: retention,
+		metrics: newOpMetrics(spec.Metrics)}, nil
 }
+
+// Retention is how long the operation's records are kept: its
+// OperationSpec.Retention, else the engine's (WithRetention).
+func (op *Operation) Retention() time.Duration { return op.retention }
 
 // Name is the operation's name.
 func (op *Operation) Name() string { return op.name }

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -86,5 +87,51 @@ func TestExpires(t *testing.T) {
 		if replay.Verdict != Replayed || !replay.Expires.Equal(exp) {
 			t.Errorf("replay (retried %v): %v, Expires %v; want replayed, %v", retried, replay.Verdict, replay.Expires, exp)
 		}
+	}
+}
+
+// TestOperationRetention checks that an operation's own retention
+// (OperationSpec.Retention) sets its keys' expiry and the refusal of a stale
+// retry, beside another operation on the engine's, and that Operation
+// refuses one shorter than the longest lease.
+func TestOperationRetention(t *testing.T) {
+	const month, hour = 31 * 24 * time.Hour, time.Hour
+	e := mustEngine(t, memory.New(), WithRetention(hour), WithClockSkew(time.Minute))
+	long, err := e.Operation(OperationSpec{Name: "/payments.v1.Payments/CreateCharge", Retention: month})
+	if err != nil {
+		t.Fatal(err)
+	}
+	short, err := e.Operation(OperationSpec{Name: opName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if long.Retention() != month || short.Retention() != hour {
+		t.Fatalf("retentions %v and %v, want %v and the engine's %v", long.Retention(), short.Retention(), month, hour)
+	}
+	before := time.Now()
+	for _, tc := range []struct {
+		op        *Operation
+		retention time.Duration
+	}{{long, month}, {short, hour}} {
+		c := e.newCall(tc.op)
+		c.start(t.Context(), req)
+		if c.Verdict != Executed || c.Expires.Before(before.Add(tc.retention)) || c.Expires.After(time.Now().Add(tc.retention)) {
+			t.Errorf("%s: %v, Expires %v; want executed, its start plus %v", tc.op.Name(), c.Verdict, c.Expires, tc.retention)
+		}
+	}
+	stale := req
+	stale.Key, stale.FirstSent = "key-first-sent-two-days-ago", time.Now().Add(-48*time.Hour)
+	for _, tc := range []struct {
+		op   *Operation
+		want Verdict
+	}{{long, Executed}, {short, Expired}} {
+		c := e.newCall(tc.op)
+		c.start(t.Context(), stale)
+		if c.Verdict != tc.want {
+			t.Errorf("%s: a retry first sent two days ago, kept %v: %v, want %v", tc.op.Name(), tc.op.Retention(), c.Verdict, tc.want)
+		}
+	}
+	if _, err := e.Operation(OperationSpec{Name: opName, Retention: time.Second}); err == nil || !strings.Contains(err.Error(), "engine.WithMaxLease") {
+		t.Errorf("a retention shorter than the longest lease: %v, want a refusal naming engine.WithMaxLease", err)
 	}
 }

@@ -3,6 +3,7 @@ package idemconnect
 import (
 	"context"
 	"net/http"
+	"time"
 
 	"connectrpc.com/connect"
 	"google.golang.org/protobuf/proto"
@@ -28,7 +29,7 @@ type FingerprintFunc func(procedure string, req proto.Message) (store.Fingerprin
 type options = rpckit.Settings[FingerprintFunc, RedactFunc]
 
 var naming = rpckit.Naming{Constructor: "NewServerInterceptor", Included: "WithIncludedProcedures",
-	Excluded: "WithExcludedProcedures", Atomic: "WithAtomicProcedures", Method: "procedure"}
+	Excluded: "WithExcludedProcedures", Atomic: "WithAtomicProcedures", Retention: "WithProcedureRetention", Method: "procedure"}
 
 type serverOption func(*options)
 
@@ -85,6 +86,13 @@ func WithAtomic() Option {
 // WithAtomicProcedures runs the given procedures in atomic mode.
 func WithAtomicProcedures(procedures ...string) Option {
 	return serverOption(func(o *options) { o.Atomic = rpckit.Add(o.Atomic, procedures...) })
+}
+
+// WithProcedureRetention keeps the records of the given covered procedures
+// for d, in place of the engine's retention, as
+// interceptor.WithMethodRetention.
+func WithProcedureRetention(d time.Duration, procedures ...string) Option {
+	return serverOption(func(o *options) { o.Retention = rpckit.AddRetention(o.Retention, d, procedures...) })
 }
 
 func canonical(name string) string { return http.CanonicalHeaderKey(name) }

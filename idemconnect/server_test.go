@@ -284,3 +284,32 @@ func TestPanicReleasesKey(t *testing.T) {
 	}
 	runs.wantRuns(t, 2)
 }
+
+// TestProcedureRetention: a procedure's own retention
+// (WithProcedureRetention) is its keys' expiry; the interceptor refuses one
+// for a procedure it does not cover, or shorter than the longest lease.
+func TestProcedureRetention(t *testing.T) {
+	const month = 31 * 24 * time.Hour
+	runs := &counter{}
+	url := serve(t, runs.handle, newInterceptor(t, single(t), idemconnect.WithProcedureRetention(month, createCharge)))
+	before := time.Now().Truncate(time.Second)
+	resp, err := call(t.Context(), newChargeClient(t, url), "key-1", &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 100, Currency: "EUR"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	expires, ok := idemkey.ParseExpires(resp.Header().Values(idemkey.ExpiresHeader))
+	if !ok {
+		expires, ok = idemkey.ParseExpires(resp.Trailer().Values(idemkey.ExpiresHeader))
+	}
+	if !ok || expires.Before(before.Add(month)) || expires.After(time.Now().Add(month)) {
+		t.Fatalf("expiry %v (%v), want a month from now", expires, ok)
+	}
+	for name, opt := range map[string]idemconnect.Option{
+		"unknown":   idemconnect.WithProcedureRetention(month, "CreateCharge"),
+		"too short": idemconnect.WithProcedureRetention(time.Second, createCharge),
+	} {
+		if _, err := idemconnect.NewServerInterceptor(single(t), opt); err == nil || !strings.Contains(err.Error(), "WithProcedureRetention") {
+			t.Errorf("%s: %v, want a refusal naming WithProcedureRetention", name, err)
+		}
+	}
+}

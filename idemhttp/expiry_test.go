@@ -8,6 +8,8 @@ import (
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/idemhttp"
+	"github.com/idemkey/idemkey/store/memory"
 )
 
 // A request tells when it was first sent; the middleware refuses one first
@@ -74,4 +76,40 @@ func TestFirstSentAndExpiry(t *testing.T) {
 		}
 		s.wantRuns(1)
 	})
+}
+
+// TestRetention: the middleware's own retention (WithRetention) is its
+// keys' expiry, and decides which stale retries are refused; one shorter
+// than the engine's longest lease is refused at start-up.
+func TestRetention(t *testing.T) {
+	const month = 31 * 24 * time.Hour
+	s := newServer(t, []engine.Option{engine.WithRetention(time.Hour)}, []idemhttp.Option{idemhttp.WithRetention(month)},
+		func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+			mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+			})))
+		})
+	send := func(key string, firstSent time.Time) *http.Response {
+		t.Helper()
+		req, err := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader("{}"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Authorization", "Bearer acme")
+		req.Header.Set(idemkey.KeyHeader, key)
+		req.Header.Set(idemkey.FirstSentHeader, idemkey.FormatDate(firstSent))
+		resp, _ := s.do(req)
+		return resp
+	}
+	before := time.Now().Truncate(time.Second)
+	resp := send(`"k1"`, time.Now().Add(-48*time.Hour)) // stale for the engine's hour, not for a month
+	expires, ok := idemkey.ParseExpires(resp.Header.Values(idemkey.ExpiresHeader))
+	if resp.StatusCode != http.StatusCreated || !ok || expires.Before(before.Add(month)) || expires.After(time.Now().Add(month)) {
+		t.Fatalf("status %d, expiry %v; want 201, told a month from now", resp.StatusCode, expires)
+	}
+	s.wantRuns(1)
+	eng := newEngine(t, memory.New(), engine.WithSingleTenant(), engine.WithLogger(nil))
+	if _, err := idemhttp.Middleware(eng, idemhttp.WithRetention(time.Second)); err == nil || !strings.Contains(err.Error(), "engine.WithMaxLease") {
+		t.Fatalf("a retention shorter than the longest lease: %v, want a refusal naming engine.WithMaxLease", err)
+	}
 }

@@ -28,7 +28,8 @@ import (
 //
 // It returns an error for a mistake to catch at start-up: a nil eng, no
 // tenant (engine.WithTenant or engine.WithSingleTenant), WithAtomic on a
-// store that is not a store.Atomic, or a header that may not be replayed.
+// store that is not a store.Atomic, a header that may not be replayed, or a
+// WithRetention shorter than the engine's longest lease.
 func Middleware(eng *engine.Engine, opts ...Option) (func(http.Handler) http.Handler, error) {
 	if eng == nil {
 		return nil, errors.New("idemhttp: Middleware needs an engine: engine.New(store, engine.WithTenant(...))")
@@ -37,7 +38,7 @@ func Middleware(eng *engine.Engine, opts ...Option) (func(http.Handler) http.Han
 	if o.err != nil {
 		return nil, o.err
 	}
-	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomic}); err != nil {
+	if _, err := eng.Operation(engine.OperationSpec{Atomic: o.atomic, Retention: o.retention}); err != nil {
 		return nil, err
 	}
 	m := &middleware{eng: eng, opts: o}
@@ -73,7 +74,7 @@ func (m *middleware) operation(r *http.Request, name string) (op *engine.Operati
 	if route := route(r.Pattern); route != "" {
 		attrs = append(attrs, attribute.String("http.route", route))
 	}
-	op, err := m.eng.Operation(engine.OperationSpec{Name: name, Atomic: m.opts.atomic,
+	op, err := m.eng.Operation(engine.OperationSpec{Name: name, Atomic: m.opts.atomic, Retention: m.opts.retention,
 		Metrics: engine.MetricsSpec{Attributes: attrs, Status: statusAttr}})
 	if err != nil {
 		panic(err) // Middleware checked that the engine serves this mode

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -32,6 +33,7 @@ type options struct {
 	replayedWire map[string]string // lower-case name -> canonical name
 	fingerprint  FingerprintFunc   // nil: DefaultFingerprint's
 	atomic       bool
+	retention    time.Duration // WithRetention; 0: the engine's
 	redact       RedactFunc
 	err          error // the first option refused
 }
@@ -83,6 +85,12 @@ func WithOperation(f func(r *http.Request) string) Option {
 		}
 	}
 }
+
+// WithRetention keeps the records of the middleware's operations for d, in
+// place of the engine's retention (engine.WithRetention): their keys'
+// expiry, the refusal of a retry first sent longer ago, and the sweep follow
+// it. Give each route its own middleware for a retention of its own.
+func WithRetention(d time.Duration) Option { return func(o *options) { o.retention = max(d, 0) } }
 
 // WithMaxBodySize bounds the request body, read whole before the key is
 // reserved (1 MiB if n < 1). A larger one is answered 413

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"cmp"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -247,5 +248,41 @@ func TestExpiryOfEachKey(t *testing.T) {
 	wantReason(t, err, codes.InvalidArgument, idemkey.ReasonKeyReused)
 	if got != first {
 		t.Errorf("key-1 reused told %s, want its first call's %s", got, first)
+	}
+}
+
+// TestMethodRetention: a method's own retention (WithMethodRetention) is its
+// keys' expiry; the interceptor refuses one for a method it does not cover,
+// or shorter than the engine's longest lease.
+func TestMethodRetention(t *testing.T) {
+	const month = 31 * 24 * time.Hour
+	for _, tc := range []struct {
+		opts      []any
+		retention time.Duration
+	}{
+		{[]any{engine.WithTenant(tenantFromMetadata)}, engine.DefaultRetention},
+		{[]any{engine.WithTenant(tenantFromMetadata), interceptor.WithMethodRetention(month, createCharge)}, month},
+	} {
+		d := newDirect(t, tc.opts...)
+		_, ts, err := d.create(t, "key-1", request(100))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := ts.trailer.Get(idemkey.ExpiresMetadata), idemkey.FormatDate(d.clock.Now().Add(tc.retention)); len(got) != 1 || got[0] != want {
+			t.Errorf("retention %v: expiry %v, want %s", tc.retention, got, want)
+		}
+	}
+	eng, err := engine.New(memory.New(), engine.WithSingleTenant(), engine.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, opt := range map[string]interceptor.Option{
+		"not covered": interceptor.WithMethodRetention(month, getCharge),
+		"unknown":     interceptor.WithMethodRetention(month, "CreateCharge"),
+		"too short":   interceptor.WithMethodRetention(time.Second, createCharge),
+	} {
+		if _, err := interceptor.UnaryServerInterceptor(eng, opt); err == nil || !strings.Contains(err.Error(), "WithMethodRetention") {
+			t.Errorf("%s: %v, want a refusal naming WithMethodRetention", name, err)
+		}
 	}
 }

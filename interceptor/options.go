@@ -2,6 +2,7 @@ package interceptor
 
 import (
 	"context"
+	"time"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -46,7 +47,7 @@ func newOptions(opts []Option) *options {
 }
 
 var naming = rpckit.Naming{Constructor: "UnaryServerInterceptor", Included: "WithIncludedMethods",
-	Excluded: "WithExcludedMethods", Atomic: "WithAtomicMethods", Method: "method"}
+	Excluded: "WithExcludedMethods", Atomic: "WithAtomicMethods", Retention: "WithMethodRetention", Method: "method"}
 
 // WithIncludedMethods covers the given methods ("/package.Service/Method")
 // whatever their idempotency_level says.
@@ -101,6 +102,15 @@ type Reply struct {
 	Response        proto.Message
 	Err             error
 	Header, Trailer metadata.MD
+}
+
+// WithMethodRetention keeps the records of the given covered methods
+// ("/package.Service/Method") for d, in place of the engine's retention
+// (engine.WithRetention): their keys' expiry, the refusal of a retry first
+// sent longer ago, and the sweep follow it. UnaryServerInterceptor refuses
+// a d shorter than the engine's longest lease (engine.WithMaxLease).
+func WithMethodRetention(d time.Duration, fullMethods ...string) Option {
+	return serverOption(func(o *options) { o.Retention = rpckit.AddRetention(o.Retention, d, fullMethods...) })
 }
 
 // RedactFunc removes from reply what must not be recorded.

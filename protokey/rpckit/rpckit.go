@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	rpccode "google.golang.org/genproto/googleapis/rpc/code"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -29,12 +30,24 @@ import (
 
 // Coverage is what a server and a client both read: the methods forced in
 // or out, the request field that carries the key, and (servers) the
-// methods run in atomic mode.
+// methods run in atomic mode and those with a retention of their own.
 type Coverage struct {
 	Included, Excluded map[string]bool
 	KeyField           *string // WithKeyField, WithAnnotatedKeyField; nil: none
 	AtomicAll          bool
 	Atomic             map[string]bool
+	Retention          map[string]time.Duration
+}
+
+// AddRetention sets d as the retention of each of names, in m (made if nil).
+func AddRetention(m map[string]time.Duration, d time.Duration, names ...string) map[string]time.Duration {
+	if m == nil {
+		m = map[string]time.Duration{}
+	}
+	for _, name := range names {
+		m[name] = d
+	}
+	return m
 }
 
 // Options are the settings of a server that both adapters have, each set by
@@ -170,7 +183,7 @@ func (ms *Methods) describe(name string, desc protoreflect.MethodDescriptor, ide
 		// ways this fails.
 		attrs, status := rpcMetrics(ms.system, name)
 		m.Op, _ = ms.eng.Operation(engine.OperationSpec{Name: name, Atomic: ms.cov.AtomicAll || ms.cov.Atomic[name],
-			Metrics: engine.MetricsSpec{Attributes: attrs, Status: status}})
+			Metrics: engine.MetricsSpec{Attributes: attrs, Status: status}, Retention: ms.cov.Retention[name]})
 	}
 	return m
 }
@@ -198,6 +211,7 @@ func lookup(fullMethod string) protoreflect.MethodDescriptor {
 type Naming struct {
 	Constructor                string // "UnaryServerInterceptor"
 	Included, Excluded, Atomic string // "WithIncludedMethods", ...
+	Retention                  string // "WithMethodRetention"
 	Method                     string // "method", "procedure"
 }
 
@@ -215,7 +229,7 @@ func Check(cov Coverage, n Naming, server bool, eng *engine.Engine) error {
 	for _, set := range []struct {
 		option string
 		names  map[string]bool
-	}{{n.Included, cov.Included}, {n.Excluded, cov.Excluded}, {n.Atomic, cov.Atomic}} {
+	}{{n.Included, cov.Included}, {n.Excluded, cov.Excluded}, {n.Atomic, cov.Atomic}, {n.Retention, keys(cov.Retention)}} {
 		for _, name := range slices.Sorted(maps.Keys(set.names)) {
 			if lookup(name) == nil {
 				problems = append(problems, fmt.Sprintf("%s(%q): no such %s in the protobuf registry; want \"/package.Service/Method\" of a generated service", set.option, name, n.Method))
@@ -228,12 +242,32 @@ func Check(cov Coverage, n Naming, server bool, eng *engine.Engine) error {
 			problems = append(problems, fmt.Sprintf("%s(%q): the %s is not covered (its idempotency_level, or %s), so it would never run in atomic mode", n.Atomic, name, n.Method, n.Excluded))
 		}
 	}
+	for _, name := range slices.Sorted(maps.Keys(cov.Retention)) {
+		if lookup(name) != nil && !ms.describe(name, nil, false).Covered {
+			problems = append(problems, fmt.Sprintf("%s(%q): the %s is not covered (its idempotency_level, or %s), so it keeps no keys", n.Retention, name, n.Method, n.Excluded))
+		}
+	}
 	if len(problems) > 0 {
 		return fmt.Errorf("idemkey: %s", strings.Join(problems, "; "))
 	}
 	if server {
-		_, err := eng.Operation(engine.OperationSpec{Atomic: cov.AtomicAll || len(cov.Atomic) > 0})
-		return err
+		if _, err := eng.Operation(engine.OperationSpec{Atomic: cov.AtomicAll || len(cov.Atomic) > 0}); err != nil {
+			return err
+		}
+		for _, name := range slices.Sorted(maps.Keys(cov.Retention)) {
+			if _, err := eng.Operation(engine.OperationSpec{Name: name, Retention: cov.Retention[name]}); err != nil {
+				return fmt.Errorf("%w (%s)", err, n.Retention)
+			}
+		}
 	}
 	return nil
+}
+
+// keys is the set of m's keys.
+func keys[V any](m map[string]V) map[string]bool {
+	set := make(map[string]bool, len(m))
+	for k := range m {
+		set[k] = true
+	}
+	return set
 }
