@@ -47,8 +47,10 @@ func ParseKey(v string) (string, error) {
 		return v, ValidateKey(v)
 	}
 	// RFC 8941, section 4.2.5: DQUOTE *chr DQUOTE, chr printable ASCII but "
-	// and \, or \" or \\.
+	// and \, or \" or \\. A key with no escape is a substring of v; b is
+	// written only from the first escape on.
 	var b strings.Builder
+	escaped, n := false, 0 // n: the key's bytes so far
 	for i := 1; i < len(v); i++ {
 		switch c := v[i]; {
 		case c == '\\':
@@ -56,20 +58,32 @@ func ParseKey(v string) (string, error) {
 			if i == len(v) || (v[i] != '"' && v[i] != '\\') {
 				return "", &KeyError{Problem: "its string holds a backslash that escapes neither \" nor \\"}
 			}
+			if !escaped {
+				escaped = true
+				b.Grow(min(len(v), MaxKeyLen+2))
+				b.WriteString(v[1 : i-1])
+			}
 			b.WriteByte(v[i])
+			n++
 		case c == '"':
 			if i != len(v)-1 {
 				return "", &KeyError{Problem: "something follows its string: a list or parameters"}
 			}
-			key := b.String()
+			key := v[1:i]
+			if escaped {
+				key = b.String()
+			}
 			return key, ValidateKey(key)
 		case c < 0x20 || c > 0x7e:
 			return "", &KeyError{Problem: "its string holds a byte outside printable ASCII"}
 		default:
-			if b.Len() > MaxKeyLen {
+			if n > MaxKeyLen {
 				return "", &KeyError{Problem: "it is longer than 255 bytes"}
 			}
-			b.WriteByte(c)
+			if escaped {
+				b.WriteByte(c)
+			}
+			n++
 		}
 	}
 	return "", &KeyError{Problem: "its string has no closing double quote"}
