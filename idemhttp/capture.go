@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/idemkey/idemkey"
@@ -172,6 +173,15 @@ func redacted(r *http.Request, c *capture, replayed map[string]bool, redact Reda
 // replayResponse writes a recorded response with today's replay list.
 func replayResponse(w http.ResponseWriter, resp *recordedResponse, o *options) {
 	h := w.Header()
+	// The values share one string and one slice, each field's capped so
+	// that an append to one never writes over the next.
+	n, size := 0, 0
+	resp.eachHeader(func(_, entry []byte) {
+		eachValue(entry, func(v []byte) { n, size = n+1, size+len(v) })
+	})
+	var text strings.Builder
+	text.Grow(size)
+	values := make([]string, 0, n)
 	resp.eachHeader(func(key, entry []byte) {
 		k, ok := o.replayedWire[string(key)]
 		if !ok { // a name not in lower case, which no record of the middleware's holds
@@ -179,11 +189,15 @@ func replayResponse(w http.ResponseWriter, resp *recordedResponse, o *options) {
 				return
 			}
 		}
-		values := make([]string, 0, 1) // most fields have one value
-		eachValue(entry, func(v []byte) { values = append(values, string(v)) })
-		h[k] = values
+		start := len(values)
+		eachValue(entry, func(v []byte) {
+			from := text.Len()
+			text.Write(v)
+			values = append(values, text.String()[from:])
+		})
+		h[k] = values[start:len(values):len(values)]
 	})
-	h.Set(idemkey.ReplayedHeader, "true")
+	h[idemkey.ReplayedHeader] = replayedValue
 	w.WriteHeader(resp.status)
 	if len(resp.body) > 0 && bodyAllowed(resp.status) {
 		_, _ = w.Write(resp.body)

@@ -9,6 +9,8 @@ import (
 	"log/slog"
 	"math"
 	"net/http"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/idemkey/idemkey"
@@ -31,6 +33,8 @@ type exchange struct {
 	ctx      nameContext  // the request's context, with the operation name
 	body     []byte       // the request body, read for the fingerprint
 	read     bool         // body was read: the handler gets it, not r.Body
+	buf      *[]byte      // from bodyBuffers, which body's array returns to if not lent
+	lent     bool         // request gave body out: it is not returned
 	bodyRead bodyReader   // reads body again, for the fingerprint and then the handler
 	ran      bool         // the handler ran (Run)
 	cw       *capture     // the handler's buffered response, for Run: &captured
@@ -63,7 +67,12 @@ func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
 // Fingerprint reads the body whole, up to WithMaxBodySize. Its error is a
 // *refusal, which Answer writes as its problem.
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
-	body, status, err := readBody(x.r, x.m.opts.maxBody)
+	var buf []byte
+	if x.m.opts.fingerprint == nil { // a FingerprintFunc gets body itself: never a used buffer
+		x.buf = bodyBuffers.Get().(*[]byte)
+		buf = *x.buf
+	}
+	body, status, err := readBody(x.r, x.m.opts.maxBody, buf)
 	if err != nil {
 		reason := ReasonRequestUnreadable
 		if status == http.StatusRequestEntityTooLarge {
@@ -195,10 +204,28 @@ func (e *refusal) Error() string { return e.detail }
 func (x *exchange) request(ctx context.Context) *http.Request {
 	r := x.r.WithContext(ctx)
 	if x.read {
+		x.lent = true
 		x.bodyRead.Reset(x.body)
 		r.Body, r.ContentLength = &x.bodyRead, int64(len(x.body))
 	}
 	return r
+}
+
+// bodyBuffers holds body buffers of past requests whose body only the
+// fingerprint read, as on a replay; a pointer whose slice is nil otherwise.
+var bodyBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// release returns the body's buffer to bodyBuffers, unless it was lent.
+func (x *exchange) release() {
+	if x.buf == nil {
+		return
+	}
+	*x.buf = nil
+	if !x.lent && cap(x.body) <= preallocMax+1 {
+		*x.buf = x.body[:0]
+	}
+	bodyBuffers.Put(x.buf)
+	x.buf, x.body = nil, nil
 }
 
 type bodyReader struct{ bytes.Reader }
@@ -207,14 +234,14 @@ func (*bodyReader) Close() error { return nil }
 
 // readBody reads r's body whole, up to limit bytes; on an error, status is
 // 413 past the limit, else 400.
-func readBody(r *http.Request, limit int64) (body []byte, status int, err error) {
+func readBody(r *http.Request, limit int64, buf []byte) (body []byte, status int, err error) {
 	if r.ContentLength > limit {
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
 	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, 0, nil
 	}
-	body, tooLarge, err := readAll(r.Body, r.ContentLength, limit)
+	body, tooLarge, err := readAll(r.Body, r.ContentLength, limit, buf)
 	switch {
 	case tooLarge:
 		return nil, http.StatusRequestEntityTooLarge, errTooLarge(limit)
@@ -228,12 +255,16 @@ func readBody(r *http.Request, limit int64) (body []byte, status int, err error)
 // bytes is read into a buffer of size+1, rather than grown; but no more than
 // preallocMax before the bytes arrive, since size is the client's word: a
 // flood of requests that claim a large Content-Length and send nothing costs
-// no more than one that sends its bytes.
-func readAll(r io.Reader, size, limit int64) (b []byte, tooLarge bool, err error) {
+// no more than one that sends its bytes. buf is used if it has the room.
+func readAll(r io.Reader, size, limit int64, buf []byte) (b []byte, tooLarge bool, err error) {
 	if size < 0 {
 		size = 511
 	}
-	b = make([]byte, 0, min(size, limit, preallocMax)+1)
+	if n := min(size, limit, preallocMax) + 1; int64(cap(buf)) >= n {
+		b = buf[:0]
+	} else {
+		b = make([]byte, 0, n)
+	}
 	for {
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)] // room for more, as io.ReadAll makes it
@@ -268,14 +299,35 @@ func errTooLarge(limit int64) error {
 
 // The fates' header values, never modified.
 var (
-	firstValue   = []string{"false"}
-	ignoredValue = []string{idemkey.StatusIgnored}
+	firstValue    = []string{"false"}
+	replayedValue = []string{"true"}
+	ignoredValue  = []string{idemkey.StatusIgnored}
 )
 
 func setExpires(h http.Header, expires time.Time) {
 	if !expires.IsZero() {
-		h.Set(idemkey.ExpiresHeader, idemkey.FormatDate(expires))
+		h[idemkey.ExpiresHeader] = expiryValue(expires)
 	}
+}
+
+// expiryValues keeps the last minute's expiry header values, one per
+// second, made once a second rather than once an answer; never modified.
+var expiryValues [64]atomic.Pointer[expiry]
+
+type expiry struct {
+	unix  int64
+	value []string
+}
+
+func expiryValue(t time.Time) []string {
+	unix := t.Unix()
+	kept := &expiryValues[uint64(unix)%uint64(len(expiryValues))]
+	if e := kept.Load(); e != nil && e.unix == unix {
+		return e.value
+	}
+	e := &expiry{unix, []string{idemkey.FormatDate(t)}}
+	kept.Store(e)
+	return e.value
 }
 
 // Details of the 500 that takes the place of a response that cannot be

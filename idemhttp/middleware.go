@@ -168,6 +168,7 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 	if x.send != nil { // the middleware's own answer, once the hooks have run
 		x.send.send(w)
 	}
+	x.release()
 }
 
 // statusRecorder notes the status the handler writes on Pass, for the

@@ -709,3 +709,47 @@ func TestHooksRunBeforeTheAnswer(t *testing.T) {
 		}
 	}
 }
+
+// A replay reads its body into a buffer that an earlier replay used: a
+// shorter body, a prefix of the one before, is still another request. The
+// replayed fields share one array, but an append to one field's values
+// never writes over the next's.
+func TestReplayBuffersAreNotShared(t *testing.T) {
+	eng := newEngine(t, memory.New(), engine.WithSingleTenant(), engine.WithLogger(nil))
+	mw, err := idemhttp.Middleware(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := mw(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header()["Content-Language"] = []string{"en", "fr"}
+		w.Header().Set("Location", "/v1/charges/ch_1")
+		w.WriteHeader(http.StatusCreated)
+	}))
+	call := func(body string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/v1/charges", strings.NewReader(body))
+		req.Header.Set(idemkey.KeyHeader, `"k1"`)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	long := strings.Repeat("0123456789", 50)
+	call(long)
+	for range 3 {
+		if w := call(long); w.Code != http.StatusCreated || w.Header().Get(idemkey.ReplayedHeader) != "true" {
+			t.Fatalf("replay: %d %v", w.Code, w.Header())
+		}
+		if w := call(long[:100]); w.Code != http.StatusUnprocessableEntity {
+			t.Fatalf("a prefix of the body: %d; want 422", w.Code)
+		}
+	}
+	w := call(long)
+	hdr := w.Header()
+	hdr["Content-Language"] = append(hdr["Content-Language"], "de")
+	hdr["Expires"] = append(hdr[idemkey.ExpiresHeader], "x")
+	if got := strings.Join(hdr["Location"], "|"); got != "/v1/charges/ch_1" {
+		t.Fatalf("Location = %q after an append to Content-Language", got)
+	}
+	if w := call(long); strings.Join(w.Header()["Content-Language"], "|") != "en|fr" || len(w.Header()[idemkey.ExpiresHeader]) != 1 {
+		t.Fatalf("the next replay: %v", w.Header())
+	}
+}

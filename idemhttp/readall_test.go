@@ -27,7 +27,7 @@ func TestReadAll(t *testing.T) {
 		{"no limit (math.MaxInt64)", "hello", -1, math.MaxInt64, false},
 		{"no limit, a claimed size", "hello", 5, math.MaxInt64, false},
 	} {
-		b, tooLarge, err := readAll(io.LimitReader(strings.NewReader(tc.body), 1<<30), tc.size, tc.limit)
+		b, tooLarge, err := readAll(io.LimitReader(strings.NewReader(tc.body), 1<<30), tc.size, tc.limit, nil)
 		switch {
 		case err != nil:
 			t.Errorf("%s: %v", tc.name, err)
