@@ -121,7 +121,8 @@ type Store interface {
 
 // Sweeper is a store that keeps expired records until Sweep deletes them.
 type Sweeper interface {
-	// Sweep deletes them in batches of batchSize and returns how many.
+	// Sweep deletes them, and expired steps' records (Stepper), in batches
+	// of batchSize and returns how many.
 	Sweep(ctx context.Context, batchSize int) (deleted int, err error)
 }
 
@@ -142,6 +143,61 @@ type Watcher interface {
 type Finder interface {
 	// Find returns key's completed, unexpired record, or ok false; no write.
 	Find(ctx context.Context, key Key) (res Entry, ok bool, err error)
+}
+
+// Renewer is a store that extends the lease of a live run.
+type Renewer interface {
+	// Renew ends the lease that token holds on key in progress lease from
+	// now, else returns ErrLeaseLost, writing nothing.
+	Renew(ctx context.Context, key Key, token Token, lease time.Duration) error
+}
+
+// StepState is what StartStep found of a step.
+type StepState uint8
+
+const (
+	StepNew     StepState = iota + 1 // no record: StartStep recorded the step started
+	StepStarted                      // started by an earlier run and never finished: its outcome is unknown
+	StepDone                         // finished: StepEntry.Result holds its result
+)
+
+// StepStart asks to start a step, by name, of the run that holds a key.
+type StepStart struct {
+	Key  Key
+	Name string
+	// Token is the run's, from Reserve; 0 for a run that holds the key by an
+	// open Atomic transaction, which a store cannot fence.
+	Token       Token
+	Fingerprint Fingerprint   // the run's request: a step recorded for another is not this run's
+	Retention   time.Duration // for Token 0, the step's life from now; else it expires with the key's record
+}
+
+// StepEntry is a step's record as StartStep found it.
+type StepEntry struct {
+	State       StepState
+	Fingerprint Fingerprint // the request it was recorded for, when StepStarted or StepDone
+	Result      []byte      // when StepDone; do not modify it
+}
+
+// Stepper is a store that records the steps of a run (engine.Step): its
+// effects outside its transaction, each under the key and its name. A
+// step's record outlives Release and a lease's end, so that the key's next
+// run finds it, and expires with the record it was started under. Each
+// method with a non-zero token returns ErrLeaseLost, writing nothing,
+// unless the token holds the key in progress; token 0 is the holder of an
+// open Atomic transaction.
+type Stepper interface {
+	// StartStep returns the step's record if it has an unexpired one,
+	// writing nothing; else it records the step started and returns
+	// StepNew.
+	StartStep(ctx context.Context, s StepStart) (StepEntry, error)
+	// FinishStep records result, which the store may keep, as the result
+	// of the started step name; ErrLeaseLost if it has no record. Past a
+	// bound it may return ErrFull, writing nothing.
+	FinishStep(ctx context.Context, key Key, token Token, name string, result []byte) error
+	// ForgetSteps deletes the records of the steps named, or of every step
+	// of key if none is: a later run starts them anew.
+	ForgetSteps(ctx context.Context, key Key, token Token, names ...string) error
 }
 
 // Atomic is a store that commits a handler's writes with its record.

@@ -1,6 +1,6 @@
 // Package storetest is the conformance suite for store.Store, and for
-// store.Finder, store.Sweeper, store.BatchReserver and store.Watcher where a store
-// implements them. Expiry is
+// store.Finder, store.Sweeper, store.BatchReserver, store.Watcher,
+// store.Stepper and store.Renewer where a store implements them. Expiry is
 // checked through Reserve and Find for every store; sweeping only for a
 // Sweeper. Every store runs it from its own
 // tests:
@@ -78,6 +78,15 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"ReserveBatch", testReserveBatch},
 		{"ConcurrentReserveBatch", testConcurrentReserveBatch},
 		{"Watch", testWatch},
+		{"Steps", testSteps},
+		{"StepsOtherRequest", testStepsOtherRequest},
+		{"StepsFenced", testStepsFenced},
+		{"FinishUnstarted", testFinishUnstarted},
+		{"ForgetSteps", testForgetSteps},
+		{"StepsExpire", testStepsExpire},
+		{"StepsAtomic", testStepsAtomic},
+		{"ConcurrentStartStep", testConcurrentStartStep},
+		{"Renew", testRenew},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
