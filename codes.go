@@ -52,4 +52,5 @@ const (
 	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"         // ResourceExhausted (HTTP 503)
 	ReasonKeyExpired       = "IDEMPOTENCY_KEY_EXPIRED"        // FailedPrecondition (HTTP 412)
 	ReasonFirstSentInvalid = "IDEMPOTENCY_FIRST_SENT_INVALID" // InvalidArgument (HTTP 400)
+	ReasonOutcomeUnknown   = "IDEMPOTENCY_OUTCOME_UNKNOWN"    // Unknown (HTTP 500): a step's outcome, engine.Step
 )

@@ -66,7 +66,7 @@ func IsFinal(err error) bool {
 // engine's, whose words hold nothing of a message's: every one a consumer
 // answers with but the handler's.
 var ownErrors = []error{ErrNoID, ErrInvalidID, ErrReusedID, ErrFailedBefore, ErrExpired, ErrLastDelivery,
-	ErrPanicked, errStillBusy, errStoreUnavailable, errUnopened, store.ErrFull, store.ErrDataLost}
+	ErrPanicked, errStillBusy, errStoreUnavailable, errUnopened, store.ErrFull, store.ErrDataLost, engine.ErrOutcomeUnknown}
 
 // ownError is err, if it is one of ownErrors or an engine.FirstSentError;
 // or else a stand-in that names only a gRPC status's code, or the error's

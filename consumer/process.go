@@ -212,6 +212,10 @@ func (c *core) answer(ctx context.Context, d Delivery, a engine.Answer, ran Resu
 		return c.refuse(ctx, a.Err)
 	case engine.StoreFull:
 		return Result{Outcome: StoreFailed, Action: Nak, Delay: c.backoff(d.Attempt), Err: store.ErrFull}
+	case engine.OutcomeUnknown:
+		// Held: each delivery asks the step's reconcile again; the last is
+		// dead-lettered.
+		return Result{Outcome: Retry, Action: Nak, Delay: c.backoff(d.Attempt), Err: engine.ErrOutcomeUnknown}
 	}
 	// StoreFailed; a consumer never fails open.
 	err := ctx.Err()

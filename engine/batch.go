@@ -87,7 +87,7 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 		}
 		seen[c.key] = struct{}{}
 		b.idx[i] = len(rs)
-		c.leaseEnd = c.began.Add(lease) // the store's clock starts it later, never earlier
+		c.lease, c.leaseEnd = lease, c.began.Add(lease) // the store's clock starts it later, never earlier
 		rs = append(rs, e.roomFor(store.Reservation{
 			Key:         c.key,
 			Fingerprint: fp,
@@ -192,7 +192,7 @@ func (b *batch) contextFor(ctx context.Context, i int) context.Context {
 		return ctx
 	}
 	b.state[i] = batchRunning
-	return b.tx.HandlerContext(ctx, b.idx[i])
+	return c.newRunning(b.tx.HandlerContext(ctx, b.idx[i]))
 }
 
 // record stages outcome for commit; with keepWrites false the handler's

@@ -47,8 +47,11 @@ type call struct {
 	started      bool
 	token        store.Token
 	tx           store.Tx
-	fingerprint  store.Fingerprint // as reserved, in atomic mode
+	fingerprint  store.Fingerprint // as reserved
+	lease        time.Duration     // as reserved
 	leaseEnd     time.Time         // when, at the earliest, the store ends the lease
+	running      *running          // the handler's context, while it runs (step.go)
+	step         string            // the step that made the verdict OutcomeUnknown, for the hooks
 	ended        bool              // recorded or released
 	stale        bool              // first sent too long ago to run if the key has no record
 	unopened     bool              // StoreUnavailable because the key's record does not open
@@ -91,6 +94,7 @@ func (c *call) start(ctx context.Context, r request) {
 		MaxOutcome:  e.opts.maxRecord,                // a store with bounds sets room aside for it
 		Partition:   store.TenantPartition(r.Tenant), // once per call, even when it waits and reserves again
 	}
+	c.fingerprint, c.lease = fp, res.Lease
 	c.leaseEnd = c.began.Add(res.Lease) // the store's clock starts it later, never earlier
 	if op.atomic {
 		c.begin(ctx, res, c.wait(r))
@@ -246,14 +250,43 @@ func (op *Operation) timed(ctx context.Context) (context.Context, context.Cancel
 	return ctx, func() {}
 }
 
-// contextFor carries the call's parts for idemkey.DerivedKey and, in atomic
-// mode, the transaction.
+// contextFor carries the call's parts for idemkey.DerivedKey, in atomic
+// mode the transaction, and for a call that holds its key, what Step needs.
 func (c *call) contextFor(ctx context.Context) context.Context {
 	ctx = idemkey.HandlerContext(ctx, c.tenant, c.op.name, c.userKey)
 	if c.tx != nil {
 		ctx = c.tx.HandlerContext(ctx)
 	}
+	if c.Verdict == Executed {
+		ctx = c.newRunning(ctx)
+	}
 	return ctx
+}
+
+// newRunning is ctx carrying the call's steps (Step), for a call that holds
+// its key.
+func (c *call) newRunning(ctx context.Context) *running {
+	c.running = &running{Context: ctx, e: c.e, op: c.op, key: c.key, token: c.token, fp: c.fingerprint,
+		tenant: c.tenant, userKey: c.userKey}
+	return c.running
+}
+
+// stepVerdict is what the call's steps made of it: Executed if nothing
+// (stepVerdict); then the key is released, keeping its steps, and the call
+// answered as it says.
+func (c *call) stepVerdict() (v Verdict, forget bool) {
+	if c.running == nil {
+		return Executed, false
+	}
+	v, c.step, forget = c.running.stepVerdict()
+	return v, forget
+}
+
+// forgetSteps deletes the steps of a call released with ForgetSteps.
+func (c *call) forgetSteps(ctx context.Context) {
+	if err := c.e.forgetSteps(context.WithoutCancel(ctx), c.key, c.token); err != nil {
+		c.log(ctx, slog.LevelError, "forgetting the steps of a released call (ForgetSteps) failed; the retry gets their results", err)
+	}
 }
 
 // record records outcome for an Executed call; keepWrites false (a recorded

@@ -18,6 +18,8 @@ type Engine struct {
 	atomic        store.Atomic  // store, if it implements store.Atomic
 	finder        store.Finder  // store, if it implements store.Finder
 	watcher       store.Watcher // store, if it implements store.Watcher
+	stepper       store.Stepper // store, if it implements store.Stepper (step.go)
+	renewer       store.Renewer // store, if it implements store.Renewer (renew.go)
 	opts          *options
 	obs           *observer
 	firstPoll     time.Duration       // awaitFirstPoll; a test of a Watcher makes it long
@@ -42,6 +44,8 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
 	e.watcher, _ = st.(store.Watcher)
+	e.stepper, _ = st.(store.Stepper)
+	e.renewer, _ = st.(store.Renewer)
 	e.batchStore, _ = st.(store.BatchAtomic)
 	e.batchReserver, _ = st.(store.BatchReserver)
 	return e, nil

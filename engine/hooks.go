@@ -23,7 +23,8 @@ type Hooks struct {
 	// first, so its writes were rolled back and it answers with that record.
 	OnReplay func(ctx context.Context, ev Event)
 	// OnRefuse: answered without running the handler or a replay, for the
-	// reason Event.Verdict names.
+	// reason Event.Verdict names; or, for OutcomeUnknown, StoreUnavailable
+	// and Reused, after a step of its handler (Step) ended it so.
 	OnRefuse func(ctx context.Context, ev Event)
 }
 
@@ -46,6 +47,9 @@ type Event struct {
 	// recorded, including a two-phase write retried in the background; false
 	// when the key was released or the record refused.
 	Recorded bool
+	// Step names, for OutcomeUnknown, the step whose outcome is unknown
+	// (Step): the one for an operator to resolve.
+	Step string
 }
 
 // WithHooks sets the application's callbacks. One runs once for each call
@@ -93,7 +97,7 @@ func (c *call) runHooks(ctx context.Context, code int) {
 		hook, name = h.OnReplay, "OnReplay"
 		ev.Size = len(c.Outcome)
 	default:
-		hook = h.OnRefuse
+		hook, ev.Step = h.OnRefuse, c.step
 	}
 	if hook != nil {
 		c.callHook(context.WithoutCancel(ctx), name, hook, ev)

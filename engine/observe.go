@@ -41,10 +41,15 @@ const (
 	opBeginBatch
 	opCommitBatch
 	opReserveBatch
+	opStartStep
+	opFinishStep
+	opForgetSteps
+	opRenew
 	numStoreOps
 )
 
-var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch", "reserve_batch"}
+var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch", "reserve_batch",
+	"start_step", "finish_step", "forget_steps", "renew"}
 
 // observer records one engine's metrics, span attributes and Debug lines.
 // With no SDK installed its instruments do nothing, and nothing is built.

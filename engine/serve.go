@@ -27,13 +27,14 @@ const (
 	Refused                         // the tenant or the request was refused, or the call cannot be replayed
 	Expired                         // the key's operation was first sent longer ago than the retention, and it has no record: not run
 	FirstSentInvalid                // the first-sent time is malformed, or in the future: not run
+	OutcomeUnknown                  // a step an earlier run started never finished, and nothing could tell its outcome (Step): the key is released
 	numVerdicts
 )
 
 var verdictNames = [numVerdicts]string{
 	"executed", "replayed", "in_progress", "reused", "key_missing", "key_invalid",
 	"no_key", "store_unavailable", "store_full", "failed_open", "refused",
-	"key_expired", "first_sent_invalid",
+	"key_expired", "first_sent_invalid", "outcome_unknown",
 }
 
 func (v Verdict) String() string {
@@ -200,11 +201,20 @@ func (c *call) answerOf() Answer {
 func (c *call) run(ctx context.Context, x Exchange) int {
 	defer c.abandon(ctx) // the handler panicked: let a retry run again; the panic goes on
 	out := c.runHandler(ctx, x)
+	v, forget := c.stepVerdict()
+	if v != Executed {
+		c.release(ctx)
+		c.Verdict = v
+		return x.Answer(ctx, c.answerOf())
+	}
 	if out.Unrecordable != nil {
 		c.log(ctx, slog.LevelError, "outcome cannot be recorded; a short error is recorded instead", out.Unrecordable)
 		return c.recordInstead(ctx, x, out.Unrecordable)
 	}
 	if out.Release {
+		if forget {
+			c.forgetSteps(ctx)
+		}
 		c.release(ctx)
 		return x.Answer(ctx, Answer{Verdict: Executed})
 	}
@@ -219,9 +229,15 @@ func (c *call) run(ctx context.Context, x Exchange) int {
 	return x.Answer(ctx, Answer{Verdict: Executed, Expires: c.Expires})
 }
 
+// runHandler runs the handler under its timeout, renewing a two-phase
+// lease while it runs.
 func (c *call) runHandler(ctx context.Context, x Exchange) HandlerResult {
 	hctx, cancel := c.handlerContext(ctx)
 	defer cancel()
+	if r := c.running; r != nil && c.tx == nil && c.e.renewer != nil {
+		r.startRenewal(c.lease, c.leaseEnd)
+		defer func() { c.leaseEnd = r.stopRenewal() }()
+	}
 	return x.Run(hctx)
 }
 
@@ -318,7 +334,17 @@ func (b *batch) run(ctx context.Context, i int, x Exchange) *Answer {
 		defer cancel()
 		return x.Run(b.contextFor(hctx, i))
 	}()
+	v, forget := c.stepVerdict()
+	if v != Executed {
+		b.release(ctx, i)
+		c.Verdict = v
+		a := c.answerOf()
+		return &a
+	}
 	if out.Release {
+		if forget {
+			c.forgetSteps(ctx)
+		}
 		b.release(ctx, i)
 		return &Answer{Verdict: Executed}
 	}

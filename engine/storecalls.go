@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 )
@@ -92,6 +93,34 @@ func (e *Engine) reserveBatch(ctx context.Context, rs []store.Reservation) ([]st
 func (e *Engine) commitBatch(ctx context.Context, tx store.BatchTx) error {
 	sctx, t := e.obs.startStore(ctx, opCommitBatch)
 	err := tx.Commit(context.WithoutCancel(sctx))
+	t.end(ctx, err)
+	return err
+}
+
+func (e *Engine) startStep(ctx context.Context, s store.StepStart) (store.StepEntry, error) {
+	sctx, t := e.obs.startStore(ctx, opStartStep)
+	res, err := e.stepper.StartStep(sctx, s)
+	t.end(ctx, err)
+	return res, err
+}
+
+func (e *Engine) finishStep(ctx context.Context, key store.Key, token store.Token, name string, result []byte) error {
+	sctx, t := e.obs.startStore(ctx, opFinishStep)
+	err := e.stepper.FinishStep(sctx, key, token, name, result)
+	t.end(ctx, err)
+	return err
+}
+
+func (e *Engine) forgetSteps(ctx context.Context, key store.Key, token store.Token, names ...string) error {
+	sctx, t := e.obs.startStore(ctx, opForgetSteps)
+	err := e.stepper.ForgetSteps(sctx, key, token, names...)
+	t.end(ctx, err)
+	return err
+}
+
+func (e *Engine) renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	sctx, t := e.obs.startStore(ctx, opRenew)
+	err := e.renewer.Renew(sctx, key, token, lease)
 	t.end(ctx, err)
 	return err
 }

@@ -220,4 +220,5 @@ var reasonStatus = map[string]int{
 	idemkey.ReasonKeyExpired:       http.StatusPreconditionFailed,
 	idemkey.ReasonStoreUnavailable: http.StatusServiceUnavailable,
 	idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
+	idemkey.ReasonOutcomeUnknown:   http.StatusInternalServerError,
 }

@@ -164,6 +164,10 @@ func (x *exchange) answer(ctx context.Context, a engine.Answer) (int, sender) {
 	case engine.Expired:
 		return problem(http.StatusPreconditionFailed, idemkey.ReasonKeyExpired,
 			"the operation of this Idempotency-Key was first sent longer ago than keys are kept, and has no record; it was not run", 0, time.Time{})
+	case engine.OutcomeUnknown:
+		return problem(http.StatusInternalServerError, idemkey.ReasonOutcomeUnknown,
+			"a step that an earlier request with this Idempotency-Key started never finished, and its outcome is unknown; "+
+				"the request was not completed, and is answered so until the step is reconciled or an operator resolves it", 0, time.Time{})
 	case engine.StoreFull:
 		return problem(http.StatusServiceUnavailable, idemkey.ReasonStoreFull,
 			"the idempotency store has no room for a new key; retry later", a.RetryAfter, time.Time{})

@@ -74,6 +74,7 @@ var titles = map[string]string{
 	idemkey.ReasonStoreFull:        "The idempotency store is full",
 	idemkey.ReasonKeyExpired:       "Idempotency-Key has expired",
 	idemkey.ReasonFirstSentInvalid: "Idempotency-First-Sent is refused",
+	idemkey.ReasonOutcomeUnknown:   "The outcome of an earlier request's step is unknown",
 	ReasonRequestTooLarge:          "The request body is too large",
 	ReasonRequestUnreadable:        "The request body cannot be read",
 	ReasonResponseNotRecorded:      "The response could not be recorded",

@@ -24,7 +24,7 @@ import (
 
 // Refusal is the status of a, an answer of idemkey's own: InProgress,
 // Reused, KeyMissing (its message ends with advice, which says how the
-// transport carries a key), Expired, FirstSentInvalid, StoreFull, and
+// transport carries a key), Expired, FirstSentInvalid, OutcomeUnknown, StoreFull, and
 // StoreUnavailable, or Canceled or DeadlineExceeded when ctx, the call's, has
 // ended. The adapter answers the other verdicts itself (Executed, Replayed,
 // and KeyInvalid and Refused, whose a.Err it sends as it is).
@@ -44,6 +44,9 @@ func Refusal(ctx context.Context, a engine.Answer, advice string) *idemkeyv1.Sta
 			problem = fse.Problem
 		}
 		return Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: "+problem)
+	case engine.OutcomeUnknown:
+		return Refuse(idemkey.ReasonOutcomeUnknown, "the outcome of a step that an earlier call with this idempotency key started is unknown; "+
+			"the call was not completed, and answers so until the step is reconciled or an operator resolves it")
 	case engine.StoreFull:
 		return Refuse(idemkey.ReasonStoreFull, "idempotency store full; the call was not run; retry after "+a.RetryAfter.String(), a.RetryAfter)
 	}
@@ -66,6 +69,7 @@ var codes = map[string]rpccode.Code{
 	idemkey.ReasonStoreFull:        rpccode.Code_RESOURCE_EXHAUSTED,
 	idemkey.ReasonKeyExpired:       rpccode.Code_FAILED_PRECONDITION,
 	idemkey.ReasonFirstSentInvalid: rpccode.Code_INVALID_ARGUMENT,
+	idemkey.ReasonOutcomeUnknown:   rpccode.Code_UNKNOWN,
 }
 
 // Refuse is the status of reason, with msg, and a google.rpc.RetryInfo of
