@@ -655,8 +655,8 @@ func wantTranslated(t *testing.T, err error, unavailable bool) {
 	}
 }
 
-// WithTable puts the table, its sequence and its index under another name in
-// another schema, and Migrate is safe to run twice.
+// WithTable puts the table, its sequence, its index and the table of steps
+// under another name in another schema, and Migrate is safe to run twice.
 func TestWithTable(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t, "public")
@@ -669,7 +669,11 @@ func TestWithTable(t *testing.T) {
 	}
 	st := newStore(t, pool, opt)
 	key := store.ScopeKey("tenant", "/m", "k")
-	if err := st.Complete(ctx, key, acquire(t, st, key), []byte("ok")); err != nil {
+	token := acquire(t, st, key)
+	if _, err := st.StartStep(ctx, store.StepStart{Key: key, Name: "charge", Token: token, Fingerprint: fpA}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Complete(ctx, key, token, []byte("ok")); err != nil {
 		t.Fatal(err)
 	}
 	rows, _ := pool.Query(ctx, `SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace ORDER BY relname`, schema)
@@ -677,7 +681,7 @@ func TestWithTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_pkey idem_token_seq"
+	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_pkey idem_steps idem_steps_exp_idx idem_steps_pkey idem_token_seq"
 	if got := strings.Join(names, " "); got != want {
 		t.Errorf("objects in the schema: %s\nwant %s", got, want)
 	}
