@@ -60,16 +60,18 @@ func (s *Store) Records(ctx context.Context, from, to []byte, limit int) ([]Reco
 	return recs, nil
 }
 
-// Forget deletes the record of key if it is completed, in progress under a
-// lease that has ended, or force is true, in one statement that decides
-// whether it may, so that a call that reserves the key meanwhile is never
-// deleted unseen. It returns the record as it was; a zero Record with
-// deleted false means the key has no record.
+// Forget deletes the record of key, and its steps, if it is completed, in
+// progress under a lease that has ended, or force is true, in one statement
+// that decides whether it may, so that a call that reserves the key
+// meanwhile is never deleted unseen: the key's next run is a new one. It
+// returns the record as it was; a zero Record with deleted false means the
+// key has no record (its steps, if any, stay: ResolveStep tells them).
 func (s *Store) Forget(ctx context.Context, key store.Key, force bool) (rec Record, deleted bool, err error) {
 	for range 3 {
-		rec, err = scanRecord(s.pool.QueryRow(ctx, `DELETE FROM `+s.table+`
+		rec, err = scanRecord(s.pool.QueryRow(ctx, `WITH rec AS (DELETE FROM `+s.table+`
 			WHERE key = $1 AND (state = 'completed' OR lease_end <= now() OR $2)
-			RETURNING `+recordColumns, key[:], force))
+			RETURNING `+recordColumns+`), steps AS (DELETE FROM `+s.steps+` WHERE key = $1 AND EXISTS (SELECT FROM rec))
+			SELECT * FROM rec`, key[:], force))
 		if err == nil {
 			return rec, true, nil
 		}

@@ -55,7 +55,11 @@ func TestForget(t *testing.T) {
 	r := newReplica(t)
 	ctx := context.Background()
 	done, live, ended := store.ScopeKey("t", "/m", "done"), store.ScopeKey("t", "/m", "live"), store.ScopeKey("t", "/m", "ended")
-	if err := r.store.Complete(ctx, done, acquire(t, r.store, done), []byte("reply")); err != nil {
+	doneToken := acquire(t, r.store, done)
+	if _, err := r.store.StartStep(ctx, store.StepStart{Key: done, Name: "charge", Token: doneToken, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.store.Complete(ctx, done, doneToken, []byte("reply")); err != nil {
 		t.Fatal(err)
 	}
 	acquire(t, r.store, ended)
@@ -65,6 +69,9 @@ func TestForget(t *testing.T) {
 	rec, deleted, err := r.store.Forget(ctx, done, false)
 	if err != nil || !deleted || rec.Key != done || rec.State != "completed" {
 		t.Fatalf("Forget(completed) = %+v, %v, %v; want it deleted", rec, deleted, err)
+	}
+	if steps, err := r.store.Steps(ctx, done); err != nil || len(steps) != 0 {
+		t.Fatalf("the forgotten key's steps = %+v, %v; want them deleted with it", steps, err)
 	}
 	if rec, deleted, err = r.store.Forget(ctx, ended, false); err != nil || !deleted || rec.State != "in_progress" {
 		t.Fatalf("Forget(lease ended) = %+v, %v, %v; want it deleted", rec, deleted, err)

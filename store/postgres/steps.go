@@ -26,9 +26,11 @@ import (
 // with no fence: its key has no record until it commits.
 
 // fenceSQL is the CTE fence: the expiry of the record of key $1 that token
-// $2 holds in progress, locked until the statement's write commits.
+// $2 holds in progress, locked until the statement's write commits; or its
+// lease's end, if later (a run still held past the retention), so that its
+// steps outlive it, as store/memory's do.
 func fenceSQL(table string) string {
-	return fmt.Sprintf(`fence AS (SELECT expires_at FROM %s WHERE %s FOR SHARE)`, table, held)
+	return fmt.Sprintf(`fence AS (SELECT greatest(expires_at, lease_end) AS expires_at FROM %s WHERE %s FOR SHARE)`, table, held)
 }
 
 // fenced is the condition under which a step statement writes.
