@@ -192,8 +192,9 @@ type Stepper interface {
 	// StepNew.
 	StartStep(ctx context.Context, s StepStart) (StepEntry, error)
 	// FinishStep records result, which the store may keep, as the result
-	// of the started step name; ErrLeaseLost if it has no record. Past a
-	// bound it may return ErrFull, writing nothing.
+	// of the started step name (a finished one's is replaced, so that a
+	// write retried after a lost answer succeeds); ErrLeaseLost if it has no
+	// record. Past a bound it may return ErrFull, writing nothing.
 	FinishStep(ctx context.Context, key Key, token Token, name string, result []byte) error
 	// ForgetSteps deletes the records of the steps named, or of every step
 	// of key if none is: a later run starts them anew.
