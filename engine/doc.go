@@ -24,6 +24,17 @@
 // that implements store.BatchAtomic or store.BatchReserver. The steps are in
 // the repository's docs/request-path.md, the answers in docs/answers.md.
 //
+// # Steps and leases
+//
+// A handler's effects outside its transaction (a card processor's charge)
+// are Steps: each is recorded under the key as it returns, and a later run
+// of the key (after a released failure, a crash, a redelivery) gets its
+// result without running it. A step an earlier run started and never
+// finished is reconciled by the handler's function, or answered
+// OutcomeUnknown: it is never run blind. While a two-phase handler runs,
+// its lease is renewed on a store.Renewer, so that only a run whose process
+// died is taken over. See the repository's docs/steps.md.
+//
 // # Guarantees and caveats
 //
 // Every answer about a key tells until when it is honoured (Answer.Expires:
