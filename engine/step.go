@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -270,19 +269,13 @@ func (r *running) log(ctx context.Context, level slog.Level, step, msg string, e
 // another request.
 var errStepReused = errors.New("idemkey: the idempotency key's steps were recorded for another request")
 
-// stepKey is the key a step's result is sealed under, so that a result
-// opens only as its own key's step of that name.
-func stepKey(key store.Key, name string) store.Key {
-	return sha256.Sum256(store.AppendParts(make([]byte, 0, 64+len(name)), "idemkey step v1", string(key[:]), name))
-}
-
 func (e *Engine) sealStep(key store.Key, name string, result []byte) ([]byte, error) {
-	return e.sealOutcome(stepKey(key, name), result)
+	return e.sealOutcome(store.StepKey(key, name), result)
 }
 
 // openStep opens a recorded result; as opened, a sealed one without a
 // sealer is errUnopened.
 func (e *Engine) openStep(key store.Key, name string, result []byte) ([]byte, error) {
-	res, err := e.opened(stepKey(key, name), nil, store.Entry{State: store.Completed, Outcome: result})
+	res, err := e.opened(store.StepKey(key, name), nil, store.Entry{State: store.Completed, Outcome: result})
 	return res.Outcome, err
 }

@@ -179,6 +179,13 @@ type StepEntry struct {
 	Result      []byte      // when StepDone; do not modify it
 }
 
+// StepKey is the key a step's result is sealed under (engine.Sealer), so
+// that a sealed result opens only as key's step name. Stored results depend
+// on it: it never changes.
+func StepKey(key Key, name string) Key {
+	return sha256.Sum256(AppendParts(make([]byte, 0, 64+len(name)), "idemkey step v1", string(key[:]), name))
+}
+
 // Stepper is a store that records the steps of a run (engine.Step): its
 // effects outside its transaction, each under the key and its name. A
 // step's record outlives Release and a lease's end, so that the key's next

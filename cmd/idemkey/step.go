@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -18,13 +17,6 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
 )
-
-// stepKey is the key under which the engine seals a step's result, so that a
-// sealed result opens only as this key's step of this name. It is the
-// engine's stepKey: keep them the same.
-func stepKey(key store.Key, name string) store.Key {
-	return sha256.Sum256(store.AppendParts(nil, "idemkey step v1", string(key[:]), name))
-}
 
 // maxShown is the longest step result inspect shows; a longer one is
 // shown by its size only.
@@ -66,7 +58,7 @@ func newStepView(key store.Key, st *postgres.Step, keys opener) stepView {
 			v.Error = "sealed: give -seal-key to read it"
 			return v
 		}
-		opened, err := keys.Open(stepKey(key, st.Name), raw)
+		opened, err := keys.Open(store.StepKey(key, st.Name), raw)
 		if err != nil {
 			v.Error = err.Error()
 			return v
@@ -226,7 +218,7 @@ func resolveStepCommand() command {
 			if done {
 				raw = []byte(result)
 				if ring, ok := keys.(*seal.KeyRing); ok {
-					if raw, err = ring.Seal(stepKey(key, name), raw); err != nil {
+					if raw, err = ring.Seal(store.StepKey(key, name), raw); err != nil {
 						return nil, err
 					}
 					res.SealedWith = ring.PrimaryKeyID()

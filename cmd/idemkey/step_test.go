@@ -136,7 +136,7 @@ func TestResolveStepSealed(t *testing.T) {
 	}
 	k := store.ScopeKey("acme", createCharge, "sealed-steps")
 	token := reserve(t, st, k, time.Minute)
-	sealed, err := ring.Seal(stepKey(k, "ledger"), []byte(`"L1"`))
+	sealed, err := ring.Seal(store.StepKey(k, "ledger"), []byte(`"L1"`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,7 +158,7 @@ func TestResolveStepSealed(t *testing.T) {
 	if err != nil || len(steps) != 2 {
 		t.Fatalf("Steps = %+v, %v", steps, err)
 	}
-	if opened, err := ring.Open(stepKey(k, "charge"), steps[0].Result); err != nil || string(opened) != `"ch_1"` {
+	if opened, err := ring.Open(store.StepKey(k, "charge"), steps[0].Result); err != nil || string(opened) != `"ch_1"` {
 		t.Errorf("the resolved result opens under the step's key as %q, %v; want \"ch_1\"", opened, err)
 	}
 
