@@ -64,3 +64,30 @@ func TestStepOutcomeUnknown(t *testing.T) {
 		}
 	})
 }
+
+// TestStepBatch: in a batch, each message's steps are its own, recorded
+// outside the batch's transaction in atomic mode: a redelivered batch runs
+// no recorded step again.
+func TestStepBatch(t *testing.T) {
+	each(t, func(t *testing.T, c *testConsumer, _ *logtest.Buffer) {
+		var charges atomic.Int64
+		failing := map[int]bool{0: true}
+		h := func(ctx context.Context, i int) error {
+			if _, err := engine.Step(ctx, "charge", func(context.Context) (int64, error) { return charges.Add(1), nil }, nil); err != nil {
+				return err
+			}
+			if failing[i] {
+				delete(failing, i)
+				return errors.New("the ledger is down")
+			}
+			return nil
+		}
+		res := c.handleBatch(t.Context(), deliveries(1, "msg-a", "msg-b"), h)
+		wantOutcomes(t, "first batch", res, consumer.Retry, consumer.Processed)
+		res = c.handleBatch(t.Context(), deliveries(2, "msg-a", "msg-b"), h)
+		wantOutcomes(t, "redelivered batch", res, consumer.Processed, consumer.Duplicate)
+		if n := charges.Load(); n != 2 {
+			t.Fatalf("the steps ran %d times, want 2: one per message", n)
+		}
+	})
+}

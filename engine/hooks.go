@@ -47,8 +47,9 @@ type Event struct {
 	// recorded, including a two-phase write retried in the background; false
 	// when the key was released or the record refused.
 	Recorded bool
-	// Step names, for OutcomeUnknown, the step whose outcome is unknown
-	// (Step): the one for an operator to resolve.
+	// Step names the step (Step) that ended the call so: for
+	// OutcomeUnknown, the one for an operator to resolve; "" for a call no
+	// step ended.
 	Step string
 }
 
