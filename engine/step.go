@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/store"
@@ -175,10 +176,11 @@ func (r *running) step(ctx context.Context, name string, f stepFuncs) ([]byte, e
 	return r.finish(ctx, name, v)
 }
 
-// claim refuses a name that is not 1 to 200 bytes, or is used twice in a run.
+// claim refuses a name that is not 1 to 200 bytes of UTF-8 (a store may
+// keep it as text), or is used twice in a run.
 func (r *running) claim(name string) error {
-	if name == "" || len(name) > 200 {
-		return errors.New("idemkey: a step's name must be 1 to 200 bytes")
+	if name == "" || len(name) > 200 || !utf8.ValidString(name) {
+		return errors.New("idemkey: a step's name must be 1 to 200 bytes of UTF-8")
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -240,8 +240,10 @@ func TestStepMistakes(t *testing.T) {
 		if _, err := Step(ctx, "charge", p.charge, nil); err == nil || !strings.Contains(err.Error(), "used twice") {
 			t.Errorf("a name used twice: %v, want it refused", err)
 		}
-		if _, err := Step(ctx, "", p.charge, nil); err == nil {
-			t.Error("an empty name: no error")
+		for _, name := range []string{"", "\xff", strings.Repeat("n", 201)} {
+			if _, err := Step(ctx, name, p.charge, nil); err == nil {
+				t.Errorf("the name %q: no error", name)
+			}
 		}
 		return nil
 	})
