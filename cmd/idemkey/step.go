@@ -38,7 +38,7 @@ type stepView struct {
 	now    time.Time
 }
 
-func newStepView(key store.Key, st *postgres.Step, keys opener) stepView {
+func newStepView(key store.Key, st *postgres.StepRecord, keys opener) stepView {
 	v := stepView{
 		Name:        st.Name,
 		State:       "started",

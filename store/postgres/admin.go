@@ -93,9 +93,9 @@ func (s *Store) Forget(ctx context.Context, key store.Key, force bool) (rec Reco
 	return Record{}, false, errors.New("idemkey postgres: forget: the record kept changing: try again")
 }
 
-// Step is one recorded step of a key's run (store.Stepper) as an operator
+// StepRecord is one recorded step of a key's run (store.Stepper) as an operator
 // sees it.
-type Step struct {
+type StepRecord struct {
 	Name string
 	// Done: the step finished, and Result holds its result. Else it was
 	// started and never finished: whether it took effect is unknown.
@@ -109,12 +109,12 @@ type Step struct {
 
 // Steps reads the steps of key that have not expired, which the key's next
 // run would find, by name.
-func (s *Store) Steps(ctx context.Context, key store.Key) ([]Step, error) {
+func (s *Store) Steps(ctx context.Context, key store.Key) ([]StepRecord, error) {
 	rows, _ := s.pool.Query(ctx, `SELECT name, result IS NOT NULL, result, fingerprint, started_at, expires_at, now()
 		FROM `+s.steps+` WHERE key = $1 AND expires_at > now() ORDER BY name`, key[:])
-	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
+	steps, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (StepRecord, error) {
 		var (
-			st          Step
+			st          StepRecord
 			fingerprint []byte
 		)
 		err := row.Scan(&st.Name, &st.Done, &st.Result, &fingerprint, &st.Started, &st.Expires, &st.Now)
