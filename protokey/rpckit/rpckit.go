@@ -153,6 +153,20 @@ func (ms *Methods) Get(name string, desc protoreflect.MethodDescriptor, idempote
 	return m.(*Method)
 }
 
+// Find is Get for a name that a client sends (KeyService's operation): nil
+// for a name the protobuf registry does not know, which is never cached, so
+// that the cache stays bounded by the registry.
+func (ms *Methods) Find(name string) *Method {
+	if m, ok := ms.cache.Load(name); ok {
+		return m.(*Method)
+	}
+	desc := lookup(name)
+	if desc == nil {
+		return nil
+	}
+	return ms.Get(name, desc, false)
+}
+
 // describe decides whether a method is covered: every method not marked
 // NO_SIDE_EFFECTS or IDEMPOTENT in its proto (or by its transport), except
 // those of gRPC's own services (package grpc.*: health, reflection and the
