@@ -37,6 +37,9 @@ type Coverage struct {
 	AtomicAll          bool
 	Atomic             map[string]bool
 	Retention          map[string]time.Duration
+	// LookupFirst is a client's smallest request asked about first
+	// (interceptor.WithLookupFirst); a server refuses it (Check).
+	LookupFirst int
 }
 
 // AddRetention sets d as the retention of each of names, in m (made if nil).
@@ -238,6 +241,9 @@ type Naming struct {
 func Check(cov Coverage, n Naming, server bool, eng *engine.Engine) error {
 	if server && eng == nil {
 		return fmt.Errorf("idemkey: %s needs an engine: engine.New(store, engine.WithTenant(...))", n.Constructor)
+	}
+	if server && cov.LookupFirst > 0 {
+		return fmt.Errorf("idemkey: %s: WithLookupFirst is the client interceptor's option; a server does not take it", n.Constructor)
 	}
 	var problems []string
 	for _, set := range []struct {
