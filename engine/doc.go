@@ -35,6 +35,15 @@
 // its lease is renewed on a store.Renewer, so that only a run whose process
 // died is taken over. See the repository's docs/steps.md.
 //
+// # A key's state
+//
+// Lookup tells a client what became of its key without its request: unknown,
+// in progress (with the wait a retry would be asked, and the steps done),
+// completed (the outcome a retry would replay, opened), or expired and
+// refused; scoped as the calls are, so that a tenant sees only its own keys.
+// Entry points serve it: interceptor.RegisterKeyService (gRPC) and
+// idemhttp.KeyHandler. The store must be a store.Looker.
+//
 // # Guarantees and caveats
 //
 // Every answer about a key tells until when it is honoured (Answer.Expires:

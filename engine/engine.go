@@ -20,6 +20,7 @@ type Engine struct {
 	watcher       store.Watcher // store, if it implements store.Watcher
 	stepper       store.Stepper // store, if it implements store.Stepper (step.go)
 	renewer       store.Renewer // store, if it implements store.Renewer (renew.go)
+	looker        store.Looker  // store, if it implements store.Looker (lookup.go)
 	opts          *options
 	obs           *observer
 	firstPoll     time.Duration       // awaitFirstPoll; a test of a Watcher makes it long
@@ -46,6 +47,7 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 	e.watcher, _ = st.(store.Watcher)
 	e.stepper, _ = st.(store.Stepper)
 	e.renewer, _ = st.(store.Renewer)
+	e.looker, _ = st.(store.Looker)
 	e.batchStore, _ = st.(store.BatchAtomic)
 	e.batchReserver, _ = st.(store.BatchReserver)
 	return e, nil

@@ -45,11 +45,12 @@ const (
 	opFinishStep
 	opForgetSteps
 	opRenew
+	opLookup
 	numStoreOps
 )
 
 var storeOpNames = [numStoreOps]string{"reserve", "find", "complete", "release", "begin", "commit", "begin_batch", "commit_batch", "reserve_batch",
-	"start_step", "finish_step", "forget_steps", "renew"}
+	"start_step", "finish_step", "forget_steps", "renew", "lookup"}
 
 // observer records one engine's metrics, span attributes and Debug lines.
 // With no SDK installed its instruments do nothing, and nothing is built.

@@ -31,6 +31,19 @@ func (e *Engine) find(ctx context.Context, key store.Key) (store.Entry, bool, er
 	return res, err == nil, err
 }
 
+// lookup opens a completed record as find does; a record that does not
+// open is errUnopened.
+func (e *Engine) lookup(ctx context.Context, key store.Key) (store.Entry, []string, bool, error) {
+	sctx, t := e.obs.startStore(ctx, opLookup)
+	res, steps, found, err := e.looker.Lookup(sctx, key)
+	t.end(ctx, err)
+	if err != nil || !found {
+		return res, steps, found, err
+	}
+	res, err = e.opened(key, nil, res)
+	return res, steps, err == nil, err
+}
+
 func (e *Engine) begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
 	r = e.roomFor(r)
 	sctx, t := e.obs.startStore(ctx, opBegin)

@@ -22,6 +22,10 @@
 //	client := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, url,
 //		connect.WithInterceptors(idemconnect.NewClientInterceptor()))
 //
+// NewKeyServiceHandler serves idemkey.v1.KeyService, so that a client asks
+// what became of a key rather than resend its request (docs/answers.md,
+// "A key's state").
+//
 // # Guarantees
 //
 // Coverage, answers, recorded codes, atomic mode, sealing and redaction are

@@ -33,6 +33,10 @@
 // register it (DefaultOperation; WithOperation). The fingerprint covers the
 // method, operation, path, query, media type and body (DefaultFingerprint).
 //
+// KeyHandler tells a client what became of a key it sent, without its
+// request: mount it at, say, GET /v1/idempotency-keys/{key} (docs/answers.md,
+// "A key's state").
+//
 // # Answers and guarantees
 //
 // The middleware's own answers are RFC 9457 problem bodies whose type names

@@ -36,14 +36,23 @@ func UnaryClientInterceptor(opts ...MethodOption) (grpc.UnaryClientInterceptor, 
 		if !m.Covered { // UseKey's and idemkey.ContextWithKey's keys are for covered methods
 			return invoker(ctx, fullMethod, req, reply, cc, callOpts...)
 		}
-		var err error
+		var (
+			err      error
+			supplied string // the caller's own key, for WithLookupFirst
+		)
 		if used {
 			ctx, err = withUsedKey(ctx, use)
+			supplied = use.key
 		} else {
-			ctx, err = withKey(ctx, m, req)
+			ctx, supplied, err = withKey(ctx, m, req)
 		}
 		if err != nil {
 			return err
+		}
+		if cov.LookupFirst > 0 && supplied != "" {
+			if done, err := lookupFirst(ctx, cov.LookupFirst, fullMethod, supplied, req, reply, cc, expiry); done {
+				return err
+			}
 		}
 		return expiry.invoke(ctx, fullMethod, req, reply, cc, invoker, callOpts)
 	}, nil
@@ -59,21 +68,22 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 
 // withKey keeps the metadata's key and first-sent time, checked (an
 // obsolete HTTP date form goes as IMF-fixdate), else adds the context's or
-// new ones.
-func withKey(ctx context.Context, m *rpckit.Method, req any) (context.Context, error) {
+// new ones. supplied is the caller's key, from the metadata or the context;
+// "" for a new one or a request's key field.
+func withKey(ctx context.Context, m *rpckit.Method, req any) (_ context.Context, supplied string, err error) {
 	md, _ := metadata.FromOutgoingContext(ctx) // a copy
 	key, firstSent, fromContext := idemkey.KeyFromContext(ctx)
 	switch {
 	case len(md[idemkey.KeyMetadata]) > 0 || carriesKey(m, req):
-		if _, _, err := keyFromMetadata(md); err != nil {
-			return nil, err
+		if supplied, _, err = keyFromMetadata(md); err != nil {
+			return nil, "", err
 		}
 		key, firstSent = "", time.Time{} // the context's time is for the context's key
 	case fromContext:
 		if err := validateKey(key); err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		key = metadataKey(key)
+		supplied, key = key, metadataKey(key)
 	default:
 		key = idemkey.NewKey()
 	}
@@ -83,19 +93,19 @@ func withKey(ctx context.Context, m *rpckit.Method, req any) (context.Context, e
 	case 1:
 		t, err := idemkey.ParseDate(sent[0])
 		if err != nil {
-			return nil, firstSentInvalidError("it is not an HTTP date")
+			return nil, "", firstSentInvalidError("it is not an HTTP date")
 		}
 		if v := idemkey.FormatDate(t); v != sent[0] {
 			md.Set(idemkey.FirstSentMetadata, v)
 			ctx = metadata.NewOutgoingContext(ctx, md)
 		}
 	default:
-		return nil, firstSentInvalidError("it was sent more than once")
+		return nil, "", firstSentInvalidError("it was sent more than once")
 	}
 	if key != "" { // after the metadata is replaced, if it was
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
 	}
-	return ctx, nil
+	return ctx, supplied, nil
 }
 
 func carriesKey(m *rpckit.Method, req any) bool {

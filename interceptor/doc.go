@@ -22,6 +22,11 @@
 // request path, the fingerprint, the two modes (WithAtomic) and expiry;
 // docs/operations.md the engine's metrics, logs and hooks.
 //
+// RegisterKeyService serves idemkey.v1.KeyService beside the services, so
+// that a client asks what became of a key rather than resend its request
+// (docs/answers.md, "A key's state"); WithLookupFirst has the client
+// interceptor ask it before it resends a large request.
+//
 // # Guarantees
 //
 //   - The handler runs at most once per key while its lease holds (the

@@ -145,6 +145,21 @@ type Finder interface {
 	Find(ctx context.Context, key Key) (res Entry, ok bool, err error)
 }
 
+// Looker is a store that reads a key's record without reserving it, for a
+// client that asks what became of its key (engine.Lookup).
+type Looker interface {
+	// Lookup returns key's unexpired record, writing nothing: Completed
+	// with its Fingerprint, Outcome and Expires; or Held (in progress),
+	// with its Fingerprint (zero if the store cannot read it), what its
+	// lease has left in RetryAfter (0 if the lease has ended or is
+	// unknown) and Expires (zero if unknown); ok is false without one.
+	// steps are the names of key's finished, unexpired steps (Stepper), in
+	// byte order, whether or not the key has a record (a step outlives
+	// Release). A store that may have lost records returns ErrDataLost
+	// rather than ok false, as Find does.
+	Lookup(ctx context.Context, key Key) (res Entry, steps []string, ok bool, err error)
+}
+
 // Renewer is a store that extends the lease of a live run.
 type Renewer interface {
 	// Renew ends the lease that token holds on key in progress lease from

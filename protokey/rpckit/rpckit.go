@@ -37,6 +37,9 @@ type Coverage struct {
 	AtomicAll          bool
 	Atomic             map[string]bool
 	Retention          map[string]time.Duration
+	// LookupFirst is a client's smallest request asked about first
+	// (interceptor.WithLookupFirst); a server refuses it (Check).
+	LookupFirst int
 }
 
 // AddRetention sets d as the retention of each of names, in m (made if nil).
@@ -153,6 +156,20 @@ func (ms *Methods) Get(name string, desc protoreflect.MethodDescriptor, idempote
 	return m.(*Method)
 }
 
+// Find is Get for a name that a client sends (KeyService's operation): nil
+// for a name the protobuf registry does not know, which is never cached, so
+// that the cache stays bounded by the registry.
+func (ms *Methods) Find(name string) *Method {
+	if m, ok := ms.cache.Load(name); ok {
+		return m.(*Method)
+	}
+	desc := lookup(name)
+	if desc == nil {
+		return nil
+	}
+	return ms.Get(name, desc, false)
+}
+
 // describe decides whether a method is covered: every method not marked
 // NO_SIDE_EFFECTS or IDEMPOTENT in its proto (or by its transport), except
 // those of gRPC's own services (package grpc.*: health, reflection and the
@@ -224,6 +241,9 @@ type Naming struct {
 func Check(cov Coverage, n Naming, server bool, eng *engine.Engine) error {
 	if server && eng == nil {
 		return fmt.Errorf("idemkey: %s needs an engine: engine.New(store, engine.WithTenant(...))", n.Constructor)
+	}
+	if server && cov.LookupFirst > 0 {
+		return fmt.Errorf("idemkey: %s: WithLookupFirst is the client interceptor's option; a server does not take it", n.Constructor)
 	}
 	var problems []string
 	for _, set := range []struct {

@@ -8,7 +8,8 @@
 // duplicate that waits for a key (store.Watcher) the moment the key's record
 // is completed or released. It records the steps of a run (store.Stepper),
 // each within the bounds below as a record with its result as the outcome,
-// and renews a live run's lease (store.Renewer).
+// renews a live run's lease (store.Renewer), and reads a key's record for
+// a client that asks what became of it (store.Looker).
 //
 // # Bounds
 //
@@ -58,6 +59,7 @@ import (
 	"container/heap"
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -368,6 +370,7 @@ var (
 	_ store.Watcher = (*Store)(nil)
 	_ store.Stepper = (*Store)(nil)
 	_ store.Renewer = (*Store)(nil)
+	_ store.Looker  = (*Store)(nil)
 )
 
 // Reserve implements store.Store.
@@ -486,6 +489,30 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 		return store.Entry{}, false, nil
 	}
 	return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, true, nil
+}
+
+// Lookup implements store.Looker under the shard's read lock.
+func (s *Store) Lookup(ctx context.Context, key store.Key) (res store.Entry, steps []string, ok bool, err error) {
+	if err := ctx.Err(); err != nil {
+		return store.Entry{}, nil, false, err
+	}
+	sh, now := s.shard(key), s.now()
+	sh.mu.RLock()
+	defer sh.mu.RUnlock()
+	for _, st := range sh.steps[key] {
+		if st.done && now.Before(st.expiresAt) {
+			steps = append(steps, st.name)
+		}
+	}
+	slices.Sort(steps)
+	rec, ok := sh.records[key]
+	switch {
+	case !ok || !now.Before(rec.removableAt()):
+		return store.Entry{}, steps, false, nil
+	case rec.completed:
+		return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome, Expires: rec.expiresAt}, steps, true, nil
+	}
+	return store.Entry{State: store.Held, Fingerprint: rec.fingerprint, RetryAfter: max(rec.leaseEnd.Sub(now), 0), Expires: rec.expiresAt}, steps, true, nil
 }
 
 // Complete implements store.Store.

@@ -41,6 +41,10 @@
 //     through the pool, outside an atomic call's transaction, so a rollback
 //     keeps them. Renew (store.Renewer) moves a held lease's end. FinishStep,
 //     ForgetSteps and Renew run detached and retried like Complete.
+//   - Lookup (store.Looker) reads a key's record and its finished steps in
+//     one statement that writes nothing; a key that a running atomic call
+//     holds has no record yet, and is told in progress from its advisory
+//     lock, tried in share mode without waiting (lookup.go).
 //   - Sweep deletes expired rows, and expired steps, in short batches,
 //     skipping rows a reservation has locked. Run it with store.Janitor; nothing starts a
 //     goroutine on its own.

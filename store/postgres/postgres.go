@@ -128,6 +128,7 @@ type Store struct {
 	startStepSQL, finishStepSQL, forgetStepsSQL, renewSQL   string // steps.go
 	steps                                                   string // the steps' table's name in SQL text
 	confirmSQL                                              string
+	lookupSQL                                               string        // lookup.go
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
 	holdersSQL                                              string        // atomic mode's, for keys found busy
 	batchProbeSQL, batchProbeAloneSQL, batchRecordSQL       string        // atomic batches' (batch.go)
@@ -199,6 +200,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		forgetStepsSQL: forgetStepsSQL(table, steps),
 		renewSQL:       fmt.Sprintf(renewSQL, table, held),
 		sweepStepsSQL:  fmt.Sprintf(sweepStepsSQL, steps),
+		lookupSQL:      lookupSQL(table, steps),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()

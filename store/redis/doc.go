@@ -37,6 +37,9 @@
 //   - It is a store.Stepper and a store.Renewer, each method one fenced
 //     script: a key's steps are one hash in its record's slot that outlives
 //     Release and expires natively with the record (steps.go, scripts.go).
+//   - It is a store.Looker: Lookup reads a key's record and its finished
+//     steps in one read-only script, which fails closed on lost data as
+//     Find's does (lookup.go).
 //   - The store is not store.Atomic: handlers run two-phase.
 //
 // # The server and lost data

@@ -293,3 +293,31 @@ redis.call('HSET', KEYS[1], 'l', num(leaseEnd))
 expireAt(math.max(tonumber(r[4]), leaseEnd))
 return {1, redis.call('INCR', KEYS[3])}
 `)
+
+// lookupScript reads what became of a key: store.Looker's Lookup. KEYS:
+// the record's, then its steps' hash (as the step scripts'); ARGV: offset,
+// epoch, count seen. Reply: {kind, fingerprint, outcome, lease left,
+// expiry, steps}: kind 2 completed, 3 in progress (an unexpired record,
+// under a live lease or within its retention), 0 no record; steps, the
+// names of the finished, unexpired steps, in any order. Like findScript, it
+// checks for a loss (lost()) before it answers that the key has no record.
+var lookupScript = goredis.NewScript(prelude + `
+local r = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'l', 'e')
+local steps = {}
+local all = redis.call('HGETALL', KEYS[4])
+for i = 1, #all, 2 do
+	local v = all[i + 1]
+	local sp = string.find(v, ' ', 1, true)
+	if tonumber(string.sub(v, 1, sp - 1)) > now and string.sub(v, sp + 33, sp + 33) == 'd' then
+		steps[#steps + 1] = all[i]
+	end
+end
+local state, leaseEnd, expires = r[1], tonumber(r[4]), tonumber(r[5])
+if state == 'c' and expires > now then return {2, r[2], r[3], 0, expires, steps} end
+if state == 'p' and (leaseEnd > now or expires > now) then
+	return {3, r[2], '', math.max(leaseEnd - now, 0), expires, steps}
+end
+local gone = lost()
+if gone then return gone end
+return {0, '', '', 0, 0, steps}
+`)

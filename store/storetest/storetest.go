@@ -1,9 +1,8 @@
 // Package storetest is the conformance suite for store.Store, and for
 // store.Finder, store.Sweeper, store.BatchReserver, store.Watcher,
-// store.Stepper and store.Renewer where a store implements them. Expiry is
-// checked through Reserve and Find for every store; sweeping only for a
-// Sweeper. Every store runs it from its own
-// tests:
+// store.Stepper, store.Renewer and store.Looker where a store implements
+// them. Expiry is checked through Reserve and Find for every store;
+// sweeping only for a Sweeper. Every store runs it from its own tests:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Harness { ... })
@@ -87,6 +86,10 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 		{"StepsAtomic", testStepsAtomic},
 		{"ConcurrentStartStep", testConcurrentStartStep},
 		{"Renew", testRenew},
+		{"Lookup", testLookup},
+		{"LookupLeaseEnded", testLookupLeaseEnded},
+		{"LookupSteps", testLookupSteps},
+		{"LookupAtomic", testLookupAtomic},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

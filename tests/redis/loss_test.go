@@ -154,6 +154,10 @@ func TestFlushFailsClosed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	looker, err := redis.New(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
 	ledger := newHeldLedger()
 	payments, logs := serveCharges(t, st, ledger)
 
@@ -198,6 +202,9 @@ func TestFlushFailsClosed(t *testing.T) {
 	wantDataLost(t, "Reserve after FLUSHDB", err, "data was lost", "FLUSHDB", "restarts")
 	_, _, err = st.Find(ctx, r.Key)
 	wantDataLost(t, "Find after FLUSHDB", err, "data was lost")
+	// A store that saw nothing of it finds out from its Lookup's script.
+	_, _, _, err = looker.Lookup(ctx, store.ScopeKey("acme", "/m", keys[0]))
+	wantDataLost(t, "Lookup after FLUSHDB, by a store that saw nothing of it", err, "data was lost")
 	raw := append([]string{"acme", "held"}, keys...)
 	wantErrorLine(t, "interceptor", logs, []string{"data was lost", "FLUSHDB"}, raw...)
 	wantErrorLine(t, "store", storeLogs, []string{"data was lost", "FLUSHDB"}, raw...)
@@ -562,6 +569,8 @@ func TestRestoreFromOlderSnapshotFailsClosed(t *testing.T) {
 	}
 	_, _, err = st.Find(ctx, before[0].Key)
 	wantDataLost(t, "Find after the store saw the restore", err, "data was lost")
+	_, _, _, err = st.Lookup(ctx, after[0].Key)
+	wantDataLost(t, "Lookup after the store saw the restore", err, "data was lost")
 	wantErrorLine(t, "store", logs, []string{"data was lost", "write counter"}, "acme", "before-", "after-")
 
 	_, err = idle.Reserve(ctx, store.Reservation{Key: store.ScopeKey("acme", "/m", "new"), Lease: time.Minute, Retention: time.Hour})

@@ -1,0 +1,122 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/store"
+)
+
+// KeyStatus is what became of a key, as Lookup tells it.
+type KeyStatus uint8
+
+const (
+	// KeyUnknown: the key has no record (never used, released, or expired
+	// and gone); a retry runs the operation.
+	KeyUnknown KeyStatus = iota
+	// KeyInProgress: a call holds the key; a retry is told to wait.
+	KeyInProgress
+	// KeyCompleted: an outcome is recorded, and a retry of the same request
+	// is answered with it.
+	KeyCompleted
+	// KeyExpired: the key has no record, and was first sent longer ago than
+	// the operation's retention, less the clock skew: a retry is refused
+	// (Expired), never run.
+	KeyExpired
+)
+
+var keyStatusNames = [...]string{"unknown", "in_progress", "completed", "expired"}
+
+func (s KeyStatus) String() string {
+	if int(s) >= len(keyStatusNames) {
+		return "unknown"
+	}
+	return keyStatusNames[s]
+}
+
+// KeyState is a key's state, as Lookup tells it to the client that sent the key.
+type KeyState struct {
+	State KeyStatus
+	// Outcome, for KeyCompleted, is the recorded outcome, opened (WithSealer)
+	// as a replay gets it, in the entry point's encoding; do not modify it.
+	Outcome []byte
+	// RetryAfter, for KeyInProgress, is the wait a retry would be asked:
+	// what the lease has left, at most WithMaxRetryAfter; 0 once the lease
+	// has ended, when a retry of the same request takes the key over.
+	RetryAfter time.Duration
+	// Expires is until when the key is honoured, as every answer about it
+	// tells; zero without a record, or if the store cannot tell (a running
+	// atomic call's).
+	Expires time.Time
+	// StepsDone names the key's finished steps (Step), in byte order, in any
+	// state: a released run's steps are kept for its retry.
+	StepsDone []string
+}
+
+// Lookup tells what became of key, sent to op, without running or reserving
+// anything: for a client that lost its reply, or was told the outcome is
+// unknown, and would rather ask than send its request again. The key is
+// scoped as op's calls are: the tenant from WithTenant's function, whose
+// error is returned as it is, so that a tenant sees only its own keys (an
+// OperationSpec.OwnTenant operation's keys, a broker's, cannot be asked).
+// firstSent is when the key's operation was first sent, or zero: a key
+// with no record first sent longer ago than the retention is KeyExpired,
+// and one later than the clock skew from now is a *FirstSentError.
+//
+// The store must be a store.Looker; otherwise the error wraps
+// errors.ErrUnsupported. A malformed key is an *idemkey.KeyError. A store
+// failure, or a record that does not open, wraps store.ErrUnavailable (and
+// store.ErrDataLost where the store lost records) and is logged at Error,
+// as a call's is.
+//
+// Under ScopeTenant a key's record is the key's whichever operation made
+// it, and Lookup tells it for any op.
+func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSent time.Time) (KeyState, error) {
+	if e.looker == nil {
+		return KeyState{}, fmt.Errorf("idemkey: Lookup needs a store that implements store.Looker (store/memory, store/postgres, store/redis); %T does not: %w",
+			e.store, errors.ErrUnsupported)
+	}
+	if err := idemkey.ValidateKey(key); err != nil {
+		return KeyState{}, err
+	}
+	if op.ownTenant {
+		return KeyState{}, fmt.Errorf("idemkey: operation %q: its calls tell their own tenant (OperationSpec.OwnTenant), which Lookup cannot: %w",
+			op.name, errors.ErrUnsupported)
+	}
+	c := e.newCall(op)
+	tenant, err := c.tenantOf(ctx, nil)
+	if err != nil {
+		return KeyState{}, err
+	}
+	c.identify(request{Tenant: tenant, Key: key})
+	if !c.checkFirstSent(firstSent) {
+		return KeyState{}, &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
+	}
+	res, steps, found, err := e.lookup(ctx, c.key)
+	if err != nil {
+		if ctx.Err() == nil {
+			c.log(ctx, slog.LevelError, "lookup failed", err)
+		}
+		if !errors.Is(err, store.ErrUnavailable) && !errors.Is(err, store.ErrDataLost) {
+			err = fmt.Errorf("%w: %w", store.ErrUnavailable, err)
+		}
+		return KeyState{}, fmt.Errorf("idemkey: lookup: %w", err)
+	}
+	ks := KeyState{StepsDone: steps}
+	switch {
+	case !found && c.stale:
+		ks.State = KeyExpired
+	case !found:
+		ks.State = KeyUnknown
+	case res.State == store.Completed:
+		ks.State, ks.Outcome, ks.Expires = KeyCompleted, res.Outcome, res.Expires
+	default:
+		ks.State, ks.Expires = KeyInProgress, res.Expires
+		ks.RetryAfter = min(max(res.RetryAfter, 0), c.maxRetryAfter())
+	}
+	return ks, nil
+}
