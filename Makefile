@@ -87,6 +87,8 @@ bench: ## benchmark the interceptor and the HTTP middleware against the bare cal
 	@$(TOOL) benchstat -filter '.name:/^(HTTP|Interceptor)?Overhead$$/ .unit:/^(first|replay)(\/bare|-added-µs|-added-allocs)$$/' bin/bench.txt
 	@echo "== a duplicate held for a running call: how long after the call's record it has its answer, told by the store (store.Watcher: memory in engine; Redis pub/sub in tests/redis; PostgreSQL LISTEN/NOTIFY in store/postgres, two-phase and atomic, on two replicas; with the reads each duplicate made) and polled, interleaved"
 	@$(TOOL) benchstat -filter '.name:DuplicateAnswered' bin/bench.txt
+	@echo "== a first call whose handler runs one recorded step (engine.Step) against one that runs none, interleaved, on the memory store: time, and the store writes the step adds (one before it, one after)"
+	@$(TOOL) benchstat -filter '.name:Step' bin/bench.txt
 	@echo "== the Postgres store against hand-written pgx doing the same design's minimal SQL, interleaved"
 	@$(TOOL) benchstat -filter '.name:StoreVsBaseline .unit:/(ns\/op|\/baseline)$$/' bin/bench.txt
 	@echo "== Reserve's median latency on tables of 10^4, 10^6 and 10^7 rows, interleaved"

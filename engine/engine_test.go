@@ -57,6 +57,12 @@ type fakeStore struct {
 	fails     map[string]failure
 	received  []store.Reservation // by Reserve and Begin, in order
 	writes    []string            // the handler writes committed in atomic mode
+	steps     map[fakeStepID]*store.StepEntry
+}
+
+type fakeStepID struct {
+	key  store.Key
+	name string
 }
 
 type failure struct {
@@ -74,13 +80,15 @@ type fakeRecord struct {
 }
 
 var (
-	_ store.Store  = (*fakeStore)(nil)
-	_ store.Finder = (*fakeStore)(nil)
-	_ store.Atomic = (*fakeStore)(nil)
+	_ store.Store   = (*fakeStore)(nil)
+	_ store.Finder  = (*fakeStore)(nil)
+	_ store.Atomic  = (*fakeStore)(nil)
+	_ store.Stepper = (*fakeStore)(nil)
 )
 
 func newFakeStore() *fakeStore {
-	return &fakeStore{records: map[store.Key]*fakeRecord{}, calls: map[string]int{}, fails: map[string]failure{}}
+	return &fakeStore{records: map[store.Key]*fakeRecord{}, calls: map[string]int{}, fails: map[string]failure{},
+		steps: map[fakeStepID]*store.StepEntry{}}
 }
 
 // fail makes the next times calls of method return err (every call if times
@@ -193,6 +201,61 @@ func (s *fakeStore) Find(_ context.Context, key store.Key) (store.Entry, bool, e
 		return store.Entry{}, false, nil
 	}
 	return store.Entry{State: store.Completed, Fingerprint: rec.fingerprint, Outcome: rec.outcome}, true, nil
+}
+
+// stepHolderLocked fences a step's write: a token must hold key in progress;
+// token 0 is the open transaction's, which must hold it.
+func (s *fakeStore) stepHolderLocked(key store.Key, token store.Token) error {
+	if token != 0 {
+		_, err := s.heldLocked(key, token)
+		return err
+	}
+	if rec, ok := s.records[key]; !ok || rec.tx == nil {
+		return fmt.Errorf("fake store: no transaction holds the key: %w", store.ErrLeaseLost)
+	}
+	return nil
+}
+
+func (s *fakeStore) StartStep(_ context.Context, r store.StepStart) (store.StepEntry, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stepHolderLocked(r.Key, r.Token); err != nil {
+		return store.StepEntry{}, err
+	}
+	id := fakeStepID{r.Key, r.Name}
+	if st, ok := s.steps[id]; ok {
+		return *st, nil
+	}
+	s.steps[id] = &store.StepEntry{State: store.StepStarted, Fingerprint: r.Fingerprint}
+	return store.StepEntry{State: store.StepNew}, nil
+}
+
+func (s *fakeStore) FinishStep(_ context.Context, key store.Key, token store.Token, name string, result []byte) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stepHolderLocked(key, token); err != nil {
+		return err
+	}
+	st, ok := s.steps[fakeStepID{key, name}]
+	if !ok {
+		return fmt.Errorf("fake store: no such step: %w", store.ErrLeaseLost)
+	}
+	st.State, st.Result = store.StepDone, result
+	return nil
+}
+
+func (s *fakeStore) ForgetSteps(_ context.Context, key store.Key, token store.Token, names ...string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.stepHolderLocked(key, token); err != nil {
+		return err
+	}
+	for id := range s.steps {
+		if id.key == key && (len(names) == 0 || slices.Contains(names, id.name)) {
+			delete(s.steps, id)
+		}
+	}
+	return nil
 }
 
 // Begin reserves r in a transaction. The fake does not mix modes: a key is

@@ -24,6 +24,7 @@ var conformanceStatus = map[string]int{
 	idemkey.ReasonStoreFull:        int(connect.CodeResourceExhausted),
 	idemkey.ReasonKeyExpired:       int(connect.CodeFailedPrecondition),
 	idemkey.ReasonFirstSentInvalid: int(connect.CodeInvalidArgument),
+	idemkey.ReasonOutcomeUnknown:   int(connect.CodeUnknown),
 	"internal":                     int(connect.CodeInternal),
 }
 

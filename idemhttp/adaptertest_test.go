@@ -33,6 +33,7 @@ func TestAdapterCases(t *testing.T) {
 			idemkey.ReasonStoreFull:        http.StatusServiceUnavailable,
 			idemkey.ReasonKeyExpired:       http.StatusPreconditionFailed,
 			idemkey.ReasonFirstSentInvalid: http.StatusBadRequest,
+			idemkey.ReasonOutcomeUnknown:   http.StatusInternalServerError,
 			"internal":                     http.StatusInternalServerError,
 		},
 	}, adaptertest.Stores()...)

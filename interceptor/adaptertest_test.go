@@ -32,6 +32,7 @@ func TestAdapterCases(t *testing.T) {
 			idemkey.ReasonStoreFull:        int(codes.ResourceExhausted),
 			idemkey.ReasonKeyExpired:       int(codes.FailedPrecondition),
 			idemkey.ReasonFirstSentInvalid: int(codes.InvalidArgument),
+			idemkey.ReasonOutcomeUnknown:   int(codes.Unknown),
 			"internal":                     int(codes.Internal),
 		},
 	}, adaptertest.Stores()...)

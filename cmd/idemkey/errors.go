@@ -95,6 +95,11 @@ func describe(err error, c *common) string {
 }
 
 func missingTable(name string) string {
+	return fmt.Sprintf("table %s not found: %s", name, migrateUp(name))
+}
+
+// migrateUp is the command that migrates the store's table name.
+func migrateUp(name string) string {
 	hint := "run idemkey migrate up"
 	if name != postgres.DefaultTable {
 		hint += " -table " + name
@@ -102,7 +107,7 @@ func missingTable(name string) string {
 			hint += " (the schema must exist)"
 		}
 	}
-	return fmt.Sprintf("table %s not found: %s", name, hint)
+	return hint
 }
 
 var passwordParam = regexp.MustCompile(`(?i)password=\S*`)

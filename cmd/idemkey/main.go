@@ -1,10 +1,12 @@
 // Command idemkey inspects and maintains an idemkey store on PostgreSQL.
 //
-//	idemkey inspect -tenant T -method M -key K   show one record
+//	idemkey inspect -tenant T -method M -key K   show one record and its steps
 //	idemkey inspect -hash HEX                    the same, by hash or its logged prefix
 //	idemkey forget  (same selectors) [-force]    delete one record: the next call runs again
+//	idemkey resolve-step (same selectors) -step NAME -done RESULT_JSON | -not-done
+//	                                             tell a started step's outcome
 //	idemkey stats                                rows by state, expired rows, sizes
-//	idemkey sweep [-batch N]                     delete the expired records now
+//	idemkey sweep [-batch N]                     delete the expired records and steps now
 //	idemkey migrate up|down|status [-to N] [-force]
 //
 // Every command takes -database-url (default $DATABASE_URL), -table (default
@@ -48,11 +50,31 @@
 // -force, and then that call can no longer record its outcome (its lease is
 // lost) and its duplicates run again too.
 //
+// # Steps
+//
+// inspect also lists the key's recorded steps (engine.Step), which outlive
+// its record's release, so a key with steps and no record is shown too:
+// each step's name, started (not finished: its outcome is unknown) or done,
+// and a done step's result, its size and, when it is printable text of at
+// most 4 KiB, the result itself (the JSON of the step's value). A sealed
+// result opens with -seal-key, as an outcome does.
+//
+// A run that finds a step started and not finished never runs it blind: it
+// asks the step's reconcile function, or answers "outcome unknown" until an
+// operator tells the outcome with resolve-step, having checked the system
+// the step calls (the card processor, say). -done RESULT_JSON records that
+// the step took effect, with its result as JSON, the way the engine records
+// a step's value, sealed with -seal-key if the servers seal (the command
+// refuses an unsealed result for a key whose records are sealed); the next
+// run uses it and does not run the step. -not-done deletes the step, so
+// that the next run runs it. A finished step is left as it is, and a key in
+// progress under a live lease is refused: its run may be running the step.
+//
 // # Sweeping
 //
-// sweep deletes the expired rows of the PostgreSQL table now, as a
-// store.Janitor does every minute. Expired rows already count as absent, so
-// sweeping only frees space. A Redis store (store/redis) needs no sweeping:
+// sweep deletes the expired records and steps of the PostgreSQL tables now,
+// as a store.Janitor does every minute. Expired rows already count as
+// absent, so sweeping only frees space. A Redis store (store/redis) needs no sweeping:
 // the server deletes each record itself when it expires.
 //
 // # Migrations
@@ -67,9 +89,10 @@
 // # Exit codes
 //
 //	0  done
-//	1  no such record (inspect, forget)
+//	1  no such record (inspect, forget), or step (resolve-step)
 //	2  usage: a bad flag, or a hash prefix that matches several records
-//	3  refused: forget of a live record, or migrate down of records, without -force
+//	3  refused: forget of a live record, or migrate down of records, without -force;
+//	   resolve-step of a finished step, or of a key under a live lease
 //	4  database: unreachable, a missing table, or an error it answered
 package main
 
@@ -105,6 +128,7 @@ const (
 const usage = `usage:
   idemkey inspect -tenant T -method M -key K | -hash HEX  [-seal-key FILE [-seal-previous-key FILE]...]
   idemkey forget  -tenant T -method M -key K | -hash HEX  [-force] [-seal-key FILE ...]
+  idemkey resolve-step -tenant T -method M -key K | -hash HEX  -step NAME  -done RESULT_JSON | -not-done  [-seal-key FILE]
   idemkey stats
   idemkey sweep   [-batch N]
   idemkey migrate up|down|status  [-to N] [-force]
@@ -145,6 +169,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmd = inspectCommand()
 	case "forget":
 		cmd = forgetCommand()
+	case "resolve-step":
+		cmd = resolveStepCommand()
 	case "stats":
 		cmd = statsCommand()
 	case "sweep":
@@ -232,8 +258,9 @@ func (c *common) register(fs *flag.FlagSet) {
 }
 
 // env is what a command works with. The CLI holds no SQL of its own: it
-// reads and changes the table through store (postgres.Store's Records,
-// Forget, Stats and Sweep) and the migrations through package postgres.
+// reads and changes the tables through store (postgres.Store's Records,
+// Forget, Steps, ResolveStep, Stats and Sweep) and the migrations through
+// package postgres.
 type env struct {
 	pool     *pgxpool.Pool
 	store    *postgres.Store // on the -table, built without its schema check

@@ -407,7 +407,7 @@ func TestStatsAndSweep(t *testing.T) {
 		t.Errorf("inspect of an expired record: %+v, want expired", inspectOld)
 	}
 	stdout, _ = mustRun(t, exitOK, url, "sweep")
-	if strings.TrimSpace(stdout) != "swept 1 expired records" {
+	if strings.TrimSpace(stdout) != "swept 1 expired records and steps" {
 		t.Errorf("sweep says %q", stdout)
 	}
 	var swept struct{ Deleted int }

@@ -308,19 +308,42 @@ func inspectCommand() command {
 			if err != nil {
 				return nil, err
 			}
-			rec, err := e.find(ctx, r)
+			key, rec, err := e.findKey(ctx, r)
 			if err != nil {
 				return nil, err
 			}
-			return newView(rec, keys), nil
+			in := &inspection{Hash: hex.EncodeToString(key[:]), Scope: key.String()}
+			in.Steps, err = e.steps(ctx, key, keys)
+			switch {
+			case missingRelation(err): // a table at a schema version before steps
+				in.noSteps = fmt.Sprintf("table %s_steps not found (the migration of steps is not applied): %s", e.table, migrateUp(e.table))
+			case err != nil:
+				return nil, err
+			}
+			if rec == nil && len(in.Steps) == 0 {
+				return nil, &cmdError{code: exitNotFound, kind: "not_found", message: "no such record"}
+			}
+			if rec != nil {
+				in.view = newView(rec, keys)
+			}
+			return in, nil
 		},
-		human: func(w io.Writer, result any) { printView(w, result.(*view)) },
+		human: func(w io.Writer, result any) {
+			in := result.(*inspection)
+			tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+			defer tw.Flush()
+			if in.view != nil {
+				printView(tw, in.view)
+			} else {
+				fmt.Fprintf(tw, "record\t%s (scope=%s in logs)\n", in.Hash, in.Scope)
+				fmt.Fprintf(tw, "state\tnone: released, or never recorded; the steps below outlive it\n")
+			}
+			printSteps(tw, in.Steps, in.noSteps)
+		},
 	}
 }
 
-func printView(w io.Writer, v *view) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	defer tw.Flush()
+func printView(tw io.Writer, v *view) {
 	fmt.Fprintf(tw, "record\t%s (scope=%s in logs)\n", v.Hash, v.Scope)
 	state := v.State
 	switch {

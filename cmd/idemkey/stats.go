@@ -117,7 +117,7 @@ func sweepCommand() command {
 			return &swept{Deleted: n}, nil
 		},
 		human: func(w io.Writer, result any) {
-			fmt.Fprintf(w, "swept %d expired records\n", result.(*swept).Deleted)
+			fmt.Fprintf(w, "swept %d expired records and steps\n", result.(*swept).Deleted)
 		},
 	}
 }

@@ -38,6 +38,11 @@ const (
 	FailReleased = "fail-released" // a transient error, which releases the key (gRPC Unavailable, HTTP 503)
 	Block        = "block"         // waits for Service.Unblock, then succeeds
 	Huge         = "huge"          // a reply larger than Config.MaxRecordSize
+	// Steps (engine.Step): each charges once in its step "charge" (Charges
+	// counts it), then, on the Service's first run of it, fails released.
+	StepThenFail = "step-then-fail" // the step returns; a retry gets its result
+	StepLost     = "step-lost"      // the step's answer is lost, and nothing reconciles it
+	StepFound    = "step-found"     // the step's answer is lost, and its reconcile finds the charge
 )
 
 // Request is one call, in the suite's terms.
@@ -75,6 +80,8 @@ type Reply struct {
 // blocks when asked to.
 type Service struct {
 	runs    atomic.Int64
+	charges atomic.Int64
+	failed  sync.Map // the step behaviours that failed once
 	started chan struct{}
 	gate    chan struct{}
 	once    sync.Once
@@ -104,9 +111,33 @@ func (s *Service) Handle(ctx context.Context, tenant string, amount int64, behav
 		}
 	case Huge:
 		return strings.Repeat("x", 64<<10), OK
+	case StepThenFail, StepLost, StepFound:
+		return s.charge(ctx, id, behaviour)
 	}
 	return id, OK
 }
+
+// charge runs a step behaviour's step, then fails released on its first run.
+func (s *Service) charge(ctx context.Context, id, behaviour string) (string, Result) {
+	var reconcile func(context.Context) (string, bool, error)
+	if behaviour == StepFound {
+		reconcile = func(context.Context) (string, bool, error) { return "charged", true, nil }
+	}
+	charged, err := engine.Step(ctx, "charge", func(context.Context) (string, error) {
+		s.charges.Add(1)
+		if behaviour != StepThenFail {
+			return "", errors.New("the processor's answer was lost")
+		}
+		return "charged", nil
+	}, reconcile)
+	if _, again := s.failed.LoadOrStore(behaviour, true); !again || err != nil {
+		return id, Released
+	}
+	return id + "_" + charged, OK
+}
+
+// Charges is how many times a step behaviour's step ran.
+func (s *Service) Charges() int64 { return s.charges.Load() }
 
 // Unblock lets every blocked and later run of Block go on.
 func (s *Service) Unblock() { s.once.Do(func() { close(s.gate) }) }
@@ -307,6 +338,13 @@ func (s *suite) wantRuns(want int64) {
 }
 
 // wantReason checks that r is idemkey's answer for reason.
+func (s *suite) wantCharges(want int64) {
+	s.t.Helper()
+	if got := s.svc.Charges(); got != want {
+		s.t.Errorf("the steps charged %d times, want %d", got, want)
+	}
+}
+
 func (s *suite) wantReason(r Reply, reason string) {
 	s.t.Helper()
 	if r.OK || r.Reason != reason || r.Status != s.a.Status[reason] {
@@ -383,6 +421,45 @@ func (s *suite) wantExpires(r Reply) time.Time {
 }
 
 var cases = []testCase{
+	{name: "a step's result is kept for the retry of a released failure", run: func(t *testing.T, s *suite) {
+		r := Request{Key: "k1", Amount: 100, Behaviour: StepThenFail}
+		if first := s.do(r); first.OK {
+			t.Fatalf("got %+v, want the released failure", first)
+		}
+		if again := s.do(r); !again.OK || !strings.HasSuffix(again.Body, "_charged") {
+			t.Fatalf("got %+v, want the retry to complete with the step's result", again)
+		}
+		s.wantCharges(1)
+		s.wantRuns(2)
+	}, hooks: []string{"execute executed unrecorded", "execute executed"}},
+	{name: "a step an earlier run left started is never run blind", run: func(t *testing.T, s *suite) {
+		r := Request{Key: "k1", Amount: 100, Behaviour: StepLost}
+		if first := s.do(r); first.OK {
+			t.Fatalf("got %+v, want the released failure", first)
+		}
+		for range 2 {
+			s.wantReason(s.do(r), idemkey.ReasonOutcomeUnknown)
+		}
+		s.wantCharges(1)
+		s.wantRuns(3)
+		// Another key is another charge.
+		if other := s.do(Request{Key: "k2", Amount: 100, Behaviour: StepThenFail}); other.OK {
+			t.Fatalf("got %+v, want the released failure", other)
+		}
+		s.wantCharges(2)
+	}, hooks: []string{"execute executed unrecorded", "refuse outcome_unknown", "refuse outcome_unknown", "execute executed unrecorded"}},
+	{name: "a step an earlier run left started is reconciled", run: func(t *testing.T, s *suite) {
+		r := Request{Key: "k1", Amount: 100, Behaviour: StepFound}
+		if first := s.do(r); first.OK {
+			t.Fatalf("got %+v, want the released failure", first)
+		}
+		again := s.do(r)
+		if !again.OK || !strings.HasSuffix(again.Body, "_charged") {
+			t.Fatalf("got %+v, want the retry to complete with the reconciled result", again)
+		}
+		s.wantSame(again, s.do(r))
+		s.wantCharges(1)
+	}, hooks: []string{"execute executed unrecorded", "execute executed", "replay replayed"}},
 	{name: "every answer about a key tells its expiry", run: func(t *testing.T, s *suite) {
 		first := s.do(Request{Key: "k1", Amount: 100})
 		s.wantExpires(first)

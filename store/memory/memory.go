@@ -6,7 +6,9 @@
 // lock. Every Reserve deletes a few expired records, and Sweep deletes the
 // rest on demand, so no goroutine runs in the background. It tells a
 // duplicate that waits for a key (store.Watcher) the moment the key's record
-// is completed or released.
+// is completed or released. It records the steps of a run (store.Stepper),
+// each within the bounds below as a record with its result as the outcome,
+// and renews a live run's lease (store.Renewer).
 //
 // # Bounds
 //
@@ -116,7 +118,11 @@ type shard struct {
 	// read of the record and its wait.
 	waitMu  sync.Mutex
 	waiting waitset.Set
-	_       [64]byte // keeps the next shard's locks off this one's cache line
+	// The steps' records of each key (store.Stepper), made on its first
+	// step; each lives till it expires, whatever becomes of the key's record.
+	steps         map[store.Key][]*step
+	stepsByExpiry stepHeap
+	_             [64]byte // keeps the next shard's locks off this one's cache line
 }
 
 // usage is what records hold: how many, and how many bytes they count. A
@@ -339,18 +345,19 @@ func (s *Store) give(p store.Partition, n, bytes int64) {
 	}
 }
 
-// resize makes rec count c bytes, if its partition and the store have room
-// for the difference; else it says which bound that would pass.
-func (s *Store) resize(rec *record, c int64) string {
-	if grow := c - rec.cost; grow > 0 {
-		if full := s.take(rec.partition, 0, grow); full != "" {
+// resize makes a record of partition p that counts *counted bytes count c,
+// if p and the store have room for the difference; else it says which bound
+// that would pass.
+func (s *Store) resize(p store.Partition, counted *int64, c int64) string {
+	if grow := c - *counted; grow > 0 {
+		if full := s.take(p, 0, grow); full != "" {
 			return full
 		}
 	} else {
-		s.give(rec.partition, 0, -grow)
+		s.give(p, 0, -grow)
 		s.total.bytes.Add(grow)
 	}
-	rec.cost = c
+	*counted = c
 	return ""
 }
 
@@ -359,6 +366,8 @@ var (
 	_ store.Finder  = (*Store)(nil)
 	_ store.Sweeper = (*Store)(nil)
 	_ store.Watcher = (*Store)(nil)
+	_ store.Stepper = (*Store)(nil)
+	_ store.Renewer = (*Store)(nil)
 )
 
 // Reserve implements store.Store.
@@ -452,7 +461,7 @@ func (s *Store) reserve(sh *shard, r store.Reservation, fresh *record, now time.
 		// needs room for its own largest outcome; what the old one set aside
 		// stays set aside.
 		if c = s.reservedCost(r); c > rec.cost {
-			if full := s.resize(rec, c); full != "" {
+			if full := s.resize(rec.partition, &rec.cost, c); full != "" {
 				return store.Entry{}, c, full
 			}
 		}
@@ -492,7 +501,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		if err != nil {
 			return err
 		}
-		full := s.resize(rec, cost(outcome))
+		full := s.resize(rec.partition, &rec.cost, cost(outcome))
 		if full == "" {
 			rec.completed = true
 			rec.outcome = outcome
@@ -548,7 +557,25 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	return nil
 }
 
-// Sweep implements store.Sweeper. It takes a shard's lock once per batch.
+// Renew implements store.Renewer.
+func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	sh, now := s.shard(key), s.now()
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	rec, err := s.heldLocked(sh, key, token, now)
+	if err != nil {
+		return err
+	}
+	rec.leaseEnd = now.Add(max(lease, 0))
+	sh.byExpiry.fix(rec)
+	return nil
+}
+
+// Sweep implements store.Sweeper: it deletes expired records and steps'
+// records. It takes a shard's lock once per batch.
 func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	if batchSize < 1 {
 		batchSize = store.DefaultSweepBatch
@@ -570,7 +597,8 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	return deleted, nil
 }
 
-// Len returns the number of records held, expired ones included.
+// Len returns the number of records held, steps' records and expired ones
+// included.
 func (s *Store) Len() int { return int(s.total.records.Load()) }
 
 // Bytes returns the bytes the records count against WithMaxBytes, expired
@@ -593,18 +621,24 @@ func (s *Store) evictAll() {
 	for i := range s.shards {
 		sh := &s.shards[i]
 		sh.mu.Lock()
-		s.evictLocked(sh, now, len(sh.byExpiry.e))
+		s.evictLocked(sh, now, len(sh.byExpiry.e)+len(sh.stepsByExpiry))
 		sh.mu.Unlock()
 	}
 }
 
-// evictLocked deletes up to limit records of sh expired at now and returns
-// how many.
+// evictLocked deletes up to limit records and steps' records of sh expired
+// at now and returns how many.
 func (s *Store) evictLocked(sh *shard, now time.Time, limit int) int {
 	n := 0
-	for n < limit && sh.byExpiry.due(now) {
-		s.deleteLocked(sh, sh.byExpiry.e[0].rec)
-		n++
+	for ; n < limit; n++ {
+		switch {
+		case sh.byExpiry.due(now):
+			s.deleteLocked(sh, sh.byExpiry.e[0].rec)
+		case sh.stepsByExpiry.due(now):
+			s.deleteStepLocked(sh, sh.stepsByExpiry[0])
+		default:
+			return n
+		}
 	}
 	return n
 }

@@ -120,6 +120,71 @@ func TestMaxBytes(t *testing.T) {
 	}
 }
 
+// A step's record counts against the bounds as a record does, its result
+// as the outcome: past a bound StartStep and FinishStep write nothing. It
+// stays counted after Release, and an expired one makes room for new keys.
+func TestStepsCountAgainstBounds(t *testing.T) {
+	c := storetest.NewClock()
+	st := memory.New(memory.WithClock(c.Now), memory.WithMaxRecords(3), memory.WithMaxBytes(4<<10))
+	ctx := context.Background()
+	reserve := func(k string) (store.Key, store.Entry, error) {
+		key := store.ScopeKey("t", "/m", k)
+		res, err := st.Reserve(ctx, store.Reservation{Key: key, Lease: time.Second, Retention: time.Minute})
+		return key, res, err
+	}
+	start := func(key store.Key, token store.Token, name string) (store.StepEntry, error) {
+		return st.StartStep(ctx, store.StepStart{Key: key, Name: name, Token: token})
+	}
+	key, res, err := reserve("k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"a", "b"} {
+		if step, err := start(key, res.Token, name); err != nil || step.State != store.StepNew {
+			t.Fatalf("StartStep(%s) = %v, %v; want StepNew", name, step.State, err)
+		}
+	}
+	if n, b := st.Len(), st.Bytes(); n != 3 || b != 3*memory.RecordCost {
+		t.Fatalf("a record and two steps count %d records, %d bytes; want 3, %d", n, b, 3*memory.RecordCost)
+	}
+	for range 2 {
+		if _, err := start(key, res.Token, "c"); !errors.Is(err, store.ErrFull) {
+			t.Fatalf("a third step with room for three records: err = %v, want ErrFull", err)
+		}
+	}
+	if err := st.FinishStep(ctx, key, res.Token, "a", make([]byte, 8<<10)); !errors.Is(err, store.ErrFull) {
+		t.Fatalf("an 8 KiB result in a 4 KiB store: err = %v, want ErrFull", err)
+	}
+	if step, err := start(key, res.Token, "a"); err != nil || step.State != store.StepStarted {
+		t.Fatalf("StartStep after a refused FinishStep = %v, %v; want StepStarted", step.State, err)
+	}
+	if n, b := st.Len(), st.Bytes(); n != 3 || b != 3*memory.RecordCost {
+		t.Fatalf("after ErrFull: %d records, %d bytes; want 3, %d", n, b, 3*memory.RecordCost)
+	}
+	if err := st.FinishStep(ctx, key, res.Token, "a", make([]byte, 1<<10)); err != nil {
+		t.Fatalf("a 1 KiB result: %v", err)
+	}
+	if b, want := st.Bytes(), int64(3*memory.RecordCost+1<<10-store.SmallOutcome); b != want {
+		t.Fatalf("with a 1 KiB result: %d bytes; want %d", b, want)
+	}
+
+	if err := st.Release(ctx, key, res.Token); err != nil {
+		t.Fatal(err)
+	}
+	if n := st.Len(); n != 2 {
+		t.Fatalf("after Release: %d records; want the 2 steps", n)
+	}
+	c.Advance(t, time.Minute+time.Second)
+	for _, k := range []string{"x", "y", "z"} {
+		if _, _, err := reserve(k); err != nil {
+			t.Fatalf("Reserve(%s) with the steps expired: %v", k, err)
+		}
+	}
+	if n, b := st.Len(), st.Bytes(); n != 3 || b != 3*memory.RecordCost {
+		t.Fatalf("3 new keys: %d records, %d bytes; want 3, %d", n, b, 3*memory.RecordCost)
+	}
+}
+
 // A flood of unique keys with large replies leaves the heap within three
 // times the byte bound of where it started: the bound the package doc states.
 func TestFloodStaysBounded(t *testing.T) {

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"bytes"
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -54,7 +55,11 @@ func TestForget(t *testing.T) {
 	r := newReplica(t)
 	ctx := context.Background()
 	done, live, ended := store.ScopeKey("t", "/m", "done"), store.ScopeKey("t", "/m", "live"), store.ScopeKey("t", "/m", "ended")
-	if err := r.store.Complete(ctx, done, acquire(t, r.store, done), []byte("reply")); err != nil {
+	doneToken := acquire(t, r.store, done)
+	if _, err := r.store.StartStep(ctx, store.StepStart{Key: done, Name: "charge", Token: doneToken, Retention: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.store.Complete(ctx, done, doneToken, []byte("reply")); err != nil {
 		t.Fatal(err)
 	}
 	acquire(t, r.store, ended)
@@ -64,6 +69,9 @@ func TestForget(t *testing.T) {
 	rec, deleted, err := r.store.Forget(ctx, done, false)
 	if err != nil || !deleted || rec.Key != done || rec.State != "completed" {
 		t.Fatalf("Forget(completed) = %+v, %v, %v; want it deleted", rec, deleted, err)
+	}
+	if steps, err := r.store.Steps(ctx, done); err != nil || len(steps) != 0 {
+		t.Fatalf("the forgotten key's steps = %+v, %v; want them deleted with it", steps, err)
 	}
 	if rec, deleted, err = r.store.Forget(ctx, ended, false); err != nil || !deleted || rec.State != "in_progress" {
 		t.Fatalf("Forget(lease ended) = %+v, %v, %v; want it deleted", rec, deleted, err)
@@ -123,5 +131,64 @@ func TestStats(t *testing.T) {
 	empty := newReplica(t)
 	if st, err := empty.store.Stats(ctx); err != nil || st.Completed+st.InProgress != 0 || !st.OldestLive.IsZero() {
 		t.Errorf("Stats of an empty table = %+v, %v", st, err)
+	}
+}
+
+// Steps lists a key's unexpired steps by name; ResolveStep records the
+// result of a started step, or deletes it so that the next run starts it
+// anew, and refuses a finished step and a key under a live lease.
+func TestStepsAndResolveStep(t *testing.T) {
+	r := newReplica(t)
+	ctx := context.Background()
+	key := store.ScopeKey("t", "/m", "steps")
+	token := acquire(t, r.store, key)
+	for _, name := range []string{"refund", "charge", "email"} {
+		if _, err := r.store.StartStep(ctx, store.StepStart{Key: key, Name: name, Token: token, Fingerprint: fpA}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.store.FinishStep(ctx, key, token, "charge", []byte(`"ch_1"`)); err != nil {
+		t.Fatal(err)
+	}
+	steps, err := r.store.Steps(ctx, key)
+	if err != nil || len(steps) != 3 {
+		t.Fatalf("Steps = %+v, %v; want 3", steps, err)
+	}
+	if s := steps[0]; s.Name != "charge" || !s.Done || string(s.Result) != `"ch_1"` || s.Fingerprint != fpA || !s.Expires.After(s.Now) || s.Started.After(s.Now) {
+		t.Errorf("Steps[0] = %+v, want charge, done", s)
+	}
+	if s := steps[1]; s.Name != "email" || s.Done || s.Result != nil {
+		t.Errorf("Steps[1] = %+v, want email, started", s)
+	}
+
+	if found, err := r.store.ResolveStep(ctx, key, "email", true, []byte("1")); !found || err == nil || !strings.Contains(err.Error(), "live lease") {
+		t.Errorf("ResolveStep under a live lease = %v, %v; want found, refused", found, err)
+	}
+	if err := r.store.Release(ctx, key, token); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := r.store.ResolveStep(ctx, key, "email", true, []byte("1")); !found || err != nil {
+		t.Errorf("ResolveStep(email, done) = %v, %v; want found", found, err)
+	}
+	if found, err := r.store.ResolveStep(ctx, key, "refund", false, nil); !found || err != nil {
+		t.Errorf("ResolveStep(refund, not done) = %v, %v; want found", found, err)
+	}
+	if found, err := r.store.ResolveStep(ctx, key, "charge", false, nil); !found || err == nil || !strings.Contains(err.Error(), `step "charge" is finished already`) {
+		t.Errorf("ResolveStep of a finished step = %v, %v; want found, refused", found, err)
+	}
+	if found, err := r.store.ResolveStep(ctx, key, "absent", true, []byte("1")); found || err != nil {
+		t.Errorf("ResolveStep of no step = %v, %v; want not found", found, err)
+	}
+
+	token = acquire(t, r.store, key)
+	for name, want := range map[string]store.StepEntry{
+		"charge": {State: store.StepDone, Fingerprint: fpA, Result: []byte(`"ch_1"`)},
+		"email":  {State: store.StepDone, Fingerprint: fpA, Result: []byte("1")},
+		"refund": {State: store.StepNew},
+	} {
+		res, err := r.store.StartStep(ctx, store.StepStart{Key: key, Name: name, Token: token, Fingerprint: fpA})
+		if err != nil || res.State != want.State || !bytes.Equal(res.Result, want.Result) || res.Fingerprint != want.Fingerprint {
+			t.Errorf("StartStep(%s) after ResolveStep = %+v, %v; want %+v", name, res, err, want)
+		}
 	}
 }

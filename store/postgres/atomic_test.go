@@ -943,3 +943,31 @@ func TestAtomicProbesOnlyWithNoConnectionFree(t *testing.T) {
 		}
 	})
 }
+
+// An atomic run's steps (token 0) are written through the pool, outside
+// its transaction: a rollback of the handler's writes keeps them, so the
+// key's next run finds the step's result.
+func TestAtomicStepsOutliveRollback(t *testing.T) {
+	r := newReplica(t)
+	ctx := context.Background()
+	key := store.ScopeKey("t", "/m", "atomic-steps")
+	res := store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention}
+	got, tx, err := r.store.Begin(ctx, res)
+	if err != nil || got.State != store.Acquired {
+		t.Fatalf("Begin = %v, %v; want acquired", got.State, err)
+	}
+	hctx := tx.HandlerContext(ctx)
+	start := store.StepStart{Key: key, Name: "charge", Fingerprint: fpA, Retention: retention}
+	if step, err := r.store.StartStep(hctx, start); err != nil || step.State != store.StepNew {
+		t.Fatalf("StartStep in an atomic run = %+v, %v; want StepNew", step, err)
+	}
+	if err := r.store.FinishStep(hctx, key, 0, "charge", []byte("ch_1")); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if step, err := r.store.StartStep(ctx, start); err != nil || step.State != store.StepDone || string(step.Result) != "ch_1" {
+		t.Errorf("StartStep after the rollback = %+v, %v; want the step done, ch_1", step, err)
+	}
+}

@@ -423,3 +423,13 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 	b.ReportMetric(sweeping/float64(run), "p99-ns-sweeping")
 	b.ReportMetric(sweeping/quiet, "p99-sweeping/quiet")
 }
+
+// BenchmarkStepWrites is benchtest.StepWrites on PostgreSQL: a step's two
+// writes, and a renewal's one, against a first call's.
+func BenchmarkStepWrites(b *testing.B) {
+	pool := pgtest.Pool(b, pgtest.Schema(b))
+	if err := postgres.Migrate(context.Background(), pool); err != nil {
+		b.Fatal(err)
+	}
+	benchtest.StepWrites(b, newStore(b, pool))
+}

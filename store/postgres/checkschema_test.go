@@ -11,8 +11,8 @@ import (
 
 // A table migrated by an older idemkey, which lacks a migration of this one,
 // fails the check, naming both schema versions, the migration and the
-// command. This idemkey has only one migration, so the test adds a next one
-// to those the check expects.
+// command. The test adds one after this idemkey's last to those the check
+// expects.
 func TestCheckSchemaOfAnOlderTable(t *testing.T) {
 	pool := pgtest.Pool(t, pgtest.Schema(t))
 	for _, table := range []string{DefaultTable, "older_keys"} {

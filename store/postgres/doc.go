@@ -35,8 +35,14 @@
 //   - Complete and Release succeed only for the token that holds an unexpired
 //     in-progress row; otherwise store.ErrLeaseLost. They run detached from
 //     the caller's cancellation, bounded by WithTimeout (5 s by default).
-//   - Sweep deletes expired rows in short batches, skipping rows a
-//     reservation has locked. Run it with store.Janitor; nothing starts a
+//   - Recorded steps (store.Stepper) live in "<table>_steps", each method
+//     one statement whose fence, with a token, is Complete's test of the
+//     record, read FOR SHARE in the statement that writes; they are written
+//     through the pool, outside an atomic call's transaction, so a rollback
+//     keeps them. Renew (store.Renewer) moves a held lease's end. FinishStep,
+//     ForgetSteps and Renew run detached and retried like Complete.
+//   - Sweep deletes expired rows, and expired steps, in short batches,
+//     skipping rows a reservation has locked. Run it with store.Janitor; nothing starts a
 //     goroutine on its own.
 //
 // # Duplicates and atomic mode

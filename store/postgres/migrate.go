@@ -263,7 +263,8 @@ func (o options) migrateHint() string {
 
 // checkSchema is New's check: the table exists, and "<table>_migrations"
 // lists every migration in ms. Without that table (a migration tool of the
-// user's own), a second query checks only that the table exists. A newer
+// user's own), a second query checks only that the table exists, with the
+// column of migration 002 and the table of steps of 003. A newer
 // idemkey's migrations are accepted with a warning: an older release runs on
 // the next one's schema during a rolling upgrade, and after a rollback.
 func (s *Store) checkSchema(ms []migration) error {
@@ -278,6 +279,7 @@ func (s *Store) checkSchema(ms []migration) error {
 		code     string  // the SQLSTATE of reading it, if it failed
 		inSchema = true  // the table's schema exists
 		waited   = true  // the table has migration 002's column
+		steps    = true  // migration 003's table of steps exists
 	)
 	query := func() error {
 		// The simple protocol prepares nothing, so that the check works
@@ -292,8 +294,9 @@ func (s *Store) checkSchema(ms []migration) error {
 		if code == "42P01" || code == "42501" { // no such table, or no right to read it
 			return s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
 				CASE $2 WHEN '' THEN current_schema() IS NOT NULL ELSE to_regnamespace($2) IS NOT NULL END,
-				EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'waited' AND NOT attisdropped)`,
-				pgx.QueryExecModeSimpleProtocol, table, o.schema).Scan(&exists, &inSchema, &waited)
+				EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'waited' AND NOT attisdropped),
+				to_regclass($3) IS NOT NULL`,
+				pgx.QueryExecModeSimpleProtocol, table, o.schema, o.qualified(o.table+"_steps")).Scan(&exists, &inSchema, &waited, &steps)
 		}
 		return err
 	}
@@ -318,6 +321,9 @@ func (s *Store) checkSchema(ms []migration) error {
 			return fmt.Errorf("idemkey postgres: table %s does not exist: %s", o.name, o.migrateHint())
 		case !waited:
 			return fmt.Errorf("idemkey postgres: table %s has no column waited: apply migration 002_add_waited (in Migrations) with your migration tool, or %s", o.name, o.migrateHint())
+		case !steps:
+			return fmt.Errorf("idemkey postgres: table %s has no table of steps %s: apply migration 003_add_steps (in Migrations) with your migration tool, or %s",
+				o.name, o.qualified(o.table+"_steps"), o.migrateHint())
 		case code == "42501":
 			o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: the store's role may not read "+versions+
 				", so New checked only that the table exists, not that every migration of this idemkey is applied: grant it SELECT on "+versions)

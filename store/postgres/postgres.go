@@ -49,7 +49,7 @@ type options struct {
 // WithTable names the table: "name", or "schema.name" for a schema other than
 // the first on the search_path. Each part is a lower-case SQL identifier
 // (letters, digits, underscores) of at most 48 bytes, so that the names
-// derived from it (the token sequence, the expiry index) fit PostgreSQL's
+// derived from it (the token sequence, the steps' table, their indexes) fit PostgreSQL's
 // 63-byte limit. Pass the same option to Migrate and New.
 func WithTable(name string) Option {
 	return func(o *options) { o.name = name }
@@ -124,7 +124,9 @@ type Store struct {
 	markSQL                                                 string // insertSQL of a store that runs Listen
 	notifySQL                                               string // a notification on the table's channel (watch.go)
 	insertBatchSQL                                          string // two-phase batches' (reservebatch.go)
-	sweepSQL                                                string
+	sweepSQL, sweepStepsSQL                                 string
+	startStepSQL, finishStepSQL, forgetStepsSQL, renewSQL   string // steps.go
+	steps                                                   string // the steps' table's name in SQL text
 	confirmSQL                                              string
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
 	holdersSQL                                              string        // atomic mode's, for keys found busy
@@ -141,6 +143,8 @@ var (
 	_ store.Store   = (*Store)(nil)
 	_ store.Finder  = (*Store)(nil)
 	_ store.Watcher = (*Store)(nil)
+	_ store.Stepper = (*Store)(nil)
+	_ store.Renewer = (*Store)(nil)
 )
 
 // New returns a store on pool, after checking once that its table has every
@@ -160,7 +164,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		o.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemkey postgres: the database URL names "+strconv.Itoa(hosts)+
 			" hosts without target_session_attrs=read-write (or primary): connections may go to a standby, where every reservation and record fails until it is promoted")
 	}
-	table := o.qualified(o.table)
+	table, steps := o.qualified(o.table), o.qualified(o.table+"_steps")
 	slots := atomicConns(pool.Config().MaxConns, o.atomicConns)
 	s := &Store{
 		pool:        pool,
@@ -175,6 +179,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		confirmSQL:  fmt.Sprintf(confirmSQL, table),
 		releaseSQL:  releaseSQL(table),
 		sweepSQL:    fmt.Sprintf(sweepSQL, table),
+		steps:       steps,
 		probeSQL:    probeSQL(table),
 		lockSQL:     lockSQL(table),
 		readSQL:     readSQL(table),
@@ -188,6 +193,12 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		batchProbeSQL:      batchProbeSQL(table, false),
 		batchProbeAloneSQL: batchProbeSQL(table, true),
 		batchRecordSQL:     fmt.Sprintf(batchRecordSQL, table),
+
+		startStepSQL:   startStepSQL(table, steps),
+		finishStepSQL:  finishStepSQL(table, steps),
+		forgetStepsSQL: forgetStepsSQL(table, steps),
+		renewSQL:       fmt.Sprintf(renewSQL, table, held),
+		sweepStepsSQL:  fmt.Sprintf(sweepStepsSQL, steps),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()
@@ -537,7 +548,12 @@ func (s *Store) write(ctx context.Context, op, sql string, key store.Key, token 
 // confirm decides a write retried after its first attempt's fate was lost
 // with its connection: done if the row of key is completed under token (for
 // Complete) or no longer held by token (for Release), else ErrLeaseLost.
+// The other writes (steps.go) write the same again when they run again, so
+// a retry that matches no row means the token no longer holds the key.
 func (s *Store) confirm(ctx context.Context, op string, key store.Key, token store.Token) error {
+	if op != "complete" && op != "release" {
+		return fmt.Errorf("idemkey postgres: %s: %w", op, store.ErrLeaseLost)
+	}
 	var completed bool
 	err := s.pool.QueryRow(ctx, s.confirmSQL, key[:], int64(token)).Scan(&completed)
 	switch {
@@ -597,26 +613,33 @@ func connectionLost(err error) bool {
 		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-// Sweep implements store.Store: each batch is one short statement of its own,
-// bounded by the store's timeout.
+// Sweep implements store.Sweeper: the expired records, then the expired
+// steps, each batch one short statement of its own, bounded by the store's
+// timeout.
 func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	if batchSize < 1 {
 		batchSize = store.DefaultSweepBatch
 	}
 	deleted := 0
-	for {
-		n, err := s.sweepBatch(ctx, batchSize)
-		deleted += n
-		if err != nil || n < batchSize {
-			return deleted, err
+	for _, sql := range []string{s.sweepSQL, s.sweepStepsSQL} {
+		for {
+			n, err := s.sweepBatch(ctx, sql, batchSize)
+			deleted += n
+			if err != nil {
+				return deleted, err
+			}
+			if n < batchSize {
+				break
+			}
 		}
 	}
+	return deleted, nil
 }
 
-func (s *Store) sweepBatch(ctx context.Context, batchSize int) (int, error) {
+func (s *Store) sweepBatch(ctx context.Context, sql string, batchSize int) (int, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
-	tag, err := s.pool.Exec(ctx, s.sweepSQL, batchSize)
+	tag, err := s.pool.Exec(ctx, sql, batchSize)
 	if err != nil {
 		return 0, s.translate(ctx, "sweep", err)
 	}

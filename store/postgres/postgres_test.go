@@ -91,11 +91,14 @@ func newReplica(t testing.TB, configure ...func(*pgxpool.Config)) replica {
 }
 
 // advance moves the database's view of time forward by d for the test
-// schema's rows: it shifts their timestamps back, so now() stays the only
-// clock.
+// schema's rows, records and steps: it shifts their timestamps back, so
+// now() stays the only clock.
 func (r replica) advance(t *testing.T, d time.Duration) {
 	t.Helper()
-	_, err := r.pool.Exec(context.Background(), `UPDATE idempotency_keys SET
+	_, err := r.pool.Exec(context.Background(), `WITH steps AS (UPDATE idempotency_keys_steps SET
+		started_at = started_at - $1 * interval '1 microsecond',
+		expires_at = expires_at - $1 * interval '1 microsecond')
+	UPDATE idempotency_keys SET
 		lease_end = lease_end - $1 * interval '1 microsecond',
 		created_at = created_at - $1 * interval '1 microsecond',
 		expires_at = expires_at - $1 * interval '1 microsecond'`, d.Microseconds())
@@ -394,9 +397,10 @@ func waitBlocked(t *testing.T, pool *pgxpool.Pool, app string) int32 {
 // administrator, a restart, a failover) loses only that connection: the
 // store runs the statement again on a fresh one, and the call succeeds once
 // the database lets it. For Complete that is what keeps a handler's reply
-// from being lost, and its key from running again after the lease.
+// from being lost, and its key from running again after the lease; for
+// FinishStep, a step's result, whose effect has happened.
 func TestTerminatedBackend(t *testing.T) {
-	for _, during := range []string{"reserve", "complete", "release"} {
+	for _, during := range []string{"reserve", "complete", "release", "finish step", "renew"} {
 		t.Run(during, func(t *testing.T) {
 			app := "idemkey_test_" + strings.ReplaceAll(t.Name(), "/", "_")
 			victim := newReplica(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["application_name"] = app })
@@ -410,6 +414,11 @@ func TestTerminatedBackend(t *testing.T) {
 			var token store.Token
 			if during != "reserve" {
 				token = acquire(t, victim.store, key)
+			}
+			if during == "finish step" {
+				if _, err := victim.store.StartStep(ctx, store.StepStart{Key: key, Name: "charge", Token: token, Fingerprint: fpA}); err != nil {
+					t.Fatal(err)
+				}
 			}
 			blocker, err := admin.pool.Begin(ctx)
 			if err != nil {
@@ -438,6 +447,10 @@ func TestTerminatedBackend(t *testing.T) {
 					r.res, r.err = victim.store.Reserve(ctx, store.Reservation{Key: key, Fingerprint: fpA, Lease: lease, Retention: retention})
 				case "complete":
 					r.err = victim.store.Complete(ctx, key, token, []byte("ok"))
+				case "finish step":
+					r.err = victim.store.FinishStep(ctx, key, token, "charge", []byte("ok"))
+				case "renew":
+					r.err = victim.store.Renew(ctx, key, token, time.Hour)
 				default:
 					r.err = victim.store.Release(ctx, key, token)
 				}
@@ -469,6 +482,15 @@ func TestTerminatedBackend(t *testing.T) {
 			case "complete":
 				if res.State != store.Completed || string(res.Outcome) != "ok" {
 					t.Errorf("after Complete: %v %q, want the recorded outcome", res.State, res.Outcome)
+				}
+			case "finish step":
+				step, err := victim.store.StartStep(ctx, store.StepStart{Key: key, Name: "charge", Token: token, Fingerprint: fpA})
+				if err != nil || step.State != store.StepDone || string(step.Result) != "ok" {
+					t.Errorf("after FinishStep: %+v, %v; want the recorded result", step, err)
+				}
+			case "renew":
+				if res.State != store.Held || res.RetryAfter < time.Hour-time.Minute {
+					t.Errorf("after Renew: %v, %v left; want held, about an hour left", res.State, res.RetryAfter)
 				}
 			default:
 				if res.State != store.Acquired {
@@ -633,8 +655,8 @@ func wantTranslated(t *testing.T, err error, unavailable bool) {
 	}
 }
 
-// WithTable puts the table, its sequence and its index under another name in
-// another schema, and Migrate is safe to run twice.
+// WithTable puts the table, its sequence, its index and the table of steps
+// under another name in another schema, and Migrate is safe to run twice.
 func TestWithTable(t *testing.T) {
 	ctx := context.Background()
 	pool := pgtest.Pool(t, "public")
@@ -647,7 +669,11 @@ func TestWithTable(t *testing.T) {
 	}
 	st := newStore(t, pool, opt)
 	key := store.ScopeKey("tenant", "/m", "k")
-	if err := st.Complete(ctx, key, acquire(t, st, key), []byte("ok")); err != nil {
+	token := acquire(t, st, key)
+	if _, err := st.StartStep(ctx, store.StepStart{Key: key, Name: "charge", Token: token, Fingerprint: fpA}); err != nil {
+		t.Fatal(err)
+	}
+	if err := st.Complete(ctx, key, token, []byte("ok")); err != nil {
 		t.Fatal(err)
 	}
 	rows, _ := pool.Query(ctx, `SELECT relname FROM pg_class WHERE relnamespace = $1::regnamespace ORDER BY relname`, schema)
@@ -655,7 +681,7 @@ func TestWithTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_pkey idem_token_seq"
+	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_pkey idem_steps idem_steps_exp_idx idem_steps_pkey idem_token_seq"
 	if got := strings.Join(names, " "); got != want {
 		t.Errorf("objects in the schema: %s\nwant %s", got, want)
 	}

@@ -146,8 +146,11 @@ func TestNewOnATableOfAnotherTool(t *testing.T) {
 		if _, err := pool.Exec(ctx, string(sql)); err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if i == 0 { // a tool that applied the first migration only
+		switch i {
+		case 0: // a tool that applied the first migration only
 			wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys has no column waited: apply migration 002_add_waited")
+		case 1:
+			wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys has no table of steps idempotency_keys_steps: apply migration 003_add_steps")
 		}
 	}
 	logger, logs := logtest.New()
@@ -226,4 +229,18 @@ func TestNewOnAnUnreachableDatabase(t *testing.T) {
 			t.Errorf("New: %v holds %q", err, secret)
 		}
 	}
+}
+
+// A table migrated by the idemkey before recorded steps (schema version 2)
+// fails New, naming the migration of the steps' table and the command.
+func TestNewWithoutTheStepsMigration(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if reverted, err := postgres.MigrateDown(ctx, pool, 2); err != nil || len(reverted) != 1 || reverted[0] != "003_add_steps" {
+		t.Fatalf("MigrateDown to 2 = %v, %v; want 003_add_steps reverted", reverted, err)
+	}
+	wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys is at schema version 2, and this idemkey needs schema version 3 (003_add_steps not applied)")
 }

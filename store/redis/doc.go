@@ -34,6 +34,9 @@
 //   - It is a store.Watcher: a waiting duplicate is told by pub/sub when the
 //     key is recorded or released (watch.go). Store.Close ends the
 //     subscription of a store dropped while its client lives on.
+//   - It is a store.Stepper and a store.Renewer, each method one fenced
+//     script: a key's steps are one hash in its record's slot that outlives
+//     Release and expires natively with the record (steps.go, scripts.go).
 //   - The store is not store.Atomic: handlers run two-phase.
 //
 // # The server and lost data
@@ -56,5 +59,6 @@
 // sent again whole: a repeated Complete answers success, and a repeated
 // Reserve finds its own reservation.
 //
-// Only Redis 7 has been tested here; Valkey speaks the same protocol.
+// Only Redis 7 has been tested here, and steps need it (PEXPIRETIME);
+// Valkey speaks the same protocol.
 package redis

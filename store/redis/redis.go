@@ -92,8 +92,8 @@ func WithLogger(l *slog.Logger) Option {
 	return func(o *options) { o.logger = l }
 }
 
-// Store is a store.Store, store.Finder and store.Watcher on Redis. It is
-// safe for concurrent use.
+// Store is a store.Store, store.Finder, store.Watcher, store.Stepper and
+// store.Renewer on Redis. It is safe for concurrent use.
 type Store struct {
 	client  goredis.UniversalClient
 	cluster *goredis.ClusterClient // set for a cluster: WAIT goes to the key's primary
@@ -120,6 +120,8 @@ var (
 	_ store.Store   = (*Store)(nil)
 	_ store.Finder  = (*Store)(nil)
 	_ store.Watcher = (*Store)(nil)
+	_ store.Stepper = (*Store)(nil)
+	_ store.Renewer = (*Store)(nil)
 )
 
 // New returns a store on client: a *goredis.Client (one server, or a
@@ -232,7 +234,8 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	args := []any{r.Fingerprint[:], micros(r.Lease), micros(r.Retention)}
 	since := s.watch.heard.Load()
 	acquired := func(v any) bool { a, _ := v.([]any); return len(a) > 0 && a[0] == int64(1) }
-	v, err := s.run(ctx, "reserve", reserveScript, r.Key, reserveCount, args...)
+	keys, slot := s.keys(r.Key)
+	v, err := s.run(ctx, "reserve", reserveScript, keys, slot, reserveCount, args...)
 	if err != nil {
 		if errors.Is(err, errNotReplicated) && acquired(v) {
 			// Free the key rather than leave it in progress for a lease.
@@ -315,7 +318,8 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 		return err
 	}
 	defer s.watch.forget(key)
-	return s.write(ctx, "complete", completeScript, key, completeCount, strconv.FormatInt(int64(token), 10), outcome)
+	keys, slot := s.keys(key)
+	return s.write(ctx, "complete", completeScript, keys, slot, writeCount, strconv.FormatInt(int64(token), 10), outcome)
 }
 
 // Release implements store.Store, detached from ctx's cancellation like
@@ -329,13 +333,14 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 		return err
 	}
 	defer s.watch.forget(key)
-	return s.write(ctx, "release", releaseScript, key, uncounted, strconv.FormatInt(int64(token), 10))
+	keys, slot := s.keys(key)
+	return s.write(ctx, "release", releaseScript, keys, slot, uncounted, strconv.FormatInt(int64(token), 10))
 }
 
-// write runs Complete's or Release's script, whose reply is {1, count}, or
-// {0, 0} if the lease was lost.
-func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key store.Key, count func(any) int64, args ...any) error {
-	v, err := s.run(ctx, op, sc, key, count, args...)
+// write runs a fenced script on keys (Complete's, Release's, a step's or
+// Renew's), whose reply is {1, count}, or {0, 0} if the lease was lost.
+func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, keys []string, slot int, count func(any) int64, args ...any) error {
+	v, err := s.run(ctx, op, sc, keys, slot, count, args...)
 	if err != nil {
 		return err
 	}
@@ -345,12 +350,13 @@ func (s *Store) write(ctx context.Context, op string, sc *goredis.Script, key st
 	return nil
 }
 
-// The write counter's value in the replies of reserveScript and
-// completeScript (made once, not per call); Release's counts nothing.
+// The write counter's value in the replies of reserveScript, and of
+// completeScript and the step and renew scripts (made once, not per call);
+// Release's and ForgetSteps' count nothing.
 var (
-	reserveCount  = counted(6)
-	completeCount = counted(1)
-	uncounted     = func(any) int64 { return 0 }
+	reserveCount = counted(6)
+	writeCount   = counted(1)
+	uncounted    = func(any) int64 { return 0 }
 )
 
 // counted returns a function that reads the write counter's value at index
@@ -370,12 +376,11 @@ func counted(i int) func(any) int64 {
 // for confirmed in time.
 var errNotReplicated = errors.New("not confirmed by the replicas in time")
 
-// run runs sc on key. With WithReplicas, a write (count above 0) is followed
+// run runs sc on keys, those of a record on slot (Store.keys). With WithReplicas, a write (count above 0) is followed
 // by WAIT on the same connection, as WAIT requires. Only a confirmed write's
 // counter raises what the store has seen of its slot, so that a failover
 // that loses an unconfirmed one does not fail the store.
-func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, key store.Key, count func(any) int64, args ...any) (any, error) {
-	keys, slot := s.keys(key)
+func (s *Store) run(ctx context.Context, op string, sc *goredis.Script, keys []string, slot int, count func(any) int64, args ...any) (any, error) {
 	args = s.argv(slot, args...)
 	if s.opts.replicas == 0 {
 		v, err := s.eval(ctx, sc, keys, args)

@@ -31,8 +31,9 @@ import goredis "github.com/redis/go-redis/v9"
 // counter, which a detecting script would otherwise raise towards what
 // another process saw, hiding the loss from it. A record that is there and
 // is not written needs no check, so that replays read no more than they did.
-// A script that writes a reservation or an outcome raises the counter (INCR)
-// and returns its new value; Release does not (see Store.Release).
+// A script that writes a reservation, an outcome, a step or a lease's
+// renewal raises the counter (INCR) and returns its new value; Release and
+// ForgetSteps do not (see Store.Release).
 //
 // Each script reads the server's clock with TIME and adds ARGV's offset, in
 // microseconds: zero but in this package's tests, which move time forward
@@ -77,10 +78,12 @@ local function lost()
 end
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2]) + tonumber(ARGV[1])
--- expireAt sets the key's native expiry at the logical time t, on the real
--- clock, in whole milliseconds rounded up: the record never goes early.
+-- real: the logical time t on the real clock, in whole milliseconds rounded
+-- up, for a native expiry that never comes early.
+local function real(t) return math.floor((t - tonumber(ARGV[1])) / 1000) + 1 end
+-- expireAt sets the record's native expiry at the logical time t.
 local function expireAt(t)
-	redis.call('PEXPIREAT', KEYS[1], math.floor((t - tonumber(ARGV[1])) / 1000) + 1)
+	redis.call('PEXPIREAT', KEYS[1], real(t))
 end
 -- changed: tells the stores' subscribers (Watch) that the record changed,
 -- on <prefix>:changed, with the record's name <prefix>:{<hex>}, if w, the
@@ -192,4 +195,101 @@ var findScript = goredis.NewScript(prelude + `
 local r = redis.call('HMGET', KEYS[1], 's', 'f', 'o', 'e')
 if r[1] == 'c' and tonumber(r[4]) > now then return {r[2], r[3], tonumber(r[4])} end
 return lost() or false
+`)
+
+// The steps of a key (store.Stepper) are one hash beside its record, named
+// <prefix>:{<hex of store.Key>}:steps, in the record's hash slot: a field
+// per step, named as it is, holding
+//
+//	<expiry> <fingerprint, 32 bytes><s (started) or d (done)><result>
+//
+// with the expiry in server microseconds, as the record's: its record's
+// expiry (e, or its lease's end if later) when the step was started, so
+// that a step outlives Release and the lease, and a step past it counts as
+// absent. The hash expires natively with its last step. The step scripts
+// have the record's KEYS and ARGV (offset, epoch, count seen), the hash as
+// KEYS[4], then ARGV: the token, then their own. Each writes only for the
+// run whose token holds the record in progress, checking for a loss as the
+// record's scripts do: lost() before it starts a step it found absent or
+// answers that none is there, behind() before other writes. Starting and
+// finishing a step raise the write counter, so that a step lost to a
+// server gone back to an older state is not taken for one never started.
+// PEXPIRETIME needs Redis 7.
+const stepPrelude = `
+-- r: the record's s, t, l, e, for held(). step: the unexpired record of
+-- step name, as {expiry, fingerprint, s or d, result}, or nil.
+local function step(name)
+	local v = redis.call('HGET', KEYS[4], name)
+	if not v then return nil end
+	local i = string.find(v, ' ', 1, true)
+	local expires = tonumber(string.sub(v, 1, i - 1))
+	if expires <= now then return nil end
+	return {expires, string.sub(v, i + 1, i + 32), string.sub(v, i + 33, i + 33), string.sub(v, i + 34)}
+end
+local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
+`
+
+// startStepScript starts a step: store.Stepper's StartStep. ARGV: offset,
+// epoch, count seen, token, name, fingerprint. Reply: {kind, count,
+// fingerprint, result}: kind 1 started now, with the write counter's new
+// value; 2 started before, 3 done, each with the step's fingerprint and
+// result and a count of 0; {0, 0} lease lost.
+var startStepScript = goredis.NewScript(prelude + stepPrelude + `
+if not held(r, ARGV[4]) then return lost() or {0, 0} end
+local found = step(ARGV[5])
+if found then return {found[3] == 'd' and 3 or 2, 0, found[2], found[4]} end
+local gone = lost()
+if gone then return gone end
+local expires = math.max(tonumber(r[4]), tonumber(r[3]))
+redis.call('HSET', KEYS[4], ARGV[5], num(expires) .. ' ' .. ARGV[6] .. 's')
+if redis.call('PEXPIRETIME', KEYS[4]) < real(expires) then
+	redis.call('PEXPIREAT', KEYS[4], real(expires))
+end
+return {1, redis.call('INCR', KEYS[3]), '', ''}
+`)
+
+// finishStepScript records a step's result. ARGV: offset, epoch, count
+// seen, token, name, result. Reply: {1, the write counter's new value}
+// recorded, {0, 0} lease lost or no such step. A repeat records the same
+// again.
+var finishStepScript = goredis.NewScript(prelude + stepPrelude + `
+local found = held(r, ARGV[4]) and step(ARGV[5])
+if not found then return lost() or {0, 0} end
+local gone = behind()
+if gone then return gone end
+redis.call('HSET', KEYS[4], ARGV[5], num(found[1]) .. ' ' .. found[2] .. 'd' .. ARGV[6])
+return {1, redis.call('INCR', KEYS[3])}
+`)
+
+// forgetStepsScript deletes the steps named, or all. ARGV: offset, epoch,
+// count seen, token, names. Reply: {1, 0} deleted, {0, 0} lease lost. Like
+// Release, it raises no counter: a deletion lost to a failover brings a
+// step back, which runs nothing twice.
+var forgetStepsScript = goredis.NewScript(prelude + stepPrelude + `
+if not held(r, ARGV[4]) then return lost() or {0, 0} end
+local gone = behind()
+if gone then return gone end
+if #ARGV > 4 then
+	redis.call('HDEL', KEYS[4], unpack(ARGV, 5))
+else
+	redis.call('DEL', KEYS[4])
+end
+return {1, 0}
+`)
+
+// renewScript ends the lease of the record token holds in progress lease
+// from now: store.Renewer. ARGV: offset, epoch, count seen, token, lease
+// (microseconds). Reply: {1, the write counter's new value} renewed, {0, 0}
+// lease lost. It raises the counter, so that with WithReplicas a renewal is
+// confirmed: one lost to a failover would let another run take over a live
+// one.
+var renewScript = goredis.NewScript(prelude + `
+local r = redis.call('HMGET', KEYS[1], 's', 't', 'l', 'e')
+if not held(r, ARGV[4]) then return lost() or {0, 0} end
+local gone = behind()
+if gone then return gone end
+local leaseEnd = now + tonumber(ARGV[5])
+redis.call('HSET', KEYS[1], 'l', num(leaseEnd))
+expireAt(math.max(tonumber(r[4]), leaseEnd))
+return {1, redis.call('INCR', KEYS[3])}
 `)

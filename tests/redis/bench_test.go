@@ -214,3 +214,13 @@ func processMicros(b *testing.B) int64 {
 	}
 	return ru.Utime.Nano()/1e3 + ru.Stime.Nano()/1e3
 }
+
+// BenchmarkStepWrites is benchtest.StepWrites on Redis: a step's two
+// writes, and a renewal's one, against a first call's.
+func BenchmarkStepWrites(b *testing.B) {
+	st, err := redis.New(context.Background(), redistest.Client(b), redis.WithPrefix(prefix()))
+	if err != nil {
+		b.Fatal(err)
+	}
+	benchtest.StepWrites(b, st)
+}
