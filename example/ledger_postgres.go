@@ -25,6 +25,8 @@ import (
 // (tenant, merchant_reference) is the second line of defence: it refuses a
 // repeated charge even after its idempotency key has expired. An empty
 // reference is stored as NULL, which the constraint does not compare.
+// processor_charge_id, added to a table of an earlier release, is the card
+// processor's id of the charge, '' if none was charged.
 const chargesSchema = `
 CREATE TABLE IF NOT EXISTS charges (
 	tenant             text        NOT NULL,
@@ -38,7 +40,8 @@ CREATE TABLE IF NOT EXISTS charges (
 	PRIMARY KEY (tenant, id),
 	CONSTRAINT charges_merchant_reference_key UNIQUE (tenant, merchant_reference)
 );
-CREATE INDEX IF NOT EXISTS charges_customer_page_idx ON charges (tenant, customer_id, create_time, id)`
+CREATE INDEX IF NOT EXISTS charges_customer_page_idx ON charges (tenant, customer_id, create_time, id);
+ALTER TABLE charges ADD COLUMN IF NOT EXISTS processor_charge_id text NOT NULL DEFAULT ''`
 
 // PostgresLedger is a Ledger on the table charges, in the database that also
 // holds the idempotency keys.
@@ -73,7 +76,7 @@ func MigrateLedger(ctx context.Context, pool *pgxpool.Pool) error {
 	for attempt := 1; ; attempt++ {
 		_, err := pool.Exec(ctx, chargesSchema)
 		var pgErr *pgconn.PgError
-		collided := errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")
+		collided := errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710" || pgErr.Code == "42701")
 		if !collided || attempt == 5 {
 			return err
 		}
@@ -130,9 +133,9 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 		db = conn
 	}
 	_, err := db.Exec(ctx, `INSERT INTO charges
-		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime())
+		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time, processor_charge_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime(), c.GetProcessorChargeId())
 	var pgErr *pgconn.PgError
 	refused := errors.As(err, &pgErr) // the server answered with an error
 	switch {
@@ -179,14 +182,14 @@ func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string, af
 	return charges, positionOf(charges[limit-1]), nil
 }
 
-const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time FROM charges`
+const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time, processor_charge_id FROM charges`
 
 func scanCharge(row pgx.CollectableRow) (*paymentsv1.Charge, error) {
 	var (
 		c       paymentsv1.Charge
 		created time.Time
 	)
-	err := row.Scan(&c.Id, &c.CustomerId, &c.Amount, &c.Currency, &c.Description, &c.MerchantReference, &created)
+	err := row.Scan(&c.Id, &c.CustomerId, &c.Amount, &c.Currency, &c.Description, &c.MerchantReference, &created, &c.ProcessorChargeId)
 	c.CreateTime = timestamppb.New(created)
 	return &c, err
 }

@@ -30,7 +30,7 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	leakcheck.Main(m, servertest.Cleanup)
+	leakcheck.Main(m, servertest.Cleanup, cleanupProcessor)
 }
 
 // The server creates its tables on an empty database, answers over loopback,
