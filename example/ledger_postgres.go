@@ -26,7 +26,7 @@ import (
 // repeated charge even after its idempotency key has expired. An empty
 // reference is stored as NULL, which the constraint does not compare.
 // processor_charge_id, added to a table of an earlier release, is the card
-// processor's id of the charge, '' if none was charged.
+// processor's id of the charge, empty if none was charged.
 const chargesSchema = `
 CREATE TABLE IF NOT EXISTS charges (
 	tenant             text        NOT NULL,
