@@ -22,10 +22,10 @@ import (
 
 // Processor is a card processor over HTTP, the kind of downstream service a
 // step calls. It does not honour idempotency keys: every POST charges, so a
-// charge made twice shows. It keeps the key a charge was made with, so that
-// the caller can look it up:
+// charge made twice shows. It keeps the key a charge was made with, if
+// any, so that the caller can look it up:
 //
-//	POST /charges           {"customer_id", "amount", "currency"}, the key in Idempotency-Key: 200 {"id"}
+//	POST /charges           {"customer_id", "amount", "currency"}, a key in Idempotency-Key: 200 {"id"}
 //	GET  /charges?idempotency_key=K   200 {"id"} of the charge made with K, or 404
 //	GET  /charges/count     200 {"count"}: how many charges it has made
 //
@@ -90,15 +90,17 @@ func (p *Processor) Count() int {
 func (p *Processor) charge(w http.ResponseWriter, r *http.Request) {
 	var c processorCharge
 	key := r.Header.Get("Idempotency-Key")
-	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&c); err != nil || key == "" || c.CustomerID == "" || c.Amount <= 0 || c.Currency == "" {
-		http.Error(w, "a charge needs customer_id, a positive amount, currency and an Idempotency-Key", http.StatusBadRequest)
+	if err := json.NewDecoder(io.LimitReader(r.Body, 64<<10)).Decode(&c); err != nil || c.CustomerID == "" || c.Amount <= 0 || c.Currency == "" {
+		http.Error(w, "a charge needs customer_id, a positive amount and currency", http.StatusBadRequest)
 		return
 	}
 	var b [12]byte
 	rand.Read(b[:])
 	id := "pch_" + hex.EncodeToString(b[:])
 	p.mu.Lock()
-	p.byKey[key] = id
+	if key != "" {
+		p.byKey[key] = id
+	}
 	p.count++
 	p.mu.Unlock()
 	if p.hang {
@@ -133,7 +135,8 @@ func newProcessorClient(base string, timeout time.Duration) (*processorClient, e
 var errProcessor = errors.New("example: the card processor answered")
 
 // charge charges c's customer at the processor under the step's derived key
-// (ctx's client key), and returns the processor's id of the charge. A POST
+// (ctx's client key; none outside a call that holds a key, as in a server
+// without idempotency), and returns the processor's id of the charge. A POST
 // that failed before it could have charged, one that found no connection or
 // that the processor refused as a bad request, is engine.NotDone; a timeout
 // or a lost answer is not: the processor may have charged. The POST is not
@@ -147,7 +150,9 @@ func (p *processorClient) charge(ctx context.Context, c *paymentsv1.Charge) (str
 		return "", engine.NotDone(err)
 	}
 	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Idempotency-Key", key)
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
 	resp, err := p.http.Do(req)
 	if err != nil {
 		if opErr := new(net.OpError); errors.As(err, &opErr) && opErr.Op == "dial" {
