@@ -29,20 +29,23 @@ import (
 //	GET  /charges?idempotency_key=K   200 {"id"} of the charge made with K, or 404
 //	GET  /charges/count     200 {"count"}: how many charges it has made
 //
-// A Processor that hangs charges and then never answers: it holds each POST
-// until the client gives up, as a processor whose answer is lost.
+// A Processor may wait after it has charged and before it answers, so that
+// a caller's crash can fall inside the call; one that hangs charges and
+// then never answers: it holds each POST until the client gives up, as a
+// processor whose answer is lost.
 type Processor struct {
-	hang bool
+	delay time.Duration
+	hang  bool
 
 	mu    sync.Mutex
 	byKey map[string]string // the id of the charge made with each key, the last if several
 	count int
 }
 
-// NewProcessor returns a processor with no charges; with hang, it never
-// answers a POST.
-func NewProcessor(hang bool) *Processor {
-	return &Processor{hang: hang, byKey: make(map[string]string)}
+// NewProcessor returns a processor with no charges that answers a POST
+// delay after it has charged or, with hang, never.
+func NewProcessor(delay time.Duration, hang bool) *Processor {
+	return &Processor{delay: delay, hang: hang, byKey: make(map[string]string)}
 }
 
 // processorCharge is the body of POST /charges.
@@ -105,6 +108,11 @@ func (p *Processor) charge(w http.ResponseWriter, r *http.Request) {
 	p.mu.Unlock()
 	if p.hang {
 		<-r.Context().Done()
+		return
+	}
+	select {
+	case <-time.After(p.delay):
+	case <-r.Context().Done():
 		return
 	}
 	writeJSON(w, processorReply{ID: id})

@@ -341,7 +341,7 @@ func serveProcessor(logger *slog.Logger) (*processor, error) {
 		return nil, fmt.Errorf("processor: %w", err)
 	}
 	p := &processor{
-		Server: &http.Server{Handler: example.NewProcessor(false), ReadHeaderTimeout: 10 * time.Second},
+		Server: &http.Server{Handler: example.NewProcessor(0, false), ReadHeaderTimeout: 10 * time.Second},
 		url:    "http://" + lis.Addr().String(),
 		served: make(chan struct{}),
 	}
