@@ -51,8 +51,12 @@ func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterfac
 	if err != nil {
 		return nil, err
 	}
+	svc, err := newService(cfg)
+	if err != nil {
+		return nil, err
+	}
 	mux := http.NewServeMux()
-	mux.Handle(paymentsv1connect.NewPaymentServiceHandler(connectService{NewService(cfg.Ledger, cfg.HandlerDelay)},
+	mux.Handle(paymentsv1connect.NewPaymentServiceHandler(connectService{svc},
 		connect.WithInterceptors(connectAuth{}, idem)))
 	gw, err := newGateway(conn)
 	if err != nil {

@@ -25,6 +25,9 @@ import (
 // (tenant, merchant_reference) is the second line of defence: it refuses a
 // repeated charge even after its idempotency key has expired. An empty
 // reference is stored as NULL, which the constraint does not compare.
+// processor_charge_id is the card processor's id of the charge, empty if
+// none was charged; a table of an earlier release gets it, under a lock
+// taken only then.
 const chargesSchema = `
 CREATE TABLE IF NOT EXISTS charges (
 	tenant             text        NOT NULL,
@@ -35,10 +38,16 @@ CREATE TABLE IF NOT EXISTS charges (
 	description        text        NOT NULL,
 	merchant_reference text,
 	create_time        timestamptz NOT NULL,
+	processor_charge_id text       NOT NULL DEFAULT '',
 	PRIMARY KEY (tenant, id),
 	CONSTRAINT charges_merchant_reference_key UNIQUE (tenant, merchant_reference)
 );
-CREATE INDEX IF NOT EXISTS charges_customer_page_idx ON charges (tenant, customer_id, create_time, id)`
+CREATE INDEX IF NOT EXISTS charges_customer_page_idx ON charges (tenant, customer_id, create_time, id);
+DO $$ BEGIN
+	IF NOT EXISTS (SELECT FROM pg_attribute WHERE attrelid = 'charges'::regclass AND attname = 'processor_charge_id' AND NOT attisdropped) THEN
+		ALTER TABLE charges ADD COLUMN processor_charge_id text NOT NULL DEFAULT '';
+	END IF;
+END $$`
 
 // PostgresLedger is a Ledger on the table charges, in the database that also
 // holds the idempotency keys.
@@ -66,14 +75,15 @@ func (l *PostgresLedger) InTransaction() grpc.UnaryServerInterceptor {
 	}
 }
 
-// MigrateLedger creates the charges table if it does not exist. Replicas
-// starting at once can collide in the catalog ("already exists", or a unique
-// violation there); the loser tries again and finds the table.
+// MigrateLedger creates the charges table if it does not exist, or adds
+// the columns it lacks. Replicas starting at once can collide in the
+// catalog ("already exists", or a unique violation there) or deadlock on an
+// upgrade's lock; the loser tries again and finds the table.
 func MigrateLedger(ctx context.Context, pool *pgxpool.Pool) error {
 	for attempt := 1; ; attempt++ {
 		_, err := pool.Exec(ctx, chargesSchema)
 		var pgErr *pgconn.PgError
-		collided := errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710")
+		collided := errors.As(err, &pgErr) && (pgErr.Code == "23505" || pgErr.Code == "42P07" || pgErr.Code == "42710" || pgErr.Code == "42701" || pgErr.Code == "40P01")
 		if !collided || attempt == 5 {
 			return err
 		}
@@ -130,9 +140,9 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 		db = conn
 	}
 	_, err := db.Exec(ctx, `INSERT INTO charges
-		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time)
-		VALUES ($1, $2, $3, $4, $5, $6, $7, $8)`,
-		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime())
+		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time, processor_charge_id)
+		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
+		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime(), c.GetProcessorChargeId())
 	var pgErr *pgconn.PgError
 	refused := errors.As(err, &pgErr) // the server answered with an error
 	switch {
@@ -179,14 +189,14 @@ func (l *PostgresLedger) List(ctx context.Context, tenant, customerID string, af
 	return charges, positionOf(charges[limit-1]), nil
 }
 
-const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time FROM charges`
+const selectCharges = `SELECT id, customer_id, amount, currency, description, coalesce(merchant_reference, ''), create_time, processor_charge_id FROM charges`
 
 func scanCharge(row pgx.CollectableRow) (*paymentsv1.Charge, error) {
 	var (
 		c       paymentsv1.Charge
 		created time.Time
 	)
-	err := row.Scan(&c.Id, &c.CustomerId, &c.Amount, &c.Currency, &c.Description, &c.MerchantReference, &created)
+	err := row.Scan(&c.Id, &c.CustomerId, &c.Amount, &c.Currency, &c.Description, &c.MerchantReference, &created, &c.ProcessorChargeId)
 	c.CreateTime = timestamppb.New(created)
 	return &c, err
 }

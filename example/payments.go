@@ -19,6 +19,7 @@ import (
 	"errors"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc"
@@ -60,9 +61,25 @@ func NewEngine(st store.Store, opts ...engine.Option) (*engine.Engine, error) {
 // Config is how NewServer and NewHTTPHandler build the service. The settings
 // every entry point shares are the engine's (NewEngine).
 type Config struct {
-	// HandlerDelay holds CreateCharge after it has written the charge, so a
-	// duplicate can arrive while the first call is in progress.
+	// HandlerDelay holds CreateCharge, so a duplicate can arrive while the
+	// first call is in progress: with a processor, after its answer and
+	// before the charge's write, so that a crash can fall between them;
+	// without one, after the write.
 	HandlerDelay time.Duration
+	// ProcessorURL is the card processor's (a Processor's) base URL, which
+	// CreateCharge charges as a recorded step before it writes the charge;
+	// empty charges no processor.
+	ProcessorURL string
+	// ProcessorTimeout bounds each call to the processor; 0 is 5s.
+	ProcessorTimeout time.Duration
+	// WithoutReconcile gives the processor's step no reconcile function: a
+	// step an earlier run left started is answered outcome unknown rather
+	// than looked up at the processor.
+	WithoutReconcile bool
+	// FailAfterCharge fails the first FailAfterCharge calls of CreateCharge
+	// with Unavailable after the processor's charge and before the write: a
+	// transient failure, which a retry recovers from.
+	FailAfterCharge int
 	// Options are added to the gRPC interceptor's.
 	Options []interceptor.Option
 	// ServerOptions are added to the gRPC server's, after its interceptors:
@@ -115,11 +132,14 @@ func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, er
 		chain = append(chain, ledger.InTransaction())
 	}
 	srv := grpc.NewServer(append([]grpc.ServerOption{grpc.ChainUnaryInterceptor(chain...)}, cfg.ServerOptions...)...)
-	ledger := cfg.Ledger
-	if ledger == nil {
-		ledger = NewMemoryLedger()
+	if cfg.Ledger == nil {
+		cfg.Ledger = NewMemoryLedger()
 	}
-	paymentsv1.RegisterPaymentServiceServer(srv, NewService(ledger, cfg.HandlerDelay))
+	svc, err := newService(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
@@ -172,20 +192,47 @@ type Service struct {
 	paymentsv1.UnimplementedPaymentServiceServer
 	ledger Ledger
 	delay  time.Duration
+
+	processor *processorClient // nil: no processor is charged
+	reconcile bool
+	failures  atomic.Int64 // the calls still to fail after the processor's charge
 }
 
-// NewService returns a service on ledger whose CreateCharge waits delay after
-// writing each charge.
+// NewService returns a service on ledger that charges no processor, whose
+// CreateCharge waits delay after writing each charge.
 func NewService(ledger Ledger, delay time.Duration) *Service {
 	return &Service{ledger: ledger, delay: delay}
 }
 
+// newService returns the service of cfg, on its ledger.
+func newService(cfg Config) (*Service, error) {
+	s := NewService(cfg.Ledger, cfg.HandlerDelay)
+	if cfg.ProcessorURL == "" {
+		return s, nil
+	}
+	var err error
+	if s.processor, err = newProcessorClient(cfg.ProcessorURL, cmp.Or(cfg.ProcessorTimeout, 5*time.Second)); err != nil {
+		return nil, err
+	}
+	s.reconcile = !cfg.WithoutReconcile
+	s.failures.Store(int64(cfg.FailAfterCharge))
+	return s, nil
+}
+
+// chargeStep is the name of CreateCharge's step, the processor's charge.
+const chargeStep = "charge-card"
+
 var currencyCode = regexp.MustCompile(`^[A-Z]{3}$`)
 
-// CreateCharge charges a customer. Invalid requests get InvalidArgument (the
-// idemkey interceptor releases the key, so a corrected retry may reuse it);
-// a declined card gets FailedPrecondition and a merchant_reference used
-// before gets AlreadyExists (both recorded and replayed).
+// CreateCharge charges a customer: at the card processor, if the service
+// has one, as a recorded step, then in the ledger. Invalid requests get
+// InvalidArgument (the idemkey interceptor releases the key, so a corrected
+// retry may reuse it); a declined card gets FailedPrecondition and a
+// merchant_reference used before gets AlreadyExists (both recorded and
+// replayed; the reference is found at the write, after the processor's
+// charge, where a real service would look it up first). A processor that
+// fails gets Unavailable: the key is released, and the retry gets the
+// step's result or looks the charge up (reconcile).
 func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 	tenant, err := Tenant(ctx)
 	if err != nil {
@@ -210,22 +257,37 @@ func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 		MerchantReference: req.GetMerchantReference(),
 		CreateTime:        timestamppb.New(time.Now().Truncate(time.Microsecond)), // as PostgreSQL keeps it
 	}
+	if s.processor == nil {
+		if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
+			return nil, err
+		}
+		time.Sleep(s.delay) // a call that completes whether or not the client still waits
+		return charge, nil
+	}
+	// The processor's charge leaves this database, so it is a recorded
+	// step: a retry of the key, after a crash between the charge and its
+	// write, or a released failure, gets the processor's id back rather
+	// than charge again.
+	var reconcile func(context.Context) (string, bool, error)
+	if s.reconcile {
+		reconcile = s.processor.reconcile
+	}
+	id, err := engine.Step(ctx, chargeStep, func(ctx context.Context) (string, error) {
+		return s.processor.charge(ctx, charge)
+	}, reconcile)
+	if err != nil {
+		// A step whose outcome is unknown, or a store that failed, is
+		// answered as the engine says, whatever this returns.
+		return nil, status.Error(codes.Unavailable, "the card processor did not answer; a retry finds the charge if it was made")
+	}
+	charge.ProcessorChargeId = id
+	time.Sleep(s.delay)
+	if s.failures.Add(-1) >= 0 {
+		return nil, status.Error(codes.Unavailable, "a transient failure after the processor's charge (-fail-after-charge)")
+	}
 	if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
 		return nil, err
 	}
-	// A real service would now ask its card processor to capture the money,
-	// sending a key derived from this call's, so that the processor too sees
-	// every retry of this charge as one:
-	//
-	//	processorKey, _ := idemkey.DerivedKey(ctx, "capture")
-	//	err := processor.Capture(ctx, charge, processorKey)
-	//
-	// That call leaves this database, so such a method belongs in two-phase
-	// mode, not atomic mode.
-	//
-	// The delay stands in for that call, one that does complete: the charge
-	// is made whether or not the client is still waiting.
-	time.Sleep(s.delay)
 	return charge, nil
 }
 

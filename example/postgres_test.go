@@ -224,3 +224,25 @@ func TestInsertEndsByTheCallsDeadline(t *testing.T) {
 		t.Errorf("%d charges after the call's deadline, want 0", n)
 	}
 }
+
+// A charges table of an earlier release, without processor_charge_id,
+// gets the column, empty for its charges, and keeps them.
+func TestMigrateLedgerAddsProcessorChargeID(t *testing.T) {
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	ctx := context.Background()
+	if _, err := pool.Exec(ctx, `CREATE TABLE charges (tenant text NOT NULL, id text NOT NULL, customer_id text NOT NULL,
+		amount bigint NOT NULL, currency text NOT NULL, description text NOT NULL, merchant_reference text,
+		create_time timestamptz NOT NULL, PRIMARY KEY (tenant, id));
+		INSERT INTO charges VALUES ('acme', 'ch_old', 'cus_1', 100, 'EUR', '', NULL, now())`); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := example.MigrateLedger(ctx, pool); err != nil {
+			t.Fatalf("MigrateLedger on an earlier table: %v", err)
+		}
+	}
+	c, err := example.NewPostgresLedger(pool).Get(ctx, "acme", "ch_old")
+	if err != nil || c.GetProcessorChargeId() != "" {
+		t.Errorf("the earlier charge: %v, %v; want it with no processor_charge_id", c, err)
+	}
+}

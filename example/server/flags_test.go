@@ -44,6 +44,8 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-lease", "0"}, "-lease"},
 		{[]string{"-lease", "-1s"}, "-lease"},
 		{[]string{"-handler-delay", "-1s"}, "-handler-delay"},
+		{[]string{"-processor-timeout", "0"}, "-processor-timeout"},
+		{[]string{"-fail-after-charge", "-1"}, "-fail-after-charge"},
 		{[]string{"-memory-max-bytes", "-1"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-records", "-1"}, "-memory-max-records"},

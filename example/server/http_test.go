@@ -375,9 +375,11 @@ func TestGatewayDraftStatuses(t *testing.T) {
 		})
 	}
 	t.Run("store full", func(t *testing.T) {
-		full := startEntryPoints(t, config{maxRecords: 1})
+		// Room for one charge of a tenant's (half the store): its key's
+		// record and its step's.
+		full := startEntryPoints(t, config{maxRecords: 4})
 		if code, _, problem, _ := full.viaHTTP(t, idemkey.NewKey(), body); code != http.StatusCreated {
-			t.Fatalf("the one record: %d %+v", code, problem)
+			t.Fatalf("the one charge: %d %+v", code, problem)
 		}
 		code, _, problem, h := full.viaHTTP(t, idemkey.NewKey(), body)
 		if code != http.StatusServiceUnavailable || idemhttp.ProblemReason(problem.Type) != idemkey.ReasonStoreFull || h.Get("Retry-After") == "" {

@@ -6,6 +6,7 @@
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
+//	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -63,6 +64,21 @@
 // (IDEMPOTENCY_STORE_UNAVAILABLE) and logged at Error; nothing runs again.
 // The server logs the ids of its keys at start-up, never the keys.
 //
+// CreateCharge charges the customer at a card processor (example.Processor,
+// which does not honour idempotency keys) as a recorded step, then writes
+// the charge: the processor at -processor-url, else one the server serves
+// itself on a loopback port of its own. A retry of the key, after a crash
+// between the processor's charge and the write or a released failure, gets
+// the processor's id of the charge rather than charge again; a step an
+// earlier run left started is looked up at the processor by its key, unless
+// -reconcile=false, which answers it outcome unknown (gRPC Unknown,
+// IDEMPOTENCY_OUTCOME_UNKNOWN) until an operator resolves it (idemkey
+// resolve-step). -processor-timeout bounds each call to the processor;
+// -handler-delay waits after its answer and before the charge's write, so
+// that a crash can fall between them; -fail-after-charge N fails the first N
+// calls with Unavailable there: a transient failure, which a retry recovers
+// from.
+//
 // -ttl is how long a recorded reply is replayed, from the first call; after
 // it the key runs as a new call. -max-lease bounds how long a call holds its
 // key before a retry may presume it dead and run it again (a call with a
@@ -78,7 +94,8 @@
 //
 // The server refuses to start, naming the flag, when a flag makes no sense:
 // a -ttl, -max-lease or -lease of zero or less; a -ttl shorter than
-// -max-lease; a negative -handler-delay; a -memory-max-records or
+// -max-lease; a negative -handler-delay or -fail-after-charge; a
+// -processor-timeout of zero or less; a -memory-max-records or
 // -memory-max-bytes below 1.
 //
 // CreateCharge takes its key from the idempotency-key metadata (the
@@ -129,7 +146,7 @@ func main() {
 	addr := flag.String("addr", "127.0.0.1:50051", "address to listen on; port 0 picks a free port")
 	addrFile := flag.String("addr-file", "", "if set, write the address listened on to this file once serving, and remove it on exit")
 	databaseURL := flag.String("database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL for the idempotency keys and the charges; empty keeps both in memory")
-	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after writing a charge")
+	delay := flag.Duration("handler-delay", 0, "how long CreateCharge waits after the processor's answer, before writing the charge")
 	ttl := flag.Duration("ttl", engine.DefaultRetention, "how long a recorded reply is replayed; at least -max-lease")
 	maxLease := flag.Duration("max-lease", engine.DefaultMaxLease, "the longest a call holds its key before a retry may presume it dead and run it again; at most -ttl")
 	lease := flag.Duration("lease", engine.DefaultLease, "how long a call without a deadline holds its key; cut to -max-lease")
@@ -154,11 +171,16 @@ func main() {
 		return nil
 	})
 	acceptUnsealed := flag.Bool("seal-accept-unsealed", false, "with -seal-key, replay records written before sealing was turned on")
+	processorURL := flag.String("processor-url", "", "the card processor's base URL; empty serves one in the process, on a loopback port")
+	processorTimeout := flag.Duration("processor-timeout", 5*time.Second, "how long a call to the processor may take")
+	reconcile := flag.Bool("reconcile", true, "look up at the processor a charge an earlier run started and never finished; false answers it outcome unknown")
+	failAfterCharge := flag.Int("fail-after-charge", 0, "fail the first N calls with Unavailable after the processor's charge, before the write")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
-		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed}
+		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
+		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge}
 	if err := cfg.check(); err != nil {
 		logger.Error("server not started: a flag makes no sense", "error", err)
 		os.Exit(2)
@@ -303,6 +325,40 @@ func (h *httpServer) stop() {
 	})
 }
 
+// processor is the example.Processor a server without -processor-url
+// serves itself.
+type processor struct {
+	*http.Server
+	url    string
+	served chan struct{} // closed once Serve has returned
+}
+
+// serveProcessor serves an example.Processor on a free loopback port, in
+// the background, until its Close.
+func serveProcessor(logger *slog.Logger) (*processor, error) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("processor: %w", err)
+	}
+	p := &processor{
+		Server: &http.Server{Handler: example.NewProcessor(0, false), ReadHeaderTimeout: 10 * time.Second},
+		url:    "http://" + lis.Addr().String(),
+		served: make(chan struct{}),
+	}
+	go func() {
+		defer close(p.served)
+		_ = p.Serve(lis)
+	}()
+	logger.Info("processor listening", "url", p.url)
+	return p, nil
+}
+
+// Close stops the processor and its connections.
+func (p *processor) Close() {
+	p.Server.Close()
+	<-p.served
+}
+
 // config is what the flags set.
 type config struct {
 	databaseURL string
@@ -329,6 +385,13 @@ type config struct {
 	sealKey        string
 	previousKeys   []string
 	acceptUnsealed bool
+	// processorURL, if set, is the card processor's; else run serves one.
+	// processorTimeout of 0 (a config of a test's) is example.Config's
+	// default.
+	processorURL     string
+	processorTimeout time.Duration
+	withoutReconcile bool
+	failAfterCharge  int
 }
 
 // check refuses the flags of cfg that make no sense, naming the flag, before
@@ -354,6 +417,10 @@ func (cfg config) check() error {
 	switch {
 	case cfg.delay < 0:
 		return fmt.Errorf("-handler-delay %v: a delay cannot be negative; 0 holds no call", cfg.delay)
+	case cfg.processorTimeout <= 0:
+		return fmt.Errorf("-processor-timeout %v: a call to the processor needs a positive time; leave the flag out for 5s", cfg.processorTimeout)
+	case cfg.failAfterCharge < 0:
+		return fmt.Errorf("-fail-after-charge %d: a count cannot be negative; 0 fails no call", cfg.failAfterCharge)
 	case cfg.maxRecords < 1:
 		return fmt.Errorf("-memory-max-records %d: the memory store needs room for at least 1 record; leave the flag out for %d", cfg.maxRecords, memory.DefaultMaxRecords)
 	case cfg.maxBytes < 1:
@@ -489,7 +556,16 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			return err
 		}
 	}
-	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic}
+	if cfg.processorURL == "" {
+		p, err := serveProcessor(logger)
+		if err != nil {
+			return err
+		}
+		defer p.Close()
+		cfg.processorURL = p.url
+	}
+	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic,
+		ProcessorURL: cfg.processorURL, ProcessorTimeout: cfg.processorTimeout, WithoutReconcile: cfg.withoutReconcile, FailAfterCharge: cfg.failAfterCharge}
 	grpcCfg := shared
 	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency, grpcCfg.InTransaction = srvOpts, cfg.bare, cfg.inTransaction
 	srv, hs, err := example.NewServer(eng, grpcCfg)

@@ -20,7 +20,8 @@ import (
 
 // Server processes sharing their keys in Redis, one server or a cluster,
 // behave as on PostgreSQL in two-phase mode: a duplicate sent to process B
-// while A runs the first call is Aborted (in progress), the retry on B gets
+// while A runs the first call (it has charged the processor) is Aborted (in
+// progress), the retry on B gets
 // A's reply, the key reused for another request is refused, and the reply
 // survives both processes being killed. The charges are in PostgreSQL, so
 // that they are counted across processes.
@@ -39,7 +40,8 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 			t.Parallel()
 			bin := servertest.Build(t)
 			schema := pgtest.Schema(t)
-			args := append([]string{"-database-url", pgtest.SchemaURL(schema), "-atomic=false"}, tc.store(t)...)
+			p := startProcessor(t)
+			args := append([]string{"-database-url", pgtest.SchemaURL(schema), "-atomic=false", "-processor-url", p.url}, tc.store(t)...)
 			a := servertest.Start(t, bin, append(args, "-handler-delay=2s")...)
 			b := servertest.Start(t, bin, args...)
 			key := idemkey.NewKey()
@@ -54,7 +56,7 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 				first <- charge
 			}()
 			pool := pgtest.Pool(t, schema)
-			waitUntil(t, "A has written the charge", func() bool { return count(t, pool, "charges") == 1 })
+			waitUntil(t, "A has charged the processor", func() bool { return p.charges(t) == 1 })
 			ctx, cancel := context.WithTimeout(metadata.AppendToOutgoingContext(context.Background(), "authorization", "Bearer sk_test_acme", idemkey.KeyMetadata, key), 500*time.Millisecond)
 			defer cancel()
 			if _, err := paymentsv1.NewPaymentServiceClient(b.Conn).CreateCharge(ctx, req); status.Code(err) != codes.Aborted || idemkey.Reason(err) != idemkey.ReasonInProgress {
@@ -81,6 +83,9 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 			wantReplay(servertest.Start(t, bin, args...), "a new process after both were killed")
 			if n := count(t, pool, "charges"); n != 1 {
 				t.Errorf("%d charges in the database, want 1", n)
+			}
+			if n := p.charges(t); n != 1 {
+				t.Errorf("%d charges at the processor, want 1", n)
 			}
 		})
 	}

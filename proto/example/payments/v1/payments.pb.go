@@ -119,6 +119,9 @@ type Charge struct {
 	Description       string                 `protobuf:"bytes,5,opt,name=description,proto3" json:"description,omitempty"`
 	MerchantReference string                 `protobuf:"bytes,6,opt,name=merchant_reference,json=merchantReference,proto3" json:"merchant_reference,omitempty"`
 	CreateTime        *timestamppb.Timestamp `protobuf:"bytes,7,opt,name=create_time,json=createTime,proto3" json:"create_time,omitempty"`
+	// The card processor's id of the charge: the result of CreateCharge's
+	// recorded step, the same on every retry of one key.
+	ProcessorChargeId string `protobuf:"bytes,8,opt,name=processor_charge_id,json=processorChargeId,proto3" json:"processor_charge_id,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
 }
@@ -200,6 +203,13 @@ func (x *Charge) GetCreateTime() *timestamppb.Timestamp {
 		return x.CreateTime
 	}
 	return nil
+}
+
+func (x *Charge) GetProcessorChargeId() string {
+	if x != nil {
+		return x.ProcessorChargeId
+	}
+	return ""
 }
 
 type GetChargeRequest struct {
@@ -379,7 +389,7 @@ const file_example_payments_v1_payments_proto_rawDesc = "" +
 	"\vdescription\x18\x04 \x01(\tR\vdescription\x12-\n" +
 	"\x12merchant_reference\x18\x05 \x01(\tR\x11merchantReference\x12\x1d\n" +
 	"\n" +
-	"request_id\x18\x06 \x01(\tR\trequestId\"\xfb\x01\n" +
+	"request_id\x18\x06 \x01(\tR\trequestId\"\xab\x02\n" +
 	"\x06Charge\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x1f\n" +
 	"\vcustomer_id\x18\x02 \x01(\tR\n" +
@@ -389,7 +399,8 @@ const file_example_payments_v1_payments_proto_rawDesc = "" +
 	"\vdescription\x18\x05 \x01(\tR\vdescription\x12-\n" +
 	"\x12merchant_reference\x18\x06 \x01(\tR\x11merchantReference\x12;\n" +
 	"\vcreate_time\x18\a \x01(\v2\x1a.google.protobuf.TimestampR\n" +
-	"createTime\"\"\n" +
+	"createTime\x12.\n" +
+	"\x13processor_charge_id\x18\b \x01(\tR\x11processorChargeId\"\"\n" +
 	"\x10GetChargeRequest\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\"q\n" +
 	"\x12ListChargesRequest\x12\x1f\n" +
