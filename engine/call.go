@@ -282,6 +282,15 @@ func (c *call) stepVerdict() (v Verdict, forget bool) {
 	return v, forget
 }
 
+// stepEnded sets the verdict v of a call that a step ended (stepVerdict),
+// whose key its caller released, keeping its steps.
+func (c *call) stepEnded(v Verdict) {
+	c.Verdict = v
+	if v == StoreFull {
+		c.RetryAfter = c.e.opts.retryAfter
+	}
+}
+
 // forgetSteps deletes the steps of a call released with ForgetSteps.
 func (c *call) forgetSteps(ctx context.Context) {
 	if err := c.e.forgetSteps(context.WithoutCancel(ctx), c.key, c.token); err != nil {

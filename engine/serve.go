@@ -204,7 +204,7 @@ func (c *call) run(ctx context.Context, x Exchange) int {
 	v, forget := c.stepVerdict()
 	if v != Executed {
 		c.release(ctx)
-		c.Verdict = v
+		c.stepEnded(v)
 		return x.Answer(ctx, c.answerOf())
 	}
 	if out.Unrecordable != nil {
@@ -337,7 +337,7 @@ func (b *batch) run(ctx context.Context, i int, x Exchange) *Answer {
 	v, forget := c.stepVerdict()
 	if v != Executed {
 		b.release(ctx, i)
-		c.Verdict = v
+		c.stepEnded(v)
 		a := c.answerOf()
 		return &a
 	}

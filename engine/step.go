@@ -215,11 +215,16 @@ func (r *running) finish(ctx context.Context, name string, v any) ([]byte, error
 	return result, nil
 }
 
-// fail ends the call StoreUnavailable for err, which the store or the
-// step's result caused: its key is released, and the step stays as it is.
+// fail ends the call StoreUnavailable (StoreFull, for a store at a bound)
+// for err, which the store or the step's result caused: its key is
+// released, and the step stays as it is.
 func (r *running) fail(ctx context.Context, name, what string, err error) error {
-	r.end(StoreUnavailable, name)
-	r.log(ctx, slog.LevelError, name, what+"; the call answers StoreUnavailable and its key is released, and a started step stays started for the next run to reconcile", err)
+	v := StoreUnavailable
+	if errors.Is(err, store.ErrFull) {
+		v = StoreFull
+	}
+	r.end(v, name)
+	r.log(ctx, slog.LevelError, name, what+"; the call answers "+v.String()+" and its key is released, and a started step stays started for the next run to reconcile", err)
 	return fmt.Errorf("idemkey: step %q: %s: %w", name, what, err)
 }
 

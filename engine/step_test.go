@@ -302,6 +302,19 @@ func TestStepStoreFails(t *testing.T) {
 	}
 }
 
+// TestStepStoreFull: a store with no room for a step's record answers
+// StoreFull, with a retry delay, as it does a new key.
+func TestStepStoreFull(t *testing.T) {
+	e, op := stepEngine(t, memory.New(memory.WithMaxRecords(1)))
+	a := serve(e, op, "k1", func(ctx context.Context) error {
+		_, err := Step(ctx, "charge", func(context.Context) (string, error) { return "ch_1", nil }, nil)
+		return err
+	})
+	if a.Verdict != StoreFull || a.RetryAfter <= 0 {
+		t.Fatalf("a step in a full store: %+v, want store_full with a retry delay", a)
+	}
+}
+
 // TestStepReused: a key whose steps were recorded for another request is
 // answered Reused, even once its record is released.
 func TestStepReused(t *testing.T) {

@@ -243,7 +243,7 @@ func TestStepKilledAtRandom(t *testing.T) {
 			p := startProcessor(t, "-answer-delay", "100ms")
 			// A short lease: a two-phase run's retry waits out the killed
 			// run's, renewed while it lived.
-			args := append(st.args(t), "-processor-url", p.url, "-handler-delay", "100ms", "-lease", "1s")
+			args := append(st.args(t), "-processor-url", p.url, "-handler-delay", "100ms", "-lease", "500ms")
 			s := servertest.Start(t, bin, args...)
 			// How long a call takes here, to kill it anywhere in one.
 			start := time.Now()
