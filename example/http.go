@@ -2,17 +2,23 @@ package example
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
+	"strconv"
 	"strings"
+	"time"
 
 	"connectrpc.com/connect"
 	"github.com/grpc-ecosystem/grpc-gateway/v2/runtime"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example/paymentsv1connect"
 	paymentsv1gw "github.com/idemkey/idemkey/example/paymentsv1gw"
@@ -20,6 +26,8 @@ import (
 	"github.com/idemkey/idemkey/idemgateway"
 	"github.com/idemkey/idemkey/idemhttp"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 )
 
 // NewHTTPHandler returns the payment service over HTTP, for an HTTP/1.1 and
@@ -36,7 +44,10 @@ import (
 //     GetCharge and ListCharges. It is a gateway to conn, the gRPC service
 //     itself, so a key shares its record with the other entry points; it
 //     passes Idempotency-First-Sent on, and tells the replay marker and the
-//     key's expiry (Idempotency-Key-Expires) as headers.
+//     key's expiry (Idempotency-Key-Expires) as headers;
+//   - idemkey.v1.KeyService over Connect (idemconnect.NewKeyServiceHandler),
+//     and GET /v1/idempotency-keys/{key}?operation=NAME on the HTTP API
+//     (keyState): what became of a key, without its request.
 //
 // cfg.Ledger must be the ledger of the gRPC service, which it shares.
 func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterface) (http.Handler, error) {
@@ -58,6 +69,13 @@ func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterfac
 	mux := http.NewServeMux()
 	mux.Handle(paymentsv1connect.NewPaymentServiceHandler(connectService{svc},
 		connect.WithInterceptors(connectAuth{}, idem)))
+	// The KeyService over Connect, on the interceptor's engine and options,
+	// so that GetKey covers and keeps a key as the calls do.
+	path, keys, err := idemconnect.NewKeyServiceHandler(eng, opts...)
+	if err != nil {
+		return nil, err
+	}
+	mux.Handle(path, connectAuthHandler(keys))
 	gw, err := newGateway(conn)
 	if err != nil {
 		return nil, err
@@ -135,6 +153,9 @@ func newGateway(conn grpc.ClientConnInterface) (http.Handler, error) {
 	if err := paymentsv1gw.RegisterPaymentServiceHandlerClient(context.Background(), mux, paymentsv1.NewPaymentServiceClient(conn)); err != nil {
 		return nil, err
 	}
+	if err := mux.HandlePath(http.MethodGet, keyStatePattern, keyState(mux, conn)); err != nil {
+		return nil, err
+	}
 	return http.MaxBytesHandler(mux, maxGatewayBody), nil
 }
 
@@ -175,4 +196,142 @@ func tenantOfBearer(auth []string) (string, error) {
 		return "", errors.New("unknown API key")
 	}
 	return tenant, nil
+}
+
+// connectAuthHandler is connectAuth for a handler that takes no Connect
+// interceptors (idemconnect.NewKeyServiceHandler's): a caller it does not
+// know is answered Unauthenticated in the request's protocol.
+func connectAuthHandler(next http.Handler) http.Handler {
+	errs := connect.NewErrorWriter()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tenant, err := tenantOfBearer(r.Header.Values("Authorization"))
+		if err != nil {
+			_ = errs.Write(w, r, connect.NewError(connect.CodeUnauthenticated, err))
+			return
+		}
+		next.ServeHTTP(w, r.WithContext(ContextWithTenant(r.Context(), tenant)))
+	})
+}
+
+// keyStatePattern is the HTTP API's route of a key's state.
+const keyStatePattern = "/v1/idempotency-keys/{key}"
+
+// keyStateBody is the JSON body of a key that has no recorded reply, as
+// idemhttp.KeyHandler writes it.
+type keyStateBody struct {
+	State      string   `json:"state"`
+	RetryAfter int64    `json:"retry_after"`
+	StepsDone  []string `json:"steps_done"`
+	Expires    string   `json:"expires,omitempty"`
+}
+
+var keyStateNames = map[idemkeyv1.GetKeyResponse_State]string{
+	idemkeyv1.GetKeyResponse_STATE_UNKNOWN:     "unknown",
+	idemkeyv1.GetKeyResponse_STATE_IN_PROGRESS: "in_progress",
+	idemkeyv1.GetKeyResponse_STATE_EXPIRED:     "expired",
+}
+
+// keyState answers GET /v1/idempotency-keys/{key}?operation=NAME, where NAME
+// is a gRPC method, such as /example.payments.v1.PaymentService/CreateCharge
+// (POST /v1/charges's keys are that method's: the gateway calls it). It
+// asks the gRPC service's GetKey, as the gateway's routes call the service,
+// with the Authorization and Idempotency-First-Sent headers passed on; so a
+// key is scoped to the caller's tenant and kept as the calls have it.
+//
+// idemhttp.KeyHandler answers the same question for the routes of
+// idemhttp's middleware; it cannot replay this server's records, which
+// the gRPC and Connect interceptors write: every HTTP route here is the
+// gateway's, into the gRPC service.
+//
+// A completed key is answered as a retry of the operation through the
+// gateway is: a charge 201 with its Location, or the recorded error as a
+// problem, with Idempotent-Replayed: true and Idempotency-Key-Expires. Any
+// other state is 200 JSON, as idemhttp.KeyHandler writes it; an in-progress
+// key's wait is retry_after and Retry-After, in whole seconds. GetKey's
+// refusals are problems at grpc-gateway's status for their code.
+func keyState(mux *runtime.ServeMux, conn grpc.ClientConnInterface) runtime.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request, params map[string]string) {
+		_, marshaler := runtime.MarshalerForRequest(mux, r)
+		operation := r.URL.Query().Get("operation")
+		ctx, err := runtime.AnnotateContext(r.Context(), mux, r, rpckit.GetKeyProcedure, runtime.WithHTTPPathPattern(keyStatePattern))
+		if err != nil {
+			runtime.HTTPError(r.Context(), mux, marshaler, w, r, err)
+			return
+		}
+		var md runtime.ServerMetadata
+		resp := new(idemkeyv1.GetKeyResponse)
+		err = conn.Invoke(ctx, rpckit.GetKeyProcedure, &idemkeyv1.GetKeyRequest{Operation: operation, Key: params["key"]}, resp,
+			grpc.Header(&md.HeaderMD), grpc.Trailer(&md.TrailerMD))
+		if err != nil {
+			// GetKey's messages never quote the key.
+			retryAfter, _ := idemkey.RetryDelay(err)
+			st := status.Convert(err)
+			idemhttp.WriteProblem(w, runtime.HTTPStatusFromCode(st.Code()), idemkey.Reason(err), st.Message(), retryAfter)
+			return
+		}
+		if resp.GetState() != idemkeyv1.GetKeyResponse_STATE_COMPLETED {
+			writeKeyState(w, resp)
+			return
+		}
+		// The reply a retry gets: the recorded metadata, the replay marker
+		// and the expiry, through the gateway's own forwarding.
+		if md.TrailerMD == nil {
+			md.TrailerMD = metadata.MD{}
+		}
+		md.TrailerMD.Set(idemkey.ReplayedMetadata, "true")
+		if ctx, err = runtime.AnnotateContext(r.Context(), mux, r, operation, runtime.WithHTTPPathPattern(keyStatePattern)); err != nil {
+			runtime.HTTPError(r.Context(), mux, marshaler, w, r, err)
+			return
+		}
+		ctx = runtime.NewServerMetadataContext(ctx, md)
+		if code := resp.GetStatus().GetCode(); code != 0 {
+			runtime.HTTPError(ctx, mux, marshaler, w, r, recordedError(resp.GetStatus()))
+			return
+		}
+		msg, err := resp.GetResponse().UnmarshalNew()
+		if err != nil {
+			runtime.HTTPError(ctx, mux, marshaler, w, r, status.Error(codes.Internal, "the recorded reply of this key cannot be read"))
+			return
+		}
+		runtime.ForwardResponseMessage(ctx, mux, marshaler, w, r, msg, mux.GetForwardResponseOptions()...)
+	}
+}
+
+// recordedError is the error of a recorded status, which has the wire
+// format of google.rpc.Status.
+func recordedError(st *idemkeyv1.Status) error {
+	b, err := proto.Marshal(st)
+	var s spb.Status
+	if err == nil {
+		err = proto.Unmarshal(b, &s)
+	}
+	if err != nil {
+		return status.Error(codes.Internal, "the recorded outcome of this key cannot be read")
+	}
+	return status.ErrorProto(&s)
+}
+
+// writeKeyState answers a key with no recorded reply as idemhttp.KeyHandler
+// does.
+func writeKeyState(w http.ResponseWriter, resp *idemkeyv1.GetKeyResponse) {
+	body := keyStateBody{State: keyStateNames[resp.GetState()], StepsDone: resp.GetStepsDone()}
+	if body.State == "" {
+		body.State = "unknown"
+	}
+	if body.StepsDone == nil {
+		body.StepsDone = []string{}
+	}
+	h := w.Header()
+	if t := resp.GetExpireTime(); t != nil {
+		body.Expires = idemkey.FormatDate(t.AsTime())
+		h.Set(idemkey.ExpiresHeader, body.Expires)
+	}
+	if d := resp.GetRetryAfter().AsDuration(); resp.GetState() == idemkeyv1.GetKeyResponse_STATE_IN_PROGRESS && d > 0 {
+		body.RetryAfter = int64((d + time.Second - 1) / time.Second)
+		h.Set("Retry-After", strconv.FormatInt(body.RetryAfter, 10))
+	}
+	b, _ := json.Marshal(body) // strings and a number: never fails
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	_, _ = w.Write(b)
 }

@@ -34,6 +34,7 @@ import (
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/interceptor"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/protokey/rpckit"
 	"github.com/idemkey/idemkey/store"
 )
 
@@ -105,9 +106,11 @@ type Config struct {
 }
 
 // NewServer returns a gRPC server with the payment service behind the
-// idemkey interceptor on eng (NewEngine), plus the health and reflection
-// services. Calls to the payment service must authenticate: see
-// Authenticate. Its error is a mistake in cfg.Options, atomic mode on a store
+// idemkey interceptor on eng (NewEngine), idemkey.v1.KeyService on the same
+// engine and options (a client asks what became of a key it sent, GetKey,
+// with retention and coverage as the calls have them), plus the health and
+// reflection services. Calls to the payment service and to the KeyService
+// must authenticate: see Authenticate. Its error is a mistake in cfg.Options, atomic mode on a store
 // without it, or InTransaction without WithoutIdempotency and a
 // PostgresLedger.
 func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, error) {
@@ -140,6 +143,13 @@ func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, er
 		return nil, nil, err
 	}
 	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	if !cfg.WithoutIdempotency {
+		// The interceptor's options, so that GetKey covers and keeps a key
+		// as the calls do.
+		if err := interceptor.RegisterKeyService(srv, eng, opts...); err != nil {
+			return nil, nil, err
+		}
+	}
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	reflection.Register(srv)
@@ -154,12 +164,12 @@ var apiKeys = map[string]string{
 
 type tenantKey struct{}
 
-// Authenticate is a unary server interceptor for the payment service: the
-// metadata "authorization: Bearer <api key>" names the tenant, and any other
-// call gets Unauthenticated before the idempotency interceptor runs. Other
-// services (health) pass through.
+// Authenticate is a unary server interceptor for the payment service and
+// idemkey.v1.KeyService: the metadata "authorization: Bearer <api key>"
+// names the tenant, and any other call gets Unauthenticated before the
+// idempotency interceptor runs. Other services (health) pass through.
 func Authenticate(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
-	if !strings.HasPrefix(info.FullMethod, "/"+paymentsv1.PaymentService_ServiceDesc.ServiceName+"/") {
+	if !strings.HasPrefix(info.FullMethod, "/"+paymentsv1.PaymentService_ServiceDesc.ServiceName+"/") && info.FullMethod != rpckit.GetKeyProcedure {
 		return handler(ctx, req)
 	}
 	md, _ := metadata.FromIncomingContext(ctx)

@@ -48,8 +48,12 @@
 // protocols) and its HTTP API through grpc-gateway: POST /v1/charges, which
 // takes a JSON body of CreateChargeRequest's fields and answers 201 with the
 // charge, or an RFC 9457 problem, GET /v1/charges/{id} and GET
-// /v1/customers/{customer_id}/charges (see example.NewHTTPHandler). All the
-// entry points run
+// /v1/customers/{customer_id}/charges (see example.NewHTTPHandler). What
+// became of a key, without its request, is idemkey.v1.KeyService's GetKey,
+// over gRPC on -addr and over Connect on -http-addr, and GET
+// /v1/idempotency-keys/{key}?operation=/example.payments.v1.PaymentService/CreateCharge
+// on -http-addr (POST /v1/charges's keys are CreateCharge's, the method it
+// calls). All the entry points run
 // on one engine (example.NewEngine), so they share its store, settings and
 // scope: a key first used over any of them replays the same charge over the
 // others. -http-addr-file is -addr-file's counterpart, written before it.
