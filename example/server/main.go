@@ -413,12 +413,12 @@ type config struct {
 	delay, ttl             time.Duration
 	// maxLease and lease are the engine's WithMaxLease and WithLease; 0 (a
 	// config of a test's) leaves the engine's default.
-	maxLease, lease        time.Duration
+	maxLease, lease time.Duration
 	// methodRetention and coverMethods are example.Config's Retention and
 	// Covered: each method's retention in place of ttl, and the methods
 	// covered whatever their idempotency_level.
-	methodRetention map[string]time.Duration
-	coverMethods    []string
+	methodRetention        map[string]time.Duration
+	coverMethods           []string
 	atomic                 bool  // on PostgreSQL only
 	bare                   bool  // no idempotency: no interceptor, no store
 	inTransaction          bool  // bare, each call in a transaction of its own
