@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -55,6 +57,13 @@ func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterfac
 		return nil, errors.New("example: NewHTTPHandler needs the gRPC service's ledger")
 	}
 	opts := []idemconnect.Option{idemconnect.WithKeyField("request_id")}
+	// A procedure is named as its gRPC method, so cfg's names are both.
+	if len(cfg.Covered) > 0 {
+		opts = append(opts, idemconnect.WithIncludedProcedures(cfg.Covered...))
+	}
+	for _, procedure := range slices.Sorted(maps.Keys(cfg.Retention)) {
+		opts = append(opts, idemconnect.WithProcedureRetention(cfg.Retention[procedure], procedure))
+	}
 	if cfg.Atomic {
 		opts = append(opts, idemconnect.WithAtomicProcedures(paymentsv1connect.PaymentServiceCreateChargeProcedure))
 	}

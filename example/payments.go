@@ -17,7 +17,9 @@ import (
 	_ "embed"
 	"encoding/hex"
 	"errors"
+	"maps"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -83,6 +85,19 @@ type Config struct {
 	FailAfterCharge int
 	// Options are added to the gRPC interceptor's.
 	Options []interceptor.Option
+	// Covered names methods ("/package.Service/Method") covered whatever
+	// their idempotency_level says, on every entry point: GetCharge, which
+	// is NO_SIDE_EFFECTS, is covered only if named here, and its calls then
+	// need a key, as every covered call does (NewEngine).
+	Covered []string
+	// Retention keeps the records of the given covered methods for their
+	// own time, in place of the engine's (engine.WithRetention), on every
+	// entry point: gRPC (interceptor.WithMethodRetention), Connect
+	// (idemconnect.WithProcedureRetention) and the gateway, which calls the
+	// gRPC service. The expiry told, the refusal of a stale retry and the
+	// sweep follow it. Each must be at least the engine's longest lease
+	// (engine.WithMaxLease): NewServer refuses a shorter one.
+	Retention map[string]time.Duration
 	// ServerOptions are added to the gRPC server's, after its interceptors:
 	// a stats handler, for instance.
 	ServerOptions []grpc.ServerOption
@@ -110,12 +125,21 @@ type Config struct {
 // engine and options (a client asks what became of a key it sent, GetKey,
 // with retention and coverage as the calls have them), plus the health and
 // reflection services. Calls to the payment service and to the KeyService
-// must authenticate: see Authenticate. Its error is a mistake in cfg.Options, atomic mode on a store
-// without it, or InTransaction without WithoutIdempotency and a
-// PostgresLedger.
+// must authenticate: see Authenticate. Its error is a mistake in
+// cfg.Options, atomic mode on a store without it, InTransaction without
+// WithoutIdempotency and a PostgresLedger, or a cfg.Covered or
+// cfg.Retention the interceptor refuses: a method the protobuf registry
+// does not know, a retention for a method not covered, or one shorter than
+// the engine's longest lease.
 func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, error) {
 	opts := []interceptor.Option{interceptor.WithKeyField("request_id")} // AIP-155
 	opts = append(opts, cfg.Options...)
+	if len(cfg.Covered) > 0 {
+		opts = append(opts, interceptor.WithIncludedMethods(cfg.Covered...))
+	}
+	for _, method := range slices.Sorted(maps.Keys(cfg.Retention)) {
+		opts = append(opts, interceptor.WithMethodRetention(cfg.Retention[method], method))
+	}
 	if cfg.Atomic {
 		opts = append(opts, interceptor.WithAtomicMethods(paymentsv1.PaymentService_CreateCharge_FullMethodName))
 	}

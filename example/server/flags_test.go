@@ -50,6 +50,16 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-records", "-1"}, "-memory-max-records"},
 		{[]string{"-memory-max-records", "0"}, "-memory-max-records"},
+		// Shorter than -max-lease: the interceptor's refusal, under the
+		// flag's name.
+		{[]string{"-method-retention", createChargeOp + "=5m"}, "-method-retention"},
+		{[]string{"-method-retention", createChargeOp + "=2s", "-max-lease", "3s"}, "-max-lease"},
+		{[]string{"-method-retention", createChargeOp + "=0s"}, "-method-retention"},
+		{[]string{"-method-retention", createChargeOp}, "-method-retention"},
+		{[]string{"-method-retention", "CreateCharge=1h"}, "-method-retention"},
+		// GetCharge is not covered unless -cover-method names it.
+		{[]string{"-method-retention", getChargeOp + "=1h"}, "-cover-method"},
+		{[]string{"-cover-method", "/example.payments.v1.PaymentService/Refund"}, "-cover-method"},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			addrFile := filepath.Join(t.TempDir(), "addr")

@@ -2,7 +2,8 @@
 // interceptor.
 //
 //	go run ./example/server [-addr 127.0.0.1:50051] [-addr-file PATH] [-database-url URL] [-atomic=true] [-idempotency=true] [-in-transaction] [-handler-delay 0s]
-//	    [-ttl 24h] [-max-lease 10m] [-lease 1m] [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
+//	    [-ttl 24h] [-max-lease 10m] [-lease 1m] [-method-retention METHOD=DURATION]... [-cover-method METHOD]...
+//	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
@@ -96,11 +97,29 @@
 // where a retry within two seconds of a key's first call replays its
 // reply, and one after runs again: a second charge.
 //
+// -method-retention METHOD=DURATION keeps the keys of one method for their
+// own time, in place of -ttl, on every entry point (gRPC, Connect and the
+// gateway's routes, which record under the gRPC method's name): the expiry
+// told, the refusal of a stale retry and the sweep follow it. It repeats,
+// a method each; like -ttl, each is at least -max-lease. -cover-method
+// METHOD covers a method whatever its idempotency_level says (it repeats
+// too): GetCharge, NO_SIDE_EFFECTS and so not covered by default, is then
+// keyed and recorded as CreateCharge is, and its calls need a key. So
+//
+//	go run ./example/server -method-retention /example.payments.v1.PaymentService/CreateCharge=744h \
+//	    -cover-method /example.payments.v1.PaymentService/GetCharge \
+//	    -method-retention /example.payments.v1.PaymentService/GetCharge=1h
+//
+// keeps CreateCharge's keys 31 days, GetCharge's an hour, and any other
+// covered method's -ttl.
+//
 // The server refuses to start, naming the flag, when a flag makes no sense:
 // a -ttl, -max-lease or -lease of zero or less; a -ttl shorter than
 // -max-lease; a negative -handler-delay or -fail-after-charge; a
 // -processor-timeout of zero or less; a -memory-max-records or
-// -memory-max-bytes below 1.
+// -memory-max-bytes below 1; a -method-retention or -cover-method of a
+// method the service does not have, a -method-retention of a method not
+// covered, or shorter than -max-lease (the interceptor's own refusal).
 //
 // CreateCharge takes its key from the idempotency-key metadata (the
 // Idempotency-Key header over HTTP) or from the request's request_id
@@ -154,6 +173,23 @@ func main() {
 	ttl := flag.Duration("ttl", engine.DefaultRetention, "how long a recorded reply is replayed; at least -max-lease")
 	maxLease := flag.Duration("max-lease", engine.DefaultMaxLease, "the longest a call holds its key before a retry may presume it dead and run it again; at most -ttl")
 	lease := flag.Duration("lease", engine.DefaultLease, "how long a call without a deadline holds its key; cut to -max-lease")
+	var methodRetention map[string]time.Duration
+	flag.Func("method-retention", "METHOD=DURATION: keep the keys of METHOD (/package.Service/Method) for DURATION in place of -ttl; at least -max-lease (repeatable)", func(v string) error {
+		method, d, err := parseMethodRetention(v)
+		if err != nil {
+			return err
+		}
+		if methodRetention == nil {
+			methodRetention = map[string]time.Duration{}
+		}
+		methodRetention[method] = d
+		return nil
+	})
+	var coverMethods []string
+	flag.Func("cover-method", "cover METHOD (/package.Service/Method) whatever its idempotency_level, such as GetCharge; its calls then need a key (repeatable)", func(method string) error {
+		coverMethods = append(coverMethods, method)
+		return nil
+	})
 	atomic := flag.Bool("atomic", true, "on PostgreSQL, commit each charge and its recorded reply in one transaction; false runs two-phase")
 	idempotency := flag.Bool("idempotency", true, "false serves the same service with no idempotency interceptor or store, as a baseline")
 	inTransaction := flag.Bool("in-transaction", false, "with -idempotency=false on PostgreSQL, run each call in a transaction of its own: atomic mode's baseline")
@@ -182,7 +218,8 @@ func main() {
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease,
+		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
 		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge}
 	if err := cfg.check(); err != nil {
@@ -376,7 +413,12 @@ type config struct {
 	delay, ttl             time.Duration
 	// maxLease and lease are the engine's WithMaxLease and WithLease; 0 (a
 	// config of a test's) leaves the engine's default.
-	maxLease, lease        time.Duration
+	maxLease, lease time.Duration
+	// methodRetention and coverMethods are example.Config's Retention and
+	// Covered: each method's retention in place of ttl, and the methods
+	// covered whatever their idempotency_level.
+	methodRetention        map[string]time.Duration
+	coverMethods           []string
 	atomic                 bool  // on PostgreSQL only
 	bare                   bool  // no idempotency: no interceptor, no store
 	inTransaction          bool  // bare, each call in a transaction of its own
@@ -400,9 +442,11 @@ type config struct {
 
 // check refuses the flags of cfg that make no sense, naming the flag, before
 // anything listens: a -ttl, -max-lease or -lease that engine.New refuses
-// (zero or less, or a -ttl shorter than -max-lease), a negative
-// -handler-delay, and memory bounds below 1, which the memory store would
-// silently take for its defaults.
+// (zero or less, or a -ttl shorter than -max-lease), a -method-retention or
+// -cover-method that the interceptor refuses (an unknown method, a
+// retention of a method not covered, or shorter than -max-lease), a
+// negative -handler-delay, and memory bounds below 1, which the memory store
+// would silently take for its defaults.
 func (cfg config) check() error {
 	switch {
 	case cfg.ttl <= 0:
@@ -415,8 +459,19 @@ func (cfg config) check() error {
 		return fmt.Errorf("-ttl %v is shorter than -max-lease %v: a record would expire while its call may still hold the key; "+
 			"lengthen -ttl or shorten -max-lease (-ttl 2s -max-lease 1s shows a key expiring)", cfg.ttl, cfg.maxLease)
 	}
-	if _, err := engine.New(memory.New(), cfg.keyOptions()...); err != nil {
+	eng, err := example.NewEngine(memory.New(), cfg.keyOptions()...)
+	if err != nil {
 		return fmt.Errorf("-ttl %v, -max-lease %v, -lease %v: %w", cfg.ttl, cfg.maxLease, cfg.lease, err)
+	}
+	// The interceptor's own check of the methods' coverage and retention,
+	// on the engine's settings: a server built as run builds it, never
+	// served.
+	if len(cfg.methodRetention) > 0 || len(cfg.coverMethods) > 0 {
+		srv, _, err := example.NewServer(eng, example.Config{Covered: cfg.coverMethods, Retention: cfg.methodRetention})
+		if err != nil {
+			return fmt.Errorf("-method-retention or -cover-method (each retention at least -max-lease %v): %w", cfg.maxLease, err)
+		}
+		srv.Stop()
 	}
 	switch {
 	case cfg.delay < 0:
@@ -431,6 +486,22 @@ func (cfg config) check() error {
 		return fmt.Errorf("-memory-max-bytes %d: the memory store needs room for at least 1 byte; leave the flag out for %d (64 MiB)", cfg.maxBytes, memory.DefaultMaxBytes)
 	}
 	return nil
+}
+
+// parseMethodRetention parses -method-retention's METHOD=DURATION.
+func parseMethodRetention(v string) (string, time.Duration, error) {
+	method, duration, ok := strings.Cut(v, "=")
+	if !ok || method == "" {
+		return "", 0, errors.New("want METHOD=DURATION, such as /example.payments.v1.PaymentService/CreateCharge=744h")
+	}
+	d, err := time.ParseDuration(duration)
+	if err != nil {
+		return "", 0, fmt.Errorf("%s: want a duration, such as 744h: %w", method, err)
+	}
+	if d <= 0 {
+		return "", 0, fmt.Errorf("%s=%v: keys must be kept for a positive time; leave the flag out for -ttl", method, d)
+	}
+	return method, d, nil
 }
 
 // keyOptions are the engine's options for how long a key is held and kept.
@@ -494,8 +565,8 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		kind                  = "memory"
 		mode                  = "two-phase"
 	)
-	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.sealKey != "") {
-		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis or seal flag")
+	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.sealKey != "" || len(cfg.methodRetention) > 0 || len(cfg.coverMethods) > 0) {
+		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis, seal, -method-retention or -cover-method flag")
 	}
 	if cfg.inTransaction && (!cfg.bare || cfg.databaseURL == "") {
 		return errors.New("-in-transaction runs the bare server's calls in transactions: it needs -idempotency=false and a database URL")
@@ -568,7 +639,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		defer p.Close()
 		cfg.processorURL = p.url
 	}
-	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic,
+	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic, Covered: cfg.coverMethods, Retention: cfg.methodRetention,
 		ProcessorURL: cfg.processorURL, ProcessorTimeout: cfg.processorTimeout, WithoutReconcile: cfg.withoutReconcile, FailAfterCharge: cfg.failAfterCharge}
 	grpcCfg := shared
 	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency, grpcCfg.InTransaction = srvOpts, cfg.bare, cfg.inTransaction
