@@ -71,7 +71,7 @@ func NewHTTPHandler(eng *engine.Engine, cfg Config, conn grpc.ClientConnInterfac
 	if err != nil {
 		return nil, err
 	}
-	svc, err := newService(cfg)
+	svc, err := NewServiceFromConfig(cfg)
 	if err != nil {
 		return nil, err
 	}

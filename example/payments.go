@@ -61,8 +61,9 @@ func NewEngine(st store.Store, opts ...engine.Option) (*engine.Engine, error) {
 	return engine.New(st, append([]engine.Option{engine.WithTenant(Tenant), engine.WithKeyRequired()}, opts...)...)
 }
 
-// Config is how NewServer and NewHTTPHandler build the service. The settings
-// every entry point shares are the engine's (NewEngine).
+// Config is how NewServer, NewHTTPHandler and NewServiceFromConfig build
+// the service. The settings every entry point shares are the engine's
+// (NewEngine).
 type Config struct {
 	// HandlerDelay holds CreateCharge, so a duplicate can arrive while the
 	// first call is in progress: with a processor, after its answer and
@@ -162,7 +163,7 @@ func NewServer(eng *engine.Engine, cfg Config) (*grpc.Server, *health.Server, er
 	if cfg.Ledger == nil {
 		cfg.Ledger = NewMemoryLedger()
 	}
-	svc, err := newService(cfg)
+	svc, err := NewServiceFromConfig(cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -238,8 +239,15 @@ func NewService(ledger Ledger, delay time.Duration) *Service {
 	return &Service{ledger: ledger, delay: delay}
 }
 
-// newService returns the service of cfg, on its ledger.
-func newService(cfg Config) (*Service, error) {
+// NewServiceFromConfig returns the service of cfg, on its ledger (nil:
+// in memory): the one NewServer and NewHTTPHandler serve, for callers that
+// serve it otherwise, such as the consumer of charge requests. Only the
+// service's settings of cfg count (HandlerDelay, the processor's, and
+// FailAfterCharge); its error is a ProcessorURL that is not an http(s) URL.
+func NewServiceFromConfig(cfg Config) (*Service, error) {
+	if cfg.Ledger == nil {
+		cfg.Ledger = NewMemoryLedger()
+	}
 	s := NewService(cfg.Ledger, cfg.HandlerDelay)
 	if cfg.ProcessorURL == "" {
 		return s, nil

@@ -36,6 +36,16 @@
 // its charges commit with their records in one transaction, each message
 // apart (consumer.Consumer.HandleBatch), and its messages are acknowledged
 // after that commit.
+//
+// With -processor-url each charge is first made at that card processor
+// (example/processor) as the recorded step "charge-card", the payment
+// service's own, and the processor's id is kept with the charge: a message
+// redelivered after a crash between the processor's charge and the write
+// gets the step's result rather than charge again. A step an earlier
+// delivery left started (the processor's answer was lost) is looked up at
+// the processor by its key; with -reconcile=false, or when the processor
+// cannot tell, its outcome is unknown: the message is held, redelivered with
+// backoff, and dead-lettered on its last delivery, never acknowledged unrun.
 package main
 
 import (
@@ -93,6 +103,9 @@ type config struct {
 	batchWait                     time.Duration // how long a batch waits to fill, after its first message
 	maxDeliver                    int           // JetStream's max deliver, RabbitMQ's x-delivery-limit, Kafka's attempts; 0: the defaults
 	backoff, maxBackoff           time.Duration // consumer.WithBackoff's; 0: its defaults
+	processorURL                  string        // the card processor's; empty charges none
+	processorTimeout              time.Duration // bounds each call to the processor
+	reconcile                     bool          // look up a charge an earlier delivery started
 }
 
 func main() {
@@ -107,7 +120,7 @@ func main() {
 	flag.DurationVar(&cfg.backoff, "backoff", 0, "the delay before a message that failed for now is redelivered, doubling with each delivery; 0: 1s")
 	flag.DurationVar(&cfg.maxBackoff, "max-backoff", 0, "the longest such delay; 0: 1m")
 	flag.BoolVar(&cfg.atomic, "atomic", true, "on PostgreSQL, commit each charge with its message's record in one transaction; false runs two-phase")
-	flag.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "how long a charge waits after it is written, before it commits (atomic) and its message is acknowledged")
+	flag.DurationVar(&cfg.handlerDelay, "handler-delay", 0, "how long a charge waits after it is written, before it commits (atomic) and its message is acknowledged; with -processor-url, after the processor's answer and before the charge is written")
 	flag.DurationVar(&cfg.ackDelay, "ack-delay", 0, "how long a processed message waits after its record committed, before it is acknowledged")
 	flag.DurationVar(&cfg.handlerTimeout, "handler-timeout", 0, "bounds each charge; a message whose consumer died runs again this long (plus 5s) after it started, in two-phase mode; 0: no bound, and a minute")
 	flag.DurationVar(&cfg.ackWait, "ack-wait", 30*time.Second, "JetStream: the ack wait of the durable consumer, if this command creates it")
@@ -119,6 +132,9 @@ func main() {
 	flag.IntVar(&cfg.workers, "workers", 4, "RabbitMQ: messages processed at once (and the prefetch), or with -batch, batches (and the database pool holds at least one more connection than workers)")
 	flag.IntVar(&cfg.batch, "batch", 1, "take up to this many messages at once and, in atomic mode, process them in one transaction that commits once (64 at most in one); 1 processes one at a time")
 	flag.DurationVar(&cfg.batchWait, "batch-wait", 5*time.Millisecond, "with -batch: how long a batch waits for more messages after its first, before it runs with those it has")
+	flag.StringVar(&cfg.processorURL, "processor-url", "", "charge each message at this card processor's base URL first, as a recorded step; empty charges no processor")
+	flag.DurationVar(&cfg.processorTimeout, "processor-timeout", 5*time.Second, "with -processor-url: how long a call to the processor may take")
+	flag.BoolVar(&cfg.reconcile, "reconcile", true, "with -processor-url: look up at the processor a charge an earlier delivery started and never finished; false holds the message as outcome unknown, and dead-letters it on its last delivery")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	flag.Parse()
@@ -139,6 +155,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	}
 	if cfg.batch < 1 {
 		return errors.New("-batch must be at least 1")
+	}
+	if cfg.processorURL != "" && cfg.processorTimeout <= 0 {
+		return fmt.Errorf("-processor-timeout %v: a call to the processor needs a positive time", cfg.processorTimeout)
 	}
 	var (
 		st     store.Store    = memory.New()
@@ -198,7 +217,13 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.atomic {
 		opts = append(opts, consumer.WithAtomic())
 	}
-	w := &worker{svc: example.NewService(ledger, cfg.handlerDelay), ackDelay: cfg.ackDelay, logger: logger}
+	// The payment service's own CreateCharge, and its processor's step.
+	svc, err := example.NewServiceFromConfig(example.Config{Ledger: ledger, HandlerDelay: cfg.handlerDelay,
+		ProcessorURL: cfg.processorURL, ProcessorTimeout: cfg.processorTimeout, WithoutReconcile: !cfg.reconcile})
+	if err != nil {
+		return err
+	}
+	w := &worker{svc: svc, ackDelay: cfg.ackDelay, logger: logger}
 	mode := "two-phase"
 	if cfg.atomic {
 		mode = "atomic"
@@ -206,6 +231,9 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	attrs := []any{"broker", system, "store", storeKind(cfg), "mode", mode}
 	if cfg.batch > 1 {
 		attrs = append(attrs, "batch", cfg.batch)
+	}
+	if cfg.processorURL != "" {
+		attrs = append(attrs, "processor", true, "reconcile", cfg.reconcile)
 	}
 	logger.Info("consumer starting", append(attrs, "handler_delay", cfg.handlerDelay, "ack_delay", cfg.ackDelay)...)
 	switch {
