@@ -59,7 +59,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# StepKey, StepStart, StepEntry, StepState and its three values; the four
 	@# methods of Stepper and Renewer on each of store/memory, store/postgres
 	@# and store/redis; postgres.StepRecord, Store.Steps, Store.ResolveStep;
-	@# issue 49's key state by key, 16: engine.Engine.Lookup, KeyState,
+	@# issue 49's key state by key, 17: engine.Engine.Lookup, KeyState, its MadeFor,
 	@# KeyStatus and its String and four values; store.Looker and Lookup on
 	@# each of store/memory, store/postgres and store/redis;
 	@# interceptor.RegisterKeyService, WithLookupFirst;
@@ -68,7 +68,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 435 -max-shared 19 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 436 -max-shared 19 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

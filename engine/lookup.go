@@ -55,6 +55,25 @@ type KeyState struct {
 	// StepsDone names the key's finished steps (Step), in byte order, in any
 	// state: a released run's steps are kept for its retry.
 	StepsDone []string
+
+	fingerprint store.Fingerprint // the record's, zero if the store cannot tell
+	bind        string            // the operation bound into it (ScopeTenant), or ""
+}
+
+// MadeFor reports whether the key's record (KeyCompleted, KeyInProgress)
+// was made for the request whose fingerprint is fp, as the entry point's
+// Exchange.Fingerprint makes it: false means a retry of that request is
+// refused as Reused, and must never be answered with Outcome. It is true
+// when the store cannot tell (a running atomic call's record) and without
+// a record.
+func (ks KeyState) MadeFor(fp store.Fingerprint) bool {
+	if ks.fingerprint == (store.Fingerprint{}) {
+		return true
+	}
+	if ks.bind != "" {
+		fp = bindOperation(ks.bind, fp)
+	}
+	return fp == ks.fingerprint
 }
 
 // Lookup tells what became of key, sent to op, without running or reserving
@@ -106,7 +125,10 @@ func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSen
 		}
 		return KeyState{}, fmt.Errorf("idemkey: lookup: %w", err)
 	}
-	ks := KeyState{StepsDone: steps}
+	ks := KeyState{StepsDone: steps, fingerprint: res.Fingerprint}
+	if e.opts.scope == ScopeTenant {
+		ks.bind = op.name // as identify binds the fingerprints it reserves with
+	}
 	switch {
 	case !found && c.stale:
 		ks.State = KeyExpired

@@ -217,3 +217,28 @@ func TestLookupRefusals(t *testing.T) {
 		t.Errorf("Lookup on an operation whose calls tell their tenant = %v; want errors.ErrUnsupported", err)
 	}
 }
+
+// TestLookupMadeFor: a key's state tells whether its record was made for a
+// request, as a retry would be told Reused, with the operation bound in
+// under ScopeTenant as the call's own fingerprint is.
+func TestLookupMadeFor(t *testing.T) {
+	for _, scope := range []Scope{ScopeTenantOperation, ScopeTenant} {
+		e, op, _ := lookupEngine(t, memory.New(), WithScope(scope))
+		ctx := asTenant(t.Context(), "acme")
+		c := e.newCall(op)
+		if c.start(ctx, request{Tenant: "acme", Key: "key-1", Fingerprint: fingerprint("request-1")}); c.Verdict != Executed {
+			t.Fatalf("verdict %v, want executed", c.Verdict)
+		}
+		if err := c.record(ctx, []byte("reply"), true); err != nil {
+			t.Fatal(err)
+		}
+		ks := mustLookup(t, e, ctx, op, "key-1", time.Time{})
+		if !ks.MadeFor(fingerprint("request-1")) || ks.MadeFor(fingerprint("request-2")) {
+			t.Errorf("scope %v: MadeFor(the request) = %v, MadeFor(another) = %v; want true, false", scope,
+				ks.MadeFor(fingerprint("request-1")), ks.MadeFor(fingerprint("request-2")))
+		}
+		if unknown := mustLookup(t, e, ctx, op, "key-2", time.Time{}); !unknown.MadeFor(fingerprint("request-2")) {
+			t.Errorf("scope %v: MadeFor of a key without a record = false, want true", scope)
+		}
+	}
+}

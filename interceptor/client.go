@@ -50,7 +50,7 @@ func UnaryClientInterceptor(opts ...MethodOption) (grpc.UnaryClientInterceptor, 
 			return err
 		}
 		if cov.LookupFirst > 0 && supplied != "" {
-			if done, err := lookupFirst(ctx, cov.LookupFirst, fullMethod, supplied, req, reply, cc, expiry); done {
+			if done, err := lookupFirst(ctx, cov.LookupFirst, m, supplied, req, reply, cc, expiry); done {
 				return err
 			}
 		}

@@ -30,13 +30,20 @@ func WithLookupFirst(minBytes int) MethodOption {
 	return methodOption(func(c *rpckit.Coverage) { c.LookupFirst = max(minBytes, 0) })
 }
 
-// lookupFirst asks for key's state before a call of fullMethod with req of
-// at least minBytes, and answers the call from a completed key's record:
-// done reports that it did, with err the call's error.
-func lookupFirst(ctx context.Context, minBytes int, fullMethod, key string, req, reply any, cc *grpc.ClientConn, expiry expiryOption) (done bool, err error) {
+// lookupFirst asks for key's state before a call of m with req of at
+// least minBytes, and answers the call from a completed key's record made
+// for req: done reports that it did, with err the call's error. GetKey is
+// given req's fingerprint as a server makes it by default, so that a key
+// reused with another request is never answered with that one's outcome
+// (STATE_REUSED: the request goes, and the server refuses it).
+func lookupFirst(ctx context.Context, minBytes int, m *rpckit.Method, key string, req, reply any, cc *grpc.ClientConn, expiry expiryOption) (done bool, err error) {
 	msg, ok := req.(proto.Message)
 	out, okReply := reply.(proto.Message)
 	if !ok || !okReply || proto.Size(msg) < minBytes {
+		return false, nil
+	}
+	fp, st, _ := m.Fingerprint(ctx, nil, req, nil, nil) // the default fingerprint: no function, no log
+	if st != nil {
 		return false, nil
 	}
 	// GetKey carries the call's first-sent time, so that a key refused as
@@ -45,7 +52,7 @@ func lookupFirst(ctx context.Context, minBytes int, fullMethod, key string, req,
 	delete(md, idemkey.KeyMetadata) // md is a copy
 	resp := new(idemkeyv1.GetKeyResponse)
 	if err := cc.Invoke(metadata.NewOutgoingContext(ctx, md), rpckit.GetKeyProcedure,
-		&idemkeyv1.GetKeyRequest{Operation: fullMethod, Key: key}, resp); err != nil {
+		&idemkeyv1.GetKeyRequest{Operation: m.Name, Key: key, Fingerprint: fp[:]}, resp); err != nil {
 		return false, nil // the request is sent; its own answer tells
 	}
 	if resp.GetState() != idemkeyv1.GetKeyResponse_STATE_COMPLETED {

@@ -86,6 +86,16 @@ func TestLookupFirst(t *testing.T) {
 	}
 	wantRuns(t, svc, 1)
 
+	// The same key with another request is never answered with the first
+	// one's reply: GetKey says reused, and the server refuses the request.
+	if other, err := payments.CreateCharge(keyed("key-1"), request(200)); status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
+		t.Errorf("the key reused with another request, with lookup first = %v, %v; want InvalidArgument %s", other, err, idemkey.ReasonKeyReused)
+	}
+	if n := seen.of(createCharge); n != 2 {
+		t.Errorf("CreateCharge reached the server %d times; want 2: the reused key's request goes, to be refused there", n)
+	}
+	wantRuns(t, svc, 1)
+
 	svc.create = func(context.Context, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
 		return nil, status.Error(codes.FailedPrecondition, "card declined")
 	}
@@ -94,8 +104,8 @@ func TestLookupFirst(t *testing.T) {
 	if status.Code(err) != codes.FailedPrecondition || status.Code(again) != codes.FailedPrecondition || status.Convert(again).Message() != "card declined" {
 		t.Errorf("a recorded error, then its retry with lookup first = %v, %v; want FailedPrecondition twice", err, again)
 	}
-	if n := seen.of(createCharge); n != 2 {
-		t.Errorf("CreateCharge reached the server %d times; want 2", n)
+	if n := seen.of(createCharge); n != 3 {
+		t.Errorf("CreateCharge reached the server %d times; want 3", n)
 	}
 
 	getKeys := seen.of("/idemkey.v1.KeyService/GetKey")

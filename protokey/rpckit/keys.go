@@ -40,6 +40,9 @@ type KeyAnswer struct {
 var errNotCovered = &idemkeyv1.Status{Code: int32(rpccode.Code_INVALID_ARGUMENT),
 	Message: []byte("the operation is not one that idempotency keys are kept for on this server: a method it serves and covers, \"/package.Service/Method\"")}
 
+var errFingerprint = &idemkeyv1.Status{Code: int32(rpccode.Code_INVALID_ARGUMENT),
+	Message: []byte("the fingerprint must be empty or 32 bytes: SHA-256 of the operation and the request's canonical form")}
+
 // GetKey answers req on a server of ms (NewMethods with its engine, eng)
 // that replays the metadata named in replayed; firstSent are the values of
 // the call's first-sent field. An operation that ms does not cover, or the
@@ -53,9 +56,20 @@ func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv
 	if st != nil {
 		return KeyAnswer{Status: st}
 	}
+	var fp store.Fingerprint
+	switch len(req.GetFingerprint()) {
+	case 0, len(fp):
+		copy(fp[:], req.GetFingerprint())
+	default:
+		return KeyAnswer{Status: errFingerprint}
+	}
 	ks, err := eng.Lookup(ctx, m.Op, req.GetKey(), sent)
 	if err != nil {
 		return lookupRefusal(ctx, err)
+	}
+	if fp != (store.Fingerprint{}) && (ks.State == engine.KeyCompleted || ks.State == engine.KeyInProgress) && !ks.MadeFor(fp) {
+		// Another request's record: never its outcome, nor its expiry.
+		return KeyAnswer{Response: &idemkeyv1.GetKeyResponse{State: idemkeyv1.GetKeyResponse_STATE_REUSED, StepsDone: ks.StepsDone}}
 	}
 	a := KeyAnswer{Response: &idemkeyv1.GetKeyResponse{StepsDone: ks.StepsDone}, Expires: ks.Expires}
 	resp := a.Response

@@ -41,6 +41,11 @@ const (
 	// No record, and first sent longer ago than the operation's retention:
 	// a retry is refused (IDEMPOTENCY_KEY_EXPIRED), never run.
 	GetKeyResponse_STATE_EXPIRED GetKeyResponse_State = 4
+	// The key's record was made for another request than the fingerprint
+	// given: a retry of it is refused (IDEMPOTENCY_KEY_REUSED). Also when
+	// the server makes fingerprints its own way: send the request, whose
+	// answer is the server's.
+	GetKeyResponse_STATE_REUSED GetKeyResponse_State = 5
 )
 
 // Enum value maps for GetKeyResponse_State.
@@ -51,6 +56,7 @@ var (
 		2: "STATE_IN_PROGRESS",
 		3: "STATE_COMPLETED",
 		4: "STATE_EXPIRED",
+		5: "STATE_REUSED",
 	}
 	GetKeyResponse_State_value = map[string]int32{
 		"STATE_UNSPECIFIED": 0,
@@ -58,6 +64,7 @@ var (
 		"STATE_IN_PROGRESS": 2,
 		"STATE_COMPLETED":   3,
 		"STATE_EXPIRED":     4,
+		"STATE_REUSED":      5,
 	}
 )
 
@@ -95,7 +102,12 @@ type GetKeyRequest struct {
 	// "/example.payments.v1.PaymentService/CreateCharge".
 	Operation string `protobuf:"bytes,1,opt,name=operation,proto3" json:"operation,omitempty"`
 	// The idempotency key, as the client sent it.
-	Key           string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	Key string `protobuf:"bytes,2,opt,name=key,proto3" json:"key,omitempty"`
+	// Optional: the fingerprint of the request the client would send, as the
+	// server makes it by default (SHA-256 of the operation and the request's
+	// canonical form). A record made for another request is then
+	// STATE_REUSED, never answered with that request's outcome.
+	Fingerprint   []byte `protobuf:"bytes,3,opt,name=fingerprint,proto3" json:"fingerprint,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -142,6 +154,13 @@ func (x *GetKeyRequest) GetKey() string {
 		return x.Key
 	}
 	return ""
+}
+
+func (x *GetKeyRequest) GetFingerprint() []byte {
+	if x != nil {
+		return x.Fingerprint
+	}
+	return nil
 }
 
 // GetKeyResponse is a key's state.
@@ -245,10 +264,11 @@ var File_idemkey_v1_keys_proto protoreflect.FileDescriptor
 const file_idemkey_v1_keys_proto_rawDesc = "" +
 	"\n" +
 	"\x15idemkey/v1/keys.proto\x12\n" +
-	"idemkey.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18idemkey/v1/outcome.proto\"?\n" +
+	"idemkey.v1\x1a\x19google/protobuf/any.proto\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x18idemkey/v1/outcome.proto\"a\n" +
 	"\rGetKeyRequest\x12\x1c\n" +
 	"\toperation\x18\x01 \x01(\tR\toperation\x12\x10\n" +
-	"\x03key\x18\x02 \x01(\tR\x03key\"\xb0\x03\n" +
+	"\x03key\x18\x02 \x01(\tR\x03key\x12 \n" +
+	"\vfingerprint\x18\x03 \x01(\fR\vfingerprint\"\xc3\x03\n" +
 	"\x0eGetKeyResponse\x126\n" +
 	"\x05state\x18\x01 \x01(\x0e2 .idemkey.v1.GetKeyResponse.StateR\x05state\x12:\n" +
 	"\vretry_after\x18\x02 \x01(\v2\x19.google.protobuf.DurationR\n" +
@@ -258,13 +278,14 @@ const file_idemkey_v1_keys_proto_rawDesc = "" +
 	"\vexpire_time\x18\x04 \x01(\v2\x1a.google.protobuf.TimestampR\n" +
 	"expireTime\x12*\n" +
 	"\x06status\x18\x05 \x01(\v2\x12.idemkey.v1.StatusR\x06status\x120\n" +
-	"\bresponse\x18\x06 \x01(\v2\x14.google.protobuf.AnyR\bresponse\"p\n" +
+	"\bresponse\x18\x06 \x01(\v2\x14.google.protobuf.AnyR\bresponse\"\x82\x01\n" +
 	"\x05State\x12\x15\n" +
 	"\x11STATE_UNSPECIFIED\x10\x00\x12\x11\n" +
 	"\rSTATE_UNKNOWN\x10\x01\x12\x15\n" +
 	"\x11STATE_IN_PROGRESS\x10\x02\x12\x13\n" +
 	"\x0fSTATE_COMPLETED\x10\x03\x12\x11\n" +
-	"\rSTATE_EXPIRED\x10\x042R\n" +
+	"\rSTATE_EXPIRED\x10\x04\x12\x10\n" +
+	"\fSTATE_REUSED\x10\x052R\n" +
 	"\n" +
 	"KeyService\x12D\n" +
 	"\x06GetKey\x12\x19.idemkey.v1.GetKeyRequest\x1a\x1a.idemkey.v1.GetKeyResponse\"\x03\x90\x02\x01B\x9b\x01\n" +
