@@ -143,13 +143,20 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 	return b
 }
 
+// scopeOperation is the operation in the scope of op's keys: "" under
+// ScopeTenant, where a key spans operations and its fingerprints are
+// bound to theirs (identify).
+func (e *Engine) scopeOperation(op *Operation) string {
+	if e.opts.scope == ScopeTenant {
+		return ""
+	}
+	return op.name
+}
+
 // identify sets the call's key and parts, and returns the fingerprint it
 // reserves with.
 func (c *call) identify(r request) store.Fingerprint {
-	scopeOp := c.op.name
-	if c.e.opts.scope == ScopeTenant {
-		scopeOp = ""
-	}
+	scopeOp := c.e.scopeOperation(c.op)
 	c.key = store.ScopeKey(r.Tenant, scopeOp, r.Key)
 	c.tenant, c.userKey = r.Tenant, r.Key
 	c.started = true

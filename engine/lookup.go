@@ -126,7 +126,7 @@ func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSen
 		return KeyState{}, fmt.Errorf("idemkey: lookup: %w", err)
 	}
 	ks := KeyState{StepsDone: steps, fingerprint: res.Fingerprint}
-	if e.opts.scope == ScopeTenant {
+	if e.scopeOperation(op) == "" {
 		ks.bind = op.name // as identify binds the fingerprints it reserves with
 	}
 	switch {
