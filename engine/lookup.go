@@ -82,9 +82,11 @@ func (ks KeyState) MadeFor(fp store.Fingerprint) bool {
 // scoped as op's calls are: the tenant from WithTenant's function, whose
 // error is returned as it is, so that a tenant sees only its own keys (an
 // OperationSpec.OwnTenant operation's keys, a broker's, cannot be asked).
-// firstSent is when the key's operation was first sent, or zero: a key
-// with no record first sent longer ago than the retention is KeyExpired,
-// and one later than the clock skew from now is a *FirstSentError.
+// firstSent are the values of the transport's first-sent field, as
+// Exchange.FirstSent returns them (none: not sent): a key with no record
+// first sent longer ago than the retention is KeyExpired, and values that
+// a call would refuse (repeated, not an HTTP date, later than the clock
+// skew from now) are a *FirstSentError.
 //
 // The store must be a store.Looker; otherwise the error wraps
 // errors.ErrUnsupported. A malformed key is an *idemkey.KeyError. A store
@@ -94,12 +96,16 @@ func (ks KeyState) MadeFor(fp store.Fingerprint) bool {
 //
 // Under ScopeTenant a key's record is the key's whichever operation made
 // it, and Lookup tells it for any op.
-func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSent time.Time) (KeyState, error) {
+func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSent []string) (KeyState, error) {
 	if e.looker == nil {
 		return KeyState{}, fmt.Errorf("idemkey: Lookup needs a store that implements store.Looker (store/memory, store/postgres, store/redis); %T does not: %w",
 			e.store, errors.ErrUnsupported)
 	}
 	if err := idemkey.ValidateKey(key); err != nil {
+		return KeyState{}, err
+	}
+	sent, err := e.firstSent(firstSent)
+	if err != nil {
 		return KeyState{}, err
 	}
 	if op.ownTenant {
@@ -112,7 +118,7 @@ func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSen
 		return KeyState{}, err
 	}
 	c.identify(request{Tenant: tenant, Key: key})
-	if !c.checkFirstSent(firstSent) {
+	if !c.checkFirstSent(sent) {
 		return KeyState{}, &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
 	}
 	res, steps, found, err := e.lookup(ctx, c.key)

@@ -47,7 +47,11 @@ func asTenant(ctx context.Context, tenant string) context.Context {
 
 func mustLookup(t *testing.T, e *Engine, ctx context.Context, op *Operation, key string, firstSent time.Time) KeyState {
 	t.Helper()
-	ks, err := e.Lookup(ctx, op, key, firstSent)
+	var values []string // the transport's field: none for the zero time
+	if !firstSent.IsZero() {
+		values = []string{idemkey.FormatDate(firstSent)}
+	}
+	ks, err := e.Lookup(ctx, op, key, values)
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
@@ -148,7 +152,7 @@ func TestLookupExpired(t *testing.T) {
 			}
 		}
 	}
-	_, err := e.Lookup(ctx, op, "key-expired", time.Now().Add(time.Hour))
+	_, err := e.Lookup(ctx, op, "key-expired", []string{idemkey.FormatDate(time.Now().Add(time.Hour))})
 	var fsErr *FirstSentError
 	if !errors.As(err, &fsErr) {
 		t.Errorf("Lookup first sent an hour from now = %v; want a *FirstSentError", err)
@@ -170,7 +174,7 @@ func TestLookupSealed(t *testing.T) {
 		t.Errorf("Lookup of a sealed record = %v, %q; want completed, %q", ks.State, ks.Outcome, "done")
 	}
 	wrong, wrongOp, _ := lookupEngine(t, st, WithSealer(newTestRing(t, 2)))
-	ks, err := wrong.Lookup(ctx, wrongOp, "key-sealed", time.Time{})
+	ks, err := wrong.Lookup(ctx, wrongOp, "key-sealed", nil)
 	if !errors.Is(err, store.ErrUnavailable) || ks.Outcome != nil {
 		t.Errorf("Lookup of a record another key sealed = %+v, %v; want store.ErrUnavailable", ks, err)
 	}
@@ -192,18 +196,18 @@ func TestLookupRefusals(t *testing.T) {
 	e, op, _ := lookupEngine(t, memory.New())
 	ctx := asTenant(t.Context(), "tenant-a")
 	var keyErr *idemkey.KeyError
-	if _, err := e.Lookup(ctx, op, "bad key", time.Time{}); !errors.As(err, &keyErr) {
+	if _, err := e.Lookup(ctx, op, "bad key", nil); !errors.As(err, &keyErr) {
 		t.Errorf("Lookup of a malformed key = %v; want an *idemkey.KeyError", err)
 	}
-	if _, err := e.Lookup(t.Context(), op, "key-1", time.Time{}); !errors.Is(err, errNoCaller) {
+	if _, err := e.Lookup(t.Context(), op, "key-1", nil); !errors.Is(err, errNoCaller) {
 		t.Errorf("Lookup the tenant function refuses = %v; want its error", err)
 	}
 	plain, plainOp, _ := lookupEngine(t, plainStore{memory.New()})
-	if _, err := plain.Lookup(ctx, plainOp, "key-1", time.Time{}); !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "store.Looker") {
+	if _, err := plain.Lookup(ctx, plainOp, "key-1", nil); !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "store.Looker") {
 		t.Errorf("Lookup on a store without Looker = %v; want errors.ErrUnsupported naming store.Looker", err)
 	}
 	failing, failingOp, logs := lookupEngine(t, failingLooker{memory.New()})
-	if _, err := failing.Lookup(ctx, failingOp, "key-failing", time.Time{}); !errors.Is(err, store.ErrUnavailable) {
+	if _, err := failing.Lookup(ctx, failingOp, "key-failing", nil); !errors.Is(err, store.ErrUnavailable) {
 		t.Errorf("Lookup on a failing store = %v; want store.ErrUnavailable", err)
 	}
 	if l := logs.String(); !strings.Contains(l, "lookup failed") || strings.Contains(l, "key-failing") {
@@ -213,7 +217,7 @@ func TestLookupRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.Lookup(ctx, consumer, "key-1", time.Time{}); !errors.Is(err, errors.ErrUnsupported) {
+	if _, err := e.Lookup(ctx, consumer, "key-1", nil); !errors.Is(err, errors.ErrUnsupported) {
 		t.Errorf("Lookup on an operation whose calls tell their tenant = %v; want errors.ErrUnsupported", err)
 	}
 }

@@ -9,7 +9,6 @@ import (
 	"path"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
@@ -101,17 +100,12 @@ func (k *keyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			"the operation query parameter must name an operation that idempotency keys are kept for, as the middleware names it, such as \"POST /v1/charges\"", 0)
 		return
 	}
-	firstSent, err := firstSentOf(r.Header.Values(idemkey.FirstSentHeader))
-	if err != nil {
-		WriteProblem(w, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid, err.Error(), 0)
-		return
-	}
 	op, err := k.eng.Operation(engine.OperationSpec{Name: name, Retention: k.opts.retention})
 	if err != nil { // KeyHandler checked the engine serves it
 		WriteProblem(w, http.StatusInternalServerError, "", "", 0)
 		return
 	}
-	ks, err := k.eng.Lookup(r.Context(), op, key, firstSent)
+	ks, err := k.eng.Lookup(r.Context(), op, key, r.Header.Values(idemkey.FirstSentHeader))
 	if err != nil {
 		k.refuse(w, err)
 		return
@@ -190,24 +184,4 @@ func (k *keyHandler) refuse(w http.ResponseWriter, err error) {
 	default:
 		WriteProblem(w, http.StatusUnauthorized, "", "the caller could not be authenticated", 0)
 	}
-}
-
-// firstSentOf reads the Idempotency-First-Sent header: zero without one.
-// Its error never quotes the value.
-func firstSentOf(values []string) (time.Time, error) {
-	switch len(values) {
-	case 0:
-		return time.Time{}, nil
-	case 1:
-	default:
-		return time.Time{}, &engine.FirstSentError{Problem: "it was sent more than once"}
-	}
-	t, err := idemkey.ParseDate(strings.Trim(values[0], " \t"))
-	if err != nil {
-		return time.Time{}, &engine.FirstSentError{Problem: "it is not an HTTP date, such as " + idemkey.FormatDate(time.Now())}
-	}
-	if epoch := time.Unix(0, 0); t.Before(epoch) {
-		t = epoch // zero means "not sent"
-	}
-	return t, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"strings"
 	"time"
 
 	rpccode "google.golang.org/genproto/googleapis/rpc/code"
@@ -52,10 +51,6 @@ func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv
 	if m == nil || !m.Covered {
 		return KeyAnswer{Status: errNotCovered}
 	}
-	sent, st := FirstSent(firstSent)
-	if st != nil {
-		return KeyAnswer{Status: st}
-	}
 	var fp store.Fingerprint
 	switch len(req.GetFingerprint()) {
 	case 0, len(fp):
@@ -63,7 +58,7 @@ func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv
 	default:
 		return KeyAnswer{Status: errFingerprint}
 	}
-	ks, err := eng.Lookup(ctx, m.Op, req.GetKey(), sent)
+	ks, err := eng.Lookup(ctx, m.Op, req.GetKey(), firstSent)
 	if err != nil {
 		return lookupRefusal(ctx, err)
 	}
@@ -104,27 +99,6 @@ func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv
 		}
 	}
 	return a
-}
-
-// FirstSent reads the values of a first-sent field: zero without one, and
-// the FirstSentInvalid status for values repeated or not an HTTP date.
-// engine.Lookup refuses one in the future.
-func FirstSent(values []string) (time.Time, *idemkeyv1.Status) {
-	switch len(values) {
-	case 0:
-		return time.Time{}, nil
-	case 1:
-	default:
-		return time.Time{}, Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: it was sent more than once")
-	}
-	t, err := idemkey.ParseDate(strings.Trim(values[0], " \t"))
-	if err != nil {
-		return time.Time{}, Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: it is not an HTTP date, such as "+idemkey.FormatDate(time.Now()))
-	}
-	if epoch := time.Unix(0, 0); t.Before(epoch) {
-		t = epoch // zero means "not sent"
-	}
-	return t, nil
 }
 
 // lookupRefusal is the answer of engine.Lookup's error.
