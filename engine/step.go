@@ -107,6 +107,7 @@ type running struct {
 	verdict Verdict         // Executed, or what a step made of the call (stepVerdict)
 	ender   string          // the step that set verdict, for the hooks
 	forget  bool            // ForgetSteps
+	sent    int             // the messages MessageID numbered
 
 	renewal renewal
 }

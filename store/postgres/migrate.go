@@ -280,6 +280,7 @@ func (s *Store) checkSchema(ms []migration) error {
 		inSchema = true  // the table's schema exists
 		waited   = true  // the table has migration 002's column
 		steps    = true  // migration 003's table of steps exists
+		outbox   = true  // migration 004's outbox exists
 	)
 	query := func() error {
 		// The simple protocol prepares nothing, so that the check works
@@ -295,8 +296,9 @@ func (s *Store) checkSchema(ms []migration) error {
 			return s.pool.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL,
 				CASE $2 WHEN '' THEN current_schema() IS NOT NULL ELSE to_regnamespace($2) IS NOT NULL END,
 				EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'waited' AND NOT attisdropped),
-				to_regclass($3) IS NOT NULL`,
-				pgx.QueryExecModeSimpleProtocol, table, o.schema, o.qualified(o.table+"_steps")).Scan(&exists, &inSchema, &waited, &steps)
+				to_regclass($3) IS NOT NULL, to_regclass($4) IS NOT NULL`,
+				pgx.QueryExecModeSimpleProtocol, table, o.schema, o.qualified(o.table+"_steps"), o.qualified(o.table+"_outbox")).
+				Scan(&exists, &inSchema, &waited, &steps, &outbox)
 		}
 		return err
 	}
@@ -324,6 +326,9 @@ func (s *Store) checkSchema(ms []migration) error {
 		case !steps:
 			return fmt.Errorf("idemkey postgres: table %s has no table of steps %s: apply migration 003_add_steps (in Migrations) with your migration tool, or %s",
 				o.name, o.qualified(o.table+"_steps"), o.migrateHint())
+		case !outbox:
+			return fmt.Errorf("idemkey postgres: table %s has no outbox %s: apply migration 004_add_outbox (in Migrations) with your migration tool, or %s",
+				o.name, o.qualified(o.table+"_outbox"), o.migrateHint())
 		case code == "42501":
 			o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey postgres: the store's role may not read "+versions+
 				", so New checked only that the table exists, not that every migration of this idemkey is applied: grant it SELECT on "+versions)

@@ -129,6 +129,9 @@ type Store struct {
 	steps                                                   string // the steps' table's name in SQL text
 	confirmSQL                                              string
 	lookupSQL                                               string        // lookup.go
+	outbox                                                  string        // the outbox's table's name in SQL text (outbox.go)
+	writeMessagesSQL, claimSQL, markSentSQL                 string        // outbox.go
+	retryMessagesSQL, sweepSentSQL, pendingSQL              string        // outbox.go
 	probeSQL, lockSQL, readSQL, recordSQL, takeoverSQL      string        // atomic mode's
 	holdersSQL                                              string        // atomic mode's, for keys found busy
 	batchProbeSQL, batchProbeAloneSQL, batchRecordSQL       string        // atomic batches' (batch.go)
@@ -165,7 +168,7 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		o.logger.LogAttrs(context.Background(), slog.LevelWarn, "idemkey postgres: the database URL names "+strconv.Itoa(hosts)+
 			" hosts without target_session_attrs=read-write (or primary): connections may go to a standby, where every reservation and record fails until it is promoted")
 	}
-	table, steps := o.qualified(o.table), o.qualified(o.table+"_steps")
+	table, steps, outbox := o.qualified(o.table), o.qualified(o.table+"_steps"), o.qualified(o.table+"_outbox")
 	slots := atomicConns(pool.Config().MaxConns, o.atomicConns)
 	s := &Store{
 		pool:        pool,
@@ -201,6 +204,14 @@ func New(pool *pgxpool.Pool, opts ...Option) (*Store, error) {
 		renewSQL:       fmt.Sprintf(renewSQL, table, held),
 		sweepStepsSQL:  fmt.Sprintf(sweepStepsSQL, steps),
 		lookupSQL:      lookupSQL(table, steps),
+
+		outbox:           outbox,
+		writeMessagesSQL: writeMessagesSQL(outbox),
+		claimSQL:         claimSQL(outbox),
+		markSentSQL:      fmt.Sprintf(markSentSQL, outbox),
+		retryMessagesSQL: fmt.Sprintf(retryMessagesSQL, outbox),
+		sweepSentSQL:     fmt.Sprintf(sweepSentSQL, outbox),
+		pendingSQL:       fmt.Sprintf(pendingSQL, outbox),
 	}
 	if !o.unchecked {
 		ms, err := readMigrations()

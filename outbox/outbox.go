@@ -1,0 +1,213 @@
+package outbox
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"unicode"
+	"unicode/utf8"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// Message is a message for a broker, which a Relay sends once the
+// transaction that published it has committed.
+type Message struct {
+	// ID is the message's id, which the Relay sends as the broker's
+	// duplicate id (Nats-Msg-Id, message-id) and idemkey's consumers read
+	// as its key. Publish derives it from the call's key and the message's
+	// place in the call (engine.MessageID); outside a call that holds a
+	// key, it makes a random one. Set it only to an id that every run of
+	// the operation makes again.
+	ID string
+	// Destination is where the message goes: a NATS subject, a RabbitMQ
+	// routing key, a Kafka topic. 1 to 255 bytes of printable UTF-8.
+	Destination string
+	// PartitionKey orders messages: a partition's are sent one after
+	// another, in the order they were written, and Kafka's record key is
+	// it. Publish sets the call's own (one partition per key) if empty.
+	PartitionKey string
+	Headers      map[string]string
+	Payload      []byte
+}
+
+// DefaultMaxMessageSize bounds a message's payload and headers (WithMaxMessageSize):
+// the default limit of NATS and of a Kafka broker.
+const DefaultMaxMessageSize = 1 << 20
+
+// Outbox writes a handler's messages to a PostgreSQL store's outbox table,
+// in the handler's transaction. It is safe for concurrent use.
+type Outbox struct {
+	st      *postgres.Store
+	sealer  engine.Sealer
+	maxSize int
+}
+
+// Option configures an Outbox.
+type Option func(*options)
+
+type options struct {
+	sealer  engine.Sealer
+	maxSize int
+}
+
+// WithSealer seals each message's headers and payload in the table, as
+// engine.WithSealer seals records: give both the same *seal.KeyRing. The
+// Relay opens them with it.
+func WithSealer(s engine.Sealer) Option {
+	if v := reflect.ValueOf(s); v.Kind() == reflect.Pointer && v.IsNil() {
+		s = nil // a nil *seal.KeyRing, say: none
+	}
+	return func(o *options) { o.sealer = s }
+}
+
+// WithMaxMessageSize bounds a message's payload and headers; Publish refuses a
+// larger one. DefaultMaxMessageSize if not set.
+func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
+
+// New returns the outbox of st's table ("<table>_outbox", migration 004).
+func New(st *postgres.Store, opts ...Option) (*Outbox, error) {
+	o := options{maxSize: DefaultMaxMessageSize}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	switch {
+	case st == nil:
+		return nil, errors.New("idemkey outbox: New needs a store, not nil")
+	case o.maxSize < 1:
+		return nil, fmt.Errorf("idemkey outbox: WithMaxMessageSize(%d): want at least 1", o.maxSize)
+	}
+	return &Outbox{st: st, sealer: o.sealer, maxSize: o.maxSize}, nil
+}
+
+// Publish writes ms through tx, the transaction of the handler whose ctx
+// is: in atomic mode postgres.TxFromContext's, in two-phase mode the
+// handler's own. The messages exist if and only if tx commits, and a Relay
+// sends them then. A message whose id the outbox holds (a re-run's copy) is
+// dropped. Publish refuses a message with no destination, or larger than
+// WithMaxMessageSize, writing none of ms; its errors never quote a message.
+func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message) error {
+	if tx == nil {
+		return errors.New("idemkey outbox: Publish needs the handler's transaction: a message written outside it would be sent whether or not the handler's writes commit")
+	}
+	rows := make([]store.Message, len(ms))
+	for i, m := range ms {
+		if err := checkDestination(m.Destination); err != nil {
+			return fmt.Errorf("idemkey outbox: message %d of %d: %w", i+1, len(ms), err)
+		}
+		if m.ID == "" {
+			id, partition, ok := engine.MessageID(ctx)
+			if !ok {
+				id = idemkey.NewKey()
+				partition = id
+			}
+			m.ID = id
+			if m.PartitionKey == "" {
+				m.PartitionKey = partition
+			}
+		}
+		if m.PartitionKey == "" {
+			m.PartitionKey = m.ID
+		}
+		body := encode(m)
+		if len(body) > o.maxSize {
+			return fmt.Errorf("idemkey outbox: message %d of %d: its payload and headers are %d bytes, more than the %d of WithMaxMessageSize", i+1, len(ms), len(body), o.maxSize)
+		}
+		if o.sealer != nil {
+			var err error
+			if body, err = o.sealer.Seal(messageKey(m.ID), body); err != nil {
+				return fmt.Errorf("idemkey outbox: sealing message %d of %d: %w", i+1, len(ms), err)
+			}
+		}
+		rows[i] = store.Message{ID: m.ID, Destination: m.Destination, PartitionKey: m.PartitionKey, Body: body}
+	}
+	return o.st.WriteMessages(ctx, tx, rows)
+}
+
+// checkDestination refuses what no broker takes as a name.
+func checkDestination(d string) error {
+	if d == "" || len(d) > 255 || !utf8.ValidString(d) {
+		return errors.New("a destination must be 1 to 255 bytes of UTF-8")
+	}
+	for _, r := range d {
+		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
+			return errors.New("a destination must be printable, without spaces")
+		}
+	}
+	return nil
+}
+
+// messageKey is the key a message's body is sealed under, so that it opens
+// only as its own id's. Stored messages depend on it: it never changes.
+func messageKey(id string) store.Key {
+	return sha256.Sum256(store.AppendParts(make([]byte, 0, 64+len(id)), "idemkey outbox message v1", id))
+}
+
+// bodyVersion starts an unsealed body; no sealed one starts with it.
+const bodyVersion = 0x01
+
+// encode is a message's body: its version, the number of headers, each
+// name and value length-prefixed in name order, then the payload.
+func encode(m Message) []byte {
+	n := 1 + binary.MaxVarintLen64 + len(m.Payload)
+	for k, v := range m.Headers {
+		n += 2*binary.MaxVarintLen64 + len(k) + len(v)
+	}
+	b := append(make([]byte, 0, n), bodyVersion)
+	b = binary.AppendUvarint(b, uint64(len(m.Headers)))
+	for _, k := range slices.Sorted(maps.Keys(m.Headers)) {
+		b = binary.AppendUvarint(b, uint64(len(k)))
+		b = append(b, k...)
+		b = binary.AppendUvarint(b, uint64(len(m.Headers[k])))
+		b = append(b, m.Headers[k]...)
+	}
+	return append(b, m.Payload...)
+}
+
+var errBody = errors.New("idemkey outbox: a message's body does not decode")
+
+// decode reads encode's body into m's Headers and Payload.
+func decode(b []byte, m *Message) error {
+	if len(b) == 0 || b[0] != bodyVersion {
+		return errBody
+	}
+	b = b[1:]
+	count, n := binary.Uvarint(b)
+	if n <= 0 || count > uint64(len(b)) {
+		return errBody
+	}
+	b = b[n:]
+	next := func() (string, bool) {
+		l, n := binary.Uvarint(b)
+		if n <= 0 || l > uint64(len(b)-n) {
+			return "", false
+		}
+		s := string(b[n : n+int(l)])
+		b = b[n+int(l):]
+		return s, true
+	}
+	if count > 0 {
+		m.Headers = make(map[string]string, count)
+	}
+	for range count {
+		k, ok := next()
+		if !ok {
+			return errBody
+		}
+		v, ok := next()
+		if !ok {
+			return errBody
+		}
+		m.Headers[k] = v
+	}
+	m.Payload = b
+	return nil
+}

@@ -1,0 +1,46 @@
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// Message is a message a handler published through an outbox (package
+// outbox), as an Outbox store keeps it until a relay has sent it.
+type Message struct {
+	ID           string // unique: a second message of an ID is dropped where it is written
+	Destination  string
+	PartitionKey string // a partition's messages are claimed one after another, in the order written
+	Body         []byte // the message's headers and payload as package outbox encodes and seals them
+	Created      time.Time
+	Attempts     int // how many times the message has been claimed, this claim included
+}
+
+// Outbox is a store that keeps an outbox: messages that a handler's
+// transaction wrote, for a relay to send once the transaction has
+// committed. Several relays may claim at once: a claim is a lease, and a
+// message whose lease ended is claimed again, so a message is sent at
+// least once and, while its relay lives, by that relay alone.
+type Outbox interface {
+	// ClaimMessages leases up to max unsent messages whose time has come,
+	// for lease, and returns them in the order they were written: at most
+	// one of each PartitionKey, the partition's oldest unsent one, so that
+	// its next is claimed only once it is sent.
+	ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]Message, error)
+	// MarkSent records the messages ids sent (a broker confirmed them): they
+	// are never claimed again, and SweepSent deletes them after a retention.
+	MarkSent(ctx context.Context, ids []string) error
+	// RetryMessages makes the unsent messages ids claimable after delay
+	// (ending their lease, or extending it).
+	RetryMessages(ctx context.Context, ids []string, delay time.Duration) error
+	// SweepSent deletes up to limit messages sent longer than retention
+	// ago, and returns how many it deleted.
+	SweepSent(ctx context.Context, retention time.Duration, limit int) (int64, error)
+	// PendingMessages counts the unsent messages, and tells how long ago
+	// the oldest was written, on the store's clock (0 if none).
+	PendingMessages(ctx context.Context) (n int64, oldest time.Duration, err error)
+	// ListenMessages calls wake whenever a transaction that wrote messages
+	// may have committed, until ctx ends (it then returns nil) or it fails.
+	// wake must not block.
+	ListenMessages(ctx context.Context, wake func()) error
+}
