@@ -212,7 +212,7 @@ func (r *Relay) listen(ctx context.Context) {
 		if err := r.st.ListenMessages(ctx, wake); err != nil {
 			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: the relay cannot listen for commits; it polls until it listens again", slog.Any("error", err))
 		}
-		if !store.Pause(ctx, wait) {
+		if !sleep(ctx, wait) {
 			return
 		}
 	}
@@ -226,7 +226,7 @@ func (r *Relay) round(ctx context.Context) (full bool, err error) {
 		// A tenth of a second's messages at a time, so that the rate holds
 		// over short windows too.
 		limit = max(1, min(limit, int(r.o.rate/10)))
-		if !store.Pause(ctx, time.Until(r.next)) {
+		if !sleep(ctx, time.Until(r.next)) {
 			return false, nil
 		}
 	}
@@ -251,9 +251,12 @@ func (r *Relay) round(ctx context.Context) (full bool, err error) {
 		ms = append(ms, m)
 		opened = append(opened, row)
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.o.lease/2)
-	errs := r.pub.Publish(pctx, ms)
-	cancel()
+	var errs []error
+	if len(ms) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, r.o.lease/2)
+		errs = r.pub.Publish(pctx, ms)
+		cancel()
+	}
 	if errs != nil && len(errs) != len(ms) {
 		return false, fmt.Errorf("idemkey outbox: the publisher answered %d errors for %d messages", len(errs), len(ms))
 	}
@@ -286,6 +289,21 @@ func (r *Relay) round(ctx context.Context) (full bool, err error) {
 		}
 	}
 	return len(rows) == limit, nil
+}
+
+// sleep waits d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // backoff is the wait after a message's attempt-th failed send: a quarter
