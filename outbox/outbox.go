@@ -24,7 +24,7 @@ type Message struct {
 	// ID is the message's id, which the Relay sends as the broker's
 	// duplicate id (Nats-Msg-Id, message-id) and idemkey's consumers read
 	// as its key. Publish derives it from the call's key and the message's
-	// place in the call (engine.MessageID); outside a call that holds a
+	// place in the call (engine.NextMessageID); outside a call that holds a
 	// key, it makes a random one. Set it only to an id that every run of
 	// the operation makes again.
 	ID string
@@ -39,9 +39,9 @@ type Message struct {
 	Payload      []byte
 }
 
-// DefaultMaxMessageSize bounds a message's payload and headers (WithMaxMessageSize):
-// the default limit of NATS and of a Kafka broker.
-const DefaultMaxMessageSize = 1 << 20
+// defaultMaxMessageSize bounds a message's payload and headers: NATS's
+// default limit, and a Kafka broker's.
+const defaultMaxMessageSize = 1 << 20
 
 // Outbox writes a handler's messages to a PostgreSQL store's outbox table,
 // in the handler's transaction. It is safe for concurrent use.
@@ -70,12 +70,12 @@ func WithSealer(s engine.Sealer) Option {
 }
 
 // WithMaxMessageSize bounds a message's payload and headers; Publish refuses a
-// larger one. DefaultMaxMessageSize if not set.
+// larger one. 1 MiB by default: NATS's default limit, and a Kafka broker's.
 func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
 
 // New returns the outbox of st's table ("<table>_outbox", migration 004).
 func New(st *postgres.Store, opts ...Option) (*Outbox, error) {
-	o := options{maxSize: DefaultMaxMessageSize}
+	o := options{maxSize: defaultMaxMessageSize}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -98,13 +98,13 @@ func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message
 	if tx == nil {
 		return errors.New("idemkey outbox: Publish needs the handler's transaction: a message written outside it would be sent whether or not the handler's writes commit")
 	}
-	rows := make([]store.Message, len(ms))
+	rows := make([]store.OutboxMessage, len(ms))
 	for i, m := range ms {
 		if err := checkDestination(m.Destination); err != nil {
 			return fmt.Errorf("idemkey outbox: message %d of %d: %w", i+1, len(ms), err)
 		}
 		if m.ID == "" {
-			id, partition, ok := engine.MessageID(ctx)
+			id, partition, ok := engine.NextMessageID(ctx)
 			if !ok {
 				id = idemkey.NewKey()
 				partition = id
@@ -127,7 +127,7 @@ func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message
 				return fmt.Errorf("idemkey outbox: sealing message %d of %d: %w", i+1, len(ms), err)
 			}
 		}
-		rows[i] = store.Message{ID: m.ID, Destination: m.Destination, PartitionKey: m.PartitionKey, Body: body}
+		rows[i] = store.OutboxMessage{ID: m.ID, Destination: m.Destination, PartitionKey: m.PartitionKey, Body: body}
 	}
 	return o.st.WriteMessages(ctx, tx, rows)
 }

@@ -71,7 +71,7 @@ const (
 // handler that publishes them, so that they are sent if and only if it
 // commits; package outbox's Publish calls it. A message whose ID the outbox
 // holds is dropped. Each ID, PartitionKey and Destination must be set.
-func (s *Store) WriteMessages(ctx context.Context, q Querier, ms []store.Message) error {
+func (s *Store) WriteMessages(ctx context.Context, q Querier, ms []store.OutboxMessage) error {
 	if q == nil {
 		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction, not nil")
 	}
@@ -89,7 +89,7 @@ func (s *Store) WriteMessages(ctx context.Context, q Querier, ms []store.Message
 }
 
 // ClaimMessages implements store.Outbox.
-func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]store.Message, error) {
+func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]store.OutboxMessage, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, s.claimSQL, max, lease.Microseconds())
@@ -98,7 +98,7 @@ func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration)
 	}
 	type claimed struct {
 		seq int64
-		m   store.Message
+		m   store.OutboxMessage
 	}
 	var cs []claimed
 	for rows.Next() {
@@ -113,7 +113,7 @@ func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration)
 		return nil, s.translate(ctx, "claim messages", err)
 	}
 	slices.SortFunc(cs, func(a, b claimed) int { return int(a.seq - b.seq) })
-	ms := make([]store.Message, len(cs))
+	ms := make([]store.OutboxMessage, len(cs))
 	for i, c := range cs {
 		ms[i] = c.m
 	}
