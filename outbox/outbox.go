@@ -9,6 +9,7 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
@@ -100,7 +101,7 @@ func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message
 	}
 	rows := make([]store.OutboxMessage, len(ms))
 	for i, m := range ms {
-		if err := checkDestination(m.Destination); err != nil {
+		if err := check(m); err != nil {
 			return fmt.Errorf("idemkey outbox: message %d of %d: %w", i+1, len(ms), err)
 		}
 		if m.ID == "" {
@@ -132,14 +133,22 @@ func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message
 	return o.st.WriteMessages(ctx, tx, rows)
 }
 
-// checkDestination refuses what no broker takes as a name.
-func checkDestination(d string) error {
-	if d == "" || len(d) > 255 || !utf8.ValidString(d) {
-		return errors.New("a destination must be 1 to 255 bytes of UTF-8")
+// check refuses a destination or a header that some broker would refuse
+// for good, and so hold back the message's partition: a destination of 1 to
+// 255 bytes of printable UTF-8 without spaces, header names of 1 to 128
+// bytes of visible ASCII but ':' (NATS's and AMQP's bounds), values of UTF-8
+// without line breaks (NATS headers are lines).
+func check(m Message) error {
+	d := m.Destination
+	if d == "" || len(d) > 255 || !utf8.ValidString(d) || strings.IndexFunc(d, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+		return errors.New("a destination must be 1 to 255 bytes of printable UTF-8, without spaces")
 	}
-	for _, r := range d {
-		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return errors.New("a destination must be printable, without spaces")
+	for k, v := range m.Headers {
+		if k == "" || len(k) > 128 || strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r > '~' || r == ':' }) >= 0 {
+			return errors.New("a header's name must be 1 to 128 bytes of visible ASCII, without ':'")
+		}
+		if !utf8.ValidString(v) || strings.ContainsAny(v, "\r\n") {
+			return errors.New("a header's value must be UTF-8, without line breaks")
 		}
 	}
 	return nil
