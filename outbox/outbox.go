@@ -36,8 +36,10 @@ type Message struct {
 	// another, in the order they were written, and Kafka's record key is
 	// it. Publish sets the call's own (one partition per key) if empty.
 	PartitionKey string
-	Headers      map[string]string
-	Payload      []byte
+	// Headers go with the message as the broker's headers: names of 1 to
+	// 128 bytes of visible ASCII but ':', values without line breaks.
+	Headers map[string]string
+	Payload []byte
 }
 
 // defaultMaxMessageSize bounds a message's payload and headers: NATS's
