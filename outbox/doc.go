@@ -11,14 +11,15 @@
 //	ob, err := outbox.New(st) // st: a *postgres.Store, on schema 004
 //
 //	func (s *server) CreateCharge(ctx context.Context, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, error) {
-//		tx, _ := postgres.TxFromContext(ctx) // atomic mode; two-phase handlers pass their own
+//		tx, _ := postgres.TxFromContext(ctx) // atomic mode's; a two-phase handler's own: postgres.ContextWithTx
 //		// ... INSERT the charge through tx ...
-//		err := s.outbox.Publish(ctx, tx, outbox.Message{Destination: "payments.charge.created", Payload: body})
+//		err := s.outbox.Publish(ctx, outbox.Message{Destination: "payments.charge.created", Payload: body})
 //		...
 //	}
 //
-//	relay, err := ob.Relay(idemnats.NewPublisher(js)) // or idemamqp's, idemkafka's
-//	go relay.Run(ctx)                                  // or the command: idemkey relay
+//	pub, err := idemnats.NewPublisher(js) // or idemamqp's, idemkafka's
+//	relay, err := ob.Relay(pub)
+//	go relay.Run(ctx) // or the command: idemkey relay
 //
 // # Guarantees
 //

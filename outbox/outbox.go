@@ -16,7 +16,6 @@ import (
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // Message is a message for a broker, which a Relay sends once the
@@ -46,10 +45,10 @@ type Message struct {
 // default limit, and a Kafka broker's.
 const defaultMaxMessageSize = 1 << 20
 
-// Outbox writes a handler's messages to a PostgreSQL store's outbox table,
-// in the handler's transaction. It is safe for concurrent use.
+// Outbox writes a handler's messages to a store's outbox, in the handler's
+// transaction. It is safe for concurrent use.
 type Outbox struct {
-	st      *postgres.Store
+	st      store.Outbox
 	sealer  engine.Sealer
 	maxSize int
 }
@@ -76,31 +75,31 @@ func WithSealer(s engine.Sealer) Option {
 // larger one. 1 MiB by default: NATS's default limit, and a Kafka broker's.
 func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
 
-// New returns the outbox of st's table ("<table>_outbox", migration 004).
-func New(st *postgres.Store, opts ...Option) (*Outbox, error) {
+// New returns the outbox of st: a *postgres.Store's is the table
+// "<table>_outbox" (migration 004).
+func New(st store.Outbox, opts ...Option) (*Outbox, error) {
 	o := options{maxSize: defaultMaxMessageSize}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	switch {
-	case st == nil:
+	if v := reflect.ValueOf(st); st == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, errors.New("idemkey outbox: New needs a store, not nil")
-	case o.maxSize < 1:
+	}
+	if o.maxSize < 1 {
 		return nil, fmt.Errorf("idemkey outbox: WithMaxMessageSize(%d): want at least 1", o.maxSize)
 	}
 	return &Outbox{st: st, sealer: o.sealer, maxSize: o.maxSize}, nil
 }
 
-// Publish writes ms through tx, the transaction of the handler whose ctx
-// is: in atomic mode postgres.TxFromContext's, in two-phase mode the
-// handler's own. The messages exist if and only if tx commits, and a Relay
-// sends them then. A message whose id the outbox holds (a re-run's copy) is
-// dropped. Publish refuses a message with no destination, or larger than
-// WithMaxMessageSize, writing none of ms; its errors never quote a message.
-func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message) error {
-	if tx == nil {
-		return errors.New("idemkey outbox: Publish needs the handler's transaction: a message written outside it would be sent whether or not the handler's writes commit")
-	}
+// Publish writes ms in the transaction of the handler whose ctx is, which
+// ctx carries: in atomic mode the call's own (postgres.TxFromContext); a
+// two-phase handler gives its own with postgres.ContextWithTx. The messages
+// exist if and only if it commits, and a Relay sends them then. Without a
+// transaction, Publish writes nothing and returns an error. A message whose
+// id the outbox holds (a re-run's copy) is dropped. Publish refuses a
+// message with no destination, or larger than WithMaxMessageSize, writing
+// none of ms; its errors never quote a message.
+func (o *Outbox) Publish(ctx context.Context, ms ...Message) error {
 	rows := make([]store.OutboxMessage, len(ms))
 	for i, m := range ms {
 		if err := check(m); err != nil {
@@ -132,7 +131,7 @@ func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message
 		}
 		rows[i] = store.OutboxMessage{ID: m.ID, Destination: m.Destination, PartitionKey: m.PartitionKey, Body: body}
 	}
-	return o.st.WriteMessages(ctx, tx, rows)
+	return o.st.WriteMessages(ctx, rows)
 }
 
 // check refuses a destination or a header that some broker would refuse

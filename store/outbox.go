@@ -22,6 +22,12 @@ type OutboxMessage struct {
 // message whose lease ended is claimed again, so a message is sent at
 // least once and, while its relay lives, by that relay alone.
 type Outbox interface {
+	// WriteMessages writes ms in the transaction ctx carries, of the
+	// store's own kind (store/postgres: an atomic call's, or one given with
+	// postgres.ContextWithTx), so that they exist if and only if it
+	// commits; without one it returns an error, writing nothing. A message
+	// whose ID the outbox holds is dropped.
+	WriteMessages(ctx context.Context, ms []OutboxMessage) error
 	// ClaimMessages leases up to max unsent messages whose time has come,
 	// for lease, and returns them in the order they were written: at most
 	// one of each PartitionKey, the partition's oldest unsent one, so that

@@ -67,13 +67,14 @@ const (
 	coalesce((SELECT extract(epoch FROM now() - created_at) FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT 1), 0)::float8`
 )
 
-// WriteMessages writes ms to the outbox through q, the transaction of the
-// handler that publishes them, so that they are sent if and only if it
-// commits; package outbox's Publish calls it. A message whose ID the outbox
-// holds is dropped. Each ID, PartitionKey and Destination must be set.
-func (s *Store) WriteMessages(ctx context.Context, q Querier, ms []store.OutboxMessage) error {
-	if q == nil {
-		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction, not nil")
+// WriteMessages implements store.Outbox through the Querier that ctx
+// carries (TxFromContext): an atomic call's transaction, or a two-phase
+// handler's own given with ContextWithTx. Package outbox's Publish calls it.
+func (s *Store) WriteMessages(ctx context.Context, ms []store.OutboxMessage) error {
+	q, ok := TxFromContext(ctx)
+	if !ok || q == nil {
+		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction in its context (an atomic call's, or postgres.ContextWithTx): " +
+			"a message written outside it would be sent whether or not the handler's writes commit")
 	}
 	if len(ms) == 0 {
 		return nil
