@@ -101,7 +101,7 @@ func startPub[M any](t *testing.T, newRig NewPublisherRig[M]) *pubSession {
 	s := &pubSession{t: t, pool: pool, st: st, ob: ob, reader: sdkmetric.NewManualReader(), logs: logs,
 		dest: rig.Destination(), refused: rig.Refused(), runs: map[string]int{}}
 	relay, err := ob.Relay(rig.Publisher(), outbox.WithLogger(logger), outbox.WithPollInterval(50*time.Millisecond),
-		outbox.WithMaxBackoff(200*time.Millisecond), outbox.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.reader))))
+		outbox.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(s.reader))))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -156,7 +156,7 @@ func (s *pubSession) write(commit bool, ms ...outbox.Message) {
 		s.t.Fatal(err)
 	}
 	defer tx.Rollback(context.WithoutCancel(ctx))
-	if err := s.ob.Publish(ctx, tx, ms...); err != nil {
+	if err := s.ob.Publish(postgres.ContextWithTx(ctx, tx), ms...); err != nil {
 		s.t.Fatal(err)
 	}
 	if commit {
