@@ -91,6 +91,27 @@ func TestPublishKeepsPartitionKey(t *testing.T) {
 	}
 }
 
+// A message published with an ID of its own, in a call, is its own
+// partition unless given one, and takes no place among the call's: the next
+// message without an ID is still "outbox message 1".
+func TestPublishWithOwnID(t *testing.T) {
+	r := newRig(t)
+	own := created("own")
+	own.ID = "0190b6a4-7c3e-7d2a-9f10-2b3c4d5e6f71"
+	r.serve(r.atomic, "order-own", r.charge(t, "ch_own", succeeded, own, created("made")))
+	rows := r.rows(t)
+	if len(rows) != 2 {
+		t.Fatalf("the outbox holds %d messages, want 2", len(rows))
+	}
+	if rows[0].ID != own.ID || rows[0].PartitionKey != own.ID {
+		t.Errorf("the message with its own id: id %s, partition %s; want %s for both", rows[0].ID, rows[0].PartitionKey, own.ID)
+	}
+	if want := idemkey.DeriveKey(tenant, opName, "order-own", "outbox message 1"); rows[1].ID != want ||
+		rows[1].PartitionKey != idemkey.DeriveKey(tenant, opName, "order-own", "outbox messages") {
+		t.Errorf("the message without an id: id %s, partition %s; want %s, the call's partition", rows[1].ID, rows[1].PartitionKey, want)
+	}
+}
+
 // A handler whose call ends in an error leaves no message: a released error
 // (Unavailable) rolls its whole transaction back, a recorded one (NotFound)
 // its writes to the savepoint, keeping only the record.
