@@ -12,11 +12,11 @@ import (
 	"github.com/idemkey/idemkey/store/memory"
 )
 
-// MessageID numbers a run's messages from 1, derives each id from the
+// NextMessageID numbers a run's messages from 1, derives each id from the
 // call's tenant, operation and key, and gives all of the call's the one
 // partition; a re-run numbers anew, so makes the same ids; outside a call
 // there is none.
-func TestMessageID(t *testing.T) {
+func TestNextMessageID(t *testing.T) {
 	const tenant = "tenant-messages"
 	e, err := New(memory.New(), WithTenant(func(context.Context) (string, error) { return tenant, nil }))
 	if err != nil {
@@ -26,7 +26,7 @@ func TestMessageID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if id, partition, ok := MessageID(context.Background()); ok || id != "" || partition != "" {
+	if id, partition, ok := NextMessageID(context.Background()); ok || id != "" || partition != "" {
 		t.Errorf("outside a call: %q, %q, %v; want nothing", id, partition, ok)
 	}
 
@@ -35,7 +35,7 @@ func TestMessageID(t *testing.T) {
 		return func(ctx context.Context) error {
 			var ids []string
 			for range 3 {
-				id, partition, ok := MessageID(ctx)
+				id, partition, ok := NextMessageID(ctx)
 				if !ok {
 					t.Error("no message id in a keyed call")
 				}
@@ -69,7 +69,7 @@ func TestMessageID(t *testing.T) {
 
 	// Another key makes other ids.
 	var other string
-	serve(e, op, "order-n", func(ctx context.Context) error { other, _, _ = MessageID(ctx); return nil })
+	serve(e, op, "order-n", func(ctx context.Context) error { other, _, _ = NextMessageID(ctx); return nil })
 	if other != idemkey.DeriveKey(tenant, opName, "order-n", "outbox message 1") {
 		t.Errorf("another key's first message: %s", other)
 	}
@@ -83,7 +83,7 @@ func TestMessageID(t *testing.T) {
 		var wg sync.WaitGroup
 		for range n {
 			wg.Go(func() {
-				id, _, _ := MessageID(ctx)
+				id, _, _ := NextMessageID(ctx)
 				mu.Lock()
 				got[id] = true
 				mu.Unlock()

@@ -128,7 +128,7 @@ func (r *rig) charge(t *testing.T, id string, res engine.HandlerResult, ms ...ou
 			t.Errorf("insert a charge: %v", err)
 			return released
 		}
-		if err := r.ob.Publish(ctx, tx, ms...); err != nil {
+		if err := r.ob.Publish(ctx, ms...); err != nil {
 			t.Errorf("publish: %v", err)
 			return released
 		}
@@ -139,7 +139,9 @@ func (r *rig) charge(t *testing.T, id string, res engine.HandlerResult, ms ...ou
 // publish publishes ms outside any call, in a transaction of its own.
 func (r *rig) publish(t testing.TB, ms ...outbox.Message) {
 	t.Helper()
-	err := pgx.BeginFunc(t.Context(), r.pool, func(tx pgx.Tx) error { return r.ob.Publish(t.Context(), tx, ms...) })
+	err := pgx.BeginFunc(t.Context(), r.pool, func(tx pgx.Tx) error {
+		return r.ob.Publish(postgres.ContextWithTx(t.Context(), tx), ms...)
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -238,12 +240,12 @@ func refuse(ms []outbox.Message) []error {
 	return errs
 }
 
-// relay makes a relay of ob to pub that looks often and backs off little,
-// so that tests need not wait, with opts after those.
+// relay makes a relay of ob to pub that looks often, so that tests need
+// not wait, with opts after those.
 func (r *rig) relay(t *testing.T, ob *outbox.Outbox, pub outbox.Publisher, opts ...outbox.RelayOption) *outbox.Relay {
 	t.Helper()
 	rl, err := ob.Relay(pub, append([]outbox.RelayOption{outbox.WithPollInterval(20 * time.Millisecond),
-		outbox.WithMaxBackoff(20 * time.Millisecond), outbox.WithLogger(r.logger)}, opts...)...)
+		outbox.WithLogger(r.logger)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -152,7 +152,7 @@ func TestRerunMakesTheSameIDs(t *testing.T) {
 			if _, err := tx.Exec(ctx, `INSERT INTO charges (id) VALUES ('ch_2') ON CONFLICT DO NOTHING`); err != nil {
 				return err
 			}
-			return r.ob.Publish(ctx, tx, created("one"), created("two"))
+			return r.ob.Publish(postgres.ContextWithTx(ctx, tx), created("one"), created("two"))
 		})
 		if err != nil {
 			t.Errorf("run %d: %v", runs, err)
@@ -219,7 +219,9 @@ func TestPublishRefuses(t *testing.T) {
 		nilTx bool
 		want  string
 	}{
-		"nil tx":               {ms: []outbox.Message{ok}, nilTx: true, want: "transaction"},
+		"no transaction":       {ms: []outbox.Message{ok}, nilTx: true, want: "transaction"},
+		"header name":          {ms: []outbox.Message{ok, {Destination: "d", Headers: map[string]string{"a:b": "v"}, Payload: []byte(secret)}}, want: "header's name"},
+		"header value":         {ms: []outbox.Message{ok, {Destination: "d", Headers: map[string]string{"h": "a\nb"}, Payload: []byte(secret)}}, want: "header's value"},
 		"empty destination":    {ms: []outbox.Message{ok, {Payload: []byte(secret)}}, want: "destination"},
 		"destination spaced":   {ms: []outbox.Message{ok, {Destination: "payments charge", Payload: []byte(secret)}}, want: "without spaces"},
 		"destination too long": {ms: []outbox.Message{{Destination: strings.Repeat("d", 256), Payload: []byte(secret)}}, want: "255 bytes"},
@@ -232,11 +234,11 @@ func TestPublishRefuses(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var q postgres.Querier = tx
+			ctx := postgres.ContextWithTx(t.Context(), tx)
 			if tc.nilTx {
-				q = nil
+				ctx = t.Context()
 			}
-			perr := r.ob.Publish(t.Context(), q, tc.ms...)
+			perr := r.ob.Publish(ctx, tc.ms...)
 			if err := tx.Commit(t.Context()); err != nil {
 				t.Fatal(err)
 			}

@@ -410,7 +410,6 @@ func TestRelayRefusesOptions(t *testing.T) {
 		"rate":       outbox.WithRate(-1),
 		"retention":  outbox.WithRetention(-time.Second),
 		"poll":       outbox.WithPollInterval(0),
-		"maxbackoff": outbox.WithMaxBackoff(0),
 	} {
 		if _, err := r.ob.Relay(&pub, opt); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -118,8 +118,7 @@ func BenchmarkOutbox(b *testing.B) {
 				if err := insert(ctx, k); err != nil {
 					return err
 				}
-				tx, _ := postgres.TxFromContext(ctx)
-				return ob.Publish(ctx, tx, outbox.Message{Destination: subject, Payload: payload(k)})
+				return ob.Publish(ctx, outbox.Message{Destination: subject, Payload: payload(k)})
 			})
 		}},
 		benchtest.Op{Name: "insert", Run: func(i int) error {
