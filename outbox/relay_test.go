@@ -405,11 +405,11 @@ func TestRelayRefusesOptions(t *testing.T) {
 	r := newRig(t)
 	var pub recorder
 	for name, opt := range map[string]outbox.RelayOption{
-		"batch":      outbox.WithBatch(0),
-		"lease":      outbox.WithLease(time.Millisecond),
-		"rate":       outbox.WithRate(-1),
-		"retention":  outbox.WithRetention(-time.Second),
-		"poll":       outbox.WithPollInterval(0),
+		"batch":     outbox.WithBatch(0),
+		"lease":     outbox.WithLease(time.Millisecond),
+		"rate":      outbox.WithRate(-1),
+		"retention": outbox.WithRetention(-time.Second),
+		"poll":      outbox.WithPollInterval(0),
 	} {
 		if _, err := r.ob.Relay(&pub, opt); err == nil {
 			t.Errorf("%s: accepted", name)
