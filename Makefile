@@ -82,14 +82,16 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyHeader$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	$(GO) test -run='^$$' -fuzz='^FuzzRecord$$' -fuzztime=$(FUZZ_EXECS)x ./idemhttp/
 	$(GO) test -run='^$$' -fuzz='^FuzzOpen$$' -fuzztime=$(FUZZ_EXECS)x ./seal/
+	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZ_EXECS)x ./outbox/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
 	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
 		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
-bench: ## benchmark the interceptor and the HTTP middleware against the bare call, a duplicate's answer after the record, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ, Kafka on kfake) in both modes against the bare service; benchstat summarises
+bench: ## benchmark the interceptor and the HTTP middleware against the bare call, a duplicate's answer after the record, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ, Kafka on kfake) in both modes against the bare service, the outbox against a publish to NATS after commit; benchstat summarises
 	@mkdir -p bin
 	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./idemhttp/ ./engine/ ./protokey/ ./seal/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench='^BenchmarkOutbox$$' -benchmem -count=$(BENCH_COUNT) ./tests/outboxbench/ >> bin/bench.txt
 	./scripts/with-postgres $(GO) test -run='^$$' -bench='^BenchmarkAtomicNewKeys$$' -benchtime=100000x -count=1 ./store/postgres/ > bin/newkeys.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
@@ -111,6 +113,8 @@ bench: ## benchmark the interceptor and the HTTP middleware against the bare cal
 	@$(TOOL) benchstat -filter '.name:CreateCharge .unit:/(-ns\/op|\/bare|\/bare-tx)$$/' bin/bench.txt
 	@echo "== the example consumer on NATS JetStream, RabbitMQ and Kafka (kfake), interleaved: messages per second, atomic and two-phase, one at a time and in batches of 32, against the consumer without idemkey"
 	@$(TOOL) benchstat -filter '.name:/^Consumer/ .unit:/(msgs\/s|\/bare|\/bare-batch)$$/' bin/bench.txt
+	@echo "== the outbox: an atomic CreateCharge-like call on PostgreSQL (one INSERT) publishing one message through outbox.Publish in its transaction, against the same call publishing to NATS JetStream after it returned, the same row written by hand (one INSERT, no NOTIFY), and publishing nothing, interleaved"
+	@$(TOOL) benchstat -filter '.name:Outbox .unit:/(-ns\/op|\/none|\/insert|\/nats)$$/' bin/bench.txt
 	@echo "== the store against each design's hand-written SQL, 16 workers on a pool of 20, interleaved: throughput, PostgreSQL's CPU and WAL per call as ratios"
 	@$(TOOL) benchstat -filter '.name:Designs .unit:/(throughput|cpu|wal)$$/' bin/bench.txt
 	@echo "== 100,000 atomic calls with new keys on 16 workers, the default slots: how many were not acquired, and how many ran the probe on their own (both must be 0)"

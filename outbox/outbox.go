@@ -33,7 +33,9 @@ type Message struct {
 	Destination string
 	// PartitionKey orders messages: a partition's are sent one after
 	// another, in the order they were written, and Kafka's record key is
-	// it. Publish sets the call's own (one partition per key) if empty.
+	// it. If it is empty, Publish sets the call's own (one partition per
+	// key) for a message whose ID it makes, and the message's ID (a
+	// partition of its own) for one published with an ID, or outside a call.
 	PartitionKey string
 	// Headers go with the message as the broker's headers: names of 1 to
 	// 128 bytes of visible ASCII but ':', values without line breaks.
