@@ -103,6 +103,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"slices"
@@ -123,6 +124,7 @@ const (
 	exitUsage    = 2
 	exitRefused  = 3
 	exitDatabase = 4
+	exitBroker   = 5
 )
 
 const usage = `usage:
@@ -132,6 +134,8 @@ const usage = `usage:
   idemkey stats
   idemkey sweep   [-batch N]
   idemkey migrate up|down|status  [-to N] [-force]
+  idemkey relay   -broker nats://host:port | amqp://user:pass@host:port/vhost | kafka://host:port[,host:port]
+                  [-exchange X] [-batch N] [-rate N] [-lease D] [-retention D] [-seal-key FILE ...]
 common flags: -database-url URL (default $DATABASE_URL), -table NAME, -timeout 30s, -json
 run "idemkey COMMAND -h" for a command's flags
 `
@@ -150,6 +154,9 @@ type command struct {
 	exec  func(ctx context.Context, e *env) (any, error)
 	// human prints exec's result as text.
 	human func(w io.Writer, result any)
+	// serve is for a command that runs until interrupted (relay): -timeout
+	// bounds only its start, and it logs to stderr.
+	serve bool
 }
 
 // run runs the command line args (without the program name) and returns the
@@ -177,6 +184,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmd = sweepCommand()
 	case "migrate":
 		cmd = migrateCommand(&action)
+	case "relay":
+		cmd = relayCommand()
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -222,12 +231,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	visited := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { visited[f.Name] = true })
 
-	e, err := c.open(ctx)
+	conns := int32(2)
+	if cmd.serve {
+		conns = 4 // the relay's listener holds one for good
+	}
+	e, err := c.open(ctx, conns)
 	if err == nil {
 		defer e.pool.Close()
-		ctx, cancel := context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-		e.visited = visited
+		e.visited, e.timeout, e.logger = visited, c.timeout, logger(stderr, c.json)
+		if !cmd.serve {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.timeout)
+			defer cancel()
+		}
 		var result any
 		result, err = cmd.exec(ctx, e)
 		if err == nil {
@@ -253,7 +269,7 @@ type common struct {
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL of the store (default $DATABASE_URL)")
 	fs.StringVar(&c.table, "table", postgres.DefaultTable, `the store's table: name, or schema.name`)
-	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long the command may take")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long the command may take (relay: its start)")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of text")
 }
 
@@ -267,10 +283,12 @@ type env struct {
 	table    string          // as -table named it
 	password string          // of the URL, never printed
 	visited  map[string]bool // the flags given on the command line
+	timeout  time.Duration   // -timeout
+	logger   *slog.Logger    // a serving command's, on stderr
 }
 
 // open connects to the database; it touches nothing yet.
-func (c *common) open(ctx context.Context) (*env, error) {
+func (c *common) open(ctx context.Context, conns int32) (*env, error) {
 	if c.databaseURL == "" {
 		return nil, usageError("no database: give -database-url or set DATABASE_URL")
 	}
@@ -279,7 +297,7 @@ func (c *common) open(ctx context.Context) (*env, error) {
 		// pgx's message does not repeat the URL, but scrub it anyway.
 		return nil, usageError("-database-url: %s", scrubbed(err.Error(), ""))
 	}
-	cfg.MaxConns = 2
+	cfg.MaxConns = conns
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "idemkey"
 	}
@@ -298,6 +316,14 @@ func (c *common) open(ctx context.Context) (*env, error) {
 	}
 	e.store, e.table = st, c.table
 	return e, nil
+}
+
+// logger logs to w, as text, or with -json as JSON lines.
+func logger(w io.Writer, json bool) *slog.Logger {
+	if json {
+		return slog.New(slog.NewJSONHandler(w, nil))
+	}
+	return slog.New(slog.NewTextHandler(w, nil))
 }
 
 func writeJSON(w io.Writer, v any) {
