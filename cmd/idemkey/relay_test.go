@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/outbox"
 )
@@ -216,5 +217,67 @@ func TestRelayBrokerDown(t *testing.T) {
 	_, stderr := mustRun(t, exitBroker, url, "relay", "-broker", "amqp://guest:"+unreachablePassword+"@127.0.0.1:1/", "-timeout", "5s")
 	if !strings.Contains(stderr, "cannot connect to the broker") || strings.Contains(stderr, unreachablePassword) {
 		t.Errorf("stderr %q: want the broker named without its password", stderr)
+	}
+}
+
+// A claim takes only the oldest unsent message of each partition, so a
+// partition's backlog is drained one claim after another, never waiting for
+// the poll interval (an hour here) between them.
+func TestRelayDrainsAPartition(t *testing.T) {
+	_, schema, st := newStore(t)
+	js, stream, subject := testStream(t)
+	ob, err := outbox.New(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 20
+	ms := make([]outbox.Message, n)
+	for i := range ms {
+		ms[i] = outbox.Message{ID: fmt.Sprintf("drain-%02d", i), Destination: subject + ".one", PartitionKey: "one", Payload: []byte{byte(i)}}
+	}
+	ctx := context.Background()
+	tx, err := pgtest.Pool(t, schema).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Publish(ctx, tx, ms...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	pub, err := idemnats.NewPublisher(js)
+	if err != nil {
+		t.Fatal(err)
+	}
+	relay, err := ob.Relay(pub, outbox.WithPollInterval(time.Hour), outbox.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); relay.Run(rctx) }()
+	defer func() { stop(); <-done }()
+
+	var got []byte
+	cons, err := stream.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{AckPolicy: jetstream.AckNonePolicy})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(time.Minute); len(got) < n && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		batch, err := cons.FetchNoWait(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for m := range batch.Messages() {
+			got = append(got, m.Data()...)
+		}
+	}
+	want := make([]byte, n)
+	for i := range want {
+		want[i] = byte(i)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("the stream holds %v, want the partition's %d messages in order %v", got, n, want)
 	}
 }
