@@ -1,4 +1,5 @@
-// Command idemkey inspects and maintains an idemkey store on PostgreSQL.
+// Command idemkey inspects and maintains an idemkey store on PostgreSQL,
+// and relays its outbox to a broker.
 //
 //	idemkey inspect -tenant T -method M -key K   show one record and its steps
 //	idemkey inspect -hash HEX                    the same, by hash or its logged prefix
@@ -8,6 +9,7 @@
 //	idemkey stats                                rows by state, expired rows, sizes
 //	idemkey sweep [-batch N]                     delete the expired records and steps now
 //	idemkey migrate up|down|status [-to N] [-force]
+//	idemkey relay -broker URL [-exchange X]      send the outbox's messages, until SIGINT or SIGTERM
 //
 // Every command takes -database-url (default $DATABASE_URL), -table (default
 // idempotency_keys; "schema.name" for another schema), -timeout (default 30s)
@@ -86,6 +88,28 @@
 // drops every recorded reply, so down refuses a table that holds records
 // unless -force.
 //
+// # Relaying the outbox
+//
+// relay runs an outbox.Relay on the table's outbox (<table>_outbox,
+// migration 004), sending the messages that handlers published
+// (outbox.Publish) to the broker of -broker:
+//
+//	nats://host:port                    NATS JetStream: each message's destination is its subject
+//	amqp://user:pass@host:port/vhost    RabbitMQ (amqps:// for TLS): its routing key on -exchange
+//	                                    (default "": the queue it names)
+//	kafka://host:port[,host:port]       Kafka: its topic; its partition key the record's key
+//
+// with -batch, -rate, -lease and -retention as outbox's WithBatch, WithRate,
+// WithLease and WithRetention, and -seal-key (-seal-previous-key,
+// -seal-accept-unsealed) if the servers seal the messages
+// (outbox.WithSealer). It checks the flags, the table and its outbox, and
+// connects to the broker, each within -timeout, then relays until SIGINT
+// or SIGTERM, and exits 0. It logs its start and stop, and the relay's
+// warnings, on stderr (JSON lines with -json), never the URLs' passwords.
+// Several relays may run on one outbox: each claims its messages for
+// -lease. A RabbitMQ connection that closes stops it with exit code 5, for
+// its supervisor to start it again; NATS and Kafka reconnect.
+//
 // # Exit codes
 //
 //	0  done
@@ -94,6 +118,7 @@
 //	3  refused: forget of a live record, or migrate down of records, without -force;
 //	   resolve-step of a finished step, or of a key under a live lease
 //	4  database: unreachable, a missing table, or an error it answered
+//	5  broker: relay cannot connect to it, or lost its RabbitMQ connection
 package main
 
 import (
