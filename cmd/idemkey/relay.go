@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/url"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -123,19 +122,10 @@ func parseBroker(raw string) (brokerURL, error) {
 	return b, nil
 }
 
-// switchable is the Relay's Publisher: the broker's, set once it is dialled,
-// so that the relay's flags are checked before anything is dialled.
-type switchable struct {
-	mu  sync.Mutex
-	pub outbox.Publisher
-}
-
-func (s *switchable) Publish(ctx context.Context, ms []outbox.Message) []error {
-	s.mu.Lock()
-	pub := s.pub
-	s.mu.Unlock()
-	return pub.Publish(ctx, ms)
-}
+// dialled is the Relay's Publisher, the broker's once it is dialled: the
+// Relay is built, and so its flags checked, before anything is dialled,
+// and it publishes only once Run starts, after the dial.
+type dialled struct{ outbox.Publisher }
 
 func (f *relayFlags) run(ctx context.Context, e *env) (any, error) {
 	b, err := parseBroker(f.broker)
@@ -150,7 +140,7 @@ func (f *relayFlags) run(ctx context.Context, e *env) (any, error) {
 		return nil, err
 	}
 	log := e.logger
-	var pub switchable
+	var pub dialled
 	build := func(st *postgres.Store) (*outbox.Relay, error) {
 		ob, err := outbox.New(st, outbox.WithSealer(ring))
 		if err != nil {
@@ -217,7 +207,7 @@ func (f *relayFlags) run(ctx context.Context, e *env) (any, error) {
 // dial connects to the broker and sets pub's Publisher on it. It returns
 // what closes the connection; lost is told if the connection closes for
 // good while the relay runs.
-func (f *relayFlags) dial(ctx context.Context, b brokerURL, pub *switchable, lost chan<- error) (func(), error) {
+func (f *relayFlags) dial(ctx context.Context, b brokerURL, pub *dialled, lost chan<- error) (func(), error) {
 	switch b.kind {
 	case "nats":
 		// It reconnects as long as it takes: the relay retries meanwhile.
@@ -229,7 +219,7 @@ func (f *relayFlags) dial(ctx context.Context, b brokerURL, pub *switchable, los
 		// given, is a failed send.
 		js, err := jetstream.New(nc, jetstream.WithPublishAsyncTimeout(f.lease/2))
 		if err == nil {
-			pub.pub, err = idemnats.NewPublisher(js)
+			pub.Publisher, err = idemnats.NewPublisher(js)
 		}
 		if err != nil {
 			nc.Close()
@@ -249,7 +239,7 @@ func (f *relayFlags) dial(ctx context.Context, b brokerURL, pub *switchable, los
 			conn.Close()
 			return nil, err
 		}
-		pub.pub = p
+		pub.Publisher = p
 		// The Publisher cannot reopen a closed connection: the command
 		// stops, with the broker's exit code, for its supervisor to
 		// start it again.
@@ -273,7 +263,7 @@ func (f *relayFlags) dial(ctx context.Context, b brokerURL, pub *switchable, los
 			cl.Close()
 			return nil, err
 		}
-		if pub.pub, err = idemkafka.NewPublisher(cl); err != nil {
+		if pub.Publisher, err = idemkafka.NewPublisher(cl); err != nil {
 			cl.Close()
 			return nil, err
 		}
