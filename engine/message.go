@@ -7,7 +7,7 @@ import (
 	"github.com/idemkey/idemkey"
 )
 
-// MessageID returns the id of the next message that the handler whose ctx
+// NextMessageID returns the id of the next message that the handler whose ctx
 // is publishes (package outbox), and the partition key of the call's
 // messages: idemkey.DeriveKey of the call's parts and the message's place
 // among those the run numbered ("outbox message 1", "outbox message 2", ...),
@@ -15,7 +15,7 @@ import (
 // a re-run that publishes the same messages in the same order makes the same
 // ids, and the outbox keeps the first run's copy. ok is false outside a call
 // that holds a key.
-func MessageID(ctx context.Context) (id, partition string, ok bool) {
+func NextMessageID(ctx context.Context) (id, partition string, ok bool) {
 	r, ok := ctx.Value(runningKey{}).(*running)
 	if !ok {
 		return "", "", false

@@ -9,13 +9,13 @@ import (
 	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"unicode"
 	"unicode/utf8"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/store"
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // Message is a message for a broker, which a Relay sends once the
@@ -24,7 +24,7 @@ type Message struct {
 	// ID is the message's id, which the Relay sends as the broker's
 	// duplicate id (Nats-Msg-Id, message-id) and idemkey's consumers read
 	// as its key. Publish derives it from the call's key and the message's
-	// place in the call (engine.MessageID); outside a call that holds a
+	// place in the call (engine.NextMessageID); outside a call that holds a
 	// key, it makes a random one. Set it only to an id that every run of
 	// the operation makes again.
 	ID string
@@ -35,18 +35,20 @@ type Message struct {
 	// another, in the order they were written, and Kafka's record key is
 	// it. Publish sets the call's own (one partition per key) if empty.
 	PartitionKey string
-	Headers      map[string]string
-	Payload      []byte
+	// Headers go with the message as the broker's headers: names of 1 to
+	// 128 bytes of visible ASCII but ':', values without line breaks.
+	Headers map[string]string
+	Payload []byte
 }
 
-// DefaultMaxMessageSize bounds a message's payload and headers (WithMaxMessageSize):
-// the default limit of NATS and of a Kafka broker.
-const DefaultMaxMessageSize = 1 << 20
+// defaultMaxMessageSize bounds a message's payload and headers: NATS's
+// default limit, and a Kafka broker's.
+const defaultMaxMessageSize = 1 << 20
 
-// Outbox writes a handler's messages to a PostgreSQL store's outbox table,
-// in the handler's transaction. It is safe for concurrent use.
+// Outbox writes a handler's messages to a store's outbox, in the handler's
+// transaction. It is safe for concurrent use.
 type Outbox struct {
-	st      *postgres.Store
+	st      store.Outbox
 	sealer  engine.Sealer
 	maxSize int
 }
@@ -70,41 +72,41 @@ func WithSealer(s engine.Sealer) Option {
 }
 
 // WithMaxMessageSize bounds a message's payload and headers; Publish refuses a
-// larger one. DefaultMaxMessageSize if not set.
+// larger one. 1 MiB by default: NATS's default limit, and a Kafka broker's.
 func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
 
-// New returns the outbox of st's table ("<table>_outbox", migration 004).
-func New(st *postgres.Store, opts ...Option) (*Outbox, error) {
-	o := options{maxSize: DefaultMaxMessageSize}
+// New returns the outbox of st: a *postgres.Store's is the table
+// "<table>_outbox" (migration 004).
+func New(st store.Outbox, opts ...Option) (*Outbox, error) {
+	o := options{maxSize: defaultMaxMessageSize}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	switch {
-	case st == nil:
+	if v := reflect.ValueOf(st); st == nil || v.Kind() == reflect.Pointer && v.IsNil() {
 		return nil, errors.New("idemkey outbox: New needs a store, not nil")
-	case o.maxSize < 1:
+	}
+	if o.maxSize < 1 {
 		return nil, fmt.Errorf("idemkey outbox: WithMaxMessageSize(%d): want at least 1", o.maxSize)
 	}
 	return &Outbox{st: st, sealer: o.sealer, maxSize: o.maxSize}, nil
 }
 
-// Publish writes ms through tx, the transaction of the handler whose ctx
-// is: in atomic mode postgres.TxFromContext's, in two-phase mode the
-// handler's own. The messages exist if and only if tx commits, and a Relay
-// sends them then. A message whose id the outbox holds (a re-run's copy) is
-// dropped. Publish refuses a message with no destination, or larger than
-// WithMaxMessageSize, writing none of ms; its errors never quote a message.
-func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message) error {
-	if tx == nil {
-		return errors.New("idemkey outbox: Publish needs the handler's transaction: a message written outside it would be sent whether or not the handler's writes commit")
-	}
-	rows := make([]store.Message, len(ms))
+// Publish writes ms in the transaction of the handler whose ctx is, which
+// ctx carries: in atomic mode the call's own (postgres.TxFromContext); a
+// two-phase handler gives its own with postgres.ContextWithTx. The messages
+// exist if and only if it commits, and a Relay sends them then. Without a
+// transaction, Publish writes nothing and returns an error. A message whose
+// id the outbox holds (a re-run's copy) is dropped. Publish refuses a
+// message with no destination, or larger than WithMaxMessageSize, writing
+// none of ms; its errors never quote a message.
+func (o *Outbox) Publish(ctx context.Context, ms ...Message) error {
+	rows := make([]store.OutboxMessage, len(ms))
 	for i, m := range ms {
-		if err := checkDestination(m.Destination); err != nil {
+		if err := check(m); err != nil {
 			return fmt.Errorf("idemkey outbox: message %d of %d: %w", i+1, len(ms), err)
 		}
 		if m.ID == "" {
-			id, partition, ok := engine.MessageID(ctx)
+			id, partition, ok := engine.NextMessageID(ctx)
 			if !ok {
 				id = idemkey.NewKey()
 				partition = id
@@ -127,19 +129,27 @@ func (o *Outbox) Publish(ctx context.Context, tx postgres.Querier, ms ...Message
 				return fmt.Errorf("idemkey outbox: sealing message %d of %d: %w", i+1, len(ms), err)
 			}
 		}
-		rows[i] = store.Message{ID: m.ID, Destination: m.Destination, PartitionKey: m.PartitionKey, Body: body}
+		rows[i] = store.OutboxMessage{ID: m.ID, Destination: m.Destination, PartitionKey: m.PartitionKey, Body: body}
 	}
-	return o.st.WriteMessages(ctx, tx, rows)
+	return o.st.WriteMessages(ctx, rows)
 }
 
-// checkDestination refuses what no broker takes as a name.
-func checkDestination(d string) error {
-	if d == "" || len(d) > 255 || !utf8.ValidString(d) {
-		return errors.New("a destination must be 1 to 255 bytes of UTF-8")
+// check refuses a destination or a header that some broker would refuse
+// for good, and so hold back the message's partition: a destination of 1 to
+// 255 bytes of printable UTF-8 without spaces, header names of 1 to 128
+// bytes of visible ASCII but ':' (NATS's and AMQP's bounds), values of UTF-8
+// without line breaks (NATS headers are lines).
+func check(m Message) error {
+	d := m.Destination
+	if d == "" || len(d) > 255 || !utf8.ValidString(d) || strings.IndexFunc(d, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+		return errors.New("a destination must be 1 to 255 bytes of printable UTF-8, without spaces")
 	}
-	for _, r := range d {
-		if !unicode.IsPrint(r) || unicode.IsSpace(r) {
-			return errors.New("a destination must be printable, without spaces")
+	for k, v := range m.Headers {
+		if k == "" || len(k) > 128 || strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r > '~' || r == ':' }) >= 0 {
+			return errors.New("a header's name must be 1 to 128 bytes of visible ASCII, without ':'")
+		}
+		if !utf8.ValidString(v) || strings.ContainsAny(v, "\r\n") {
+			return errors.New("a header's value must be UTF-8, without line breaks")
 		}
 	}
 	return nil

@@ -60,25 +60,25 @@ type relayOptions struct {
 	rate          float64
 	retention     time.Duration
 	poll          time.Duration
-	maxBackoff    time.Duration
 	logger        *slog.Logger
 	meterProvider metric.MeterProvider
 }
 
-// Defaults of the RelayOptions.
+// The RelayOptions' defaults.
 const (
-	DefaultBatch      = 100
-	DefaultLease      = 30 * time.Second
-	DefaultRetention  = 7 * 24 * time.Hour
-	DefaultPoll       = time.Second
-	DefaultMaxBackoff = time.Minute
+	defaultBatch     = 100
+	defaultLease     = 30 * time.Second
+	defaultRetention = 7 * 24 * time.Hour
+	defaultPoll      = time.Second
+	maxBackoff       = time.Minute // the longest wait before a failed message is tried again
 )
 
-// WithBatch is how many messages a relay claims and publishes at once.
+// WithBatch is how many messages a relay claims and publishes at once: 100
+// by default.
 func WithBatch(n int) RelayOption { return func(o *relayOptions) { o.batch = n } }
 
-// WithLease is how long a claim holds its messages from other relays; a
-// publish is given half of it.
+// WithLease is how long a claim holds its messages from other relays (30 s
+// by default, at least a second); a publish is given half of it.
 func WithLease(d time.Duration) RelayOption { return func(o *relayOptions) { o.lease = d } }
 
 // WithRate bounds how many messages a second the relay sends, to respect
@@ -86,17 +86,14 @@ func WithLease(d time.Duration) RelayOption { return func(o *relayOptions) { o.l
 func WithRate(perSecond float64) RelayOption { return func(o *relayOptions) { o.rate = perSecond } }
 
 // WithRetention is how long a sent message is kept before the relay sweeps
-// it. While it is kept, a re-run's copy of it is dropped at the outbox:
+// it: a week by default. While it is kept, a re-run's copy of it is dropped at the outbox:
 // keep it at least as long as the operations' records.
 func WithRetention(d time.Duration) RelayOption { return func(o *relayOptions) { o.retention = d } }
 
 // WithPollInterval is how often a relay looks for messages without being
-// woken by a commit (a lost notification, a failed send's backoff ending).
+// woken by a commit (a lost notification, a failed send's backoff ending):
+// a second by default.
 func WithPollInterval(d time.Duration) RelayOption { return func(o *relayOptions) { o.poll = d } }
-
-// WithMaxBackoff bounds the wait before a failed message is sent again;
-// the wait doubles from a quarter second with each failure.
-func WithMaxBackoff(d time.Duration) RelayOption { return func(o *relayOptions) { o.maxBackoff = d } }
 
 // WithLogger sets the logger (slog.Default() by default; nil discards). Its
 // records name a message by its id, never its payload.
@@ -123,8 +120,8 @@ func WithMeterProvider(mp metric.MeterProvider) RelayOption {
 // Relay returns a relay of the outbox's messages to pub. It starts nothing:
 // run it with go r.Run(ctx).
 func (o *Outbox) Relay(pub Publisher, opts ...RelayOption) (*Relay, error) {
-	ro := relayOptions{batch: DefaultBatch, lease: DefaultLease, retention: DefaultRetention, poll: DefaultPoll,
-		maxBackoff: DefaultMaxBackoff, logger: slog.Default(), meterProvider: otel.GetMeterProvider()}
+	ro := relayOptions{batch: defaultBatch, lease: defaultLease, retention: defaultRetention, poll: defaultPoll,
+		logger: slog.Default(), meterProvider: otel.GetMeterProvider()}
 	for _, opt := range opts {
 		opt(&ro)
 	}
@@ -141,8 +138,6 @@ func (o *Outbox) Relay(pub Publisher, opts ...RelayOption) (*Relay, error) {
 		return nil, fmt.Errorf("idemkey outbox: WithRetention(%v): want 0 or more", ro.retention)
 	case ro.poll < time.Millisecond:
 		return nil, fmt.Errorf("idemkey outbox: WithPollInterval(%v): want at least a millisecond", ro.poll)
-	case ro.maxBackoff < time.Millisecond:
-		return nil, fmt.Errorf("idemkey outbox: WithMaxBackoff(%v): want at least a millisecond", ro.maxBackoff)
 	}
 	r := &Relay{st: o.st, pub: pub, o: ro, wake: make(chan struct{}, 1)}
 	if o.sealer != nil {
@@ -212,7 +207,7 @@ func (r *Relay) listen(ctx context.Context) {
 		if err := r.st.ListenMessages(ctx, wake); err != nil {
 			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: the relay cannot listen for commits; it polls until it listens again", slog.Any("error", err))
 		}
-		if !store.Pause(ctx, wait) {
+		if !sleep(ctx, wait) {
 			return
 		}
 	}
@@ -229,7 +224,7 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 		// A tenth of a second's messages at a time, so that the rate holds
 		// over short windows too.
 		limit = max(1, min(limit, int(r.o.rate/10)))
-		if !store.Pause(ctx, time.Until(r.next)) {
+		if !sleep(ctx, time.Until(r.next)) {
 			return false, nil
 		}
 	}
@@ -242,7 +237,7 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 	}
 	ms := make([]Message, 0, len(rows))
 	opened := rows[:0:0] // ms[i]'s row
-	var unopened []store.Message
+	var unopened []store.OutboxMessage
 	for _, row := range rows {
 		m, err := r.open(row)
 		if err != nil {
@@ -254,14 +249,17 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 		ms = append(ms, m)
 		opened = append(opened, row)
 	}
-	pctx, cancel := context.WithTimeout(ctx, r.o.lease/2)
-	errs := r.pub.Publish(pctx, ms)
-	cancel()
+	var errs []error
+	if len(ms) > 0 {
+		pctx, cancel := context.WithTimeout(ctx, r.o.lease/2)
+		errs = r.pub.Publish(pctx, ms)
+		cancel()
+	}
 	if errs != nil && len(errs) != len(ms) {
 		return false, fmt.Errorf("idemkey outbox: the publisher answered %d errors for %d messages", len(errs), len(ms))
 	}
 	var sent []string
-	var failed []store.Message
+	var failed []store.OutboxMessage
 	for i, m := range ms {
 		if errs == nil || errs[i] == nil {
 			sent = append(sent, m.ID)
@@ -291,15 +289,30 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 	return len(rows) > 0, nil
 }
 
+// sleep waits d, and reports false if ctx ended first.
+func sleep(ctx context.Context, d time.Duration) bool {
+	if d <= 0 {
+		return ctx.Err() == nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
 // backoff is the wait after a message's attempt-th failed send: a quarter
-// second, doubled each time, at most WithMaxBackoff.
+// second, doubled each time, at most maxBackoff.
 func (r *Relay) backoff(attempt int) time.Duration {
 	d := 250 * time.Millisecond << min(max(attempt-1, 0), 20)
-	return min(d, r.o.maxBackoff)
+	return min(d, maxBackoff)
 }
 
 // open decodes row's body, opening it with the outbox's sealer.
-func (r *Relay) open(row store.Message) (Message, error) {
+func (r *Relay) open(row store.OutboxMessage) (Message, error) {
 	m := Message{ID: row.ID, Destination: row.Destination, PartitionKey: row.PartitionKey}
 	body := row.Body
 	if r.sealer != nil {

@@ -5,9 +5,9 @@ import (
 	"time"
 )
 
-// Message is a message a handler published through an outbox (package
+// OutboxMessage is a message a handler published through an outbox (package
 // outbox), as an Outbox store keeps it until a relay has sent it.
-type Message struct {
+type OutboxMessage struct {
 	ID           string // unique: a second message of an ID is dropped where it is written
 	Destination  string
 	PartitionKey string // a partition's messages are claimed one after another, in the order written
@@ -22,11 +22,17 @@ type Message struct {
 // message whose lease ended is claimed again, so a message is sent at
 // least once and, while its relay lives, by that relay alone.
 type Outbox interface {
+	// WriteMessages writes ms in the transaction ctx carries, of the
+	// store's own kind (store/postgres: an atomic call's, or one given with
+	// postgres.ContextWithTx), so that they exist if and only if it
+	// commits; without one it returns an error, writing nothing. A message
+	// whose ID the outbox holds is dropped.
+	WriteMessages(ctx context.Context, ms []OutboxMessage) error
 	// ClaimMessages leases up to max unsent messages whose time has come,
 	// for lease, and returns them in the order they were written: at most
 	// one of each PartitionKey, the partition's oldest unsent one, so that
 	// its next is claimed only once it is sent.
-	ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]Message, error)
+	ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]OutboxMessage, error)
 	// MarkSent records the messages ids sent (a broker confirmed them): they
 	// are never claimed again, and SweepSent deletes them after a retention.
 	MarkSent(ctx context.Context, ids []string) error

@@ -49,6 +49,7 @@ type relayed struct {
 	Stopped bool   `json:"stopped"`
 }
 
+// relayCommand's flags default to the outbox.RelayOptions' defaults.
 func relayCommand() command {
 	var f relayFlags
 	return command{
@@ -56,10 +57,10 @@ func relayCommand() command {
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&f.broker, "broker", "", "the broker to send to: "+brokerSchemes)
 			fs.StringVar(&f.exchange, "exchange", "", `with amqp://, the exchange to publish to, each message's destination its routing key (default "", the default exchange: a queue's name)`)
-			fs.IntVar(&f.batch, "batch", outbox.DefaultBatch, "how many messages to claim and publish at once")
-			fs.DurationVar(&f.lease, "lease", outbox.DefaultLease, "how long a claim holds its messages from other relays; a publish is given half of it")
+			fs.IntVar(&f.batch, "batch", 100, "how many messages to claim and publish at once")
+			fs.DurationVar(&f.lease, "lease", 30*time.Second, "how long a claim holds its messages from other relays; a publish is given half of it")
 			fs.Float64Var(&f.rate, "rate", 0, "at most this many messages a second (0: as fast as the broker confirms)")
-			fs.DurationVar(&f.retention, "retention", outbox.DefaultRetention, "how long a sent message is kept, so that a re-run's copy of it is dropped; at least the records' retention")
+			fs.DurationVar(&f.retention, "retention", 7*24*time.Hour, "how long a sent message is kept, so that a re-run's copy of it is dropped; at least the records' retention")
 			fs.StringVar(&f.sealKey, "seal-key", "", "the servers' key file (seal.ReadKeyFile), if they seal the outbox's messages (outbox.WithSealer)")
 			fs.Func("seal-previous-key", "another key file of the ring, for messages sealed before a rotation (repeatable)", func(path string) error {
 				f.previousKeys = append(f.previousKeys, path)

@@ -20,6 +20,7 @@ import (
 	"github.com/idemkey/idemkey/idemnats"
 	"github.com/idemkey/idemkey/internal/pgtest"
 	"github.com/idemkey/idemkey/outbox"
+	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // natsURL is the shared test server's (as tests/natstest, which this module
@@ -106,7 +107,7 @@ func TestRelayToNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Publish(ctx, tx, ms...); err != nil {
+	if err := ob.Publish(postgres.ContextWithTx(ctx, tx), ms...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {
@@ -240,7 +241,7 @@ func TestRelayDrainsAPartition(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ob.Publish(ctx, tx, ms...); err != nil {
+	if err := ob.Publish(postgres.ContextWithTx(ctx, tx), ms...); err != nil {
 		t.Fatal(err)
 	}
 	if err := tx.Commit(ctx); err != nil {

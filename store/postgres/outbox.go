@@ -67,13 +67,14 @@ const (
 	coalesce((SELECT extract(epoch FROM now() - created_at) FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT 1), 0)::float8`
 )
 
-// WriteMessages writes ms to the outbox through q, the transaction of the
-// handler that publishes them, so that they are sent if and only if it
-// commits; package outbox's Publish calls it. A message whose ID the outbox
-// holds is dropped. Each ID, PartitionKey and Destination must be set.
-func (s *Store) WriteMessages(ctx context.Context, q Querier, ms []store.Message) error {
-	if q == nil {
-		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction, not nil")
+// WriteMessages implements store.Outbox through the Querier that ctx
+// carries (TxFromContext): an atomic call's transaction, or a two-phase
+// handler's own given with ContextWithTx. Package outbox's Publish calls it.
+func (s *Store) WriteMessages(ctx context.Context, ms []store.OutboxMessage) error {
+	q, ok := TxFromContext(ctx)
+	if !ok || q == nil {
+		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction in its context (an atomic call's, or postgres.ContextWithTx): " +
+			"a message written outside it would be sent whether or not the handler's writes commit")
 	}
 	if len(ms) == 0 {
 		return nil
@@ -89,7 +90,7 @@ func (s *Store) WriteMessages(ctx context.Context, q Querier, ms []store.Message
 }
 
 // ClaimMessages implements store.Outbox.
-func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]store.Message, error) {
+func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration) ([]store.OutboxMessage, error) {
 	ctx, cancel := s.bound(ctx)
 	defer cancel()
 	rows, err := s.pool.Query(ctx, s.claimSQL, max, lease.Microseconds())
@@ -98,7 +99,7 @@ func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration)
 	}
 	type claimed struct {
 		seq int64
-		m   store.Message
+		m   store.OutboxMessage
 	}
 	var cs []claimed
 	for rows.Next() {
@@ -113,7 +114,7 @@ func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration)
 		return nil, s.translate(ctx, "claim messages", err)
 	}
 	slices.SortFunc(cs, func(a, b claimed) int { return int(a.seq - b.seq) })
-	ms := make([]store.Message, len(cs))
+	ms := make([]store.OutboxMessage, len(cs))
 	for i, c := range cs {
 		ms[i] = c.m
 	}
