@@ -23,6 +23,12 @@
 // For batches, NextBatch takes one from a worker's prefetch, and
 // c.HandleBatch processes it together and settles it.
 //
+// NewPublisher is the other side, for package outbox's Relay: it publishes
+// each message mandatory and persistent, with its Destination as the
+// routing key and its ID as the message-id property that New's consumers
+// read as the key, and counts it sent only once the broker confirmed it
+// without returning it as unroutable.
+//
 // # RabbitMQ's caveats
 //
 //   - RabbitMQ has no delayed negative acknowledgement: the Broker's Settle

@@ -71,8 +71,8 @@ func NewPublisher(conn *amqp.Connection, opts ...PublisherOption) (*Publisher, e
 	return &Publisher{conn: conn, exchange: o.exchange}, nil
 }
 
-// Close closes the Publisher's channel; a Publish after it fails. It
-// leaves the connection open.
+// Close closes the Publisher's channel, once a Publish in progress has
+// returned; a Publish after it fails. It leaves the connection open.
 func (p *Publisher) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -127,6 +127,9 @@ func (p *Publisher) channel() (*amqp.Channel, error) {
 // broker confirmed or refused each, or ctx ends: nil if it confirmed all
 // and returned none, else errs[i] for ms[i].
 func (p *Publisher) Publish(ctx context.Context, ms []outbox.Message) []error {
+	if len(ms) == 0 {
+		return nil
+	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	errs := make([]error, len(ms))

@@ -23,6 +23,12 @@
 //		cl.AllowRebalance()
 //	}
 //
+// NewPublisher is the other side, for package outbox's Relay: it produces
+// each message to its Destination topic, keyed by its PartitionKey, with
+// its ID in the message-id header that New's consumers read as the key.
+// Kafka drops no resend: a message the Relay sends twice is two records,
+// and the consumer drops the second.
+//
 // # Offsets
 //
 // A commit is a partition's offset: every record before it is done with.

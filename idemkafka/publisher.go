@@ -18,11 +18,6 @@ type Publisher struct {
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
-// PublisherOption configures a Publisher. There is none yet.
-type PublisherOption func(*publisherOptions)
-
-type publisherOptions struct{}
-
 // messageIDHeader is the header MessageID reads.
 const messageIDHeader = "message-id"
 
@@ -49,13 +44,9 @@ const messageIDHeader = "message-id"
 // exist, where the brokers do not create it, is an error for its messages
 // once kgo's retries of it end (kgo.UnknownTopicRetries), and they stay in
 // the outbox.
-func NewPublisher(cl *kgo.Client, opts ...PublisherOption) (*Publisher, error) {
+func NewPublisher(cl *kgo.Client) (*Publisher, error) {
 	if cl == nil {
 		return nil, errors.New("idemkafka: NewPublisher needs a client, not nil")
-	}
-	var o publisherOptions
-	for _, opt := range opts {
-		opt(&o)
 	}
 	return &Publisher{cl: cl}, nil
 }

@@ -30,6 +30,11 @@
 // c.HandleBatch processes and settles each (in atomic mode on
 // store/postgres, in one round trip and one commit).
 //
+// NewPublisher is the other side, for package outbox's Relay: it publishes
+// each message to its Destination subject with its ID as the Nats-Msg-Id,
+// which the stream's duplicate window drops a resend of and New's
+// consumers read as the key, so that an outbox message is one key here.
+//
 // Caveats of JetStream's:
 //   - Every negative acknowledgement (NakWithDelay: a failure for now, or a
 //     message in progress elsewhere) counts as a delivery against the

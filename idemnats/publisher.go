@@ -19,11 +19,6 @@ type Publisher struct {
 
 var _ outbox.Publisher = (*Publisher)(nil)
 
-// PublisherOption configures a Publisher. There is none yet.
-type PublisherOption func(*publisherOptions)
-
-type publisherOptions struct{}
-
 // NewPublisher returns a Publisher to js, for outbox's Relay:
 //
 //	pub, err := idemnats.NewPublisher(js)
@@ -43,13 +38,9 @@ type publisherOptions struct{}
 // takes about one round trip. Give js an ack timeout
 // (jetstream.WithPublishAsyncTimeout) shorter than the Relay's lease, so
 // that a lost PubAck's pending publish does not outlive Publish's wait.
-func NewPublisher(js jetstream.JetStream, opts ...PublisherOption) (*Publisher, error) {
+func NewPublisher(js jetstream.JetStream) (*Publisher, error) {
 	if js == nil {
 		return nil, errors.New("idemnats: NewPublisher needs a JetStream, not nil")
-	}
-	var o publisherOptions
-	for _, opt := range opts {
-		opt(&o)
 	}
 	return &Publisher{js: js}, nil
 }
