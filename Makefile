@@ -8,7 +8,7 @@ GO          ?= go
 TOOL        := env GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
 # The modules of the workspace, each checked on its own (GOWORK=off) as a
 # user gets it; scripts/release lists the ones it publishes.
-MODULES     := . idemconnect idemgateway idemnats idemamqp idemkafka store/redis tests example
+MODULES     := . idemconnect idemgateway idemnats idemamqp idemkafka store/redis cmd/idemkey tests example
 # Every package of every module of the workspace.
 PKGS        := github.com/idemkey/idemkey/...
 BENCH_COUNT ?= 10

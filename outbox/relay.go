@@ -175,12 +175,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer cancel()
 	wg.Go(func() { r.listen(ctx) })
 	for ctx.Err() == nil {
-		full, err := r.round(ctx)
+		more, err := r.round(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: the relay cannot claim messages; it tries again", slog.Any("error", err))
 		}
 		r.housekeep(ctx)
-		if full && err == nil {
+		if more && err == nil {
 			continue // more may be waiting
 		}
 		timer := time.NewTimer(r.o.poll)
@@ -214,8 +214,11 @@ func (r *Relay) listen(ctx context.Context) {
 }
 
 // round claims a batch, sends it, and marks what the broker confirmed
-// sent; full reports that the claim was a full batch.
-func (r *Relay) round(ctx context.Context) (full bool, err error) {
+// sent; more reports that the claim found messages, so that more may be
+// waiting: a claim takes only the oldest unsent message of each partition,
+// so one short of a full batch does not mean that the outbox is drained
+// (a partition's next message is claimable once this one is marked sent).
+func (r *Relay) round(ctx context.Context) (more bool, err error) {
 	limit := r.o.batch
 	if r.o.rate > 0 {
 		// A tenth of a second's messages at a time, so that the rate holds
@@ -283,7 +286,7 @@ func (r *Relay) round(ctx context.Context) (full bool, err error) {
 				slog.String("message_id", m.ID), slog.Any("error", err))
 		}
 	}
-	return len(rows) == limit, nil
+	return len(rows) > 0, nil
 }
 
 // sleep waits d, and reports false if ctx ended first.

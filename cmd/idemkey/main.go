@@ -1,4 +1,5 @@
-// Command idemkey inspects and maintains an idemkey store on PostgreSQL.
+// Command idemkey inspects and maintains an idemkey store on PostgreSQL,
+// and relays its outbox to a broker.
 //
 //	idemkey inspect -tenant T -method M -key K   show one record and its steps
 //	idemkey inspect -hash HEX                    the same, by hash or its logged prefix
@@ -8,6 +9,7 @@
 //	idemkey stats                                rows by state, expired rows, sizes
 //	idemkey sweep [-batch N]                     delete the expired records and steps now
 //	idemkey migrate up|down|status [-to N] [-force]
+//	idemkey relay -broker URL [-exchange X]      send the outbox's messages, until SIGINT or SIGTERM
 //
 // Every command takes -database-url (default $DATABASE_URL), -table (default
 // idempotency_keys; "schema.name" for another schema), -timeout (default 30s)
@@ -86,6 +88,28 @@
 // drops every recorded reply, so down refuses a table that holds records
 // unless -force.
 //
+// # Relaying the outbox
+//
+// relay runs an outbox.Relay on the table's outbox (<table>_outbox,
+// migration 004), sending the messages that handlers published
+// (outbox.Publish) to the broker of -broker:
+//
+//	nats://host:port                    NATS JetStream: each message's destination is its subject
+//	amqp://user:pass@host:port/vhost    RabbitMQ (amqps:// for TLS): its routing key on -exchange
+//	                                    (default "": the queue it names)
+//	kafka://host:port[,host:port]       Kafka: its topic; its partition key the record's key
+//
+// with -batch, -rate, -lease and -retention as outbox's WithBatch, WithRate,
+// WithLease and WithRetention, and -seal-key (-seal-previous-key,
+// -seal-accept-unsealed) if the servers seal the messages
+// (outbox.WithSealer). It checks the flags, the table and its outbox, and
+// connects to the broker, each within -timeout, then relays until SIGINT
+// or SIGTERM, and exits 0. It logs its start and stop, and the relay's
+// warnings, on stderr (JSON lines with -json), never the URLs' passwords.
+// Several relays may run on one outbox: each claims its messages for
+// -lease. A RabbitMQ connection that closes stops it with exit code 5, for
+// its supervisor to start it again; NATS and Kafka reconnect.
+//
 // # Exit codes
 //
 //	0  done
@@ -94,6 +118,7 @@
 //	3  refused: forget of a live record, or migrate down of records, without -force;
 //	   resolve-step of a finished step, or of a key under a live lease
 //	4  database: unreachable, a missing table, or an error it answered
+//	5  broker: relay cannot connect to it, or lost its RabbitMQ connection
 package main
 
 import (
@@ -103,6 +128,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"slices"
@@ -123,6 +149,7 @@ const (
 	exitUsage    = 2
 	exitRefused  = 3
 	exitDatabase = 4
+	exitBroker   = 5
 )
 
 const usage = `usage:
@@ -132,6 +159,8 @@ const usage = `usage:
   idemkey stats
   idemkey sweep   [-batch N]
   idemkey migrate up|down|status  [-to N] [-force]
+  idemkey relay   -broker nats://host:port | amqp://user:pass@host:port/vhost | kafka://host:port[,host:port]
+                  [-exchange X] [-batch N] [-rate N] [-lease D] [-retention D] [-seal-key FILE ...]
 common flags: -database-url URL (default $DATABASE_URL), -table NAME, -timeout 30s, -json
 run "idemkey COMMAND -h" for a command's flags
 `
@@ -150,6 +179,9 @@ type command struct {
 	exec  func(ctx context.Context, e *env) (any, error)
 	// human prints exec's result as text.
 	human func(w io.Writer, result any)
+	// serve is for a command that runs until interrupted (relay): -timeout
+	// bounds only its start, and it logs to stderr.
+	serve bool
 }
 
 // run runs the command line args (without the program name) and returns the
@@ -177,6 +209,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		cmd = sweepCommand()
 	case "migrate":
 		cmd = migrateCommand(&action)
+	case "relay":
+		cmd = relayCommand()
 	case "help", "-h", "-help", "--help":
 		fmt.Fprint(stdout, usage)
 		return exitOK
@@ -222,12 +256,19 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	visited := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { visited[f.Name] = true })
 
-	e, err := c.open(ctx)
+	conns := int32(2)
+	if cmd.serve {
+		conns = 4 // the relay's listener holds one for good
+	}
+	e, err := c.open(ctx, conns)
 	if err == nil {
 		defer e.pool.Close()
-		ctx, cancel := context.WithTimeout(ctx, c.timeout)
-		defer cancel()
-		e.visited = visited
+		e.visited, e.timeout, e.logger = visited, c.timeout, logger(stderr, c.json)
+		if !cmd.serve {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, c.timeout)
+			defer cancel()
+		}
 		var result any
 		result, err = cmd.exec(ctx, e)
 		if err == nil {
@@ -253,7 +294,7 @@ type common struct {
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL of the store (default $DATABASE_URL)")
 	fs.StringVar(&c.table, "table", postgres.DefaultTable, `the store's table: name, or schema.name`)
-	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long the command may take")
+	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long the command may take (relay: its start)")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of text")
 }
 
@@ -267,10 +308,12 @@ type env struct {
 	table    string          // as -table named it
 	password string          // of the URL, never printed
 	visited  map[string]bool // the flags given on the command line
+	timeout  time.Duration   // -timeout
+	logger   *slog.Logger    // a serving command's, on stderr
 }
 
 // open connects to the database; it touches nothing yet.
-func (c *common) open(ctx context.Context) (*env, error) {
+func (c *common) open(ctx context.Context, conns int32) (*env, error) {
 	if c.databaseURL == "" {
 		return nil, usageError("no database: give -database-url or set DATABASE_URL")
 	}
@@ -279,7 +322,7 @@ func (c *common) open(ctx context.Context) (*env, error) {
 		// pgx's message does not repeat the URL, but scrub it anyway.
 		return nil, usageError("-database-url: %s", scrubbed(err.Error(), ""))
 	}
-	cfg.MaxConns = 2
+	cfg.MaxConns = conns
 	if _, ok := cfg.ConnConfig.RuntimeParams["application_name"]; !ok {
 		cfg.ConnConfig.RuntimeParams["application_name"] = "idemkey"
 	}
@@ -298,6 +341,14 @@ func (c *common) open(ctx context.Context) (*env, error) {
 	}
 	e.store, e.table = st, c.table
 	return e, nil
+}
+
+// logger logs to w, as text, or with -json as JSON lines.
+func logger(w io.Writer, json bool) *slog.Logger {
+	if json {
+		return slog.New(slog.NewJSONHandler(w, nil))
+	}
+	return slog.New(slog.NewTextHandler(w, nil))
 }
 
 func writeJSON(w io.Writer, v any) {
