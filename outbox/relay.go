@@ -44,11 +44,12 @@ type Relay struct {
 	o    relayOptions
 	wake chan struct{} // a transaction that wrote messages may have committed
 
+	running            atomic.Bool  // Run is running
 	pending, oldest    atomic.Int64 // the last PendingMessages, oldest in nanoseconds
 	sent, failed       metric.Int64Counter
-	gauges             metric.Registration
-	lastStats, lastSwp time.Time // Run's goroutine's alone
-	next               time.Time // the rate's: when the next claim may be sent
+	register           func() (metric.Registration, error) // the gauges' callback, registered while Run runs
+	lastStats, lastSwp time.Time                           // Run's goroutine's alone
+	next               time.Time                           // the rate's: when the next claim may be sent
 }
 
 // RelayOption configures a Relay.
@@ -153,11 +154,13 @@ func (o *Outbox) Relay(pub Publisher, opts ...RelayOption) (*Relay, error) {
 		metric.WithDescription("Messages committed and not yet sent, as the relay last counted them."))
 	oldest, _ := meter.Float64ObservableGauge("idemkey.outbox.oldest_age", metric.WithUnit("s"),
 		metric.WithDescription("How long ago the oldest unsent message was written, as the relay last looked."))
-	r.gauges, _ = meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
-		obs.ObserveInt64(pending, r.pending.Load())
-		obs.ObserveFloat64(oldest, time.Duration(r.oldest.Load()).Seconds())
-		return nil
-	}, pending, oldest)
+	r.register = func() (metric.Registration, error) {
+		return meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
+			obs.ObserveInt64(pending, r.pending.Load())
+			obs.ObserveFloat64(oldest, time.Duration(r.oldest.Load()).Seconds())
+			return nil
+		}, pending, oldest)
+	}
 	return r, nil
 }
 
@@ -165,9 +168,14 @@ func (o *Outbox) Relay(pub Publisher, opts ...RelayOption) (*Relay, error) {
 // commits (store.Outbox's ListenMessages), and looks every poll interval
 // besides. A failing store or broker is logged and tried again; nothing is
 // dropped.
+// It returns an error at once if the Relay is running already.
 func (r *Relay) Run(ctx context.Context) error {
-	if r.gauges != nil {
-		defer r.gauges.Unregister()
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("idemkey outbox: Run: the relay is running already; make another Relay to run beside it")
+	}
+	defer r.running.Store(false)
+	if reg, err := r.register(); err == nil {
+		defer reg.Unregister()
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -280,10 +288,17 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 		r.sent.Add(ctx, int64(len(sent)))
 	}
 	r.failed.Add(ctx, int64(len(failed)+len(unopened)))
+	// One write for each backoff: a broker that is down fails a whole
+	// batch, mostly of first attempts.
+	retry := map[time.Duration][]string{}
 	for _, m := range append(failed, unopened...) {
-		if err := r.st.RetryMessages(wctx, []string{m.ID}, r.backoff(m.Attempts)); err != nil {
-			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: a failed message's backoff could not be set; it is tried again when its lease ends",
-				slog.String("message_id", m.ID), slog.Any("error", err))
+		d := r.backoff(m.Attempts)
+		retry[d] = append(retry[d], m.ID)
+	}
+	for d, ids := range retry {
+		if err := r.st.RetryMessages(wctx, ids, d); err != nil {
+			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: failed messages' backoff could not be set; they are tried again when their lease ends",
+				slog.Int("messages", len(ids)), slog.Any("error", err))
 		}
 	}
 	return len(rows) > 0, nil
