@@ -681,7 +681,8 @@ func TestWithTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_pkey idem_steps idem_steps_exp_idx idem_steps_pkey idem_token_seq"
+	want := "idem idem_expires_at_idx idem_migrations idem_migrations_pkey idem_outbox idem_outbox_order idem_outbox_pending idem_outbox_pkey idem_outbox_sent idem_outbox_seq_seq " +
+		"idem_pkey idem_steps idem_steps_exp_idx idem_steps_pkey idem_token_seq"
 	if got := strings.Join(names, " "); got != want {
 		t.Errorf("objects in the schema: %s\nwant %s", got, want)
 	}

@@ -239,8 +239,27 @@ func TestNewWithoutTheStepsMigration(t *testing.T) {
 	if err := postgres.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	if reverted, err := postgres.MigrateDown(ctx, pool, 2); err != nil || len(reverted) != 1 || reverted[0] != "003_add_steps" {
-		t.Fatalf("MigrateDown to 2 = %v, %v; want 003_add_steps reverted", reverted, err)
+	if reverted, err := postgres.MigrateDown(ctx, pool, 2); err != nil || strings.Join(reverted, " ") != "004_add_outbox 003_add_steps" {
+		t.Fatalf("MigrateDown to 2 = %v, %v; want 004_add_outbox and 003_add_steps reverted", reverted, err)
 	}
-	wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys is at schema version 2, and this idemkey needs schema version 3 (003_add_steps not applied)")
+	wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys is at schema version 2, and this idemkey needs schema version 4 (003_add_steps, 004_add_outbox not applied)")
+}
+
+// A table migrated by the idemkey before the outbox (schema version 3)
+// fails New, naming the outbox's migration; without the migrations' list
+// (a table made by another tool), the missing outbox table is named.
+func TestNewWithoutTheOutboxMigration(t *testing.T) {
+	ctx := context.Background()
+	pool := pgtest.Pool(t, pgtest.Schema(t))
+	if err := postgres.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	if reverted, err := postgres.MigrateDown(ctx, pool, 3); err != nil || strings.Join(reverted, " ") != "004_add_outbox" {
+		t.Fatalf("MigrateDown to 3 = %v, %v; want 004_add_outbox reverted", reverted, err)
+	}
+	wantNewFails(t, pool, postgres.DefaultTable, "table idempotency_keys is at schema version 3, and this idemkey needs schema version 4 (004_add_outbox not applied)")
+	if _, err := pool.Exec(ctx, `DROP TABLE idempotency_keys_migrations`); err != nil {
+		t.Fatal(err)
+	}
+	wantNewFails(t, pool, postgres.DefaultTable, "has no outbox idempotency_keys_outbox: apply migration 004_add_outbox")
 }
