@@ -45,6 +45,10 @@
 //     one statement that writes nothing; a key that a running atomic call
 //     holds has no record yet, and is told in progress from its advisory
 //     lock, tried in share mode without waiting (lookup.go).
+//   - The outbox (store.Outbox, package outbox) lives in "<table>_outbox":
+//     WriteMessages writes through the transaction its context carries;
+//     a relay's claims (FOR UPDATE SKIP LOCKED, a lease per row) and marks
+//     are one statement each on the pool.
 //   - Sweep deletes expired rows, and expired steps, in short batches,
 //     skipping rows a reservation has locked. Run it with store.Janitor; nothing starts a
 //     goroutine on its own.
