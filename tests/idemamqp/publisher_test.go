@@ -59,32 +59,7 @@ func (r *publisherRig) Headers(d amqp.Delivery) map[string]string {
 }
 
 func (r *publisherRig) Consume(ctx context.Context, t *testing.T, handle func(amqp.Delivery)) {
-	ch, err := r.conn.Channel()
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	defer ch.Close()
-	if err := ch.Qos(1, 0, false); err != nil {
-		t.Error(err)
-		return
-	}
-	ds, err := ch.Consume(r.queue, "", false, false, false, false, nil)
-	if err != nil {
-		t.Error(err)
-		return
-	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case d, ok := <-ds:
-			if !ok {
-				return
-			}
-			handle(d)
-		}
-	}
+	consume(ctx, t, r.conn, r.queue, handle)
 }
 
 // TestPublisherReopensChannel: the exchange a Publisher publishes to is

@@ -59,7 +59,13 @@ func (r *suiteRig) Publish(t *testing.T, id, body string) {
 }
 
 func (r *suiteRig) Consume(ctx context.Context, t *testing.T, handle func(amqp.Delivery)) {
-	ch, err := r.conn.Channel()
+	consume(ctx, t, r.conn, r.queue, handle)
+}
+
+// consume hands each delivery of queue to handle, one at a time (a
+// prefetch of one), until ctx ends.
+func consume(ctx context.Context, t *testing.T, conn *amqp.Connection, queue string, handle func(amqp.Delivery)) {
+	ch, err := conn.Channel()
 	if err != nil {
 		t.Error(err)
 		return
@@ -69,7 +75,7 @@ func (r *suiteRig) Consume(ctx context.Context, t *testing.T, handle func(amqp.D
 		t.Error(err)
 		return
 	}
-	ds, err := ch.Consume(r.queue, "", false, false, false, false, nil)
+	ds, err := ch.Consume(queue, "", false, false, false, false, nil)
 	if err != nil {
 		t.Error(err)
 		return

@@ -56,18 +56,7 @@ func (r *publisherRig) Headers(rec *kgo.Record) map[string]string {
 	return h
 }
 
-// Consume polls until ctx ends, and hands each record of a poll to handle,
-// in each partition's order, before the rebalances the poll held are
-// allowed.
+// Consume is consume's, on the rig's client.
 func (r *publisherRig) Consume(ctx context.Context, _ *testing.T, handle func(*kgo.Record)) {
-	for {
-		rs, err := idemkafka.NextBatch(ctx, r.cl, 100, 0)
-		if err != nil {
-			return // ctx done
-		}
-		for _, rec := range rs {
-			handle(rec)
-		}
-		r.cl.AllowRebalance()
-	}
+	consume(ctx, r.cl, handle)
 }

@@ -56,17 +56,23 @@ func (r *suiteRig) Publish(t *testing.T, id, body string) {
 	}
 }
 
-// Consume polls until ctx ends, and hands each record of a poll to handle,
-// in order, before the rebalances the poll held are allowed.
+// Consume is consume's, on the rig's client.
 func (r *suiteRig) Consume(ctx context.Context, _ *testing.T, handle func(*kgo.Record)) {
+	consume(ctx, r.cl, handle)
+}
+
+// consume polls cl until ctx ends, and hands each record of a poll to
+// handle, in each partition's order, before the rebalances the poll held
+// are allowed.
+func consume(ctx context.Context, cl *kgo.Client, handle func(*kgo.Record)) {
 	for {
-		rs, err := idemkafka.NextBatch(ctx, r.cl, 100, 0)
+		rs, err := idemkafka.NextBatch(ctx, cl, 100, 0)
 		if err != nil {
 			return // ctx done
 		}
 		for _, rec := range rs {
 			handle(rec)
 		}
-		r.cl.AllowRebalance()
+		cl.AllowRebalance()
 	}
 }
