@@ -42,6 +42,20 @@ func (s *selector) ring() (opener, error) {
 	if len(paths) == 0 {
 		return nil, nil
 	}
+	keys, err := readKeys(paths)
+	if err != nil {
+		return nil, err
+	}
+	// Any key opens; the CLI never seals.
+	r, err := seal.NewKeyRing(keys[0], seal.WithPreviousKeys(keys[1:]...))
+	if err != nil {
+		return nil, usageError("%s", strings.TrimPrefix(err.Error(), "idemkey/seal: "))
+	}
+	return r, nil
+}
+
+// readKeys reads the key files at paths (seal.ReadKeyFile).
+func readKeys(paths []string) ([][]byte, error) {
 	keys := make([][]byte, len(paths))
 	for i, p := range paths {
 		k, err := seal.ReadKeyFile(p)
@@ -50,12 +64,7 @@ func (s *selector) ring() (opener, error) {
 		}
 		keys[i] = k
 	}
-	// Any key opens; the CLI never seals.
-	r, err := seal.NewKeyRing(keys[0], seal.WithPreviousKeys(keys[1:]...))
-	if err != nil {
-		return nil, usageError("%s", strings.TrimPrefix(err.Error(), "idemkey/seal: "))
-	}
-	return r, nil
+	return keys, nil
 }
 
 func (s *selector) register(fs *flag.FlagSet) {

@@ -285,14 +285,9 @@ func keyRing(primary string, previous []string, acceptUnsealed bool) (*seal.KeyR
 		}
 		return nil, nil
 	}
-	paths := append([]string{primary}, previous...)
-	keys := make([][]byte, len(paths))
-	for i, p := range paths {
-		k, err := seal.ReadKeyFile(p)
-		if err != nil {
-			return nil, usageError("%s", strings.TrimPrefix(err.Error(), "idemkey/seal: "))
-		}
-		keys[i] = k
+	keys, err := readKeys(append([]string{primary}, previous...))
+	if err != nil {
+		return nil, err
 	}
 	opts := []seal.Option{seal.WithPreviousKeys(keys[1:]...)}
 	if acceptUnsealed {
