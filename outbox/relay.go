@@ -167,8 +167,7 @@ func (o *Outbox) Relay(pub Publisher, opts ...RelayOption) (*Relay, error) {
 // Run relays until ctx ends, then returns ctx's error. It listens for
 // commits (store.Outbox's ListenMessages), and looks every poll interval
 // besides. A failing store or broker is logged and tried again; nothing is
-// dropped.
-// It returns an error at once if the Relay is running already.
+// dropped. It returns an error at once if the Relay is running already.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("idemkey outbox: Run: the relay is running already; make another Relay to run beside it")
@@ -268,14 +267,23 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 	}
 	var sent []string
 	var failed []store.OutboxMessage
+	first := -1 // the first failure, which the log tells of
 	for i, m := range ms {
 		if errs == nil || errs[i] == nil {
 			sent = append(sent, m.ID)
 			continue
 		}
 		failed = append(failed, opened[i])
-		r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: a message was not sent; it is tried again",
-			slog.String("message_id", m.ID), slog.String("destination", m.Destination), slog.Int("attempt", opened[i].Attempts), slog.Any("error", errs[i]))
+		if first < 0 {
+			first = i
+		}
+	}
+	if first >= 0 {
+		// One line a round, not a message: a broker that is down fails
+		// every message of every batch.
+		r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: messages were not sent; each is tried again after a backoff",
+			slog.Int("messages", len(failed)), slog.String("message_id", ms[first].ID), slog.String("destination", ms[first].Destination),
+			slog.Int("attempt", opened[first].Attempts), slog.Any("error", errs[first]))
 	}
 	// What the broker confirmed is marked even as the relay stops: else it
 	// is sent again once its lease ends.

@@ -135,7 +135,7 @@ func TestRelayRetriesFailedMessage(t *testing.T) {
 	if got := fmt.Sprint(order[3:]); got != "[1 2]" {
 		t.Errorf("sent in the order %v, want a's 1 then 2 last", order)
 	}
-	if log := r.log.String(); !strings.Contains(log, "a message was not sent") || strings.Contains(log, "a/1") {
+	if log := r.log.String(); !strings.Contains(log, "messages were not sent") || strings.Contains(log, "a/1") {
 		t.Errorf("the refusal is not logged, or its log quotes the payload:\n%s", log)
 	}
 }

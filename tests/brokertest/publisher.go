@@ -341,7 +341,7 @@ func refusedPending[M any](t *testing.T, newRig NewPublisherRig[M]) {
 	if n := len(s.received()); n != 2 {
 		t.Fatalf("received %d messages, want 2", n)
 	}
-	if !strings.Contains(s.logs.String(), "a message was not sent") || !strings.Contains(s.logs.String(), refused.ID) {
+	if !strings.Contains(s.logs.String(), "messages were not sent") || !strings.Contains(s.logs.String(), refused.ID) {
 		t.Fatalf("the refused message's failure was not logged by its id:\n%s", s.logs)
 	}
 }
