@@ -20,9 +20,10 @@ SOAK        ?= 10m
 FAILOVERS   ?= 10
 LOAD_TIME   ?= 10s
 CONSUMER_MESSAGES ?= 10000
+OUTBOX_CHARGES ?= 1000
 LOAD_ROUNDS ?= 5
 
-.PHONY: help generate check-generate lint test bench load soak failover-soak consumer-soak demo
+.PHONY: help generate check-generate lint test bench load soak failover-soak consumer-soak outbox-soak demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -161,6 +162,9 @@ failover-soak: ## fail a PostgreSQL primary over to its standby FAILOVERS times 
 
 consumer-soak: ## kill the example consumer three times while it charges CONSUMER_MESSAGES (default 10000) messages from NATS, RabbitMQ and Kafka (kfake; and two consumers join and leave the group) on PostgreSQL, atomic and two-phase, one at a time and in batches of 32; prints the charges, and the double charges of two-phase
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,atomic-batch,two-phase,two-phase-batch
+
+outbox-soak: ## make OUTBOX_CHARGES (default 1000) charges through the example server's outbox to NATS, RabbitMQ and Kafka (kfake) while the server, the relay, the consumer of receipts and NATS are killed at random; prints the charges, the receipts and the resends dropped
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestOutboxKilled$$' ./example/consumer/ -outbox-charges=$(OUTBOX_CHARGES)
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.

@@ -2,6 +2,7 @@ package example
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/idemkey/idemkey/outbox"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/store/postgres"
 )
@@ -53,10 +55,23 @@ END $$`
 // holds the idempotency keys.
 type PostgresLedger struct {
 	pool *pgxpool.Pool
+	// outbox, if set (Announce), gets a message of each charge, to
+	// destination.
+	outbox      *outbox.Outbox
+	destination string
 }
 
 // NewPostgresLedger returns a ledger on pool; MigrateLedger creates its table.
 func NewPostgresLedger(pool *pgxpool.Pool) *PostgresLedger { return &PostgresLedger{pool: pool} }
+
+// Announce makes Insert publish a ChargeCreated of each charge to
+// destination through ob, in the transaction of the charge's INSERT: the
+// call's in atomic mode, else one of Insert's own. The message exists if and
+// only if the charge does, and its id derives from the call's key
+// (outbox.Publish). Call it before the ledger is used.
+func (l *PostgresLedger) Announce(ob *outbox.Outbox, destination string) {
+	l.outbox, l.destination = ob, destination
+}
 
 // InTransaction returns a gRPC server interceptor that runs each call's
 // handler in a transaction of its own on the ledger's database, which Insert
@@ -117,32 +132,83 @@ func insertContext(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithDeadline(context.WithoutCancel(ctx), deadline)
 }
 
-// Insert implements Ledger.
+// Insert implements Ledger. With Announce, the charge's INSERT and its
+// message commit in one transaction.
 func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv1.Charge) error {
-	var ref *string
-	if r := c.GetMerchantReference(); r != "" {
-		ref = &r
-	}
 	tx, atomic := postgres.TxFromContext(ctx)
 	ctx, cancel := insertContext(ctx)
 	defer cancel()
-	// In atomic mode the insert joins the call's transaction, which commits
-	// it with the recorded reply; otherwise it commits on its own, on a
-	// connection taken first, so that failing to get one (the deadline
-	// passing while the pool is busy) is known to have made no charge.
-	var db postgres.Querier = tx
-	if !atomic {
-		conn, err := l.pool.Acquire(ctx)
-		if err != nil {
-			return ledgerError(err)
+	if atomic {
+		// The insert and the message join the call's transaction, which
+		// commits them with the recorded reply.
+		if err := l.insert(ctx, tx, tenant, c); err != nil {
+			return insertError(err)
 		}
-		defer conn.Release()
-		db = conn
+		return l.announce(ctx, tx, tenant, c)
+	}
+	// Otherwise the insert commits on its own, on a connection taken
+	// first, so that failing to get one (the deadline passing while the
+	// pool is busy) is known to have made no charge.
+	conn, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return ledgerError(err)
+	}
+	defer conn.Release()
+	if l.outbox == nil {
+		return insertError(l.insert(ctx, conn, tenant, c))
+	}
+	// With a message, in a transaction of Insert's own that both join.
+	// Until its commit, whatever fails leaves no charge: the key is
+	// released for a retry.
+	own, err := conn.Begin(ctx)
+	if err != nil {
+		return ledgerError(err)
+	}
+	defer func() { _ = own.Rollback(context.WithoutCancel(ctx)) }() // after Commit, a no-op
+	if err := l.insert(ctx, own, tenant, c); err != nil {
+		if err := insertError(err); err == errDuplicateReference {
+			return err
+		}
+		return ledgerError(err)
+	}
+	if err := l.announce(ctx, own, tenant, c); err != nil {
+		return err
+	}
+	return insertError(own.Commit(ctx))
+}
+
+// insert writes c through db.
+func (l *PostgresLedger) insert(ctx context.Context, db postgres.Querier, tenant string, c *paymentsv1.Charge) error {
+	var ref *string
+	if r := c.GetMerchantReference(); r != "" {
+		ref = &r
 	}
 	_, err := db.Exec(ctx, `INSERT INTO charges
 		(tenant, id, customer_id, amount, currency, description, merchant_reference, create_time, processor_charge_id)
 		VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)`,
 		tenant, c.GetId(), c.GetCustomerId(), c.GetAmount(), c.GetCurrency(), c.GetDescription(), ref, c.GetCreateTime().AsTime(), c.GetProcessorChargeId())
+	return err
+}
+
+// announce publishes c's ChargeCreated through tx, with Announce.
+func (l *PostgresLedger) announce(ctx context.Context, tx postgres.Querier, tenant string, c *paymentsv1.Charge) error {
+	if l.outbox == nil {
+		return nil
+	}
+	payload, err := json.Marshal(ChargeCreated{ID: c.GetId(), Tenant: tenant, Amount: c.GetAmount(), Currency: c.GetCurrency()})
+	if err == nil {
+		err = l.outbox.Publish(postgres.ContextWithTx(ctx, tx), outbox.Message{Destination: l.destination, Headers: map[string]string{"tenant": tenant}, Payload: payload})
+	}
+	if err != nil {
+		// The transaction is rolled back: no charge, and the key is
+		// released for a retry.
+		return ledgerError(err)
+	}
+	return nil
+}
+
+// insertError answers an insert's, or its transaction's, err.
+func insertError(err error) error {
 	var pgErr *pgconn.PgError
 	refused := errors.As(err, &pgErr) // the server answered with an error
 	switch {
@@ -155,13 +221,13 @@ func (l *PostgresLedger) Insert(ctx context.Context, tenant string, c *paymentsv
 		// no charge was made, so the key is released for a retry.
 		return ledgerError(err)
 	default:
-		// The connection failed after the insert was sent, or the call's
-		// deadline cut the insert short (pgx then closes the connection
-		// rather than wait for the server): the charge may exist. Unknown
-		// is recorded, so a retry cannot charge again; the caller can look
-		// for the charge with ListCharges. (In atomic mode the transaction
-		// died with the connection, so the commit fails and the caller gets
-		// Unavailable: the retry runs again.)
+		// The connection failed after the insert (or its commit) was sent,
+		// or the call's deadline cut it short (pgx then closes the
+		// connection rather than wait for the server): the charge may
+		// exist. Unknown is recorded, so a retry cannot charge again; the
+		// caller can look for the charge with ListCharges. (In atomic mode
+		// the transaction died with the connection, so the commit fails
+		// and the caller gets Unavailable: the retry runs again.)
 		return status.Error(codes.Unknown, "the charge's outcome is unknown: look for it with ListCharges before charging again")
 	}
 }

@@ -84,6 +84,11 @@ type Config struct {
 	// with Unavailable after the processor's charge and before the write: a
 	// transient failure, which a retry recovers from.
 	FailAfterCharge int
+	// FailAfterWrite fails the first FailAfterWrite calls of CreateCharge
+	// with Unavailable after the charge's write: in atomic mode the charge
+	// and its message (PostgresLedger.Announce) roll back with the call,
+	// and a retry runs again.
+	FailAfterWrite int
 	// Options are added to the gRPC interceptor's.
 	Options []interceptor.Option
 	// Covered names methods ("/package.Service/Method") covered whatever
@@ -228,9 +233,10 @@ type Service struct {
 	ledger Ledger
 	delay  time.Duration
 
-	processor *processorClient // nil: no processor is charged
-	reconcile bool
-	failures  atomic.Int64 // the calls still to fail after the processor's charge
+	processor  *processorClient // nil: no processor is charged
+	reconcile  bool
+	failures   atomic.Int64 // the calls still to fail after the processor's charge
+	writeFails atomic.Int64 // the calls still to fail after the charge's write
 }
 
 // NewService returns a service on ledger that charges no processor, whose
@@ -249,6 +255,7 @@ func NewServiceFromConfig(cfg Config) (*Service, error) {
 		cfg.Ledger = NewMemoryLedger()
 	}
 	s := NewService(cfg.Ledger, cfg.HandlerDelay)
+	s.writeFails.Store(int64(cfg.FailAfterWrite))
 	if cfg.ProcessorURL == "" {
 		return s, nil
 	}
@@ -300,7 +307,7 @@ func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 		CreateTime:        timestamppb.New(time.Now().Truncate(time.Microsecond)), // as PostgreSQL keeps it
 	}
 	if s.processor == nil {
-		if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
+		if err := s.insert(ctx, tenant, charge); err != nil {
 			return nil, err
 		}
 		time.Sleep(s.delay) // a call that completes whether or not the client still waits
@@ -327,10 +334,21 @@ func (s *Service) CreateCharge(ctx context.Context, req *paymentsv1.CreateCharge
 	if s.failures.Add(-1) >= 0 {
 		return nil, status.Error(codes.Unavailable, "a transient failure after the processor's charge (-fail-after-charge)")
 	}
-	if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
+	if err := s.insert(ctx, tenant, charge); err != nil {
 		return nil, err
 	}
 	return charge, nil
+}
+
+// insert writes charge to the ledger, then fails as FailAfterWrite says.
+func (s *Service) insert(ctx context.Context, tenant string, charge *paymentsv1.Charge) error {
+	if err := s.ledger.Insert(ctx, tenant, charge); err != nil {
+		return err
+	}
+	if s.writeFails.Add(-1) >= 0 {
+		return status.Error(codes.Unavailable, "a transient failure after the charge's write (-fail-after-write)")
+	}
+	return nil
 }
 
 // GetCharge returns one of the calling tenant's charges.

@@ -46,6 +46,17 @@
 // the processor by its key; with -reconcile=false, or when the processor
 // cannot tell, its outcome is unknown: the message is held, redelivered with
 // backoff, and dead-lettered on its last delivery, never acknowledged unrun.
+//
+// With -receipts it consumes what the server run with -outbox announces,
+// payments.charge.created (example.ChargeCreated in JSON, the header
+// "tenant"; the subject, queue or topic unless -subject, -queue or -topic
+// says otherwise, as consumer "receipts" unless -name does, from the stream
+// that takes the subject, made if none does), and writes one receipt per
+// charge in the table receipts of -database-url, which it needs: in atomic
+// mode with the message's record, so that a redelivery, or the relay's
+// resend of a message, is dropped and never makes a second receipt. The
+// table's unique constraint on the charge is a second line of defence that
+// counts what it catches (the column duplicates) rather than hide it.
 package main
 
 import (
@@ -106,6 +117,7 @@ type config struct {
 	processorURL                  string        // the card processor's; empty charges none
 	processorTimeout              time.Duration // bounds each call to the processor
 	reconcile                     bool          // look up a charge an earlier delivery started
+	receipts                      bool          // consume payments.charge.created, and write receipts
 }
 
 func main() {
@@ -135,9 +147,15 @@ func main() {
 	flag.StringVar(&cfg.processorURL, "processor-url", "", "charge each message at this card processor's base URL first, as a recorded step; empty charges no processor")
 	flag.DurationVar(&cfg.processorTimeout, "processor-timeout", 5*time.Second, "with -processor-url: how long a call to the processor may take")
 	flag.BoolVar(&cfg.reconcile, "reconcile", true, "with -processor-url: look up at the processor a charge an earlier delivery started and never finished; false holds the message as outcome unknown, and dead-letters it on its last delivery")
+	flag.BoolVar(&cfg.receipts, "receipts", false, "consume the server's payments.charge.created (its -outbox) rather than charge requests, and write one receipt per charge in the database; -subject, -queue, -topic default to payments.charge.created, -name to receipts, and -stream to the stream of the subject")
 	var level slog.Level
 	flag.TextVar(&level, "log-level", slog.LevelInfo, "the least level logged: debug, info, warn or error")
 	flag.Parse()
+	if cfg.receipts {
+		set := map[string]bool{}
+		flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		receiptDefaults(&cfg, set)
+	}
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
@@ -156,12 +174,16 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if cfg.batch < 1 {
 		return errors.New("-batch must be at least 1")
 	}
+	if cfg.receipts && cfg.databaseURL == "" {
+		return errors.New("-receipts writes the receipts in PostgreSQL: it needs a database URL")
+	}
 	if cfg.processorURL != "" && cfg.processorTimeout <= 0 {
 		return fmt.Errorf("-processor-timeout %v: a call to the processor needs a positive time", cfg.processorTimeout)
 	}
 	var (
 		st     store.Store    = memory.New()
 		ledger example.Ledger = example.NewMemoryLedger()
+		rs     *receipts      // with -receipts
 	)
 	if cfg.databaseURL == "" || cfg.redisURL != "" {
 		cfg.atomic = false // atomic mode needs the ids and the charges in one database
@@ -186,6 +208,11 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 			return err
 		}
 		st, ledger = pst, example.NewPostgresLedger(pool)
+		if cfg.receipts {
+			if rs, err = newReceipts(ctx, pool); err != nil {
+				return err
+			}
+		}
 		// Expired records are deleted, as the server deletes them: without
 		// it, every message id ever processed would stay in the table.
 		defer example.Background(ctx, (&store.Janitor{Store: pst, Logger: logger}).Run)()
@@ -223,12 +250,15 @@ func run(ctx context.Context, cfg config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	w := &worker{svc: svc, ackDelay: cfg.ackDelay, logger: logger}
+	w := &worker{svc: svc, receipts: rs, ackDelay: cfg.ackDelay, logger: logger}
 	mode := "two-phase"
 	if cfg.atomic {
 		mode = "atomic"
 	}
 	attrs := []any{"broker", system, "store", storeKind(cfg), "mode", mode}
+	if cfg.receipts {
+		attrs = append(attrs, "receipts", true)
+	}
 	if cfg.batch > 1 {
 		attrs = append(attrs, "batch", cfg.batch)
 	}
@@ -284,12 +314,17 @@ func storeKind(cfg config) string {
 // for, and what is done with its outcome.
 type worker struct {
 	svc      *example.Service
+	receipts *receipts // with -receipts: messages are charges to write a receipt of
 	ackDelay time.Duration
 	logger   *slog.Logger
 }
 
-// charge makes the charge body asks for, for tenant.
+// charge makes the charge body asks for, for tenant; with -receipts, it
+// writes the receipt of the charge body announces.
 func (w *worker) charge(ctx context.Context, tenant string, body []byte) error {
+	if w.receipts != nil {
+		return w.receipts.write(ctx, tenant, body)
+	}
 	req := new(paymentsv1.CreateChargeRequest)
 	if err := protojson.Unmarshal(body, req); err != nil {
 		// Final: no redelivery can parse it (InvalidArgument alone releases,
@@ -421,6 +456,14 @@ func consumeNATS(ctx context.Context, cfg config, eng *engine.Engine, opts []con
 	if err != nil {
 		return fmt.Errorf("nats: %w", err)
 	}
+	if cfg.stream == "" { // -receipts: the stream of the subject, which the server's relay may have made
+		if cfg.stream, err = js.StreamNameBySubject(ctx, cfg.subject); errors.Is(err, jetstream.ErrStreamNotFound) {
+			cfg.stream, err = streamName(cfg.subject), nil
+		}
+		if err != nil {
+			return fmt.Errorf("nats: stream of %s: %w", cfg.subject, err)
+		}
+	}
 	stream, err := js.Stream(ctx, cfg.stream)
 	if errors.Is(err, jetstream.ErrStreamNotFound) {
 		stream, err = js.CreateStream(ctx, jetstream.StreamConfig{Name: cfg.stream, Subjects: []string{cfg.subject}, MaxAge: MaxStreamAge})
@@ -458,7 +501,7 @@ func consumeNATS(ctx context.Context, cfg config, eng *engine.Engine, opts []con
 	work, endWork := workContext(ctx)
 	defer endWork()
 	cc, err := cons.Consume(func(msg jetstream.Msg) {
-		w.log(c.Handle(work, msg), "stream_seq", streamSeq(msg))
+		w.log(c.Handle(work, msg), streamPlace(msg)...)
 	})
 	if err != nil {
 		return fmt.Errorf("nats: consume: %w", err)
@@ -494,17 +537,18 @@ func consumeNATSBatches(ctx context.Context, cfg config, cons jetstream.Consumer
 			return fmt.Errorf("nats: messages: %w", err)
 		}
 		for i, res := range c.HandleBatch(work, msgs) {
-			w.log(res, "stream_seq", streamSeq(msgs[i]))
+			w.log(res, streamPlace(msgs[i])...)
 		}
 	}
 }
 
-// streamSeq is msg's sequence in the stream, or 0.
-func streamSeq(msg jetstream.Msg) uint64 {
+// streamPlace is where msg is in the stream, for its log line: its
+// sequence, and how many times it was delivered, this time included.
+func streamPlace(msg jetstream.Msg) []any {
 	if meta, err := msg.Metadata(); err == nil {
-		return meta.Sequence.Stream
+		return []any{"stream_seq", meta.Sequence.Stream, "delivered", meta.NumDelivered}
 	}
-	return 0
+	return []any{"stream_seq", 0}
 }
 
 // consumeAMQP consumes the RabbitMQ queue until ctx is done, connecting
@@ -595,7 +639,7 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *consum
 				// deliveries closed.
 				for ds := idemamqp.NextBatch(work, deliveries, cfg.batch, cfg.batchWait); ds != nil; ds = idemamqp.NextBatch(work, deliveries, cfg.batch, cfg.batchWait) {
 					for i, res := range c.HandleBatch(work, ds) {
-						w.log(res, "delivery_tag", ds[i].DeliveryTag)
+						w.log(res, "delivery_tag", ds[i].DeliveryTag, "redelivered", ds[i].Redelivered)
 					}
 				}
 			})
@@ -603,7 +647,7 @@ func consumeAMQPOnce(ctx context.Context, cfg config, args amqp.Table, c *consum
 		}
 		wg.Go(func() {
 			for d := range deliveries {
-				w.log(c.Handle(work, d), "delivery_tag", d.DeliveryTag)
+				w.log(c.Handle(work, d), "delivery_tag", d.DeliveryTag, "redelivered", d.Redelivered)
 			}
 		})
 	}

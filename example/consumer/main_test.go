@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemkey/idemkey/internal/leakcheck"
 	"github.com/idemkey/idemkey/internal/pgtest"
+	"github.com/idemkey/idemkey/internal/servertest"
 )
 
 var (
@@ -28,7 +29,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
-	leakcheck.Main(m, removeBinary)
+	leakcheck.Main(m, func() {
+		removeBinary()
+		servertest.Cleanup() // TestOutboxKilled's server
+	})
 }
 
 // A consumer killed after a message's charge committed, before it

@@ -46,6 +46,12 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-handler-delay", "-1s"}, "-handler-delay"},
 		{[]string{"-processor-timeout", "0"}, "-processor-timeout"},
 		{[]string{"-fail-after-charge", "-1"}, "-fail-after-charge"},
+		{[]string{"-fail-after-write", "-1"}, "-fail-after-write"},
+		// The outbox needs PostgreSQL: not memory, not Redis.
+		{[]string{"-outbox", "nats://127.0.0.1:4222"}, "-outbox"},
+		{[]string{"-outbox", "nats://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test", "-redis-url", "redis://127.0.0.1:6379/0"}, "-outbox"},
+		{[]string{"-outbox", "http://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test"}, "-outbox"},
+		{[]string{"-relay-only", "-database-url", "postgres://127.0.0.1/test"}, "-relay-only"},
 		{[]string{"-memory-max-bytes", "-1"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-records", "-1"}, "-memory-max-records"},

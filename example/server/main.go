@@ -7,7 +7,8 @@
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
-//	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N]
+//	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N] [-fail-after-write N]
+//	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only]]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -84,6 +85,27 @@
 // calls with Unavailable there: a transient failure, which a retry recovers
 // from.
 //
+// -fail-after-write N fails the first N calls with Unavailable after the
+// charge's write: in atomic mode the charge rolls back, with its message.
+//
+// With -outbox URL (nats://host:port, amqp://user:pass@host:port/ or
+// kafka://host:port[,host:port]) CreateCharge announces each charge it
+// writes: a message to -outbox-destination (payments.charge.created),
+// example.ChargeCreated in JSON with the header "tenant", written through
+// idemkey's outbox (package outbox) in the transaction of the charge's
+// INSERT: the call's in atomic mode, one of the ledger's own in two-phase
+// mode. The message exists if and only if the charge does, and its id
+// derives from the call's key, so a re-run of the call makes the same id. A
+// relay in the process sends the committed messages to the broker (where it
+// creates, if missing, a JetStream stream of the subject, a durable quorum
+// queue, or a topic) and marks each sent once the broker confirmed it; the
+// service does not wait for the broker, whose messages wait in the outbox
+// while it is away. With -relay=false the process runs no relay, and
+// another process runs it: the same command with -relay-only, which serves
+// nothing but the relay (and -metrics-addr), on the same database URL.
+// The outbox needs PostgreSQL: the server refuses -outbox on memory or
+// Redis.
+//
 // -ttl is how long a recorded reply is replayed, from the first call; after
 // it the key runs as a new call. -max-lease bounds how long a call holds its
 // key before a retry may presume it dead and run it again (a call with a
@@ -115,7 +137,9 @@
 //
 // The server refuses to start, naming the flag, when a flag makes no sense:
 // a -ttl, -max-lease or -lease of zero or less; a -ttl shorter than
-// -max-lease; a negative -handler-delay or -fail-after-charge; a
+// -max-lease; a negative -handler-delay, -fail-after-charge or
+// -fail-after-write; -outbox without PostgreSQL, or -relay-only without
+// -outbox; a
 // -processor-timeout of zero or less; a -memory-max-records or
 // -memory-max-bytes below 1; a -method-retention or -cover-method of a
 // method the service does not have, a -method-retention of a method not
@@ -159,6 +183,7 @@ import (
 
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
+	"github.com/idemkey/idemkey/outbox"
 	"github.com/idemkey/idemkey/seal"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
@@ -215,13 +240,19 @@ func main() {
 	processorTimeout := flag.Duration("processor-timeout", 5*time.Second, "how long a call to the processor may take")
 	reconcile := flag.Bool("reconcile", true, "look up at the processor a charge an earlier run started and never finished; false answers it outcome unknown")
 	failAfterCharge := flag.Int("fail-after-charge", 0, "fail the first N calls with Unavailable after the processor's charge, before the write")
+	failAfterWrite := flag.Int("fail-after-write", 0, "fail the first N calls with Unavailable after the charge's write: in atomic mode the charge and its message roll back")
+	outboxURL := flag.String("outbox", "", "announce each charge through the outbox to this broker: nats://host:port, amqp://user:pass@host:port/ or kafka://host:port; needs PostgreSQL")
+	outboxDestination := flag.String("outbox-destination", example.ChargeCreatedDestination, "with -outbox, the subject, queue or topic the charges are announced to")
+	relay := flag.Bool("relay", true, "with -outbox, run the relay that sends the outbox's messages in this process; false leaves it to another (-relay-only)")
+	relayOnly := flag.Bool("relay-only", false, "with -outbox, run only the relay: no service, no listener")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease,
 		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
-		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge}
+		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge, failAfterWrite: *failAfterWrite,
+		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly}
 	if err := cfg.check(); err != nil {
 		logger.Error("server not started: a flag makes no sense", "error", err)
 		os.Exit(2)
@@ -231,9 +262,14 @@ func main() {
 	if *pprofAddr != "" {
 		servePprof(*pprofAddr, logger)
 	}
-	lis, err := net.Listen("tcp", *addr)
-	if err == nil {
-		err = run(ctx, lis, cfg, logger)
+	var err error
+	if cfg.relayOnly {
+		err = runRelayOnly(ctx, cfg, logger)
+	} else {
+		var lis net.Listener
+		if lis, err = net.Listen("tcp", *addr); err == nil {
+			err = run(ctx, lis, cfg, logger)
+		}
 	}
 	if err != nil {
 		logger.Error("server stopped", "error", err)
@@ -438,6 +474,12 @@ type config struct {
 	processorTimeout time.Duration
 	withoutReconcile bool
 	failAfterCharge  int
+	failAfterWrite   int
+	// outboxURL, if set, is the broker CreateCharge announces each charge
+	// to through the outbox, to outboxDestination; relay runs the relay in
+	// the process, and relayOnly runs nothing else.
+	outboxURL, outboxDestination string
+	relay, relayOnly             bool
 }
 
 // check refuses the flags of cfg that make no sense, naming the flag, before
@@ -480,12 +522,36 @@ func (cfg config) check() error {
 		return fmt.Errorf("-processor-timeout %v: a call to the processor needs a positive time; leave the flag out for 5s", cfg.processorTimeout)
 	case cfg.failAfterCharge < 0:
 		return fmt.Errorf("-fail-after-charge %d: a count cannot be negative; 0 fails no call", cfg.failAfterCharge)
+	case cfg.failAfterWrite < 0:
+		return fmt.Errorf("-fail-after-write %d: a count cannot be negative; 0 fails no call", cfg.failAfterWrite)
 	case cfg.maxRecords < 1:
 		return fmt.Errorf("-memory-max-records %d: the memory store needs room for at least 1 record; leave the flag out for %d", cfg.maxRecords, memory.DefaultMaxRecords)
 	case cfg.maxBytes < 1:
 		return fmt.Errorf("-memory-max-bytes %d: the memory store needs room for at least 1 byte; leave the flag out for %d (64 MiB)", cfg.maxBytes, memory.DefaultMaxBytes)
 	}
-	return nil
+	return cfg.checkOutbox()
+}
+
+// checkOutbox refuses -outbox where the outbox cannot be, and the relay's
+// flags without it.
+func (cfg config) checkOutbox() error {
+	if cfg.outboxURL == "" {
+		if cfg.relayOnly {
+			return errors.New("-relay-only runs the relay of an outbox: it needs -outbox and a database URL")
+		}
+		return nil
+	}
+	switch {
+	case cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "":
+		return errors.New("-outbox needs PostgreSQL (a database URL, without -redis-url or -redis-cluster): a charge's message is written in the transaction of its INSERT, in the idemkey store's database")
+	case cfg.bare:
+		return errors.New("-outbox needs idempotency: a message's id derives from the call's key; -idempotency=false takes no -outbox")
+	case cfg.relayOnly && !cfg.relay:
+		return errors.New("-relay-only with -relay=false would run nothing")
+	case cfg.outboxDestination == "":
+		return errors.New("-outbox-destination: a subject, queue or topic is needed")
+	}
+	return checkOutboxURL(cfg.outboxURL)
 }
 
 // parseMethodRetention parses -method-retention's METHOD=DURATION.
@@ -584,7 +650,10 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if cfg.bare {
 		st, mode = nil, "none"
 	}
-	var pool *pgxpool.Pool
+	var (
+		pool     *pgxpool.Pool
+		pgLedger *example.PostgresLedger
+	)
 	if cfg.databaseURL != "" {
 		var err error
 		pool, err = example.OpenDatabase(ctx, cfg.databaseURL, !cfg.bare, logger)
@@ -592,7 +661,8 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			return err
 		}
 		defer pool.Close()
-		ledger, kind = example.NewPostgresLedger(pool), "postgres"
+		pgLedger = example.NewPostgresLedger(pool)
+		ledger, kind = pgLedger, "postgres"
 	}
 	if cfg.redisURL != "" || cfg.redisCluster != "" {
 		rst, closeRedis, err := example.OpenRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)
@@ -609,6 +679,17 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		st = pst
 		janitor := &store.Janitor{Store: pst, Logger: logger, MeterProvider: meters}
 		defer example.Background(ctx, janitor.Run, pst.Listen)()
+		if cfg.outboxURL != "" {
+			ob, err := outbox.New(pst, outbox.WithSealer(ring))
+			if err != nil {
+				return err
+			}
+			pgLedger.Announce(ob, cfg.outboxDestination)
+			if cfg.relay {
+				opts := []outbox.RelayOption{outbox.WithLogger(logger), outbox.WithMeterProvider(meters)}
+				defer example.Background(ctx, func(ctx context.Context) error { return runRelay(ctx, ob, cfg, opts, logger) })()
+			}
+		}
 	}
 
 	// One engine for every entry point: they share its settings, and a key
@@ -640,7 +721,8 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		cfg.processorURL = p.url
 	}
 	shared := example.Config{HandlerDelay: cfg.delay, Ledger: ledger, Atomic: cfg.atomic, Covered: cfg.coverMethods, Retention: cfg.methodRetention,
-		ProcessorURL: cfg.processorURL, ProcessorTimeout: cfg.processorTimeout, WithoutReconcile: cfg.withoutReconcile, FailAfterCharge: cfg.failAfterCharge}
+		ProcessorURL: cfg.processorURL, ProcessorTimeout: cfg.processorTimeout, WithoutReconcile: cfg.withoutReconcile, FailAfterCharge: cfg.failAfterCharge,
+		FailAfterWrite: cfg.failAfterWrite}
 	grpcCfg := shared
 	grpcCfg.ServerOptions, grpcCfg.WithoutIdempotency, grpcCfg.InTransaction = srvOpts, cfg.bare, cfg.inTransaction
 	srv, hs, err := example.NewServer(eng, grpcCfg)
@@ -649,7 +731,14 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(lis) }()
-	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay, "sealing", sealing)
+	announce := "off"
+	if cfg.outboxURL != "" {
+		announce = brokerName(cfg.outboxURL) + ", relay in this process"
+		if !cfg.relay {
+			announce = brokerName(cfg.outboxURL) + ", relay apart"
+		}
+	}
+	logger.Info("payment service listening", "addr", lis.Addr().String(), "store", kind, "mode", mode, "handler_delay", cfg.delay, "sealing", sealing, "outbox", announce)
 	var h *httpServer // nil without -http-addr
 	if cfg.httpAddr != "" {
 		var err error
@@ -715,4 +804,53 @@ func writeFileAtomic(path, data string) error {
 		return err
 	}
 	return os.Rename(tmp, path)
+}
+
+// runRelayOnly runs the relay of -relay-only until ctx is done: the
+// outbox's messages, which servers run with -relay=false write, sent to
+// the broker. It serves /metrics with -metrics-addr. Stopped, even while it
+// starts, it returns nil.
+func runRelayOnly(ctx context.Context, cfg config, logger *slog.Logger) error {
+	err := relayOnly(ctx, cfg, logger)
+	if ctx.Err() != nil {
+		logger.Info("shutting down")
+		return nil
+	}
+	return err
+}
+
+func relayOnly(ctx context.Context, cfg config, logger *slog.Logger) error {
+	opts := []outbox.RelayOption{outbox.WithLogger(logger)}
+	if cfg.metricsAddr != "" {
+		m, err := serveMetrics(cfg.metricsAddr, logger)
+		if err != nil {
+			return err
+		}
+		defer m.stop()
+		opts = append(opts, outbox.WithMeterProvider(m.provider))
+		if cfg.metricsAddrFile != "" {
+			defer os.Remove(cfg.metricsAddrFile)
+			if err := writeFileAtomic(cfg.metricsAddrFile, m.addr+"\n"); err != nil {
+				return fmt.Errorf("metrics-addr-file: %w", err)
+			}
+		}
+	}
+	ring, err := keyRing(cfg)
+	if err != nil {
+		return err
+	}
+	pool, err := example.OpenDatabase(ctx, cfg.databaseURL, true, logger)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	pst, err := postgres.New(pool, postgres.WithLogger(logger))
+	if err != nil {
+		return err
+	}
+	ob, err := outbox.New(pst, outbox.WithSealer(ring))
+	if err != nil {
+		return err
+	}
+	return runRelay(ctx, ob, cfg, opts, logger)
 }
