@@ -8,7 +8,7 @@
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
 //	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N] [-fail-after-write N]
-//	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only]]
+//	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only] [-relay-rate N]]
 //
 // With -addr 127.0.0.1:0 the server listens on a free port; -addr-file names
 // a file where it writes the address it listens on once it serves, which is
@@ -103,6 +103,8 @@
 // while it is away. With -relay=false the process runs no relay, and
 // another process runs it: the same command with -relay-only, which serves
 // nothing but the relay (and -metrics-addr), on the same database URL.
+// -relay-rate bounds the relay's messages a second (outbox.WithRate), for a
+// broker's rate limit; 0, the default, sends as fast as the broker confirms.
 // The outbox needs PostgreSQL: the server refuses -outbox on memory or
 // Redis.
 //
@@ -160,6 +162,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/http/pprof"
@@ -245,6 +248,7 @@ func main() {
 	outboxDestination := flag.String("outbox-destination", example.ChargeCreatedDestination, "with -outbox, the subject, queue or topic the charges are announced to")
 	relay := flag.Bool("relay", true, "with -outbox, run the relay that sends the outbox's messages in this process; false leaves it to another (-relay-only)")
 	relayOnly := flag.Bool("relay-only", false, "with -outbox, run only the relay: no service, no listener")
+	relayRate := flag.Float64("relay-rate", 0, "with -outbox, the most messages a second the relay sends (a broker's rate limit); 0: no bound")
 	flag.Parse()
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
@@ -252,7 +256,7 @@ func main() {
 		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
 		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge, failAfterWrite: *failAfterWrite,
-		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly}
+		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly, relayRate: *relayRate}
 	if err := cfg.check(); err != nil {
 		logger.Error("server not started: a flag makes no sense", "error", err)
 		os.Exit(2)
@@ -480,6 +484,7 @@ type config struct {
 	// the process, and relayOnly runs nothing else.
 	outboxURL, outboxDestination string
 	relay, relayOnly             bool
+	relayRate                    float64 // messages a second; 0: no bound
 }
 
 // check refuses the flags of cfg that make no sense, naming the flag, before
@@ -550,6 +555,8 @@ func (cfg config) checkOutbox() error {
 		return errors.New("-relay-only with -relay=false would run nothing")
 	case cfg.outboxDestination == "":
 		return errors.New("-outbox-destination: a subject, queue or topic is needed")
+	case !(cfg.relayRate >= 0) || math.IsInf(cfg.relayRate, 0):
+		return errors.New("-relay-rate: want a number of messages a second, or 0 for no bound")
 	}
 	return checkOutboxURL(cfg.outboxURL)
 }
@@ -686,7 +693,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 			}
 			pgLedger.Announce(ob, cfg.outboxDestination)
 			if cfg.relay {
-				opts := []outbox.RelayOption{outbox.WithLogger(logger), outbox.WithMeterProvider(meters)}
+				opts := []outbox.RelayOption{outbox.WithLogger(logger), outbox.WithMeterProvider(meters), outbox.WithRate(cfg.relayRate)}
 				defer example.Background(ctx, func(ctx context.Context) error { return runRelay(ctx, ob, cfg, opts, logger) })()
 			}
 		}
@@ -820,7 +827,7 @@ func runRelayOnly(ctx context.Context, cfg config, logger *slog.Logger) error {
 }
 
 func relayOnly(ctx context.Context, cfg config, logger *slog.Logger) error {
-	opts := []outbox.RelayOption{outbox.WithLogger(logger)}
+	opts := []outbox.RelayOption{outbox.WithLogger(logger), outbox.WithRate(cfg.relayRate)}
 	if cfg.metricsAddr != "" {
 		m, err := serveMetrics(cfg.metricsAddr, logger)
 		if err != nil {
