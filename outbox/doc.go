@@ -42,6 +42,10 @@
 //   - Ids are numbered in the order a run publishes: a handler that
 //     publishes different messages, or in another order, on a re-run makes
 //     other ids. The first run's message wins a conflict of ids.
+//   - In two-phase mode a re-run after the handler's own commit (a crash
+//     before the record) writes again whatever is not idempotent by itself;
+//     its messages, of the same ids, are dropped. Derive the handler's ids
+//     from the key too (idemkey.DerivedKey), or use atomic mode.
 //   - Keep sent messages (WithRetention) as long as the operations' records:
 //     a re-run after the sweep would write its copy again.
 //   - A message that a broker refuses for good (no such queue) is tried
