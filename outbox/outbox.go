@@ -43,9 +43,10 @@ type Message struct {
 	Payload []byte
 }
 
-// defaultMaxMessageSize bounds a message's payload and headers: NATS's
-// default limit, and a Kafka broker's.
-const defaultMaxMessageSize = 1 << 20
+// defaultMaxMessageSize bounds a message's payload and headers: below NATS's
+// default limit and a Kafka producer's (about 1 MB each), with room for
+// their envelopes.
+const defaultMaxMessageSize = 900_000
 
 // Outbox writes a handler's messages to a store's outbox, in the handler's
 // transaction. It is safe for concurrent use.
@@ -74,7 +75,10 @@ func WithSealer(s engine.Sealer) Option {
 }
 
 // WithMaxMessageSize bounds a message's payload and headers; Publish refuses a
-// larger one. 1 MiB by default: NATS's default limit, and a Kafka broker's.
+// larger one. 900,000 bytes by default: below NATS's default limit and a Kafka
+// producer's (about 1 MB each), with room for their envelopes. Keep it
+// below your broker's: a larger message is never sent, and holds back its
+// partition.
 func WithMaxMessageSize(n int) Option { return func(o *options) { o.maxSize = n } }
 
 // New returns the outbox of st: a *postgres.Store's is the table
@@ -102,11 +106,13 @@ func New(st store.Outbox, opts ...Option) (*Outbox, error) {
 // message with no destination, or larger than WithMaxMessageSize, writing
 // none of ms; its errors never quote a message.
 func (o *Outbox) Publish(ctx context.Context, ms ...Message) error {
-	rows := make([]store.OutboxMessage, len(ms))
-	for i, m := range ms {
+	for i, m := range ms { // all before any: a refused message takes no number
 		if err := check(m); err != nil {
 			return fmt.Errorf("idemkey outbox: message %d of %d: %w", i+1, len(ms), err)
 		}
+	}
+	rows := make([]store.OutboxMessage, len(ms))
+	for i, m := range ms {
 		if m.ID == "" {
 			id, partition, ok := engine.NextMessageID(ctx)
 			if !ok {
@@ -127,7 +133,7 @@ func (o *Outbox) Publish(ctx context.Context, ms ...Message) error {
 		}
 		if o.sealer != nil {
 			var err error
-			if body, err = o.sealer.Seal(messageKey(m.ID), body); err != nil {
+			if body, err = o.sealer.Seal(messageKey(m), body); err != nil {
 				return fmt.Errorf("idemkey outbox: sealing message %d of %d: %w", i+1, len(ms), err)
 			}
 		}
@@ -136,19 +142,27 @@ func (o *Outbox) Publish(ctx context.Context, ms ...Message) error {
 	return o.st.WriteMessages(ctx, rows)
 }
 
-// check refuses a destination or a header that some broker would refuse
-// for good, and so hold back the message's partition: a destination of 1 to
-// 255 bytes of printable UTF-8 without spaces, header names of 1 to 128
-// bytes of visible ASCII but ':' (NATS's and AMQP's bounds), values of UTF-8
-// without line breaks (NATS headers are lines).
+// check refuses what some broker or the table would refuse for good, and
+// so hold back the message's partition: a destination of 1 to 255 bytes of
+// printable UTF-8 without spaces; an ID or PartitionKey you set of 1 to 255
+// bytes of printable UTF-8 (AMQP's bound on a message-id; the table's text);
+// header names of 1 to 128 bytes of visible ASCII but ':' (NATS's and AMQP's
+// bounds), none that NATS reserves ("Nats-...") or the id's own
+// ("message-id"); values of UTF-8 without line breaks (NATS headers are
+// lines).
 func check(m Message) error {
-	d := m.Destination
-	if d == "" || len(d) > 255 || !utf8.ValidString(d) || strings.IndexFunc(d, func(r rune) bool { return !unicode.IsPrint(r) || unicode.IsSpace(r) }) >= 0 {
+	if !printable(m.Destination, false) {
 		return errors.New("a destination must be 1 to 255 bytes of printable UTF-8, without spaces")
+	}
+	if m.ID != "" && !printable(m.ID, true) || m.PartitionKey != "" && !printable(m.PartitionKey, true) {
+		return errors.New("an ID or a PartitionKey must be 1 to 255 bytes of printable UTF-8")
 	}
 	for k, v := range m.Headers {
 		if k == "" || len(k) > 128 || strings.IndexFunc(k, func(r rune) bool { return r <= ' ' || r > '~' || r == ':' }) >= 0 {
 			return errors.New("a header's name must be 1 to 128 bytes of visible ASCII, without ':'")
+		}
+		if l := strings.ToLower(k); strings.HasPrefix(l, "nats-") || l == "message-id" {
+			return errors.New("a header's name must not be one that NATS reserves (Nats-...) or the message id's own (message-id)")
 		}
 		if !utf8.ValidString(v) || strings.ContainsAny(v, "\r\n") {
 			return errors.New("a header's value must be UTF-8, without line breaks")
@@ -157,10 +171,19 @@ func check(m Message) error {
 	return nil
 }
 
+// printable reports whether s is 1 to 255 bytes of printable UTF-8, with
+// spaces if spaces is true.
+func printable(s string, spaces bool) bool {
+	return s != "" && len(s) <= 255 && utf8.ValidString(s) &&
+		strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) || !spaces && unicode.IsSpace(r) }) < 0
+}
+
 // messageKey is the key a message's body is sealed under, so that it opens
-// only as its own id's. Stored messages depend on it: it never changes.
-func messageKey(id string) store.Key {
-	return sha256.Sum256(store.AppendParts(make([]byte, 0, 64+len(id)), "idemkey outbox message v1", id))
+// only as its own id's, to its own destination and partition. Stored
+// messages depend on it: it never changes.
+func messageKey(m Message) store.Key {
+	return sha256.Sum256(store.AppendParts(make([]byte, 0, 64+len(m.ID)+len(m.Destination)+len(m.PartitionKey)),
+		"idemkey outbox message v1", m.ID, m.Destination, m.PartitionKey))
 }
 
 // bodyVersion starts an unsealed body; no sealed one starts with it.

@@ -215,11 +215,18 @@ func TestPublishRefuses(t *testing.T) {
 	ok := created(secret)
 	big := created(strings.Repeat(secret, 100))
 	for name, tc := range map[string]struct {
-		ms    []outbox.Message
-		nilTx bool
-		want  string
+		ms     []outbox.Message
+		nilTx  bool
+		poolTx bool // the pool given as the transaction: each statement commits on its own
+		want   string
 	}{
 		"no transaction":       {ms: []outbox.Message{ok}, nilTx: true, want: "transaction"},
+		"pool as transaction":  {ms: []outbox.Message{ok}, poolTx: true, want: "transaction"},
+		"id too long":          {ms: []outbox.Message{ok, {ID: strings.Repeat("k", 256), Destination: "d", Payload: []byte(secret)}}, want: "ID or a PartitionKey"},
+		"id with NUL":          {ms: []outbox.Message{ok, {ID: "a\x00b", Destination: "d", Payload: []byte(secret)}}, want: "ID or a PartitionKey"},
+		"partition not UTF-8":  {ms: []outbox.Message{ok, {Destination: "d", PartitionKey: "\xff\xfe", Payload: []byte(secret)}}, want: "ID or a PartitionKey"},
+		"NATS's header":        {ms: []outbox.Message{ok, {Destination: "d", Headers: map[string]string{"Nats-Rollup": "sub"}, Payload: []byte(secret)}}, want: "NATS reserves"},
+		"the id's header":      {ms: []outbox.Message{ok, {Destination: "d", Headers: map[string]string{"Message-ID": "x"}, Payload: []byte(secret)}}, want: "message-id"},
 		"header name":          {ms: []outbox.Message{ok, {Destination: "d", Headers: map[string]string{"a:b": "v"}, Payload: []byte(secret)}}, want: "header's name"},
 		"header value":         {ms: []outbox.Message{ok, {Destination: "d", Headers: map[string]string{"h": "a\nb"}, Payload: []byte(secret)}}, want: "header's value"},
 		"empty destination":    {ms: []outbox.Message{ok, {Payload: []byte(secret)}}, want: "destination"},
@@ -235,8 +242,11 @@ func TestPublishRefuses(t *testing.T) {
 				t.Fatal(err)
 			}
 			ctx := postgres.ContextWithTx(t.Context(), tx)
-			if tc.nilTx {
+			switch {
+			case tc.nilTx:
 				ctx = t.Context()
+			case tc.poolTx:
+				ctx = postgres.ContextWithTx(t.Context(), r.pool)
 			}
 			perr := r.ob.Publish(ctx, tc.ms...)
 			if err := tx.Commit(t.Context()); err != nil {

@@ -133,8 +133,8 @@ func (o *Outbox) Relay(pub Publisher, opts ...RelayOption) (*Relay, error) {
 		return nil, fmt.Errorf("idemkey outbox: WithBatch(%d): want at least 1", ro.batch)
 	case ro.lease < time.Second:
 		return nil, fmt.Errorf("idemkey outbox: WithLease(%v): want at least a second", ro.lease)
-	case ro.rate < 0 || math.IsNaN(ro.rate) || math.IsInf(ro.rate, 0):
-		return nil, fmt.Errorf("idemkey outbox: WithRate(%v): want a number of messages a second, or 0 for no bound", ro.rate)
+	case ro.rate != 0 && !(ro.rate >= 0.01) || math.IsInf(ro.rate, 0):
+		return nil, fmt.Errorf("idemkey outbox: WithRate(%v): want 0.01 messages a second or more, or 0 for no bound", ro.rate)
 	case ro.retention < 0:
 		return nil, fmt.Errorf("idemkey outbox: WithRetention(%v): want 0 or more", ro.retention)
 	case ro.poll < time.Millisecond:
@@ -221,7 +221,7 @@ func (r *Relay) listen(ctx context.Context) {
 }
 
 // round claims a batch, sends it, and marks what the broker confirmed
-// sent; more reports that the claim found messages, so that more may be
+// sent; more reports that the broker took some, so that more may be
 // waiting: a claim takes only the oldest unsent message of each partition,
 // so one short of a full batch does not mean that the outbox is drained
 // (a partition's next message is claimable once this one is marked sent).
@@ -298,18 +298,20 @@ func (r *Relay) round(ctx context.Context) (more bool, err error) {
 	r.failed.Add(ctx, int64(len(failed)+len(unopened)))
 	// One write for each backoff: a broker that is down fails a whole
 	// batch, mostly of first attempts.
-	retry := map[time.Duration][]string{}
+	retry := map[time.Duration][]store.OutboxMessage{}
 	for _, m := range append(failed, unopened...) {
 		d := r.backoff(m.Attempts)
-		retry[d] = append(retry[d], m.ID)
+		retry[d] = append(retry[d], m)
 	}
-	for d, ids := range retry {
-		if err := r.st.RetryMessages(wctx, ids, d); err != nil {
+	for d, ms := range retry {
+		if err := r.st.RetryMessages(wctx, ms, d); err != nil {
 			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: failed messages' backoff could not be set; they are tried again when their lease ends",
-				slog.Int("messages", len(ids)), slog.Any("error", err))
+				slog.Int("messages", len(ms)), slog.Any("error", err))
 		}
 	}
-	return len(rows) > 0, nil
+	// Again at once only if the broker took some: one that takes none
+	// (down) is tried again at the next poll, not in a loop.
+	return len(sent) > 0, nil
 }
 
 // sleep waits d, and reports false if ctx ended first.
@@ -340,7 +342,7 @@ func (r *Relay) open(row store.OutboxMessage) (Message, error) {
 	body := row.Body
 	if r.sealer != nil {
 		var err error
-		if body, err = r.sealer.Open(messageKey(row.ID), body); err != nil {
+		if body, err = r.sealer.Open(messageKey(m), body); err != nil {
 			return m, err
 		}
 	} else if len(body) > 0 && body[0] != bodyVersion {

@@ -419,3 +419,32 @@ func TestRelayRefusesOptions(t *testing.T) {
 		t.Error("a nil Publisher: accepted")
 	}
 }
+
+// A relay that answers after its lease ended, and another relay claimed
+// the message since, cannot cut the other's claim short: its backoff
+// (RetryMessages) holds only for the claim it made.
+func TestLateRetryLeavesAnotherClaim(t *testing.T) {
+	r := newRig(t)
+	r.publish(t, numbered("", 1))
+	ctx := t.Context()
+	first, err := r.st.ClaimMessages(ctx, 10, 0) // a lease that has ended at once
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first claim: %v, %v", first, err)
+	}
+	second, err := r.st.ClaimMessages(ctx, 10, time.Minute)
+	if err != nil || len(second) != 1 || second[0].Attempts != first[0].Attempts+1 {
+		t.Fatalf("second claim: %v, %v; want the message, claimed again", second, err)
+	}
+	if err := r.st.RetryMessages(ctx, first, 0); err != nil { // the first relay's late answer
+		t.Fatal(err)
+	}
+	if third, err := r.st.ClaimMessages(ctx, 10, time.Minute); err != nil || len(third) != 0 {
+		t.Errorf("a third claim got %d messages (%v): the late retry ended the second claim's lease", len(third), err)
+	}
+	if err := r.st.RetryMessages(ctx, second, 0); err != nil { // the holder's own
+		t.Fatal(err)
+	}
+	if again, err := r.st.ClaimMessages(ctx, 10, time.Minute); err != nil || len(again) != 1 {
+		t.Errorf("after the holder's retry, a claim got %d messages (%v), want 1", len(again), err)
+	}
+}

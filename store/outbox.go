@@ -20,7 +20,8 @@ type OutboxMessage struct {
 // transaction wrote, for a relay to send once the transaction has
 // committed. Several relays may claim at once: a claim is a lease, and a
 // message whose lease ended is claimed again, so a message is sent at
-// least once and, while its relay lives, by that relay alone.
+// least once and, while its relay lives and answers within its lease, by
+// that relay alone.
 type Outbox interface {
 	// WriteMessages writes ms in the transaction ctx carries, of the
 	// store's own kind (store/postgres: an atomic call's, or one given with
@@ -36,9 +37,11 @@ type Outbox interface {
 	// MarkSent records the messages ids sent (a broker confirmed them): they
 	// are never claimed again, and SweepSent deletes them after a retention.
 	MarkSent(ctx context.Context, ids []string) error
-	// RetryMessages makes the unsent messages ids claimable after delay
-	// (ending their lease, or extending it).
-	RetryMessages(ctx context.Context, ids []string, delay time.Duration) error
+	// RetryMessages makes the unsent messages ms claimable after delay
+	// (ending their lease, or extending it), each only if it has not been
+	// claimed since ms were (its ID and Attempts): a relay that answers
+	// after its lease ended must not cut another's claim short.
+	RetryMessages(ctx context.Context, ms []OutboxMessage, delay time.Duration) error
 	// SweepSent deletes up to limit messages sent longer than retention
 	// ago, and returns how many it deleted.
 	SweepSent(ctx context.Context, retention time.Duration, limit int) (int64, error)

@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -60,7 +61,8 @@ RETURNING o.seq, o.id, o.partition_key, o.destination, o.body, o.created_at, o.a
 
 const (
 	markSentSQL      = `UPDATE %s SET sent_at = now() WHERE id = ANY($1) AND sent_at IS NULL`
-	retryMessagesSQL = `UPDATE %s SET not_before = now() + $2 * interval '1 microsecond' WHERE id = ANY($1) AND sent_at IS NULL`
+	retryMessagesSQL = `UPDATE %s AS o SET not_before = now() + $3 * interval '1 microsecond'
+	FROM unnest($1::text[], $2::int[]) AS c (id, attempts) WHERE o.id = c.id AND o.attempts = c.attempts AND o.sent_at IS NULL`
 	sweepSentSQL     = `DELETE FROM %[1]s WHERE id IN (
 	SELECT id FROM %[1]s WHERE sent_at < now() - $1 * interval '1 microsecond' ORDER BY sent_at LIMIT $2)`
 	pendingSQL = `SELECT (SELECT count(*) FROM %[1]s WHERE sent_at IS NULL),
@@ -72,9 +74,9 @@ const (
 // handler's own given with ContextWithTx. Package outbox's Publish calls it.
 func (s *Store) WriteMessages(ctx context.Context, ms []store.OutboxMessage) error {
 	q, ok := TxFromContext(ctx)
-	if !ok || q == nil {
-		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction in its context (an atomic call's, or postgres.ContextWithTx): " +
-			"a message written outside it would be sent whether or not the handler's writes commit")
+	if !ok || !inTransaction(q) {
+		return errors.New("idemkey postgres: WriteMessages needs the handler's transaction in its context (an atomic call's, or a pgx.Tx given with postgres.ContextWithTx): " +
+			"a message written outside it (through a pool or a connection) would be sent whether or not the handler's writes commit")
 	}
 	if len(ms) == 0 {
 		return nil
@@ -87,6 +89,22 @@ func (s *Store) WriteMessages(ctx context.Context, ms []store.OutboxMessage) err
 		return s.translate(ctx, "write messages", err)
 	}
 	return nil
+}
+
+// inTransaction reports whether q writes in a transaction: an atomic
+// call's or batch's, or a pgx.Tx (what has Commit and Rollback), not a
+// pool or a connection that would commit each statement on its own.
+func inTransaction(q Querier) bool {
+	switch q.(type) {
+	case *handlerTx, *batchHandler:
+		return true
+	case interface {
+		Commit(context.Context) error
+		Rollback(context.Context) error
+	}:
+		return true
+	}
+	return false
 }
 
 // ClaimMessages implements store.Outbox.
@@ -113,7 +131,7 @@ func (s *Store) ClaimMessages(ctx context.Context, max int, lease time.Duration)
 	if err := rows.Err(); err != nil {
 		return nil, s.translate(ctx, "claim messages", err)
 	}
-	slices.SortFunc(cs, func(a, b claimed) int { return int(a.seq - b.seq) })
+	slices.SortFunc(cs, func(a, b claimed) int { return cmp.Compare(a.seq, b.seq) })
 	ms := make([]store.OutboxMessage, len(cs))
 	for i, c := range cs {
 		ms[i] = c.m
@@ -127,8 +145,12 @@ func (s *Store) MarkSent(ctx context.Context, ids []string) error {
 }
 
 // RetryMessages implements store.Outbox.
-func (s *Store) RetryMessages(ctx context.Context, ids []string, delay time.Duration) error {
-	return s.execOutbox(ctx, "retry messages", s.retryMessagesSQL, ids, max(delay, 0).Microseconds())
+func (s *Store) RetryMessages(ctx context.Context, ms []store.OutboxMessage, delay time.Duration) error {
+	ids, attempts := make([]string, len(ms)), make([]int32, len(ms))
+	for i, m := range ms {
+		ids[i], attempts[i] = m.ID, int32(m.Attempts)
+	}
+	return s.execOutbox(ctx, "retry messages", s.retryMessagesSQL, ids, attempts, max(delay, 0).Microseconds())
 }
 
 func (s *Store) execOutbox(ctx context.Context, op, sql string, args ...any) error {
