@@ -63,7 +63,7 @@ const (
 	markSentSQL      = `UPDATE %s SET sent_at = now() WHERE id = ANY($1) AND sent_at IS NULL`
 	retryMessagesSQL = `UPDATE %s AS o SET not_before = now() + $3 * interval '1 microsecond'
 	FROM unnest($1::text[], $2::int[]) AS c (id, attempts) WHERE o.id = c.id AND o.attempts = c.attempts AND o.sent_at IS NULL`
-	sweepSentSQL     = `DELETE FROM %[1]s WHERE id IN (
+	sweepSentSQL = `DELETE FROM %[1]s WHERE id IN (
 	SELECT id FROM %[1]s WHERE sent_at < now() - $1 * interval '1 microsecond' ORDER BY sent_at LIMIT $2)`
 	pendingSQL = `SELECT (SELECT count(*) FROM %[1]s WHERE sent_at IS NULL),
 	coalesce((SELECT extract(epoch FROM now() - created_at) FROM %[1]s WHERE sent_at IS NULL ORDER BY seq LIMIT 1), 0)::float8`
