@@ -87,7 +87,9 @@ func parseBroker(raw string) (brokerURL, error) {
 		if raw == "" {
 			return brokerURL{}, usageError("relay needs -broker: %s", brokerSchemes)
 		}
-		return brokerURL{}, usageError("-broker %s: %s; want %s", redactedURL(raw), why, brokerSchemes)
+		// Not the URL, nor a part of it: a password may hide anywhere in
+		// one that does not parse.
+		return brokerURL{}, usageError("-broker: %s; want %s", why, brokerSchemes)
 	}
 	if raw == "" {
 		return bad("")
@@ -107,7 +109,7 @@ func parseBroker(raw string) (brokerURL, error) {
 		b.kind = "kafka"
 		for _, h := range strings.Split(strings.TrimSuffix(rest, "/"), ",") {
 			if _, port, err := net.SplitHostPort(h); err != nil || port == "" {
-				return bad(fmt.Sprintf("%q is not host:port", h))
+				return bad("each of its brokers must be host:port")
 			}
 			b.seeds = append(b.seeds, h)
 		}
@@ -255,7 +257,9 @@ func (f *relayFlags) dial(ctx context.Context, b brokerURL, pub *dialled, lost c
 			conn.Close()
 		}, nil
 	default: // kafka
-		cl, err := kgo.NewClient(kgo.SeedBrokers(b.seeds...), kgo.ClientID("idemkey-relay"))
+		// A record's delivery is bounded, as a publish is given half the
+		// lease: kgo does not end one in flight at its context's end.
+		cl, err := kgo.NewClient(kgo.SeedBrokers(b.seeds...), kgo.ClientID("idemkey-relay"), kgo.RecordDeliveryTimeout(f.lease/2))
 		if err != nil {
 			return nil, err
 		}

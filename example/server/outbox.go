@@ -150,7 +150,9 @@ func declareQueue(conn *amqp.Connection, queue string) error {
 }
 
 func openKafka(ctx context.Context, brokers []string, topic string) (*broker, error) {
-	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("idemkey-example-relay")) // idempotent, acks=all
+	// Idempotent, acks=all; a record's delivery bounded within the relay's
+	// half lease (kgo does not end one in flight at its context's end).
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ClientID("idemkey-example-relay"), kgo.RecordDeliveryTimeout(10*time.Second))
 	if err != nil {
 		return nil, fmt.Errorf("kafka: %w", err)
 	}
