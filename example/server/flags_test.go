@@ -52,6 +52,7 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-outbox", "nats://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test", "-redis-url", "redis://127.0.0.1:6379/0"}, "-outbox"},
 		{[]string{"-outbox", "http://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test"}, "-outbox"},
 		{[]string{"-relay-only", "-database-url", "postgres://127.0.0.1/test"}, "-relay-only"},
+		{[]string{"-outbox", "nats://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test", "-atomic=false"}, "atomic mode"},
 		{[]string{"-memory-max-bytes", "-1"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-records", "-1"}, "-memory-max-records"},

@@ -92,9 +92,11 @@
 // kafka://host:port[,host:port]) CreateCharge announces each charge it
 // writes: a message to -outbox-destination (payments.charge.created),
 // example.ChargeCreated in JSON with the header "tenant", written through
-// idemkey's outbox (package outbox) in the transaction of the charge's
-// INSERT: the call's in atomic mode, one of the ledger's own in two-phase
-// mode. The message exists if and only if the charge does, and its id
+// idemkey's outbox (package outbox) in the call's transaction, with the
+// charge's INSERT: -outbox needs atomic mode (the ledger's two-phase writes
+// are not idempotent by themselves: a retry after their commit would write
+// a second charge, whose message the outbox drops as the first's). The
+// message exists if and only if the charge does, and its id
 // derives from the call's key, so a re-run of the call makes the same id. A
 // relay in the process sends the committed messages to the broker (where it
 // creates, if missing, a JetStream stream of the subject, a durable quorum
@@ -551,6 +553,9 @@ func (cfg config) checkOutbox() error {
 		return errors.New("-outbox needs PostgreSQL (a database URL, without -redis-url or -redis-cluster): a charge's message is written in the transaction of its INSERT, in the idemkey store's database")
 	case cfg.bare:
 		return errors.New("-outbox needs idempotency: a message's id derives from the call's key; -idempotency=false takes no -outbox")
+	case !cfg.atomic && !cfg.relayOnly:
+		return errors.New("-outbox needs atomic mode (-atomic, the default): in two-phase mode a retry after the ledger's commit and before the key's record " +
+			"writes a second charge, whose message, of the first's id, the outbox drops (docs/outbox.md, Two-phase mode)")
 	case cfg.relayOnly && !cfg.relay:
 		return errors.New("-relay-only with -relay=false would run nothing")
 	case cfg.outboxDestination == "":
