@@ -26,9 +26,9 @@
 //   - A message is never lost: the relay marks it sent only after the broker
 //     confirmed it, and a relay that dies leaves its claim to end (WithLease)
 //     for another to take.
-//   - A message is sent more than once only when a relay died or the
-//     store's answer was lost after the broker confirmed it; the resend has
-//     the same id, which JetStream's duplicate window and idemkey's
+//   - A message is sent more than once only when a relay died, took longer
+//     than its lease, or lost the broker's or the store's answer; the resend
+//     has the same id, which JetStream's duplicate window and idemkey's
 //     consumers (on every broker) drop.
 //   - A partition's messages (PartitionKey, by default one per call's key)
 //     are sent in the order they were written, each once the one before it
@@ -41,7 +41,12 @@
 //
 //   - Ids are numbered in the order a run publishes: a handler that
 //     publishes different messages, or in another order, on a re-run makes
-//     other ids. The first run's message wins a conflict of ids.
+//     other ids, and one that retries its own transaction inside a call
+//     numbers on. The first message of an id wins, across the whole table.
+//   - A partition of your own (a customer id) is sent in the order written,
+//     which is the commit order only for transactions that commit one after
+//     another; and many messages in few partitions make each claim read
+//     further into a large backlog.
 //   - In two-phase mode a re-run after the handler's own commit (a crash
 //     before the record) writes again whatever is not idempotent by itself;
 //     its messages, of the same ids, are dropped. Derive the handler's ids
