@@ -164,7 +164,7 @@ consumer-soak: ## kill the example consumer three times while it charges CONSUME
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestKilledMidStream$$' ./example/consumer/ -consumer-messages=$(CONSUMER_MESSAGES) -consumer-modes=atomic,atomic-batch,two-phase,two-phase-batch
 
 outbox-soak: ## make OUTBOX_CHARGES (default 1000) charges through the example server's outbox to NATS, RabbitMQ and Kafka (kfake) while the server, the relay, the consumer of receipts and NATS are killed at random; prints the charges, the receipts and the resends dropped
-	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestOutboxKilled$$' ./example/consumer/ -outbox-charges=$(OUTBOX_CHARGES)
+	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestOutboxKilled$$' ./example/consumer/ -outbox-charges=$(OUTBOX_CHARGES) -outbox-kills=3
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.
