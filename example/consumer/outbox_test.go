@@ -442,9 +442,10 @@ func (s *supervised) all() []*proc {
 
 // launch starts bin with args as a proc, without waiting for it to be
 // ready; it is killed, if still running, when t ends, and its log shown if
-// t failed.
+// t failed; a data race it reports fails t.
 func launch(t *testing.T, name, bin string, args ...string) (*proc, error) {
 	cmd := exec.Command(bin, args...)
+	// The process dies with the test, however the test ends.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
@@ -467,6 +468,9 @@ func launch(t *testing.T, name, bin string, args ...string) (*proc, error) {
 	}()
 	t.Cleanup(func() {
 		p.kill()
+		if p.count("DATA RACE") > 0 {
+			t.Errorf("%s: the race detector found a data race", p.name)
+		}
 		if t.Failed() {
 			t.Logf("log of %s:\n%s", p.name, p.log())
 		}

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -77,41 +76,14 @@ type proc struct {
 // killed, if still running, when t ends; its log is shown if t failed.
 func start(t *testing.T, name string, args ...string) *proc {
 	t.Helper()
-	cmd := exec.Command(consumerBinary(t), args...)
-	// The process dies with the test, however the test ends.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	stderr, err := cmd.StderrPipe()
+	p, err := launch(t, name, consumerBinary(t), args...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
-	go func() {
-		defer close(p.done)
-		lines := bufio.NewScanner(stderr)
-		lines.Buffer(nil, 1<<20)
-		for lines.Scan() {
-			p.mu.Lock()
-			p.lines = append(p.lines, lines.Text())
-			p.mu.Unlock()
-		}
-		_ = cmd.Wait()
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if p.count("DATA RACE") > 0 {
-			t.Errorf("%s: the race detector found a data race", p.name)
-		}
-		if t.Failed() {
-			t.Logf("log of %s:\n%s", p.name, p.log())
-		}
-	})
 	waitFor(t, 30*time.Second, name+" consumes", func() bool {
 		select {
 		case <-p.done:
-			t.Fatalf("%s exited before it consumed (%v):\n%s", name, cmd.ProcessState, p.log())
+			t.Fatalf("%s exited before it consumed (%v):\n%s", name, p.cmd.ProcessState, p.log())
 		default:
 		}
 		return p.count("msg=consuming") > 0
