@@ -44,12 +44,12 @@ type Relay struct {
 	o    relayOptions
 	wake chan struct{} // a transaction that wrote messages may have committed
 
-	running            atomic.Bool  // Run is running
-	pending, oldest    atomic.Int64 // the last PendingMessages, oldest in nanoseconds
-	sent, failed       metric.Int64Counter
-	register           func() (metric.Registration, error) // the gauges' callback, registered while Run runs
-	lastStats, lastSwp time.Time                           // Run's goroutine's alone
-	next               time.Time                           // the rate's: when the next claim may be sent
+	running         atomic.Bool  // Run is running
+	pending, oldest atomic.Int64 // the last PendingMessages, oldest in nanoseconds
+	sent, failed    metric.Int64Counter
+	register        func() (metric.Registration, error) // the gauges' callback, registered while Run runs
+	lastStats       time.Time                           // Run's goroutine's alone
+	next            time.Time                           // the rate's: when the next claim may be sent
 }
 
 // RelayOption configures a Relay.
@@ -181,12 +181,13 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 	wg.Go(func() { r.listen(ctx) })
+	wg.Go(func() { r.sweep(ctx) })
 	for ctx.Err() == nil {
 		more, err := r.round(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: the relay cannot claim messages; it tries again", slog.Any("error", err))
 		}
-		r.housekeep(ctx)
+		r.countPending(ctx)
 		if more && err == nil {
 			continue // more may be waiting
 		}
@@ -351,27 +352,34 @@ func (r *Relay) open(row store.OutboxMessage) (Message, error) {
 	return m, decode(body, &m)
 }
 
-// housekeep counts the pending messages for the metrics at most once a
-// second, and sweeps sent ones once a minute.
-func (r *Relay) housekeep(ctx context.Context) {
-	now := time.Now()
-	if now.Sub(r.lastStats) >= time.Second {
+// countPending counts the pending messages for the metrics, at most once
+// a second.
+func (r *Relay) countPending(ctx context.Context) {
+	if now := time.Now(); now.Sub(r.lastStats) >= time.Second {
 		r.lastStats = now
 		if n, oldest, err := r.st.PendingMessages(ctx); err == nil {
 			r.pending.Store(n)
 			r.oldest.Store(int64(oldest))
 		}
 	}
-	if now.Sub(r.lastSwp) >= time.Minute {
-		r.lastSwp = now
+}
+
+// sweep deletes the messages sent longer than the retention ago, at once
+// and then every minute, in batches, until ctx ends: in a goroutine of its
+// own, so that a week's first sweep holds no send up.
+func (r *Relay) sweep(ctx context.Context) {
+	for {
 		for {
 			n, err := r.st.SweepSent(ctx, r.o.retention, store.DefaultSweepBatch)
-			if err != nil {
+			if err != nil && ctx.Err() == nil {
 				r.o.logger.LogAttrs(ctx, slog.LevelWarn, "idemkey outbox: sweeping sent messages failed; it is tried again", slog.Any("error", err))
 			}
 			if err != nil || n < store.DefaultSweepBatch {
 				break
 			}
+		}
+		if !sleep(ctx, time.Minute) {
+			return
 		}
 	}
 }
