@@ -102,17 +102,7 @@ func TestRelayToNATS(t *testing.T) {
 			Headers: map[string]string{"Seq": fmt.Sprint(i)}, Payload: []byte("charge " + id)}
 	}
 	ctx := context.Background()
-	pool := pgtest.Pool(t, schema)
-	tx, err := pool.Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Publish(postgres.ContextWithTx(ctx, tx), ms...); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	publishAll(t, schema, ob, ms)
 
 	// The relay runs until its context ends, as main's does at SIGINT or
 	// SIGTERM.
@@ -239,16 +229,7 @@ func TestRelayDrainsAPartition(t *testing.T) {
 		ms[i] = outbox.Message{ID: fmt.Sprintf("drain-%02d", i), Destination: subject + ".one", PartitionKey: "one", Payload: []byte{byte(i)}}
 	}
 	ctx := context.Background()
-	tx, err := pgtest.Pool(t, schema).Begin(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := ob.Publish(postgres.ContextWithTx(ctx, tx), ms...); err != nil {
-		t.Fatal(err)
-	}
-	if err := tx.Commit(ctx); err != nil {
-		t.Fatal(err)
-	}
+	publishAll(t, schema, ob, ms)
 	pub, err := idemnats.NewPublisher(js)
 	if err != nil {
 		t.Fatal(err)
@@ -282,5 +263,22 @@ func TestRelayDrainsAPartition(t *testing.T) {
 	}
 	if !bytes.Equal(got, want) {
 		t.Fatalf("the stream holds %v, want the partition's %d messages in order %v", got, n, want)
+	}
+}
+
+// publishAll writes ms to ob in one transaction on schema, as a handler
+// would, and commits it.
+func publishAll(t *testing.T, schema string, ob *outbox.Outbox, ms []outbox.Message) {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := pgtest.Pool(t, schema).Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ob.Publish(postgres.ContextWithTx(ctx, tx), ms...); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
 	}
 }
