@@ -42,8 +42,9 @@ type options struct {
 	table       string
 	logger      *slog.Logger
 	timeout     time.Duration
-	atomicConns int32 // 0: the default share of the pool
-	unchecked   bool  // WithoutSchemaCheck
+	atomicConns int32   // 0: the default share of the pool
+	unchecked   bool    // WithoutSchemaCheck
+	sweepShare  float64 // WithSweepShare
 }
 
 // WithTable names the table: "name", or "schema.name" for a schema other than
@@ -82,10 +83,21 @@ func WithoutSchemaCheck() Option {
 	return func(o *options) { o.unchecked = true }
 }
 
+// WithSweepShare paces Sweep: after each batch it rests so that its
+// statements take at most share of its time, 0.01 <= share <= 1. At 0.05, a
+// batch that took 20 ms is followed by 380 ms of rest, so the sweeper holds
+// one backend at most a twentieth of the time however many rows expire at
+// once; an hour's expired keys of a month-long retention are then swept in
+// about twenty times their statements' time (BENCHMARKS.md has the figures).
+// The default, 1, never rests.
+func WithSweepShare(share float64) Option {
+	return func(o *options) { o.sweepShare = share }
+}
+
 var tableName = regexp.MustCompile(`^([a-z_][a-z0-9_]{0,47}\.)?[a-z_][a-z0-9_]{0,47}$`)
 
 func newOptions(opts []Option) (options, error) {
-	o := options{name: DefaultTable, timeout: defaultTimeout}
+	o := options{name: DefaultTable, timeout: defaultTimeout, sweepShare: 1}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -94,6 +106,9 @@ func newOptions(opts []Option) (options, error) {
 	}
 	if o.timeout <= 0 {
 		o.timeout = defaultTimeout
+	}
+	if !(o.sweepShare >= 0.01 && o.sweepShare <= 1) { // NaN too
+		return o, fmt.Errorf("idemkey postgres: sweep share %v: want 0.01 to 1", o.sweepShare)
 	}
 	if !tableName.MatchString(o.name) {
 		return o, fmt.Errorf("idemkey postgres: table name %q: want name or schema.name, each a lower-case SQL identifier of at most 48 bytes", o.name)
@@ -628,7 +643,8 @@ func connectionLost(err error) bool {
 
 // Sweep implements store.Sweeper: the expired records, then the expired
 // steps, each batch one short statement of its own, bounded by the store's
-// timeout.
+// timeout, with a rest after each as WithSweepShare paces it. A rest that
+// ctx would cut short ends the sweep early, with what it deleted.
 func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	if batchSize < 1 {
 		batchSize = store.DefaultSweepBatch
@@ -636,6 +652,7 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	deleted := 0
 	for _, sql := range []string{s.sweepSQL, s.sweepStepsSQL} {
 		for {
+			start := time.Now()
 			n, err := s.sweepBatch(ctx, sql, batchSize)
 			deleted += n
 			if err != nil {
@@ -644,9 +661,21 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 			if n < batchSize {
 				break
 			}
+			if rest := s.sweepRest(time.Since(start)); rest > 0 && !store.Pause(ctx, rest) {
+				return deleted, ctx.Err()
+			}
 		}
 	}
 	return deleted, nil
+}
+
+// sweepRest is the rest after a sweep's statement that took took, so that
+// the statements take WithSweepShare of the sweep's time.
+func (s *Store) sweepRest(took time.Duration) time.Duration {
+	if s.opts.sweepShare >= 1 {
+		return 0
+	}
+	return time.Duration(float64(took) * (1/s.opts.sweepShare - 1))
 }
 
 func (s *Store) sweepBatch(ctx context.Context, sql string, batchSize int) (int, error) {

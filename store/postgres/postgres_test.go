@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"math"
 	"net"
 	"slices"
 	"strings"
@@ -371,6 +372,53 @@ func TestSweepLeavesLiveRows(t *testing.T) {
 	}
 	if deleted, err := r.store.Sweep(ctx, 10); err != nil || deleted != 1 {
 		t.Errorf("Sweep once the lock is gone = %d, %v; want 1, nil", deleted, err)
+	}
+}
+
+// A paced sweep rests after each batch (WithSweepShare), so a caller that
+// cancels it after its first batch finds the other batches' rows still there;
+// a share out of its bounds is refused by New.
+func TestSweepPaced(t *testing.T) {
+	r := newReplica(t)
+	ctx := context.Background()
+	for _, share := range []float64{0, 0.009, 1.5, math.NaN()} {
+		if _, err := postgres.New(r.pool, postgres.WithSweepShare(share)); err == nil {
+			t.Errorf("New with WithSweepShare(%v) succeeded; want an error", share)
+		}
+	}
+	if _, err := r.pool.Exec(ctx, `INSERT INTO idempotency_keys
+		SELECT sha256(convert_to('expired-' || i, 'UTF8')), sha256(''), 'completed', i,
+			now() - interval '2 days', '\x01', now() - interval '2 days', now() - interval '1 day'
+		FROM generate_series(1, 25) AS i`); err != nil {
+		t.Fatal(err)
+	}
+	paced := newStore(t, r.pool, postgres.WithSweepShare(0.01))
+	sweepCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	type result struct {
+		deleted int
+		err     error
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, err := paced.Sweep(sweepCtx, 10)
+		done <- result{n, err}
+	}()
+	// The first batch's statement takes some milliseconds; its rest, 99
+	// times as long, gives this loop time to see it, however busy the machine.
+	for r.count(t, "true") == 25 {
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	got := <-done
+	if got.deleted != 10 || !errors.Is(got.err, context.Canceled) {
+		t.Errorf("paced Sweep cancelled after its first batch = %d, %v; want 10, context.Canceled", got.deleted, got.err)
+	}
+	if n := r.count(t, "true"); n != 15 {
+		t.Errorf("%d rows left, want 15: a paced sweep rests between batches", n)
+	}
+	if deleted, err := paced.Sweep(ctx, 10); err != nil || deleted != 15 {
+		t.Errorf("the next paced Sweep = %d, %v; want 15, nil", deleted, err)
 	}
 }
 
