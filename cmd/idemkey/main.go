@@ -7,7 +7,7 @@
 //	idemkey resolve-step (same selectors) -step NAME -done RESULT_JSON | -not-done
 //	                                             tell a started step's outcome
 //	idemkey stats                                rows by state, expired rows, sizes
-//	idemkey sweep [-batch N]                     delete the expired records and steps now
+//	idemkey sweep [-batch N] [-share F]          delete the expired records and steps now
 //	idemkey migrate up|down|status [-to N] [-force]
 //	idemkey relay -broker URL [-exchange X]      send the outbox's messages, until SIGINT or SIGTERM
 //
@@ -157,7 +157,7 @@ const usage = `usage:
   idemkey forget  -tenant T -method M -key K | -hash HEX  [-force] [-seal-key FILE ...]
   idemkey resolve-step -tenant T -method M -key K | -hash HEX  -step NAME  -done RESULT_JSON | -not-done  [-seal-key FILE]
   idemkey stats
-  idemkey sweep   [-batch N]
+  idemkey sweep   [-batch N] [-share F]
   idemkey migrate up|down|status  [-to N] [-force]
   idemkey relay   -broker nats://host:port | amqp://user:pass@host:port/vhost | kafka://host:port[,host:port]
                   [-exchange X] [-batch N] [-rate N] [-lease D] [-retention D] [-seal-key FILE ...]

@@ -406,7 +406,7 @@ func TestStatsAndSweep(t *testing.T) {
 	if !inspectOld.Expired {
 		t.Errorf("inspect of an expired record: %+v, want expired", inspectOld)
 	}
-	stdout, _ = mustRun(t, exitOK, url, "sweep")
+	stdout, _ = mustRun(t, exitOK, url, "sweep", "-share", "0.05")
 	if strings.TrimSpace(stdout) != "swept 1 expired records and steps" {
 		t.Errorf("sweep says %q", stdout)
 	}
@@ -553,6 +553,9 @@ func TestUsage(t *testing.T) {
 		{"migrate"},
 		{"migrate", "sideways"},
 		{"sweep", "-no-such-flag"},
+		{"sweep", "-share", "0"},
+		{"sweep", "-share", "1.5"},
+		{"sweep", "-share", "NaN"},
 	} {
 		url := unreachableURL // nothing is asked of the database
 		if slices.Contains(args, "-database-url") {

@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -96,16 +98,27 @@ type swept struct {
 }
 
 func sweepCommand() command {
-	var batch int
+	var (
+		batch int
+		share = 1.0
+	)
 	return command{
 		flags: func(fs *flag.FlagSet) {
 			fs.IntVar(&batch, "batch", store.DefaultSweepBatch, "rows deleted per statement")
+			fs.Func("share", "the most of the sweep's time its statements take, 0.01 to 1: it rests after each batch (default 1, no rest)", func(v string) error {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil || !(f >= 0.01 && f <= 1) {
+					return errors.New("want a number from 0.01 to 1")
+				}
+				share = f
+				return nil
+			})
 		},
 		exec: func(ctx context.Context, e *env) (any, error) {
 			if err := e.checkTable(ctx); err != nil {
 				return nil, err
 			}
-			pst, err := postgres.New(e.pool, postgres.WithTable(e.table))
+			pst, err := postgres.New(e.pool, postgres.WithTable(e.table), postgres.WithSweepShare(share))
 			if err != nil {
 				return nil, err
 			}
