@@ -112,10 +112,8 @@ func (r result) availability() float64 { return float64(r.completed) / float64(r
 
 const regions = 3
 
-// down is the region that goes down in a run with a region down.
+// downRegion, c of a, b and c, goes down in a run with a region down.
 const downRegion = 2
-
-var regionNames = [regions]string{"a", "b", "c"}
 
 // op is one operation: its client and its key.
 type op struct {

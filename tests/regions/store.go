@@ -105,32 +105,23 @@ func (s *regionStore) reserve(key int, fp uint64, lease, retention, now time.Dur
 
 // complete is store.Store.Complete: false is store.ErrLeaseLost.
 func (s *regionStore) complete(key int, token int64, now time.Duration) bool {
-	rec := s.holding(key, token, now)
-	if rec == nil {
-		return false
-	}
-	rec.completed = true
-	s.stamp(rec, now)
-	return true
+	return s.end(key, token, now, false)
 }
 
 // release is store.Store.Release: false is store.ErrLeaseLost.
 func (s *regionStore) release(key int, token int64, now time.Duration) bool {
-	rec := s.holding(key, token, now)
-	if rec == nil {
-		return false
-	}
-	rec.gone = true
-	s.stamp(rec, now)
-	return true
+	return s.end(key, token, now, true)
 }
 
-func (s *regionStore) holding(key int, token int64, now time.Duration) *record {
+// end completes or releases the record that token holds in progress.
+func (s *regionStore) end(key int, token int64, now time.Duration, release bool) bool {
 	rec := s.recs[key]
 	if rec == nil || rec.gone || rec.token != token || rec.completed || now >= rec.removableAt() {
-		return nil
+		return false
 	}
-	return rec
+	rec.completed, rec.gone = !release, release
+	s.stamp(rec, now)
+	return true
 }
 
 // find returns key's record if it counts at now (held or completed), else nil.
