@@ -22,8 +22,9 @@ LOAD_TIME   ?= 10s
 CONSUMER_MESSAGES ?= 10000
 OUTBOX_CHARGES ?= 1000
 LOAD_ROUNDS ?= 5
+REGIONS_SEED ?= 1
 
-.PHONY: help generate check-generate lint test bench load soak failover-soak consumer-soak outbox-soak demo
+.PHONY: help generate check-generate lint test bench load soak failover-soak consumer-soak outbox-soak regions demo
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-15s %s\n", $$1, $$2}'
@@ -165,6 +166,9 @@ consumer-soak: ## kill the example consumer three times while it charges CONSUME
 
 outbox-soak: ## make OUTBOX_CHARGES (default 1000) charges through the example server's outbox to NATS, RabbitMQ and Kafka (kfake) while the server, the relay, the consumer of receipts and NATS are killed at random; prints the charges, the receipts and the resends dropped
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -count=1 -timeout=0 -v -run='^TestOutboxKilled$$' ./example/consumer/ -outbox-charges=$(OUTBOX_CHARGES) -outbox-kills=3
+
+regions: ## simulate keys across three regions (pinned, home region, last writer wins, quorum store, the fence) on virtual time: double executions, refusals and availability per design and replication lag, all up and with a region down (REGIONS_SEED, default 1); docs/regions.md reads the table
+	$(GO) run ./tests/regions -seed=$(REGIONS_SEED)
 
 # DEMO_ADDR, if set, is the address the demo server must listen on; by
 # default it takes a free port.
