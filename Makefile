@@ -8,7 +8,7 @@ GO          ?= go
 TOOL        := env GOWORK=off $(GO) tool -modfile=$(CURDIR)/tools/go.mod
 # The modules of the workspace, each checked on its own (GOWORK=off) as a
 # user gets it; scripts/release lists the ones it publishes.
-MODULES     := . idemconnect idemgateway idemnats idemamqp idemkafka store/redis cmd/idemkey tests example
+MODULES     := . idemconnect idemgateway idemnats idemamqp idemkafka store/redis store/spanner cmd/idemkey tests example
 # Every package of every module of the workspace.
 PKGS        := github.com/idemkey/idemkey/...
 BENCH_COUNT ?= 10
@@ -85,7 +85,7 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 # The fuzz targets run first, so that the last line is gotestsum's closing
 # "DONE N tests[, M failures] in T" line. gotestsum runs go test and prints a
 # line per package as it finishes, then the failures' output.
-test: ## run each fuzz target briefly, then every test with the race detector (on PostgreSQL, NATS and RabbitMQ: see scripts/with-postgres, scripts/with-brokers)
+test: ## run each fuzz target briefly, then every test with the race detector (on PostgreSQL, NATS, RabbitMQ and the Spanner emulator: see scripts/with-postgres, scripts/with-brokers, scripts/with-spanner)
 	@echo "test: each fuzz target, $(FUZZ_EXECS) inputs"
 	$(GO) test -run='^$$' -fuzz='^FuzzKeyFromMetadata$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
 	$(GO) test -run='^$$' -fuzz='^FuzzStoredOutcome$$' -fuzztime=$(FUZZ_EXECS)x ./interceptor/
@@ -95,7 +95,7 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	$(GO) test -run='^$$' -fuzz='^FuzzOpen$$' -fuzztime=$(FUZZ_EXECS)x ./seal/
 	$(GO) test -run='^$$' -fuzz='^FuzzDecode$$' -fuzztime=$(FUZZ_EXECS)x ./outbox/
 	@echo "test: every package with the race detector; the first run builds the standard library and the dependencies for it, a few minutes before the first package reports"
-	./scripts/with-postgres ./scripts/with-brokers $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
+	./scripts/with-postgres ./scripts/with-brokers ./scripts/with-spanner $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
 		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
 bench: ## benchmark the interceptor and the HTTP middleware against the bare call, a duplicate's answer after the record, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ, Kafka on kfake) in both modes against the bare service, the outbox against a publish to NATS after commit; benchstat summarises

@@ -1,0 +1,2 @@
+// Package spanner is a store on Cloud Spanner.
+package spanner

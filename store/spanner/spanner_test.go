@@ -1,0 +1,56 @@
+package spanner_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/spanner"
+
+	idemspanner "github.com/idemkey/idemkey/store/spanner"
+	"github.com/idemkey/idemkey/store/spanner/internal/spannertest"
+	"github.com/idemkey/idemkey/store/storetest"
+)
+
+// newStore is a store on a database of its own, migrated, and its client.
+func newStore(t *testing.T, opts ...idemspanner.Option) (*idemspanner.Store, *spanner.Client) {
+	t.Helper()
+	db, admin := spannertest.Database(t)
+	if err := idemspanner.Migrate(t.Context(), admin, db, opts...); err != nil {
+		t.Fatalf("Migrate: %v", err)
+	}
+	client := spannertest.Client(t, db)
+	st, err := idemspanner.New(client, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, client
+}
+
+// shift moves every record and step back by d, as if d had passed on
+// Spanner's clock, which no test can set.
+func shift(t *testing.T, client *spanner.Client, table string, d time.Duration) {
+	t.Helper()
+	_, err := client.ReadWriteTransaction(t.Context(), func(ctx context.Context, txn *spanner.ReadWriteTransaction) error {
+		us := map[string]any{"us": d.Microseconds()}
+		_, err := txn.BatchUpdate(ctx, []spanner.Statement{
+			{SQL: "UPDATE " + table + " SET lease_end = TIMESTAMP_SUB(lease_end, INTERVAL @us MICROSECOND), " +
+				"created_at = TIMESTAMP_SUB(created_at, INTERVAL @us MICROSECOND), " +
+				"expires_at = TIMESTAMP_SUB(expires_at, INTERVAL @us MICROSECOND) WHERE true", Params: us},
+			{SQL: "UPDATE " + table + "_steps SET expires_at = TIMESTAMP_SUB(expires_at, INTERVAL @us MICROSECOND) WHERE true", Params: us},
+		})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("shift the records back by %v: %v", d, err)
+	}
+}
+
+func TestConformance(t *testing.T) {
+	storetest.Run(t, func(t *testing.T) storetest.Harness {
+		st, client := newStore(t)
+		return storetest.Harness{Store: st, ShiftsRecords: true, Advance: func(t *testing.T, d time.Duration) {
+			shift(t, client, idemspanner.DefaultTable, d)
+		}}
+	})
+}
