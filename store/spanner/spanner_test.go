@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"cloud.google.com/go/spanner"
+	database "cloud.google.com/go/spanner/admin/database/apiv1"
 
 	idemspanner "github.com/idemkey/idemkey/store/spanner"
 	"github.com/idemkey/idemkey/store/spanner/internal/spannertest"
@@ -14,6 +15,13 @@ import (
 
 // newStore is a store on a database of its own, migrated, and its client.
 func newStore(t *testing.T, opts ...idemspanner.Option) (*idemspanner.Store, *spanner.Client) {
+	t.Helper()
+	st, client, _, _ := newStoreDB(t, opts...)
+	return st, client
+}
+
+// newStoreDB is newStore, with the database's admin client and name.
+func newStoreDB(t *testing.T, opts ...idemspanner.Option) (*idemspanner.Store, *spanner.Client, *database.DatabaseAdminClient, string) {
 	t.Helper()
 	db, admin := spannertest.Database(t)
 	if err := idemspanner.Migrate(t.Context(), admin, db, opts...); err != nil {
@@ -24,7 +32,7 @@ func newStore(t *testing.T, opts ...idemspanner.Option) (*idemspanner.Store, *sp
 	if err != nil {
 		t.Fatal(err)
 	}
-	return st, client
+	return st, client, admin, db
 }
 
 // shift moves every record and step back by d, as if d had passed on
