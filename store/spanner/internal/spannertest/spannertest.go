@@ -12,7 +12,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"os"
 	"sync"
 	"testing"
@@ -97,10 +96,7 @@ func Database(t testing.TB) (name string, admin *database.DatabaseAdminClient) {
 // Client returns a data client of database, closed when t ends.
 func Client(t testing.TB, database string) *spanner.Client {
 	t.Helper()
-	client, err := spanner.NewClientWithConfig(t.Context(), database, spanner.ClientConfig{
-		DisableNativeMetrics: true,
-		SessionPoolConfig:    spanner.SessionPoolConfig{MinOpened: 0},
-	})
+	client, err := spanner.NewClientWithConfig(t.Context(), database, spanner.ClientConfig{DisableNativeMetrics: true})
 	if err != nil {
 		t.Fatalf("spannertest: client: %v", err)
 	}
@@ -130,9 +126,8 @@ func createInstance(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	_, err = op.Wait(ctx)
-	if status.Code(err) == codes.AlreadyExists {
+	if _, err = op.Wait(ctx); status.Code(err) == codes.AlreadyExists {
 		return nil
 	}
-	return errors.Join(err)
+	return err
 }
