@@ -2,12 +2,14 @@ package spanner_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/spanner"
 	database "cloud.google.com/go/spanner/admin/database/apiv1"
 
+	"github.com/idemkey/idemkey/store"
 	idemspanner "github.com/idemkey/idemkey/store/spanner"
 	"github.com/idemkey/idemkey/store/spanner/internal/spannertest"
 	"github.com/idemkey/idemkey/store/storetest"
@@ -61,4 +63,43 @@ func TestConformance(t *testing.T) {
 			shift(t, client, idemspanner.DefaultTable, d)
 		}}
 	})
+}
+
+// A database that was never migrated fails the first call closed, and the
+// error names the fix.
+func TestNotMigrated(t *testing.T) {
+	db, _ := spannertest.Database(t)
+	st, err := idemspanner.New(spannertest.Client(t, db))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = st.Reserve(t.Context(), store.Reservation{Key: store.ScopeKey("t", "/m", "k"), Lease: time.Minute, Retention: time.Hour})
+	if err == nil || !strings.Contains(err.Error(), "Migrate") {
+		t.Fatalf("Reserve on a database without the table = %v; want an error that names Migrate", err)
+	}
+}
+
+// Migrate is safe to run again, and WithTable names the tables.
+func TestMigrateAgain(t *testing.T) {
+	db, admin := spannertest.Database(t)
+	for range 2 {
+		if err := idemspanner.Migrate(t.Context(), admin, db, idemspanner.WithTable("keys_of_payments")); err != nil {
+			t.Fatalf("Migrate: %v", err)
+		}
+	}
+	st, err := idemspanner.New(spannertest.Client(t, db), idemspanner.WithTable("keys_of_payments"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := store.ScopeKey("t", "/m", "k")
+	res, err := st.Reserve(t.Context(), store.Reservation{Key: key, Lease: time.Minute, Retention: time.Hour})
+	if err != nil || res.State != store.Acquired {
+		t.Fatalf("Reserve = %v, %v; want acquired", res.State, err)
+	}
+	if _, err := idemspanner.New(nil); err == nil {
+		t.Error("New(nil) succeeded")
+	}
+	if _, err := idemspanner.New(spannertest.Client(t, db), idemspanner.WithTable("keys; DROP")); err == nil {
+		t.Error("New with a table name that is no identifier succeeded")
+	}
 }
