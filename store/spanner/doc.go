@@ -78,7 +78,8 @@
 // # Caveats
 //
 // The store is tested on the Cloud Spanner emulator only (make test starts
-// one: scripts/with-spanner), never on Spanner itself. The emulator shows
+// one: scripts/with-spanner), never on Spanner itself; its tests are in
+// tests/spanner, whose module may require what a user's never does. The emulator shows
 // no real latency and no replication, and it serialises transactions: the
 // Go client runs every transaction on one multiplexed session, and the
 // emulator allows one read-write transaction at a time on a session,

@@ -13,7 +13,7 @@ import (
 	"github.com/idemkey/idemkey/internal/adaptertest/httpadapter"
 	"github.com/idemkey/idemkey/store"
 	idemspanner "github.com/idemkey/idemkey/store/spanner"
-	"github.com/idemkey/idemkey/store/spanner/internal/spannertest"
+	"github.com/idemkey/idemkey/tests/spannertest"
 )
 
 // TestAdapterCases runs the behaviour cases every entry point passes, over

@@ -11,7 +11,7 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	idemspanner "github.com/idemkey/idemkey/store/spanner"
-	"github.com/idemkey/idemkey/store/spanner/internal/spannertest"
+	"github.com/idemkey/idemkey/tests/spannertest"
 	"github.com/idemkey/idemkey/store/storetest"
 )
 
