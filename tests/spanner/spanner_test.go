@@ -11,8 +11,8 @@ import (
 
 	"github.com/idemkey/idemkey/store"
 	idemspanner "github.com/idemkey/idemkey/store/spanner"
-	"github.com/idemkey/idemkey/tests/spannertest"
 	"github.com/idemkey/idemkey/store/storetest"
+	"github.com/idemkey/idemkey/tests/spannertest"
 )
 
 // newStore is a store on a database of its own, migrated, and its client.
