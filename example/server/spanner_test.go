@@ -6,7 +6,6 @@ import (
 	"cloud.google.com/go/spanner"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/internal/servertest"
@@ -32,14 +31,7 @@ func TestSpanner(t *testing.T) {
 			if err != nil {
 				t.Fatalf("first call: %v\n%s", err, s.Logs())
 			}
-			wantReplay := func(s *servertest.Server, who string) {
-				t.Helper()
-				got, trailer, err := create(s, key, req)
-				if err != nil || !proto.Equal(got, first) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
-					t.Errorf("retry on %s: %v, %v (replayed %v); want the first charge, replayed", who, got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
-				}
-			}
-			wantReplay(s, "the same process")
+			wantReplay(t, s, key, req, first, "the same process")
 			other := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 999, Currency: "EUR"}
 			if _, _, err := create(s, key, other); status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
 				t.Errorf("the key reused for another request: %v, want InvalidArgument %s", err, idemkey.ReasonKeyReused)
@@ -47,7 +39,7 @@ func TestSpanner(t *testing.T) {
 			if err := s.Kill(); err != nil {
 				t.Fatal(err)
 			}
-			wantReplay(servertest.Start(t, bin, args...), "a new process")
+			wantReplay(t, servertest.Start(t, bin, args...), key, req, first, "a new process")
 
 			var ids []string
 			err = spannertest.Client(t, db).Single().Query(t.Context(), spanner.Statement{SQL: "SELECT id FROM charges"}).Do(func(row *spanner.Row) error {
