@@ -68,6 +68,8 @@ var errTxEnded = errors.New("idemkey spanner: the transaction has already ended"
 // HandlerContext implements store.Tx: TxFromContext finds the transaction
 // in the context it returns.
 func (t *atomicTx) HandlerContext(ctx context.Context) context.Context {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	return context.WithValue(ctx, txKey{}, t.txn)
 }
 
