@@ -1,7 +1,8 @@
 # Every Go tool is pinned in tools/go.mod (ghz, which needs an older grpc-go,
 # in tools/ghz/go.mod) and run with `go tool`, so a fresh machine with Go needs
 # nothing else; make test and make load also use the local PostgreSQL binaries,
-# and make test the local redis-server and redis-cli.
+# and make test the local redis-server and redis-cli, and the Google Cloud
+# SDK's Cloud Spanner emulator (scripts/with-spanner).
 GO          ?= go
 # The tools module is outside the workspace (go.work), and go tool refuses
 # -modfile in workspace mode.
