@@ -104,7 +104,10 @@ const DefaultSweepBatch = 1000
 // Store records the first outcome of each key, safe for concurrent use, on
 // its own clock. A record past its retention without a live lease is absent;
 // a store that may have lost records returns ErrDataLost rather than report
-// one absent. Complete and Release get a context without the caller's cancellation.
+// one absent. Complete and Release get a context without the caller's
+// cancellation. The engine's context of every call of this package's
+// interfaces carries its call's Partition (PartitionFromContext); a batch's
+// carries none, its reservations each their own.
 type Store interface {
 	// Reserve decides atomically: no record (or an expired one), Acquired
 	// with a new token; a completed one, Completed; a live lease, Held; an
@@ -263,4 +266,21 @@ type BatchTx interface {
 	Rollback(ctx context.Context) error
 	// Err is what ended it before Commit: then every method fails.
 	Err() error
+}
+
+type partitionKey struct{}
+
+// ContextWithPartition is ctx carrying p, the partition of the call a store
+// call is made for. The engine gives every store call its call's, so that a
+// store routing by tenant (store/pgshard) can route the methods that take
+// only a Key; a store that keeps nothing per tenant ignores it.
+func ContextWithPartition(ctx context.Context, p Partition) context.Context {
+	return context.WithValue(ctx, partitionKey{}, p)
+}
+
+// PartitionFromContext returns the partition ContextWithPartition put in
+// ctx, and whether there was one.
+func PartitionFromContext(ctx context.Context) (Partition, bool) {
+	p, ok := ctx.Value(partitionKey{}).(Partition)
+	return p, ok
 }
