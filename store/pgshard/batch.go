@@ -148,7 +148,7 @@ type batchTx struct {
 	txs    []store.BatchTx
 	shards []int // the index of each's shard, for errors
 	where  []loc
-	open  bool
+	open   bool
 }
 
 var errNoTx = errors.New("idemkey pgshard: the batch acquired no key on this call's shard")
