@@ -5,7 +5,7 @@
 //	    [-ttl 24h] [-max-lease 10m] [-lease 1m] [-method-retention METHOD=DURATION]... [-cover-method METHOD]...
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
-//	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
+//	    [-redis-url URL | -redis-cluster ADDR,ADDR,... | -shard-database-urls URL,URL,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
 //	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N] [-fail-after-write N]
 //	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only] [-relay-rate N]]
@@ -38,6 +38,13 @@
 // expires them itself; the charges stay in memory, or in PostgreSQL with a
 // database URL. Redis cannot commit a charge with its reply, so CreateCharge
 // runs two-phase.
+//
+// With -shard-database-urls (and -database-url= empty) the idempotency keys
+// and the charges are sharded by tenant over those PostgreSQL databases
+// (store/pgshard, each migrated as with a database URL): each tenant's keys
+// and charges live on its shard, and in atomic mode (the default) a charge
+// commits with its recorded reply in the shard's transaction. Sweeping and
+// Listen run on every shard; it takes no -outbox.
 //
 // With -metrics-addr the server serves its metrics in the Prometheus text
 // format on http://ADDR/metrics, through OpenTelemetry's Prometheus exporter:
@@ -234,6 +241,11 @@ func main() {
 	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
 	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
 	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
+	var shardURLs []string
+	flag.Func("shard-database-urls", "comma-separated PostgreSQL URLs of the shards for the idempotency keys and the charges, each tenant on one (store/pgshard); needs -database-url empty", func(v string) error {
+		shardURLs = strings.Split(v, ",")
+		return nil
+	})
 	sealKey := flag.String("seal-key", "", "if set, seal the recorded replies with the key in this file (32 bytes, or their hex or base64)")
 	var previousKeys []string
 	flag.Func("seal-previous-key", "with -seal-key, a key file whose records still open, never used to seal (repeatable)", func(path string) error {
@@ -255,7 +267,7 @@ func main() {
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease,
-		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster, shardURLs: shardURLs,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
 		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge, failAfterWrite: *failAfterWrite,
 		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly, relayRate: *relayRate}
@@ -467,6 +479,7 @@ type config struct {
 	maxRecords             int   // in memory only
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
+	shardURLs              []string // PostgreSQL shards (store/pgshard), in place of databaseURL
 	// sealKey, if set, is the key file replies are sealed with;
 	// previousKeys open and never seal; acceptUnsealed replays records that
 	// are not sealed.
@@ -535,6 +548,9 @@ func (cfg config) check() error {
 		return fmt.Errorf("-memory-max-records %d: the memory store needs room for at least 1 record; leave the flag out for %d", cfg.maxRecords, memory.DefaultMaxRecords)
 	case cfg.maxBytes < 1:
 		return fmt.Errorf("-memory-max-bytes %d: the memory store needs room for at least 1 byte; leave the flag out for %d (64 MiB)", cfg.maxBytes, memory.DefaultMaxBytes)
+	}
+	if err := cfg.checkShards(); err != nil {
+		return err
 	}
 	return cfg.checkOutbox()
 }
@@ -653,7 +669,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if err != nil {
 		return err
 	}
-	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
+	if cfg.databaseURL == "" && len(cfg.shardURLs) == 0 || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
 		cfg.atomic = false
 	}
 	if cfg.atomic {
@@ -675,6 +691,14 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		defer pool.Close()
 		pgLedger = example.NewPostgresLedger(pool)
 		ledger, kind = pgLedger, "postgres"
+	}
+	if len(cfg.shardURLs) > 0 {
+		sst, sharded, closeShards, err := openShards(ctx, cfg, logger, meters)
+		if err != nil {
+			return err
+		}
+		defer closeShards()
+		st, ledger, kind = sst, sharded, fmt.Sprintf("pgshard (%d shards)", len(cfg.shardURLs))
 	}
 	if cfg.redisURL != "" || cfg.redisCluster != "" {
 		rst, closeRedis, err := example.OpenRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)

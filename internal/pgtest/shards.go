@@ -53,18 +53,19 @@ func shardName(i int) string {
 	return fmt.Sprintf("%s_shard%d", db, i)
 }
 
-// ShardPools returns Shards pools, one on each shard database (created on
-// the test server beside the test database the first time), each working
-// in a schema of its own for t, dropped when t ends: a store sharded over
-// real separate databases (store/pgshard).
-func ShardPools(t testing.TB) []*pgxpool.Pool {
+// ShardURLs returns the connection strings of Shards databases (created on
+// the test server beside the test database the first time), each with a
+// schema of its own for t as its search_path, dropped when t ends: a store
+// sharded over real separate databases (store/pgshard), for code under
+// test that takes URLs.
+func ShardURLs(t testing.TB) []string {
 	t.Helper()
 	shardsOnce.Do(func() { shardsErr = createShards() })
 	if shardsErr != nil {
 		unreachable(t, shardsErr)
 	}
-	pools := make([]*pgxpool.Pool, Shards)
-	for i := range pools {
+	urls := make([]string, Shards)
+	for i := range urls {
 		var b [8]byte
 		rand.Read(b[:])
 		schema := "idemkey_test_" + hex.EncodeToString(b[:])
@@ -77,12 +78,18 @@ func ShardPools(t testing.TB) []*pgxpool.Pool {
 				t.Errorf("drop test schema on shard: %v", err)
 			}
 		})
-		cfg, err := pgxpool.ParseConfig(u)
-		if err != nil {
-			t.Fatalf("shard database URL: %v", err)
-		}
-		cfg.ConnConfig.RuntimeParams["search_path"] = schema
-		pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+		urls[i] = withParams(u, "search_path="+schema)
+	}
+	return urls
+}
+
+// ShardPools returns a pool on each of ShardURLs, closed when t ends.
+func ShardPools(t testing.TB) []*pgxpool.Pool {
+	t.Helper()
+	urls := ShardURLs(t)
+	pools := make([]*pgxpool.Pool, len(urls))
+	for i, u := range urls {
+		pool, err := pgxpool.New(context.Background(), u)
 		if err != nil {
 			unreachable(t, err)
 		}
