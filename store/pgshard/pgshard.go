@@ -45,9 +45,11 @@ func WithTenants(shards map[string]int) Option {
 
 // WithMoving refuses the calls of tenants, with ErrMoving, while their
 // records are moved to another shard (docs/stores.md, "Moving a tenant"):
-// a new call is refused, rather than split across two shards. The writes
-// of a call that holds its key already (Complete, Release, Renew, the
-// steps, an atomic call's commit) still go to its shard.
+// a call is refused, rather than split across two shards. What starts or
+// reads a key is refused (Reserve, Begin, the batches, Find, Lookup); the
+// rest acts for a run that holds its key, which this Store gives none of
+// these tenants. Under engine.WithFailOpen a refused two-phase call runs
+// unprotected, as on any store failure.
 func WithMoving(tenants ...string) Option {
 	return func(o *options) { o.moving = append(o.moving, tenants...) }
 }
@@ -313,5 +315,8 @@ func (s *Store) Listen(ctx context.Context) error {
 		})
 	}
 	wg.Wait()
-	return errors.Join(append(errs, ctx.Err())...)
+	if err := errors.Join(errs...); err != nil {
+		return errors.Join(err, ctx.Err())
+	}
+	return ctx.Err()
 }

@@ -350,3 +350,54 @@ func TestAddShard(t *testing.T) {
 		t.Errorf("WithTenants to shard 3 of 3: %v, want an error that does not name the tenant", err)
 	}
 }
+
+// TestListen: Listen runs every shard's, so that a duplicate's Watch of a
+// key held on its tenant's shard is told when the key completes; it
+// returns its context's error when that ends.
+func TestListen(t *testing.T) {
+	r := newRig(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.st.Listen(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != context.Canceled {
+			t.Errorf("Listen ended with %v, want its context's error", err)
+		}
+	}()
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		ch, stop := r.st.Watch(store.ScopeKey("acme", method, "absent"))
+		stop()
+		if ch != nil { // nil while a shard does not listen
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the shards never listened")
+		}
+	}
+	pctx := store.ContextWithPartition(t.Context(), store.TenantPartition("acme"))
+	res := store.Reservation{Key: store.ScopeKey("acme", method, "k"), Fingerprint: store.Fingerprint{1},
+		Lease: time.Minute, Retention: time.Hour, Partition: store.TenantPartition("acme")}
+	first, err := r.st.Reserve(pctx, res)
+	if err != nil || first.State != store.Acquired {
+		t.Fatalf("Reserve: %v, %v", first.State, err)
+	}
+	if dup, err := r.st.Reserve(pctx, res); err != nil || dup.State != store.Held {
+		t.Fatalf("the duplicate's Reserve: %v, %v; want held", dup.State, err)
+	}
+	changed, stop := r.st.Watch(res.Key)
+	defer stop()
+	select {
+	case <-changed:
+		t.Fatal("the Watch of a held key was told at once")
+	default:
+	}
+	if err := r.st.Complete(pctx, res.Key, first.Token, []byte("done")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the Watch was not told of the key's record")
+	}
+}
