@@ -69,7 +69,7 @@ type Reservation struct {
 	Lease       time.Duration // until a caller with the same fingerprint may take the key over
 	Retention   time.Duration // how long the record lives, from its creation
 	MaxOutcome  int           // the outcome's most bytes, or 0: a byte-bound store holds the room till Complete or Release
-	Partition   Partition     // a store with bounds may give each tenant a share
+	Partition   Partition     // a store with bounds may give each tenant a share; a sharded one routes by it
 }
 
 // Entry is a key's record as Reserve, Find or Begin finds or makes it.
