@@ -270,17 +270,34 @@ type BatchTx interface {
 
 type partitionKey struct{}
 
+// partitionCtx carries a partition; Value hands itself over for
+// partitionKey, so that neither putting nor reading one boxes it.
+type partitionCtx struct {
+	context.Context
+	p Partition
+}
+
+func (c *partitionCtx) Value(key any) any {
+	if key == (partitionKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
 // ContextWithPartition is ctx carrying p, the partition of the call a store
 // call is made for. The engine gives every store call its call's, so that a
 // store routing by tenant (store/pgshard) can route the methods that take
 // only a Key; a store that keeps nothing per tenant ignores it.
 func ContextWithPartition(ctx context.Context, p Partition) context.Context {
-	return context.WithValue(ctx, partitionKey{}, p)
+	return &partitionCtx{ctx, p}
 }
 
 // PartitionFromContext returns the partition ContextWithPartition put in
 // ctx, and whether there was one.
 func PartitionFromContext(ctx context.Context) (Partition, bool) {
-	p, ok := ctx.Value(partitionKey{}).(Partition)
-	return p, ok
+	c, ok := ctx.Value(partitionKey{}).(*partitionCtx)
+	if !ok {
+		return Partition{}, false
+	}
+	return c.p, true
 }
