@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -105,7 +106,7 @@ func New(shards []*postgres.Store, opts ...Option) (*Store, error) {
 
 // Shards are the shards, in New's order: each has its own Stats, Records,
 // outbox relay and migrations.
-func (s *Store) Shards() []*postgres.Store { return s.shards }
+func (s *Store) Shards() []*postgres.Store { return slices.Clone(s.shards) }
 
 // ShardOf is the index of tenant's shard, where its atomic calls commit:
 // the shard whose database holds its business data.
@@ -120,7 +121,8 @@ func (s *Store) index(p store.Partition) int {
 
 // jump is Lamping and Veach's jump consistent hash of key over n buckets:
 // a bucket added at the end takes about 1/n of the keys, from every other
-// bucket, and no other key moves.
+// bucket, and no other key moves. Where each tenant's records and data
+// live depends on it: it never changes.
 func jump(key uint64, n int) int {
 	b, j := int64(-1), int64(0)
 	for j < int64(n) {
