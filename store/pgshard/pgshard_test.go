@@ -401,3 +401,55 @@ func TestListen(t *testing.T) {
 		t.Fatal("the Watch was not told of the key's record")
 	}
 }
+
+// ownCharge is a charge that tells its own tenant, as a consumer's message
+// does (engine.OperationSpec.OwnTenant).
+type ownCharge struct {
+	charge
+	tenant string
+}
+
+func (c *ownCharge) Tenant() string { return c.tenant }
+
+// TestAtomicServeBatch: a batch of messages of tenants on three shards,
+// served together in atomic mode as a consumer serves them, commits each
+// charge with its record on its tenant's shard; its redelivery replays
+// every one, running none again.
+func TestAtomicServeBatch(t *testing.T) {
+	r := newRig(t, pgshard.WithTenants(map[string]int{"t0": 0, "t1": 1, "t2": 2}))
+	e, err := engine.New(r.st, engine.WithSingleTenant(), engine.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := e.Operation(engine.OperationSpec{Name: method, Atomic: true, OwnTenant: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants := []string{"t2", "t0", "t1", "t2", "t0"}
+	batch := func() []*ownCharge {
+		cs := make([]*ownCharge, len(tenants))
+		xs := make([]engine.Exchange, len(tenants))
+		for i, tenant := range tenants {
+			cs[i] = &ownCharge{charge: charge{key: fmt.Sprint("m", i)}, tenant: tenant}
+			xs[i] = cs[i]
+		}
+		e.ServeBatch(context.Background(), op, xs)
+		return cs
+	}
+	for i, c := range batch() {
+		if c.answered.Verdict != engine.Executed || !c.ran {
+			t.Errorf("message %d: %v (ran %v), want executed", i, c.answered.Verdict, c.ran)
+		}
+	}
+	for i, c := range batch() {
+		if c.answered.Verdict != engine.Replayed || c.ran {
+			t.Errorf("message %d redelivered: %v (ran %v), want replayed", i, c.answered.Verdict, c.ran)
+		}
+	}
+	want := []int{2, 1, 2} // t0's two; t1's one; t2's two
+	for i := range r.pools {
+		if n, m := r.count(t, i, "charges"), r.count(t, i, "idempotency_keys"); n != want[i] || m != want[i] {
+			t.Errorf("shard %d holds %d charges and %d records, want %d of each", i, n, m, want[i])
+		}
+	}
+}
