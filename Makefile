@@ -82,12 +82,18 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# Reserve, ReserveBatch, Find, Complete, Release, Lookup, StartStep,
 	@# FinishStep, ForgetSteps, Renew and Begin; shared with store/postgres
 	@# by them: DefaultTable, Migrate, Migrations, TxFromContext, WithTable
-	@# (each means the same on both stores). protokey/rpckit,
+	@# (each means the same on both stores); issue 51's PostgreSQL sharded
+	@# by tenant, 25: store.ContextWithPartition, PartitionFromContext; store/pgshard's
+	@# New, Option, WithTenants, WithMoving, ErrMoving, Store and its Shards,
+	@# ShardOf, Listen, and its 14 methods of store's interfaces (Reserve,
+	@# Complete, Release, Find, Lookup, Renew, StartStep, FinishStep,
+	@# ForgetSteps, Begin, Sweep, Watch, ReserveBatch, BeginBatch); issue
+	@# 49's paced sweep, 1: postgres.WithSweepShare. protokey/rpckit,
 	@# the adapters' kit, is counted apart (apisize's kitPackages). The
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 498 -max-shared 30 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 524 -max-shared 30 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

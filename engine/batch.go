@@ -94,7 +94,7 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 			Lease:       lease,
 			Retention:   op.retention,
 			MaxOutcome:  e.opts.maxRecord,
-			Partition:   store.TenantPartition(r.Tenant),
+			Partition:   c.partition,
 		}))
 	}
 	if len(rs) == 0 {
@@ -158,6 +158,7 @@ func (e *Engine) scopeOperation(op *Operation) string {
 func (c *call) identify(r request) store.Fingerprint {
 	scopeOp := c.e.scopeOperation(c.op)
 	c.key = store.ScopeKey(r.Tenant, scopeOp, r.Key)
+	c.partition = store.TenantPartition(r.Tenant) // once per call, even when it waits and reserves again
 	c.tenant, c.userKey = r.Tenant, r.Key
 	c.started = true
 	if scopeOp == "" {

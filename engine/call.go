@@ -42,6 +42,7 @@ type call struct {
 	Expires time.Time
 
 	key          store.Key
+	partition    store.Partition // the tenant's, in the context of each store call (storecalls.go)
 	tenant       string
 	userKey      string // the caller's key, for idemkey.DerivedKey
 	started      bool
@@ -74,7 +75,7 @@ func (c *call) start(ctx context.Context, r request) {
 		return
 	}
 	if e.finder != nil && r.Retried {
-		res, found, err := e.find(ctx, c.key)
+		res, found, err := e.find(ctx, c.partition, c.key)
 		if err == nil && found {
 			c.answer(fp, res)
 			return
@@ -91,8 +92,8 @@ func (c *call) start(ctx context.Context, r request) {
 		Fingerprint: fp,
 		Lease:       e.lease(ctx, op),
 		Retention:   op.retention,
-		MaxOutcome:  e.opts.maxRecord,                // a store with bounds sets room aside for it
-		Partition:   store.TenantPartition(r.Tenant), // once per call, even when it waits and reserves again
+		MaxOutcome:  e.opts.maxRecord, // a store with bounds sets room aside for it
+		Partition:   c.partition,
 	}
 	c.fingerprint, c.lease = fp, res.Lease
 	c.leaseEnd = c.began.Add(res.Lease) // the store's clock starts it later, never earlier
@@ -266,7 +267,7 @@ func (c *call) contextFor(ctx context.Context) context.Context {
 // newRunning is ctx carrying the call's steps (Step), for a call that holds
 // its key.
 func (c *call) newRunning(ctx context.Context) *running {
-	c.running = &running{Context: ctx, e: c.e, op: c.op, key: c.key, token: c.token, fp: c.fingerprint,
+	c.running = &running{Context: ctx, e: c.e, op: c.op, key: c.key, partition: c.partition, token: c.token, fp: c.fingerprint,
 		tenant: c.tenant, userKey: c.userKey}
 	return c.running
 }
@@ -293,7 +294,7 @@ func (c *call) stepEnded(v Verdict) {
 
 // forgetSteps deletes the steps of a call released with ForgetSteps.
 func (c *call) forgetSteps(ctx context.Context) {
-	if err := c.e.forgetSteps(context.WithoutCancel(ctx), c.key, c.token); err != nil {
+	if err := c.e.forgetSteps(context.WithoutCancel(ctx), c.partition, c.key, c.token); err != nil {
 		c.log(ctx, slog.LevelError, "forgetting the steps of a released call (ForgetSteps) failed; the retry gets their results", err)
 	}
 }
@@ -360,7 +361,7 @@ func (c *call) superseded(ctx context.Context) error {
 	c.Verdict = InProgress
 	res := store.Entry{State: store.Held, Fingerprint: c.fingerprint, RetryAfter: c.e.opts.retryAfter}
 	if c.e.finder != nil {
-		found, ok, err := c.e.find(ctx, c.key)
+		found, ok, err := c.e.find(ctx, c.partition, c.key)
 		switch {
 		case err != nil:
 			c.storeFailed(ctx, "find", err)
@@ -381,7 +382,7 @@ func (c *call) release(ctx context.Context) {
 	}
 	c.ended = true
 	if c.tx != nil {
-		if err := c.tx.Rollback(ctx); err != nil {
+		if err := c.tx.Rollback(store.ContextWithPartition(ctx, c.partition)); err != nil {
 			c.log(ctx, slog.LevelWarn, "rollback failed; the database rolls back when it closes the connection", err)
 		}
 		return

@@ -121,7 +121,7 @@ func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSen
 	if !c.checkFirstSent(sent) {
 		return KeyState{}, &FirstSentError{"it lies in the future, beyond the clock skew allowed"}
 	}
-	res, steps, found, err := e.lookup(ctx, c.key)
+	res, steps, found, err := e.lookup(ctx, c.partition, c.key)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log(ctx, slog.LevelError, "lookup failed", err)

@@ -53,7 +53,7 @@ func (r *running) renew() {
 	left := time.Until(rn.end)
 	wctx, cancel := context.WithTimeout(ctx, max(left, rn.every/2))
 	began := time.Now()
-	err := r.e.renew(wctx, r.key, r.token, rn.lease)
+	err := r.e.renew(wctx, r.partition, r.key, r.token, rn.lease)
 	cancel()
 	switch {
 	case err == nil:

@@ -98,6 +98,7 @@ type running struct {
 	e               *Engine
 	op              *Operation
 	key             store.Key
+	partition       store.Partition
 	token           store.Token // 0 in atomic mode, where the transaction holds the key
 	fp              store.Fingerprint
 	tenant, userKey string
@@ -136,7 +137,7 @@ func (r *running) step(ctx context.Context, name string, f stepFuncs) ([]byte, e
 	if err := r.claim(name); err != nil {
 		return nil, err
 	}
-	got, err := e.startStep(ctx, store.StepStart{Key: r.key, Name: name, Token: r.token, Fingerprint: r.fp, Retention: r.op.retention})
+	got, err := e.startStep(ctx, r.partition, store.StepStart{Key: r.key, Name: name, Token: r.token, Fingerprint: r.fp, Retention: r.op.retention})
 	if err != nil {
 		return nil, r.fail(ctx, name, "recording its start failed", err)
 	}
@@ -166,7 +167,7 @@ func (r *running) step(ctx context.Context, name string, f stepFuncs) ([]byte, e
 	}
 	v, err := f.do(sctx)
 	if errors.As(err, new(notDone)) {
-		if ferr := e.forgetSteps(context.WithoutCancel(ctx), r.key, r.token, name); ferr != nil {
+		if ferr := e.forgetSteps(context.WithoutCancel(ctx), r.partition, r.key, r.token, name); ferr != nil {
 			return nil, r.fail(ctx, name, "forgetting it (NotDone) failed", ferr)
 		}
 		return nil, err
@@ -208,7 +209,7 @@ func (r *running) finish(ctx context.Context, name string, v any) ([]byte, error
 	}
 	sealed, err := e.sealStep(r.key, name, result)
 	if err == nil {
-		err = e.finishStep(context.WithoutCancel(ctx), r.key, r.token, name, sealed)
+		err = e.finishStep(context.WithoutCancel(ctx), r.partition, r.key, r.token, name, sealed)
 	}
 	if err != nil {
 		return nil, r.fail(ctx, name, "recording its result failed", err)

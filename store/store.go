@@ -69,7 +69,7 @@ type Reservation struct {
 	Lease       time.Duration // until a caller with the same fingerprint may take the key over
 	Retention   time.Duration // how long the record lives, from its creation
 	MaxOutcome  int           // the outcome's most bytes, or 0: a byte-bound store holds the room till Complete or Release
-	Partition   Partition     // a store with bounds may give each tenant a share
+	Partition   Partition     // a store with bounds may give each tenant a share; a sharded one routes by it
 }
 
 // Entry is a key's record as Reserve, Find or Begin finds or makes it.
@@ -104,7 +104,10 @@ const DefaultSweepBatch = 1000
 // Store records the first outcome of each key, safe for concurrent use, on
 // its own clock. A record past its retention without a live lease is absent;
 // a store that may have lost records returns ErrDataLost rather than report
-// one absent. Complete and Release get a context without the caller's cancellation.
+// one absent. Complete and Release get a context without the caller's
+// cancellation. The engine's context of every call of this package's
+// interfaces carries its call's Partition (PartitionFromContext); a batch's
+// carries none, its reservations each their own.
 type Store interface {
 	// Reserve decides atomically: no record (or an expired one), Acquired
 	// with a new token; a completed one, Completed; a live lease, Held; an
@@ -263,4 +266,38 @@ type BatchTx interface {
 	Rollback(ctx context.Context) error
 	// Err is what ended it before Commit: then every method fails.
 	Err() error
+}
+
+type partitionKey struct{}
+
+// partitionCtx carries a partition; Value hands itself over for
+// partitionKey, so that neither putting nor reading one boxes it.
+type partitionCtx struct {
+	context.Context
+	p Partition
+}
+
+func (c *partitionCtx) Value(key any) any {
+	if key == (partitionKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
+}
+
+// ContextWithPartition is ctx carrying p, the partition of the call a store
+// call is made for. The engine gives every store call its call's, so that a
+// store routing by tenant (store/pgshard) can route the methods that take
+// only a Key; a store that keeps nothing per tenant ignores it.
+func ContextWithPartition(ctx context.Context, p Partition) context.Context {
+	return &partitionCtx{ctx, p}
+}
+
+// PartitionFromContext returns the partition ContextWithPartition put in
+// ctx, and whether there was one.
+func PartitionFromContext(ctx context.Context) (Partition, bool) {
+	c, ok := ctx.Value(partitionKey{}).(*partitionCtx)
+	if !ok {
+		return Partition{}, false
+	}
+	return c.p, true
 }

@@ -17,6 +17,11 @@
 // included ({"error": kind, "message": ...}), except a command line that
 // does not parse, which the flag package reports on stderr.
 //
+// A store sharded by tenant (store/pgshard) is a store on each shard's
+// database: run a command with each shard's -database-url (migrate up on
+// every one before the servers start; inspect and forget on the tenant's
+// shard, which pgshard.Store.ShardOf names).
+//
 // # Selecting a record
 //
 // The store keeps no raw key or tenant, only a SHA-256 of the scope: -tenant,

@@ -53,6 +53,12 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-outbox", "http://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test"}, "-outbox"},
 		{[]string{"-relay-only", "-database-url", "postgres://127.0.0.1/test"}, "-relay-only"},
 		{[]string{"-outbox", "nats://127.0.0.1:4222", "-database-url", "postgres://127.0.0.1/test", "-atomic=false"}, "atomic mode"},
+		// The shards are the store and the ledger: no other store beside
+		// them, no outbox, no empty URL.
+		{[]string{"-shard-database-urls", "postgres://127.0.0.1/a,postgres://127.0.0.1/b", "-database-url", "postgres://127.0.0.1/test"}, "-shard-database-urls"},
+		{[]string{"-shard-database-urls", "postgres://127.0.0.1/a,postgres://127.0.0.1/b", "-outbox", "nats://127.0.0.1:4222"}, "-shard-database-urls"},
+		{[]string{"-shard-database-urls", "postgres://127.0.0.1/a,postgres://127.0.0.1/b", "-idempotency=false"}, "-shard-database-urls"},
+		{[]string{"-shard-database-urls", "postgres://127.0.0.1/a,"}, "-shard-database-urls"},
 		{[]string{"-memory-max-bytes", "-1"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-bytes", "0"}, "-memory-max-bytes"},
 		{[]string{"-memory-max-records", "-1"}, "-memory-max-records"},

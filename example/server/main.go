@@ -5,7 +5,8 @@
 //	    [-ttl 24h] [-max-lease 10m] [-lease 1m] [-method-retention METHOD=DURATION]... [-cover-method METHOD]...
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
-//	    [-redis-url URL | -redis-cluster ADDR,ADDR,... | -spanner projects/P/instances/I/databases/D]
+//	    [-redis-url URL | -redis-cluster ADDR,ADDR,... | -spanner projects/P/instances/I/databases/D |
+//	     -shard-database-urls URL,URL,...]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
 //	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N] [-fail-after-write N]
 //	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only] [-relay-rate N]]
@@ -45,6 +46,12 @@
 // CreateCharge runs in atomic mode, the charge committing with its recorded
 // reply in one Spanner transaction, unless -atomic=false. It takes no
 // database URL or Redis flag.
+// With -shard-database-urls (and -database-url= empty) the idempotency keys
+// and the charges are sharded by tenant over those PostgreSQL databases
+// (store/pgshard, each migrated as with a database URL): each tenant's keys
+// and charges live on its shard, and in atomic mode (the default) a charge
+// commits with its recorded reply in the shard's transaction. Sweeping and
+// Listen run on every shard; it takes no -outbox.
 //
 // With -metrics-addr the server serves its metrics in the Prometheus text
 // format on http://ADDR/metrics, through OpenTelemetry's Prometheus exporter:
@@ -243,6 +250,11 @@ func main() {
 	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
 	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
 	spannerDB := flag.String("spanner", "", "Cloud Spanner database (projects/P/instances/I/databases/D) for the idempotency keys and the charges; SPANNER_EMULATOR_HOST for the emulator")
+	var shardURLs []string
+	flag.Func("shard-database-urls", "comma-separated PostgreSQL URLs of the shards for the idempotency keys and the charges, each tenant on one (store/pgshard); needs -database-url empty", func(v string) error {
+		shardURLs = strings.Split(v, ",")
+		return nil
+	})
 	sealKey := flag.String("seal-key", "", "if set, seal the recorded replies with the key in this file (32 bytes, or their hex or base64)")
 	var previousKeys []string
 	flag.Func("seal-previous-key", "with -seal-key, a key file whose records still open, never used to seal (repeatable)", func(path string) error {
@@ -264,7 +276,7 @@ func main() {
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease,
-		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster, spanner: *spannerDB,
+		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster, spanner: *spannerDB, shardURLs: shardURLs,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
 		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge, failAfterWrite: *failAfterWrite,
 		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly, relayRate: *relayRate}
@@ -476,7 +488,8 @@ type config struct {
 	maxRecords             int   // in memory only
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
-	spanner                string // a Spanner database's name
+	spanner                string   // a Spanner database's name
+	shardURLs              []string // PostgreSQL shards (store/pgshard), in place of databaseURL
 	// sealKey, if set, is the key file replies are sealed with;
 	// previousKeys open and never seal; acceptUnsealed replays records that
 	// are not sealed.
@@ -545,6 +558,9 @@ func (cfg config) check() error {
 		return fmt.Errorf("-memory-max-records %d: the memory store needs room for at least 1 record; leave the flag out for %d", cfg.maxRecords, memory.DefaultMaxRecords)
 	case cfg.maxBytes < 1:
 		return fmt.Errorf("-memory-max-bytes %d: the memory store needs room for at least 1 byte; leave the flag out for %d (64 MiB)", cfg.maxBytes, memory.DefaultMaxBytes)
+	}
+	if err := cfg.checkShards(); err != nil {
+		return err
 	}
 	return cfg.checkOutbox()
 }
@@ -656,8 +672,8 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.sealKey != "" || len(cfg.methodRetention) > 0 || len(cfg.coverMethods) > 0) {
 		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis, seal, -method-retention or -cover-method flag")
 	}
-	if cfg.spanner != "" && (cfg.databaseURL != "" || cfg.redisURL != "" || cfg.redisCluster != "") {
-		return errors.New("-spanner keeps the keys and the charges in Spanner: it takes no database URL, -redis-url or -redis-cluster")
+	if cfg.spanner != "" && (cfg.databaseURL != "" || cfg.redisURL != "" || cfg.redisCluster != "" || len(cfg.shardURLs) > 0) {
+		return errors.New("-spanner keeps the keys and the charges in Spanner: it takes no database URL, -redis-url, -redis-cluster or -shard-database-urls")
 	}
 	if cfg.inTransaction && (!cfg.bare || cfg.databaseURL == "") {
 		return errors.New("-in-transaction runs the bare server's calls in transactions: it needs -idempotency=false and a database URL")
@@ -666,7 +682,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if err != nil {
 		return err
 	}
-	if (cfg.databaseURL == "" && cfg.spanner == "") || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
+	if (cfg.databaseURL == "" && cfg.spanner == "" && len(cfg.shardURLs) == 0) || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
 		cfg.atomic = false
 	}
 	if cfg.atomic {
@@ -701,6 +717,14 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 				return err
 			}
 		}
+	}
+	if len(cfg.shardURLs) > 0 {
+		sst, sharded, closeShards, err := openShards(ctx, cfg, logger, meters)
+		if err != nil {
+			return err
+		}
+		defer closeShards()
+		st, ledger, kind = sst, sharded, fmt.Sprintf("pgshard (%d shards)", len(cfg.shardURLs))
 	}
 	if cfg.redisURL != "" || cfg.redisCluster != "" {
 		rst, closeRedis, err := example.OpenRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)

@@ -84,8 +84,13 @@ func exec(sql string) error {
 // search_path and the runtime parameters params ("name=value") added, for
 // code under test that takes a URL rather than a pool.
 func SchemaURL(schema string, params ...string) string {
-	u := URL()
-	for _, p := range append([]string{"search_path=" + schema}, params...) {
+	return withParams(URL(), append([]string{"search_path=" + schema}, params...)...)
+}
+
+// withParams is the connection string u with the runtime parameters params
+// ("name=value") added.
+func withParams(u string, params ...string) string {
+	for _, p := range params {
 		switch {
 		case !strings.Contains(u, "://"): // keyword=value form
 			u += " " + p

@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"context"
 	"slices"
 	"testing"
 	"time"
@@ -13,7 +12,7 @@ import (
 
 func lookup(t *testing.T, lk store.Looker, key store.Key) (store.Entry, []string, bool) {
 	t.Helper()
-	res, steps, ok, err := lk.Lookup(context.Background(), key)
+	res, steps, ok, err := lk.Lookup(tenantContext(), key)
 	if err != nil {
 		t.Fatalf("Lookup: %v", err)
 	}
@@ -62,7 +61,7 @@ func testLookupLeaseEnded(t *testing.T, h Harness) {
 	lk := need[store.Looker](t, h)
 	key, released := newKey(t, "k"), newKey(t, "released")
 	mustAcquire(t, h.Store, key, fpA)
-	if err := h.Store.Release(context.Background(), released, mustAcquire(t, h.Store, released, fpA)); err != nil {
+	if err := h.Store.Release(tenantContext(), released, mustAcquire(t, h.Store, released, fpA)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	h.Advance(t, lease+time.Second)
@@ -91,7 +90,7 @@ func testLookupSteps(t *testing.T, h Harness) {
 	if _, steps, _ := lookup(t, lk, key); !slices.Equal(steps, want) {
 		t.Errorf("Lookup's steps of a run = %q, want %q", steps, want)
 	}
-	if err := h.Store.Release(context.Background(), key, token); err != nil {
+	if err := h.Store.Release(tenantContext(), key, token); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	if _, steps, ok := lookup(t, lk, key); ok || !slices.Equal(steps, want) {
@@ -112,7 +111,7 @@ func testLookupSteps(t *testing.T, h Harness) {
 func testLookupAtomic(t *testing.T, h Harness) {
 	at := need[store.Atomic](t, h)
 	lk := need[store.Looker](t, h)
-	ctx := context.Background()
+	ctx := tenantContext()
 	key, free := newKey(t, "k"), newKey(t, "free")
 	res, tx, err := at.Begin(ctx, reservation(key, fpA, lease, retention))
 	if err != nil || res.State != store.Acquired {

@@ -1,7 +1,6 @@
 package storetest
 
 import (
-	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -15,7 +14,7 @@ import (
 
 func startStep(t *testing.T, st store.Stepper, key store.Key, token store.Token, name string, fp store.Fingerprint) store.StepEntry {
 	t.Helper()
-	res, err := st.StartStep(context.Background(), store.StepStart{Key: key, Name: name, Token: token, Fingerprint: fp, Retention: retention})
+	res, err := st.StartStep(tenantContext(), store.StepStart{Key: key, Name: name, Token: token, Fingerprint: fp, Retention: retention})
 	if err != nil {
 		t.Fatalf("StartStep(%s): %v", name, err)
 	}
@@ -24,7 +23,7 @@ func startStep(t *testing.T, st store.Stepper, key store.Key, token store.Token,
 
 func finishStep(t *testing.T, st store.Stepper, key store.Key, token store.Token, name, result string) {
 	t.Helper()
-	if err := st.FinishStep(context.Background(), key, token, name, []byte(result)); err != nil {
+	if err := st.FinishStep(tenantContext(), key, token, name, []byte(result)); err != nil {
 		t.Fatalf("FinishStep(%s): %v", name, err)
 	}
 }
@@ -47,7 +46,7 @@ func testSteps(t *testing.T, h Harness) {
 	finishStep(t, st, key, first, "charge", "ch_0")
 	finishStep(t, st, key, first, "charge", "ch_1") // a retried write replaces it
 	wantStep(t, startStep(t, st, key, first, "email", fpA), store.StepNew, "")
-	if err := h.Store.Release(context.Background(), key, first); err != nil {
+	if err := h.Store.Release(tenantContext(), key, first); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 
@@ -69,7 +68,7 @@ func testStepsOtherRequest(t *testing.T, h Harness) {
 	first := mustAcquire(t, h.Store, key, fpA)
 	startStep(t, st, key, first, "charge", fpA)
 	finishStep(t, st, key, first, "charge", "ch_1")
-	if err := h.Store.Release(context.Background(), key, first); err != nil {
+	if err := h.Store.Release(tenantContext(), key, first); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 	res := startStep(t, st, key, mustAcquire(t, h.Store, key, fpB), "charge", fpB)
@@ -83,7 +82,7 @@ func testStepsOtherRequest(t *testing.T, h Harness) {
 // the new run finds the old one's step started.
 func testStepsFenced(t *testing.T, h Harness) {
 	st := need[store.Stepper](t, h)
-	ctx := context.Background()
+	ctx := tenantContext()
 	key := newKey(t, "k")
 	first := mustAcquire(t, h.Store, key, fpA)
 	startStep(t, st, key, first, "charge", fpA)
@@ -108,13 +107,13 @@ func testFinishUnstarted(t *testing.T, h Harness) {
 	st := need[store.Stepper](t, h)
 	key := newKey(t, "k")
 	token := mustAcquire(t, h.Store, key, fpA)
-	wantLeaseLost(t, "FinishStep of a step never started", st.FinishStep(context.Background(), key, token, "charge", []byte("x")))
+	wantLeaseLost(t, "FinishStep of a step never started", st.FinishStep(tenantContext(), key, token, "charge", []byte("x")))
 	wantStep(t, startStep(t, st, key, token, "charge", fpA), store.StepNew, "")
 }
 
 func testForgetSteps(t *testing.T, h Harness) {
 	st := need[store.Stepper](t, h)
-	ctx := context.Background()
+	ctx := tenantContext()
 	key := newKey(t, "k")
 	token := mustAcquire(t, h.Store, key, fpA)
 	for _, name := range []string{"a", "b", "c"} {
@@ -147,7 +146,7 @@ func testStepsExpire(t *testing.T, h Harness) {
 	h.Advance(t, time.Minute+time.Second)
 
 	if sweeper, ok := h.Store.(store.Sweeper); ok {
-		deleted, err := sweeper.Sweep(context.Background(), 100)
+		deleted, err := sweeper.Sweep(tenantContext(), 100)
 		if err != nil || deleted != 3 {
 			t.Errorf("Sweep = %d, %v; want 3 (the record and its two steps), nil", deleted, err)
 		}
@@ -164,7 +163,7 @@ func testStepsAtomic(t *testing.T, h Harness) {
 	st := need[store.Stepper](t, h)
 	key := newKey(t, "k")
 	start := store.StepStart{Key: key, Name: "charge", Fingerprint: fpA, Retention: time.Minute}
-	res, err := st.StartStep(context.Background(), start)
+	res, err := st.StartStep(tenantContext(), start)
 	if err != nil || res.State != store.StepNew {
 		t.Fatalf("StartStep without a record = %+v, %v; want StepNew", res, err)
 	}
@@ -187,7 +186,7 @@ func testConcurrentStartStep(t *testing.T, h Harness) {
 	for i := range n {
 		wg.Go(func() {
 			var res store.StepEntry
-			res, errs[i] = st.StartStep(context.Background(), store.StepStart{Key: key, Name: "charge", Token: token, Fingerprint: fpA, Retention: retention})
+			res, errs[i] = st.StartStep(tenantContext(), store.StepStart{Key: key, Name: "charge", Token: token, Fingerprint: fpA, Retention: retention})
 			states[i] = res.State
 		})
 	}
@@ -210,7 +209,7 @@ func testConcurrentStartStep(t *testing.T, h Harness) {
 // token renews nothing.
 func testRenew(t *testing.T, h Harness) {
 	r := need[store.Renewer](t, h)
-	ctx := context.Background()
+	ctx := tenantContext()
 	key := newKey(t, "k")
 	token := mustAcquire(t, h.Store, key, fpA)
 	h.Advance(t, lease*8/10)

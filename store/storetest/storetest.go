@@ -2,7 +2,8 @@
 // store.Finder, store.Sweeper, store.BatchReserver, store.Watcher,
 // store.Stepper, store.Renewer and store.Looker where a store implements
 // them. Expiry is checked through Reserve and Find for every store;
-// sweeping only for a Sweeper. Every store runs it from its own tests:
+// sweeping only for a Sweeper. Each call's context carries its tenant's
+// partition, as the engine's do. Every store runs it from its own tests:
 //
 //	func TestConformance(t *testing.T) {
 //		storetest.Run(t, func(t *testing.T) storetest.Harness { ... })
@@ -98,6 +99,13 @@ func Run(t *testing.T, open func(t *testing.T) Harness) {
 	}
 }
 
+// tenantContext is the context of the suite's store calls: with its
+// tenant's partition, as the engine gives each call
+// (store.ContextWithPartition).
+func tenantContext() context.Context {
+	return store.ContextWithPartition(context.Background(), store.TenantPartition(tenant))
+}
+
 func newKey(t *testing.T, name string) store.Key {
 	return store.ScopeKey(tenant, "/storetest.v1.Service/Method", t.Name()+"/"+name)
 }
@@ -109,7 +117,7 @@ func reserve(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint) 
 
 func reserveFor(t *testing.T, st store.Store, key store.Key, fp store.Fingerprint, lease, retention time.Duration) store.Entry {
 	t.Helper()
-	res, err := st.Reserve(context.Background(), reservation(key, fp, lease, retention))
+	res, err := st.Reserve(tenantContext(), reservation(key, fp, lease, retention))
 	if err != nil {
 		t.Fatalf("Reserve: %v", err)
 	}
@@ -133,7 +141,7 @@ func mustAcquire(t *testing.T, st store.Store, key store.Key, fp store.Fingerpri
 
 func complete(t *testing.T, st store.Store, key store.Key, token store.Token, outcome []byte) {
 	t.Helper()
-	if err := st.Complete(context.Background(), key, token, outcome); err != nil {
+	if err := st.Complete(tenantContext(), key, token, outcome); err != nil {
 		t.Fatalf("Complete: %v", err)
 	}
 }
@@ -209,7 +217,7 @@ func testLeaseTakeover(t *testing.T, h Harness) {
 		t.Fatalf("takeover kept token %d; want a new one", first)
 	}
 	wantState(t, reserve(t, h.Store, key, fpA), store.Held)
-	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), key, first, []byte("stale")))
+	wantLeaseLost(t, "Complete", h.Store.Complete(tenantContext(), key, first, []byte("stale")))
 	complete(t, h.Store, key, second, []byte("fresh"))
 	if res := reserve(t, h.Store, key, fpA); string(res.Outcome) != "fresh" {
 		t.Errorf("outcome = %q, want the one recorded by the new holder", res.Outcome)
@@ -232,20 +240,20 @@ func testNoTakeoverForOtherRequest(t *testing.T, h Harness) {
 func testStaleToken(t *testing.T, h Harness) {
 	key := newKey(t, "k")
 	token := mustAcquire(t, h.Store, key, fpA)
-	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), key, token+1, []byte("x")))
-	wantLeaseLost(t, "Release", h.Store.Release(context.Background(), key, token+1))
-	wantLeaseLost(t, "Complete", h.Store.Complete(context.Background(), newKey(t, "absent"), token, []byte("x")))
+	wantLeaseLost(t, "Complete", h.Store.Complete(tenantContext(), key, token+1, []byte("x")))
+	wantLeaseLost(t, "Release", h.Store.Release(tenantContext(), key, token+1))
+	wantLeaseLost(t, "Complete", h.Store.Complete(tenantContext(), newKey(t, "absent"), token, []byte("x")))
 	wantState(t, reserve(t, h.Store, key, fpA), store.Held)
 }
 
 func testRelease(t *testing.T, h Harness) {
 	key := newKey(t, "k")
 	first := mustAcquire(t, h.Store, key, fpA)
-	if err := h.Store.Release(context.Background(), key, first); err != nil {
+	if err := h.Store.Release(tenantContext(), key, first); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
-	wantLeaseLost(t, "Complete after Release", h.Store.Complete(context.Background(), key, first, []byte("x")))
-	wantLeaseLost(t, "Release twice", h.Store.Release(context.Background(), key, first))
+	wantLeaseLost(t, "Complete after Release", h.Store.Complete(tenantContext(), key, first, []byte("x")))
+	wantLeaseLost(t, "Release twice", h.Store.Release(tenantContext(), key, first))
 
 	// A released key is free for any request, even a different one.
 	if second := mustAcquire(t, h.Store, key, fpB); second == first {
@@ -257,8 +265,8 @@ func testCompleteOnce(t *testing.T, h Harness) {
 	key := newKey(t, "k")
 	token := mustAcquire(t, h.Store, key, fpA)
 	complete(t, h.Store, key, token, []byte("first"))
-	wantLeaseLost(t, "Complete twice", h.Store.Complete(context.Background(), key, token, []byte("second")))
-	wantLeaseLost(t, "Release after Complete", h.Store.Release(context.Background(), key, token))
+	wantLeaseLost(t, "Complete twice", h.Store.Complete(tenantContext(), key, token, []byte("second")))
+	wantLeaseLost(t, "Release after Complete", h.Store.Release(tenantContext(), key, token))
 	if res := reserve(t, h.Store, key, fpA); string(res.Outcome) != "first" {
 		t.Errorf("outcome = %q, want %q", res.Outcome, "first")
 	}
@@ -285,8 +293,8 @@ func testExpiredHolder(t *testing.T, h Harness) {
 	token := reserveFor(t, h.Store, key, fpA, lease, lease/2).Token
 	otherToken := reserveFor(t, h.Store, other, fpA, lease, lease/2).Token
 	h.Advance(t, lease+time.Second)
-	wantLeaseLost(t, "Complete after expiry", h.Store.Complete(context.Background(), key, token, []byte("late")))
-	wantLeaseLost(t, "Release after expiry", h.Store.Release(context.Background(), other, otherToken))
+	wantLeaseLost(t, "Complete after expiry", h.Store.Complete(tenantContext(), key, token, []byte("late")))
+	wantLeaseLost(t, "Release after expiry", h.Store.Release(tenantContext(), other, otherToken))
 	wantState(t, reserve(t, h.Store, key, fpB), store.Acquired)
 }
 
@@ -318,7 +326,7 @@ func testExpiry(t *testing.T, h Harness) {
 func testSweep(t *testing.T, h Harness) {
 	sweeper := need[store.Sweeper](t, h)
 	// Times are seconds from the start; lease is 10s.
-	ctx := context.Background()
+	ctx := tenantContext()
 	doneOld, deadOld, liveOld := newKey(t, "done-old"), newKey(t, "dead-old"), newKey(t, "live-old")
 	doneNew, liveNew := newKey(t, "done-new"), newKey(t, "live-new")
 	// At 0: two records expiring at 60, one completed, one whose lease ends at 10.
@@ -354,7 +362,7 @@ func testSweepBatches(t *testing.T, h Harness) {
 		complete(t, h.Store, key, mustAcquire(t, h.Store, key, fpA), nil)
 	}
 	h.Advance(t, retention+time.Second)
-	deleted, err := sweeper.Sweep(context.Background(), 2)
+	deleted, err := sweeper.Sweep(tenantContext(), 2)
 	if err != nil || deleted != 7 {
 		t.Errorf("Sweep in batches of 2 = %d, %v; want 7, nil", deleted, err)
 	}
@@ -376,7 +384,7 @@ func testKeysIndependent(t *testing.T, h Harness) {
 	a, b := newKey(t, "a"), newKey(t, "b")
 	complete(t, h.Store, a, mustAcquire(t, h.Store, a, fpA), []byte("a"))
 	tokenB := mustAcquire(t, h.Store, b, fpA)
-	wantLeaseLost(t, "Complete of another key's token", h.Store.Complete(context.Background(), a, tokenB, []byte("b")))
+	wantLeaseLost(t, "Complete of another key's token", h.Store.Complete(tenantContext(), a, tokenB, []byte("b")))
 	if res := reserve(t, h.Store, a, fpA); string(res.Outcome) != "a" {
 		t.Errorf("outcome of a = %q, want %q", res.Outcome, "a")
 	}
@@ -394,7 +402,7 @@ func testConcurrentReserve(t *testing.T, h Harness) {
 	for range callers {
 		wg.Go(func() {
 			<-start
-			res, err := h.Store.Reserve(context.Background(), reservation(key, fpA, lease, retention))
+			res, err := h.Store.Reserve(tenantContext(), reservation(key, fpA, lease, retention))
 			if err != nil {
 				errs <- err
 				return
@@ -424,7 +432,7 @@ func testFind(t *testing.T, h Harness) {
 	finder := need[store.Finder](t, h)
 	find := func(key store.Key) (store.Entry, bool) {
 		t.Helper()
-		res, found, err := finder.Find(context.Background(), key)
+		res, found, err := finder.Find(tenantContext(), key)
 		if err != nil {
 			t.Fatalf("Find: %v", err)
 		}
@@ -433,7 +441,7 @@ func testFind(t *testing.T, h Harness) {
 	done, running, released := newKey(t, "done"), newKey(t, "running"), newKey(t, "released")
 	complete(t, h.Store, done, mustAcquire(t, h.Store, done, fpA), []byte("reply"))
 	mustAcquire(t, h.Store, running, fpA)
-	if err := h.Store.Release(context.Background(), released, mustAcquire(t, h.Store, released, fpA)); err != nil {
+	if err := h.Store.Release(tenantContext(), released, mustAcquire(t, h.Store, released, fpA)); err != nil {
 		t.Fatalf("Release: %v", err)
 	}
 
@@ -486,7 +494,7 @@ func testExpires(t *testing.T, h Harness) {
 	advance(retention / 2)
 	same("completed", reserve(t, h.Store, key, fpB))
 	if finder, ok := h.Store.(store.Finder); ok {
-		res, found, err := finder.Find(context.Background(), key)
+		res, found, err := finder.Find(tenantContext(), key)
 		if err != nil || !found {
 			t.Fatalf("Find = %v, %v; want the completed record", found, err)
 		}
@@ -506,7 +514,7 @@ func testExpires(t *testing.T, h Harness) {
 // it acquired is held as Reserve's is.
 func testReserveBatch(t *testing.T, h Harness) {
 	br := need[store.BatchReserver](t, h)
-	ctx := context.Background()
+	ctx := tenantContext()
 	keys := map[string]store.Key{}
 	for _, name := range []string{"new", "done", "running", "dead", "dead-other", "old", "released"} {
 		keys[name] = newKey(t, name)
@@ -628,7 +636,7 @@ func testConcurrentReserveBatch(t *testing.T, h Harness) {
 					rs[i] = reservation(keys[k], fpA, lease, retention)
 				}
 				<-start
-				res, err := br.ReserveBatch(context.Background(), rs)
+				res, err := br.ReserveBatch(tenantContext(), rs)
 				if err != nil {
 					t.Errorf("ReserveBatch: %v", err)
 					return
@@ -640,7 +648,7 @@ func testConcurrentReserveBatch(t *testing.T, h Harness) {
 			wg.Go(func() {
 				<-start
 				key := keys[b]
-				res, err := h.Store.Reserve(context.Background(), reservation(key, fpA, lease, retention))
+				res, err := h.Store.Reserve(tenantContext(), reservation(key, fpA, lease, retention))
 				if err != nil {
 					t.Errorf("Reserve: %v", err)
 					return
@@ -663,7 +671,7 @@ func testConcurrentReserveBatch(t *testing.T, h Harness) {
 // call holds (none, completed, or its lease ended) is told at once.
 func testWatch(t *testing.T, h Harness) {
 	w := need[store.Watcher](t, h)
-	ctx := context.Background()
+	ctx := tenantContext()
 	wantClosed := func(what string, ch <-chan struct{}) {
 		t.Helper()
 		select {

@@ -1,0 +1,238 @@
+package pgshard
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/idemkey/idemkey/store"
+	"github.com/idemkey/idemkey/store/postgres"
+)
+
+// split groups rs by shard: each part's reservations in rs's order, and
+// where each of rs went. A partition being moved refuses the whole batch.
+func (s *Store) split(rs []store.Reservation) ([]part, []loc, error) {
+	var parts []part
+	where := make([]loc, len(rs))
+	byShard := map[int]int{} // shard index -> its part
+	for i, r := range rs {
+		if s.moving[r.Partition] {
+			return nil, nil, ErrMoving
+		}
+		sh := s.index(r.Partition)
+		p, ok := byShard[sh]
+		if !ok {
+			p = len(parts)
+			byShard[sh] = p
+			parts = append(parts, part{shard: s.shards[sh], index: sh})
+		}
+		where[i] = loc{p, len(parts[p].rs)}
+		parts[p].rs = append(parts[p].rs, r)
+	}
+	return parts, where, nil
+}
+
+// part is a batch's reservations on one shard.
+type part struct {
+	shard *postgres.Store
+	index int // in New's shards, for errors
+	rs    []store.Reservation
+	res   []store.Entry
+	tx    store.BatchTx // BeginBatch's, nil if it acquired nothing
+	err   error
+}
+
+// loc is where a reservation of a batch went: its part, and its index there.
+type loc struct{ part, i int }
+
+// each runs f for every part, at once, and waits.
+func each(parts []part, f func(p *part)) {
+	if len(parts) == 1 {
+		f(&parts[0])
+		return
+	}
+	var wg sync.WaitGroup
+	for i := range parts {
+		wg.Go(func() { f(&parts[i]) })
+	}
+	wg.Wait()
+}
+
+// ReserveBatch implements store.BatchReserver: each shard's reservations
+// in one ReserveBatch of its own, the shards at once. If one fails, the
+// keys the others acquired are released, and the batch fails.
+func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
+	parts, where, err := s.split(rs)
+	if err != nil {
+		return nil, err
+	}
+	each(parts, func(p *part) { p.res, p.err = p.shard.ReserveBatch(ctx, p.rs) })
+	if err := partsFailed(parts); err != nil {
+		for _, p := range parts {
+			if p.err == nil {
+				p.release(ctx)
+			}
+		}
+		return nil, err
+	}
+	res := make([]store.Entry, len(rs))
+	for i, l := range where {
+		res[i] = parts[l.part].res[l.i]
+	}
+	return res, nil
+}
+
+// release releases, as well as it can, what a part's ReserveBatch acquired.
+func (p *part) release(ctx context.Context) {
+	ctx = context.WithoutCancel(ctx)
+	for i, r := range p.res {
+		if r.State == store.Acquired {
+			_ = p.shard.Release(ctx, p.rs[i].Key, r.Token) // if it fails, the lease ends
+		}
+	}
+}
+
+func partsFailed(parts []part) error {
+	var errs []error
+	for _, p := range parts {
+		if p.err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", p.index, p.err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// BeginBatch implements store.BatchAtomic: the reservations of each shard
+// in a transaction of its own on it, the shards at once. A batch on one
+// shard is that shard's BatchTx; across shards, a BatchTx that routes each
+// call to its shard's transaction and commits them one after another
+// (batchTx.Commit). If one shard fails, the others roll back.
+func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
+	parts, where, err := s.split(rs)
+	if err != nil {
+		return nil, nil, err
+	}
+	each(parts, func(p *part) { p.res, p.tx, p.err = p.shard.BeginBatch(ctx, p.rs) })
+	if err := partsFailed(parts); err != nil {
+		for _, p := range parts {
+			if p.tx != nil {
+				_ = p.tx.Rollback(ctx) // if it fails, the database rolls back as it closes the connection
+			}
+		}
+		return nil, nil, err
+	}
+	res := make([]store.Entry, len(rs))
+	for i, l := range where {
+		res[i] = parts[l.part].res[l.i]
+	}
+	if len(parts) == 1 {
+		return res, parts[0].tx, nil
+	}
+	tx := &batchTx{where: where}
+	for _, p := range parts {
+		tx.txs, tx.shards = append(tx.txs, p.tx), append(tx.shards, p.index)
+		if p.tx != nil {
+			tx.open = true
+		}
+	}
+	if !tx.open {
+		return res, nil, nil
+	}
+	return res, tx, nil
+}
+
+// batchTx is a batch's transactions on several shards, one each (nil on a
+// shard where the batch acquired no key).
+type batchTx struct {
+	txs    []store.BatchTx
+	shards []int // the index of each's shard, for errors
+	where  []loc
+	open   bool
+}
+
+var errNoTx = errors.New("idemkey pgshard: the batch acquired no key on this call's shard")
+
+func (t *batchTx) tx(i int) (store.BatchTx, int, error) {
+	if i < 0 || i >= len(t.where) {
+		return nil, 0, fmt.Errorf("idemkey pgshard: the batch has no call %d", i)
+	}
+	l := t.where[i]
+	if t.txs[l.part] == nil {
+		return nil, 0, errNoTx
+	}
+	return t.txs[l.part], l.i, nil
+}
+
+// HandlerContext implements store.BatchTx: call i's shard's.
+func (t *batchTx) HandlerContext(ctx context.Context, i int) context.Context {
+	tx, j, err := t.tx(i)
+	if err != nil {
+		return ctx // a call that holds no key: the engine runs no handler for it
+	}
+	return tx.HandlerContext(ctx, j)
+}
+
+// Record implements store.BatchTx on call i's shard.
+func (t *batchTx) Record(ctx context.Context, i int, outcome []byte, keepWrites bool) error {
+	tx, j, err := t.tx(i)
+	if err != nil {
+		return err
+	}
+	return tx.Record(ctx, j, outcome, keepWrites)
+}
+
+// Release implements store.BatchTx on call i's shard.
+func (t *batchTx) Release(ctx context.Context, i int) error {
+	tx, j, err := t.tx(i)
+	if err != nil {
+		return err
+	}
+	return tx.Release(ctx, j)
+}
+
+// Commit implements store.BatchTx: each shard's transaction commits in
+// turn. At the first that fails, the rest roll back and its error is
+// returned; the shards committed before it stay committed, each message
+// with its record, so that a redelivery replays those and runs the rest
+// once (store.ErrLeaseLost: the engine serves each call again alone).
+func (t *batchTx) Commit(ctx context.Context) error {
+	var err error
+	for k, tx := range t.txs {
+		if tx == nil {
+			continue
+		}
+		if err != nil {
+			_ = tx.Rollback(ctx)
+			continue
+		}
+		if err = tx.Commit(ctx); err != nil {
+			err = fmt.Errorf("idemkey pgshard: the commit on shard %d (%d of the batch's %d): %w", t.shards[k], k+1, len(t.txs), err)
+		}
+	}
+	return err
+}
+
+// Rollback implements store.BatchTx on every shard.
+func (t *batchTx) Rollback(ctx context.Context) error {
+	var errs []error
+	for _, tx := range t.txs {
+		if tx != nil {
+			errs = append(errs, tx.Rollback(ctx))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Err implements store.BatchTx: the first shard's transaction that ended
+// before Commit. The engine then rolls every shard back.
+func (t *batchTx) Err() error {
+	for _, tx := range t.txs {
+		if tx != nil {
+			if err := tx.Err(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
