@@ -50,7 +50,8 @@
 //     a relay's claims (FOR UPDATE SKIP LOCKED, a lease per row) and marks
 //     are one statement each on the pool.
 //   - Sweep deletes expired rows, and expired steps, in short batches,
-//     skipping rows a reservation has locked. Run it with store.Janitor; nothing starts a
+//     skipping rows a reservation has locked, resting between batches as
+//     WithSweepShare paces it. Run it with store.Janitor; nothing starts a
 //     goroutine on its own.
 //
 // # Duplicates and atomic mode
