@@ -644,7 +644,8 @@ func connectionLost(err error) bool {
 // Sweep implements store.Sweeper: the expired records, then the expired
 // steps, each batch one short statement of its own, bounded by the store's
 // timeout, with a rest after each as WithSweepShare paces it. A rest that
-// ctx would cut short ends the sweep early, with what it deleted.
+// ctx would cut short ends the sweep early: it returns what it deleted and
+// ctx's error, or context.DeadlineExceeded if ctx's deadline is still to come.
 func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	if batchSize < 1 {
 		batchSize = store.DefaultSweepBatch
@@ -662,7 +663,10 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 				break
 			}
 			if rest := s.sweepRest(time.Since(start)); rest > 0 && !store.Pause(ctx, rest) {
-				return deleted, ctx.Err()
+				if err := ctx.Err(); err != nil {
+					return deleted, err
+				}
+				return deleted, context.DeadlineExceeded // before the rest's end
 			}
 		}
 	}

@@ -420,6 +420,35 @@ func TestSweepPaced(t *testing.T) {
 	if deleted, err := paced.Sweep(ctx, 10); err != nil || deleted != 15 {
 		t.Errorf("the next paced Sweep = %d, %v; want 15, nil", deleted, err)
 	}
+
+	// A deadline that would fall within a rest ends the sweep at once, and
+	// says so, rather than report a partial sweep as done. The deadline is
+	// five times an unpaced sweep of one batch: past the first batch, short
+	// of its rest of 99 times the batch.
+	expire := func(n int) {
+		t.Helper()
+		if _, err := r.pool.Exec(ctx, `INSERT INTO idempotency_keys
+			SELECT sha256(convert_to('expired-' || $1 || '-' || i, 'UTF8')), sha256(''), 'completed', i,
+				now() - interval '2 days', '\x01', now() - interval '2 days', now() - interval '1 day'
+			FROM generate_series(1, $2) AS i`, time.Now().String(), n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	expire(10)
+	start := time.Now()
+	if deleted, err := r.store.Sweep(ctx, 10); err != nil || deleted != 10 {
+		t.Fatalf("unpaced Sweep of 10 = %d, %v", deleted, err)
+	}
+	deadline, cancelDeadline := context.WithTimeout(ctx, 5*time.Since(start))
+	defer cancelDeadline()
+	expire(25)
+	deleted, err := paced.Sweep(deadline, 10)
+	if !errors.Is(err, context.DeadlineExceeded) || deleted > 10 {
+		t.Errorf("paced Sweep with a deadline within its first rest = %d, %v; want at most 10 and context.DeadlineExceeded", deleted, err)
+	}
+	if n := r.count(t, "true"); n != 25-deleted {
+		t.Errorf("%d rows left after deleting %d of 25", n, deleted)
+	}
 }
 
 // waitBlocked returns the pid of the backend of application name app that is
