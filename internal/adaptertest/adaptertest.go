@@ -558,6 +558,24 @@ var cases = []testCase{
 		s.wantRuns(4)
 	}, hooks: []string{"refuse fenced", "refuse fenced", "execute executed", "replay replayed", "refuse reused",
 		"execute executed", "execute executed", "refuse key_expired", "execute executed"}},
+	{name: "a region fences a key on a store that cannot find", run: func(t *testing.T, s *suite) {
+		if s.cfg.Atomic {
+			t.Skip("an atomic store's records are read by Find; this store has none")
+		}
+		// Without store.Finder the fenced region reserves the key and
+		// releases it at once: the key is left free for its record.
+		a := s.serve(func(c *Config) { c.Region, c.Store = "a", reserveOnly{c.Store} })
+		b := s.serve(func(c *Config) { c.Region = "b" })
+		r := Request{Key: "k1", Amount: 100, FirstRegion: "b"}
+		s.wantReason(s.doWith(a, r), idemkey.ReasonInProgress)
+		s.wantRuns(0)
+		first := s.doWith(b, r)
+		if !first.OK || s.fate(first) != "executed" {
+			t.Fatalf("got %+v, want the first region to run the key", first)
+		}
+		s.wantSame(first, s.doWith(a, r))
+		s.wantRuns(1)
+	}, hooks: []string{"refuse fenced", "execute executed", "replay replayed"}},
 	{name: "a malformed first region is refused", run: func(t *testing.T, s *suite) {
 		a := s.serve(func(c *Config) { c.Region = "a" })
 		for _, v := range []string{"EU", "eu_west", "a,b", strings.Repeat("a", 64)} {
@@ -946,6 +964,10 @@ func (t tamperingAtomic) Begin(ctx context.Context, r store.Reservation) (store.
 	res, tx, err := t.Store.(store.Atomic).Begin(ctx, r)
 	return tamper(res), tx, err
 }
+
+// reserveOnly is a store without its store.Finder and other optional
+// methods.
+type reserveOnly struct{ store.Store }
 
 // ErrDown is the error of a store that is down.
 var ErrDown = errors.New("adaptertest: the store is down")
