@@ -5,7 +5,7 @@
 //	    [-ttl 24h] [-max-lease 10m] [-lease 1m] [-method-retention METHOD=DURATION]... [-cover-method METHOD]...
 //	    [-memory-max-records N] [-memory-max-bytes N] [-log-level info] [-pprof-addr ADDR]
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
-//	    [-redis-url URL | -redis-cluster ADDR,ADDR,...]
+//	    [-redis-url URL | -redis-cluster ADDR,ADDR,... | -spanner projects/P/instances/I/databases/D]
 //	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
 //	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N] [-fail-after-write N]
 //	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only] [-relay-rate N]]
@@ -38,6 +38,13 @@
 // expires them itself; the charges stay in memory, or in PostgreSQL with a
 // database URL. Redis cannot commit a charge with its reply, so CreateCharge
 // runs two-phase.
+//
+// With -spanner (a Cloud Spanner database; the Go client goes to
+// SPANNER_EMULATOR_HOST when it is set) the idempotency keys and the charges
+// live in Spanner (store/spanner): the server creates their tables, and
+// CreateCharge runs in atomic mode, the charge committing with its recorded
+// reply in one Spanner transaction, unless -atomic=false. It takes no
+// database URL or Redis flag.
 //
 // With -metrics-addr the server serves its metrics in the Prometheus text
 // format on http://ADDR/metrics, through OpenTelemetry's Prometheus exporter:
@@ -193,6 +200,7 @@ import (
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/memory"
 	"github.com/idemkey/idemkey/store/postgres"
+	idemspanner "github.com/idemkey/idemkey/store/spanner"
 )
 
 func main() {
@@ -234,6 +242,7 @@ func main() {
 	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
 	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
 	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
+	spannerDB := flag.String("spanner", "", "Cloud Spanner database (projects/P/instances/I/databases/D) for the idempotency keys and the charges; SPANNER_EMULATOR_HOST for the emulator")
 	sealKey := flag.String("seal-key", "", "if set, seal the recorded replies with the key in this file (32 bytes, or their hex or base64)")
 	var previousKeys []string
 	flag.Func("seal-previous-key", "with -seal-key, a key file whose records still open, never used to seal (repeatable)", func(path string) error {
@@ -255,7 +264,7 @@ func main() {
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease,
-		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster,
+		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster, spanner: *spannerDB,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
 		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge, failAfterWrite: *failAfterWrite,
 		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly, relayRate: *relayRate}
@@ -467,6 +476,7 @@ type config struct {
 	maxRecords             int   // in memory only
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
+	spanner                string // a Spanner database's name
 	// sealKey, if set, is the key file replies are sealed with;
 	// previousKeys open and never seal; acceptUnsealed replays records that
 	// are not sealed.
@@ -646,6 +656,9 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if cfg.bare && (cfg.httpAddr != "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.sealKey != "" || len(cfg.methodRetention) > 0 || len(cfg.coverMethods) > 0) {
 		return errors.New("-idempotency=false serves gRPC only, with no store: it takes neither -http-addr nor a Redis, seal, -method-retention or -cover-method flag")
 	}
+	if cfg.spanner != "" && (cfg.databaseURL != "" || cfg.redisURL != "" || cfg.redisCluster != "") {
+		return errors.New("-spanner keeps the keys and the charges in Spanner: it takes no database URL, -redis-url or -redis-cluster")
+	}
 	if cfg.inTransaction && (!cfg.bare || cfg.databaseURL == "") {
 		return errors.New("-in-transaction runs the bare server's calls in transactions: it needs -idempotency=false and a database URL")
 	}
@@ -653,7 +666,7 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 	if err != nil {
 		return err
 	}
-	if cfg.databaseURL == "" || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
+	if (cfg.databaseURL == "" && cfg.spanner == "") || cfg.redisURL != "" || cfg.redisCluster != "" || cfg.bare {
 		cfg.atomic = false
 	}
 	if cfg.atomic {
@@ -675,6 +688,19 @@ func run(ctx context.Context, lis net.Listener, cfg config, logger *slog.Logger)
 		defer pool.Close()
 		pgLedger = example.NewPostgresLedger(pool)
 		ledger, kind = pgLedger, "postgres"
+	}
+	if cfg.spanner != "" {
+		client, spLedger, err := example.OpenSpanner(ctx, cfg.spanner, !cfg.bare, logger)
+		if err != nil {
+			return err
+		}
+		defer client.Close()
+		ledger, kind = spLedger, "spanner"
+		if !cfg.bare {
+			if st, err = idemspanner.New(client, idemspanner.WithLogger(logger)); err != nil {
+				return err
+			}
+		}
 	}
 	if cfg.redisURL != "" || cfg.redisCluster != "" {
 		rst, closeRedis, err := example.OpenRedis(ctx, cfg.redisURL, cfg.redisCluster, logger)

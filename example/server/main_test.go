@@ -261,21 +261,14 @@ func TestProcessesOnOneDatabase(t *testing.T) {
 		t.Fatalf("duplicate on B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 	}
 	want := <-first
-	wantReplay := func(s *servertest.Server, who string) {
-		t.Helper()
-		got, trailer, err := create(s, key, req)
-		if err != nil || !proto.Equal(got, want) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
-			t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
-		}
-	}
-	wantReplay(b, "B")
+	wantReplay(t, b, key, req, want, "B")
 
 	for _, s := range []*servertest.Server{a, b} {
 		if err := s.Kill(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	wantReplay(servertest.Start(t, bin, "-database-url", url, "-atomic=false", "-processor-url", p.url), "a new process after both were killed")
+	wantReplay(t, servertest.Start(t, bin, "-database-url", url, "-atomic=false", "-processor-url", p.url), key, req, want, "a new process after both were killed")
 	if n := count(t, pgtest.Pool(t, schema), "charges"); n != 1 {
 		t.Errorf("%d charges in the database, want 1", n)
 	}
@@ -356,6 +349,16 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 }
 
 // create calls CreateCharge on s as tenant acme with key.
+// wantReplay fails t unless a retry of key's req on s replays want, marked
+// replayed; who names s.
+func wantReplay(t *testing.T, s *servertest.Server, key string, req *paymentsv1.CreateChargeRequest, want *paymentsv1.Charge, who string) {
+	t.Helper()
+	got, trailer, err := create(s, key, req)
+	if err != nil || !proto.Equal(got, want) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Errorf("retry on %s: %v, %v (replayed %v); want the first charge, replayed", who, got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
+	}
+}
+
 func create(s *servertest.Server, key string, req *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, metadata.MD, error) {
 	return createAs(s, "sk_test_acme", key, req)
 }

@@ -9,7 +9,6 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/internal/pgtest"
@@ -63,14 +62,7 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 				t.Fatalf("duplicate on B during A's call: %v, want Aborted %s", err, idemkey.ReasonInProgress)
 			}
 			want := <-first
-			wantReplay := func(s *servertest.Server, who string) {
-				t.Helper()
-				got, trailer, err := create(s, key, req)
-				if err != nil || !proto.Equal(got, want) || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
-					t.Errorf("retry on %s: %v, %v (replayed %v); want A's charge, replayed", who, got, err, idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)))
-				}
-			}
-			wantReplay(b, "B")
+			wantReplay(t, b, key, req, want, "B")
 			other := &paymentsv1.CreateChargeRequest{CustomerId: "cus_1", Amount: 999, Currency: "EUR"}
 			if _, _, err := create(b, key, other); status.Code(err) != codes.InvalidArgument || idemkey.Reason(err) != idemkey.ReasonKeyReused {
 				t.Errorf("the key reused for another request: %v, want InvalidArgument %s", err, idemkey.ReasonKeyReused)
@@ -80,7 +72,7 @@ func TestKeysInRedisBehaveAsPostgres(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			wantReplay(servertest.Start(t, bin, args...), "a new process after both were killed")
+			wantReplay(t, servertest.Start(t, bin, args...), key, req, want, "a new process after both were killed")
 			if n := count(t, pool, "charges"); n != 1 {
 				t.Errorf("%d charges in the database, want 1", n)
 			}

@@ -71,11 +71,15 @@ func stacks() []string {
 // ignoredFuncs are functions of the testing package, the runtime, and the
 // standard library whose goroutines are not the tests' own: the testing
 // main goroutine, a test's goroutine returning, fuzzing, os/signal's loop
-// and go test -trace. This is the intent of goleak's default filters.
+// and go test -trace. This is the intent of goleak's default filters. One
+// more is a dependency's, started by a package's init.
 var ignoredFuncs = []string{
 	"testing.(*M).", "testing.tRunner", "testing.runFuzzing", "testing.runFuzzTests", "internal/fuzz.",
 	"os/signal.signal_recv", "os/signal.loop", "runtime.ensureSigM",
 	"runtime/trace.", "runtime.ReadTrace",
+	// OpenCensus's view worker, started by its package's init for the
+	// process's life: the Cloud Spanner client imports it (example/server).
+	"go.opencensus.io/stats/view.(*worker).start",
 }
 
 // ignored reports whether stack s is of a goroutine that is not a leak: one

@@ -1,0 +1,2 @@
+DROP TABLE idempotency_keys_steps;
+DROP TABLE idempotency_keys;
