@@ -26,7 +26,7 @@ const (
 	FailedOpen                      // the store failed and WithFailOpen ran the handler unprotected
 	Refused                         // the tenant or the request was refused, or the call cannot be replayed
 	Expired                         // the key's operation was first sent longer ago than the retention, and it has no record: not run
-	FirstSentInvalid                // the first-sent time is malformed, or in the future: not run
+	FirstSentInvalid                // the first-sent time is malformed, or in the future, or the first region malformed (WithRegion): not run
 	OutcomeUnknown                  // a step an earlier run started never finished, and nothing could tell its outcome (Step): the key is released
 	Fenced                          // first sent to another region, whose record has not arrived (WithRegion): answered InProgress, not run
 	numVerdicts
