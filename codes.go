@@ -34,6 +34,11 @@ const (
 	// OASIS Repeatable Requests' Repeatability-First-Sent): an HTTP date.
 	FirstSentMetadata = "idempotency-first-sent"
 	FirstSentHeader   = "Idempotency-First-Sent"
+	// The region the key's operation was first sent to, the same on every
+	// retry, for a server of several regions (engine.WithRegion): a region
+	// name (ValidateRegion).
+	FirstRegionMetadata = "idempotency-first-region"
+	FirstRegionHeader   = "Idempotency-First-Region"
 )
 
 // ErrorDomain is the domain of the google.rpc.ErrorInfo on every idemkey
@@ -51,6 +56,6 @@ const (
 	ReasonStoreUnavailable = "IDEMPOTENCY_STORE_UNAVAILABLE"  // Unavailable (HTTP 503)
 	ReasonStoreFull        = "IDEMPOTENCY_STORE_FULL"         // ResourceExhausted (HTTP 503)
 	ReasonKeyExpired       = "IDEMPOTENCY_KEY_EXPIRED"        // FailedPrecondition (HTTP 412)
-	ReasonFirstSentInvalid = "IDEMPOTENCY_FIRST_SENT_INVALID" // InvalidArgument (HTTP 400)
+	ReasonFirstSentInvalid = "IDEMPOTENCY_FIRST_SENT_INVALID" // InvalidArgument (HTTP 400): the first-sent time or first region
 	ReasonOutcomeUnknown   = "IDEMPOTENCY_OUTCOME_UNKNOWN"    // Unknown (HTTP 500): a step's outcome, engine.Step
 )

@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"errors"
 	"strings"
 	"time"
 )
@@ -32,6 +33,26 @@ func ValidateKey(key string) error {
 	}
 	return nil
 }
+
+// ValidateRegion returns an error unless name is a region name: 1 to 63
+// bytes of a-z, 0-9 and "-", as a DNS label (FirstRegionHeader). The error
+// never quotes the name.
+func ValidateRegion(name string) error {
+	if name == "" || len(name) > maxRegionLen {
+		return errRegion
+	}
+	for i := 0; i < len(name); i++ {
+		if c := name[i]; (c < 'a' || c > 'z') && (c < '0' || c > '9') && c != '-' {
+			return errRegion
+		}
+	}
+	return nil
+}
+
+// maxRegionLen is the longest region name, in bytes: a DNS label's.
+const maxRegionLen = 63
+
+var errRegion = errors.New("a region name is 1 to 63 bytes of a-z, 0-9 and -")
 
 // ParseKey reads a key header or metadata value the same way on every entry
 // point: an RFC 8941 sf-string, as the IETF draft has it, or, as most
@@ -130,11 +151,29 @@ func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Tim
 	return context.WithValue(ctx, clientKey{}, clientContext{key: key, firstSent: firstSent})
 }
 
-// KeyFromContext returns what ContextWithKey or ContextWithKeyFirstSent put
-// in ctx, for a client interceptor; firstSent may be zero.
+// ContextWithKeyFirstRegion is ContextWithKeyFirstSent that also sends the
+// region the key's operation was first sent to (FirstRegionHeader): a client
+// that fails over to another region with a saved key sends where it first
+// sent it, so that a server of another region (engine.WithRegion) runs
+// nothing until the first region's record reaches it. An empty region
+// sends none.
+func ContextWithKeyFirstRegion(ctx context.Context, key string, firstSent time.Time, region string) context.Context {
+	return context.WithValue(ctx, clientKey{}, clientContext{key: key, firstSent: firstSent, region: region})
+}
+
+// KeyFromContext returns what ContextWithKey, ContextWithKeyFirstSent or
+// ContextWithKeyFirstRegion put in ctx, for a client interceptor; firstSent
+// may be zero.
 func KeyFromContext(ctx context.Context) (key string, firstSent time.Time, ok bool) {
 	c, ok := ctx.Value(clientKey{}).(clientContext)
 	return c.key, c.firstSent, ok
+}
+
+// FirstRegionFromContext returns the region ContextWithKeyFirstRegion put in
+// ctx with its key, for a client interceptor; "" for none.
+func FirstRegionFromContext(ctx context.Context) string {
+	c, _ := ctx.Value(clientKey{}).(clientContext)
+	return c.region
 }
 
 type clientKey struct{}
@@ -142,6 +181,7 @@ type clientKey struct{}
 type clientContext struct {
 	key       string
 	firstSent time.Time
+	region    string // "": none
 }
 
 // DeriveKey returns the key for a call, named by label, that one operation

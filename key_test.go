@@ -1,8 +1,11 @@
 package idemkey_test
 
 import (
+	"context"
 	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemkey/idemkey"
 )
@@ -134,5 +137,32 @@ func TestParseFate(t *testing.T) {
 		if idemkey.ParseIgnored(vs) {
 			t.Errorf("ParseIgnored(%q) = true", vs)
 		}
+	}
+}
+
+func TestValidateRegion(t *testing.T) {
+	for _, name := range []string{"a", "eu-west-1", "0", "-", strings.Repeat("z", 63)} {
+		if err := idemkey.ValidateRegion(name); err != nil {
+			t.Errorf("ValidateRegion(%q) = %v, want nil", name, err)
+		}
+	}
+	for _, name := range []string{"", "EU", "eu_west", "eu west", "eu.west", "é", strings.Repeat("z", 64)} {
+		err := idemkey.ValidateRegion(name)
+		if err == nil || name != "" && strings.Contains(err.Error(), name) {
+			t.Errorf("ValidateRegion(%q) = %v, want an error that does not quote it", name, err)
+		}
+	}
+}
+
+func TestContextWithKeyFirstRegion(t *testing.T) {
+	at := time.Unix(1e9, 0)
+	ctx := idemkey.ContextWithKeyFirstRegion(context.Background(), "k1", at, "eu-west-1")
+	key, sent, ok := idemkey.KeyFromContext(ctx)
+	if key != "k1" || !sent.Equal(at) || !ok || idemkey.FirstRegionFromContext(ctx) != "eu-west-1" {
+		t.Errorf("got %q, %v, %v, region %q", key, sent, ok, idemkey.FirstRegionFromContext(ctx))
+	}
+	// A later key without a region replaces the key and its region.
+	if r := idemkey.FirstRegionFromContext(idemkey.ContextWithKey(ctx, "k2")); r != "" {
+		t.Errorf("ContextWithKey over a region: region %q, want none", r)
 	}
 }

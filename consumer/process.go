@@ -105,6 +105,9 @@ func (x *exchange) FirstSent() []string {
 	return nil
 }
 
+// FirstRegion is none: a message has no region it was first sent to.
+func (x *exchange) FirstRegion() []string { return nil }
+
 // Tenant is the message's tenant (engine.OperationSpec.OwnTenant).
 func (x *exchange) Tenant() string { return x.d.Tenant }
 

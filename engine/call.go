@@ -21,7 +21,10 @@ type request struct {
 	Retried bool
 	// FirstSent is when the key's operation was first sent, or zero.
 	FirstSent time.Time
-	last      bool // Attempt.Last
+	// FirstRegion is the region the key's operation was first sent to, read
+	// only by an engine WithRegion; "" for none.
+	FirstRegion string
+	last        bool // Attempt.Last
 }
 
 // call is one call of an operation, from Engine.newCall to end.
@@ -72,6 +75,10 @@ func (c *call) start(ctx context.Context, r request) {
 	e, op := c.e, c.op
 	fp := c.identify(r)
 	if !c.checkFirstSent(r.FirstSent) {
+		return
+	}
+	if e.fenced(r) {
+		c.fence(ctx, r, fp)
 		return
 	}
 	if e.finder != nil && r.Retried {
@@ -147,6 +154,88 @@ func (e *Engine) firstSent(values []string) (time.Time, error) {
 		t = epoch // the zero time means "not sent"; a date that old is as stale as 1970
 	}
 	return t, nil
+}
+
+// firstRegionOf reads Exchange.FirstRegion: "" without one, and a
+// *FirstSentError for a value sent twice or not a region name.
+func firstRegionOf(values []string) (string, error) {
+	switch len(values) {
+	case 0:
+		return "", nil
+	case 1:
+	default:
+		return "", &FirstSentError{"its first region (" + idemkey.FirstRegionHeader + ") was sent more than once"}
+	}
+	v := strings.Trim(values[0], " \t")
+	if err := idemkey.ValidateRegion(v); err != nil {
+		return "", &FirstSentError{"its first region (" + idemkey.FirstRegionHeader + ") is not a region name: " + err.Error()}
+	}
+	return v, nil
+}
+
+// fenced reports whether r was first sent to a region other than the
+// engine's (WithRegion).
+func (e *Engine) fenced(r request) bool {
+	return r.FirstRegion != "" && r.FirstRegion != e.opts.region
+}
+
+// fence decides a call first sent to another region: it runs nothing here.
+// The key's record, once replication has brought it, is answered as any
+// call's is (replayed, in progress, reused); without one the call is Fenced,
+// answered InProgress, or Expired if first sent longer ago than the
+// retention. A store that fails answers StoreUnavailable even with
+// WithFailOpen: only the first region may run the key.
+func (c *call) fence(ctx context.Context, r request, fp store.Fingerprint) {
+	e := c.e
+	var (
+		res   store.Entry
+		found bool
+		err   error
+		op    = "find"
+	)
+	if e.finder != nil {
+		res, found, err = e.find(ctx, c.partition, c.key)
+	} else {
+		op = "reserve"
+		res, found, err = c.probe(ctx, r, fp)
+	}
+	switch {
+	case errors.Is(err, store.ErrFull):
+		c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
+		c.log(ctx, slog.LevelWarn, "reserve refused: the store is full", err)
+	case err != nil:
+		c.storeFailed(ctx, op, err)
+	case found:
+		c.answer(fp, res)
+	case c.stale:
+		c.Verdict = Expired
+	default:
+		c.Verdict, c.RetryAfter = Fenced, e.opts.retryAfter
+	}
+}
+
+// probe tells whether the key has a record on a store that cannot Find: it
+// reserves the key under a short lease, with room for a small outcome only,
+// and releases at once a key it acquired, which has none.
+func (c *call) probe(ctx context.Context, r request, fp store.Fingerprint) (store.Entry, bool, error) {
+	e := c.e
+	got, err := e.reserve(ctx, store.Reservation{
+		Key:         c.key,
+		Fingerprint: fp,
+		Lease:       leaseGrace, // a probe that dies unreleased holds the key no longer
+		Retention:   c.op.retention,
+		MaxOutcome:  store.SmallOutcome,
+		Partition:   c.partition,
+	})
+	if err != nil || got.State != store.Acquired {
+		return got, err == nil, err
+	}
+	c.token = got.Token
+	if err := e.storeRelease(ctx, c); err != nil {
+		c.logWriteFailure(context.WithoutCancel(ctx), "release", err)
+	}
+	c.token = 0
+	return store.Entry{}, false, nil
 }
 
 // checkFirstSent sets c.stale, and returns false (FirstSentInvalid) for a t

@@ -44,6 +44,20 @@
 // Entry points serve it: interceptor.RegisterKeyService (gRPC) and
 // idemhttp.KeyHandler. The store must be a store.Looker.
 //
+// # Regions
+//
+// Where each region has its own store and the stores copy each other's
+// records asynchronously, WithRegion names the engine's region and fences
+// it: a call whose first region (Exchange.FirstRegion: the
+// idempotency-first-region metadata, the Idempotency-First-Region header,
+// which the client sends with a saved key) is another region's runs nothing
+// here. It replays that region's record once replication has brought it,
+// and is answered InProgress (verdict Fenced) until then, so only the first
+// region runs a key, at any lag. The fence has no bound: a key whose first
+// region is down before its record left it waits for that region. An
+// engine without WithRegion reads no first region. See the repository's
+// docs/regions.md.
+//
 // # Guarantees and caveats
 //
 // Every answer about a key tells until when it is honoured (Answer.Expires:

@@ -1506,6 +1506,8 @@ func TestNewRefusesMistakes(t *testing.T) {
 		"record size below a reply": {newFakeStore(), []Option{WithMaxRecordSize(10)}, "MinRecordSize"},
 		"retention under the lease": {newFakeStore(), []Option{WithRetention(time.Minute), WithMaxLease(time.Hour)}, "shorter than the longest lease"},
 		"nil tenant function":       {newFakeStore(), []Option{WithTenant(nil)}, "WithTenant(nil)"},
+		"region not a name":         {newFakeStore(), []Option{WithRegion("EU West")}, "WithRegion"},
+		"no region":                 {newFakeStore(), []Option{WithRegion("")}, "WithRegion"},
 		"one tenant and many":       {newFakeStore(), []Option{WithTenant(func(context.Context) (string, error) { return "", nil }), WithSingleTenant()}, "contradict"},
 	} {
 		t.Run(name, func(t *testing.T) {

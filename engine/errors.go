@@ -5,8 +5,9 @@ import (
 	"fmt"
 )
 
-// FirstSentError is the Answer.Err of a call answered FirstSentInvalid.
-// Problem says why, without quoting the value.
+// FirstSentError is the Answer.Err of a call answered FirstSentInvalid: its
+// first-sent time, or its first region (WithRegion), is refused. Problem
+// says why, without quoting the value.
 type FirstSentError struct{ Problem string }
 
 func (e *FirstSentError) Error() string { return "idempotency first-sent time refused: " + e.Problem }

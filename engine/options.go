@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"time"
 
+	"github.com/idemkey/idemkey"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -60,6 +61,7 @@ type options struct {
 	retryAfter     time.Duration
 	inProgress     time.Duration
 	clockSkew      time.Duration
+	region         string // WithRegion's; "": no fence
 	failOpen       bool
 	maxRecord      int
 	sealer         Sealer // nil: outcomes are stored as they are
@@ -177,6 +179,27 @@ func WithClockSkew(d time.Duration) Option {
 			o.refuse("WithClockSkew(%v): the skew cannot be negative; 0 trusts the clocks to agree", d)
 		}
 		o.clockSkew = max(d, 0)
+	}
+}
+
+// WithRegion says that the engine serves region name (1 to 63 bytes of
+// a-z, 0-9 and -, idemkey.ValidateRegion), one of several regions whose
+// stores copy each other's records, and fences it: a call whose first
+// region (Exchange.FirstRegion, idemkey.FirstRegionHeader) is another
+// region's runs nothing here. Its key's record, once it has arrived, is
+// replayed, and a record held is answered InProgress, as for any call; with
+// no record the call is answered InProgress (its verdict Fenced) until the
+// record arrives, or Expired if its first-sent time is older than the
+// retention. So only the first region runs a key, at any replication lag:
+// docs/regions.md. A call without a first region, or with this one, is
+// served as usual; a malformed or repeated first region is
+// FirstSentInvalid. An engine without WithRegion reads no first region.
+func WithRegion(name string) Option {
+	return func(o *options) {
+		if err := idemkey.ValidateRegion(name); err != nil {
+			o.refuse("WithRegion: %v", err)
+		}
+		o.region = name
 	}
 }
 

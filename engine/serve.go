@@ -26,15 +26,16 @@ const (
 	FailedOpen                      // the store failed and WithFailOpen ran the handler unprotected
 	Refused                         // the tenant or the request was refused, or the call cannot be replayed
 	Expired                         // the key's operation was first sent longer ago than the retention, and it has no record: not run
-	FirstSentInvalid                // the first-sent time is malformed, or in the future: not run
+	FirstSentInvalid                // the first-sent time is malformed, or in the future, or the first region malformed (WithRegion): not run
 	OutcomeUnknown                  // a step an earlier run started never finished, and nothing could tell its outcome (Step): the key is released
+	Fenced                          // first sent to another region, whose record has not arrived (WithRegion): answered InProgress, not run
 	numVerdicts
 )
 
 var verdictNames = [numVerdicts]string{
 	"executed", "replayed", "in_progress", "reused", "key_missing", "key_invalid",
 	"no_key", "store_unavailable", "store_full", "failed_open", "refused",
-	"key_expired", "first_sent_invalid", "outcome_unknown",
+	"key_expired", "first_sent_invalid", "outcome_unknown", "fenced",
 }
 
 func (v Verdict) String() string {
@@ -55,6 +56,10 @@ type Exchange interface {
 	// FirstSent returns the values of the transport's first-sent field, or a
 	// broker's timestamp formatted with idemkey.FormatDate.
 	FirstSent() []string
+	// FirstRegion returns the values of the transport's first-region field
+	// (idemkey.FirstRegionHeader), read only by an engine WithRegion; none
+	// for a transport that has no such field.
+	FirstRegion() []string
 	Attempt() Attempt
 	// Fingerprint returns the request's fingerprint. An error is answered
 	// (Refused) as it is, so it must be one of the transport's own.
@@ -134,6 +139,11 @@ func (c *call) serve(ctx context.Context, x Exchange) int {
 	if !ok {
 		return code
 	}
+	return c.serveRequest(ctx, x, r)
+}
+
+// serveRequest serves a call whose request read has read.
+func (c *call) serveRequest(ctx context.Context, x Exchange, r request) int {
 	c.start(ctx, r)
 	switch c.Verdict {
 	case Executed:
@@ -164,6 +174,13 @@ func (c *call) read(ctx context.Context, x Exchange) (r request, code int, ok bo
 		c.Verdict = FirstSentInvalid
 		return r, x.Answer(ctx, Answer{Verdict: FirstSentInvalid, Err: err}), false
 	}
+	var firstRegion string
+	if c.e.opts.region != "" {
+		if firstRegion, err = firstRegionOf(x.FirstRegion()); err != nil {
+			c.Verdict = FirstSentInvalid
+			return r, x.Answer(ctx, Answer{Verdict: FirstSentInvalid, Err: err}), false
+		}
+	}
 	tenant, err := c.tenantOf(ctx, x)
 	if err != nil {
 		return r, x.Answer(ctx, Answer{Verdict: Refused, Err: err, Tenant: true}), false
@@ -173,7 +190,7 @@ func (c *call) read(ctx context.Context, x Exchange) (r request, code int, ok bo
 		return r, x.Answer(ctx, Answer{Verdict: Refused, Err: err}), false
 	}
 	att := x.Attempt()
-	return request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, last: att.Last}, 0, true
+	return request{Tenant: tenant, Key: key, Fingerprint: fp, Retried: att.Retried, FirstSent: firstSent, FirstRegion: firstRegion, last: att.Last}, 0, true
 }
 
 func (c *call) pass(ctx context.Context, x Exchange) int {
@@ -186,6 +203,9 @@ func (c *call) pass(ctx context.Context, x Exchange) int {
 // did not run, or whose record another call's superseded.
 func (c *call) answerOf() Answer {
 	a := Answer{Verdict: c.Verdict, RetryAfter: c.RetryAfter, Expires: c.Expires, Unopened: c.unopened}
+	if c.Verdict == Fenced { // to the caller, a key in progress in its first region
+		a.Verdict = InProgress
+	}
 	if c.Verdict == Replayed {
 		a.Outcome = c.Outcome
 	}
@@ -285,6 +305,10 @@ func (e *Engine) serveBatch(ctx context.Context, op *Operation, xs []Exchange) {
 		r, code, ok := c.read(ctx, x)
 		if !ok {
 			c.end(ctx, code)
+			continue
+		}
+		if e.fenced(r) { // never reserved with the batch: served on its own
+			c.end(ctx, c.serveRequest(ctx, x, r))
 			continue
 		}
 		reqs, at = append(reqs, r), append(at, x)

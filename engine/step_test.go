@@ -28,6 +28,7 @@ type stepCall struct {
 
 func (x *stepCall) Key() (string, bool, error) { return x.key, true, nil }
 func (x *stepCall) FirstSent() []string        { return nil }
+func (x *stepCall) FirstRegion() []string      { return nil }
 func (x *stepCall) Attempt() Attempt           { return Attempt{} }
 func (x *stepCall) Fingerprint(context.Context) (store.Fingerprint, error) {
 	return fingerprint(x.request), nil

@@ -129,6 +129,9 @@ func setHeaders(h http.Header, r adaptertest.Request) {
 	if r.FirstSent != "" {
 		h.Set(idemkey.FirstSentHeader, r.FirstSent)
 	}
+	if r.FirstRegion != "" {
+		h.Set(idemkey.FirstRegionHeader, r.FirstRegion)
+	}
 }
 
 // connectReply translates a call's result into the suite's terms: the marks

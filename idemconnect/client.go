@@ -16,7 +16,8 @@ import (
 // NewClientInterceptor returns an interceptor for Connect clients that gives
 // every call of a covered procedure an idempotency key and first-sent time:
 // the request header's, else idemkey.ContextWithKey's, else a new key and
-// now. They go in the request's header, in the strict forms a strict server
+// now; and the first region idemkey.ContextWithKeyFirstRegion gives with
+// its key, or the header's, checked. They go in the request's header, in the strict forms a strict server
 // reads (idemkey.FormatKey, idemkey.FormatDate), so a retry of the same
 // *connect.Request resends them: use one Request per operation. A malformed
 // key or time fails the call with InvalidArgument before it is sent.
@@ -49,13 +50,14 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 		}
 		h := req.Header()
 		var ctxSent time.Time // the context's first-sent time, sent only with its key
+		var ctxRegion string  // and its first region
 		switch vs := h[idemkey.KeyHeader]; len(vs) {
 		case 0:
 			if msg, ok := req.Any().(proto.Message); ok && p.KeyField != nil && protokey.KeyFromField(msg, p.KeyField) != "" {
 				break // the request carries its own key
 			}
 			key, sent, ok := idemkey.KeyFromContext(ctx)
-			ctxSent = sent
+			ctxSent, ctxRegion = sent, idemkey.FirstRegionFromContext(ctx)
 			if !ok {
 				key = idemkey.NewKey()
 			} else if err := checkKey(key); err != nil {
@@ -70,6 +72,9 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			vs[0] = idemkey.FormatKey(key) // the same key, as the strict form
 		}
 		if err := setFirstSent(h, ctxSent); err != nil {
+			return nil, err
+		}
+		if err := setFirstRegion(h, ctxRegion); err != nil {
 			return nil, err
 		}
 		return next(ctx, req)
@@ -98,12 +103,40 @@ func setFirstSent(h http.Header, ctxSent time.Time) *connect.Error {
 	return nil
 }
 
+// setFirstRegion sets h's first region, unless h has one, to ctxRegion if
+// not ""; one h has is checked.
+func setFirstRegion(h http.Header, ctxRegion string) *connect.Error {
+	switch vs := h[idemkey.FirstRegionHeader]; len(vs) {
+	case 0:
+		if ctxRegion == "" {
+			return nil
+		}
+		if err := idemkey.ValidateRegion(ctxRegion); err != nil {
+			return firstRegionInvalidError(err.Error())
+		}
+		h[idemkey.FirstRegionHeader] = []string{ctxRegion}
+	case 1:
+		if err := idemkey.ValidateRegion(vs[0]); err != nil {
+			return firstRegionInvalidError(err.Error())
+		}
+	default:
+		return firstRegionInvalidError("it was sent more than once")
+	}
+	return nil
+}
+
 func (cl *client) WrapStreamingClient(next connect.StreamingClientFunc) connect.StreamingClientFunc {
 	return next
 }
 
 func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connect.StreamingHandlerFunc {
 	return next
+}
+
+// firstRegionInvalidError refuses a first region with the first-sent
+// time's reason; problem must not quote the value.
+func firstRegionInvalidError(problem string) *connect.Error {
+	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first region refused: "+problem))
 }
 
 // firstSentInvalidError's problem must not quote the value.

@@ -326,3 +326,58 @@ func TestKeyExpires(t *testing.T) {
 		})
 	}
 }
+
+// The client sends the first region a caller gives with its key, and only
+// with that key; a malformed one fails before it is sent.
+func TestClientFirstRegion(t *testing.T) {
+	rec := &keyRecorder{}
+	runs := &counter{}
+	url := serve(t, runs.handle, connect.UnaryInterceptorFunc(rec.intercept), newInterceptor(t, single(t)))
+	client := newChargeClient(t, url, connect.WithInterceptors(idemconnect.NewClientInterceptor()))
+	ctx, at := t.Context(), time.Now().Add(-time.Minute)
+	withHeader := func(amount int64, kv ...string) *chargeRequest {
+		req := connect.NewRequest(&paymentsv1.CreateChargeRequest{Amount: amount})
+		for i := 0; i+1 < len(kv); i += 2 {
+			req.Header().Add(kv[i], kv[i+1])
+		}
+		return req
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		req  *chargeRequest
+		want string // "": none
+	}{
+		{"the context's", idemkey.ContextWithKeyFirstRegion(ctx, "order-1", at, "eu-west-1"), withHeader(100), "eu-west-1"},
+		{"none", idemkey.ContextWithKeyFirstRegion(ctx, "order-2", at, ""), withHeader(200), ""},
+		{"the request's key drops the context's region",
+			idemkey.ContextWithKeyFirstRegion(ctx, "order-3", at, "eu-west-1"), withHeader(300, idemkey.KeyHeader, "order-4"), ""},
+		{"the header's is kept", ctx, withHeader(400, idemkey.FirstRegionHeader, "us-east-2"), "us-east-2"},
+	} {
+		if _, err := client.CallUnary(tc.ctx, tc.req); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if got := rec.takeValues(idemkey.FirstRegionHeader); len(got) != 1 || strings.Join(got[0], ",") != tc.want {
+			t.Errorf("%s: first regions sent %q, want [%q]", tc.name, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		req  *chargeRequest
+	}{
+		{"the context's", idemkey.ContextWithKeyFirstRegion(ctx, "order-5", at, "Secret-Region"), withHeader(500)},
+		{"the header's", ctx, withHeader(500, idemkey.FirstRegionHeader, "secret_region")},
+		{"the header's, twice", ctx, withHeader(500, idemkey.FirstRegionHeader, "a", idemkey.FirstRegionHeader, "a")},
+	} {
+		_, err := client.CallUnary(tc.ctx, tc.req)
+		if connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonFirstSentInvalid ||
+			strings.Contains(strings.ToLower(err.Error()), "secret") {
+			t.Errorf("%s: %v; want InvalidArgument, IDEMPOTENCY_FIRST_SENT_INVALID, not quoting the value", tc.name, err)
+		}
+	}
+	if sent := rec.take(); len(sent) != 0 {
+		t.Fatalf("malformed regions sent %d calls", len(sent))
+	}
+	runs.wantRuns(t, 4)
+}

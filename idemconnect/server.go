@@ -94,6 +94,7 @@ func (x *exchange) Key() (string, bool, error) {
 }
 
 func (x *exchange) FirstSent() []string     { return x.req.Header()[idemkey.FirstSentHeader] }
+func (x *exchange) FirstRegion() []string   { return x.req.Header()[idemkey.FirstRegionHeader] }
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.req.Header())} }
 
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {

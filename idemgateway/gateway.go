@@ -24,7 +24,7 @@ type options struct {
 }
 
 // WithHeaderMatcher is the application's incoming header matcher, asked
-// about every header but idemkey's two (runtime.DefaultHeaderMatcher by
+// about every header but idemkey's three (runtime.DefaultHeaderMatcher by
 // default); one it sends to idemkey's metadata is forwarded as theirs.
 func WithHeaderMatcher(m runtime.HeaderMatcherFunc) Option {
 	return func(o *options) {
@@ -71,6 +71,8 @@ func (in incoming) route(name string) (string, bool) {
 		return idemkey.KeyMetadata, true
 	case strings.EqualFold(name, idemkey.FirstSentHeader):
 		return idemkey.FirstSentMetadata, true
+	case strings.EqualFold(name, idemkey.FirstRegionHeader):
+		return idemkey.FirstRegionMetadata, true
 	}
 	return in.next(name)
 }
@@ -82,6 +84,8 @@ func ours(md string) (string, bool) {
 		return idemkey.KeyMetadata, true
 	case strings.EqualFold(md, idemkey.FirstSentMetadata):
 		return idemkey.FirstSentMetadata, true
+	case strings.EqualFold(md, idemkey.FirstRegionMetadata):
+		return idemkey.FirstRegionMetadata, true
 	}
 	return "", false
 }

@@ -61,6 +61,8 @@ func (x *exchange) Key() (string, bool, error) {
 
 func (x *exchange) FirstSent() []string { return x.r.Header.Values(idemkey.FirstSentHeader) }
 
+func (x *exchange) FirstRegion() []string { return x.r.Header.Values(idemkey.FirstRegionHeader) }
+
 // Attempt is the zero Attempt: HTTP does not say which attempt a request is.
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }
 

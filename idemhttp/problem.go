@@ -73,7 +73,7 @@ var titles = map[string]string{
 	idemkey.ReasonStoreUnavailable: "The idempotency store is unavailable",
 	idemkey.ReasonStoreFull:        "The idempotency store is full",
 	idemkey.ReasonKeyExpired:       "Idempotency-Key has expired",
-	idemkey.ReasonFirstSentInvalid: "Idempotency-First-Sent is refused",
+	idemkey.ReasonFirstSentInvalid: "Idempotency-First-Sent or Idempotency-First-Region is refused",
 	idemkey.ReasonOutcomeUnknown:   "The outcome of an earlier request's step is unknown",
 	ReasonRequestTooLarge:          "The request body is too large",
 	ReasonRequestUnreadable:        "The request body cannot be read",

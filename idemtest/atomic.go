@@ -71,6 +71,8 @@ func (x *rolledBack) Key() (string, bool, error) { return idemkey.NewKey(), true
 
 func (x *rolledBack) FirstSent() []string { return nil }
 
+func (x *rolledBack) FirstRegion() []string { return nil }
+
 func (x *rolledBack) Attempt() engine.Attempt { return engine.Attempt{} }
 
 func (x *rolledBack) Fingerprint(context.Context) (store.Fingerprint, error) {

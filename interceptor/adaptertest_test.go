@@ -111,6 +111,9 @@ func serveConformance(t *testing.T, cfg adaptertest.Config) func(context.Context
 		if r.FirstSent != "" {
 			md.Append(idemkey.FirstSentMetadata, r.FirstSent)
 		}
+		if r.FirstRegion != "" {
+			md.Append(idemkey.FirstRegionMetadata, r.FirstRegion)
+		}
 		var header, trailer metadata.MD
 		ctx, opts := metadata.NewOutgoingContext(ctx, md), []grpc.CallOption{grpc.Header(&header), grpc.Trailer(&trailer)}
 		var charge *paymentsv1.Charge

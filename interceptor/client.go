@@ -17,7 +17,10 @@ import (
 // UnaryClientInterceptor returns a client interceptor that gives every call
 // of a covered method an idempotency key and first-sent time: the caller's
 // own (UseKey, idemkey.ContextWithKey, the metadata) or else a new key and
-// now. A malformed key fails the call with InvalidArgument before it is sent.
+// now; and the first region the caller gives with its key
+// (UseKeyFirstRegion, idemkey.ContextWithKeyFirstRegion, the metadata). A
+// malformed key or region fails the call with InvalidArgument before it is
+// sent.
 // It returns an error if a MethodOption names a method the protobuf registry
 // does not know.
 func UnaryClientInterceptor(opts ...MethodOption) (grpc.UnaryClientInterceptor, error) {
@@ -62,8 +65,14 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 	if err := validateKey(use.key); err != nil {
 		return nil, err
 	}
-	return metadata.AppendToOutgoingContext(withoutKey(ctx), idemkey.KeyMetadata, metadataKey(use.key),
-		idemkey.FirstSentMetadata, formatFirstSent(use.firstSent)), nil
+	kv := []string{idemkey.KeyMetadata, metadataKey(use.key), idemkey.FirstSentMetadata, formatFirstSent(use.firstSent)}
+	if use.region != "" {
+		if err := idemkey.ValidateRegion(use.region); err != nil {
+			return nil, firstRegionInvalidError(err.Error())
+		}
+		kv = append(kv, idemkey.FirstRegionMetadata, use.region)
+	}
+	return metadata.AppendToOutgoingContext(withoutKey(ctx), kv...), nil
 }
 
 // withKey keeps the metadata's key and first-sent time, checked (an
@@ -73,12 +82,13 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 func withKey(ctx context.Context, m *rpckit.Method, req any) (_ context.Context, supplied string, err error) {
 	md, _ := metadata.FromOutgoingContext(ctx) // a copy
 	key, firstSent, fromContext := idemkey.KeyFromContext(ctx)
+	region := idemkey.FirstRegionFromContext(ctx)
 	switch {
 	case len(md[idemkey.KeyMetadata]) > 0 || carriesKey(m, req):
 		if supplied, _, err = keyFromMetadata(md); err != nil {
 			return nil, "", err
 		}
-		key, firstSent = "", time.Time{} // the context's time is for the context's key
+		key, firstSent, region = "", time.Time{}, "" // the context's time and region are for the context's key
 	case fromContext:
 		if err := validateKey(key); err != nil {
 			return nil, "", err
@@ -101,6 +111,21 @@ func withKey(ctx context.Context, m *rpckit.Method, req any) (_ context.Context,
 		}
 	default:
 		return nil, "", firstSentInvalidError("it was sent more than once")
+	}
+	switch vs := md[idemkey.FirstRegionMetadata]; len(vs) {
+	case 0:
+		if region != "" {
+			if err := idemkey.ValidateRegion(region); err != nil {
+				return nil, "", firstRegionInvalidError(err.Error())
+			}
+			ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, region)
+		}
+	case 1:
+		if err := idemkey.ValidateRegion(vs[0]); err != nil {
+			return nil, "", firstRegionInvalidError(err.Error())
+		}
+	default:
+		return nil, "", firstRegionInvalidError("it was sent more than once")
 	}
 	if key != "" { // after the metadata is replaced, if it was
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, key)
@@ -126,6 +151,17 @@ func UseKeyFirstSent(key string, firstSent time.Time) grpc.CallOption {
 	return keyOption{key: key, firstSent: firstSent}
 }
 
+// UseKeyFirstRegion is UseKeyFirstSent for an operation first sent to
+// region (idemkey.FirstRegionMetadata; "" sends none), for a client that
+// fails over to another region with a saved key: a server of another
+// region (engine.WithRegion) runs nothing until the first region's record
+// reaches it, so the key runs in one region only. A region that is not a
+// region name (idemkey.ValidateRegion) fails the call with InvalidArgument
+// before it is sent.
+func UseKeyFirstRegion(key string, firstSent time.Time, region string) grpc.CallOption {
+	return keyOption{key: key, firstSent: firstSent, region: region}
+}
+
 // keyOption is UseKey's call option. It is not per-call credentials, which
 // work without the interceptor: gRPC keeps one set per call, so the key
 // would displace the caller's own credentials, or they the key.
@@ -133,6 +169,7 @@ type keyOption struct {
 	grpc.EmptyCallOption
 	key       string
 	firstSent time.Time // zero: now
+	region    string    // "": none
 }
 
 func formatFirstSent(t time.Time) string {
@@ -167,11 +204,12 @@ func metadataKey(key string) string {
 
 func withoutKey(ctx context.Context) context.Context {
 	md, ok := metadata.FromOutgoingContext(ctx)
-	if !ok || len(md[idemkey.KeyMetadata]) == 0 && len(md[idemkey.FirstSentMetadata]) == 0 {
+	if !ok || len(md[idemkey.KeyMetadata]) == 0 && len(md[idemkey.FirstSentMetadata]) == 0 && len(md[idemkey.FirstRegionMetadata]) == 0 {
 		return ctx
 	}
 	delete(md, idemkey.KeyMetadata) // md is a copy
 	delete(md, idemkey.FirstSentMetadata)
+	delete(md, idemkey.FirstRegionMetadata)
 	return metadata.NewOutgoingContext(ctx, md)
 }
 

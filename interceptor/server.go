@@ -74,6 +74,10 @@ func (x *exchange) Key() (string, bool, error) {
 func (x *exchange) FirstSent() []string {
 	return metadata.ValueFromIncomingContext(x.ctx, idemkey.FirstSentMetadata)
 }
+
+func (x *exchange) FirstRegion() []string {
+	return metadata.ValueFromIncomingContext(x.ctx, idemkey.FirstRegionMetadata)
+}
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{Retried: retried(x.ctx)} }
 
 func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {

@@ -78,6 +78,12 @@ func firstSentInvalidError(problem string) error {
 	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first-sent time refused: "+problem))
 }
 
+// firstRegionInvalidError refuses a malformed or repeated first region,
+// with the first-sent time's reason; problem must not quote the value.
+func firstRegionInvalidError(problem string) error {
+	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first region refused: "+problem))
+}
+
 func pushbackTrailer(retryAfter time.Duration) metadata.MD {
 	ms := retryAfter / time.Millisecond
 	if retryAfter%time.Millisecond > 0 { // rounded up without overflow

@@ -89,6 +89,7 @@ type call struct {
 
 func (c *call) Key() (string, bool, error) { return c.key, true, nil }
 func (c *call) FirstSent() []string        { return nil }
+func (c *call) FirstRegion() []string      { return nil }
 func (c *call) Attempt() engine.Attempt    { return engine.Attempt{} }
 func (c *call) Fingerprint(context.Context) (store.Fingerprint, error) {
 	return store.Fingerprint{1}, nil

@@ -55,6 +55,9 @@ type Request struct {
 	// FirstSent is sent as the transport's first-sent field
 	// (idemkey.FirstSentMetadata, idemkey.FirstSentHeader), if not "".
 	FirstSent string
+	// FirstRegion is sent as the transport's first-region field
+	// (idemkey.FirstRegionMetadata, idemkey.FirstRegionHeader), if not "".
+	FirstRegion string
 	// Uncovered calls an operation the entry point does not cover (gRPC and
 	// Connect: GetCharge, NO_SIDE_EFFECTS; HTTP: a GET), whose handler is
 	// the Service's too, with the Behaviour and no amount.
@@ -176,6 +179,8 @@ type Config struct {
 	// FailOpen runs the handler unprotected when the store fails
 	// (engine.WithFailOpen).
 	FailOpen bool
+	// Region, if not "", is the region the engine serves (engine.WithRegion).
+	Region string
 }
 
 // Engine is the engine of cfg, whose tenants tenant reads from the
@@ -189,6 +194,9 @@ func (cfg Config) Engine(t *testing.T, tenant engine.TenantFunc) *engine.Engine 
 	}
 	if cfg.FailOpen {
 		opts = append(opts, engine.WithFailOpen())
+	}
+	if cfg.Region != "" {
+		opts = append(opts, engine.WithRegion(cfg.Region))
 	}
 	eng, err := engine.New(cfg.Store, opts...)
 	if err != nil {
@@ -512,6 +520,69 @@ var cases = []testCase{
 		}
 		s.wantRuns(0)
 	}, hooks: []string{"refuse first_sent_invalid", "refuse first_sent_invalid", "refuse first_sent_invalid"}},
+	{name: "a key first sent to another region runs only there", run: func(t *testing.T, s *suite) {
+		// Two regions' servers on one store: what region b records is what
+		// replication would bring to region a.
+		a := s.serve(func(c *Config) { c.Region = "a" })
+		b := s.serve(func(c *Config) { c.Region = "b" })
+		r := Request{Key: "k1", Amount: 100, FirstRegion: "b"}
+		for range 2 { // the client failed over to a before b's record arrived
+			fenced := s.doWith(a, r)
+			s.wantReason(fenced, idemkey.ReasonInProgress)
+			if fenced.RetryAfter <= 0 || fenced.Expires != "" || s.fate(fenced) != "" {
+				t.Fatalf("got %+v, want a retry delay, and neither expiry nor fate: the key has no record here", fenced)
+			}
+		}
+		s.wantRuns(0)
+		first := s.doWith(b, r)
+		if !first.OK || s.fate(first) != "executed" {
+			t.Fatalf("got %+v, want the first region to run the key", first)
+		}
+		// Once the record has arrived, a replays it, and refuses it reused.
+		s.wantSame(first, s.doWith(a, r))
+		s.wantReason(s.doWith(a, Request{Key: "k1", Amount: 200, FirstRegion: "b"}), idemkey.ReasonKeyReused)
+		s.wantRuns(1)
+		// A key first sent to a, or with no first region, is a's to run;
+		// one first sent to b longer ago than the retention is expired.
+		for _, r := range []Request{{Key: "k2", Amount: 100, FirstRegion: "a"}, {Key: "k3", Amount: 100}} {
+			if got := s.doWith(a, r); !got.OK || s.fate(got) != "executed" {
+				t.Fatalf("got %+v, want a run", got)
+			}
+		}
+		old := idemkey.FormatDate(time.Now().Add(-engine.DefaultRetention - time.Minute))
+		s.wantReason(s.doWith(a, Request{Key: "k4", Amount: 100, FirstRegion: "b", FirstSent: old}), idemkey.ReasonKeyExpired)
+		// An engine without a region reads no first region.
+		if got := s.do(Request{Key: "k5", Amount: 100, FirstRegion: "b"}); !got.OK || s.fate(got) != "executed" {
+			t.Fatalf("got %+v, want a run: the engine has no region", got)
+		}
+		s.wantRuns(4)
+	}, hooks: []string{"refuse fenced", "refuse fenced", "execute executed", "replay replayed", "refuse reused",
+		"execute executed", "execute executed", "refuse key_expired", "execute executed"}},
+	{name: "a region fences a key on a store that cannot find", run: func(t *testing.T, s *suite) {
+		if s.cfg.Atomic {
+			t.Skip("atomic mode needs the store's store.Atomic, which this wrapper hides")
+		}
+		// Without store.Finder the fenced region reserves the key and
+		// releases it at once: the key is left free for its record.
+		a := s.serve(func(c *Config) { c.Region, c.Store = "a", reserveOnly{c.Store} })
+		b := s.serve(func(c *Config) { c.Region = "b" })
+		r := Request{Key: "k1", Amount: 100, FirstRegion: "b"}
+		s.wantReason(s.doWith(a, r), idemkey.ReasonInProgress)
+		s.wantRuns(0)
+		first := s.doWith(b, r)
+		if !first.OK || s.fate(first) != "executed" {
+			t.Fatalf("got %+v, want the first region to run the key", first)
+		}
+		s.wantSame(first, s.doWith(a, r))
+		s.wantRuns(1)
+	}, hooks: []string{"refuse fenced", "execute executed", "replay replayed"}},
+	{name: "a malformed first region is refused", run: func(t *testing.T, s *suite) {
+		a := s.serve(func(c *Config) { c.Region = "a" })
+		for _, v := range []string{"EU", "eu_west", "a,b", strings.Repeat("a", 64)} {
+			s.wantReason(s.doWith(a, Request{Key: "k1", Amount: 100, FirstRegion: v}), idemkey.ReasonFirstSentInvalid)
+		}
+		s.wantRuns(0)
+	}, hooks: []string{"refuse first_sent_invalid", "refuse first_sent_invalid", "refuse first_sent_invalid", "refuse first_sent_invalid"}},
 	{name: "first call runs the handler", run: func(t *testing.T, s *suite) {
 		r := s.do(Request{Key: "k1", Amount: 100})
 		if !r.OK || s.fate(r) != "executed" || r.Body != "ch_acme_100_run1" {
@@ -893,6 +964,10 @@ func (t tamperingAtomic) Begin(ctx context.Context, r store.Reservation) (store.
 	res, tx, err := t.Store.(store.Atomic).Begin(ctx, r)
 	return tamper(res), tx, err
 }
+
+// reserveOnly is a store without its store.Finder and other optional
+// methods.
+type reserveOnly struct{ store.Store }
 
 // ErrDown is the error of a store that is down.
 var ErrDown = errors.New("adaptertest: the store is down")

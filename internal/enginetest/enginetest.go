@@ -45,6 +45,8 @@ func (c *Call) Key() (string, bool, error) { return c.key, true, nil }
 
 func (c *Call) FirstSent() []string { return nil }
 
+func (c *Call) FirstRegion() []string { return nil }
+
 func (c *Call) Attempt() engine.Attempt { return engine.Attempt{} }
 
 func (c *Call) Fingerprint(context.Context) (store.Fingerprint, error) {

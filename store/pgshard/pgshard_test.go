@@ -103,6 +103,7 @@ type charge struct {
 
 func (c *charge) Key() (string, bool, error) { return c.key, true, nil }
 func (c *charge) FirstSent() []string        { return nil }
+func (c *charge) FirstRegion() []string      { return nil }
 func (c *charge) Attempt() engine.Attempt    { return engine.Attempt{} }
 func (c *charge) Fingerprint(context.Context) (store.Fingerprint, error) {
 	return store.Fingerprint{1}, nil

@@ -159,6 +159,9 @@ func serve(t *testing.T, cfg adaptertest.Config) func(context.Context, adapterte
 		if r.FirstSent != "" {
 			req.Header.Set(idemkey.FirstSentHeader, r.FirstSent)
 		}
+		if r.FirstRegion != "" {
+			req.Header.Set(idemkey.FirstRegionHeader, r.FirstRegion)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			t.Errorf("POST /v1/charges: %v", err)

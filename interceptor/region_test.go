@@ -1,0 +1,111 @@
+package interceptor_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+
+	"github.com/idemkey/idemkey"
+	"github.com/idemkey/idemkey/engine"
+	"github.com/idemkey/idemkey/interceptor"
+	"github.com/idemkey/idemkey/internal/grpctest"
+	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	"github.com/idemkey/idemkey/store/memory"
+)
+
+// The client sends the first region a caller gives with its key, on every
+// attempt, and only with that key; a malformed one fails before it is sent.
+func TestClientFirstRegion(t *testing.T) {
+	svc, client, _ := newSeenE2E(t)
+	at := time.Now().Add(-time.Minute)
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		opts []grpc.CallOption
+		want string // "": none
+	}{
+		{"UseKeyFirstRegion", ctx, []grpc.CallOption{interceptor.UseKeyFirstRegion("order-1", at, "eu-west-1")}, "eu-west-1"},
+		{"ContextWithKeyFirstRegion", idemkey.ContextWithKeyFirstRegion(ctx, "order-2", at, "eu-west-1"), nil, "eu-west-1"},
+		{"no region", ctx, []grpc.CallOption{interceptor.UseKeyFirstRegion("order-3", at, "")}, ""},
+		{"UseKey drops the context's region with its key",
+			idemkey.ContextWithKeyFirstRegion(ctx, "order-4", at, "eu-west-1"), []grpc.CallOption{interceptor.UseKey("order-5")}, ""},
+		{"the metadata's key drops the context's region",
+			metadata.AppendToOutgoingContext(idemkey.ContextWithKeyFirstRegion(ctx, "order-6", at, "eu-west-1"), idemkey.KeyMetadata, "order-7"), nil, ""},
+		{"the metadata's region is kept",
+			metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "order-8", idemkey.FirstRegionMetadata, "us-east-2"), nil, "us-east-2"},
+	} {
+		if _, err := client.CreateCharge(tc.ctx, request(1), tc.opts...); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		seen := drainMD(svc.seen)
+		if len(seen) != 1 {
+			t.Fatalf("%s: the server saw %d calls, want 1", tc.name, len(seen))
+		}
+		if got := seen[0].Get(idemkey.FirstRegionMetadata); strings.Join(got, ",") != tc.want {
+			t.Errorf("%s: the server saw first region %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	wantRuns(t, svc.service, 6)
+
+	for _, tc := range []struct {
+		name string
+		ctx  context.Context
+		opts []grpc.CallOption
+	}{
+		{"UseKeyFirstRegion", ctx, []grpc.CallOption{interceptor.UseKeyFirstRegion("order-9", at, "Secret-Region")}},
+		{"ContextWithKeyFirstRegion", idemkey.ContextWithKeyFirstRegion(ctx, "order-9", at, "secret_region"), nil},
+		{"the metadata's", metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, "secret region"), nil},
+		{"the metadata's, twice", metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, "a", idemkey.FirstRegionMetadata, "a"), nil},
+	} {
+		_, err := client.CreateCharge(tc.ctx, request(1), tc.opts...)
+		wantReason(t, err, codes.InvalidArgument, idemkey.ReasonFirstSentInvalid)
+		if strings.Contains(strings.ToLower(err.Error()), "secret") {
+			t.Errorf("%s: %v; want the region unquoted", tc.name, err)
+		}
+	}
+	if seen := drainMD(svc.seen); len(seen) != 0 {
+		t.Errorf("malformed regions reached the server: %d calls", len(seen))
+	}
+	wantRuns(t, svc.service, 6)
+}
+
+// A client that fails over with a saved key and its first region is held
+// off by the other region until the first region's record is there, then
+// replayed it: the charge runs once. The two regions' servers share one
+// store, as replication that has caught up would.
+func TestFirstRegionFailover(t *testing.T) {
+	st := memory.New()
+	svc := newService()
+	dial := func(region string) paymentsv1.PaymentServiceClient {
+		srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Interceptor(st, engine.WithTenant(tenantFromMetadata), engine.WithRegion(region))))
+		paymentsv1.RegisterPaymentServiceServer(srv, svc)
+		return paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDisableRetry(),
+			grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))
+	}
+	a, b := dial("a"), dial("b")
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	saved := interceptor.UseKeyFirstRegion("order-1", time.Now(), "b")
+
+	_, err := a.CreateCharge(ctx, request(1), saved)
+	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
+	if d, ok := idemkey.RetryDelay(err); !ok || d <= 0 {
+		t.Errorf("the fenced call asked for a retry delay of %v (%v); want one", d, ok)
+	}
+	wantRuns(t, svc, 0)
+	first, err := b.CreateCharge(ctx, request(1), saved)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var trailer metadata.MD
+	again, err := a.CreateCharge(ctx, request(1), saved, grpc.Trailer(&trailer))
+	if err != nil || again.GetId() != first.GetId() || !idemkey.ParseReplayed(trailer.Get(idemkey.ReplayedMetadata)) {
+		t.Fatalf("region a after b's record: %v, %v; want b's reply %v, replayed", again, err, first)
+	}
+	wantRuns(t, svc, 1)
+}
