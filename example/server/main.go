@@ -7,7 +7,7 @@
 //	    [-metrics-addr ADDR] [-metrics-addr-file PATH] [-http-addr ADDR] [-http-addr-file PATH]
 //	    [-redis-url URL | -redis-cluster ADDR,ADDR,... | -spanner projects/P/instances/I/databases/D |
 //	     -shard-database-urls URL,URL,...]
-//	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]]
+//	    [-seal-key FILE [-seal-previous-key FILE]... [-seal-accept-unsealed]] [-region NAME]
 //	    [-processor-url URL] [-processor-timeout 5s] [-reconcile=true] [-fail-after-charge N] [-fail-after-write N]
 //	    [-outbox URL [-outbox-destination payments.charge.created] [-relay=true | -relay-only] [-relay-rate N]]
 //
@@ -249,6 +249,7 @@ func main() {
 	httpAddrFile := flag.String("http-addr-file", "", "with -http-addr, write the HTTP address listened on to this file once serving, and remove it on exit")
 	redisURL := flag.String("redis-url", "", "Redis URL (redis://host:port/db) for the idempotency keys; runs two-phase")
 	redisCluster := flag.String("redis-cluster", "", "comma-separated seed addresses of a Redis Cluster for the idempotency keys; runs two-phase")
+	region := flag.String("region", "", "this server's region (lower-case letters, digits, '-'): a key first sent to another region (Idempotency-First-Region) runs nothing here until that region's record has arrived (docs/regions.md)")
 	spannerDB := flag.String("spanner", "", "Cloud Spanner database (projects/P/instances/I/databases/D) for the idempotency keys and the charges; SPANNER_EMULATOR_HOST for the emulator")
 	var shardURLs []string
 	flag.Func("shard-database-urls", "comma-separated PostgreSQL URLs of the shards for the idempotency keys and the charges, each tenant on one (store/pgshard); needs -database-url empty", func(v string) error {
@@ -276,7 +277,7 @@ func main() {
 
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	cfg := config{databaseURL: *databaseURL, addrFile: *addrFile, metricsAddr: *metricsAddr, metricsAddrFile: *metricsAddrFile, httpAddr: *httpAddr, httpAddrFile: *httpAddrFile, delay: *delay, ttl: *ttl, maxLease: *maxLease, lease: *lease,
-		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster, spanner: *spannerDB, shardURLs: shardURLs,
+		methodRetention: methodRetention, coverMethods: coverMethods, atomic: *atomic, bare: !*idempotency, inTransaction: *inTransaction, maxRecords: *maxRecords, maxBytes: *maxBytes, redisURL: *redisURL, redisCluster: *redisCluster, spanner: *spannerDB, shardURLs: shardURLs, region: *region,
 		sealKey: *sealKey, previousKeys: previousKeys, acceptUnsealed: *acceptUnsealed,
 		processorURL: *processorURL, processorTimeout: *processorTimeout, withoutReconcile: !*reconcile, failAfterCharge: *failAfterCharge, failAfterWrite: *failAfterWrite,
 		outboxURL: *outboxURL, outboxDestination: *outboxDestination, relay: *relay, relayOnly: *relayOnly, relayRate: *relayRate}
@@ -489,6 +490,7 @@ type config struct {
 	maxBytes               int64 // in memory only
 	redisURL, redisCluster string
 	spanner                string   // a Spanner database's name
+	region                 string   // this server's region, for the fence across regions (engine.WithRegion)
 	shardURLs              []string // PostgreSQL shards (store/pgshard), in place of databaseURL
 	// sealKey, if set, is the key file replies are sealed with;
 	// previousKeys open and never seal; acceptUnsealed replays records that
@@ -616,6 +618,9 @@ func (cfg config) keyOptions() []engine.Option {
 	}
 	if cfg.lease != 0 {
 		opts = append(opts, engine.WithLease(cfg.lease))
+	}
+	if cfg.region != "" {
+		opts = append(opts, engine.WithRegion(cfg.region))
 	}
 	return opts
 }
