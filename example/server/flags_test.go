@@ -35,6 +35,7 @@ func TestBadFlagsRefused(t *testing.T) {
 		{[]string{"-ttl", "0"}, "-ttl"},
 		{[]string{"-ttl", "5m"}, "-ttl"}, // shorter than the longest lease, 10m
 		{[]string{"-ttl", "soon"}, "-ttl"},
+		{[]string{"-region", "EU West"}, "-region"},
 		// Shorter than -max-lease, 10m unless set: the message names the
 		// flag that would let it serve.
 		{[]string{"-ttl", "2s"}, "-max-lease"},

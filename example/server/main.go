@@ -200,6 +200,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/idemkey/idemkey"
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/example"
 	"github.com/idemkey/idemkey/outbox"
@@ -532,6 +533,11 @@ func (cfg config) check() error {
 	case cfg.ttl < cfg.maxLease:
 		return fmt.Errorf("-ttl %v is shorter than -max-lease %v: a record would expire while its call may still hold the key; "+
 			"lengthen -ttl or shorten -max-lease (-ttl 2s -max-lease 1s shows a key expiring)", cfg.ttl, cfg.maxLease)
+	}
+	if cfg.region != "" {
+		if err := idemkey.ValidateRegion(cfg.region); err != nil {
+			return fmt.Errorf("-region %q: %w", cfg.region, err)
+		}
 	}
 	eng, err := example.NewEngine(memory.New(), cfg.keyOptions()...)
 	if err != nil {
