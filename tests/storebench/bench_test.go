@@ -47,6 +47,8 @@ type stores struct {
 	tenants []string
 }
 
+// newStores makes the three stores on a schema, three shard schemas and a
+// Spanner database of b's own, each migrated and dropped when b ends.
 func newStores(b *testing.B) stores {
 	b.Helper()
 	ctx := b.Context()
