@@ -115,11 +115,12 @@ test: ## run each fuzz target briefly, then every test with the race detector (o
 	./scripts/with-postgres ./scripts/with-brokers ./scripts/with-spanner $(TOOL) gotestsum --format pkgname --format-hide-empty-pkg --raw-command -- \
 		env GOWORK=$(CURDIR)/go.work $(GO) test -json -race -count=1 $(PKGS)
 
-bench: ## benchmark the interceptor and the HTTP middleware against the bare call, a duplicate's answer after the record, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ, Kafka on kfake) in both modes against the bare service, the outbox against a publish to NATS after commit; benchstat summarises
+bench: ## benchmark the interceptor and the HTTP middleware against the bare call, a duplicate's answer after the record, the Postgres store against hand-written SQL, CreateCharge and the example consumer (NATS, RabbitMQ, Kafka on kfake) in both modes against the bare service, the outbox against a publish to NATS after commit, the sharded PostgreSQL and Spanner (emulator) stores against one PostgreSQL; benchstat summarises
 	@mkdir -p bin
 	./scripts/with-postgres ./scripts/with-redis $(GO) test -run='^$$' -bench=. -benchmem -count=$(BENCH_COUNT) ./interceptor/ ./idemhttp/ ./engine/ ./protokey/ ./seal/ ./store/postgres/ ./tests/redis/ ./example/ > bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench=Consumer -benchtime=1x -count=$(BENCH_COUNT) ./example/consumer/ >> bin/bench.txt
 	./scripts/with-postgres ./scripts/with-brokers $(GO) test -run='^$$' -bench='^BenchmarkOutbox$$' -benchmem -count=$(BENCH_COUNT) ./tests/outboxbench/ >> bin/bench.txt
+	./scripts/with-postgres ./scripts/with-spanner $(GO) test -run='^$$' -bench='^BenchmarkScaleOut' -benchtime=400x -count=$(BENCH_COUNT) ./tests/storebench/ >> bin/bench.txt
 	./scripts/with-postgres $(GO) test -run='^$$' -bench='^BenchmarkAtomicNewKeys$$' -benchtime=100000x -count=1 ./store/postgres/ > bin/newkeys.txt
 	@echo "== each call on its own: time and allocations against the bare call"
 	@$(TOOL) benchstat -filter '.name:Unary' -col /call bin/bench.txt
@@ -156,6 +157,8 @@ bench: ## benchmark the interceptor and the HTTP middleware against the bare cal
 	@echo "== sealing a 1 KiB reply: Seal and Open alone; the engine's calls, and gRPC calls over bufconn, on the memory store with a key ring against one without, interleaved"
 	@$(TOOL) benchstat -filter '.name:Seal .unit:(sec/op OR B/op OR allocs/op)' bin/bench.txt
 	@$(TOOL) benchstat -filter '.name:/^Sealed/ .unit:/(-ns\/op|sealed\/plain)$$/' bin/bench.txt
+	@echo "== beyond one database, interleaved: store/pgshard on three databases of the same server and store/spanner on the Cloud Spanner emulator (in memory, one transaction at a time: nothing of Spanner's own latency), a first call and a replay on the store and through the gRPC interceptor (bufconn) in both modes, against the same call on one PostgreSQL"
+	@$(TOOL) benchstat -filter '.name:/^ScaleOut/ .unit:/(-ns\/op|\/postgres)$$/' bin/bench.txt
 	@echo "== every ratio of this run: the median of $(BENCH_COUNT) runs, and their range"
 	@$(GO) run ./tests/benchtable bin/bench.txt
 	@echo "== charts of this run, for BENCHMARKS.md: docs/bench/reserve-scale.svg, docs/bench/bench-ratios.svg"
