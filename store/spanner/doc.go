@@ -47,6 +47,9 @@
 //     batch, at most 1000 keys), store.Stepper, store.Renewer and
 //     store.Looker, and store.Atomic. It is no store.Watcher: a duplicate
 //     polls.
+//   - A Spanner cell holds at most 10 MiB: an outcome larger than that (an
+//     engine.WithMaxRecordSize above it) is store.ErrFull, and the engine
+//     records its stand-in rather than answer a success no record backs.
 //   - Only hashes of the scope are stored, never a raw key or tenant; errors
 //     carry Spanner's status code, not its message, which may quote a row.
 //
