@@ -91,7 +91,12 @@
 // The store therefore runs its own read-write transactions one at a time
 // when SPANNER_EMULATOR_HOST is set, and runs again one the emulator
 // ended; concurrent transactions, lock waits and Spanner's own aborts are
-// not what the tests see. docs/stores.md has the details.
+// not what the tests see. An atomic call's transaction cannot be run
+// again, and any other read-write transaction ends it there, the store's
+// own too: on the emulator an atomic handler that records a step
+// (engine.Step) after its first read or write never commits, and is
+// answered unavailable at every retry. Record steps before the first
+// statement, as the example does. docs/stores.md has the details.
 //
 // The emulator accepts the row deletion policy; the tests do not wait for
 // its deletions (on Spanner, within days of a row's expiry), and check the
