@@ -90,10 +90,15 @@ func (t *atomicTx) end() *spanner.ReadWriteStmtBasedTransaction {
 // A commit that fails commits nothing of the handler's (an ABORTED
 // transaction, or one the emulator ended): the reservation is released, so
 // that the client's retry runs the handler once more, in a new
-// transaction, and Commit returns store.ErrUnavailable. Commit does not run
+// transaction, and Commit returns store.ErrUnavailable. An outcome over a
+// cell's 10 MiB is store.ErrFull, and the transaction stays open, so that
+// the engine commits its stand-in instead. Commit does not run
 // the handler's transaction again itself: the handler's function cannot be
 // called from here, and its writes are gone with the transaction.
 func (t *atomicTx) Commit(ctx context.Context, outcome []byte, keepWrites bool) error {
+	if len(outcome) > maxCell {
+		return errTooLarge // the transaction stays open, for the engine's stand-in
+	}
 	txn := t.end()
 	if txn == nil {
 		return errTxEnded

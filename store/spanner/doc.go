@@ -47,6 +47,9 @@
 //     batch, at most 1000 keys), store.Stepper, store.Renewer and
 //     store.Looker, and store.Atomic. It is no store.Watcher: a duplicate
 //     polls.
+//   - A Spanner cell holds at most 10 MiB: an outcome larger than that (an
+//     engine.WithMaxRecordSize above it) is store.ErrFull, and the engine
+//     records its stand-in rather than answer a success no record backs.
 //   - Only hashes of the scope are stored, never a raw key or tenant; errors
 //     carry Spanner's status code, not its message, which may quote a row.
 //
@@ -88,7 +91,12 @@
 // The store therefore runs its own read-write transactions one at a time
 // when SPANNER_EMULATOR_HOST is set, and runs again one the emulator
 // ended; concurrent transactions, lock waits and Spanner's own aborts are
-// not what the tests see. docs/stores.md has the details.
+// not what the tests see. An atomic call's transaction cannot be run
+// again, and any other read-write transaction ends it there, the store's
+// own too: on the emulator an atomic handler that records a step
+// (engine.Step) after its first read or write never commits, and is
+// answered unavailable at every retry. Record steps before the first
+// statement, as the example does. docs/stores.md has the details.
 //
 // The emulator accepts the row deletion policy; the tests do not wait for
 // its deletions (on Spanner, within days of a row's expiry), and check the

@@ -318,9 +318,21 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 	return res, true, nil
 }
 
+// maxCell is the most bytes a Spanner cell holds: an outcome larger than it
+// is never written.
+const maxCell = 10 << 20
+
+// errTooLarge refuses an outcome over maxCell, writing nothing: the engine
+// records its stand-in instead, as for a store at a bound.
+var errTooLarge = fmt.Errorf("idemkey spanner: the outcome is larger than the %d bytes a Spanner cell holds: %w", maxCell, store.ErrFull)
+
 // Complete implements store.Store, bounded by the store's timeout rather than
-// ctx: a caller that hangs up must not leave its key in progress.
+// ctx: a caller that hangs up must not leave its key in progress. An
+// outcome over a cell's 10 MiB is store.ErrFull, writing nothing.
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
+	if len(outcome) > maxCell {
+		return errTooLarge
+	}
 	if outcome == nil {
 		outcome = []byte{} // NULL means "in progress"
 	}
