@@ -47,13 +47,18 @@ const (
 
 const createCharge = "/example.payments.v1.PaymentService/CreateCharge"
 
-// idemkeyCmd runs the command line args against url and returns its exit
-// code and output.
+// idemkeyCmd runs the command line args against url, a PostgreSQL URL or a
+// Spanner database's name (projects/...), and returns its exit code and
+// output.
 func idemkeyCmd(t *testing.T, url string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	if len(args) > 0 {
 		// The command's own flags, then the database: the order of flags is free.
-		args = append(args, "-database-url", url)
+		flag := "-database-url"
+		if strings.HasPrefix(url, "projects/") {
+			flag = "-spanner"
+		}
+		args = append(args, flag, url)
 	}
 	var out, errOut bytes.Buffer
 	code = run(context.Background(), args, &out, &errOut)
@@ -98,7 +103,7 @@ func newStore(t *testing.T) (url, schema string, st *postgres.Store) {
 }
 
 // reserve puts an in-progress record of key in st.
-func reserve(t *testing.T, st *postgres.Store, key store.Key, lease time.Duration) store.Token {
+func reserve(t *testing.T, st store.Store, key store.Key, lease time.Duration) store.Token {
 	t.Helper()
 	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: store.Fingerprint{1, 2, 3}, Lease: lease, Retention: time.Hour})
 	if err != nil || res.State != store.Acquired {
@@ -171,6 +176,12 @@ func bearerTenant(ctx context.Context) (string, error) {
 // again.
 func TestRecordOfGRPCServer(t *testing.T) {
 	url, _, st := newStore(t)
+	recordOfGRPCServer(t, url, st)
+}
+
+// recordOfGRPCServer is TestRecordOfGRPCServer on st, whose database url
+// names.
+func recordOfGRPCServer(t *testing.T, url string, st store.Store) {
 	eng := grpctest.Must(engine.New(st, engine.WithTenant(bearerTenant), engine.WithKeyRequired()))
 	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(eng))
 	srv := grpc.NewServer(grpc.UnaryInterceptor(intercept))
@@ -248,6 +259,12 @@ func TestRecordOfGRPCServer(t *testing.T) {
 // then the call that held it can no longer record its outcome.
 func TestForgetLiveInProgress(t *testing.T) {
 	url, _, st := newStore(t)
+	forgetLiveInProgress(t, url, st)
+}
+
+// forgetLiveInProgress is TestForgetLiveInProgress on st, whose database
+// url names.
+func forgetLiveInProgress(t *testing.T, url string, st store.Store) {
 	k := store.ScopeKey("acme", createCharge, "running")
 	token := reserve(t, st, k, time.Minute)
 	scope := []string{"-tenant", "acme", "-method", createCharge, "-key", "running"}
