@@ -88,12 +88,17 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# ShardOf, Listen, and its 14 methods of store's interfaces (Reserve,
 	@# Complete, Release, Find, Lookup, Renew, StartStep, FinishStep,
 	@# ForgetSteps, Begin, Sweep, Watch, ReserveBatch, BeginBatch); issue
-	@# 49's paced sweep, 1: postgres.WithSweepShare. protokey/rpckit,
+	@# 49's paced sweep, 1: postgres.WithSweepShare; issue 51's idemkey
+	@# -spanner, 10: store/spanner's admin API in store/postgres's shape,
+	@# Record, StepRecord, Stats, MigrationState, MigrationStatus,
+	@# MigrateDown, and Store's Records, Forget, Steps and Stats; shared
+	@# with store/postgres by the first six, which mean the same there,
+	@# so -max-shared rises by 6 to 36. protokey/rpckit,
 	@# the adapters' kit, is counted apart (apisize's kitPackages). The
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 524 -max-shared 30 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 534 -max-shared 36 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

@@ -123,14 +123,8 @@ func (d spannerDB) close() {
 // spannerDesc is Spanner's description of err, without the client's
 // wrapping.
 func spannerDesc(err error) string {
-	var (
-		se *spanner.Error
-		st interface{ GRPCStatus() *status.Status }
-	)
-	switch {
-	case errors.As(err, &se):
-		return se.Desc
-	case errors.As(err, &st):
+	var st interface{ GRPCStatus() *status.Status }
+	if errors.As(err, &st) {
 		return st.GRPCStatus().Message()
 	}
 	return err.Error()

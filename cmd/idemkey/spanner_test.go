@@ -79,15 +79,22 @@ func newSpannerStore(t *testing.T) (db string, st *idemspanner.Store) {
 	t.Helper()
 	db = spannerDatabase(t)
 	mustRun(t, exitOK, db, "migrate", "up")
+	return db, spannerStore(t, db)
+}
+
+// spannerStore returns a store on db, whose client closes when t ends.
+func spannerStore(t *testing.T, db string) *idemspanner.Store {
+	t.Helper()
 	client, err := spanner.NewClientWithConfig(context.Background(), db, spanner.ClientConfig{DisableNativeMetrics: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(client.Close)
-	if st, err = idemspanner.New(client); err != nil {
+	st, err := idemspanner.New(client)
+	if err != nil {
 		t.Fatal(err)
 	}
-	return db, st
+	return st
 }
 
 // TestRecordOfGRPCServer on Spanner.
@@ -138,16 +145,7 @@ func TestSpannerMigrate(t *testing.T) {
 		t.Errorf("status says:\n%s", stdout)
 	}
 
-	client, err := spanner.NewClientWithConfig(context.Background(), db, spanner.ClientConfig{DisableNativeMetrics: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	st, err := idemspanner.New(client)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reserve(t, st, store.ScopeKey("acme", createCharge, "k"), time.Minute)
+	reserve(t, spannerStore(t, db), store.ScopeKey("acme", createCharge, "k"), time.Minute)
 	_, stderr = mustRun(t, exitRefused, db, "migrate", "down")
 	if !strings.Contains(stderr, "holds 1 records") {
 		t.Errorf("down of tables with records says %q", stderr)
@@ -169,6 +167,7 @@ func TestSpannerStats(t *testing.T) {
 	db, st := newSpannerStore(t)
 	ctx := context.Background()
 	reserve(t, st, store.ScopeKey("acme", createCharge, "running"), time.Minute)
+	reserve(t, st, store.ScopeKey("acme", createCharge, "dead"), time.Microsecond) // its lease ends at once
 	retention := map[string]time.Duration{"done": time.Hour, "old": time.Microsecond}
 	for key, keep := range retention {
 		k := store.ScopeKey("acme", createCharge, key)
@@ -181,24 +180,12 @@ func TestSpannerStats(t *testing.T) {
 		}
 	}
 
-	var s struct {
-		Completed  int64
-		InProgress int64    `json:"in_progress"`
-		Live       int64    `json:"in_progress_live"`
-		Expired    int64    `json:"expired_unswept"`
-		Oldest     *float64 `json:"oldest_live_in_progress_seconds"`
-		Total      *int64   `json:"total_bytes"`
-	}
+	var s statsJSON
 	jsonOf(t, exitOK, db, &s, "stats")
-	if s.Completed != 2 || s.InProgress != 1 || s.Live != 1 || s.Expired != 1 || s.Oldest == nil || *s.Oldest < 0 || *s.Oldest > 60 || s.Total != nil {
-		t.Errorf("stats: %+v, want 2 completed (1 expired), 1 live in progress, no sizes", s)
+	if s.Completed != 2 || s.InProgress != 2 || s.Live != 1 || s.Expired != 1 || s.Oldest == nil || *s.Oldest < 0 || *s.Oldest > 60 || s.Total != nil {
+		t.Errorf("stats: %+v, want 2 completed (1 expired), 2 in progress (1 live), no sizes", s)
 	}
-	stdout, _ := mustRun(t, exitOK, db, "stats")
-	for _, want := range []string{"expired, not yet deleted", "oldest live in progress", "not told to a query on Spanner"} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("stats does not show %q:\n%s", want, stdout)
-		}
-	}
+	statsShows(t, db, "expired, not yet deleted", "oldest live in progress", "not told to a query on Spanner")
 	var old inspected
 	jsonOf(t, exitOK, db, &old, "inspect", "-tenant", "acme", "-method", createCharge, "-key", "old")
 	if !old.Expired || old.State != "completed" {
