@@ -91,12 +91,17 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# 49's paced sweep, 1: postgres.WithSweepShare; issue 51's protocol fence
 	@# across regions, 8: idemkey.FirstRegionMetadata, FirstRegionHeader,
 	@# ValidateRegion, ContextWithKeyFirstRegion, FirstRegionFromContext;
-	@# engine.WithRegion, Fenced; interceptor.UseKeyFirstRegion. protokey/rpckit,
+	@# engine.WithRegion, Fenced; interceptor.UseKeyFirstRegion; issue 51's idemkey
+	@# -spanner, 10: store/spanner's admin API in store/postgres's shape,
+	@# Record, StepRecord, Stats, MigrationState, MigrationStatus,
+	@# MigrateDown, and Store's Records, Forget, Steps and Stats; shared
+	@# with store/postgres by the first six, which mean the same there,
+	@# so -max-shared rises by 6 to 36. protokey/rpckit,
 	@# the adapters' kit, is counted apart (apisize's kitPackages). The
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 532 -max-shared 30 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 542 -max-shared 36 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing

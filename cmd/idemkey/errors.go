@@ -71,6 +71,9 @@ func describe(err error, c *common) string {
 		pgErr      *pgconn.PgError
 		connectErr *pgconn.ConnectError
 	)
+	if msg, ok := describeSpanner(err, c); ok {
+		return msg
+	}
 	switch {
 	case missingRelation(err):
 		return missingTable(c.table)

@@ -1,5 +1,5 @@
-// Command idemkey inspects and maintains an idemkey store on PostgreSQL,
-// and relays its outbox to a broker.
+// Command idemkey inspects and maintains an idemkey store on PostgreSQL or
+// Cloud Spanner, and relays a PostgreSQL store's outbox to a broker.
 //
 //	idemkey inspect -tenant T -method M -key K   show one record and its steps
 //	idemkey inspect -hash HEX                    the same, by hash or its logged prefix
@@ -11,11 +11,29 @@
 //	idemkey migrate up|down|status [-to N] [-force]
 //	idemkey relay -broker URL [-exchange X]      send the outbox's messages, until SIGINT or SIGTERM
 //
-// Every command takes -database-url (default $DATABASE_URL), -table (default
-// idempotency_keys; "schema.name" for another schema), -timeout (default 30s)
-// and -json, which prints one JSON object on stdout instead of text, errors
-// included ({"error": kind, "message": ...}), except a command line that
-// does not parse, which the flag package reports on stderr.
+// Every command takes -database-url (default $DATABASE_URL) or -spanner
+// (below), -table (default idempotency_keys; "schema.name" for another
+// schema on PostgreSQL), -timeout (default 30s) and -json, which prints
+// one JSON object on stdout instead of text, errors included ({"error":
+// kind, "message": ...}), except a command line that does not parse, which
+// the flag package reports on stderr.
+//
+// # Cloud Spanner
+//
+// -spanner projects/P/instances/I/databases/D, instead of -database-url,
+// names a store on Spanner (store/spanner), through the Go client, which
+// uses the emulator at SPANNER_EMULATOR_HOST if it is set and Google's
+// default credentials otherwise. The database must exist. inspect, forget,
+// stats and migrate (up, status, down) work on it as on PostgreSQL, with
+// four differences: stats tells no sizes (Spanner shows them in its
+// console); migrate status tells no time a migration was applied (Spanner's
+// schema keeps none: a migration is applied when its tables exist); migrate
+// down is one schema update, which Spanner applies statement by statement,
+// not one transaction; and a step keeps no start time. sweep has nothing
+// to do there, says so and exits 0: the tables' row deletion policy deletes
+// expired rows. resolve-step and relay refuse -spanner (exit 2):
+// store/spanner has no operator's write of a step, and the outbox is
+// PostgreSQL's.
 //
 // A store sharded by tenant (store/pgshard) is a store on each shard's
 // database: run a command with each shard's -database-url (migrate up on
@@ -141,7 +159,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/idemkey/idemkey/store/postgres"
@@ -166,7 +183,8 @@ const usage = `usage:
   idemkey migrate up|down|status  [-to N] [-force]
   idemkey relay   -broker nats://host:port | amqp://user:pass@host:port/vhost | kafka://host:port[,host:port]
                   [-exchange X] [-batch N] [-rate N] [-lease D] [-retention D] [-seal-key FILE ...]
-common flags: -database-url URL (default $DATABASE_URL), -table NAME, -timeout 30s, -json
+common flags: -database-url URL (default $DATABASE_URL) | -spanner projects/P/instances/I/databases/D,
+              -table NAME, -timeout 30s, -json (resolve-step and relay: PostgreSQL only)
 run "idemkey COMMAND -h" for a command's flags
 `
 
@@ -187,6 +205,8 @@ type command struct {
 	// serve is for a command that runs until interrupted (relay): -timeout
 	// bounds only its start, and it logs to stderr.
 	serve bool
+	// postgresOnly, if set, is why the command refuses -spanner.
+	postgresOnly string
 }
 
 // run runs the command line args (without the program name) and returns the
@@ -265,9 +285,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if cmd.serve {
 		conns = 4 // the relay's listener holds one for good
 	}
-	e, err := c.open(ctx, conns)
+	e, err := c.open(ctx, conns, visited, cmd.postgresOnly)
 	if err == nil {
-		defer e.pool.Close()
+		defer e.db.close()
 		e.visited, e.timeout, e.logger = visited, c.timeout, logger(stderr, c.json)
 		if !cmd.serve {
 			var cancel context.CancelFunc
@@ -291,6 +311,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 // common holds the flags every command takes.
 type common struct {
 	databaseURL string
+	spanner     string // a database's name, projects/P/instances/I/databases/D
 	table       string
 	timeout     time.Duration
 	json        bool
@@ -298,18 +319,20 @@ type common struct {
 
 func (c *common) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.databaseURL, "database-url", os.Getenv("DATABASE_URL"), "PostgreSQL URL of the store (default $DATABASE_URL)")
-	fs.StringVar(&c.table, "table", postgres.DefaultTable, `the store's table: name, or schema.name`)
+	fs.StringVar(&c.spanner, "spanner", "", "instead of -database-url, the store's Cloud Spanner database: projects/P/instances/I/databases/D (store/spanner; the emulator's if SPANNER_EMULATOR_HOST is set)")
+	fs.StringVar(&c.table, "table", postgres.DefaultTable, `the store's table: name, or schema.name (PostgreSQL)`)
 	fs.DurationVar(&c.timeout, "timeout", 30*time.Second, "how long the command may take (relay: its start)")
 	fs.BoolVar(&c.json, "json", false, "print one JSON object instead of text")
 }
 
 // env is what a command works with. The CLI holds no SQL of its own: it
-// reads and changes the tables through store (postgres.Store's Records,
-// Forget, Steps, ResolveStep, Stats and Sweep) and the migrations through
-// package postgres.
+// reads and changes the tables through the store's package (the Records,
+// Forget, Steps and Stats of postgres.Store or spanner.Store, and
+// postgres.Store's ResolveStep and Sweep) and the migrations through it.
 type env struct {
-	pool     *pgxpool.Pool
-	store    *postgres.Store // on the -table, built without its schema check
+	db       db              // the store's tables, on PostgreSQL or Spanner
+	pool     *pgxpool.Pool   // PostgreSQL's, nil on Spanner
+	store    *postgres.Store // on the -table, built without its schema check; nil on Spanner
 	table    string          // as -table named it
 	password string          // of the URL, never printed
 	visited  map[string]bool // the flags given on the command line
@@ -317,10 +340,21 @@ type env struct {
 	logger   *slog.Logger    // a serving command's, on stderr
 }
 
-// open connects to the database; it touches nothing yet.
-func (c *common) open(ctx context.Context, conns int32) (*env, error) {
+// open connects to the database, PostgreSQL's or with -spanner Spanner's,
+// for a command that refuses Spanner for the reason postgresOnly, if set; it
+// touches nothing yet.
+func (c *common) open(ctx context.Context, conns int32, visited map[string]bool, postgresOnly string) (*env, error) {
+	if c.spanner != "" || visited["spanner"] {
+		switch {
+		case visited["database-url"]:
+			return nil, usageError("give -spanner or -database-url, not both")
+		case postgresOnly != "":
+			return nil, usageError("-spanner: %s", postgresOnly)
+		}
+		return c.openSpanner(ctx)
+	}
 	if c.databaseURL == "" {
-		return nil, usageError("no database: give -database-url or set DATABASE_URL")
+		return nil, usageError("no database: give -database-url, set DATABASE_URL, or give -spanner")
 	}
 	cfg, err := pgxpool.ParseConfig(c.databaseURL)
 	if err != nil {
@@ -345,6 +379,7 @@ func (c *common) open(ctx context.Context, conns int32) (*env, error) {
 		return e, usageError("-table: %s", strings.TrimPrefix(err.Error(), "idemkey postgres: "))
 	}
 	e.store, e.table = st, c.table
+	e.db = pgDB{pool: pool, store: st, table: c.table}
 	return e, nil
 }
 
@@ -366,9 +401,8 @@ func writeJSON(w io.Writer, v any) {
 // it reads no record, which fails on a missing table all the same. It is
 // also the first round trip, so it finds an unreachable database.
 func (e *env) checkTable(ctx context.Context) error {
-	_, err := e.store.Records(ctx, nil, nil, 0)
-	var pgErr *pgconn.PgError
-	if missingRelation(err) || errors.As(err, &pgErr) && pgErr.Code == "3F000" { // no such table, or no such schema
+	_, err := e.db.records(ctx, nil, nil, 0)
+	if e.db.missingTable(err) {
 		return &cmdError{code: exitDatabase, kind: "database", message: missingTable(e.table)}
 	}
 	return err

@@ -47,13 +47,18 @@ const (
 
 const createCharge = "/example.payments.v1.PaymentService/CreateCharge"
 
-// idemkeyCmd runs the command line args against url and returns its exit
-// code and output.
+// idemkeyCmd runs the command line args against url, a PostgreSQL URL or a
+// Spanner database's name (projects/...), and returns its exit code and
+// output.
 func idemkeyCmd(t *testing.T, url string, args ...string) (code int, stdout, stderr string) {
 	t.Helper()
 	if len(args) > 0 {
 		// The command's own flags, then the database: the order of flags is free.
-		args = append(args, "-database-url", url)
+		flag := "-database-url"
+		if strings.HasPrefix(url, "projects/") {
+			flag = "-spanner"
+		}
+		args = append(args, flag, url)
 	}
 	var out, errOut bytes.Buffer
 	code = run(context.Background(), args, &out, &errOut)
@@ -98,7 +103,7 @@ func newStore(t *testing.T) (url, schema string, st *postgres.Store) {
 }
 
 // reserve puts an in-progress record of key in st.
-func reserve(t *testing.T, st *postgres.Store, key store.Key, lease time.Duration) store.Token {
+func reserve(t *testing.T, st store.Store, key store.Key, lease time.Duration) store.Token {
 	t.Helper()
 	res, err := st.Reserve(context.Background(), store.Reservation{Key: key, Fingerprint: store.Fingerprint{1, 2, 3}, Lease: lease, Retention: time.Hour})
 	if err != nil || res.State != store.Acquired {
@@ -171,6 +176,12 @@ func bearerTenant(ctx context.Context) (string, error) {
 // again.
 func TestRecordOfGRPCServer(t *testing.T) {
 	url, _, st := newStore(t)
+	recordOfGRPCServer(t, url, st)
+}
+
+// recordOfGRPCServer is TestRecordOfGRPCServer on st, whose database url
+// names.
+func recordOfGRPCServer(t *testing.T, url string, st store.Store) {
 	eng := grpctest.Must(engine.New(st, engine.WithTenant(bearerTenant), engine.WithKeyRequired()))
 	intercept := grpctest.Must(interceptor.UnaryServerInterceptor(eng))
 	srv := grpc.NewServer(grpc.UnaryInterceptor(intercept))
@@ -248,6 +259,12 @@ func TestRecordOfGRPCServer(t *testing.T) {
 // then the call that held it can no longer record its outcome.
 func TestForgetLiveInProgress(t *testing.T) {
 	url, _, st := newStore(t)
+	forgetLiveInProgress(t, url, st)
+}
+
+// forgetLiveInProgress is TestForgetLiveInProgress on st, whose database
+// url names.
+func forgetLiveInProgress(t *testing.T, url string, st store.Store) {
 	k := store.ScopeKey("acme", createCharge, "running")
 	token := reserve(t, st, k, time.Minute)
 	scope := []string{"-tenant", "acme", "-method", createCharge, "-key", "running"}
@@ -362,6 +379,31 @@ func TestAmbiguousHashPrefix(t *testing.T) {
 	}
 }
 
+// statsJSON is stats -json's output.
+type statsJSON struct {
+	Completed  int64
+	InProgress int64    `json:"in_progress"`
+	Live       int64    `json:"in_progress_live"`
+	Expired    int64    `json:"expired_unswept"`
+	Oldest     *float64 `json:"oldest_live_in_progress_seconds"`
+	Total      *int64   `json:"total_bytes"` // nil on Spanner
+	Indexes    []struct {
+		Name  string
+		Bytes int64
+	}
+}
+
+// statsShows runs stats on url and fails t unless its text shows each of want.
+func statsShows(t *testing.T, url string, want ...string) {
+	t.Helper()
+	stdout, _ := mustRun(t, exitOK, url, "stats")
+	for _, w := range want {
+		if !strings.Contains(stdout, w) {
+			t.Errorf("stats does not show %q:\n%s", w, stdout)
+		}
+	}
+}
+
 func TestStatsAndSweep(t *testing.T) {
 	url, schema, st := newStore(t)
 	ctx := context.Background()
@@ -378,35 +420,19 @@ func TestStatsAndSweep(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	type statsJSON struct {
-		Completed, InProgress int64
-		Live                  int64    `json:"in_progress_live"`
-		Expired               int64    `json:"expired_unswept"`
-		Oldest                *float64 `json:"oldest_live_in_progress_seconds"`
-		Total                 int64    `json:"total_bytes"`
-		Indexes               []struct {
-			Name  string
-			Bytes int64
-		}
-	}
 	var s statsJSON
 	jsonOf(t, exitOK, url, &s, "stats")
-	if s.Completed != 2 || s.Live != 1 || s.Expired != 1 || s.Oldest == nil || *s.Oldest < 0 || *s.Oldest > 60 || s.Total <= 0 || len(s.Indexes) != 2 {
+	if s.Completed != 2 || s.Live != 1 || s.Expired != 1 || s.Oldest == nil || *s.Oldest < 0 || *s.Oldest > 60 || s.Total == nil || *s.Total <= 0 || len(s.Indexes) != 2 {
 		t.Errorf("stats: %+v, want 2 completed, 1 live in progress, 1 expired, sizes", s)
 	}
-	stdout, _ := mustRun(t, exitOK, url, "stats")
-	for _, want := range []string{"expired, not swept", "idempotency_keys_pkey", "oldest live in progress"} {
-		if !strings.Contains(stdout, want) {
-			t.Errorf("stats does not show %q:\n%s", want, stdout)
-		}
-	}
+	statsShows(t, url, "expired, not swept", "idempotency_keys_pkey", "oldest live in progress")
 
 	var inspectOld inspected
 	jsonOf(t, exitOK, url, &inspectOld, "inspect", "-hash", old.String())
 	if !inspectOld.Expired {
 		t.Errorf("inspect of an expired record: %+v, want expired", inspectOld)
 	}
-	stdout, _ = mustRun(t, exitOK, url, "sweep", "-share", "0.05")
+	stdout, _ := mustRun(t, exitOK, url, "sweep", "-share", "0.05")
 	if strings.TrimSpace(stdout) != "swept 1 expired records and steps" {
 		t.Errorf("sweep says %q", stdout)
 	}

@@ -9,16 +9,15 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
-
-	"github.com/idemkey/idemkey/store/postgres"
 )
 
 // migration is one migration of the store, and whether the database has it.
 type migration struct {
-	Version int        `json:"version"`
-	Name    string     `json:"name"`
-	Applied *time.Time `json:"applied_at"` // nil: not applied
-	Known   bool       `json:"known"`      // false for one a newer idemkey applied
+	Version   int        `json:"version"`
+	Name      string     `json:"name"`
+	Applied   bool       `json:"applied"`
+	AppliedAt *time.Time `json:"applied_at"` // nil: not applied, or on Spanner, which keeps no time
+	Known     bool       `json:"known"`      // false for one a newer idemkey applied
 }
 
 // migrated is the migrate command's result: what it did, then the status.
@@ -41,14 +40,14 @@ func migrateCommand(action *string) command {
 		},
 		exec: func(ctx context.Context, e *env) (any, error) {
 			m := &migrated{Action: *action, Table: e.table, Changed: []string{}}
-			before, err := e.migrations(ctx)
+			before, err := e.db.migrations(ctx)
 			if err != nil {
 				return nil, err
 			}
 			switch *action {
 			case "status":
 			case "up":
-				if err := postgres.Migrate(ctx, e.pool, postgres.WithTable(e.table)); err != nil {
+				if err := e.db.migrateUp(ctx); err != nil {
 					return nil, err
 				}
 			case "down":
@@ -56,12 +55,12 @@ func migrateCommand(action *string) command {
 					return nil, err
 				}
 			}
-			if m.Migrations, err = e.migrations(ctx); err != nil {
+			if m.Migrations, err = e.db.migrations(ctx); err != nil {
 				return nil, err
 			}
 			if *action == "up" {
 				for _, mg := range m.Migrations {
-					if mg.Applied != nil && !slices.ContainsFunc(before, func(b migration) bool { return b.Version == mg.Version && b.Applied != nil }) {
+					if mg.Applied && !slices.ContainsFunc(before, func(b migration) bool { return b.Version == mg.Version && b.Applied }) {
 						m.Changed = append(m.Changed, mg.Name)
 					}
 				}
@@ -85,8 +84,11 @@ func migrateCommand(action *string) command {
 			defer tw.Flush()
 			for _, mg := range m.Migrations {
 				status := "pending"
-				if mg.Applied != nil {
-					status = "applied " + mg.Applied.UTC().Format(time.RFC3339)
+				switch {
+				case mg.AppliedAt != nil:
+					status = "applied " + mg.AppliedAt.UTC().Format(time.RFC3339)
+				case mg.Applied:
+					status = "applied"
 				}
 				if !mg.Known {
 					status += " (unknown to this idemkey: a newer one applied it)"
@@ -97,40 +99,24 @@ func migrateCommand(action *string) command {
 	}
 }
 
-// migrations is postgres.MigrationStatus, for output.
-func (e *env) migrations(ctx context.Context) ([]migration, error) {
-	states, err := postgres.MigrationStatus(ctx, e.pool, postgres.WithTable(e.table))
-	if err != nil {
-		return nil, err
-	}
-	ms := make([]migration, len(states))
-	for i, st := range states {
-		ms[i] = migration{Version: st.Version, Name: st.Name, Known: st.Known}
-		if !st.Applied.IsZero() {
-			ms[i].Applied = &st.Applied
-		}
-	}
-	return ms, nil
-}
-
 // down reverts the applied migrations above version to, or the newest one if
-// to < 0 (postgres.MigrateDown). Reverting the first drops the table, and
+// to < 0 (postgres.MigrateDown, spanner.MigrateDown). Reverting the first drops the table, and
 // with it every recorded reply, so that is refused while the table holds
 // records, unless force.
 func (e *env) down(ctx context.Context, status []migration, to int, force bool) ([]string, error) {
 	if to < 0 {
 		to = 0
 		for _, m := range slices.Backward(status) {
-			if m.Applied != nil {
+			if m.Applied {
 				to = m.Version - 1
 				break
 			}
 		}
 	}
-	first := slices.IndexFunc(status, func(m migration) bool { return m.Applied != nil })
+	first := slices.IndexFunc(status, func(m migration) bool { return m.Applied })
 	if first >= 0 && to < status[first].Version && !force {
-		st, err := e.store.Stats(ctx)
-		if err != nil && !missingRelation(err) {
+		var st stats
+		if err := e.db.stats(ctx, &st); err != nil && !e.db.missingTable(err) {
 			return nil, err
 		}
 		if n := st.Completed + st.InProgress; n > 0 {
@@ -138,7 +124,7 @@ func (e *env) down(ctx context.Context, status []migration, to int, force bool) 
 				"table %s holds %d records: reverting drops them, and retries of their calls run again; use -force", e.table, n)}
 		}
 	}
-	reverted, err := postgres.MigrateDown(ctx, e.pool, to, postgres.WithTable(e.table))
+	reverted, err := e.db.migrateDown(ctx, to)
 	if reverted == nil {
 		reverted = []string{}
 	}

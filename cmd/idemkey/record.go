@@ -171,7 +171,7 @@ func (e *env) find(ctx context.Context, r keyRange) (*postgres.Record, error) {
 	if r.exact {
 		hi = append(r.lo[:len(r.lo):len(r.lo)], 0) // the next key after r.lo
 	}
-	recs, err := e.store.Records(ctx, r.lo, hi, maxMatches+1)
+	recs, err := e.db.records(ctx, r.lo, hi, maxMatches+1)
 	switch {
 	case err != nil:
 		return nil, err
@@ -324,7 +324,7 @@ func inspectCommand() command {
 			in := &inspection{Hash: hex.EncodeToString(key[:]), Scope: key.String()}
 			in.Steps, err = e.steps(ctx, key, keys)
 			switch {
-			case missingRelation(err): // a table at a schema version before steps
+			case e.db.missingTable(err): // a table at a schema version before steps
 				in.noSteps = fmt.Sprintf("table %s_steps not found (the migration of steps is not applied): %s", e.table, migrateUp(e.table))
 			case err != nil:
 				return nil, err
@@ -474,10 +474,10 @@ func forgetCommand() command {
 	}
 }
 
-// forget deletes the record of key (postgres.Store.Forget), unless it is in
+// forget deletes the record of key (the store's Forget), unless it is in
 // progress under a live lease and not force.
 func (e *env) forget(ctx context.Context, key store.Key, force bool, keys opener) (*forgotten, error) {
-	rec, deleted, err := e.store.Forget(ctx, key, force)
+	rec, deleted, err := e.db.forget(ctx, key, force)
 	switch {
 	case err != nil:
 		return nil, err

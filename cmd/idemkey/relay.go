@@ -53,7 +53,8 @@ type relayed struct {
 func relayCommand() command {
 	var f relayFlags
 	return command{
-		serve: true,
+		serve:        true,
+		postgresOnly: "relay sends PostgreSQL's outbox only (package outbox writes it through store/postgres): a store on Spanner has no outbox",
 		flags: func(fs *flag.FlagSet) {
 			fs.StringVar(&f.broker, "broker", "", "the broker to send to: "+brokerSchemes)
 			fs.StringVar(&f.exchange, "exchange", "", `with amqp://, the exchange to publish to, each message's destination its routing key (default "", the default exchange: a queue's name)`)

@@ -6,9 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"slices"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,9 +24,13 @@ type stats struct {
 	// OldestLiveInProgress is the age of the oldest record in progress under
 	// a live lease, in seconds: a call that has run this long. Nil if none.
 	OldestLiveInProgress *float64 `json:"oldest_live_in_progress_seconds"`
-	TotalBytes           int64    `json:"total_bytes"` // table, indexes and TOAST
-	TableBytes           int64    `json:"table_bytes"`
-	Indexes              []index  `json:"indexes"`
+	// The sizes are PostgreSQL's: null, and no indexes, on Spanner, which
+	// tells them in its console.
+	TotalBytes *int64  `json:"total_bytes"` // table, indexes and TOAST
+	TableBytes *int64  `json:"table_bytes"`
+	Indexes    []index `json:"indexes"`
+
+	oldestLive, now time.Time // the database's, for OldestLiveInProgress
 }
 
 type index struct {
@@ -42,20 +44,14 @@ func statsCommand() command {
 			if err := e.checkTable(ctx); err != nil {
 				return nil, err
 			}
-			st, err := e.store.Stats(ctx)
-			if err != nil {
+			s := &stats{Table: e.table, Indexes: []index{}}
+			if err := e.db.stats(ctx, s); err != nil {
 				return nil, err
 			}
-			s := &stats{Table: e.table, Completed: st.Completed, InProgress: st.InProgress, InProgressLive: st.InProgressLive,
-				Expired: st.Expired, TotalBytes: st.TotalBytes, TableBytes: st.TableBytes, Indexes: []index{}}
-			if !st.OldestLive.IsZero() {
-				age := st.Now.Sub(st.OldestLive).Seconds()
+			if !s.oldestLive.IsZero() {
+				age := s.now.Sub(s.oldestLive).Seconds()
 				s.OldestLiveInProgress = &age
 			}
-			for name, size := range st.Indexes {
-				s.Indexes = append(s.Indexes, index{name, size})
-			}
-			slices.SortFunc(s.Indexes, func(a, b index) int { return strings.Compare(a.Name, b.Name) })
 			return s, nil
 		},
 		human: func(w io.Writer, result any) {
@@ -65,13 +61,21 @@ func statsCommand() command {
 			fmt.Fprintf(tw, "table\t%s\n", s.Table)
 			fmt.Fprintf(tw, "completed\t%d\n", s.Completed)
 			fmt.Fprintf(tw, "in progress\t%d (%d under a live lease)\n", s.InProgress, s.InProgressLive)
-			fmt.Fprintf(tw, "expired, not swept\t%d\n", s.Expired)
+			if s.TotalBytes == nil {
+				fmt.Fprintf(tw, "expired, not yet deleted\t%d (by the row deletion policy)\n", s.Expired)
+			} else {
+				fmt.Fprintf(tw, "expired, not swept\t%d\n", s.Expired)
+			}
 			if s.OldestLiveInProgress != nil {
 				fmt.Fprintf(tw, "oldest live in progress\t%s old\n", (time.Duration(*s.OldestLiveInProgress * float64(time.Second))).Round(time.Second))
 			} else {
 				fmt.Fprintf(tw, "oldest live in progress\tnone\n")
 			}
-			fmt.Fprintf(tw, "size\t%s in all, %s of rows\n", size(s.TotalBytes), size(s.TableBytes))
+			if s.TotalBytes == nil {
+				fmt.Fprintf(tw, "size\tnot told to a query on Spanner: see its console\n")
+				return
+			}
+			fmt.Fprintf(tw, "size\t%s in all, %s of rows\n", size(*s.TotalBytes), size(*s.TableBytes))
 			for _, i := range s.Indexes {
 				fmt.Fprintf(tw, "index %s\t%s\n", i.Name, size(i.Bytes))
 			}
@@ -95,7 +99,12 @@ func size(n int64) string {
 // swept is the sweep command's result.
 type swept struct {
 	Deleted int `json:"deleted"`
+	// Nothing is why a store has nothing to sweep (Spanner); empty on PostgreSQL.
+	Nothing string `json:"nothing_to_sweep,omitempty"`
 }
+
+// spannerSweeps is why sweep has nothing to do on Spanner.
+const spannerSweeps = "nothing to sweep on Spanner: the tables' row deletion policy deletes expired rows, and the store counts them absent until then"
 
 func sweepCommand() command {
 	var (
@@ -115,6 +124,9 @@ func sweepCommand() command {
 			})
 		},
 		exec: func(ctx context.Context, e *env) (any, error) {
+			if e.store == nil {
+				return &swept{Nothing: spannerSweeps}, nil
+			}
 			if err := e.checkTable(ctx); err != nil {
 				return nil, err
 			}
@@ -130,6 +142,10 @@ func sweepCommand() command {
 			return &swept{Deleted: n}, nil
 		},
 		human: func(w io.Writer, result any) {
+			if s := result.(*swept); s.Nothing != "" {
+				fmt.Fprintln(w, s.Nothing)
+				return
+			}
 			fmt.Fprintf(w, "swept %d expired records and steps\n", result.(*swept).Deleted)
 		},
 	}

@@ -25,8 +25,8 @@ const maxShown = 4 << 10
 // stepView is a recorded step as inspect and resolve-step print it.
 type stepView struct {
 	Name        string    `json:"name"`
-	State       string    `json:"state"` // started (its outcome unknown) or done
-	Started     time.Time `json:"started_at"`
+	State       string    `json:"state"`               // started (its outcome unknown) or done
+	Started     time.Time `json:"started_at,omitzero"` // none on Spanner, which keeps no start time
 	Expires     time.Time `json:"expires_at"`
 	Fingerprint string    `json:"fingerprint"`
 	Bytes       int       `json:"bytes"`                 // the result's size as recorded, sealed or not
@@ -102,6 +102,9 @@ func printSteps(tw io.Writer, steps []stepView, why string) {
 }
 
 func describeStep(s *stepView) string {
+	if s.State == "started" && s.Started.IsZero() { // on Spanner
+		return fmt.Sprintf("started, not finished: its outcome is unknown; expires %s", when(s.Expires, s.now))
+	}
 	if s.State == "started" {
 		return fmt.Sprintf("started %s, not finished: its outcome is unknown (resolve-step); expires %s", when(s.Started, s.now), when(s.Expires, s.now))
 	}
@@ -122,7 +125,7 @@ func describeStep(s *stepView) string {
 
 // steps reads the unexpired steps of key.
 func (e *env) steps(ctx context.Context, key store.Key, keys opener) ([]stepView, error) {
-	steps, err := e.store.Steps(ctx, key)
+	steps, err := e.db.steps(ctx, key)
 	if err != nil {
 		return nil, err
 	}
@@ -183,6 +186,7 @@ func resolveStepCommand() command {
 			})
 			fs.BoolVar(&notDone, "not-done", false, "the step did not take effect: delete it, so that the key's next run runs it")
 		},
+		postgresOnly: "resolve-step works on PostgreSQL only: store/spanner has no ResolveStep (there a started step's outcome is told by its reconcile function, or stays unknown until the step expires)",
 		exec: func(ctx context.Context, e *env) (any, error) {
 			r, err := sel.resolve(e.visited)
 			if err != nil {

@@ -24,7 +24,9 @@
 //	_, err := txn.Update(ctx, spanner.Statement{SQL: "INSERT INTO charges ..."})
 //
 // Migrate creates the tables (Spanner DDL, also in Migrations for a tool of
-// your own; WithTable names them).
+// your own; WithTable names them). Records, Forget, Steps, Stats,
+// MigrationStatus and MigrateDown are an operator's, as store/postgres's
+// of the same names: the idemkey command's -spanner.
 //
 // # Guarantees
 //
