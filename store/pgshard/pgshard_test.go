@@ -271,31 +271,12 @@ func TestServeBatchPartial(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := tc.rig(t)
 			for _, atomic := range []bool{false, true} {
-				e, err := engine.New(r.st, engine.WithSingleTenant(), engine.WithLogger(nil))
-				if err != nil {
-					t.Fatal(err)
-				}
-				op, err := e.Operation(engine.OperationSpec{Name: method, Atomic: atomic, OwnTenant: true})
-				if err != nil {
-					t.Fatal(err)
-				}
+				e, op := r.consumer(t, atomic)
 				tenants := []string{"healthy", tc.trouble, "healthy"}
-				keys := make([]string, len(tenants))
-				for i := range keys {
-					keys[i] = fmt.Sprint("m", i, "-", atomic)
-				}
-				batch := func() []*ownCharge {
-					cs := make([]*ownCharge, len(tenants))
-					xs := make([]engine.Exchange, len(tenants))
-					for i, tenant := range tenants {
-						cs[i] = &ownCharge{charge: charge{key: keys[i]}, tenant: tenant}
-						xs[i] = cs[i]
-					}
-					e.ServeBatch(context.Background(), op, xs)
-					return cs
-				}
+				suffix := fmt.Sprint("-", atomic)
+				keys := []string{"m0" + suffix, "m1" + suffix, "m2" + suffix}
 				for round, want := range []engine.Verdict{engine.Executed, engine.Replayed} {
-					for i, c := range batch() {
+					for i, c := range serveBatch(e, op, tenants, suffix) {
 						switch {
 						case tenants[i] == tc.trouble && (c.answered.Verdict != engine.StoreUnavailable || c.ran):
 							t.Errorf("atomic %v, round %d: the %s tenant's message: %v (ran %v), want store_unavailable, not run",
@@ -511,31 +492,43 @@ type ownCharge struct {
 
 func (c *ownCharge) Tenant() string { return c.tenant }
 
+// consumer is an engine on the rig's store whose operation, in the mode
+// asked, reads each call's tenant from the call, as a consumer's does.
+func (r *rig) consumer(t *testing.T, atomic bool) (*engine.Engine, *engine.Operation) {
+	t.Helper()
+	e, err := engine.New(r.st, engine.WithSingleTenant(), engine.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := e.Operation(engine.OperationSpec{Name: method, Atomic: atomic, OwnTenant: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, op
+}
+
+// serveBatch serves a batch of charges together, as a consumer serves its
+// messages: message i of tenants[i], its key "m" i suffix.
+func serveBatch(e *engine.Engine, op *engine.Operation, tenants []string, suffix string) []*ownCharge {
+	cs := make([]*ownCharge, len(tenants))
+	xs := make([]engine.Exchange, len(tenants))
+	for i, tenant := range tenants {
+		cs[i] = &ownCharge{charge: charge{key: fmt.Sprint("m", i, suffix)}, tenant: tenant}
+		xs[i] = cs[i]
+	}
+	e.ServeBatch(context.Background(), op, xs)
+	return cs
+}
+
 // TestAtomicServeBatch: a batch of messages of tenants on three shards,
 // served together in atomic mode as a consumer serves them, commits each
 // charge with its record on its tenant's shard; its redelivery replays
 // every one, running none again.
 func TestAtomicServeBatch(t *testing.T) {
 	r := newRig(t, pgshard.WithTenants(map[string]int{"t0": 0, "t1": 1, "t2": 2}))
-	e, err := engine.New(r.st, engine.WithSingleTenant(), engine.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	op, err := e.Operation(engine.OperationSpec{Name: method, Atomic: true, OwnTenant: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, op := r.consumer(t, true)
 	tenants := []string{"t2", "t0", "t1", "t2", "t0"}
-	batch := func() []*ownCharge {
-		cs := make([]*ownCharge, len(tenants))
-		xs := make([]engine.Exchange, len(tenants))
-		for i, tenant := range tenants {
-			cs[i] = &ownCharge{charge: charge{key: fmt.Sprint("m", i)}, tenant: tenant}
-			xs[i] = cs[i]
-		}
-		e.ServeBatch(context.Background(), op, xs)
-		return cs
-	}
+	batch := func() []*ownCharge { return serveBatch(e, op, tenants, "") }
 	for i, c := range batch() {
 		if c.answered.Verdict != engine.Executed || !c.ran {
 			t.Errorf("message %d: %v (ran %v), want executed", i, c.answered.Verdict, c.ran)
