@@ -63,7 +63,10 @@ const (
 
 // startBatch decides reqs as call.start decides each, in one round trip
 // that reads every key and takes those that are free. A call found in
-// progress is answered InProgress at once. A request is left alone, served
+// progress is answered InProgress at once. A store's error answers every
+// call as a store failure; a store.PartialError only the calls it names,
+// the others going on as if the batch had succeeded (in atomic mode in the
+// transaction, which holds only theirs). A request is left alone, served
 // after the batch, if an earlier request has its key (its answer depends on
 // how that one ends), if it comes after MaxBatch, or if op cannot batch.
 func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) *batch {
@@ -109,21 +112,29 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 	} else {
 		res, err = e.reserveBatch(ctx, rs)
 	}
+	partial := partialOf(err, len(rs), len(res))
 	for i := range b.Calls {
 		j := b.idx[i]
 		if j < 0 {
 			continue
 		}
 		c := &b.Calls[i]
+		callErr := err
+		if partial != nil { // the others are decided as if the batch had succeeded
+			callErr = nil
+			if partial.Failed[j] {
+				callErr = partial.Err
+			}
+		}
 		var openErr error
-		if err == nil {
+		if callErr == nil {
 			res[j], openErr = e.opened(rs[j].Key, &rs[j].Fingerprint, res[j])
 		}
 		switch {
-		case errors.Is(err, store.ErrFull):
+		case errors.Is(callErr, store.ErrFull):
 			c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
-		case err != nil:
-			c.storeFailed(ctx, "reserve", err)
+		case callErr != nil:
+			c.storeFailed(ctx, "reserve", callErr)
 		case openErr != nil:
 			c.storeFailed(ctx, "reserve", openErr)
 		case res[j].State == store.Acquired && c.stale && op.atomic:
@@ -141,6 +152,17 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 		}
 	}
 	return b
+}
+
+// partialOf is err as a store.PartialError for a batch of n reservations
+// answered with m entries, or nil: a plain error, or a partial one that does
+// not fit the batch or names no error, fails every call.
+func partialOf(err error, n, m int) *store.PartialError {
+	var pe *store.PartialError
+	if !errors.As(err, &pe) || pe.Err == nil || len(pe.Failed) != n || m != n {
+		return nil
+	}
+	return pe
 }
 
 // scopeOperation is the operation in the scope of op's keys: "" under

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -131,9 +132,33 @@ type Sweeper interface {
 
 // BatchReserver is a store that reserves a batch of keys in one round trip.
 type BatchReserver interface {
-	// ReserveBatch is Reserve for each of rs (distinct keys); res[i] answers rs[i].
+	// ReserveBatch is Reserve for each of rs (distinct keys); res[i] answers
+	// rs[i]. A store that can tell which of rs failed, and decided the
+	// others, returns a *PartialError with res; one that cannot, a plain
+	// error.
 	ReserveBatch(ctx context.Context, rs []Reservation) (res []Entry, err error)
 }
+
+// PartialError is a batch call's error that holds for some of its
+// reservations only: Failed[i] tells whether rs[i] failed (with Err); the
+// others' entries stand, and BeginBatch's transaction holds them.
+type PartialError struct {
+	Err    error
+	Failed []bool
+}
+
+func (e *PartialError) Error() string {
+	n := 0
+	for _, f := range e.Failed {
+		if f {
+			n++
+		}
+	}
+	return fmt.Sprintf("idemkey store: %d of the batch's %d calls failed: %v", n, len(e.Failed), e.Err)
+}
+
+// Unwrap returns Err, so that errors.Is classifies the failed calls.
+func (e *PartialError) Unwrap() error { return e.Err }
 
 // Watcher is a store that tells a waiting duplicate when the key's holder ends.
 type Watcher interface {
@@ -249,7 +274,9 @@ type Tx interface {
 type BatchAtomic interface {
 	Atomic
 	// BeginBatch is Begin for each of rs (distinct keys) in one transaction;
-	// res[i] answers rs[i]. tx is nil unless one is Acquired.
+	// res[i] answers rs[i]. tx is nil unless one is Acquired. A store that
+	// can tell which of rs failed returns a *PartialError with res and tx,
+	// which holds the others only; one that cannot, a plain error.
 	BeginBatch(ctx context.Context, rs []Reservation) (res []Entry, tx BatchTx, err error)
 }
 

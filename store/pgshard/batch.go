@@ -11,14 +11,16 @@ import (
 )
 
 // split groups rs by shard: each part's reservations in rs's order, and
-// where each of rs went. A partition being moved refuses the whole batch.
-func (s *Store) split(rs []store.Reservation) ([]part, []loc, error) {
+// where each of rs went. A reservation of a partition being moved goes to
+// no part (loc.part -1): it fails alone, with ErrMoving.
+func (s *Store) split(rs []store.Reservation) ([]part, []loc) {
 	var parts []part
 	where := make([]loc, len(rs))
 	byShard := map[int]int{} // shard index -> its part
 	for i, r := range rs {
 		if s.moving[r.Partition] {
-			return nil, nil, ErrMoving
+			where[i] = loc{-1, 0}
+			continue
 		}
 		sh := s.index(r.Partition)
 		p, ok := byShard[sh]
@@ -30,7 +32,7 @@ func (s *Store) split(rs []store.Reservation) ([]part, []loc, error) {
 		where[i] = loc{p, len(parts[p].rs)}
 		parts[p].rs = append(parts[p].rs, r)
 	}
-	return parts, where, nil
+	return parts, where
 }
 
 // part is a batch's reservations on one shard.
@@ -43,8 +45,50 @@ type part struct {
 	err   error
 }
 
-// loc is where a reservation of a batch went: its part, and its index there.
+// loc is where a reservation of a batch went: its part (-1 for none: its
+// partition is being moved), and its index there.
 type loc struct{ part, i int }
+
+// outcome is a batch's error and entries from its parts': nil if every
+// reservation was decided; a plain error if none was; else a
+// *store.PartialError naming those whose part failed or that went to none.
+func outcome(parts []part, where []loc) ([]store.Entry, error) {
+	var errs []error
+	for _, p := range parts {
+		if p.err != nil {
+			errs = append(errs, fmt.Errorf("shard %d: %w", p.index, p.err))
+		}
+	}
+	failed := make([]bool, len(where))
+	n, moving := 0, false
+	for i, l := range where {
+		if l.part < 0 {
+			failed[i], moving = true, true
+		} else {
+			failed[i] = parts[l.part].err != nil
+		}
+		if failed[i] {
+			n++
+		}
+	}
+	if moving {
+		errs = append(errs, ErrMoving)
+	}
+	err := errors.Join(errs...)
+	switch {
+	case n > 0 && n == len(where):
+		return nil, err
+	case n > 0:
+		err = &store.PartialError{Err: err, Failed: failed}
+	}
+	res := make([]store.Entry, len(where))
+	for i, l := range where {
+		if !failed[i] {
+			res[i] = parts[l.part].res[l.i]
+		}
+	}
+	return res, err
+}
 
 // each runs f for every part, at once, and waits.
 func each(parts []part, f func(p *part)) {
@@ -60,74 +104,39 @@ func each(parts []part, f func(p *part)) {
 }
 
 // ReserveBatch implements store.BatchReserver: each shard's reservations
-// in one ReserveBatch of its own, the shards at once. If one fails, the
-// keys the others acquired are released, and the batch fails.
+// in one ReserveBatch of its own, the shards at once. The reservations of
+// a shard that fails, or of a tenant being moved, fail alone: the others
+// stand, and the error is a *store.PartialError. If all fail, so does the
+// batch, with a plain error.
 func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
-	parts, where, err := s.split(rs)
-	if err != nil {
-		return nil, err
-	}
+	parts, where := s.split(rs)
 	each(parts, func(p *part) { p.res, p.err = p.shard.ReserveBatch(ctx, p.rs) })
-	if err := partsFailed(parts); err != nil {
-		for _, p := range parts {
-			if p.err == nil {
-				p.release(ctx)
-			}
-		}
-		return nil, err
-	}
-	res := make([]store.Entry, len(rs))
-	for i, l := range where {
-		res[i] = parts[l.part].res[l.i]
-	}
-	return res, nil
-}
-
-// release releases, as well as it can, what a part's ReserveBatch acquired.
-func (p *part) release(ctx context.Context) {
-	ctx = context.WithoutCancel(ctx)
-	for i, r := range p.res {
-		if r.State == store.Acquired {
-			_ = p.shard.Release(ctx, p.rs[i].Key, r.Token) // if it fails, the lease ends
-		}
-	}
-}
-
-func partsFailed(parts []part) error {
-	var errs []error
-	for _, p := range parts {
-		if p.err != nil {
-			errs = append(errs, fmt.Errorf("shard %d: %w", p.index, p.err))
-		}
-	}
-	return errors.Join(errs...)
+	return outcome(parts, where)
 }
 
 // BeginBatch implements store.BatchAtomic: the reservations of each shard
 // in a transaction of its own on it, the shards at once. A batch on one
 // shard is that shard's BatchTx; across shards, a BatchTx that routes each
 // call to its shard's transaction and commits them one after another
-// (batchTx.Commit). If one shard fails, the others roll back.
+// (batchTx.Commit). The reservations of a shard that fails, or of a tenant
+// being moved, fail alone: the others stand in the transactions of their
+// shards, and the error is a *store.PartialError. If all fail, so does the
+// batch, with a plain error.
 func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
-	parts, where, err := s.split(rs)
-	if err != nil {
-		return nil, nil, err
-	}
-	each(parts, func(p *part) { p.res, p.tx, p.err = p.shard.BeginBatch(ctx, p.rs) })
-	if err := partsFailed(parts); err != nil {
-		for _, p := range parts {
-			if p.tx != nil {
-				_ = p.tx.Rollback(ctx) // if it fails, the database rolls back as it closes the connection
-			}
+	parts, where := s.split(rs)
+	each(parts, func(p *part) {
+		p.res, p.tx, p.err = p.shard.BeginBatch(ctx, p.rs)
+		if p.err != nil && p.tx != nil {
+			_ = p.tx.Rollback(ctx) // if it fails, the database rolls back as it closes the connection
+			p.tx = nil
 		}
+	})
+	res, err := outcome(parts, where)
+	if res == nil {
 		return nil, nil, err
 	}
-	res := make([]store.Entry, len(rs))
-	for i, l := range where {
-		res[i] = parts[l.part].res[l.i]
-	}
-	if len(parts) == 1 {
-		return res, parts[0].tx, nil
+	if len(parts) == 1 && err == nil {
+		return res, parts[0].tx, nil // its indexes are the batch's
 	}
 	tx := &batchTx{where: where}
 	for _, p := range parts {
@@ -137,13 +146,13 @@ func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store
 		}
 	}
 	if !tx.open {
-		return res, nil, nil
+		return res, nil, err
 	}
-	return res, tx, nil
+	return res, tx, err
 }
 
 // batchTx is a batch's transactions on several shards, one each (nil on a
-// shard where the batch acquired no key).
+// shard where the batch acquired no key, or that failed).
 type batchTx struct {
 	txs    []store.BatchTx
 	shards []int // the index of each's shard, for errors
@@ -158,7 +167,7 @@ func (t *batchTx) tx(i int) (store.BatchTx, int, error) {
 		return nil, 0, fmt.Errorf("idemkey pgshard: the batch has no call %d", i)
 	}
 	l := t.where[i]
-	if t.txs[l.part] == nil {
+	if l.part < 0 || t.txs[l.part] == nil {
 		return nil, 0, errNoTx
 	}
 	return t.txs[l.part], l.i, nil

@@ -44,10 +44,10 @@
 // crash or a failure between two commits leaves the shards committed
 // before it committed, each message with its record, and the rest rolled
 // back, so that a redelivery replays the first and runs the others, each
-// still exactly once. A batch that holds a call of a tenant being moved
-// (WithMoving), or of a shard that fails, is refused whole: the engine
-// answers every call of it as a store that is down, those of the tenants
-// on healthy shards too.
+// still exactly once. The calls of a tenant being moved (WithMoving), or
+// of a shard that fails, fail alone (a store.PartialError): the engine
+// answers those as a store that is down, and runs the batch's other calls,
+// those of the tenants on healthy shards, as it would without them.
 //
 // # Moving a tenant
 //

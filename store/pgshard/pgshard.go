@@ -47,10 +47,11 @@ func WithTenants(shards map[string]int) Option {
 // WithMoving refuses the calls of tenants, with ErrMoving, while their
 // records are moved to another shard (docs/stores.md, "Moving a tenant"):
 // a call is refused, rather than split across two shards. What starts or
-// reads a key is refused (Reserve, Begin, the batches, Find, Lookup); the
-// rest acts for a run that holds its key, which this Store gives none of
-// these tenants. Under engine.WithFailOpen a refused two-phase call runs
-// unprotected, as on any store failure.
+// reads a key is refused (Reserve, Begin, Find, Lookup, and a batch's calls
+// of these tenants alone, its others decided); the rest acts for a run that
+// holds its key, which this Store gives none of these tenants. Under
+// engine.WithFailOpen a refused two-phase call runs unprotected, as on any
+// store failure.
 func WithMoving(tenants ...string) Option {
 	return func(o *options) { o.moving = append(o.moving, tenants...) }
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,8 +36,14 @@ type rig struct {
 
 func newRig(t *testing.T, opts ...pgshard.Option) *rig {
 	t.Helper()
+	return newRigWith(t, nil, opts...)
+}
+
+// newRigWith is newRig with more shards after the three, such as downStore.
+func newRigWith(t *testing.T, more []*postgres.Store, opts ...pgshard.Option) *rig {
+	t.Helper()
 	r := &rig{pools: pgtest.ShardPools(t)}
-	shards := make([]*postgres.Store, len(r.pools))
+	shards := make([]*postgres.Store, len(r.pools), len(r.pools)+len(more))
 	for i, pool := range r.pools {
 		if err := postgres.Migrate(t.Context(), pool); err != nil {
 			t.Fatalf("Migrate: %v", err)
@@ -51,10 +58,26 @@ func newRig(t *testing.T, opts ...pgshard.Option) *rig {
 		shards[i] = st
 	}
 	var err error
-	if r.st, err = pgshard.New(shards, opts...); err != nil {
+	if r.st, err = pgshard.New(append(shards, more...), opts...); err != nil {
 		t.Fatal(err)
 	}
 	return r
+}
+
+// downStore is a shard whose database never answers: its pool's address
+// refuses every connection.
+func downStore(t *testing.T) *postgres.Store {
+	t.Helper()
+	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/test") // never connected
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	st, err := postgres.New(pool, postgres.WithoutSchemaCheck())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
 }
 
 type tenantKey struct{}
@@ -210,11 +233,75 @@ func TestMovingRefused(t *testing.T) {
 		{Key: store.ScopeKey("staying", method, "b"), Lease: time.Minute, Retention: time.Hour, Partition: store.TenantPartition("staying")},
 		{Key: store.ScopeKey("moving", method, "b"), Lease: time.Minute, Retention: time.Hour, Partition: store.TenantPartition("moving")},
 	}
-	if _, err := r.st.ReserveBatch(t.Context(), batch); !errors.Is(err, pgshard.ErrMoving) {
-		t.Errorf("ReserveBatch with a moving tenant's reservation: %v, want ErrMoving", err)
+	res, err := r.st.ReserveBatch(t.Context(), batch)
+	var partial *store.PartialError
+	if !errors.As(err, &partial) || !errors.Is(err, pgshard.ErrMoving) || !slices.Equal(partial.Failed, []bool{false, true}) {
+		t.Fatalf("ReserveBatch with a moving tenant's reservation: %v, want a PartialError of ErrMoving for it alone", err)
 	}
-	if n := r.count(t, r.st.ShardOf("staying"), "idempotency_keys", keysOf("staying", "b")...); n != 0 {
-		t.Errorf("the refused batch reserved %d keys, want none", n)
+	if res[0].State != store.Acquired {
+		t.Errorf("ReserveBatch: the staying tenant's reservation %v, want acquired", res[0].State)
+	}
+	if n := r.count(t, r.st.ShardOf("staying"), "idempotency_keys", keysOf("staying", "b")...); n != 1 {
+		t.Errorf("the batch reserved %d of the staying tenant's keys, want its one", n)
+	}
+	if _, err := r.st.ReserveBatch(t.Context(), batch[1:]); !errors.Is(err, pgshard.ErrMoving) || errors.As(err, &partial) {
+		t.Errorf("ReserveBatch of a moving tenant's reservation alone: %v, want ErrMoving, not partial", err)
+	}
+}
+
+// TestServeBatchPartial: a consumer's batch holding a message of a tenant
+// being moved, or of a shard that is down, between two of a tenant on a
+// healthy shard, served together in either mode: the healthy tenant's
+// messages run and are recorded on its shard (in atomic mode with their
+// charges), and the other is answered store_unavailable, not run, nothing
+// of it written; redelivered, the first replay and the other is refused
+// again.
+func TestServeBatchPartial(t *testing.T) {
+	for _, tc := range []struct {
+		name, trouble string
+		rig           func(t *testing.T) *rig
+	}{
+		{"moving", "moving", func(t *testing.T) *rig {
+			return newRig(t, pgshard.WithMoving("moving"), pgshard.WithTenants(map[string]int{"healthy": 0, "moving": 0}))
+		}},
+		{"shard down", "down", func(t *testing.T) *rig {
+			return newRigWith(t, []*postgres.Store{downStore(t)}, pgshard.WithTenants(map[string]int{"healthy": 0, "down": 3}))
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := tc.rig(t)
+			for _, atomic := range []bool{false, true} {
+				e, op := r.consumer(t, atomic)
+				tenants := []string{"healthy", tc.trouble, "healthy"}
+				suffix := fmt.Sprint("-", atomic)
+				keys := []string{"m0" + suffix, "m1" + suffix, "m2" + suffix}
+				for round, want := range []engine.Verdict{engine.Executed, engine.Replayed} {
+					for i, c := range serveBatch(e, op, tenants, suffix) {
+						switch {
+						case tenants[i] == tc.trouble && (c.answered.Verdict != engine.StoreUnavailable || c.ran):
+							t.Errorf("atomic %v, round %d: the %s tenant's message: %v (ran %v), want store_unavailable, not run",
+								atomic, round, tc.trouble, c.answered.Verdict, c.ran)
+						case tenants[i] != tc.trouble && (c.answered.Verdict != want || c.ran != (want == engine.Executed)):
+							t.Errorf("atomic %v, round %d: the healthy tenant's message %d: %v (ran %v), want %v",
+								atomic, round, i, c.answered.Verdict, c.ran, want)
+						}
+					}
+				}
+				healthy := [][]byte{[]byte(keys[0]), []byte(keys[2])}
+				wantCharges := 0
+				if atomic {
+					wantCharges = 2
+				}
+				if n, m := r.count(t, 0, "charges", healthy...), r.count(t, 0, "idempotency_keys", keysOf("healthy", keys[0], keys[2])...); n != wantCharges || m != 2 {
+					t.Errorf("atomic %v: the healthy tenant's shard holds %d charges and %d records of its messages, want %d and 2", atomic, n, m, wantCharges)
+				}
+				for i := range r.pools {
+					if n, m := r.count(t, i, "charges", []byte(keys[1])), r.count(t, i, "idempotency_keys", keysOf(tc.trouble, keys[1])...); n != 0 || m != 0 {
+						t.Errorf("atomic %v: shard %d holds %d charges and %d records of the %s tenant's message, want none", atomic, i, n, m, tc.trouble)
+					}
+				}
+			}
+		})
 	}
 }
 
@@ -307,16 +394,9 @@ func TestNoPartition(t *testing.T) {
 // tenants of three shards, each from one of the three, and no other tenant
 // moves; WithTenants refuses a shard that does not exist.
 func TestAddShard(t *testing.T) {
-	pool, err := pgxpool.New(t.Context(), "postgres://postgres@127.0.0.1:1/test") // never connected
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
 	shards := make([]*postgres.Store, 4)
 	for i := range shards {
-		if shards[i], err = postgres.New(pool, postgres.WithoutSchemaCheck()); err != nil {
-			t.Fatal(err)
-		}
+		shards[i] = downStore(t)
 	}
 	three, err := pgshard.New(shards[:3])
 	if err != nil {
@@ -412,31 +492,43 @@ type ownCharge struct {
 
 func (c *ownCharge) Tenant() string { return c.tenant }
 
+// consumer is an engine on the rig's store whose operation, in the mode
+// asked, reads each call's tenant from the call, as a consumer's does.
+func (r *rig) consumer(t *testing.T, atomic bool) (*engine.Engine, *engine.Operation) {
+	t.Helper()
+	e, err := engine.New(r.st, engine.WithSingleTenant(), engine.WithLogger(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	op, err := e.Operation(engine.OperationSpec{Name: method, Atomic: atomic, OwnTenant: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, op
+}
+
+// serveBatch serves a batch of charges together, as a consumer serves its
+// messages: message i of tenants[i], its key "m" i suffix.
+func serveBatch(e *engine.Engine, op *engine.Operation, tenants []string, suffix string) []*ownCharge {
+	cs := make([]*ownCharge, len(tenants))
+	xs := make([]engine.Exchange, len(tenants))
+	for i, tenant := range tenants {
+		cs[i] = &ownCharge{charge: charge{key: fmt.Sprint("m", i, suffix)}, tenant: tenant}
+		xs[i] = cs[i]
+	}
+	e.ServeBatch(context.Background(), op, xs)
+	return cs
+}
+
 // TestAtomicServeBatch: a batch of messages of tenants on three shards,
 // served together in atomic mode as a consumer serves them, commits each
 // charge with its record on its tenant's shard; its redelivery replays
 // every one, running none again.
 func TestAtomicServeBatch(t *testing.T) {
 	r := newRig(t, pgshard.WithTenants(map[string]int{"t0": 0, "t1": 1, "t2": 2}))
-	e, err := engine.New(r.st, engine.WithSingleTenant(), engine.WithLogger(nil))
-	if err != nil {
-		t.Fatal(err)
-	}
-	op, err := e.Operation(engine.OperationSpec{Name: method, Atomic: true, OwnTenant: true})
-	if err != nil {
-		t.Fatal(err)
-	}
+	e, op := r.consumer(t, true)
 	tenants := []string{"t2", "t0", "t1", "t2", "t0"}
-	batch := func() []*ownCharge {
-		cs := make([]*ownCharge, len(tenants))
-		xs := make([]engine.Exchange, len(tenants))
-		for i, tenant := range tenants {
-			cs[i] = &ownCharge{charge: charge{key: fmt.Sprint("m", i)}, tenant: tenant}
-			xs[i] = cs[i]
-		}
-		e.ServeBatch(context.Background(), op, xs)
-		return cs
-	}
+	batch := func() []*ownCharge { return serveBatch(e, op, tenants, "") }
 	for i, c := range batch() {
 		if c.answered.Verdict != engine.Executed || !c.ran {
 			t.Errorf("message %d: %v (ran %v), want executed", i, c.answered.Verdict, c.ran)
