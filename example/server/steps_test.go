@@ -31,6 +31,7 @@ import (
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/tests/redistest"
+	"github.com/idemkey/idemkey/tests/spannertest"
 )
 
 // The tests of CreateCharge's recorded step, the processor's charge, run the
@@ -260,7 +261,9 @@ func TestStepKilledAtRandom(t *testing.T) {
 				db = ledgerOf(t, args)
 			}
 			s := servertest.Start(t, bin, args...)
-			// How long a call takes here, to kill it anywhere in one.
+			// How long a call takes here, to kill it anywhere in one or
+			// just after it: up to a quarter of it later, so that some
+			// kills fall around the commit and after the reply.
 			start := time.Now()
 			if _, err := completeCharge(t, s, idemkey.NewKey(), acmeRequest); err != nil {
 				t.Fatal(err)
@@ -272,9 +275,14 @@ func TestStepKilledAtRandom(t *testing.T) {
 				key := idemkey.NewKey()
 				first := make(chan error, 1)
 				go func() { _, _, err := create(s, key, acmeRequest); first <- err }()
-				time.Sleep(time.Duration(rng.Int64N(int64(span))))
+				time.Sleep(time.Duration(rng.Int64N(int64(span + span/4))))
 				if err := s.Kill(); err != nil {
 					t.Fatal(err)
+				}
+				if db != nil && db.database != "" {
+					// Spanner ends a dead client's transactions; the emulator
+					// needs telling.
+					spannertest.EndTransactions(t, db.database)
 				}
 				replied := <-first == nil
 				if replied {
@@ -292,7 +300,7 @@ func TestStepKilledAtRandom(t *testing.T) {
 				s = servertest.Start(t, bin, args...)
 				charge, err := completeCharge(t, s, key, acmeRequest)
 				if err != nil {
-					t.Fatalf("kill %d: the retry: %v", i, err)
+					t.Fatalf("kill %d: the retry: %v\n%s", i, err, s.Logs())
 				}
 				if want := p.chargeOf(t, key); charge.GetProcessorChargeId() != want {
 					t.Fatalf("kill %d: the retry's processor_charge_id is %q, want the processor's %q", i, charge.GetProcessorChargeId(), want)

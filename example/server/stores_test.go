@@ -49,8 +49,9 @@ var (
 // ledger is the database where a server keeps its charges and its keys'
 // records: Spanner's, every shard's, or one PostgreSQL's.
 type ledger struct {
-	spanner *spanner.Client
-	pools   []*pgxpool.Pool
+	spanner  *spanner.Client
+	database string // Spanner's
+	pools    []*pgxpool.Pool
 }
 
 // ledgerOf opens the database that a server's flags args name (-spanner,
@@ -76,7 +77,8 @@ func ledgerOf(t *testing.T, args []string) *ledger {
 	}
 	switch {
 	case flags["spanner"] != "":
-		l.spanner = spannertest.Client(t, flags["spanner"])
+		l.database = flags["spanner"]
+		l.spanner = spannertest.Client(t, l.database)
 	case flags["shard-database-urls"] != "":
 		for _, url := range strings.Split(flags["shard-database-urls"], ",") {
 			open(url)
