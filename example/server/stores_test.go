@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
 
 	"cloud.google.com/go/spanner"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
@@ -58,6 +60,17 @@ type ledger struct {
 // -shard-database-urls or -database-url), or fails t if they name none.
 func ledgerOf(t *testing.T, args []string) *ledger {
 	t.Helper()
+	l := openLedger(t, args)
+	if l == nil {
+		t.Fatalf("the server's flags %q name no database of charges", args)
+	}
+	return l
+}
+
+// openLedger is ledgerOf, which returns nil for flags that name no
+// database (memory, Redis).
+func openLedger(t *testing.T, args []string) *ledger {
+	t.Helper()
 	flags := map[string]string{}
 	for i := 0; i < len(args); i++ {
 		name, value, ok := strings.Cut(strings.TrimLeft(args[i], "-"), "=")
@@ -86,7 +99,7 @@ func ledgerOf(t *testing.T, args []string) *ledger {
 	case flags["database-url"] != "":
 		open(flags["database-url"])
 	default:
-		t.Fatalf("the server's flags %q name no database of charges", args)
+		return nil
 	}
 	return l
 }
@@ -96,7 +109,8 @@ func (l *ledger) charges(t *testing.T) int {
 	t.Helper()
 	n := 0
 	if l.spanner != nil {
-		n += int(l.spannerCounts(t, spanner.Statement{SQL: `SELECT COUNT(*), 0 FROM charges`})[0])
+		c, _ := l.spannerCounts(t, spanner.Statement{SQL: `SELECT COUNT(*), 0 FROM charges`})
+		n += int(c[0])
 	}
 	for _, pool := range l.pools {
 		n += count(t, pool, "charges")
@@ -113,7 +127,7 @@ func (l *ledger) keyState(t *testing.T, key, processorID string) (charges, recor
 	t.Helper()
 	hash := store.ScopeKey("acme", createChargeOp, key)
 	if l.spanner != nil {
-		n := l.spannerCounts(t, spanner.Statement{
+		n, _ := l.spannerCounts(t, spanner.Statement{
 			SQL: `SELECT (SELECT COUNT(*) FROM charges WHERE processor_charge_id = @charge),
 				(SELECT COUNT(*) FROM idempotency_keys AS r WHERE r.key = @key AND r.outcome IS NOT NULL)`,
 			Params: map[string]any{"charge": processorID, "key": hash[:]},
@@ -132,16 +146,46 @@ func (l *ledger) keyState(t *testing.T, key, processorID string) (charges, recor
 	return charges, records
 }
 
-// spannerCounts runs stmt, whose one row is two counts, as a strong read.
-func (l *ledger) spannerCounts(t *testing.T, stmt spanner.Statement) [2]int64 {
+// life returns how long the record of hash lives, from its creation to
+// its expiry, as the database holds it; it fails t if there is none.
+func (l *ledger) life(t *testing.T, hash store.Key) time.Duration {
 	t.Helper()
-	var n [2]int64
+	var lives []time.Duration
+	if l.spanner != nil {
+		n, found := l.spannerCounts(t, spanner.Statement{
+			SQL:    `SELECT TIMESTAMP_DIFF(r.expires_at, r.created_at, MICROSECOND), 0 FROM idempotency_keys AS r WHERE r.key = @key`,
+			Params: map[string]any{"key": hash[:]},
+		})
+		if found {
+			lives = append(lives, time.Duration(n[0])*time.Microsecond)
+		}
+	}
+	for _, pool := range l.pools {
+		var life time.Duration
+		err := pool.QueryRow(context.Background(), `SELECT expires_at - created_at FROM idempotency_keys WHERE key = $1`, hash[:]).Scan(&life)
+		if err == nil {
+			lives = append(lives, life)
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			t.Fatal(err)
+		}
+	}
+	if len(lives) != 1 {
+		t.Fatalf("%d records of %s, want 1", len(lives), hash)
+	}
+	return lives[0]
+}
+
+// spannerCounts runs stmt, whose row, if any, is two numbers, as a strong
+// read; found is false without a row.
+func (l *ledger) spannerCounts(t *testing.T, stmt spanner.Statement) (n [2]int64, found bool) {
+	t.Helper()
 	if err := l.spanner.Single().Query(context.Background(), stmt).Do(func(row *spanner.Row) error {
+		found = true
 		return row.Columns(&n[0], &n[1])
 	}); err != nil {
 		t.Fatal(err)
 	}
-	return n
+	return n, found
 }
 
 // Server processes sharing their keys behave as one service, on every
