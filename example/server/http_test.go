@@ -261,7 +261,9 @@ var storeConfigs = map[string]func(t *testing.T) config{
 	"postgres/2-phase": func(t *testing.T) config { return config{databaseURL: pgtest.SchemaURL(pgtest.Schema(t))} },
 }
 
-func oneValueOneKey(t *testing.T, e *entryPoints) {
+// oneValueOneKey runs its cases on e and returns how many keys they sent,
+// each a charge.
+func oneValueOneKey(t *testing.T, e *entryPoints) (keys int) {
 	ctx := t.Context()
 	connectClient := func(opts ...connect.ClientOption) func(string, *paymentsv1.CreateChargeRequest) (*paymentsv1.Charge, bool, error) {
 		c := paymentsv1connect.NewPaymentServiceClient(http.DefaultClient, e.http, opts...)
@@ -307,6 +309,7 @@ func oneValueOneKey(t *testing.T, e *entryPoints) {
 		// Each entry point first once, with a key of its own, the others after it.
 		for first := range entryPoints {
 			value := form.value("sfkey-" + idemkey.NewKey())
+			keys++
 			var charge *paymentsv1.Charge
 			for j := range entryPoints {
 				ep := entryPoints[(first+j)%len(entryPoints)]
@@ -337,6 +340,7 @@ func oneValueOneKey(t *testing.T, e *entryPoints) {
 			t.Fatalf("%s with the quoted form of a key sent bare before: %v, %v (replayed %v), want %v replayed", ep.name, got, err, replayed, first)
 		}
 	}
+	return keys + 1
 }
 
 // POST /v1/charges, through grpc-gateway, answers as

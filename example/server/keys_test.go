@@ -131,21 +131,21 @@ func (a *keyAnswer) wantState(t *testing.T, who, state string) {
 }
 
 // A key's state, asked without its request over gRPC, Connect and HTTP, on
-// each store and mode: unknown for a key never sent, in progress (with a
-// wait) while CreateCharge holds it, completed with the reply a retry of
-// CreateCharge gets, and expired for a key with no record first sent longer
-// ago than the retention. Another tenant asking the same key is told
-// unknown.
+// each store and mode (memory, Redis, and PostgreSQL, Spanner and three
+// PostgreSQL shards in both modes): unknown for a key never sent, in
+// progress (with a wait) while CreateCharge holds it, completed with the
+// reply a retry of CreateCharge gets, and expired for a key with no record
+// first sent longer ago than the retention. Another tenant asking the same
+// key is told unknown.
 func TestKeyState(t *testing.T) {
 	bin := servertest.Build(t)
-	for _, st := range []stepStore{memoryStore, postgresTwoPhase, postgresAtomic, redisStore} {
+	for _, st := range []stepStore{memoryStore, postgresTwoPhase, postgresAtomic, redisStore, spannerAtomic, spannerTwoPhase, shardsAtomic, shardsTwoPhase} {
 		t.Run(st.name, func(t *testing.T) {
 			t.Parallel()
 			// The held call holds its key for -handler-delay, which leaves a
 			// busy machine time to ask twice while it runs.
 			const hold = 5 * time.Second
 			s := startKeyServer(t, bin, append(st.args(t), "-handler-delay", hold.String())...)
-			atomic := st.name == postgresAtomic.name
 
 			never := idemkey.NewKey()
 			if resp, _ := s.getKey(t, "sk_test_acme", never, time.Time{}); resp.GetState() != idemkeyv1.GetKeyResponse_STATE_UNKNOWN || resp.GetExpireTime() != nil {
@@ -183,9 +183,9 @@ func TestKeyState(t *testing.T) {
 			switch {
 			case held.GetState() != idemkeyv1.GetKeyResponse_STATE_IN_PROGRESS || held.GetRetryAfter().AsDuration() <= 0:
 				t.Errorf("the held call's key over gRPC: %v, want in progress with a wait, its step done", held)
-			case atomic && held.GetExpireTime() != nil:
+			case st.lockHeld && held.GetExpireTime() != nil:
 				t.Errorf("the held atomic call's key over gRPC: %v, want no expiry: its lock tells none", held)
-			case !atomic && held.GetExpireTime() == nil:
+			case !st.lockHeld && held.GetExpireTime() == nil:
 				t.Errorf("the held call's key over gRPC: %v, want its expiry", held)
 			}
 			a := s.getKeyHTTP(t, "sk_test_acme", key, time.Time{})

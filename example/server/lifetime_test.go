@@ -237,7 +237,7 @@ func TestInFlightExpiryOnEveryEntryPoint(t *testing.T) {
 // within the key's life replays its charge, and once the expiry it was told
 // (idempotency-key-expires) has passed, the same key runs as a new call, a
 // charge of its own, never before that instant. On memory, PostgreSQL
-// (atomic) and Redis.
+// (atomic), Redis, and Spanner and three PostgreSQL shards in both modes.
 func TestShortTTLKeyExpires(t *testing.T) {
 	for name, flags := range map[string]func(t *testing.T) []string{
 		"memory":   func(*testing.T) []string { return []string{"-database-url="} },
@@ -245,6 +245,10 @@ func TestShortTTLKeyExpires(t *testing.T) {
 		"redis": func(t *testing.T) []string {
 			return []string{"-database-url=", "-redis-url", "redis://" + redistest.Start(t).Addr}
 		},
+		spannerAtomic.name:   spannerAtomic.args,
+		spannerTwoPhase.name: spannerTwoPhase.args,
+		shardsAtomic.name:    shardsAtomic.args,
+		shardsTwoPhase.name:  shardsTwoPhase.args,
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

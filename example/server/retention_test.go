@@ -48,8 +48,9 @@ var retentionFlags = []string{
 // the same. On PostgreSQL (both modes) each record lasts its own time: once
 // every record is two hours old, a sweep deletes GetCharge's and keeps
 // CreateCharge's, whose keys still replay while GetCharge's run afresh. On
-// Redis each record's own TTL is its method's retention. On memory, the
-// expiries told.
+// Redis each record's own TTL is its method's retention; on Spanner and on
+// three PostgreSQL shards (both modes) each record lives its method's
+// retention from its creation. On memory, the expiries told.
 func TestRetentionPerMethod(t *testing.T) {
 	bin := servertest.Build(t)
 	for _, tc := range []struct {
@@ -69,6 +70,10 @@ func TestRetentionPerMethod(t *testing.T) {
 			addr := redistest.Start(t).Addr
 			return []string{"-database-url=", "-redis-url", "redis://" + addr}, "", addr
 		}},
+		{spannerAtomic.name, func(t *testing.T) ([]string, string, string) { return spannerAtomic.args(t), "", "" }},
+		{spannerTwoPhase.name, func(t *testing.T) ([]string, string, string) { return spannerTwoPhase.args(t), "", "" }},
+		{shardsAtomic.name, func(t *testing.T) ([]string, string, string) { return shardsAtomic.args(t), "", "" }},
+		{shardsTwoPhase.name, func(t *testing.T) ([]string, string, string) { return shardsTwoPhase.args(t), "", "" }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -172,6 +177,17 @@ func TestRetentionPerMethod(t *testing.T) {
 					// The record was written within the last minute.
 					if want := retentionOf(k.method); ttl > want || ttl < want-time.Minute-margin(want) {
 						t.Errorf("%s's record %s: PTTL %v, want about %v", k.method, hash, ttl, want)
+					}
+				}
+			default:
+				// Spanner and the shards: each record's life, as the
+				// database holds it.
+				if db := openLedger(t, args); db != nil {
+					for _, k := range keys {
+						hash := store.ScopeKey("acme", k.method, k.key)
+						if life, want := db.life(t, hash), retentionOf(k.method); life != want {
+							t.Errorf("%s's record %s lives %v, want %v", k.method, hash, life, want)
+						}
 					}
 				}
 			}

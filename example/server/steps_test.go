@@ -31,6 +31,7 @@ import (
 	"github.com/idemkey/idemkey/internal/servertest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
 	"github.com/idemkey/idemkey/tests/redistest"
+	"github.com/idemkey/idemkey/tests/spannertest"
 )
 
 // The tests of CreateCharge's recorded step, the processor's charge, run the
@@ -149,23 +150,29 @@ type stepStore struct {
 	name  string
 	args  func(t *testing.T) []string // the server's flags for it
 	kills bool                        // it outlives the server's process
+	// atomic: the charge commits with the key's record, in the database
+	// the flags name (ledgerOf reads both).
+	atomic bool
+	// lockHeld: an atomic run holds its key by a lock and writes no row
+	// until it commits, so a key it holds has no expiry to tell yet.
+	lockHeld bool
 }
 
 var (
-	postgresAtomic = stepStore{"postgres/atomic", func(t *testing.T) []string {
+	postgresAtomic = stepStore{name: "postgres/atomic", args: func(t *testing.T) []string {
 		return []string{"-database-url", pgtest.SchemaURL(pgtest.Schema(t))}
-	}, true}
-	postgresTwoPhase = stepStore{"postgres/2-phase", func(t *testing.T) []string {
+	}, kills: true, atomic: true, lockHeld: true}
+	postgresTwoPhase = stepStore{name: "postgres/2-phase", args: func(t *testing.T) []string {
 		return []string{"-database-url", pgtest.SchemaURL(pgtest.Schema(t)), "-atomic=false"}
-	}, true}
+	}, kills: true}
 	// The charges stay in the server's memory, since only the keys and
 	// steps need to outlive it here.
-	redisStore = stepStore{"redis", func(t *testing.T) []string {
+	redisStore = stepStore{name: "redis", args: func(t *testing.T) []string {
 		return []string{"-database-url=", "-redis-url", "redis://" + redistest.Start(t).Addr}
-	}, true}
+	}, kills: true}
 	// The memory store loses every key and step with its process: a kill
 	// test on it would charge again by design, so it runs none.
-	memoryStore = stepStore{"memory", func(*testing.T) []string { return []string{"-database-url="} }, false}
+	memoryStore = stepStore{name: "memory", args: func(*testing.T) []string { return []string{"-database-url="} }}
 )
 
 var acmeRequest = &paymentsv1.CreateChargeRequest{CustomerId: "cus_steps", Amount: 100, Currency: "EUR"}
@@ -230,55 +237,89 @@ func TestStepKilledBeforeWrite(t *testing.T) {
 // the restarted server until answered: however the kill fell (before the
 // call arrived, inside the processor's call, which answers 100ms after it
 // charged, between its answer and the write, after the reply), the
-// processor has charged each key once.
+// processor has charged each key once. In atomic mode (PostgreSQL, Spanner,
+// three PostgreSQL shards) the charge commits with the key's record: read
+// at once after each kill, the key's charge row and its completed record
+// are both there or both missing (both there if the call was answered),
+// and once the retry is answered both are there, one each, so that the
+// database holds a charge per key and no more.
 func TestStepKilledAtRandom(t *testing.T) {
 	kills := 50
 	if testing.Short() {
 		kills = 10
 	}
 	bin := servertest.Build(t)
-	for _, st := range []stepStore{postgresAtomic, postgresTwoPhase, redisStore} {
+	for _, st := range []stepStore{postgresAtomic, postgresTwoPhase, redisStore, spannerAtomic, shardsAtomic} {
 		t.Run(st.name, func(t *testing.T) {
 			t.Parallel()
 			p := startProcessor(t, "-answer-delay", "100ms")
 			// A short lease: a two-phase run's retry waits out the killed
 			// run's, renewed while it lived.
 			args := append(st.args(t), "-processor-url", p.url, "-handler-delay", "100ms", "-lease", "500ms")
+			var db *ledger // where an atomic charge commits with its record
+			if st.atomic {
+				db = ledgerOf(t, args)
+			}
 			s := servertest.Start(t, bin, args...)
-			// How long a call takes here, to kill it anywhere in one.
+			// How long a call takes here, to kill it anywhere in one or
+			// just after it: up to a quarter of it later, so that some
+			// kills fall around the commit and after the reply.
 			start := time.Now()
 			if _, err := completeCharge(t, s, idemkey.NewKey(), acmeRequest); err != nil {
 				t.Fatal(err)
 			}
 			span := time.Since(start)
 			rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 47))
-			var charged, answered int // kills after the processor's charge, and after the reply
+			var charged, answered, committed int // kills after the processor's charge, after the reply, and after the commit
 			for i := range kills {
 				key := idemkey.NewKey()
 				first := make(chan error, 1)
 				go func() { _, _, err := create(s, key, acmeRequest); first <- err }()
-				time.Sleep(time.Duration(rng.Int64N(int64(span))))
+				time.Sleep(time.Duration(rng.Int64N(int64(span + span/4))))
 				if err := s.Kill(); err != nil {
 					t.Fatal(err)
 				}
-				if <-first == nil {
+				if db != nil && db.database != "" {
+					// Spanner ends a dead client's transactions; the emulator
+					// needs telling.
+					spannertest.EndTransactions(t, db.database)
+				}
+				replied := <-first == nil
+				if replied {
 					answered++
 				} else if p.chargeOf(t, key) != "" {
 					charged++
 				}
+				if db != nil {
+					c, r := db.keyState(t, key, p.chargeOf(t, key))
+					if c != r || c > 1 || (replied && c != 1) {
+						t.Fatalf("kill %d: right after it, %d charges of the key and %d completed records (answered %v); want both 1 or both 0, 1 if answered", i, c, r, replied)
+					}
+					committed += c
+				}
 				s = servertest.Start(t, bin, args...)
 				charge, err := completeCharge(t, s, key, acmeRequest)
 				if err != nil {
-					t.Fatalf("kill %d: the retry: %v", i, err)
+					t.Fatalf("kill %d: the retry: %v\n%s", i, err, s.Logs())
 				}
 				if want := p.chargeOf(t, key); charge.GetProcessorChargeId() != want {
 					t.Fatalf("kill %d: the retry's processor_charge_id is %q, want the processor's %q", i, charge.GetProcessorChargeId(), want)
+				}
+				if db != nil {
+					if c, r := db.keyState(t, key, charge.GetProcessorChargeId()); c != 1 || r != 1 {
+						t.Fatalf("kill %d: once the retry is answered, %d charges of the key and %d completed records; want 1 and 1", i, c, r)
+					}
 				}
 			}
 			if n := p.charges(t); n != kills+1 {
 				t.Errorf("the processor made %d charges for %d keys", n, kills+1)
 			}
-			t.Logf("%d kills within %v of a call: %d after its reply, %d after the processor's charge and before the reply", kills, span, answered, charged)
+			if db != nil {
+				if n := db.charges(t); n != kills+1 {
+					t.Errorf("the database holds %d charges for %d keys", n, kills+1)
+				}
+			}
+			t.Logf("%d kills within %v of a call: %d after its reply, %d after the processor's charge and before the reply; %d after the commit", kills, span, answered, charged, committed)
 		})
 	}
 }
