@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -149,6 +150,31 @@ func TestKeyServiceFirstRegion(t *testing.T) {
 		if err != nil && strings.Contains(strings.ToLower(err.Error()), "secret") {
 			t.Errorf("%v; want the region unquoted", err)
 		}
+	}
+	wantRuns(t, svc, 0)
+}
+
+// A fenced call under gRPC's retry policy (Aborted retried, as the
+// example's service config does) is retried within the policy's attempts,
+// each told the retry delay as pushback, and then fails Aborted: never
+// retried for ever, never run here.
+func TestFenceRetryPolicy(t *testing.T) {
+	var attempts atomic.Int64
+	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		attempts.Add(1)
+		return next(ctx, req)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(count,
+		grpctest.Interceptor(memory.New(), engine.WithTenant(tenantFromMetadata), engine.WithRegion("a"), engine.WithMaxRetryAfter(5*time.Millisecond))))
+	svc := newService()
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
+		grpc.WithDefaultServiceConfig(retryServiceConfig), grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	_, err := client.CreateCharge(ctx, request(1), interceptor.UseKeyFirstRegion("order-1", time.Now(), "b"))
+	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
+	if n := attempts.Load(); n != 5 {
+		t.Errorf("the fenced call reached the server %d times; want the policy's 5 attempts", n)
 	}
 	wantRuns(t, svc, 0)
 }
