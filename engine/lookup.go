@@ -18,7 +18,9 @@ const (
 	// KeyUnknown: the key has no record (never used, released, or expired
 	// and gone); a retry runs the operation.
 	KeyUnknown KeyStatus = iota
-	// KeyInProgress: a call holds the key; a retry is told to wait.
+	// KeyInProgress: a call holds the key, or (WithRegion) it was first
+	// sent to another region whose record has not arrived; a retry is told
+	// to wait.
 	KeyInProgress
 	// KeyCompleted: an outcome is recorded, and a retry of the same request
 	// is answered with it.
