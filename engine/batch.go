@@ -135,6 +135,12 @@ func (e *Engine) startBatch(ctx context.Context, op *Operation, reqs []request) 
 			c.Verdict, c.RetryAfter = StoreFull, e.opts.retryAfter
 		case callErr != nil:
 			c.storeFailed(ctx, "reserve", callErr)
+			if !op.atomic && partial == nil && len(res) == len(rs) && res[j].State == store.Acquired {
+				// A partial error that does not fit: the store took the key all
+				// the same, and would hold it for a lease.
+				c.token = res[j].Token
+				c.release(ctx)
+			}
 		case openErr != nil:
 			c.storeFailed(ctx, "reserve", openErr)
 		case res[j].State == store.Acquired && c.stale && op.atomic:

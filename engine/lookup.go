@@ -18,7 +18,9 @@ const (
 	// KeyUnknown: the key has no record (never used, released, or expired
 	// and gone); a retry runs the operation.
 	KeyUnknown KeyStatus = iota
-	// KeyInProgress: a call holds the key; a retry is told to wait.
+	// KeyInProgress: a call holds the key, or (WithRegion) it was first
+	// sent to another region whose record has not arrived; a retry is told
+	// to wait.
 	KeyInProgress
 	// KeyCompleted: an outcome is recorded, and a retry of the same request
 	// is answered with it.
@@ -86,7 +88,12 @@ func (ks KeyState) MadeFor(fp store.Fingerprint) bool {
 // Exchange.FirstSent returns them (none: not sent): a key with no record
 // first sent longer ago than the retention is KeyExpired, and values that
 // a call would refuse (repeated, not an HTTP date, later than the clock
-// skew from now) are a *FirstSentError.
+// skew from now) are a *FirstSentError. firstRegion are the values of its
+// first-region field (Exchange.FirstRegion), read only by an engine
+// WithRegion: a key with no record first sent to another region is
+// KeyInProgress, as its call is answered (Fenced), not KeyUnknown, for a
+// retry here does not run it; a malformed or repeated one is a
+// *FirstSentError.
 //
 // The store must be a store.Looker; otherwise the error wraps
 // errors.ErrUnsupported. A malformed key is an *idemkey.KeyError. A store
@@ -96,7 +103,7 @@ func (ks KeyState) MadeFor(fp store.Fingerprint) bool {
 //
 // Under ScopeTenant a key's record is the key's whichever operation made
 // it, and Lookup tells it for any op.
-func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSent []string) (KeyState, error) {
+func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSent []string, firstRegion ...string) (KeyState, error) {
 	if e.looker == nil {
 		return KeyState{}, fmt.Errorf("idemkey: Lookup needs a store that implements store.Looker (store/memory, store/postgres, store/redis); %T does not: %w",
 			e.store, errors.ErrUnsupported)
@@ -107,6 +114,12 @@ func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSen
 	sent, err := e.firstSent(firstSent)
 	if err != nil {
 		return KeyState{}, err
+	}
+	var region string
+	if e.opts.region != "" {
+		if region, err = firstRegionOf(firstRegion); err != nil {
+			return KeyState{}, err
+		}
 	}
 	if op.ownTenant {
 		return KeyState{}, fmt.Errorf("idemkey: operation %q: its calls tell their own tenant (OperationSpec.OwnTenant), which Lookup cannot: %w",
@@ -138,6 +151,8 @@ func (e *Engine) Lookup(ctx context.Context, op *Operation, key string, firstSen
 	switch {
 	case !found && c.stale:
 		ks.State = KeyExpired
+	case !found && e.fenced(request{FirstRegion: region}):
+		ks.State, ks.RetryAfter = KeyInProgress, e.opts.retryAfter // as fence answers it
 	case !found:
 		ks.State = KeyUnknown
 	case res.State == store.Completed:

@@ -334,3 +334,36 @@ func testServeBatchPartial(t *testing.T, atomic bool, storeErr error, misfit boo
 		t.Errorf("idemkey.calls by outcome: %v, want %v", counted, wantCounted)
 	}
 }
+
+// TestServeBatchPartialMisfitFreesKeys: a two-phase batch whose store
+// answers a store.PartialError that does not fit it fails every call, so
+// the keys the store says it took for the healthy tenant are released, not
+// left held for a lease: their redelivery runs them at once.
+func TestServeBatchPartialMisfitFreesKeys(t *testing.T) {
+	mem := memory.New()
+	e := mustEngine(t, partialMemory{Store: mem, err: store.ErrUnavailable, misfit: true}, WithLogger(nil))
+	op, err := e.Operation(OperationSpec{Name: opName, OwnTenant: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tenants := []string{"healthy", troubled, "healthy"}
+	xs := make([]*ownTenantCall, len(tenants))
+	exs := make([]Exchange, len(tenants))
+	for i, tenant := range tenants {
+		xs[i] = &ownTenantCall{stepCall: stepCall{key: fmt.Sprint("m", i), request: "r", run: func(context.Context) error { return nil }}, tenant: tenant}
+		exs[i] = xs[i]
+	}
+	e.ServeBatch(context.Background(), op, exs)
+	for i, x := range xs {
+		if x.ran || x.answer.Verdict != StoreUnavailable {
+			t.Fatalf("call %d of the misfit batch: ran %v, answered %v; want store_unavailable, not run", i, x.ran, x.answer.Verdict)
+		}
+	}
+	for _, i := range []int{0, 2} {
+		again := &ownTenantCall{stepCall: stepCall{key: fmt.Sprint("m", i), request: "r", run: func(context.Context) error { return nil }}, tenant: "healthy", retried: true}
+		e.Serve(context.Background(), op, again)
+		if !again.ran || again.answer.Verdict != Executed {
+			t.Errorf("call %d redelivered alone: ran %v, answered %v; want executed (its key free)", i, again.ran, again.answer.Verdict)
+		}
+	}
+}

@@ -37,7 +37,7 @@ func NewKeyServiceHandler(eng *engine.Engine, opts ...Option) (string, http.Hand
 	}
 	procs := rpckit.NewMethods(o.Coverage, eng, "connectrpc")
 	getKey := func(ctx context.Context, req *connect.Request[idemkeyv1.GetKeyRequest]) (*connect.Response[idemkeyv1.GetKeyResponse], error) {
-		a := procs.GetKey(ctx, eng, req.Msg, req.Header()[idemkey.FirstSentHeader], o.Replayed)
+		a := procs.GetKey(ctx, eng, req.Msg, req.Header()[idemkey.FirstSentHeader], req.Header()[idemkey.FirstRegionHeader], o.Replayed)
 		switch {
 		case a.Status != nil:
 			return nil, toError(a.Status)

@@ -81,3 +81,34 @@ func TestKeyServiceHandler(t *testing.T) {
 		t.Error("NewKeyServiceHandler(nil) = nil error; want one")
 	}
 }
+
+// GetKey over Connect on region a tells a key first sent to region b, and
+// not yet copied, in progress, as its call is answered; the header
+// malformed is refused as a call's is.
+func TestKeyServiceFirstRegion(t *testing.T) {
+	eng := newEngine(t, memory.New(), engine.WithTenant(bearerTenant), engine.WithRegion("a"))
+	path, keys, err := idemconnect.NewKeyServiceHandler(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(path, keys)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	client := connect.NewClient[idemkeyv1.GetKeyRequest, idemkeyv1.GetKeyResponse](srv.Client(), srv.URL+"/idemkey.v1.KeyService/GetKey")
+	getKey := func(region string) (*connect.Response[idemkeyv1.GetKeyResponse], error) {
+		req := connect.NewRequest(&idemkeyv1.GetKeyRequest{Operation: createCharge, Key: "key-1"})
+		req.Header().Set("Authorization", "Bearer acme")
+		req.Header().Set(idemkey.FirstRegionHeader, region)
+		return client.CallUnary(context.Background(), req)
+	}
+	if resp, err := getKey("b"); err != nil || resp.Msg.GetState() != idemkeyv1.GetKeyResponse_STATE_IN_PROGRESS {
+		t.Errorf("GetKey of a key first sent to b, on a = %v, %v; want in progress", resp, err)
+	}
+	if resp, err := getKey("a"); err != nil || resp.Msg.GetState() != idemkeyv1.GetKeyResponse_STATE_UNKNOWN {
+		t.Errorf("GetKey of a key first sent to a, on a = %v, %v; want unknown", resp, err)
+	}
+	if _, err := getKey("B"); idemkey.Reason(err) != idemkey.ReasonFirstSentInvalid {
+		t.Errorf("GetKey with a malformed first region = %v; want %s", err, idemkey.ReasonFirstSentInvalid)
+	}
+}

@@ -105,7 +105,7 @@ func (k *keyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		WriteProblem(w, http.StatusInternalServerError, "", "", 0)
 		return
 	}
-	ks, err := k.eng.Lookup(r.Context(), op, key, r.Header.Values(idemkey.FirstSentHeader))
+	ks, err := k.eng.Lookup(r.Context(), op, key, r.Header.Values(idemkey.FirstSentHeader), r.Header.Values(idemkey.FirstRegionHeader)...)
 	if err != nil {
 		k.refuse(w, err)
 		return

@@ -190,3 +190,31 @@ func TestKeyHandlerLastSegment(t *testing.T) {
 		t.Errorf("POST to the key handler = %d, Allow %q; want 405 allowing GET", rec.Code, rec.Header().Get("Allow"))
 	}
 }
+
+// On a region's server, a key first sent to another region and not yet
+// copied is told in progress, with a Retry-After, as its request is
+// answered; the header malformed is refused as a request's is.
+func TestKeyHandlerFirstRegion(t *testing.T) {
+	eng := newEngine(t, memory.New(), engine.WithTenant(tenantFromContext), engine.WithLogger(nil), engine.WithRegion("a"))
+	keys, err := idemhttp.KeyHandler(eng)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /v1/idempotency-keys/{key}", keys)
+	srv := httptest.NewServer(authenticate(mux))
+	t.Cleanup(srv.Close)
+	s := &keysServer{server: &server{t: t, url: srv.URL}}
+
+	resp, raw := s.getKey("acme", "key-1", chargesOp, idemkey.FirstRegionHeader, "b")
+	if b := wantKeyState(t, "first sent to b", resp, raw, "in_progress"); b.RetryAfter <= 0 || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("first sent to b: %q, Retry-After %q; want a retry delay", raw, resp.Header.Get("Retry-After"))
+	}
+	resp, raw = s.getKey("acme", "key-1", chargesOp, idemkey.FirstRegionHeader, "a")
+	wantKeyState(t, "first sent to a", resp, raw, "unknown")
+	resp, raw = s.getKey("acme", "key-1", chargesOp, idemkey.FirstRegionHeader, "Secret-B")
+	wantProblem(t, resp, raw, http.StatusBadRequest, idemkey.ReasonFirstSentInvalid)
+	if strings.Contains(strings.ToLower(string(raw)), "secret") {
+		t.Errorf("the problem quotes the region: %s", raw)
+	}
+}

@@ -87,7 +87,8 @@ type keyService struct {
 }
 
 func (k *keyService) GetKey(ctx context.Context, req *idemkeyv1.GetKeyRequest) (*idemkeyv1.GetKeyResponse, error) {
-	a := k.methods.GetKey(ctx, k.eng, req, metadata.ValueFromIncomingContext(ctx, idemkey.FirstSentMetadata), k.opts.Replayed)
+	a := k.methods.GetKey(ctx, k.eng, req, metadata.ValueFromIncomingContext(ctx, idemkey.FirstSentMetadata),
+		metadata.ValueFromIncomingContext(ctx, idemkey.FirstRegionMetadata), k.opts.Replayed)
 	switch {
 	case a.Status != nil:
 		return nil, toError(a.Status)

@@ -3,6 +3,7 @@ package interceptor_test
 import (
 	"context"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/idemkey/idemkey/interceptor"
 	"github.com/idemkey/idemkey/internal/grpctest"
 	paymentsv1 "github.com/idemkey/idemkey/proto/example/payments/v1"
+	idemkeyv1 "github.com/idemkey/idemkey/proto/idemkey/v1"
 	"github.com/idemkey/idemkey/store/memory"
 )
 
@@ -108,4 +110,71 @@ func TestFirstRegionFailover(t *testing.T) {
 		t.Fatalf("region a after b's record: %v, %v; want b's reply %v, replayed", again, err, first)
 	}
 	wantRuns(t, svc, 1)
+}
+
+// GetKey on a region's server tells a key first sent to another region, and
+// not yet copied here, as a call of it is answered: in progress (a retry is
+// held off), not unknown ("a retry runs"), which a client that failed over
+// could read as the operation never having run anywhere. A key first sent
+// here, or with no region, stays unknown; a malformed region is refused as
+// a call's is.
+func TestKeyServiceFirstRegion(t *testing.T) {
+	st := memory.New()
+	eng := grpctest.Must(engine.New(st, engine.WithTenant(tenantFromMetadata), engine.WithRegion("a")))
+	srv := grpc.NewServer(grpc.UnaryInterceptor(grpctest.Must(interceptor.UnaryServerInterceptor(eng))))
+	svc := newService()
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	if err := interceptor.RegisterKeyService(srv, eng); err != nil {
+		t.Fatal(err)
+	}
+	keys := keysClient{grpctest.Dial(t, grpctest.Serve(t, srv), grpc.WithDisableRetry())}
+	getKey := func(region ...string) (*idemkeyv1.GetKeyResponse, error) {
+		ctx := asTenant("acme")
+		for _, r := range region {
+			ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, r)
+		}
+		return keys.GetKey(ctx, &idemkeyv1.GetKeyRequest{Operation: createCharge, Key: "order-1"})
+	}
+	resp, err := getKey("b")
+	if err != nil || resp.GetState() != idemkeyv1.GetKeyResponse_STATE_IN_PROGRESS || resp.GetRetryAfter().AsDuration() <= 0 {
+		t.Errorf("GetKey of a key first sent to b, on a = %v, %v; want in progress with a retry delay, as its call is answered", resp, err)
+	}
+	for _, region := range [][]string{nil, {"a"}} {
+		if resp, err := getKey(region...); err != nil || resp.GetState() != idemkeyv1.GetKeyResponse_STATE_UNKNOWN {
+			t.Errorf("GetKey of a new key first sent to %q, on a = %v, %v; want unknown", region, resp, err)
+		}
+	}
+	for _, region := range [][]string{{"Secret-B"}, {"b", "b"}} {
+		_, err := getKey(region...)
+		wantReason(t, err, codes.InvalidArgument, idemkey.ReasonFirstSentInvalid)
+		if err != nil && strings.Contains(strings.ToLower(err.Error()), "secret") {
+			t.Errorf("%v; want the region unquoted", err)
+		}
+	}
+	wantRuns(t, svc, 0)
+}
+
+// A fenced call under gRPC's retry policy (Aborted retried, as the
+// example's service config does) is retried within the policy's attempts,
+// each told the retry delay as pushback, and then fails Aborted: never
+// retried for ever, never run here.
+func TestFenceRetryPolicy(t *testing.T) {
+	var attempts atomic.Int64
+	count := func(ctx context.Context, req any, _ *grpc.UnaryServerInfo, next grpc.UnaryHandler) (any, error) {
+		attempts.Add(1)
+		return next(ctx, req)
+	}
+	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(count,
+		grpctest.Interceptor(memory.New(), engine.WithTenant(tenantFromMetadata), engine.WithRegion("a"), engine.WithMaxRetryAfter(5*time.Millisecond))))
+	svc := newService()
+	paymentsv1.RegisterPaymentServiceServer(srv, svc)
+	client := paymentsv1.NewPaymentServiceClient(grpctest.Dial(t, grpctest.Serve(t, srv),
+		grpc.WithDefaultServiceConfig(retryServiceConfig), grpc.WithUnaryInterceptor(grpctest.Must(interceptor.UnaryClientInterceptor()))))
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "tenant", "acme")
+	_, err := client.CreateCharge(ctx, request(1), interceptor.UseKeyFirstRegion("order-1", time.Now(), "b"))
+	wantReason(t, err, codes.Aborted, idemkey.ReasonInProgress)
+	if n := attempts.Load(); n != 5 {
+		t.Errorf("the fenced call reached the server %d times; want the policy's 5 attempts", n)
+	}
+	wantRuns(t, svc, 0)
 }

@@ -43,10 +43,10 @@ var errFingerprint = &idemkeyv1.Status{Code: int32(rpccode.Code_INVALID_ARGUMENT
 	Message: []byte("the fingerprint must be empty or 32 bytes: SHA-256 of the operation and the request's canonical form")}
 
 // GetKey answers req on a server of ms (NewMethods with its engine, eng)
-// that replays the metadata named in replayed; firstSent are the values of
-// the call's first-sent field. An operation that ms does not cover, or the
+// that replays the metadata named in replayed; firstSent and firstRegion
+// are the values of the call's first-sent and first-region fields. An operation that ms does not cover, or the
 // registry does not know, is InvalidArgument: its keys are never kept.
-func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv1.GetKeyRequest, firstSent []string, replayed map[string]bool) KeyAnswer {
+func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv1.GetKeyRequest, firstSent, firstRegion []string, replayed map[string]bool) KeyAnswer {
 	m := ms.Find(req.GetOperation())
 	if m == nil || !m.Covered {
 		return KeyAnswer{Status: errNotCovered}
@@ -58,7 +58,7 @@ func (ms *Methods) GetKey(ctx context.Context, eng *engine.Engine, req *idemkeyv
 	default:
 		return KeyAnswer{Status: errFingerprint}
 	}
-	ks, err := eng.Lookup(ctx, m.Op, req.GetKey(), firstSent)
+	ks, err := eng.Lookup(ctx, m.Op, req.GetKey(), firstSent, firstRegion...)
 	if err != nil {
 		return lookupRefusal(ctx, err)
 	}
