@@ -156,7 +156,9 @@ func ContextWithKeyFirstSent(ctx context.Context, key string, firstSent time.Tim
 // that fails over to another region with a saved key sends where it first
 // sent it, so that a server of another region (engine.WithRegion) runs
 // nothing until the first region's record reaches it. An empty region
-// sends none.
+// sends none; a region with a zero firstSent fails the call in the client
+// interceptors, since the key would then never grow stale in a region that
+// lacks its record.
 func ContextWithKeyFirstRegion(ctx context.Context, key string, firstSent time.Time, region string) context.Context {
 	return context.WithValue(ctx, clientKey{}, clientContext{key: key, firstSent: firstSent, region: region})
 }

@@ -71,10 +71,11 @@ func (cl *client) WrapUnary(next connect.UnaryFunc) connect.UnaryFunc {
 			}
 			vs[0] = idemkey.FormatKey(key) // the same key, as the strict form
 		}
+		timed := len(h[idemkey.FirstSentHeader]) > 0 || !ctxSent.IsZero() // else sent as now
 		if err := setFirstSent(h, ctxSent); err != nil {
 			return nil, err
 		}
-		if err := setFirstRegion(h, ctxRegion); err != nil {
+		if err := setFirstRegion(h, ctxRegion, timed); err != nil {
 			return nil, err
 		}
 		return next(ctx, req)
@@ -104,8 +105,10 @@ func setFirstSent(h http.Header, ctxSent time.Time) *connect.Error {
 }
 
 // setFirstRegion sets h's first region, unless h has one, to ctxRegion if
-// not ""; one h has is checked.
-func setFirstRegion(h http.Header, ctxRegion string) *connect.Error {
+// not ""; one h has is checked. timed tells whether the first-sent time was
+// given: a region without it is refused, since it would be told "now" at
+// every attempt and never grow stale in a region that lacks its record.
+func setFirstRegion(h http.Header, ctxRegion string, timed bool) *connect.Error {
 	switch vs := h[idemkey.FirstRegionHeader]; len(vs) {
 	case 0:
 		if ctxRegion == "" {
@@ -114,10 +117,16 @@ func setFirstRegion(h http.Header, ctxRegion string) *connect.Error {
 		if err := idemkey.ValidateRegion(ctxRegion); err != nil {
 			return firstRegionInvalidError(err.Error())
 		}
+		if !timed {
+			return firstRegionInvalidError(regionWithoutTime)
+		}
 		h[idemkey.FirstRegionHeader] = []string{ctxRegion}
 	case 1:
 		if err := idemkey.ValidateRegion(vs[0]); err != nil {
 			return firstRegionInvalidError(err.Error())
+		}
+		if !timed {
+			return firstRegionInvalidError(regionWithoutTime)
 		}
 	default:
 		return firstRegionInvalidError("it was sent more than once")
@@ -135,6 +144,8 @@ func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connec
 
 // firstRegionInvalidError refuses a first region with the first-sent
 // time's reason; problem must not quote the value.
+const regionWithoutTime = "it needs the time the key was first sent, which was not given"
+
 func firstRegionInvalidError(problem string) *connect.Error {
 	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first region refused: "+problem))
 }

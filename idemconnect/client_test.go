@@ -352,7 +352,7 @@ func TestClientFirstRegion(t *testing.T) {
 		{"none", idemkey.ContextWithKeyFirstRegion(ctx, "order-2", at, ""), withHeader(200), ""},
 		{"the request's key drops the context's region",
 			idemkey.ContextWithKeyFirstRegion(ctx, "order-3", at, "eu-west-1"), withHeader(300, idemkey.KeyHeader, "order-4"), ""},
-		{"the header's is kept", ctx, withHeader(400, idemkey.FirstRegionHeader, "us-east-2"), "us-east-2"},
+		{"the header's is kept", ctx, withHeader(400, idemkey.FirstSentHeader, idemkey.FormatDate(at), idemkey.FirstRegionHeader, "us-east-2"), "us-east-2"},
 	} {
 		if _, err := client.CallUnary(tc.ctx, tc.req); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -369,6 +369,10 @@ func TestClientFirstRegion(t *testing.T) {
 		{"the context's", idemkey.ContextWithKeyFirstRegion(ctx, "order-5", at, "Secret-Region"), withHeader(500)},
 		{"the header's", ctx, withHeader(500, idemkey.FirstRegionHeader, "secret_region")},
 		{"the header's, twice", ctx, withHeader(500, idemkey.FirstRegionHeader, "a", idemkey.FirstRegionHeader, "a")},
+		// A region without the time the key was first sent would be told
+		// "now" at every attempt: never stale where its record never comes.
+		{"the context's without a time", idemkey.ContextWithKeyFirstRegion(ctx, "order-6", time.Time{}, "eu-west-1"), withHeader(600)},
+		{"the header's without a time", ctx, withHeader(600, idemkey.FirstRegionHeader, "eu-west-1")},
 	} {
 		_, err := client.CallUnary(tc.ctx, tc.req)
 		if connect.CodeOf(err) != connect.CodeInvalidArgument || idemkey.Reason(err) != idemkey.ReasonFirstSentInvalid ||

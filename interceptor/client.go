@@ -70,6 +70,9 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 		if err := idemkey.ValidateRegion(use.region); err != nil {
 			return nil, firstRegionInvalidError(err.Error())
 		}
+		if use.firstSent.IsZero() {
+			return nil, firstRegionInvalidError(regionWithoutTime)
+		}
 		kv = append(kv, idemkey.FirstRegionMetadata, use.region)
 	}
 	return metadata.AppendToOutgoingContext(withoutKey(ctx), kv...), nil
@@ -97,6 +100,7 @@ func withKey(ctx context.Context, m *rpckit.Method, req any) (_ context.Context,
 	default:
 		key = idemkey.NewKey()
 	}
+	timed := len(md[idemkey.FirstSentMetadata]) > 0 || !firstSent.IsZero() // else sent as now
 	switch sent := md[idemkey.FirstSentMetadata]; len(sent) {
 	case 0:
 		ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstSentMetadata, formatFirstSent(firstSent))
@@ -118,11 +122,17 @@ func withKey(ctx context.Context, m *rpckit.Method, req any) (_ context.Context,
 			if err := idemkey.ValidateRegion(region); err != nil {
 				return nil, "", firstRegionInvalidError(err.Error())
 			}
+			if !timed {
+				return nil, "", firstRegionInvalidError(regionWithoutTime)
+			}
 			ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, region)
 		}
 	case 1:
 		if err := idemkey.ValidateRegion(vs[0]); err != nil {
 			return nil, "", firstRegionInvalidError(err.Error())
+		}
+		if !timed {
+			return nil, "", firstRegionInvalidError(regionWithoutTime)
 		}
 	default:
 		return nil, "", firstRegionInvalidError("it was sent more than once")
@@ -156,11 +166,17 @@ func UseKeyFirstSent(key string, firstSent time.Time) grpc.CallOption {
 // fails over to another region with a saved key: a server of another
 // region (engine.WithRegion) runs nothing until the first region's record
 // reaches it, so the key runs in one region only. A region that is not a
-// region name (idemkey.ValidateRegion) fails the call with InvalidArgument
-// before it is sent.
+// region name (idemkey.ValidateRegion), or a region with a zero firstSent,
+// fails the call with InvalidArgument before it is sent.
 func UseKeyFirstRegion(key string, firstSent time.Time, region string) grpc.CallOption {
 	return keyOption{key: key, firstSent: firstSent, region: region}
 }
+
+// regionWithoutTime refuses a first region sent without the time the key
+// was first sent: a region then told it "now" at every attempt, so the key
+// would never grow stale there, and a region that never gets its record
+// would answer it in progress for ever rather than expired.
+const regionWithoutTime = "it needs the time the key was first sent, which was not given"
 
 // keyOption is UseKey's call option. It is not per-call credentials, which
 // work without the interceptor: gRPC keeps one set per call, so the key

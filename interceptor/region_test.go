@@ -40,7 +40,8 @@ func TestClientFirstRegion(t *testing.T) {
 		{"the metadata's key drops the context's region",
 			metadata.AppendToOutgoingContext(idemkey.ContextWithKeyFirstRegion(ctx, "order-6", at, "eu-west-1"), idemkey.KeyMetadata, "order-7"), nil, ""},
 		{"the metadata's region is kept",
-			metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "order-8", idemkey.FirstRegionMetadata, "us-east-2"), nil, "us-east-2"},
+			metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "order-8", idemkey.FirstSentMetadata, idemkey.FormatDate(at),
+				idemkey.FirstRegionMetadata, "us-east-2"), nil, "us-east-2"},
 	} {
 		if _, err := client.CreateCharge(tc.ctx, request(1), tc.opts...); err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
@@ -64,6 +65,11 @@ func TestClientFirstRegion(t *testing.T) {
 		{"ContextWithKeyFirstRegion", idemkey.ContextWithKeyFirstRegion(ctx, "order-9", at, "secret_region"), nil},
 		{"the metadata's", metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, "secret region"), nil},
 		{"the metadata's, twice", metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, "a", idemkey.FirstRegionMetadata, "a"), nil},
+		// A region without the time the key was first sent would be told
+		// "now" at every attempt: never stale where its record never comes.
+		{"UseKeyFirstRegion without a time", ctx, []grpc.CallOption{interceptor.UseKeyFirstRegion("order-10", time.Time{}, "eu-west-1")}},
+		{"ContextWithKeyFirstRegion without a time", idemkey.ContextWithKeyFirstRegion(ctx, "order-10", time.Time{}, "eu-west-1"), nil},
+		{"the metadata's without a time", metadata.AppendToOutgoingContext(ctx, idemkey.KeyMetadata, "order-10", idemkey.FirstRegionMetadata, "eu-west-1"), nil},
 	} {
 		_, err := client.CreateCharge(tc.ctx, request(1), tc.opts...)
 		wantReason(t, err, codes.InvalidArgument, idemkey.ReasonFirstSentInvalid)
