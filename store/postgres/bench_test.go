@@ -357,40 +357,6 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 	}
 	st := newStore(b, pool)
 	fp := store.Fingerprint{1}
-	// live runs first calls until stop is closed and returns their latencies.
-	live := func(run int, stop <-chan struct{}) []time.Duration {
-		var (
-			mu  sync.Mutex
-			all []time.Duration
-			wg  sync.WaitGroup
-		)
-		for g := range callers {
-			wg.Go(func() {
-				var mine []time.Duration
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						mu.Lock()
-						all = append(all, mine...)
-						mu.Unlock()
-						return
-					default:
-					}
-					start := time.Now()
-					if err := first(ctx, st, benchKey(fmt.Sprintf("live-%d-%d", run, g), i), fp); err != nil {
-						b.Error(err)
-					}
-					mine = append(mine, time.Since(start))
-				}
-			})
-		}
-		wg.Wait()
-		return all
-	}
-	p99 := func(ds []time.Duration) float64 {
-		slices.Sort(ds)
-		return float64(ds[len(ds)*99/100].Nanoseconds())
-	}
 	var rate, quiet, sweeping float64
 	run := 0
 	for b.Loop() {
@@ -403,11 +369,11 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 		}
 		stop := make(chan struct{})
 		time.AfterFunc(time.Second, func() { close(stop) })
-		quiet += p99(live(run, stop))
+		quiet += p99(liveFirstCalls(b, st, callers, fmt.Sprint("live-", run), stop))
 
 		stop = make(chan struct{})
 		latencies := make(chan []time.Duration)
-		go func() { latencies <- live(run+1_000_000, stop) }()
+		go func() { latencies <- liveFirstCalls(b, st, callers, fmt.Sprint("live-", run+1_000_000), stop) }()
 		start := time.Now()
 		deleted, err := st.Sweep(ctx, store.DefaultSweepBatch)
 		took := time.Since(start)
@@ -422,6 +388,45 @@ func BenchmarkSweepUnderLoad(b *testing.B) {
 	b.ReportMetric(quiet/float64(run), "p99-ns-quiet")
 	b.ReportMetric(sweeping/float64(run), "p99-ns-sweeping")
 	b.ReportMetric(sweeping/quiet, "p99-sweeping/quiet")
+}
+
+// liveFirstCalls makes first calls on st from callers goroutines, each key
+// named after name, until stop is closed, and returns their latencies.
+func liveFirstCalls(b *testing.B, st *postgres.Store, callers int, name string, stop <-chan struct{}) []time.Duration {
+	var (
+		mu  sync.Mutex
+		all []time.Duration
+		wg  sync.WaitGroup
+	)
+	fp := store.Fingerprint{1}
+	for g := range callers {
+		wg.Go(func() {
+			var mine []time.Duration
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					mu.Lock()
+					all = append(all, mine...)
+					mu.Unlock()
+					return
+				default:
+				}
+				start := time.Now()
+				if err := first(context.Background(), st, benchKey(fmt.Sprintf("%s-%d", name, g), i), fp); err != nil {
+					b.Error(err)
+				}
+				mine = append(mine, time.Since(start))
+			}
+		})
+	}
+	wg.Wait()
+	return all
+}
+
+// p99 is the 99th percentile of ds, in nanoseconds; it sorts ds.
+func p99(ds []time.Duration) float64 {
+	slices.Sort(ds)
+	return float64(ds[len(ds)*99/100].Nanoseconds())
 }
 
 // BenchmarkStepWrites is benchtest.StepWrites on PostgreSQL: a step's two

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -246,39 +245,6 @@ func BenchmarkMonthSweep(b *testing.B) {
 	unpaced := monthStore(b)
 	paced := newStore(b, pgtest.Pool(b, monthSchema), postgres.WithSweepShare(share))
 	fp := store.Fingerprint{1}
-	live := func(name string, stop <-chan struct{}) []time.Duration {
-		var (
-			mu  sync.Mutex
-			all []time.Duration
-			wg  sync.WaitGroup
-		)
-		for g := range callers {
-			wg.Go(func() {
-				var mine []time.Duration
-				for i := 0; ; i++ {
-					select {
-					case <-stop:
-						mu.Lock()
-						all = append(all, mine...)
-						mu.Unlock()
-						return
-					default:
-					}
-					start := time.Now()
-					if err := first(ctx, unpaced, benchKey(fmt.Sprintf("%s-%d", name, g), i), fp); err != nil {
-						b.Error(err)
-					}
-					mine = append(mine, time.Since(start))
-				}
-			})
-		}
-		wg.Wait()
-		return all
-	}
-	p99 := func(ds []time.Duration) float64 {
-		slices.Sort(ds)
-		return float64(ds[len(ds)*99/100].Nanoseconds())
-	}
 	// sweep adds an hour of expired keys, measures the live calls for a
 	// second, then sweeps with st while they go on.
 	pool := pgtest.Pool(b, monthSchema)
@@ -292,10 +258,10 @@ func BenchmarkMonthSweep(b *testing.B) {
 		}
 		stop := make(chan struct{})
 		time.AfterFunc(time.Second, func() { close(stop) })
-		quiet = p99(live(name+"-quiet", stop))
+		quiet = p99(liveFirstCalls(b, unpaced, callers, name+"-quiet", stop))
 		stop = make(chan struct{})
 		latencies := make(chan []time.Duration)
-		go func() { latencies <- live(name+"-sweeping", stop) }()
+		go func() { latencies <- liveFirstCalls(b, unpaced, callers, name+"-sweeping", stop) }()
 		start := time.Now()
 		deleted, err := st.Sweep(ctx, store.DefaultSweepBatch)
 		took = time.Since(start)
