@@ -275,8 +275,8 @@ func BenchmarkMonthSweep(b *testing.B) {
 	var sums [6]float64
 	n := 0
 	for b.Loop() {
-		took, quiet, sweeping := sweep(unpaced, fmt.Sprint("unpaced-", n))
-		tookPaced, quietPaced, sweepingPaced := sweep(paced, fmt.Sprint("paced-", n))
+		took, quiet, sweeping := sweep(unpaced, fmt.Sprintf("%x-unpaced-%d", run, n))
+		tookPaced, quietPaced, sweepingPaced := sweep(paced, fmt.Sprintf("%x-paced-%d", run, n))
 		for i, v := range []float64{took.Seconds(), tookPaced.Seconds(), quiet, sweeping, quietPaced, sweepingPaced} {
 			sums[i] += v
 		}
