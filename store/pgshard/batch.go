@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -110,7 +111,11 @@ func each(parts []part, f func(p *part)) {
 // batch, with a plain error.
 func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
 	parts, where := s.split(rs)
-	each(parts, func(p *part) { p.res, p.err = p.shard.ReserveBatch(ctx, p.rs) })
+	each(parts, func(p *part) {
+		start := time.Now()
+		p.res, p.err = p.shard.ReserveBatch(ctx, p.rs)
+		s.timed(ctx, p.index, "reserve_batch", start, p.err)
+	})
 	return outcome(parts, where)
 }
 
@@ -125,7 +130,9 @@ func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]sto
 func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
 	parts, where := s.split(rs)
 	each(parts, func(p *part) {
+		start := time.Now()
 		p.res, p.tx, p.err = p.shard.BeginBatch(ctx, p.rs)
+		s.timed(ctx, p.index, "begin_batch", start, p.err)
 		if p.err != nil && p.tx != nil {
 			_ = p.tx.Rollback(ctx) // if it fails, the database rolls back as it closes the connection
 			p.tx = nil

@@ -9,6 +9,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
 	"github.com/idemkey/idemkey/internal/waitset"
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -30,6 +34,7 @@ type Option func(*options)
 type options struct {
 	tenants map[string]int
 	moving  []string
+	meters  metric.MeterProvider
 }
 
 // WithTenants routes each tenant of the map to the shard at its index in
@@ -56,12 +61,22 @@ func WithMoving(tenants ...string) Option {
 	return func(o *options) { o.moving = append(o.moving, tenants...) }
 }
 
+// WithMeterProvider is where the Store records idemkey.shard.duration: each
+// call's time on its shard, by the shard's index (idemkey.shard) and the
+// operation (idemkey.store.operation), with error.type on a failure. The
+// engine's idemkey.store.duration counts the Store as one; this tells the
+// shards apart. Nil, the default, is the global MeterProvider.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return func(o *options) { o.meters = mp }
+}
+
 // Store is a store.Store over several PostgreSQL stores, the shards, that
 // routes each call to its tenant's shard. It is safe for concurrent use.
 type Store struct {
 	shards []*postgres.Store
 	routes map[store.Partition]int // WithTenants
 	moving map[store.Partition]bool
+	took   metric.Float64Histogram // idemkey.shard.duration
 }
 
 var (
@@ -93,6 +108,13 @@ func New(shards []*postgres.Store, opts ...Option) (*Store, error) {
 		opt(&o)
 	}
 	s := &Store{shards: shards, routes: make(map[store.Partition]int, len(o.tenants)), moving: make(map[store.Partition]bool, len(o.moving))}
+	if o.meters == nil {
+		o.meters = otel.GetMeterProvider()
+	}
+	// The API's instruments work even when their creation reports an error.
+	s.took, _ = o.meters.Meter("github.com/idemkey/idemkey/store/pgshard").Float64Histogram("idemkey.shard.duration",
+		metric.WithUnit("s"), metric.WithDescription("Duration of the idempotency store's operations on each shard."),
+		metric.WithExplicitBucketBoundaries(store.DurationBuckets...))
 	for tenant, i := range o.tenants {
 		if i < 0 || i >= len(shards) {
 			return nil, fmt.Errorf("idemkey pgshard: WithTenants routes a tenant to shard %d, but there are %d shards (0 to %d)", i, len(shards), len(shards)-1)
@@ -134,112 +156,154 @@ func jump(key uint64, n int) int {
 	return int(b)
 }
 
-// route is p's shard; a partition being moved is ErrMoving when refuse.
-func (s *Store) route(p store.Partition, refuse bool) (*postgres.Store, error) {
+// route is p's shard and its index; a partition being moved is ErrMoving
+// when refuse.
+func (s *Store) route(p store.Partition, refuse bool) (*postgres.Store, int, error) {
 	if refuse && s.moving[p] {
-		return nil, ErrMoving
+		return nil, 0, ErrMoving
 	}
-	return s.shards[s.index(p)], nil
+	i := s.index(p)
+	return s.shards[i], i, nil
 }
 
 // shard is the shard of the partition ctx carries (store.PartitionFromContext).
-func (s *Store) shard(ctx context.Context, refuse bool) (*postgres.Store, error) {
+func (s *Store) shard(ctx context.Context, refuse bool) (*postgres.Store, int, error) {
 	p, ok := store.PartitionFromContext(ctx)
 	if !ok {
-		return nil, errNoPartition
+		return nil, 0, errNoPartition
 	}
 	return s.route(p, refuse)
 }
 
+// timed records, as idemkey.shard.duration, the time since start of op on
+// shard i, which ended with err.
+func (s *Store) timed(ctx context.Context, i int, op string, start time.Time, err error) {
+	attrs := []attribute.KeyValue{attribute.Int("idemkey.shard", i), attribute.String("idemkey.store.operation", op)}
+	if err != nil {
+		attrs = append(attrs, attribute.String("error.type", "store_failed"))
+	}
+	s.took.Record(context.WithoutCancel(ctx), time.Since(start).Seconds(), metric.WithAttributes(attrs...))
+}
+
 // Reserve implements store.Store on r.Partition's shard.
 func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, error) {
-	sh, err := s.route(r.Partition, true)
+	sh, i, err := s.route(r.Partition, true)
 	if err != nil {
 		return store.Entry{}, err
 	}
-	return sh.Reserve(ctx, r)
+	start := time.Now()
+	res, err := sh.Reserve(ctx, r)
+	s.timed(ctx, i, "reserve", start, err)
+	return res, err
 }
 
 // Complete implements store.Store on the shard of ctx's partition.
 func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, outcome []byte) error {
-	sh, err := s.shard(ctx, false)
+	sh, i, err := s.shard(ctx, false)
 	if err != nil {
 		return err
 	}
-	return sh.Complete(ctx, key, token, outcome)
+	start := time.Now()
+	err = sh.Complete(ctx, key, token, outcome)
+	s.timed(ctx, i, "complete", start, err)
+	return err
 }
 
 // Release implements store.Store on the shard of ctx's partition.
 func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) error {
-	sh, err := s.shard(ctx, false)
+	sh, i, err := s.shard(ctx, false)
 	if err != nil {
 		return err
 	}
-	return sh.Release(ctx, key, token)
+	start := time.Now()
+	err = sh.Release(ctx, key, token)
+	s.timed(ctx, i, "release", start, err)
+	return err
 }
 
 // Find implements store.Finder on the shard of ctx's partition.
 func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, error) {
-	sh, err := s.shard(ctx, true)
+	sh, i, err := s.shard(ctx, true)
 	if err != nil {
 		return store.Entry{}, false, err
 	}
-	return sh.Find(ctx, key)
+	start := time.Now()
+	res, ok, err := sh.Find(ctx, key)
+	s.timed(ctx, i, "find", start, err)
+	return res, ok, err
 }
 
 // Lookup implements store.Looker on the shard of ctx's partition.
 func (s *Store) Lookup(ctx context.Context, key store.Key) (store.Entry, []string, bool, error) {
-	sh, err := s.shard(ctx, true)
+	sh, i, err := s.shard(ctx, true)
 	if err != nil {
 		return store.Entry{}, nil, false, err
 	}
-	return sh.Lookup(ctx, key)
+	start := time.Now()
+	res, steps, ok, err := sh.Lookup(ctx, key)
+	s.timed(ctx, i, "lookup", start, err)
+	return res, steps, ok, err
 }
 
 // Renew implements store.Renewer on the shard of ctx's partition.
 func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lease time.Duration) error {
-	sh, err := s.shard(ctx, false)
+	sh, i, err := s.shard(ctx, false)
 	if err != nil {
 		return err
 	}
-	return sh.Renew(ctx, key, token, lease)
+	start := time.Now()
+	err = sh.Renew(ctx, key, token, lease)
+	s.timed(ctx, i, "renew", start, err)
+	return err
 }
 
 // StartStep implements store.Stepper on the shard of ctx's partition.
 func (s *Store) StartStep(ctx context.Context, st store.StepStart) (store.StepEntry, error) {
-	sh, err := s.shard(ctx, false)
+	sh, i, err := s.shard(ctx, false)
 	if err != nil {
 		return store.StepEntry{}, err
 	}
-	return sh.StartStep(ctx, st)
+	start := time.Now()
+	res, err := sh.StartStep(ctx, st)
+	s.timed(ctx, i, "start_step", start, err)
+	return res, err
 }
 
 // FinishStep implements store.Stepper on the shard of ctx's partition.
 func (s *Store) FinishStep(ctx context.Context, key store.Key, token store.Token, name string, result []byte) error {
-	sh, err := s.shard(ctx, false)
+	sh, i, err := s.shard(ctx, false)
 	if err != nil {
 		return err
 	}
-	return sh.FinishStep(ctx, key, token, name, result)
+	start := time.Now()
+	err = sh.FinishStep(ctx, key, token, name, result)
+	s.timed(ctx, i, "finish_step", start, err)
+	return err
 }
 
 // ForgetSteps implements store.Stepper on the shard of ctx's partition.
 func (s *Store) ForgetSteps(ctx context.Context, key store.Key, token store.Token, names ...string) error {
-	sh, err := s.shard(ctx, false)
+	sh, i, err := s.shard(ctx, false)
 	if err != nil {
 		return err
 	}
-	return sh.ForgetSteps(ctx, key, token, names...)
+	start := time.Now()
+	err = sh.ForgetSteps(ctx, key, token, names...)
+	s.timed(ctx, i, "forget_steps", start, err)
+	return err
 }
 
 // Begin implements store.Atomic in a transaction on r.Partition's shard:
 // the handler's postgres.TxFromContext is that shard's.
 func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, store.Tx, error) {
-	sh, err := s.route(r.Partition, true)
+	sh, i, err := s.route(r.Partition, true)
 	if err != nil {
 		return store.Entry{}, nil, err
 	}
-	return sh.Begin(ctx, r)
+	start := time.Now()
+	res, tx, err := sh.Begin(ctx, r)
+	s.timed(ctx, i, "begin", start, err)
+	return res, tx, err
 }
 
 // Sweep implements store.Sweeper on every shard in turn; a shard that
@@ -248,7 +312,9 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	total := 0
 	var errs []error
 	for i, sh := range s.shards {
+		start := time.Now()
 		n, err := sh.Sweep(ctx, batchSize)
+		s.timed(ctx, i, "sweep", start, err)
 		total += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))

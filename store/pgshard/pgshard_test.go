@@ -4,12 +4,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/idemkey/idemkey/engine"
 	"github.com/idemkey/idemkey/internal/leakcheck"
@@ -544,5 +547,56 @@ func TestAtomicServeBatch(t *testing.T) {
 		if n, m := r.count(t, i, "charges"), r.count(t, i, "idempotency_keys"); n != want[i] || m != want[i] {
 			t.Errorf("shard %d holds %d charges and %d records, want %d of each", i, n, m, want[i])
 		}
+	}
+}
+
+// TestShardMetrics: idemkey.shard.duration tells the shards apart: each
+// routed call is recorded under its tenant's shard and its operation, a
+// call a down shard fails with error.type, and a moving tenant's refusal,
+// which reaches no shard, under none.
+func TestShardMetrics(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	r := newRigWith(t, []*postgres.Store{downStore(t)},
+		pgshard.WithTenants(map[string]int{"zero": 0, "two": 2, "down": 3}), pgshard.WithMoving("moving"),
+		pgshard.WithMeterProvider(sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))))
+	e, op := r.engine(t, false)
+	for _, k := range []string{"k1", "k2", "k3"} {
+		if c := serve(e, op, "zero", &charge{key: k}); c.answered.Verdict != engine.Executed {
+			t.Fatalf("zero %s: %v, want executed", k, c.answered.Verdict)
+		}
+	}
+	if c := serve(e, op, "two", &charge{key: "k1"}); c.answered.Verdict != engine.Executed {
+		t.Fatalf("two: %v, want executed", c.answered.Verdict)
+	}
+	for _, tenant := range []string{"down", "moving"} {
+		if c := serve(e, op, tenant, &charge{key: "k1"}); c.answered.Verdict != engine.StoreUnavailable || c.ran {
+			t.Fatalf("%s: %v (ran %v), want store unavailable", tenant, c.answered.Verdict, c.ran)
+		}
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(t.Context(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]uint64{} // "shard op error"
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "idemkey.shard.duration" {
+				continue
+			}
+			for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+				shard, _ := dp.Attributes.Value("idemkey.shard")
+				opName, _ := dp.Attributes.Value("idemkey.store.operation")
+				failed, _ := dp.Attributes.Value("error.type")
+				got[fmt.Sprint(shard.AsInt64(), " ", opName.AsString(), " ", failed.AsString())] += dp.Count
+			}
+		}
+	}
+	want := map[string]uint64{
+		"0 reserve ": 3, "0 complete ": 3,
+		"2 reserve ": 1, "2 complete ": 1,
+		"3 reserve store_failed": 1,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("idemkey.shard.duration counts by shard, operation and error: %v, want %v", got, want)
 	}
 }
