@@ -98,12 +98,14 @@ lint: ## gofmt, go vet, staticcheck, buf lint and buf format, and the API's size
 	@# with store/postgres by the first six, which mean the same there,
 	@# so -max-shared rises by 6 to 36; store/pgshard's batches failing
 	@# only the calls of a moving tenant or a failed shard, 3:
-	@# store.PartialError and its Error and Unwrap. protokey/rpckit,
+	@# store.PartialError and its Error and Unwrap; its metrics per shard,
+	@# 1: pgshard.WithMeterProvider (shared, with the same meaning, by the
+	@# engine, outbox and consumers). protokey/rpckit,
 	@# the adapters' kit, is counted apart (apisize's kitPackages). The
 	@# comment and blank lines of the published packages' non-test,
 	@# non-generated files: at most 30% (the package docs are tours, the
 	@# manual is docs/).
-	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 545 -max-shared 36 \
+	$(GO) run ./tests/apisize -root . -max-entry 130 -max-reexport 5 -max-total 546 -max-shared 36 \
 		-max-prose-percent 30
 
 # The fuzz targets run first, so that the last line is gotestsum's closing
