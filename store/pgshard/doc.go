@@ -34,7 +34,8 @@
 // Sweep and Listen run on every shard; Watch asks every shard (only the
 // key's can hold it). Stats, Records, Forget, the migrations and the outbox
 // relay are each shard's (Shards): run `idemkey migrate up` and a relay on
-// each shard's database.
+// each shard's database. idemkey.shard.duration times each call by its
+// shard (WithMeterProvider), where the engine's metrics see one store.
 //
 // # Batches
 //
