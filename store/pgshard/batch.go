@@ -114,7 +114,7 @@ func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]sto
 	each(parts, func(p *part) {
 		start := time.Now()
 		p.res, p.err = p.shard.ReserveBatch(ctx, p.rs)
-		s.timed(ctx, p.index, "reserve_batch", start, p.err)
+		s.timed(ctx, p.index, opReserveBatch, start, p.err)
 	})
 	return outcome(parts, where)
 }
@@ -132,7 +132,7 @@ func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store
 	each(parts, func(p *part) {
 		start := time.Now()
 		p.res, p.tx, p.err = p.shard.BeginBatch(ctx, p.rs)
-		s.timed(ctx, p.index, "begin_batch", start, p.err)
+		s.timed(ctx, p.index, opBeginBatch, start, p.err)
 		if p.err != nil && p.tx != nil {
 			_ = p.tx.Rollback(ctx) // if it fails, the database rolls back as it closes the connection
 			p.tx = nil

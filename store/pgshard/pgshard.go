@@ -77,6 +77,8 @@ type Store struct {
 	routes map[store.Partition]int // WithTenants
 	moving map[store.Partition]bool
 	took   metric.Float64Histogram // idemkey.shard.duration
+	// recordOpts are took's attribute sets (recordOptions).
+	recordOpts [][numOps][2]metric.RecordOption
 }
 
 var (
@@ -115,6 +117,7 @@ func New(shards []*postgres.Store, opts ...Option) (*Store, error) {
 	s.took, _ = o.meters.Meter("github.com/idemkey/idemkey/store/pgshard").Float64Histogram("idemkey.shard.duration",
 		metric.WithUnit("s"), metric.WithDescription("Duration of the idempotency store's operations on each shard."),
 		metric.WithExplicitBucketBoundaries(store.DurationBuckets...))
+	s.recordOpts = recordOptions(len(shards))
 	for tenant, i := range o.tenants {
 		if i < 0 || i >= len(shards) {
 			return nil, fmt.Errorf("idemkey pgshard: WithTenants routes a tenant to shard %d, but there are %d shards (0 to %d)", i, len(shards), len(shards)-1)
@@ -175,14 +178,59 @@ func (s *Store) shard(ctx context.Context, refuse bool) (*postgres.Store, int, e
 	return s.route(p, refuse)
 }
 
+// shardOp is an operation on a shard, as idemkey.shard.duration names it.
+type shardOp int
+
+const (
+	opReserve shardOp = iota
+	opComplete
+	opRelease
+	opFind
+	opLookup
+	opRenew
+	opStartStep
+	opFinishStep
+	opForgetSteps
+	opBegin
+	opSweep
+	opReserveBatch
+	opBeginBatch
+	numOps
+)
+
+var opNames = [numOps]string{"reserve", "complete", "release", "find", "lookup", "renew",
+	"start_step", "finish_step", "forget_steps", "begin", "sweep", "reserve_batch", "begin_batch"}
+
+// recordOptions are idemkey.shard.duration's attribute sets, by shard,
+// operation and whether it failed, made once at New as the engine makes its
+// own (engine/observe.go), so that a call builds none.
+func recordOptions(shards int) [][numOps][2]metric.RecordOption {
+	opts := make([][numOps][2]metric.RecordOption, shards)
+	for i := range opts {
+		for op := range numOps {
+			for failed := range 2 {
+				attrs := []attribute.KeyValue{attribute.Int("idemkey.shard", i), attribute.String("idemkey.store.operation", opNames[op])}
+				if failed == 1 {
+					attrs = append(attrs, attribute.String("error.type", "store_failed"))
+				}
+				opts[i][op][failed] = metric.WithAttributeSet(attribute.NewSet(attrs...))
+			}
+		}
+	}
+	return opts
+}
+
 // timed records, as idemkey.shard.duration, the time since start of op on
 // shard i, which ended with err.
-func (s *Store) timed(ctx context.Context, i int, op string, start time.Time, err error) {
-	attrs := []attribute.KeyValue{attribute.Int("idemkey.shard", i), attribute.String("idemkey.store.operation", op)}
-	if err != nil {
-		attrs = append(attrs, attribute.String("error.type", "store_failed"))
+func (s *Store) timed(ctx context.Context, i int, op shardOp, start time.Time, err error) {
+	if !s.took.Enabled(ctx) {
+		return
 	}
-	s.took.Record(context.WithoutCancel(ctx), time.Since(start).Seconds(), metric.WithAttributes(attrs...))
+	failed := 0
+	if err != nil {
+		failed = 1
+	}
+	s.took.Record(context.WithoutCancel(ctx), time.Since(start).Seconds(), s.recordOpts[i][op][failed])
 }
 
 // Reserve implements store.Store on r.Partition's shard.
@@ -193,7 +241,7 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	}
 	start := time.Now()
 	res, err := sh.Reserve(ctx, r)
-	s.timed(ctx, i, "reserve", start, err)
+	s.timed(ctx, i, opReserve, start, err)
 	return res, err
 }
 
@@ -205,7 +253,7 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	}
 	start := time.Now()
 	err = sh.Complete(ctx, key, token, outcome)
-	s.timed(ctx, i, "complete", start, err)
+	s.timed(ctx, i, opComplete, start, err)
 	return err
 }
 
@@ -217,7 +265,7 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	}
 	start := time.Now()
 	err = sh.Release(ctx, key, token)
-	s.timed(ctx, i, "release", start, err)
+	s.timed(ctx, i, opRelease, start, err)
 	return err
 }
 
@@ -229,7 +277,7 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 	}
 	start := time.Now()
 	res, ok, err := sh.Find(ctx, key)
-	s.timed(ctx, i, "find", start, err)
+	s.timed(ctx, i, opFind, start, err)
 	return res, ok, err
 }
 
@@ -241,7 +289,7 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (store.Entry, []strin
 	}
 	start := time.Now()
 	res, steps, ok, err := sh.Lookup(ctx, key)
-	s.timed(ctx, i, "lookup", start, err)
+	s.timed(ctx, i, opLookup, start, err)
 	return res, steps, ok, err
 }
 
@@ -253,7 +301,7 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	}
 	start := time.Now()
 	err = sh.Renew(ctx, key, token, lease)
-	s.timed(ctx, i, "renew", start, err)
+	s.timed(ctx, i, opRenew, start, err)
 	return err
 }
 
@@ -265,7 +313,7 @@ func (s *Store) StartStep(ctx context.Context, st store.StepStart) (store.StepEn
 	}
 	start := time.Now()
 	res, err := sh.StartStep(ctx, st)
-	s.timed(ctx, i, "start_step", start, err)
+	s.timed(ctx, i, opStartStep, start, err)
 	return res, err
 }
 
@@ -277,7 +325,7 @@ func (s *Store) FinishStep(ctx context.Context, key store.Key, token store.Token
 	}
 	start := time.Now()
 	err = sh.FinishStep(ctx, key, token, name, result)
-	s.timed(ctx, i, "finish_step", start, err)
+	s.timed(ctx, i, opFinishStep, start, err)
 	return err
 }
 
@@ -289,7 +337,7 @@ func (s *Store) ForgetSteps(ctx context.Context, key store.Key, token store.Toke
 	}
 	start := time.Now()
 	err = sh.ForgetSteps(ctx, key, token, names...)
-	s.timed(ctx, i, "forget_steps", start, err)
+	s.timed(ctx, i, opForgetSteps, start, err)
 	return err
 }
 
@@ -302,7 +350,7 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, st
 	}
 	start := time.Now()
 	res, tx, err := sh.Begin(ctx, r)
-	s.timed(ctx, i, "begin", start, err)
+	s.timed(ctx, i, opBegin, start, err)
 	return res, tx, err
 }
 
@@ -314,7 +362,7 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	for i, sh := range s.shards {
 		start := time.Now()
 		n, err := sh.Sweep(ctx, batchSize)
-		s.timed(ctx, i, "sweep", start, err)
+		s.timed(ctx, i, opSweep, start, err)
 		total += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))
