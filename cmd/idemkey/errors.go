@@ -76,7 +76,7 @@ func describe(err error, c *common) string {
 	}
 	switch {
 	case missingRelation(err):
-		return missingTable(c.table)
+		return missingTable(c.table, c.spanner)
 	case errors.As(err, &pgErr):
 		return fmt.Sprintf("the database answered: %s (SQLSTATE %s)", pgErr.Message, pgErr.Code)
 	case errors.Is(err, context.DeadlineExceeded) || pgconn.Timeout(err):
@@ -97,13 +97,17 @@ func describe(err error, c *common) string {
 	return "database: " + err.Error()
 }
 
-func missingTable(name string) string {
-	return fmt.Sprintf("table %s not found: %s", name, migrateUp(name))
+func missingTable(name, spanner string) string {
+	return fmt.Sprintf("table %s not found: %s", name, migrateUp(name, spanner))
 }
 
-// migrateUp is the command that migrates the store's table name.
-func migrateUp(name string) string {
+// migrateUp is the command that migrates the store's table name, on the
+// Spanner database spanner if not "" (else the -database-url's).
+func migrateUp(name, spanner string) string {
 	hint := "run idemkey migrate up"
+	if spanner != "" {
+		hint += " -spanner " + spanner
+	}
 	if name != postgres.DefaultTable {
 		hint += " -table " + name
 		if strings.Contains(name, ".") {

@@ -334,6 +334,7 @@ type env struct {
 	pool     *pgxpool.Pool   // PostgreSQL's, nil on Spanner
 	store    *postgres.Store // on the -table, built without its schema check; nil on Spanner
 	table    string          // as -table named it
+	spanner  string          // as -spanner named it; "" on PostgreSQL
 	password string          // of the URL, never printed
 	visited  map[string]bool // the flags given on the command line
 	timeout  time.Duration   // -timeout
@@ -403,7 +404,7 @@ func writeJSON(w io.Writer, v any) {
 func (e *env) checkTable(ctx context.Context) error {
 	_, err := e.db.records(ctx, nil, nil, 0)
 	if e.db.missingTable(err) {
-		return &cmdError{code: exitDatabase, kind: "database", message: missingTable(e.table)}
+		return &cmdError{code: exitDatabase, kind: "database", message: missingTable(e.table, e.spanner)}
 	}
 	return err
 }

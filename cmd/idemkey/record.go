@@ -325,7 +325,7 @@ func inspectCommand() command {
 			in.Steps, err = e.steps(ctx, key, keys)
 			switch {
 			case e.db.missingTable(err): // a table at a schema version before steps
-				in.noSteps = fmt.Sprintf("table %s_steps not found (the migration of steps is not applied): %s", e.table, migrateUp(e.table))
+				in.noSteps = fmt.Sprintf("table %s_steps not found (the migration of steps is not applied): %s", e.table, migrateUp(e.table, e.spanner))
 			case err != nil:
 				return nil, err
 			}

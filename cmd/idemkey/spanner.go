@@ -51,7 +51,7 @@ func (c *common) openSpanner(ctx context.Context) (*env, error) {
 		client.Close()
 		return nil, err
 	}
-	return &env{db: spannerDB{client: client, admin: admin, store: st, name: c.spanner, table: c.table}, table: c.table}, nil
+	return &env{db: spannerDB{client: client, admin: admin, store: st, name: c.spanner, table: c.table}, table: c.table, spanner: c.spanner}, nil
 }
 
 func (d spannerDB) records(ctx context.Context, from, to []byte, limit int) ([]postgres.Record, error) {

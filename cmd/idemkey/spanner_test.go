@@ -131,8 +131,8 @@ func TestSpannerMigrate(t *testing.T) {
 		t.Fatalf("status of a fresh database: %+v, want one migration, pending", m)
 	}
 	_, stderr := mustRun(t, exitDatabase, db, "stats")
-	if !strings.Contains(stderr, "table idempotency_keys not found: run idemkey migrate up") {
-		t.Errorf("stats before migrate up says %q", stderr)
+	if !strings.Contains(stderr, "table idempotency_keys not found: run idemkey migrate up -spanner "+db) {
+		t.Errorf("stats before migrate up says %q, want the command that migrates this Spanner database", stderr)
 	}
 	if m := migrate(exitOK, "up"); len(m.Changed) != 1 || m.Changed[0] != "001_create_idempotency_keys" || !m.Migrations[0].Applied || m.Migrations[0].AppliedAt != nil {
 		t.Fatalf("up: %+v, want 001 applied (with no time: Spanner keeps none)", m)
