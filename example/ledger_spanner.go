@@ -91,14 +91,14 @@ func (l *SpannerLedger) Insert(ctx context.Context, tenant string, c *paymentsv1
 	if txn, atomic := idemspanner.TxFromContext(ctx); atomic {
 		ctx, cancel := insertContext(ctx)
 		defer cancel()
-		return spannerInsertError(l.insert(ctx, txn, tenant, c))
+		return spannerInsertError(l.insert(ctx, txn, tenant, c), true)
 	}
 	ctx, cancel := insertContext(ctx)
 	defer cancel()
 	_, err := l.client.ReadWriteTransaction(ctx, func(ctx context.Context, txn *spanner.ReadWriteTransaction) error {
 		return l.insert(ctx, txn, tenant, c)
 	})
-	return spannerInsertError(err)
+	return spannerInsertError(err, false)
 }
 
 // spannerWriter is a read-write transaction: the client's, or the call's
@@ -131,14 +131,17 @@ func (l *SpannerLedger) insert(ctx context.Context, txn spannerWriter, tenant st
 // spannerInsertError answers an insert's err: a duplicate reference as
 // such; a deadline passed, with the charge's commit perhaps made, as
 // unknown (recorded, so that a retry cannot charge again); any other as
-// Unavailable, released for a retry.
-func spannerInsertError(err error) error {
+// Unavailable, released for a retry. In atomic mode nothing of the call
+// commits before its record, so a deadline there made no charge: it too is
+// Unavailable, and the retry runs once more, rather than an Unknown
+// recorded for a charge that cannot exist.
+func spannerInsertError(err error, atomic bool) error {
 	switch {
 	case err == nil:
 		return nil
 	case errors.Is(err, errDuplicateReference):
 		return errDuplicateReference
-	case spanner.ErrCode(err) == codes.DeadlineExceeded:
+	case spanner.ErrCode(err) == codes.DeadlineExceeded && !atomic:
 		return status.Error(codes.Unknown, "the charge's outcome is unknown: look for it with ListCharges before charging again")
 	}
 	return ledgerError(err)
