@@ -60,16 +60,10 @@ func (s *Store) Records(ctx context.Context, from, to []byte, limit int) ([]Reco
 	var recs []Record
 	stmt := spanner.Statement{SQL: fmt.Sprintf(recordsSQL, s.table), Params: map[string]any{"from": from, "to": to, "limit": int64(max(limit, 0))}}
 	err := s.client.Single().Query(ctx, stmt).Do(func(row *spanner.Row) error {
-		var (
-			now         time.Time
-			key         []byte
-			r           record
-			fingerprint []byte
-		)
-		if err := row.Columns(&now, &key, &r.completed, &fingerprint, &r.token, &r.seq, &r.leaseEnd, &r.outcome, &r.created, &r.expires); err != nil {
+		now, key, r, err := scanRecord(row)
+		if err != nil {
 			return err
 		}
-		copy(r.fingerprint[:], fingerprint)
 		recs = append(recs, r.adminRecord(store.Key(key), now))
 		return nil
 	})

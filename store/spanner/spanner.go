@@ -80,6 +80,7 @@ type Store struct {
 	steps  string
 
 	readSQL, findSQL, lookupSQL string
+	stepSQL                     string // steps.go's
 	// gate holds the store's read-write transactions to one at a time on
 	// the emulator (see ended), nil on Spanner.
 	gate chan struct{}
@@ -117,6 +118,7 @@ func New(client *spanner.Client, opts ...Option) (*Store, error) {
 		readSQL:   fmt.Sprintf(readSQL, table),
 		findSQL:   fmt.Sprintf(findSQL, table),
 		lookupSQL: fmt.Sprintf(lookupSQL, table, steps),
+		stepSQL:   fmt.Sprintf(stepSQL, table, steps),
 	}, nil
 }
 
@@ -154,27 +156,36 @@ func (s *Store) readRecords(ctx context.Context, txn interface {
 	}
 	recs = make([]record, 0, len(keys))
 	err = txn.Query(ctx, spanner.Statement{SQL: s.readSQL, Params: map[string]any{"keys": ks}}).Do(func(row *spanner.Row) error {
-		var (
-			key                      []byte
-			completed                spanner.NullBool
-			fingerprint, outcome     []byte
-			token, leaseEnd, created spanner.NullTime
-			expires                  spanner.NullTime
-			seq                      spanner.NullInt64
-		)
-		if err := row.Columns(&now, &key, &completed, &fingerprint, &token, &seq, &leaseEnd, &outcome, &created, &expires); err != nil {
-			return err
-		}
-		r := record{found: token.Valid, completed: completed.Bool, token: token.Time, seq: seq.Int64, leaseEnd: leaseEnd.Time,
-			outcome: outcome, created: created.Time, expires: expires.Time}
-		copy(r.fingerprint[:], fingerprint)
+		var r record
+		var err error
+		now, _, r, err = scanRecord(row)
 		recs = append(recs, r)
-		return nil
+		return err
 	})
 	if err == nil && len(recs) != len(keys) {
 		err = fmt.Errorf("idemkey spanner: read %d records of %d keys", len(recs), len(keys))
 	}
 	return now, recs, err
+}
+
+// scanRecord decodes a row of readSQL's columns, which recordsSQL's are
+// too: the database's now, the key, and its record (not found if the key
+// has none).
+func scanRecord(row *spanner.Row) (now time.Time, key []byte, r record, err error) {
+	var (
+		completed                spanner.NullBool
+		fingerprint, outcome     []byte
+		token, leaseEnd, created spanner.NullTime
+		expires                  spanner.NullTime
+		seq                      spanner.NullInt64
+	)
+	if err := row.Columns(&now, &key, &completed, &fingerprint, &token, &seq, &leaseEnd, &outcome, &created, &expires); err != nil {
+		return now, nil, record{}, err
+	}
+	r = record{found: token.Valid, completed: completed.Bool, token: token.Time, seq: seq.Int64, leaseEnd: leaseEnd.Time,
+		outcome: outcome, created: created.Time, expires: expires.Time}
+	copy(r.fingerprint[:], fingerprint)
+	return now, key, r, nil
 }
 
 // expired reports whether the record counts as absent at now: past its

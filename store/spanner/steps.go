@@ -41,7 +41,7 @@ type step struct {
 // readStep reads the step name of key, and key's record, in txn.
 func (s *Store) readStep(ctx context.Context, txn *spanner.ReadWriteTransaction, key store.Key, name string) (step, error) {
 	var st step
-	err := txn.Query(ctx, spanner.Statement{SQL: fmt.Sprintf(stepSQL, s.table, s.steps), Params: map[string]any{"key": key[:], "name": name}}).Do(func(row *spanner.Row) error {
+	err := txn.Query(ctx, spanner.Statement{SQL: s.stepSQL, Params: map[string]any{"key": key[:], "name": name}}).Do(func(row *spanner.Row) error {
 		var (
 			completed, done          spanner.NullBool
 			token, leaseEnd, expires spanner.NullTime
