@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -148,12 +149,9 @@ func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store
 	tx := &batchTx{where: where}
 	for _, p := range parts {
 		tx.txs, tx.shards = append(tx.txs, p.tx), append(tx.shards, p.index)
-		if p.tx != nil {
-			tx.open = true
-		}
 	}
-	if !tx.open {
-		return res, nil, err
+	if !slices.ContainsFunc(tx.txs, func(t store.BatchTx) bool { return t != nil }) {
+		return res, nil, err // no shard acquired a key
 	}
 	return res, tx, err
 }
@@ -164,7 +162,6 @@ type batchTx struct {
 	txs    []store.BatchTx
 	shards []int // the index of each's shard, for errors
 	where  []loc
-	open   bool
 }
 
 var errNoTx = errors.New("idemkey pgshard: the batch acquired no key on this call's shard")
