@@ -46,14 +46,20 @@ const (
 // example's CreateCharge on the PostgreSQL ledger.
 type benchVariant struct {
 	name  string
-	mode  string // "": no idemkey; "atomic" or "two-phase"
+	mode  string // "": no idemkey; "tx": no idemkey, each charge in a transaction of its own; "atomic" or "two-phase"
 	batch int    // messages taken at once
 }
+
+// idemkey reports whether v runs through idemkey's consumer.
+func (v benchVariant) idemkey() bool { return v.mode == "atomic" || v.mode == "two-phase" }
 
 // benchVariants are the consumers each broker's benchmark compares (see
 // benchPool for their pools):
 //   - bare: no idemkey; the charge commits on its own and the message is
 //     acknowledged directly, one message at a time;
+//   - bare-tx: the same, the charge in a transaction of its own (BEGIN,
+//     INSERT, COMMIT), as atomic mode's is: the price of the transaction
+//     alone, the floor under atomic mode one message at a time;
 //   - atomic: through the consumer's Handle, on store/postgres with
 //     consumer.WithAtomic: the charge commits with the message's record;
 //   - two-phase: the same without WithAtomic: reserve, charge and record
@@ -69,6 +75,7 @@ type benchVariant struct {
 //     on its own.
 var benchVariants = []benchVariant{
 	{"bare", "", 1},
+	{"bare-tx", "tx", 1},
 	{"atomic", "atomic", 1},
 	{"two-phase", "two-phase", 1},
 	{"bare-batch", "", benchBatchSize},
@@ -79,6 +86,8 @@ var benchVariants = []benchVariant{
 // benchRatios are the ratios of messages per second each benchmark reports.
 var benchRatios = [][2]string{
 	{"atomic", "bare"},
+	{"atomic", "bare-tx"},
+	{"bare-tx", "bare"},
 	{"two-phase", "bare"},
 	{"atomic-batch", "bare-batch"},
 	{"atomic-batch", "bare"},
@@ -215,7 +224,7 @@ func benchConsumer(b *testing.B, broker benchBroker) {
 			eng  *engine.Engine
 			opts []consumer.Option
 		)
-		if v.mode != "" {
+		if v.idemkey() {
 			st, err := postgres.New(pool, postgres.WithLogger(logger), postgres.WithAtomicConns(benchSlots(v.batch)))
 			if err != nil {
 				b.Fatal(err)
@@ -335,7 +344,7 @@ func newNATSBench(b *testing.B) benchBroker {
 		q := &natsBench{js: js, subject: stream.CachedInfo().Config.Name + ".charges", cons: cons, batch: v.batch}
 		if eng == nil {
 			q.handle = func(ctx context.Context, msgs []jetstream.Msg) error {
-				if err := bareCharges(ctx, w, pool, len(msgs), func(i int) ([]string, []byte) { return msgs[i].Headers().Values("tenant"), msgs[i].Data() }); err != nil {
+				if err := bareCharges(ctx, v, w, pool, len(msgs), func(i int) ([]string, []byte) { return msgs[i].Headers().Values("tenant"), msgs[i].Data() }); err != nil {
 					return err
 				}
 				for _, msg := range msgs {
@@ -374,10 +383,10 @@ func newNATSBench(b *testing.B) benchBroker {
 	}
 }
 
-// bareCharges makes n charges, message i's tenant and body as msg(i) says:
-// one, committed on its own, or several in one transaction.
-func bareCharges(ctx context.Context, w *worker, pool *pgxpool.Pool, n int, msg func(i int) (tenants []string, body []byte)) error {
-	if n == 1 {
+// bareCharges makes n charges for v, message i's tenant and body as msg(i)
+// says: one, committed on its own (but for bare-tx), or in one transaction.
+func bareCharges(ctx context.Context, v benchVariant, w *worker, pool *pgxpool.Pool, n int, msg func(i int) (tenants []string, body []byte)) error {
+	if n == 1 && v.mode != "tx" {
 		tenants, body := msg(0)
 		t, err := tenant(tenants)
 		if err != nil {
@@ -516,7 +525,7 @@ func newAMQPBench(b *testing.B) benchBroker {
 		}
 		if eng == nil {
 			q.handle = func(ctx context.Context, ds []amqp.Delivery) error {
-				if err := bareCharges(ctx, w, pool, len(ds), func(i int) ([]string, []byte) { return headerValues(ds[i].Headers, "tenant"), ds[i].Body }); err != nil {
+				if err := bareCharges(ctx, v, w, pool, len(ds), func(i int) ([]string, []byte) { return headerValues(ds[i].Headers, "tenant"), ds[i].Body }); err != nil {
 					return err
 				}
 				for _, d := range ds {
@@ -654,7 +663,7 @@ func newKafkaBench(b *testing.B) benchBroker {
 				return fs.Records(), nil
 			}
 			q.handle = func(ctx context.Context, rs []*kgo.Record) error {
-				if err := bareCharges(ctx, w, pool, len(rs), func(i int) ([]string, []byte) { return kafkaHeader(rs[i], "tenant"), rs[i].Value }); err != nil {
+				if err := bareCharges(ctx, v, w, pool, len(rs), func(i int) ([]string, []byte) { return kafkaHeader(rs[i], "tenant"), rs[i].Value }); err != nil {
 					return err
 				}
 				return cl.CommitRecords(ctx, rs...)
