@@ -21,29 +21,41 @@ import (
 // exchange is one covered request, as engine.Serve reads and answers it.
 // Answer prepares the middleware's own answers, sent only after Serve has run
 // the hooks, so that a client that has the answer knows they have returned;
-// a response the handler writes itself (Pass) goes out before them.
+// a response the handler writes itself (Pass) goes out before them. What
+// the handler is handed lives apart, in its loan, so that the exchange is
+// reused once the request is answered (exchanges), as a replay's is.
 type exchange struct {
 	m    *middleware
 	r    *http.Request
 	w    http.ResponseWriter
 	next http.Handler
 	name string
-	rec  statusRecorder // the handler's writes, for Pass
 
-	ctx      nameContext  // the request's context, with the operation name
-	body     []byte       // the request body, read for the fingerprint
-	read     bool         // body was read: the handler gets it, not r.Body
-	buf      *[]byte      // from bodyBuffers, which body's array returns to if not lent
-	lent     bool         // request gave body out: it is not returned
-	bodyRead bodyReader   // reads body again, for the fingerprint and then the handler
-	ran      bool         // the handler ran (Run)
-	cw       *capture     // the handler's buffered response, for Run: &captured
-	captured capture      // the capture cw points to
-	standIn  *capture     // the 500 recorded in its place, if it could not be
-	send     sender       // the answer Answer prepared
-	keyed    bool         // Key found one: Pass runs it unprotected (FailedOpen)
-	replay   replayAnswer // the replay that send is, if Answer prepared one
+	body    []byte       // the request body, read for the fingerprint
+	read    bool         // body was read: the handler gets it, not r.Body
+	buf     *[]byte      // from bodyBuffers, which body's array returns to if not lent
+	lent    bool         // request gave body out: it is not returned
+	loan    *loan        // what request handed out, if it was called
+	ran     bool         // the handler ran (Run)
+	cw      *capture     // the handler's buffered response, for Run: &loan.captured
+	standIn *capture     // the 500 recorded in its place, if it could not be
+	send    sender       // the answer Answer prepared
+	keyed   bool         // Key found one: Pass runs it unprotected (FailedOpen)
+	replay  replayAnswer // the replay that send is, if Answer prepared one
 }
+
+// loan is what an exchange hands the handler, or a FingerprintFunc, which
+// may keep it past the request: never reused.
+type loan struct {
+	body     bodyReader     // reads the body again, after the fingerprint
+	rec      statusRecorder // the handler's writes, for Pass
+	captured capture        // the handler's buffered response, for Run
+}
+
+// exchanges holds exchanges for requests to come: nothing of one is handed
+// out but its loan, and Serve, its hooks included, returns before the
+// middleware sends its answer.
+var exchanges = sync.Pool{New: func() any { return new(exchange) }}
 
 // sender sends an answer Answer prepared: a captured response, a replay, or
 // a problem.
@@ -101,9 +113,9 @@ func (x *exchange) Fingerprint(ctx context.Context) (store.Fingerprint, error) {
 func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	x.ran = true
 	o := x.m.opts
-	x.captured.reset(x.w, x.m.eng.MaxRecordSize())
-	x.cw = &x.captured
 	r := x.request(ctx)
+	x.cw = &x.loan.captured
+	x.cw.reset(x.w, x.m.eng.MaxRecordSize())
 	x.next.ServeHTTP(x.cw, r)
 	x.cw.finish()
 	switch {
@@ -126,11 +138,13 @@ func (x *exchange) Pass(ctx context.Context) int {
 	if x.keyed {
 		x.w.Header()[idemkey.StatusHeader] = ignoredValue
 	}
-	x.next.ServeHTTP(&x.rec, x.request(ctx))
-	if x.rec.status == 0 {
+	r := x.request(ctx)
+	x.loan.rec = statusRecorder{ResponseWriter: x.w}
+	x.next.ServeHTTP(&x.loan.rec, r)
+	if x.loan.rec.status == 0 {
 		return http.StatusOK
 	}
-	return x.rec.status
+	return x.loan.rec.status
 }
 
 func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
@@ -208,11 +222,14 @@ func (e *refusal) Error() string { return e.detail }
 // request is r with ctx and the body read for the fingerprint, to read
 // again. Only one such request may read its body at a time.
 func (x *exchange) request(ctx context.Context) *http.Request {
+	if x.loan == nil {
+		x.loan = new(loan)
+	}
 	r := x.r.WithContext(ctx)
 	if x.read {
 		x.lent = true
-		x.bodyRead.Reset(x.body)
-		r.Body, r.ContentLength = &x.bodyRead, int64(len(x.body))
+		x.loan.body.Reset(x.body)
+		r.Body, r.ContentLength = &x.loan.body, int64(len(x.body))
 	}
 	return r
 }

@@ -162,13 +162,15 @@ func (m *middleware) serve(w http.ResponseWriter, r *http.Request, next http.Han
 				slog.String("operation", name))
 		})
 	}
-	x := &exchange{m: m, r: r, w: w, next: next, name: name, rec: statusRecorder{ResponseWriter: w}}
-	x.ctx = nameContext{r.Context(), name}
-	m.eng.Serve(&x.ctx, op, x)
+	x := exchanges.Get().(*exchange)
+	*x = exchange{m: m, r: r, w: w, next: next, name: name}
+	m.eng.Serve(&nameContext{r.Context(), name}, op, x)
 	if x.send != nil { // the middleware's own answer, once the hooks have run
 		x.send.send(w)
 	}
 	x.release()
+	*x = exchange{} // holds on to nothing of the request
+	exchanges.Put(x)
 }
 
 // statusRecorder notes the status the handler writes on Pass, for the

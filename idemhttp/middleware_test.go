@@ -753,3 +753,30 @@ func TestReplayBuffersAreNotShared(t *testing.T) {
 		t.Fatalf("the next replay: %v", w.Header())
 	}
 }
+
+// A handler may keep its request past its return, against net/http's
+// advice: what it reads later is still its own body, however many requests
+// the middleware served since (an exchange is reused; what the handler got
+// of it never is).
+func TestKeptRequestKeepsItsBody(t *testing.T) {
+	kept := make(chan *http.Request, 8)
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			kept <- r
+			w.WriteHeader(http.StatusCreated)
+		})))
+	})
+	const first = `{"amount": 1}`
+	s.call("POST", "/v1/charges", `"k-kept"`, first)
+	r := <-kept
+	for i := range 50 { // replays and first calls, whose exchanges come from the pool
+		s.call("POST", "/v1/charges", `"k-kept"`, first)
+		s.call("POST", "/v1/charges", `"k-`+strconv.Itoa(i)+`"`, strings.Repeat("x", 40))
+		<-kept
+	}
+	s.wantRuns(51)
+	got, err := io.ReadAll(r.Body)
+	if err != nil || string(got) != first {
+		t.Fatalf("the kept request's body reads %q, %v; want %q", got, err, first)
+	}
+}
