@@ -18,15 +18,25 @@ import (
 // write per lease period, never one for a call shorter than half its
 // lease. It runs until the handler returns, whatever its context says: the
 // handler's timeout bounds the handler, and a handler still running holds
-// its key.
+// its key. A renewal and its timer are reused from renewals by the calls to
+// come, once stopped before the timer fired: a call makes no timer of its
+// own.
 type renewal struct {
-	mu      sync.Mutex
-	timer   *time.Timer
-	stopped bool
-	lease   time.Duration // each renewal's
-	every   time.Duration // between renewals
-	end     time.Time     // when the lease ends at the earliest
+	mu    sync.Mutex
+	timer *time.Timer   // runs renew
+	r     *running      // whose lease; nil once stopped
+	lease time.Duration // each renewal's
+	every time.Duration // between renewals
+	end   time.Time     // when the lease ends at the earliest
 }
+
+// renewals holds stopped renewals, whose timers are not armed.
+var renewals = sync.Pool{New: func() any {
+	rn := new(renewal)
+	rn.timer = time.AfterFunc(time.Hour, rn.renew)
+	rn.timer.Stop()
+	return rn
+}}
 
 // renewFailedPause is the wait before a renewal that failed is tried again.
 const renewFailedPause = 100 * time.Millisecond
@@ -34,19 +44,23 @@ const renewFailedPause = 100 * time.Millisecond
 // startRenewal arms the first renewal of r's lease, lease long and ending
 // at end at the earliest.
 func (r *running) startRenewal(lease time.Duration, end time.Time) {
-	rn := &r.renewal
+	rn := renewals.Get().(*renewal)
+	rn.mu.Lock()
+	defer rn.mu.Unlock()
+	rn.r = r
 	rn.lease = min(lease+lease/2, max(r.e.opts.maxLease, lease))
 	rn.every = max(rn.lease-lease/2, time.Millisecond)
 	rn.end = end
-	rn.timer = time.AfterFunc(max(lease/2, time.Millisecond), r.renew)
+	rn.timer.Reset(max(lease/2, time.Millisecond))
+	r.renewal = rn
 }
 
 // renew renews the lease, then arms the next renewal.
-func (r *running) renew() {
-	rn := &r.renewal
+func (rn *renewal) renew() {
 	rn.mu.Lock()
 	defer rn.mu.Unlock()
-	if rn.stopped {
+	r := rn.r
+	if r == nil { // stopped
 		return
 	}
 	ctx := context.WithoutCancel(r.Context)
@@ -68,14 +82,19 @@ func (r *running) renew() {
 }
 
 // stopRenewal stops renewing, waiting for a renewal under way, and returns
-// when the lease ends at the earliest.
+// when the lease ends at the earliest. The renewal goes back to renewals
+// only if its timer had not fired: a renew that fired may yet be waiting
+// for the lock, and finds it stopped.
 func (r *running) stopRenewal() time.Time {
-	rn := &r.renewal
+	rn := r.renewal
 	rn.mu.Lock()
-	defer rn.mu.Unlock()
-	rn.stopped = true
-	if rn.timer != nil {
-		rn.timer.Stop()
+	end := rn.end
+	rn.r = nil
+	unfired := rn.timer.Stop()
+	rn.mu.Unlock()
+	r.renewal = nil
+	if unfired {
+		renewals.Put(rn)
 	}
-	return rn.end
+	return end
 }

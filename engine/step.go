@@ -110,7 +110,7 @@ type running struct {
 	forget  bool            // ForgetSteps
 	sent    int             // the messages MessageID numbered
 
-	renewal renewal
+	renewal *renewal // while the handler runs, in two-phase mode
 }
 
 type runningKey struct{}
