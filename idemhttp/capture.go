@@ -20,8 +20,10 @@ var errResponseTooLarge = errors.New("idemhttp: the response is too large to rec
 // purpose: http.ResponseController would write around the record.
 type capture struct {
 	w      http.ResponseWriter // for the deadlines only
-	header http.Header
-	status int // 0 until WriteHeader or Write
+	header http.Header         // w's own, if into (resetInto), else a copy of it
+	into   bool                // header is w's: undo takes the handler's fields out
+	before http.Header         // with into, what w's header held before; nil if nothing
+	status int                 // 0 until WriteHeader or Write
 	body   bytes.Buffer
 	limit  int
 	tooBig bool
@@ -39,6 +41,33 @@ func (c *capture) reset(w http.ResponseWriter, limit int) {
 		h = http.Header{}
 	}
 	*c = capture{w: w, header: h, limit: limit}
+}
+
+// resetInto makes c a capture whose header fields are written into w's own
+// header, where a response sent whole finds them (send); undo takes them
+// out again for any other answer. It saves a copy of the fields one way
+// and the other: all but the middleware's before it, which before keeps.
+func (c *capture) resetInto(w http.ResponseWriter, limit int) {
+	h := w.Header()
+	if h == nil {
+		c.reset(w, limit)
+		return
+	}
+	var before http.Header
+	if len(h) > 0 {
+		before = h.Clone()
+	}
+	*c = capture{w: w, header: h, into: true, before: before, limit: limit}
+}
+
+// undo restores w's header fields as they were before the handler, for an
+// answer other than c's response.
+func (c *capture) undo() {
+	if c.into {
+		clear(c.header)
+		maps.Copy(c.header, c.before)
+		c.into = false
+	}
 }
 
 func (c *capture) Header() http.Header { return c.header }
@@ -108,13 +137,15 @@ func (c *capture) finish() {
 }
 
 func (c *capture) send(w http.ResponseWriter) {
-	h := w.Header()
-	for k := range h {
-		if _, ok := c.header[k]; !ok {
-			delete(h, k)
+	if !c.into {
+		h := w.Header()
+		for k := range h {
+			if _, ok := c.header[k]; !ok {
+				delete(h, k)
+			}
 		}
+		maps.Copy(h, c.header)
 	}
-	maps.Copy(h, c.header)
 	w.WriteHeader(c.status)
 	if c.body.Len() > 0 {
 		_, _ = w.Write(c.body.Bytes())

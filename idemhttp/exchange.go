@@ -115,7 +115,7 @@ func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 	o := x.m.opts
 	r := x.request(ctx)
 	x.cw = &x.loan.captured
-	x.cw.reset(x.w, x.m.eng.MaxRecordSize())
+	x.cw.resetInto(x.w, x.m.eng.MaxRecordSize())
 	x.next.ServeHTTP(x.cw, r)
 	x.cw.finish()
 	switch {
@@ -129,6 +129,9 @@ func (x *exchange) Run(ctx context.Context) engine.HandlerResult {
 }
 
 func (x *exchange) StandIn(why error) []byte {
+	if x.cw != nil {
+		x.cw.undo() // the stand-in has the header of the middleware before
+	}
 	pw, outcome := x.m.standIn(x.w, why)
 	x.standIn = pw
 	return outcome
@@ -149,6 +152,9 @@ func (x *exchange) Pass(ctx context.Context) int {
 
 func (x *exchange) Answer(ctx context.Context, a engine.Answer) int {
 	status, send := x.answer(ctx, a)
+	if x.cw != nil && send != x.cw {
+		x.cw.undo() // the handler's header fields go out only with its response
+	}
 	x.send = send
 	return status
 }

@@ -780,3 +780,45 @@ func TestKeptRequestKeepsItsBody(t *testing.T) {
 		t.Fatalf("the kept request's body reads %q, %v; want %q", got, err, first)
 	}
 }
+
+// A response that is not sent, since a step of its handler ended the call
+// (a retry finds the step started, never finished), leaves none of its header fields on the answer
+// that is: the problem carries the fields of the middleware before, and
+// no more.
+func TestUnsentResponseLeavesNoFields(t *testing.T) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		charge := mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Location", "/v1/charges/ch_1")
+			w.Header().Set("X-Charge-Id", "ch_1")
+			w.Header().Del("X-Before-Deleted")
+			if _, err := engine.Step(r.Context(), "charge", func(context.Context) (int, error) {
+				return 0, errors.New("the processor timed out")
+			}, nil); err != nil {
+				w.WriteHeader(http.StatusBadGateway) // not recorded: the key is released, its step started
+				return
+			}
+			w.WriteHeader(http.StatusCreated)
+		}))
+		mux.Handle("POST /v1/charges", http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("X-Before", "kept")
+			w.Header().Set("X-Before-Deleted", "kept too")
+			charge.ServeHTTP(w, r)
+		}))
+	})
+	if resp, _ := s.call("POST", "/v1/charges", `"k-unsent"`, `{}`); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("the first call answered %d, want the handler's 502", resp.StatusCode)
+	}
+	resp, raw := s.call("POST", "/v1/charges", `"k-unsent"`, `{}`) // finds its step started, never finished
+	wantProblem(t, resp, raw, http.StatusInternalServerError, idemkey.ReasonOutcomeUnknown)
+	s.wantRuns(2)
+	for _, k := range []string{"Location", "X-Charge-Id"} {
+		if v := resp.Header.Get(k); v != "" {
+			t.Errorf("the problem carries the unsent response's %s: %q", k, v)
+		}
+	}
+	for _, k := range []string{"X-Before", "X-Before-Deleted"} {
+		if v := resp.Header.Get(k); v == "" {
+			t.Errorf("the problem lost the middleware before's %s", k)
+		}
+	}
+}
