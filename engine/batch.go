@@ -186,7 +186,7 @@ func (e *Engine) scopeOperation(op *Operation) string {
 func (c *call) identify(r request) store.Fingerprint {
 	scopeOp := c.e.scopeOperation(c.op)
 	c.key = store.ScopeKey(r.Tenant, scopeOp, r.Key)
-	c.partition = store.TenantPartition(r.Tenant) // once per call, even when it waits and reserves again
+	c.partition = c.e.partitions.of(r.Tenant) // once per call, even when it waits and reserves again
 	c.tenant, c.userKey = r.Tenant, r.Key
 	c.started = true
 	if scopeOp == "" {

@@ -27,6 +27,7 @@ type Engine struct {
 	reads         reads               // the polls of waiting duplicates under way (await.go)
 	batchStore    store.BatchAtomic   // store, if it implements store.BatchAtomic (batch.go)
 	batchReserver store.BatchReserver // store, if it implements store.BatchReserver (batch.go)
+	partitions    *partitions         // the tenants' of recent calls
 }
 
 // New returns an Engine on st, to hand to every entry point that serves the
@@ -41,7 +42,7 @@ func New(st store.Store, opts ...Option) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{store: st, opts: o, obs: newObserver(o), firstPoll: awaitFirstPoll,
-		reads: reads{byKey: make(map[waited]*read)}}
+		reads: reads{byKey: make(map[waited]*read)}, partitions: newPartitions()}
 	e.atomic, _ = st.(store.Atomic)
 	e.finder, _ = st.(store.Finder)
 	e.watcher, _ = st.(store.Watcher)

@@ -71,9 +71,9 @@ func (x *exchange) Key() (string, bool, error) {
 	return key, ok, err
 }
 
-func (x *exchange) FirstSent() []string { return x.r.Header.Values(idemkey.FirstSentHeader) }
+func (x *exchange) FirstSent() []string { return x.r.Header[idemkey.FirstSentHeader] }
 
-func (x *exchange) FirstRegion() []string { return x.r.Header.Values(idemkey.FirstRegionHeader) }
+func (x *exchange) FirstRegion() []string { return x.r.Header[idemkey.FirstRegionHeader] }
 
 // Attempt is the zero Attempt: HTTP does not say which attempt a request is.
 func (x *exchange) Attempt() engine.Attempt { return engine.Attempt{} }

@@ -10,7 +10,7 @@ import (
 // ok is false if h has none. err, an *idemkey.KeyError that never quotes the
 // key, is set if the field is malformed or sent more than once.
 func KeyFromHeader(h http.Header) (key string, ok bool, err error) {
-	values := h.Values(idemkey.KeyHeader)
+	values := h[idemkey.KeyHeader] // canonical, as Values would make it
 	switch len(values) {
 	case 0:
 		return "", false, nil

@@ -101,3 +101,13 @@ func FuzzKeyHeader(f *testing.F) {
 		}
 	})
 }
+
+// The middleware reads its fields by their names as they are, without
+// canonicalizing them each request: they must be canonical already.
+func TestFieldNamesAreCanonical(t *testing.T) {
+	for _, name := range []string{idemkey.KeyHeader, idemkey.FirstSentHeader, idemkey.FirstRegionHeader, idemkey.ReplayedHeader, idemkey.ExpiresHeader, idemkey.StatusHeader, "Content-Type"} {
+		if c := http.CanonicalHeaderKey(name); c != name {
+			t.Errorf("%q is not canonical: %q", name, c)
+		}
+	}
+}

@@ -124,7 +124,10 @@ func DefaultFingerprint(r *http.Request, body []byte) (store.Fingerprint, error)
 }
 
 func fingerprint(r *http.Request, name string, body []byte) store.Fingerprint {
-	contentType := r.Header.Get("Content-Type")
+	var contentType string
+	if v := r.Header["Content-Type"]; len(v) > 0 { // canonical, as Get would make it
+		contentType = v[0]
+	}
 	// mime.ParseMediaType's result without parameters, without its map.
 	mediaType := strings.ToLower(strings.TrimSpace(contentType))
 	if strings.Contains(contentType, ";") {
