@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -821,4 +822,58 @@ func TestUnsentResponseLeavesNoFields(t *testing.T) {
 			t.Errorf("the problem lost the middleware before's %s", k)
 		}
 	}
+}
+
+// Many requests at once, first calls and replays of their own keys, each
+// get their own answer: nothing of one exchange leaks into another's,
+// however the middleware reuses them.
+func TestConcurrentRequestsGetTheirOwnAnswers(t *testing.T) {
+	s := newServer(t, nil, nil, func(s *server, mw func(http.Handler) http.Handler, mux *http.ServeMux) {
+		mux.Handle("POST /v1/charges", mw(s.handler(func(w http.ResponseWriter, r *http.Request) {
+			body, _ := io.ReadAll(r.Body)
+			w.Header().Set("X-Echo", string(body))
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write(body)
+		})))
+	})
+	const goroutines, calls = 16, 40
+	errs := make(chan error, goroutines)
+	for g := range goroutines {
+		go func() {
+			errs <- func() error {
+				for i := range calls {
+					key, body := `"k-`+strconv.Itoa(g)+"-"+strconv.Itoa(i)+`"`, `{"n": "`+strconv.Itoa(g*calls+i)+`"}`
+					for attempt, replayed := range []string{"false", "true"} {
+						req, err := http.NewRequest("POST", s.url+"/v1/charges", strings.NewReader(body))
+						if err != nil {
+							return err
+						}
+						req.Header.Set("Authorization", "Bearer acme")
+						req.Header.Set(idemkey.KeyHeader, key)
+						resp, err := http.DefaultClient.Do(req)
+						if err != nil {
+							return err
+						}
+						got, err := io.ReadAll(resp.Body)
+						resp.Body.Close()
+						if err != nil {
+							return err
+						}
+						echo := resp.Header.Get("X-Echo") // a first call's own field, not on the replay list
+						if string(got) != body || (attempt == 0) != (echo == body) || resp.Header.Get(idemkey.ReplayedHeader) != replayed {
+							return fmt.Errorf("call %d of %s, attempt %d: %d %q, X-Echo %q, replayed %q; want %q, replayed %s",
+								i, key, attempt, resp.StatusCode, got, echo, resp.Header.Get(idemkey.ReplayedHeader), body, replayed)
+						}
+					}
+				}
+				return nil
+			}()
+		}()
+	}
+	for range goroutines {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.wantRuns(goroutines * calls)
 }
