@@ -105,28 +105,21 @@ func setFirstSent(h http.Header, ctxSent time.Time) *connect.Error {
 }
 
 // setFirstRegion sets h's first region, unless h has one, to ctxRegion if
-// not ""; one h has is checked. timed tells whether the first-sent time was
-// given: a region without it is refused, since it would be told "now" at
-// every attempt and never grow stale in a region that lacks its record.
+// not ""; one h has is checked (rpckit.FirstRegionProblem), timed telling
+// whether the first-sent time was given.
 func setFirstRegion(h http.Header, ctxRegion string, timed bool) *connect.Error {
 	switch vs := h[idemkey.FirstRegionHeader]; len(vs) {
 	case 0:
 		if ctxRegion == "" {
 			return nil
 		}
-		if err := idemkey.ValidateRegion(ctxRegion); err != nil {
-			return firstRegionInvalidError(err.Error())
-		}
-		if !timed {
-			return firstRegionInvalidError(regionWithoutTime)
+		if problem := rpckit.FirstRegionProblem(ctxRegion, timed); problem != "" {
+			return firstRegionInvalidError(problem)
 		}
 		h[idemkey.FirstRegionHeader] = []string{ctxRegion}
 	case 1:
-		if err := idemkey.ValidateRegion(vs[0]); err != nil {
-			return firstRegionInvalidError(err.Error())
-		}
-		if !timed {
-			return firstRegionInvalidError(regionWithoutTime)
+		if problem := rpckit.FirstRegionProblem(vs[0], timed); problem != "" {
+			return firstRegionInvalidError(problem)
 		}
 	default:
 		return firstRegionInvalidError("it was sent more than once")
@@ -144,8 +137,6 @@ func (cl *client) WrapStreamingHandler(next connect.StreamingHandlerFunc) connec
 
 // firstRegionInvalidError refuses a first region with the first-sent
 // time's reason; problem must not quote the value.
-const regionWithoutTime = "it needs the time the key was first sent, which was not given"
-
 func firstRegionInvalidError(problem string) *connect.Error {
 	return toError(rpckit.Refuse(idemkey.ReasonFirstSentInvalid, "idempotency first region refused: "+problem))
 }

@@ -67,11 +67,8 @@ func withUsedKey(ctx context.Context, use keyOption) (context.Context, error) {
 	}
 	kv := []string{idemkey.KeyMetadata, metadataKey(use.key), idemkey.FirstSentMetadata, formatFirstSent(use.firstSent)}
 	if use.region != "" {
-		if err := idemkey.ValidateRegion(use.region); err != nil {
-			return nil, firstRegionInvalidError(err.Error())
-		}
-		if use.firstSent.IsZero() {
-			return nil, firstRegionInvalidError(regionWithoutTime)
+		if problem := rpckit.FirstRegionProblem(use.region, !use.firstSent.IsZero()); problem != "" {
+			return nil, firstRegionInvalidError(problem)
 		}
 		kv = append(kv, idemkey.FirstRegionMetadata, use.region)
 	}
@@ -119,20 +116,14 @@ func withKey(ctx context.Context, m *rpckit.Method, req any) (_ context.Context,
 	switch vs := md[idemkey.FirstRegionMetadata]; len(vs) {
 	case 0:
 		if region != "" {
-			if err := idemkey.ValidateRegion(region); err != nil {
-				return nil, "", firstRegionInvalidError(err.Error())
-			}
-			if !timed {
-				return nil, "", firstRegionInvalidError(regionWithoutTime)
+			if problem := rpckit.FirstRegionProblem(region, timed); problem != "" {
+				return nil, "", firstRegionInvalidError(problem)
 			}
 			ctx = metadata.AppendToOutgoingContext(ctx, idemkey.FirstRegionMetadata, region)
 		}
 	case 1:
-		if err := idemkey.ValidateRegion(vs[0]); err != nil {
-			return nil, "", firstRegionInvalidError(err.Error())
-		}
-		if !timed {
-			return nil, "", firstRegionInvalidError(regionWithoutTime)
+		if problem := rpckit.FirstRegionProblem(vs[0], timed); problem != "" {
+			return nil, "", firstRegionInvalidError(problem)
 		}
 	default:
 		return nil, "", firstRegionInvalidError("it was sent more than once")
@@ -171,12 +162,6 @@ func UseKeyFirstSent(key string, firstSent time.Time) grpc.CallOption {
 func UseKeyFirstRegion(key string, firstSent time.Time, region string) grpc.CallOption {
 	return keyOption{key: key, firstSent: firstSent, region: region}
 }
-
-// regionWithoutTime refuses a first region sent without the time the key
-// was first sent: a region then told it "now" at every attempt, so the key
-// would never grow stale there, and a region that never gets its record
-// would answer it in progress for ever rather than expired.
-const regionWithoutTime = "it needs the time the key was first sent, which was not given"
 
 // keyOption is UseKey's call option. It is not per-call credentials, which
 // work without the interceptor: gRPC keeps one set per call, so the key

@@ -72,6 +72,22 @@ var codes = map[string]rpccode.Code{
 	idemkey.ReasonOutcomeUnknown:   rpccode.Code_UNKNOWN,
 }
 
+// FirstRegionProblem says why a client must not send region as its key's
+// first region, or is "": it is not a region name (idemkey.ValidateRegion),
+// or it goes without the time the key was first sent (timed false), which
+// a server would then be told is now at every attempt, so that the key
+// never grew stale in a region that lacks its record. It never quotes
+// region.
+func FirstRegionProblem(region string, timed bool) string {
+	switch err := idemkey.ValidateRegion(region); {
+	case err != nil:
+		return err.Error()
+	case !timed:
+		return "it needs the time the key was first sent, which was not given"
+	}
+	return ""
+}
+
 // Refuse is the status of reason, with msg, and a google.rpc.RetryInfo of
 // retryAfter if one is given.
 func Refuse(reason, msg string, retryAfter ...time.Duration) *idemkeyv1.Status {
