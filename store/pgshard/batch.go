@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/idemkey/idemkey/store"
 	"github.com/idemkey/idemkey/store/postgres"
@@ -113,9 +112,9 @@ func each(parts []part, f func(p *part)) {
 func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, error) {
 	parts, where := s.split(rs)
 	each(parts, func(p *part) {
-		start := time.Now()
+		t := s.timer(ctx, p.index, opReserveBatch)
 		p.res, p.err = p.shard.ReserveBatch(ctx, p.rs)
-		s.timed(ctx, p.index, opReserveBatch, start, p.err)
+		t.end(ctx, p.err)
 	})
 	return outcome(parts, where)
 }
@@ -131,9 +130,9 @@ func (s *Store) ReserveBatch(ctx context.Context, rs []store.Reservation) ([]sto
 func (s *Store) BeginBatch(ctx context.Context, rs []store.Reservation) ([]store.Entry, store.BatchTx, error) {
 	parts, where := s.split(rs)
 	each(parts, func(p *part) {
-		start := time.Now()
+		t := s.timer(ctx, p.index, opBeginBatch)
 		p.res, p.tx, p.err = p.shard.BeginBatch(ctx, p.rs)
-		s.timed(ctx, p.index, opBeginBatch, start, p.err)
+		t.end(ctx, p.err)
 		if p.err != nil && p.tx != nil {
 			_ = p.tx.Rollback(ctx) // if it fails, the database rolls back as it closes the connection
 			p.tx = nil

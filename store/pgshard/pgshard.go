@@ -220,17 +220,35 @@ func recordOptions(shards int) [][numOps][2]metric.RecordOption {
 	return opts
 }
 
-// timed records, as idemkey.shard.duration, the time since start of op on
-// shard i, which ended with err.
-func (s *Store) timed(ctx context.Context, i int, op shardOp, start time.Time, err error) {
-	if !s.took.Enabled(ctx) {
+// shardTimer times a call of op on shard i as idemkey.shard.duration; start
+// is zero when the instrument is disabled, so that a call without metrics
+// reads no clock (as the engine's store timer does).
+type shardTimer struct {
+	s     *Store
+	i     int
+	op    shardOp
+	start time.Time
+}
+
+// timer starts timing op on shard i.
+func (s *Store) timer(ctx context.Context, i int, op shardOp) shardTimer {
+	t := shardTimer{s: s, i: i, op: op}
+	if s.took.Enabled(ctx) {
+		t.start = time.Now()
+	}
+	return t
+}
+
+// end records the call's time, which ended with err.
+func (t shardTimer) end(ctx context.Context, err error) {
+	if t.start.IsZero() {
 		return
 	}
 	failed := 0
 	if err != nil {
 		failed = 1
 	}
-	s.took.Record(context.WithoutCancel(ctx), time.Since(start).Seconds(), s.recordOpts[i][op][failed])
+	t.s.took.Record(context.WithoutCancel(ctx), time.Since(t.start).Seconds(), t.s.recordOpts[t.i][t.op][failed])
 }
 
 // Reserve implements store.Store on r.Partition's shard.
@@ -239,9 +257,9 @@ func (s *Store) Reserve(ctx context.Context, r store.Reservation) (store.Entry, 
 	if err != nil {
 		return store.Entry{}, err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opReserve)
 	res, err := sh.Reserve(ctx, r)
-	s.timed(ctx, i, opReserve, start, err)
+	t.end(ctx, err)
 	return res, err
 }
 
@@ -251,9 +269,9 @@ func (s *Store) Complete(ctx context.Context, key store.Key, token store.Token, 
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opComplete)
 	err = sh.Complete(ctx, key, token, outcome)
-	s.timed(ctx, i, opComplete, start, err)
+	t.end(ctx, err)
 	return err
 }
 
@@ -263,9 +281,9 @@ func (s *Store) Release(ctx context.Context, key store.Key, token store.Token) e
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opRelease)
 	err = sh.Release(ctx, key, token)
-	s.timed(ctx, i, opRelease, start, err)
+	t.end(ctx, err)
 	return err
 }
 
@@ -275,9 +293,9 @@ func (s *Store) Find(ctx context.Context, key store.Key) (store.Entry, bool, err
 	if err != nil {
 		return store.Entry{}, false, err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opFind)
 	res, ok, err := sh.Find(ctx, key)
-	s.timed(ctx, i, opFind, start, err)
+	t.end(ctx, err)
 	return res, ok, err
 }
 
@@ -287,9 +305,9 @@ func (s *Store) Lookup(ctx context.Context, key store.Key) (store.Entry, []strin
 	if err != nil {
 		return store.Entry{}, nil, false, err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opLookup)
 	res, steps, ok, err := sh.Lookup(ctx, key)
-	s.timed(ctx, i, opLookup, start, err)
+	t.end(ctx, err)
 	return res, steps, ok, err
 }
 
@@ -299,9 +317,9 @@ func (s *Store) Renew(ctx context.Context, key store.Key, token store.Token, lea
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opRenew)
 	err = sh.Renew(ctx, key, token, lease)
-	s.timed(ctx, i, opRenew, start, err)
+	t.end(ctx, err)
 	return err
 }
 
@@ -311,9 +329,9 @@ func (s *Store) StartStep(ctx context.Context, st store.StepStart) (store.StepEn
 	if err != nil {
 		return store.StepEntry{}, err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opStartStep)
 	res, err := sh.StartStep(ctx, st)
-	s.timed(ctx, i, opStartStep, start, err)
+	t.end(ctx, err)
 	return res, err
 }
 
@@ -323,9 +341,9 @@ func (s *Store) FinishStep(ctx context.Context, key store.Key, token store.Token
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opFinishStep)
 	err = sh.FinishStep(ctx, key, token, name, result)
-	s.timed(ctx, i, opFinishStep, start, err)
+	t.end(ctx, err)
 	return err
 }
 
@@ -335,9 +353,9 @@ func (s *Store) ForgetSteps(ctx context.Context, key store.Key, token store.Toke
 	if err != nil {
 		return err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opForgetSteps)
 	err = sh.ForgetSteps(ctx, key, token, names...)
-	s.timed(ctx, i, opForgetSteps, start, err)
+	t.end(ctx, err)
 	return err
 }
 
@@ -348,9 +366,9 @@ func (s *Store) Begin(ctx context.Context, r store.Reservation) (store.Entry, st
 	if err != nil {
 		return store.Entry{}, nil, err
 	}
-	start := time.Now()
+	t := s.timer(ctx, i, opBegin)
 	res, tx, err := sh.Begin(ctx, r)
-	s.timed(ctx, i, opBegin, start, err)
+	t.end(ctx, err)
 	return res, tx, err
 }
 
@@ -360,9 +378,9 @@ func (s *Store) Sweep(ctx context.Context, batchSize int) (int, error) {
 	total := 0
 	var errs []error
 	for i, sh := range s.shards {
-		start := time.Now()
+		t := s.timer(ctx, i, opSweep)
 		n, err := sh.Sweep(ctx, batchSize)
-		s.timed(ctx, i, opSweep, start, err)
+		t.end(ctx, err)
 		total += n
 		if err != nil {
 			errs = append(errs, fmt.Errorf("shard %d: %w", i, err))
